@@ -1,0 +1,663 @@
+// Package mcpmsg reads one JSON-RPC 2.0 message sent by an MCP runner, once,
+// strictly, and records where its routing fields are.
+//
+// The gateway inspects a message (policy, allowlist) and forwards the same
+// bytes upstream, where another JSON parser reads them. Parsers disagree on
+// inputs that JSON leaves open — gjson keeps the first of two duplicate keys,
+// encoding/json the last, and encoding/json matches struct fields without
+// regard to case — so a message that reads one way here could read another
+// way upstream. Parse therefore rejects, anywhere in the message: duplicate
+// keys, keys that differ only in case, invalid UTF-8, lone surrogate escapes,
+// nesting deeper than the limit and trailing data. What passes has exactly one
+// reading, and that reading is what policy sees.
+package mcpmsg
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"unicode/utf16"
+	"unicode/utf8"
+)
+
+// Kind says what a JSON-RPC message is.
+type Kind uint8
+
+// The kinds of JSON-RPC messages.
+const (
+	Request      Kind = iota + 1 // has a method and an id
+	Notification                 // has a method and no id
+	Response                     // has an id and a result or an error
+)
+
+func (k Kind) String() string {
+	switch k {
+	case Request:
+		return "request"
+	case Notification:
+		return "notification"
+	case Response:
+		return "response"
+	}
+	return "invalid"
+}
+
+// Message is one JSON-RPC message. Byte-slice fields alias Raw: they are the
+// exact JSON text of those members, never re-encoded.
+type Message struct {
+	Raw    []byte // the whole message as received
+	Kind   Kind
+	ID     []byte // JSON text of "id" (a string or an integer); nil for notifications
+	Method string // "method"; empty for responses
+	Params []byte // JSON text of "params"; nil when absent
+
+	// Fields read from params, when present.
+	Name            string // params.name (tools/call, prompts/get)
+	Arguments       []byte // JSON text of params.arguments (tools/call, prompts/get)
+	URI             string // params.uri (resources/read, resources/subscribe, …)
+	ProgressToken   []byte // JSON text of params._meta.progressToken
+	ProtocolVersion string // params.protocolVersion (initialize)
+
+	// Result is the JSON text of "result" and Error of "error", for responses.
+	Result []byte
+	Error  []byte
+}
+
+// IDString returns the id as a printable string (for logs and maps).
+func (m *Message) IDString() string { return string(m.ID) }
+
+// Limits bound what Parse accepts.
+type Limits struct {
+	// MaxDepth is the deepest nesting of objects and arrays accepted. The
+	// message object itself is depth 1.
+	MaxDepth int
+}
+
+// DefaultLimits are used when a Limits field is zero.
+var DefaultLimits = Limits{MaxDepth: 64}
+
+// Errors Parse returns. Each wraps ErrInvalid, except ErrBatch.
+var (
+	ErrInvalid = errors.New("invalid JSON-RPC message")
+	// ErrBatch reports a JSON array at the top level: batches were removed
+	// from MCP in protocol version 2025-06-18 and are not accepted.
+	ErrBatch = errors.New("JSON-RPC batches are not supported")
+)
+
+// SyntaxError describes why a message was rejected and where.
+type SyntaxError struct {
+	Offset int
+	Msg    string
+}
+
+func (e *SyntaxError) Error() string {
+	return fmt.Sprintf("invalid JSON-RPC message at byte %d: %s", e.Offset, e.Msg)
+}
+
+func (e *SyntaxError) Unwrap() error { return ErrInvalid }
+
+// Parse checks body and returns the message it holds.
+func Parse(body []byte, limits Limits) (Message, error) {
+	if limits.MaxDepth <= 0 {
+		limits.MaxDepth = DefaultLimits.MaxDepth
+	}
+	p := parser{data: body, maxDepth: limits.MaxDepth}
+	msg := Message{Raw: body}
+	p.skipSpace()
+	if p.pos < len(p.data) && p.data[p.pos] == '[' {
+		return msg, ErrBatch
+	}
+	if p.pos >= len(p.data) || p.data[p.pos] != '{' {
+		return msg, p.fail("the message must be a JSON object")
+	}
+	var (
+		version          []byte
+		hasID, hasMethod bool
+		hasResult        bool
+	)
+	err := p.object(1, func(key []byte, start int) error {
+		end, err := p.value(2)
+		if err != nil {
+			return err
+		}
+		raw := p.data[start:end]
+		switch string(key) {
+		case "jsonrpc":
+			version = raw
+		case "id":
+			hasID = true
+			msg.ID = raw
+		case "method":
+			hasMethod = true
+			s, ok := p.stringValue(raw)
+			if !ok {
+				return p.failAt(start, `"method" must be a string`)
+			}
+			msg.Method = s
+		case "params":
+			msg.Params = raw
+		case "result":
+			hasResult = true
+			msg.Result = raw
+		case "error":
+			msg.Error = raw
+		}
+		return nil
+	})
+	if err != nil {
+		return msg, err
+	}
+	p.skipSpace()
+	if p.pos != len(p.data) {
+		return msg, p.fail("data after the message")
+	}
+	if string(version) != `"2.0"` {
+		return msg, p.failAt(0, `"jsonrpc" must be "2.0"`)
+	}
+	if hasID {
+		if err := checkID(msg.ID); err != nil {
+			return msg, err
+		}
+	}
+	switch {
+	case hasMethod && (hasResult || msg.Error != nil):
+		return msg, p.failAt(0, `a message cannot have both "method" and "result" or "error"`)
+	case hasMethod && hasID:
+		msg.Kind = Request
+	case hasMethod:
+		msg.Kind = Notification
+	case hasID && hasResult != (msg.Error != nil):
+		msg.Kind = Response
+	default:
+		return msg, p.failAt(0, `a message needs "method", or "id" with exactly one of "result" and "error"`)
+	}
+	if msg.Params != nil {
+		if err := msg.readParams(); err != nil {
+			return msg, err
+		}
+	}
+	return msg, nil
+}
+
+// checkID accepts the ids MCP allows: a string or an integer.
+func checkID(id []byte) error {
+	switch {
+	case len(id) > 0 && id[0] == '"':
+		return nil
+	case len(id) > 0 && (id[0] == '-' || id[0] >= '0' && id[0] <= '9'):
+		if bytes.ContainsAny(id, ".eE") {
+			return &SyntaxError{Msg: `"id" must be a string or an integer`}
+		}
+		return nil
+	}
+	return &SyntaxError{Msg: `"id" must be a string or an integer`}
+}
+
+// readParams records the routing members of params. Params were already
+// validated by Parse, so this pass only locates members.
+func (m *Message) readParams() error {
+	if m.Params[0] != '{' {
+		return &SyntaxError{Msg: `"params" must be an object`}
+	}
+	p := parser{data: m.Params, maxDepth: 1 << 30}
+	return p.object(1, func(key []byte, start int) error {
+		end, err := p.value(2)
+		if err != nil {
+			return err
+		}
+		raw := p.data[start:end]
+		var ok bool
+		switch string(key) {
+		case "name":
+			if m.Name, ok = p.stringValue(raw); !ok {
+				return p.failAt(start, `"params.name" must be a string`)
+			}
+		case "uri":
+			if m.URI, ok = p.stringValue(raw); !ok {
+				return p.failAt(start, `"params.uri" must be a string`)
+			}
+		case "protocolVersion":
+			if m.ProtocolVersion, ok = p.stringValue(raw); !ok {
+				return p.failAt(start, `"params.protocolVersion" must be a string`)
+			}
+		case "arguments":
+			if raw[0] != '{' {
+				return p.failAt(start, `"params.arguments" must be an object`)
+			}
+			m.Arguments = raw
+		case "_meta":
+			if raw[0] == '{' {
+				m.ProgressToken = memberOf(raw, "progressToken")
+			}
+		}
+		return nil
+	})
+}
+
+// memberOf returns the JSON text of key in the valid JSON object obj.
+func memberOf(obj []byte, key string) []byte {
+	var found []byte
+	p := parser{data: obj, maxDepth: 1 << 30}
+	_ = p.object(1, func(k []byte, start int) error {
+		end, err := p.value(2)
+		if err == nil && string(k) == key {
+			found = p.data[start:end]
+		}
+		return err
+	})
+	return found
+}
+
+// parser validates JSON text strictly. It never allocates for ASCII keys
+// without escapes in objects of up to smallObject members.
+type parser struct {
+	data     []byte
+	pos      int
+	maxDepth int
+	scratch  []byte
+}
+
+const smallObject = 16
+
+func (p *parser) fail(msg string) error { return &SyntaxError{Offset: p.pos, Msg: msg} }
+
+func (p *parser) failAt(off int, msg string) error { return &SyntaxError{Offset: off, Msg: msg} }
+
+func (p *parser) skipSpace() {
+	for p.pos < len(p.data) {
+		switch p.data[p.pos] {
+		case ' ', '\t', '\n', '\r':
+			p.pos++
+		default:
+			return
+		}
+	}
+}
+
+// value checks the value at p.pos (after spaces) and returns where it ends.
+func (p *parser) value(depth int) (int, error) {
+	p.skipSpace()
+	if p.pos >= len(p.data) {
+		return 0, p.fail("unexpected end of input")
+	}
+	var err error
+	switch c := p.data[p.pos]; {
+	case c == '{':
+		if depth > p.maxDepth {
+			return 0, p.fail("nesting too deep")
+		}
+		err = p.object(depth, func(_ []byte, _ int) error {
+			_, err := p.value(depth + 1)
+			return err
+		})
+	case c == '[':
+		if depth > p.maxDepth {
+			return 0, p.fail("nesting too deep")
+		}
+		err = p.array(depth)
+	case c == '"':
+		_, err = p.str(false)
+	case c == 't':
+		err = p.literal("true")
+	case c == 'f':
+		err = p.literal("false")
+	case c == 'n':
+		err = p.literal("null")
+	case c == '-' || c >= '0' && c <= '9':
+		err = p.number()
+	default:
+		return 0, p.fail("unexpected character")
+	}
+	return p.pos, err
+}
+
+// object reads an object at p.pos, calling member for each key with p.pos
+// at the start of the value; member must consume the value. Keys are
+// checked for duplicates, exactly and ignoring case.
+func (p *parser) object(depth int, member func(key []byte, valueStart int) error) error {
+	p.pos++ // '{'
+	var small [smallObject][]byte
+	keys := small[:0]
+	var many map[string]struct{}
+	p.skipSpace()
+	if p.pos < len(p.data) && p.data[p.pos] == '}' {
+		p.pos++
+		return nil
+	}
+	for {
+		p.skipSpace()
+		if p.pos >= len(p.data) || p.data[p.pos] != '"' {
+			return p.fail("expected a string key")
+		}
+		keyStart := p.pos
+		key, err := p.str(true)
+		if err != nil {
+			return err
+		}
+		if many == nil {
+			for _, k := range keys {
+				if bytes.EqualFold(k, key) {
+					return p.failAt(keyStart, fmt.Sprintf("duplicate key %q (keys may not repeat, even in another case)", key))
+				}
+			}
+			if len(keys) < smallObject {
+				keys = append(keys, key)
+			} else {
+				many = make(map[string]struct{}, 2*smallObject)
+				for _, k := range keys {
+					many[foldKey(k)] = struct{}{}
+				}
+			}
+		}
+		if many != nil {
+			f := foldKey(key)
+			if _, dup := many[f]; dup {
+				return p.failAt(keyStart, fmt.Sprintf("duplicate key %q (keys may not repeat, even in another case)", key))
+			}
+			many[f] = struct{}{}
+		}
+		p.skipSpace()
+		if p.pos >= len(p.data) || p.data[p.pos] != ':' {
+			return p.fail("expected ':' after key")
+		}
+		p.pos++
+		p.skipSpace()
+		if err := member(key, p.pos); err != nil {
+			return err
+		}
+		p.skipSpace()
+		if p.pos >= len(p.data) {
+			return p.fail("unexpected end of input in object")
+		}
+		switch p.data[p.pos] {
+		case ',':
+			p.pos++
+		case '}':
+			p.pos++
+			return nil
+		default:
+			return p.fail("expected ',' or '}' in object")
+		}
+	}
+}
+
+// foldKey maps keys that bytes.EqualFold considers equal to one string.
+func foldKey(k []byte) string { return strings.ToLower(strings.ToUpper(string(k))) }
+
+func (p *parser) array(depth int) error {
+	p.pos++ // '['
+	p.skipSpace()
+	if p.pos < len(p.data) && p.data[p.pos] == ']' {
+		p.pos++
+		return nil
+	}
+	for {
+		if _, err := p.value(depth + 1); err != nil {
+			return err
+		}
+		p.skipSpace()
+		if p.pos >= len(p.data) {
+			return p.fail("unexpected end of input in array")
+		}
+		switch p.data[p.pos] {
+		case ',':
+			p.pos++
+		case ']':
+			p.pos++
+			return nil
+		default:
+			return p.fail("expected ',' or ']' in array")
+		}
+	}
+}
+
+func (p *parser) literal(word string) error {
+	if !bytes.HasPrefix(p.data[p.pos:], []byte(word)) {
+		return p.fail("invalid literal")
+	}
+	p.pos += len(word)
+	return nil
+}
+
+func (p *parser) number() error {
+	start := p.pos
+	if p.data[p.pos] == '-' {
+		p.pos++
+	}
+	digits := func() int {
+		n := 0
+		for p.pos < len(p.data) && p.data[p.pos] >= '0' && p.data[p.pos] <= '9' {
+			p.pos++
+			n++
+		}
+		return n
+	}
+	intStart := p.pos
+	if digits() == 0 {
+		return p.failAt(start, "invalid number")
+	}
+	if p.data[intStart] == '0' && p.pos-intStart > 1 {
+		return p.failAt(start, "invalid number: leading zero")
+	}
+	if p.pos < len(p.data) && p.data[p.pos] == '.' {
+		p.pos++
+		if digits() == 0 {
+			return p.failAt(start, "invalid number")
+		}
+	}
+	if p.pos < len(p.data) && (p.data[p.pos] == 'e' || p.data[p.pos] == 'E') {
+		p.pos++
+		if p.pos < len(p.data) && (p.data[p.pos] == '+' || p.data[p.pos] == '-') {
+			p.pos++
+		}
+		if digits() == 0 {
+			return p.failAt(start, "invalid number")
+		}
+	}
+	return nil
+}
+
+// str reads a string at p.pos. With decode set it returns the decoded
+// contents (aliasing the input when there are no escapes).
+func (p *parser) str(decode bool) ([]byte, error) {
+	start := p.pos
+	p.pos++ // '"'
+	contentStart := p.pos
+	escaped := false
+	for p.pos < len(p.data) {
+		c := p.data[p.pos]
+		switch {
+		case c == '"':
+			content := p.data[contentStart:p.pos]
+			p.pos++
+			if !decode {
+				return nil, nil
+			}
+			if !escaped {
+				return content, nil
+			}
+			return p.unescape(content), nil
+		case c == '\\':
+			escaped = true
+			if err := p.escape(); err != nil {
+				return nil, err
+			}
+		case c < 0x20:
+			return nil, p.fail("control character in string")
+		case c < utf8.RuneSelf:
+			p.pos++
+		default:
+			r, size := utf8.DecodeRune(p.data[p.pos:])
+			if r == utf8.RuneError && size <= 1 {
+				return nil, p.fail("invalid UTF-8 in string")
+			}
+			p.pos += size
+		}
+	}
+	return nil, p.failAt(start, "unterminated string")
+}
+
+// escape checks the escape sequence at p.pos.
+func (p *parser) escape() error {
+	if p.pos+1 >= len(p.data) {
+		return p.fail("unterminated escape")
+	}
+	switch p.data[p.pos+1] {
+	case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
+		p.pos += 2
+		return nil
+	case 'u':
+		r, ok := hex4(p.data, p.pos+2)
+		if !ok {
+			return p.fail(`invalid \u escape`)
+		}
+		p.pos += 6
+		if utf16.IsSurrogate(r) {
+			// Only a high surrogate followed by a low one is a character.
+			lo, ok := rune(0), false
+			if r < 0xDC00 && p.pos+1 < len(p.data) && p.data[p.pos] == '\\' && p.data[p.pos+1] == 'u' {
+				lo, ok = hex4(p.data, p.pos+2)
+			}
+			if !ok || utf16.DecodeRune(r, lo) == utf8.RuneError {
+				return p.fail("lone surrogate in string")
+			}
+			p.pos += 6
+		}
+		return nil
+	}
+	return p.fail("invalid escape")
+}
+
+func hex4(b []byte, at int) (rune, bool) {
+	if at+4 > len(b) {
+		return 0, false
+	}
+	v, err := strconv.ParseUint(string(b[at:at+4]), 16, 32)
+	return rune(v), err == nil
+}
+
+// unescape decodes the contents of a valid string with escapes.
+func (p *parser) unescape(s []byte) []byte {
+	out := make([]byte, 0, len(s))
+	for i := 0; i < len(s); {
+		if s[i] != '\\' {
+			out = append(out, s[i])
+			i++
+			continue
+		}
+		switch s[i+1] {
+		case 'b':
+			out = append(out, '\b')
+		case 'f':
+			out = append(out, '\f')
+		case 'n':
+			out = append(out, '\n')
+		case 'r':
+			out = append(out, '\r')
+		case 't':
+			out = append(out, '\t')
+		case 'u':
+			r, _ := hex4(s, i+2)
+			if utf16.IsSurrogate(r) {
+				lo, _ := hex4(s, i+8)
+				r = utf16.DecodeRune(r, lo)
+				i += 6
+			}
+			out = utf8.AppendRune(out, r)
+			i += 6
+			continue
+		default:
+			out = append(out, s[i+1])
+		}
+		i += 2
+	}
+	return out
+}
+
+// stringValue decodes raw, the JSON text of a value, if it is a string.
+func (p *parser) stringValue(raw []byte) (string, bool) {
+	if len(raw) < 2 || raw[0] != '"' {
+		return "", false
+	}
+	sub := parser{data: raw}
+	s, err := sub.str(true)
+	if err != nil {
+		return "", false
+	}
+	return string(s), true
+}
+
+// Quote returns s as a JSON string.
+func Quote(s string) []byte {
+	return AppendQuote(nil, s)
+}
+
+// AppendQuote appends s as a JSON string to dst. Invalid UTF-8 becomes U+FFFD.
+func AppendQuote(dst []byte, s string) []byte {
+	const hex = "0123456789abcdef"
+	dst = append(dst, '"')
+	for i := 0; i < len(s); {
+		c := s[i]
+		if c < utf8.RuneSelf {
+			switch {
+			case c == '"' || c == '\\':
+				dst = append(dst, '\\', c)
+			case c == '\n':
+				dst = append(dst, '\\', 'n')
+			case c == '\r':
+				dst = append(dst, '\\', 'r')
+			case c == '\t':
+				dst = append(dst, '\\', 't')
+			case c < 0x20 || c == '<' || c == '>' || c == '&':
+				dst = append(dst, '\\', 'u', '0', '0', hex[c>>4], hex[c&0xF])
+			default:
+				dst = append(dst, c)
+			}
+			i++
+			continue
+		}
+		r, size := utf8.DecodeRuneInString(s[i:])
+		switch {
+		case r == utf8.RuneError && size == 1:
+			dst = append(dst, `\ufffd`...)
+		case r == '\u2028' || r == '\u2029':
+			dst = append(dst, '\\', 'u', '2', '0', '2', hex[r&0xF])
+		default:
+			dst = append(dst, s[i:i+size]...)
+		}
+		i += size
+	}
+	return append(dst, '"')
+}
+
+// ReplaceMember returns a copy of the valid JSON object obj with the value
+// of key replaced by value (JSON text), or with key added when absent.
+func ReplaceMember(obj []byte, key string, value []byte) []byte {
+	start, end := -1, -1
+	p := parser{data: obj, maxDepth: 1 << 30}
+	p.skipSpace()
+	_ = p.object(1, func(k []byte, s int) error {
+		e, err := p.value(2)
+		if err == nil && string(k) == key {
+			start, end = s, e
+		}
+		return err
+	})
+	out := make([]byte, 0, len(obj)+len(value)+len(key)+4)
+	if start >= 0 {
+		out = append(out, obj[:start]...)
+		out = append(out, value...)
+		return append(out, obj[end:]...)
+	}
+	closing := bytes.LastIndexByte(obj, '}')
+	out = append(out, obj[:closing]...)
+	if len(bytes.TrimSpace(obj[bytes.IndexByte(obj, '{')+1:closing])) > 0 {
+		out = append(out, ',')
+	}
+	out = AppendQuote(out, key)
+	out = append(out, ':')
+	out = append(out, value...)
+	return append(out, obj[closing:]...)
+}

@@ -1,0 +1,35 @@
+package credentials
+
+import (
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+)
+
+func init() {
+	httpcaddyfile.RegisterHandlerDirective("toolgate_credentials", parseCaddyfile)
+}
+
+func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
+	m := new(Handler)
+	err := m.UnmarshalCaddyfile(h.Dispenser)
+	return m, err
+}
+
+// UnmarshalCaddyfile sets up the handler. It takes no options: each
+// service's auth is configured in the toolgate global option.
+//
+//	toolgate_credentials
+func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	d.Next() // directive name
+	if d.NextArg() {
+		return d.ArgErr()
+	}
+	if d.NextBlock(d.Nesting()) {
+		return d.Errf("toolgate_credentials takes no options; configure each service's auth in the toolgate global option")
+	}
+	return nil
+}
+
+// Interface guards
+var _ caddyfile.Unmarshaler = (*Handler)(nil)

@@ -1,0 +1,100 @@
+// Package credentials is toolgate_credentials, the fourth step of the
+// pipeline: it finds the credential the upstream needs for this caller —
+// a service-wide header, or the caller's own stored token — and hands it to
+// the proxy. No request reaches an upstream that needs a credential without
+// one.
+package credentials
+
+import (
+	"errors"
+	"net/http"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
+
+	"github.com/toolgate/toolgate/modules/gateway"
+)
+
+func init() {
+	caddy.RegisterModule(Handler{})
+}
+
+// Handler attaches upstream credentials to the call.
+type Handler struct {
+	app    *gateway.App
+	logger *zap.Logger
+}
+
+// CaddyModule returns the Caddy module information.
+func (Handler) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "http.handlers.toolgate_credentials",
+		New: func() caddy.Module { return new(Handler) },
+	}
+}
+
+// Provision finds the toolgate app.
+func (h *Handler) Provision(ctx caddy.Context) error {
+	h.logger = ctx.Logger()
+	app, err := ctx.App("toolgate")
+	if err != nil {
+		return err
+	}
+	h.app = app.(*gateway.App)
+	return nil
+}
+
+// ServeHTTP sets call.Credential or answers needs_sign_in / retryable.
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+	call := gateway.CallFrom(r)
+	if call == nil || call.Service == nil {
+		return caddyhttp.Error(http.StatusInternalServerError,
+			errors.New("toolgate_credentials must come after toolgate_session and toolgate_registry in the route"))
+	}
+	svc := call.Service
+	switch svc.Auth.Kind {
+	case gateway.AuthNone:
+	case gateway.AuthHeader:
+		call.Credential = &gateway.Credential{Header: svc.Auth.Header, Value: svc.Auth.Value}
+	case gateway.AuthBearer:
+		conn, err := h.app.Connections().Load(r.Context(), svc.ID, call.Caller.User)
+		if err != nil {
+			h.fail(w, r, call, err)
+			return nil
+		}
+		call.Credential = &gateway.Credential{Header: "Authorization", Value: "Bearer " + conn.AccessToken}
+	default:
+		call.Unavailable(w, "service "+svc.ID+" uses auth "+svc.Auth.Kind+", which this gateway cannot attach yet")
+		return nil
+	}
+	return next.ServeHTTP(w, r)
+}
+
+// fail answers a call whose credential could not be loaded.
+func (h *Handler) fail(w http.ResponseWriter, r *http.Request, call *gateway.Call, err error) {
+	svc := call.Service
+	if errors.Is(err, gateway.ErrNotConnected) {
+		call.Fail(w, http.StatusForbidden, gateway.CodeNeedsSignIn,
+			"you have not connected "+svc.ID+" yet: connect it, then retry", h.app.NeedsSignIn(r, svc))
+		return
+	}
+	h.logger.Error("loading credential", zap.String("service", svc.ID), zap.Error(err))
+	call.Unavailable(w, "the credential store is unavailable ("+errorKind(err)+"); retry later")
+}
+
+func errorKind(err error) string {
+	switch {
+	case errors.Is(err, gateway.ErrCipherUnavailable):
+		return "cipher unavailable"
+	case errors.Is(err, gateway.ErrStorageUnavailable):
+		return "storage unavailable"
+	}
+	return "internal error"
+}
+
+// Interface guards
+var (
+	_ caddy.Provisioner           = (*Handler)(nil)
+	_ caddyhttp.MiddlewareHandler = (*Handler)(nil)
+)

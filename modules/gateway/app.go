@@ -1,0 +1,438 @@
+// Package gateway is the toolgate Caddy app: the state that outlives one
+// request — the service registry, caller authentication, toolgate sessions,
+// stored credentials with their cipher, and the runners' MCP sessions — plus
+// the per-request Call that the pipeline's handlers share.
+//
+// Handlers reach the app with ctx.App("toolgate").
+package gateway
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/certmagic"
+	"go.uber.org/zap"
+)
+
+func init() {
+	caddy.RegisterModule(App{})
+}
+
+// App is the toolgate app, configured by the `toolgate` global option.
+type App struct {
+	// PublicURL is the gateway's external base URL, such as
+	// https://gateway.example.com. It is used for OAuth redirect URIs and
+	// RFC 9728 metadata, and its origin is allowed to call the MCP
+	// endpoint from a browser. Required when a service uses oauth.
+	PublicURL string `json:"public_url,omitempty"`
+
+	// StateSecret signs OAuth state parameters: at least 32 bytes. Required
+	// when a service uses oauth. Use a placeholder such as
+	// {env.TOOLGATE_STATE_SECRET}; never commit it.
+	StateSecret string `json:"state_secret,omitempty"`
+
+	// StorageRaw is where sessions and connections are kept: any
+	// caddy.storage module. Default: Caddy's configured storage. Give
+	// several replicas one shared storage (Redis, Postgres, Consul, S3
+	// plugins) to let them share sessions and credentials.
+	StorageRaw json.RawMessage `json:"storage,omitempty" caddy:"namespace=caddy.storage inline_key=module"`
+
+	// CipherRaw encrypts stored credentials: a module in the
+	// toolgate.ciphers namespace (local or vault_transit). Required when a
+	// service uses bearer or oauth; there is no plaintext fallback.
+	CipherRaw json.RawMessage `json:"cipher,omitempty" caddy:"namespace=toolgate.ciphers inline_key=cipher"`
+
+	// Auth says how callers authenticate.
+	Auth *AuthConfig `json:"auth,omitempty"`
+
+	// Services is the registry of upstream MCP servers.
+	Services []*Service `json:"services,omitempty"`
+
+	// SessionHeader is the request header carrying the toolgate session id.
+	// Default "X-Toolgate-Session".
+	SessionHeader string `json:"session_header,omitempty"`
+
+	// SessionTTL is how long a toolgate session lasts. Default 12h.
+	SessionTTL caddy.Duration `json:"session_ttl,omitempty"`
+
+	// MCPSessionIdleTimeout forgets a runner's MCP session unused for this
+	// long. Default 1h.
+	MCPSessionIdleTimeout caddy.Duration `json:"mcp_session_idle_timeout,omitempty"`
+
+	// CacheTTL is how long sessions and decrypted credentials read from
+	// storage are reused before storage is read again. A session ended or a
+	// credential removed through another replica stops working here within
+	// this time. Default 10s.
+	CacheTTL caddy.Duration `json:"cache_ttl,omitempty"`
+
+	// AllowedOrigins are browser origins (scheme://host[:port]) allowed to
+	// call the MCP endpoint and the API, besides PublicURL's own. Requests
+	// with any other Origin header are refused (DNS-rebinding protection);
+	// requests without one (non-browser clients) are allowed.
+	AllowedOrigins []string `json:"allowed_origins,omitempty"`
+
+	// MaxRequestBytes bounds a runner's request body. Default 4 MiB.
+	MaxRequestBytes int64 `json:"max_request_bytes,omitempty"`
+
+	// MaxResponseBytes bounds one upstream message (a JSON response or one
+	// SSE event). Default 16 MiB.
+	MaxResponseBytes int64 `json:"max_response_bytes,omitempty"`
+
+	// MaxJSONDepth bounds the nesting of a runner's message. Default 64.
+	MaxJSONDepth int `json:"max_json_depth,omitempty"`
+
+	registry     *Registry
+	storage      certmagic.Storage
+	cipher       Cipher
+	sessions     *SessionStore
+	connections  *ConnectionStore
+	mcpSessions  *MCPSessions
+	httpClient   *http.Client
+	origins      map[string]struct{}
+	logger       *zap.Logger
+	stop         chan struct{}
+	stopOnce     *sync.Once
+	releasePools []func()
+}
+
+// CaddyModule returns the Caddy module information.
+func (App) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "toolgate",
+		New: func() caddy.Module { return new(App) },
+	}
+}
+
+// Defaults.
+const (
+	DefaultSessionHeader    = "X-Toolgate-Session"
+	defaultSessionTTL       = 12 * time.Hour
+	defaultMCPSessionIdle   = time.Hour
+	defaultCacheTTL         = 10 * time.Second
+	defaultMaxRequestBytes  = 4 << 20
+	defaultMaxResponseBytes = 16 << 20
+	defaultMaxJSONDepth     = 64
+	minStateSecretBytes     = 32
+)
+
+// Provision sets the app up. It does no network I/O.
+func (a *App) Provision(ctx caddy.Context) error {
+	a.logger = ctx.Logger()
+	repl := caddy.NewReplacer()
+	a.stop = make(chan struct{})
+	a.stopOnce = new(sync.Once)
+
+	// Guest modules.
+	if a.StorageRaw != nil {
+		mod, err := ctx.LoadModule(a, "StorageRaw")
+		if err != nil {
+			return fmt.Errorf("loading storage module: %v", err)
+		}
+		a.storage, err = mod.(caddy.StorageConverter).CertMagicStorage()
+		if err != nil {
+			return fmt.Errorf("creating storage: %v", err)
+		}
+	} else {
+		a.storage = ctx.Storage()
+	}
+	if a.CipherRaw != nil {
+		mod, err := ctx.LoadModule(a, "CipherRaw")
+		if err != nil {
+			return fmt.Errorf("loading cipher module: %v", err)
+		}
+		a.cipher = mod.(Cipher)
+	}
+
+	// Defaults.
+	a.PublicURL = strings.TrimSuffix(repl.ReplaceKnown(a.PublicURL, ""), "/")
+	a.StateSecret = repl.ReplaceKnown(a.StateSecret, "")
+	if a.SessionHeader == "" {
+		a.SessionHeader = DefaultSessionHeader
+	}
+	if a.SessionTTL == 0 {
+		a.SessionTTL = caddy.Duration(defaultSessionTTL)
+	}
+	if a.MCPSessionIdleTimeout == 0 {
+		a.MCPSessionIdleTimeout = caddy.Duration(defaultMCPSessionIdle)
+	}
+	if a.CacheTTL == 0 {
+		a.CacheTTL = caddy.Duration(defaultCacheTTL)
+	}
+	if a.MaxRequestBytes == 0 {
+		a.MaxRequestBytes = defaultMaxRequestBytes
+	}
+	if a.MaxResponseBytes == 0 {
+		a.MaxResponseBytes = defaultMaxResponseBytes
+	}
+	if a.MaxJSONDepth == 0 {
+		a.MaxJSONDepth = defaultMaxJSONDepth
+	}
+	if a.Auth == nil {
+		a.Auth = new(AuthConfig)
+	}
+
+	// Derived state.
+	if err := a.Auth.provision(repl); err != nil {
+		return err
+	}
+	for _, s := range a.Services {
+		if err := s.provision(repl); err != nil {
+			return err
+		}
+	}
+	var err error
+	if a.registry, err = newRegistry(a.Services); err != nil {
+		return err
+	}
+	a.origins = make(map[string]struct{})
+	for _, o := range a.AllowedOrigins {
+		a.origins[strings.TrimSuffix(o, "/")] = struct{}{}
+	}
+	if u, err := url.Parse(a.PublicURL); err == nil && u.Host != "" {
+		a.origins[u.Scheme+"://"+u.Host] = struct{}{}
+	}
+	a.sessions = newSessionStore(a.storage, time.Duration(a.SessionTTL), time.Duration(a.CacheTTL))
+	if a.cipher != nil {
+		a.connections = newConnectionStore(a.storage, a.cipher, time.Duration(a.CacheTTL))
+	}
+	a.httpClient = newUpstreamClient()
+
+	// State that outlives this config.
+	v, _, err := mcpSessionPool.LoadOrNew(mcpSessionPoolKey, func() (caddy.Destructor, error) {
+		return &MCPSessions{sessions: make(map[string]*MCPSession)}, nil
+	})
+	if err != nil {
+		return err
+	}
+	a.mcpSessions = v.(*MCPSessions)
+	a.releasePools = append(a.releasePools, func() { _, _ = mcpSessionPool.Delete(mcpSessionPoolKey) })
+	return nil
+}
+
+var mcpSessionPool = caddy.NewUsagePool()
+
+const mcpSessionPoolKey = "mcp-sessions"
+
+// Validate checks the configuration. It changes nothing.
+func (a *App) Validate() error {
+	if a.PublicURL != "" {
+		u, err := url.Parse(a.PublicURL)
+		if err != nil || u.Host == "" || (u.Scheme != "https" && u.Scheme != "http") {
+			return fmt.Errorf("public_url %q: must be an absolute http(s) URL", a.PublicURL)
+		}
+	}
+	needsCipher, needsOAuth := "", ""
+	for _, s := range a.Services {
+		if err := s.validate(); err != nil {
+			return err
+		}
+		switch s.Auth.Kind {
+		case AuthBearer:
+			needsCipher = s.ID
+		case AuthOAuth:
+			needsCipher, needsOAuth = s.ID, s.ID
+		}
+	}
+	if needsCipher != "" && a.cipher == nil {
+		return fmt.Errorf("service %q stores user credentials: configure a cipher (local or vault_transit); there is no plaintext storage", needsCipher)
+	}
+	if needsOAuth != "" {
+		if a.PublicURL == "" {
+			return fmt.Errorf("service %q uses oauth: public_url is required (it forms the redirect URI)", needsOAuth)
+		}
+		if len(a.StateSecret) < minStateSecretBytes {
+			return fmt.Errorf("service %q uses oauth: state_secret must be at least %d bytes (is its environment variable set?)", needsOAuth, minStateSecretBytes)
+		}
+	}
+	if a.SessionTTL < 0 || a.MCPSessionIdleTimeout < 0 || a.CacheTTL < 0 {
+		return errors.New("session_ttl, mcp_session_idle_timeout and cache_ttl must be positive")
+	}
+	if a.MaxRequestBytes < 0 || a.MaxResponseBytes < 0 || a.MaxJSONDepth < 0 {
+		return errors.New("max_request_bytes, max_response_bytes and max_json_depth must be positive")
+	}
+	return nil
+}
+
+// Start starts the app's background work and the I/O Provision must not do.
+func (a *App) Start() error {
+	ctx := context.Background()
+	if s, ok := a.cipher.(CipherStarter); ok {
+		if err := s.Start(ctx); err != nil {
+			return fmt.Errorf("starting cipher: %w", err)
+		}
+	}
+	a.Auth.start(ctx, a.httpClient, a.logger)
+	if a.Auth.Anonymous != "" {
+		a.logger.Warn("ANONYMOUS CALLERS ENABLED: requests from loopback addresses without a bearer token act as this user and may use every service without a session; never use this on a shared gateway",
+			zap.String("user", a.Auth.Anonymous))
+	}
+	go a.housekeeping()
+	return nil
+}
+
+// housekeeping expires idle MCP sessions and sweeps expired sessions from
+// storage until the app stops.
+func (a *App) housekeeping() {
+	mcpTick := time.NewTicker(time.Minute)
+	sweepTick := time.NewTicker(15 * time.Minute)
+	defer mcpTick.Stop()
+	defer sweepTick.Stop()
+	for {
+		select {
+		case <-a.stop:
+			return
+		case <-mcpTick.C:
+			if n := a.mcpSessions.expire(time.Duration(a.MCPSessionIdleTimeout)); n > 0 {
+				a.logger.Debug("expired idle MCP sessions", zap.Int("count", n))
+			}
+		case <-sweepTick.C:
+			n, err := a.sessions.sweep(context.Background())
+			if err != nil {
+				a.logger.Warn("sweeping expired sessions", zap.Error(err))
+			} else if n > 0 {
+				a.logger.Debug("removed expired sessions", zap.Int("count", n))
+			}
+		}
+	}
+}
+
+// Stop stops background work.
+func (a *App) Stop() error {
+	a.stopOnce.Do(func() { close(a.stop) })
+	return nil
+}
+
+// Cleanup releases state shared across config reloads.
+func (a *App) Cleanup() error {
+	for _, release := range a.releasePools {
+		release()
+	}
+	if a.Auth != nil {
+		for _, j := range a.Auth.JWT {
+			j.cleanup()
+		}
+	}
+	return nil
+}
+
+// Registry returns the service registry.
+func (a *App) Registry() *Registry { return a.registry }
+
+// Sessions returns the toolgate session store.
+func (a *App) Sessions() *SessionStore { return a.sessions }
+
+// Connections returns the credential store, nil when no cipher is configured.
+func (a *App) Connections() *ConnectionStore { return a.connections }
+
+// MCPSessions returns the runners' MCP sessions.
+func (a *App) MCPSessions() *MCPSessions { return a.mcpSessions }
+
+// HTTPClient is the client for upstreams and providers: it never follows
+// redirects, so no response can send a credential to another host.
+func (a *App) HTTPClient() *http.Client { return a.httpClient }
+
+// Authenticate identifies the caller of r.
+func (a *App) Authenticate(r *http.Request) (*Caller, error) {
+	return a.Auth.Authenticate(r.Context(), r, isLoopback(r.RemoteAddr))
+}
+
+// AnonymousSession returns the implicit session of an anonymous caller: every
+// service, for as long as the request lasts.
+func (a *App) AnonymousSession(caller *Caller) *Session {
+	ids := make([]string, 0, len(a.Services))
+	for _, s := range a.Services {
+		if s.AllowsUser(caller.User) {
+			ids = append(ids, s.ID)
+		}
+	}
+	t := now()
+	return &Session{ID: "anonymous", User: caller.User, Services: ids, CreatedAt: t, ExpiresAt: t.Add(time.Hour)}
+}
+
+// SessionHeaderName is the header runners send their session id in.
+func (a *App) SessionHeaderName() string { return a.SessionHeader }
+
+// CheckOrigin reports whether a request's Origin header is acceptable.
+func (a *App) CheckOrigin(r *http.Request) bool {
+	origin := r.Header.Get("Origin")
+	if origin == "" {
+		return true
+	}
+	_, ok := a.origins[origin]
+	return ok
+}
+
+// BaseURL is PublicURL, or the URL the request arrived at.
+func (a *App) BaseURL(r *http.Request) string {
+	if a.PublicURL != "" {
+		return a.PublicURL
+	}
+	scheme := "http"
+	if r.TLS != nil {
+		scheme = "https"
+	}
+	return scheme + "://" + r.Host
+}
+
+// ResourceMetadataURL is the RFC 9728 metadata URL for WWW-Authenticate.
+func (a *App) ResourceMetadataURL(r *http.Request) string {
+	return a.BaseURL(r) + "/.well-known/oauth-protected-resource"
+}
+
+// NeedsSignIn is the error data telling a runner where its user connects
+// svc: the OAuth authorize endpoint, or for bearer services the endpoint a
+// personal token is PUT to.
+func (a *App) NeedsSignIn(r *http.Request, svc *Service) map[string]any {
+	base := a.BaseURL(r) + "/v1/connections/" + url.PathEscape(svc.ID)
+	data := map[string]any{"needs_sign_in": true, "service": svc.ID}
+	if svc.Auth.Kind == AuthOAuth {
+		data["connect_url"] = base + "/authorize"
+	} else {
+		data["connect_url"] = base
+		data["connect_method"] = "PUT"
+	}
+	return data
+}
+
+// Logger returns the app's logger.
+func (a *App) Logger() *zap.Logger { return a.logger }
+
+func isLoopback(remoteAddr string) bool {
+	host, _, err := net.SplitHostPort(remoteAddr)
+	if err != nil {
+		host = remoteAddr
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+func newUpstreamClient() *http.Client {
+	transport := http.DefaultTransport.(*http.Transport).Clone()
+	transport.MaxIdleConns = 512
+	transport.MaxIdleConnsPerHost = 128
+	transport.IdleConnTimeout = 90 * time.Second
+	transport.ResponseHeaderTimeout = 0 // bounded per service by the call's context
+	return &http.Client{
+		Transport: transport,
+		CheckRedirect: func(*http.Request, []*http.Request) error {
+			return http.ErrUseLastResponse
+		},
+	}
+}
+
+// Interface guards
+var (
+	_ caddy.App          = (*App)(nil)
+	_ caddy.Provisioner  = (*App)(nil)
+	_ caddy.Validator    = (*App)(nil)
+	_ caddy.CleanerUpper = (*App)(nil)
+)

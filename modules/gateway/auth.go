@@ -1,0 +1,418 @@
+package gateway
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/x509"
+	"encoding/hex"
+	"encoding/json"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	jose "github.com/go-jose/go-jose/v4"
+	"github.com/go-jose/go-jose/v4/jwt"
+	"go.uber.org/zap"
+)
+
+// Caller is who sent a request, as the authenticator established it.
+type Caller struct {
+	// User identifies the caller (an e-mail address, a subject).
+	User string
+	// Groups the caller belongs to, for policy.
+	Groups []string
+	// Claims are the verified JWT claims; nil for API keys.
+	Claims map[string]any
+	// Method is how the caller authenticated: "api_key", "jwt" or "anonymous".
+	Method string
+}
+
+// AuthConfig says how callers prove who they are. Every option may be
+// combined; a bearer token that looks like a JWT is checked as one when JWT
+// issuers are configured, anything else as an API key.
+type AuthConfig struct {
+	// APIKeys are accepted API keys, stored as hashes.
+	APIKeys []APIKey `json:"api_keys,omitempty"`
+
+	// APIKeysFile is a JSON file holding more API keys: an array of
+	// {"hash": "sha256:…", "user": "…", "groups": ["…"]}. It is read when
+	// the config loads.
+	APIKeysFile string `json:"api_keys_file,omitempty"`
+
+	// JWT lists trusted JWT issuers.
+	JWT []*JWTIssuer `json:"jwt,omitempty"`
+
+	// Anonymous, when set, treats requests without an Authorization header
+	// as this caller, and lets them use every service without a session.
+	// Only requests from loopback addresses are accepted this way. Meant for
+	// local protocol testing; never enable it on a shared gateway.
+	Anonymous string `json:"anonymous,omitempty"`
+
+	keys map[string]*APIKey // by hex sha256
+}
+
+// APIKey is one accepted API key.
+type APIKey struct {
+	// Hash is "sha256:" followed by the hex SHA-256 of the key. API keys
+	// are long random strings, so a fast hash is enough; the key itself is
+	// never stored. `toolgate api-key` prints a new key and its hash.
+	Hash string `json:"hash"`
+	// User is the caller the key authenticates.
+	User string `json:"user"`
+	// Groups the caller belongs to.
+	Groups []string `json:"groups,omitempty"`
+}
+
+// JWTIssuer is one trusted issuer of JWT bearer tokens.
+type JWTIssuer struct {
+	// Issuer is the required "iss" claim.
+	Issuer string `json:"issuer"`
+	// Audience lists accepted "aud" values; the token must carry one.
+	Audience []string `json:"audience"`
+	// JWKSURL is where the issuer publishes its signing keys. Fetched when
+	// the gateway starts and again (at most once a minute) when a token
+	// names an unknown key id.
+	JWKSURL string `json:"jwks_url,omitempty"`
+	// KeyFiles are PEM files with static public keys (or a JWKS JSON file).
+	KeyFiles []string `json:"key_files,omitempty"`
+	// UserClaim names the claim that identifies the caller. Default "sub".
+	UserClaim string `json:"user_claim,omitempty"`
+	// GroupsClaim names the claim listing the caller's groups. Default "groups".
+	GroupsClaim string `json:"groups_claim,omitempty"`
+	// Leeway tolerates clock skew on exp and nbf. Default 30s.
+	Leeway caddy.Duration `json:"leeway,omitempty"`
+
+	keys *keySet
+}
+
+// HashAPIKey returns the stored form of an API key.
+func HashAPIKey(key string) string {
+	sum := sha256.Sum256([]byte(key))
+	return "sha256:" + hex.EncodeToString(sum[:])
+}
+
+// Authentication errors. Messages are safe to show to the caller.
+var (
+	ErrNoCredentials  = errors.New("missing bearer token")
+	ErrBadCredentials = errors.New("invalid bearer token")
+)
+
+var signingAlgorithms = []jose.SignatureAlgorithm{
+	jose.RS256, jose.RS384, jose.RS512, jose.PS256, jose.PS384, jose.PS512,
+	jose.ES256, jose.ES384, jose.ES512, jose.EdDSA,
+}
+
+func (a *AuthConfig) provision(repl *caddy.Replacer) error {
+	a.keys = make(map[string]*APIKey)
+	keys := a.APIKeys
+	if a.APIKeysFile != "" {
+		path := repl.ReplaceKnown(a.APIKeysFile, "")
+		data, err := os.ReadFile(path)
+		if err != nil {
+			return fmt.Errorf("auth api_keys: %v", err)
+		}
+		var fromFile []APIKey
+		if err := json.Unmarshal(data, &fromFile); err != nil {
+			return fmt.Errorf("auth api_keys %s: %v", path, err)
+		}
+		keys = append(keys[:len(keys):len(keys)], fromFile...)
+	}
+	for i := range keys {
+		k := &keys[i]
+		digest, ok := strings.CutPrefix(k.Hash, "sha256:")
+		if raw, err := hex.DecodeString(digest); !ok || err != nil || len(raw) != sha256.Size {
+			return fmt.Errorf("auth api key for %q: hash must be sha256:<64 hex digits>", k.User)
+		}
+		if k.User == "" {
+			return fmt.Errorf("auth api key %s…: user is required", k.Hash[:15])
+		}
+		a.keys[strings.ToLower(digest)] = k
+	}
+	for _, j := range a.JWT {
+		if err := j.provision(repl); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (j *JWTIssuer) provision(repl *caddy.Replacer) error {
+	j.JWKSURL = repl.ReplaceKnown(j.JWKSURL, "")
+	if j.Issuer == "" {
+		return errors.New("auth jwt: issuer is required")
+	}
+	if len(j.Audience) == 0 {
+		return fmt.Errorf("auth jwt %s: audience is required", j.Issuer)
+	}
+	if j.JWKSURL == "" && len(j.KeyFiles) == 0 {
+		return fmt.Errorf("auth jwt %s: give jwks_url or key_file", j.Issuer)
+	}
+	if j.UserClaim == "" {
+		j.UserClaim = "sub"
+	}
+	if j.GroupsClaim == "" {
+		j.GroupsClaim = "groups"
+	}
+	if j.Leeway == 0 {
+		j.Leeway = caddy.Duration(30 * time.Second)
+	}
+	var static []jose.JSONWebKey
+	for _, f := range j.KeyFiles {
+		keys, err := loadKeyFile(repl.ReplaceKnown(f, ""))
+		if err != nil {
+			return fmt.Errorf("auth jwt %s: key_file %s: %v", j.Issuer, f, err)
+		}
+		static = append(static, keys...)
+	}
+	if j.JWKSURL == "" {
+		j.keys = &keySet{static: static}
+		return nil
+	}
+	// The fetched JWKS is shared across config reloads.
+	v, _, err := jwksPool.LoadOrNew(j.JWKSURL, func() (caddy.Destructor, error) {
+		return &keySet{url: j.JWKSURL}, nil
+	})
+	if err != nil {
+		return err
+	}
+	shared := v.(*keySet)
+	j.keys = &keySet{url: j.JWKSURL, static: static, shared: shared}
+	return nil
+}
+
+func (j *JWTIssuer) cleanup() {
+	if j.keys != nil && j.keys.shared != nil {
+		_, _ = jwksPool.Delete(j.JWKSURL)
+	}
+}
+
+// jwksPool holds fetched JWKS by URL so a config reload keeps them.
+var jwksPool = caddy.NewUsagePool()
+
+// start fetches the JWKS. A failure is logged, not fatal: tokens are
+// rejected until the keys can be fetched.
+func (a *AuthConfig) start(ctx context.Context, client *http.Client, logger *zap.Logger) {
+	for _, j := range a.JWT {
+		if j.JWKSURL == "" {
+			continue
+		}
+		if err := j.keys.refresh(ctx, client); err != nil {
+			logger.Warn("cannot fetch JWKS; JWTs from this issuer are rejected until it succeeds",
+				zap.String("issuer", j.Issuer), zap.String("jwks_url", j.JWKSURL), zap.Error(err))
+		}
+		j.keys.client = client
+	}
+}
+
+// Authenticate checks the request's bearer token. remoteLoopback says
+// whether the request came from a loopback address (for Anonymous).
+func (a *AuthConfig) Authenticate(ctx context.Context, r *http.Request, remoteLoopback bool) (*Caller, error) {
+	h := r.Header.Get("Authorization")
+	if h == "" {
+		if a.Anonymous != "" && remoteLoopback {
+			return &Caller{User: a.Anonymous, Method: "anonymous"}, nil
+		}
+		return nil, ErrNoCredentials
+	}
+	scheme, token, ok := strings.Cut(h, " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") || token == "" {
+		return nil, ErrBadCredentials
+	}
+	token = strings.TrimSpace(token)
+	if len(a.JWT) > 0 && strings.Count(token, ".") == 2 {
+		return a.verifyJWT(ctx, token)
+	}
+	sum := sha256.Sum256([]byte(token))
+	k := a.keys[hex.EncodeToString(sum[:])]
+	if k == nil {
+		return nil, ErrBadCredentials
+	}
+	return &Caller{User: k.User, Groups: k.Groups, Method: "api_key"}, nil
+}
+
+func (a *AuthConfig) verifyJWT(ctx context.Context, token string) (*Caller, error) {
+	tok, err := jwt.ParseSigned(token, signingAlgorithms)
+	if err != nil || len(tok.Headers) != 1 {
+		return nil, ErrBadCredentials
+	}
+	var unverified jwt.Claims
+	if err := tok.UnsafeClaimsWithoutVerification(&unverified); err != nil {
+		return nil, ErrBadCredentials
+	}
+	for _, j := range a.JWT {
+		if unverified.Issuer != j.Issuer {
+			continue
+		}
+		key, err := j.keys.lookup(ctx, tok.Headers[0].KeyID)
+		if err != nil {
+			return nil, ErrBadCredentials
+		}
+		var claims jwt.Claims
+		var all map[string]any
+		if err := tok.Claims(key, &claims, &all); err != nil {
+			return nil, ErrBadCredentials
+		}
+		if claims.Expiry == nil {
+			return nil, fmt.Errorf("%w: no exp claim", ErrBadCredentials)
+		}
+		expected := jwt.Expected{Issuer: j.Issuer, AnyAudience: j.Audience, Time: now()}
+		if err := claims.ValidateWithLeeway(expected, time.Duration(j.Leeway)); err != nil {
+			return nil, fmt.Errorf("%w: %v", ErrBadCredentials, err)
+		}
+		user, _ := all[j.UserClaim].(string)
+		if user == "" {
+			return nil, fmt.Errorf("%w: no %s claim", ErrBadCredentials, j.UserClaim)
+		}
+		var groups []string
+		if list, ok := all[j.GroupsClaim].([]any); ok {
+			for _, g := range list {
+				if s, ok := g.(string); ok {
+					groups = append(groups, s)
+				}
+			}
+		}
+		return &Caller{User: user, Groups: groups, Claims: all, Method: "jwt"}, nil
+	}
+	return nil, ErrBadCredentials
+}
+
+// keySet holds an issuer's verification keys: static ones and, in shared,
+// the JWKS fetched from url.
+type keySet struct {
+	url    string
+	static []jose.JSONWebKey
+	client *http.Client
+	shared *keySet
+
+	mu        sync.RWMutex
+	fetched   jose.JSONWebKeySet
+	lastFetch time.Time
+}
+
+// Destruct implements caddy.Destructor.
+func (*keySet) Destruct() error { return nil }
+
+const jwksMinRefresh = time.Minute
+
+func (ks *keySet) lookup(ctx context.Context, kid string) (any, error) {
+	if k := ks.find(kid); k != nil {
+		return k, nil
+	}
+	if ks.shared == nil || ks.client == nil {
+		return nil, errors.New("unknown key id")
+	}
+	sh := ks.shared
+	sh.mu.RLock()
+	recent := now().Sub(sh.lastFetch) < jwksMinRefresh
+	sh.mu.RUnlock()
+	if recent {
+		return nil, errors.New("unknown key id")
+	}
+	if err := ks.refresh(ctx, ks.client); err != nil {
+		return nil, err
+	}
+	if k := ks.find(kid); k != nil {
+		return k, nil
+	}
+	return nil, errors.New("unknown key id")
+}
+
+func (ks *keySet) find(kid string) any {
+	match := func(keys []jose.JSONWebKey) any {
+		for i := range keys {
+			k := &keys[i]
+			if (kid == "" || k.KeyID == kid) && k.Use != "enc" {
+				return k.Key
+			}
+		}
+		return nil
+	}
+	if k := match(ks.static); k != nil {
+		return k
+	}
+	if ks.shared == nil {
+		return nil
+	}
+	sh := ks.shared
+	sh.mu.RLock()
+	defer sh.mu.RUnlock()
+	return match(sh.fetched.Keys)
+}
+
+func (ks *keySet) refresh(ctx context.Context, client *http.Client) error {
+	sh := ks.shared
+	sh.mu.Lock()
+	sh.lastFetch = now()
+	sh.mu.Unlock()
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, ks.url, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("JWKS answered %s", resp.Status)
+	}
+	var set jose.JSONWebKeySet
+	if err := json.NewDecoder(http.MaxBytesReader(nil, resp.Body, 1<<20)).Decode(&set); err != nil {
+		return fmt.Errorf("JWKS: %v", err)
+	}
+	sh.mu.Lock()
+	sh.fetched = set
+	sh.mu.Unlock()
+	return nil
+}
+
+// loadKeyFile reads public keys from a PEM file or a JWKS JSON file.
+func loadKeyFile(path string) ([]jose.JSONWebKey, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	if trimmed := strings.TrimSpace(string(data)); strings.HasPrefix(trimmed, "{") {
+		var set jose.JSONWebKeySet
+		if err := json.Unmarshal(data, &set); err != nil {
+			return nil, err
+		}
+		return set.Keys, nil
+	}
+	var keys []jose.JSONWebKey
+	for {
+		var block *pem.Block
+		block, data = pem.Decode(data)
+		if block == nil {
+			break
+		}
+		var key any
+		switch block.Type {
+		case "PUBLIC KEY":
+			key, err = x509.ParsePKIXPublicKey(block.Bytes)
+		case "CERTIFICATE":
+			var cert *x509.Certificate
+			if cert, err = x509.ParseCertificate(block.Bytes); err == nil {
+				key = cert.PublicKey
+			}
+		default:
+			return nil, fmt.Errorf("PEM block %q is not a public key or certificate", block.Type)
+		}
+		if err != nil {
+			return nil, err
+		}
+		keys = append(keys, jose.JSONWebKey{Key: key})
+	}
+	if len(keys) == 0 {
+		return nil, errors.New("no public key found")
+	}
+	return keys, nil
+}

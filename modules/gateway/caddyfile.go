@@ -1,0 +1,394 @@
+package gateway
+
+import (
+	"strconv"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
+	"github.com/dustin/go-humanize"
+)
+
+func init() {
+	httpcaddyfile.RegisterGlobalOption("toolgate", parseGlobalOption)
+}
+
+func parseGlobalOption(d *caddyfile.Dispenser, existing any) (any, error) {
+	if existing != nil {
+		return nil, d.Err("the toolgate global option may appear only once")
+	}
+	app := new(App)
+	if err := app.UnmarshalCaddyfile(d); err != nil {
+		return nil, err
+	}
+	return httpcaddyfile.App{Name: "toolgate", Value: caddyconfig.JSON(app, nil)}, nil
+}
+
+// UnmarshalCaddyfile sets up the app from the toolgate global option:
+//
+//	toolgate {
+//		public_url   <url>
+//		state_secret <secret>
+//		storage <module> { … }
+//		cipher  <module> { … }
+//		session_header <name>
+//		session_ttl    <duration>
+//		mcp_session_idle_timeout <duration>
+//		cache_ttl      <duration>
+//		allowed_origins <origin...>
+//		max_request_size  <size>
+//		max_response_size <size>
+//		max_json_depth    <n>
+//		auth {
+//			api_key  <sha256:hex> <user> [<group>...]
+//			api_keys <file>
+//			jwt {
+//				issuer       <iss>
+//				audience     <aud...>
+//				jwks_url     <url>
+//				key_file     <file>
+//				user_claim   <claim>
+//				groups_claim <claim>
+//				leeway       <duration>
+//			}
+//			anonymous <user>
+//		}
+//		service <id> {
+//			title         <text>
+//			url           <url>
+//			allow_http
+//			tools         <name...>
+//			allowed_users <user...>
+//			timeout       <duration>
+//			auth none | bearer | header <name> <value> | oauth {
+//				authorization_url <url>
+//				token_url         <url>
+//				client_id         <id>
+//				client_secret     <secret>
+//				scopes            <scope...>
+//				resource          <uri>
+//			}
+//		}
+//	}
+//
+// Every option may appear once per block, except service, api_key,
+// key_file and jwt.
+func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	d.Next() // "toolgate"
+	if d.NextArg() {
+		return d.ArgErr()
+	}
+	seen := map[string]bool{}
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		opt := d.Val()
+		if opt != "service" && seen[opt] {
+			return d.Errf("toolgate: %s given twice", opt)
+		}
+		seen[opt] = true
+		var err error
+		switch opt {
+		case "public_url":
+			err = oneArg(d, &a.PublicURL)
+		case "state_secret":
+			err = oneArg(d, &a.StateSecret)
+		case "session_header":
+			err = oneArg(d, &a.SessionHeader)
+		case "session_ttl":
+			err = durationArg(d, &a.SessionTTL)
+		case "mcp_session_idle_timeout":
+			err = durationArg(d, &a.MCPSessionIdleTimeout)
+		case "cache_ttl":
+			err = durationArg(d, &a.CacheTTL)
+		case "allowed_origins":
+			a.AllowedOrigins = d.RemainingArgs()
+			if len(a.AllowedOrigins) == 0 {
+				err = d.ArgErr()
+			}
+		case "max_request_size":
+			err = sizeArg(d, &a.MaxRequestBytes)
+		case "max_response_size":
+			err = sizeArg(d, &a.MaxResponseBytes)
+		case "max_json_depth":
+			var s string
+			if err = oneArg(d, &s); err == nil {
+				if a.MaxJSONDepth, err = strconv.Atoi(s); err != nil || a.MaxJSONDepth < 1 {
+					err = d.Errf("max_json_depth: %q is not a positive integer", s)
+				}
+			}
+		case "storage":
+			err = guestModule(d, "caddy.storage", "module", (*[]byte)(&a.StorageRaw))
+		case "cipher":
+			err = guestModule(d, "toolgate.ciphers", "cipher", (*[]byte)(&a.CipherRaw))
+		case "auth":
+			a.Auth = new(AuthConfig)
+			err = a.Auth.unmarshalCaddyfile(d)
+		case "service":
+			s := new(Service)
+			if err = s.unmarshalCaddyfile(d); err == nil {
+				for _, other := range a.Services {
+					if other.ID == s.ID {
+						return d.Errf("service %q defined twice", s.ID)
+					}
+				}
+				a.Services = append(a.Services, s)
+			}
+		default:
+			return d.Errf("toolgate: unknown option %q", opt)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (a *AuthConfig) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	if d.NextArg() {
+		return d.ArgErr()
+	}
+	seen := map[string]bool{}
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		opt := d.Val()
+		switch opt {
+		case "api_key":
+			args := d.RemainingArgs()
+			if len(args) < 2 {
+				return d.Errf("auth api_key: want <sha256:hex> <user> [<group>...]")
+			}
+			a.APIKeys = append(a.APIKeys, APIKey{Hash: args[0], User: args[1], Groups: args[2:]})
+		case "api_keys":
+			if seen[opt] {
+				return d.Errf("auth: %s given twice", opt)
+			}
+			if err := oneArg(d, &a.APIKeysFile); err != nil {
+				return err
+			}
+		case "anonymous":
+			if seen[opt] {
+				return d.Errf("auth: %s given twice", opt)
+			}
+			if err := oneArg(d, &a.Anonymous); err != nil {
+				return err
+			}
+		case "jwt":
+			j := new(JWTIssuer)
+			if err := j.unmarshalCaddyfile(d); err != nil {
+				return err
+			}
+			a.JWT = append(a.JWT, j)
+		default:
+			return d.Errf("auth: unknown option %q", opt)
+		}
+		seen[opt] = true
+	}
+	return nil
+}
+
+func (j *JWTIssuer) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	if d.NextArg() {
+		return d.ArgErr()
+	}
+	seen := map[string]bool{}
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		opt := d.Val()
+		if opt != "key_file" && seen[opt] {
+			return d.Errf("auth jwt: %s given twice", opt)
+		}
+		seen[opt] = true
+		var err error
+		switch opt {
+		case "issuer":
+			err = oneArg(d, &j.Issuer)
+		case "audience":
+			if j.Audience = d.RemainingArgs(); len(j.Audience) == 0 {
+				err = d.ArgErr()
+			}
+		case "jwks_url":
+			err = oneArg(d, &j.JWKSURL)
+		case "key_file":
+			var f string
+			if err = oneArg(d, &f); err == nil {
+				j.KeyFiles = append(j.KeyFiles, f)
+			}
+		case "user_claim":
+			err = oneArg(d, &j.UserClaim)
+		case "groups_claim":
+			err = oneArg(d, &j.GroupsClaim)
+		case "leeway":
+			err = durationArg(d, &j.Leeway)
+		default:
+			return d.Errf("auth jwt: unknown option %q", opt)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (s *Service) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	if !d.NextArg() {
+		return d.Errf("service: want an id, as in: service tracker { … }")
+	}
+	s.ID = d.Val()
+	if d.NextArg() {
+		return d.ArgErr()
+	}
+	seen := map[string]bool{}
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		opt := d.Val()
+		if seen[opt] {
+			return d.Errf("service %q: %s given twice", s.ID, opt)
+		}
+		seen[opt] = true
+		var err error
+		switch opt {
+		case "title":
+			err = oneArg(d, &s.Title)
+		case "url":
+			err = oneArg(d, &s.URL)
+		case "allow_http":
+			if d.NextArg() {
+				return d.ArgErr()
+			}
+			s.AllowHTTP = true
+		case "tools":
+			if s.Tools = d.RemainingArgs(); len(s.Tools) == 0 {
+				err = d.Errf("service %q: tools: list at least one tool", s.ID)
+			}
+		case "allowed_users":
+			if s.AllowedUsers = d.RemainingArgs(); len(s.AllowedUsers) == 0 {
+				err = d.ArgErr()
+			}
+		case "timeout":
+			err = durationArg(d, &s.Timeout)
+		case "auth":
+			s.Auth = new(UpstreamAuth)
+			err = s.Auth.unmarshalCaddyfile(d, s.ID)
+		default:
+			return d.Errf("service %q: unknown option %q", s.ID, opt)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (u *UpstreamAuth) unmarshalCaddyfile(d *caddyfile.Dispenser, service string) error {
+	if !d.NextArg() {
+		return d.Errf("service %q: auth: want none, bearer, header <name> <value> or oauth { … }", service)
+	}
+	u.Kind = d.Val()
+	switch u.Kind {
+	case AuthNone, AuthBearer:
+		if d.NextArg() {
+			return d.ArgErr()
+		}
+	case AuthHeader:
+		args := d.RemainingArgs()
+		if len(args) != 2 {
+			return d.Errf("service %q: auth header: want <name> <value>", service)
+		}
+		u.Header, u.Value = args[0], args[1]
+	case AuthOAuth:
+		if d.NextArg() {
+			return d.ArgErr()
+		}
+		o := new(OAuthClient)
+		u.OAuth = o
+		seen := map[string]bool{}
+		for nesting := d.Nesting(); d.NextBlock(nesting); {
+			opt := d.Val()
+			if seen[opt] {
+				return d.Errf("service %q: auth oauth: %s given twice", service, opt)
+			}
+			seen[opt] = true
+			var err error
+			switch opt {
+			case "authorization_url":
+				err = oneArg(d, &o.AuthorizationURL)
+			case "token_url":
+				err = oneArg(d, &o.TokenURL)
+			case "client_id":
+				err = oneArg(d, &o.ClientID)
+			case "client_secret":
+				err = oneArg(d, &o.ClientSecret)
+			case "scopes":
+				if o.Scopes = d.RemainingArgs(); len(o.Scopes) == 0 {
+					err = d.ArgErr()
+				}
+			case "resource":
+				err = oneArg(d, &o.Resource)
+			default:
+				return d.Errf("service %q: auth oauth: unknown option %q", service, opt)
+			}
+			if err != nil {
+				return err
+			}
+		}
+	default:
+		return d.Errf("service %q: auth: unknown kind %q (use none, bearer, header or oauth)", service, u.Kind)
+	}
+	return nil
+}
+
+func oneArg(d *caddyfile.Dispenser, dst *string) error {
+	if !d.NextArg() {
+		return d.ArgErr()
+	}
+	*dst = d.Val()
+	if d.NextArg() {
+		return d.ArgErr()
+	}
+	return nil
+}
+
+func durationArg(d *caddyfile.Dispenser, dst *caddy.Duration) error {
+	var s string
+	if err := oneArg(d, &s); err != nil {
+		return err
+	}
+	dur, err := caddy.ParseDuration(s)
+	if err != nil {
+		return d.Errf("%s: invalid duration %q: %v", d.Val(), s, err)
+	}
+	if dur <= 0 {
+		return d.Errf("invalid duration %q: must be positive", s)
+	}
+	*dst = caddy.Duration(time.Duration(dur))
+	return nil
+}
+
+func sizeArg(d *caddyfile.Dispenser, dst *int64) error {
+	var s string
+	if err := oneArg(d, &s); err != nil {
+		return err
+	}
+	n, err := humanize.ParseBytes(s)
+	if err != nil || n == 0 || n > 1<<40 {
+		return d.Errf("invalid size %q (use e.g. 4MiB)", s)
+	}
+	*dst = int64(n)
+	return nil
+}
+
+// guestModule reads `<option> <module name> { … }` into raw, the JSON of
+// the named module in namespace with its name under inlineKey.
+func guestModule(d *caddyfile.Dispenser, namespace, inlineKey string, raw *[]byte) error {
+	if !d.NextArg() {
+		return d.ArgErr()
+	}
+	name := d.Val()
+	mod, err := caddyfile.UnmarshalModule(d, namespace+"."+name)
+	if err != nil {
+		return err
+	}
+	*raw = caddyconfig.JSONModuleObject(mod, inlineKey, name, nil)
+	return nil
+}
+
+// Interface guards
+var _ caddyfile.Unmarshaler = (*App)(nil)

@@ -1,0 +1,128 @@
+package gateway
+
+import (
+	"context"
+	"net/http"
+	"time"
+
+	"github.com/toolgate/toolgate/internal/mcpmsg"
+)
+
+// Call is what the pipeline knows about one runner request to
+// /v1/mcp/{service}. Each step reads what earlier steps set and adds its own
+// part; nothing is parsed twice. It travels in the request context.
+type Call struct {
+	Started time.Time
+
+	// Set by toolgate_session.
+	Caller     *Caller
+	Session    *Session    // the toolgate session
+	MCPSession *MCPSession // nil until the runner's initialize succeeded
+	RemoteIP   string
+
+	// Set by toolgate_registry.
+	Service *Service
+	Message mcpmsg.Message // for POST; zero for GET and DELETE
+	// Method is the JSON-RPC method of Message, or for a runner's response
+	// to a server→client request, the method of that request.
+	Method string
+	// ProtocolVersion is the protocol the runner speaks on this request.
+	ProtocolVersion string
+
+	// Set by toolgate_policy.
+	Decision *Decision
+	// Tool is the upstream's definition of the called tool, when known.
+	Tool *ToolDefinition
+	// Arguments, when not nil, replace the runner's tools/call arguments
+	// upstream (a policy rewrite).
+	Arguments []byte
+
+	// Set by toolgate_credentials.
+	Credential *Credential
+
+	resultHooks []ResultHook
+}
+
+// Decision is the outcome of a policy evaluation.
+type Decision struct {
+	ID     string // appears in the audit log and in the answer's _meta
+	Action string // ActionAllow, ActionDeny or ActionAsk
+	Reason string
+}
+
+// Policy actions.
+const (
+	ActionAllow = "allow"
+	ActionDeny  = "deny"
+	ActionAsk   = "ask"
+)
+
+// Credential is what toolgate attaches to upstream requests for a call.
+type Credential struct {
+	Header string // e.g. "Authorization"
+	Value  string // e.g. "Bearer …"; never logged
+}
+
+// String hides the value.
+func (c *Credential) String() string { return c.Header + ": [hidden]" }
+
+// A ResultHook sees the result of a successful upstream response before the
+// runner does. It returns the result to send instead, or nil to keep it.
+// Hooks run in the order the steps registered them.
+type ResultHook func(ctx context.Context, call *Call, result []byte) ([]byte, error)
+
+// OnResult registers a hook for this call's result.
+func (c *Call) OnResult(h ResultHook) { c.resultHooks = append(c.resultHooks, h) }
+
+// RunResultHooks passes result through every registered hook. changed
+// reports whether any hook replaced it.
+func (c *Call) RunResultHooks(ctx context.Context, result []byte) (out []byte, changed bool, err error) {
+	for _, h := range c.resultHooks {
+		replaced, err := h(ctx, c, result)
+		if err != nil {
+			return nil, false, err
+		}
+		if replaced != nil {
+			result, changed = replaced, true
+		}
+	}
+	return result, changed, nil
+}
+
+// HasResultHooks reports whether any step wants to see the result.
+func (c *Call) HasResultHooks() bool { return len(c.resultHooks) > 0 }
+
+type callKey struct{}
+
+// WithCall returns r carrying call.
+func WithCall(r *http.Request, call *Call) *http.Request {
+	return r.WithContext(context.WithValue(r.Context(), callKey{}, call))
+}
+
+// CallFrom returns the call r carries, or nil when no toolgate_session
+// step ran before.
+func CallFrom(r *http.Request) *Call {
+	c, _ := r.Context().Value(callKey{}).(*Call)
+	return c
+}
+
+// IsRequest reports whether the runner sent a JSON-RPC request, which is
+// answered with a JSON-RPC response (as opposed to a notification, a
+// response or a GET/DELETE, which get an HTTP status).
+func (c *Call) IsRequest() bool { return c.Message.Kind == mcpmsg.Request }
+
+// Fail answers the call with a JSON-RPC error. A request gets the error as
+// its response (HTTP 200, so MCP clients read it); anything else gets the
+// error body with the HTTP status given.
+func (c *Call) Fail(w http.ResponseWriter, status, code int, message string, data any) {
+	if c.IsRequest() {
+		WriteRPCError(w, http.StatusOK, c.Message.ID, code, message, data)
+		return
+	}
+	WriteRPCError(w, status, nil, code, message, data)
+}
+
+// Unavailable answers the call with a retryable error.
+func (c *Call) Unavailable(w http.ResponseWriter, message string) {
+	c.Fail(w, http.StatusServiceUnavailable, CodeUnavailable, message, Retryable)
+}

@@ -1,0 +1,41 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+)
+
+// Cipher encrypts credential records before they reach storage and decrypts
+// them when they are read back. Implementations are guest modules in the
+// toolgate.ciphers namespace (for example toolgate.ciphers.local and
+// toolgate.ciphers.vault_transit).
+//
+// The context names whose record it is (see [CipherContext]). A cipher must
+// bind the ciphertext to it: decrypting with another context must fail, so a
+// record copied into another user's slot is useless.
+//
+// Errors from Encrypt and Decrypt must never contain the plaintext. A cipher
+// that cannot reach its backend returns an error wrapping [ErrCipherUnavailable],
+// which callers report as retryable.
+type Cipher interface {
+	Encrypt(ctx context.Context, plaintext, context []byte) ([]byte, error)
+	Decrypt(ctx context.Context, ciphertext, context []byte) ([]byte, error)
+}
+
+// CipherStarter is implemented by ciphers that need to do I/O before their
+// first use (create a key file, authenticate to a backend). The toolgate app
+// calls Start from its own Start, never from Provision, so `caddy validate`
+// has no side effects.
+type CipherStarter interface {
+	Start(ctx context.Context) error
+}
+
+// CipherContext is the context a credential record of user for service is
+// encrypted under.
+func CipherContext(service, user string) []byte {
+	return []byte("toolgate/v1/" + service + "/" + user)
+}
+
+// ErrCipherUnavailable reports that a cipher's backend (a Vault server, a key
+// file) cannot be used right now. The operation may succeed if retried later.
+var ErrCipherUnavailable = errors.New("cipher backend unavailable")

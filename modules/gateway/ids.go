@@ -1,0 +1,28 @@
+package gateway
+
+import (
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/hex"
+	"time"
+)
+
+// now is the clock; tests replace it.
+var now = time.Now
+
+// NewID returns a random identifier of 192 bits, URL-safe. Session ids,
+// decision ids and OAuth states use it; crypto/rand never fails on the
+// platforms Go supports.
+func NewID() string {
+	var b [24]byte
+	_, _ = rand.Read(b[:])
+	return base64.RawURLEncoding.EncodeToString(b[:])
+}
+
+// hashKey returns the hex SHA-256 of s: how secrets and user names appear in
+// storage keys, so a storage listing reveals neither.
+func hashKey(s string) string {
+	sum := sha256.Sum256([]byte(s))
+	return hex.EncodeToString(sum[:])
+}

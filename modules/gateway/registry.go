@@ -1,0 +1,242 @@
+package gateway
+
+import (
+	"fmt"
+	"net/url"
+	"regexp"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+)
+
+// Service is one upstream MCP server in the registry. Only administrators
+// define services; nothing a runner sends can add one or change where a
+// service points.
+type Service struct {
+	// ID names the service in URLs (/v1/mcp/{id}) and in policy input.
+	// Letters, digits, '-' and '_' only.
+	ID string `json:"id"`
+
+	// Title is a human-readable name shown in the catalog.
+	Title string `json:"title,omitempty"`
+
+	// URL is the upstream's Streamable HTTP MCP endpoint. It must be https
+	// unless AllowHTTP is set.
+	URL string `json:"url"`
+
+	// AllowHTTP permits a plain http URL. Meant for local development only:
+	// credentials cross the network unencrypted.
+	AllowHTTP bool `json:"allow_http,omitempty"`
+
+	// Tools is the allowlist: the only tools runners can see and call.
+	// Required and non-empty.
+	Tools []string `json:"tools"`
+
+	// AllowedUsers, when set, limits the service to these callers (user
+	// identifiers as the authenticator reports them). Empty means every
+	// authenticated caller.
+	AllowedUsers []string `json:"allowed_users,omitempty"`
+
+	// Timeout bounds one upstream exchange (a request and its response
+	// stream). Default 60s, at most 300s.
+	Timeout caddy.Duration `json:"timeout,omitempty"`
+
+	// Auth says which credential toolgate attaches to upstream requests.
+	// Default: none.
+	Auth *UpstreamAuth `json:"auth,omitempty"`
+
+	tools        map[string]struct{}
+	allowedUsers map[string]struct{}
+	url          *url.URL
+}
+
+// The kinds of upstream credentials.
+const (
+	AuthNone   = "none"   // no credential
+	AuthHeader = "header" // one service-wide header, from the config
+	AuthBearer = "bearer" // a personal token each user stores
+	AuthOAuth  = "oauth"  // a personal OAuth grant each user connects
+)
+
+// UpstreamAuth is the credential a service needs.
+type UpstreamAuth struct {
+	// Kind is one of "none", "header", "bearer" or "oauth".
+	Kind string `json:"kind"`
+
+	// Header is the header name, for kind "header".
+	Header string `json:"header,omitempty"`
+
+	// Value is the header value, for kind "header". Placeholders such as
+	// {env.WEATHER_KEY} are expanded when the config loads.
+	Value string `json:"value,omitempty"`
+
+	// OAuth configures kind "oauth".
+	OAuth *OAuthClient `json:"oauth,omitempty"`
+}
+
+// OAuthClient is toolgate's OAuth 2 client registration at a service's
+// authorization server.
+type OAuthClient struct {
+	// AuthorizationURL is the provider's authorization endpoint.
+	AuthorizationURL string `json:"authorization_url"`
+	// TokenURL is the provider's token endpoint.
+	TokenURL string `json:"token_url"`
+	// ClientID is toolgate's client id at the provider.
+	ClientID string `json:"client_id"`
+	// ClientSecret is toolgate's client secret; empty for a public client.
+	ClientSecret string `json:"client_secret,omitempty"`
+	// Scopes are requested when a user connects.
+	Scopes []string `json:"scopes,omitempty"`
+	// Resource is the RFC 8707 resource indicator sent on both the
+	// authorization and token requests. Defaults to the service URL.
+	Resource string `json:"resource,omitempty"`
+}
+
+const (
+	defaultServiceTimeout = 60 * time.Second
+	maxServiceTimeout     = 300 * time.Second
+)
+
+var serviceIDPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$`)
+
+// provision expands placeholders, applies defaults and indexes the service.
+func (s *Service) provision(repl *caddy.Replacer) error {
+	s.URL = repl.ReplaceKnown(s.URL, "")
+	if s.Timeout == 0 {
+		s.Timeout = caddy.Duration(defaultServiceTimeout)
+	}
+	if s.Auth == nil {
+		s.Auth = &UpstreamAuth{Kind: AuthNone}
+	}
+	if s.Auth.Kind == "" {
+		s.Auth.Kind = AuthNone
+	}
+	s.Auth.Value = repl.ReplaceKnown(s.Auth.Value, "")
+	if o := s.Auth.OAuth; o != nil {
+		o.ClientID = repl.ReplaceKnown(o.ClientID, "")
+		o.ClientSecret = repl.ReplaceKnown(o.ClientSecret, "")
+		if o.Resource == "" {
+			o.Resource = s.URL
+		}
+	}
+	s.tools = make(map[string]struct{}, len(s.Tools))
+	for _, t := range s.Tools {
+		s.tools[t] = struct{}{}
+	}
+	if len(s.AllowedUsers) > 0 {
+		s.allowedUsers = make(map[string]struct{}, len(s.AllowedUsers))
+		for _, u := range s.AllowedUsers {
+			s.allowedUsers[u] = struct{}{}
+		}
+	}
+	if u, err := url.Parse(s.URL); err == nil {
+		s.url = u
+	}
+	return nil
+}
+
+// validate reports the first problem with the service, naming the field.
+func (s *Service) validate() error {
+	fail := func(field, format string, args ...any) error {
+		return fmt.Errorf("service %q: %s: %s", s.ID, field, fmt.Sprintf(format, args...))
+	}
+	if !serviceIDPattern.MatchString(s.ID) {
+		return fmt.Errorf("service %q: id: use 1-64 letters, digits, '-' or '_', starting with a letter or digit", s.ID)
+	}
+	u, err := url.Parse(s.URL)
+	switch {
+	case s.URL == "":
+		return fail("url", "required")
+	case err != nil:
+		return fail("url", "%v", err)
+	case u.Host == "":
+		return fail("url", "%q has no host", s.URL)
+	case u.User != nil:
+		return fail("url", "must not carry credentials; use auth instead")
+	case u.Scheme == "http" && !s.AllowHTTP:
+		return fail("url", "%q is plain http; use https, or add allow_http for local development", s.URL)
+	case u.Scheme != "https" && u.Scheme != "http":
+		return fail("url", "scheme %q is not supported; use https", u.Scheme)
+	}
+	if len(s.Tools) == 0 {
+		return fail("tools", "required: list the tools runners may use")
+	}
+	for _, t := range s.Tools {
+		if t == "" || strings.ContainsAny(t, " \t\r\n") {
+			return fail("tools", "invalid tool name %q", t)
+		}
+	}
+	if d := time.Duration(s.Timeout); d < 0 || d > maxServiceTimeout {
+		return fail("timeout", "%s is out of range (0 < timeout <= %s)", d, maxServiceTimeout)
+	}
+	switch a := s.Auth; a.Kind {
+	case AuthNone, AuthBearer:
+	case AuthHeader:
+		if a.Header == "" {
+			return fail("auth", "header needs a header name and a value")
+		}
+		if a.Value == "" {
+			return fail("auth", "header %s has an empty value (is its environment variable set?)", a.Header)
+		}
+	case AuthOAuth:
+		o := a.OAuth
+		if o == nil {
+			return fail("auth", "oauth needs authorization_url, token_url and client_id")
+		}
+		for field, v := range map[string]string{"authorization_url": o.AuthorizationURL, "token_url": o.TokenURL} {
+			pu, err := url.Parse(v)
+			if v == "" || err != nil || pu.Host == "" {
+				return fail("auth oauth "+field, "required: an absolute URL")
+			}
+			if pu.Scheme != "https" && !s.AllowHTTP {
+				return fail("auth oauth "+field, "%q must be https (or the service needs allow_http)", v)
+			}
+		}
+		if o.ClientID == "" {
+			return fail("auth oauth client_id", "required")
+		}
+	default:
+		return fail("auth", "unknown kind %q (use none, header, bearer or oauth)", a.Kind)
+	}
+	return nil
+}
+
+// AllowsTool reports whether name is on the service's allowlist.
+func (s *Service) AllowsTool(name string) bool {
+	_, ok := s.tools[name]
+	return ok
+}
+
+// AllowsUser reports whether user may use the service.
+func (s *Service) AllowsUser(user string) bool {
+	if s.allowedUsers == nil {
+		return true
+	}
+	_, ok := s.allowedUsers[user]
+	return ok
+}
+
+// Registry is the set of services, indexed by id.
+type Registry struct {
+	services map[string]*Service
+	order    []*Service
+}
+
+func newRegistry(services []*Service) (*Registry, error) {
+	r := &Registry{services: make(map[string]*Service, len(services)), order: services}
+	for _, s := range services {
+		if _, dup := r.services[s.ID]; dup {
+			return nil, fmt.Errorf("service %q: defined twice", s.ID)
+		}
+		r.services[s.ID] = s
+	}
+	return r, nil
+}
+
+// Lookup returns the service with id, or nil.
+func (r *Registry) Lookup(id string) *Service { return r.services[id] }
+
+// Services returns every service in configuration order.
+func (r *Registry) Services() []*Service { return slices.Clone(r.order) }

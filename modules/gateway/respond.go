@@ -1,0 +1,133 @@
+package gateway
+
+import (
+	"encoding/json"
+	"net/http"
+	"strconv"
+
+	"github.com/toolgate/toolgate/internal/mcpmsg"
+)
+
+// JSON-RPC error codes toolgate answers with. The standard ones first, then
+// toolgate's own, in the range JSON-RPC reserves for implementations.
+const (
+	CodeParseError     = -32700
+	CodeInvalidRequest = -32600
+	CodeMethodNotFound = -32601
+	CodeInvalidParams  = -32602
+	CodeInternalError  = -32603
+
+	// CodeNeedsSignIn: the caller has no usable credential for the service;
+	// data carries needs_sign_in and connect_url.
+	CodeNeedsSignIn = -32010
+	// CodeUnavailable: the upstream, the OAuth provider, the cipher or the
+	// storage failed or timed out; data carries retryable: true.
+	CodeUnavailable = -32011
+	// CodeApprovalRequired: the policy asked for a human's approval.
+	CodeApprovalRequired = -32012
+	// CodePolicyDenied: the policy denied a message that is not a tools/call
+	// (a denied tools/call is answered with an isError result instead).
+	CodePolicyDenied = -32013
+	// CodeSessionNotFound: the MCP session is unknown (HTTP 404); the
+	// runner should initialize again.
+	CodeSessionNotFound = -32001
+)
+
+// WriteJSON writes v as a JSON response.
+func WriteJSON(w http.ResponseWriter, status int, v any) {
+	data, err := json.Marshal(v)
+	if err != nil {
+		http.Error(w, "internal error", http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", strconv.Itoa(len(data)+1))
+	w.WriteHeader(status)
+	_, _ = w.Write(append(data, '\n'))
+}
+
+// APIError is the body of every HTTP API error.
+type APIError struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+}
+
+// WriteAPIError writes {"error": {"code": …, "message": …}}.
+func WriteAPIError(w http.ResponseWriter, status int, code, message string) {
+	WriteJSON(w, status, map[string]APIError{"error": {Code: code, Message: message}})
+}
+
+// RPCError builds the JSON text of a JSON-RPC error response. id is the JSON
+// text of the request id (nil for null); data may be nil.
+func RPCError(id []byte, code int, message string, data any) []byte {
+	b := make([]byte, 0, 128+len(message))
+	b = append(b, `{"jsonrpc":"2.0","id":`...)
+	if id == nil {
+		b = append(b, "null"...)
+	} else {
+		b = append(b, id...)
+	}
+	b = append(b, `,"error":{"code":`...)
+	b = strconv.AppendInt(b, int64(code), 10)
+	b = append(b, `,"message":`...)
+	b = mcpmsg.AppendQuote(b, message)
+	if data != nil {
+		d, err := json.Marshal(data)
+		if err == nil {
+			b = append(b, `,"data":`...)
+			b = append(b, d...)
+		}
+	}
+	return append(b, "}}"...)
+}
+
+// RPCResult builds the JSON text of a JSON-RPC result response.
+func RPCResult(id []byte, result []byte) []byte {
+	b := make([]byte, 0, 40+len(id)+len(result))
+	b = append(b, `{"jsonrpc":"2.0","id":`...)
+	b = append(b, id...)
+	b = append(b, `,"result":`...)
+	b = append(b, result...)
+	return append(b, '}')
+}
+
+// WriteRPC writes a JSON-RPC message as an application/json response.
+func WriteRPC(w http.ResponseWriter, status int, msg []byte) {
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("Content-Length", strconv.Itoa(len(msg)))
+	w.WriteHeader(status)
+	_, _ = w.Write(msg)
+}
+
+// WriteRPCError writes a JSON-RPC error response with an HTTP status.
+func WriteRPCError(w http.ResponseWriter, status int, id []byte, code int, message string, data any) {
+	WriteRPC(w, status, RPCError(id, code, message, data))
+}
+
+// Retryable is the error data of CodeUnavailable.
+var Retryable = map[string]any{"retryable": true}
+
+// ToolError builds a tools/call result that reports a failure to the agent
+// (isError: true), with the decision in _meta so it can be traced.
+func ToolError(text string, d *Decision) []byte {
+	b := make([]byte, 0, 160+len(text))
+	b = append(b, `{"content":[{"type":"text","text":`...)
+	b = mcpmsg.AppendQuote(b, text)
+	b = append(b, `}],"isError":true`...)
+	if d != nil {
+		b = append(b, `,"_meta":{"toolgate/decision":`...)
+		b = AppendDecisionMeta(b, d)
+		b = append(b, '}')
+	}
+	return append(b, '}')
+}
+
+// AppendDecisionMeta appends {"id":…,"action":…} for d.
+func AppendDecisionMeta(b []byte, d *Decision) []byte {
+	b = append(b, `{"id":`...)
+	b = mcpmsg.AppendQuote(b, d.ID)
+	b = append(b, `,"action":`...)
+	b = mcpmsg.AppendQuote(b, d.Action)
+	return append(b, '}')
+}

@@ -1,0 +1,86 @@
+package policy
+
+import (
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+)
+
+func init() {
+	httpcaddyfile.RegisterHandlerDirective("toolgate_policy", func(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
+		m := new(RequestHandler)
+		err := m.UnmarshalCaddyfile(h.Dispenser)
+		return m, err
+	})
+	httpcaddyfile.RegisterHandlerDirective("toolgate_result_policy", func(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
+		m := new(ResultHandler)
+		err := m.UnmarshalCaddyfile(h.Dispenser)
+		return m, err
+	})
+}
+
+// UnmarshalCaddyfile reads either policy directive:
+//
+//	toolgate_policy <source> {
+//		query           <rule reference>
+//		timeout         <duration>
+//		reload_interval <duration>|off
+//	}
+//
+// toolgate_result_policy takes the same form.
+func (c *Config) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	d.Next() // directive name
+	directive := d.Val()
+	if !d.NextArg() {
+		return d.Errf("%s: want a policy file or directory, as in: %s policies/", directive, directive)
+	}
+	c.Source = d.Val()
+	if d.NextArg() {
+		return d.ArgErr()
+	}
+	seen := map[string]bool{}
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		opt := d.Val()
+		if seen[opt] {
+			return d.Errf("%s: %s given twice", directive, opt)
+		}
+		seen[opt] = true
+		if !d.NextArg() {
+			return d.ArgErr()
+		}
+		val := d.Val()
+		if d.NextArg() {
+			return d.ArgErr()
+		}
+		switch opt {
+		case "query":
+			c.Query = val
+		case "timeout":
+			dur, err := caddy.ParseDuration(val)
+			if err != nil || dur <= 0 {
+				return d.Errf("%s: invalid timeout %q", directive, val)
+			}
+			c.Timeout = caddy.Duration(dur)
+		case "reload_interval":
+			if val == "off" {
+				c.ReloadInterval = -1
+				continue
+			}
+			dur, err := caddy.ParseDuration(val)
+			if err != nil || dur <= 0 {
+				return d.Errf("%s: invalid reload_interval %q (a duration, or off)", directive, val)
+			}
+			c.ReloadInterval = caddy.Duration(dur)
+		default:
+			return d.Errf("%s: unknown option %q", directive, opt)
+		}
+	}
+	return nil
+}
+
+// Interface guards
+var (
+	_ caddyfile.Unmarshaler = (*RequestHandler)(nil)
+	_ caddyfile.Unmarshaler = (*ResultHandler)(nil)
+)

@@ -1,0 +1,47 @@
+package policy
+
+import (
+	"errors"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// metrics are the policy collectors, created once per process and
+// registered with each config's registry. Labels are bounded: stage,
+// service, action — never user or session.
+type metrics struct {
+	decisions    *prometheus.CounterVec
+	duration     *prometheus.HistogramVec
+	loadFailures *prometheus.CounterVec
+}
+
+var policyMetrics = &metrics{
+	decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "toolgate", Subsystem: "policy", Name: "decisions_total",
+		Help: "Policy decisions by stage, service and action.",
+	}, []string{"stage", "service", "action"}),
+	duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Namespace: "toolgate", Subsystem: "policy", Name: "evaluation_seconds",
+		Help:    "Time to evaluate a policy decision.",
+		Buckets: []float64{5e-6, 10e-6, 25e-6, 50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 5e-3, 25e-3, 100e-3},
+	}, []string{"stage"}),
+	loadFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "toolgate", Subsystem: "policy", Name: "load_failures_total",
+		Help: "Policy (re)loads that failed; the last good policy stays in force.",
+	}, []string{"stage"}),
+}
+
+func (m *metrics) register(reg prometheus.Registerer) error {
+	if reg == nil {
+		return nil
+	}
+	for _, c := range []prometheus.Collector{m.decisions, m.duration, m.loadFailures} {
+		if err := reg.Register(c); err != nil {
+			var already prometheus.AlreadyRegisteredError
+			if !errors.As(err, &already) {
+				return err
+			}
+		}
+	}
+	return nil
+}

@@ -1,0 +1,122 @@
+package policy
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/open-policy-agent/opa/v1/ast"
+	"github.com/tidwall/gjson"
+
+	"github.com/toolgate/toolgate/modules/gateway"
+)
+
+func init() {
+	caddy.RegisterModule(RequestHandler{})
+}
+
+// RequestHandler is toolgate_policy: it decides every runner message
+// (requests, notifications, answers to server→client requests) before it
+// goes upstream.
+type RequestHandler struct {
+	Config
+}
+
+// CaddyModule returns the Caddy module information.
+func (RequestHandler) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "http.handlers.toolgate_policy",
+		New: func() caddy.Module { return new(RequestHandler) },
+	}
+}
+
+// Provision compiles the policy (file I/O only).
+func (h *RequestHandler) Provision(ctx caddy.Context) error {
+	return h.provision(ctx, stageRequest, "data.toolgate.request.decision")
+}
+
+// Validate checks the configuration.
+func (h *RequestHandler) Validate() error { return h.validate() }
+
+// Cleanup releases the shared policy.
+func (h *RequestHandler) Cleanup() error { return h.cleanup() }
+
+// ServeHTTP applies the request decision.
+func (h *RequestHandler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+	call := gateway.CallFrom(r)
+	if call == nil || call.Service == nil {
+		return caddyhttp.Error(http.StatusInternalServerError,
+			errors.New("toolgate_policy must come after toolgate_session and toolgate_registry in the route"))
+	}
+	if call.Message.Kind == 0 {
+		return next.ServeHTTP(w, r) // GET (open a stream) and DELETE carry no message
+	}
+	var tool *ast.Term
+	if call.Method == "tools/call" {
+		if call.MCPSession != nil {
+			call.Tool = call.MCPSession.Tool(call.Message.Name)
+		}
+		tool = toolTerm(call.Tool, call.Message.Name)
+	}
+	o := h.engine.decide(r.Context(), requestInput(call, tool, false), time.Duration(h.Timeout), "arguments")
+	d := h.newDecision(call, o, stageRequest, call.Message.Arguments)
+	call.Decision = d
+	switch o.Action {
+	case gateway.ActionAllow:
+		if o.Arguments != nil && call.Method == "tools/call" {
+			args, err := json.Marshal(o.Arguments)
+			if err != nil {
+				call.Fail(w, http.StatusForbidden, gateway.CodePolicyDenied, "denied: the policy's rewritten arguments cannot be encoded", decisionData(d))
+				return nil
+			}
+			call.Arguments = args
+		}
+		if call.Method == "tools/list" {
+			call.OnResult(h.hideTools)
+		}
+		return next.ServeHTTP(w, r)
+	case gateway.ActionAsk:
+		data := decisionData(d)
+		data["approval_required"] = true
+		call.Fail(w, http.StatusForbidden, gateway.CodeApprovalRequired, "approval required: "+o.Reason, data)
+	default:
+		if call.Method == "tools/call" {
+			// A tool result, so the agent reads the reason and can adapt.
+			gateway.WriteRPC(w, http.StatusOK, gateway.RPCResult(call.Message.ID, gateway.ToolError(o.Reason, d)))
+			return nil
+		}
+		call.Fail(w, http.StatusForbidden, gateway.CodePolicyDenied, "denied by policy: "+o.Reason, decisionData(d))
+	}
+	return nil
+}
+
+// hideTools removes from a tools/list result the tools the policy would
+// deny this caller calling: each is evaluated as a tools/call with
+// listing: true and no arguments. ask keeps a tool visible.
+func (h *RequestHandler) hideTools(ctx context.Context, call *gateway.Call, result []byte) ([]byte, error) {
+	timeout := time.Duration(h.Timeout)
+	return gateway.FilterTools(result, func(tool gjson.Result) bool {
+		o := h.engine.decide(ctx, requestInput(call, ast.NewTerm(jsonValue(tool)), true), timeout, "arguments")
+		if o.Action != gateway.ActionDeny {
+			return true
+		}
+		h.newDecision(call, o, stageListing, []byte(tool.Get("name").Raw))
+		return false
+	}), nil
+}
+
+func decisionData(d *gateway.Decision) map[string]any {
+	return map[string]any{"decision_id": d.ID}
+}
+
+// Interface guards
+var (
+	_ caddy.Provisioner           = (*RequestHandler)(nil)
+	_ caddy.Validator             = (*RequestHandler)(nil)
+	_ caddy.CleanerUpper          = (*RequestHandler)(nil)
+	_ caddyhttp.MiddlewareHandler = (*RequestHandler)(nil)
+)

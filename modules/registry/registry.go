@@ -1,0 +1,210 @@
+// Package registry is toolgate_registry, the second step of the pipeline:
+// it resolves the service a request is for, checks the caller may use it,
+// reads the runner's JSON-RPC message (once, strictly) and enforces the
+// service's tool allowlist.
+package registry
+
+import (
+	"context"
+	"errors"
+	"io"
+	"mime"
+	"net/http"
+	"strings"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/tidwall/gjson"
+	"go.uber.org/zap"
+
+	"github.com/toolgate/toolgate/internal/mcpmsg"
+	"github.com/toolgate/toolgate/modules/gateway"
+)
+
+func init() {
+	caddy.RegisterModule(Handler{})
+}
+
+// Handler resolves /v1/mcp/{service} and checks the message against the
+// registry.
+type Handler struct {
+	// Service is the service id, usually a placeholder. Default: the last
+	// segment of the request path, so /v1/mcp/tracker is service "tracker".
+	Service string `json:"service,omitempty"`
+
+	app    *gateway.App
+	limits mcpmsg.Limits
+	logger *zap.Logger
+}
+
+// CaddyModule returns the Caddy module information.
+func (Handler) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "http.handlers.toolgate_registry",
+		New: func() caddy.Module { return new(Handler) },
+	}
+}
+
+// Provision finds the toolgate app.
+func (h *Handler) Provision(ctx caddy.Context) error {
+	h.logger = ctx.Logger()
+	app, err := ctx.App("toolgate")
+	if err != nil {
+		return err
+	}
+	h.app = app.(*gateway.App)
+	h.limits = mcpmsg.Limits{MaxDepth: h.app.MaxJSONDepth}
+	return nil
+}
+
+// ServeHTTP resolves the service and reads the message.
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+	call := gateway.CallFrom(r)
+	if call == nil {
+		return caddyhttp.Error(http.StatusInternalServerError,
+			errors.New("toolgate_registry must come after toolgate_session in the route"))
+	}
+	id := h.serviceID(r)
+	svc := h.app.Registry().Lookup(id)
+	if svc == nil || !svc.AllowsUser(call.Caller.User) {
+		gateway.WriteRPCError(w, http.StatusNotFound, nil, gateway.CodeInvalidRequest, "unknown service "+quote(id), nil)
+		return nil
+	}
+	if !call.Session.Selected(svc.ID) {
+		gateway.WriteRPCError(w, http.StatusNotFound, nil, gateway.CodeInvalidRequest,
+			"service "+quote(id)+" is not selected in this toolgate session; create a session that lists it", nil)
+		return nil
+	}
+	if call.MCPSession != nil && call.MCPSession.Service != svc.ID {
+		gateway.WriteRPCError(w, http.StatusNotFound, nil, gateway.CodeSessionNotFound,
+			"MCP session not found for this service: initialize a new one", nil)
+		return nil
+	}
+	call.Service = svc
+
+	switch r.Method {
+	case http.MethodPost:
+		if !h.readMessage(w, r, call) {
+			return nil
+		}
+	case http.MethodGet, http.MethodDelete:
+		if call.MCPSession == nil {
+			gateway.WriteRPCError(w, http.StatusBadRequest, nil, gateway.CodeInvalidRequest,
+				"missing Mcp-Session-Id header: initialize first", nil)
+			return nil
+		}
+	default:
+		w.Header().Set("Allow", "GET, POST, DELETE")
+		gateway.WriteRPCError(w, http.StatusMethodNotAllowed, nil, gateway.CodeInvalidRequest,
+			"method "+r.Method+" is not allowed on an MCP endpoint", nil)
+		return nil
+	}
+	if !h.checkProtocolVersion(w, r, call) {
+		return nil
+	}
+	if call.Method == "tools/call" && !svc.AllowsTool(call.Message.Name) {
+		// As if the tool did not exist: runners never learn what is hidden.
+		gateway.WriteRPCError(w, http.StatusOK, call.Message.ID, gateway.CodeInvalidParams,
+			"Unknown tool: "+call.Message.Name, nil)
+		return nil
+	}
+	if call.Method == "tools/list" {
+		call.OnResult(allowlistTools)
+	}
+	return next.ServeHTTP(w, r)
+}
+
+// readMessage reads and parses the POST body into call.Message. It answers
+// the runner and returns false when the message is unacceptable.
+func (h *Handler) readMessage(w http.ResponseWriter, r *http.Request, call *gateway.Call) bool {
+	if mt, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type")); mt != "application/json" {
+		gateway.WriteRPCError(w, http.StatusUnsupportedMediaType, nil, gateway.CodeInvalidRequest,
+			"Content-Type must be application/json", nil)
+		return false
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, h.app.MaxRequestBytes))
+	if err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			gateway.WriteRPCError(w, http.StatusRequestEntityTooLarge, nil, gateway.CodeInvalidRequest,
+				"request body exceeds max_request_size", nil)
+			return false
+		}
+		gateway.WriteRPCError(w, http.StatusBadRequest, nil, gateway.CodeParseError, "reading request body: "+err.Error(), nil)
+		return false
+	}
+	msg, err := mcpmsg.Parse(body, h.limits)
+	if err != nil {
+		code := gateway.CodeParseError
+		if errors.Is(err, mcpmsg.ErrBatch) || msg.Kind != 0 {
+			code = gateway.CodeInvalidRequest
+		}
+		gateway.WriteRPCError(w, http.StatusBadRequest, msg.ID, code, err.Error(), nil)
+		return false
+	}
+	call.Message = msg
+	call.Method = msg.Method
+	isInit := msg.Kind == mcpmsg.Request && msg.Method == "initialize"
+	switch {
+	case isInit && call.MCPSession != nil:
+		gateway.WriteRPCError(w, http.StatusBadRequest, msg.ID, gateway.CodeInvalidRequest,
+			"initialize must not carry an Mcp-Session-Id", nil)
+		return false
+	case !isInit && call.MCPSession == nil:
+		gateway.WriteRPCError(w, http.StatusBadRequest, msg.ID, gateway.CodeInvalidRequest,
+			"missing Mcp-Session-Id header: initialize first", nil)
+		return false
+	case msg.Kind == mcpmsg.Response:
+		// The answer to a server→client request: policy sees the method
+		// of the request it answers.
+		call.Method, _ = call.MCPSession.ServerRequestAnswered(msg.ID)
+	}
+	return true
+}
+
+// checkProtocolVersion sets call.ProtocolVersion from the MCP-Protocol-Version
+// header, the session's negotiated version, or the initialize request.
+func (h *Handler) checkProtocolVersion(w http.ResponseWriter, r *http.Request, call *gateway.Call) bool {
+	if call.MCPSession == nil {
+		call.ProtocolVersion = call.Message.ProtocolVersion
+		return true
+	}
+	negotiated := call.MCPSession.Upstream().ProtocolVersion
+	v := r.Header.Get("Mcp-Protocol-Version")
+	switch {
+	case v == "":
+		call.ProtocolVersion = negotiated
+	case !gateway.SupportsProtocolVersion(v):
+		gateway.WriteRPCError(w, http.StatusBadRequest, call.Message.ID, gateway.CodeInvalidRequest,
+			"unsupported MCP-Protocol-Version "+quote(v)+"; supported: "+strings.Join(gateway.ProtocolVersions, ", "), nil)
+		return false
+	default:
+		call.ProtocolVersion = v
+	}
+	return true
+}
+
+func (h *Handler) serviceID(r *http.Request) string {
+	if h.Service != "" {
+		repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
+		return repl.ReplaceAll(h.Service, "")
+	}
+	p := strings.TrimSuffix(r.URL.Path, "/")
+	return p[strings.LastIndexByte(p, '/')+1:]
+}
+
+// allowlistTools removes tools off the service's allowlist from a tools/list
+// result. Definitions of the tools kept pass through byte for byte.
+func allowlistTools(_ context.Context, call *gateway.Call, result []byte) ([]byte, error) {
+	return gateway.FilterTools(result, func(tool gjson.Result) bool {
+		return call.Service.AllowsTool(tool.Get("name").String())
+	}), nil
+}
+
+func quote(s string) string { return string(mcpmsg.Quote(s)) }
+
+// Interface guards
+var (
+	_ caddy.Provisioner           = (*Handler)(nil)
+	_ caddyhttp.MiddlewareHandler = (*Handler)(nil)
+)
