@@ -6,6 +6,7 @@ package toolgate
 import (
 	_ "github.com/toolgate/toolgate/modules/api"
 	_ "github.com/toolgate/toolgate/modules/ciphers/local"
+	_ "github.com/toolgate/toolgate/modules/ciphers/vaulttransit"
 	_ "github.com/toolgate/toolgate/modules/credentials"
 	_ "github.com/toolgate/toolgate/modules/demo"
 	_ "github.com/toolgate/toolgate/modules/gateway"

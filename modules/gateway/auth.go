@@ -61,7 +61,7 @@ type AuthConfig struct {
 type APIKey struct {
 	// Hash is "sha256:" followed by the hex SHA-256 of the key. API keys
 	// are long random strings, so a fast hash is enough; the key itself is
-	// never stored. `toolgate api-key` prints a new key and its hash.
+	// never stored: printf %s "$KEY" | sha256sum gives the hex digest.
 	Hash string `json:"hash"`
 	// User is the caller the key authenticates.
 	User string `json:"user"`

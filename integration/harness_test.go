@@ -1,0 +1,326 @@
+// Package integration runs toolgate end to end: a real Caddy with
+// toolgate's modules, loaded in this process from a Caddyfile, in front of
+// real MCP servers built with the official Go SDK, driven by the SDK's
+// client as the runner.
+package integration
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig"
+	_ "github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	_ "github.com/caddyserver/caddy/v2/modules/standard"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	_ "github.com/toolgate/toolgate"
+)
+
+// API keys the test gateway accepts.
+const (
+	aliceKey = "test-key-alice"
+	bobKey   = "test-key-bob"
+	alice    = "alice@example.test"
+	bob      = "bob@example.test"
+)
+
+// gatewayConfig describes one test gateway.
+type gatewayConfig struct {
+	Upstream      string // the upstream MCP URL for service "svc"
+	Tools         string // the allowlist
+	Auth          string // the service's auth line, default "none"
+	RequestPolicy string // policy source; default testdata/policy
+	ResultPolicy  string
+	Extra         string // more lines in the toolgate block
+	Services      string // more service blocks
+}
+
+// gateway is a running toolgate.
+type gateway struct {
+	URL     string // http://127.0.0.1:port
+	DataDir string
+}
+
+// startGateway loads a Caddy config running toolgate on a free port. The
+// config replaces any gateway an earlier test started in this process.
+func startGateway(t testing.TB, cfg gatewayConfig) *gateway {
+	t.Helper()
+	if cfg.Tools == "" {
+		cfg.Tools = "echo progress unknown_field forbidden_tool gated_tool pinned_echo redacted"
+	}
+	if cfg.Auth == "" {
+		cfg.Auth = "none"
+	}
+	if cfg.RequestPolicy == "" {
+		cfg.RequestPolicy = "testdata/policy"
+	}
+	if cfg.ResultPolicy == "" {
+		cfg.ResultPolicy = cfg.RequestPolicy
+	}
+	port := freePort(t)
+	data := t.TempDir()
+	caddyfile := fmt.Sprintf(`{
+	admin off
+	auto_https off
+	persist_config off
+	log {
+		output discard
+	}
+	toolgate {
+		public_url http://127.0.0.1:%[1]d
+		storage file_system %[2]s
+		cipher local %[2]s/cipher.key
+		auth {
+			api_key %[3]s %[4]s eng
+			api_key %[5]s %[6]s
+		}
+		service svc {
+			url %[7]s
+			allow_http
+			tools %[8]s
+			auth %[9]s
+			timeout 10s
+		}
+		%[12]s
+		%[13]s
+	}
+}
+
+http://127.0.0.1:%[1]d {
+	route /v1/mcp/* {
+		toolgate_session
+		toolgate_registry
+		toolgate_policy %[10]s
+		toolgate_credentials
+		toolgate_result_policy %[11]s
+		toolgate_proxy
+	}
+	toolgate_api
+}
+`, port, data, hashKey(aliceKey), alice, hashKey(bobKey), bob, cfg.Upstream, cfg.Tools, cfg.Auth,
+		cfg.RequestPolicy, cfg.ResultPolicy, cfg.Extra, cfg.Services)
+	loadCaddyfile(t, caddyfile)
+	g := &gateway{URL: fmt.Sprintf("http://127.0.0.1:%d", port), DataDir: data}
+	waitListening(t, g.URL)
+	return g
+}
+
+var caddyMu sync.Mutex
+
+// loadCaddyfile adapts and runs a Caddyfile in this process.
+func loadCaddyfile(t testing.TB, caddyfile string) {
+	t.Helper()
+	adapter := caddyconfig.GetAdapter("caddyfile")
+	cfgJSON, warnings, err := adapter.Adapt([]byte(caddyfile), map[string]any{"filename": "Caddyfile"})
+	if err != nil {
+		t.Fatalf("adapting Caddyfile: %v\n%s", err, caddyfile)
+	}
+	for _, w := range warnings {
+		t.Logf("adapt warning: %s", w.String())
+	}
+	caddyMu.Lock()
+	if err := caddy.Load(cfgJSON, true); err != nil {
+		caddyMu.Unlock()
+		t.Fatalf("loading config: %v", err)
+	}
+	caddyMu.Unlock()
+	t.Cleanup(func() {
+		caddyMu.Lock()
+		defer caddyMu.Unlock()
+		_ = caddy.Stop()
+	})
+}
+
+func hashKey(k string) string {
+	return "sha256:" + fmt.Sprintf("%x", sha256Sum([]byte(k)))
+}
+
+func freePort(t testing.TB) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+func waitListening(t testing.TB, base string) {
+	t.Helper()
+	addr := strings.TrimPrefix(base, "http://")
+	for range 100 {
+		c, err := net.DialTimeout("tcp", addr, 100*time.Millisecond)
+		if err == nil {
+			c.Close()
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatalf("gateway at %s did not start listening", base)
+}
+
+// createSession creates a toolgate session for the API key's owner.
+func (g *gateway) createSession(t testing.TB, key string, services ...string) string {
+	t.Helper()
+	body, _ := json.Marshal(map[string]any{"services": services})
+	resp := g.api(t, http.MethodPost, "/v1/sessions", key, body)
+	if resp.StatusCode != http.StatusCreated {
+		t.Fatalf("POST /v1/sessions: %d %s", resp.StatusCode, resp.Body)
+	}
+	var s struct{ ID string }
+	if err := json.Unmarshal(resp.Body, &s); err != nil || s.ID == "" {
+		t.Fatalf("POST /v1/sessions: no id in %s", resp.Body)
+	}
+	return s.ID
+}
+
+type apiResponse struct {
+	StatusCode int
+	Header     http.Header
+	Body       []byte
+}
+
+func (g *gateway) api(t testing.TB, method, path, key string, body []byte) apiResponse {
+	t.Helper()
+	req, err := http.NewRequest(method, g.URL+path, bytes.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if key != "" {
+		req.Header.Set("Authorization", "Bearer "+key)
+	}
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return apiResponse{StatusCode: resp.StatusCode, Header: resp.Header, Body: b}
+}
+
+// headerTransport adds fixed headers to every request, like a runner that
+// authenticates to toolgate.
+type headerTransport struct {
+	base    http.RoundTripper
+	headers map[string]string
+}
+
+func (h headerTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	for k, v := range h.headers {
+		r.Header.Set(k, v)
+	}
+	return h.base.RoundTrip(r)
+}
+
+// connect opens an MCP session through the gateway with the official SDK
+// client, as a runner does.
+func (g *gateway) connect(t testing.TB, key, session, service string, opts *mcp.ClientOptions) *mcp.ClientSession {
+	t.Helper()
+	client := mcp.NewClient(&mcp.Implementation{Name: "test-runner", Version: "1.0.0"}, opts)
+	transport := &mcp.StreamableClientTransport{
+		Endpoint: g.URL + "/v1/mcp/" + service,
+		HTTPClient: &http.Client{Transport: headerTransport{base: http.DefaultTransport, headers: map[string]string{
+			"Authorization":      "Bearer " + key,
+			"X-Toolgate-Session": session,
+			"Cookie":             "runner-cookie=secret",
+		}}},
+		MaxRetries: -1,
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	cs, err := client.Connect(ctx, transport, &mcp.ClientSessionOptions{ProtocolVersion: "2025-11-25"})
+	if err != nil {
+		t.Fatalf("connecting through the gateway: %v", err)
+	}
+	t.Cleanup(func() { cs.Close() })
+	return cs
+}
+
+// rawMCP is a runner that speaks Streamable HTTP by hand, to see bytes
+// exactly as the gateway sends them.
+type rawMCP struct {
+	t         testing.TB
+	url       string
+	headers   map[string]string
+	sessionID string
+}
+
+func (g *gateway) raw(t testing.TB, key, session, service string) *rawMCP {
+	return &rawMCP{t: t, url: g.URL + "/v1/mcp/" + service, headers: map[string]string{
+		"Authorization": "Bearer " + key, "X-Toolgate-Session": session,
+	}}
+}
+
+// post sends one message and returns the status, the headers and the
+// JSON-RPC messages of the answer (one for JSON, each event for SSE).
+func (m *rawMCP) post(body string) (int, http.Header, []json.RawMessage) {
+	m.t.Helper()
+	req, _ := http.NewRequest(http.MethodPost, m.url, strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json, text/event-stream")
+	for k, v := range m.headers {
+		req.Header.Set(k, v)
+	}
+	if m.sessionID != "" {
+		req.Header.Set("Mcp-Session-Id", m.sessionID)
+		req.Header.Set("Mcp-Protocol-Version", "2025-11-25")
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		m.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	data, _ := io.ReadAll(resp.Body)
+	var msgs []json.RawMessage
+	if strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
+		for _, line := range strings.Split(string(data), "\n") {
+			if d, ok := strings.CutPrefix(line, "data: "); ok {
+				msgs = append(msgs, json.RawMessage(d))
+			}
+		}
+	} else if len(bytes.TrimSpace(data)) > 0 {
+		msgs = append(msgs, json.RawMessage(data))
+	}
+	return resp.StatusCode, resp.Header, msgs
+}
+
+// initialize performs the MCP handshake.
+func (m *rawMCP) initialize() {
+	m.t.Helper()
+	status, hdr, msgs := m.post(`{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"raw","version":"1"}}}`)
+	if status != http.StatusOK || len(msgs) != 1 || hdr.Get("Mcp-Session-Id") == "" {
+		m.t.Fatalf("initialize: %d %v %s", status, hdr, msgs)
+	}
+	m.sessionID = hdr.Get("Mcp-Session-Id")
+	if status, _, _ := m.post(`{"jsonrpc":"2.0","method":"notifications/initialized"}`); status != http.StatusAccepted {
+		m.t.Fatalf("notifications/initialized: %d", status)
+	}
+}
+
+// testdataPath returns an absolute path under testdata.
+func testdataPath(t testing.TB, rel string) string {
+	p, err := filepath.Abs(filepath.Join("testdata", rel))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(p); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}

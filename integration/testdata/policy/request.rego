@@ -1,0 +1,20 @@
+# The request policy of the integration tests: allow everything except the
+# cases each test needs.
+package toolgate.request
+
+default decision := {"action": "allow"}
+
+decision := {"action": "deny", "reason": "forbidden_tool is forbidden in tests"} if {
+	input.method == "tools/call"
+	input.tool.name == "forbidden_tool"
+}
+
+decision := {"action": "ask", "reason": "gated_tool is not marked read-only"} if {
+	input.method == "tools/call"
+	not input.tool.annotations.readOnlyHint
+}
+
+decision := {"action": "allow", "arguments": object.union(input.arguments, {"project": "sandbox"})} if {
+	input.method == "tools/call"
+	input.tool.name == "pinned_echo"
+}

@@ -1,0 +1,162 @@
+package integration
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+)
+
+func sha256Sum(b []byte) [32]byte { return sha256.Sum256(b) }
+
+// upstream is a real MCP server built with the official Go SDK, behind a
+// middleware that records what it received and can forget every session
+// (so it answers 404, as a restarted server does).
+type upstream struct {
+	URL string
+
+	mu       sync.Mutex
+	handler  http.Handler
+	received []http.Header
+	server   *httptest.Server
+}
+
+// unknownFieldMarker makes the upstream add a field no MCP version defines
+// to a tool result, like a newer server would.
+const unknownFieldMarker = "ADD-UNKNOWN-FIELD"
+
+func startUpstream(t testing.TB) *upstream {
+	t.Helper()
+	u := &upstream{}
+	u.reset()
+	u.server = httptest.NewServer(http.HandlerFunc(u.serve))
+	u.URL = u.server.URL + "/mcp"
+	t.Cleanup(u.server.Close)
+	return u
+}
+
+// reset replaces the MCP handler: every existing session is forgotten.
+func (u *upstream) reset() {
+	server := newTestServer()
+	h := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return server },
+		&mcp.StreamableHTTPOptions{SessionTimeout: time.Minute})
+	u.mu.Lock()
+	u.handler = h
+	u.mu.Unlock()
+}
+
+func (u *upstream) serve(w http.ResponseWriter, r *http.Request) {
+	u.mu.Lock()
+	u.received = append(u.received, r.Header.Clone())
+	h := u.handler
+	u.mu.Unlock()
+	h.ServeHTTP(&fieldAdder{ResponseWriter: w}, r)
+}
+
+// headers returns the headers of every request received so far.
+func (u *upstream) headers() []http.Header {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return append([]http.Header(nil), u.received...)
+}
+
+// fieldAdder rewrites the marker in response bytes into an unknown field.
+type fieldAdder struct {
+	http.ResponseWriter
+}
+
+func (f *fieldAdder) Write(b []byte) (int, error) {
+	if bytes.Contains(b, []byte(unknownFieldMarker)) {
+		out := bytes.Replace(b, []byte(`"isError":false`), []byte(`"isError":false,"x_future_field":{"kept":[1,2,3]}`), 1)
+		out = bytes.Replace(out, []byte(`"content":[`), []byte(`"x_future_field":{"kept":[1,2,3]},"content":[`), 1)
+		if _, err := f.ResponseWriter.Write(out); err != nil {
+			return 0, err
+		}
+		return len(b), nil
+	}
+	return f.ResponseWriter.Write(b)
+}
+
+func (f *fieldAdder) Flush() {
+	if fl, ok := f.ResponseWriter.(http.Flusher); ok {
+		fl.Flush()
+	}
+}
+
+type echoArgs struct {
+	Text    string `json:"text,omitempty"`
+	Project string `json:"project,omitempty"`
+}
+
+type progressArgs struct {
+	Steps int `json:"steps"`
+}
+
+// newTestServer builds the upstream's MCP server and its tools.
+func newTestServer() *mcp.Server {
+	s := mcp.NewServer(&mcp.Implementation{Name: "test-upstream", Version: "1.0.0"}, nil)
+	readOnly := &mcp.ToolAnnotations{ReadOnlyHint: true}
+	echo := func(_ context.Context, req *mcp.CallToolRequest, in echoArgs) (*mcp.CallToolResult, any, error) {
+		args, _ := json.Marshal(in)
+		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: string(args)}}}, nil, nil
+	}
+	mcp.AddTool(s, &mcp.Tool{Name: "echo", Description: "Echo the arguments.", Annotations: readOnly}, echo)
+	mcp.AddTool(s, &mcp.Tool{Name: "pinned_echo", Description: "Echo; the policy pins project.", Annotations: readOnly}, echo)
+	mcp.AddTool(s, &mcp.Tool{Name: "forbidden_tool", Description: "Denied by the test policy.", Annotations: readOnly}, echo)
+	mcp.AddTool(s, &mcp.Tool{Name: "gated_tool", Description: "Needs approval by the test policy."}, echo)
+	mcp.AddTool(s, &mcp.Tool{Name: "not_allowlisted", Description: "Exists upstream only.", Annotations: readOnly}, echo)
+	mcp.AddTool(s, &mcp.Tool{Name: "redacted", Description: "Returns a secret the result policy removes.", Annotations: readOnly},
+		func(context.Context, *mcp.CallToolRequest, struct{}) (*mcp.CallToolResult, any, error) {
+			return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "the password is SECRET-VALUE"}}}, nil, nil
+		})
+	mcp.AddTool(s, &mcp.Tool{Name: "unknown_field", Description: "Returns a result with a field from the future.", Annotations: readOnly},
+		func(context.Context, *mcp.CallToolRequest, struct{}) (*mcp.CallToolResult, any, error) {
+			return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: unknownFieldMarker}}}, nil, nil
+		})
+	mcp.AddTool(s, &mcp.Tool{Name: "progress", Description: "Reports progress, then answers.", Annotations: readOnly},
+		func(ctx context.Context, req *mcp.CallToolRequest, in progressArgs) (*mcp.CallToolResult, any, error) {
+			token := req.Params.GetProgressToken()
+			for i := 1; i <= in.Steps; i++ {
+				if token != nil {
+					err := req.Session.NotifyProgress(ctx, &mcp.ProgressNotificationParams{
+						ProgressToken: token, Progress: float64(i), Total: float64(in.Steps), Message: fmt.Sprintf("step %d", i),
+					})
+					if err != nil {
+						return nil, nil, err
+					}
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+			return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "done"}}}, nil, nil
+		})
+	return s
+}
+
+// headerValues collects every value of name across requests.
+func headerValues(hs []http.Header, name string) []string {
+	var out []string
+	for _, h := range hs {
+		out = append(out, h.Values(name)...)
+	}
+	return out
+}
+
+func containsAny(values []string, needles ...string) bool {
+	for _, v := range values {
+		for _, n := range needles {
+			if n != "" && strings.Contains(v, n) {
+				return true
+			}
+		}
+	}
+	return false
+}
