@@ -29,5 +29,9 @@ unit:
 
 test: vet unit
 
+# a custom binary with the Caddy plugins listed in xcaddy.json
+xcaddy:
+	$(GO) run ./cmd/toolgate-build -manifest xcaddy.json
+
 clean:
 	rm -rf bin .toolgate-demo
