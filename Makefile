@@ -1,3 +1,5 @@
+SHELL := /bin/bash
+
 # toolgate: build, run the demo, test.
 #
 #   make run    the gateway on its embedded demo default (caddyfile/demo.Caddyfile)
@@ -7,7 +9,7 @@
 
 GO ?= go
 
-.PHONY: build run test vet peers unit conformance xcaddy clean
+.PHONY: build run test vet unit conformance xcaddy clean
 
 build:
 	$(GO) build -o bin/toolgate ./cmd/toolgate
@@ -25,9 +27,15 @@ vet:
 # failure instead of a skip.
 unit:
 	@vault_bin=$$(integration/vaultserver/build.sh) && \
-	TOOLGATE_REQUIRE_PEERS=1 TOOLGATE_VAULT_BIN="$$vault_bin" $(GO) test -race -count=1 ./...
+	TOOLGATE_REQUIRE_PEERS=1 TOOLGATE_VAULT_BIN="$$vault_bin" $(GO) test -race -count=1 -skip '^TestConformance$$' ./...
 
-test: vet unit
+# the MCP conformance suite (pinned, installed from npm once) against the Go
+# SDK's everything-server directly and through toolgate; prints both
+# summaries and fails on any difference
+conformance:
+	TOOLGATE_REQUIRE_PEERS=1 $(GO) test -race -count=1 -v -run '^TestConformance$$' ./integration/ 2>&1 | grep -v '^{"level'; exit $${PIPESTATUS[0]}
+
+test: vet unit conformance
 
 # a custom binary with the Caddy plugins listed in xcaddy.json
 xcaddy:

@@ -8,8 +8,9 @@
 // regard to case — so a message that reads one way here could read another
 // way upstream. Parse therefore rejects, anywhere in the message: duplicate
 // keys, keys that differ only in case, invalid UTF-8, lone surrogate escapes,
-// nesting deeper than the limit and trailing data. What passes has exactly one
-// reading, and that reading is what policy sees.
+// nesting deeper than the limit and trailing data; and in the message and its
+// params, case variants of the members it reads ("Arguments"). What passes
+// has exactly one reading, and that reading is what policy sees.
 package mcpmsg
 
 import (
@@ -143,6 +144,8 @@ func Parse(body []byte, limits Limits) (Message, error) {
 			msg.Result = raw
 		case "error":
 			msg.Error = raw
+		default:
+			return p.checkSpelling(key, start, messageMembers)
 		}
 		return nil
 	})
@@ -231,9 +234,29 @@ func (m *Message) readParams() error {
 			if raw[0] == '{' {
 				m.ProgressToken = memberOf(raw, "progressToken")
 			}
+		default:
+			return p.checkSpelling(key, start, paramsMembers)
 		}
 		return nil
 	})
+}
+
+// The members Parse reads. A key that differs from one of them only in case
+// is refused even without the member itself: a parser that matches keys
+// regardless of case (encoding/json decoding into a struct) would read it
+// as that member, and Parse would not.
+var (
+	messageMembers = [][]byte{[]byte("jsonrpc"), []byte("id"), []byte("method"), []byte("params"), []byte("result"), []byte("error")}
+	paramsMembers  = [][]byte{[]byte("name"), []byte("arguments"), []byte("uri"), []byte("protocolVersion"), []byte("_meta")}
+)
+
+func (p *parser) checkSpelling(key []byte, off int, members [][]byte) error {
+	for _, m := range members {
+		if bytes.EqualFold(key, m) {
+			return p.failAt(off, fmt.Sprintf("key %q must be spelled %q", key, m))
+		}
+	}
+	return nil
 }
 
 // memberOf returns the JSON text of key in the valid JSON object obj.

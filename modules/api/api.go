@@ -72,7 +72,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		return next.ServeHTTP(w, r)
 	}
 	if !h.app.CheckOrigin(r) {
-		gateway.WriteAPIError(w, http.StatusForbidden, "origin_not_allowed", "origin "+r.Header.Get("Origin")+" is not allowed; add it to allowed_origins")
+		gateway.WriteAPIError(w, http.StatusForbidden, "origin_not_allowed", "origin or host not allowed (DNS-rebinding protection): add the origin to allowed_origins")
 		return nil
 	}
 	h.mux.ServeHTTP(w, r)

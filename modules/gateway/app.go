@@ -98,6 +98,7 @@ type App struct {
 	mcpSessions  *MCPSessions
 	httpClient   *http.Client
 	origins      map[string]struct{}
+	publicHost   string
 	logger       *zap.Logger
 	stop         chan struct{}
 	stopOnce     *sync.Once
@@ -199,6 +200,7 @@ func (a *App) Provision(ctx caddy.Context) error {
 	}
 	if u, err := url.Parse(a.PublicURL); err == nil && u.Host != "" {
 		a.origins[u.Scheme+"://"+u.Host] = struct{}{}
+		a.publicHost = u.Hostname()
 	}
 	a.sessions = newSessionStore(a.storage, time.Duration(a.SessionTTL), time.Duration(a.CacheTTL))
 	if a.cipher != nil {
@@ -361,14 +363,31 @@ func (a *App) AnonymousSession(caller *Caller) *Session {
 // SessionHeaderName is the header runners send their session id in.
 func (a *App) SessionHeaderName() string { return a.SessionHeader }
 
-// CheckOrigin reports whether a request's Origin header is acceptable.
+// CheckOrigin is the gateway's DNS-rebinding protection. It reports
+// whether a request's Origin header, when present, is allowed (public_url's
+// origin or allowed_origins), and whether a request that arrived on a
+// loopback address names a loopback host or public_url's host — a browser
+// tricked into sending a request to a local gateway names another host.
 func (a *App) CheckOrigin(r *http.Request) bool {
-	origin := r.Header.Get("Origin")
-	if origin == "" {
+	if origin := r.Header.Get("Origin"); origin != "" {
+		if _, ok := a.origins[origin]; !ok {
+			return false
+		}
+	}
+	local, _ := r.Context().Value(http.LocalAddrContextKey).(net.Addr)
+	if local == nil || !isLoopback(local.String()) {
 		return true
 	}
-	_, ok := a.origins[origin]
-	return ok
+	host := r.Host
+	if h, _, err := net.SplitHostPort(host); err == nil {
+		host = h
+	}
+	host = strings.Trim(host, "[]")
+	if host == "localhost" || host == a.publicHost {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }
 
 // BaseURL is PublicURL, or the URL the request arrived at.

@@ -249,13 +249,20 @@ func (a *AuthConfig) verifyJWT(ctx context.Context, token string) (*Caller, erro
 		if unverified.Issuer != j.Issuer {
 			continue
 		}
-		key, err := j.keys.lookup(ctx, tok.Headers[0].KeyID)
+		keys, err := j.keys.lookup(ctx, tok.Headers[0].KeyID)
 		if err != nil {
 			return nil, ErrBadCredentials
 		}
 		var claims jwt.Claims
 		var all map[string]any
-		if err := tok.Claims(key, &claims, &all); err != nil {
+		verified := false
+		for _, key := range keys {
+			if tok.Claims(key, &claims, &all) == nil {
+				verified = true
+				break
+			}
+		}
+		if !verified {
 			return nil, ErrBadCredentials
 		}
 		if claims.Expiry == nil {
@@ -300,49 +307,58 @@ func (*keySet) Destruct() error { return nil }
 
 const jwksMinRefresh = time.Minute
 
-func (ks *keySet) lookup(ctx context.Context, kid string) (any, error) {
-	if k := ks.find(kid); k != nil {
-		return k, nil
+// lookup returns the keys that may have signed a token naming kid. A kid
+// no key has triggers a JWKS refetch, at most once per jwksMinRefresh.
+func (ks *keySet) lookup(ctx context.Context, kid string) ([]any, error) {
+	keys, exact := ks.find(kid)
+	if !exact && (kid != "" || len(keys) == 0) && ks.shared != nil && ks.client != nil && ks.shared.claimRefresh() {
+		err := ks.fetch(ctx, ks.client)
+		if err != nil && len(keys) == 0 {
+			return nil, err
+		}
+		keys, _ = ks.find(kid)
 	}
-	if ks.shared == nil || ks.client == nil {
+	if len(keys) == 0 {
 		return nil, errors.New("unknown key id")
 	}
-	sh := ks.shared
-	sh.mu.RLock()
-	recent := now().Sub(sh.lastFetch) < jwksMinRefresh
-	sh.mu.RUnlock()
-	if recent {
-		return nil, errors.New("unknown key id")
-	}
-	if err := ks.refresh(ctx, ks.client); err != nil {
-		return nil, err
-	}
-	if k := ks.find(kid); k != nil {
-		return k, nil
-	}
-	return nil, errors.New("unknown key id")
+	return keys, nil
 }
 
-func (ks *keySet) find(kid string) any {
-	match := func(keys []jose.JSONWebKey) any {
-		for i := range keys {
-			k := &keys[i]
-			if (kid == "" || k.KeyID == kid) && k.Use != "enc" {
-				return k.Key
+// claimRefresh reports whether a refetch is due, and if so records it as
+// started, so that concurrent callers fetch once.
+func (ks *keySet) claimRefresh() bool {
+	ks.mu.Lock()
+	defer ks.mu.Unlock()
+	if now().Sub(ks.lastFetch) < jwksMinRefresh {
+		return false
+	}
+	ks.lastFetch = now()
+	return true
+}
+
+// find returns the signing keys that may verify a token naming kid: those
+// with that key id first, then those without one (PEM files carry none);
+// every key when the token names none. exact reports a key with that id.
+func (ks *keySet) find(kid string) (keys []any, exact bool) {
+	var unnamed []any
+	add := func(set []jose.JSONWebKey) {
+		for i := range set {
+			switch k := &set[i]; {
+			case k.Use == "enc":
+			case kid != "" && k.KeyID == kid:
+				keys = append(keys, k.Key)
+			case kid == "" || k.KeyID == "":
+				unnamed = append(unnamed, k.Key)
 			}
 		}
-		return nil
 	}
-	if k := match(ks.static); k != nil {
-		return k
+	add(ks.static)
+	if sh := ks.shared; sh != nil {
+		sh.mu.RLock()
+		add(sh.fetched.Keys)
+		sh.mu.RUnlock()
 	}
-	if ks.shared == nil {
-		return nil
-	}
-	sh := ks.shared
-	sh.mu.RLock()
-	defer sh.mu.RUnlock()
-	return match(sh.fetched.Keys)
+	return append(keys, unnamed...), len(keys) > 0
 }
 
 func (ks *keySet) refresh(ctx context.Context, client *http.Client) error {
@@ -350,6 +366,12 @@ func (ks *keySet) refresh(ctx context.Context, client *http.Client) error {
 	sh.mu.Lock()
 	sh.lastFetch = now()
 	sh.mu.Unlock()
+	return ks.fetch(ctx, client)
+}
+
+// fetch reads the JWKS into the shared key set.
+func (ks *keySet) fetch(ctx context.Context, client *http.Client) error {
+	sh := ks.shared
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, ks.url, nil)

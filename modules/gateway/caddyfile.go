@@ -17,6 +17,7 @@ func init() {
 
 func parseGlobalOption(d *caddyfile.Dispenser, existing any) (any, error) {
 	if existing != nil {
+		d.Next() // so that the error names the second block's line
 		return nil, d.Err("the toolgate global option may appear only once")
 	}
 	app := new(App)
@@ -69,6 +70,8 @@ func parseGlobalOption(d *caddyfile.Dispenser, existing any) (any, error) {
 //				client_secret     <secret>
 //				scopes            <scope...>
 //				resource          <uri>
+//				refresh_skew      <duration>
+//				login_hint
 //			}
 //		}
 //	}
@@ -322,6 +325,13 @@ func (u *UpstreamAuth) unmarshalCaddyfile(d *caddyfile.Dispenser, service string
 				}
 			case "resource":
 				err = oneArg(d, &o.Resource)
+			case "refresh_skew":
+				err = durationArg(d, &o.RefreshSkew)
+			case "login_hint":
+				if d.NextArg() {
+					return d.ArgErr()
+				}
+				o.LoginHint = true
 			default:
 				return d.Errf("service %q: auth oauth: unknown option %q", service, opt)
 			}
@@ -347,16 +357,17 @@ func oneArg(d *caddyfile.Dispenser, dst *string) error {
 }
 
 func durationArg(d *caddyfile.Dispenser, dst *caddy.Duration) error {
+	opt := d.Val()
 	var s string
 	if err := oneArg(d, &s); err != nil {
 		return err
 	}
 	dur, err := caddy.ParseDuration(s)
 	if err != nil {
-		return d.Errf("%s: invalid duration %q: %v", d.Val(), s, err)
+		return d.Errf("%s: invalid duration %q: %v", opt, s, err)
 	}
 	if dur <= 0 {
-		return d.Errf("invalid duration %q: must be positive", s)
+		return d.Errf("%s: invalid duration %q: must be positive", opt, s)
 	}
 	*dst = caddy.Duration(time.Duration(dur))
 	return nil

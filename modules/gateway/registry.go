@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"golang.org/x/oauth2"
 )
 
 // Service is one upstream MCP server in the registry. Only administrators
@@ -89,10 +90,26 @@ type OAuthClient struct {
 	ClientSecret string `json:"client_secret,omitempty"`
 	// Scopes are requested when a user connects.
 	Scopes []string `json:"scopes,omitempty"`
-	// Resource is the RFC 8707 resource indicator sent on both the
-	// authorization and token requests. Defaults to the service URL.
+	// Resource is the RFC 8707 resource indicator sent on the
+	// authorization request and on every token request (code exchange and
+	// refresh). Defaults to the service URL.
 	Resource string `json:"resource,omitempty"`
+	// RefreshSkew is how long before its expiry an access token is
+	// refreshed. Default 60s. It never exceeds half the lifetime the
+	// provider gave the token, so short-lived tokens are not refreshed on
+	// every call.
+	RefreshSkew caddy.Duration `json:"refresh_skew,omitempty"`
+	// LoginHint makes toolgate send the caller's user identifier as the
+	// OpenID Connect login_hint parameter of the authorization request, so
+	// the provider can preselect (or, in the demo, pick) the account.
+	LoginHint bool `json:"login_hint,omitempty"`
+
+	config *oauth2.Config // built by App.Provision: it needs public_url
 }
+
+// DefaultRefreshSkew is how long before expiry an OAuth access token is
+// refreshed when a service does not set refresh_skew.
+const DefaultRefreshSkew = 60 * time.Second
 
 const (
 	defaultServiceTimeout = 60 * time.Second
@@ -119,6 +136,9 @@ func (s *Service) provision(repl *caddy.Replacer) error {
 		o.ClientSecret = repl.ReplaceKnown(o.ClientSecret, "")
 		if o.Resource == "" {
 			o.Resource = s.URL
+		}
+		if o.RefreshSkew == 0 {
+			o.RefreshSkew = caddy.Duration(DefaultRefreshSkew)
 		}
 	}
 	s.tools = make(map[string]struct{}, len(s.Tools))
@@ -190,12 +210,15 @@ func (s *Service) validate() error {
 			if v == "" || err != nil || pu.Host == "" {
 				return fail("auth oauth "+field, "required: an absolute URL")
 			}
-			if pu.Scheme != "https" && !s.AllowHTTP {
+			if pu.Scheme != "https" && !(pu.Scheme == "http" && s.AllowHTTP) {
 				return fail("auth oauth "+field, "%q must be https (or the service needs allow_http)", v)
 			}
 		}
 		if o.ClientID == "" {
 			return fail("auth oauth client_id", "required")
+		}
+		if o.RefreshSkew < 0 {
+			return fail("auth oauth refresh_skew", "must be positive")
 		}
 	default:
 		return fail("auth", "unknown kind %q (use none, header, bearer or oauth)", a.Kind)

@@ -122,12 +122,14 @@ func (h *Handler) post(ctx context.Context, call *gateway.Call, body []byte) (ga
 }
 
 // relay copies the upstream's messages to the runner until the response to
-// the runner's request, which passes the result hooks first. Notifications
-// and server→client requests are streamed as SSE as they arrive; when the
-// response comes first it is answered as plain JSON.
+// the runner's request, which passes the result hooks first. The runner gets
+// the same kind of answer the upstream gave: a JSON body, or an SSE stream
+// on which notifications and server→client requests arrive as they come.
 func (h *Handler) relay(w http.ResponseWriter, r *http.Request, call *gateway.Call, rs *response, header func(http.Header)) {
 	var out *sseWriter
-	streamOK := acceptsSSE(r)
+	if rs.sse != nil && acceptsSSE(r) {
+		out = newSSEWriter(w)
+	}
 	for {
 		data, err := rs.next()
 		if err != nil {
@@ -146,13 +148,10 @@ func (h *Handler) relay(w http.ResponseWriter, r *http.Request, call *gateway.Ca
 			h.writeFinal(w, out, header, h.finish(rs.ctx, call, data))
 			return
 		}
-		if !h.forRunner(call, data, "request stream") || !streamOK {
+		if !h.forRunner(call, data, "request stream") || out == nil {
 			continue
 		}
-		if out == nil {
-			out = newSSEWriter(w)
-			out.start(header)
-		}
+		out.start(header)
 		if err := out.send(data); err != nil {
 			return // the runner went away
 		}
@@ -198,6 +197,7 @@ func (h *Handler) finish(ctx context.Context, call *gateway.Call, data []byte) [
 
 func (h *Handler) writeFinal(w http.ResponseWriter, out *sseWriter, header func(http.Header), msg []byte) {
 	if out != nil {
+		out.start(header)
 		_ = out.send(msg)
 		return
 	}

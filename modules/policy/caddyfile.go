@@ -22,20 +22,23 @@ func init() {
 
 // UnmarshalCaddyfile reads either policy directive:
 //
-//	toolgate_policy <source> {
+//	toolgate_policy [<source>] {
+//		source          <file or directory>
 //		query           <rule reference>
 //		timeout         <duration>
 //		reload_interval <duration>|off
 //	}
 //
-// toolgate_result_policy takes the same form.
+// toolgate_result_policy takes the same form. The source is given once,
+// inline or as the source option; an absolute path must use the option (or
+// a matcher before it), because Caddy reads a first argument starting with
+// '/' as a path matcher.
 func (c *Config) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // directive name
 	directive := d.Val()
-	if !d.NextArg() {
-		return d.Errf("%s: want a policy file or directory, as in: %s policies/", directive, directive)
+	if d.NextArg() {
+		c.Source = d.Val()
 	}
-	c.Source = d.Val()
 	if d.NextArg() {
 		return d.ArgErr()
 	}
@@ -54,6 +57,11 @@ func (c *Config) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			return d.ArgErr()
 		}
 		switch opt {
+		case "source":
+			if c.Source != "" {
+				return d.Errf("%s: the source is given twice", directive)
+			}
+			c.Source = val
 		case "query":
 			c.Query = val
 		case "timeout":
@@ -75,6 +83,9 @@ func (c *Config) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		default:
 			return d.Errf("%s: unknown option %q", directive, opt)
 		}
+	}
+	if c.Source == "" {
+		return d.Errf("%s: want a policy file or directory, as in: %s policies", directive, directive)
 	}
 	return nil
 }

@@ -51,7 +51,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
 	if !h.app.CheckOrigin(r) {
 		gateway.WriteRPCError(w, http.StatusForbidden, nil, gateway.CodeInvalidRequest,
-			"origin "+r.Header.Get("Origin")+" is not allowed; add it to allowed_origins", nil)
+			"origin or host not allowed (DNS-rebinding protection): add the origin to allowed_origins", nil)
 		return nil
 	}
 	caller, err := h.app.Authenticate(r)

@@ -1,0 +1,308 @@
+package gateway_test
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	_ "github.com/caddyserver/caddy/v2/modules/filestorage"
+
+	_ "github.com/toolgate/toolgate/modules/ciphers/local"
+	"github.com/toolgate/toolgate/modules/gateway"
+)
+
+const (
+	hashA = "sha256:c3fe0b469a6d4f19a25fbec114762d2186aa2c22888f52c5550a77fc104bcff3"
+	hashB = "sha256:cfdd601be826835d6a59c993254eb5786da08ee32379b680795ebe708f0060f9"
+)
+
+func unmarshal(input string) (*gateway.App, error) {
+	app := new(gateway.App)
+	err := app.UnmarshalCaddyfile(caddyfile.NewTestDispenser(input))
+	return app, err
+}
+
+func TestUnmarshalCaddyfileFullOptionSet(t *testing.T) {
+	app, err := unmarshal(`toolgate {
+		public_url   https://gateway.example.com
+		state_secret {env.TOOLGATE_STATE_SECRET}
+		storage file_system /var/lib/toolgate
+		cipher local {
+			key_file /etc/toolgate/cipher.key
+		}
+		session_header X-Run-Session
+		session_ttl    2h
+		mcp_session_idle_timeout 30m
+		cache_ttl      5s
+		allowed_origins https://a.example.com https://b.example.com:8443
+		max_request_size  1MiB
+		max_response_size 32MB
+		max_json_depth    32
+		auth {
+			api_key ` + hashA + ` alice@example.com eng ops
+			api_key ` + hashB + ` bob@example.com
+			api_keys {env.KEYS_FILE}
+			jwt {
+				issuer       https://idp.example.com
+				audience     https://gateway.example.com toolgate
+				jwks_url     https://idp.example.com/.well-known/jwks.json
+				key_file     /etc/toolgate/idp-1.pem
+				key_file     /etc/toolgate/idp-2.pem
+				user_claim   email
+				groups_claim roles
+				leeway       1m
+			}
+			jwt {
+				issuer   https://other.example.com
+				audience gw
+				key_file /etc/other.pem
+			}
+			anonymous dev@localhost
+		}
+		service tracker {
+			title         "Work tracker"
+			url           https://tracker.example.com/mcp
+			tools         whoami read_ticket
+			allowed_users alice@example.com bob@example.com
+			timeout       90s
+			auth oauth {
+				authorization_url https://auth.example.com/authorize
+				token_url         https://auth.example.com/token
+				client_id         toolgate
+				client_secret     {env.TRACKER_CLIENT_SECRET}
+				scopes            tickets.read tickets.write
+				resource          https://tracker.example.com/mcp
+				refresh_skew      2m
+				login_hint
+			}
+		}
+		service search {
+			url   https://search.example.com/mcp
+			tools query
+			auth  bearer
+		}
+		service weather {
+			url   http://127.0.0.1:9000/mcp
+			allow_http
+			tools forecast
+			auth  header X-API-Key {env.WEATHER_KEY}
+		}
+		service open {
+			url   https://open.example.com/mcp
+			tools ping
+			auth  none
+		}
+	}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// Scalars.
+	for _, c := range []struct{ name, got, want string }{
+		{"PublicURL", app.PublicURL, "https://gateway.example.com"},
+		{"StateSecret", app.StateSecret, "{env.TOOLGATE_STATE_SECRET}"}, // expanded at Provision, not while parsing
+		{"SessionHeader", app.SessionHeader, "X-Run-Session"},
+		{"Auth.APIKeysFile", app.Auth.APIKeysFile, "{env.KEYS_FILE}"},
+		{"Auth.Anonymous", app.Auth.Anonymous, "dev@localhost"},
+	} {
+		if c.got != c.want {
+			t.Errorf("%s = %q, want %q", c.name, c.got, c.want)
+		}
+	}
+	durations := []struct {
+		name      string
+		got, want caddy.Duration
+	}{
+		{"SessionTTL", app.SessionTTL, caddy.Duration(2 * time.Hour)},
+		{"MCPSessionIdleTimeout", app.MCPSessionIdleTimeout, caddy.Duration(30 * time.Minute)},
+		{"CacheTTL", app.CacheTTL, caddy.Duration(5 * time.Second)},
+	}
+	for _, c := range durations {
+		if c.got != c.want {
+			t.Errorf("%s = %v, want %v", c.name, time.Duration(c.got), time.Duration(c.want))
+		}
+	}
+	if app.MaxRequestBytes != 1<<20 || app.MaxResponseBytes != 32_000_000 || app.MaxJSONDepth != 32 {
+		t.Errorf("sizes = %d, %d, %d; want %d, %d, 32", app.MaxRequestBytes, app.MaxResponseBytes, app.MaxJSONDepth, 1<<20, 32_000_000)
+	}
+	assertJSON(t, "AllowedOrigins", app.AllowedOrigins, `["https://a.example.com","https://b.example.com:8443"]`)
+
+	// Guest modules are JSON with their inline key.
+	assertJSON(t, "StorageRaw", app.StorageRaw, `{"module":"file_system","root":"/var/lib/toolgate"}`)
+	assertJSON(t, "CipherRaw", app.CipherRaw, `{"cipher":"local","key_file":"/etc/toolgate/cipher.key"}`)
+
+	// auth.
+	assertJSON(t, "Auth.APIKeys", app.Auth.APIKeys, `[
+		{"hash":"`+hashA+`","user":"alice@example.com","groups":["eng","ops"]},
+		{"hash":"`+hashB+`","user":"bob@example.com"}]`)
+	assertJSON(t, "Auth.JWT", app.Auth.JWT, `[
+		{"issuer":"https://idp.example.com","audience":["https://gateway.example.com","toolgate"],
+		 "jwks_url":"https://idp.example.com/.well-known/jwks.json",
+		 "key_files":["/etc/toolgate/idp-1.pem","/etc/toolgate/idp-2.pem"],
+		 "user_claim":"email","groups_claim":"roles","leeway":60000000000},
+		{"issuer":"https://other.example.com","audience":["gw"],"key_files":["/etc/other.pem"]}]`)
+
+	// services, in order.
+	assertJSON(t, "Services", app.Services, `[
+		{"id":"tracker","title":"Work tracker","url":"https://tracker.example.com/mcp",
+		 "tools":["whoami","read_ticket"],"allowed_users":["alice@example.com","bob@example.com"],
+		 "timeout":90000000000,
+		 "auth":{"kind":"oauth","oauth":{
+			"authorization_url":"https://auth.example.com/authorize","token_url":"https://auth.example.com/token",
+			"client_id":"toolgate","client_secret":"{env.TRACKER_CLIENT_SECRET}",
+			"scopes":["tickets.read","tickets.write"],"resource":"https://tracker.example.com/mcp",
+			"refresh_skew":120000000000,"login_hint":true}}},
+		{"id":"search","url":"https://search.example.com/mcp","tools":["query"],"auth":{"kind":"bearer"}},
+		{"id":"weather","url":"http://127.0.0.1:9000/mcp","allow_http":true,"tools":["forecast"],
+		 "auth":{"kind":"header","header":"X-API-Key","value":"{env.WEATHER_KEY}"}},
+		{"id":"open","url":"https://open.example.com/mcp","tools":["ping"],"auth":{"kind":"none"}}]`)
+}
+
+func TestUnmarshalCaddyfileMinimal(t *testing.T) {
+	for _, input := range []string{`toolgate`, `toolgate { }`, "toolgate {\n}"} {
+		app, err := unmarshal(input)
+		if err != nil {
+			t.Errorf("%q: %v", input, err)
+			continue
+		}
+		if b, _ := json.Marshal(app); string(b) != `{}` {
+			t.Errorf("%q: got %s, want an empty app (defaults are applied at Provision)", input, b)
+		}
+	}
+}
+
+func TestUnmarshalCaddyfileCipherArgumentAndStorageBlock(t *testing.T) {
+	app, err := unmarshal(`toolgate {
+		cipher local /k
+		storage file_system {
+			root /srv/state
+		}
+	}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	assertJSON(t, "CipherRaw", app.CipherRaw, `{"cipher":"local","key_file":"/k"}`)
+	assertJSON(t, "StorageRaw", app.StorageRaw, `{"module":"file_system","root":"/srv/state"}`)
+}
+
+func TestUnmarshalCaddyfileErrors(t *testing.T) {
+	svc := func(body string) string {
+		return "toolgate {\n service s {\n url https://s.example.com/mcp\n tools t\n" + body + "\n }\n}"
+	}
+	authBlock := func(body string) string { return "toolgate {\n auth {\n" + body + "\n }\n}" }
+	jwtBlock := func(body string) string {
+		return authBlock(" jwt {\n issuer https://i\n" + body + "\n }")
+	}
+	oauth := func(body string) string { return svc("auth oauth {\n client_id c\n" + body + "\n }") }
+	tests := []struct {
+		name  string
+		input string
+		want  string // substring of the error
+	}{
+		// toolgate level.
+		{"argument after toolgate", `toolgate extra`, "wrong argument count"},
+		{"unknown option", "toolgate {\n bogus 1\n}", `toolgate: unknown option "bogus"`},
+		{"duplicate public_url", "toolgate {\n public_url https://a\n public_url https://b\n}", "public_url given twice"},
+		{"duplicate auth", "toolgate {\n auth {\n }\n auth {\n }\n}", "auth given twice"},
+		{"duplicate storage", "toolgate {\n storage file_system /a\n storage file_system /b\n}", "storage given twice"},
+		{"duplicate allowed_origins", "toolgate {\n allowed_origins a\n allowed_origins b\n}", "allowed_origins given twice"},
+		{"public_url without argument", "toolgate {\n public_url\n}", "wrong argument count"},
+		{"public_url with two arguments", "toolgate {\n public_url a b\n}", "wrong argument count"},
+		{"state_secret without argument", "toolgate {\n state_secret\n}", "wrong argument count"},
+		{"allowed_origins without argument", "toolgate {\n allowed_origins\n}", "wrong argument count"},
+		{"storage without module", "toolgate {\n storage\n}", "wrong argument count"},
+		{"unknown cipher module", "toolgate {\n cipher rot13\n}", "rot13"},
+		{"unknown storage module", "toolgate {\n storage floppy\n}", "floppy"},
+		{"bad session_ttl", "toolgate {\n session_ttl soon\n}", `session_ttl: invalid duration "soon"`},
+		{"negative cache_ttl", "toolgate {\n cache_ttl -1s\n}", `cache_ttl: invalid duration "-1s": must be positive`},
+		{"zero idle timeout", "toolgate {\n mcp_session_idle_timeout 0s\n}", `mcp_session_idle_timeout: invalid duration "0s"`},
+		{"session_ttl without argument", "toolgate {\n session_ttl\n}", "wrong argument count"},
+		{"bad size", "toolgate {\n max_request_size lots\n}", `invalid size "lots"`},
+		{"zero size", "toolgate {\n max_response_size 0\n}", `invalid size "0"`},
+		{"size over 1TiB", "toolgate {\n max_response_size 2TiB\n}", `invalid size "2TiB"`},
+		{"zero depth", "toolgate {\n max_json_depth 0\n}", `max_json_depth: "0" is not a positive integer`},
+		{"negative depth", "toolgate {\n max_json_depth -3\n}", `max_json_depth: "-3" is not a positive integer`},
+		{"word depth", "toolgate {\n max_json_depth deep\n}", `max_json_depth: "deep" is not a positive integer`},
+
+		// auth level.
+		{"auth with an argument", "toolgate {\n auth jwt\n}", "wrong argument count"},
+		{"auth unknown option", authBlock("oidc x"), `auth: unknown option "oidc"`},
+		{"api_key with only a hash", authBlock("api_key " + hashA), "auth api_key: want <sha256:hex> <user>"},
+		{"api_key alone", authBlock("api_key"), "auth api_key: want"},
+		{"api_keys twice", authBlock("api_keys /a\n api_keys /b"), "auth: api_keys given twice"},
+		{"api_keys without file", authBlock("api_keys"), "wrong argument count"},
+		{"anonymous twice", authBlock("anonymous a\n anonymous b"), "auth: anonymous given twice"},
+		{"anonymous without user", authBlock("anonymous"), "wrong argument count"},
+		{"jwt with an argument", authBlock("jwt https://i"), "wrong argument count"},
+		{"jwt unknown option", jwtBlock("algorithm RS256"), `auth jwt: unknown option "algorithm"`},
+		{"jwt issuer twice", jwtBlock("issuer https://j"), "auth jwt: issuer given twice"},
+		{"jwt audience without value", jwtBlock("audience"), "wrong argument count"},
+		{"jwt jwks_url twice", jwtBlock("jwks_url https://a\n jwks_url https://b"), "auth jwt: jwks_url given twice"},
+		{"jwt bad leeway", jwtBlock("leeway a-bit"), `leeway: invalid duration "a-bit"`},
+		{"jwt key_file without path", jwtBlock("key_file"), "wrong argument count"},
+
+		// service level.
+		{"service without id", "toolgate {\n service {\n url https://x\n }\n}", "service: want an id"},
+		{"service with two ids", "toolgate {\n service a b\n}", "wrong argument count"},
+		{"service defined twice", "toolgate {\n service a {\n tools t\n }\n service a {\n tools u\n }\n}", `service "a" defined twice`},
+		{"service unknown option", svc("retries 3"), `service "s": unknown option "retries"`},
+		{"service url twice", svc("url https://other"), `service "s": url given twice`},
+		{"service tools twice", svc("tools u"), `service "s": tools given twice`},
+		{"service tools empty", "toolgate {\n service s {\n tools\n }\n}", `service "s": tools: list at least one tool`},
+		{"service allow_http with argument", svc("allow_http yes"), "wrong argument count"},
+		{"service allowed_users empty", svc("allowed_users"), "wrong argument count"},
+		{"service bad timeout", svc("timeout forever"), `timeout: invalid duration "forever"`},
+		{"service title without text", svc("title"), "wrong argument count"},
+
+		// service auth.
+		{"auth without kind", svc("auth"), `service "s": auth: want none, bearer, header`},
+		{"auth unknown kind", svc("auth basic"), `service "s": auth: unknown kind "basic"`},
+		{"auth twice", svc("auth none\n auth bearer"), `service "s": auth given twice`},
+		{"auth bearer with argument", svc("auth bearer tok"), "wrong argument count"},
+		{"auth none with argument", svc("auth none x"), "wrong argument count"},
+		{"auth header with one argument", svc("auth header X-Key"), `service "s": auth header: want <name> <value>`},
+		{"auth header with three arguments", svc("auth header X-Key a b"), `service "s": auth header: want <name> <value>`},
+		{"auth oauth with argument", svc("auth oauth github {\n }"), "wrong argument count"},
+		{"oauth unknown option", oauth("pkce off"), `service "s": auth oauth: unknown option "pkce"`},
+		{"oauth client_id twice", oauth("client_id d"), `service "s": auth oauth: client_id given twice`},
+		{"oauth scopes empty", oauth("scopes"), "wrong argument count"},
+		{"oauth token_url without value", oauth("token_url"), "wrong argument count"},
+		{"oauth bad refresh_skew", oauth("refresh_skew early"), `refresh_skew: invalid duration "early"`},
+		{"oauth login_hint with argument", oauth("login_hint alice"), "wrong argument count"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := unmarshal(tt.input)
+			if err == nil {
+				t.Fatalf("accepted:\n%s", tt.input)
+			}
+			if !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("error %q\ndoes not contain %q", err, tt.want)
+			}
+		})
+	}
+}
+
+// assertJSON compares the JSON encoding of got with want, ignoring layout.
+func assertJSON(t *testing.T, name string, got any, want string) {
+	t.Helper()
+	var g, w any
+	gb, err := json.Marshal(got)
+	if err != nil {
+		t.Fatalf("%s: %v", name, err)
+	}
+	if err := json.Unmarshal(gb, &g); err != nil {
+		t.Fatalf("%s: %v", name, err)
+	}
+	if err := json.Unmarshal([]byte(want), &w); err != nil {
+		t.Fatalf("%s: bad expectation: %v", name, err)
+	}
+	gn, _ := json.Marshal(g)
+	wn, _ := json.Marshal(w)
+	if string(gn) != string(wn) {
+		t.Errorf("%s =\n%s\nwant\n%s", name, gn, wn)
+	}
+}

@@ -1,0 +1,624 @@
+package gateway
+
+import (
+	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net"
+	"net/url"
+	"path"
+	"strings"
+	"time"
+
+	"go.uber.org/zap"
+	"golang.org/x/oauth2"
+	"golang.org/x/sync/singleflight"
+)
+
+// OAuth for services with `auth oauth`: the connect flow (an authorization
+// URL with PKCE S256, an RFC 8707 resource and a signed, single-use state;
+// then the callback's code exchange) and access tokens kept fresh by the
+// gateway, one refresh per grant at a time across every replica that shares
+// the storage.
+//
+// Nothing here logs or returns a token, a code, a verifier or a state.
+
+const (
+	// authorizationTTL is how long a started sign-in may take.
+	authorizationTTL = 10 * time.Minute
+	// providerTimeout bounds one token request (code exchange or refresh).
+	providerTimeout = 10 * time.Second
+	// refreshTimeout bounds a whole refresh: waiting for the storage lock
+	// another replica may hold, then the token request.
+	refreshTimeout = 30 * time.Second
+	// pendingLockTimeout bounds waiting for a pending authorization's lock.
+	pendingLockTimeout = 10 * time.Second
+
+	pendingPrefix = "toolgate/oauth-pending"
+)
+
+// Errors of the OAuth flow. Their texts are safe to show to users.
+var (
+	// ErrInvalidState: a callback's state is malformed, forged, expired,
+	// for another service, or already used.
+	ErrInvalidState = errors.New("the sign-in link is invalid, has expired or was already used")
+	// ErrGrantRejected: the provider refused the code or the refresh token
+	// (4xx invalid_grant, invalid_client or unauthorized_client). A refused
+	// grant is deleted; the user must connect again.
+	ErrGrantRejected = errors.New("the provider rejected the grant")
+	// ErrGrantExpired: the access token expired and there is no refresh
+	// token to renew it.
+	ErrGrantExpired = errors.New("the access token expired and the provider gave no refresh token")
+	// ErrProviderUnavailable: the provider failed (5xx), timed out or could
+	// not be reached. Retrying later may succeed; the grant is kept.
+	ErrProviderUnavailable = errors.New("the OAuth provider is unavailable")
+)
+
+// ProviderError describes a failed token request without its response
+// body, which may hold secrets: only the HTTP status and the RFC 6749 error
+// code. It wraps ErrGrantRejected or ErrProviderUnavailable.
+type ProviderError struct {
+	Status int    // the provider's HTTP status; 0 when it did not answer
+	Code   string // the RFC 6749 error code, e.g. invalid_grant; may be empty
+	Reason string // what went wrong when the provider did not answer
+	kind   error
+}
+
+func (e *ProviderError) Error() string {
+	var b strings.Builder
+	b.WriteString(e.kind.Error())
+	switch {
+	case e.Status != 0 && e.Code != "":
+		fmt.Fprintf(&b, " (HTTP %d, %s)", e.Status, e.Code)
+	case e.Status != 0:
+		fmt.Fprintf(&b, " (HTTP %d)", e.Status)
+	case e.Reason != "":
+		fmt.Fprintf(&b, " (%s)", e.Reason)
+	}
+	return b.String()
+}
+
+func (e *ProviderError) Unwrap() error { return e.kind }
+
+// rejectingCodes are the token-endpoint error codes after which a grant is
+// useless: retrying cannot succeed, the user must connect again.
+var rejectingCodes = map[string]bool{"invalid_grant": true, "invalid_client": true, "unauthorized_client": true}
+
+// classifyTokenError turns an error of golang.org/x/oauth2 into a
+// *ProviderError.
+func classifyTokenError(err error) *ProviderError {
+	var re *oauth2.RetrieveError
+	if errors.As(err, &re) {
+		pe := &ProviderError{Code: safeErrorCode(re.ErrorCode), kind: ErrProviderUnavailable}
+		if re.Response != nil {
+			pe.Status = re.Response.StatusCode
+		}
+		if pe.Status < 500 && rejectingCodes[pe.Code] {
+			pe.kind = ErrGrantRejected
+		}
+		return pe
+	}
+	pe := &ProviderError{kind: ErrProviderUnavailable, Reason: "unexpected answer"}
+	var netErr net.Error
+	switch {
+	case errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &netErr) && netErr.Timeout()):
+		pe.Reason = "timeout"
+	case errors.As(err, &netErr):
+		pe.Reason = "unreachable"
+	}
+	return pe
+}
+
+// safeErrorCode keeps an RFC 6749 error code if it looks like one (its
+// grammar is printable ASCII; real codes are lower-case words), so nothing
+// a provider sends reaches logs or pages unfiltered.
+func safeErrorCode(code string) string {
+	if code == "" || len(code) > 64 {
+		return ""
+	}
+	for _, c := range code {
+		if (c < 'a' || c > 'z') && c != '_' {
+			return "other"
+		}
+	}
+	return code
+}
+
+// oauthState is what the signed state parameter carries: who started the
+// sign-in, for which service, until when, and the nonce naming its pending
+// authorization.
+type oauthState struct {
+	User    string `json:"u"`
+	Service string `json:"s"`
+	Expiry  int64  `json:"e"` // Unix seconds
+	Nonce   string `json:"n"`
+}
+
+// signState encodes st as base64url(payload) "." base64url(HMAC-SHA256).
+func (a *App) signState(st oauthState) string {
+	payload, _ := json.Marshal(st)
+	mac := hmac.New(sha256.New, []byte(a.StateSecret))
+	mac.Write(payload)
+	return base64.RawURLEncoding.EncodeToString(payload) + "." + base64.RawURLEncoding.EncodeToString(mac.Sum(nil))
+}
+
+// verifyState checks a state's signature, expiry and service.
+func (a *App) verifyState(state, service string) (oauthState, error) {
+	var st oauthState
+	p, s, ok := strings.Cut(state, ".")
+	if !ok || len(state) > 2048 {
+		return st, ErrInvalidState
+	}
+	payload, err1 := base64.RawURLEncoding.DecodeString(p)
+	sig, err2 := base64.RawURLEncoding.DecodeString(s)
+	if err1 != nil || err2 != nil {
+		return st, ErrInvalidState
+	}
+	mac := hmac.New(sha256.New, []byte(a.StateSecret))
+	mac.Write(payload)
+	if !hmac.Equal(sig, mac.Sum(nil)) {
+		return st, ErrInvalidState
+	}
+	if err := json.Unmarshal(payload, &st); err != nil || st.Nonce == "" || st.User == "" {
+		return st, ErrInvalidState
+	}
+	if st.Service != service || !now().Before(time.Unix(st.Expiry, 0)) {
+		return st, ErrInvalidState
+	}
+	return st, nil
+}
+
+// pendingAuthorization is a started sign-in, stored under the hash of its
+// nonce until the callback consumes it. Only the expiry is readable (for
+// sweeping); the rest is cipher output.
+type pendingAuthorization struct {
+	ExpiresAt time.Time `json:"expires_at"`
+	Sealed    []byte    `json:"sealed"`
+}
+
+// pendingSecret is the sealed part of a pending authorization.
+type pendingSecret struct {
+	Verifier string `json:"verifier"`
+	User     string `json:"user"`
+	Service  string `json:"service"`
+}
+
+func pendingKey(nonce string) string { return path.Join(pendingPrefix, hashKey(nonce)) }
+
+// pendingContext is the cipher context of a pending authorization.
+func pendingContext(service, user string) []byte {
+	return []byte("toolgate/v1/oauth-pending/" + service + "/" + user)
+}
+
+// oauthConfig returns the OAuth client configuration of svc, or an error
+// when svc does not use oauth.
+func (a *App) oauthConfig(svc *Service) (*OAuthClient, error) {
+	if svc.Auth == nil || svc.Auth.Kind != AuthOAuth || svc.Auth.OAuth == nil || svc.Auth.OAuth.config == nil {
+		return nil, fmt.Errorf("service %s does not use oauth", svc.ID)
+	}
+	if a.connections == nil {
+		return nil, errors.New("no cipher is configured")
+	}
+	return svc.Auth.OAuth, nil
+}
+
+// buildOAuthConfig prepares svc's OAuth client. The redirect URI is
+// exactly <public_url>/v1/connections/<service>/callback; the client
+// secret, when there is one, goes in the request body (public clients send
+// none).
+func (a *App) buildOAuthConfig(svc *Service) {
+	o := svc.Auth.OAuth
+	o.config = &oauth2.Config{
+		ClientID:     o.ClientID,
+		ClientSecret: o.ClientSecret,
+		Endpoint: oauth2.Endpoint{
+			AuthURL:   o.AuthorizationURL,
+			TokenURL:  o.TokenURL,
+			AuthStyle: oauth2.AuthStyleInParams,
+		},
+		RedirectURL: a.PublicURL + "/v1/connections/" + url.PathEscape(svc.ID) + "/callback",
+		Scopes:      o.Scopes,
+	}
+	o.refreshConfig = &oauth2.Config{
+		ClientID:     o.ClientID,
+		ClientSecret: o.ClientSecret,
+		Endpoint:     o.config.Endpoint,
+	}
+}
+
+// RedirectURI is the callback URL registered at svc's provider.
+func (a *App) RedirectURI(svc *Service) string {
+	if o, err := a.oauthConfig(svc); err == nil {
+		return o.config.RedirectURL
+	}
+	return ""
+}
+
+// AuthorizeURL starts a sign-in of user to svc: it stores a pending
+// authorization (the PKCE verifier, sealed by the cipher) and returns the
+// provider's authorization URL with the S256 challenge, the resource, the
+// exact redirect URI and a signed state valid for 10 minutes.
+func (a *App) AuthorizeURL(ctx context.Context, svc *Service, user string) (string, error) {
+	o, err := a.oauthConfig(svc)
+	if err != nil {
+		return "", err
+	}
+	nonce, verifier := NewID(), oauth2.GenerateVerifier()
+	expires := now().Add(authorizationTTL).Truncate(time.Second)
+	secret, _ := json.Marshal(pendingSecret{Verifier: verifier, User: user, Service: svc.ID})
+	sealed, err := a.cipher.Encrypt(ctx, secret, pendingContext(svc.ID, user))
+	clear(secret)
+	if err != nil {
+		return "", fmt.Errorf("encrypting the pending sign-in: %w", err)
+	}
+	rec, _ := json.Marshal(pendingAuthorization{ExpiresAt: expires.UTC(), Sealed: sealed})
+	if err := a.storage.Store(ctx, pendingKey(nonce), rec); err != nil {
+		return "", fmt.Errorf("%w: storing the pending sign-in: %v", ErrStorageUnavailable, err)
+	}
+	state := a.signState(oauthState{User: user, Service: svc.ID, Expiry: expires.Unix(), Nonce: nonce})
+	opts := []oauth2.AuthCodeOption{oauth2.S256ChallengeOption(verifier), oauth2.SetAuthURLParam("resource", o.Resource)}
+	if o.LoginHint {
+		opts = append(opts, oauth2.SetAuthURLParam("login_hint", user))
+	}
+	return o.config.AuthCodeURL(state, opts...), nil
+}
+
+// CompleteAuthorization finishes a sign-in at svc's callback: it checks the
+// state, consumes the pending authorization (a state works once), exchanges
+// the code with the verifier and the resource, and stores the grant. It
+// returns the user who connected.
+func (a *App) CompleteAuthorization(ctx context.Context, svc *Service, state, code string) (string, error) {
+	o, err := a.oauthConfig(svc)
+	if err != nil {
+		return "", err
+	}
+	st, err := a.verifyState(state, svc.ID)
+	if err != nil {
+		countConnect(svc.ID, "invalid_state")
+		return "", err
+	}
+	pending, err := a.takePending(ctx, st)
+	if err != nil {
+		if errors.Is(err, ErrInvalidState) {
+			countConnect(svc.ID, "invalid_state")
+		} else {
+			countConnect(svc.ID, "failed")
+		}
+		return "", err
+	}
+	tctx, cancel := a.tokenContext(providerTimeout)
+	defer cancel()
+	tok, err := o.config.Exchange(tctx, code, oauth2.VerifierOption(pending.Verifier), oauth2.SetAuthURLParam("resource", o.Resource))
+	if err != nil {
+		pe := classifyTokenError(err)
+		if errors.Is(pe, ErrGrantRejected) {
+			countConnect(svc.ID, "rejected")
+		} else {
+			countConnect(svc.ID, "failed")
+		}
+		a.logger.Warn("oauth code exchange failed", zap.String("service", svc.ID),
+			zap.Int("status", pe.Status), zap.String("error_code", pe.Code), zap.String("reason", pe.Reason))
+		return "", pe
+	}
+	conn := &Connection{Kind: AuthOAuth, ConnectedAt: now().UTC()}
+	conn.applyToken(tok, o.Scopes)
+	if err := a.connections.Connect(ctx, svc.ID, st.User, conn); err != nil {
+		countConnect(svc.ID, "failed")
+		a.logger.Error("storing a new oauth grant failed", zap.String("service", svc.ID), zap.Error(err))
+		return "", err
+	}
+	countConnect(svc.ID, "connected")
+	a.logger.Info("oauth grant connected", zap.String("service", svc.ID), zap.String("user", st.User),
+		zap.Bool("refresh_token", conn.RefreshToken != ""), zap.Time("expiry", conn.Expiry))
+	return st.User, nil
+}
+
+// AbandonAuthorization ends a sign-in the provider answered with an error
+// (the user declined, …): the pending authorization is consumed so its
+// state cannot be used again.
+func (a *App) AbandonAuthorization(ctx context.Context, svc *Service, state string) error {
+	if _, err := a.oauthConfig(svc); err != nil {
+		return err
+	}
+	st, err := a.verifyState(state, svc.ID)
+	if err != nil {
+		countConnect(svc.ID, "invalid_state")
+		return err
+	}
+	_, err = a.takePending(ctx, st)
+	countConnect(svc.ID, "denied")
+	return err
+}
+
+// takePending consumes the pending authorization st names. It holds the
+// storage lock of that authorization while reading and deleting it, so
+// two callbacks racing with one state cannot both succeed.
+func (a *App) takePending(ctx context.Context, st oauthState) (*pendingSecret, error) {
+	key := pendingKey(st.Nonce)
+	lock := "toolgate_oauth_pending_" + hashKey(st.Nonce)
+	lctx, cancel := context.WithTimeout(ctx, pendingLockTimeout)
+	defer cancel()
+	if err := a.storage.Lock(lctx, lock); err != nil {
+		return nil, fmt.Errorf("%w: locking the pending sign-in: %v", ErrStorageUnavailable, err)
+	}
+	defer a.unlock(lock)
+	data, err := a.storage.Load(ctx, key)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, ErrInvalidState
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%w: reading the pending sign-in: %v", ErrStorageUnavailable, err)
+	}
+	var rec pendingAuthorization
+	if err := json.Unmarshal(data, &rec); err != nil || now().After(rec.ExpiresAt) {
+		_ = a.storage.Delete(ctx, key)
+		return nil, ErrInvalidState
+	}
+	plain, err := a.cipher.Decrypt(ctx, rec.Sealed, pendingContext(st.Service, st.User))
+	if err != nil {
+		if errors.Is(err, ErrCipherUnavailable) {
+			// Not consumed: the same link works once the cipher is back.
+			return nil, fmt.Errorf("decrypting the pending sign-in: %w", err)
+		}
+		_ = a.storage.Delete(ctx, key)
+		return nil, ErrInvalidState
+	}
+	var ps pendingSecret
+	err = json.Unmarshal(plain, &ps)
+	clear(plain)
+	if err != nil || ps.User != st.User || ps.Service != st.Service || ps.Verifier == "" {
+		_ = a.storage.Delete(ctx, key)
+		return nil, ErrInvalidState
+	}
+	if err := a.storage.Delete(ctx, key); err != nil {
+		return nil, fmt.Errorf("%w: consuming the pending sign-in: %v", ErrStorageUnavailable, err)
+	}
+	return &ps, nil
+}
+
+// sweepPending deletes pending authorizations that expired unused.
+func (a *App) sweepPending(ctx context.Context) (int, error) {
+	keys, err := a.storage.List(ctx, pendingPrefix, false)
+	if errors.Is(err, fs.ErrNotExist) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, err
+	}
+	removed := 0
+	t := now()
+	for _, key := range keys {
+		data, err := a.storage.Load(ctx, key)
+		if err != nil {
+			continue
+		}
+		var rec pendingAuthorization
+		if json.Unmarshal(data, &rec) != nil || t.After(rec.ExpiresAt) {
+			if a.storage.Delete(ctx, key) == nil {
+				removed++
+			}
+		}
+	}
+	return removed, nil
+}
+
+// tokenContext is the context of a token request: never a request's
+// context (a refresh outlives the request that triggered it), bounded by
+// timeout, using the app's HTTP client, which never follows redirects.
+func (a *App) tokenContext(timeout time.Duration) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	return context.WithValue(ctx, oauth2.HTTPClient, a.httpClient), cancel
+}
+
+// refreshes makes concurrent refreshes of one grant inside this process
+// share a single attempt; the storage lock does the same across replicas.
+// It is process-wide so that it spans config reloads and every handler.
+var refreshes singleflight.Group
+
+// refreshSkew is how long before its expiry c's access token is renewed:
+// skew, but at most half the lifetime the provider gave the token.
+func (c *Connection) refreshSkew(skew time.Duration) time.Duration {
+	obtained := c.RefreshedAt
+	if obtained.IsZero() {
+		obtained = c.ConnectedAt
+	}
+	if life := c.Expiry.Sub(obtained); !obtained.IsZero() && life > 0 && skew > life/2 {
+		return life / 2
+	}
+	return skew
+}
+
+// NeedsRefresh reports whether c's access token should be renewed before
+// use, given the service's refresh_skew.
+func (c *Connection) NeedsRefresh(skew time.Duration) bool {
+	return c.Expired(c.refreshSkew(skew))
+}
+
+// applyToken copies what a token response holds into c. A response without
+// a refresh token keeps the current one; without a scope, the scopes stay
+// (or become the requested ones).
+func (c *Connection) applyToken(tok *oauth2.Token, requested []string) {
+	c.AccessToken = tok.AccessToken
+	c.TokenType = tok.TokenType
+	c.Expiry = tok.Expiry.UTC()
+	if tok.Expiry.IsZero() {
+		c.Expiry = time.Time{}
+	}
+	if tok.RefreshToken != "" {
+		c.RefreshToken = tok.RefreshToken
+	}
+	if scope, _ := tok.Extra("scope").(string); scope != "" {
+		c.Scopes = strings.Fields(scope)
+	} else if c.Scopes == nil {
+		c.Scopes = requested
+	}
+}
+
+// OAuthConnection returns user's grant for the oauth service svc with an
+// access token that is not about to expire. The steady state costs no
+// provider or cipher round trip (the decrypted grant is cached); when the
+// token is within refresh_skew of expiry it is refreshed first, once per
+// grant however many calls wait for it, here or on other replicas.
+//
+// Errors: ErrNotConnected, ErrGrantExpired and ErrGrantRejected mean the
+// user must connect (again); anything else (ErrProviderUnavailable,
+// ErrCipherUnavailable, ErrStorageUnavailable) is worth retrying.
+func (a *App) OAuthConnection(ctx context.Context, svc *Service, user string) (*Connection, error) {
+	o, err := a.oauthConfig(svc)
+	if err != nil {
+		return nil, err
+	}
+	conn, err := a.connections.Load(ctx, svc.ID, user)
+	if err != nil {
+		return nil, err
+	}
+	if !conn.NeedsRefresh(time.Duration(o.RefreshSkew)) {
+		return conn, nil
+	}
+	if conn.RefreshToken == "" {
+		return nil, ErrGrantExpired
+	}
+	ch := refreshes.DoChan(ConnectionKey(svc.ID, user), func() (any, error) {
+		return a.refresh(svc, user)
+	})
+	select {
+	case res := <-ch:
+		if res.Err != nil {
+			return nil, res.Err
+		}
+		return res.Val.(*Connection), nil
+	case <-ctx.Done():
+		return nil, &ProviderError{kind: ErrProviderUnavailable, Reason: "timeout"}
+	}
+}
+
+// refreshLockName is the storage lock serializing refreshes of user's
+// grant for service, derived from the grant's storage key.
+func refreshLockName(service, user string) string {
+	return "toolgate_refresh_" + hashKey(ConnectionKey(service, user))
+}
+
+// refresh renews user's grant for svc under the grant's storage lock. It
+// re-reads the grant first: another replica may have refreshed it while
+// this one waited, and then no provider call is made. A rotated refresh
+// token is stored before the new access token is returned.
+func (a *App) refresh(svc *Service, user string) (*Connection, error) {
+	o := svc.Auth.OAuth
+	ctx, cancel := context.WithTimeout(context.Background(), refreshTimeout)
+	defer cancel()
+	lock := refreshLockName(svc.ID, user)
+	if err := a.storage.Lock(ctx, lock); err != nil {
+		countRefresh(svc.ID, "failed")
+		return nil, fmt.Errorf("%w: waiting for the refresh lock: %v", ErrStorageUnavailable, err)
+	}
+	defer a.unlock(lock)
+
+	cur, err := a.connections.LoadFresh(ctx, svc.ID, user)
+	if err != nil {
+		if !errors.Is(err, ErrNotConnected) {
+			countRefresh(svc.ID, "failed")
+		}
+		return nil, err
+	}
+	if !cur.NeedsRefresh(time.Duration(o.RefreshSkew)) {
+		countRefresh(svc.ID, "already_refreshed")
+		return cur, nil
+	}
+	if cur.RefreshToken == "" {
+		return nil, ErrGrantExpired
+	}
+
+	tctx, tcancel := a.tokenContext(providerTimeout)
+	defer tcancel()
+	// golang.org/x/oauth2 has no refresh request that takes parameters,
+	// and the RFC 8707 resource belongs on every token request; Exchange
+	// with the grant type replaced sends one. Its empty "code" parameter
+	// counts as absent (RFC 6749 section 3.2: "Parameters sent without a
+	// value MUST be treated as if they were omitted from the request").
+	tok, err := o.refreshConfig.Exchange(tctx, "",
+		oauth2.SetAuthURLParam("grant_type", "refresh_token"),
+		oauth2.SetAuthURLParam("refresh_token", cur.RefreshToken),
+		oauth2.SetAuthURLParam("resource", o.Resource))
+	if err != nil {
+		pe := classifyTokenError(err)
+		fields := []zap.Field{zap.String("service", svc.ID), zap.String("user", user),
+			zap.Int("status", pe.Status), zap.String("error_code", pe.Code), zap.String("reason", pe.Reason)}
+		if errors.Is(pe, ErrGrantRejected) {
+			countRefresh(svc.ID, "rejected")
+			if err := a.connections.Reject(ctx, svc.ID, user); err != nil {
+				a.logger.Error("deleting a rejected oauth grant failed", zap.String("service", svc.ID), zap.Error(err))
+			}
+			a.logger.Warn("the provider rejected the refresh token; the grant is deleted and the user must connect again", fields...)
+			return nil, pe
+		}
+		countRefresh(svc.ID, "failed")
+		a.logger.Warn("oauth token refresh failed; the grant is kept", fields...)
+		return nil, pe
+	}
+	next := *cur
+	next.applyToken(tok, o.Scopes)
+	next.RefreshedAt = now().UTC()
+	next.RefreshCount++
+	if err := a.connections.Save(ctx, svc.ID, user, &next); err != nil {
+		countRefresh(svc.ID, "failed")
+		a.logger.Error("storing a refreshed oauth grant failed; if the provider rotated the refresh token, the user must connect again",
+			zap.String("service", svc.ID), zap.String("user", user), zap.Error(err))
+		return nil, err
+	}
+	countRefresh(svc.ID, "refreshed")
+	a.logger.Debug("oauth token refreshed", zap.String("service", svc.ID), zap.String("user", user),
+		zap.Int("refresh_count", next.RefreshCount), zap.Time("expiry", next.Expiry))
+	stored := next
+	return &stored, nil
+}
+
+// unlock releases a storage lock, logging a failure (the lock then expires
+// by itself).
+func (a *App) unlock(name string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := a.storage.Unlock(ctx, name); err != nil {
+		a.logger.Warn("releasing a storage lock failed", zap.String("lock", name), zap.Error(err))
+	}
+}
+
+// CredentialFor returns what toolgate attaches to svc's upstream requests
+// for user: nil for auth none, the configured header, the user's personal
+// token, or the user's OAuth access token (refreshed when near expiry).
+// See [App.OAuthConnection] for the errors; [NeedsSignIn] tells which mean
+// the user must connect.
+func (a *App) CredentialFor(ctx context.Context, svc *Service, user string) (*Credential, error) {
+	switch svc.Auth.Kind {
+	case AuthNone:
+		return nil, nil
+	case AuthHeader:
+		return &Credential{Header: svc.Auth.Header, Value: svc.Auth.Value}, nil
+	case AuthBearer:
+		if a.connections == nil {
+			return nil, errors.New("no cipher is configured")
+		}
+		conn, err := a.connections.Load(ctx, svc.ID, user)
+		if err != nil {
+			return nil, err
+		}
+		return &Credential{Header: "Authorization", Value: "Bearer " + conn.AccessToken}, nil
+	case AuthOAuth:
+		conn, err := a.OAuthConnection(ctx, svc, user)
+		if err != nil {
+			return nil, err
+		}
+		return &Credential{Header: "Authorization", Value: "Bearer " + conn.AccessToken}, nil
+	}
+	return nil, fmt.Errorf("service %s: unknown auth kind %q", svc.ID, svc.Auth.Kind)
+}
+
+// NeedsSignIn reports whether err (from CredentialFor) means the user must
+// connect the service (again), as opposed to a failure worth retrying.
+func NeedsSignIn(err error) bool {
+	return errors.Is(err, ErrNotConnected) || errors.Is(err, ErrGrantExpired) || errors.Is(err, ErrGrantRejected)
+}

@@ -1,0 +1,229 @@
+package gateway
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+)
+
+func provisioned(t *testing.T, s *Service) *Service {
+	t.Helper()
+	if err := s.provision(caddy.NewReplacer()); err != nil {
+		t.Fatalf("provision: %v", err)
+	}
+	return s
+}
+
+func TestServiceProvisionDefaults(t *testing.T) {
+	t.Setenv("TG_TEST_UPSTREAM", "https://tracker.example.com/mcp")
+	t.Setenv("TG_TEST_SECRET", "s3cret")
+	t.Setenv("TG_TEST_CLIENT", "client-1")
+	s := provisioned(t, &Service{
+		ID:           "tracker",
+		URL:          "{env.TG_TEST_UPSTREAM}",
+		Tools:        []string{"whoami", "read_ticket"},
+		AllowedUsers: []string{"alice"},
+		Auth: &UpstreamAuth{Kind: AuthOAuth, OAuth: &OAuthClient{
+			AuthorizationURL: "https://auth.example.com/authorize",
+			TokenURL:         "https://auth.example.com/token",
+			ClientID:         "{env.TG_TEST_CLIENT}",
+			ClientSecret:     "{env.TG_TEST_SECRET}",
+		}},
+	})
+	if err := s.validate(); err != nil {
+		t.Fatalf("validate: %v", err)
+	}
+	if time.Duration(s.Timeout) != 60*time.Second {
+		t.Errorf("default timeout = %v, want 60s", time.Duration(s.Timeout))
+	}
+	if s.URL != "https://tracker.example.com/mcp" {
+		t.Errorf("URL placeholder not expanded: %q", s.URL)
+	}
+	if o := s.Auth.OAuth; o.ClientID != "client-1" || o.ClientSecret != "s3cret" {
+		t.Errorf("oauth placeholders not expanded: %q %q", o.ClientID, o.ClientSecret)
+	}
+	if s.Auth.OAuth.Resource != s.URL {
+		t.Errorf("resource defaults to %q, want the service URL", s.Auth.OAuth.Resource)
+	}
+	if !s.AllowsTool("read_ticket") || s.AllowsTool("delete_ticket") || s.AllowsTool("") || s.AllowsTool("Read_Ticket") {
+		t.Error("AllowsTool does not match the allowlist exactly")
+	}
+	if !s.AllowsUser("alice") || s.AllowsUser("bob") || s.AllowsUser("Alice") {
+		t.Error("AllowsUser does not match allowed_users exactly")
+	}
+
+	open := provisioned(t, &Service{ID: "open", URL: "https://x.example.com", Tools: []string{"t"}})
+	if open.Auth == nil || open.Auth.Kind != AuthNone {
+		t.Errorf("default auth = %+v, want none", open.Auth)
+	}
+	if !open.AllowsUser("anyone") {
+		t.Error("a service without allowed_users must allow every caller")
+	}
+	empty := provisioned(t, &Service{ID: "e", URL: "https://x.example.com", Tools: []string{"t"}, Auth: &UpstreamAuth{}})
+	if empty.Auth.Kind != AuthNone {
+		t.Errorf("empty auth kind = %q, want none", empty.Auth.Kind)
+	}
+}
+
+func TestServiceValidate(t *testing.T) {
+	base := func() *Service {
+		return &Service{ID: "svc", URL: "https://svc.example.com/mcp", Tools: []string{"t"}}
+	}
+	oauthSvc := func(mod func(o *OAuthClient)) func(s *Service) {
+		return func(s *Service) {
+			o := &OAuthClient{AuthorizationURL: "https://a.example.com/auth", TokenURL: "https://a.example.com/token", ClientID: "c"}
+			mod(o)
+			s.Auth = &UpstreamAuth{Kind: AuthOAuth, OAuth: o}
+		}
+	}
+	tests := []struct {
+		name  string
+		mod   func(s *Service)
+		field string // "" means valid; otherwise the error names this field
+		want  string // further substring of the error
+	}{
+		{"valid https", func(*Service) {}, "", ""},
+		{"valid http with allow_http", func(s *Service) { s.URL, s.AllowHTTP = "http://127.0.0.1:9000/mcp", true }, "", ""},
+		{"valid timeout at the maximum", func(s *Service) { s.Timeout = caddy.Duration(300 * time.Second) }, "", ""},
+		{"valid header auth", func(s *Service) { s.Auth = &UpstreamAuth{Kind: AuthHeader, Header: "X-Key", Value: "v"} }, "", ""},
+		{"valid bearer", func(s *Service) { s.Auth = &UpstreamAuth{Kind: AuthBearer} }, "", ""},
+		{"valid oauth", oauthSvc(func(*OAuthClient) {}), "", ""},
+		{"valid oauth over http with allow_http", func(s *Service) {
+			s.AllowHTTP = true
+			oauthSvc(func(o *OAuthClient) { o.TokenURL = "http://127.0.0.1:9999/token" })(s)
+		}, "", ""},
+
+		{"id empty", func(s *Service) { s.ID = "" }, "id", "letters, digits"},
+		{"id with a slash", func(s *Service) { s.ID = "a/b" }, "id", ""},
+		{"id with a dot", func(s *Service) { s.ID = "a.b" }, "id", ""},
+		{"id starting with a dash", func(s *Service) { s.ID = "-a" }, "id", ""},
+		{"id too long", func(s *Service) { s.ID = strings.Repeat("a", 65) }, "id", ""},
+		{"url missing", func(s *Service) { s.URL = "" }, "url", "required"},
+		{"url plain http", func(s *Service) { s.URL = "http://svc.example.com/mcp" }, "url", "allow_http"},
+		{"url without host", func(s *Service) { s.URL = "https:///mcp" }, "url", "no host"},
+		{"url relative", func(s *Service) { s.URL = "/mcp" }, "url", "no host"},
+		{"url with credentials", func(s *Service) { s.URL = "https://user:pw@svc.example.com/mcp" }, "url", "credentials"},
+		{"url other scheme", func(s *Service) { s.URL = "ftp://svc.example.com/mcp" }, "url", `scheme "ftp"`},
+		{"url other scheme even with allow_http", func(s *Service) { s.URL, s.AllowHTTP = "ws://svc.example.com/mcp", true }, "url", `scheme "ws"`},
+		{"url unparsable", func(s *Service) { s.URL = "https://svc.example.com:port/mcp" }, "url", ""},
+		{"tools missing", func(s *Service) { s.Tools = nil }, "tools", "required"},
+		{"tools empty name", func(s *Service) { s.Tools = []string{"a", ""} }, "tools", "invalid tool name"},
+		{"tools name with a space", func(s *Service) { s.Tools = []string{"read ticket"} }, "tools", `"read ticket"`},
+		{"timeout over 300s", func(s *Service) { s.Timeout = caddy.Duration(301 * time.Second) }, "timeout", "out of range"},
+		{"timeout negative", func(s *Service) { s.Timeout = caddy.Duration(-time.Second) }, "timeout", "out of range"},
+		{"header without name", func(s *Service) { s.Auth = &UpstreamAuth{Kind: AuthHeader, Value: "v"} }, "auth", "header name"},
+		{"header without value", func(s *Service) { s.Auth = &UpstreamAuth{Kind: AuthHeader, Header: "X-Key"} }, "auth", "environment variable"},
+		{"header with an unset variable", func(s *Service) {
+			s.Auth = &UpstreamAuth{Kind: AuthHeader, Header: "X-Key", Value: "{env.TG_TEST_SURELY_UNSET}"}
+		}, "auth", "empty value"},
+		{"unknown auth kind", func(s *Service) { s.Auth = &UpstreamAuth{Kind: "basic"} }, "auth", `unknown kind "basic"`},
+		{"oauth without block", func(s *Service) { s.Auth = &UpstreamAuth{Kind: AuthOAuth} }, "auth", "authorization_url, token_url and client_id"},
+		{"oauth authorization_url missing", oauthSvc(func(o *OAuthClient) { o.AuthorizationURL = "" }), "auth oauth authorization_url", "absolute URL"},
+		{"oauth token_url relative", oauthSvc(func(o *OAuthClient) { o.TokenURL = "/token" }), "auth oauth token_url", "absolute URL"},
+		{"oauth token_url over http", oauthSvc(func(o *OAuthClient) { o.TokenURL = "http://a.example.com/token" }), "auth oauth token_url", "must be https"},
+		{"oauth authorization_url over http", oauthSvc(func(o *OAuthClient) { o.AuthorizationURL = "http://a.example.com/auth" }), "auth oauth authorization_url", "must be https"},
+		{"oauth token_url with another scheme, even with allow_http", func(s *Service) {
+			s.AllowHTTP = true
+			oauthSvc(func(o *OAuthClient) { o.TokenURL = "ftp://a.example.com/token" })(s)
+		}, "auth oauth token_url", "must be https"},
+		{"oauth client_id missing", oauthSvc(func(o *OAuthClient) { o.ClientID = "" }), "auth oauth client_id", "required"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s := base()
+			tt.mod(s)
+			provisioned(t, s)
+			err := s.validate()
+			if tt.field == "" {
+				if err != nil {
+					t.Fatalf("validate: %v", err)
+				}
+				return
+			}
+			if err == nil {
+				t.Fatalf("validate accepted %+v", s)
+			}
+			msg := err.Error()
+			if !strings.HasPrefix(msg, `service "`+s.ID+`": `+tt.field+":") {
+				t.Errorf("error %q does not start by naming the service and the field %q", msg, tt.field)
+			}
+			if !strings.Contains(msg, tt.want) {
+				t.Errorf("error %q does not contain %q", msg, tt.want)
+			}
+		})
+	}
+}
+
+func TestServiceValidateDoesNotLeakHeaderValue(t *testing.T) {
+	s := provisioned(t, &Service{ID: "w", URL: "http://w.example.com", Tools: []string{"t"},
+		Auth: &UpstreamAuth{Kind: AuthHeader, Header: "X-Key", Value: "topsecret"}})
+	err := s.validate()
+	if err == nil || strings.Contains(err.Error(), "topsecret") {
+		t.Errorf("validate error = %v; want a url error that never shows the credential", err)
+	}
+}
+
+func TestNewRegistry(t *testing.T) {
+	a := &Service{ID: "a"}
+	b := &Service{ID: "b"}
+	r, err := newRegistry([]*Service{b, a})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Lookup("a") != a || r.Lookup("b") != b || r.Lookup("c") != nil || r.Lookup("A") != nil {
+		t.Error("Lookup does not find services by exact id")
+	}
+	got := r.Services()
+	if len(got) != 2 || got[0] != b || got[1] != a {
+		t.Errorf("Services() = %v, want configuration order", got)
+	}
+	got[0] = nil
+	if r.Services()[0] != b {
+		t.Error("Services() exposes the registry's own slice")
+	}
+	if _, err := newRegistry([]*Service{{ID: "x"}, {ID: "x"}}); err == nil || !strings.Contains(err.Error(), `service "x": defined twice`) {
+		t.Errorf("duplicate ids: err = %v", err)
+	}
+}
+
+// App.Validate checks what spans services: a cipher for stored credentials,
+// and public_url plus a long enough state_secret for oauth.
+func TestAppValidateCrossServiceRules(t *testing.T) {
+	oauth := &Service{ID: "gh", URL: "https://gh.example.com/mcp", Tools: []string{"t"}, Auth: &UpstreamAuth{Kind: AuthOAuth,
+		OAuth: &OAuthClient{AuthorizationURL: "https://gh.example.com/a", TokenURL: "https://gh.example.com/t", ClientID: "c"}}}
+	bearer := &Service{ID: "tok", URL: "https://tok.example.com/mcp", Tools: []string{"t"}, Auth: &UpstreamAuth{Kind: AuthBearer}}
+	for _, s := range []*Service{oauth, bearer} {
+		provisioned(t, s)
+	}
+	secret := strings.Repeat("s", minStateSecretBytes)
+	tests := []struct {
+		name string
+		app  App
+		want string
+	}{
+		{"bearer without cipher", App{Services: []*Service{bearer}}, `service "tok" stores user credentials: configure a cipher`},
+		{"oauth without cipher", App{Services: []*Service{oauth}, PublicURL: "https://gw", StateSecret: secret}, `service "gh" stores user credentials`},
+		{"oauth without public_url", App{Services: []*Service{oauth}, cipher: testCipher(t), StateSecret: secret}, `service "gh" uses oauth: public_url is required`},
+		{"oauth with a short state_secret", App{Services: []*Service{oauth}, cipher: testCipher(t), PublicURL: "https://gw", StateSecret: secret[1:]}, "state_secret must be at least 32 bytes"},
+		{"bad public_url", App{PublicURL: "gw.example.com"}, `public_url "gw.example.com": must be an absolute http(s) URL`},
+		{"negative ttl", App{SessionTTL: -1}, "must be positive"},
+		{"negative depth", App{MaxJSONDepth: -1}, "must be positive"},
+		{"valid", App{Services: []*Service{oauth, bearer}, cipher: testCipher(t), PublicURL: "https://gw", StateSecret: secret}, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := tt.app.Validate()
+			if tt.want == "" {
+				if err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("Validate() = %v, want %q", err, tt.want)
+			}
+		})
+	}
+}

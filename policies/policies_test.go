@@ -1,0 +1,698 @@
+package policies_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io/fs"
+	"maps"
+	"os"
+	"path/filepath"
+	"reflect"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/open-policy-agent/opa/v1/ast"
+	"github.com/open-policy-agent/opa/v1/cover"
+	"github.com/open-policy-agent/opa/v1/format"
+	"github.com/open-policy-agent/opa/v1/rego"
+	"github.com/open-policy-agent/opa/v1/tester"
+)
+
+const (
+	requestQuery = "data.toolgate.request.decision"
+	resultQuery  = "data.toolgate.result.decision"
+
+	// minCoverage is the lowest acceptable line coverage, in percent, of the
+	// non-test policy files by the Rego tests.
+	minCoverage = 90.0
+
+	// minTests guards against tests silently disappearing (a renamed
+	// package, a file no longer loaded).
+	minTests = 60
+)
+
+// gatewayFilter loads a policy directory the way the gateway does: the
+// top-level non-test .rego files and data files, nothing from subdirectories.
+// A loader.Filter returns true to skip a path.
+func gatewayFilter(_ string, info fs.FileInfo, depth int) bool {
+	if info.IsDir() {
+		return depth > 0
+	}
+	return strings.HasSuffix(info.Name(), "_test.rego")
+}
+
+// regoFiles lists the top-level .rego files of this directory; with tests
+// false it leaves out the _test.rego files.
+func regoFiles(t testing.TB, tests bool) []string {
+	t.Helper()
+	names, err := filepath.Glob("*.rego")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !tests {
+		names = slices.DeleteFunc(names, func(n string) bool { return strings.HasSuffix(n, "_test.rego") })
+	}
+	if len(names) == 0 {
+		t.Fatal("no .rego files found")
+	}
+	return names
+}
+
+func parseModule(t testing.TB, name string, src []byte) *ast.Module {
+	t.Helper()
+	m, err := ast.ParseModuleWithOpts(name, string(src), ast.ParserOptions{
+		RegoVersion:       ast.RegoV1,
+		ProcessAnnotation: true,
+	})
+	if err != nil {
+		t.Fatalf("parse %s: %v", name, err)
+	}
+	return m
+}
+
+// TestRego runs every Rego test of the directory, as `opa test --coverage`
+// does, and fails on a failing or erroring test and on coverage of the
+// non-test policy files under minCoverage.
+func TestRego(t *testing.T) {
+	ctx := context.Background()
+	modules, store, err := tester.Load([]string{"."}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	cov := cover.New()
+	runner := tester.NewRunner().
+		SetStore(store).
+		SetModules(modules).
+		SetCoverageQueryTracer(cov).
+		CapturePrintOutput(true).
+		SetTimeout(time.Minute)
+	ch, err := runner.RunTests(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	ran := 0
+	for res := range ch {
+		ran++
+		name := res.Package + "." + res.Name
+		switch {
+		case res.Error != nil:
+			t.Errorf("%s: error: %v\n%s", name, res.Error, res.Output)
+		case res.Fail:
+			t.Errorf("%s: FAIL at %s\n%s", name, res.Location, res.Output)
+		case res.Skip:
+			t.Logf("%s: skipped", name)
+		}
+	}
+	if ran < minTests {
+		t.Errorf("ran %d Rego tests, want at least %d", ran, minTests)
+	}
+
+	report := cov.Report(modules)
+	covered, notCovered := 0, 0
+	for file, fr := range report.Files {
+		if strings.HasSuffix(file, "_test.rego") {
+			continue
+		}
+		covered += fr.CoveredLines
+		notCovered += fr.NotCoveredLines
+		for _, r := range fr.NotCovered {
+			t.Logf("%s: lines %d-%d not covered", file, r.Start.Row, r.End.Row)
+		}
+	}
+	if covered+notCovered == 0 {
+		t.Fatal("coverage report holds no policy lines")
+	}
+	pct := 100 * float64(covered) / float64(covered+notCovered)
+	t.Logf("%d Rego tests, policy coverage %.1f%% (%d of %d lines)", ran, pct, covered, covered+notCovered)
+	if pct < minCoverage {
+		t.Errorf("policy coverage %.1f%% is under %.0f%%", pct, minCoverage)
+	}
+}
+
+// TestRegoFormatted requires every .rego file to be exactly what `opa fmt`
+// would write.
+func TestRegoFormatted(t *testing.T) {
+	for _, name := range regoFiles(t, true) {
+		src, err := os.ReadFile(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		assertFormatted(t, name, src)
+	}
+}
+
+func assertFormatted(t *testing.T, name string, src []byte) {
+	t.Helper()
+	got, err := format.SourceWithOpts(name, src, format.Opts{RegoVersion: ast.RegoV1})
+	if err != nil {
+		t.Errorf("opa fmt %s: %v", name, err)
+		return
+	}
+	if !bytes.Equal(got, src) {
+		t.Errorf("%s is not opa fmt clean; formatted:\n%s", name, got)
+	}
+}
+
+// strictCompiler is what `opa check --strict` compiles with.
+func strictCompiler() *ast.Compiler {
+	return ast.NewCompiler().
+		WithStrict(true).
+		WithEnablePrintStatements(true).
+		WithUseTypeCheckAnnotations(true)
+}
+
+// TestRegoStrict compiles every .rego file (tests too) in strict mode and
+// checks the METADATA entrypoint annotations on both decision rules.
+func TestRegoStrict(t *testing.T) {
+	modules := map[string]*ast.Module{}
+	for _, name := range regoFiles(t, true) {
+		src, err := os.ReadFile(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		modules[name] = parseModule(t, name, src)
+	}
+	c := strictCompiler()
+	if c.Compile(modules); c.Failed() {
+		t.Fatalf("strict compile: %v", c.Errors)
+	}
+
+	var entrypoints []string
+	for _, ref := range c.GetAnnotationSet().Flatten() {
+		if ref.Annotations.Entrypoint {
+			entrypoints = append(entrypoints, ref.Path.String())
+		}
+	}
+	slices.Sort(entrypoints)
+	want := []string{requestQuery, resultQuery}
+	if !slices.Equal(entrypoints, want) {
+		t.Errorf("entrypoint annotations on %v, want exactly %v", entrypoints, want)
+	}
+}
+
+// TestSettingsDocumented requires every setting the policies read, and every
+// key of data.json, to be named in README.md.
+func TestSettingsDocumented(t *testing.T) {
+	readme, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, err := os.ReadFile("data.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc struct {
+		Toolgate struct {
+			Settings map[string]any `json:"settings"`
+		} `json:"toolgate"`
+	}
+	if err := json.Unmarshal(raw, &doc); err != nil {
+		t.Fatalf("data.json: %v", err)
+	}
+	// names maps each setting to the first cell of its row in the settings
+	// table of README.md.
+	names := map[string]string{}
+	for k := range doc.Toolgate.Settings {
+		names[k] = "`" + k + "`"
+	}
+	if len(names) == 0 {
+		t.Fatal("data.json holds no toolgate.settings")
+	}
+
+	global := regexp.MustCompile(`data\.toolgate\.settings\.(\w+)`)
+	perService := regexp.MustCompile(`data\.toolgate\.settings\.services\[(?:service_id|input\.service\.id)\]\.(\w+)`)
+	for _, name := range regoFiles(t, false) {
+		src, err := os.ReadFile(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range global.FindAllStringSubmatch(string(src), -1) {
+			if _, ok := doc.Toolgate.Settings[m[1]]; !ok {
+				t.Errorf("%s reads settings.%s, which data.json does not set", name, m[1])
+			}
+			names[m[1]] = "`" + m[1] + "`"
+		}
+		for _, m := range perService.FindAllStringSubmatch(string(src), -1) {
+			names["services.<id>."+m[1]] = "`services.<id>." + m[1] + "`"
+		}
+	}
+	if len(names) < 8 {
+		t.Errorf("found only settings %v", slices.Sorted(maps.Keys(names)))
+	}
+	for name, cell := range names {
+		if !bytes.Contains(readme, []byte("\n| "+cell+" |")) {
+			t.Errorf("setting %s has no row in the settings table of README.md", name)
+		}
+	}
+}
+
+// decide evaluates a prepared decision query the way the gateway must:
+// exactly one result holding one object with a known action, and fails the
+// test otherwise.
+func decide(t testing.TB, pq rego.PreparedEvalQuery, input map[string]any) map[string]any {
+	t.Helper()
+	v, err := ast.InterfaceToValue(input)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rs, err := pq.Eval(context.Background(), rego.EvalParsedInput(v))
+	if err != nil {
+		t.Fatalf("eval: %v", err)
+	}
+	if len(rs) != 1 || len(rs[0].Expressions) != 1 {
+		t.Fatalf("want exactly one decision, got %v", rs)
+	}
+	d, ok := rs[0].Expressions[0].Value.(map[string]any)
+	if !ok {
+		t.Fatalf("decision is %T, want an object", rs[0].Expressions[0].Value)
+	}
+	if a := d["action"]; a != "allow" && a != "deny" && a != "ask" {
+		t.Errorf("decision action %v", a)
+	}
+	for k, v := range d {
+		switch k {
+		case "action":
+		case "reason":
+			if s, ok := v.(string); !ok || s == "" {
+				t.Errorf("reason %v is not a non-empty string", v)
+			}
+		case "arguments", "result":
+			if _, ok := v.(map[string]any); !ok {
+				t.Errorf("%s is %T, want an object", k, v)
+			}
+		default:
+			t.Errorf("decision has unknown key %q", k)
+		}
+	}
+	return d
+}
+
+func prepare(t testing.TB, query string, extra ...func(*rego.Rego)) rego.PreparedEvalQuery {
+	t.Helper()
+	opts := append([]func(*rego.Rego){
+		rego.Query(query),
+		rego.Load([]string{"."}, gatewayFilter),
+	}, extra...)
+	pq, err := rego.New(opts...).PrepareForEval(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pq
+}
+
+// baseInput is a realistic request input of a tools/call.
+const baseInput = `{
+  "caller":  {"user": "alice@example.com", "groups": ["eng"], "claims": {"iss": "https://idp.example.com", "sub": "alice"}},
+  "session": {"id": "7c1f0e52b9a34d6e8f20a1b2c3d4e5f6", "services": ["tracker"]},
+  "service": {"id": "tracker", "auth": "oauth", "tools": ["whoami", "read_ticket", "search_tickets", "create_ticket", "update_ticket"]},
+  "method":  "tools/call",
+  "tool":    {
+    "name": "read_ticket",
+    "title": "Read ticket",
+    "description": "Returns a ticket with its comments.",
+    "annotations": {"readOnlyHint": true, "openWorldHint": false},
+    "inputSchema": {"type": "object", "properties": {"ticket_id": {"type": "string"}}, "required": ["ticket_id"]}
+  },
+  "arguments": {"ticket_id": "TEST-123"},
+  "listing": false,
+  "request": {"remote_ip": "127.0.0.1", "protocol_version": "2025-11-25"},
+  "time": "2026-11-30T10:00:00Z"
+}`
+
+// input returns baseInput with the top-level keys of the JSON object
+// changes replaced; a null value removes the key.
+func input(t testing.TB, changes string) map[string]any {
+	t.Helper()
+	var in, ch map[string]any
+	if err := json.Unmarshal([]byte(baseInput), &in); err != nil {
+		t.Fatal(err)
+	}
+	if changes != "" {
+		if err := json.Unmarshal([]byte(changes), &ch); err != nil {
+			t.Fatalf("changes %s: %v", changes, err)
+		}
+	}
+	for k, v := range ch {
+		if v == nil {
+			delete(in, k)
+		} else {
+			in[k] = v
+		}
+	}
+	return in
+}
+
+// matches reports whether got has everything in want: objects are compared
+// key by key (a null in want means the key must be absent), a "reason" in
+// want must be a substring of got's, everything else must be equal.
+func matches(want, got any) bool {
+	w, ok := want.(map[string]any)
+	if !ok {
+		return reflect.DeepEqual(want, got)
+	}
+	g, ok := got.(map[string]any)
+	if !ok {
+		return false
+	}
+	for k, wv := range w {
+		gv, present := g[k]
+		switch {
+		case wv == nil:
+			if present {
+				return false
+			}
+		case !present:
+			return false
+		case k == "reason":
+			ws, _ := wv.(string)
+			gs, _ := gv.(string)
+			if !strings.Contains(gs, ws) {
+				return false
+			}
+		case !matches(wv, gv):
+			return false
+		}
+	}
+	return true
+}
+
+func TestDecisionContract(t *testing.T) {
+	req := prepare(t, requestQuery)
+	res := prepare(t, resultQuery)
+
+	for _, c := range []struct{ name, changes string }{
+		{"read-only call", ``},
+		{"unmarked call", `{"tool": {"name": "update_ticket"}}`},
+		{"destructive call", `{"tool": {"name": "delete_ticket", "annotations": {"destructiveHint": true}}}`},
+		{"listing", `{"listing": true, "arguments": null}`},
+		{"initialize", `{"method": "initialize", "tool": null, "arguments": null, "params": {"protocolVersion": "2025-11-25"}}`},
+		{"no method", `{"method": null}`},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			d := decide(t, req, input(t, c.changes))
+			if _, ok := d["reason"]; !ok {
+				t.Errorf("request decision %v has no reason", d)
+			}
+		})
+	}
+
+	// An unchanged result is exactly {"action": "allow"}, so the gateway can
+	// pass the raw bytes through.
+	clean := input(t, `{"result": {"content": [{"type": "text", "text": "TEST-123: printer on fire"}], "structuredContent": {"id": "TEST-123"}, "isError": false}}`)
+	if d := decide(t, res, clean); !reflect.DeepEqual(d, map[string]any{"action": "allow"}) {
+		t.Errorf("clean result: %v, want exactly {\"action\": \"allow\"}", d)
+	}
+
+	// A changed result keeps every field it does not change.
+	dirty := input(t, `{"result": {"content": [{"type": "text", "text": "key AKIAIOSFODNN7EXAMPLE", "annotations": {"priority": 1}}], "isError": false, "_meta": {"x": 1}, "vendor": [1]}}`)
+	want := map[string]any{
+		"content": []any{map[string]any{"type": "text", "text": "key [REDACTED:aws_access_key_id]", "annotations": map[string]any{"priority": json.Number("1")}}},
+		"isError": false,
+		"_meta":   map[string]any{"x": json.Number("1")},
+		"vendor":  []any{json.Number("1")},
+	}
+	d := decide(t, res, dirty)
+	if d["action"] != "allow" || !reflect.DeepEqual(d["result"], want) {
+		t.Errorf("redacted result: %v, want allow with %v", d, want)
+	}
+}
+
+// exampleCase is one behaviour check of a README example.
+type exampleCase struct {
+	query   string // requestQuery or resultQuery
+	changes string // see input
+	want    string // see matches
+}
+
+// Tool definitions the example cases use.
+const (
+	readTool   = `{"name": "read_ticket", "annotations": {"readOnlyHint": true}}`
+	searchTool = `{"name": "search_tickets", "annotations": {"readOnlyHint": true}}`
+	createTool = `{"name": "create_ticket", "annotations": {"readOnlyHint": false}}`
+)
+
+func withTool(tool, rest string) string {
+	if rest == "" {
+		return `{"tool": ` + tool + `}`
+	}
+	return `{"tool": ` + tool + `, ` + rest + `}`
+}
+
+func caller(groups string) string {
+	return `"caller": {"user": "bob@example.com", "groups": ` + groups + `, "claims": {}}`
+}
+
+func service(id string) string {
+	return `"service": {"id": "` + id + `", "auth": "oauth", "tools": []}`
+}
+
+func textResult(text string) string {
+	return `{"result": {"content": [{"type": "text", "text": ` + text + `}], "isError": false}}`
+}
+
+// exampleCases holds the behaviour checks of every README example, by the
+// number in its heading. Each example needs at least one case whose decision
+// differs from the defaults alone.
+var exampleCases = map[string][]exampleCase{
+	"1": {
+		{requestQuery, withTool(`{"name": "export_report"}`, service("reports")+`, `+caller(`["contractors"]`)), `{"action": "deny", "reason": "contractors may not export"}`},
+		{requestQuery, withTool(`{"name": "export_report"}`, service("reports")+`, `+caller(`["contractors"]`)+`, "listing": true, "arguments": null`), `{"action": "deny"}`},
+		{requestQuery, withTool(`{"name": "export_report"}`, service("reports")), `{"action": "ask"}`},
+	},
+	"2": {
+		{requestQuery, withTool(createTool, caller(`["payments"]`)+`, "arguments": {"project_id": "OTHER", "title": "x"}`), `{"action": "ask", "arguments": {"project_id": "PAY", "title": "x"}}`},
+		{requestQuery, withTool(createTool, `"arguments": {"project_id": "OTHER", "title": "x"}`), `{"action": "ask", "arguments": null}`},
+	},
+	"3": {
+		{requestQuery, withTool(searchTool, `"arguments": {"query": "printer", "limit": 500}`), `{"action": "allow", "arguments": {"query": "printer", "limit": 100}}`},
+		{requestQuery, withTool(searchTool, `"arguments": {"query": "printer", "limit": 50}`), `{"action": "allow", "arguments": null}`},
+		{requestQuery, withTool(searchTool, `"arguments": {"query": "printer", "limit": "500"}`), `{"action": "deny", "reason": "limit must be a number"}`},
+		{requestQuery, withTool(searchTool, `"arguments": {"query": "printer"}`), `{"action": "allow", "arguments": null}`},
+	},
+	"4": {
+		{requestQuery, withTool(readTool, `"arguments": {"ticket_id": "TEST-1", "filter": {"env": "Production"}}`), `{"action": "ask", "reason": "argument [\"filter\", \"env\"] mentions production"}`},
+		{requestQuery, withTool(readTool, service("prod-db")), `{"action": "ask", "reason": "production service"}`},
+		{requestQuery, withTool(readTool, `"arguments": {"ticket_id": "products-1"}`), `{"action": "allow"}`},
+	},
+	"5": {
+		{requestQuery, withTool(createTool, `"time": "2026-11-28T10:00:00Z"`), `{"action": "deny", "reason": "Monday to Friday"}`},      // Saturday
+		{requestQuery, withTool(createTool, `"time": "2026-11-30T17:30:00Z"`), `{"action": "deny"}`},                                    // Monday 18:30 in Berlin
+		{requestQuery, withTool(createTool, `"time": "2026-11-30T07:30:00Z"`), `{"action": "ask"}`},                                     // Monday 08:30 in Berlin
+		{requestQuery, withTool(readTool, `"time": "2026-11-28T10:00:00Z"`), `{"action": "allow"}`},                                     // read-only
+		{requestQuery, withTool(createTool, `"time": "2026-11-28T10:00:00Z", "listing": true, "arguments": null`), `{"action": "ask"}`}, // still listed
+	},
+	"6": {
+		{resultQuery, textResult(`"contact bob.smith@mail.example.co.uk today"`), `{"action": "allow", "result": {"content": [{"type": "text", "text": "contact [REDACTED:email_address] today"}]}}`},
+		{resultQuery, textResult(`"no address here, just @mentions"`), `{"action": "allow", "result": null, "reason": null}`},
+	},
+	"7": {
+		{resultQuery, textResult(`"status of Project Fal\u200bcon: green"`), `{"action": "deny", "reason": "Project Falcon"}`},
+		{resultQuery, `{"result": {"content": [], "structuredContent": {"notes": ["project falcon"]}}}`, `{"action": "deny"}`},
+		{resultQuery, textResult(`"a falcon project"`), `{"action": "allow", "result": null}`},
+	},
+	"8": {
+		{requestQuery, withTool(`{"name": "update_invoice"}`, service("billing")), `{"action": "deny", "reason": "billing is read-only"}`},
+		{requestQuery, withTool(`{"name": "update_invoice"}`, service("billing")+`, `+caller(`["finance-admins"]`)), `{"action": "ask"}`},
+		{requestQuery, withTool(readTool, service("billing")), `{"action": "allow"}`},
+	},
+	"9": {
+		{requestQuery, withTool(readTool, service("deploy")), `{"action": "deny", "reason": "not approved"}`},
+		{requestQuery, withTool(readTool, service("deploy")+`, "session": {"services": ["deploy"]}`), `{"action": "deny"}`},
+		{requestQuery, `{"method": "initialize", "tool": null, "arguments": null, "session": {"id": "9f4c2e7a1b3d5f60", "services": ["deploy"]}, ` + service("deploy") + `}`, `{"action": "allow"}`},
+		{requestQuery, withTool(readTool, service("deploy")+`, "session": {"id": "9f4c2e7a1b3d5f60", "services": ["deploy"]}`), `{"action": "allow"}`},
+		{requestQuery, withTool(readTool, ""), `{"action": "allow"}`},
+	},
+	"10": {
+		{requestQuery, withTool(`{"name": "read_file", "annotations": {"readOnlyHint": true}}`, service("files")+`, "arguments": {"path": "/notes/a.txt", "encoding": "utf-8"}`), `{"action": "allow", "arguments": {"path": "/srv/sandbox/notes/a.txt", "encoding": "utf-8"}}`},
+		{requestQuery, withTool(`{"name": "write_file"}`, service("files")+`, "arguments": {"path": "notes/a.txt", "content": "x"}`), `{"action": "ask", "arguments": {"path": "/srv/sandbox/notes/a.txt", "content": "x"}}`},
+		{requestQuery, withTool(`{"name": "list_directory", "annotations": {"readOnlyHint": true}}`, service("files")+`, "arguments": {}`), `{"action": "allow", "arguments": {"path": "/srv/sandbox/"}}`},
+		{requestQuery, withTool(`{"name": "read_file", "annotations": {"readOnlyHint": true}}`, service("files")+`, "arguments": {"path": "notes/../../etc/passwd"}`), `{"action": "deny", "reason": "without '..'"}`},
+		{requestQuery, withTool(`{"name": "read_file", "annotations": {"readOnlyHint": true}}`, service("files")+`, "arguments": {"path": "..\\secrets"}`), `{"action": "deny"}`},
+		{requestQuery, withTool(`{"name": "read_file", "annotations": {"readOnlyHint": true}}`, service("files")+`, "arguments": {"path": ["a"]}`), `{"action": "deny"}`},
+		{requestQuery, withTool(`{"name": "read_file", "annotations": {"readOnlyHint": true}}`, service("files")+`, "listing": true, "arguments": null`), `{"action": "allow", "arguments": null}`},
+		{requestQuery, withTool(`{"name": "read_file", "annotations": {"readOnlyHint": true}}`, `"arguments": {"path": "../x"}`), `{"action": "allow", "arguments": null}`},
+	},
+	"11": {
+		{requestQuery, `{"method": "resources/read", "tool": null, "arguments": null, "params": {"uri": "file:///srv/shared/plan.md"}}`, `{"action": "allow"}`},
+		{requestQuery, `{"method": "resources/read", "tool": null, "arguments": null, "params": {"uri": "file:///etc/passwd"}}`, `{"action": "deny", "reason": "outside file:///srv/shared/"}`},
+		{requestQuery, `{"method": "resources/read", "tool": null, "arguments": null, "params": {"uri": "file:///srv/shared/../../etc/passwd"}}`, `{"action": "deny"}`},
+		{requestQuery, `{"method": "resources/read", "tool": null, "arguments": null}`, `{"action": "deny"}`},
+		{requestQuery, `{"method": "resources/list", "tool": null, "arguments": null, "params": {}}`, `{"action": "allow"}`},
+	},
+}
+
+// readmeExamples returns the rego code blocks of README.md by the number of
+// the "### N. Title" heading above them.
+func readmeExamples(t testing.TB) map[string]string {
+	t.Helper()
+	readme, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	heading := regexp.MustCompile(`^### (\d+)\. `)
+	examples := map[string]string{}
+	current := ""
+	var block *strings.Builder
+	for line := range strings.Lines(string(readme)) {
+		switch {
+		case block != nil && strings.TrimSpace(line) == "```":
+			if current == "" {
+				t.Fatal("README.md: rego block outside a numbered example")
+			}
+			if _, dup := examples[current]; dup {
+				t.Fatalf("README.md: example %s has more than one rego block", current)
+			}
+			examples[current] = block.String()
+			block = nil
+		case block != nil:
+			block.WriteString(line)
+		case strings.TrimSpace(line) == "```rego":
+			block = &strings.Builder{}
+		case heading.MatchString(line):
+			current = heading.FindStringSubmatch(line)[1]
+		}
+	}
+	if block != nil {
+		t.Fatal("README.md: unterminated rego block")
+	}
+	return examples
+}
+
+// TestReadmeExamples checks every example of README.md: it parses, is opa
+// fmt clean, compiles in strict mode together with the default policies, and
+// behaves as its cases say.
+func TestReadmeExamples(t *testing.T) {
+	examples := readmeExamples(t)
+	if len(examples) < 10 {
+		t.Fatalf("README.md has %d examples, want at least 10", len(examples))
+	}
+	for n := range exampleCases {
+		if _, ok := examples[n]; !ok {
+			t.Errorf("cases for example %s, which README.md does not have", n)
+		}
+	}
+	defaults := map[string]rego.PreparedEvalQuery{
+		requestQuery: prepare(t, requestQuery),
+		resultQuery:  prepare(t, resultQuery),
+	}
+
+	for _, n := range slices.Sorted(maps.Keys(examples)) {
+		src := examples[n]
+		t.Run("example_"+n, func(t *testing.T) {
+			name := fmt.Sprintf("README.md#example-%s.rego", n)
+			parseModule(t, name, []byte(src))
+			assertFormatted(t, name, []byte(src))
+
+			cases := exampleCases[n]
+			if len(cases) == 0 {
+				t.Fatalf("example %s has no cases in exampleCases", n)
+			}
+			prepared := map[string]rego.PreparedEvalQuery{}
+			differs := false
+			for i, c := range cases {
+				pq, ok := prepared[c.query]
+				if !ok {
+					pq = prepare(t, c.query, rego.Module(name, src), rego.Strict(true))
+					prepared[c.query] = pq
+				}
+				in := input(t, c.changes)
+				got := decide(t, pq, in)
+				var want map[string]any
+				if err := json.Unmarshal([]byte(c.want), &want); err != nil {
+					t.Fatalf("case %d: want %s: %v", i, c.want, err)
+				}
+				if !matches(want, normalize(t, got)) {
+					t.Errorf("case %d: input changes %s\ngot  %v\nwant %s", i, c.changes, got, c.want)
+				}
+				if !reflect.DeepEqual(got, decide(t, defaults[c.query], in)) {
+					differs = true
+				}
+			}
+			if !differs {
+				t.Errorf("example %s changes no decision of its cases", n)
+			}
+		})
+	}
+}
+
+// normalize turns a decision into what encoding/json would give, so it
+// compares with a decoded want.
+func normalize(t testing.TB, v any) any {
+	t.Helper()
+	b, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out any
+	if err := json.Unmarshal(b, &out); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// BenchmarkRequestDecision measures one evaluation of the default request
+// policy on a small tools/call, prepared once as the gateway does.
+func BenchmarkRequestDecision(b *testing.B) {
+	pq := prepare(b, requestQuery)
+	for _, c := range []struct{ name, changes string }{
+		{"read_only", ``},
+		{"unmarked", `{"tool": {"name": "update_ticket", "annotations": {"readOnlyHint": false}}, "arguments": {"ticket_id": "TEST-123", "status": "closed"}}`},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			in, err := ast.InterfaceToValue(input(b, c.changes))
+			if err != nil {
+				b.Fatal(err)
+			}
+			ctx := context.Background()
+			b.ReportAllocs()
+			for b.Loop() {
+				rs, err := pq.Eval(ctx, rego.EvalParsedInput(in))
+				if err != nil || len(rs) != 1 {
+					b.Fatalf("eval: %v %v", rs, err)
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkResultDecision measures the default result policy on a small
+// result that needs no change, an 8 KiB text that needs none either, and a
+// 1 MiB text that is truncated.
+func BenchmarkResultDecision(b *testing.B) {
+	pq := prepare(b, resultQuery)
+	big, err := json.Marshal(strings.Repeat("lorem ipsum dolor sit amet, ", 1<<20/28))
+	if err != nil {
+		b.Fatal(err)
+	}
+	medium, err := json.Marshal(strings.Repeat("TEST-123: printer on fire — assigned to bob\n", 8<<10/46))
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, c := range []struct{ name, changes string }{
+		{"small_clean", `{"result": {"content": [{"type": "text", "text": "TEST-123: printer on fire, assigned to bob"}], "structuredContent": {"id": "TEST-123", "status": "open", "assignee": "bob"}, "isError": false}}`},
+		{"8KiB_text", textResult(string(medium))},
+		{"1MiB_text", textResult(string(big))},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			in, err := ast.InterfaceToValue(input(b, c.changes))
+			if err != nil {
+				b.Fatal(err)
+			}
+			ctx := context.Background()
+			b.ReportAllocs()
+			for b.Loop() {
+				rs, err := pq.Eval(ctx, rego.EvalParsedInput(in))
+				if err != nil || len(rs) != 1 {
+					b.Fatalf("eval: %v %v", rs, err)
+				}
+			}
+		})
+	}
+}

@@ -1,0 +1,146 @@
+# METADATA
+# title: toolgate default request policy
+# description: |
+#   Decides every message a runner sends through the gateway (and, with
+#   input.listing == true, whether a tool is shown in a tools/list answer).
+#   Methods other than tools/call are allowed. A tools/call needs human
+#   approval (ask) unless the upstream marks the tool readOnlyHint: true.
+#   Destructive tools are denied unless the caller is in an admin group, and
+#   then they still need approval. A service in read-only mode denies every
+#   tool that is not marked read-only.
+#
+#   Extend it from another file in this package by adding to the `deny` and
+#   `ask` sets or to the `argument_overrides` object; see policies/README.md.
+package toolgate.request
+
+# METADATA
+# title: Request decision
+# description: |
+#   The object the gateway acts on: {"action": "allow"|"deny"|"ask",
+#   "reason": string} plus, when a rule rewrote arguments of a tools/call,
+#   "arguments" (the complete replacement). Any deny reason wins over any ask
+#   reason; allow needs neither.
+# entrypoint: true
+decision := {"action": "deny", "reason": concat("; ", deny)} if {
+	count(deny) > 0
+} else := object.union({"action": "ask", "reason": concat("; ", ask)}, rewrite) if {
+	count(ask) > 0
+} else := object.union({"action": "allow", "reason": allow_reason}, rewrite)
+
+# This package runs on every message a runner sends, so the default rules
+# below look at input and data directly and put the test that fails most
+# often first; every extra rule they consult costs a few microseconds.
+
+# deny holds one human-readable reason per rule that forbids this message.
+# Add your own rules with `deny contains msg if { ... }`.
+deny contains "toolgate cannot tell which method this message calls (input.method is missing), so it is denied" if {
+	not input.method
+}
+
+deny contains msg if {
+	data.toolgate.settings.services[input.service.id].read_only == true
+	input.method == "tools/call"
+	not read_only_tool
+	msg := sprintf(
+		"service %q is in read-only mode: tool %q is not marked read-only (annotations.readOnlyHint), so it cannot be called; use a read-only tool of this service instead",
+		[service_id, tool_name],
+	)
+}
+
+deny contains msg if {
+	input.tool.annotations.destructiveHint == true
+	input.method == "tools/call"
+	not is_admin
+	msg := sprintf(
+		"tool %q on service %q is marked destructive (annotations.destructiveHint) and only members of %v may run it, with approval; ask one of them or use a non-destructive tool",
+		[tool_name, service_id, admin_groups],
+	)
+}
+
+# ask holds one reason per rule that needs a human to approve the message.
+# Add your own rules with `ask contains msg if { ... }`.
+ask contains msg if {
+	input.tool.annotations.destructiveHint == true
+	input.method == "tools/call"
+	is_admin
+	msg := sprintf(
+		"tool %q on service %q is marked destructive (annotations.destructiveHint); as an administrator you may run it once a human approves this call",
+		[tool_name, service_id],
+	)
+}
+
+ask contains msg if {
+	input.method == "tools/call"
+	not read_only_tool
+	not input.tool.annotations.destructiveHint == true
+	not approval_waived
+	msg := sprintf(
+		"tool %q on service %q is not marked read-only by the upstream (annotations.readOnlyHint is not true), so a human must approve this call; wait for the approval or use a read-only tool",
+		[tool_name, service_id],
+	)
+}
+
+# argument_overrides maps argument names of a tools/call to the values sent
+# upstream instead of what the runner sent; the runner's other arguments are
+# kept. By default it holds the service's pin_arguments for this tool. Add your
+# own with `argument_overrides["name"] := value if { ... }`. Two rules giving
+# one name different values is an evaluation error, so the call is denied.
+argument_overrides[name] := value if {
+	some name, value in data.toolgate.settings.services[input.service.id].pin_arguments[input.tool.name]
+	input.method == "tools/call"
+}
+
+# rewrite is what decision adds to allow and ask: the complete rewritten
+# arguments when some argument is overridden, else nothing. Never during
+# listing, which has no arguments. Should the rewrite fail (arguments that are
+# not an object), rewrite and so the decision are undefined: a deny, never
+# the unrewritten call.
+rewrite := {} if {
+	count(argument_overrides) == 0
+} else := {} if {
+	input.listing == true
+} else := {"arguments": args} if {
+	sent := object.get(input, "arguments", {})
+	args := object.union(object.remove(sent, argument_overrides), argument_overrides)
+}
+
+# allow_reason: fixed texts, as allowed messages pass on unseen by the agent
+# (the audit log records method, service and tool anyway).
+allow_reason := "not a tool call; allowed by default" if {
+	input.method != "tools/call"
+} else := "the tool is marked read-only (annotations.readOnlyHint); allowed" if {
+	read_only_tool
+} else := "the tool may run without approval on this service (allow_without_approval); allowed" if {
+	approval_waived
+} else := "allowed by policy"
+
+# Helpers, also for your own rules.
+
+is_tool_call if input.method == "tools/call"
+
+tool_name := object.get(input, ["tool", "name"], "")
+
+service_id := object.get(input, ["service", "id"], "")
+
+# read_only_tool: the upstream's tool definition says readOnlyHint: true (the
+# JSON value true, nothing else) and does not also claim destructiveHint.
+# Every tool the gateway has no definition for is not read-only.
+read_only_tool if {
+	input.tool.annotations.readOnlyHint == true
+	not input.tool.annotations.destructiveHint == true
+}
+
+approval_waived if input.tool.name in data.toolgate.settings.services[input.service.id].allow_without_approval
+
+# admin_groups: the service's own list if it has one, else the global list,
+# else ["admins"].
+admin_groups := groups if {
+	groups := data.toolgate.settings.services[input.service.id].admin_groups
+} else := groups if {
+	groups := data.toolgate.settings.admin_groups
+} else := ["admins"]
+
+is_admin if {
+	some group in input.caller.groups
+	group in admin_groups
+}
