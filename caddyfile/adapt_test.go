@@ -150,21 +150,17 @@ func TestAdaptDemo(t *testing.T) {
 		t.Errorf("%s adapts differently from %s (run with -update to accept):\n%s", src, golden, diff(w, got))
 	}
 
-	// The demo's promises, independent of layout: loopback HTTP only, the
-	// six steps in pipeline order, the bearer-token tracker behind
-	// allow_http, the local cipher.
+	// What the demo must keep, whatever else changes in it: the six steps
+	// in pipeline order, a real cipher (there is no plaintext storage), and
+	// plain-http upstreams only with an explicit allow_http.
 	var cfg struct {
 		Apps struct {
 			Toolgate struct {
-				Storage  map[string]any `json:"storage"`
 				Cipher   map[string]any `json:"cipher"`
 				Services []struct {
-					ID        string   `json:"id"`
-					AllowHTTP bool     `json:"allow_http"`
-					Tools     []string `json:"tools"`
-					Auth      struct {
-						Kind string `json:"kind"`
-					} `json:"auth"`
+					ID        string `json:"id"`
+					URL       string `json:"url"`
+					AllowHTTP bool   `json:"allow_http"`
 				} `json:"services"`
 			} `json:"toolgate"`
 		} `json:"apps"`
@@ -173,12 +169,16 @@ func TestAdaptDemo(t *testing.T) {
 		t.Fatal(err)
 	}
 	tg := cfg.Apps.Toolgate
-	if tg.Cipher["cipher"] != "local" || tg.Storage["module"] != "file_system" {
-		t.Errorf("demo cipher %v, storage %v; want local and file_system", tg.Cipher, tg.Storage)
+	if tg.Cipher["cipher"] == nil {
+		t.Errorf("demo has no cipher: %v", tg.Cipher)
 	}
-	if len(tg.Services) != 1 || tg.Services[0].ID != "tracker" || !tg.Services[0].AllowHTTP ||
-		strings.Join(tg.Services[0].Tools, " ") != "whoami read_ticket" || tg.Services[0].Auth.Kind != "bearer" {
-		t.Errorf("demo services = %+v", tg.Services)
+	if len(tg.Services) == 0 {
+		t.Error("demo defines no service")
+	}
+	for _, s := range tg.Services {
+		if strings.HasPrefix(s.URL, "http:") && !s.AllowHTTP {
+			t.Errorf("demo service %s is plain http without allow_http", s.ID)
+		}
 	}
 	order := []string{"toolgate_session", "toolgate_registry", "toolgate_policy", "toolgate_credentials", "toolgate_result_policy", "toolgate_proxy"}
 	last := -1

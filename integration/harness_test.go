@@ -32,8 +32,10 @@ import (
 const (
 	aliceKey = "test-key-alice"
 	bobKey   = "test-key-bob"
+	carolKey = "test-key-carol" // in the admins group
 	alice    = "alice@example.test"
 	bob      = "bob@example.test"
+	carol    = "carol@example.test"
 )
 
 // gatewayConfig describes one test gateway.
@@ -42,9 +44,11 @@ type gatewayConfig struct {
 	Tools         string // the allowlist
 	Auth          string // the service's auth line, default "none"
 	RequestPolicy string // policy source; default testdata/policy
+	PolicyOptions string // more lines in the toolgate_policy block
 	ResultPolicy  string
 	Extra         string // more lines in the toolgate block
 	Services      string // more service blocks
+	Cipher        string // the cipher option's value; default a local key file
 }
 
 // gateway is a running toolgate.
@@ -58,7 +62,7 @@ type gateway struct {
 func startGateway(t testing.TB, cfg gatewayConfig) *gateway {
 	t.Helper()
 	if cfg.Tools == "" {
-		cfg.Tools = "echo progress unknown_field forbidden_tool gated_tool pinned_echo redacted"
+		cfg.Tools = "echo progress reconnect touch_resource drop_table leak unknown_field forbidden_tool gated_tool pinned_echo redacted"
 	}
 	if cfg.Auth == "" {
 		cfg.Auth = "none"
@@ -71,6 +75,9 @@ func startGateway(t testing.TB, cfg gatewayConfig) *gateway {
 	}
 	port := freePort(t)
 	data := t.TempDir()
+	if cfg.Cipher == "" {
+		cfg.Cipher = "local " + data + "/cipher.key"
+	}
 	caddyfile := fmt.Sprintf(`{
 	admin off
 	auto_https off
@@ -81,10 +88,11 @@ func startGateway(t testing.TB, cfg gatewayConfig) *gateway {
 	toolgate {
 		public_url http://127.0.0.1:%[1]d
 		storage file_system %[2]s
-		cipher local %[2]s/cipher.key
+		cipher %[17]s
 		auth {
 			api_key %[3]s %[4]s eng
 			api_key %[5]s %[6]s
+			api_key %[14]s %[15]s admins
 		}
 		service svc {
 			url %[7]s
@@ -102,15 +110,20 @@ http://127.0.0.1:%[1]d {
 	route /v1/mcp/* {
 		toolgate_session
 		toolgate_registry
-		toolgate_policy %[10]s
+		toolgate_policy {
+			source %[10]s
+			%[16]s
+		}
 		toolgate_credentials
-		toolgate_result_policy %[11]s
+		toolgate_result_policy {
+			source %[11]s
+		}
 		toolgate_proxy
 	}
 	toolgate_api
 }
 `, port, data, hashKey(aliceKey), alice, hashKey(bobKey), bob, cfg.Upstream, cfg.Tools, cfg.Auth,
-		cfg.RequestPolicy, cfg.ResultPolicy, cfg.Extra, cfg.Services)
+		cfg.RequestPolicy, cfg.ResultPolicy, cfg.Extra, cfg.Services, hashKey(carolKey), carol, cfg.PolicyOptions, cfg.Cipher)
 	loadCaddyfile(t, caddyfile)
 	g := &gateway{URL: fmt.Sprintf("http://127.0.0.1:%d", port), DataDir: data}
 	waitListening(t, g.URL)

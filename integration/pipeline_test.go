@@ -45,7 +45,7 @@ func TestListAndCallThroughThePipeline(t *testing.T) {
 	// not_allowlisted exists upstream but is off the allowlist;
 	// forbidden_tool is allowlisted but the policy denies it, so it is
 	// hidden too.
-	want := []string{"echo", "gated_tool", "pinned_echo", "progress", "redacted", "unknown_field"}
+	want := []string{"drop_table", "echo", "gated_tool", "leak", "pinned_echo", "progress", "reconnect", "redacted", "touch_resource", "unknown_field"}
 	if !slices.Equal(names, want) {
 		t.Errorf("tools/list = %v, want %v", names, want)
 	}
@@ -321,5 +321,24 @@ func TestBatchesAndDuplicateKeysAreRejected(t *testing.T) {
 	}
 	if after := len(up.headers()); after != before {
 		t.Errorf("rejected messages reached the upstream (%d requests)", after-before)
+	}
+}
+
+// An upstream result with duplicate keys reads differently to different
+// parsers (gjson keeps the first, encoding/json the last); the gateway
+// withholds it rather than let a policy inspect one reading while the
+// runner uses another.
+func TestAmbiguousUpstreamResultIsWithheld(t *testing.T) {
+	up := startUpstream(t)
+	g := startGateway(t, gatewayConfig{Upstream: up.URL})
+	m := g.raw(t, aliceKey, g.createSession(t, aliceKey, "svc"), "svc")
+	m.initialize()
+	_, _, msgs := m.post(`{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{"name":"echo","arguments":{"text":"` + duplicateKeyMarker + `"}}}`)
+	if len(msgs) == 0 {
+		t.Fatal("no answer")
+	}
+	last := string(msgs[len(msgs)-1])
+	if !strings.Contains(last, `"error"`) || !strings.Contains(last, "withheld") || strings.Contains(last, "SECRET") {
+		t.Fatalf("answer = %s, want the result withheld", last)
 	}
 }

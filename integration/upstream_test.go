@@ -34,6 +34,10 @@ type upstream struct {
 // to a tool result, like a newer server would.
 const unknownFieldMarker = "ADD-UNKNOWN-FIELD"
 
+// duplicateKeyMarker makes the upstream send a result whose text key
+// appears twice, the second time with a secret.
+const duplicateKeyMarker = "ADD-DUPLICATE-KEY"
+
 func startUpstream(t testing.TB) *upstream {
 	t.Helper()
 	u := &upstream{}
@@ -47,8 +51,10 @@ func startUpstream(t testing.TB) *upstream {
 // reset replaces the MCP handler: every existing session is forgotten.
 func (u *upstream) reset() {
 	server := newTestServer()
+	// The event store lets clients resume a dropped stream with
+	// Last-Event-ID (the reconnect tool drops its stream on purpose).
 	h := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return server },
-		&mcp.StreamableHTTPOptions{SessionTimeout: time.Minute})
+		&mcp.StreamableHTTPOptions{SessionTimeout: time.Minute, EventStore: mcp.NewMemoryEventStore(nil)})
 	u.mu.Lock()
 	u.handler = h
 	u.mu.Unlock()
@@ -75,6 +81,13 @@ type fieldAdder struct {
 }
 
 func (f *fieldAdder) Write(b []byte) (int, error) {
+	if i := bytes.Index(b, []byte(`"type":"text"`)); i >= 0 && bytes.Contains(b, []byte(duplicateKeyMarker)) {
+		out := append(append(append([]byte{}, b[:i]...), `"text":"SECRET",`...), b[i:]...)
+		if _, err := f.ResponseWriter.Write(out); err != nil {
+			return 0, err
+		}
+		return len(b), nil
+	}
 	if bytes.Contains(b, []byte(unknownFieldMarker)) {
 		out := bytes.Replace(b, []byte(`"isError":false`), []byte(`"isError":false,"x_future_field":{"kept":[1,2,3]}`), 1)
 		out = bytes.Replace(out, []byte(`"content":[`), []byte(`"x_future_field":{"kept":[1,2,3]},"content":[`), 1)
@@ -103,7 +116,24 @@ type progressArgs struct {
 
 // newTestServer builds the upstream's MCP server and its tools.
 func newTestServer() *mcp.Server {
-	s := mcp.NewServer(&mcp.Implementation{Name: "test-upstream", Version: "1.0.0"}, nil)
+	s := mcp.NewServer(&mcp.Implementation{Name: "test-upstream", Version: "1.0.0"}, &mcp.ServerOptions{
+		SubscribeHandler:   func(context.Context, *mcp.SubscribeRequest) error { return nil },
+		UnsubscribeHandler: func(context.Context, *mcp.UnsubscribeRequest) error { return nil },
+	})
+	text := func(uri, body string) mcp.ResourceHandler {
+		return func(context.Context, *mcp.ReadResourceRequest) (*mcp.ReadResourceResult, error) {
+			return &mcp.ReadResourceResult{Contents: []*mcp.ResourceContents{{URI: uri, MIMEType: "text/plain", Text: body}}}, nil
+		}
+	}
+	s.AddResource(&mcp.Resource{Name: "watched", URI: "test://watched", MIMEType: "text/plain"}, text("test://watched", "watch me"))
+	s.AddResource(&mcp.Resource{Name: "secret", URI: "test://secret", MIMEType: "text/plain"}, text("test://secret", "the test policy hides this"))
+	mcp.AddTool(s, &mcp.Tool{Name: "touch_resource", Description: "Reports test://watched as updated.", Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true}},
+		func(ctx context.Context, _ *mcp.CallToolRequest, _ struct{}) (*mcp.CallToolResult, any, error) {
+			if err := s.ResourceUpdated(ctx, &mcp.ResourceUpdatedNotificationParams{URI: "test://watched"}); err != nil {
+				return nil, nil, err
+			}
+			return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "touched"}}}, nil, nil
+		})
 	readOnly := &mcp.ToolAnnotations{ReadOnlyHint: true}
 	echo := func(_ context.Context, req *mcp.CallToolRequest, in echoArgs) (*mcp.CallToolResult, any, error) {
 		args, _ := json.Marshal(in)
@@ -121,6 +151,24 @@ func newTestServer() *mcp.Server {
 	mcp.AddTool(s, &mcp.Tool{Name: "unknown_field", Description: "Returns a result with a field from the future.", Annotations: readOnly},
 		func(context.Context, *mcp.CallToolRequest, struct{}) (*mcp.CallToolResult, any, error) {
 			return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: unknownFieldMarker}}}, nil, nil
+		})
+	mcp.AddTool(s, &mcp.Tool{Name: "reconnect", Description: "Closes its SSE stream mid-call (SEP-1699), then answers.", Annotations: readOnly},
+		func(ctx context.Context, req *mcp.CallToolRequest, _ struct{}) (*mcp.CallToolResult, any, error) {
+			token := req.Params.GetProgressToken()
+			if token != nil {
+				_ = req.Session.NotifyProgress(ctx, &mcp.ProgressNotificationParams{ProgressToken: token, Progress: 1, Total: 2})
+			}
+			req.Extra.CloseSSEStream(mcp.CloseSSEStreamArgs{RetryAfter: 20 * time.Millisecond})
+			time.Sleep(50 * time.Millisecond)
+			if token != nil {
+				_ = req.Session.NotifyProgress(ctx, &mcp.ProgressNotificationParams{ProgressToken: token, Progress: 2, Total: 2})
+			}
+			return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "answered after the stream was resumed"}}}, nil, nil
+		})
+	mcp.AddTool(s, &mcp.Tool{Name: "drop_table", Description: "Destructive.", Annotations: &mcp.ToolAnnotations{DestructiveHint: new(true)}}, echo)
+	mcp.AddTool(s, &mcp.Tool{Name: "leak", Description: "Returns a secret-shaped string.", Annotations: readOnly},
+		func(context.Context, *mcp.CallToolRequest, struct{}) (*mcp.CallToolResult, any, error) {
+			return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "key AKIAIOSFODNN7EXAMPLE found"}}}, nil, nil
 		})
 	mcp.AddTool(s, &mcp.Tool{Name: "progress", Description: "Reports progress, then answers.", Annotations: readOnly},
 		func(ctx context.Context, req *mcp.CallToolRequest, in progressArgs) (*mcp.CallToolResult, any, error) {

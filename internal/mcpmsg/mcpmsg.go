@@ -184,6 +184,26 @@ func Parse(body []byte, limits Limits) (Message, error) {
 	return msg, nil
 }
 
+// Validate checks that data is one JSON value with a single reading, with
+// the rules Parse applies to a message: no duplicate or case-variant keys,
+// valid UTF-8, no lone surrogates, bounded depth, nothing after the value.
+// The gateway validates what an upstream sends before a policy inspects it
+// and the runner reads it, so both see the same thing.
+func Validate(data []byte, limits Limits) error {
+	if limits.MaxDepth <= 0 {
+		limits.MaxDepth = DefaultLimits.MaxDepth
+	}
+	p := parser{data: data, maxDepth: limits.MaxDepth}
+	if _, err := p.value(1); err != nil {
+		return err
+	}
+	p.skipSpace()
+	if p.pos != len(p.data) {
+		return p.fail("data after the value")
+	}
+	return nil
+}
+
 // checkID accepts the ids MCP allows: a string or an integer.
 func checkID(id []byte) error {
 	switch {
@@ -279,7 +299,6 @@ type parser struct {
 	data     []byte
 	pos      int
 	maxDepth int
-	scratch  []byte
 }
 
 const smallObject = 16
@@ -490,6 +509,13 @@ func (p *parser) str(decode bool) ([]byte, error) {
 	contentStart := p.pos
 	escaped := false
 	for p.pos < len(p.data) {
+		// Skip the common case, printable ASCII, in a tight loop.
+		for p.pos < len(p.data) && plainASCII[p.data[p.pos]] {
+			p.pos++
+		}
+		if p.pos >= len(p.data) {
+			break
+		}
 		c := p.data[p.pos]
 		switch {
 		case c == '"':
@@ -521,6 +547,15 @@ func (p *parser) str(decode bool) ([]byte, error) {
 	}
 	return nil, p.failAt(start, "unterminated string")
 }
+
+// plainASCII marks the bytes a string may hold as they are: printable
+// ASCII except the quote and the backslash.
+var plainASCII = func() (t [256]bool) {
+	for c := 0x20; c < 0x80; c++ {
+		t[c] = c != '"' && c != '\\'
+	}
+	return t
+}()
 
 // escape checks the escape sequence at p.pos.
 func (p *parser) escape() error {

@@ -1,8 +1,10 @@
 // Package api is toolgate_api, the gateway's HTTP API for runners and their
-// users: sessions, the service catalog, connections (stored credentials),
-// and the RFC 9728 protected-resource metadata. Every route but the
-// metadata authenticates the caller like toolgate_session and acts for that
-// caller only.
+// users: sessions, the service catalog, connections (stored credentials,
+// and the OAuth connect flow), and the RFC 9728 protected-resource
+// metadata. Every route but the metadata and the OAuth callback (which the
+// provider redirects a browser to; its signed state says who it is for)
+// authenticates the caller like toolgate_session and acts for that caller
+// only.
 package api
 
 import (
@@ -58,6 +60,11 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	mux.Handle("GET /v1/catalog", h.authenticated(h.catalog))
 	mux.Handle("PUT /v1/connections/{service}", h.authenticated(h.putConnection))
 	mux.Handle("DELETE /v1/connections/{service}", h.authenticated(h.deleteConnection))
+	mux.Handle("POST /v1/connections/{service}/authorize", h.authenticated(h.authorize))
+	mux.Handle("POST /v1/connections/{service}/test", h.authenticated(h.testConnection))
+	// The callback is opened by the user's browser, redirected by the
+	// provider: the signed state, not a bearer token, says who it is for.
+	mux.HandleFunc("GET /v1/connections/{service}/callback", h.callback)
 	h.mux = mux
 	return nil
 }
@@ -227,11 +234,27 @@ const (
 )
 
 type catalogEntry struct {
-	ID     string   `json:"id"`
-	Title  string   `json:"title,omitempty"`
-	Auth   string   `json:"auth"`
-	Status string   `json:"status"`
-	Tools  []string `json:"tools"`
+	ID         string          `json:"id"`
+	Title      string          `json:"title,omitempty"`
+	Auth       string          `json:"auth"`
+	Status     string          `json:"status"`
+	Tools      []string        `json:"tools"`
+	Connection *connectionView `json:"connection,omitempty"`
+}
+
+// connectionView is what the catalog tells about a stored credential:
+// never the tokens.
+type connectionView struct {
+	ConnectedAt  time.Time `json:"connected_at"`
+	ExpiresAt    time.Time `json:"expires_at,omitzero"`
+	Scopes       []string  `json:"scopes,omitempty"`
+	RefreshCount int       `json:"refresh_count"`
+	RefreshedAt  time.Time `json:"refreshed_at,omitzero"`
+}
+
+func viewConnection(c *gateway.Connection) *connectionView {
+	return &connectionView{ConnectedAt: c.ConnectedAt, ExpiresAt: c.Expiry, Scopes: c.Scopes,
+		RefreshCount: c.RefreshCount, RefreshedAt: c.RefreshedAt}
 }
 
 // catalog: GET /v1/catalog — the services the caller may use, never their
@@ -242,28 +265,38 @@ func (h *Handler) catalog(w http.ResponseWriter, r *http.Request, caller *gatewa
 		if !svc.AllowsUser(caller.User) {
 			continue
 		}
-		entries = append(entries, catalogEntry{
-			ID: svc.ID, Title: svc.Title, Auth: svc.Auth.Kind,
-			Status: h.connectionStatus(r, svc, caller), Tools: svc.Tools,
-		})
+		status, conn := h.connectionStatus(r, svc, caller)
+		entry := catalogEntry{ID: svc.ID, Title: svc.Title, Auth: svc.Auth.Kind, Status: status, Tools: svc.Tools}
+		if conn != nil {
+			entry.Connection = viewConnection(conn)
+		}
+		entries = append(entries, entry)
 	}
 	gateway.WriteJSON(w, http.StatusOK, map[string]any{"services": entries})
 }
 
-func (h *Handler) connectionStatus(r *http.Request, svc *gateway.Service, caller *gateway.Caller) string {
+// connectionStatus tells whether the caller can use svc now: connected,
+// needs_sign_in (never connected, or disconnected), expired (the access
+// token expired with no refresh token, or the provider rejected the
+// refresh), or unavailable (the store cannot be read).
+func (h *Handler) connectionStatus(r *http.Request, svc *gateway.Service, caller *gateway.Caller) (string, *gateway.Connection) {
 	if svc.Auth.Kind != gateway.AuthBearer && svc.Auth.Kind != gateway.AuthOAuth {
-		return statusConnected
+		return statusConnected, nil
 	}
-	conn, err := h.app.Connections().Load(r.Context(), svc.ID, caller.User)
+	store := h.app.Connections()
+	conn, err := store.Load(r.Context(), svc.ID, caller.User)
 	switch {
 	case errors.Is(err, gateway.ErrNotConnected):
-		return statusNeedsSignIn
+		if svc.Auth.Kind == gateway.AuthOAuth && store.WasRejected(r.Context(), svc.ID, caller.User) {
+			return statusExpired, nil
+		}
+		return statusNeedsSignIn, nil
 	case err != nil:
-		return statusUnavailable
+		return statusUnavailable, nil
 	case conn.Expired(0) && conn.RefreshToken == "":
-		return statusExpired
+		return statusExpired, conn
 	}
-	return statusConnected
+	return statusConnected, conn
 }
 
 // connectable returns the service in the path if the caller may connect it.
@@ -284,8 +317,11 @@ func (h *Handler) putConnection(w http.ResponseWriter, r *http.Request, caller *
 		return
 	}
 	if svc.Auth.Kind != gateway.AuthBearer {
-		gateway.WriteAPIError(w, http.StatusBadRequest, "wrong_auth_kind",
-			"service "+svc.ID+" uses auth "+svc.Auth.Kind+"; only bearer services take a personal token")
+		msg := "service " + svc.ID + " uses auth " + svc.Auth.Kind + "; only bearer services take a personal token"
+		if svc.Auth.Kind == gateway.AuthOAuth {
+			msg += "; connect it with POST /v1/connections/" + svc.ID + "/authorize"
+		}
+		gateway.WriteAPIError(w, http.StatusBadRequest, "wrong_auth_kind", msg)
 		return
 	}
 	var body struct {

@@ -21,7 +21,8 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //
 //	toolgate_api [<matcher>]
 //
-// It serves /v1/sessions, /v1/catalog, /v1/connections and
+// It serves /v1/sessions, /v1/catalog, /v1/connections (with the OAuth
+// authorize, callback and test routes) and
 // /.well-known/oauth-protected-resource, and passes anything else on.
 func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // directive name

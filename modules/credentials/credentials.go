@@ -1,8 +1,9 @@
 // Package credentials is toolgate_credentials, the fourth step of the
 // pipeline: it finds the credential the upstream needs for this caller —
-// a service-wide header, or the caller's own stored token — and hands it to
-// the proxy. No request reaches an upstream that needs a credential without
-// one.
+// a service-wide header, the caller's own stored token, or the caller's
+// OAuth access token, refreshed by the gateway when it is within the
+// service's refresh_skew of expiry — and hands it to the proxy. No request
+// reaches an upstream that needs a credential without one.
 package credentials
 
 import (
@@ -52,39 +53,39 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		return caddyhttp.Error(http.StatusInternalServerError,
 			errors.New("toolgate_credentials must come after toolgate_session and toolgate_registry in the route"))
 	}
-	svc := call.Service
-	switch svc.Auth.Kind {
-	case gateway.AuthNone:
-	case gateway.AuthHeader:
-		call.Credential = &gateway.Credential{Header: svc.Auth.Header, Value: svc.Auth.Value}
-	case gateway.AuthBearer:
-		conn, err := h.app.Connections().Load(r.Context(), svc.ID, call.Caller.User)
-		if err != nil {
-			h.fail(w, r, call, err)
-			return nil
-		}
-		call.Credential = &gateway.Credential{Header: "Authorization", Value: "Bearer " + conn.AccessToken}
-	default:
-		call.Unavailable(w, "service "+svc.ID+" uses auth "+svc.Auth.Kind+", which this gateway cannot attach yet")
+	cred, err := h.app.CredentialFor(r.Context(), call.Service, call.Caller.User)
+	if err != nil {
+		h.fail(w, r, call, err)
 		return nil
 	}
+	call.Credential = cred
 	return next.ServeHTTP(w, r)
 }
 
-// fail answers a call whose credential could not be loaded.
+// fail answers a call whose credential could not be had: needs_sign_in
+// (with a connect URL) when the user must connect the service, a retryable
+// error otherwise. Messages never carry tokens or provider answers.
 func (h *Handler) fail(w http.ResponseWriter, r *http.Request, call *gateway.Call, err error) {
 	svc := call.Service
-	if errors.Is(err, gateway.ErrNotConnected) {
-		call.Fail(w, http.StatusForbidden, gateway.CodeNeedsSignIn,
-			"you have not connected "+svc.ID+" yet: connect it, then retry", h.app.NeedsSignIn(r, svc))
+	if gateway.IsSignInError(err) {
+		msg := "you have not connected " + svc.ID + " yet: connect it, then retry"
+		switch {
+		case errors.Is(err, gateway.ErrGrantRejected):
+			msg = "the provider no longer accepts your " + svc.ID + " sign-in: connect it again, then retry"
+		case errors.Is(err, gateway.ErrGrantExpired):
+			msg = "your " + svc.ID + " sign-in expired: connect it again, then retry"
+		}
+		call.Fail(w, http.StatusForbidden, gateway.CodeNeedsSignIn, msg, h.app.NeedsSignIn(r, svc))
 		return
 	}
-	h.logger.Error("loading credential", zap.String("service", svc.ID), zap.Error(err))
-	call.Unavailable(w, "the credential store is unavailable ("+errorKind(err)+"); retry later")
+	h.logger.Error("cannot attach the upstream credential", zap.String("service", svc.ID), zap.Error(err))
+	call.Unavailable(w, "the credential for "+svc.ID+" is unavailable ("+errorKind(err)+"); retry later")
 }
 
 func errorKind(err error) string {
 	switch {
+	case errors.Is(err, gateway.ErrProviderUnavailable):
+		return "the OAuth provider is unavailable"
 	case errors.Is(err, gateway.ErrCipherUnavailable):
 		return "cipher unavailable"
 	case errors.Is(err, gateway.ErrStorageUnavailable):

@@ -1,12 +1,21 @@
 // Package demo is toolgate_demo: a small fictional work tracker, served as
-// an MCP server (built with the official MCP Go SDK) so the gateway has
-// something to front out of the box. It is what caddyfile/demo.Caddyfile
-// runs on a second local port. It is not meant for production.
+// an MCP server (built with the official MCP Go SDK) together with its own
+// OAuth 2 authorization server (built with github.com/go-oauth2/oauth2/v4),
+// so the gateway has something to front out of the box. It is what
+// caddyfile/demo.Caddyfile runs on a second local port. It is not meant for
+// production.
 //
 // The tracker knows three tools: whoami and read_ticket (read-only) and
 // delete_ticket (destructive; the demo registry does not allowlist it). It
-// accepts personal bearer tokens of the form "demo-tracker-<name>", and
-// reports <name> as the user.
+// accepts only access tokens its provider issued. The provider, at
+// /oauth/authorize and /oauth/token, has no login page: it approves every
+// authorization at once for the user the login_hint parameter names (or
+// "demo-user"), issues short-lived access tokens (45s by default) and
+// rotates the refresh token on every refresh. whoami reports the user and
+// how many refreshes the grant has been through.
+//
+// Grants live in memory: a restart or a config reload forgets them, and
+// users connect again.
 package demo
 
 import (
@@ -18,7 +27,6 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
-	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -34,9 +42,29 @@ func init() {
 	httpcaddyfile.RegisterDirectiveOrder("toolgate_demo", httpcaddyfile.Before, "respond")
 }
 
-// Handler serves the demo tracker's MCP endpoint.
+// Handler serves the demo tracker: its OAuth provider at /oauth/authorize
+// and /oauth/token, and its MCP endpoint at every other path.
 type Handler struct {
-	mcp http.Handler
+	// ClientID is the one OAuth client the provider knows. Default
+	// "toolgate-demo".
+	ClientID string `json:"client_id,omitempty"`
+
+	// ClientSecret is that client's secret. Default
+	// "demo-only-tracker-secret"; "-" makes it a public client (no
+	// secret).
+	ClientSecret string `json:"client_secret,omitempty"`
+
+	// RedirectURI is the client's one redirect URI; authorization requests
+	// must use exactly it. Default
+	// http://127.0.0.1:8080/v1/connections/tracker/callback (the demo
+	// gateway's callback for its tracker service).
+	RedirectURI string `json:"redirect_uri,omitempty"`
+
+	// AccessTokenLifetime is how long an access token works. Default 45s.
+	AccessTokenLifetime caddy.Duration `json:"access_token_lifetime,omitempty"`
+
+	mcp      http.Handler
+	provider *provider
 }
 
 // CaddyModule returns the Caddy module information.
@@ -47,39 +75,72 @@ func (Handler) CaddyModule() caddy.ModuleInfo {
 	}
 }
 
-// TokenPrefix starts every token the demo tracker accepts.
-const TokenPrefix = "demo-tracker-"
+// Defaults of the demo provider.
+const (
+	DefaultClientID            = "toolgate-demo"
+	DefaultClientSecret        = "demo-only-tracker-secret"
+	DefaultRedirectURI         = "http://127.0.0.1:8080/v1/connections/tracker/callback"
+	DefaultAccessTokenLifetime = 45 * time.Second
+)
 
-// Provision builds the tracker.
+// Provision builds the tracker and its provider.
 func (h *Handler) Provision(caddy.Context) error {
-	server := NewServer()
+	if h.ClientID == "" {
+		h.ClientID = DefaultClientID
+	}
+	switch h.ClientSecret {
+	case "":
+		h.ClientSecret = DefaultClientSecret
+	case "-":
+		h.ClientSecret = ""
+	}
+	if h.RedirectURI == "" {
+		h.RedirectURI = DefaultRedirectURI
+	}
+	if h.AccessTokenLifetime <= 0 {
+		h.AccessTokenLifetime = caddy.Duration(DefaultAccessTokenLifetime)
+	}
+	p, err := newProvider(h)
+	if err != nil {
+		return fmt.Errorf("toolgate_demo: building the OAuth provider: %v", err)
+	}
+	h.provider = p
+	server := NewServer(func(ctx context.Context, hdr http.Header) (string, int) {
+		g, _ := h.grantOf(ctx, hdr)
+		return g.User, g.Refreshes
+	})
 	h.mcp = mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return server },
 		&mcp.StreamableHTTPOptions{SessionTimeout: 30 * time.Minute})
 	return nil
 }
 
-// ServeHTTP checks the bearer token and serves MCP.
+// ServeHTTP serves the provider's endpoints, or checks the access token
+// and serves MCP.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, _ caddyhttp.Handler) error {
-	if userOf(r.Header) == "" {
+	switch r.URL.Path {
+	case "/oauth/authorize":
+		h.provider.authorize(w, r)
+		return nil
+	case "/oauth/token":
+		h.provider.token(w, r)
+		return nil
+	}
+	if _, ok := h.grantOf(r.Context(), r.Header); !ok {
 		w.Header().Set("WWW-Authenticate", `Bearer error="invalid_token"`)
-		http.Error(w, "the tracker wants a bearer token like "+TokenPrefix+"alice", http.StatusUnauthorized)
+		http.Error(w, "the tracker wants an access token from its provider (/oauth/authorize)", http.StatusUnauthorized)
 		return nil
 	}
 	h.mcp.ServeHTTP(w, r)
 	return nil
 }
 
-// userOf returns the user a request's demo token names, or "".
-func userOf(h http.Header) string {
-	token, ok := strings.CutPrefix(h.Get("Authorization"), "Bearer ")
-	if !ok {
-		return ""
+// grantOf validates the request's bearer token.
+func (h *Handler) grantOf(ctx context.Context, hdr http.Header) (grant, bool) {
+	token, ok := strings.CutPrefix(hdr.Get("Authorization"), "Bearer ")
+	if !ok || token == "" {
+		return grant{}, false
 	}
-	user, ok := strings.CutPrefix(token, TokenPrefix)
-	if !ok {
-		return ""
-	}
-	return user
+	return h.provider.lookup(ctx, token)
 }
 
 type ticketArgs struct {
@@ -96,10 +157,16 @@ type Ticket struct {
 
 type whoamiResult struct {
 	User string `json:"user"`
+	// RefreshCount is how many times the caller's grant was refreshed.
+	RefreshCount int `json:"refresh_count"`
 }
 
+// Identify tells which user a request's credential belongs to, and how many
+// times its grant was refreshed.
+type Identify func(ctx context.Context, h http.Header) (user string, refreshes int)
+
 // NewServer returns the tracker's MCP server with a fresh set of tickets.
-func NewServer() *mcp.Server {
+func NewServer(identify Identify) *mcp.Server {
 	tickets := &ticketStore{tickets: map[string]Ticket{
 		"TEST-123": {ID: "TEST-123", Title: "Login page returns 500", Status: "open",
 			Body: "Since the last deploy, POST /login answers 500 for users with SSO enabled."},
@@ -111,8 +178,9 @@ func NewServer() *mcp.Server {
 		Name:        "whoami",
 		Description: "Tell which tracker user the credential belongs to.",
 		Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true, OpenWorldHint: new(false)},
-	}, func(_ context.Context, req *mcp.CallToolRequest, _ struct{}) (*mcp.CallToolResult, whoamiResult, error) {
-		return nil, whoamiResult{User: userOf(req.Extra.Header)}, nil
+	}, func(ctx context.Context, req *mcp.CallToolRequest, _ struct{}) (*mcp.CallToolResult, whoamiResult, error) {
+		user, refreshes := identify(ctx, req.Extra.Header)
+		return nil, whoamiResult{User: user, RefreshCount: refreshes}, nil
 	})
 	mcp.AddTool(s, &mcp.Tool{
 		Name:        "read_ticket",
@@ -158,20 +226,8 @@ func (s *ticketStore) delete(id string) bool {
 	return ok
 }
 
-// UnmarshalCaddyfile reads:
-//
-//	toolgate_demo
-func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
-	d.Next()
-	if d.NextArg() || d.NextBlock(d.Nesting()) {
-		return d.Errf("toolgate_demo takes no options")
-	}
-	return nil
-}
-
 // Interface guards
 var (
 	_ caddy.Provisioner           = (*Handler)(nil)
 	_ caddyhttp.MiddlewareHandler = (*Handler)(nil)
-	_ caddyfile.Unmarshaler       = (*Handler)(nil)
 )

@@ -103,6 +103,7 @@ type App struct {
 	stop         chan struct{}
 	stopOnce     *sync.Once
 	releasePools []func()
+	startHooks   []func()
 }
 
 // CaddyModule returns the Caddy module information.
@@ -207,6 +208,14 @@ func (a *App) Provision(ctx caddy.Context) error {
 		a.connections = newConnectionStore(a.storage, a.cipher, time.Duration(a.CacheTTL))
 	}
 	a.httpClient = newUpstreamClient()
+	for _, s := range a.Services {
+		if s.Auth.Kind == AuthOAuth && s.Auth.OAuth != nil {
+			a.buildOAuthConfig(s)
+		}
+	}
+	if err := registerOAuthMetrics(ctx.GetMetricsRegistry()); err != nil {
+		return fmt.Errorf("registering metrics: %v", err)
+	}
 
 	// State that outlives this config.
 	v, _, err := mcpSessionPool.LoadOrNew(mcpSessionPoolKey, func() (caddy.Destructor, error) {
@@ -277,12 +286,20 @@ func (a *App) Start() error {
 		a.logger.Warn("ANONYMOUS CALLERS ENABLED: requests from loopback addresses without a bearer token act as this user and may use every service without a session; never use this on a shared gateway",
 			zap.String("user", a.Auth.Anonymous))
 	}
+	for _, hook := range a.startHooks {
+		hook()
+	}
 	go a.housekeeping()
 	return nil
 }
 
-// housekeeping expires idle MCP sessions and sweeps expired sessions from
-// storage until the app stops.
+// OnStart registers fn to run when the app starts, after every module is
+// provisioned: the place for a guest part's network I/O and background
+// work, which Provision must not start (`caddy validate` runs Provision).
+func (a *App) OnStart(fn func()) { a.startHooks = append(a.startHooks, fn) }
+
+// housekeeping expires idle MCP sessions and sweeps expired sessions and
+// unfinished OAuth sign-ins from storage until the app stops.
 func (a *App) housekeeping() {
 	mcpTick := time.NewTicker(time.Minute)
 	sweepTick := time.NewTicker(15 * time.Minute)
@@ -302,6 +319,12 @@ func (a *App) housekeeping() {
 				a.logger.Warn("sweeping expired sessions", zap.Error(err))
 			} else if n > 0 {
 				a.logger.Debug("removed expired sessions", zap.Int("count", n))
+			}
+			n, err = a.sweepPending(context.Background())
+			if err != nil {
+				a.logger.Warn("sweeping expired oauth sign-ins", zap.Error(err))
+			} else if n > 0 {
+				a.logger.Debug("removed expired oauth sign-ins", zap.Int("count", n))
 			}
 		}
 	}
@@ -408,17 +431,39 @@ func (a *App) ResourceMetadataURL(r *http.Request) string {
 }
 
 // NeedsSignIn is the error data telling a runner where its user connects
-// svc: the OAuth authorize endpoint, or for bearer services the endpoint a
-// personal token is PUT to.
+// svc, for the caller of the call r carries. See [App.NeedsSignInFor].
 func (a *App) NeedsSignIn(r *http.Request, svc *Service) map[string]any {
+	user := ""
+	if c := CallFrom(r); c != nil && c.Caller != nil {
+		user = c.Caller.User
+	}
+	return a.NeedsSignInFor(r, svc, user)
+}
+
+// NeedsSignInFor is the error data telling a runner where user connects
+// svc. For an oauth service, connect_url is a freshly started sign-in
+// (the same URL POST /v1/connections/{service}/authorize returns), to open
+// in a browser; if none can be started (storage or cipher unavailable), it
+// is that endpoint, with connect_method POST. For a bearer service it is
+// the endpoint a personal token is PUT to.
+func (a *App) NeedsSignInFor(r *http.Request, svc *Service, user string) map[string]any {
 	base := a.BaseURL(r) + "/v1/connections/" + url.PathEscape(svc.ID)
 	data := map[string]any{"needs_sign_in": true, "service": svc.ID}
-	if svc.Auth.Kind == AuthOAuth {
-		data["connect_url"] = base + "/authorize"
-	} else {
+	if svc.Auth.Kind != AuthOAuth {
 		data["connect_url"] = base
 		data["connect_method"] = "PUT"
+		return data
 	}
+	if user != "" {
+		u, err := a.AuthorizeURL(r.Context(), svc, user)
+		if err == nil {
+			data["connect_url"] = u
+			return data
+		}
+		a.logger.Warn("cannot start an oauth sign-in for a connect_url", zap.String("service", svc.ID), zap.Error(err))
+	}
+	data["connect_url"] = base + "/authorize"
+	data["connect_method"] = "POST"
 	return data
 }
 

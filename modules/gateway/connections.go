@@ -134,11 +134,52 @@ func (s *ConnectionStore) Save(ctx context.Context, service, user string, conn *
 func (s *ConnectionStore) Delete(ctx context.Context, service, user string) error {
 	key := ConnectionKey(service, user)
 	s.remember(key, nil)
-	err := s.storage.Delete(ctx, key)
-	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+	for _, k := range []string{key, rejectedKey(service, user)} {
+		err := s.storage.Delete(ctx, k)
+		if err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("%w: deleting from storage: %v", ErrStorageUnavailable, err)
+		}
+	}
+	return nil
+}
+
+// Connect stores a newly made connection, replacing any earlier one and
+// clearing the mark a rejected grant left.
+func (s *ConnectionStore) Connect(ctx context.Context, service, user string, conn *Connection) error {
+	if err := s.Save(ctx, service, user, conn); err != nil {
+		return err
+	}
+	if err := s.storage.Delete(ctx, rejectedKey(service, user)); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("%w: deleting from storage: %v", ErrStorageUnavailable, err)
 	}
 	return nil
+}
+
+// Reject deletes a grant the provider refused, leaving a mark without any
+// secret (the time) so the catalog can tell the user it expired.
+func (s *ConnectionStore) Reject(ctx context.Context, service, user string) error {
+	key := ConnectionKey(service, user)
+	s.remember(key, nil)
+	if err := s.storage.Delete(ctx, key); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("%w: deleting from storage: %v", ErrStorageUnavailable, err)
+	}
+	mark, _ := json.Marshal(map[string]time.Time{"rejected_at": now().UTC()})
+	if err := s.storage.Store(ctx, rejectedKey(service, user), mark); err != nil {
+		return fmt.Errorf("%w: writing storage: %v", ErrStorageUnavailable, err)
+	}
+	return nil
+}
+
+// WasRejected reports whether user's last grant for service was deleted
+// because the provider refused it, and no connection was made since.
+func (s *ConnectionStore) WasRejected(ctx context.Context, service, user string) bool {
+	return s.storage.Exists(ctx, rejectedKey(service, user))
+}
+
+const rejectedPrefix = "toolgate/connections-rejected"
+
+func rejectedKey(service, user string) string {
+	return path.Join(rejectedPrefix, service, hashKey(user))
 }
 
 // Storage is the storage connections live in (its locks serialize refreshes

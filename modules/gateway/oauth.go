@@ -590,8 +590,8 @@ func (a *App) unlock(name string) {
 // CredentialFor returns what toolgate attaches to svc's upstream requests
 // for user: nil for auth none, the configured header, the user's personal
 // token, or the user's OAuth access token (refreshed when near expiry).
-// See [App.OAuthConnection] for the errors; [NeedsSignIn] tells which mean
-// the user must connect.
+// See [App.OAuthConnection] for the errors; [IsSignInError] tells which
+// mean the user must connect.
 func (a *App) CredentialFor(ctx context.Context, svc *Service, user string) (*Credential, error) {
 	switch svc.Auth.Kind {
 	case AuthNone:
@@ -617,8 +617,8 @@ func (a *App) CredentialFor(ctx context.Context, svc *Service, user string) (*Cr
 	return nil, fmt.Errorf("service %s: unknown auth kind %q", svc.ID, svc.Auth.Kind)
 }
 
-// NeedsSignIn reports whether err (from CredentialFor) means the user must
-// connect the service (again), as opposed to a failure worth retrying.
-func NeedsSignIn(err error) bool {
+// IsSignInError reports whether err (from CredentialFor) means the user
+// must connect the service (again), as opposed to a failure worth retrying.
+func IsSignInError(err error) bool {
 	return errors.Is(err, ErrNotConnected) || errors.Is(err, ErrGrantExpired) || errors.Is(err, ErrGrantRejected)
 }

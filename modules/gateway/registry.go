@@ -104,7 +104,9 @@ type OAuthClient struct {
 	// the provider can preselect (or, in the demo, pick) the account.
 	LoginHint bool `json:"login_hint,omitempty"`
 
-	config *oauth2.Config // built by App.Provision: it needs public_url
+	// Built by App.Provision (the redirect URI needs public_url).
+	config        *oauth2.Config // authorization and code exchange
+	refreshConfig *oauth2.Config // refresh: the same client, no redirect URI
 }
 
 // DefaultRefreshSkew is how long before expiry an OAuth access token is

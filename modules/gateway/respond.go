@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"bytes"
 	"encoding/json"
 	"net/http"
 	"strconv"
@@ -35,15 +36,28 @@ const (
 
 // WriteJSON writes v as a JSON response.
 func WriteJSON(w http.ResponseWriter, status int, v any) {
-	data, err := json.Marshal(v)
+	data, err := marshal(v)
 	if err != nil {
 		http.Error(w, "internal error", http.StatusInternalServerError)
 		return
 	}
 	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("Content-Length", strconv.Itoa(len(data)+1))
+	w.Header().Set("Content-Length", strconv.Itoa(len(data)))
 	w.WriteHeader(status)
-	_, _ = w.Write(append(data, '\n'))
+	_, _ = w.Write(data)
+}
+
+// marshal encodes v as JSON followed by a newline, without escaping &, <
+// and > (the answers are never HTML, and URLs such as connect_url stay
+// readable and copyable).
+func marshal(v any) ([]byte, error) {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(v); err != nil {
+		return nil, err
+	}
+	return buf.Bytes(), nil
 }
 
 // APIError is the body of every HTTP API error.
@@ -72,10 +86,10 @@ func RPCError(id []byte, code int, message string, data any) []byte {
 	b = append(b, `,"message":`...)
 	b = mcpmsg.AppendQuote(b, message)
 	if data != nil {
-		d, err := json.Marshal(data)
+		d, err := marshal(data)
 		if err == nil {
 			b = append(b, `,"data":`...)
-			b = append(b, d...)
+			b = append(b, bytes.TrimSuffix(d, []byte("\n"))...)
 		}
 	}
 	return append(b, "}}"...)

@@ -38,6 +38,7 @@ type Handler struct {
 	app        *gateway.App
 	client     *http.Client
 	maxMessage int64
+	limits     mcpmsg.Limits
 	logger     *zap.Logger
 }
 
@@ -59,6 +60,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	h.app = app.(*gateway.App)
 	h.client = h.app.HTTPClient()
 	h.maxMessage = h.app.MaxResponseBytes
+	h.limits = mcpmsg.Limits{MaxDepth: h.app.MaxJSONDepth}
 	return nil
 }
 
@@ -184,6 +186,13 @@ func (h *Handler) finish(ctx context.Context, call *gateway.Call, data []byte) [
 		return data // an error response: nothing to inspect
 	}
 	result := data[res.Index : res.Index+len(res.Raw)]
+	// What the hooks inspect must be what the runner reads: a result with
+	// duplicate keys could read one way here and another way there.
+	if err := mcpmsg.Validate(result, h.limits); err != nil {
+		h.logger.Warn("withholding an upstream result that has no single reading", zap.String("service", call.Service.ID), zap.Error(err))
+		return gateway.RPCError(call.Message.ID, gateway.CodeInternalError,
+			"the upstream's result is ambiguous JSON ("+err.Error()+"); toolgate withheld it", nil)
+	}
 	out, changed, err := call.RunResultHooks(ctx, result)
 	if err != nil {
 		h.logger.Error("result hook failed; withholding the result", zap.String("service", call.Service.ID), zap.Error(err))

@@ -23,10 +23,11 @@ func init() {
 // UnmarshalCaddyfile reads either policy directive:
 //
 //	toolgate_policy [<source>] {
-//		source          <file or directory>
+//		source          <file, directory or bundle URL>
 //		query           <rule reference>
 //		timeout         <duration>
 //		reload_interval <duration>|off
+//		log_payloads
 //	}
 //
 // toolgate_result_policy takes the same form. The source is given once,
@@ -49,6 +50,13 @@ func (c *Config) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			return d.Errf("%s: %s given twice", directive, opt)
 		}
 		seen[opt] = true
+		if opt == "log_payloads" {
+			if d.NextArg() {
+				return d.ArgErr()
+			}
+			c.LogPayloads = true
+			continue
+		}
 		if !d.NextArg() {
 			return d.ArgErr()
 		}

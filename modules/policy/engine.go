@@ -2,19 +2,16 @@ package policy
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
-	"slices"
+	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/open-policy-agent/opa/v1/ast"
-	"github.com/open-policy-agent/opa/v1/loader"
 	"github.com/open-policy-agent/opa/v1/rego"
 	"github.com/open-policy-agent/opa/v1/storage/inmem"
 	"go.uber.org/zap"
@@ -23,44 +20,55 @@ import (
 )
 
 // engine is a compiled policy and the watcher that recompiles it when its
-// files change. Engines are shared across config reloads through a
+// source changes. Engines are shared across config reloads through a
 // caddy.UsagePool keyed by their configuration, so an unchanged policy is
 // not recompiled by a reload.
 type engine struct {
-	source   string // a .rego file or a directory
+	source   source
 	query    string
 	interval time.Duration
 	logger   *zap.Logger
 	metrics  *metrics
 	stage    string
 
-	current     atomic.Pointer[compiled]
-	fingerprint string
-	stop        chan struct{}
+	current   atomic.Pointer[compiled]
+	startOnce sync.Once
+	stop      chan struct{}
 }
 
 // compiled is one successfully prepared version of the policy.
 type compiled struct {
 	query    rego.PreparedEvalQuery
-	revision string // first 12 hex digits of the SHA-256 of the policy files
+	mask     *rego.PreparedEvalQuery // data.toolgate.log.mask, when the policy defines it
+	revision string
 }
 
-func newEngine(source, query, stage string, interval time.Duration, logger *zap.Logger, m *metrics) (*engine, error) {
-	e := &engine{source: source, query: query, stage: stage, interval: interval, logger: logger, metrics: m, stop: make(chan struct{})}
-	files, fp, err := e.files()
-	if err != nil {
-		return nil, err
-	}
-	c, err := e.compile(files)
-	if err != nil {
-		return nil, err
-	}
-	e.current.Store(c)
-	e.fingerprint = fp
-	if interval > 0 {
-		go e.watch()
+// maskQuery names the audit-log masking rule: a set of JSON pointers into
+// the logged payload.
+const maskQuery = "data.toolgate.log.mask"
+
+// newEngine prepares a policy. A local source is compiled now, so `caddy
+// validate` reports a broken policy; a remote bundle is first fetched when
+// the engine starts.
+func newEngine(src source, query, stage string, interval time.Duration, logger *zap.Logger, m *metrics) (*engine, error) {
+	e := &engine{source: src, query: query, stage: stage, interval: interval, logger: logger, metrics: m, stop: make(chan struct{})}
+	if !src.remote() {
+		if err := e.reload(context.Background()); err != nil {
+			return nil, err
+		}
 	}
 	return e, nil
+}
+
+// start begins watching the source (and fetches a remote bundle). It runs
+// from the toolgate app's Start, never from Provision; calling it again
+// (after a config reload) does nothing.
+func (e *engine) start() {
+	e.startOnce.Do(func() {
+		if e.interval > 0 || e.source.remote() {
+			go e.watch()
+		}
+	})
 }
 
 // Destruct stops the watcher (caddy.Destructor).
@@ -69,13 +77,24 @@ func (e *engine) Destruct() error {
 	return nil
 }
 
-// Revision identifies the policy version in use.
-func (e *engine) Revision() string { return e.current.Load().revision }
+// Revision identifies the policy version in use ("" before the first load).
+func (e *engine) Revision() string {
+	if c := e.current.Load(); c != nil {
+		return c.revision
+	}
+	return ""
+}
 
-// watch polls the policy files and recompiles when they change. A policy
-// that fails to compile is logged with its file and line, counted in the
+// watch polls the source and recompiles when it changes. A version that
+// fails to load or compile is logged with its file and line, counted in the
 // load-failure metric, and the last good version stays in force.
 func (e *engine) watch() {
+	if e.source.remote() {
+		e.reloadAndReport()
+	}
+	if e.interval <= 0 {
+		return
+	}
 	t := time.NewTicker(e.interval)
 	defer t.Stop()
 	for {
@@ -83,87 +102,42 @@ func (e *engine) watch() {
 		case <-e.stop:
 			return
 		case <-t.C:
+			e.reloadAndReport()
 		}
-		files, fp, err := e.files()
-		if err == nil && fp == e.fingerprint {
-			continue
-		}
-		if err == nil {
-			var c *compiled
-			if c, err = e.compile(files); err == nil {
-				old := e.current.Swap(c)
-				e.fingerprint = fp
-				e.logger.Info("policy reloaded", zap.String("stage", e.stage), zap.String("source", e.source),
-					zap.String("old_revision", old.revision), zap.String("revision", c.revision))
-				continue
-			}
-		}
-		e.fingerprint = fp // report a broken version once, not every poll
+	}
+}
+
+func (e *engine) reloadAndReport() {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := e.reload(ctx); err != nil {
 		e.metrics.loadFailures.WithLabelValues(e.stage).Inc()
-		e.logger.Error("policy reload failed; keeping the last good policy", zap.String("stage", e.stage),
-			zap.String("source", e.source), zap.String("revision", e.Revision()), zap.Error(err))
+		e.logger.Error("policy load failed; keeping the last good policy", zap.String("stage", e.stage),
+			zap.Stringer("source", e.source), zap.String("revision", e.Revision()), zap.Error(err))
 	}
 }
 
-// files lists the policy's files: a directory's top-level .rego files
-// (not _test.rego) and data.json/data.yaml, or one .rego file and the data
-// files beside it. The fingerprint changes when any of them does.
-func (e *engine) files() (paths []string, fingerprint string, err error) {
-	info, err := os.Stat(e.source)
+// reload loads the source and swaps in the new version if it changed.
+func (e *engine) reload(ctx context.Context) error {
+	v, err := e.source.load(ctx)
+	if err != nil || v == nil {
+		return err
+	}
+	c, err := e.compile(v)
 	if err != nil {
-		return nil, "", fmt.Errorf("policy %s: %w", e.source, err)
+		return err
 	}
-	dir := e.source
-	if !info.IsDir() {
-		dir = filepath.Dir(e.source)
-		paths = append(paths, e.source)
+	old := e.current.Swap(c)
+	if old != nil {
+		e.logger.Info("policy reloaded", zap.String("stage", e.stage), zap.Stringer("source", e.source),
+			zap.String("old_revision", old.revision), zap.String("revision", c.revision))
 	}
-	entries, err := os.ReadDir(dir)
-	if err != nil {
-		return nil, "", fmt.Errorf("policy %s: %w", e.source, err)
-	}
-	for _, ent := range entries {
-		name := ent.Name()
-		if ent.IsDir() {
-			continue
-		}
-		isData := name == "data.json" || name == "data.yaml" || name == "data.yml"
-		isPolicy := info.IsDir() && strings.HasSuffix(name, ".rego") && !strings.HasSuffix(name, "_test.rego")
-		if isData || isPolicy {
-			paths = append(paths, filepath.Join(dir, name))
-		}
-	}
-	slices.Sort(paths)
-	h := sha256.New()
-	for _, p := range paths {
-		st, err := os.Stat(p)
-		if err != nil {
-			return nil, "", err
-		}
-		fmt.Fprintf(h, "%s\x00%d\x00%d\x00", p, st.Size(), st.ModTime().UnixNano())
-	}
-	return paths, hex.EncodeToString(h.Sum(nil)), nil
+	return nil
 }
 
-func (e *engine) compile(paths []string) (*compiled, error) {
-	if len(paths) == 0 {
-		return nil, fmt.Errorf("policy %s: no .rego files", e.source)
-	}
-	result, err := loader.NewFileLoader().WithRegoVersion(ast.RegoV1).All(paths)
-	if err != nil {
-		return nil, err
-	}
-	h := sha256.New()
-	for _, p := range paths {
-		data, err := os.ReadFile(p)
-		if err != nil {
-			return nil, err
-		}
-		fmt.Fprintf(h, "%s\x00%d\x00", filepath.Base(p), len(data))
-		h.Write(data)
-	}
+func (e *engine) compile(v *version) (*compiled, error) {
 	compiler := ast.NewCompiler()
-	compiler.Compile(result.ParsedModules())
+	compiler.Compile(v.modules)
 	if compiler.Failed() {
 		return nil, compiler.Errors
 	}
@@ -172,19 +146,24 @@ func (e *engine) compile(paths []string) (*compiled, error) {
 		return nil, fmt.Errorf("query %q: %v", e.query, err)
 	}
 	if len(compiler.GetRulesExact(ref)) == 0 {
-		return nil, fmt.Errorf("policy %s defines no rule %s", e.source, e.query)
+		return nil, fmt.Errorf("policy %s (revision %s) defines no rule %s", e.source, v.revision, e.query)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	pq, err := rego.New(
-		rego.Query(e.query),
-		rego.Compiler(compiler),
-		rego.Store(inmem.NewFromObject(result.Documents)),
-	).PrepareForEval(ctx)
+	store := inmem.NewFromObject(v.data)
+	pq, err := rego.New(rego.Query(e.query), rego.Compiler(compiler), rego.Store(store)).PrepareForEval(ctx)
 	if err != nil {
 		return nil, err
 	}
-	return &compiled{query: pq, revision: hex.EncodeToString(h.Sum(nil))[:12]}, nil
+	c := &compiled{query: pq, revision: v.revision}
+	if len(compiler.GetRulesExact(ast.MustParseRef(maskQuery))) > 0 {
+		mq, err := rego.New(rego.Query(maskQuery), rego.Compiler(compiler), rego.Store(store)).PrepareForEval(ctx)
+		if err != nil {
+			return nil, err
+		}
+		c.mask = &mq
+	}
+	return c, nil
 }
 
 // Why a decision is a deny without the policy saying so.
@@ -194,6 +173,7 @@ const (
 	failMalformed = "malformed"
 	failError     = "error"
 	failTimeout   = "timeout"
+	failNotLoaded = "not_loaded"
 )
 
 // outcome is a policy decision as the gateway applies it.
@@ -213,6 +193,9 @@ type outcome struct {
 // well-formed decision is a deny, with Failure saying why.
 func (e *engine) decide(ctx context.Context, input ast.Value, timeout time.Duration, replaceKey string) outcome {
 	c := e.current.Load()
+	if c == nil {
+		return outcome{}.deny(failNotLoaded, "the policy has not been loaded yet")
+	}
 	start := time.Now()
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	rs, err := c.query.Eval(ctx, rego.EvalParsedInput(input))
@@ -267,4 +250,60 @@ func (o outcome) deny(failure, reason string) outcome {
 	o.Action, o.Reason, o.Failure = gateway.ActionDeny, reason, failure
 	o.Arguments, o.Result = nil, nil
 	return o
+}
+
+// maskedPayload returns the payload of an audit entry (the arguments or
+// the result, as JSON text) with the values the policy's mask rule names
+// replaced by "[masked]". If the mask cannot be evaluated, nothing of the
+// payload is logged.
+func (e *engine) maskedPayload(ctx context.Context, input ast.Value, stage string, payload []byte) any {
+	var v any
+	if len(payload) == 0 || json.Unmarshal(payload, &v) != nil {
+		return nil
+	}
+	c := e.current.Load()
+	if c == nil || c.mask == nil {
+		return v
+	}
+	ctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+	defer cancel()
+	rs, err := c.mask.Eval(ctx, rego.EvalParsedInput(input))
+	if err != nil {
+		return "[not logged: the mask rule failed]"
+	}
+	prefix := "/" + payloadField(stage)
+	for _, r := range rs {
+		for _, expr := range r.Expressions {
+			set, _ := expr.Value.([]any)
+			for _, p := range set {
+				ptr, _ := p.(string)
+				if rest, ok := strings.CutPrefix(ptr, prefix); ok {
+					if rest == "" {
+						return "[masked]"
+					}
+					v = maskPointer(v, strings.Split(strings.TrimPrefix(rest, "/"), "/"))
+				}
+			}
+		}
+	}
+	return v
+}
+
+// maskPointer replaces the value at the JSON pointer path in v.
+func maskPointer(v any, path []string) any {
+	if len(path) == 0 {
+		return "[masked]"
+	}
+	key := strings.ReplaceAll(strings.ReplaceAll(path[0], "~1", "/"), "~0", "~")
+	switch x := v.(type) {
+	case map[string]any:
+		if child, ok := x[key]; ok {
+			x[key] = maskPointer(child, path[1:])
+		}
+	case []any:
+		if i, err := strconv.Atoi(key); err == nil && i >= 0 && i < len(x) {
+			x[i] = maskPointer(x[i], path[1:])
+		}
+	}
+	return v
 }

@@ -14,13 +14,16 @@
 package policy
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/open-policy-agent/opa/v1/ast"
 	"go.uber.org/zap"
 
 	"github.com/toolgate/toolgate/modules/gateway"
@@ -29,8 +32,10 @@ import (
 // Config is what both policy steps are configured with.
 type Config struct {
 	// Source is the policy: a .rego file (data.json or data.yaml in the
-	// same directory is loaded with it) or a directory whose top-level
-	// .rego files (not *_test.rego) and data files are loaded.
+	// same directory is loaded with it), a directory whose top-level .rego
+	// files (not *_test.rego) and data files are loaded, or the http(s) URL
+	// of an OPA bundle (.tar.gz), polled with If-None-Match. Until a bundle
+	// is first fetched every decision denies.
 	Source string `json:"source"`
 
 	// Query is the rule that holds the decision. Default
@@ -42,11 +47,21 @@ type Config struct {
 	// Default 100ms.
 	Timeout caddy.Duration `json:"timeout,omitempty"`
 
-	// ReloadInterval is how often the policy files are checked for changes.
-	// A change takes effect without a restart or config reload; a broken
-	// change is logged and the last good policy stays. Default 2s; a
-	// negative value turns watching off.
+	// ReloadInterval is how often the source is checked for changes. A
+	// change takes effect without a restart or config reload; a broken
+	// change is logged (with its file and line) and counted in
+	// toolgate_policy_load_failures_total, and the last good policy stays.
+	// Default 2s for files, 30s for bundles; a negative value turns
+	// watching off.
 	ReloadInterval caddy.Duration `json:"reload_interval,omitempty"`
+
+	// LogPayloads adds the arguments (request stage) or the result (result
+	// stage) to each audit entry. Off by default: payloads may hold
+	// personal data and secrets. When on, the policy may define
+	// data.toolgate.log.mask, a set of JSON pointers such as
+	// "/arguments/password" or "/result/structuredContent/token", evaluated
+	// with the same input; those values are logged as "[masked]".
+	LogPayloads bool `json:"log_payloads,omitempty"`
 
 	stage   string
 	engine  *engine
@@ -58,6 +73,7 @@ type Config struct {
 const (
 	defaultTimeout        = 100 * time.Millisecond
 	defaultReloadInterval = 2 * time.Second
+	defaultBundleInterval = 30 * time.Second
 )
 
 // enginePool shares compiled policies across config reloads.
@@ -76,28 +92,42 @@ func (c *Config) provision(ctx caddy.Context, stage, defaultQuery string) error 
 	if c.Timeout == 0 {
 		c.Timeout = caddy.Duration(defaultTimeout)
 	}
-	if c.ReloadInterval == 0 {
-		c.ReloadInterval = caddy.Duration(defaultReloadInterval)
-	}
 	if err := policyMetrics.register(ctx.GetMetricsRegistry()); err != nil {
 		return err
 	}
-	source, err := filepath.Abs(c.Source)
-	if err != nil {
-		return err
+	location := c.Source
+	remote := strings.HasPrefix(location, "http://") || strings.HasPrefix(location, "https://")
+	if !remote {
+		abs, err := filepath.Abs(location)
+		if err != nil {
+			return err
+		}
+		location = abs
 	}
 	interval := time.Duration(c.ReloadInterval)
-	if interval < 0 {
+	switch {
+	case interval < 0:
 		interval = 0
+	case interval == 0 && remote:
+		interval = defaultBundleInterval
+	case interval == 0:
+		interval = defaultReloadInterval
 	}
-	c.poolKey = fmt.Sprintf("%s\x00%s\x00%s\x00%d", stage, source, c.Query, interval)
+	c.poolKey = fmt.Sprintf("%s\x00%s\x00%s\x00%d", stage, location, c.Query, interval)
 	v, _, err := enginePool.LoadOrNew(c.poolKey, func() (caddy.Destructor, error) {
-		return newEngine(source, c.Query, stage, interval, c.logger, policyMetrics)
+		return newEngine(newSource(location), c.Query, stage, interval, c.logger, policyMetrics)
 	})
 	if err != nil {
 		return fmt.Errorf("%s: %w", stage, err)
 	}
 	c.engine = v.(*engine)
+	// Watching (and fetching a bundle) starts with the toolgate app, so
+	// that `caddy validate` does no network I/O and starts nothing.
+	app, err := ctx.App("toolgate")
+	if err != nil {
+		return err
+	}
+	app.(*gateway.App).OnStart(c.engine.start)
 	return nil
 }
 
@@ -118,7 +148,7 @@ func (c *Config) cleanup() error {
 
 // newDecision turns an outcome into the call's decision, counts it and
 // writes the audit entry.
-func (c *Config) newDecision(call *gateway.Call, o outcome, stage string, subject []byte) *gateway.Decision {
+func (c *Config) newDecision(ctx context.Context, call *gateway.Call, o outcome, stage string, subject []byte, input ast.Value) *gateway.Decision {
 	d := &gateway.Decision{ID: gateway.NewID(), Action: o.Action, Reason: o.Reason}
 	policyMetrics.decisions.WithLabelValues(stage, call.Service.ID, o.Action).Inc()
 	policyMetrics.duration.WithLabelValues(stage).Observe(o.Duration.Seconds())
@@ -141,6 +171,9 @@ func (c *Config) newDecision(call *gateway.Call, o outcome, stage string, subjec
 		if o.Failure != "" {
 			fields = append(fields, zap.String("failure", o.Failure))
 		}
+		if c.LogPayloads && stage != stageListing {
+			fields = append(fields, zap.Any(payloadField(stage), c.engine.maskedPayload(ctx, input, stage, subject)))
+		}
 		ce.Write(fields...)
 	}
 	return d
@@ -151,6 +184,13 @@ func (c *Config) newDecision(call *gateway.Call, o outcome, stage string, subjec
 func sessionRef(id string) string {
 	sum := sha256.Sum256([]byte(id))
 	return hex.EncodeToString(sum[:8])
+}
+
+func payloadField(stage string) string {
+	if stage == stageResult {
+		return "result"
+	}
+	return "arguments"
 }
 
 func subjectField(stage string) string {

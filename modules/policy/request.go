@@ -62,8 +62,9 @@ func (h *RequestHandler) ServeHTTP(w http.ResponseWriter, r *http.Request, next 
 		}
 		tool = toolTerm(call.Tool, call.Message.Name)
 	}
-	o := h.engine.decide(r.Context(), requestInput(call, tool, false), time.Duration(h.Timeout), "arguments")
-	d := h.newDecision(call, o, stageRequest, call.Message.Arguments)
+	input := requestInput(call, tool, false)
+	o := h.engine.decide(r.Context(), input, time.Duration(h.Timeout), "arguments")
+	d := h.newDecision(r.Context(), call, o, stageRequest, call.Message.Arguments, input)
 	call.Decision = d
 	switch o.Action {
 	case gateway.ActionAllow:
@@ -100,11 +101,12 @@ func (h *RequestHandler) ServeHTTP(w http.ResponseWriter, r *http.Request, next 
 func (h *RequestHandler) hideTools(ctx context.Context, call *gateway.Call, result []byte) ([]byte, error) {
 	timeout := time.Duration(h.Timeout)
 	return gateway.FilterTools(result, func(tool gjson.Result) bool {
-		o := h.engine.decide(ctx, requestInput(call, ast.NewTerm(jsonValue(tool)), true), timeout, "arguments")
+		input := requestInput(call, ast.NewTerm(jsonValue(tool)), true)
+		o := h.engine.decide(ctx, input, timeout, "arguments")
 		if o.Action != gateway.ActionDeny {
 			return true
 		}
-		h.newDecision(call, o, stageListing, []byte(tool.Get("name").Raw))
+		h.newDecision(ctx, call, o, stageListing, []byte(tool.Get("name").Raw), input)
 		return false
 	}), nil
 }

@@ -68,7 +68,7 @@ func (h *ResultHandler) check(ctx context.Context, call *gateway.Call, result []
 	input := requestInput(call, toolTerm(call.Tool, call.Message.Name), false)
 	input.Insert(keyResult, ast.NewTerm(jsonValue(gjson.ParseBytes(result))))
 	o := h.engine.decide(ctx, input, time.Duration(h.Timeout), "result")
-	d := h.newDecision(call, o, stageResult, result)
+	d := h.newDecision(ctx, call, o, stageResult, result, input)
 	switch o.Action {
 	case gateway.ActionAllow:
 		if o.Result == nil {

@@ -18,3 +18,8 @@ decision := {"action": "allow", "arguments": object.union(input.arguments, {"pro
 	input.method == "tools/call"
 	input.tool.name == "pinned_echo"
 }
+
+decision := {"action": "deny", "reason": "test://secret is off limits"} if {
+	input.method == "resources/read"
+	input.params.uri == "test://secret"
+}

@@ -1,0 +1,147 @@
+package integration
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+)
+
+// copyPolicies copies a policy directory's top-level files to a temporary
+// directory the test may edit.
+func copyPolicies(t *testing.T, from string) string {
+	t.Helper()
+	dir := t.TempDir()
+	entries, err := os.ReadDir(from)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		if e.IsDir() {
+			continue
+		}
+		data, err := os.ReadFile(filepath.Join(from, e.Name()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, e.Name()), data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
+}
+
+func toolError(t *testing.T, cs *mcp.ClientSession, name string, args map[string]any) (string, bool) {
+	t.Helper()
+	res, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: name, Arguments: args})
+	if err != nil {
+		return err.Error(), true
+	}
+	return callText(t, res), res.IsError
+}
+
+// The shipped default policies, end to end through the gateway.
+func TestDefaultPolicies(t *testing.T) {
+	dir := copyPolicies(t, filepath.Join("..", "policies"))
+	// Pin pinned_echo's project through the settings, as an operator would.
+	var data map[string]any
+	raw, _ := os.ReadFile(filepath.Join(dir, "data.json"))
+	if err := json.Unmarshal(raw, &data); err != nil {
+		t.Fatal(err)
+	}
+	settings := data["toolgate"].(map[string]any)["settings"].(map[string]any)
+	settings["services"] = map[string]any{"svc": map[string]any{
+		"pin_arguments": map[string]any{"pinned_echo": map[string]any{"project": "sandbox"}},
+	}}
+	raw, _ = json.Marshal(data)
+	if err := os.WriteFile(filepath.Join(dir, "data.json"), raw, 0o644); err != nil {
+		t.Fatal(err)
+	}
+
+	up := startUpstream(t)
+	g := startGateway(t, gatewayConfig{Upstream: up.URL, RequestPolicy: dir})
+	aliceCS := g.connect(t, aliceKey, g.createSession(t, aliceKey, "svc"), "svc", nil)
+	carolCS := g.connect(t, carolKey, g.createSession(t, carolKey, "svc"), "svc", nil)
+
+	// Read-only: allowed.
+	if text, isErr := toolError(t, aliceCS, "echo", map[string]any{"text": "x"}); isErr || text != `{"text":"x"}` {
+		t.Errorf("echo: %q", text)
+	}
+	// Unmarked: approval required.
+	if text, _ := toolError(t, aliceCS, "gated_tool", map[string]any{}); !strings.Contains(text, "approval required") {
+		t.Errorf("gated_tool: %q, want approval required", text)
+	}
+	// Destructive: denied for alice, with a reason; gated for an admin.
+	if text, isErr := toolError(t, aliceCS, "drop_table", map[string]any{}); !isErr || !strings.Contains(text, "destructive") {
+		t.Errorf("drop_table as alice: %q, want a deny naming destructiveHint", text)
+	}
+	if text, _ := toolError(t, carolCS, "drop_table", map[string]any{}); !strings.Contains(text, "approval required") {
+		t.Errorf("drop_table as an admin: %q, want approval required", text)
+	}
+	// A tool alice can never call is not listed for her; an admin sees it.
+	names := func(cs *mcp.ClientSession) []string {
+		list, err := cs.ListTools(context.Background(), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var n []string
+		for _, tool := range list.Tools {
+			n = append(n, tool.Name)
+		}
+		return n
+	}
+	if slices.Contains(names(aliceCS), "drop_table") || !slices.Contains(names(carolCS), "drop_table") {
+		t.Errorf("drop_table visible to alice %v / carol %v", names(aliceCS), names(carolCS))
+	}
+	// Argument rewrite from the settings.
+	if text, _ := toolError(t, aliceCS, "pinned_echo", map[string]any{"text": "y", "project": "prod"}); text != `{"text":"y","project":"sandbox"}` {
+		t.Errorf("pinned_echo: upstream got %q, want project pinned to sandbox", text)
+	}
+	// Result redaction of a secret shape.
+	if text, _ := toolError(t, aliceCS, "leak", map[string]any{}); strings.Contains(text, "AKIAIOSFODNN7EXAMPLE") || !strings.Contains(text, "REDACTED") {
+		t.Errorf("leak: %q, want the access key redacted", text)
+	}
+}
+
+// Editing the policy under a running gateway changes decisions without a
+// restart; a broken edit keeps the last good policy.
+func TestPolicyEditTakesEffectWithoutRestart(t *testing.T) {
+	dir := copyPolicies(t, testdataPath(t, "policy"))
+	up := startUpstream(t)
+	g := startGateway(t, gatewayConfig{Upstream: up.URL,
+		RequestPolicy: dir, PolicyOptions: "reload_interval 50ms", ResultPolicy: dir})
+	cs := g.connect(t, aliceKey, g.createSession(t, aliceKey, "svc"), "svc", nil)
+	if text, isErr := toolError(t, cs, "forbidden_tool", map[string]any{}); !isErr || !strings.Contains(text, "forbidden in tests") {
+		t.Fatalf("before the edit: %q", text)
+	}
+	rego := filepath.Join(dir, "request.rego")
+	orig, _ := os.ReadFile(rego)
+	edited := strings.Replace(string(orig), `input.tool.name == "forbidden_tool"`, `input.tool.name == "no_such_tool"`, 1)
+	if err := os.WriteFile(rego, []byte(edited), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		text, isErr := toolError(t, cs, "forbidden_tool", map[string]any{"text": "now"})
+		if !isErr && text == `{"text":"now"}` {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the edited policy never took effect: %q", text)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err := os.WriteFile(rego, []byte(edited+"\ndecision := {\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond) // several reload intervals
+	if text, isErr := toolError(t, cs, "forbidden_tool", map[string]any{"text": "still"}); isErr || text != `{"text":"still"}` {
+		t.Fatalf("after a broken edit: %q, want the last good policy's decision", text)
+	}
+}

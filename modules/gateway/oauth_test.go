@@ -1,0 +1,361 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	oauth2srv "github.com/go-oauth2/oauth2/v4"
+	"github.com/go-oauth2/oauth2/v4/manage"
+	"github.com/go-oauth2/oauth2/v4/models"
+	"github.com/go-oauth2/oauth2/v4/server"
+	"github.com/go-oauth2/oauth2/v4/store"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"go.uber.org/zap"
+	"golang.org/x/oauth2"
+)
+
+const testSecret = "a-state-secret-of-at-least-32-bytes!"
+
+// oauthApp is an App with one oauth service "svc" whose provider is at
+// providerURL, on file storage with the test cipher.
+func oauthApp(t *testing.T, providerURL string) (*App, *Service) {
+	t.Helper()
+	storage, _ := fileStorage(t)
+	svc := &Service{ID: "svc", URL: "https://up.example.com/mcp", Tools: []string{"t"}, Auth: &UpstreamAuth{Kind: AuthOAuth, OAuth: &OAuthClient{
+		AuthorizationURL: providerURL + "/authorize", TokenURL: providerURL + "/token",
+		ClientID: "client", ClientSecret: "secret", Scopes: []string{"read"},
+	}}}
+	if err := svc.provision(caddy.NewReplacer()); err != nil {
+		t.Fatal(err)
+	}
+	a := &App{PublicURL: "https://gw.example.com", StateSecret: testSecret, Services: []*Service{svc},
+		storage: storage, cipher: testCipher(t), httpClient: newUpstreamClient(), logger: zap.NewNop()}
+	a.connections = newConnectionStore(storage, a.cipher, time.Minute)
+	a.buildOAuthConfig(svc)
+	return a, svc
+}
+
+func TestStateIsSignedAndBound(t *testing.T) {
+	clock := setClock(t, time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC))
+	a := &App{StateSecret: testSecret}
+	st := oauthState{User: "alice", Service: "svc", Expiry: clock.Add(authorizationTTL).Unix(), Nonce: "n1"}
+	state := a.signState(st)
+	if got, err := a.verifyState(state, "svc"); err != nil || got != st {
+		t.Fatalf("verifyState = %+v, %v", got, err)
+	}
+	other := &App{StateSecret: strings.ToUpper(testSecret)}
+	payload, sig, _ := strings.Cut(state, ".")
+	forged := other.signState(oauthState{User: "mallory", Service: "svc", Expiry: st.Expiry, Nonce: "n1"})
+	fp, _, _ := strings.Cut(forged, ".")
+	for name, s := range map[string]string{
+		"another service":         "",
+		"signed with another key": forged,
+		"payload swapped":         fp + "." + sig,
+		"signature truncated":     payload + "." + sig[:len(sig)-2],
+		"no signature":            payload,
+		"not base64":              "!!." + sig,
+		"empty":                   "",
+	} {
+		service := "svc"
+		if name == "another service" {
+			s, service = state, "other"
+		}
+		if _, err := a.verifyState(s, service); !errors.Is(err, ErrInvalidState) {
+			t.Errorf("%s: err = %v, want ErrInvalidState", name, err)
+		}
+	}
+	*clock = clock.Add(authorizationTTL)
+	if _, err := a.verifyState(state, "svc"); !errors.Is(err, ErrInvalidState) {
+		t.Errorf("expired state: err = %v", err)
+	}
+}
+
+func TestAuthorizeURLAndSingleUsePending(t *testing.T) {
+	ctx := context.Background()
+	clock := setClock(t, time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC))
+	a, svc := oauthApp(t, "https://auth.example.com")
+	svc.Auth.OAuth.LoginHint = true
+	raw, err := a.AuthorizeURL(ctx, svc, "alice@example.com")
+	if err != nil {
+		t.Fatal(err)
+	}
+	u, _ := url.Parse(raw)
+	q := u.Query()
+	if u.Host != "auth.example.com" || q.Get("code_challenge_method") != "S256" || q.Get("resource") != svc.URL ||
+		q.Get("redirect_uri") != "https://gw.example.com/v1/connections/svc/callback" || q.Get("login_hint") != "alice@example.com" ||
+		q.Get("client_id") != "client" || q.Has("client_secret") || q.Get("scope") != "read" {
+		t.Fatalf("authorize URL = %s", raw)
+	}
+	st, err := a.verifyState(q.Get("state"), "svc")
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// Two callbacks racing with one state: exactly one gets the verifier.
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var got []*pendingSecret
+	var errs []error
+	for range 2 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ps, err := a.takePending(ctx, st)
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				errs = append(errs, err)
+			} else {
+				got = append(got, ps)
+			}
+		}()
+	}
+	wg.Wait()
+	if len(got) != 1 || len(errs) != 1 || !errors.Is(errs[0], ErrInvalidState) {
+		t.Fatalf("two takes of one pending sign-in: %d succeeded, errors %v", len(got), errs)
+	}
+	if got[0].User != "alice@example.com" || got[0].Service != "svc" ||
+		oauth2.S256ChallengeFromVerifier(got[0].Verifier) != q.Get("code_challenge") {
+		t.Fatalf("pending = %+v, does not match the challenge", got[0])
+	}
+
+	// Unfinished sign-ins are swept once expired.
+	if _, err := a.AuthorizeURL(ctx, svc, "bob@example.com"); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := a.sweepPending(ctx); n != 0 || err != nil {
+		t.Fatalf("sweep before expiry removed %d (%v)", n, err)
+	}
+	*clock = clock.Add(authorizationTTL + time.Second)
+	if n, err := a.sweepPending(ctx); n != 1 || err != nil {
+		t.Fatalf("sweep after expiry removed %d (%v), want 1", n, err)
+	}
+}
+
+func TestClassifyTokenError(t *testing.T) {
+	retrieve := func(status int, code string) error {
+		return &oauth2.RetrieveError{Response: &http.Response{StatusCode: status}, ErrorCode: code, Body: []byte("secret-body")}
+	}
+	for _, c := range []struct {
+		name   string
+		err    error
+		kind   error
+		status int
+	}{
+		{"invalid_grant 400", retrieve(400, "invalid_grant"), ErrGrantRejected, 400},
+		{"invalid_grant 401", retrieve(401, "invalid_grant"), ErrGrantRejected, 401},
+		{"invalid_client", retrieve(401, "invalid_client"), ErrGrantRejected, 401},
+		{"unauthorized_client", retrieve(400, "unauthorized_client"), ErrGrantRejected, 400},
+		{"invalid_request is not a verdict on the grant", retrieve(400, "invalid_request"), ErrProviderUnavailable, 400},
+		{"429", retrieve(429, ""), ErrProviderUnavailable, 429},
+		{"500", retrieve(500, "server_error"), ErrProviderUnavailable, 500},
+		{"503 claiming invalid_grant", retrieve(503, "invalid_grant"), ErrProviderUnavailable, 503},
+		{"timeout", context.DeadlineExceeded, ErrProviderUnavailable, 0},
+		{"network", &net.OpError{Op: "dial", Err: errors.New("connection refused")}, ErrProviderUnavailable, 0},
+		{"garbage", errors.New("oauth2: server response missing access_token"), ErrProviderUnavailable, 0},
+	} {
+		pe := classifyTokenError(c.err)
+		if !errors.Is(pe, c.kind) || pe.Status != c.status {
+			t.Errorf("%s: %v (status %d), want %v", c.name, pe, pe.Status, c.kind)
+		}
+		if strings.Contains(pe.Error(), "secret-body") {
+			t.Errorf("%s: the error shows the provider's body: %v", c.name, pe)
+		}
+	}
+	if got := safeErrorCode("<script>"); got != "other" {
+		t.Errorf("safeErrorCode = %q", got)
+	}
+}
+
+func TestRefreshSkewNeverExceedsHalfTheLifetime(t *testing.T) {
+	clock := setClock(t, time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC))
+	short := &Connection{ConnectedAt: *clock, Expiry: clock.Add(time.Second)}
+	long := &Connection{ConnectedAt: *clock, RefreshedAt: clock.Add(-time.Hour), Expiry: clock.Add(time.Hour)}
+	if got := short.refreshSkew(time.Minute); got != 500*time.Millisecond {
+		t.Errorf("1s token, 60s skew: %v", got)
+	}
+	if got := long.refreshSkew(time.Minute); got != time.Minute {
+		t.Errorf("2h token, 60s skew: %v", got)
+	}
+	if short.NeedsRefresh(time.Minute) {
+		t.Error("a fresh 1s token needs no refresh yet")
+	}
+	*clock = clock.Add(600 * time.Millisecond)
+	if !short.NeedsRefresh(time.Minute) {
+		t.Error("a 1s token past half its life needs a refresh")
+	}
+	if (&Connection{ConnectedAt: *clock}).NeedsRefresh(time.Minute) {
+		t.Error("a token without expiry never needs a refresh")
+	}
+}
+
+func TestApplyTokenKeepsRefreshTokenAndScopes(t *testing.T) {
+	c := &Connection{RefreshToken: "old", Scopes: []string{"a"}}
+	c.applyToken((&oauth2.Token{AccessToken: "at", TokenType: "Bearer"}).WithExtra(map[string]any{}), []string{"req"})
+	if c.RefreshToken != "old" || c.AccessToken != "at" || strings.Join(c.Scopes, " ") != "a" || !c.Expiry.IsZero() {
+		t.Fatalf("without refresh token or scope: %+v", c)
+	}
+	c.applyToken((&oauth2.Token{AccessToken: "at2", RefreshToken: "new"}).WithExtra(map[string]any{"scope": "x y"}), nil)
+	if c.RefreshToken != "new" || strings.Join(c.Scopes, " ") != "x y" {
+		t.Fatalf("with rotation and scope: %+v", c)
+	}
+}
+
+// testProvider is a go-oauth2 token endpoint for the refresh tests, with
+// tokens issued directly through its manager.
+type testProvider struct {
+	srv     *httptest.Server
+	manager *manage.Manager
+	mu      sync.Mutex
+	calls   int
+}
+
+func startTestProvider(t *testing.T) *testProvider {
+	m := manage.NewDefaultManager()
+	m.SetPasswordTokenCfg(&manage.Config{AccessTokenExp: time.Hour, RefreshTokenExp: time.Hour, IsGenerateRefresh: true})
+	m.SetRefreshTokenCfg(&manage.RefreshingConfig{AccessTokenExp: time.Hour, IsGenerateRefresh: true, IsRemoveAccess: true, IsRemoveRefreshing: true})
+	m.MustTokenStorage(store.NewMemoryTokenStore())
+	clients := store.NewClientStore()
+	_ = clients.Set("client", &models.Client{ID: "client", Secret: "secret", Domain: "https://gw.example.com"})
+	m.MapClientStorage(clients)
+	s := server.NewDefaultServer(m)
+	s.SetClientInfoHandler(server.ClientFormHandler)
+	p := &testProvider{manager: m}
+	p.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		p.mu.Lock()
+		p.calls++
+		p.mu.Unlock()
+		_ = s.HandleTokenRequest(w, r)
+	}))
+	t.Cleanup(p.srv.Close)
+	return p
+}
+
+// grant issues a token pair for user, already expired for toolgate.
+func (p *testProvider) grant(t *testing.T, user string) *Connection {
+	ti, err := p.manager.GenerateAccessToken(context.Background(), oauth2srv.PasswordCredentials,
+		&oauth2srv.TokenGenerateRequest{ClientID: "client", ClientSecret: "secret", UserID: user})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &Connection{Kind: AuthOAuth, AccessToken: ti.GetAccess(), RefreshToken: ti.GetRefresh(),
+		ConnectedAt: now().Add(-time.Hour), Expiry: now().Add(-time.Second)}
+}
+
+func TestRefreshOutcomes(t *testing.T) {
+	ctx := context.Background()
+	p := startTestProvider(t)
+	a, svc := oauthApp(t, p.srv.URL)
+	refreshed := func(outcome string) float64 {
+		return testutil.ToFloat64(oauthMetrics.refreshes.WithLabelValues("svc", outcome))
+	}
+	base := map[string]float64{}
+	for _, o := range []string{"refreshed", "rejected", "failed"} {
+		base[o] = refreshed(o)
+	}
+
+	// Concurrent callers share one refresh; the rotated token is stored.
+	conn := p.grant(t, "alice")
+	if err := a.connections.Save(ctx, "svc", "alice", conn); err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	for range 20 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if c, err := a.OAuthConnection(ctx, svc, "alice"); err != nil || c.RefreshCount != 1 {
+				t.Errorf("OAuthConnection = %v, %v", c, err)
+			}
+		}()
+	}
+	wg.Wait()
+	if p.calls != 1 || refreshed("refreshed")-base["refreshed"] != 1 {
+		t.Fatalf("20 concurrent callers made %d token requests", p.calls)
+	}
+	stored, err := a.connections.LoadFresh(ctx, "svc", "alice")
+	if err != nil || stored.RefreshToken == conn.RefreshToken || stored.RefreshCount != 1 || stored.NeedsRefresh(time.Minute) {
+		t.Fatalf("stored after refresh: %v, %v", stored, err)
+	}
+
+	// The provider revoked the grant: deleted, marked, needs sign-in.
+	if err := p.manager.RemoveRefreshToken(ctx, stored.RefreshToken); err != nil {
+		t.Fatal(err)
+	}
+	stored.Expiry = now().Add(-time.Second)
+	if err := a.connections.Save(ctx, "svc", "alice", stored); err != nil {
+		t.Fatal(err)
+	}
+	_, err = a.OAuthConnection(ctx, svc, "alice")
+	if !errors.Is(err, ErrGrantRejected) || !IsSignInError(err) {
+		t.Fatalf("revoked grant: %v", err)
+	}
+	if _, err := a.connections.LoadFresh(ctx, "svc", "alice"); !errors.Is(err, ErrNotConnected) || !a.connections.WasRejected(ctx, "svc", "alice") {
+		t.Fatalf("after rejection: %v, rejected mark %v", err, a.connections.WasRejected(ctx, "svc", "alice"))
+	}
+	if refreshed("rejected")-base["rejected"] != 1 {
+		t.Error("the rejection was not counted")
+	}
+
+	// The provider is down: retryable, the grant kept as it was.
+	bob := p.grant(t, "bob")
+	if err := a.connections.Connect(ctx, "svc", "bob", bob); err != nil {
+		t.Fatal(err)
+	}
+	p.srv.Close()
+	_, err = a.OAuthConnection(ctx, svc, "bob")
+	if !errors.Is(err, ErrProviderUnavailable) || IsSignInError(err) {
+		t.Fatalf("provider down: %v", err)
+	}
+	kept, err := a.connections.LoadFresh(ctx, "svc", "bob")
+	if err != nil || kept.RefreshToken != bob.RefreshToken {
+		t.Fatalf("provider down: grant %v, %v; want it kept", kept, err)
+	}
+	if refreshed("failed")-base["failed"] != 1 {
+		t.Error("the failure was not counted")
+	}
+
+	// An expired token without a refresh token needs a sign-in.
+	if err := a.connections.Save(ctx, "svc", "carol", &Connection{Kind: AuthOAuth, AccessToken: "x", Expiry: now().Add(-time.Second)}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.OAuthConnection(ctx, svc, "carol"); !errors.Is(err, ErrGrantExpired) {
+		t.Fatalf("no refresh token: %v", err)
+	}
+}
+
+// unavailableCipher fails like a sealed Vault.
+type unavailableCipher struct{}
+
+func (unavailableCipher) Encrypt(context.Context, []byte, []byte) ([]byte, error) {
+	return nil, ErrCipherUnavailable
+}
+
+func (unavailableCipher) Decrypt(context.Context, []byte, []byte) ([]byte, error) {
+	return nil, ErrCipherUnavailable
+}
+
+func TestNeedsSignInFallsBackWhenNoSignInCanStart(t *testing.T) {
+	a, svc := oauthApp(t, "https://auth.example.com")
+	a.cipher = unavailableCipher{}
+	r := httptest.NewRequest(http.MethodPost, "https://gw.example.com/v1/mcp/svc", nil)
+	r = WithCall(r, &Call{Caller: &Caller{User: "alice"}})
+	data := a.NeedsSignIn(r, svc)
+	if data["connect_url"] != "https://gw.example.com/v1/connections/svc/authorize" || data["connect_method"] != "POST" {
+		t.Fatalf("NeedsSignIn with the cipher down = %v", data)
+	}
+	a.cipher = testCipher(t)
+	data = a.NeedsSignIn(r, svc)
+	if u, _ := data["connect_url"].(string); !strings.HasPrefix(u, "https://auth.example.com/authorize?") || data["connect_method"] != nil {
+		t.Fatalf("NeedsSignIn = %v, want a started sign-in", data)
+	}
+}

@@ -1,0 +1,250 @@
+package policy
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"go.uber.org/zap"
+
+	"github.com/toolgate/toolgate/internal/mcpmsg"
+	"github.com/toolgate/toolgate/modules/gateway"
+)
+
+// The benchmarks below measure the per-call path of both policy steps with
+// the shipped default policies (../../policies), the way the handlers run
+// it: the input is built from a gateway.Call and evaluated with a deadline.
+// Besides ns/op and allocs/op they report the median and 99th percentile of
+// the per-iteration latency (p50-ns, p99-ns), which is what the budget in
+// DESIGN.md is about:
+//
+//	go test -run '^$' -bench . ./modules/policy/
+//
+// A benchmark measures; it does not pass or fail on time.
+
+const defaultPolicies = "../../policies"
+
+// benchTimeout is the evaluation deadline of the benchmarks: generous, so
+// that a busy machine or a profiler does not turn a slow run into a deny.
+// The cost of the deadline itself does not depend on its length.
+const benchTimeout = time.Minute
+
+func benchEngine(b *testing.B, query, stage string) *engine {
+	b.Helper()
+	e, err := newEngine(newSource(defaultPolicies), query, stage, 0, zap.NewNop(), policyMetrics)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = e.Destruct() })
+	return e
+}
+
+// benchTool is a realistic upstream tool definition, as a tools/list answer
+// carries it.
+const benchTool = `{"name":"read_ticket","title":"Read ticket","description":"Returns a ticket with its comments.",` +
+	`"annotations":{"readOnlyHint":true,"openWorldHint":false},` +
+	`"inputSchema":{"type":"object","properties":{"ticket_id":{"type":"string","description":"The ticket key, e.g. TEST-123"},` +
+	`"include_comments":{"type":"boolean"}},"required":["ticket_id"]}}`
+
+const benchUnmarkedTool = `{"name":"update_ticket","title":"Update ticket","description":"Changes fields of a ticket.",` +
+	`"annotations":{"readOnlyHint":false},` +
+	`"inputSchema":{"type":"object","properties":{"ticket_id":{"type":"string"},"status":{"type":"string"}},"required":["ticket_id"]}}`
+
+// benchService, benchCaller and benchSession live as long as the config, the
+// authentication and the session do; a call points at them.
+var (
+	benchService = &gateway.Service{
+		ID:    "tracker",
+		Title: "Work tracker",
+		URL:   "https://tracker.example.com/mcp",
+		Tools: []string{"whoami", "read_ticket", "search_tickets", "create_ticket", "update_ticket"},
+		Auth:  &gateway.UpstreamAuth{Kind: gateway.AuthOAuth},
+	}
+	benchSession = &gateway.Session{
+		ID:       "7c1f0e52b9a34d6e8f20a1b2c3d4e5f6a7b8c9d0e1f2a3b4",
+		User:     "alice@example.com",
+		Services: []string{"tracker"},
+	}
+)
+
+// benchCall returns a tools/call of tool (a definition as JSON) with
+// arguments, as toolgate_session and toolgate_registry leave it. Every call
+// gets its own Caller, as the authenticator builds one per request.
+func benchCall(b *testing.B, toolJSON, arguments string) *gateway.Call {
+	b.Helper()
+	var def struct{ Name string }
+	if err := json.Unmarshal([]byte(toolJSON), &def); err != nil {
+		b.Fatal(err)
+	}
+	body := `{"jsonrpc":"2.0","id":42,"method":"tools/call","params":{"name":"` + def.Name + `","arguments":` + arguments +
+		`,"_meta":{"progressToken":"p-42"}}}`
+	msg, err := mcpmsg.Parse([]byte(body), mcpmsg.Limits{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	return &gateway.Call{
+		Started: time.Date(2026, 11, 30, 10, 0, 0, 0, time.UTC),
+		Caller: &gateway.Caller{
+			User:   "alice@example.com",
+			Groups: []string{"eng", "tracker-users"},
+			Claims: map[string]any{
+				"iss": "https://idp.example.com", "sub": "alice", "aud": "https://gateway.example.com",
+				"exp": json.Number("1796040000"), "iat": json.Number("1796036400"),
+				"email": "alice@example.com", "groups": []any{"eng", "tracker-users"},
+			},
+			Method: "jwt",
+		},
+		Session:         benchSession,
+		RemoteIP:        "10.1.2.3",
+		Service:         benchService,
+		Message:         msg,
+		Method:          msg.Method,
+		ProtocolVersion: "2025-11-25",
+		Tool:            &gateway.ToolDefinition{Name: def.Name, Raw: []byte(toolJSON)},
+	}
+}
+
+// latencies collects per-iteration durations and reports their median and
+// 99th percentile.
+type latencies struct {
+	mu sync.Mutex
+	d  []time.Duration
+}
+
+func (l *latencies) add(d []time.Duration) {
+	l.mu.Lock()
+	l.d = append(l.d, d...)
+	l.mu.Unlock()
+}
+
+func (l *latencies) report(b *testing.B) {
+	if len(l.d) == 0 {
+		return
+	}
+	slices.Sort(l.d)
+	at := func(p int) float64 { return float64(l.d[(len(l.d)-1)*p/100].Nanoseconds()) }
+	b.ReportMetric(at(50), "p50-ns")
+	b.ReportMetric(at(99), "p99-ns")
+}
+
+// measure runs step b.N times, timing each run. With parallel it runs on
+// every CPU at once (b.RunParallel), which is closer to a loaded gateway.
+func measure(b *testing.B, parallel bool, step func()) {
+	var lat latencies
+	b.ReportAllocs()
+	b.ResetTimer()
+	if parallel {
+		b.RunParallel(func(pb *testing.PB) {
+			d := make([]time.Duration, 0, 1024)
+			for pb.Next() {
+				t := time.Now()
+				step()
+				d = append(d, time.Since(t))
+			}
+			lat.add(d)
+		})
+	} else {
+		d := make([]time.Duration, 0, b.N)
+		for range b.N {
+			t := time.Now()
+			step()
+			d = append(d, time.Since(t))
+		}
+		lat.add(d)
+	}
+	b.StopTimer()
+	lat.report(b)
+}
+
+// BenchmarkRequestPolicy is the request step's per-call work: building the
+// input from the call (the tool definition term is memoised on the
+// definition, as in the gateway) and evaluating the default request policy.
+func BenchmarkRequestPolicy(b *testing.B) {
+	e := benchEngine(b, "data.toolgate.request.decision", stageRequest)
+	ctx := context.Background()
+	for _, c := range []struct {
+		name, tool, args, want string
+		parallel               bool
+	}{
+		{"read_only", benchTool, `{"ticket_id":"TEST-123","include_comments":true}`, gateway.ActionAllow, false},
+		{"unmarked", benchUnmarkedTool, `{"ticket_id":"TEST-123","status":"closed"}`, gateway.ActionAsk, false},
+		{"read_only_parallel", benchTool, `{"ticket_id":"TEST-123","include_comments":true}`, gateway.ActionAllow, true},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			call := benchCall(b, c.tool, c.args)
+			step := func() {
+				input := requestInput(call, toolTerm(call.Tool, call.Message.Name), false)
+				o := e.decide(ctx, input, benchTimeout, "arguments")
+				if o.Action != c.want {
+					panic(fmt.Sprintf("decision %+v, want %s", o, c.want))
+				}
+			}
+			step()
+			measure(b, c.parallel, step)
+		})
+	}
+}
+
+// BenchmarkResultPolicy is the result step's per-call work, through the
+// handler's own hook (input, evaluation, decision and audit entry, and the
+// encoding of a replaced result).
+func BenchmarkResultPolicy(b *testing.B) {
+	h := &ResultHandler{Config{
+		Timeout: caddy.Duration(benchTimeout),
+		engine:  benchEngine(b, "data.toolgate.result.decision", stageResult),
+		audit:   zap.NewNop(),
+		logger:  zap.NewNop(),
+	}}
+	ctx := context.Background()
+	for _, c := range []struct {
+		name, result string
+		changed      bool // the default policy replaces the result
+	}{
+		{"small", `{"content":[{"type":"text","text":"TEST-123: printer on fire, assigned to bob"}],` +
+			`"structuredContent":{"id":"TEST-123","status":"open","assignee":"bob","comments":3},"isError":false}`, false},
+		{"8KiB_text", textResult(strings.Repeat("TEST-123: printer on fire — assigned to bob\n", 8<<10/46)), false},
+		{"1MiB_text", textResult(strings.Repeat("lorem ipsum dolor sit amet, ", 1<<20/28)), true},
+		{"1MiB_structured", structuredResult(1 << 20), true},
+		{"1MiB_text_secret", textResult("token AKIAIOSFODNN7EXAMPLE\n" + strings.Repeat("lorem ipsum dolor sit amet, ", 1<<20/28)), true},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			call := benchCall(b, benchTool, `{"ticket_id":"TEST-123"}`)
+			result := []byte(c.result)
+			step := func() {
+				out, err := h.check(ctx, call, result)
+				if err != nil || (out != nil) != c.changed || (out != nil && strings.Contains(string(out), "withheld")) {
+					panic(fmt.Sprintf("check: %.300s, %v", out, err))
+				}
+			}
+			step()
+			b.SetBytes(int64(len(result)))
+			measure(b, false, step)
+		})
+	}
+}
+
+func textResult(text string) string {
+	return `{"content":[{"type":"text","text":` + string(mcpmsg.Quote(text)) + `}],"isError":false}`
+}
+
+// structuredResult is a result of about size bytes whose bulk is
+// structuredContent: a list of tickets, as a search tool might answer, one
+// of whose fields is long enough to be truncated.
+func structuredResult(size int) string {
+	var sb strings.Builder
+	sb.WriteString(`{"content":[{"type":"text","text":"found tickets"}],"structuredContent":{"tickets":[`)
+	for i := 0; sb.Len() < size-200; i++ {
+		if i > 0 {
+			sb.WriteByte(',')
+		}
+		fmt.Fprintf(&sb, `{"id":"TEST-%d","title":"printer on fire in room %d","status":"open","assignee":"bob","priority":%d,"labels":["hardware","urgent"]}`, i, i, i%5)
+	}
+	sb.WriteString(`],"log":` + string(mcpmsg.Quote(strings.Repeat("x", 70000))) + `},"isError":false}`)
+	return sb.String()
+}

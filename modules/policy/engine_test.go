@@ -1,0 +1,226 @@
+package policy
+
+import (
+	"bytes"
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/open-policy-agent/opa/v1/ast"
+	"github.com/open-policy-agent/opa/v1/bundle"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/toolgate/toolgate/modules/gateway"
+)
+
+const requestQuery = "data.toolgate.request.decision"
+
+func writePolicy(t *testing.T, dir, text string) {
+	t.Helper()
+	if err := os.WriteFile(filepath.Join(dir, "request.rego"), []byte(text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func testEngine(t *testing.T, dir string, interval time.Duration) (*engine, *observer.ObservedLogs) {
+	t.Helper()
+	core, logs := observer.New(zap.InfoLevel)
+	e, err := newEngine(newSource(dir), requestQuery, "test", interval, zap.New(core), policyMetrics)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = e.Destruct() })
+	return e, logs
+}
+
+var someInput = ast.MustParseTerm(`{"method": "tools/call", "arguments": {"n": 1}}`).Value
+
+func TestDecisionsThatAreNotWellFormedDeny(t *testing.T) {
+	for _, tc := range []struct {
+		name, rules string
+		timeout     time.Duration
+		failure     string
+	}{
+		{"undefined", `decision := {"action": "allow"} if input.never`, 0, failUndefined},
+		{"not an object", `decision := "allow"`, 0, failMalformed},
+		{"a set", `decision contains {"action": "allow"}`, 0, failMalformed},
+		{"unknown action", `decision := {"action": "permit"}`, 0, failMalformed},
+		{"no action", `decision := {"reason": "because"}`, 0, failMalformed},
+		{"misspelled field", `decision := {"action": "allow", "argument": {}}`, 0, failMalformed},
+		{"reason not a string", `decision := {"action": "allow", "reason": 1}`, 0, failMalformed},
+		{"arguments not an object", `decision := {"action": "allow", "arguments": [1]}`, 0, failMalformed},
+		{"conflict", "decision := {\"action\": \"allow\"} if input.method\ndecision := {\"action\": \"ask\"} if input.arguments", 0, failError},
+		{"too slow", `decision := {"action": "allow"} if count([x | some x in numbers.range(1, 50000000)]) > 0`, time.Millisecond, failTimeout},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			writePolicy(t, dir, "package toolgate.request\n\n"+tc.rules+"\n")
+			e, _ := testEngine(t, dir, 0)
+			timeout := tc.timeout
+			if timeout == 0 {
+				timeout = time.Second
+			}
+			o := e.decide(context.Background(), someInput, timeout, "arguments")
+			if o.Action != gateway.ActionDeny || o.Failure != tc.failure || o.Reason == "" || o.Arguments != nil {
+				t.Fatalf("outcome = %+v, want a deny with failure %q", o, tc.failure)
+			}
+		})
+	}
+}
+
+func TestWellFormedDecisions(t *testing.T) {
+	dir := t.TempDir()
+	writePolicy(t, dir, `package toolgate.request
+
+decision := {"action": "allow", "reason": "ok", "arguments": object.union(input.arguments, {"n": 2})}
+`)
+	e, _ := testEngine(t, dir, 0)
+	o := e.decide(context.Background(), someInput, time.Second, "arguments")
+	if o.Action != gateway.ActionAllow || o.Reason != "ok" || o.Failure != "" || o.Revision == "" {
+		t.Fatalf("outcome = %+v", o)
+	}
+	if n, _ := o.Arguments["n"]; n == nil || n.(interface{ String() string }).String() != "2" {
+		t.Fatalf("arguments = %v, want n rewritten to 2", o.Arguments)
+	}
+}
+
+func TestAPolicyWithoutTheRuleFailsToLoad(t *testing.T) {
+	dir := t.TempDir()
+	writePolicy(t, dir, "package toolgate.other\n\nx := 1\n")
+	_, err := newEngine(newSource(dir), requestQuery, "test", 0, zap.NewNop(), policyMetrics)
+	if err == nil || !strings.Contains(err.Error(), "defines no rule data.toolgate.request.decision") {
+		t.Fatalf("err = %v", err)
+	}
+}
+
+func TestEditsApplyAndBrokenEditsKeepTheLastGoodPolicy(t *testing.T) {
+	dir := t.TempDir()
+	writePolicy(t, dir, "package toolgate.request\n\ndecision := {\"action\": \"allow\"}\n")
+	e, logs := testEngine(t, dir, 10*time.Millisecond)
+	e.start()
+	ctx := context.Background()
+	if o := e.decide(ctx, someInput, time.Second, "arguments"); o.Action != gateway.ActionAllow {
+		t.Fatalf("first decision %+v", o)
+	}
+	first := e.Revision()
+
+	writePolicy(t, dir, "package toolgate.request\n\ndecision := {\"action\": \"deny\", \"reason\": \"edited\"}\n")
+	waitFor(t, func() bool { return e.decide(ctx, someInput, time.Second, "arguments").Reason == "edited" })
+	if e.Revision() == first {
+		t.Error("the revision did not change with the policy")
+	}
+
+	failures := testutil.ToFloat64(policyMetrics.loadFailures.WithLabelValues("test"))
+	writePolicy(t, dir, "package toolgate.request\n\ndecision := {\"action\": \"allow\"\n")
+	waitFor(t, func() bool { return testutil.ToFloat64(policyMetrics.loadFailures.WithLabelValues("test")) > failures })
+	if o := e.decide(ctx, someInput, time.Second, "arguments"); o.Reason != "edited" {
+		t.Fatalf("after a broken edit the decision is %+v, want the last good policy's", o)
+	}
+	found := false
+	for _, entry := range logs.FilterMessage("policy load failed; keeping the last good policy").All() {
+		if err, ok := entry.ContextMap()["error"].(string); ok && strings.Contains(err, "request.rego:4: rego_parse_error") {
+			found = true
+		}
+	}
+	if !found {
+		t.Errorf("no log entry names the broken file and line: %v", logs.All())
+	}
+}
+
+func TestBundleSource(t *testing.T) {
+	var version atomic.Value // of the bundle served: "v1", then "v2"
+	version.Store("v1")
+	var fetches, notModified atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fetches.Add(1)
+		v := version.Load().(string)
+		action := map[string]string{"v1": "allow", "v2": "deny"}[v]
+		body := bundleBytes(t, "package toolgate.request\n\ndecision := {\"action\": \""+action+"\", \"reason\": \""+v+"\"}\n", "rev-"+v)
+		etag := `"` + v + `"`
+		if r.Header.Get("If-None-Match") == etag {
+			notModified.Add(1)
+			w.WriteHeader(http.StatusNotModified)
+			return
+		}
+		w.Header().Set("ETag", etag)
+		_, _ = w.Write(body)
+	}))
+	defer srv.Close()
+
+	core, _ := observer.New(zap.InfoLevel)
+	e, err := newEngine(newSource(srv.URL+"/bundle.tar.gz"), requestQuery, "test", 10*time.Millisecond, zap.New(core), policyMetrics)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Destruct()
+	ctx := context.Background()
+	if o := e.decide(ctx, someInput, time.Second, "arguments"); o.Failure != failNotLoaded || fetches.Load() != 0 {
+		t.Fatalf("before start: %+v after %d fetches; want a not_loaded deny and no network I/O", o, fetches.Load())
+	}
+	e.start()
+	waitFor(t, func() bool { return e.decide(ctx, someInput, time.Second, "arguments").Reason == "v1" })
+	if e.Revision() != "rev-v1" {
+		t.Errorf("revision = %q, want the manifest's", e.Revision())
+	}
+	waitFor(t, func() bool { return notModified.Load() > 0 })
+	version.Store("v2")
+	waitFor(t, func() bool { return e.decide(ctx, someInput, time.Second, "arguments").Reason == "v2" })
+}
+
+func bundleBytes(t *testing.T, module, revision string) []byte {
+	t.Helper()
+	b := bundle.Bundle{
+		Manifest: bundle.Manifest{Revision: revision},
+		Modules:  []bundle.ModuleFile{{URL: "/policy.rego", Path: "/policy.rego", Raw: []byte(module)}},
+		Data:     map[string]any{},
+	}
+	var buf bytes.Buffer
+	if err := bundle.NewWriter(&buf).Write(b); err != nil {
+		t.Fatal(err)
+	}
+	return buf.Bytes()
+}
+
+func TestMaskedPayload(t *testing.T) {
+	dir := t.TempDir()
+	writePolicy(t, dir, `package toolgate.request
+
+decision := {"action": "allow"}
+`)
+	if err := os.WriteFile(filepath.Join(dir, "log.rego"), []byte(`package toolgate.log
+
+mask contains "/arguments/password"
+
+mask contains "/arguments/nested/token"
+`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	e, _ := testEngine(t, dir, 0)
+	got := e.maskedPayload(context.Background(), someInput, stageRequest,
+		[]byte(`{"user":"a","password":"hunter2","nested":{"token":"t","keep":1}}`))
+	m := got.(map[string]any)
+	if m["password"] != "[masked]" || m["user"] != "a" || m["nested"].(map[string]any)["token"] != "[masked]" ||
+		m["nested"].(map[string]any)["keep"].(float64) != 1 {
+		t.Fatalf("masked payload = %v", got)
+	}
+}
+
+// waitFor polls cond for up to 5 seconds.
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not met within 5s")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
