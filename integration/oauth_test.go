@@ -2,6 +2,7 @@ package integration
 
 import (
 	"bytes"
+	"context"
 	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
@@ -752,4 +753,30 @@ func randomString(n int) string {
 	b := make([]byte, n)
 	_, _ = rand.Read(b)
 	return hex.EncodeToString(b)
+}
+
+// An access token the provider revoked before its expiry (or one another
+// replica replaced by refreshing) is refused by the upstream; toolgate
+// refreshes the grant once and the call goes through.
+func TestOAuthRefusedTokenIsRefreshedOnce(t *testing.T) {
+	p := startOAuthProvider(t, providerConfig{AccessTTL: time.Hour})
+	up := startProtectedUpstream(t, p)
+	g := oauthGateway(t, p, up, gatewayConfig{})
+	g.connectOAuth(t, aliceKey)
+	m := g.raw(t, aliceKey, g.createSession(t, aliceKey, "svc"), "svc")
+	m.initialize()
+	m.mustEcho(t, "before")
+
+	calls := p.calls()
+	issued := calls[len(calls)-1].IssuedAccess
+	if err := p.manager.RemoveAccessToken(context.Background(), issued); err != nil {
+		t.Fatal(err)
+	}
+	m.mustEcho(t, "after")
+	if n := len(p.refreshes()); n != 1 {
+		t.Errorf("the provider saw %d refreshes, want 1", n)
+	}
+	if _, refused := up.seen(); refused != 1 {
+		t.Errorf("the upstream refused %d requests, want exactly the one with the revoked token", refused)
+	}
 }

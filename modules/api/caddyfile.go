@@ -4,6 +4,8 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+
+	"github.com/toolgate/toolgate/internal/caddyopt"
 )
 
 func init() {
@@ -25,14 +27,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 // authorize, callback and test routes) and
 // /.well-known/oauth-protected-resource, and passes anything else on.
 func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
-	d.Next() // directive name
-	if d.NextArg() {
-		return d.ArgErr()
-	}
-	if d.NextBlock(d.Nesting()) {
-		return d.Errf("toolgate_api takes no options")
-	}
-	return nil
+	return caddyopt.Bare(d, "it serves the routes README.md lists")
 }
 
 // Interface guards

@@ -4,6 +4,8 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+
+	"github.com/toolgate/toolgate/internal/caddyopt"
 )
 
 func init() {
@@ -21,14 +23,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //
 //	toolgate_credentials
 func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
-	d.Next() // directive name
-	if d.NextArg() {
-		return d.ArgErr()
-	}
-	if d.NextBlock(d.Nesting()) {
-		return d.Errf("toolgate_credentials takes no options; configure each service's auth in the toolgate global option")
-	}
-	return nil
+	return caddyopt.Bare(d, "configure each service's auth in the toolgate global option")
 }
 
 // Interface guards

@@ -1,10 +1,9 @@
 package demo
 
 import (
-	"time"
-
-	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+
+	"github.com/toolgate/toolgate/internal/caddyopt"
 )
 
 // UnmarshalCaddyfile reads:
@@ -23,38 +22,19 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	if d.NextArg() {
 		return d.ArgErr()
 	}
-	seen := map[string]bool{}
-	for nesting := d.Nesting(); d.NextBlock(nesting); {
-		opt := d.Val()
-		if seen[opt] {
-			return d.Errf("toolgate_demo: %s given twice", opt)
-		}
-		seen[opt] = true
-		if !d.NextArg() {
-			return d.ArgErr()
-		}
-		val := d.Val()
-		if d.NextArg() {
-			return d.ArgErr()
-		}
+	return caddyopt.Block(d, "toolgate_demo", func(opt string) error {
 		switch opt {
 		case "client_id":
-			h.ClientID = val
+			return caddyopt.String(d, &h.ClientID)
 		case "client_secret":
-			h.ClientSecret = val
+			return caddyopt.String(d, &h.ClientSecret)
 		case "redirect_uri":
-			h.RedirectURI = val
+			return caddyopt.String(d, &h.RedirectURI)
 		case "access_token_lifetime":
-			dur, err := caddy.ParseDuration(val)
-			if err != nil || dur <= 0 {
-				return d.Errf("toolgate_demo: access_token_lifetime: invalid duration %q", val)
-			}
-			h.AccessTokenLifetime = caddy.Duration(time.Duration(dur))
-		default:
-			return d.Errf("toolgate_demo: unknown option %q", opt)
+			return caddyopt.Duration(d, &h.AccessTokenLifetime)
 		}
-	}
-	return nil
+		return caddyopt.Unknown(d, "toolgate_demo")
+	})
 }
 
 // Interface guards

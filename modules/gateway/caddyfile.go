@@ -2,13 +2,13 @@ package gateway
 
 import (
 	"strconv"
-	"time"
 
-	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	"github.com/dustin/go-humanize"
+
+	"github.com/toolgate/toolgate/internal/caddyopt"
 )
 
 func init() {
@@ -93,17 +93,17 @@ func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		var err error
 		switch opt {
 		case "public_url":
-			err = oneArg(d, &a.PublicURL)
+			err = caddyopt.String(d, &a.PublicURL)
 		case "state_secret":
-			err = oneArg(d, &a.StateSecret)
+			err = caddyopt.String(d, &a.StateSecret)
 		case "session_header":
-			err = oneArg(d, &a.SessionHeader)
+			err = caddyopt.String(d, &a.SessionHeader)
 		case "session_ttl":
-			err = durationArg(d, &a.SessionTTL)
+			err = caddyopt.Duration(d, &a.SessionTTL)
 		case "mcp_session_idle_timeout":
-			err = durationArg(d, &a.MCPSessionIdleTimeout)
+			err = caddyopt.Duration(d, &a.MCPSessionIdleTimeout)
 		case "cache_ttl":
-			err = durationArg(d, &a.CacheTTL)
+			err = caddyopt.Duration(d, &a.CacheTTL)
 		case "allowed_origins":
 			a.AllowedOrigins = d.RemainingArgs()
 			if len(a.AllowedOrigins) == 0 {
@@ -115,7 +115,7 @@ func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			err = sizeArg(d, &a.MaxResponseBytes)
 		case "max_json_depth":
 			var s string
-			if err = oneArg(d, &s); err == nil {
+			if err = caddyopt.String(d, &s); err == nil {
 				if a.MaxJSONDepth, err = strconv.Atoi(s); err != nil || a.MaxJSONDepth < 1 {
 					err = d.Errf("max_json_depth: %q is not a positive integer", s)
 				}
@@ -165,14 +165,14 @@ func (a *AuthConfig) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			if seen[opt] {
 				return d.Errf("auth: %s given twice", opt)
 			}
-			if err := oneArg(d, &a.APIKeysFile); err != nil {
+			if err := caddyopt.String(d, &a.APIKeysFile); err != nil {
 				return err
 			}
 		case "anonymous":
 			if seen[opt] {
 				return d.Errf("auth: %s given twice", opt)
 			}
-			if err := oneArg(d, &a.Anonymous); err != nil {
+			if err := caddyopt.String(d, &a.Anonymous); err != nil {
 				return err
 			}
 		case "jwt":
@@ -203,24 +203,24 @@ func (j *JWTIssuer) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		var err error
 		switch opt {
 		case "issuer":
-			err = oneArg(d, &j.Issuer)
+			err = caddyopt.String(d, &j.Issuer)
 		case "audience":
 			if j.Audience = d.RemainingArgs(); len(j.Audience) == 0 {
 				err = d.ArgErr()
 			}
 		case "jwks_url":
-			err = oneArg(d, &j.JWKSURL)
+			err = caddyopt.String(d, &j.JWKSURL)
 		case "key_file":
 			var f string
-			if err = oneArg(d, &f); err == nil {
+			if err = caddyopt.String(d, &f); err == nil {
 				j.KeyFiles = append(j.KeyFiles, f)
 			}
 		case "user_claim":
-			err = oneArg(d, &j.UserClaim)
+			err = caddyopt.String(d, &j.UserClaim)
 		case "groups_claim":
-			err = oneArg(d, &j.GroupsClaim)
+			err = caddyopt.String(d, &j.GroupsClaim)
 		case "leeway":
-			err = durationArg(d, &j.Leeway)
+			err = caddyopt.Duration(d, &j.Leeway)
 		default:
 			return d.Errf("auth jwt: unknown option %q", opt)
 		}
@@ -249,9 +249,9 @@ func (s *Service) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		var err error
 		switch opt {
 		case "title":
-			err = oneArg(d, &s.Title)
+			err = caddyopt.String(d, &s.Title)
 		case "url":
-			err = oneArg(d, &s.URL)
+			err = caddyopt.String(d, &s.URL)
 		case "allow_http":
 			if d.NextArg() {
 				return d.ArgErr()
@@ -266,7 +266,7 @@ func (s *Service) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				err = d.ArgErr()
 			}
 		case "timeout":
-			err = durationArg(d, &s.Timeout)
+			err = caddyopt.Duration(d, &s.Timeout)
 		case "auth":
 			s.Auth = new(UpstreamAuth)
 			err = s.Auth.unmarshalCaddyfile(d, s.ID)
@@ -312,21 +312,21 @@ func (u *UpstreamAuth) unmarshalCaddyfile(d *caddyfile.Dispenser, service string
 			var err error
 			switch opt {
 			case "authorization_url":
-				err = oneArg(d, &o.AuthorizationURL)
+				err = caddyopt.String(d, &o.AuthorizationURL)
 			case "token_url":
-				err = oneArg(d, &o.TokenURL)
+				err = caddyopt.String(d, &o.TokenURL)
 			case "client_id":
-				err = oneArg(d, &o.ClientID)
+				err = caddyopt.String(d, &o.ClientID)
 			case "client_secret":
-				err = oneArg(d, &o.ClientSecret)
+				err = caddyopt.String(d, &o.ClientSecret)
 			case "scopes":
 				if o.Scopes = d.RemainingArgs(); len(o.Scopes) == 0 {
 					err = d.ArgErr()
 				}
 			case "resource":
-				err = oneArg(d, &o.Resource)
+				err = caddyopt.String(d, &o.Resource)
 			case "refresh_skew":
-				err = durationArg(d, &o.RefreshSkew)
+				err = caddyopt.Duration(d, &o.RefreshSkew)
 			case "login_hint":
 				if d.NextArg() {
 					return d.ArgErr()
@@ -345,37 +345,9 @@ func (u *UpstreamAuth) unmarshalCaddyfile(d *caddyfile.Dispenser, service string
 	return nil
 }
 
-func oneArg(d *caddyfile.Dispenser, dst *string) error {
-	if !d.NextArg() {
-		return d.ArgErr()
-	}
-	*dst = d.Val()
-	if d.NextArg() {
-		return d.ArgErr()
-	}
-	return nil
-}
-
-func durationArg(d *caddyfile.Dispenser, dst *caddy.Duration) error {
-	opt := d.Val()
-	var s string
-	if err := oneArg(d, &s); err != nil {
-		return err
-	}
-	dur, err := caddy.ParseDuration(s)
-	if err != nil {
-		return d.Errf("%s: invalid duration %q: %v", opt, s, err)
-	}
-	if dur <= 0 {
-		return d.Errf("%s: invalid duration %q: must be positive", opt, s)
-	}
-	*dst = caddy.Duration(time.Duration(dur))
-	return nil
-}
-
 func sizeArg(d *caddyfile.Dispenser, dst *int64) error {
 	var s string
-	if err := oneArg(d, &s); err != nil {
+	if err := caddyopt.String(d, &s); err != nil {
 		return err
 	}
 	n, err := humanize.ParseBytes(s)

@@ -381,30 +381,14 @@ func (a *App) takePending(ctx context.Context, st oauthState) (*pendingSecret, e
 	return &ps, nil
 }
 
-// sweepPending deletes pending authorizations that expired unused.
+// sweepPending deletes pending authorizations that expired unused (or
+// cannot be read).
 func (a *App) sweepPending(ctx context.Context) (int, error) {
-	keys, err := a.storage.List(ctx, pendingPrefix, false)
-	if errors.Is(err, fs.ErrNotExist) {
-		return 0, nil
-	}
-	if err != nil {
-		return 0, err
-	}
-	removed := 0
 	t := now()
-	for _, key := range keys {
-		data, err := a.storage.Load(ctx, key)
-		if err != nil {
-			continue
-		}
+	return sweepExpired(ctx, a.storage, pendingPrefix, func(data []byte) bool {
 		var rec pendingAuthorization
-		if json.Unmarshal(data, &rec) != nil || t.After(rec.ExpiresAt) {
-			if a.storage.Delete(ctx, key) == nil {
-				removed++
-			}
-		}
-	}
-	return removed, nil
+		return json.Unmarshal(data, &rec) != nil || t.After(rec.ExpiresAt)
+	})
 }
 
 // tokenContext is the context of a token request: never a request's
@@ -483,8 +467,16 @@ func (a *App) OAuthConnection(ctx context.Context, svc *Service, user string) (*
 	if conn.RefreshToken == "" {
 		return nil, ErrGrantExpired
 	}
+	return a.refreshShared(ctx, svc, user, "")
+}
+
+// refreshShared refreshes user's grant for svc once however many callers
+// ask at the same time. refused, when set, is an access token an upstream
+// refused: the grant is refreshed even though it is not near expiry,
+// unless the stored token is already another one.
+func (a *App) refreshShared(ctx context.Context, svc *Service, user, refused string) (*Connection, error) {
 	ch := refreshes.DoChan(ConnectionKey(svc.ID, user), func() (any, error) {
-		return a.refresh(svc, user)
+		return a.refresh(svc, user, refused)
 	})
 	select {
 	case res := <-ch:
@@ -507,7 +499,7 @@ func refreshLockName(service, user string) string {
 // re-reads the grant first: another replica may have refreshed it while
 // this one waited, and then no provider call is made. A rotated refresh
 // token is stored before the new access token is returned.
-func (a *App) refresh(svc *Service, user string) (*Connection, error) {
+func (a *App) refresh(svc *Service, user, refused string) (*Connection, error) {
 	o := svc.Auth.OAuth
 	ctx, cancel := context.WithTimeout(context.Background(), refreshTimeout)
 	defer cancel()
@@ -525,7 +517,7 @@ func (a *App) refresh(svc *Service, user string) (*Connection, error) {
 		}
 		return nil, err
 	}
-	if !cur.NeedsRefresh(time.Duration(o.RefreshSkew)) {
+	if !cur.NeedsRefresh(time.Duration(o.RefreshSkew)) && (refused == "" || cur.AccessToken != refused) {
 		countRefresh(svc.ID, "already_refreshed")
 		return cur, nil
 	}
@@ -615,6 +607,38 @@ func (a *App) CredentialFor(ctx context.Context, svc *Service, user string) (*Cr
 		return &Credential{Header: "Authorization", Value: "Bearer " + conn.AccessToken}, nil
 	}
 	return nil, fmt.Errorf("service %s: unknown auth kind %q", svc.ID, svc.Auth.Kind)
+}
+
+// CredentialRefused is called when the upstream answered 401 or 403 to a
+// request carrying refused, the credential CredentialFor gave for user. It
+// returns a credential worth one more try, or an error. The stored grant is
+// read again first: another replica may have refreshed it (and the
+// provider revoked the token this replica had cached). An OAuth grant whose
+// stored token is the refused one is refreshed now, whatever its expiry.
+// A personal bearer token or a service-wide header gets no second try.
+func (a *App) CredentialRefused(ctx context.Context, svc *Service, user string, refused *Credential) (*Credential, error) {
+	if refused == nil || (svc.Auth.Kind != AuthOAuth && svc.Auth.Kind != AuthBearer) {
+		return nil, errors.New("no other credential to try")
+	}
+	conn, err := a.connections.LoadFresh(ctx, svc.ID, user)
+	if err != nil {
+		return nil, err
+	}
+	fresh := &Credential{Header: "Authorization", Value: "Bearer " + conn.AccessToken}
+	if fresh.Value != refused.Value {
+		return fresh, nil
+	}
+	if svc.Auth.Kind != AuthOAuth || conn.RefreshToken == "" {
+		return nil, ErrGrantRejected
+	}
+	conn, err = a.refreshShared(ctx, svc, user, conn.AccessToken)
+	if err != nil {
+		return nil, err
+	}
+	if fresh = (&Credential{Header: "Authorization", Value: "Bearer " + conn.AccessToken}); fresh.Value == refused.Value {
+		return nil, ErrGrantRejected
+	}
+	return fresh, nil
 }
 
 // IsSignInError reports whether err (from CredentialFor) means the user

@@ -144,7 +144,17 @@ func (s *SessionStore) forget(id string) {
 
 // sweep deletes expired sessions from storage.
 func (s *SessionStore) sweep(ctx context.Context) (int, error) {
-	keys, err := s.storage.List(ctx, sessionPrefix, false)
+	t := now()
+	return sweepExpired(ctx, s.storage, sessionPrefix, func(data []byte) bool {
+		var sess Session
+		return json.Unmarshal(data, &sess) == nil && t.After(sess.ExpiresAt)
+	})
+}
+
+// sweepExpired deletes the records under prefix that expired says are
+// over, and returns how many it deleted.
+func sweepExpired(ctx context.Context, storage certmagic.Storage, prefix string, expired func(data []byte) bool) (int, error) {
+	keys, err := storage.List(ctx, prefix, false)
 	if errors.Is(err, fs.ErrNotExist) {
 		return 0, nil
 	}
@@ -152,17 +162,13 @@ func (s *SessionStore) sweep(ctx context.Context) (int, error) {
 		return 0, err
 	}
 	removed := 0
-	t := now()
 	for _, key := range keys {
-		data, err := s.storage.Load(ctx, key)
-		if err != nil {
+		data, err := storage.Load(ctx, key)
+		if err != nil || !expired(data) {
 			continue
 		}
-		var sess Session
-		if json.Unmarshal(data, &sess) == nil && t.After(sess.ExpiresAt) {
-			if s.storage.Delete(ctx, key) == nil {
-				removed++
-			}
+		if storage.Delete(ctx, key) == nil {
+			removed++
 		}
 	}
 	return removed, nil

@@ -4,6 +4,8 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+
+	"github.com/toolgate/toolgate/internal/caddyopt"
 )
 
 func init() {
@@ -21,14 +23,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //
 //	toolgate_proxy
 func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
-	d.Next() // directive name
-	if d.NextArg() {
-		return d.ArgErr()
-	}
-	if d.NextBlock(d.Nesting()) {
-		return d.Errf("toolgate_proxy takes no options; services are defined in the toolgate global option")
-	}
-	return nil
+	return caddyopt.Bare(d, "services are defined in the toolgate global option")
 }
 
 // Interface guards

@@ -47,10 +47,28 @@ func unavailable(format string, args ...any) *upstreamError {
 	return &upstreamError{kind: kindUnavailable, msg: fmt.Sprintf(format, args...)}
 }
 
-// exchange sends one HTTP request to the call's upstream. method is POST
+// exchange sends one HTTP request to the call's upstream, as attempt does,
+// and tries once more when the upstream refused the caller's OAuth or
+// personal credential and a fresh one exists (another replica refreshed the
+// grant, or the provider revoked the token early). A refused request was not
+// processed, so sending it again is safe.
+func (h *Handler) exchange(ctx context.Context, call *gateway.Call, up gateway.Upstream, method string, body []byte, lastEventID string) (*http.Response, error) {
+	resp, err := h.attempt(ctx, call, up, method, body, lastEventID)
+	if !isKind(err, kindUnauthorized) || call.Credential == nil {
+		return resp, err
+	}
+	fresh, ferr := h.app.CredentialRefused(ctx, call.Service, call.Caller.User, call.Credential)
+	if ferr != nil {
+		return resp, err
+	}
+	call.Credential = fresh
+	return h.attempt(ctx, call, up, method, body, lastEventID)
+}
+
+// attempt sends one HTTP request to the call's upstream. method is POST
 // (body set), GET (opens a stream) or DELETE. A 2xx response is returned
 // open; anything else is an *upstreamError.
-func (h *Handler) exchange(ctx context.Context, call *gateway.Call, up gateway.Upstream, method string, body []byte, lastEventID string) (*http.Response, error) {
+func (h *Handler) attempt(ctx context.Context, call *gateway.Call, up gateway.Upstream, method string, body []byte, lastEventID string) (*http.Response, error) {
 	var rd io.Reader
 	if body != nil {
 		rd = bytes.NewReader(body)

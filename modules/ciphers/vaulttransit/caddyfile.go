@@ -3,6 +3,8 @@ package vaulttransit
 import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+
+	"github.com/toolgate/toolgate/internal/caddyopt"
 )
 
 // UnmarshalCaddyfile sets up the cipher from Caddyfile tokens. The dispenser
@@ -46,18 +48,18 @@ func (c *Cipher) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		var err error
 		switch opt {
 		case "address":
-			err = oneArg(d, &c.Address)
+			err = caddyopt.String(d, &c.Address)
 		case "token":
-			err = oneArg(d, &c.Token)
+			err = caddyopt.String(d, &c.Token)
 		case "namespace":
-			err = oneArg(d, &c.Namespace)
+			err = caddyopt.String(d, &c.Namespace)
 		case "mount":
-			err = oneArg(d, &c.Mount)
+			err = caddyopt.String(d, &c.Mount)
 		case "key":
-			err = oneArg(d, &c.Key)
+			err = caddyopt.String(d, &c.Key)
 		case "timeout":
 			var s string
-			if err = oneArg(d, &s); err != nil {
+			if err = caddyopt.String(d, &s); err != nil {
 				break
 			}
 			dur, perr := caddy.ParseDuration(s)
@@ -98,11 +100,11 @@ func (a *AppRole) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		var err error
 		switch opt {
 		case "role_id":
-			err = oneArg(d, &a.RoleID)
+			err = caddyopt.String(d, &a.RoleID)
 		case "secret_id":
-			err = oneArg(d, &a.SecretID)
+			err = caddyopt.String(d, &a.SecretID)
 		case "mount":
-			err = oneArg(d, &a.Mount)
+			err = caddyopt.String(d, &a.Mount)
 		default:
 			return d.Errf("vault_transit: approle: unknown option '%s'", opt)
 		}
@@ -127,27 +129,15 @@ func (t *TLS) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		var err error
 		switch opt {
 		case "ca_file":
-			err = oneArg(d, &t.CAFile)
+			err = caddyopt.String(d, &t.CAFile)
 		case "server_name":
-			err = oneArg(d, &t.ServerName)
+			err = caddyopt.String(d, &t.ServerName)
 		default:
 			return d.Errf("vault_transit: tls: unknown option '%s'", opt)
 		}
 		if err != nil {
 			return err
 		}
-	}
-	return nil
-}
-
-// oneArg reads exactly one argument of the current option into dst.
-func oneArg(d *caddyfile.Dispenser, dst *string) error {
-	if !d.NextArg() {
-		return d.ArgErr()
-	}
-	*dst = d.Val()
-	if d.NextArg() {
-		return d.ArgErr()
 	}
 	return nil
 }

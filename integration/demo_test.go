@@ -1,0 +1,81 @@
+package integration
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+// TestDemoWalkthrough runs caddyfile/demo.Caddyfile — the README's first
+// command — and follows the README's walk-through: a session for alice,
+// connecting the tracker through its OAuth provider, then MCP initialize,
+// tools/list (whoami and read_ticket, not delete_ticket) and a call of
+// read_ticket; bob cannot use alice's session. Only the ports and the data
+// directory differ from the file, so that the test runs beside a demo.
+func TestDemoWalkthrough(t *testing.T) {
+	text, err := os.ReadFile(filepath.Join("..", "caddyfile", "demo.Caddyfile"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	gwPort, upPort := freePort(t), freePort(t)
+	demo := strings.NewReplacer(
+		"127.0.0.1:8080", "127.0.0.1:"+strconv.Itoa(gwPort),
+		"127.0.0.1:8081", "127.0.0.1:"+strconv.Itoa(upPort),
+		".toolgate-demo", t.TempDir(),
+		"toolgate_policy policies", "toolgate_policy ../policies",
+		"toolgate_result_policy policies", "toolgate_result_policy ../policies",
+		"auto_https off", "auto_https off\n\tadmin off\n\tlog {\n\t\toutput discard\n\t}",
+	).Replace(string(text))
+	loadCaddyfile(t, demo)
+	g := &gateway{URL: fmt.Sprintf("http://127.0.0.1:%d", gwPort)}
+	waitListening(t, g.URL)
+	waitListening(t, fmt.Sprintf("http://127.0.0.1:%d", upPort))
+
+	sess := g.createSession(t, "demo-alice", "tracker")
+	if status, page := browse(t, g.authorizeURL(t, "demo-alice", "tracker")); status != http.StatusOK || !strings.Contains(page, "is connected") {
+		t.Fatalf("connecting the tracker: %d %s", status, page)
+	}
+
+	m := g.raw(t, "demo-alice", sess, "tracker")
+	m.initialize()
+	_, _, msgs := m.post(`{"jsonrpc":"2.0","id":2,"method":"tools/list"}`)
+	var list struct {
+		Result struct{ Tools []struct{ Name string } }
+	}
+	if len(msgs) == 0 || json.Unmarshal(msgs[len(msgs)-1], &list) != nil {
+		t.Fatalf("tools/list: %s", msgs)
+	}
+	var names []string
+	for _, tool := range list.Result.Tools {
+		names = append(names, tool.Name)
+	}
+	slices.Sort(names)
+	if !slices.Equal(names, []string{"read_ticket", "whoami"}) {
+		t.Errorf("tools/list = %v, want read_ticket and whoami", names)
+	}
+
+	_, _, msgs = m.post(`{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"read_ticket","arguments":{"ticket_id":"TEST-123"}}}`)
+	if len(msgs) == 0 || !strings.Contains(string(msgs[len(msgs)-1]), "Login page returns 500") {
+		t.Errorf("read_ticket TEST-123: %s", msgs)
+	}
+	_, _, msgs = m.post(`{"jsonrpc":"2.0","id":4,"method":"tools/call","params":{"name":"whoami","arguments":{}}}`)
+	if len(msgs) == 0 || !strings.Contains(string(msgs[len(msgs)-1]), "alice@example.test") {
+		t.Errorf("whoami: %s", msgs)
+	}
+	_, _, msgs = m.post(`{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{"name":"delete_ticket","arguments":{"ticket_id":"TEST-123"}}}`)
+	if len(msgs) == 0 || !strings.Contains(string(msgs[len(msgs)-1]), "Unknown tool") {
+		t.Errorf("delete_ticket: %s", msgs)
+	}
+
+	bobRaw := g.raw(t, "demo-bob", sess, "tracker")
+	bobRaw.sessionID = m.sessionID
+	if status, _, _ := bobRaw.post(`{"jsonrpc":"2.0","id":6,"method":"tools/list"}`); status != http.StatusForbidden {
+		t.Errorf("bob with alice's session: %d, want 403", status)
+	}
+}

@@ -1,0 +1,68 @@
+package caddyopt
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+)
+
+type opts struct {
+	name  string
+	wait  caddy.Duration
+	items []string
+}
+
+func parse(input string) (opts, error) {
+	var o opts
+	d := caddyfile.NewTestDispenser(input)
+	d.Next()
+	err := Block(d, "thing", func(name string) error {
+		switch name {
+		case "name":
+			return String(d, &o.name)
+		case "wait":
+			return Duration(d, &o.wait)
+		case "item":
+			var s string
+			err := String(d, &s)
+			o.items = append(o.items, s)
+			return err
+		}
+		return Unknown(d, "thing")
+	}, "item")
+	return o, err
+}
+
+func TestBlock(t *testing.T) {
+	o, err := parse("thing {\n name x\n wait 2s\n item a\n item b\n}")
+	if err != nil || o.name != "x" || time.Duration(o.wait) != 2*time.Second || strings.Join(o.items, ",") != "a,b" {
+		t.Fatalf("parsed %+v, %v", o, err)
+	}
+	for input, want := range map[string]string{
+		"thing {\n name x\n name y\n}": "thing: name given twice",
+		"thing {\n nope 1\n}":          `thing: unknown option "nope"`,
+		"thing {\n name\n}":            "wrong argument count",
+		"thing {\n name a b\n}":        "wrong argument count",
+		"thing {\n wait soon\n}":       `wait: invalid duration "soon"`,
+		"thing {\n wait 0s\n}":         `wait: invalid duration "0s": must be positive`,
+	} {
+		if _, err := parse(input); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%q: err = %v, want %q", input, err, want)
+		}
+	}
+}
+
+func TestBare(t *testing.T) {
+	if err := Bare(caddyfile.NewTestDispenser("toolgate_x"), "hint"); err != nil {
+		t.Fatal(err)
+	}
+	if err := Bare(caddyfile.NewTestDispenser("toolgate_x arg"), "hint"); err == nil {
+		t.Error("an argument was accepted")
+	}
+	if err := Bare(caddyfile.NewTestDispenser("toolgate_x {\n a b\n}"), "see the docs"); err == nil || !strings.Contains(err.Error(), "toolgate_x takes no options; see the docs") {
+		t.Errorf("a block: err = %v", err)
+	}
+}

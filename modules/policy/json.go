@@ -1,0 +1,538 @@
+package policy
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"unicode/utf16"
+	"unicode/utf8"
+
+	"github.com/open-policy-agent/opa/v1/ast"
+)
+
+// JSON text to OPA AST and back, for the policy input and the values a
+// decision replaces.
+//
+// The text the policy steps convert has already been checked by mcpmsg
+// (valid JSON and UTF-8, no duplicate keys, no lone surrogates), so the
+// parser below only has to be fast: strings are found with IndexByte and
+// share the memory of one copy of the text, object keys are interned per
+// conversion, small integers come from OPA's interned terms. It still
+// reports malformed text instead of guessing, and callers deny on that.
+
+// maxJSONDepth bounds the nesting the parser follows (mcpmsg's own limit
+// is lower; this one only protects the stack).
+const maxJSONDepth = 1000
+
+var errJSON = errors.New("malformed JSON")
+
+// jsonTerm converts the JSON text raw to an AST term.
+func jsonTerm(raw []byte) (*ast.Term, error) {
+	p := jsonParser{src: string(raw)}
+	return p.parse()
+}
+
+// jsonParser is one conversion.
+type jsonParser struct {
+	src   string
+	pos   int
+	keys  map[string]*ast.Term // interned object keys
+	items [][2]*ast.Term       // scratch: members of the objects being built
+
+	// visit, when set, is called for every string value inside the value of
+	// the top-level member named visitKey, with the path to it (see
+	// track). The result step uses it to scan structuredContent.
+	visit    func(path []pathStep, s string)
+	visitKey string
+	track    bool
+	path     []pathStep
+}
+
+// pathStep is one step of a path into a JSON value: an object key or an
+// array index.
+type pathStep struct {
+	key   *ast.Term // nil for an array index
+	index int
+}
+
+func (p *jsonParser) parse() (*ast.Term, error) {
+	p.skipSpace()
+	t, err := p.value(1)
+	if err != nil {
+		return nil, err
+	}
+	p.skipSpace()
+	if p.pos != len(p.src) {
+		return nil, p.fail("trailing data")
+	}
+	return t, nil
+}
+
+func (p *jsonParser) fail(what string) error {
+	return fmt.Errorf("%w at byte %d: %s", errJSON, p.pos, what)
+}
+
+func (p *jsonParser) skipSpace() {
+	for p.pos < len(p.src) {
+		switch p.src[p.pos] {
+		case ' ', '\t', '\n', '\r':
+			p.pos++
+		default:
+			return
+		}
+	}
+}
+
+func (p *jsonParser) value(depth int) (*ast.Term, error) {
+	if depth > maxJSONDepth {
+		return nil, p.fail("nested too deeply")
+	}
+	if p.pos >= len(p.src) {
+		return nil, p.fail("unexpected end")
+	}
+	switch c := p.src[p.pos]; {
+	case c == '"':
+		s, err := p.str()
+		if err != nil {
+			return nil, err
+		}
+		if p.track {
+			p.visit(p.path, s)
+		}
+		if s == "" {
+			return ast.InternedEmptyString, nil
+		}
+		return ast.StringTerm(s), nil
+	case c == '{':
+		return p.object(depth)
+	case c == '[':
+		return p.array(depth)
+	case c == 't':
+		return p.literal("true", ast.InternedTerm(true))
+	case c == 'f':
+		return p.literal("false", ast.InternedTerm(false))
+	case c == 'n':
+		return p.literal("null", ast.InternedNullTerm)
+	case c == '-' || (c >= '0' && c <= '9'):
+		return p.number()
+	}
+	return nil, p.fail("unexpected character")
+}
+
+func (p *jsonParser) literal(word string, t *ast.Term) (*ast.Term, error) {
+	if !strings.HasPrefix(p.src[p.pos:], word) {
+		return nil, p.fail("invalid literal")
+	}
+	p.pos += len(word)
+	return t, nil
+}
+
+func (p *jsonParser) number() (*ast.Term, error) {
+	start := p.pos
+	for p.pos < len(p.src) {
+		c := p.src[p.pos]
+		if (c >= '0' && c <= '9') || c == '-' || c == '+' || c == '.' || c == 'e' || c == 'E' {
+			p.pos++
+			continue
+		}
+		break
+	}
+	text := p.src[start:p.pos]
+	if !validNumber(text) {
+		return nil, p.fail("invalid number")
+	}
+	if t := ast.InternedIntNumberTermFromString(text); t != nil {
+		return t, nil
+	}
+	return ast.NewTerm(ast.Number(text)), nil
+}
+
+// validNumber reports whether s is a JSON number.
+func validNumber(s string) bool {
+	i := 0
+	if i < len(s) && s[i] == '-' {
+		i++
+	}
+	switch {
+	case i < len(s) && s[i] == '0':
+		i++
+	case i < len(s) && s[i] >= '1' && s[i] <= '9':
+		for i < len(s) && s[i] >= '0' && s[i] <= '9' {
+			i++
+		}
+	default:
+		return false
+	}
+	if i < len(s) && s[i] == '.' {
+		i++
+		if i >= len(s) || s[i] < '0' || s[i] > '9' {
+			return false
+		}
+		for i < len(s) && s[i] >= '0' && s[i] <= '9' {
+			i++
+		}
+	}
+	if i < len(s) && (s[i] == 'e' || s[i] == 'E') {
+		i++
+		if i < len(s) && (s[i] == '+' || s[i] == '-') {
+			i++
+		}
+		if i >= len(s) || s[i] < '0' || s[i] > '9' {
+			return false
+		}
+		for i < len(s) && s[i] >= '0' && s[i] <= '9' {
+			i++
+		}
+	}
+	return i == len(s)
+}
+
+// str reads the string at p.pos. Without escapes it is a substring of the
+// text, not a copy.
+func (p *jsonParser) str() (string, error) {
+	p.pos++ // '"'
+	start := p.pos
+	end := strings.IndexByte(p.src[start:], '"')
+	if end < 0 {
+		return "", p.fail("unterminated string")
+	}
+	end += start
+	if strings.IndexByte(p.src[start:end], '\\') < 0 {
+		p.pos = end + 1
+		return p.src[start:end], nil
+	}
+	// Escapes: find the real end (a quote after an even number of
+	// backslashes), then decode.
+	i := start
+	for {
+		if i >= len(p.src) {
+			return "", p.fail("unterminated string")
+		}
+		j := strings.IndexAny(p.src[i:], `"\`)
+		if j < 0 {
+			return "", p.fail("unterminated string")
+		}
+		i += j
+		if p.src[i] == '"' {
+			break
+		}
+		i += 2 // a backslash and the character it escapes
+	}
+	s, ok := unescape(p.src[start:i])
+	if !ok {
+		return "", p.fail("invalid escape")
+	}
+	p.pos = i + 1
+	return s, nil
+}
+
+// unescape decodes the contents of a JSON string that has escapes.
+func unescape(s string) (string, bool) {
+	var b strings.Builder
+	b.Grow(len(s))
+	for {
+		i := strings.IndexByte(s, '\\')
+		if i < 0 {
+			b.WriteString(s)
+			return b.String(), true
+		}
+		b.WriteString(s[:i])
+		if i+1 >= len(s) {
+			return "", false
+		}
+		switch c := s[i+1]; c {
+		case '"', '\\', '/':
+			b.WriteByte(c)
+		case 'b':
+			b.WriteByte('\b')
+		case 'f':
+			b.WriteByte('\f')
+		case 'n':
+			b.WriteByte('\n')
+		case 'r':
+			b.WriteByte('\r')
+		case 't':
+			b.WriteByte('\t')
+		case 'u':
+			r, ok := hex4(s, i+2)
+			if !ok {
+				return "", false
+			}
+			if utf16.IsSurrogate(r) {
+				lo, ok := rune(0), false
+				if i+7 < len(s) && s[i+6] == '\\' && s[i+7] == 'u' {
+					lo, ok = hex4(s, i+8)
+				}
+				if !ok {
+					return "", false
+				}
+				if r = utf16.DecodeRune(r, lo); r == utf8.RuneError {
+					return "", false
+				}
+				i += 6
+			}
+			b.WriteRune(r)
+			s = s[i+6:]
+			continue
+		default:
+			return "", false
+		}
+		s = s[i+2:]
+	}
+}
+
+func hex4(s string, at int) (rune, bool) {
+	if at+4 > len(s) {
+		return 0, false
+	}
+	v, err := strconv.ParseUint(s[at:at+4], 16, 32)
+	return rune(v), err == nil
+}
+
+func (p *jsonParser) key() (*ast.Term, error) {
+	if p.pos >= len(p.src) || p.src[p.pos] != '"' {
+		return nil, p.fail("expected a key")
+	}
+	s, err := p.str()
+	if err != nil {
+		return nil, err
+	}
+	if t, ok := p.keys[s]; ok {
+		return t, nil
+	}
+	if p.keys == nil {
+		p.keys = make(map[string]*ast.Term)
+	}
+	t := ast.StringTerm(s)
+	p.keys[s] = t
+	return t, nil
+}
+
+func (p *jsonParser) object(depth int) (*ast.Term, error) {
+	p.pos++ // '{'
+	mark := len(p.items)
+	p.skipSpace()
+	if p.pos < len(p.src) && p.src[p.pos] == '}' {
+		p.pos++
+		return ast.ObjectTerm(), nil
+	}
+	for {
+		p.skipSpace()
+		k, err := p.key()
+		if err != nil {
+			return nil, err
+		}
+		p.skipSpace()
+		if p.pos >= len(p.src) || p.src[p.pos] != ':' {
+			return nil, p.fail("expected ':'")
+		}
+		p.pos++
+		p.skipSpace()
+		var v *ast.Term
+		switch {
+		case p.track:
+			p.path = append(p.path, pathStep{key: k})
+			v, err = p.value(depth + 1)
+			p.path = p.path[:len(p.path)-1]
+		case depth == 1 && p.visit != nil && string(k.Value.(ast.String)) == p.visitKey:
+			p.track, p.path = true, append(p.path[:0], pathStep{key: k})
+			v, err = p.value(depth + 1)
+			p.track = false
+		default:
+			v, err = p.value(depth + 1)
+		}
+		if err != nil {
+			return nil, err
+		}
+		p.items = append(p.items, [2]*ast.Term{k, v})
+		p.skipSpace()
+		if p.pos >= len(p.src) {
+			return nil, p.fail("unterminated object")
+		}
+		if p.src[p.pos] == ',' {
+			p.pos++
+			continue
+		}
+		if p.src[p.pos] != '}' {
+			return nil, p.fail("expected ',' or '}'")
+		}
+		p.pos++
+		break
+	}
+	// NewObject copies the members, so the scratch space is reused.
+	obj := ast.NewObject(p.items[mark:]...)
+	clear(p.items[mark:])
+	p.items = p.items[:mark]
+	return ast.NewTerm(obj), nil
+}
+
+func (p *jsonParser) array(depth int) (*ast.Term, error) {
+	p.pos++ // '['
+	p.skipSpace()
+	if p.pos < len(p.src) && p.src[p.pos] == ']' {
+		p.pos++
+		return ast.ArrayTerm(), nil
+	}
+	var elems []*ast.Term
+	for i := 0; ; i++ {
+		p.skipSpace()
+		var v *ast.Term
+		var err error
+		if p.track {
+			p.path = append(p.path, pathStep{index: i})
+			v, err = p.value(depth + 1)
+			p.path = p.path[:len(p.path)-1]
+		} else {
+			v, err = p.value(depth + 1)
+		}
+		if err != nil {
+			return nil, err
+		}
+		elems = append(elems, v)
+		p.skipSpace()
+		if p.pos >= len(p.src) {
+			return nil, p.fail("unterminated array")
+		}
+		if p.src[p.pos] == ',' {
+			p.pos++
+			continue
+		}
+		if p.src[p.pos] != ']' {
+			return nil, p.fail("expected ',' or ']'")
+		}
+		p.pos++
+		break
+	}
+	return ast.NewTerm(ast.NewArray(slices.Clip(elems)...)), nil
+}
+
+// pathTerm is path as the policy sees paths: an array of keys and indexes.
+func pathTerm(path []pathStep) *ast.Term {
+	steps := make([]*ast.Term, len(path))
+	for i, s := range path {
+		if s.key != nil {
+			steps[i] = s.key
+		} else {
+			steps[i] = ast.InternedTerm(s.index)
+		}
+	}
+	return ast.ArrayTerm(steps...)
+}
+
+// appendJSON appends v as JSON text. Sets become arrays (as OPA itself
+// encodes them); object keys must be strings, and anything that JSON cannot
+// hold is an error.
+func appendJSON(b []byte, v ast.Value) ([]byte, error) {
+	switch x := v.(type) {
+	case ast.Null:
+		return append(b, "null"...), nil
+	case ast.Boolean:
+		return strconv.AppendBool(b, bool(x)), nil
+	case ast.Number:
+		if !validNumber(string(x)) {
+			return nil, fmt.Errorf("the number %s cannot be written as JSON", x)
+		}
+		return append(b, x...), nil
+	case ast.String:
+		return appendString(b, string(x)), nil
+	case *ast.Array:
+		b = append(b, '[')
+		for i := range x.Len() {
+			if i > 0 {
+				b = append(b, ',')
+			}
+			var err error
+			if b, err = appendJSON(b, x.Elem(i).Value); err != nil {
+				return nil, err
+			}
+		}
+		return append(b, ']'), nil
+	case ast.Set:
+		return appendJSON(b, x.Sorted())
+	case ast.Object:
+		b = append(b, '{')
+		first := true
+		err := x.Iter(func(k, v *ast.Term) error {
+			s, ok := k.Value.(ast.String)
+			if !ok {
+				return fmt.Errorf("the object key %v is not a string", k)
+			}
+			if !first {
+				b = append(b, ',')
+			}
+			first = false
+			b = appendString(b, string(s))
+			b = append(b, ':')
+			var err error
+			b, err = appendJSON(b, v.Value)
+			return err
+		})
+		if err != nil {
+			return nil, err
+		}
+		return append(b, '}'), nil
+	}
+	return nil, fmt.Errorf("a %s cannot be written as JSON", ast.ValueName(v))
+}
+
+// appendString appends s as a JSON string, escaped as mcpmsg.AppendQuote
+// does (control characters, quote, backslash, <, >, &, U+2028, U+2029;
+// invalid UTF-8 becomes U+FFFD), copying runs of plain text at once.
+func appendString(b []byte, s string) []byte {
+	const hex = "0123456789abcdef"
+	b = slices.Grow(b, len(s)+2)
+	b = append(b, '"')
+	start := 0
+	for i := 0; i < len(s); {
+		c := s[i]
+		if c < utf8.RuneSelf {
+			if plainJSON[c] {
+				i++
+				continue
+			}
+			b = append(b, s[start:i]...)
+			switch c {
+			case '"', '\\':
+				b = append(b, '\\', c)
+			case '\n':
+				b = append(b, '\\', 'n')
+			case '\r':
+				b = append(b, '\\', 'r')
+			case '\t':
+				b = append(b, '\\', 't')
+			default:
+				b = append(b, '\\', 'u', '0', '0', hex[c>>4], hex[c&0xF])
+			}
+			i++
+			start = i
+			continue
+		}
+		r, size := utf8.DecodeRuneInString(s[i:])
+		switch {
+		case r == utf8.RuneError && size == 1:
+			b = append(b, s[start:i]...)
+			b = append(b, `\ufffd`...)
+			i++
+			start = i
+		case r == '\u2028' || r == '\u2029':
+			b = append(b, s[start:i]...)
+			b = append(b, '\\', 'u', '2', '0', '2', hex[r&0xF])
+			i += size
+			start = i
+		default:
+			i += size
+		}
+	}
+	b = append(b, s[start:]...)
+	return append(b, '"')
+}
+
+// plainJSON marks the ASCII bytes a JSON string holds as they are.
+var plainJSON = func() (t [utf8.RuneSelf]bool) {
+	for c := 0x20; c < utf8.RuneSelf; c++ {
+		t[c] = c != '"' && c != '\\' && c != '<' && c != '>' && c != '&'
+	}
+	return t
+}()
