@@ -9,7 +9,7 @@ SHELL := /bin/bash
 
 GO ?= go
 
-.PHONY: build run test vet unit conformance xcaddy clean
+.PHONY: build run test vet unit conformance bench xcaddy clean
 
 build:
 	$(GO) build -o bin/toolgate ./cmd/toolgate
@@ -36,6 +36,14 @@ conformance:
 	TOOLGATE_REQUIRE_PEERS=1 $(GO) test -race -count=1 -v -run '^TestConformance$$' ./integration/ 2>&1 | grep -v '^{"level'; exit $${PIPESTATUS[0]}
 
 test: vet unit conformance
+
+# the benchmarks: the parser, policy evaluation, one tools/call through the
+# whole pipeline (testing.B), and the open-loop load harness (direct vs
+# through toolgate, p50/p99); they measure, they never fail on time
+bench:
+	$(GO) test -run '^$$' -bench . -benchmem ./internal/mcpmsg/ ./modules/policy/
+	$(GO) test -run '^$$' -bench 'BenchmarkToolCall' -benchmem ./integration/ 2>&1 | grep -v '^{"level'
+	$(GO) test -run '^$$' -bench 'BenchmarkOpenLoop' -benchtime 1x ./integration/ 2>&1 | grep -v '^{"level'
 
 # a custom binary with the Caddy plugins listed in xcaddy.json
 xcaddy:

@@ -48,6 +48,7 @@ type gatewayConfig struct {
 	ResultPolicy  string
 	Extra         string // more lines in the toolgate block
 	Services      string // more service blocks
+	Timeout       string // the service's timeout; default 10s
 	Cipher        string // the cipher option's value; default a local key file
 }
 
@@ -66,6 +67,9 @@ func startGateway(t testing.TB, cfg gatewayConfig) *gateway {
 	}
 	if cfg.Auth == "" {
 		cfg.Auth = "none"
+	}
+	if cfg.Timeout == "" {
+		cfg.Timeout = "10s"
 	}
 	if cfg.RequestPolicy == "" {
 		cfg.RequestPolicy = "testdata/policy"
@@ -99,7 +103,7 @@ func startGateway(t testing.TB, cfg gatewayConfig) *gateway {
 			allow_http
 			tools %[8]s
 			auth %[9]s
-			timeout 10s
+			timeout %[18]s
 		}
 		%[12]s
 		%[13]s
@@ -123,7 +127,7 @@ http://127.0.0.1:%[1]d {
 	toolgate_api
 }
 `, port, data, hashKey(aliceKey), alice, hashKey(bobKey), bob, cfg.Upstream, cfg.Tools, cfg.Auth,
-		cfg.RequestPolicy, cfg.ResultPolicy, cfg.Extra, cfg.Services, hashKey(carolKey), carol, cfg.PolicyOptions, cfg.Cipher)
+		cfg.RequestPolicy, cfg.ResultPolicy, cfg.Extra, cfg.Services, hashKey(carolKey), carol, cfg.PolicyOptions, cfg.Cipher, cfg.Timeout)
 	loadCaddyfile(t, caddyfile)
 	g := &gateway{URL: fmt.Sprintf("http://127.0.0.1:%d", port), DataDir: data}
 	waitListening(t, g.URL)

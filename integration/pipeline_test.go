@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -340,5 +341,40 @@ func TestAmbiguousUpstreamResultIsWithheld(t *testing.T) {
 	last := string(msgs[len(msgs)-1])
 	if !strings.Contains(last, `"error"`) || !strings.Contains(last, "withheld") || strings.Contains(last, "SECRET") {
 		t.Fatalf("answer = %s, want the result withheld", last)
+	}
+}
+
+// A call that outlasts the service's timeout is answered with a retryable
+// error, not replayed, and the upstream is told to stop.
+func TestServiceTimeoutIsRetryable(t *testing.T) {
+	up := startUpstream(t)
+	g := startGateway(t, gatewayConfig{Upstream: up.URL, Timeout: "300ms"})
+	m := g.raw(t, aliceKey, g.createSession(t, aliceKey, "svc"), "svc")
+	m.initialize()
+	before := len(up.headers())
+	start := time.Now()
+	_, _, msgs := m.post(`{"jsonrpc":"2.0","id":9,"method":"tools/call","params":{"name":"progress","arguments":{"steps":100}}}`)
+	if len(msgs) == 0 {
+		t.Fatal("no answer")
+	}
+	var answer struct {
+		Error struct {
+			Code int
+			Data struct{ Retryable bool }
+		}
+	}
+	if err := json.Unmarshal(msgs[len(msgs)-1], &answer); err != nil || answer.Error.Code != -32011 || !answer.Error.Data.Retryable {
+		t.Fatalf("answer = %s, want -32011 with retryable", msgs[len(msgs)-1])
+	}
+	if elapsed := time.Since(start); elapsed > 5*time.Second {
+		t.Errorf("the answer took %s", elapsed)
+	}
+	// The call went upstream once; the cancellation follows it.
+	deadline := time.Now().Add(5 * time.Second)
+	for len(up.headers())-before < 2 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n := len(up.headers()) - before; n != 2 {
+		t.Errorf("the upstream saw %d requests after the call, want the call and its notifications/cancelled", n)
 	}
 }

@@ -664,9 +664,10 @@ func BenchmarkRequestDecision(b *testing.B) {
 
 // BenchmarkResultDecision measures the default result policy on a small
 // result that needs no change, an 8 KiB text that needs none either, and a
-// 1 MiB text that is truncated.
+// 1 MiB text that is truncated, with input.scan as the gateway makes it.
 func BenchmarkResultDecision(b *testing.B) {
 	pq := prepare(b, resultQuery)
+	scan := prepare(b, "data.toolgate.result.scan")
 	big, err := json.Marshal(strings.Repeat("lorem ipsum dolor sit amet, ", 1<<20/28))
 	if err != nil {
 		b.Fatal(err)
@@ -681,18 +682,45 @@ func BenchmarkResultDecision(b *testing.B) {
 		{"1MiB_text", textResult(string(big))},
 	} {
 		b.Run(c.name, func(b *testing.B) {
-			in, err := ast.InterfaceToValue(input(b, c.changes))
+			in := input(b, c.changes)
+			in["scan"] = gatewayScan(b, scan, in)
+			v, err := ast.InterfaceToValue(in)
 			if err != nil {
 				b.Fatal(err)
 			}
 			ctx := context.Background()
 			b.ReportAllocs()
 			for b.Loop() {
-				rs, err := pq.Eval(ctx, rego.EvalParsedInput(in))
+				rs, err := pq.Eval(ctx, rego.EvalParsedInput(v))
 				if err != nil || len(rs) != 1 {
 					b.Fatalf("eval: %v %v", rs, err)
 				}
 			}
 		})
 	}
+}
+
+// gatewayScan is input.scan as the gateway makes it for in: of the scan the
+// policy computes without it, the strings over 4096 bytes or holding an
+// invisible character or a marker (policies/README.md).
+func gatewayScan(t testing.TB, pq rego.PreparedEvalQuery, in map[string]any) map[string]any {
+	t.Helper()
+	v, err := ast.InterfaceToValue(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rs, err := pq.Eval(context.Background(), rego.EvalParsedInput(v))
+	if err != nil || len(rs) != 1 {
+		t.Fatalf("scan: %v %v", rs, err)
+	}
+	all, _ := rs[0].Expressions[0].Value.(map[string]any)["strings"].([]any)
+	listed := []any{}
+	for _, e := range all {
+		e := e.(map[string]any)
+		n, _ := e["bytes"].(json.Number).Int64()
+		if n > 4096 || e["invisible"] == true || e["markers"] == true {
+			listed = append(listed, e)
+		}
+	}
+	return map[string]any{"threshold": 4096, "strings": listed}
 }

@@ -346,6 +346,13 @@ test_shipped_settings if {
 	data.toolgate.settings.services == {}
 }
 
+test_other_methods_with_site_overrides if {
+	# Overrides apply whatever the method; the reason stays the same.
+	inp := object.union(object.remove(base, ["tool", "arguments"]), {"method": "prompts/get", "params": {"name": "p"}})
+	d := request.decision with input as inp with request.argument_overrides as {"x": 1}
+	d == {"action": "allow", "reason": "not a tool call; allowed by default", "arguments": {"x": 1}}
+}
+
 test_fallback_allow_reason if {
 	# Only reachable when the ask rules are edited away; still a valid decision.
 	d := request.decision with input as call(write_tool) with request.ask as set()

@@ -22,11 +22,21 @@ package toolgate.result
 #   in `deny` or `ask` says so. An ask carries the cleaned result too, so the
 #   approved answer is the cleaned one.
 # entrypoint: true
-decision := {"action": "deny", "reason": concat("; ", deny)} if {
+decision := {"action": "allow"} if {
+	# The commonest decision first: nothing to clean, deny or ask about.
+	count(looks) == 0
+	count(deny) == 0
+	count(ask) == 0
+} else := {"action": "deny", "reason": concat("; ", deny)} if {
 	count(deny) > 0
 } else := with_result({"action": "ask", "reason": concat("; ", ask)}) if {
 	count(ask) > 0
 } else := with_result({"action": "allow"})
+
+# This package runs on every tools/call result, which may be megabytes of
+# text or thousands of strings, so it visits only the strings that may need
+# cleaning (`looks`, from the gateway's quick pass in input.scan), and of a
+# long text only the part it keeps.
 
 # deny holds one reason per rule that withholds the result and turns it into
 # an error for the runner. Add your own with `deny contains msg if { ... }`.
@@ -50,7 +60,7 @@ deny contains msg if {
 }
 
 deny contains "toolgate could not clean this result, so it was withheld" if {
-	some path, _ in suspects
+	some path, _ in looks
 	not attempted[path]
 }
 
@@ -74,6 +84,21 @@ secret_patterns := {
 	"slack_token": `\bxox(?:[a-z]|e\.xox[a-z])-[A-Za-z0-9-]{10,}`,
 }
 
+# secret_markers holds, for each built-in kind, pieces of text of which every
+# match of its pattern contains one. Substring tests are much cheaper than
+# regular expressions: a pattern is only run on text holding one of its
+# markers, and the gateway's quick pass (input.scan) lists only strings
+# holding one. Keep them in step with secret_patterns (a test checks every
+# built-in kind against them).
+secret_markers := {
+	"aws_access_key_id": ["AKIA", "ASIA"],
+	"bearer_token": ["Bearer", "bearer", "BEARER"],
+	"github_token": ["ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_"],
+	"jwt": ["eyJ"],
+	"pem_private_key": ["PRIVATE KEY"],
+	"slack_token": ["xox"],
+}
+
 # redact_patterns holds your own kinds, from settings.redact_patterns or from
 # rules like `redact_patterns["kind"] := `regex``. A kind named like a
 # built-in one replaces it.
@@ -83,13 +108,22 @@ redact_patterns[kind] := pattern if {
 
 patterns := object.union(secret_patterns, redact_patterns)
 
-# Zero-width, bidirectional-override, invisible-operator, isolate, BOM and tag
-# characters.
-invisible_pattern := `[\x{200B}-\x{200F}\x{202A}-\x{202E}\x{2060}-\x{2064}\x{2066}-\x{2069}\x{FEFF}\x{E0000}-\x{E007F}]`
+# invisible_ranges: the characters removed from inspected strings, as
+# [first, last] code points (hexadecimal): zero-width, bidirectional-override,
+# invisible-operator, isolate, BOM and tag characters. The gateway's quick
+# pass looks for them too.
+invisible_ranges := [
+	["200B", "200F"],
+	["202A", "202E"],
+	["2060", "2064"],
+	["2066", "2069"],
+	["FEFF", "FEFF"],
+	["E0000", "E007F"],
+]
 
-# suspect_pattern matches wherever an invisible character or any pattern does.
-# Each site pattern is wrapped so that its flags stay its own.
-suspect_pattern := concat("|", array.concat([invisible_pattern], [concat("", ["(?:", p, ")"]) | some p in patterns]))
+# invisible_pattern matches one of them:
+# [\x{200B}-\x{200F}\x{202A}-\x{202E}…\x{E0000}-\x{E007F}].
+invisible_pattern := concat("", ["[", concat("", [sprintf(`\x{%s}-\x{%s}`, r) | some r in invisible_ranges]), "]"])
 
 # max_result_bytes: the service's own limit if it has one, else the global
 # one, else 65536. It applies to each inspected string on its own.
@@ -144,101 +178,135 @@ scannable(item) if {
 # characters).
 texts contains regex.replace(s, invisible_pattern, "") if some s in scanned
 
-# cleaned maps the path of every inspected string to what the runner gets
-# instead and what was done to it. Only strings that changed are listed.
+# scan describes the inspected strings the policy has to look at: those
+# longer than scan.threshold bytes, and those that hold an invisible
+# character or may hold a secret (see the README). It is the gateway's quick
+# pass, input.scan, when that is usable: made with a threshold at most the
+# limit, and with no site patterns (which have no markers, so every string
+# must be matched). Otherwise (for instance under opa test or opa eval) it is
+# computed here, the same way, over every inspected string.
+scan := input.scan if {
+	count(redact_patterns) == 0
+	input.scan.threshold <= max_result_bytes
+} else := {"threshold": 0, "strings": [scan_entry(path, s) | some path, s in scanned]}
+
+scan_entry(path, s) := {
+	"path": path,
+	"bytes": n,
+	"ascii": n == count(s),
+	"invisible": regex.match(invisible_pattern, s),
+	"markers": any_marker(s),
+} if {
+	n := byte_len(s)
+}
+
+any_marker(s) if {
+	some markers in secret_markers
+	some marker in markers
+	contains(s, marker)
+}
+
+default any_marker(_) := false
+
+# looks maps the path of every inspected string that may need cleaning to
+# what the scan says about it.
+looks[e.path] := e if {
+	some e in scan.strings
+	needs_look(e)
+}
+
+needs_look(e) if e.invisible
+
+needs_look(e) if e.markers
+
+needs_look(e) if e.bytes > max_result_bytes
+
+needs_look(_) if count(redact_patterns) > 0
+
+# has_marker: some inspected string may hold a secret of a built-in kind.
+has_marker if {
+	some e in scan.strings
+	e.markers
+}
+
+# attempted maps the path of every string in looks to what cleaning made of
+# it. A string that cannot be cleaned (a builtin failing on it) is denied
+# above rather than passed on.
+attempted[path] := clean(e) if some path, e in looks
+
+# cleaned holds the strings that changed.
 cleaned[path] := c if {
 	some path, c in attempted
-	c.text != scanned[path]
+	c.text != object.get(input.result, path, null)
 }
 
-# suspects: the inspected strings that may need cleaning, and attempted what
-# cleaning made of them. A suspect that cannot be cleaned (a builtin failing
-# on it) is denied above rather than passed on.
-suspects[path] := s if {
-	not all_clean
-	some path, s in scanned
-	suspect(s)
-}
-
-attempted[path] := clean(s) if some path, s in suspects
-
-# all_clean: one cheap test over the whole result shows that no inspected
-# string can need cleaning, which is the common case, without visiting each
-# one. quick_view holds every inspected string (those in structuredContent
-# JSON-encoded, which escapes none of the markers and never shortens a
-# string), so a string over the limit makes quick_view over it, and a string
-# holding a secret of a built-in kind or an invisible character makes
-# quick_view hold a marker. Site patterns have no markers, so with any of them
-# every string is tested on its own.
-all_clean if {
+# clean(e) is the string the scan entry e is about, cleaned, and what was
+# done to it.
+clean(e) := {"text": out, "kinds": set(), "stripped": false, "truncated": true} if {
+	# The commonest case, a long plain text, needs nothing but the cut.
+	e.ascii
+	not e.invisible
+	not e.markers
 	count(redact_patterns) == 0
-	count(quick_view) * 4 <= max_result_bytes # UTF-8 has at most 4 bytes per character
-	not has_marker
-}
-
-quick_view := concat("\n", array.concat(
-	[t | some item in input.result.content; t := item.text; is_string(t)],
-	array.concat(
-		[t | some item in input.result.content; t := item.resource.text; is_string(t)],
-		[j | j := json.marshal(input.result.structuredContent)],
-	),
-))
-
-# has_marker: quick_view holds a piece of text that every match of a built-in
-# secret pattern contains, or an invisible character. Plain substring tests
-# are much faster than regular expressions. Keep the markers in step with
-# secret_patterns (a test checks every built-in kind against them).
-has_marker if {
-	some marker in secret_markers
-	contains(quick_view, marker)
-}
-
-has_marker if {
-	some prefix in invisible_prefixes
-	contains(quick_view, prefix)
-	regex.match(invisible_pattern, quick_view)
-}
-
-secret_markers := ["AKIA", "ASIA", "earer", "EARER", "ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_", "eyJ", "PRIVATE KEY", "xox"]
-
-# The first two UTF-8 bytes of every character invisible_pattern matches:
-# U+2000-U+207F, U+FEC0-U+FEFF and U+E0000-U+E0FFF. Plain ASCII text has none
-# of them, so the regular expression runs only on text that might need it.
-invisible_prefixes := [hex.decode("e280"), hex.decode("e281"), hex.decode("efbb"), hex.decode("f3a0")]
-
-# suspect: s may need cleaning. One cheap test per string keeps clean (the
-# expensive part) for the few strings that may be too long or hold a secret
-# or an invisible character.
-suspect(s) if {
-	count(s) * 4 > max_result_bytes # UTF-8 has at most 4 bytes per character
-} else := regex.match(suspect_pattern, s)
-
-clean(s) := {"text": out, "kinds": kinds, "stripped": stripped, "truncated": truncated} if {
 	limit := max_result_bytes
-	size := size_hint(s, limit)
-	precut := count(s) > (limit + scan_margin)
-	head := prefix(s, precut, limit + scan_margin)
-	plain := regex.replace(head, invisible_pattern, "")
+	e.bytes > limit
+	out := concat("", [first_chars_at(e.path, limit), truncation_note(e.bytes - limit, limit)])
+} else := {"text": out, "kinds": kinds, "stripped": stripped, "truncated": truncated} if {
+	s := object.get(input.result, e.path, null)
+	is_string(s)
+	limit := max_result_bytes
+	head := first_chars_at(e.path, limit + scan_margin)
+	precut := head != s
+	plain := strip(head, e.invisible)
 	stripped := plain != head
 	found := {[m, kind] |
-		some kind, pattern in patterns
-		some m in regex.find_n(pattern, plain, -1)
+		some kind in kinds_in(plain, e.markers)
+		some m in regex.find_n(patterns[kind], plain, -1)
 	}
 	kinds := {kind | some [_, kind] in found}
 	redacted := redact(plain, found)
-	truncated := must_truncate(size, limit, precut, redacted)
-	out := truncate(redacted, limit, truncated, size - limit)
+	ascii := still_ascii(e, found)
+	truncated := must_truncate(e.bytes, limit, precut, redacted, ascii)
+	out := truncate(redacted, e.bytes, limit, truncated, ascii)
 }
 
-# size_hint: the UTF-8 size of s in bytes when it may be over limit, else 0
-# (cheap: a text of n characters has at most 4n bytes).
-size_hint(s, limit) := 0 if {
-	count(s) * 4 <= limit
-} else := byte_len(s)
+# still_ascii: the cleaned text is ASCII, as the text was and nothing was
+# redacted (a kind of your own may have any name).
+still_ascii(e, found) if {
+	e.ascii
+	count(found) == 0
+}
 
-prefix(s, true, n) := substring(s, 0, n)
+default still_ascii(_, _) := false
 
-prefix(s, false, _) := s
+# first_chars(s, n) is substring(s, 0, n), but reads only the first n
+# characters of s where substring reads all of it first: sprintf's precision
+# stops after n characters (up to a million; beyond, substring it is).
+first_chars(s, n) := sprintf("%.*s", [n, s]) if {
+	n <= 1000000
+} else := substring(s, 0, n)
+
+# first_chars_at(path, n) is first_chars of the inspected string at path.
+# (OPA remembers every function call by its arguments, which costs a pass
+# over them: a text of a megabyte is better not passed to a function.)
+first_chars_at(path, n) := sprintf("%.*s", [n, object.get(input.result, path, null)]) if {
+	n <= 1000000
+} else := substring(object.get(input.result, path, null), 0, n)
+
+strip(s, true) := regex.replace(s, invisible_pattern, "")
+
+strip(s, false) := s
+
+# kinds_in(t, markers): the kinds whose pattern may match in t: your own
+# kinds always, the built-in ones when t holds one of their markers (which
+# it does not when the scan found none: markers false).
+kinds_in(_, false) := object.keys(redact_patterns)
+
+kinds_in(t, true) := {kind |
+	some kind, markers in secret_markers
+	some marker in markers
+	contains(t, marker)
+} | object.keys(redact_patterns)
 
 redact(s, found) := s if {
 	count(found) == 0
@@ -252,24 +320,36 @@ redact(s, found) := s if {
 
 # must_truncate: the text as received is over the limit and its cleaned form
 # still is, or only its head was cleaned.
-must_truncate(size, limit, precut, t) := false if {
+must_truncate(size, limit, precut, t, ascii) := false if {
 	size <= limit
 } else if {
 	precut
 } else if {
-	byte_len(t) > limit
+	bytes_of(t, ascii) > limit
 } else := false
 
-truncate(t, _, false, _) := t
+truncate(t, _, _, false, _) := t
 
-truncate(t, limit, true, over) := sprintf("%s\n[truncated by toolgate: %d bytes over the limit of %d bytes]", [cut_bytes(t, limit), over, limit])
+truncate(t, size, limit, true, ascii) := concat("", [cut_bytes(t, limit, ascii), truncation_note(size - limit, limit)])
+
+truncation_note(over, limit) := concat("", [
+	"\n[truncated by toolgate: ", format_int(over, 10),
+	" bytes over the limit of ", format_int(limit, 10), " bytes]",
+])
 
 # byte_len: the length of s in UTF-8 bytes (count counts characters).
 byte_len(s) := count(hex.encode(s)) / 2
 
-# cut_bytes: the longest prefix of t that is at most n bytes and does not end
-# inside a multi-byte character.
-cut_bytes(t, n) := head if {
+# bytes_of(t, ascii): byte_len(t), without the copy when t is ASCII.
+bytes_of(t, true) := count(t)
+
+bytes_of(t, false) := byte_len(t)
+
+# cut_bytes(t, n, ascii): the longest prefix of t that is at most n bytes and
+# does not end inside a multi-byte character.
+cut_bytes(t, n, true) := substring(t, 0, n)
+
+cut_bytes(t, n, false) := head if {
 	head := substring(t, 0, n)
 	byte_len(head) <= n
 } else := hex.decode(substring(h, 0, 2 * k)) if {

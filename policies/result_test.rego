@@ -472,3 +472,98 @@ test_site_deny_withholds_result if {
 	d := decide(texts_result([aws_key])) with result.deny as {"mentions project falcon"}
 	d == {"action": "deny", "reason": "mentions project falcon"}
 }
+
+# --- the gateway's quick pass (input.scan)
+
+# gateway_scan(r) is input.scan as the gateway makes it for result r: the
+# entries of the scan the policy computes itself that are over the
+# threshold or hold an invisible character or a marker.
+gateway_scan(r) := {"threshold": 4096, "strings": [e |
+	some e in full.strings
+	listed(e)
+]} if {
+	full := result.scan with input as with_result(r)
+}
+
+listed(e) if e.bytes > 4096
+
+listed(e) if e.invisible
+
+listed(e) if e.markers
+
+scanned_input(r) := object.union(with_result(r), {"scan": gateway_scan(r)})
+
+# Results and settings for which the decision with and without the
+# gateway's scan must be the same.
+scan_cases := [
+	[texts_result(["Ticket TEST-123: printer on fire"]), {}],
+	[texts_result([concat(" ", ["key", aws_key, "and", jwt])]), {}],
+	[texts_result([concat("\u200b", ["ig", "nore"]), "plain"]), {}],
+	[{"content": [{"type": "resource", "resource": {"uri": "file:///r", "text": concat("", ["x", slack_bot])}}], "structuredContent": {"a": [1, {"b": bearer}], "c": "fine", "d": "c\ufeffd"}}, {}],
+	[texts_result([concat("", [s | some _ in numbers.range(1, 600); s := "0123456789"])]), limit(5000)],
+	[texts_result([concat("", [s | some _ in numbers.range(1, 600); s := "ééééé"])]), limit(5000)],
+	[texts_result([concat("", [pem, concat("", [s | some _ in numbers.range(1, 600); s := "0123456789"])])]), limit(5000)],
+	[{"content": [], "structuredContent": {"log": concat("", [s | some _ in numbers.range(1, 500); s := "abcdefghij"])}}, limit(4096)],
+	[texts_result(["0123456789abcdef"]), limit(10)], # a limit under the threshold: the policy scans itself
+	[texts_result(["owner EMP-123456"]), {"redact_patterns": {"employee_id": `\bEMP-[0-9]{6}\b`}}], # site patterns: likewise
+	[{"content": [{"type": "text", "text": "fine"}, {"type": "text"}]}, {}],
+	[{"content": {"type": "text", "text": aws_key}}, {}],
+]
+
+test_gateway_scan_gives_the_same_decisions if {
+	every c in scan_cases {
+		[r, conf] := c
+		settings := object.union({"max_result_bytes": 65536, "services": {}}, conf)
+		without := result.decision with input as with_result(r) with data.toolgate.settings as settings
+		with_scan := result.decision with input as scanned_input(r) with data.toolgate.settings as settings
+		without == with_scan
+	}
+}
+
+test_gateway_scan_is_used if {
+	# Only what the scan lists is looked at (the gateway found nothing here),
+	# and a scan made with a threshold over the limit is not used.
+	r := texts_result([aws_key])
+	result.decision == {"action": "allow"} with input as object.union(with_result(r), {"scan": {"threshold": 4096, "strings": []}})
+	d := result.decision with input as object.union(with_result(r), {"scan": {"threshold": 70000, "strings": []}})
+	d.result.content[0].text == "[REDACTED:aws_access_key_id]"
+}
+
+test_scan_entries if {
+	s := result.scan with input as with_result({"content": [{"type": "text", "text": "é\u200b"}, {"type": "text", "text": concat("", ["a", gh_classic])}]})
+	s.threshold == 0
+	s.strings == [
+		{"path": ["content", 0, "text"], "bytes": 5, "ascii": false, "invisible": true, "markers": false},
+		{"path": ["content", 1, "text"], "bytes": 41, "ascii": true, "invisible": false, "markers": true},
+	]
+}
+
+test_head_is_substring if {
+	every s in ["", "abc", "héllo wörld", "👍👍👍", "a\u200bb"] {
+		every n in [0, 1, 2, 5, 100] {
+			result.first_chars(s, n) == substring(s, 0, n)
+		}
+	}
+	result.first_chars("abcdef", 2000000) == "abcdef"
+}
+
+test_limit_over_a_million_characters if {
+	# Heads longer than sprintf's precision allows are taken with substring.
+	d := decide(texts_result([aws_key])) with data.toolgate.settings as limit(2000000)
+	d.result.content[0].text == "[REDACTED:aws_access_key_id]"
+}
+
+test_ascii_text_with_a_marker_truncated if {
+	# A marker but no secret: cleaned in full, then cut.
+	d := decide(texts_result(["Bearer x is fine here"])) with data.toolgate.settings as limit(10)
+	d.result.content[0].text == "Bearer x i\n[truncated by toolgate: 11 bytes over the limit of 10 bytes]"
+	d.reason == "toolgate changed the result: truncated text over the limit of 10 bytes"
+}
+
+test_cut_counts_bytes_after_redaction if {
+	# An ASCII text is no longer ASCII once a kind named in Cyrillic is
+	# redacted in it: the cut still counts bytes.
+	conf := {"max_result_bytes": 25, "redact_patterns": {"ключ": `EMP-[0-9]{6}`}}
+	d := decide(texts_result(["id EMP-123456 and a long tail"])) with data.toolgate.settings as conf
+	d.result.content[0].text == "id [REDACTED:ключ] an\n[truncated by toolgate: 4 bytes over the limit of 25 bytes]"
+}

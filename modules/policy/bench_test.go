@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
+	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -12,6 +14,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 
 	"github.com/toolgate/toolgate/internal/mcpmsg"
 	"github.com/toolgate/toolgate/modules/gateway"
@@ -26,18 +29,30 @@ import (
 //
 //	go test -run '^$' -bench . ./modules/policy/
 //
-// A benchmark measures; it does not pass or fail on time.
+// A benchmark measures; it does not pass or fail on time. To measure your
+// own policy directory instead of the shipped defaults, name it in
+// TOOLGATE_BENCH_POLICIES (the decisions are then not checked, only that
+// the policy made them):
+//
+//	TOOLGATE_BENCH_POLICIES=$PWD/policies go test -run '^$' -bench . ./modules/policy/
 
-const defaultPolicies = "../../policies"
+// benchPolicies is the policy directory measured.
+func benchPolicies() (dir string, defaults bool) {
+	if dir := os.Getenv("TOOLGATE_BENCH_POLICIES"); dir != "" {
+		return dir, false
+	}
+	return "../../policies", true
+}
 
 // benchTimeout is the evaluation deadline of the benchmarks: generous, so
 // that a busy machine or a profiler does not turn a slow run into a deny.
 // The cost of the deadline itself does not depend on its length.
 const benchTimeout = time.Minute
 
-func benchEngine(b *testing.B, query, stage string) *engine {
+func benchEngine(b testing.TB, query, stage string) *engine {
 	b.Helper()
-	e, err := newEngine(newSource(defaultPolicies), query, stage, 0, zap.NewNop(), policyMetrics)
+	dir, _ := benchPolicies()
+	e, err := newEngine(newSource(dir), query, stage, 0, zap.NewNop(), policyMetrics)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -56,8 +71,8 @@ const benchUnmarkedTool = `{"name":"update_ticket","title":"Update ticket","desc
 	`"annotations":{"readOnlyHint":false},` +
 	`"inputSchema":{"type":"object","properties":{"ticket_id":{"type":"string"},"status":{"type":"string"}},"required":["ticket_id"]}}`
 
-// benchService, benchCaller and benchSession live as long as the config, the
-// authentication and the session do; a call points at them.
+// benchService and benchSession live as long as the config and the session
+// do; a call points at them.
 var (
 	benchService = &gateway.Service{
 		ID:    "tracker",
@@ -74,9 +89,10 @@ var (
 )
 
 // benchCall returns a tools/call of tool (a definition as JSON) with
-// arguments, as toolgate_session and toolgate_registry leave it. Every call
-// gets its own Caller, as the authenticator builds one per request.
-func benchCall(b *testing.B, toolJSON, arguments string) *gateway.Call {
+// arguments, as toolgate_session and toolgate_registry leave it, for a
+// caller with the claims of a typical JWT. A benchmark evaluates it over and
+// over, as a runner makes call after call in one session.
+func benchCall(b testing.TB, toolJSON, arguments string) *gateway.Call {
 	b.Helper()
 	var def struct{ Name string }
 	if err := json.Unmarshal([]byte(toolJSON), &def); err != nil {
@@ -167,6 +183,7 @@ func measure(b *testing.B, parallel bool, step func()) {
 // definition, as in the gateway) and evaluating the default request policy.
 func BenchmarkRequestPolicy(b *testing.B) {
 	e := benchEngine(b, "data.toolgate.request.decision", stageRequest)
+	_, defaults := benchPolicies()
 	ctx := context.Background()
 	for _, c := range []struct {
 		name, tool, args, want string
@@ -179,9 +196,12 @@ func BenchmarkRequestPolicy(b *testing.B) {
 		b.Run(c.name, func(b *testing.B) {
 			call := benchCall(b, c.tool, c.args)
 			step := func() {
-				input := requestInput(call, toolTerm(call.Tool, call.Message.Name), false)
+				input, err := requestInput(call, toolTerm(call.Tool, call.Message.Name), false)
+				if err != nil {
+					panic(err)
+				}
 				o := e.decide(ctx, input, benchTimeout, "arguments")
-				if o.Action != c.want {
+				if o.Failure != "" || (defaults && o.Action != c.want) {
 					panic(fmt.Sprintf("decision %+v, want %s", o, c.want))
 				}
 			}
@@ -192,15 +212,16 @@ func BenchmarkRequestPolicy(b *testing.B) {
 }
 
 // BenchmarkResultPolicy is the result step's per-call work, through the
-// handler's own hook (input, evaluation, decision and audit entry, and the
-// encoding of a replaced result).
+// handler's own hook: input, evaluation, the decision and its audit entry
+// (with the SHA-256 of the result), and the encoding of a replaced result.
 func BenchmarkResultPolicy(b *testing.B) {
 	h := &ResultHandler{Config{
 		Timeout: caddy.Duration(benchTimeout),
 		engine:  benchEngine(b, "data.toolgate.result.decision", stageResult),
-		audit:   zap.NewNop(),
+		audit:   benchAudit(),
 		logger:  zap.NewNop(),
 	}}
+	_, defaults := benchPolicies()
 	ctx := context.Background()
 	for _, c := range []struct {
 		name, result string
@@ -209,16 +230,18 @@ func BenchmarkResultPolicy(b *testing.B) {
 		{"small", `{"content":[{"type":"text","text":"TEST-123: printer on fire, assigned to bob"}],` +
 			`"structuredContent":{"id":"TEST-123","status":"open","assignee":"bob","comments":3},"isError":false}`, false},
 		{"8KiB_text", textResult(strings.Repeat("TEST-123: printer on fire — assigned to bob\n", 8<<10/46)), false},
-		{"1MiB_text", textResult(strings.Repeat("lorem ipsum dolor sit amet, ", 1<<20/28)), true},
+		// A log of a megabyte: over the default limit, so it is cut.
+		{"1MiB_text", textResult(logText(1 << 20)), true},
+		// The same with a secret near its start: redacted, then cut.
+		{"1MiB_text_secret", textResult("deploy started with AKIAIOSFODNN7EXAMPLE\n" + logText(1<<20)), true},
 		{"1MiB_structured", structuredResult(1 << 20), true},
-		{"1MiB_text_secret", textResult("token AKIAIOSFODNN7EXAMPLE\n" + strings.Repeat("lorem ipsum dolor sit amet, ", 1<<20/28)), true},
 	} {
 		b.Run(c.name, func(b *testing.B) {
 			call := benchCall(b, benchTool, `{"ticket_id":"TEST-123"}`)
 			result := []byte(c.result)
 			step := func() {
 				out, err := h.check(ctx, call, result)
-				if err != nil || (out != nil) != c.changed || (out != nil && strings.Contains(string(out), "withheld")) {
+				if err != nil || (defaults && ((out != nil) != c.changed || strings.Contains(string(out), "withheld"))) {
 					panic(fmt.Sprintf("check: %.300s, %v", out, err))
 				}
 			}
@@ -227,6 +250,22 @@ func BenchmarkResultPolicy(b *testing.B) {
 			measure(b, false, step)
 		})
 	}
+}
+
+// benchAudit is an audit log that is on (as Caddy's default logger is) and
+// writes nowhere, so that the audit entry's cost is measured.
+func benchAudit() *zap.Logger {
+	enc := zapcore.NewJSONEncoder(zap.NewProductionEncoderConfig())
+	return zap.New(zapcore.NewCore(enc, zapcore.AddSync(io.Discard), zap.InfoLevel))
+}
+
+// logText is about size bytes of log lines.
+func logText(size int) string {
+	var sb strings.Builder
+	for i := 0; sb.Len() < size; i++ {
+		fmt.Fprintf(&sb, "2026-11-30T10:%02d:%02dZ INFO ticket TEST-%d updated by bob: status open, printer on fire in room %d\n", i/60%60, i%60, i, i%500)
+	}
+	return sb.String()
 }
 
 func textResult(text string) string {

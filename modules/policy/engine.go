@@ -12,8 +12,10 @@ import (
 	"time"
 
 	"github.com/open-policy-agent/opa/v1/ast"
+	opametrics "github.com/open-policy-agent/opa/v1/metrics"
 	"github.com/open-policy-agent/opa/v1/rego"
 	"github.com/open-policy-agent/opa/v1/storage/inmem"
+	"github.com/open-policy-agent/opa/v1/topdown"
 	"go.uber.org/zap"
 
 	"github.com/toolgate/toolgate/modules/gateway"
@@ -40,6 +42,7 @@ type engine struct {
 type compiled struct {
 	query    rego.PreparedEvalQuery
 	mask     *rego.PreparedEvalQuery // data.toolgate.log.mask, when the policy defines it
+	scanner  *scanner                // the result scan's settings, when the policy has them
 	revision string
 }
 
@@ -150,12 +153,19 @@ func (e *engine) compile(v *version) (*compiled, error) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	store := inmem.NewFromObject(v.data)
-	pq, err := rego.New(rego.Query(e.query), rego.Compiler(compiler), rego.Store(store)).PrepareForEval(ctx)
+	// The data documents are kept as AST values, so an evaluation reads
+	// settings without converting them, and decisions come back as AST
+	// (decide reads them as they are).
+	store := inmem.NewFromObjectWithOpts(v.data, inmem.OptReturnASTValuesOnRead(true))
+	pq, err := rego.New(rego.Query(e.query), rego.Compiler(compiler), rego.Store(store),
+		rego.GenerateJSON(keepAST)).PrepareForEval(ctx)
 	if err != nil {
 		return nil, err
 	}
 	c := &compiled{query: pq, revision: v.revision}
+	if c.scanner, err = loadScanner(ctx, compiler, store, e.query); err != nil {
+		return nil, err
+	}
 	if len(compiler.GetRulesExact(ast.MustParseRef(maskQuery))) > 0 {
 		mq, err := rego.New(rego.Query(maskQuery), rego.Compiler(compiler), rego.Store(store)).PrepareForEval(ctx)
 		if err != nil {
@@ -176,12 +186,19 @@ const (
 	failNotLoaded = "not_loaded"
 )
 
+// keepAST makes a prepared query return its results as AST terms.
+func keepAST(t *ast.Term, _ *rego.EvalContext) (any, error) { return t, nil }
+
+// noMetrics is what evaluations record their metrics in: nothing (the
+// gateway measures the evaluation as a whole).
+var noMetrics = opametrics.NoOp()
+
 // outcome is a policy decision as the gateway applies it.
 type outcome struct {
 	Action    string
 	Reason    string
 	Arguments map[string]any // request stage: replacement arguments, or nil
-	Result    map[string]any // result stage: replacement result, or nil
+	Result    *ast.Term      // result stage: replacement result (an object), or nil
 	// Failure says why the decision is a deny the policy did not make
 	// (one of the fail* constants); "" when the policy decided.
 	Failure  string
@@ -192,14 +209,25 @@ type outcome struct {
 // decide evaluates the policy on input. It never fails: anything but a
 // well-formed decision is a deny, with Failure saying why.
 func (e *engine) decide(ctx context.Context, input ast.Value, timeout time.Duration, replaceKey string) outcome {
-	c := e.current.Load()
+	return e.decideWith(ctx, e.current.Load(), input, timeout, replaceKey)
+}
+
+// decideWith is decide with the policy version c (nil: not loaded yet),
+// for an input built for that version.
+func (e *engine) decideWith(ctx context.Context, c *compiled, input ast.Value, timeout time.Duration, replaceKey string) outcome {
 	if c == nil {
 		return outcome{}.deny(failNotLoaded, "the policy has not been loaded yet")
 	}
 	start := time.Now()
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	rs, err := c.query.Eval(ctx, rego.EvalParsedInput(input))
-	timedOut := ctx.Err() != nil
+	// At the deadline a timer stops the evaluation and cancels the context
+	// builtins (http.send, …) see. (Left to itself, OPA would start a
+	// goroutine per evaluation to watch a deadline context; this costs a
+	// timer.)
+	ctx, cancel := context.WithCancel(ctx)
+	halt := topdown.NewCancel()
+	deadline := time.AfterFunc(timeout, func() { halt.Cancel(); cancel() })
+	rs, err := c.query.Eval(ctx, rego.EvalParsedInput(input), rego.EvalExternalCancel(halt), rego.EvalMetrics(noMetrics))
+	timedOut := !deadline.Stop()
 	cancel()
 	o := outcome{Revision: c.revision, Duration: time.Since(start)}
 	switch {
@@ -213,34 +241,63 @@ func (e *engine) decide(ctx context.Context, input ast.Value, timeout time.Durat
 	case len(rs) > 1 || len(rs[0].Expressions) > 1:
 		return o.deny(failMultiple, "the policy made several decisions")
 	}
-	d, ok := rs[0].Expressions[0].Value.(map[string]any)
+	t, _ := rs[0].Expressions[0].Value.(*ast.Term)
+	if t == nil {
+		return o.deny(failMalformed, "the policy decision is not an object")
+	}
+	d, ok := t.Value.(ast.Object)
 	if !ok {
 		return o.deny(failMalformed, "the policy decision is not an object")
 	}
-	for k, v := range d {
-		switch k {
+	var malformed string
+	d.Until(func(k, v *ast.Term) bool {
+		key, _ := k.Value.(ast.String)
+		switch string(key) {
 		case "action":
-			o.Action, _ = v.(string)
+			if s, ok := v.Value.(ast.String); ok {
+				o.Action = string(s)
+			}
 		case "reason":
-			if o.Reason, ok = v.(string); !ok {
-				return o.deny(failMalformed, "the policy decision's reason is not a string")
+			s, ok := v.Value.(ast.String)
+			if !ok {
+				malformed = "the policy decision's reason is not a string"
+				return true
 			}
+			o.Reason = strings.Clone(string(s)) // the input's memory may be reused (see resultTerms)
 		case replaceKey:
-			obj, isObj := v.(map[string]any)
-			if !isObj {
-				return o.deny(failMalformed, "the policy decision's "+replaceKey+" is not an object")
+			obj, ok := v.Value.(ast.Object)
+			if !ok {
+				malformed = "the policy decision's " + replaceKey + " is not an object"
+				return true
 			}
-			if replaceKey == "arguments" {
-				o.Arguments = obj
-			} else {
-				o.Result = obj
+			if replaceKey != "arguments" {
+				o.Result = v
+				break
 			}
+			args, err := ast.JSON(obj)
+			if err != nil {
+				malformed = "the policy decision's arguments cannot be written as JSON"
+				return true
+			}
+			o.Arguments, _ = args.(map[string]any)
 		default:
-			return o.deny(failMalformed, "the policy decision has an unknown field "+k)
+			malformed = "the policy decision has an unknown field " + k.String()
+			return true
 		}
+		return false
+	})
+	if malformed != "" {
+		return o.deny(failMalformed, malformed)
 	}
 	switch o.Action {
-	case gateway.ActionAllow, gateway.ActionDeny, gateway.ActionAsk:
+	case gateway.ActionAllow:
+		o.Action = gateway.ActionAllow // the constant, not the input's memory
+		return o
+	case gateway.ActionDeny:
+		o.Action = gateway.ActionDeny
+		return o
+	case gateway.ActionAsk:
+		o.Action = gateway.ActionAsk
 		return o
 	}
 	return o.deny(failMalformed, "the policy decision's action is not allow, deny or ask")

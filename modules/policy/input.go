@@ -1,17 +1,26 @@
 package policy
 
 import (
+	"encoding/json"
+	"fmt"
+	"runtime"
+	"slices"
+	"sync"
+	"sync/atomic"
 	"time"
+	"weak"
 
 	"github.com/open-policy-agent/opa/v1/ast"
-	"github.com/tidwall/gjson"
 
 	"github.com/toolgate/toolgate/modules/gateway"
 )
 
 // Input documents are built straight into OPA's AST from the raw JSON the
 // runner sent (already checked by mcpmsg: no duplicate keys, one reading),
-// without an intermediate map[string]any.
+// without an intermediate map[string]any (see json.go). Per call only what
+// changes per call is built: the caller, the request, the time, the
+// arguments; the service, session and tool definition terms are built once
+// and shared (OPA only reads its input).
 
 var (
 	keyCaller    = ast.StringTerm("caller")
@@ -25,6 +34,7 @@ var (
 	keyRequest   = ast.StringTerm("request")
 	keyTime      = ast.StringTerm("time")
 	keyResult    = ast.StringTerm("result")
+	keyScan      = ast.StringTerm("scan")
 	keyUser      = ast.StringTerm("user")
 	keyGroups    = ast.StringTerm("groups")
 	keyClaims    = ast.StringTerm("claims")
@@ -35,58 +45,85 @@ var (
 	keyName      = ast.StringTerm("name")
 	keyRemoteIP  = ast.StringTerm("remote_ip")
 	keyProtocol  = ast.StringTerm("protocol_version")
-	emptyObject  = ast.NewObject()
 )
 
 // requestInput builds the request-stage input for call. tool is the tool
 // definition for tools/call (nil when unknown); listing marks the
 // evaluation of a tool's visibility in tools/list (no arguments then).
-func requestInput(call *gateway.Call, tool *ast.Term, listing bool) ast.Object {
-	obj := ast.NewObject(
-		ast.Item(keyCaller, callerTerm(call.Caller)),
-		ast.Item(keySession, sessionTerm(call.Session)),
-		ast.Item(keyService, serviceTerm(call.Service)),
-		ast.Item(keyListing, ast.InternedTerm(listing)),
-		ast.Item(keyRequest, ast.ObjectTerm(
-			ast.Item(keyRemoteIP, ast.StringTerm(call.RemoteIP)),
-			ast.Item(keyProtocol, ast.StringTerm(call.ProtocolVersion)),
-		)),
-		ast.Item(keyTime, ast.StringTerm(call.Started.UTC().Format(time.RFC3339))),
-	)
-	if listing {
-		obj.Insert(keyMethod, ast.StringTerm("tools/call"))
-		obj.Insert(keyTool, tool)
-		return obj
-	}
-	obj.Insert(keyMethod, ast.StringTerm(call.Method))
-	if call.Method == "tools/call" {
-		obj.Insert(keyTool, tool)
+func requestInput(call *gateway.Call, tool *ast.Term, listing bool) (ast.Object, error) {
+	return inputFor(commonItems(call), call, tool, listing)
+}
+
+// commonItems are the members every input of call has, whatever is
+// evaluated: caller, session, service, request and time. The service term
+// is built once per registry service, the session term once per session;
+// the caller, request and time terms are those of the session's previous
+// call when they are equal (a runner makes many calls with one token from
+// one address), else built anew.
+func commonItems(call *gateway.Call) [][2]*ast.Term {
+	m := sessionMemos.get(call.Session, newSessionMemo)
+	items := make([][2]*ast.Term, 5, 10)
+	items[0] = ast.Item(keyCaller, m.callerTerm(call.Caller))
+	items[1] = ast.Item(keySession, m.session)
+	items[2] = ast.Item(keyService, serviceTerms.get(call.Service, serviceTerm))
+	items[3] = ast.Item(keyRequest, m.requestTerm(call.RemoteIP, call.ProtocolVersion))
+	items[4] = ast.Item(keyTime, timeTerm(call.Started))
+	return items
+}
+
+// inputFor completes common (which it does not change) for one evaluation.
+func inputFor(common [][2]*ast.Term, call *gateway.Call, tool *ast.Term, listing bool) (ast.Object, error) {
+	items := append(common[:len(common):len(common)], ast.Item(keyListing, ast.InternedTerm(listing)))
+	switch {
+	case listing:
+		items = append(items, ast.Item(keyMethod, toolsCall), ast.Item(keyTool, tool))
+	case call.Method == "tools/call":
+		items = append(items, ast.Item(keyMethod, toolsCall), ast.Item(keyTool, tool))
 		// What goes upstream: a rewrite (seen by the result stage) or the
 		// runner's own arguments.
 		raw := call.Arguments
 		if raw == nil {
 			raw = call.Message.Arguments
 		}
-		args := ast.NewTerm(emptyObject)
+		args := ast.InternedEmptyObject
 		if raw != nil {
-			args = ast.NewTerm(jsonValue(gjson.ParseBytes(raw)))
+			var err error
+			if args, err = jsonTerm(raw); err != nil {
+				return nil, fmt.Errorf("arguments: %w", err)
+			}
 		}
-		obj.Insert(keyArguments, args)
-	} else if call.Message.Params != nil {
-		obj.Insert(keyParams, ast.NewTerm(jsonValue(gjson.ParseBytes(call.Message.Params))))
+		items = append(items, ast.Item(keyArguments, args))
+	default:
+		items = append(items, ast.Item(keyMethod, ast.StringTerm(call.Method)))
+		if call.Message.Params != nil {
+			params, err := jsonTerm(call.Message.Params)
+			if err != nil {
+				return nil, fmt.Errorf("params: %w", err)
+			}
+			items = append(items, ast.Item(keyParams, params))
+		}
 	}
-	return obj
+	return ast.NewObject(items...), nil
 }
 
+var toolsCall = ast.StringTerm("tools/call")
+
 // toolTerm is the policy's view of a tool: the upstream's definition when
-// known, else just its name.
+// known, else just its name. A definition is converted once. One that
+// cannot be read counts as unknown, which the defaults gate.
 func toolTerm(def *gateway.ToolDefinition, name string) *ast.Term {
-	if def == nil {
-		return ast.ObjectTerm(ast.Item(keyName, ast.StringTerm(name)))
+	if def != nil {
+		if t, _ := def.Memo(func() any {
+			t, err := jsonTerm(def.Raw)
+			if err != nil {
+				return nil
+			}
+			return t
+		}).(*ast.Term); t != nil {
+			return t
+		}
 	}
-	return def.Memo(func() any {
-		return ast.NewTerm(jsonValue(gjson.ParseBytes(def.Raw)))
-	}).(*ast.Term)
+	return ast.ObjectTerm(ast.Item(keyName, ast.StringTerm(name)))
 }
 
 func callerTerm(c *gateway.Caller) *ast.Term {
@@ -94,8 +131,8 @@ func callerTerm(c *gateway.Caller) *ast.Term {
 	for i, g := range c.Groups {
 		groups[i] = ast.StringTerm(g)
 	}
-	claims := ast.NewTerm(emptyObject)
-	if c.Claims != nil {
+	claims := ast.InternedEmptyObject
+	if len(c.Claims) > 0 {
 		if v, err := ast.InterfaceToValue(c.Claims); err == nil {
 			claims = ast.NewTerm(v)
 		}
@@ -107,55 +144,163 @@ func callerTerm(c *gateway.Caller) *ast.Term {
 	)
 }
 
-func sessionTerm(s *gateway.Session) *ast.Term {
+// sessionMemo holds the terms of a session and of its latest caller and
+// request.
+type sessionMemo struct {
+	session *ast.Term
+	caller  atomic.Pointer[callerMemo]
+	request atomic.Pointer[requestMemo]
+}
+
+// callerMemo is a caller's term and a copy of what it was built from.
+type callerMemo struct {
+	user   string
+	groups []string
+	claims map[string]any
+	term   *ast.Term
+}
+
+type requestMemo struct {
+	remoteIP, protocol string
+	term               *ast.Term
+}
+
+func newSessionMemo(s *gateway.Session) *sessionMemo {
 	services := make([]*ast.Term, len(s.Services))
 	for i, id := range s.Services {
 		services[i] = ast.StringTerm(id)
 	}
-	return ast.ObjectTerm(
+	return &sessionMemo{session: ast.ObjectTerm(
 		ast.Item(keyID, ast.StringTerm(s.ID)),
 		ast.Item(keyServices, ast.ArrayTerm(services...)),
-	)
+	)}
 }
+
+func (m *sessionMemo) callerTerm(c *gateway.Caller) *ast.Term {
+	if last := m.caller.Load(); last != nil && last.user == c.User &&
+		slices.Equal(last.groups, c.Groups) && jsonEqual(last.claims, c.Claims) {
+		return last.term
+	}
+	claims, _ := jsonCopy(c.Claims).(map[string]any)
+	next := &callerMemo{user: c.User, groups: slices.Clone(c.Groups), claims: claims, term: callerTerm(c)}
+	m.caller.Store(next)
+	return next.term
+}
+
+func (m *sessionMemo) requestTerm(remoteIP, protocol string) *ast.Term {
+	if last := m.request.Load(); last != nil && last.remoteIP == remoteIP && last.protocol == protocol {
+		return last.term
+	}
+	next := &requestMemo{remoteIP: remoteIP, protocol: protocol, term: ast.ObjectTerm(
+		ast.Item(keyRemoteIP, ast.StringTerm(remoteIP)),
+		ast.Item(keyProtocol, ast.StringTerm(protocol)),
+	)}
+	m.request.Store(next)
+	return next.term
+}
+
+// jsonEqual compares decoded JSON values (the claims of a token) exactly.
+func jsonEqual(a, b any) bool {
+	switch x := a.(type) {
+	case map[string]any:
+		y, ok := b.(map[string]any)
+		if !ok || len(x) != len(y) || (x == nil) != (y == nil) {
+			return false
+		}
+		for k, xv := range x {
+			yv, ok := y[k]
+			if !ok || !jsonEqual(xv, yv) {
+				return false
+			}
+		}
+		return true
+	case []any:
+		y, ok := b.([]any)
+		return ok && len(x) == len(y) && slices.EqualFunc(x, y, jsonEqual)
+	case string, bool, float64, json.Number, nil:
+		return a == b
+	}
+	return false // anything else is never reused
+}
+
+// jsonCopy copies the maps and slices of a decoded JSON value.
+func jsonCopy(v any) any {
+	switch x := v.(type) {
+	case map[string]any:
+		if x == nil {
+			return x
+		}
+		c := make(map[string]any, len(x))
+		for k, e := range x {
+			c[k] = jsonCopy(e)
+		}
+		return c
+	case []any:
+		c := make([]any, len(x))
+		for i, e := range x {
+			c[i] = jsonCopy(e)
+		}
+		return c
+	}
+	return v
+}
+
+// timeTerm is t in RFC 3339, UTC, whole seconds; calls within one second
+// share it.
+func timeTerm(t time.Time) *ast.Term {
+	sec := t.Unix()
+	if last := lastTime.Load(); last != nil && last.sec == sec {
+		return last.term
+	}
+	next := &timeMemo{sec: sec, term: ast.StringTerm(t.UTC().Format(time.RFC3339))}
+	lastTime.Store(next)
+	return next.term
+}
+
+type timeMemo struct {
+	sec  int64
+	term *ast.Term
+}
+
+var lastTime atomic.Pointer[timeMemo]
 
 func serviceTerm(s *gateway.Service) *ast.Term {
 	tools := make([]*ast.Term, len(s.Tools))
 	for i, t := range s.Tools {
 		tools[i] = ast.StringTerm(t)
 	}
+	auth := gateway.AuthNone
+	if s.Auth != nil {
+		auth = s.Auth.Kind
+	}
 	return ast.ObjectTerm(
 		ast.Item(keyID, ast.StringTerm(s.ID)),
-		ast.Item(keyAuth, ast.StringTerm(s.Auth.Kind)),
+		ast.Item(keyAuth, ast.StringTerm(auth)),
 		ast.Item(keyTools, ast.ArrayTerm(tools...)),
 	)
 }
 
-// jsonValue converts parsed JSON to an AST value.
-func jsonValue(r gjson.Result) ast.Value {
-	switch r.Type {
-	case gjson.Null:
-		return ast.NullValue
-	case gjson.False:
-		return ast.InternedValue(false)
-	case gjson.True:
-		return ast.InternedValue(true)
-	case gjson.Number:
-		return ast.Number(r.Raw)
-	case gjson.String:
-		return ast.String(r.Str)
+// Registry services live as long as their configuration, sessions as long
+// as the session store caches them; a call points at them. What is built
+// from them is built once and dropped with them.
+var (
+	serviceTerms weakCache[gateway.Service, *ast.Term]
+	sessionMemos weakCache[gateway.Session, *sessionMemo]
+)
+
+// weakCache keeps what was built from a long-lived value for as long as
+// the value lives. The value must not change after that; terms are only
+// read, so one term serves concurrent evaluations.
+type weakCache[K, V any] struct{ m sync.Map } // weak.Pointer[K] → V
+
+func (c *weakCache[K, V]) get(k *K, build func(*K) V) V {
+	wk := weak.Make(k)
+	if v, ok := c.m.Load(wk); ok {
+		return v.(V)
 	}
-	if r.IsArray() {
-		var terms []*ast.Term
-		r.ForEach(func(_, v gjson.Result) bool {
-			terms = append(terms, ast.NewTerm(jsonValue(v)))
-			return true
-		})
-		return ast.NewArray(terms...)
+	v, loaded := c.m.LoadOrStore(wk, build(k))
+	if !loaded {
+		runtime.AddCleanup(k, func(wk weak.Pointer[K]) { c.m.Delete(wk) }, wk)
 	}
-	obj := ast.NewObject()
-	r.ForEach(func(k, v gjson.Result) bool {
-		obj.Insert(ast.StringTerm(k.Str), ast.NewTerm(jsonValue(v)))
-		return true
-	})
-	return obj
+	return v.(V)
 }

@@ -19,7 +19,8 @@ import (
 // (valid JSON and UTF-8, no duplicate keys, no lone surrogates), so the
 // parser below only has to be fast: strings are found with IndexByte and
 // share the memory of one copy of the text, object keys are interned per
-// conversion, small integers come from OPA's interned terms. It still
+// conversion, small integers come from OPA's interned terms, terms are
+// allocated many at a time. It still
 // reports malformed text instead of guessing, and callers deny on that.
 
 // maxJSONDepth bounds the nesting the parser follows (mcpmsg's own limit
@@ -39,6 +40,9 @@ type jsonParser struct {
 	src   string
 	pos   int
 	keys  map[string]*ast.Term // interned object keys
+	nkeys int                  // keys read so far
+	slab  []ast.Term           // terms are allocated from here, many at once
+	nslab int                  // the size of the next slab
 	items [][2]*ast.Term       // scratch: members of the objects being built
 
 	// visit, when set, is called for every string value inside the value of
@@ -48,7 +52,15 @@ type jsonParser struct {
 	visitKey string
 	track    bool
 	path     []pathStep
+
+	// spans, when not nil, receives the text of every value of at least
+	// spanMin bytes, so that what is unchanged of it can be written back
+	// as it was (see appendJSON).
+	spans map[*ast.Term]string
 }
+
+// spanMin is the size from which a value's text is remembered.
+const spanMin = 512
 
 // pathStep is one step of a path into a JSON value: an object key or an
 // array index.
@@ -86,6 +98,18 @@ func (p *jsonParser) skipSpace() {
 }
 
 func (p *jsonParser) value(depth int) (*ast.Term, error) {
+	if p.spans == nil {
+		return p.value1(depth)
+	}
+	start := p.pos
+	t, err := p.value1(depth)
+	if err == nil && p.pos-start >= spanMin {
+		p.spans[t] = p.src[start:p.pos]
+	}
+	return t, err
+}
+
+func (p *jsonParser) value1(depth int) (*ast.Term, error) {
 	if depth > maxJSONDepth {
 		return nil, p.fail("nested too deeply")
 	}
@@ -104,7 +128,7 @@ func (p *jsonParser) value(depth int) (*ast.Term, error) {
 		if s == "" {
 			return ast.InternedEmptyString, nil
 		}
-		return ast.StringTerm(s), nil
+		return p.term(ast.String(s)), nil
 	case c == '{':
 		return p.object(depth)
 	case c == '[':
@@ -146,7 +170,20 @@ func (p *jsonParser) number() (*ast.Term, error) {
 	if t := ast.InternedIntNumberTermFromString(text); t != nil {
 		return t, nil
 	}
-	return ast.NewTerm(ast.Number(text)), nil
+	return p.term(ast.Number(text)), nil
+}
+
+// term returns a new term holding v. Terms come from slabs that grow with
+// the document: one allocation for many terms.
+func (p *jsonParser) term(v ast.Value) *ast.Term {
+	if len(p.slab) == 0 {
+		p.nslab = min(max(2*p.nslab, 4), 256)
+		p.slab = make([]ast.Term, p.nslab)
+	}
+	t := &p.slab[0]
+	p.slab = p.slab[1:]
+	t.Value = v
+	return t
 }
 
 // validNumber reports whether s is a JSON number.
@@ -194,31 +231,53 @@ func validNumber(s string) bool {
 func (p *jsonParser) str() (string, error) {
 	p.pos++ // '"'
 	start := p.pos
+	// Short strings (keys, identifiers) end sooner than IndexByte gets
+	// going; look at their first bytes one by one.
+	for i := start; i < len(p.src) && i < start+24; i++ {
+		switch p.src[i] {
+		case '"':
+			p.pos = i + 1
+			return p.src[start:i], nil
+		case '\\':
+			return p.escapedStr(start, i)
+		}
+	}
 	end := strings.IndexByte(p.src[start:], '"')
 	if end < 0 {
 		return "", p.fail("unterminated string")
 	}
 	end += start
-	if strings.IndexByte(p.src[start:end], '\\') < 0 {
-		p.pos = end + 1
-		return p.src[start:end], nil
+	if b := strings.IndexByte(p.src[start:end], '\\'); b >= 0 {
+		return p.escapedStr(start, start+b)
 	}
-	// Escapes: find the real end (a quote after an even number of
-	// backslashes), then decode.
-	i := start
+	p.pos = end + 1
+	return p.src[start:end], nil
+}
+
+// escapedStr reads the rest of a string that starts at start and has a
+// backslash at b.
+func (p *jsonParser) escapedStr(start, b int) (string, error) {
+	end := strings.IndexByte(p.src[b:], '"')
+	if end < 0 {
+		return "", p.fail("unterminated string")
+	}
+	end += b
+	// Escapes: the string ends at the first quote not escaped, that is
+	// not preceded by an odd number of backslashes.
+	i := end
 	for {
-		if i >= len(p.src) {
-			return "", p.fail("unterminated string")
+		n := 0
+		for i-1-n >= start && p.src[i-1-n] == '\\' {
+			n++
 		}
-		j := strings.IndexAny(p.src[i:], `"\`)
+		if n%2 == 0 {
+			break
+		}
+		j := strings.IndexByte(p.src[i+1:], '"')
 		if j < 0 {
 			return "", p.fail("unterminated string")
 		}
-		i += j
-		if p.src[i] == '"' {
-			break
-		}
-		i += 2 // a backslash and the character it escapes
+		i += 1 + j
 	}
 	s, ok := unescape(p.src[start:i])
 	if !ok {
@@ -299,16 +358,31 @@ func (p *jsonParser) key() (*ast.Term, error) {
 	if err != nil {
 		return nil, err
 	}
+	return p.intern(s), nil
+}
+
+// intern returns a term for the key s, the same term for the same key once
+// the document has had internAfter keys. That pays off for large
+// documents, where keys repeat (a list of records); small ones (arguments)
+// are not worth the map. (Values repeat less: most are unique, and then the
+// map costs more than it saves.)
+func (p *jsonParser) intern(s string) *ast.Term {
+	if p.nkeys++; p.nkeys <= internAfter {
+		return p.term(ast.String(s))
+	}
 	if t, ok := p.keys[s]; ok {
-		return t, nil
+		return t
 	}
 	if p.keys == nil {
 		p.keys = make(map[string]*ast.Term)
 	}
-	t := ast.StringTerm(s)
+	t := p.term(ast.String(s))
 	p.keys[s] = t
-	return t, nil
+	return t
 }
+
+// internAfter is how many keys a document has before they are interned.
+const internAfter = 32
 
 func (p *jsonParser) object(depth int) (*ast.Term, error) {
 	p.pos++ // '{'
@@ -365,7 +439,7 @@ func (p *jsonParser) object(depth int) (*ast.Term, error) {
 	obj := ast.NewObject(p.items[mark:]...)
 	clear(p.items[mark:])
 	p.items = p.items[:mark]
-	return ast.NewTerm(obj), nil
+	return p.term(obj), nil
 }
 
 func (p *jsonParser) array(depth int) (*ast.Term, error) {
@@ -405,7 +479,7 @@ func (p *jsonParser) array(depth int) (*ast.Term, error) {
 		p.pos++
 		break
 	}
-	return ast.NewTerm(ast.NewArray(slices.Clip(elems)...)), nil
+	return p.term(ast.NewArray(slices.Clip(elems)...)), nil
 }
 
 // pathTerm is path as the policy sees paths: an array of keys and indexes.
@@ -421,11 +495,16 @@ func pathTerm(path []pathStep) *ast.Term {
 	return ast.ArrayTerm(steps...)
 }
 
-// appendJSON appends v as JSON text. Sets become arrays (as OPA itself
+// appendJSON appends t as JSON text. Sets become arrays (as OPA itself
 // encodes them); object keys must be strings, and anything that JSON cannot
-// hold is an error.
-func appendJSON(b []byte, v ast.Value) ([]byte, error) {
-	switch x := v.(type) {
+// hold is an error. A term found in spans (it came from a parsed document
+// and is unchanged: terms are never modified) is written as the text it was
+// parsed from.
+func appendJSON(b []byte, t *ast.Term, spans map[*ast.Term]string) ([]byte, error) {
+	if text, ok := spans[t]; ok {
+		return append(b, text...), nil
+	}
+	switch x := t.Value.(type) {
 	case ast.Null:
 		return append(b, "null"...), nil
 	case ast.Boolean:
@@ -444,13 +523,13 @@ func appendJSON(b []byte, v ast.Value) ([]byte, error) {
 				b = append(b, ',')
 			}
 			var err error
-			if b, err = appendJSON(b, x.Elem(i).Value); err != nil {
+			if b, err = appendJSON(b, x.Elem(i), spans); err != nil {
 				return nil, err
 			}
 		}
 		return append(b, ']'), nil
 	case ast.Set:
-		return appendJSON(b, x.Sorted())
+		return appendJSON(b, ast.NewTerm(x.Sorted()), spans)
 	case ast.Object:
 		b = append(b, '{')
 		first := true
@@ -466,7 +545,7 @@ func appendJSON(b []byte, v ast.Value) ([]byte, error) {
 			b = appendString(b, string(s))
 			b = append(b, ':')
 			var err error
-			b, err = appendJSON(b, v.Value)
+			b, err = appendJSON(b, v, spans)
 			return err
 		})
 		if err != nil {
@@ -474,7 +553,7 @@ func appendJSON(b []byte, v ast.Value) ([]byte, error) {
 		}
 		return append(b, '}'), nil
 	}
-	return nil, fmt.Errorf("a %s cannot be written as JSON", ast.ValueName(v))
+	return nil, fmt.Errorf("a %s cannot be written as JSON", ast.ValueName(t.Value))
 }
 
 // appendString appends s as a JSON string, escaped as mcpmsg.AppendQuote

@@ -146,14 +146,37 @@ func (c *Config) cleanup() error {
 	return nil
 }
 
+// digest returns the SHA-256 of subject for its audit entry (nil when no
+// audit entry is written). A large subject (a tool result) is hashed on
+// another goroutine, started now, so that the hash (about half a
+// millisecond per megabyte) overlaps the policy evaluation instead of
+// following it. The returned function must be called at most once.
+func (c *Config) digest(subject []byte) func() [sha256.Size]byte {
+	if !c.audit.Core().Enabled(zap.InfoLevel) {
+		return nil
+	}
+	if len(subject) < asyncDigestMin {
+		return func() [sha256.Size]byte { return sha256.Sum256(subject) }
+	}
+	ch := make(chan [sha256.Size]byte, 1)
+	go func() { ch <- sha256.Sum256(subject) }()
+	return func() [sha256.Size]byte { return <-ch }
+}
+
+// asyncDigestMin is the size from which digest hashes on another goroutine.
+const asyncDigestMin = 64 << 10
+
 // newDecision turns an outcome into the call's decision, counts it and
-// writes the audit entry.
-func (c *Config) newDecision(ctx context.Context, call *gateway.Call, o outcome, stage string, subject []byte, input ast.Value) *gateway.Decision {
+// writes the audit entry. sum, when not nil, is subject's digest.
+func (c *Config) newDecision(ctx context.Context, call *gateway.Call, o outcome, stage string, subject []byte, sum func() [sha256.Size]byte, input ast.Value) *gateway.Decision {
 	d := &gateway.Decision{ID: gateway.NewID(), Action: o.Action, Reason: o.Reason}
 	policyMetrics.decisions.WithLabelValues(stage, call.Service.ID, o.Action).Inc()
 	policyMetrics.duration.WithLabelValues(stage).Observe(o.Duration.Seconds())
 	if ce := c.audit.Check(zap.InfoLevel, "policy decision"); ce != nil {
-		sum := sha256.Sum256(subject)
+		if sum == nil {
+			sum = c.digest(subject)
+		}
+		sum := sum()
 		fields := []zap.Field{
 			zap.String("decision_id", d.ID),
 			zap.String("revision", o.Revision),

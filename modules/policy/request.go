@@ -11,6 +11,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/open-policy-agent/opa/v1/ast"
 	"github.com/tidwall/gjson"
+	"go.uber.org/zap"
 
 	"github.com/toolgate/toolgate/modules/gateway"
 )
@@ -62,9 +63,14 @@ func (h *RequestHandler) ServeHTTP(w http.ResponseWriter, r *http.Request, next 
 		}
 		tool = toolTerm(call.Tool, call.Message.Name)
 	}
-	input := requestInput(call, tool, false)
-	o := h.engine.decide(r.Context(), input, time.Duration(h.Timeout), "arguments")
-	d := h.newDecision(r.Context(), call, o, stageRequest, call.Message.Arguments, input)
+	o := outcome{}.deny(failError, "the gateway could not build the policy input")
+	input, err := requestInput(call, tool, false)
+	if err == nil {
+		o = h.engine.decide(r.Context(), input, time.Duration(h.Timeout), "arguments")
+	} else {
+		h.logger.Warn("cannot build the policy input", zap.String("service", call.Service.ID), zap.Error(err))
+	}
+	d := h.newDecision(r.Context(), call, o, stageRequest, call.Message.Arguments, nil, input)
 	call.Decision = d
 	switch o.Action {
 	case gateway.ActionAllow:
@@ -100,13 +106,21 @@ func (h *RequestHandler) ServeHTTP(w http.ResponseWriter, r *http.Request, next 
 // listing: true and no arguments. ask keeps a tool visible.
 func (h *RequestHandler) hideTools(ctx context.Context, call *gateway.Call, result []byte) ([]byte, error) {
 	timeout := time.Duration(h.Timeout)
+	common := commonItems(call) // shared by every tool's input
 	return gateway.FilterTools(result, func(tool gjson.Result) bool {
-		input := requestInput(call, ast.NewTerm(jsonValue(tool)), true)
-		o := h.engine.decide(ctx, input, timeout, "arguments")
+		o := outcome{}.deny(failError, "the gateway could not build the policy input")
+		def, err := jsonTerm([]byte(tool.Raw))
+		var input ast.Object
+		if err == nil {
+			input, err = inputFor(common, call, def, true)
+		}
+		if err == nil {
+			o = h.engine.decide(ctx, input, timeout, "arguments")
+		}
 		if o.Action != gateway.ActionDeny {
 			return true
 		}
-		h.newDecision(ctx, call, o, stageListing, []byte(tool.Get("name").Raw), input)
+		h.newDecision(ctx, call, o, stageListing, []byte(tool.Get("name").Raw), nil, input)
 		return false
 	}), nil
 }

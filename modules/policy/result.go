@@ -2,15 +2,15 @@ package policy
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/open-policy-agent/opa/v1/ast"
-	"github.com/tidwall/gjson"
+	"go.uber.org/zap"
 
 	"github.com/toolgate/toolgate/modules/gateway"
 )
@@ -65,21 +65,52 @@ func (h *ResultHandler) check(ctx context.Context, call *gateway.Call, result []
 	if call.Tool == nil && call.MCPSession != nil {
 		call.Tool = call.MCPSession.Tool(call.Message.Name)
 	}
-	input := requestInput(call, toolTerm(call.Tool, call.Message.Name), false)
-	input.Insert(keyResult, ast.NewTerm(jsonValue(gjson.ParseBytes(result))))
-	o := h.engine.decide(ctx, input, time.Duration(h.Timeout), "result")
-	d := h.newDecision(ctx, call, o, stageResult, result, input)
+	// The input is built for the policy version that decides, whose scan
+	// settings it uses.
+	sum := h.digest(result) // for the audit entry, hashed while the policy evaluates
+	c := h.engine.current.Load()
+	o := outcome{}.deny(failError, "the gateway could not build the policy input")
+	spans := make(map[*ast.Term]string)
+	input, err := h.input(c, call, result, spans)
+	if err == nil {
+		o = h.engine.decideWith(ctx, c, input, time.Duration(h.Timeout), "result")
+	} else {
+		h.logger.Warn("cannot build the policy input", zap.String("service", call.Service.ID), zap.Error(err))
+	}
+	var replaced []byte
+	if o.Action == gateway.ActionAllow && o.Result != nil {
+		// What the policy left as it was is written as the upstream wrote it.
+		if replaced, err = appendJSON(nil, o.Result, spans); err != nil {
+			o = o.deny(failMalformed, "the policy's replacement result cannot be written as JSON")
+		}
+	}
+	d := h.newDecision(ctx, call, o, stageResult, result, sum, input)
 	switch o.Action {
 	case gateway.ActionAllow:
-		if o.Result == nil {
-			return nil, nil
-		}
-		return json.Marshal(o.Result)
+		return replaced, nil // nil: the upstream's bytes go on untouched
 	case gateway.ActionAsk:
 		return gateway.ToolError("the result is withheld pending approval: "+o.Reason, d), nil
 	default:
 		return gateway.ToolError("the result was withheld by policy: "+o.Reason, d), nil
 	}
+}
+
+// input is the result-stage input: the request input plus the result and,
+// when the policy version c has scan settings, the scan.
+func (h *ResultHandler) input(c *compiled, call *gateway.Call, result []byte, spans map[*ast.Term]string) (ast.Object, error) {
+	var sc *scanner
+	if c != nil {
+		sc = c.scanner
+	}
+	res, scan, err := resultTerms(result, sc, spans)
+	if err != nil {
+		return nil, fmt.Errorf("result: %w", err)
+	}
+	common := append(commonItems(call), ast.Item(keyResult, res))
+	if scan != nil {
+		common = append(common, ast.Item(keyScan, scan))
+	}
+	return inputFor(common, call, toolTerm(call.Tool, call.Message.Name), false)
 }
 
 // Interface guards

@@ -1,0 +1,92 @@
+package integration
+
+import (
+	"bytes"
+	"io"
+	"net/http"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+)
+
+// BenchmarkOpenLoop is the load harness of DESIGN.md's performance budget:
+// open-loop load (requests start on a fixed schedule, whether or not
+// earlier ones finished, and latency counts from the scheduled start, so a
+// stall is not hidden) of small tools/call messages, straight to the
+// upstream and through toolgate with the default policies, in the same run
+// on the same machine. It reports p50/p99 of each and what toolgate adds.
+//
+//	go test -run '^$' -bench BenchmarkOpenLoop -benchtime 1x ./integration/
+func BenchmarkOpenLoop(b *testing.B) {
+	const (
+		rate     = 400 // requests per second
+		duration = 5 * time.Second
+	)
+	up := startUpstream(b)
+	g := startGateway(b, gatewayConfig{Upstream: up.URL, RequestPolicy: "../policies"})
+	through := g.raw(b, aliceKey, g.createSession(b, aliceKey, "svc"), "svc")
+	through.initialize()
+	direct := &rawMCP{t: b, url: up.URL, headers: map[string]string{}}
+	direct.initialize()
+
+	for range b.N {
+		d := openLoop(b, direct, rate, duration)
+		t := openLoop(b, through, rate, duration)
+		b.ReportMetric(float64(d.p50.Microseconds()), "direct-p50-µs")
+		b.ReportMetric(float64(d.p99.Microseconds()), "direct-p99-µs")
+		b.ReportMetric(float64(t.p50.Microseconds()), "toolgate-p50-µs")
+		b.ReportMetric(float64(t.p99.Microseconds()), "toolgate-p99-µs")
+		b.ReportMetric(float64((t.p50 - d.p50).Microseconds()), "added-p50-µs")
+		b.ReportMetric(float64((t.p99 - d.p99).Microseconds()), "added-p99-µs")
+	}
+}
+
+type latencies struct{ p50, p99 time.Duration }
+
+func openLoop(b *testing.B, m *rawMCP, rate int, duration time.Duration) latencies {
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256}}
+	body := []byte(`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"echo","arguments":{"text":"hello"}}}`)
+	n := int(duration.Seconds() * float64(rate))
+	interval := time.Second / time.Duration(rate)
+	results := make([]time.Duration, n)
+	var failures int
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	start := time.Now()
+	for i := range n {
+		scheduled := start.Add(time.Duration(i) * interval)
+		time.Sleep(time.Until(scheduled))
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			req, _ := http.NewRequest(http.MethodPost, m.url, bytes.NewReader(body))
+			req.Header.Set("Content-Type", "application/json")
+			req.Header.Set("Accept", "application/json, text/event-stream")
+			req.Header.Set("Mcp-Session-Id", m.sessionID)
+			req.Header.Set("Mcp-Protocol-Version", "2025-11-25")
+			for k, v := range m.headers {
+				req.Header.Set(k, v)
+			}
+			resp, err := client.Do(req)
+			ok := err == nil
+			if ok {
+				data, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				ok = resp.StatusCode == http.StatusOK && bytes.Contains(data, []byte("hello"))
+			}
+			results[i] = time.Since(scheduled)
+			if !ok {
+				mu.Lock()
+				failures++
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	if failures > 0 {
+		b.Fatalf("%d of %d requests failed", failures, n)
+	}
+	slices.Sort(results)
+	return latencies{p50: results[n/2], p99: results[n*99/100]}
+}

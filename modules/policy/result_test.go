@@ -1,0 +1,77 @@
+package policy
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"go.uber.org/zap"
+
+	"github.com/toolgate/toolgate/internal/mcpmsg"
+)
+
+// The result hook with the shipped default policies.
+func TestResultHook(t *testing.T) {
+	h := &ResultHandler{Config{
+		Timeout: caddy.Duration(10 * time.Second),
+		engine:  benchEngine(t, "data.toolgate.result.decision", stageResult),
+		audit:   zap.NewNop(),
+		logger:  zap.NewNop(),
+	}}
+	ctx := context.Background()
+	call := benchCall(t, benchTool, `{"ticket_id":"TEST-123"}`)
+	check := func(result string) (string, map[string]any) {
+		t.Helper()
+		out, err := h.check(ctx, call, []byte(result))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if out == nil {
+			return "", nil
+		}
+		if err := mcpmsg.Validate(out, mcpmsg.Limits{}); err != nil {
+			t.Fatalf("the hook's result is not valid JSON: %v\n%.300s", err, out)
+		}
+		var v map[string]any
+		if err := json.Unmarshal(out, &v); err != nil {
+			t.Fatal(err)
+		}
+		return string(out), v
+	}
+	text := func(v map[string]any) string {
+		return v["content"].([]any)[0].(map[string]any)["text"].(string)
+	}
+
+	// Nothing to change: the upstream's bytes go on.
+	if out, _ := check(`{"content":[{"type":"text","text":"TEST-123: printer on fire"}],"structuredContent":{"id":"TEST-123"},"isError":false}`); out != "" {
+		t.Errorf("a clean result was replaced by %s", out)
+	}
+
+	// A secret is redacted; what the policy did not change is written back
+	// exactly as the upstream wrote it.
+	meta := `{"trace":   "` + strings.Repeat("t", spanMin) + `",  "n" : 1.50}`
+	out, v := check(`{"content":[{"type":"text","text":"key AKIAIOSFODNN7EXAMPLE\nok"}],"_meta":` + meta + `,"isError":false}`)
+	if text(v) != "key [REDACTED:aws_access_key_id]\nok" || !strings.Contains(out, `"_meta":`+meta) {
+		t.Errorf("redacted result: %s", out)
+	}
+
+	// A megabyte of log is cut at the limit, on a line of its own.
+	log := logText(1 << 20)
+	_, v = check(textResult(log))
+	got := text(v)
+	note := "\n[truncated by toolgate: " + itoa(len(log)-65536) + " bytes over the limit of 65536 bytes]"
+	if !strings.HasSuffix(got, note) || strings.TrimSuffix(got, note) != log[:65536] {
+		t.Errorf("truncated text ends %q", got[len(got)-200:])
+	}
+
+	// Malformed: withheld with the reason.
+	out, _ = check(`{"content":{"type":"text","text":"x"}}`)
+	if !strings.Contains(out, "the result was withheld by policy: the upstream result is malformed") || !strings.Contains(out, `"isError":true`) {
+		t.Errorf("malformed result: %s", out)
+	}
+}
+
+func itoa(n int) string { b, _ := json.Marshal(n); return string(b) }

@@ -1,0 +1,152 @@
+package policy
+
+import (
+	"context"
+	"encoding/json"
+	"slices"
+	"strings"
+	"testing"
+	"unicode/utf8"
+
+	"github.com/open-policy-agent/opa/v1/ast"
+	"github.com/open-policy-agent/opa/v1/rego"
+	"go.uber.org/zap"
+)
+
+// scanStrings are strings the gateway's scan must judge exactly as the
+// policy's own definition (the scan it computes without input.scan) does.
+func scanStrings() []string {
+	s := []string{
+		"", "plain", "Ticket TEST-123: printer on fire", "é", "👍", "\u00a0", "by bob, bearing",
+		"AKIAIOSFODNN7EXAMPLE", "xAKIA", "ASIA", "Bearer x", "a bearer", "BEARER", "ghp_", "gho_x", "ghu_", "ghs_", "ghr_",
+		"github_pat_", "eyJ", "PRIVATE KEY", "xox", "AKI", "Beare", "earer", "github_pa", "PRIVATE  KEY",
+	}
+	// Every invisible character and its neighbours.
+	for _, r := range [][2]rune{{0x200B, 0x200F}, {0x202A, 0x202E}, {0x2060, 0x2064}, {0x2066, 0x2069}, {0xFEFF, 0xFEFF}, {0xE0000, 0xE007F}} {
+		for c := r[0] - 1; c <= r[1]+1; c++ {
+			s = append(s, "a"+string(c)+"b")
+		}
+	}
+	// Long strings: plain, with a marker at either end, with an anchor on
+	// every line (the scan then changes its way of searching).
+	lines := strings.Repeat("2026-11-30 INFO updated by bob: ok\n", 200)
+	s = append(s, lines, "Bearer "+lines, lines+"bearer", lines+"é", strings.Repeat("é", 3000), lines+"\u200b",
+		strings.Repeat("b", 5000)+"bearer", strings.Repeat("_", 5000)+"ghp_")
+	return s
+}
+
+func TestScanAgreesWithThePolicy(t *testing.T) {
+	e, err := newEngine(newSource("../../policies"), "data.toolgate.result.scan", stageResult, 0, zap.NewNop(), policyMetrics)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := e.current.Load()
+	if c.scanner == nil {
+		t.Fatal("the default policy gives the scan no settings")
+	}
+	strs := scanStrings()
+	content := make([]map[string]any, 0, len(strs))
+	for _, s := range strs {
+		content = append(content, map[string]any{"type": "text", "text": s})
+	}
+	structured := map[string]any{"list": strs, "nested": map[string]any{"ghp_ key": "value", "x": []any{1, "eyJ", true}}}
+	raw, err := json.Marshal(map[string]any{
+		"content":           append(content, map[string]any{"type": "resource", "resource": map[string]any{"uri": "file:///r", "text": "AKIA"}}),
+		"structuredContent": structured,
+		"_meta":             map[string]any{"not": "AKIA inspected"},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, scan, err := resultTerms(raw, c.scanner, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// The policy's own scan (no input.scan), cut down to what the gateway
+	// lists.
+	rs, err := c.query.Eval(context.Background(), rego.EvalParsedInput(ast.NewObject(ast.Item(keyResult, res))))
+	if err != nil || len(rs) != 1 {
+		t.Fatalf("scan: %v %v", rs, err)
+	}
+	var want []string
+	for _, entry := range entries(t, rs[0].Expressions[0].Value.(*ast.Term)) {
+		obj := entry.Value.(ast.Object)
+		n, _ := obj.Get(keyBytes).Value.(ast.Number).Int()
+		if n > scanThreshold || obj.Get(keyInvisible).Value.Compare(ast.Boolean(true)) == 0 || obj.Get(keyMarkers).Value.Compare(ast.Boolean(true)) == 0 {
+			want = append(want, entry.String())
+		}
+	}
+	var got []string
+	for _, entry := range entries(t, scan) {
+		got = append(got, entry.String())
+	}
+	slices.Sort(want)
+	slices.Sort(got)
+	if len(want) < 40 {
+		t.Fatalf("only %d strings listed: %v", len(want), want)
+	}
+	if !slices.Equal(got, want) {
+		for _, g := range got {
+			if !slices.Contains(want, g) {
+				t.Errorf("the gateway lists %.200s", g)
+			}
+		}
+		for _, w := range want {
+			if !slices.Contains(got, w) {
+				t.Errorf("the gateway misses %.200s", w)
+			}
+		}
+	}
+	if th := scan.Value.(ast.Object).Get(keyThreshold); th.Value.Compare(ast.Number("4096")) != 0 {
+		t.Errorf("threshold %v", th)
+	}
+}
+
+func entries(t *testing.T, scan *ast.Term) []*ast.Term {
+	t.Helper()
+	list, ok := scan.Value.(ast.Object).Get(keyStrings).Value.(*ast.Array)
+	if !ok {
+		t.Fatalf("scan %v has no strings", scan)
+	}
+	var out []*ast.Term
+	for i := range list.Len() {
+		out = append(out, list.Elem(i))
+	}
+	return out
+}
+
+func TestScanFindsMarkersAnywhere(t *testing.T) {
+	sc := &scanner{anchors: anchorGroups([]string{"AKIA", "bearer", "ghp_", "github_pat_", "eyJ"})}
+	for _, m := range []string{"AKIA", "bearer", "ghp_", "github_pat_", "eyJ"} {
+		for _, filler := range []string{"", "x", strings.Repeat("by bob ", 2000), strings.Repeat("_", 3000), strings.Repeat("eyeyey", 1000)} {
+			for _, s := range []string{m + filler, filler + m, filler + m + filler, filler[:len(filler)/2] + m + filler[len(filler)/2:]} {
+				if !sc.hasMarker(s) {
+					t.Errorf("marker %q not found in a string of %d bytes", m, len(s))
+				}
+			}
+			if sc.hasMarker(filler + m[:len(m)-1]) {
+				t.Errorf("a part of %q is found", m)
+			}
+		}
+	}
+}
+
+func TestIsASCII(t *testing.T) {
+	for n := range 100 {
+		s := strings.Repeat("a", n)
+		if !isASCII(s) {
+			t.Errorf("%q", s)
+		}
+		for i := range n {
+			b := []byte(s)
+			b[i] = 0x80
+			if isASCII(string(b)) {
+				t.Errorf("%q counts as ASCII", b)
+			}
+		}
+	}
+	if isASCII("é") || !utf8.ValidString("é") {
+		t.Error("é")
+	}
+}
