@@ -63,7 +63,7 @@ type gateway struct {
 func startGateway(t testing.TB, cfg gatewayConfig) *gateway {
 	t.Helper()
 	if cfg.Tools == "" {
-		cfg.Tools = "echo progress reconnect touch_resource drop_table leak unknown_field forbidden_tool gated_tool pinned_echo redacted"
+		cfg.Tools = "echo big progress reconnect touch_resource drop_table leak unknown_field forbidden_tool gated_tool pinned_echo redacted"
 	}
 	if cfg.Auth == "" {
 		cfg.Auth = "none"
@@ -307,7 +307,8 @@ func (m *rawMCP) post(body string) (int, http.Header, []json.RawMessage) {
 	var msgs []json.RawMessage
 	if strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
 		for _, line := range strings.Split(string(data), "\n") {
-			if d, ok := strings.CutPrefix(line, "data: "); ok {
+			// An empty data line is a priming event (SEP-1699), not a message.
+			if d, ok := strings.CutPrefix(line, "data: "); ok && strings.TrimSpace(d) != "" {
 				msgs = append(msgs, json.RawMessage(d))
 			}
 		}

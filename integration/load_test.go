@@ -2,9 +2,11 @@ package integration
 
 import (
 	"bytes"
+	"fmt"
 	"io"
 	"net/http"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -46,11 +48,11 @@ type latencies struct{ p50, p99 time.Duration }
 
 func openLoop(b *testing.B, m *rawMCP, rate int, duration time.Duration) latencies {
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256}}
-	body := []byte(`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"echo","arguments":{"text":"hello"}}}`)
 	n := int(duration.Seconds() * float64(rate))
 	interval := time.Second / time.Duration(rate)
 	results := make([]time.Duration, n)
 	var failures int
+	var firstFailure string
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	start := time.Now()
@@ -60,7 +62,9 @@ func openLoop(b *testing.B, m *rawMCP, rate int, duration time.Duration) latenci
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			req, _ := http.NewRequest(http.MethodPost, m.url, bytes.NewReader(body))
+			// Requests in flight together need distinct ids.
+			body := fmt.Sprintf(`{"jsonrpc":"2.0","id":%d,"method":"tools/call","params":{"name":"echo","arguments":{"text":"hello"}}}`, i)
+			req, _ := http.NewRequest(http.MethodPost, m.url, strings.NewReader(body))
 			req.Header.Set("Content-Type", "application/json")
 			req.Header.Set("Accept", "application/json, text/event-stream")
 			req.Header.Set("Mcp-Session-Id", m.sessionID)
@@ -69,23 +73,30 @@ func openLoop(b *testing.B, m *rawMCP, rate int, duration time.Duration) latenci
 				req.Header.Set(k, v)
 			}
 			resp, err := client.Do(req)
-			ok := err == nil
-			if ok {
+			why := ""
+			if err != nil {
+				why = err.Error()
+			} else {
 				data, _ := io.ReadAll(resp.Body)
 				resp.Body.Close()
-				ok = resp.StatusCode == http.StatusOK && bytes.Contains(data, []byte("hello"))
+				if resp.StatusCode != http.StatusOK || !bytes.Contains(data, []byte("hello")) {
+					why = fmt.Sprintf("HTTP %d: %.300s", resp.StatusCode, data)
+				}
 			}
 			results[i] = time.Since(scheduled)
-			if !ok {
+			if why != "" {
 				mu.Lock()
 				failures++
+				if firstFailure == "" {
+					firstFailure = why
+				}
 				mu.Unlock()
 			}
 		}()
 	}
 	wg.Wait()
 	if failures > 0 {
-		b.Fatalf("%d of %d requests failed", failures, n)
+		b.Fatalf("%d of %d requests to %s failed; the first: %s", failures, n, m.url, firstFailure)
 	}
 	slices.Sort(results)
 	return latencies{p50: results[n/2], p99: results[n*99/100]}

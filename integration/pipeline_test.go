@@ -46,7 +46,7 @@ func TestListAndCallThroughThePipeline(t *testing.T) {
 	// not_allowlisted exists upstream but is off the allowlist;
 	// forbidden_tool is allowlisted but the policy denies it, so it is
 	// hidden too.
-	want := []string{"drop_table", "echo", "gated_tool", "leak", "pinned_echo", "progress", "reconnect", "redacted", "touch_resource", "unknown_field"}
+	want := []string{"big", "drop_table", "echo", "gated_tool", "leak", "pinned_echo", "progress", "reconnect", "redacted", "touch_resource", "unknown_field"}
 	if !slices.Equal(names, want) {
 		t.Errorf("tools/list = %v, want %v", names, want)
 	}
@@ -325,10 +325,11 @@ func TestBatchesAndDuplicateKeysAreRejected(t *testing.T) {
 	}
 }
 
-// An upstream result with duplicate keys reads differently to different
+// An upstream message with duplicate keys reads differently to different
 // parsers (gjson keeps the first, encoding/json the last); the gateway
-// withholds it rather than let a policy inspect one reading while the
-// runner uses another.
+// withholds it (a retryable error, as for any malformed upstream message)
+// rather than let a policy inspect one reading while the runner uses
+// another.
 func TestAmbiguousUpstreamResultIsWithheld(t *testing.T) {
 	up := startUpstream(t)
 	g := startGateway(t, gatewayConfig{Upstream: up.URL})
@@ -339,8 +340,9 @@ func TestAmbiguousUpstreamResultIsWithheld(t *testing.T) {
 		t.Fatal("no answer")
 	}
 	last := string(msgs[len(msgs)-1])
-	if !strings.Contains(last, `"error"`) || !strings.Contains(last, "withheld") || strings.Contains(last, "SECRET") {
-		t.Fatalf("answer = %s, want the result withheld", last)
+	if !strings.Contains(last, `"error"`) || !strings.Contains(last, "malformed") || !strings.Contains(last, "duplicate key") ||
+		strings.Contains(last, "SECRET") {
+		t.Fatalf("answer = %s, want the result withheld as malformed", last)
 	}
 }
 

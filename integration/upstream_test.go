@@ -170,6 +170,14 @@ func newTestServer() *mcp.Server {
 		func(context.Context, *mcp.CallToolRequest, struct{}) (*mcp.CallToolResult, any, error) {
 			return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "key AKIAIOSFODNN7EXAMPLE found"}}}, nil, nil
 		})
+	mcp.AddTool(s, &mcp.Tool{Name: "big", Description: "Returns a text of the given size.", Annotations: readOnly},
+		func(_ context.Context, _ *mcp.CallToolRequest, in struct {
+			Bytes int `json:"bytes"`
+		}) (*mcp.CallToolResult, any, error) {
+			line := "lorem ipsum dolor sit amet, consectetur adipiscing elit\n"
+			text := strings.Repeat(line, in.Bytes/len(line)+1)[:in.Bytes]
+			return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: text}}}, nil, nil
+		})
 	mcp.AddTool(s, &mcp.Tool{Name: "progress", Description: "Reports progress, then answers.", Annotations: readOnly},
 		func(ctx context.Context, req *mcp.CallToolRequest, in progressArgs) (*mcp.CallToolResult, any, error) {
 			token := req.Params.GetProgressToken()

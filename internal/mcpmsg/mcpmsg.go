@@ -15,6 +15,7 @@ package mcpmsg
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"strconv"
@@ -509,7 +510,11 @@ func (p *parser) str(decode bool) ([]byte, error) {
 	contentStart := p.pos
 	escaped := false
 	for p.pos < len(p.data) {
-		// Skip the common case, printable ASCII, in a tight loop.
+		// Skip the common case, printable ASCII: eight bytes at a time,
+		// then byte by byte.
+		for p.pos+8 <= len(p.data) && plainWord(binary.LittleEndian.Uint64(p.data[p.pos:])) {
+			p.pos += 8
+		}
 		for p.pos < len(p.data) && plainASCII[p.data[p.pos]] {
 			p.pos++
 		}
@@ -556,6 +561,21 @@ var plainASCII = func() (t [256]bool) {
 	}
 	return t
 }()
+
+// plainWord reports whether all eight bytes of w are plainASCII: none is
+// below 0x20, a quote, a backslash, or 0x80 and above.
+func plainWord(w uint64) bool {
+	const (
+		ones  = 0x0101010101010101
+		highs = 0x8080808080808080
+	)
+	below := (w - ones*0x20) & ^w & highs // a byte below 0x20 (or ≥ 0x80)
+	quote := w ^ (ones * '"')
+	quote = (quote - ones) & ^quote & highs
+	slash := w ^ (ones * '\\')
+	slash = (slash - ones) & ^slash & highs
+	return (below | quote | slash | w&highs) == 0
+}
 
 // escape checks the escape sequence at p.pos.
 func (p *parser) escape() error {

@@ -1,8 +1,10 @@
 package mcpmsg
 
 import (
+	"encoding/binary"
 	"encoding/json"
 	"errors"
+	"math/rand/v2"
 	"strings"
 	"testing"
 )
@@ -39,5 +41,33 @@ func BenchmarkValidateLargeResult(b *testing.B) {
 		if err := Validate(result, Limits{}); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// plainWord must agree with the byte table on every word.
+func TestPlainWordAgreesWithTheTable(t *testing.T) {
+	check := func(b [8]byte) {
+		want := true
+		for _, c := range b {
+			want = want && plainASCII[c]
+		}
+		if got := plainWord(binary.LittleEndian.Uint64(b[:])); got != want {
+			t.Fatalf("plainWord(%q) = %v, want %v", b[:], got, want)
+		}
+	}
+	// Every byte value in every position, among plain neighbours.
+	for pos := range 8 {
+		for c := range 256 {
+			b := [8]byte{'a', 'b', 'c', 'd', 'e', 'f', 'g', 'h'}
+			b[pos] = byte(c)
+			check(b)
+		}
+	}
+	// And random words.
+	r := rand.New(rand.NewPCG(1, 2))
+	for range 200000 {
+		var b [8]byte
+		binary.LittleEndian.PutUint64(b[:], r.Uint64())
+		check(b)
 	}
 }

@@ -30,9 +30,9 @@ func (h *Handler) initialize(w http.ResponseWriter, r *http.Request, call *gatew
 		h.answerError(w, r, call, err)
 		return
 	}
-	version := gjson.GetBytes(msg, "result.protocolVersion")
+	version := gjson.GetBytes(msg.Result, "protocolVersion")
 	if !version.Exists() {
-		gateway.WriteRPC(w, http.StatusOK, msg) // the upstream's error, as is
+		gateway.WriteRPC(w, http.StatusOK, msg.Raw) // the upstream's error, as is
 		return
 	}
 	up := gateway.Upstream{
@@ -49,7 +49,7 @@ func (h *Handler) initialize(w http.ResponseWriter, r *http.Request, call *gatew
 	ms := h.app.MCPSessions().Create(call.Caller.User, call.Session.ID, call.Service.ID)
 	ms.SetUpstream(up)
 	w.Header().Set("Mcp-Session-Id", ms.ID)
-	gateway.WriteRPC(w, http.StatusOK, msg)
+	gateway.WriteRPC(w, http.StatusOK, msg.Raw)
 }
 
 // reinitialize replaces an upstream session the upstream forgot (it answered
@@ -62,7 +62,7 @@ func (h *Handler) reinitialize(ctx context.Context, call *gateway.Call, seen gat
 		if err != nil {
 			return cur, err
 		}
-		version := gjson.GetBytes(msg, "result.protocolVersion").String()
+		version := gjson.GetBytes(msg.Result, "protocolVersion").String()
 		next := gateway.Upstream{
 			SessionID:        resp.Header.Get("Mcp-Session-Id"),
 			ProtocolVersion:  version,
@@ -110,10 +110,10 @@ func (h *Handler) fetchCatalog(ctx context.Context, call *gateway.Call, up gatew
 		if err != nil {
 			return err
 		}
-		res := gjson.GetBytes(msg, "result")
-		if !res.Exists() {
-			return unavailable("tools/list failed: %s", gjson.GetBytes(msg, "error.message").String())
+		if msg.Result == nil {
+			return unavailable("tools/list failed: %s", gjson.GetBytes(msg.Error, "message").String())
 		}
+		res := gjson.ParseBytes(msg.Result)
 		res.Get("tools").ForEach(func(_, t gjson.Result) bool {
 			if name := t.Get("name").String(); call.Service.AllowsTool(name) {
 				tools[name] = &gateway.ToolDefinition{Name: name, Raw: []byte(t.Raw)}

@@ -133,28 +133,28 @@ func (h *Handler) relay(w http.ResponseWriter, r *http.Request, call *gateway.Ca
 		out = newSSEWriter(w)
 	}
 	for {
-		data, err := rs.next()
+		msg, err := rs.next()
 		if err != nil {
-			msg := "the upstream ended its stream without answering"
+			why := "the upstream ended its stream without answering"
 			var ue *upstreamError
 			if errors.As(err, &ue) {
-				msg = ue.msg
+				why = ue.msg
 			}
 			h.logger.Warn("upstream exchange failed", zap.String("service", call.Service.ID),
-				zap.String("method", call.Method), zap.String("error", msg))
+				zap.String("method", call.Method), zap.String("error", why))
 			h.writeFinal(w, out, header, gateway.RPCError(call.Message.ID, gateway.CodeUnavailable,
-				msg+"; the request may or may not have run upstream", gateway.Retryable))
+				why+"; the request may or may not have run upstream", gateway.Retryable))
 			return
 		}
-		if isResponseTo(data, call.Message.ID) {
-			h.writeFinal(w, out, header, h.finish(rs.ctx, call, data))
+		if isResponseTo(msg, call.Message.ID) {
+			h.writeFinal(w, out, header, h.finish(rs.ctx, call, msg))
 			return
 		}
-		if !h.forRunner(call, data, "request stream") || out == nil {
+		if !h.forRunner(call, msg, "request stream") || out == nil {
 			continue
 		}
 		out.start(header)
-		if err := out.send(data); err != nil {
+		if err := out.send(msg.Raw); err != nil {
 			return // the runner went away
 		}
 	}
@@ -164,42 +164,32 @@ func (h *Handler) relay(w http.ResponseWriter, r *http.Request, call *gateway.Ca
 // server→client requests. Responses to other requests are dropped: on a
 // request stream only the answer to that request may pass, and only after
 // the result hooks.
-func (h *Handler) forRunner(call *gateway.Call, data []byte, where string) bool {
-	m := gjson.GetManyBytes(data, "method", "id")
-	if m[0].Type != gjson.String {
-		h.logger.Warn("dropped an unexpected upstream message", zap.String("service", call.Service.ID), zap.String("stream", where))
-		return false
+func (h *Handler) forRunner(call *gateway.Call, msg mcpmsg.Message, where string) bool {
+	switch msg.Kind {
+	case mcpmsg.Request:
+		call.MCPSession.ServerRequestSent(msg.ID, msg.Method)
+		return true
+	case mcpmsg.Notification:
+		return true
 	}
-	if m[1].Exists() {
-		call.MCPSession.ServerRequestSent([]byte(m[1].Raw), m[0].Str)
-	}
-	return true
+	h.logger.Warn("dropped an unexpected upstream response", zap.String("service", call.Service.ID), zap.String("stream", where))
+	return false
 }
 
-// finish runs the result hooks on a successful response.
-func (h *Handler) finish(ctx context.Context, call *gateway.Call, data []byte) []byte {
-	if !call.HasResultHooks() {
-		return data
+// finish runs the result hooks on a successful response. The result was
+// read strictly with the rest of the message, so the hooks inspect exactly
+// what the runner will read.
+func (h *Handler) finish(ctx context.Context, call *gateway.Call, msg mcpmsg.Message) []byte {
+	if !call.HasResultHooks() || msg.Result == nil {
+		return msg.Raw // no hooks, or an error response: nothing to inspect
 	}
-	res := gjson.GetBytes(data, "result")
-	if !res.Exists() || res.Index == 0 {
-		return data // an error response: nothing to inspect
-	}
-	result := data[res.Index : res.Index+len(res.Raw)]
-	// What the hooks inspect must be what the runner reads: a result with
-	// duplicate keys could read one way here and another way there.
-	if err := mcpmsg.Validate(result, h.limits); err != nil {
-		h.logger.Warn("withholding an upstream result that has no single reading", zap.String("service", call.Service.ID), zap.Error(err))
-		return gateway.RPCError(call.Message.ID, gateway.CodeInternalError,
-			"the upstream's result is ambiguous JSON ("+err.Error()+"); toolgate withheld it", nil)
-	}
-	out, changed, err := call.RunResultHooks(ctx, result)
+	out, changed, err := call.RunResultHooks(ctx, msg.Result)
 	if err != nil {
 		h.logger.Error("result hook failed; withholding the result", zap.String("service", call.Service.ID), zap.Error(err))
 		return gateway.RPCError(call.Message.ID, gateway.CodeInternalError, "toolgate could not check the result; it was withheld", nil)
 	}
 	if !changed {
-		return data
+		return msg.Raw
 	}
 	return gateway.RPCResult(call.Message.ID, out)
 }
@@ -276,14 +266,14 @@ func (h *Handler) stream(w http.ResponseWriter, r *http.Request, call *gateway.C
 	out := newSSEWriter(w)
 	out.start(nil)
 	for {
-		data, err := rs.next()
+		msg, err := rs.next()
 		if err != nil {
 			return
 		}
-		if !h.forRunner(call, data, "standalone stream") {
+		if !h.forRunner(call, msg, "standalone stream") {
 			continue
 		}
-		if out.send(data) != nil {
+		if out.send(msg.Raw) != nil {
 			return
 		}
 	}

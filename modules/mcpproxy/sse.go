@@ -39,7 +39,7 @@ func (s *sseReader) next() (event, error) {
 	var data []byte
 	hasData, size := false, 0
 	for {
-		line, err := s.readLine(&size)
+		line, owned, err := s.readLine(&size)
 		if err != nil {
 			if err == io.EOF && (hasData || ev.ID != "") {
 				// A stream ending without a blank line still ends the event
@@ -63,10 +63,14 @@ func (s *sseReader) next() (event, error) {
 		value = bytes.TrimPrefix(value, []byte{' '})
 		switch string(field) {
 		case "data":
-			if hasData {
-				data = append(data, '\n')
+			if !hasData && owned {
+				data = value // the line is a copy already: keep it
+			} else {
+				if hasData {
+					data = append(data, '\n')
+				}
+				data = append(data, value...)
 			}
-			data = append(data, value...)
 			hasData = true
 		case "id":
 			if bytes.IndexByte(value, 0) < 0 {
@@ -82,32 +86,35 @@ func (s *sseReader) next() (event, error) {
 	}
 }
 
-// readLine returns one line without its terminator (\n, \r\n or \r is
-// accepted as \n here; a lone \r is rare enough to ignore). size counts the
-// event's bytes so far.
-func (s *sseReader) readLine(size *int) ([]byte, error) {
-	line, err := s.r.ReadSlice('\n')
-	for err == bufio.ErrBufferFull {
-		*size += len(line)
-		if *size > s.max {
-			return nil, errEventTooLarge
+// readLine returns one line without its terminator (\n or \r\n). size
+// counts the event's bytes so far. owned reports whether the line is a copy
+// (a line longer than the read buffer) rather than a view into the buffer,
+// valid only until the next read.
+func (s *sseReader) readLine(size *int) (line []byte, owned bool, err error) {
+	line, err = s.r.ReadSlice('\n')
+	if err == bufio.ErrBufferFull {
+		// A line longer than the buffer: gather it, bounded by the limit.
+		long := append([]byte(nil), line...)
+		for err == bufio.ErrBufferFull {
+			if *size+len(long) > s.max {
+				return nil, false, errEventTooLarge
+			}
+			line, err = s.r.ReadSlice('\n')
+			long = append(long, line...)
 		}
-		more := append([]byte(nil), line...)
-		line, err = s.r.ReadSlice('\n')
-		line = append(more, line...)
+		line, owned = long, true
 	}
 	*size += len(line)
 	if *size > s.max {
-		return nil, errEventTooLarge
+		return nil, false, errEventTooLarge
 	}
 	if err != nil {
 		if err == io.EOF && len(line) > 0 {
-			return nil, io.ErrUnexpectedEOF
+			return nil, false, io.ErrUnexpectedEOF
 		}
-		return nil, err
+		return nil, false, err
 	}
-	line = bytes.TrimSuffix(line[:len(line)-1], []byte{'\r'})
-	return line, nil
+	return bytes.TrimSuffix(line[:len(line)-1], []byte{'\r'}), owned, nil
 }
 
 // sseWriter writes events to a runner.
@@ -115,7 +122,6 @@ type sseWriter struct {
 	w       http.ResponseWriter
 	rc      *http.ResponseController
 	started bool
-	buf     []byte
 }
 
 func newSSEWriter(w http.ResponseWriter) *sseWriter {
@@ -139,22 +145,29 @@ func (s *sseWriter) start(header func(http.Header)) {
 	_ = s.rc.Flush()
 }
 
-// send writes one message event and flushes it.
+// send writes one message event and flushes it. The data is written as
+// it is, line by line, without copying it into one buffer first.
 func (s *sseWriter) send(data []byte) error {
-	b := append(s.buf[:0], "event: message\n"...)
+	if _, err := io.WriteString(s.w, "event: message\n"); err != nil {
+		return err
+	}
 	for {
 		line, rest, more := bytes.Cut(data, []byte{'\n'})
-		b = append(b, "data: "...)
-		b = append(b, bytes.TrimSuffix(line, []byte{'\r'})...)
-		b = append(b, '\n')
+		if _, err := io.WriteString(s.w, "data: "); err != nil {
+			return err
+		}
+		if _, err := s.w.Write(bytes.TrimSuffix(line, []byte{'\r'})); err != nil {
+			return err
+		}
+		if _, err := io.WriteString(s.w, "\n"); err != nil {
+			return err
+		}
 		if !more {
 			break
 		}
 		data = rest
 	}
-	b = append(b, '\n')
-	s.buf = b
-	if _, err := s.w.Write(b); err != nil {
+	if _, err := io.WriteString(s.w, "\n"); err != nil {
 		return err
 	}
 	return s.rc.Flush()

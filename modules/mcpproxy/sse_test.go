@@ -103,3 +103,15 @@ func FuzzSSEReader(f *testing.F) {
 		t.Fatalf("more events than bytes in %q", stream)
 	})
 }
+
+// A line longer than the read buffer counts once against the limit.
+func TestSSEReaderLongLine(t *testing.T) {
+	data := strings.Repeat("x", 1<<20)
+	events, err := readAll(t, "data: "+data+"\n\n", 2<<20)
+	if err != nil || len(events) != 1 || len(events[0].Data) != len(data) {
+		t.Fatalf("a 1 MiB line under a 2 MiB limit: %d events, err = %v", len(events), err)
+	}
+	if _, err := readAll(t, "data: "+data+"\n\n", 1<<20); !errors.Is(err, errEventTooLarge) {
+		t.Errorf("a 1 MiB line over a 1 MiB limit: err = %v", err)
+	}
+}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/tidwall/gjson"
 
+	"github.com/toolgate/toolgate/internal/mcpmsg"
 	"github.com/toolgate/toolgate/modules/gateway"
 )
 
@@ -162,10 +163,24 @@ func (h *Handler) newResponse(ctx context.Context, call *gateway.Call, up gatewa
 	return r, nil
 }
 
-// next returns the next JSON-RPC message from the upstream, resuming a
+// next returns the next JSON-RPC message from the upstream, read once and
+// strictly (what toolgate inspects is what the runner reads), resuming a
 // dropped SSE stream with Last-Event-ID when the upstream offered event
 // ids. io.EOF means the stream ended.
-func (r *response) next() ([]byte, error) {
+func (r *response) next() (mcpmsg.Message, error) {
+	data, err := r.nextData()
+	if err != nil {
+		return mcpmsg.Message{}, err
+	}
+	msg, err := mcpmsg.Parse(data, r.h.limits)
+	if err != nil {
+		return msg, unavailable("the upstream sent a malformed message (%v)", err)
+	}
+	return msg, nil
+}
+
+// nextData returns the text of the next message.
+func (r *response) nextData() ([]byte, error) {
 	if r.sse == nil {
 		if r.done {
 			return nil, io.EOF
@@ -256,47 +271,44 @@ func (r *response) close() {
 // roundTrip sends a request the gateway itself makes (initialize, tools/list)
 // and returns the upstream's JSON-RPC response to it, skipping anything else
 // on the stream.
-func (h *Handler) roundTrip(ctx context.Context, call *gateway.Call, up gateway.Upstream, id, body []byte) (resp *http.Response, msg []byte, err error) {
+func (h *Handler) roundTrip(ctx context.Context, call *gateway.Call, up gateway.Upstream, id, body []byte) (*http.Response, mcpmsg.Message, error) {
 	httpResp, err := h.exchange(ctx, call, up, http.MethodPost, body, "")
 	if err != nil {
-		return nil, nil, err
+		return nil, mcpmsg.Message{}, err
 	}
 	r, err := h.newResponse(ctx, call, up, httpResp)
 	if err != nil {
-		return nil, nil, err
+		return nil, mcpmsg.Message{}, err
 	}
 	defer r.close()
 	for {
-		data, err := r.next()
+		msg, err := r.next()
 		if err == io.EOF {
-			return nil, nil, unavailable("the upstream ended its stream without answering")
+			return nil, msg, unavailable("the upstream ended its stream without answering")
 		}
 		if err != nil {
-			return nil, nil, err
+			return nil, msg, err
 		}
-		if isResponseTo(data, id) {
-			return httpResp, data, nil
+		if isResponseTo(msg, id) {
+			return httpResp, msg, nil
 		}
 	}
 }
 
-// isResponseTo reports whether data is a JSON-RPC response to the request
-// with the given id.
-func isResponseTo(data, id []byte) bool {
-	m := gjson.GetManyBytes(data, "id", "method")
-	return m[1].Type == gjson.Null && m[0].Exists() && sameID(m[0], id)
-}
-
-// sameID compares a parsed id with the JSON text of another.
-func sameID(got gjson.Result, want []byte) bool {
-	w := gjson.ParseBytes(want)
-	if got.Type != w.Type {
+// isResponseTo reports whether msg is the JSON-RPC response to the request
+// with the given id (JSON text).
+func isResponseTo(msg mcpmsg.Message, id []byte) bool {
+	if msg.Kind != mcpmsg.Response {
+		return false
+	}
+	got, want := gjson.ParseBytes(msg.ID), gjson.ParseBytes(id)
+	if got.Type != want.Type {
 		return false
 	}
 	if got.Type == gjson.String {
-		return got.Str == w.Str
+		return got.Str == want.Str
 	}
-	return got.Raw == w.Raw
+	return got.Raw == want.Raw
 }
 
 func isSSE(h http.Header) bool {
