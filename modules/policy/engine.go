@@ -246,6 +246,11 @@ func (e *engine) decideWith(ctx context.Context, c *compiled, input ast.Value, t
 		return o.deny(failMalformed, "the policy decision is not an object")
 	}
 	d, ok := t.Value.(ast.Object)
+	switch t.Value.(type) {
+	case ast.Set, *ast.Array:
+		// `decision contains …` (a multi-value rule) gave a collection.
+		return o.deny(failMultiple, "the policy made several decisions (decision is a collection)")
+	}
 	if !ok {
 		return o.deny(failMalformed, "the policy decision is not an object")
 	}

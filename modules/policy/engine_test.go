@@ -51,7 +51,7 @@ func TestDecisionsThatAreNotWellFormedDeny(t *testing.T) {
 	}{
 		{"undefined", `decision := {"action": "allow"} if input.never`, 0, failUndefined},
 		{"not an object", `decision := "allow"`, 0, failMalformed},
-		{"a set", `decision contains {"action": "allow"}`, 0, failMalformed},
+		{"several values", "decision contains {\"action\": \"allow\"}\ndecision contains {\"action\": \"deny\"}", 0, failMultiple},
 		{"unknown action", `decision := {"action": "permit"}`, 0, failMalformed},
 		{"no action", `decision := {"reason": "because"}`, 0, failMalformed},
 		{"misspelled field", `decision := {"action": "allow", "argument": {}}`, 0, failMalformed},
