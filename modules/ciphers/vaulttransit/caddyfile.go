@@ -1,7 +1,6 @@
 package vaulttransit
 
 import (
-	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 
 	"github.com/toolgate/toolgate/internal/caddyopt"
@@ -38,108 +37,61 @@ func (c *Cipher) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	if d.NextArg() {
 		return d.ArgErr()
 	}
-	seen := make(map[string]bool)
-	for nesting := d.Nesting(); d.NextBlock(nesting); {
-		opt := d.Val()
-		if seen[opt] {
-			return d.Errf("vault_transit: duplicate option '%s'", opt)
-		}
-		seen[opt] = true
-		var err error
+	return caddyopt.Block(d, "vault_transit", func(opt string) error {
 		switch opt {
 		case "address":
-			err = caddyopt.String(d, &c.Address)
+			return caddyopt.String(d, &c.Address)
 		case "token":
-			err = caddyopt.String(d, &c.Token)
+			return caddyopt.String(d, &c.Token)
 		case "namespace":
-			err = caddyopt.String(d, &c.Namespace)
+			return caddyopt.String(d, &c.Namespace)
 		case "mount":
-			err = caddyopt.String(d, &c.Mount)
+			return caddyopt.String(d, &c.Mount)
 		case "key":
-			err = caddyopt.String(d, &c.Key)
+			return caddyopt.String(d, &c.Key)
 		case "timeout":
-			var s string
-			if err = caddyopt.String(d, &s); err != nil {
-				break
-			}
-			dur, perr := caddy.ParseDuration(s)
-			if perr != nil {
-				return d.Errf("vault_transit: invalid timeout '%s': %v", s, perr)
-			}
-			if dur <= 0 {
-				return d.Errf("vault_transit: timeout must be positive, got '%s'", s)
-			}
-			c.Timeout = caddy.Duration(dur)
+			return caddyopt.Duration(d, &c.Timeout)
 		case "approle":
 			c.AppRole = new(AppRole)
-			err = c.AppRole.unmarshalCaddyfile(d)
+			return c.AppRole.unmarshalCaddyfile(d)
 		case "tls":
 			c.TLS = new(TLS)
-			err = c.TLS.unmarshalCaddyfile(d)
-		default:
-			return d.Errf("vault_transit: unknown option '%s'", opt)
+			return c.TLS.unmarshalCaddyfile(d)
 		}
-		if err != nil {
-			return err
-		}
-	}
-	return nil
+		return caddyopt.Unknown(d, "vault_transit")
+	})
 }
 
 func (a *AppRole) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
-	if d.NextArg() {
-		return d.ArgErr()
+	if err := caddyopt.NoArgs(d); err != nil {
+		return err
 	}
-	seen := make(map[string]bool)
-	for nesting := d.Nesting(); d.NextBlock(nesting); {
-		opt := d.Val()
-		if seen[opt] {
-			return d.Errf("vault_transit: approle: duplicate option '%s'", opt)
-		}
-		seen[opt] = true
-		var err error
+	return caddyopt.Block(d, "vault_transit approle", func(opt string) error {
 		switch opt {
 		case "role_id":
-			err = caddyopt.String(d, &a.RoleID)
+			return caddyopt.String(d, &a.RoleID)
 		case "secret_id":
-			err = caddyopt.String(d, &a.SecretID)
+			return caddyopt.String(d, &a.SecretID)
 		case "mount":
-			err = caddyopt.String(d, &a.Mount)
-		default:
-			return d.Errf("vault_transit: approle: unknown option '%s'", opt)
+			return caddyopt.String(d, &a.Mount)
 		}
-		if err != nil {
-			return err
-		}
-	}
-	return nil
+		return caddyopt.Unknown(d, "vault_transit approle")
+	})
 }
 
 func (t *TLS) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
-	if d.NextArg() {
-		return d.ArgErr()
+	if err := caddyopt.NoArgs(d); err != nil {
+		return err
 	}
-	seen := make(map[string]bool)
-	for nesting := d.Nesting(); d.NextBlock(nesting); {
-		opt := d.Val()
-		if seen[opt] {
-			return d.Errf("vault_transit: tls: duplicate option '%s'", opt)
-		}
-		seen[opt] = true
-		var err error
+	return caddyopt.Block(d, "vault_transit tls", func(opt string) error {
 		switch opt {
 		case "ca_file":
-			err = caddyopt.String(d, &t.CAFile)
+			return caddyopt.String(d, &t.CAFile)
 		case "server_name":
-			err = caddyopt.String(d, &t.ServerName)
-		default:
-			return d.Errf("vault_transit: tls: unknown option '%s'", opt)
+			return caddyopt.String(d, &t.ServerName)
 		}
-		if err != nil {
-			return err
-		}
-	}
-	return nil
+		return caddyopt.Unknown(d, "vault_transit tls")
+	})
 }
 
 // Interface guards
