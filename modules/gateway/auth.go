@@ -21,7 +21,10 @@ import (
 	"go.uber.org/zap"
 )
 
-// Caller is who sent a request, as the authenticator established it.
+// Caller is who sent a request, as the authenticator established it. One
+// Caller is shared by every request that authenticates the same way (an API
+// key, a JWT until it expires, the anonymous caller): treat it as
+// read-only. Steps may key per-caller caches on its address.
 type Caller struct {
 	// User identifies the caller (an e-mail address, a subject).
 	User string
@@ -54,7 +57,9 @@ type AuthConfig struct {
 	// local protocol testing; never enable it on a shared gateway.
 	Anonymous string `json:"anonymous,omitempty"`
 
-	keys map[string]*APIKey // by hex sha256
+	keys      map[string]*APIKey // by hex sha256
+	anonymous *Caller
+	verified  *verifiedTokens
 }
 
 // APIKey is one accepted API key.
@@ -67,6 +72,8 @@ type APIKey struct {
 	User string `json:"user"`
 	// Groups the caller belongs to.
 	Groups []string `json:"groups,omitempty"`
+
+	caller *Caller
 }
 
 // JWTIssuer is one trusted issuer of JWT bearer tokens.
@@ -110,6 +117,10 @@ var signingAlgorithms = []jose.SignatureAlgorithm{
 
 func (a *AuthConfig) provision(repl *caddy.Replacer) error {
 	a.keys = make(map[string]*APIKey)
+	a.verified = &verifiedTokens{tokens: make(map[[sha256.Size]byte]verifiedToken)}
+	if a.Anonymous != "" {
+		a.anonymous = &Caller{User: a.Anonymous, Method: "anonymous"}
+	}
 	keys := a.APIKeys
 	if a.APIKeysFile != "" {
 		path := repl.ReplaceKnown(a.APIKeysFile, "")
@@ -132,6 +143,7 @@ func (a *AuthConfig) provision(repl *caddy.Replacer) error {
 		if k.User == "" {
 			return fmt.Errorf("auth api key %s…: user is required", k.Hash[:15])
 		}
+		k.caller = &Caller{User: k.User, Groups: k.Groups, Method: "api_key"}
 		a.keys[strings.ToLower(digest)] = k
 	}
 	for _, j := range a.JWT {
@@ -215,8 +227,8 @@ func (a *AuthConfig) start(ctx context.Context, client *http.Client, logger *zap
 func (a *AuthConfig) Authenticate(ctx context.Context, r *http.Request, remoteLoopback bool) (*Caller, error) {
 	h := r.Header.Get("Authorization")
 	if h == "" {
-		if a.Anonymous != "" && remoteLoopback {
-			return &Caller{User: a.Anonymous, Method: "anonymous"}, nil
+		if a.anonymous != nil && remoteLoopback {
+			return a.anonymous, nil
 		}
 		return nil, ErrNoCredentials
 	}
@@ -226,24 +238,34 @@ func (a *AuthConfig) Authenticate(ctx context.Context, r *http.Request, remoteLo
 	}
 	token = strings.TrimSpace(token)
 	if len(a.JWT) > 0 && strings.Count(token, ".") == 2 {
-		return a.verifyJWT(ctx, token)
+		sum := sha256.Sum256([]byte(token))
+		if c := a.verified.get(sum); c != nil {
+			return c, nil
+		}
+		c, until, err := a.verifyJWT(ctx, token)
+		if err == nil {
+			a.verified.put(sum, c, until)
+		}
+		return c, err
 	}
 	sum := sha256.Sum256([]byte(token))
 	k := a.keys[hex.EncodeToString(sum[:])]
 	if k == nil {
 		return nil, ErrBadCredentials
 	}
-	return &Caller{User: k.User, Groups: k.Groups, Method: "api_key"}, nil
+	return k.caller, nil
 }
 
-func (a *AuthConfig) verifyJWT(ctx context.Context, token string) (*Caller, error) {
+// verifyJWT checks a JWT's signature and claims, and says until when the
+// verdict holds (its exp, plus the leeway).
+func (a *AuthConfig) verifyJWT(ctx context.Context, token string) (*Caller, time.Time, error) {
 	tok, err := jwt.ParseSigned(token, signingAlgorithms)
 	if err != nil || len(tok.Headers) != 1 {
-		return nil, ErrBadCredentials
+		return nil, time.Time{}, ErrBadCredentials
 	}
 	var unverified jwt.Claims
 	if err := tok.UnsafeClaimsWithoutVerification(&unverified); err != nil {
-		return nil, ErrBadCredentials
+		return nil, time.Time{}, ErrBadCredentials
 	}
 	for _, j := range a.JWT {
 		if unverified.Issuer != j.Issuer {
@@ -251,7 +273,7 @@ func (a *AuthConfig) verifyJWT(ctx context.Context, token string) (*Caller, erro
 		}
 		keys, err := j.keys.lookup(ctx, tok.Headers[0].KeyID)
 		if err != nil {
-			return nil, ErrBadCredentials
+			return nil, time.Time{}, ErrBadCredentials
 		}
 		var claims jwt.Claims
 		var all map[string]any
@@ -263,18 +285,18 @@ func (a *AuthConfig) verifyJWT(ctx context.Context, token string) (*Caller, erro
 			}
 		}
 		if !verified {
-			return nil, ErrBadCredentials
+			return nil, time.Time{}, ErrBadCredentials
 		}
 		if claims.Expiry == nil {
-			return nil, fmt.Errorf("%w: no exp claim", ErrBadCredentials)
+			return nil, time.Time{}, fmt.Errorf("%w: no exp claim", ErrBadCredentials)
 		}
 		expected := jwt.Expected{Issuer: j.Issuer, AnyAudience: j.Audience, Time: now()}
 		if err := claims.ValidateWithLeeway(expected, time.Duration(j.Leeway)); err != nil {
-			return nil, fmt.Errorf("%w: %v", ErrBadCredentials, err)
+			return nil, time.Time{}, fmt.Errorf("%w: %v", ErrBadCredentials, err)
 		}
 		user, _ := all[j.UserClaim].(string)
 		if user == "" {
-			return nil, fmt.Errorf("%w: no %s claim", ErrBadCredentials, j.UserClaim)
+			return nil, time.Time{}, fmt.Errorf("%w: no %s claim", ErrBadCredentials, j.UserClaim)
 		}
 		var groups []string
 		if list, ok := all[j.GroupsClaim].([]any); ok {
@@ -284,9 +306,48 @@ func (a *AuthConfig) verifyJWT(ctx context.Context, token string) (*Caller, erro
 				}
 			}
 		}
-		return &Caller{User: user, Groups: groups, Claims: all, Method: "jwt"}, nil
+		until := claims.Expiry.Time().Add(time.Duration(j.Leeway))
+		return &Caller{User: user, Groups: groups, Claims: all, Method: "jwt"}, until, nil
 	}
-	return nil, ErrBadCredentials
+	return nil, time.Time{}, ErrBadCredentials
+}
+
+// verifiedTokens remembers the callers of JWTs already verified, until
+// each token expires, so that a runner's every call does not pay for a
+// signature check. Keyed by the token's SHA-256; bounded.
+type verifiedTokens struct {
+	mu     sync.Mutex
+	tokens map[[sha256.Size]byte]verifiedToken
+}
+
+type verifiedToken struct {
+	caller *Caller
+	until  time.Time
+}
+
+const maxVerifiedTokens = 10_000
+
+func (v *verifiedTokens) get(sum [sha256.Size]byte) *Caller {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	t, ok := v.tokens[sum]
+	if !ok {
+		return nil
+	}
+	if !now().Before(t.until) {
+		delete(v.tokens, sum)
+		return nil
+	}
+	return t.caller
+}
+
+func (v *verifiedTokens) put(sum [sha256.Size]byte, c *Caller, until time.Time) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if len(v.tokens) >= maxVerifiedTokens {
+		clear(v.tokens)
+	}
+	v.tokens[sum] = verifiedToken{caller: c, until: until}
 }
 
 // keySet holds an issuer's verification keys: static ones and, in shared,

@@ -676,3 +676,42 @@ func TestJWKSSharedAcrossReloads(t *testing.T) {
 		t.Errorf("%d fetches, want 1: the reload refetched", n)
 	}
 }
+
+// A verified JWT is remembered until it expires: later requests with it get
+// the same Caller without a signature check; after exp (and the leeway) it
+// is refused again.
+func TestVerifiedJWTsAreRememberedUntilExpiry(t *testing.T) {
+	ctx := context.Background()
+	clock := setClock(t, time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC))
+	key := newSigningKey(t, "")
+	keyFile := key.pemFile(t)
+	a := provisionAuth(t, &AuthConfig{JWT: []*JWTIssuer{{
+		Issuer: testIssuer, Audience: []string{"toolgate"}, KeyFiles: []string{keyFile},
+	}}})
+	token := key.sign(t, map[string]any{"iss": testIssuer, "aud": "toolgate", "sub": "alice@example.com", "exp": clock.Add(time.Minute).Unix()})
+	first, err := a.Authenticate(ctx, bearer(token), false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Without its keys the issuer could verify nothing: a remembered token
+	// needs none.
+	a.JWT[0].keys = &keySet{}
+	again, err := a.Authenticate(ctx, bearer(token), false)
+	if err != nil || again != first {
+		t.Fatalf("the same token again: %p %v, want the remembered caller %p", again, err, first)
+	}
+	setClock(t, clock.Add(time.Minute+31*time.Second))
+	if c, err := a.Authenticate(ctx, bearer(token), false); !errors.Is(err, ErrBadCredentials) || c != nil {
+		t.Fatalf("after exp and the leeway: %+v, %v; want it refused", c, err)
+	}
+}
+
+// Every request with one API key gets the same Caller.
+func TestAPIKeyCallersAreShared(t *testing.T) {
+	a := provisionAuth(t, &AuthConfig{APIKeys: []APIKey{{Hash: HashAPIKey("k1"), User: "alice@example.com"}}})
+	one, err1 := a.Authenticate(context.Background(), bearer("k1"), false)
+	two, err2 := a.Authenticate(context.Background(), bearer("k1"), false)
+	if err1 != nil || err2 != nil || one != two {
+		t.Fatalf("two requests with one key: %p %p (%v, %v)", one, two, err1, err2)
+	}
+}
