@@ -342,3 +342,15 @@ func testdataPath(t testing.TB, rel string) string {
 	}
 	return p
 }
+
+// aliceSession starts an upstream, a gateway in front of it (cfg, with the
+// upstream filled in), and alice's initialized MCP session through it.
+func aliceSession(t testing.TB, cfg gatewayConfig) (*upstream, *gateway, *rawMCP) {
+	t.Helper()
+	up := startUpstream(t)
+	cfg.Upstream = up.URL
+	g := startGateway(t, cfg)
+	m := g.raw(t, aliceKey, g.createSession(t, aliceKey, "svc"), "svc")
+	m.initialize()
+	return up, g, m
+}

@@ -72,10 +72,7 @@ func TestToolOffTheAllowlistIsUnknown(t *testing.T) {
 }
 
 func TestPolicyDenyIsAToolError(t *testing.T) {
-	up := startUpstream(t)
-	g := startGateway(t, gatewayConfig{Upstream: up.URL})
-	m := g.raw(t, aliceKey, g.createSession(t, aliceKey, "svc"), "svc")
-	m.initialize()
+	_, _, m := aliceSession(t, gatewayConfig{})
 	_, _, msgs := m.post(`{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"forbidden_tool","arguments":{}}}`)
 	if len(msgs) != 1 {
 		t.Fatalf("want one message, got %s", msgs)
@@ -162,12 +159,12 @@ func TestMissingTokenIs401WithResourceMetadata(t *testing.T) {
 func TestAnotherUsersSessionIs403(t *testing.T) {
 	up := startUpstream(t)
 	g := startGateway(t, gatewayConfig{Upstream: up.URL})
-	aliceSession := g.createSession(t, aliceKey, "svc")
-	alice := g.raw(t, aliceKey, aliceSession, "svc")
+	aliceSess := g.createSession(t, aliceKey, "svc")
+	alice := g.raw(t, aliceKey, aliceSess, "svc")
 	alice.initialize()
 
 	// Bob with alice's toolgate session.
-	bobRaw := g.raw(t, bobKey, aliceSession, "svc")
+	bobRaw := g.raw(t, bobKey, aliceSess, "svc")
 	if status, _, msgs := bobRaw.post(`{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"bob","version":"1"}}}`); status != http.StatusForbidden {
 		t.Errorf("bob using alice's toolgate session: %d %s, want 403", status, msgs)
 	}
@@ -178,10 +175,10 @@ func TestAnotherUsersSessionIs403(t *testing.T) {
 		t.Errorf("bob using alice's MCP session: %d %s, want 403", status, msgs)
 	}
 	// And through the API.
-	if r := g.api(t, http.MethodGet, "/v1/sessions/"+aliceSession, bobKey, nil); r.StatusCode != http.StatusForbidden {
+	if r := g.api(t, http.MethodGet, "/v1/sessions/"+aliceSess, bobKey, nil); r.StatusCode != http.StatusForbidden {
 		t.Errorf("bob reading alice's session: %d", r.StatusCode)
 	}
-	if r := g.api(t, http.MethodDelete, "/v1/sessions/"+aliceSession, bobKey, nil); r.StatusCode != http.StatusForbidden {
+	if r := g.api(t, http.MethodDelete, "/v1/sessions/"+aliceSess, bobKey, nil); r.StatusCode != http.StatusForbidden {
 		t.Errorf("bob deleting alice's session: %d", r.StatusCode)
 	}
 }
@@ -278,10 +275,7 @@ func TestRunnerCredentialsNeverReachTheUpstream(t *testing.T) {
 }
 
 func TestUnknownResultFieldsPassUnchanged(t *testing.T) {
-	up := startUpstream(t)
-	g := startGateway(t, gatewayConfig{Upstream: up.URL})
-	m := g.raw(t, aliceKey, g.createSession(t, aliceKey, "svc"), "svc")
-	m.initialize()
+	_, _, m := aliceSession(t, gatewayConfig{})
 	_, _, msgs := m.post(`{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"unknown_field","arguments":{}}}`)
 	if len(msgs) != 1 || !strings.Contains(string(msgs[len(msgs)-1]), `"x_future_field":{"kept":[1,2,3]}`) {
 		t.Fatalf("result = %s, want x_future_field kept", msgs)
@@ -306,10 +300,7 @@ func TestSessionSelectsServices(t *testing.T) {
 }
 
 func TestBatchesAndDuplicateKeysAreRejected(t *testing.T) {
-	up := startUpstream(t)
-	g := startGateway(t, gatewayConfig{Upstream: up.URL})
-	m := g.raw(t, aliceKey, g.createSession(t, aliceKey, "svc"), "svc")
-	m.initialize()
+	up, _, m := aliceSession(t, gatewayConfig{})
 	before := len(up.headers())
 	for _, body := range []string{
 		`[{"jsonrpc":"2.0","id":1,"method":"ping"}]`,
@@ -331,10 +322,7 @@ func TestBatchesAndDuplicateKeysAreRejected(t *testing.T) {
 // rather than let a policy inspect one reading while the runner uses
 // another.
 func TestAmbiguousUpstreamResultIsWithheld(t *testing.T) {
-	up := startUpstream(t)
-	g := startGateway(t, gatewayConfig{Upstream: up.URL})
-	m := g.raw(t, aliceKey, g.createSession(t, aliceKey, "svc"), "svc")
-	m.initialize()
+	_, _, m := aliceSession(t, gatewayConfig{})
 	_, _, msgs := m.post(`{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{"name":"echo","arguments":{"text":"` + duplicateKeyMarker + `"}}}`)
 	if len(msgs) == 0 {
 		t.Fatal("no answer")
@@ -349,10 +337,7 @@ func TestAmbiguousUpstreamResultIsWithheld(t *testing.T) {
 // A call that outlasts the service's timeout is answered with a retryable
 // error, not replayed, and the upstream is told to stop.
 func TestServiceTimeoutIsRetryable(t *testing.T) {
-	up := startUpstream(t)
-	g := startGateway(t, gatewayConfig{Upstream: up.URL, Timeout: "300ms"})
-	m := g.raw(t, aliceKey, g.createSession(t, aliceKey, "svc"), "svc")
-	m.initialize()
+	up, _, m := aliceSession(t, gatewayConfig{Timeout: "300ms"})
 	before := len(up.headers())
 	start := time.Now()
 	_, _, msgs := m.post(`{"jsonrpc":"2.0","id":9,"method":"tools/call","params":{"name":"progress","arguments":{"steps":100}}}`)

@@ -14,10 +14,7 @@ import (
 // toolgate with GET and Last-Event-ID; the runner sees one unbroken stream
 // with what came before and after the drop, in order.
 func TestUpstreamStreamIsResumed(t *testing.T) {
-	up := startUpstream(t)
-	g := startGateway(t, gatewayConfig{Upstream: up.URL})
-	m := g.raw(t, aliceKey, g.createSession(t, aliceKey, "svc"), "svc")
-	m.initialize()
+	up, _, m := aliceSession(t, gatewayConfig{})
 	_, hdr, msgs := m.post(`{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{"name":"reconnect","arguments":{},"_meta":{"progressToken":"r-1"}}}`)
 	if !strings.HasPrefix(hdr.Get("Content-Type"), "text/event-stream") || len(msgs) != 3 {
 		t.Fatalf("answer (%s): %s, want two progress notifications and the result", hdr.Get("Content-Type"), msgs)

@@ -67,9 +67,6 @@ type Message struct {
 	Error  []byte
 }
 
-// IDString returns the id as a printable string (for logs and maps).
-func (m *Message) IDString() string { return string(m.ID) }
-
 // Limits bound what Parse accepts.
 type Limits struct {
 	// MaxDepth is the deepest nesting of objects and arrays accepted. The

@@ -84,7 +84,8 @@ type JWTIssuer struct {
 	Audience []string `json:"audience"`
 	// JWKSURL is where the issuer publishes its signing keys. Fetched when
 	// the gateway starts and again (at most once a minute) when a token
-	// names an unknown key id.
+	// names an unknown key id. A token verified once is remembered until it
+	// expires, so removing its key does not revoke it.
 	JWKSURL string `json:"jwks_url,omitempty"`
 	// KeyFiles are PEM files with static public keys (or a JWKS JSON file).
 	KeyFiles []string `json:"key_files,omitempty"`

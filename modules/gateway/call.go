@@ -31,7 +31,8 @@ type Call struct {
 
 	// Set by toolgate_policy.
 	Decision *Decision
-	// Tool is the upstream's definition of the called tool, when known.
+	// Tool is the upstream's definition of the called tool, when known;
+	// see ToolDefinition.
 	Tool *ToolDefinition
 	// Arguments, when not nil, replace the runner's tools/call arguments
 	// upstream (a policy rewrite).
@@ -70,6 +71,16 @@ func (c *Credential) String() string { return c.Header + ": [hidden]" }
 // runner does. It returns the result to send instead, or nil to keep it.
 // Hooks run in the order the steps registered them.
 type ResultHook func(ctx context.Context, call *Call, result []byte) ([]byte, error)
+
+// ToolDefinition returns the upstream's definition of the tool a tools/call
+// names, from the MCP session's catalog, or nil when toolgate has not seen
+// one. It is looked up once per call.
+func (c *Call) ToolDefinition() *ToolDefinition {
+	if c.Tool == nil && c.MCPSession != nil && c.Method == "tools/call" {
+		c.Tool = c.MCPSession.Tool(c.Message.Name)
+	}
+	return c.Tool
+}
 
 // OnResult registers a hook for this call's result.
 func (c *Call) OnResult(h ResultHook) { c.resultHooks = append(c.resultHooks, h) }

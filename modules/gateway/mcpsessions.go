@@ -192,13 +192,6 @@ func (m *MCPSessions) Delete(id string) {
 	m.mu.Unlock()
 }
 
-// Len returns the number of sessions.
-func (m *MCPSessions) Len() int {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return len(m.sessions)
-}
-
 // expire forgets sessions idle for longer than idle.
 func (m *MCPSessions) expire(idle time.Duration) int {
 	cutoff := now().Add(-idle).UnixNano()

@@ -1,10 +1,8 @@
 package policy
 
 import (
-	"encoding/json"
 	"fmt"
 	"runtime"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -55,18 +53,19 @@ func requestInput(call *gateway.Call, tool *ast.Term, listing bool) (ast.Object,
 }
 
 // commonItems are the members every input of call has, whatever is
-// evaluated: caller, session, service, request and time. The service term
-// is built once per registry service, the session term once per session;
-// the caller, request and time terms are those of the session's previous
-// call when they are equal (a runner makes many calls with one token from
-// one address), else built anew.
+// evaluated: caller, session, service, request and time. The caller,
+// session and service terms are built once per Caller, Session and Service
+// (authentication shares one Caller per API key or JWT; the session store
+// and the registry share theirs) and reused while those live.
 func commonItems(call *gateway.Call) [][2]*ast.Term {
-	m := sessionMemos.get(call.Session, newSessionMemo)
 	items := make([][2]*ast.Term, 5, 10)
-	items[0] = ast.Item(keyCaller, m.callerTerm(call.Caller))
-	items[1] = ast.Item(keySession, m.session)
+	items[0] = ast.Item(keyCaller, callerTerms.get(call.Caller, callerTerm))
+	items[1] = ast.Item(keySession, sessionTerms.get(call.Session, sessionTerm))
 	items[2] = ast.Item(keyService, serviceTerms.get(call.Service, serviceTerm))
-	items[3] = ast.Item(keyRequest, m.requestTerm(call.RemoteIP, call.ProtocolVersion))
+	items[3] = ast.Item(keyRequest, ast.ObjectTerm(
+		ast.Item(keyRemoteIP, ast.StringTerm(call.RemoteIP)),
+		ast.Item(keyProtocol, ast.StringTerm(call.ProtocolVersion)),
+	))
 	items[4] = ast.Item(keyTime, timeTerm(call.Started))
 	return items
 }
@@ -144,105 +143,15 @@ func callerTerm(c *gateway.Caller) *ast.Term {
 	)
 }
 
-// sessionMemo holds the terms of a session and of its latest caller and
-// request.
-type sessionMemo struct {
-	session *ast.Term
-	caller  atomic.Pointer[callerMemo]
-	request atomic.Pointer[requestMemo]
-}
-
-// callerMemo is a caller's term and a copy of what it was built from.
-type callerMemo struct {
-	user   string
-	groups []string
-	claims map[string]any
-	term   *ast.Term
-}
-
-type requestMemo struct {
-	remoteIP, protocol string
-	term               *ast.Term
-}
-
-func newSessionMemo(s *gateway.Session) *sessionMemo {
+func sessionTerm(s *gateway.Session) *ast.Term {
 	services := make([]*ast.Term, len(s.Services))
 	for i, id := range s.Services {
 		services[i] = ast.StringTerm(id)
 	}
-	return &sessionMemo{session: ast.ObjectTerm(
+	return ast.ObjectTerm(
 		ast.Item(keyID, ast.StringTerm(s.ID)),
 		ast.Item(keyServices, ast.ArrayTerm(services...)),
-	)}
-}
-
-func (m *sessionMemo) callerTerm(c *gateway.Caller) *ast.Term {
-	if last := m.caller.Load(); last != nil && last.user == c.User &&
-		slices.Equal(last.groups, c.Groups) && jsonEqual(last.claims, c.Claims) {
-		return last.term
-	}
-	claims, _ := jsonCopy(c.Claims).(map[string]any)
-	next := &callerMemo{user: c.User, groups: slices.Clone(c.Groups), claims: claims, term: callerTerm(c)}
-	m.caller.Store(next)
-	return next.term
-}
-
-func (m *sessionMemo) requestTerm(remoteIP, protocol string) *ast.Term {
-	if last := m.request.Load(); last != nil && last.remoteIP == remoteIP && last.protocol == protocol {
-		return last.term
-	}
-	next := &requestMemo{remoteIP: remoteIP, protocol: protocol, term: ast.ObjectTerm(
-		ast.Item(keyRemoteIP, ast.StringTerm(remoteIP)),
-		ast.Item(keyProtocol, ast.StringTerm(protocol)),
-	)}
-	m.request.Store(next)
-	return next.term
-}
-
-// jsonEqual compares decoded JSON values (the claims of a token) exactly.
-func jsonEqual(a, b any) bool {
-	switch x := a.(type) {
-	case map[string]any:
-		y, ok := b.(map[string]any)
-		if !ok || len(x) != len(y) || (x == nil) != (y == nil) {
-			return false
-		}
-		for k, xv := range x {
-			yv, ok := y[k]
-			if !ok || !jsonEqual(xv, yv) {
-				return false
-			}
-		}
-		return true
-	case []any:
-		y, ok := b.([]any)
-		return ok && len(x) == len(y) && slices.EqualFunc(x, y, jsonEqual)
-	case string, bool, float64, json.Number, nil:
-		return a == b
-	}
-	return false // anything else is never reused
-}
-
-// jsonCopy copies the maps and slices of a decoded JSON value.
-func jsonCopy(v any) any {
-	switch x := v.(type) {
-	case map[string]any:
-		if x == nil {
-			return x
-		}
-		c := make(map[string]any, len(x))
-		for k, e := range x {
-			c[k] = jsonCopy(e)
-		}
-		return c
-	case []any:
-		c := make([]any, len(x))
-		for i, e := range x {
-			c[i] = jsonCopy(e)
-		}
-		return c
-	}
-	return v
+	)
 }
 
 // timeTerm is t in RFC 3339, UTC, whole seconds; calls within one second
@@ -281,11 +190,13 @@ func serviceTerm(s *gateway.Service) *ast.Term {
 }
 
 // Registry services live as long as their configuration, sessions as long
-// as the session store caches them; a call points at them. What is built
+// as the session store caches them, callers as long as their API key's
+// configuration or their JWT's verdict; a call points at them. What is built
 // from them is built once and dropped with them.
 var (
 	serviceTerms weakCache[gateway.Service, *ast.Term]
-	sessionMemos weakCache[gateway.Session, *sessionMemo]
+	sessionTerms weakCache[gateway.Session, *ast.Term]
+	callerTerms  weakCache[gateway.Caller, *ast.Term]
 )
 
 // weakCache keeps what was built from a long-lived value for as long as

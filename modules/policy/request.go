@@ -58,10 +58,7 @@ func (h *RequestHandler) ServeHTTP(w http.ResponseWriter, r *http.Request, next 
 	}
 	var tool *ast.Term
 	if call.Method == "tools/call" {
-		if call.MCPSession != nil {
-			call.Tool = call.MCPSession.Tool(call.Message.Name)
-		}
-		tool = toolTerm(call.Tool, call.Message.Name)
+		tool = toolTerm(call.ToolDefinition(), call.Message.Name)
 	}
 	o := outcome{}.deny(failError, "the gateway could not build the policy input")
 	input, err := requestInput(call, tool, false)

@@ -62,9 +62,6 @@ func (h *ResultHandler) ServeHTTP(w http.ResponseWriter, r *http.Request, next c
 // (withheld). A denied or withheld result reaches the runner as a tool
 // error carrying the reason and the decision id.
 func (h *ResultHandler) check(ctx context.Context, call *gateway.Call, result []byte) ([]byte, error) {
-	if call.Tool == nil && call.MCPSession != nil {
-		call.Tool = call.MCPSession.Tool(call.Message.Name)
-	}
 	// The input is built for the policy version that decides, whose scan
 	// settings it uses.
 	sum := h.digest(result) // for the audit entry, hashed while the policy evaluates
@@ -110,7 +107,7 @@ func (h *ResultHandler) input(c *compiled, call *gateway.Call, result []byte, sp
 	if scan != nil {
 		common = append(common, ast.Item(keyScan, scan))
 	}
-	return inputFor(common, call, toolTerm(call.Tool, call.Message.Name), false)
+	return inputFor(common, call, toolTerm(call.ToolDefinition(), call.Message.Name), false)
 }
 
 // Interface guards
