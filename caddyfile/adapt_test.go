@@ -155,6 +155,11 @@ func TestAdaptDemo(t *testing.T) {
 	// plain-http upstreams only with an explicit allow_http.
 	var cfg struct {
 		Apps struct {
+			HTTP struct {
+				Servers map[string]struct {
+					Listen []string `json:"listen"`
+				} `json:"servers"`
+			} `json:"http"`
 			Toolgate struct {
 				Cipher   map[string]any `json:"cipher"`
 				Services []struct {
@@ -178,6 +183,22 @@ func TestAdaptDemo(t *testing.T) {
 	for _, s := range tg.Services {
 		if strings.HasPrefix(s.URL, "http:") && !s.AllowHTTP {
 			t.Errorf("demo service %s is plain http without allow_http", s.ID)
+		}
+	}
+	// Its API keys and secrets are public: it must be reachable from this
+	// machine only. A site address names a host but binds every interface
+	// unless told otherwise.
+	if len(cfg.Apps.HTTP.Servers) == 0 {
+		t.Error("demo has no HTTP server")
+	}
+	for name, srv := range cfg.Apps.HTTP.Servers {
+		if len(srv.Listen) == 0 {
+			t.Errorf("demo server %s has no listen address", name)
+		}
+		for _, addr := range srv.Listen {
+			if !strings.HasPrefix(strings.TrimPrefix(addr, "tcp/"), "127.0.0.1:") {
+				t.Errorf("demo server %s listens on %q, want loopback only", name, addr)
+			}
 		}
 	}
 	order := []string{"toolgate_session", "toolgate_registry", "toolgate_policy", "toolgate_credentials", "toolgate_result_policy", "toolgate_proxy"}

@@ -180,6 +180,10 @@ func (h *Handler) createSession(w http.ResponseWriter, r *http.Request, caller *
 		}
 	}
 	sess, err := h.app.Sessions().Create(r.Context(), caller.User, services)
+	if errors.Is(err, gateway.ErrTooManySessions) {
+		gateway.WriteAPIError(w, http.StatusTooManyRequests, "too_many_sessions", err.Error())
+		return
+	}
 	if err != nil {
 		h.logger.Error("creating session", zap.Error(err))
 		gateway.WriteAPIError(w, http.StatusServiceUnavailable, "storage_unavailable", "the session could not be stored; try again")
@@ -217,7 +221,7 @@ func (h *Handler) deleteSession(w http.ResponseWriter, r *http.Request, caller *
 	if sess == nil {
 		return
 	}
-	if err := h.app.Sessions().Delete(r.Context(), sess.ID); err != nil {
+	if err := h.app.Sessions().Delete(r.Context(), sess); err != nil {
 		h.logger.Error("deleting session", zap.Error(err))
 		gateway.WriteAPIError(w, http.StatusServiceUnavailable, "storage_unavailable", "the session could not be deleted; try again")
 		return

@@ -64,6 +64,12 @@ type App struct {
 	// SessionTTL is how long a toolgate session lasts. Default 12h.
 	SessionTTL caddy.Duration `json:"session_ttl,omitempty"`
 
+	// MaxSessionsPerUser bounds how many live toolgate sessions one caller
+	// may hold; creating another fails until one ends or expires. Default
+	// 100. (Callers themselves are bounded by the authenticator: API keys
+	// an administrator issued, or the identity provider's users.)
+	MaxSessionsPerUser int `json:"max_sessions_per_user,omitempty"`
+
 	// MCPSessionIdleTimeout forgets a runner's MCP session unused for this
 	// long. Default 1h.
 	MCPSessionIdleTimeout caddy.Duration `json:"mcp_session_idle_timeout,omitempty"`
@@ -118,6 +124,7 @@ func (App) CaddyModule() caddy.ModuleInfo {
 const (
 	DefaultSessionHeader    = "X-Toolgate-Session"
 	defaultSessionTTL       = 12 * time.Hour
+	defaultSessionsPerUser  = 100
 	defaultMCPSessionIdle   = time.Hour
 	defaultCacheTTL         = 10 * time.Second
 	defaultMaxRequestBytes  = 4 << 20
@@ -163,6 +170,9 @@ func (a *App) Provision(ctx caddy.Context) error {
 	if a.SessionTTL == 0 {
 		a.SessionTTL = caddy.Duration(defaultSessionTTL)
 	}
+	if a.MaxSessionsPerUser == 0 {
+		a.MaxSessionsPerUser = defaultSessionsPerUser
+	}
 	if a.MCPSessionIdleTimeout == 0 {
 		a.MCPSessionIdleTimeout = caddy.Duration(defaultMCPSessionIdle)
 	}
@@ -203,7 +213,7 @@ func (a *App) Provision(ctx caddy.Context) error {
 		a.origins[u.Scheme+"://"+u.Host] = struct{}{}
 		a.publicHost = u.Hostname()
 	}
-	a.sessions = newSessionStore(a.storage, time.Duration(a.SessionTTL), time.Duration(a.CacheTTL))
+	a.sessions = newSessionStore(a.storage, time.Duration(a.SessionTTL), time.Duration(a.CacheTTL), a.MaxSessionsPerUser)
 	if a.cipher != nil {
 		a.connections = newConnectionStore(a.storage, a.cipher, time.Duration(a.CacheTTL))
 	}
@@ -266,6 +276,9 @@ func (a *App) Validate() error {
 	}
 	if a.SessionTTL < 0 || a.MCPSessionIdleTimeout < 0 || a.CacheTTL < 0 {
 		return errors.New("session_ttl, mcp_session_idle_timeout and cache_ttl must be positive")
+	}
+	if a.MaxSessionsPerUser < 0 {
+		return errors.New("max_sessions_per_user must be positive")
 	}
 	if a.MaxRequestBytes < 0 || a.MaxResponseBytes < 0 || a.MaxJSONDepth < 0 {
 		return errors.New("max_request_bytes, max_response_bytes and max_json_depth must be positive")

@@ -220,6 +220,9 @@ func (a *AuthConfig) start(ctx context.Context, client *http.Client, logger *zap
 				zap.String("issuer", j.Issuer), zap.String("jwks_url", j.JWKSURL), zap.Error(err))
 		}
 		j.keys.client = client
+		j.keys.shared.mu.Lock()
+		j.keys.shared.logger = logger
+		j.keys.shared.mu.Unlock()
 	}
 }
 
@@ -362,23 +365,32 @@ type keySet struct {
 	mu        sync.RWMutex
 	fetched   jose.JSONWebKeySet
 	lastFetch time.Time
+	fetching  chan struct{} // closed when the running refetch ends; nil when none runs
+	logger    *zap.Logger
 }
 
 // Destruct implements caddy.Destructor.
 func (*keySet) Destruct() error { return nil }
 
-const jwksMinRefresh = time.Minute
+const (
+	jwksMinRefresh   = time.Minute
+	jwksFetchTimeout = 10 * time.Second
+)
 
 // lookup returns the keys that may have signed a token naming kid. A kid
-// no key has triggers a JWKS refetch, at most once per jwksMinRefresh.
+// no key has triggers a JWKS refetch, at most once per jwksMinRefresh; the
+// callers that need it wait for the same fetch.
 func (ks *keySet) lookup(ctx context.Context, kid string) ([]any, error) {
 	keys, exact := ks.find(kid)
-	if !exact && (kid != "" || len(keys) == 0) && ks.shared != nil && ks.client != nil && ks.shared.claimRefresh() {
-		err := ks.fetch(ctx, ks.client)
-		if err != nil && len(keys) == 0 {
-			return nil, err
+	if !exact && (kid != "" || len(keys) == 0) && ks.shared != nil && ks.client != nil {
+		if done := ks.shared.startFetch(ks.client); done != nil {
+			select {
+			case <-done:
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+			keys, _ = ks.find(kid)
 		}
-		keys, _ = ks.find(kid)
 	}
 	if len(keys) == 0 {
 		return nil, errors.New("unknown key id")
@@ -386,16 +398,36 @@ func (ks *keySet) lookup(ctx context.Context, kid string) ([]any, error) {
 	return keys, nil
 }
 
-// claimRefresh reports whether a refetch is due, and if so records it as
-// started, so that concurrent callers fetch once.
-func (ks *keySet) claimRefresh() bool {
+// startFetch, on a shared key set, starts a refetch of the JWKS unless one
+// ran less than jwksMinRefresh ago, and returns a channel closed when the
+// running fetch ends (nil when none is due). The fetch is detached from any request: a
+// caller that gives up (a client hanging up right after sending a token
+// with an unknown key id) neither cancels it nor uses up the minute for
+// everyone else.
+func (ks *keySet) startFetch(client *http.Client) <-chan struct{} {
 	ks.mu.Lock()
 	defer ks.mu.Unlock()
+	if ks.fetching != nil {
+		return ks.fetching
+	}
 	if now().Sub(ks.lastFetch) < jwksMinRefresh {
-		return false
+		return nil
 	}
 	ks.lastFetch = now()
-	return true
+	done := make(chan struct{})
+	ks.fetching = done
+	logger := ks.logger
+	go func() {
+		err := ks.fetch(context.Background(), client)
+		ks.mu.Lock()
+		ks.fetching = nil
+		ks.mu.Unlock()
+		close(done)
+		if err != nil && logger != nil {
+			logger.Warn("cannot refetch JWKS", zap.String("jwks_url", ks.url), zap.Error(err))
+		}
+	}()
+	return done
 }
 
 // find returns the signing keys that may verify a token naming kid: those
@@ -428,13 +460,12 @@ func (ks *keySet) refresh(ctx context.Context, client *http.Client) error {
 	sh.mu.Lock()
 	sh.lastFetch = now()
 	sh.mu.Unlock()
-	return ks.fetch(ctx, client)
+	return sh.fetch(ctx, client)
 }
 
-// fetch reads the JWKS into the shared key set.
+// fetch reads the JWKS at ks.url into ks, a shared key set.
 func (ks *keySet) fetch(ctx context.Context, client *http.Client) error {
-	sh := ks.shared
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	ctx, cancel := context.WithTimeout(ctx, jwksFetchTimeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, ks.url, nil)
 	if err != nil {
@@ -452,9 +483,9 @@ func (ks *keySet) fetch(ctx context.Context, client *http.Client) error {
 	if err := json.NewDecoder(http.MaxBytesReader(nil, resp.Body, 1<<20)).Decode(&set); err != nil {
 		return fmt.Errorf("JWKS: %v", err)
 	}
-	sh.mu.Lock()
-	sh.fetched = set
-	sh.mu.Unlock()
+	ks.mu.Lock()
+	ks.fetched = set
+	ks.mu.Unlock()
 	return nil
 }
 

@@ -715,3 +715,48 @@ func TestAPIKeyCallersAreShared(t *testing.T) {
 		t.Fatalf("two requests with one key: %p %p (%v, %v)", one, two, err1, err2)
 	}
 }
+
+// A client that sends a token with an unknown key id and hangs up at once
+// must not cancel the refetch it triggered, nor use up the minute: a valid
+// token signed with the issuer's new key, arriving right after, waits for
+// that same fetch and is accepted.
+func TestJWKSRefetchOutlivesAnAbandonedRequest(t *testing.T) {
+	clock := setClock(t, time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC))
+	k1, k2 := newSigningKey(t, "k1"), newSigningKey(t, "k2")
+	srv := newJWKSServer(t, k1)
+	a := provisionAuth(t, &AuthConfig{JWT: []*JWTIssuer{{Issuer: testIssuer, Audience: []string{"gw"}, JWKSURL: srv.URL}}})
+	a.start(context.Background(), srv.Client(), zap.NewNop())
+
+	// The issuer rotates to k2; its JWKS endpoint is slow to answer.
+	srv.setKeys(k1, k2)
+	srv.mu.Lock() // held: the next fetch waits until the test releases it
+	*clock = clock.Add(2 * time.Minute)
+	forged := newSigningKey(t, "attacker").sign(t, map[string]any{"iss": testIssuer, "aud": "gw", "sub": "x", "exp": clock.Add(time.Hour).Unix()})
+	hangUp, cancel := context.WithCancel(context.Background())
+	result := make(chan error, 1)
+	go func() {
+		_, err := a.Authenticate(hangUp, bearer(forged), false)
+		result <- err
+	}()
+	for srv.fetches.Load() < 2 {
+		time.Sleep(time.Millisecond)
+	}
+	cancel()
+	if err := <-result; err == nil {
+		t.Fatal("the forged token was accepted")
+	}
+
+	valid := k2.sign(t, map[string]any{"iss": testIssuer, "aud": "gw", "sub": "alice", "exp": clock.Add(time.Hour).Unix()})
+	accepted := make(chan error, 1)
+	go func() {
+		_, err := a.Authenticate(context.Background(), bearer(valid), false)
+		accepted <- err
+	}()
+	srv.mu.Unlock()
+	if err := <-accepted; err != nil {
+		t.Fatalf("a valid token signed with the new key after an abandoned refetch: %v", err)
+	}
+	if n := srv.fetches.Load(); n != 2 {
+		t.Errorf("%d JWKS fetches, want 2 (start, and one refetch shared by both requests)", n)
+	}
+}

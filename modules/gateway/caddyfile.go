@@ -36,6 +36,7 @@ func parseGlobalOption(d *caddyfile.Dispenser, existing any) (any, error) {
 //		cipher  <module> { … }
 //		session_header <name>
 //		session_ttl    <duration>
+//		max_sessions_per_user <n>
 //		mcp_session_idle_timeout <duration>
 //		cache_ttl      <duration>
 //		allowed_origins <origin...>
@@ -113,6 +114,13 @@ func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			err = sizeArg(d, &a.MaxRequestBytes)
 		case "max_response_size":
 			err = sizeArg(d, &a.MaxResponseBytes)
+		case "max_sessions_per_user":
+			var v string
+			if err = caddyopt.String(d, &v); err == nil {
+				if a.MaxSessionsPerUser, err = strconv.Atoi(v); err != nil || a.MaxSessionsPerUser < 1 {
+					err = d.Errf("max_sessions_per_user: %q is not a positive integer", v)
+				}
+			}
 		case "max_json_depth":
 			var s string
 			if err = caddyopt.String(d, &s); err == nil {

@@ -35,6 +35,7 @@ func TestUnmarshalCaddyfileFullOptionSet(t *testing.T) {
 		}
 		session_header X-Run-Session
 		session_ttl    2h
+		max_sessions_per_user 20
 		mcp_session_idle_timeout 30m
 		cache_ttl      5s
 		allowed_origins https://a.example.com https://b.example.com:8443
@@ -124,6 +125,9 @@ func TestUnmarshalCaddyfileFullOptionSet(t *testing.T) {
 		if c.got != c.want {
 			t.Errorf("%s = %v, want %v", c.name, time.Duration(c.got), time.Duration(c.want))
 		}
+	}
+	if app.MaxSessionsPerUser != 20 {
+		t.Errorf("MaxSessionsPerUser = %d, want 20", app.MaxSessionsPerUser)
 	}
 	if app.MaxRequestBytes != 1<<20 || app.MaxResponseBytes != 32_000_000 || app.MaxJSONDepth != 32 {
 		t.Errorf("sizes = %d, %d, %d; want %d, %d, 32", app.MaxRequestBytes, app.MaxResponseBytes, app.MaxJSONDepth, 1<<20, 32_000_000)
@@ -224,6 +228,7 @@ func TestUnmarshalCaddyfileErrors(t *testing.T) {
 		{"zero size", "toolgate {\n max_response_size 0\n}", `invalid size "0"`},
 		{"size over 1TiB", "toolgate {\n max_response_size 2TiB\n}", `invalid size "2TiB"`},
 		{"zero depth", "toolgate {\n max_json_depth 0\n}", `max_json_depth: "0" is not a positive integer`},
+		{"zero sessions per user", "toolgate {\n max_sessions_per_user 0\n}", `max_sessions_per_user: "0" is not a positive integer`},
 		{"negative depth", "toolgate {\n max_json_depth -3\n}", `max_json_depth: "-3" is not a positive integer`},
 		{"word depth", "toolgate {\n max_json_depth deep\n}", `max_json_depth: "deep" is not a positive integer`},
 

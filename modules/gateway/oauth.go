@@ -385,7 +385,7 @@ func (a *App) takePending(ctx context.Context, st oauthState) (*pendingSecret, e
 // cannot be read).
 func (a *App) sweepPending(ctx context.Context) (int, error) {
 	t := now()
-	return sweepExpired(ctx, a.storage, pendingPrefix, func(data []byte) bool {
+	return sweepExpired(ctx, a.storage, pendingPrefix, true, func(data []byte) bool {
 		var rec pendingAuthorization
 		return json.Unmarshal(data, &rec) != nil || t.After(rec.ExpiresAt)
 	})

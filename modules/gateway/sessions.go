@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io/fs"
 	"path"
+	"slices"
 	"sync"
 	"time"
 
@@ -38,14 +39,21 @@ func (s *Session) Selected(service string) bool {
 // ErrSessionNotFound reports a session id that does not exist or has expired.
 var ErrSessionNotFound = errors.New("session not found or expired")
 
+// ErrTooManySessions reports that a caller has as many live sessions as
+// max_sessions_per_user allows.
+var ErrTooManySessions = errors.New("too many toolgate sessions")
+
 // SessionStore keeps sessions in Caddy storage, under the SHA-256 of their
-// id, so that reading the storage reveals no usable session id. Reads are
-// cached for CacheTTL; a session ended on another replica stops working here
-// within that time.
+// id, so that reading the storage reveals no usable session id, and an
+// index of each user's sessions (their hashes, services and times; no id)
+// under the SHA-256 of the user, so that a person can list and end their
+// sessions and their number is bounded. Reads are cached for CacheTTL; a
+// session ended on another replica stops working here within that time.
 type SessionStore struct {
 	storage  certmagic.Storage
 	ttl      time.Duration
 	cacheTTL time.Duration
+	perUser  int
 
 	mu    sync.Mutex
 	cache map[string]cachedSession
@@ -56,16 +64,41 @@ type cachedSession struct {
 	loadedAt time.Time
 }
 
-const sessionPrefix = "toolgate/sessions"
+const (
+	sessionPrefix       = "toolgate/sessions"
+	sessionByUserPrefix = "toolgate/sessions-by-user"
+)
 
-func newSessionStore(storage certmagic.Storage, ttl, cacheTTL time.Duration) *SessionStore {
-	return &SessionStore{storage: storage, ttl: ttl, cacheTTL: cacheTTL, cache: make(map[string]cachedSession)}
+func newSessionStore(storage certmagic.Storage, ttl, cacheTTL time.Duration, perUser int) *SessionStore {
+	return &SessionStore{storage: storage, ttl: ttl, cacheTTL: cacheTTL, perUser: perUser, cache: make(map[string]cachedSession)}
 }
 
 func sessionKey(id string) string { return path.Join(sessionPrefix, hashKey(id)) }
 
-// Create stores a new session for user.
+func sessionIndexKey(user, ref string) string {
+	return path.Join(sessionByUserPrefix, hashKey(user), ref)
+}
+
+// SessionSummary is what the per-user index tells about a session: never
+// its id, which only its creator ever saw. Ref (the SHA-256 of the id)
+// names it for ending it.
+type SessionSummary struct {
+	Ref       string    `json:"-"`
+	Services  []string  `json:"services"`
+	CreatedAt time.Time `json:"created_at"`
+	ExpiresAt time.Time `json:"expires_at"`
+}
+
+// Create stores a new session for user, unless user already has as many
+// live sessions as allowed (ErrTooManySessions).
 func (s *SessionStore) Create(ctx context.Context, user string, services []string) (*Session, error) {
+	live, err := s.List(ctx, user)
+	if err != nil {
+		return nil, err
+	}
+	if s.perUser > 0 && len(live) >= s.perUser {
+		return nil, fmt.Errorf("%w: %s has %d (max_sessions_per_user); end some first", ErrTooManySessions, user, len(live))
+	}
 	t := now().UTC().Truncate(time.Second)
 	sess := &Session{ID: NewID(), User: user, Services: services, CreatedAt: t, ExpiresAt: t.Add(s.ttl)}
 	stored := *sess
@@ -74,11 +107,49 @@ func (s *SessionStore) Create(ctx context.Context, user string, services []strin
 	if err != nil {
 		return nil, err
 	}
-	if err := s.storage.Store(ctx, sessionKey(sess.ID), data); err != nil {
+	ref := hashKey(sess.ID)
+	summary, _ := json.Marshal(SessionSummary{Services: services, CreatedAt: t, ExpiresAt: sess.ExpiresAt})
+	if err := s.storage.Store(ctx, sessionIndexKey(user, ref), summary); err != nil {
+		return nil, fmt.Errorf("storing session: %w", err)
+	}
+	if err := s.storage.Store(ctx, path.Join(sessionPrefix, ref), data); err != nil {
+		_ = s.storage.Delete(ctx, sessionIndexKey(user, ref))
 		return nil, fmt.Errorf("storing session: %w", err)
 	}
 	s.remember(sess)
 	return sess, nil
+}
+
+// List returns user's live sessions, newest first. Index entries of
+// sessions that expired or were ended elsewhere are removed on the way.
+func (s *SessionStore) List(ctx context.Context, user string) ([]SessionSummary, error) {
+	keys, err := s.storage.List(ctx, path.Join(sessionByUserPrefix, hashKey(user)), false)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("listing sessions: %w", err)
+	}
+	t := now()
+	var out []SessionSummary
+	for _, key := range keys {
+		data, err := s.storage.Load(ctx, key)
+		if errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("listing sessions: %w", err)
+		}
+		var sum SessionSummary
+		sum.Ref = path.Base(key)
+		if json.Unmarshal(data, &sum) != nil || t.After(sum.ExpiresAt) || !s.storage.Exists(ctx, path.Join(sessionPrefix, sum.Ref)) {
+			_ = s.storage.Delete(ctx, key)
+			continue
+		}
+		out = append(out, sum)
+	}
+	slices.SortFunc(out, func(a, b SessionSummary) int { return b.CreatedAt.Compare(a.CreatedAt) })
+	return out, nil
 }
 
 // Get returns the session with id, or ErrSessionNotFound.
@@ -117,14 +188,27 @@ func (s *SessionStore) Get(ctx context.Context, id string) (*Session, error) {
 	return &sess, nil
 }
 
-// Delete ends the session with id.
-func (s *SessionStore) Delete(ctx context.Context, id string) error {
-	s.forget(id)
-	err := s.storage.Delete(ctx, sessionKey(id))
-	if errors.Is(err, fs.ErrNotExist) {
+// Delete ends sess.
+func (s *SessionStore) Delete(ctx context.Context, sess *Session) error {
+	return s.DeleteRef(ctx, sess.User, hashKey(sess.ID))
+}
+
+// DeleteRef ends user's session named by ref (see SessionSummary); a ref
+// that is not one of user's sessions changes nothing.
+func (s *SessionStore) DeleteRef(ctx context.Context, user, ref string) error {
+	index := sessionIndexKey(user, ref)
+	if !s.storage.Exists(ctx, index) {
 		return nil
 	}
-	return err
+	s.mu.Lock()
+	delete(s.cache, ref)
+	s.mu.Unlock()
+	for _, key := range []string{path.Join(sessionPrefix, ref), index} {
+		if err := s.storage.Delete(ctx, key); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return err
+		}
+	}
+	return nil
 }
 
 func (s *SessionStore) remember(sess *Session) {
@@ -142,19 +226,28 @@ func (s *SessionStore) forget(id string) {
 	s.mu.Unlock()
 }
 
-// sweep deletes expired sessions from storage.
+// sweep deletes expired sessions, and their index entries, from storage.
 func (s *SessionStore) sweep(ctx context.Context) (int, error) {
 	t := now()
-	return sweepExpired(ctx, s.storage, sessionPrefix, func(data []byte) bool {
+	n, err := sweepExpired(ctx, s.storage, sessionPrefix, false, func(data []byte) bool {
 		var sess Session
 		return json.Unmarshal(data, &sess) == nil && t.After(sess.ExpiresAt)
 	})
+	if err != nil {
+		return n, err
+	}
+	_, err = sweepExpired(ctx, s.storage, sessionByUserPrefix, true, func(data []byte) bool {
+		var sum SessionSummary
+		return json.Unmarshal(data, &sum) != nil || t.After(sum.ExpiresAt)
+	})
+	return n, err
 }
 
-// sweepExpired deletes the records under prefix that expired says are
-// over, and returns how many it deleted.
-func sweepExpired(ctx context.Context, storage certmagic.Storage, prefix string, expired func(data []byte) bool) (int, error) {
-	keys, err := storage.List(ctx, prefix, false)
+// sweepExpired deletes the records under prefix (and, when recursive, under
+// its sub-prefixes) that expired says are over, and returns how many it
+// deleted.
+func sweepExpired(ctx context.Context, storage certmagic.Storage, prefix string, recursive bool, expired func(data []byte) bool) (int, error) {
+	keys, err := storage.List(ctx, prefix, recursive)
 	if errors.Is(err, fs.ErrNotExist) {
 		return 0, nil
 	}
@@ -164,7 +257,7 @@ func sweepExpired(ctx context.Context, storage certmagic.Storage, prefix string,
 	removed := 0
 	for _, key := range keys {
 		data, err := storage.Load(ctx, key)
-		if err != nil || !expired(data) {
+		if err != nil || !expired(data) { // a "directory" does not load
 			continue
 		}
 		if storage.Delete(ctx, key) == nil {

@@ -106,7 +106,7 @@ func TestSessionStoreLifecycle(t *testing.T) {
 	ctx := context.Background()
 	clock := setClock(t, time.Date(2026, 11, 29, 12, 0, 0, 500, time.UTC))
 	storage, dir := fileStorage(t)
-	s := newSessionStore(storage, time.Hour, 10*time.Second)
+	s := newSessionStore(storage, time.Hour, 10*time.Second, 0)
 
 	sess, err := s.Create(ctx, "alice@example.com", []string{"tracker", "search"})
 	if err != nil {
@@ -122,25 +122,28 @@ func TestSessionStoreLifecycle(t *testing.T) {
 		t.Error("Selected does not match the chosen services")
 	}
 
-	// Storage holds the session under the hash of its id, and never the id.
+	// Storage holds the session under the hash of its id, and an index
+	// entry under the hash of its user; never the id.
 	files := storedFiles(t, dir)
-	if len(files) != 1 {
-		t.Fatalf("stored files = %v, want one", keys(files))
+	record := "toolgate/sessions/" + hashKey(sess.ID)
+	index := "toolgate/sessions-by-user/" + hashKey("alice@example.com") + "/" + hashKey(sess.ID)
+	if _, ok := files[record]; !ok || len(files) != 2 {
+		t.Fatalf("stored files = %v, want %s and %s", keys(files), record, index)
+	}
+	if _, ok := files[index]; !ok {
+		t.Fatalf("stored files = %v, want the index entry %s", keys(files), index)
 	}
 	for name, data := range files {
-		if name != "toolgate/sessions/"+hashKey(sess.ID) {
-			t.Errorf("stored as %q, want toolgate/sessions/<sha256 of id>", name)
-		}
 		if strings.Contains(name, sess.ID) || bytes.Contains(data, []byte(sess.ID)) {
 			t.Errorf("storage reveals the session id: %s = %s", name, data)
 		}
-		if !bytes.Contains(data, []byte("alice@example.com")) {
-			t.Errorf("stored record %s lacks the owner", data)
-		}
+	}
+	if !bytes.Contains(files[record], []byte("alice@example.com")) {
+		t.Errorf("stored record %s lacks the owner", files[record])
 	}
 
 	// Another replica (no cache) reads it back.
-	other := newSessionStore(storage, time.Hour, 10*time.Second)
+	other := newSessionStore(storage, time.Hour, 10*time.Second, 0)
 	got, err := other.Get(ctx, sess.ID)
 	if err != nil {
 		t.Fatal(err)
@@ -165,14 +168,14 @@ func TestSessionStoreLifecycle(t *testing.T) {
 	if _, err := s.Get(ctx, sess.ID); !errors.Is(err, ErrSessionNotFound) {
 		t.Errorf("after expiry: %v, want ErrSessionNotFound", err)
 	}
-	fresh := newSessionStore(storage, time.Hour, 10*time.Second)
+	fresh := newSessionStore(storage, time.Hour, 10*time.Second, 0)
 	if _, err := fresh.Get(ctx, sess.ID); !errors.Is(err, ErrSessionNotFound) {
 		t.Errorf("after expiry, uncached: %v, want ErrSessionNotFound", err)
 	}
 
 	// Delete.
 	*clock = sess.CreatedAt
-	if err := s.Delete(ctx, sess.ID); err != nil {
+	if err := s.Delete(ctx, sess); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := s.Get(ctx, sess.ID); !errors.Is(err, ErrSessionNotFound) {
@@ -181,7 +184,7 @@ func TestSessionStoreLifecycle(t *testing.T) {
 	if files := storedFiles(t, dir); len(files) != 0 {
 		t.Errorf("after Delete, storage still holds %v", keys(files))
 	}
-	if err := s.Delete(ctx, sess.ID); err != nil {
+	if err := s.Delete(ctx, sess); err != nil {
 		t.Errorf("deleting twice: %v", err)
 	}
 }
@@ -190,8 +193,8 @@ func TestSessionStoreCacheTTL(t *testing.T) {
 	ctx := context.Background()
 	clock := setClock(t, time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
 	storage, _ := fileStorage(t)
-	a := newSessionStore(storage, time.Hour, 10*time.Second)
-	b := newSessionStore(storage, time.Hour, 10*time.Second)
+	a := newSessionStore(storage, time.Hour, 10*time.Second, 0)
+	b := newSessionStore(storage, time.Hour, 10*time.Second, 0)
 
 	sess, err := a.Create(ctx, "alice", []string{"x"})
 	if err != nil {
@@ -200,7 +203,7 @@ func TestSessionStoreCacheTTL(t *testing.T) {
 	if _, err := b.Get(ctx, sess.ID); err != nil { // b caches it now
 		t.Fatal(err)
 	}
-	if err := a.Delete(ctx, sess.ID); err != nil {
+	if err := a.Delete(ctx, sess); err != nil {
 		t.Fatal(err)
 	}
 	// b keeps using its cached copy for up to CacheTTL…
@@ -224,7 +227,7 @@ func TestSessionStoreSweep(t *testing.T) {
 	ctx := context.Background()
 	clock := setClock(t, time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
 	storage, dir := fileStorage(t)
-	s := newSessionStore(storage, time.Hour, time.Second)
+	s := newSessionStore(storage, time.Hour, time.Second, 0)
 
 	if n, err := s.sweep(ctx); n != 0 || err != nil {
 		t.Errorf("sweep of empty storage = %d, %v", n, err)
@@ -238,11 +241,73 @@ func TestSessionStoreSweep(t *testing.T) {
 		t.Fatalf("sweep = %d, %v; want 1 removed", n, err)
 	}
 	files := storedFiles(t, dir)
-	if _, ok := files["toolgate/sessions/"+hashKey(young.ID)]; !ok || len(files) != 1 {
-		t.Errorf("after sweep storage holds %v, want only the young session", keys(files))
+	_, record := files["toolgate/sessions/"+hashKey(young.ID)]
+	_, index := files["toolgate/sessions-by-user/"+hashKey("b")+"/"+hashKey(young.ID)]
+	if !record || !index || len(files) != 2 {
+		t.Errorf("after sweep storage holds %v, want only the young session and its index entry", keys(files))
 	}
-	if _, err := newSessionStore(storage, time.Hour, time.Second).Get(ctx, old.ID); !errors.Is(err, ErrSessionNotFound) {
+	if _, err := newSessionStore(storage, time.Hour, time.Second, 0).Get(ctx, old.ID); !errors.Is(err, ErrSessionNotFound) {
 		t.Errorf("swept session: %v", err)
+	}
+}
+
+// A person lists their own live sessions (never the ids), ends one by its
+// ref, and cannot hold more than max_sessions_per_user.
+func TestSessionStorePerUserIndexAndLimit(t *testing.T) {
+	ctx := context.Background()
+	clock := setClock(t, time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	storage, _ := fileStorage(t)
+	s := newSessionStore(storage, time.Hour, time.Second, 3)
+
+	var made []*Session
+	for i := range 3 {
+		sess, err := s.Create(ctx, "alice", []string{fmt.Sprint("svc", i)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		made = append(made, sess)
+		*clock = clock.Add(time.Minute)
+	}
+	if _, err := s.Create(ctx, "alice", []string{"x"}); !errors.Is(err, ErrTooManySessions) {
+		t.Fatalf("a fourth session: %v, want ErrTooManySessions", err)
+	}
+	if _, err := s.Create(ctx, "bob", []string{"x"}); err != nil {
+		t.Fatalf("bob is not limited by alice's sessions: %v", err)
+	}
+	list, err := s.List(ctx, "alice")
+	if err != nil || len(list) != 3 {
+		t.Fatalf("List = %v, %v; want 3", list, err)
+	}
+	if list[0].Ref != hashKey(made[2].ID) || list[0].Services[0] != "svc2" {
+		t.Errorf("List is not newest first: %+v", list)
+	}
+
+	// bob cannot end alice's session by naming its ref.
+	if err := s.DeleteRef(ctx, "bob", list[0].Ref); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Get(ctx, made[2].ID); err != nil {
+		t.Fatalf("bob's DeleteRef ended alice's session: %v", err)
+	}
+	if err := s.DeleteRef(ctx, "alice", list[0].Ref); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Get(ctx, made[2].ID); !errors.Is(err, ErrSessionNotFound) {
+		t.Errorf("after DeleteRef: %v", err)
+	}
+	if _, err := s.Create(ctx, "alice", []string{"x"}); err != nil {
+		t.Errorf("after ending one, a new session: %v", err)
+	}
+
+	// Expired sessions do not count.
+	*clock = clock.Add(2 * time.Hour)
+	if list, _ := s.List(ctx, "alice"); len(list) != 0 {
+		t.Errorf("after expiry List = %+v", list)
+	}
+	for range 3 {
+		if _, err := s.Create(ctx, "alice", []string{"x"}); err != nil {
+			t.Fatalf("after expiry: %v", err)
+		}
 	}
 }
 
