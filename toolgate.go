@@ -7,6 +7,7 @@ import (
 	_ "github.com/toolgate/toolgate/modules/api"
 	_ "github.com/toolgate/toolgate/modules/ciphers/local"
 	_ "github.com/toolgate/toolgate/modules/ciphers/vaulttransit"
+	_ "github.com/toolgate/toolgate/modules/console"
 	_ "github.com/toolgate/toolgate/modules/credentials"
 	_ "github.com/toolgate/toolgate/modules/demo"
 	_ "github.com/toolgate/toolgate/modules/gateway"

@@ -38,7 +38,7 @@ func TestDemoWalkthrough(t *testing.T) {
 	waitListening(t, fmt.Sprintf("http://127.0.0.1:%d", upPort))
 
 	sess := g.createSession(t, "demo-alice", "tracker")
-	if status, page := browse(t, g.authorizeURL(t, "demo-alice", "tracker")); status != http.StatusOK || !strings.Contains(page, "is connected") {
+	if status, page := g.signedIn(t, "demo-alice").connect("tracker"); status != http.StatusOK || !strings.Contains(page, "is connected") {
 		t.Fatalf("connecting the tracker: %d %s", status, page)
 	}
 

@@ -44,12 +44,16 @@ type gatewayConfig struct {
 	Tools         string // the allowlist
 	Auth          string // the service's auth line, default "none"
 	RequestPolicy string // policy source; default testdata/policy
-	PolicyOptions string // more lines in the toolgate_policy block
+	// PolicyOptions are more lines in the toolgate_policy block. Both
+	// policy steps get a 5s deadline: these tests are not about deadlines,
+	// and a loaded machine must not turn a slow evaluation into a deny.
+	PolicyOptions string
 	ResultPolicy  string
 	Extra         string // more lines in the toolgate block
 	Services      string // more service blocks
 	Timeout       string // the service's timeout; default 10s
 	Cipher        string // the cipher option's value; default a local key file
+	Console       string // the toolgate_console block's lines; default api_key_login
 }
 
 // gateway is a running toolgate.
@@ -62,6 +66,13 @@ type gateway struct {
 // config replaces any gateway an earlier test started in this process.
 func startGateway(t testing.TB, cfg gatewayConfig) *gateway {
 	t.Helper()
+	return startGatewayOnPort(t, freePort(t), cfg)
+}
+
+// startGatewayOnPort is startGateway on a port the test chose (to register
+// the gateway's URL with a provider first).
+func startGatewayOnPort(t testing.TB, port int, cfg gatewayConfig) *gateway {
+	t.Helper()
 	if cfg.Tools == "" {
 		cfg.Tools = "echo big progress reconnect touch_resource drop_table leak unknown_field forbidden_tool gated_tool pinned_echo redacted"
 	}
@@ -71,13 +82,15 @@ func startGateway(t testing.TB, cfg gatewayConfig) *gateway {
 	if cfg.Timeout == "" {
 		cfg.Timeout = "10s"
 	}
+	if cfg.Console == "" {
+		cfg.Console = "api_key_login"
+	}
 	if cfg.RequestPolicy == "" {
 		cfg.RequestPolicy = "testdata/policy"
 	}
 	if cfg.ResultPolicy == "" {
 		cfg.ResultPolicy = cfg.RequestPolicy
 	}
-	port := freePort(t)
 	data := t.TempDir()
 	if cfg.Cipher == "" {
 		cfg.Cipher = "local " + data + "/cipher.key"
@@ -116,18 +129,23 @@ http://127.0.0.1:%[1]d {
 		toolgate_registry
 		toolgate_policy {
 			source %[10]s
+			timeout 5s
 			%[16]s
 		}
 		toolgate_credentials
 		toolgate_result_policy {
 			source %[11]s
+			timeout 5s
 		}
 		toolgate_proxy
 	}
 	toolgate_api
+	toolgate_console {
+		%[19]s
+	}
 }
 `, port, data, hashKey(aliceKey), alice, hashKey(bobKey), bob, cfg.Upstream, cfg.Tools, cfg.Auth,
-		cfg.RequestPolicy, cfg.ResultPolicy, cfg.Extra, cfg.Services, hashKey(carolKey), carol, cfg.PolicyOptions, cfg.Cipher, cfg.Timeout)
+		cfg.RequestPolicy, cfg.ResultPolicy, cfg.Extra, cfg.Services, hashKey(carolKey), carol, cfg.PolicyOptions, cfg.Cipher, cfg.Timeout, cfg.Console)
 	loadCaddyfile(t, caddyfile)
 	g := &gateway{URL: fmt.Sprintf("http://127.0.0.1:%d", port), DataDir: data}
 	waitListening(t, g.URL)

@@ -11,6 +11,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"io/fs"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -108,8 +109,8 @@ func oauthGateway(t testing.TB, p *oauthProvider, up *protectedUpstream, cfg gat
 	return g
 }
 
-// authorizeURL asks the gateway to start connecting service for key.
-func (g *gateway) authorizeURL(t testing.TB, key, service string) string {
+// connectURL asks the gateway where key's user connects service.
+func (g *gateway) connectURL(t testing.TB, key, service string) string {
 	t.Helper()
 	resp := g.api(t, http.MethodPost, "/v1/connections/"+service+"/authorize", key, nil)
 	var body struct {
@@ -121,8 +122,8 @@ func (g *gateway) authorizeURL(t testing.TB, key, service string) string {
 	return body.AuthorizeURL
 }
 
-// browse opens u like a browser (following redirects) and returns the
-// final status and page.
+// browse opens u in a browser nobody is signed in to (following
+// redirects) and returns the final status and page.
 func browse(t testing.TB, u string) (int, string) {
 	t.Helper()
 	resp, err := http.Get(u)
@@ -132,15 +133,6 @@ func browse(t testing.TB, u string) (int, string) {
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
 	return resp.StatusCode, string(b)
-}
-
-// connectOAuth connects key's user to svc through the whole browser flow.
-func (g *gateway) connectOAuth(t testing.TB, key string) {
-	t.Helper()
-	status, page := browse(t, g.authorizeURL(t, key, "svc"))
-	if status != http.StatusOK || !strings.Contains(page, "is connected") {
-		t.Fatalf("connecting: %d %s", status, page)
-	}
 }
 
 // providerRedirect opens u at the provider like a browser, up to the
@@ -165,6 +157,22 @@ func providerRedirect(t testing.TB, u string) *url.URL {
 func (g *gateway) connectionFiles(t testing.TB, service string) map[string][]byte {
 	t.Helper()
 	return readFiles(t, filepath.Join(g.DataDir, "toolgate", "connections", service))
+}
+
+// countFiles counts the files under dir, at any depth.
+func countFiles(t testing.TB, dir string) int {
+	t.Helper()
+	n := 0
+	err := filepath.WalkDir(dir, func(_ string, d fs.DirEntry, err error) error {
+		if err == nil && !d.IsDir() {
+			n++
+		}
+		return err
+	})
+	if err != nil && !os.IsNotExist(err) {
+		t.Fatal(err)
+	}
+	return n
 }
 
 func readFiles(t testing.TB, dir string) map[string][]byte {
@@ -289,21 +297,28 @@ func TestOAuthConnectCallAndRefresh(t *testing.T) {
 	if s := g.catalogService(t, aliceKey, "svc"); s.Status != "needs_sign_in" {
 		t.Fatalf("catalog before connecting: %+v, want needs_sign_in", s)
 	}
-	// A call before connecting: needs_sign_in, with a connect URL that is a
-	// started sign-in at the provider.
+	// A call before connecting: needs_sign_in, with a connect URL: the
+	// console's connect page, made for alice.
 	m := g.raw(t, aliceKey, sess, "svc")
 	_, _, msgs := m.post(`{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"raw","version":"1"}}}`)
 	var first rpcAnswer
+	wantConnect := g.URL + "/console/connect/svc?for=" + url.QueryEscape(alice)
 	if len(msgs) != 1 || json.Unmarshal(msgs[0], &first) != nil || first.Error == nil || first.Error.Code != -32010 ||
-		!first.Error.Data.NeedsSignIn || !strings.HasPrefix(first.Error.Data.ConnectURL, p.AuthorizeURL+"?") {
-		t.Fatalf("initialize before connecting = %s, want -32010 needs_sign_in with the provider's authorize URL", msgs)
+		!first.Error.Data.NeedsSignIn || first.Error.Data.ConnectURL != wantConnect {
+		t.Fatalf("initialize before connecting = %s, want -32010 needs_sign_in with connect_url %s", msgs, wantConnect)
 	}
-	checkAuthorizeURL(t, first.Error.Data.ConnectURL, p, g, up)
+	if pending := countFiles(t, filepath.Join(g.DataDir, "toolgate", "oauth-pending")); pending != 0 {
+		t.Fatalf("a needs_sign_in answer stored %d pending sign-ins; it must store nothing", pending)
+	}
 
-	// Connect through the browser flow, with the URL the API hands out.
-	authURL := g.authorizeURL(t, aliceKey, "svc")
+	// Connect in alice's browser, through the page the API points to.
+	if got := g.connectURL(t, aliceKey, "svc"); got != wantConnect {
+		t.Fatalf("POST /authorize = %s, want %s", got, wantConnect)
+	}
+	browser := g.signedIn(t, aliceKey)
+	authURL := browser.startConnect(wantConnect)
 	checkAuthorizeURL(t, authURL, p, g, up)
-	status, page := browse(t, authURL)
+	status, page := browser.get(authURL)
 	if status != http.StatusOK || !strings.Contains(page, "is connected") || !strings.Contains(page, "close this window") {
 		t.Fatalf("callback page: %d %s", status, page)
 	}
@@ -576,7 +591,7 @@ func TestOAuthRejectedRefreshNeedsSignIn(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if a.Error == nil || a.Error.Code != -32010 || !a.Error.Data.NeedsSignIn || !strings.HasPrefix(a.Error.Data.ConnectURL, p.AuthorizeURL+"?") {
+	if a.Error == nil || a.Error.Code != -32010 || !a.Error.Data.NeedsSignIn || !strings.HasPrefix(a.Error.Data.ConnectURL, g.URL+"/console/connect/svc?") {
 		t.Fatalf("a call after the provider rejected the refresh: result %s, error %+v; want -32010 needs_sign_in with a connect_url", a.Result, a.Error)
 	}
 	refreshes := p.refreshes()
@@ -595,8 +610,8 @@ func TestOAuthRejectedRefreshNeedsSignIn(t *testing.T) {
 		t.Fatalf("catalog after a rejected refresh: %+v, want expired", s)
 	}
 
-	// The connect_url from the error works as is.
-	status, page := browse(t, a.Error.Data.ConnectURL)
+	// The connect_url from the error works as is, in alice's browser.
+	status, page := g.signedIn(t, aliceKey).connect(a.Error.Data.ConnectURL)
 	if status != http.StatusOK || !strings.Contains(page, "is connected") {
 		t.Fatalf("connecting with the connect_url: %d %s", status, page)
 	}
@@ -615,7 +630,8 @@ func TestOAuthStateIsVerifiedAndSingleUse(t *testing.T) {
 			tools echo
 			auth ` + oauthBlock(p, "") + `
 		}`})
-	cb := providerRedirect(t, g.authorizeURL(t, aliceKey, "svc"))
+	browser := g.signedIn(t, aliceKey)
+	cb := providerRedirect(t, browser.startConnect("svc"))
 	code, state := cb.Query().Get("code"), cb.Query().Get("state")
 	if code == "" || state == "" {
 		t.Fatalf("the provider redirected to %s, want a code and the state", cb)
@@ -654,7 +670,7 @@ func TestOAuthStateIsVerifiedAndSingleUse(t *testing.T) {
 	flipped[3] ^= 1
 	callback := func(service, state string) (int, string) {
 		q := url.Values{"code": {code}, "state": {state}}
-		return browse(t, g.URL+"/v1/connections/"+service+"/callback?"+q.Encode())
+		return browser.get(g.URL + "/v1/connections/" + service + "/callback?" + q.Encode())
 	}
 	for _, c := range []struct{ name, service, state string }{
 		{"tampered signature", "svc", payloadB64 + "." + string(flipped)},
@@ -696,8 +712,8 @@ func TestOAuthStateIsVerifiedAndSingleUse(t *testing.T) {
 			t.Error("a replayed callback changed the stored grant")
 		}
 	}
-	if pending := readFiles(t, filepath.Join(g.DataDir, "toolgate", "oauth-pending")); len(pending) != 0 {
-		t.Errorf("%d pending sign-ins left after the callback", len(pending))
+	if pending := countFiles(t, filepath.Join(g.DataDir, "toolgate", "oauth-pending")); pending != 0 {
+		t.Errorf("%d pending sign-ins left after the callback", pending)
 	}
 }
 
@@ -706,25 +722,26 @@ func TestOAuthProviderErrorIsAPage(t *testing.T) {
 	up := startProtectedUpstream(t, p)
 	g := oauthGateway(t, p, up, gatewayConfig{})
 	// The provider refuses bob (access_denied) and sends him back.
-	cb := providerRedirect(t, g.authorizeURL(t, bobKey, "svc"))
+	browser := g.signedIn(t, bobKey)
+	cb := providerRedirect(t, browser.startConnect("svc"))
 	if cb.Query().Get("error") != "access_denied" {
 		t.Fatalf("the provider redirected to %s, want error=access_denied", cb)
 	}
-	status, page := browse(t, cb.String())
+	status, page := browser.get(cb.String())
 	if status != http.StatusBadRequest || !strings.Contains(page, "declined") || !strings.Contains(page, "access_denied") {
 		t.Fatalf("error page: %d %s", status, page)
 	}
 	if len(g.connectionFiles(t, "svc")) != 0 || len(p.calls()) != 0 {
 		t.Fatal("a declined sign-in stored a grant or reached the token endpoint")
 	}
-	if pending := readFiles(t, filepath.Join(g.DataDir, "toolgate", "oauth-pending")); len(pending) != 0 {
-		t.Errorf("%d pending sign-ins left: a declined sign-in's state must be consumed", len(pending))
+	if pending := countFiles(t, filepath.Join(g.DataDir, "toolgate", "oauth-pending")); pending != 0 {
+		t.Errorf("%d pending sign-ins left: a declined sign-in's state must be consumed", pending)
 	}
 	// The same state cannot be used again, even with a code.
 	q := cb.Query()
 	q.Del("error")
 	q.Set("code", "anything")
-	if status, _ := browse(t, g.URL+"/v1/connections/svc/callback?"+q.Encode()); status != http.StatusBadRequest {
+	if status, _ := browser.get(g.URL + "/v1/connections/svc/callback?" + q.Encode()); status != http.StatusBadRequest {
 		t.Errorf("reusing a declined sign-in's state: %d", status)
 	}
 }
@@ -778,5 +795,103 @@ func TestOAuthRefusedTokenIsRefreshedOnce(t *testing.T) {
 	}
 	if _, refused := up.seen(); refused != 1 {
 		t.Errorf("the upstream refused %d requests, want exactly the one with the revoked token", refused)
+	}
+}
+
+// A connect completes only in the browser, signed in to toolgate as the
+// person it is for, that started it. The attack this stops: carol sends
+// alice her connect link (or the provider URL her own browser was sent
+// to); alice's browser, signed in at the provider, is redirected back
+// silently, and alice's provider account would land in carol's slot —
+// carol's calls would then act as alice upstream.
+func TestOAuthConnectCompletesOnlyInTheBrowserThatStartedIt(t *testing.T) {
+	p := startOAuthProvider(t, providerConfig{AccessTTL: time.Hour})
+	up := startProtectedUpstream(t, p)
+	g := oauthGateway(t, p, up, gatewayConfig{})
+	aliceBrowser := g.signedIn(t, aliceKey)
+	carolBrowser := g.signedIn(t, carolKey)
+	pendingDir := filepath.Join(g.DataDir, "toolgate", "oauth-pending")
+	nothingConnected := func(step string) {
+		t.Helper()
+		if n := len(g.connectionFiles(t, "svc")); n != 0 {
+			t.Fatalf("%s: %d connections stored", step, n)
+		}
+		if n := len(p.calls()); n != 0 {
+			t.Fatalf("%s: the provider saw %d token requests", step, n)
+		}
+	}
+
+	// carol's connect link, opened by alice: refused before anything starts.
+	carolLink := g.connectURL(t, carolKey, "svc")
+	status, page := aliceBrowser.get(carolLink)
+	if status != http.StatusForbidden || !strings.Contains(page, "made for <strong>"+carol) || strings.Contains(page, `name="csrf" value`) && strings.Contains(page, "Continue to") {
+		t.Fatalf("alice opening carol's connect link: %d %s", status, page)
+	}
+	if n := countFiles(t, pendingDir); n != 0 {
+		t.Fatalf("opening someone else's connect link started %d sign-ins", n)
+	}
+
+	// The provider URL carol's own browser was sent to, opened by alice (or
+	// by a browser signed in to nobody): the callback refuses it.
+	callback := providerRedirect(t, carolBrowser.startConnect(carolLink))
+	for _, other := range []struct {
+		name    string
+		browser *person
+	}{{"alice's browser", aliceBrowser}, {"a browser signed in to nobody", g.newPerson(t)}} {
+		status, page := other.browser.get(callback.String())
+		if status != http.StatusForbidden || !strings.Contains(page, "another toolgate user, or in another browser") {
+			t.Fatalf("carol's callback in %s: %d %s", other.name, status, page)
+		}
+		nothingConnected(other.name)
+	}
+	// The refused flow is spent: not even carol's browser can finish it now.
+	if status, page := carolBrowser.get(callback.String()); status != http.StatusBadRequest || !strings.Contains(page, "already used") {
+		t.Fatalf("carol finishing his flow after another browser hit its callback: %d %s", status, page)
+	}
+	nothingConnected("the spent flow")
+
+	// Signed in as carol in another browser is another browser too.
+	otherCarol := g.signedIn(t, carolKey)
+	callback = providerRedirect(t, carolBrowser.startConnect(carolLink))
+	if status, _ := otherCarol.get(callback.String()); status != http.StatusForbidden {
+		t.Fatalf("carol's callback in carol's other browser: %d", status)
+	}
+	nothingConnected("carol's other browser")
+
+	// The browser that started it completes it.
+	if status, page := carolBrowser.connect(carolLink); status != http.StatusOK || !strings.Contains(page, "is connected") {
+		t.Fatalf("carol connecting in his own browser: %d %s", status, page)
+	}
+	if n := len(g.connectionFiles(t, "svc")); n != 1 {
+		t.Fatalf("%d connections stored, want carol's", n)
+	}
+
+	// Connecting again says it replaces the existing grant before anything
+	// starts.
+	status, page = carolBrowser.get(carolLink)
+	if status != http.StatusOK || !strings.Contains(page, "Replace my connection") || !strings.Contains(page, "replaces") {
+		t.Fatalf("the connect page of a connected service: %d %s", status, page)
+	}
+}
+
+// Each person may have a bounded number of connects started and not
+// finished: starting one more forgets the oldest.
+func TestOAuthPendingConnectsAreBounded(t *testing.T) {
+	p := startOAuthProvider(t, providerConfig{AccessTTL: time.Hour})
+	up := startProtectedUpstream(t, p)
+	g := oauthGateway(t, p, up, gatewayConfig{})
+	browser := g.signedIn(t, aliceKey)
+	var first string
+	for i := range 12 {
+		u := browser.startConnect("svc")
+		if i == 0 {
+			first = u
+		}
+	}
+	if n := countFiles(t, filepath.Join(g.DataDir, "toolgate", "oauth-pending")); n != 5 {
+		t.Fatalf("%d pending sign-ins after 12 started, want the newest 5", n)
+	}
+	if status, page := browser.get(first); status != http.StatusBadRequest || !strings.Contains(page, "already used") {
+		t.Fatalf("the oldest started connect after 11 newer ones: %d %s", status, page)
 	}
 }

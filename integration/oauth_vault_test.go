@@ -55,12 +55,13 @@ func TestOAuthGrantsAtRestWithVaultTransit(t *testing.T) {
 	g := oauthGateway(t, p, up, gatewayConfig{Cipher: vaultCipher(v, key), Extra: "cache_ttl 50ms"})
 
 	// While the sign-in is pending, its PKCE verifier is stored sealed.
-	cb := providerRedirect(t, g.authorizeURL(t, aliceKey, "svc"))
-	pending := readFiles(t, filepath.Join(g.DataDir, "toolgate", "oauth-pending"))
+	browser := g.signedIn(t, aliceKey)
+	cb := providerRedirect(t, browser.startConnect("svc"))
+	pending := readFiles(t, filepath.Join(g.DataDir, "toolgate", "oauth-pending", sha256Hex(alice)))
 	if len(pending) != 1 {
 		t.Fatalf("%d pending sign-ins stored, want 1", len(pending))
 	}
-	if status, page := browse(t, cb.String()); status != 200 || !strings.Contains(page, "is connected") {
+	if status, page := browser.get(cb.String()); status != 200 || !strings.Contains(page, "is connected") {
 		t.Fatalf("callback: %d %s", status, page)
 	}
 	connectedAt := time.Now()

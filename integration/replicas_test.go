@@ -81,6 +81,9 @@ func startReplica(t testing.TB, bin, toolgateBlock, dataDir string) *replica {
 		toolgate_proxy
 	}
 	toolgate_api
+	toolgate_console {
+		api_key_login
+	}
 }
 `, base, toolgateBlock, dataDir, testdataPath(t, "policy"))
 	cfgFile := filepath.Join(t.TempDir(), "Caddyfile")

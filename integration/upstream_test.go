@@ -18,6 +18,9 @@ import (
 
 func sha256Sum(b []byte) [32]byte { return sha256.Sum256(b) }
 
+// sha256Hex is how storage keys name a user: the hex SHA-256.
+func sha256Hex(s string) string { return fmt.Sprintf("%x", sha256.Sum256([]byte(s))) }
+
 // upstream is a real MCP server built with the official Go SDK, behind a
 // middleware that records what it received and can forget every session
 // (so it answers 404, as a restarted server does).

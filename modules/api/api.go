@@ -19,6 +19,8 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
 
+	"github.com/toolgate/toolgate/internal/account"
+	"github.com/toolgate/toolgate/internal/websession"
 	"github.com/toolgate/toolgate/modules/gateway"
 	"github.com/toolgate/toolgate/modules/session"
 )
@@ -30,9 +32,10 @@ func init() {
 // Handler serves the toolgate HTTP API. Requests it has no route for go to
 // the next handler.
 type Handler struct {
-	app    *gateway.App
-	mux    *http.ServeMux
-	logger *zap.Logger
+	app      *gateway.App
+	browsers *websession.Store
+	mux      *http.ServeMux
+	logger   *zap.Logger
 }
 
 // CaddyModule returns the Caddy module information.
@@ -51,6 +54,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return err
 	}
 	h.app = app.(*gateway.App)
+	h.browsers = websession.NewStore(h.app.Storage(), 0)
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /.well-known/oauth-protected-resource", h.resourceMetadata)
 	mux.HandleFunc("GET /.well-known/oauth-protected-resource/{rest...}", h.resourceMetadata)
@@ -153,8 +157,18 @@ func viewSession(s *gateway.Session) sessionView {
 	return sessionView{ID: s.ID, Services: s.Services, CreatedAt: s.CreatedAt, ExpiresAt: s.ExpiresAt}
 }
 
-// createSession: POST /v1/sessions {"services": ["tracker"]}. Unknown or
-// disallowed services fail before anything is stored.
+// fail answers err: an account refusal as itself, anything else as an
+// internal error.
+func fail(w http.ResponseWriter, err error) {
+	var refusal *account.Error
+	if errors.As(err, &refusal) {
+		gateway.WriteAPIError(w, refusal.Status, refusal.Code, refusal.Message)
+		return
+	}
+	gateway.WriteAPIError(w, http.StatusInternalServerError, "internal", "internal error")
+}
+
+// createSession: POST /v1/sessions {"services": ["tracker"]}.
 func (h *Handler) createSession(w http.ResponseWriter, r *http.Request, caller *gateway.Caller) {
 	var body struct {
 		Services []string `json:"services"`
@@ -162,152 +176,46 @@ func (h *Handler) createSession(w http.ResponseWriter, r *http.Request, caller *
 	if !readJSON(w, r, &body) {
 		return
 	}
-	if len(body.Services) == 0 {
-		gateway.WriteAPIError(w, http.StatusBadRequest, "invalid_body", `list the services the session may use: {"services": ["…"]}`)
-		return
-	}
-	seen := map[string]bool{}
-	services := make([]string, 0, len(body.Services))
-	for _, id := range body.Services {
-		svc := h.app.Registry().Lookup(id)
-		if svc == nil || !svc.AllowsUser(caller.User) {
-			gateway.WriteAPIError(w, http.StatusNotFound, "unknown_service", "unknown service "+id)
-			return
-		}
-		if !seen[id] {
-			seen[id] = true
-			services = append(services, id)
-		}
-	}
-	sess, err := h.app.Sessions().Create(r.Context(), caller.User, services)
-	if errors.Is(err, gateway.ErrTooManySessions) {
-		gateway.WriteAPIError(w, http.StatusTooManyRequests, "too_many_sessions", err.Error())
-		return
-	}
+	sess, err := account.CreateSession(r.Context(), h.app, caller, body.Services)
 	if err != nil {
-		h.logger.Error("creating session", zap.Error(err))
-		gateway.WriteAPIError(w, http.StatusServiceUnavailable, "storage_unavailable", "the session could not be stored; try again")
+		fail(w, err)
 		return
 	}
 	gateway.WriteJSON(w, http.StatusCreated, viewSession(sess))
 }
 
-// ownSession loads the session in the path if it belongs to caller.
-func (h *Handler) ownSession(w http.ResponseWriter, r *http.Request, caller *gateway.Caller) *gateway.Session {
-	sess, err := h.app.Sessions().Get(r.Context(), r.PathValue("id"))
-	switch {
-	case errors.Is(err, gateway.ErrSessionNotFound):
-		gateway.WriteAPIError(w, http.StatusNotFound, "session_not_found", "session not found or expired")
-		return nil
-	case err != nil:
-		h.logger.Error("reading session", zap.Error(err))
-		gateway.WriteAPIError(w, http.StatusServiceUnavailable, "storage_unavailable", "the session could not be read; try again")
-		return nil
-	case sess.User != caller.User:
-		gateway.WriteAPIError(w, http.StatusForbidden, "forbidden", "this session belongs to another caller")
-		return nil
-	}
-	return sess
-}
-
 func (h *Handler) getSession(w http.ResponseWriter, r *http.Request, caller *gateway.Caller) {
-	if sess := h.ownSession(w, r, caller); sess != nil {
-		gateway.WriteJSON(w, http.StatusOK, viewSession(sess))
+	sess, err := account.OwnSession(r.Context(), h.app, caller, r.PathValue("id"))
+	if err != nil {
+		fail(w, err)
+		return
 	}
+	gateway.WriteJSON(w, http.StatusOK, viewSession(sess))
 }
 
 func (h *Handler) deleteSession(w http.ResponseWriter, r *http.Request, caller *gateway.Caller) {
-	sess := h.ownSession(w, r, caller)
-	if sess == nil {
-		return
+	sess, err := account.OwnSession(r.Context(), h.app, caller, r.PathValue("id"))
+	if err == nil {
+		err = account.EndSession(r.Context(), h.app, caller, gateway.SessionRef(sess.ID))
 	}
-	if err := h.app.Sessions().Delete(r.Context(), sess); err != nil {
-		h.logger.Error("deleting session", zap.Error(err))
-		gateway.WriteAPIError(w, http.StatusServiceUnavailable, "storage_unavailable", "the session could not be deleted; try again")
+	if err != nil {
+		fail(w, err)
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)
 }
 
-// Connection statuses in the catalog.
-const (
-	statusConnected   = "connected"
-	statusNeedsSignIn = "needs_sign_in"
-	statusExpired     = "expired"
-	statusUnavailable = "unavailable"
-)
-
-type catalogEntry struct {
-	ID         string          `json:"id"`
-	Title      string          `json:"title,omitempty"`
-	Auth       string          `json:"auth"`
-	Status     string          `json:"status"`
-	Tools      []string        `json:"tools"`
-	Connection *connectionView `json:"connection,omitempty"`
-}
-
-// connectionView is what the catalog tells about a stored credential:
-// never the tokens.
-type connectionView struct {
-	ConnectedAt  time.Time `json:"connected_at"`
-	ExpiresAt    time.Time `json:"expires_at,omitzero"`
-	Scopes       []string  `json:"scopes,omitempty"`
-	RefreshCount int       `json:"refresh_count"`
-	RefreshedAt  time.Time `json:"refreshed_at,omitzero"`
-}
-
-func viewConnection(c *gateway.Connection) *connectionView {
-	return &connectionView{ConnectedAt: c.ConnectedAt, ExpiresAt: c.Expiry, Scopes: c.Scopes,
-		RefreshCount: c.RefreshCount, RefreshedAt: c.RefreshedAt}
-}
-
 // catalog: GET /v1/catalog — the services the caller may use, never their
 // URLs or credentials.
 func (h *Handler) catalog(w http.ResponseWriter, r *http.Request, caller *gateway.Caller) {
-	entries := []catalogEntry{}
-	for _, svc := range h.app.Registry().Services() {
-		if !svc.AllowsUser(caller.User) {
-			continue
-		}
-		status, conn := h.connectionStatus(r, svc, caller)
-		entry := catalogEntry{ID: svc.ID, Title: svc.Title, Auth: svc.Auth.Kind, Status: status, Tools: svc.Tools}
-		if conn != nil {
-			entry.Connection = viewConnection(conn)
-		}
-		entries = append(entries, entry)
-	}
-	gateway.WriteJSON(w, http.StatusOK, map[string]any{"services": entries})
+	gateway.WriteJSON(w, http.StatusOK, map[string]any{"services": account.Catalog(r.Context(), h.app, caller)})
 }
 
-// connectionStatus tells whether the caller can use svc now: connected,
-// needs_sign_in (never connected, or disconnected), expired (the access
-// token expired with no refresh token, or the provider rejected the
-// refresh), or unavailable (the store cannot be read).
-func (h *Handler) connectionStatus(r *http.Request, svc *gateway.Service, caller *gateway.Caller) (string, *gateway.Connection) {
-	if svc.Auth.Kind != gateway.AuthBearer && svc.Auth.Kind != gateway.AuthOAuth {
-		return statusConnected, nil
-	}
-	store := h.app.Connections()
-	conn, err := store.Load(r.Context(), svc.ID, caller.User)
-	switch {
-	case errors.Is(err, gateway.ErrNotConnected):
-		if svc.Auth.Kind == gateway.AuthOAuth && store.WasRejected(r.Context(), svc.ID, caller.User) {
-			return statusExpired, nil
-		}
-		return statusNeedsSignIn, nil
-	case err != nil:
-		return statusUnavailable, nil
-	case conn.Expired(0) && conn.RefreshToken == "":
-		return statusExpired, conn
-	}
-	return statusConnected, conn
-}
-
-// connectable returns the service in the path if the caller may connect it.
-func (h *Handler) connectable(w http.ResponseWriter, r *http.Request, caller *gateway.Caller) *gateway.Service {
-	svc := h.app.Registry().Lookup(r.PathValue("service"))
-	if svc == nil || !svc.AllowsUser(caller.User) {
-		gateway.WriteAPIError(w, http.StatusNotFound, "unknown_service", "unknown service "+r.PathValue("service"))
+// service returns the service in the path if the caller may use it.
+func (h *Handler) service(w http.ResponseWriter, r *http.Request, caller *gateway.Caller) *gateway.Service {
+	svc, err := account.Service(h.app, caller, r.PathValue("service"))
+	if err != nil {
+		fail(w, err)
 		return nil
 	}
 	return svc
@@ -316,32 +224,18 @@ func (h *Handler) connectable(w http.ResponseWriter, r *http.Request, caller *ga
 // putConnection: PUT /v1/connections/{service} {"token": "…"} stores a
 // personal bearer token, encrypted, for a service with auth bearer.
 func (h *Handler) putConnection(w http.ResponseWriter, r *http.Request, caller *gateway.Caller) {
-	svc := h.connectable(w, r, caller)
+	svc := h.service(w, r, caller)
 	if svc == nil {
-		return
-	}
-	if svc.Auth.Kind != gateway.AuthBearer {
-		msg := "service " + svc.ID + " uses auth " + svc.Auth.Kind + "; only bearer services take a personal token"
-		if svc.Auth.Kind == gateway.AuthOAuth {
-			msg += "; connect it with POST /v1/connections/" + svc.ID + "/authorize"
-		}
-		gateway.WriteAPIError(w, http.StatusBadRequest, "wrong_auth_kind", msg)
 		return
 	}
 	var body struct {
 		Token string `json:"token"`
 	}
-	if !readJSON(w, r, &body) {
+	if svc.Auth.Kind == gateway.AuthBearer && !readJSON(w, r, &body) {
 		return
 	}
-	if body.Token == "" || len(body.Token) > 8192 || strings.ContainsAny(body.Token, "\r\n") {
-		gateway.WriteAPIError(w, http.StatusBadRequest, "invalid_token", `give the token as {"token": "…"}: non-empty, one line, at most 8 KiB`)
-		return
-	}
-	conn := &gateway.Connection{Kind: gateway.AuthBearer, AccessToken: body.Token, TokenType: "Bearer", ConnectedAt: time.Now().UTC()}
-	if err := h.app.Connections().Save(r.Context(), svc.ID, caller.User, conn); err != nil {
-		h.logger.Error("storing connection", zap.String("service", svc.ID), zap.Error(err))
-		gateway.WriteAPIError(w, http.StatusServiceUnavailable, "unavailable", "the credential could not be stored; try again")
+	if err := account.StoreToken(r.Context(), h.app, caller, svc, body.Token); err != nil {
+		fail(w, err)
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)
@@ -350,20 +244,25 @@ func (h *Handler) putConnection(w http.ResponseWriter, r *http.Request, caller *
 // deleteConnection: DELETE /v1/connections/{service} forgets the caller's
 // credential for the service.
 func (h *Handler) deleteConnection(w http.ResponseWriter, r *http.Request, caller *gateway.Caller) {
-	svc := h.connectable(w, r, caller)
+	svc := h.service(w, r, caller)
 	if svc == nil {
 		return
 	}
-	if svc.Auth.Kind != gateway.AuthBearer && svc.Auth.Kind != gateway.AuthOAuth {
-		gateway.WriteAPIError(w, http.StatusBadRequest, "wrong_auth_kind", "service "+svc.ID+" has no personal credentials")
-		return
-	}
-	if err := h.app.Connections().Delete(r.Context(), svc.ID, caller.User); err != nil {
-		h.logger.Error("deleting connection", zap.String("service", svc.ID), zap.Error(err))
-		gateway.WriteAPIError(w, http.StatusServiceUnavailable, "unavailable", "the credential could not be deleted; try again")
+	if err := account.Disconnect(r.Context(), h.app, caller, svc); err != nil {
+		fail(w, err)
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)
+}
+
+// testConnection: POST /v1/connections/{service}/test checks the caller's
+// credential against the upstream.
+func (h *Handler) testConnection(w http.ResponseWriter, r *http.Request, caller *gateway.Caller) {
+	svc := h.service(w, r, caller)
+	if svc == nil {
+		return
+	}
+	gateway.WriteJSON(w, http.StatusOK, account.Test(r, h.app, caller, svc))
 }
 
 // Interface guards

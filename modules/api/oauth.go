@@ -4,18 +4,18 @@ import (
 	"errors"
 	"html/template"
 	"net/http"
+	"strings"
 
-	"go.uber.org/zap"
-
+	"github.com/toolgate/toolgate/internal/websession"
 	"github.com/toolgate/toolgate/modules/gateway"
 )
 
 // authorize: POST /v1/connections/{service}/authorize starts connecting an
-// oauth service: {"authorize_url": …} is the provider's authorization URL,
-// with PKCE S256, the RFC 8707 resource and a state signed for this caller
-// and service, valid once for 10 minutes. The user opens it in a browser.
+// oauth service: {"authorize_url": …} is the console's connect page, to be
+// opened in a browser signed in to toolgate as the caller. There the person
+// confirms, and only that browser sign-in can complete the connect.
 func (h *Handler) authorize(w http.ResponseWriter, r *http.Request, caller *gateway.Caller) {
-	svc := h.connectable(w, r, caller)
+	svc := h.service(w, r, caller)
 	if svc == nil {
 		return
 	}
@@ -24,18 +24,13 @@ func (h *Handler) authorize(w http.ResponseWriter, r *http.Request, caller *gate
 			"service "+svc.ID+" uses auth "+svc.Auth.Kind+"; only oauth services are connected through a provider")
 		return
 	}
-	u, err := h.app.AuthorizeURL(r.Context(), svc, caller.User)
-	if err != nil {
-		h.logger.Error("starting an oauth sign-in", zap.String("service", svc.ID), zap.Error(err))
-		gateway.WriteAPIError(w, http.StatusServiceUnavailable, "unavailable", "the sign-in could not be started; try again")
-		return
-	}
 	w.Header().Set("Cache-Control", "no-store")
-	gateway.WriteJSON(w, http.StatusOK, map[string]string{"authorize_url": u})
+	gateway.WriteJSON(w, http.StatusOK, map[string]string{"authorize_url": h.app.ConnectURL(r, svc, caller.User)})
 }
 
 // callback: GET /v1/connections/{service}/callback is where the provider
-// sends the user's browser back. It answers with a small HTML page.
+// sends the person's browser back. It completes the connect only in the
+// browser sign-in that started it, and answers with a small HTML page.
 func (h *Handler) callback(w http.ResponseWriter, r *http.Request) {
 	svc := h.app.Registry().Lookup(r.PathValue("service"))
 	if svc == nil || svc.Auth.Kind != gateway.AuthOAuth {
@@ -47,12 +42,24 @@ func (h *Handler) callback(w http.ResponseWriter, r *http.Request) {
 	if name == "" {
 		name = svc.ID
 	}
+	var browser gateway.Browser
+	if bs, err := h.browsers.FromRequest(r, h.secureCookies(r)); err == nil {
+		browser = bs.Browser()
+	} else if !errors.Is(err, websession.ErrNotSignedIn) {
+		writePage(w, http.StatusServiceUnavailable, page{Title: name + " was not connected",
+			Message: "toolgate could not read your sign-in because its storage is unavailable. Start connecting again in a moment."})
+		return
+	}
 	q := r.URL.Query()
 	state := q.Get("state")
 	if code := q.Get("error"); code != "" {
-		err := h.app.AbandonAuthorization(r.Context(), svc, state)
-		if errors.Is(err, gateway.ErrInvalidState) {
+		err := h.app.AbandonAuthorization(r.Context(), svc, state, browser)
+		switch {
+		case errors.Is(err, gateway.ErrInvalidState):
 			writePage(w, http.StatusBadRequest, invalidStatePage(name))
+			return
+		case errors.Is(err, gateway.ErrOtherBrowser):
+			writePage(w, http.StatusForbidden, otherBrowserPage(name))
 			return
 		}
 		p := page{Title: name + " was not connected", Message: providerErrorMessage(code)}
@@ -72,11 +79,14 @@ func (h *Handler) callback(w http.ResponseWriter, r *http.Request) {
 			Message: "The provider sent your browser back without an authorization code. Start connecting again."})
 		return
 	}
-	_, err := h.app.CompleteAuthorization(r.Context(), svc, state, code)
+	_, err := h.app.CompleteAuthorization(r.Context(), svc, state, code, browser)
 	switch {
 	case err == nil:
 		writePage(w, http.StatusOK, page{Title: name + " is connected",
-			Message: "toolgate now holds your " + name + " sign-in and uses it for your calls. You may close this window."})
+			Message: "toolgate now holds your " + name + " sign-in and uses it for your calls. You may close this window.",
+			Link:    gateway.ConsolePath + "services", LinkText: "Back to your services"})
+	case errors.Is(err, gateway.ErrOtherBrowser):
+		writePage(w, http.StatusForbidden, otherBrowserPage(name))
 	case errors.Is(err, gateway.ErrInvalidState):
 		writePage(w, http.StatusBadRequest, invalidStatePage(name))
 	case errors.Is(err, gateway.ErrGrantRejected):
@@ -86,6 +96,17 @@ func (h *Handler) callback(w http.ResponseWriter, r *http.Request) {
 		writePage(w, http.StatusServiceUnavailable, page{Title: name + " was not connected",
 			Message: "toolgate could not finish the sign-in because a service it needs is unavailable. Start connecting again in a moment."})
 	}
+}
+
+// secureCookies reports whether browser cookies are https-only here.
+func (h *Handler) secureCookies(r *http.Request) bool {
+	return strings.HasPrefix(h.app.BaseURL(r), "https://")
+}
+
+func otherBrowserPage(name string) page {
+	return page{Title: name + " was not connected",
+		Message: "This connect was started by another toolgate user, or in another browser. Nothing was connected. " +
+			"To connect your own account, open the console in this browser, sign in, and choose Connect."}
 }
 
 func invalidStatePage(name string) page {
@@ -110,9 +131,11 @@ func providerErrorMessage(code string) string {
 
 // page is a small HTML answer for a browser.
 type page struct {
-	Title   string
-	Message string
-	Detail  string
+	Title    string
+	Message  string
+	Detail   string
+	Link     string // a relative link to offer, if any
+	LinkText string
 }
 
 var pageTemplate = template.Must(template.New("page").Parse(`<!doctype html>
@@ -127,6 +150,7 @@ var pageTemplate = template.Must(template.New("page").Parse(`<!doctype html>
 <h1>{{.Title}}</h1>
 <p>{{.Message}}</p>
 {{if .Detail}}<p class="detail">{{.Detail}}</p>{{end}}
+{{if .Link}}<p><a href="{{.Link}}">{{.LinkText}}</a></p>{{end}}
 </body>
 </html>
 `))

@@ -110,6 +110,10 @@ type App struct {
 	stopOnce     *sync.Once
 	releasePools []func()
 	startHooks   []func()
+	// Set while handlers are provisioned, read once serving: a
+	// toolgate_console serves this config, and who records decisions.
+	console  bool
+	recorder DecisionRecorder
 }
 
 // CaddyModule returns the Caddy module information.
@@ -289,6 +293,13 @@ func (a *App) Validate() error {
 // Start starts the app's background work and the I/O Provision must not do.
 func (a *App) Start() error {
 	ctx := context.Background()
+	for _, s := range a.Services {
+		if s.Auth.Kind == AuthOAuth && !a.console {
+			// Only now is every handler provisioned: people connect oauth
+			// services in a browser signed in to the console.
+			return fmt.Errorf("service %q uses oauth: its users connect their accounts in the console; add toolgate_console to the site that serves public_url", s.ID)
+		}
+	}
 	if s, ok := a.cipher.(CipherStarter); ok {
 		if err := s.Start(ctx); err != nil {
 			return fmt.Errorf("starting cipher: %w", err)
@@ -364,6 +375,12 @@ func (a *App) Cleanup() error {
 
 // Registry returns the service registry.
 func (a *App) Registry() *Registry { return a.registry }
+
+// Storage is the storage every record of the gateway lives in.
+func (a *App) Storage() certmagic.Storage { return a.storage }
+
+// Done is closed when the app stops: background work of handlers ends then.
+func (a *App) Done() <-chan struct{} { return a.stop }
 
 // Sessions returns the toolgate session store.
 func (a *App) Sessions() *SessionStore { return a.sessions }
@@ -454,31 +471,40 @@ func (a *App) NeedsSignIn(r *http.Request, svc *Service) map[string]any {
 }
 
 // NeedsSignInFor is the error data telling a runner where user connects
-// svc. For an oauth service, connect_url is a freshly started sign-in
-// (the same URL POST /v1/connections/{service}/authorize returns), to open
-// in a browser; if none can be started (storage or cipher unavailable), it
-// is that endpoint, with connect_method POST. For a bearer service it is
-// the endpoint a personal token is PUT to.
+// svc: connect_url (see [App.ConnectURL]), to open in a browser; when no
+// console serves the gateway, a bearer service's connect_url is the API
+// endpoint a personal token is PUT to (connect_method PUT). Building it
+// stores nothing.
 func (a *App) NeedsSignInFor(r *http.Request, svc *Service, user string) map[string]any {
-	base := a.BaseURL(r) + "/v1/connections/" + url.PathEscape(svc.ID)
-	data := map[string]any{"needs_sign_in": true, "service": svc.ID}
-	if svc.Auth.Kind != AuthOAuth {
-		data["connect_url"] = base
+	data := map[string]any{"needs_sign_in": true, "service": svc.ID, "connect_url": a.ConnectURL(r, svc, user)}
+	if !a.console {
 		data["connect_method"] = "PUT"
-		return data
 	}
-	if user != "" {
-		u, err := a.AuthorizeURL(r.Context(), svc, user)
-		if err == nil {
-			data["connect_url"] = u
-			return data
-		}
-		a.logger.Warn("cannot start an oauth sign-in for a connect_url", zap.String("service", svc.ID), zap.Error(err))
-	}
-	data["connect_url"] = base + "/authorize"
-	data["connect_method"] = "POST"
 	return data
 }
+
+// ConnectURL is where user connects svc: the console's connect page, which
+// a browser signed in to toolgate as user opens (a browser signed in as
+// someone else is refused, and one not signed in is asked to sign in
+// first). Without a console it is the API endpoint a bearer service's
+// personal token is PUT to.
+func (a *App) ConnectURL(r *http.Request, svc *Service, user string) string {
+	if !a.console {
+		return a.BaseURL(r) + "/v1/connections/" + url.PathEscape(svc.ID)
+	}
+	u := a.BaseURL(r) + ConsolePath + "connect/" + url.PathEscape(svc.ID)
+	if user != "" {
+		u += "?" + url.Values{"for": {user}}.Encode()
+	}
+	return u
+}
+
+// ConsolePath is where toolgate_console serves its pages.
+const ConsolePath = "/console/"
+
+// RegisterConsole records that toolgate_console serves this gateway's
+// pages, so that connect URLs point at it. Handlers call it in Provision.
+func (a *App) RegisterConsole() { a.console = true }
 
 // Logger returns the app's logger.
 func (a *App) Logger() *zap.Logger { return a.logger }

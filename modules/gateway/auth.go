@@ -260,6 +260,43 @@ func (a *AuthConfig) Authenticate(ctx context.Context, r *http.Request, remoteLo
 	return k.caller, nil
 }
 
+// CallerForAPIKey returns the caller an API key authenticates, as a bearer
+// token would (the console's API-key sign-in).
+func (a *AuthConfig) CallerForAPIKey(key string) (*Caller, bool) {
+	if key == "" {
+		return nil, false
+	}
+	sum := sha256.Sum256([]byte(key))
+	k := a.keys[hex.EncodeToString(sum[:])]
+	if k == nil {
+		return nil, false
+	}
+	return k.caller, true
+}
+
+// GroupsClaim reads a groups claim: a list of strings. A missing or null
+// claim is no groups; anything else is an error, so that a claim of an
+// unexpected shape never silently becomes "no groups" under rules such as
+// `not "eng" in input.caller.groups`.
+func GroupsClaim(v any) ([]string, error) {
+	if v == nil {
+		return []string{}, nil
+	}
+	list, ok := v.([]any)
+	if !ok {
+		return nil, errors.New("the groups claim is not a list")
+	}
+	groups := make([]string, 0, len(list))
+	for _, g := range list {
+		s, ok := g.(string)
+		if !ok {
+			return nil, errors.New("the groups claim holds something other than strings")
+		}
+		groups = append(groups, s)
+	}
+	return groups, nil
+}
+
 // verifyJWT checks a JWT's signature and claims, and says until when the
 // verdict holds (its exp, plus the leeway).
 func (a *AuthConfig) verifyJWT(ctx context.Context, token string) (*Caller, time.Time, error) {

@@ -12,6 +12,7 @@ import (
 	"net"
 	"net/url"
 	"path"
+	"slices"
 	"strings"
 	"time"
 
@@ -47,6 +48,11 @@ var (
 	// ErrInvalidState: a callback's state is malformed, forged, expired,
 	// for another service, or already used.
 	ErrInvalidState = errors.New("the sign-in link is invalid, has expired or was already used")
+	// ErrOtherBrowser: a callback arrived in a browser that is not signed in
+	// to toolgate as the person who started the connect, in the toolgate
+	// sign-in it was started from. Nothing is connected, and the started
+	// connect can no longer complete.
+	ErrOtherBrowser = errors.New("this connect was started by another toolgate user or in another browser")
 	// ErrGrantRejected: the provider refused the code or the refresh token
 	// (4xx invalid_grant, invalid_client or unauthorized_client). A refused
 	// grant is deleted; the user must connect again.
@@ -130,13 +136,23 @@ func safeErrorCode(code string) string {
 }
 
 // oauthState is what the signed state parameter carries: who started the
-// sign-in, for which service, until when, and the nonce naming its pending
-// authorization.
+// sign-in, from which toolgate browser sign-in, for which service, until
+// when, and the nonce naming its pending authorization.
 type oauthState struct {
 	User    string `json:"u"`
+	Browser string `json:"b"`
 	Service string `json:"s"`
 	Expiry  int64  `json:"e"` // Unix seconds
 	Nonce   string `json:"n"`
+}
+
+// Browser is the toolgate sign-in of a person's browser: who is signed in,
+// and a reference to that sign-in which reveals nothing usable (see the
+// console's browser sessions). A connect started in one Browser completes
+// only in the same one.
+type Browser struct {
+	User string
+	Ref  string
 }
 
 // signState encodes st as base64url(payload) "." base64url(HMAC-SHA256).
@@ -164,7 +180,7 @@ func (a *App) verifyState(state, service string) (oauthState, error) {
 	if !hmac.Equal(sig, mac.Sum(nil)) {
 		return st, ErrInvalidState
 	}
-	if err := json.Unmarshal(payload, &st); err != nil || st.Nonce == "" || st.User == "" {
+	if err := json.Unmarshal(payload, &st); err != nil || st.Nonce == "" || st.User == "" || st.Browser == "" {
 		return st, ErrInvalidState
 	}
 	if st.Service != service || !now().Before(time.Unix(st.Expiry, 0)) {
@@ -177,6 +193,7 @@ func (a *App) verifyState(state, service string) (oauthState, error) {
 // nonce until the callback consumes it. Only the expiry is readable (for
 // sweeping); the rest is cipher output.
 type pendingAuthorization struct {
+	StartedAt time.Time `json:"started_at"`
 	ExpiresAt time.Time `json:"expires_at"`
 	Sealed    []byte    `json:"sealed"`
 }
@@ -188,7 +205,15 @@ type pendingSecret struct {
 	Service  string `json:"service"`
 }
 
-func pendingKey(nonce string) string { return path.Join(pendingPrefix, hashKey(nonce)) }
+// pendingKey is where user's started sign-in named by nonce waits for its
+// callback: under the user, so that their number can be bounded.
+func pendingKey(user, nonce string) string {
+	return path.Join(pendingPrefix, hashKey(user), hashKey(nonce))
+}
+
+// maxPendingPerUser bounds the sign-ins one person may have started and not
+// finished; starting another forgets the oldest.
+const maxPendingPerUser = 5
 
 // pendingContext is the cipher context of a pending authorization.
 func pendingContext(service, user string) []byte {
@@ -239,13 +264,22 @@ func (a *App) RedirectURI(svc *Service) string {
 	return ""
 }
 
-// AuthorizeURL starts a sign-in of user to svc: it stores a pending
-// authorization (the PKCE verifier, sealed by the cipher) and returns the
-// provider's authorization URL with the S256 challenge, the resource, the
-// exact redirect URI and a signed state valid for 10 minutes.
-func (a *App) AuthorizeURL(ctx context.Context, svc *Service, user string) (string, error) {
+// AuthorizeURL starts a connect of svc by the person signed in to
+// toolgate in browser: it stores a pending authorization (the PKCE
+// verifier, sealed by the cipher) and returns the provider's authorization
+// URL with the S256 challenge, the resource, the exact redirect URI and a
+// signed state valid for 10 minutes, bound to that browser sign-in. The
+// console calls it once that person confirmed, in that browser.
+func (a *App) AuthorizeURL(ctx context.Context, svc *Service, browser Browser) (string, error) {
 	o, err := a.oauthConfig(svc)
 	if err != nil {
+		return "", err
+	}
+	if browser.User == "" || browser.Ref == "" {
+		return "", errors.New("a connect starts in a browser signed in to toolgate")
+	}
+	user := browser.User
+	if err := a.boundPending(ctx, user); err != nil {
 		return "", err
 	}
 	nonce, verifier := NewID(), oauth2.GenerateVerifier()
@@ -256,11 +290,11 @@ func (a *App) AuthorizeURL(ctx context.Context, svc *Service, user string) (stri
 	if err != nil {
 		return "", fmt.Errorf("encrypting the pending sign-in: %w", err)
 	}
-	rec, _ := json.Marshal(pendingAuthorization{ExpiresAt: expires.UTC(), Sealed: sealed})
-	if err := a.storage.Store(ctx, pendingKey(nonce), rec); err != nil {
+	rec, _ := json.Marshal(pendingAuthorization{StartedAt: now().UTC(), ExpiresAt: expires.UTC(), Sealed: sealed})
+	if err := a.storage.Store(ctx, pendingKey(user, nonce), rec); err != nil {
 		return "", fmt.Errorf("%w: storing the pending sign-in: %v", ErrStorageUnavailable, err)
 	}
-	state := a.signState(oauthState{User: user, Service: svc.ID, Expiry: expires.Unix(), Nonce: nonce})
+	state := a.signState(oauthState{User: user, Browser: browser.Ref, Service: svc.ID, Expiry: expires.Unix(), Nonce: nonce})
 	opts := []oauth2.AuthCodeOption{oauth2.S256ChallengeOption(verifier), oauth2.SetAuthURLParam("resource", o.Resource)}
 	if o.LoginHint {
 		opts = append(opts, oauth2.SetAuthURLParam("login_hint", user))
@@ -268,11 +302,53 @@ func (a *App) AuthorizeURL(ctx context.Context, svc *Service, user string) (stri
 	return o.config.AuthCodeURL(state, opts...), nil
 }
 
-// CompleteAuthorization finishes a sign-in at svc's callback: it checks the
-// state, consumes the pending authorization (a state works once), exchanges
-// the code with the verifier and the resource, and stores the grant. It
-// returns the user who connected.
-func (a *App) CompleteAuthorization(ctx context.Context, svc *Service, state, code string) (string, error) {
+// boundPending makes room for one more started sign-in of user: expired
+// ones are deleted, and the oldest while user has maxPendingPerUser.
+func (a *App) boundPending(ctx context.Context, user string) error {
+	keys, err := a.storage.List(ctx, path.Join(pendingPrefix, hashKey(user)), false)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("%w: listing pending sign-ins: %v", ErrStorageUnavailable, err)
+	}
+	type started struct {
+		key string
+		at  time.Time
+	}
+	var live []started
+	for _, key := range keys {
+		data, err := a.storage.Load(ctx, key)
+		if errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("%w: reading a pending sign-in: %v", ErrStorageUnavailable, err)
+		}
+		var rec pendingAuthorization
+		if json.Unmarshal(data, &rec) != nil || now().After(rec.ExpiresAt) {
+			_ = a.storage.Delete(ctx, key)
+			continue
+		}
+		live = append(live, started{key, rec.StartedAt})
+	}
+	slices.SortFunc(live, func(x, y started) int { return x.at.Compare(y.at) })
+	for len(live) >= maxPendingPerUser {
+		if err := a.storage.Delete(ctx, live[0].key); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("%w: deleting a pending sign-in: %v", ErrStorageUnavailable, err)
+		}
+		live = live[1:]
+	}
+	return nil
+}
+
+// CompleteAuthorization finishes a connect at svc's callback, opened in
+// browser: it checks the state, and that browser is the toolgate sign-in
+// the connect was started from (ErrOtherBrowser otherwise); consumes the
+// pending authorization (a state works once); exchanges the code with the
+// verifier and the resource; and stores the grant, replacing any earlier
+// one. It returns the user who connected.
+func (a *App) CompleteAuthorization(ctx context.Context, svc *Service, state, code string, browser Browser) (string, error) {
 	o, err := a.oauthConfig(svc)
 	if err != nil {
 		return "", err
@@ -281,6 +357,16 @@ func (a *App) CompleteAuthorization(ctx context.Context, svc *Service, state, co
 	if err != nil {
 		countConnect(svc.ID, "invalid_state")
 		return "", err
+	}
+	if browser.User != st.User || browser.Ref != st.Browser {
+		// Someone else's browser finished the flow (a leaked link, or the
+		// provider's redirect replayed elsewhere): connect nothing, and let
+		// the started connect go, so the code cannot be tried again.
+		_, _ = a.takePending(ctx, st)
+		countConnect(svc.ID, "other_browser")
+		a.logger.Warn("oauth callback in a browser that did not start the connect; nothing connected",
+			zap.String("service", svc.ID), zap.String("user", st.User), zap.Bool("signed_in", browser.User != ""))
+		return "", ErrOtherBrowser
 	}
 	pending, err := a.takePending(ctx, st)
 	if err != nil {
@@ -320,8 +406,8 @@ func (a *App) CompleteAuthorization(ctx context.Context, svc *Service, state, co
 
 // AbandonAuthorization ends a sign-in the provider answered with an error
 // (the user declined, …): the pending authorization is consumed so its
-// state cannot be used again.
-func (a *App) AbandonAuthorization(ctx context.Context, svc *Service, state string) error {
+// state cannot be used again. Only the browser that started it may.
+func (a *App) AbandonAuthorization(ctx context.Context, svc *Service, state string, browser Browser) error {
 	if _, err := a.oauthConfig(svc); err != nil {
 		return err
 	}
@@ -329,6 +415,9 @@ func (a *App) AbandonAuthorization(ctx context.Context, svc *Service, state stri
 	if err != nil {
 		countConnect(svc.ID, "invalid_state")
 		return err
+	}
+	if browser.User != st.User || browser.Ref != st.Browser {
+		return ErrOtherBrowser
 	}
 	_, err = a.takePending(ctx, st)
 	countConnect(svc.ID, "denied")
@@ -339,7 +428,7 @@ func (a *App) AbandonAuthorization(ctx context.Context, svc *Service, state stri
 // storage lock of that authorization while reading and deleting it, so
 // two callbacks racing with one state cannot both succeed.
 func (a *App) takePending(ctx context.Context, st oauthState) (*pendingSecret, error) {
-	key := pendingKey(st.Nonce)
+	key := pendingKey(st.User, st.Nonce)
 	lock := "toolgate_oauth_pending_" + hashKey(st.Nonce)
 	lctx, cancel := context.WithTimeout(ctx, pendingLockTimeout)
 	defer cancel()

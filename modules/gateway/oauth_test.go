@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"path"
 	"strings"
 	"sync"
 	"testing"
@@ -47,14 +48,14 @@ func oauthApp(t *testing.T, providerURL string) (*App, *Service) {
 func TestStateIsSignedAndBound(t *testing.T) {
 	clock := setClock(t, time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC))
 	a := &App{StateSecret: testSecret}
-	st := oauthState{User: "alice", Service: "svc", Expiry: clock.Add(authorizationTTL).Unix(), Nonce: "n1"}
+	st := oauthState{User: "alice", Browser: "b1", Service: "svc", Expiry: clock.Add(authorizationTTL).Unix(), Nonce: "n1"}
 	state := a.signState(st)
 	if got, err := a.verifyState(state, "svc"); err != nil || got != st {
 		t.Fatalf("verifyState = %+v, %v", got, err)
 	}
 	other := &App{StateSecret: strings.ToUpper(testSecret)}
 	payload, sig, _ := strings.Cut(state, ".")
-	forged := other.signState(oauthState{User: "mallory", Service: "svc", Expiry: st.Expiry, Nonce: "n1"})
+	forged := other.signState(oauthState{User: "mallory", Browser: "b1", Service: "svc", Expiry: st.Expiry, Nonce: "n1"})
 	fp, _, _ := strings.Cut(forged, ".")
 	for name, s := range map[string]string{
 		"another service":         "",
@@ -84,7 +85,10 @@ func TestAuthorizeURLAndSingleUsePending(t *testing.T) {
 	clock := setClock(t, time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC))
 	a, svc := oauthApp(t, "https://auth.example.com")
 	svc.Auth.OAuth.LoginHint = true
-	raw, err := a.AuthorizeURL(ctx, svc, "alice@example.com")
+	if _, err := a.AuthorizeURL(ctx, svc, Browser{User: "alice@example.com"}); err == nil {
+		t.Fatal("a connect started without a browser sign-in")
+	}
+	raw, err := a.AuthorizeURL(ctx, svc, Browser{User: "alice@example.com", Ref: "alice-browser"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -98,6 +102,9 @@ func TestAuthorizeURLAndSingleUsePending(t *testing.T) {
 	st, err := a.verifyState(q.Get("state"), "svc")
 	if err != nil {
 		t.Fatal(err)
+	}
+	if st.User != "alice@example.com" || st.Browser != "alice-browser" {
+		t.Fatalf("the state names %+v, want alice in her browser", st)
 	}
 
 	// Two callbacks racing with one state: exactly one gets the verifier.
@@ -129,7 +136,7 @@ func TestAuthorizeURLAndSingleUsePending(t *testing.T) {
 	}
 
 	// Unfinished sign-ins are swept once expired.
-	if _, err := a.AuthorizeURL(ctx, svc, "bob@example.com"); err != nil {
+	if _, err := a.AuthorizeURL(ctx, svc, Browser{User: "bob@example.com", Ref: "bob-browser"}); err != nil {
 		t.Fatal(err)
 	}
 	if n, err := a.sweepPending(ctx); n != 0 || err != nil {
@@ -344,18 +351,59 @@ func (unavailableCipher) Decrypt(context.Context, []byte, []byte) ([]byte, error
 	return nil, ErrCipherUnavailable
 }
 
-func TestNeedsSignInFallsBackWhenNoSignInCanStart(t *testing.T) {
+// A needs_sign_in answer points at the console's connect page for the
+// caller and stores nothing (each -32010 once stored a pending sign-in:
+// storage anyone could fill).
+func TestNeedsSignInPointsAtTheConsoleAndStoresNothing(t *testing.T) {
 	a, svc := oauthApp(t, "https://auth.example.com")
-	a.cipher = unavailableCipher{}
+	a.RegisterConsole()
 	r := httptest.NewRequest(http.MethodPost, "https://gw.example.com/v1/mcp/svc", nil)
-	r = WithCall(r, &Call{Caller: &Caller{User: "alice"}})
+	r = WithCall(r, &Call{Caller: &Caller{User: "alice@example.com"}})
 	data := a.NeedsSignIn(r, svc)
-	if data["connect_url"] != "https://gw.example.com/v1/connections/svc/authorize" || data["connect_method"] != "POST" {
-		t.Fatalf("NeedsSignIn with the cipher down = %v", data)
+	if data["connect_url"] != "https://gw.example.com/console/connect/svc?for=alice%40example.com" || data["connect_method"] != nil {
+		t.Fatalf("NeedsSignIn = %v", data)
 	}
-	a.cipher = testCipher(t)
-	data = a.NeedsSignIn(r, svc)
-	if u, _ := data["connect_url"].(string); !strings.HasPrefix(u, "https://auth.example.com/authorize?") || data["connect_method"] != nil {
-		t.Fatalf("NeedsSignIn = %v, want a started sign-in", data)
+	if keys, _ := a.storage.List(context.Background(), "toolgate", true); len(keys) != 0 {
+		t.Fatalf("NeedsSignIn stored %v", keys)
+	}
+	// Without a console, a bearer service is connected through the API.
+	bearer := &Service{ID: "tok", Auth: &UpstreamAuth{Kind: AuthBearer}}
+	plain, _ := oauthApp(t, "https://auth.example.com")
+	data = plain.NeedsSignIn(r, bearer)
+	if data["connect_url"] != "https://gw.example.com/v1/connections/tok" || data["connect_method"] != "PUT" {
+		t.Fatalf("NeedsSignIn without a console = %v", data)
+	}
+}
+
+// Starting a connect never leaves more than maxPendingPerUser unfinished
+// ones of one person: the oldest go.
+func TestPendingConnectsPerUserAreBounded(t *testing.T) {
+	ctx := context.Background()
+	a, svc := oauthApp(t, "https://auth.example.com")
+	var states []oauthState
+	for range maxPendingPerUser + 3 {
+		raw, err := a.AuthorizeURL(ctx, svc, Browser{User: "alice", Ref: "b"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		u, _ := url.Parse(raw)
+		st, err := a.verifyState(u.Query().Get("state"), "svc")
+		if err != nil {
+			t.Fatal(err)
+		}
+		states = append(states, st)
+	}
+	if _, err := a.AuthorizeURL(ctx, svc, Browser{User: "bob", Ref: "b"}); err != nil {
+		t.Fatal(err)
+	}
+	keys, _ := a.storage.List(ctx, path.Join(pendingPrefix, hashKey("alice")), false)
+	if len(keys) != maxPendingPerUser {
+		t.Fatalf("alice has %d pending connects, want %d", len(keys), maxPendingPerUser)
+	}
+	for i, st := range states {
+		_, err := a.takePending(ctx, st)
+		if old := i < 3; old != errors.Is(err, ErrInvalidState) {
+			t.Errorf("connect %d (of %d): take = %v", i, len(states), err)
+		}
 	}
 }

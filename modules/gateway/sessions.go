@@ -75,6 +75,10 @@ func newSessionStore(storage certmagic.Storage, ttl, cacheTTL time.Duration, per
 
 func sessionKey(id string) string { return path.Join(sessionPrefix, hashKey(id)) }
 
+// SessionRef names the session with id without revealing it: the SHA-256
+// of the id, as storage and SessionSummary know it.
+func SessionRef(id string) string { return hashKey(id) }
+
 func sessionIndexKey(user, ref string) string {
 	return path.Join(sessionByUserPrefix, hashKey(user), ref)
 }

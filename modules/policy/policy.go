@@ -66,6 +66,7 @@ type Config struct {
 	stage   string
 	engine  *engine
 	poolKey string
+	app     *gateway.App
 	audit   *zap.Logger
 	logger  *zap.Logger
 }
@@ -127,7 +128,8 @@ func (c *Config) provision(ctx caddy.Context, stage, defaultQuery string) error 
 	if err != nil {
 		return err
 	}
-	app.(*gateway.App).OnStart(c.engine.start)
+	c.app = app.(*gateway.App)
+	c.app.OnStart(c.engine.start)
 	return nil
 }
 
@@ -172,6 +174,11 @@ func (c *Config) newDecision(ctx context.Context, call *gateway.Call, o outcome,
 	d := &gateway.Decision{ID: gateway.NewID(), Action: o.Action, Reason: o.Reason}
 	policyMetrics.decisions.WithLabelValues(stage, call.Service.ID, o.Action).Inc()
 	policyMetrics.duration.WithLabelValues(stage).Observe(o.Duration.Seconds())
+	if c.app != nil {
+		c.app.RecordDecision(gateway.DecisionRecord{Time: time.Now().UTC(), User: call.Caller.User, Service: call.Service.ID,
+			Method: call.Method, Tool: call.Message.Name, Stage: stage, Action: o.Action, Reason: o.Reason,
+			DecisionID: d.ID, Revision: o.Revision})
+	}
 	if ce := c.audit.Check(zap.InfoLevel, "policy decision"); ce != nil {
 		if sum == nil {
 			sum = c.digest(subject)

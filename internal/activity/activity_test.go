@@ -1,0 +1,106 @@
+package activity
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/certmagic"
+	"go.uber.org/zap"
+
+	"github.com/toolgate/toolgate/modules/gateway"
+)
+
+func setClock(t *testing.T, start time.Time) *time.Time {
+	t.Helper()
+	clock := start
+	old := now
+	now = func() time.Time { return clock }
+	t.Cleanup(func() { now = old })
+	return &clock
+}
+
+func decision(user, id string, at time.Time) gateway.DecisionRecord {
+	return gateway.DecisionRecord{Time: at, User: user, Service: "svc", Method: "tools/call", Tool: "echo",
+		Stage: "request", Action: "allow", DecisionID: id}
+}
+
+func TestRecentIsPerUserAndNewestFirst(t *testing.T) {
+	ctx := context.Background()
+	clock := setClock(t, time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC))
+	l := New(&certmagic.FileStorage{Path: t.TempDir()}, time.Hour, 0, zap.NewNop())
+	for i := range 3 {
+		at := clock.Add(time.Duration(i) * time.Second)
+		l.Flush(ctx, []gateway.DecisionRecord{decision("alice", fmt.Sprint("a", i), at), decision("bob", fmt.Sprint("b", i), at)})
+		*clock = clock.Add(time.Second)
+	}
+	got, err := l.Recent(ctx, "alice", 10)
+	if err != nil || len(got) != 3 {
+		t.Fatalf("Recent(alice) = %v, %v", got, err)
+	}
+	for i, d := range got {
+		if d.User != "alice" || d.DecisionID != fmt.Sprint("a", 2-i) {
+			t.Errorf("alice's decision %d = %+v, want a%d", i, d, 2-i)
+		}
+	}
+	if got, _ := l.Recent(ctx, "alice", 2); len(got) != 2 || got[0].DecisionID != "a2" {
+		t.Errorf("limit 2 = %+v", got)
+	}
+	all, err := l.RecentAll(ctx, 10)
+	if err != nil || len(all) != 6 || all[0].Time.Before(all[5].Time) {
+		t.Fatalf("RecentAll = %+v, %v", all, err)
+	}
+	if got, _ := l.Recent(ctx, "carol", 10); len(got) != 0 {
+		t.Errorf("carol, who made no call, sees %+v", got)
+	}
+}
+
+func TestRetentionAndSweep(t *testing.T) {
+	ctx := context.Background()
+	clock := setClock(t, time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC))
+	l := New(&certmagic.FileStorage{Path: t.TempDir()}, time.Hour, 2, zap.NewNop())
+	for i := range 4 {
+		l.Flush(ctx, []gateway.DecisionRecord{decision("alice", fmt.Sprint(i), *clock)})
+		*clock = clock.Add(time.Minute)
+	}
+	// Per user, only the newest two objects survive a sweep.
+	if n, err := l.Sweep(ctx); n != 2 || err != nil {
+		t.Fatalf("Sweep = %d, %v; want 2", n, err)
+	}
+	got, _ := l.Recent(ctx, "alice", 10)
+	if len(got) != 2 || got[0].DecisionID != "3" {
+		t.Fatalf("after the sweep: %+v", got)
+	}
+	// Past the retention, decisions are neither shown nor kept.
+	*clock = clock.Add(2 * time.Hour)
+	if got, _ := l.Recent(ctx, "alice", 10); len(got) != 0 {
+		t.Errorf("decisions past the retention are shown: %+v", got)
+	}
+	if n, _ := l.Sweep(ctx); n != 2 {
+		t.Errorf("Sweep past the retention removed %d, want 2", n)
+	}
+}
+
+func TestWriterFlushesOnStopAndNeverBlocks(t *testing.T) {
+	ctx := context.Background()
+	l := New(&certmagic.FileStorage{Path: t.TempDir()}, time.Hour, 0, zap.NewNop())
+	// Not started: the queue fills, and the excess is dropped, counted,
+	// without blocking the caller.
+	for i := range queueSize + 10 {
+		l.RecordDecision(decision("alice", fmt.Sprint(i), time.Now()))
+	}
+	if l.Dropped() != 10 {
+		t.Fatalf("dropped %d, want 10", l.Dropped())
+	}
+	l.Start()
+	l.Stop()
+	got, err := l.Recent(ctx, "alice", queueSize+10)
+	if err != nil || len(got) != queueSize {
+		t.Fatalf("after Stop %d decisions are stored (%v), want %d", len(got), err, queueSize)
+	}
+	// Stop without Start does nothing, twice.
+	idle := New(&certmagic.FileStorage{Path: t.TempDir()}, time.Hour, 0, zap.NewNop())
+	idle.Stop()
+	idle.Stop()
+}

@@ -1,0 +1,309 @@
+// Package websession keeps the sign-ins of people's browsers: the console
+// creates them, and every page that acts for a person — the console's, and
+// toolgate_api's OAuth callback, which completes a connect only in the
+// browser sign-in that started it — reads them.
+//
+// A browser session is a server-side record: the browser holds only a
+// random id in an HttpOnly, SameSite=Lax cookie (Secure and __Host- on
+// https), and storage holds only the id's SHA-256, so a storage listing
+// signs no one in. A session ends when unused for its idle time, at its
+// absolute expiry, on sign-out (the record is deleted, so the old cookie no
+// longer works on any replica) or on sign-out everywhere. The CSRF token of
+// a session is derived from its id, so it needs no storage and is unknown
+// to anyone who does not hold the cookie.
+package websession
+
+import (
+	"context"
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net/http"
+	"path"
+	"slices"
+	"time"
+
+	"github.com/caddyserver/certmagic"
+
+	"github.com/toolgate/toolgate/modules/gateway"
+)
+
+// now is the clock; tests replace it.
+var now = time.Now
+
+// Session is a person's sign-in in one browser.
+type Session struct {
+	// ID is the cookie's value; storage holds only its hash.
+	ID        string        `json:"-"`
+	User      string        `json:"user"`
+	Groups    []string      `json:"groups,omitempty"`
+	Method    string        `json:"method"` // "oidc" or "api_key"
+	CreatedAt time.Time     `json:"created_at"`
+	SeenAt    time.Time     `json:"seen_at"`
+	Idle      time.Duration `json:"idle"`       // the session ends when unused this long
+	ExpiresAt time.Time     `json:"expires_at"` // and at this time in any case
+}
+
+// Ref names the session without revealing anything usable: the OAuth
+// connect flow binds its state to it.
+func (s *Session) Ref() string {
+	sum := sha256.Sum256([]byte("toolgate browser session\x00" + s.ID))
+	return hex.EncodeToString(sum[:16])
+}
+
+// CSRF is the token every state-changing form of the session carries.
+func (s *Session) CSRF() string {
+	mac := hmac.New(sha256.New, []byte(s.ID))
+	mac.Write([]byte("toolgate csrf"))
+	return base64.RawURLEncoding.EncodeToString(mac.Sum(nil))
+}
+
+// CheckCSRF reports whether token is the session's CSRF token.
+func (s *Session) CheckCSRF(token string) bool {
+	return token != "" && hmac.Equal([]byte(token), []byte(s.CSRF()))
+}
+
+// Caller is the person as the gateway's stores know callers.
+func (s *Session) Caller() *gateway.Caller {
+	return &gateway.Caller{User: s.User, Groups: s.Groups, Method: "console"}
+}
+
+// Browser is the session as the OAuth connect flow binds to it.
+func (s *Session) Browser() gateway.Browser { return gateway.Browser{User: s.User, Ref: s.Ref()} }
+
+// ErrNotSignedIn reports a missing, unknown, expired or ended session.
+var ErrNotSignedIn = errors.New("not signed in")
+
+// Store keeps browser sessions in Caddy storage. It caches nothing, so a
+// sign-out on any replica takes effect everywhere at once (people make few
+// requests; the call path never reads it).
+type Store struct {
+	storage certmagic.Storage
+	perUser int
+}
+
+const (
+	prefix       = "toolgate/browser-sessions"
+	byUserPrefix = "toolgate/browser-sessions-by-user"
+	// seenEvery bounds how often a session's last use is written back.
+	seenEvery = time.Minute
+)
+
+// NewStore returns a store over storage that keeps at most perUser
+// sessions of one person (signing in again ends the oldest).
+func NewStore(storage certmagic.Storage, perUser int) *Store {
+	return &Store{storage: storage, perUser: perUser}
+}
+
+func hashOf(s string) string {
+	sum := sha256.Sum256([]byte(s))
+	return hex.EncodeToString(sum[:])
+}
+
+func recordKey(id string) string       { return path.Join(prefix, hashOf(id)) }
+func indexKey(user, ref string) string { return path.Join(byUserPrefix, hashOf(user), ref) }
+
+// Create signs user in: a new session with groups, by method, that ends
+// when unused for idle and after lifetime at the latest.
+func (st *Store) Create(ctx context.Context, user string, groups []string, method string, idle, lifetime time.Duration) (*Session, error) {
+	if err := st.makeRoom(ctx, user); err != nil {
+		return nil, err
+	}
+	var b [32]byte
+	_, _ = rand.Read(b[:])
+	t := now().UTC()
+	s := &Session{ID: base64.RawURLEncoding.EncodeToString(b[:]), User: user, Groups: groups, Method: method,
+		CreatedAt: t, SeenAt: t, Idle: idle, ExpiresAt: t.Add(lifetime)}
+	data, _ := json.Marshal(s)
+	ref := hashOf(s.ID)
+	if err := st.storage.Store(ctx, indexKey(user, ref), []byte(s.ExpiresAt.Format(time.RFC3339))); err != nil {
+		return nil, fmt.Errorf("storing the browser session: %w", err)
+	}
+	if err := st.storage.Store(ctx, recordKey(s.ID), data); err != nil {
+		_ = st.storage.Delete(ctx, indexKey(user, ref))
+		return nil, fmt.Errorf("storing the browser session: %w", err)
+	}
+	return s, nil
+}
+
+// makeRoom removes user's oldest sessions while they have perUser.
+func (st *Store) makeRoom(ctx context.Context, user string) error {
+	keys, err := st.storage.List(ctx, path.Join(byUserPrefix, hashOf(user)), false)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("listing browser sessions: %w", err)
+	}
+	type entry struct {
+		ref     string
+		created time.Time
+	}
+	var live []entry
+	for _, key := range keys {
+		ref := path.Base(key)
+		data, err := st.storage.Load(ctx, path.Join(prefix, ref))
+		var s Session
+		if err != nil || json.Unmarshal(data, &s) != nil || !s.alive() {
+			st.remove(ctx, user, ref)
+			continue
+		}
+		live = append(live, entry{ref, s.CreatedAt})
+	}
+	slices.SortFunc(live, func(a, b entry) int { return a.created.Compare(b.created) })
+	for st.perUser > 0 && len(live) >= st.perUser {
+		st.remove(ctx, user, live[0].ref)
+		live = live[1:]
+	}
+	return nil
+}
+
+func (s *Session) alive() bool {
+	t := now()
+	return t.Before(s.ExpiresAt) && (s.Idle <= 0 || t.Before(s.SeenAt.Add(s.Idle)))
+}
+
+// Get returns the live session with id, recording its use.
+func (st *Store) Get(ctx context.Context, id string) (*Session, error) {
+	if id == "" || len(id) > 128 {
+		return nil, ErrNotSignedIn
+	}
+	data, err := st.storage.Load(ctx, recordKey(id))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, ErrNotSignedIn
+	}
+	if err != nil {
+		return nil, fmt.Errorf("reading the browser session: %w", err)
+	}
+	var s Session
+	if err := json.Unmarshal(data, &s); err != nil {
+		return nil, ErrNotSignedIn
+	}
+	s.ID = id
+	if !s.alive() {
+		st.remove(ctx, s.User, hashOf(id))
+		return nil, ErrNotSignedIn
+	}
+	if now().Sub(s.SeenAt) >= seenEvery {
+		s.SeenAt = now().UTC()
+		if data, err := json.Marshal(&s); err == nil {
+			_ = st.storage.Store(ctx, recordKey(id), data) // best effort: idle expiry may come a minute early
+		}
+	}
+	return &s, nil
+}
+
+// Delete ends s (sign-out).
+func (st *Store) Delete(ctx context.Context, s *Session) error {
+	return st.remove(ctx, s.User, hashOf(s.ID))
+}
+
+// DeleteAll ends every session of user (sign-out everywhere) and returns
+// how many there were.
+func (st *Store) DeleteAll(ctx context.Context, user string) (int, error) {
+	keys, err := st.storage.List(ctx, path.Join(byUserPrefix, hashOf(user)), false)
+	if errors.Is(err, fs.ErrNotExist) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("listing browser sessions: %w", err)
+	}
+	n := 0
+	for _, key := range keys {
+		if err := st.remove(ctx, user, path.Base(key)); err != nil {
+			return n, err
+		}
+		n++
+	}
+	return n, nil
+}
+
+func (st *Store) remove(ctx context.Context, user, ref string) error {
+	for _, key := range []string{path.Join(prefix, ref), indexKey(user, ref)} {
+		if err := st.storage.Delete(ctx, key); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("ending the browser session: %w", err)
+		}
+	}
+	return nil
+}
+
+// Sweep deletes sessions that ended by themselves, and their index
+// entries; it returns how many sessions it deleted.
+func (st *Store) Sweep(ctx context.Context) (int, error) {
+	keys, err := st.storage.List(ctx, prefix, false)
+	if errors.Is(err, fs.ErrNotExist) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, key := range keys {
+		data, err := st.storage.Load(ctx, key)
+		if err != nil {
+			continue
+		}
+		var s Session
+		if json.Unmarshal(data, &s) == nil && !s.alive() {
+			if st.remove(ctx, s.User, path.Base(key)) == nil {
+				n++
+			}
+		}
+	}
+	users, err := st.storage.List(ctx, byUserPrefix, true)
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return n, err
+	}
+	for _, key := range users {
+		if !st.storage.Exists(ctx, path.Join(prefix, path.Base(key))) {
+			if info, err := st.storage.Stat(ctx, key); err == nil && info.IsTerminal {
+				_ = st.storage.Delete(ctx, key)
+			}
+		}
+	}
+	return n, nil
+}
+
+// Cookie names: the __Host- prefix binds the cookie to the exact origin
+// (Secure, Path=/, no Domain), which browsers allow only on https.
+const (
+	cookieName       = "toolgate_session"
+	secureCookieName = "__Host-toolgate_session"
+)
+
+// CookieName is the name of the session cookie.
+func CookieName(secure bool) string {
+	if secure {
+		return secureCookieName
+	}
+	return cookieName
+}
+
+// FromRequest returns the live session the request's cookie names, or
+// ErrNotSignedIn.
+func (st *Store) FromRequest(r *http.Request, secure bool) (*Session, error) {
+	c, err := r.Cookie(CookieName(secure))
+	if err != nil {
+		return nil, ErrNotSignedIn
+	}
+	return st.Get(r.Context(), c.Value)
+}
+
+// SetCookie gives the browser s's cookie. It lives as long as the session
+// may; the server decides when it ends.
+func SetCookie(w http.ResponseWriter, s *Session, secure bool) {
+	http.SetCookie(w, &http.Cookie{Name: CookieName(secure), Value: s.ID, Path: "/", Expires: s.ExpiresAt,
+		HttpOnly: true, Secure: secure, SameSite: http.SameSiteLaxMode})
+}
+
+// ClearCookie removes the session cookie from the browser.
+func ClearCookie(w http.ResponseWriter, secure bool) {
+	http.SetCookie(w, &http.Cookie{Name: CookieName(secure), Value: "", Path: "/", MaxAge: -1,
+		HttpOnly: true, Secure: secure, SameSite: http.SameSiteLaxMode})
+}
