@@ -2,7 +2,9 @@ package pgtest
 
 import (
 	"context"
+	"fmt"
 	"os"
+	"runtime"
 	"testing"
 	"time"
 
@@ -65,4 +67,38 @@ func TestSharedOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	conn.Close(t.Context())
+}
+
+// recorder is a testing.TB that records Fatal and Skip instead of ending
+// the test.
+type recorder struct {
+	testing.TB
+	fatal, skip string
+}
+
+func (r *recorder) Helper()                   {}
+func (r *recorder) Fatal(args ...any)         { r.fatal = fmt.Sprint(args...); runtime.Goexit() }
+func (r *recorder) Skip(args ...any)          { r.skip = fmt.Sprint(args...); runtime.Goexit() }
+func (r *recorder) Fatalf(f string, a ...any) { r.Fatal(fmt.Sprintf(f, a...)) }
+
+// TestMissingBinaries: without PostgreSQL a test is skipped, or fails
+// when TOOLGATE_REQUIRE_PEERS=1.
+func TestMissingBinaries(t *testing.T) {
+	t.Setenv(EnvPGBin, t.TempDir()) // holds no postgres
+	for _, require := range []string{"", "1"} {
+		t.Setenv(EnvRequirePeers, require)
+		r := &recorder{TB: t}
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			Start(r)
+		}()
+		<-done
+		if require == "1" && (r.fatal == "" || r.skip != "") {
+			t.Errorf("with %s=1: fatal %q, skip %q; want a failure", EnvRequirePeers, r.fatal, r.skip)
+		}
+		if require == "" && (r.skip == "" || r.fatal != "") {
+			t.Errorf("without %s: fatal %q, skip %q; want a skip", EnvRequirePeers, r.fatal, r.skip)
+		}
+	}
 }

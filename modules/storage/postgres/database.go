@@ -23,6 +23,10 @@ import (
 // retried later.
 var ErrUnavailable = errors.New("PostgreSQL is unavailable, retry later")
 
+// defaultConnectTimeout bounds a connection attempt when the DSN sets no
+// connect_timeout.
+const defaultConnectTimeout = 10 * time.Second
+
 // databases holds one *database per DSN, shared by every module instance
 // of the process, so that pools survive config reloads.
 var databases = caddy.NewUsagePool()
@@ -48,6 +52,11 @@ func openDatabase(dsn string, logger *zap.Logger) (*database, error) {
 		cfg, err := pgxpool.ParseConfig(dsn)
 		if err != nil {
 			return nil, err
+		}
+		if cfg.ConnConfig.ConnectTimeout == 0 {
+			// an unreachable host fails like a refused connection, not
+			// after the operating system gives up
+			cfg.ConnConfig.ConnectTimeout = defaultConnectTimeout
 		}
 		if _, ok := cfg.ConnConfig.RuntimeParams["application_name"]; !ok {
 			cfg.ConnConfig.RuntimeParams["application_name"] = "toolgate"

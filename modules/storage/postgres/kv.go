@@ -293,8 +293,11 @@ func (s *Storage) List(ctx context.Context, prefix string, recursive bool) ([]st
 // sortWalkOrder sorts keys the way a depth-first walk of sorted directories
 // visits them: "a/b", "a/b/c", "a/b-c" ('/' before every other byte).
 func sortWalkOrder(keys []string) {
-	walk := func(k string) string { return strings.ReplaceAll(k, "/", "\x00") }
-	sort.Slice(keys, func(i, j int) bool { return walk(keys[i]) < walk(keys[j]) })
+	walk := make(map[string]string, len(keys))
+	for _, k := range keys {
+		walk[k] = strings.ReplaceAll(k, "/", "\x00")
+	}
+	sort.Slice(keys, func(i, j int) bool { return walk[keys[i]] < walk[keys[j]] })
 }
 
 // Stat describes key: a value (IsTerminal, its size, when it was stored)

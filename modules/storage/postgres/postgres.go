@@ -83,7 +83,8 @@ type Storage struct {
 	// DSN is the connection string, as a URL
 	// (postgres://user:password@host:5432/db?sslmode=verify-full) or in
 	// key=value form, with libpq's parameters and pgxpool's pool_*
-	// options (pool_max_conns, …). Placeholders such as
+	// options (pool_max_conns, …); connect_timeout defaults to 10s.
+	// Placeholders such as
 	// {env.TOOLGATE_DATABASE_URL} are expanded. Required. Errors and logs
 	// never show its password.
 	DSN string `json:"dsn,omitempty"`
