@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io/fs"
 	"net"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -318,5 +319,43 @@ func TestLeastPrivilege(t *testing.T) {
 	fresh := newStorage(t, dsn, newTableName(), DefaultLockLease)
 	if err := fresh.Store(ctx, "k", nil); err == nil || !strings.Contains(err.Error(), "permission denied") {
 		t.Fatalf("creating a table without CREATE: %v", err)
+	}
+}
+
+// TestValueDirectoryRace: two replicas storing "x" and "x/y" at the same
+// moment never both succeed, so a value never sits above another key. A
+// trigger that sleeps in every insert makes the two writes overlap.
+func TestValueDirectoryRace(t *testing.T) {
+	table := newTableName()
+	a := newStorage(t, sharedDSN(t, "race_a"), table, DefaultLockLease)
+	b := newStorage(t, sharedDSN(t, "race_b"), table, DefaultLockLease)
+	ctx := t.Context()
+	mustStore(t, ctx, a, "created", nil)
+	query(t, sharedDSN(t, "admin"), `create or replace function slow_insert() returns trigger
+		language plpgsql as $$ begin perform pg_sleep(0.2); return new; end $$`, nil)
+	query(t, sharedDSN(t, "admin"), "create trigger slow before insert on "+table+
+		" for each row execute function slow_insert()", nil)
+	for i := range 5 {
+		mustDelete(t, ctx, a, "x")
+		start := make(chan struct{})
+		var errA, errB error
+		var wg sync.WaitGroup
+		wg.Go(func() { <-start; errA = a.Store(ctx, "x", []byte("value")) })
+		wg.Go(func() { <-start; errB = b.Store(ctx, "x/y", []byte("below")) })
+		close(start)
+		wg.Wait()
+		if errA == nil && errB == nil {
+			t.Fatalf("round %d: both the value x and the key x/y were stored", i)
+		}
+		if errA != nil && errB != nil {
+			t.Fatalf("round %d: neither store succeeded: %v; %v", i, errA, errB)
+		}
+		keys, err := a.List(ctx, "x", true)
+		if err != nil && errA != nil {
+			t.Fatal(err)
+		}
+		if errA != nil && !slices.Equal(keys, []string{"x/y"}) {
+			t.Fatalf("round %d: keys under x %q after x/y won", i, keys)
+		}
 	}
 }
