@@ -56,9 +56,11 @@ func (s *Storage) Publish(ctx context.Context, key string) error {
 }
 
 // Subscribe calls fn for every published change of a key under prefix
-// (prefix itself, or keys below it as a directory; "" is every key), and
-// with a Reset change whenever notifications may have been missed,
-// including once when listening starts. fn runs on the listener's
+// (prefix itself, or keys below it as a directory; "" is every key). The
+// first call is a Reset, made once the subscription is listening (at once
+// when the pool already listens on the table's channel): from then on no
+// change is missed without another Reset, which comes whenever the
+// listening connection was lost and is back. fn runs on the listener's
 // goroutine, one call at a time, in the order PostgreSQL delivered the
 // notifications: it must return quickly (drop a cache entry, signal a
 // channel). Subscribe does not wait for the database; call the returned
@@ -83,7 +85,7 @@ type listener struct {
 	mu       sync.Mutex
 	channels map[string]*channelSubs
 	// interrupt ends the current wait, so that the loop LISTENs on a
-	// channel added meanwhile.
+	// channel added meanwhile and resets new subscribers.
 	interrupt context.CancelFunc
 }
 
@@ -95,6 +97,8 @@ type channelSubs struct {
 type subscription struct {
 	prefix string
 	fn     func(Change)
+	// pending: fn has yet to get the Reset that says it is listening.
+	pending bool
 }
 
 func newListener(db *database) *listener {
@@ -128,9 +132,12 @@ func (l *listener) channel(ch string) *channelSubs {
 }
 
 func (l *listener) subscribe(ch, prefix string, fn func(Change)) func() {
-	sub := &subscription{prefix: prefix, fn: fn}
+	sub := &subscription{prefix: prefix, fn: fn, pending: true}
 	l.mu.Lock()
 	l.channel(ch).subs[sub] = struct{}{}
+	if l.interrupt != nil {
+		l.interrupt()
+	}
 	l.mu.Unlock()
 	return func() {
 		l.mu.Lock()
@@ -225,9 +232,7 @@ func (l *listener) session(connected func()) error {
 			connected()
 			l.db.logger.Debug("storage notification listener connected")
 		}
-		for _, ch := range fresh {
-			l.reset(ch)
-		}
+		l.reset(listening, fresh)
 
 		n, err := conn.WaitForNotification(waitCtx)
 		timedOut := waitCtx.Err() != nil
@@ -253,18 +258,29 @@ func (l *listener) session(connected func()) error {
 	}
 }
 
-// reset tells every subscriber and lock waiter of ch that notifications
-// may have been missed.
-func (l *listener) reset(ch string) {
+// reset tells the subscribers and lock waiters of the fresh channels
+// (just listened to) that notifications may have been missed, and gives
+// every new subscriber of a listened channel its first Reset.
+func (l *listener) reset(listening map[string]bool, fresh []string) {
 	l.mu.Lock()
-	c := l.channels[ch]
-	var fns []func(Change)
-	for sub := range c.subs {
-		fns = append(fns, sub.fn)
+	for _, ch := range fresh {
+		c := l.channels[ch]
+		for sub := range c.subs {
+			sub.pending = true
+		}
+		for _, ws := range c.waiters {
+			for w := range ws {
+				signal(w)
+			}
+		}
 	}
-	for _, ws := range c.waiters {
-		for w := range ws {
-			signal(w)
+	var fns []func(Change)
+	for ch := range listening {
+		for sub := range l.channels[ch].subs {
+			if sub.pending {
+				sub.pending = false
+				fns = append(fns, sub.fn)
+			}
 		}
 	}
 	l.mu.Unlock()

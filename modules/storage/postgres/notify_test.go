@@ -62,6 +62,11 @@ func TestNotifyAcrossPools(t *testing.T) {
 	if c := next(t, allOnA); !c.Reset {
 		t.Fatalf("first change on a %+v, want Reset", c)
 	}
+	// a subscriber joining a pool that already listens gets its Reset too
+	lateOnB := changes(t, b, "sessions/sub")
+	if c := next(t, lateOnB); !c.Reset {
+		t.Fatalf("first change of a late subscriber %+v, want Reset", c)
+	}
 	ctx := t.Context()
 	for _, k := range []string{"sessions/x", "other/y", "sessionsX/w", "sessions", "sessions/sub/z", "sessions/end"} {
 		if err := a.Publish(ctx, k); err != nil {
@@ -77,6 +82,9 @@ func TestNotifyAcrossPools(t *testing.T) {
 	}
 	if want := []string{"sessions/x", "sessions", "sessions/sub/z", "sessions/end"}; !slices.Equal(keys, want) {
 		t.Fatalf("b heard %q, want %q", keys, want)
+	}
+	if c := next(t, lateOnB); c.Key != "sessions/sub/z" {
+		t.Fatalf("the late subscriber heard %+v, want sessions/sub/z", c)
 	}
 	got := until(t, allOnA, "sessions/end")
 	if len(got) != 6 || !got[0].Local {

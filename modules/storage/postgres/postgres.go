@@ -41,11 +41,11 @@
 // calls a function for the changes of keys under a prefix, in every
 // process using the same database and table, through PostgreSQL's
 // LISTEN/NOTIFY on the channel <table>_changes. Each pool keeps one
-// listening connection and reconnects after failures; after every
-// (re)connection subscribers get a Change with Reset set, because
-// notifications sent meanwhile are lost. A cache stays correct by
-// subscribing before it fills, dropping an entry on its key's Change, and
-// dropping everything under its prefix on Reset.
+// listening connection and reconnects after failures. A subscriber's
+// first Change is a Reset, once it is listening; after every reconnection
+// it gets another, because notifications sent meanwhile are lost. A cache
+// stays correct by subscribing before it fills, dropping an entry on its
+// key's Change, and dropping everything under its prefix on Reset.
 package postgres
 
 import (
