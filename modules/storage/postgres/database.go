@@ -34,7 +34,9 @@ var databases = caddy.NewUsagePool()
 // database is a connection pool, its listener, and the state of the tables
 // used through it.
 type database struct {
-	pool   *pgxpool.Pool
+	pool *pgxpool.Pool
+	// logger is Caddy's process-wide logger: the database outlives the
+	// config that opened it.
 	logger *zap.Logger
 	// origin identifies this process's pool in notifications.
 	origin string
@@ -47,7 +49,7 @@ type database struct {
 
 // openDatabase returns the shared database for dsn, creating its pool on
 // first use. Nothing is dialed: the pool connects when it is first used.
-func openDatabase(dsn string, logger *zap.Logger) (*database, error) {
+func openDatabase(dsn string) (*database, error) {
 	val, _, err := databases.LoadOrNew(dsn, func() (caddy.Destructor, error) {
 		cfg, err := pgxpool.ParseConfig(dsn)
 		if err != nil {
@@ -69,7 +71,7 @@ func openDatabase(dsn string, logger *zap.Logger) (*database, error) {
 		_, _ = rand.Read(b)
 		return &database{
 			pool:   pool,
-			logger: logger,
+			logger: caddy.Log().Named("storage.postgres"),
 			origin: hex.EncodeToString(b),
 			tables: make(map[string]*table),
 		}, nil

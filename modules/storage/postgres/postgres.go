@@ -144,7 +144,7 @@ func (s *Storage) Provision(ctx caddy.Context) error {
 	if s.dsn == "" {
 		return fmt.Errorf("postgres storage: dsn %s", emptyDSN(s.DSN))
 	}
-	db, err := openDatabase(s.dsn, s.logger)
+	db, err := openDatabase(s.dsn)
 	if err != nil {
 		return fmt.Errorf("postgres storage: dsn: %v", err)
 	}
