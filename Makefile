@@ -23,7 +23,8 @@ vet:
 	if [ -n "$$unformatted" ]; then echo "gofmt would change: $$unformatted"; exit 1; fi
 
 # unit and integration tests; the peers they need (a real Vault) are built
-# once and cached, and TOOLGATE_REQUIRE_PEERS turns a missing peer into a
+# once and cached, PostgreSQL clusters are started from Debian's binaries
+# (internal/pgtest), and TOOLGATE_REQUIRE_PEERS turns a missing peer into a
 # failure instead of a skip.
 unit:
 	@vault_bin=$$(integration/vaultserver/build.sh) && \

@@ -15,4 +15,5 @@ import (
 	_ "github.com/toolgate/toolgate/modules/policy"
 	_ "github.com/toolgate/toolgate/modules/registry"
 	_ "github.com/toolgate/toolgate/modules/session"
+	_ "github.com/toolgate/toolgate/modules/storage/postgres"
 )

@@ -10,13 +10,11 @@
 package vaulttest
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"strconv"
@@ -26,6 +24,8 @@ import (
 	"time"
 
 	"github.com/hashicorp/vault/api"
+
+	"github.com/toolgate/toolgate/internal/testproc"
 )
 
 // Environment variables read by this package.
@@ -54,7 +54,7 @@ type Server struct {
 
 	cmd      *exec.Cmd
 	home     string
-	out      *syncBuffer
+	out      *testproc.Output
 	exited   chan struct{}
 	stopOnce sync.Once
 }
@@ -139,7 +139,7 @@ func start(bin string) (*Server, error) {
 }
 
 func startOnce(bin string) (*Server, error) {
-	port, err := freePort()
+	port, err := testproc.FreePort()
 	if err != nil {
 		return nil, err
 	}
@@ -151,7 +151,7 @@ func startOnce(bin string) (*Server, error) {
 		Addr:      "http://127.0.0.1:" + strconv.Itoa(port),
 		RootToken: "root-" + randomHex(16),
 		home:      home,
-		out:       new(syncBuffer),
+		out:       new(testproc.Output),
 		exited:    make(chan struct{}),
 	}
 	s.cmd = exec.Command(bin, "server", "-dev",
@@ -291,44 +291,10 @@ func (s *Server) Stop() {
 }
 
 // outputTail returns the last lines the server printed.
-func (s *Server) outputTail() string {
-	b := s.out.Bytes()
-	const max = 4000
-	if len(b) > max {
-		b = b[len(b)-max:]
-	}
-	return string(b)
-}
-
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
-}
+func (s *Server) outputTail() string { return s.out.Tail(4000) }
 
 func randomHex(n int) string {
 	b := make([]byte, n)
 	_, _ = rand.Read(b)
 	return hex.EncodeToString(b)
-}
-
-// syncBuffer is a bytes.Buffer safe for the server's concurrent writers.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) Bytes() []byte {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return bytes.Clone(b.buf.Bytes())
 }

@@ -1,0 +1,76 @@
+package postgres
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+)
+
+func TestUnmarshalCaddyfile(t *testing.T) {
+	for _, c := range []struct {
+		name, input string
+		want        Storage
+		err         string
+	}{
+		{name: "block", input: `postgres {
+			dsn        {env.TOOLGATE_DATABASE_URL}
+			schema     toolgate
+			table      gateway_state
+			lock_lease 30s
+		}`, want: Storage{DSN: "{env.TOOLGATE_DATABASE_URL}", Schema: "toolgate", Table: "gateway_state", LockLease: caddy.Duration(30 * time.Second)}},
+		{name: "inline", input: `postgres postgres://db/toolgate`, want: Storage{DSN: "postgres://db/toolgate"}},
+		{name: "no dsn", input: "postgres {\n table x\n}", err: "dsn is required"},
+		{name: "dsn twice", input: "postgres {\n dsn a\n dsn b\n}", err: "dsn given twice"},
+		{name: "inline and block dsn", input: "postgres a {\n dsn b\n}", err: "dsn given twice"},
+		{name: "table twice", input: "postgres {\n dsn a\n table x\n table y\n}", err: "table given twice"},
+		{name: "unknown option", input: "postgres {\n dsn a\n password x\n}", err: `unknown option "password"`},
+		{name: "extra argument", input: "postgres {\n dsn a b\n}", err: "wrong argument count"},
+		{name: "two inline arguments", input: "postgres a b", err: "wrong argument count"},
+		{name: "bad lease", input: "postgres {\n dsn a\n lock_lease soon\n}", err: "invalid duration"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			var got Storage
+			err := got.UnmarshalCaddyfile(caddyfile.NewTestDispenser(c.input))
+			if c.err != "" {
+				if err == nil || !strings.Contains(err.Error(), c.err) {
+					t.Fatalf("error %v, want one containing %q", err, c.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got.DSN != c.want.DSN || got.Schema != c.want.Schema || got.Table != c.want.Table || got.LockLease != c.want.LockLease {
+				t.Fatalf("got %+v, want %+v", got, c.want)
+			}
+		})
+	}
+}
+
+func TestValidate(t *testing.T) {
+	for _, c := range []struct {
+		s   Storage
+		err string
+	}{
+		{Storage{DSN: "x", Table: "Upper"}, "table"},
+		{Storage{DSN: "x", Table: "semi;colon"}, "table"},
+		{Storage{DSN: "x", Table: strings.Repeat("t", 41)}, "at most 40"},
+		{Storage{DSN: "x", Schema: "a.b"}, "schema"},
+		{Storage{DSN: "x", LockLease: caddy.Duration(500 * time.Millisecond)}, "at least 1s"},
+		{Storage{}, "dsn is required"},
+	} {
+		if err := c.s.Validate(); err == nil || !strings.Contains(err.Error(), c.err) {
+			t.Errorf("Validate(%+v) = %v, want %q", c.s, err, c.err)
+		}
+	}
+	t.Setenv("TOOLGATE_TEST_UNSET_DSN", "")
+	s := &Storage{DSN: "{env.TOOLGATE_TEST_UNSET_DSN}"}
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: t.Context()})
+	defer cancel()
+	if err := s.Provision(ctx); err == nil || !strings.Contains(err.Error(), "environment variable") {
+		t.Fatalf("Provision with an empty expansion: %v", err)
+	}
+}
