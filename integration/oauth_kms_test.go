@@ -5,12 +5,17 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig"
 
 	"github.com/toolgate/toolgate/modules/ciphers/kms/kmstest"
 )
@@ -248,4 +253,66 @@ func TestOAuthKMSStoppedIsRetryable(t *testing.T) {
 	}
 	p.checkRotation(t)
 	checkNoTokensAtRest(t, g, p)
+}
+
+// TestKMSCipherValidatesOffline runs what `toolgate validate` runs on a
+// Caddyfile with the kms cipher: good settings pass and bad ones fail with
+// a message naming the option, and neither contacts the endpoint (a
+// listener that counts connections).
+func TestKMSCipherValidatesOffline(t *testing.T) {
+	kmstest.Environ(t)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	var dialled atomic.Int64
+	go func() {
+		for {
+			conn, err := l.Accept()
+			if err != nil {
+				return
+			}
+			dialled.Add(1)
+			conn.Close()
+		}
+	}()
+	validate := func(cipher string) error {
+		cfgJSON, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(`{
+	admin off
+	toolgate {
+		cipher `+cipher+`
+	}
+}`), nil)
+		if err != nil {
+			return err
+		}
+		var cfg caddy.Config
+		if err := json.Unmarshal(cfgJSON, &cfg); err != nil {
+			t.Fatal(err)
+		}
+		return caddy.Validate(&cfg)
+	}
+	endpoint := "http://" + l.Addr().String()
+	if err := validate(`kms {
+			key_url  awskms://alias/toolgate
+			region   eu-west-1
+			endpoint ` + endpoint + `
+		}`); err != nil {
+		t.Fatalf("a good kms cipher: %v", err)
+	}
+	for cipher, want := range map[string]string{
+		"kms {\n key_url awskms://alias/toolgate\n region eu-west-1\n endpoint " + endpoint + "\n cache_sise 5\n}": `kms: unknown option "cache_sise"`,
+		"kms {\n region eu-west-1\n}": "kms: key_url is required",
+		"kms {\n key_url gcpkms://projects/p/locations/l/keyRings/r/cryptoKeys/k\n}":                      "gcpkms:// is not supported",
+		"kms {\n key_url awskms://alias/toolgate\n}":                                                      "kms: no region",
+		"kms {\n key_url awskms://alias/toolgate\n region eu-west-1\n endpoint http://kms.example.com\n}": "only on a loopback address",
+	} {
+		if err := validate(cipher); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("validating %q: %v; want an error containing %q", cipher, err, want)
+		}
+	}
+	if n := dialled.Load(); n != 0 {
+		t.Errorf("validation contacted the KMS endpoint %d times", n)
+	}
 }
