@@ -57,17 +57,17 @@ func (c *Cipher) classify(o op, keyID string, err error) error {
 	switch code {
 	case "AccessDeniedException", "UnrecognizedClientException", "InvalidSignatureException",
 		"ExpiredTokenException", "IncompleteSignature", "MissingAuthenticationToken", "InvalidClientTokenId":
-		return unavailable("kms at %s denied %s on key %s (%s: %s): the gateway's AWS identity needs %s on the key, "+
+		return unavailable("%s denied %s on key %s (%s: %s): the gateway's AWS identity needs %s on the key, "+
 			"allowed by its IAM policy and the key policy, and valid credentials", c.endpointName(), o.name, keyID, code, msg, o.permission)
 	case "ThrottlingException", "LimitExceededException", "TooManyRequestsException", "RequestLimitExceeded":
-		return unavailable("kms at %s is throttling %s requests (%s): retry later, or raise the account's KMS request quota", c.endpointName(), o.name, code)
+		return unavailable("%s is throttling %s requests (%s): retry later, or raise the account's KMS request quota", c.endpointName(), o.name, code)
 	case "DisabledException":
 		return unavailable("kms key %s is disabled: enable it (aws kms enable-key) [%s]", keyID, code)
 	case "KMSInvalidStateException":
 		return unavailable("kms key %s cannot be used in its current state (%s: %s): cancel its deletion or finish its import, then enable it", keyID, code, msg)
 	case "KeyUnavailableException", "KMSInternalException", "DependencyTimeoutException",
 		"CustomKeyStoreInvalidStateException", "XksProxyUriUnreachableException", "XksProxyInvalidResponseException":
-		return unavailable("kms at %s could not %s with key %s (%s: %s): retry later", c.endpointName(), o.name, keyID, code, msg)
+		return unavailable("%s could not %s with key %s (%s: %s): retry later", c.endpointName(), o.name, keyID, code, msg)
 	case "NotFoundException":
 		return fmt.Errorf("kms key %s does not exist in region %s (%s): check key_url and region", keyID, c.region, msg)
 	case "InvalidKeyUsageException":
@@ -77,9 +77,9 @@ func (c *Cipher) classify(o op, keyID string, err error) error {
 	}
 	var re *awshttp.ResponseError
 	if errors.As(err, &re) && (re.HTTPStatusCode() >= 500 || re.HTTPStatusCode() == http.StatusTooManyRequests) {
-		return unavailable("kms at %s failed to %s with key %s (HTTP %d, %s: %s): retry later", c.endpointName(), o.name, keyID, re.HTTPStatusCode(), code, msg)
+		return unavailable("%s failed to %s with key %s (HTTP %d, %s: %s): retry later", c.endpointName(), o.name, keyID, re.HTTPStatusCode(), code, msg)
 	}
-	return fmt.Errorf("kms at %s refused %s with key %s (%s: %s)", c.endpointName(), o.name, keyID, code, msg)
+	return fmt.Errorf("%s refused %s with key %s (%s: %s)", c.endpointName(), o.name, keyID, code, msg)
 }
 
 // classifyTransport handles errors without an answer from KMS: no
@@ -91,9 +91,9 @@ func (c *Cipher) classifyTransport(o op, err error) error {
 			"(environment variables, shared config profile, web identity, container or instance role)", o.name, err)
 	}
 	if errors.Is(err, context.DeadlineExceeded) || isTimeout(err) {
-		return unavailable("kms at %s did not answer %s within %s: check that it is reachable", c.endpointName(), o.name, c.timeout)
+		return unavailable("%s did not answer %s within %s: check that it is reachable", c.endpointName(), o.name, c.timeout)
 	}
-	return unavailable("kms at %s is unreachable for %s (%v): check the network, endpoint and region", c.endpointName(), o.name, err)
+	return unavailable("%s is unreachable for %s (%v): check the network, endpoint and region", c.endpointName(), o.name, err)
 }
 
 func isTimeout(err error) bool {

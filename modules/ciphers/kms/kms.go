@@ -17,28 +17,31 @@
 //
 // gocloud.dev/secrets opens AWS KMS, GCP Cloud KMS, Azure Key Vault and
 // Vault Transit by URL, but its Keeper has only Encrypt and Decrypt of the
-// value itself: no GenerateDataKey, so no envelope (AWS KMS would cap values
-// at 4,096 bytes, or the gateway would have to make the data keys itself
-// and need kms:Encrypt instead), and the encryption context (AWS) or
-// additional data (GCP) is fixed when a Keeper is opened, while Azure's
-// keeper has none at all. Binding every value to its own record would mean
-// a Keeper per record, and the promise "a copied record does not decrypt"
-// would hold on some clouds and not others. The portable layer would also
-// bring the GCP and Azure SDKs into the gateway for code paths that cannot be
-// tested against a real server here. So this cipher uses the AWS SDK for Go
-// v2's KMS client directly: GenerateDataKey and Decrypt with a per-record
-// encryption context, which is exactly envelope encryption as AWS documents
-// it. It speaks to AWS KMS and to KMS-compatible servers (set endpoint);
-// GCP Cloud KMS and Azure Key Vault are not supported. key_url uses the
-// awskms:// form of gocloud.dev's URLs, so other schemes can be added later
-// without changing the syntax.
+// value itself: no GenerateDataKey, so no envelope as KMS offers it (AWS KMS
+// would cap values at 4,096 bytes, or the gateway would have to make data
+// keys itself and wrap them with kms:Encrypt). Its encryption context (AWS)
+// or additional data (GCP) is fixed when a Keeper is opened, and Azure's
+// keeper has none, so binding every wrapped key to its own record, where
+// KMS enforces and audits it, would take a Keeper per record and still hold
+// on some clouds only. The portable layer would also bring the GCP and
+// Azure SDKs into the gateway for code paths that the project's tests
+// cannot exercise against a real server. So this cipher uses the AWS SDK for Go v2's KMS
+// client directly: GenerateDataKey and Decrypt with a per-record encryption
+// context, which is envelope encryption as AWS documents it. It speaks to
+// AWS KMS and to KMS-compatible servers (set endpoint); GCP Cloud KMS and
+// Azure Key Vault are not supported. key_url uses the awskms:// form of
+// gocloud.dev's URLs, so that other schemes can be added without changing
+// the syntax.
 //
 // # Caching
 //
 // Unwrapped data keys are kept in memory (as AES-GCM ciphers) for
 // cache_ttl, at most cache_size of them, so reading a record again within
 // that time costs no KMS request; they are never written anywhere. A fresh
-// data key is generated for every value written.
+// data key is generated for every value written, except that a record just
+// read may be written once more under the data key it was read with while
+// KMS cannot generate one (see Cipher.Encrypt), so an OAuth refresh caught
+// by an outage does not lose the provider's rotated refresh token.
 //
 // # Rotation
 //
@@ -104,7 +107,7 @@ const (
 // Caddyfile syntax (inside the toolgate global option):
 //
 //	cipher kms {
-//		key_url    awskms://<key id, alias/<name> or /<key or alias ARN>>[?region=<region>]
+//		key_url    awskms://<key>[?region=<region>]
 //		region     <region>
 //		endpoint   <url>
 //		timeout    <duration>
@@ -363,7 +366,7 @@ func (c *Cipher) Start(ctx context.Context) error {
 	err := c.check(ctx)
 	switch {
 	case err == nil:
-		c.logger.Info("kms cipher ready", zap.String("key", c.keyID), zap.String("region", c.region), zap.String("endpoint", c.endpointName()))
+		c.logger.Info("kms cipher ready", zap.String("key", c.keyID), zap.String("region", c.region), zap.String("endpoint", c.endpoint))
 		return nil
 	case errors.Is(err, gateway.ErrCipherUnavailable):
 		c.logger.Warn("kms unavailable at startup; credential calls fail as retryable until it is back", zap.Error(err))
@@ -497,7 +500,7 @@ func (c *Cipher) generate(ctx context.Context, ec map[string]string) (keyID stri
 	}
 	if len(out.CiphertextBlob) == 0 || len(out.CiphertextBlob) > maxWrappedLen || len(out.Plaintext) != dataKeySize {
 		clear(out.Plaintext)
-		return "", nil, nil, fmt.Errorf("kms at %s returned a malformed data key for key %s", c.endpointName(), c.keyID)
+		return "", nil, nil, fmt.Errorf("%s returned a malformed data key for key %s", c.endpointName(), c.keyID)
 	}
 	keyID = aws.ToString(out.KeyId)
 	if keyID == "" || len(keyID) > maxKeyIDLen {
@@ -525,7 +528,7 @@ func (c *Cipher) unwrap(ctx context.Context, keyID string, wrapped []byte, ec ma
 // endpointName says which KMS is meant, for messages.
 func (c *Cipher) endpointName() string {
 	if c.endpoint != "" {
-		return c.endpoint
+		return "the KMS at " + c.endpoint
 	}
 	return "AWS KMS in " + c.region
 }
