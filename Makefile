@@ -22,13 +22,16 @@ vet:
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	if [ -n "$$unformatted" ]; then echo "gofmt would change: $$unformatted"; exit 1; fi
 
-# unit and integration tests; the peers they need (a real Vault) are built
-# once and cached, PostgreSQL clusters are started from Debian's binaries
-# (internal/pgtest), and TOOLGATE_REQUIRE_PEERS turns a missing peer into a
-# failure instead of a skip.
+# unit and integration tests; the peers they need (a real Vault, a
+# KMS-compatible server) are built once and cached, PostgreSQL clusters are
+# started from Debian's binaries (internal/pgtest), and
+# TOOLGATE_REQUIRE_PEERS turns a missing peer into a failure instead of a
+# skip.
 unit:
 	@vault_bin=$$(integration/vaultserver/build.sh) && \
-	TOOLGATE_REQUIRE_PEERS=1 TOOLGATE_VAULT_BIN="$$vault_bin" $(GO) test -race -count=1 -skip '^TestConformance$$' ./...
+	kms_bin=$$(integration/kmsserver/build.sh) && \
+	TOOLGATE_REQUIRE_PEERS=1 TOOLGATE_VAULT_BIN="$$vault_bin" TOOLGATE_KMS_BIN="$$kms_bin" \
+	$(GO) test -race -count=1 -skip '^TestConformance$$' ./...
 
 # the MCP conformance suite (pinned, installed from npm once) against the Go
 # SDK's everything-server directly and through toolgate; prints both

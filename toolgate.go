@@ -5,6 +5,7 @@ package toolgate
 
 import (
 	_ "github.com/toolgate/toolgate/modules/api"
+	_ "github.com/toolgate/toolgate/modules/ciphers/kms"
 	_ "github.com/toolgate/toolgate/modules/ciphers/local"
 	_ "github.com/toolgate/toolgate/modules/ciphers/vaulttransit"
 	_ "github.com/toolgate/toolgate/modules/console"

@@ -15,6 +15,7 @@ import (
 
 	"github.com/go-oauth2/oauth2/v4"
 	oauth2errors "github.com/go-oauth2/oauth2/v4/errors"
+	"github.com/go-oauth2/oauth2/v4/generates"
 	"github.com/go-oauth2/oauth2/v4/manage"
 	"github.com/go-oauth2/oauth2/v4/models"
 	"github.com/go-oauth2/oauth2/v4/server"
@@ -72,6 +73,10 @@ type providerConfig struct {
 	RefreshTTL time.Duration
 	// Public registers toolgate as a public client (no secret).
 	Public bool
+	// TokenBytes, when set, makes every issued access and refresh token
+	// this long (the library's own token plus random padding), for grants
+	// larger than a KMS can encrypt directly.
+	TokenBytes int
 }
 
 func startOAuthProvider(t testing.TB, cfg providerConfig) *oauthProvider {
@@ -97,6 +102,9 @@ func startOAuthProvider(t testing.TB, cfg providerConfig) *oauthProvider {
 		IsRemoveAccess:     true,
 		IsRemoveRefreshing: true,
 	})
+	if cfg.TokenBytes > 0 {
+		m.MapAccessGenerate(paddedTokens{AccessGenerate: generates.NewAccessGenerate(), size: cfg.TokenBytes})
+	}
 	tokens, err := store.NewMemoryTokenStore()
 	if err != nil {
 		t.Fatal(err)
@@ -273,6 +281,28 @@ func (p *oauthProvider) checkRotation(t testing.TB) {
 			latest = c.IssuedRefresh
 		}
 	}
+}
+
+// paddedTokens issues the library's tokens padded with random characters
+// to size bytes.
+type paddedTokens struct {
+	*generates.AccessGenerate
+	size int
+}
+
+func (g paddedTokens) Token(ctx context.Context, data *oauth2.GenerateBasic, isGenRefresh bool) (string, string, error) {
+	access, refresh, err := g.AccessGenerate.Token(ctx, data, isGenRefresh)
+	if err != nil {
+		return "", "", err
+	}
+	pad := func(tok string) string {
+		if tok == "" || len(tok) >= g.size {
+			return tok
+		}
+		n := g.size - len(tok) - 1
+		return tok + "." + randomString(n/2 + 1)[:n]
+	}
+	return pad(access), pad(refresh), nil
 }
 
 type recordingWriter struct {
