@@ -76,10 +76,10 @@ func (p *person) csrf(page string) string {
 	return m[1]
 }
 
-// startConnect opens the connect page of service (or connectURL, as an
-// error's connect_url gives it), confirms, and returns the provider's
-// authorization URL toolgate sends the browser to, without opening it.
-func (p *person) startConnect(connectURL string) string {
+// confirmConnect opens the connect page of service (or connectURL, as an
+// error's connect_url gives it), confirms it, and returns toolgate's answer
+// without following it to the provider.
+func (p *person) confirmConnect(connectURL string) *http.Response {
 	p.t.Helper()
 	if !strings.HasPrefix(connectURL, "http") {
 		connectURL = p.g.URL + "/console/connect/" + connectURL
@@ -98,11 +98,29 @@ func (p *person) startConnect(connectURL string) string {
 	if err != nil {
 		p.t.Fatal(err)
 	}
+	return resp
+}
+
+// startConnect confirms a connect and returns the provider's authorization
+// URL toolgate sends the browser to, without opening it.
+func (p *person) startConnect(connectURL string) string {
+	p.t.Helper()
+	resp := p.confirmConnect(connectURL)
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusSeeOther {
 		p.t.Fatalf("confirming the connect: %d, want a redirect to the provider", resp.StatusCode)
 	}
 	return resp.Header.Get("Location")
+}
+
+// tryConnect confirms a connect and returns toolgate's answer when it is
+// not a redirect to the provider.
+func (p *person) tryConnect(connectURL string) (int, string) {
+	p.t.Helper()
+	resp := p.confirmConnect(connectURL)
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
 }
 
 // connect runs the whole connect flow in this browser: the connect page,

@@ -239,8 +239,8 @@ func TestOAuthKMSStoppedIsRetryable(t *testing.T) {
 	}
 	// (Alice's own sign-in record was read moments before the outage, so
 	// it may still be sealed once under that data key; carol's never was.)
-	if r := g.api(t, "POST", "/v1/connections/svc/authorize", carolKey, nil); r.StatusCode != 503 {
-		t.Errorf("starting a sign-in while KMS is down: %d %s, want 503", r.StatusCode, r.Body)
+	if status, page := g.signedIn(t, carolKey).tryConnect("svc"); status != 503 || !strings.Contains(page, "Try again in a moment") {
+		t.Errorf("starting a sign-in while KMS is down: %d %s, want 503", status, page)
 	}
 
 	// KMS is back: the grant is read, refreshed and stored again.

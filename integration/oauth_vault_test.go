@@ -155,7 +155,7 @@ func TestOAuthSealedVaultIsRetryable(t *testing.T) {
 	if s := g.catalogService(t, aliceKey, "svc"); s.Status != "unavailable" {
 		t.Errorf("catalog while Vault is sealed: %+v, want unavailable", s)
 	}
-	if r := g.api(t, "POST", "/v1/connections/svc/authorize", aliceKey, nil); r.StatusCode != 503 {
-		t.Errorf("starting a sign-in while Vault is sealed: %d %s, want 503", r.StatusCode, r.Body)
+	if status, page := g.signedIn(t, aliceKey).tryConnect("svc"); status != 503 || !strings.Contains(page, "Try again in a moment") {
+		t.Errorf("starting a sign-in while Vault is sealed: %d %s, want 503", status, page)
 	}
 }
