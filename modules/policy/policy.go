@@ -83,6 +83,17 @@ func (c *Config) provision(ctx caddy.Context, stage, defaultQuery string) error 
 	c.logger = ctx.Logger()
 	c.stage = stage
 	c.audit = caddy.Log().Named("toolgate.audit")
+	app, err := ctx.App("toolgate")
+	if err != nil {
+		return err
+	}
+	step := gateway.StepPolicy
+	if stage == stageResult {
+		step = gateway.StepResultPolicy
+	}
+	if err := app.(*gateway.App).ProvisionStep(step); err != nil {
+		return err
+	}
 	if c.Source == "" {
 		return fmt.Errorf("%s: a policy source (a .rego file or a directory) is required", stage)
 	}
@@ -123,10 +134,6 @@ func (c *Config) provision(ctx caddy.Context, stage, defaultQuery string) error 
 	c.engine = v.(*engine)
 	// Watching (and fetching a bundle) starts with the toolgate app, so
 	// that `caddy validate` does no network I/O and starts nothing.
-	app, err := ctx.App("toolgate")
-	if err != nil {
-		return err
-	}
 	app.(*gateway.App).OnStart(c.engine.start)
 	return nil
 }
