@@ -133,8 +133,15 @@ func (c *Config) provision(ctx caddy.Context, stage, defaultQuery string) error 
 	}
 	c.engine = v.(*engine)
 	// Watching (and fetching a bundle) starts with the toolgate app, so
-	// that `caddy validate` does no network I/O and starts nothing.
-	app.(*gateway.App).OnStart(c.engine.start)
+	// that `caddy validate` does no network I/O and starts nothing. A
+	// shared engine logs through the logger of the config that runs now:
+	// after a reload that changes log outputs, its messages go to the new
+	// ones.
+	logger := c.logger
+	app.(*gateway.App).OnStart(func() {
+		c.engine.setLogger(logger)
+		c.engine.start()
+	})
 	return nil
 }
 
