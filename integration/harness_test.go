@@ -26,6 +26,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	_ "github.com/toolgate/toolgate"
+	"github.com/toolgate/toolgate/internal/sseref"
 )
 
 // API keys the test gateway accepts.
@@ -54,6 +55,8 @@ type gatewayConfig struct {
 	Timeout       string // the service's timeout; default 10s
 	Cipher        string // the cipher option's value; default a local key file
 	Console       string // the toolgate_console block's lines; default api_key_login
+	ServiceExtra  string // more lines in service svc's block
+	Log           string // the global log block's body; default output discard
 }
 
 // gateway is a running toolgate.
@@ -74,7 +77,7 @@ func startGateway(t testing.TB, cfg gatewayConfig) *gateway {
 func startGatewayOnPort(t testing.TB, port int, cfg gatewayConfig) *gateway {
 	t.Helper()
 	if cfg.Tools == "" {
-		cfg.Tools = "echo big progress reconnect touch_resource drop_table leak unknown_field forbidden_tool gated_tool pinned_echo redacted"
+		cfg.Tools = "echo big progress reconnect touch_resource drop_table leak unknown_field forbidden_tool gated_tool pinned_echo redacted poll wait ask add_tool late_tool"
 	}
 	if cfg.Auth == "" {
 		cfg.Auth = "none"
@@ -84,6 +87,9 @@ func startGatewayOnPort(t testing.TB, port int, cfg gatewayConfig) *gateway {
 	}
 	if cfg.Console == "" {
 		cfg.Console = "api_key_login"
+	}
+	if cfg.Log == "" {
+		cfg.Log = "output discard"
 	}
 	if cfg.RequestPolicy == "" {
 		cfg.RequestPolicy = "testdata/policy"
@@ -100,7 +106,7 @@ func startGatewayOnPort(t testing.TB, port int, cfg gatewayConfig) *gateway {
 	auto_https off
 	persist_config off
 	log {
-		output discard
+		%[20]s
 	}
 	toolgate {
 		public_url http://127.0.0.1:%[1]d
@@ -117,6 +123,7 @@ func startGatewayOnPort(t testing.TB, port int, cfg gatewayConfig) *gateway {
 			tools %[8]s
 			auth %[9]s
 			timeout %[18]s
+			%[19]s
 		}
 		%[12]s
 		%[13]s
@@ -141,11 +148,12 @@ http://127.0.0.1:%[1]d {
 	}
 	toolgate_api
 	toolgate_console {
-		%[19]s
+		%[21]s
 	}
 }
 `, port, data, hashKey(aliceKey), alice, hashKey(bobKey), bob, cfg.Upstream, cfg.Tools, cfg.Auth,
-		cfg.RequestPolicy, cfg.ResultPolicy, cfg.Extra, cfg.Services, hashKey(carolKey), carol, cfg.PolicyOptions, cfg.Cipher, cfg.Timeout, cfg.Console)
+		cfg.RequestPolicy, cfg.ResultPolicy, cfg.Extra, cfg.Services, hashKey(carolKey), carol, cfg.PolicyOptions, cfg.Cipher, cfg.Timeout,
+		cfg.ServiceExtra, cfg.Log, cfg.Console)
 	loadCaddyfile(t, caddyfile)
 	g := &gateway{URL: fmt.Sprintf("http://127.0.0.1:%d", port), DataDir: data}
 	waitListening(t, g.URL)
@@ -303,20 +311,11 @@ func (g *gateway) raw(t testing.TB, key, session, service string) *rawMCP {
 }
 
 // post sends one message and returns the status, the headers and the
-// JSON-RPC messages of the answer (one for JSON, each event for SSE).
+// JSON-RPC messages of the answer (one for JSON, each event for SSE, read
+// as a standard-conforming SSE client reads them).
 func (m *rawMCP) post(body string) (int, http.Header, []json.RawMessage) {
 	m.t.Helper()
-	req, _ := http.NewRequest(http.MethodPost, m.url, strings.NewReader(body))
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Accept", "application/json, text/event-stream")
-	for k, v := range m.headers {
-		req.Header.Set(k, v)
-	}
-	if m.sessionID != "" {
-		req.Header.Set("Mcp-Session-Id", m.sessionID)
-		req.Header.Set("Mcp-Protocol-Version", "2025-11-25")
-	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := m.send(context.Background(), http.MethodPost, "application/json, text/event-stream", body, "")
 	if err != nil {
 		m.t.Fatal(err)
 	}
@@ -324,16 +323,51 @@ func (m *rawMCP) post(body string) (int, http.Header, []json.RawMessage) {
 	data, _ := io.ReadAll(resp.Body)
 	var msgs []json.RawMessage
 	if strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
-		for _, line := range strings.Split(string(data), "\n") {
-			// An empty data line is a priming event (SEP-1699), not a message.
-			if d, ok := strings.CutPrefix(line, "data: "); ok && strings.TrimSpace(d) != "" {
-				msgs = append(msgs, json.RawMessage(d))
+		for _, ev := range sseref.Parse(string(data)).Events {
+			// An event without data is a priming event (SEP-1699), not a message.
+			if ev.Type == "message" && ev.Data != "" {
+				msgs = append(msgs, json.RawMessage(ev.Data))
 			}
 		}
 	} else if len(bytes.TrimSpace(data)) > 0 {
 		msgs = append(msgs, json.RawMessage(data))
 	}
 	return resp.StatusCode, resp.Header, msgs
+}
+
+// send sends one HTTP request of the runner's MCP session: a POST with
+// body, a GET (with Last-Event-ID when lastEventID is set) or a DELETE.
+// The response is the caller's to close.
+func (m *rawMCP) send(ctx context.Context, method, accept, body, lastEventID string) (*http.Response, error) {
+	req, _ := http.NewRequestWithContext(ctx, method, m.url, strings.NewReader(body))
+	if method == http.MethodPost {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	if accept != "" {
+		req.Header.Set("Accept", accept)
+	}
+	for k, v := range m.headers {
+		req.Header.Set(k, v)
+	}
+	if m.sessionID != "" {
+		req.Header.Set("Mcp-Session-Id", m.sessionID)
+		req.Header.Set("Mcp-Protocol-Version", "2025-11-25")
+	}
+	if lastEventID != "" {
+		req.Header.Set("Last-Event-ID", lastEventID)
+	}
+	return http.DefaultClient.Do(req)
+}
+
+// delete ends the runner's MCP session.
+func (m *rawMCP) delete() int {
+	m.t.Helper()
+	resp, err := m.send(context.Background(), http.MethodDelete, "", "", "")
+	if err != nil {
+		m.t.Fatal(err)
+	}
+	resp.Body.Close()
+	return resp.StatusCode
 }
 
 // initialize performs the MCP handshake.

@@ -47,7 +47,7 @@ type protectedUpstream struct {
 
 func startProtectedUpstream(t testing.TB, p *oauthProvider) *protectedUpstream {
 	t.Helper()
-	server := newTestServer()
+	server := newTestServer(nil)
 	h := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return server },
 		&mcp.StreamableHTTPOptions{SessionTimeout: time.Minute})
 	u := &protectedUpstream{}

@@ -145,3 +145,24 @@ func TestPolicyEditTakesEffectWithoutRestart(t *testing.T) {
 		t.Fatalf("after a broken edit: %q, want the last good policy's decision", text)
 	}
 }
+
+// A policy engine shared across a reload logs through the new
+// configuration's logger, so a broken policy is reported where the new
+// log outputs go.
+func TestSharedPolicyEngineLogsToTheCurrentConfig(t *testing.T) {
+	up := startUpstream(t)
+	dir := copyPolicies(t, testdataPath(t, "policy"))
+	logs := t.TempDir()
+	cfg := gatewayConfig{Upstream: up.URL, RequestPolicy: dir, ResultPolicy: dir, PolicyOptions: "reload_interval 50ms"}
+	cfg.Log = "output file " + logs + "/first.log"
+	startGateway(t, cfg)
+	cfg.Log = "output file " + logs + "/second.log"
+	startGateway(t, cfg)
+	if err := os.WriteFile(filepath.Join(dir, "request.rego"), []byte("package toolgate.request\n\nbroken :="), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the load failure in the second config's log", func() bool {
+		data, _ := os.ReadFile(filepath.Join(logs, "second.log"))
+		return strings.Contains(string(data), "policy load failed")
+	})
+}

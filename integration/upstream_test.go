@@ -6,6 +6,8 @@ import (
 	"crypto/sha256"
 	"encoding/json"
 	"fmt"
+	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -23,14 +25,32 @@ func sha256Hex(s string) string { return fmt.Sprintf("%x", sha256.Sum256([]byte(
 
 // upstream is a real MCP server built with the official Go SDK, behind a
 // middleware that records what it received and can forget every session
-// (so it answers 404, as a restarted server does).
+// (so it answers 404, as a restarted server does). A test may intercept
+// requests to make the upstream misbehave (slow, broken, malicious).
 type upstream struct {
 	URL string
 
-	mu       sync.Mutex
-	handler  http.Handler
-	received []http.Header
-	server   *httptest.Server
+	mu        sync.Mutex
+	handler   http.Handler
+	received  []http.Header
+	requests  []upstreamRequest
+	intercept func(w http.ResponseWriter, r *http.Request, body []byte) bool
+	options   mcp.StreamableHTTPOptions
+	server    *httptest.Server
+
+	// cancelled receives the id of each wait call the upstream saw
+	// cancelled (notifications/cancelled).
+	cancelled chan string
+	// conns counts the open TCP connections to the upstream.
+	conns map[net.Conn]http.ConnState
+}
+
+// upstreamRequest is one HTTP request the upstream received.
+type upstreamRequest struct {
+	Method    string
+	Header    http.Header
+	Body      string
+	SessionID string // the Mcp-Session-Id the upstream answered with, for an initialize
 }
 
 // unknownFieldMarker makes the upstream add a field no MCP version defines
@@ -42,10 +62,32 @@ const unknownFieldMarker = "ADD-UNKNOWN-FIELD"
 const duplicateKeyMarker = "ADD-DUPLICATE-KEY"
 
 func startUpstream(t testing.TB) *upstream {
+	return startUpstreamWith(t, nil)
+}
+
+// startUpstreamWith starts an upstream whose transport options configure
+// changes, such as JSONResponse.
+func startUpstreamWith(t testing.TB, configure func(*mcp.StreamableHTTPOptions)) *upstream {
 	t.Helper()
-	u := &upstream{}
+	// The event store lets clients resume a dropped stream with
+	// Last-Event-ID (the reconnect tool drops its stream on purpose).
+	u := &upstream{cancelled: make(chan string, 16), conns: make(map[net.Conn]http.ConnState),
+		options: mcp.StreamableHTTPOptions{SessionTimeout: time.Minute, EventStore: mcp.NewMemoryEventStore(nil)}}
+	if configure != nil {
+		configure(&u.options)
+	}
 	u.reset()
-	u.server = httptest.NewServer(http.HandlerFunc(u.serve))
+	u.server = httptest.NewUnstartedServer(http.HandlerFunc(u.serve))
+	u.server.Config.ConnState = func(c net.Conn, state http.ConnState) {
+		u.mu.Lock()
+		defer u.mu.Unlock()
+		if state == http.StateClosed || state == http.StateHijacked {
+			delete(u.conns, c)
+		} else {
+			u.conns[c] = state
+		}
+	}
+	u.server.Start()
 	u.URL = u.server.URL + "/mcp"
 	t.Cleanup(u.server.Close)
 	return u
@@ -53,22 +95,84 @@ func startUpstream(t testing.TB) *upstream {
 
 // reset replaces the MCP handler: every existing session is forgotten.
 func (u *upstream) reset() {
-	server := newTestServer()
-	// The event store lets clients resume a dropped stream with
-	// Last-Event-ID (the reconnect tool drops its stream on purpose).
-	h := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return server },
-		&mcp.StreamableHTTPOptions{SessionTimeout: time.Minute, EventStore: mcp.NewMemoryEventStore(nil)})
+	server := newTestServer(u)
+	opts := u.options
+	h := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return server }, &opts)
 	u.mu.Lock()
 	u.handler = h
 	u.mu.Unlock()
 }
 
+// mcpHandler is the go-sdk handler serving now.
+func (u *upstream) mcpHandler() http.Handler {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return u.handler
+}
+
+// setIntercept makes f see every request first; it handles those it
+// returns true for.
+func (u *upstream) setIntercept(f func(w http.ResponseWriter, r *http.Request, body []byte) bool) {
+	u.mu.Lock()
+	u.intercept = f
+	u.mu.Unlock()
+}
+
 func (u *upstream) serve(w http.ResponseWriter, r *http.Request) {
+	body, _ := io.ReadAll(r.Body)
+	r.Body = io.NopCloser(bytes.NewReader(body))
 	u.mu.Lock()
 	u.received = append(u.received, r.Header.Clone())
-	h := u.handler
+	recorded := body
+	if len(recorded) > 4096 {
+		recorded = recorded[:4096]
+	}
+	u.requests = append(u.requests, upstreamRequest{Method: r.Method, Header: r.Header.Clone(), Body: string(recorded)})
+	i := len(u.requests) - 1
+	h, intercept := u.handler, u.intercept
 	u.mu.Unlock()
+	if intercept != nil && intercept(w, r, body) {
+		return
+	}
 	h.ServeHTTP(&fieldAdder{ResponseWriter: w}, r)
+	if strings.Contains(string(body), `"method":"initialize"`) {
+		u.mu.Lock()
+		u.requests[i].SessionID = w.Header().Get("Mcp-Session-Id")
+		u.mu.Unlock()
+	}
+}
+
+// requestLog returns every request received so far.
+func (u *upstream) requestLog() []upstreamRequest {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return append([]upstreamRequest(nil), u.requests...)
+}
+
+// openSessions returns the upstream sessions initialized and not ended
+// with DELETE.
+func (u *upstream) openSessions() []string {
+	open := map[string]bool{}
+	for _, r := range u.requestLog() {
+		if r.SessionID != "" {
+			open[r.SessionID] = true
+		}
+		if r.Method == http.MethodDelete {
+			delete(open, r.Header.Get("Mcp-Session-Id"))
+		}
+	}
+	var ids []string
+	for id := range open {
+		ids = append(ids, id)
+	}
+	return ids
+}
+
+// openConns returns the number of open TCP connections to the upstream.
+func (u *upstream) openConns() int {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return len(u.conns)
 }
 
 // headers returns the headers of every request received so far.
@@ -117,8 +221,9 @@ type progressArgs struct {
 	Steps int `json:"steps"`
 }
 
-// newTestServer builds the upstream's MCP server and its tools.
-func newTestServer() *mcp.Server {
+// newTestServer builds the upstream's MCP server and its tools; u, when
+// set, learns what the tools observe.
+func newTestServer(u *upstream) *mcp.Server {
 	s := mcp.NewServer(&mcp.Implementation{Name: "test-upstream", Version: "1.0.0"}, &mcp.ServerOptions{
 		SubscribeHandler:   func(context.Context, *mcp.SubscribeRequest) error { return nil },
 		UnsubscribeHandler: func(context.Context, *mcp.UnsubscribeRequest) error { return nil },
@@ -180,6 +285,48 @@ func newTestServer() *mcp.Server {
 			line := "lorem ipsum dolor sit amet, consectetur adipiscing elit\n"
 			text := strings.Repeat(line, in.Bytes/len(line)+1)[:in.Bytes]
 			return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: text}}}, nil, nil
+		})
+	mcp.AddTool(s, &mcp.Tool{Name: "poll", Description: "Closes its SSE stream the given number of times while it works (SEP-1699 polling), then answers.", Annotations: readOnly},
+		func(ctx context.Context, req *mcp.CallToolRequest, in struct {
+			Times int `json:"times"`
+		}) (*mcp.CallToolResult, any, error) {
+			for range in.Times {
+				req.Extra.CloseSSEStream(mcp.CloseSSEStreamArgs{RetryAfter: 5 * time.Millisecond})
+				time.Sleep(30 * time.Millisecond)
+			}
+			return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: fmt.Sprintf("polled %d times", in.Times)}}}, nil, nil
+		})
+	mcp.AddTool(s, &mcp.Tool{Name: "wait", Description: "Works until cancelled (at most 10s).", Annotations: readOnly},
+		func(ctx context.Context, req *mcp.CallToolRequest, _ struct{}) (*mcp.CallToolResult, any, error) {
+			select {
+			case <-ctx.Done():
+				if u != nil {
+					select {
+					case u.cancelled <- req.Params.Name:
+					default:
+					}
+				}
+				return nil, nil, ctx.Err()
+			case <-time.After(10 * time.Second):
+			}
+			return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "waited"}}}, nil, nil
+		})
+	mcp.AddTool(s, &mcp.Tool{Name: "ask", Description: "Asks the user (elicitation/create) and reports the answer.", Annotations: readOnly},
+		func(ctx context.Context, req *mcp.CallToolRequest, _ struct{}) (*mcp.CallToolResult, any, error) {
+			res, err := req.Session.Elicit(ctx, &mcp.ElicitParams{Message: "proceed?",
+				RequestedSchema: map[string]any{"type": "object", "properties": map[string]any{"ok": map[string]any{"type": "boolean"}}}})
+			text := ""
+			if err != nil {
+				text = "elicitation failed: " + err.Error()
+			} else {
+				text = "elicitation answered: " + res.Action
+			}
+			return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: text}}}, nil, nil
+		})
+	mcp.AddTool(s, &mcp.Tool{Name: "add_tool", Description: "Adds the tool late_tool (the server then sends notifications/tools/list_changed).", Annotations: readOnly},
+		func(context.Context, *mcp.CallToolRequest, struct{}) (*mcp.CallToolResult, any, error) {
+			mcp.AddTool(s, &mcp.Tool{Name: "late_tool", Description: "Added while the session runs.", Annotations: readOnly}, echo)
+			return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "added"}}}, nil, nil
 		})
 	mcp.AddTool(s, &mcp.Tool{Name: "progress", Description: "Reports progress, then answers.", Annotations: readOnly},
 		func(ctx context.Context, req *mcp.CallToolRequest, in progressArgs) (*mcp.CallToolResult, any, error) {

@@ -202,6 +202,37 @@ func Validate(data []byte, limits Limits) error {
 	return nil
 }
 
+// IDKey returns a key that two spellings of one JSON-RPC id share, and
+// no other id does: a string id's decoded text ("e1" and "e\u0031" are one
+// id, as every JSON parser reads them) or an integer id's digits. id is the
+// JSON text of an id Parse accepted; anything else has the key "".
+func IDKey(id []byte) string {
+	if checkID(id) != nil {
+		return ""
+	}
+	if id[0] == '"' {
+		p := parser{data: id}
+		s, err := p.str(true)
+		if err != nil || p.pos != len(id) {
+			return ""
+		}
+		return "s" + string(s)
+	}
+	digits, negative := bytes.CutPrefix(id, []byte{'-'})
+	for _, c := range digits {
+		if c < '0' || c > '9' {
+			return ""
+		}
+	}
+	if len(digits) == 0 || len(digits) > 1 && digits[0] == '0' {
+		return ""
+	}
+	if negative && string(digits) != "0" {
+		return "n-" + string(digits)
+	}
+	return "n" + string(digits)
+}
+
 // checkID accepts the ids MCP allows: a string or an integer.
 func checkID(id []byte) error {
 	switch {

@@ -830,3 +830,26 @@ func TestParseRejectsCaseVariantsOfRoutingMembers(t *testing.T) {
 		}
 	}
 }
+
+// Two spellings of one id share a key; different ids never do.
+func TestIDKey(t *testing.T) {
+	same := [][2]string{
+		{`"e1"`, `"e\u0031"`}, {`"a/b"`, `"a\/b"`}, {`"é"`, `"\u00e9"`}, {`"😀"`, `"\ud83d\ude00"`}, {`0`, `-0`}, {`12`, `12`},
+	}
+	for _, p := range same {
+		if a, b := mcpmsg.IDKey([]byte(p[0])), mcpmsg.IDKey([]byte(p[1])); a == "" || a != b {
+			t.Errorf("IDKey(%s) = %q, IDKey(%s) = %q; want one key", p[0], a, p[1], b)
+		}
+	}
+	different := [][2]string{{`"1"`, `1`}, {`"e1"`, `"E1"`}, {`1`, `-1`}, {`"e1"`, `"e1 "`}}
+	for _, p := range different {
+		if mcpmsg.IDKey([]byte(p[0])) == mcpmsg.IDKey([]byte(p[1])) {
+			t.Errorf("IDKey(%s) == IDKey(%s)", p[0], p[1])
+		}
+	}
+	for _, bad := range []string{``, `null`, `1.0`, `1e3`, `01`, `"open`, `"a"x`, `{}`, `-`} {
+		if k := mcpmsg.IDKey([]byte(bad)); k != "" {
+			t.Errorf("IDKey(%s) = %q, want none", bad, k)
+		}
+	}
+}

@@ -43,7 +43,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return err
 	}
 	h.app = app.(*gateway.App)
-	return nil
+	return h.app.ProvisionStep(gateway.StepCredentials)
 }
 
 // ServeHTTP sets call.Credential or answers needs_sign_in / retryable.

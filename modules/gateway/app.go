@@ -70,9 +70,25 @@ type App struct {
 	// an administrator issued, or the identity provider's users.)
 	MaxSessionsPerUser int `json:"max_sessions_per_user,omitempty"`
 
-	// MCPSessionIdleTimeout forgets a runner's MCP session unused for this
-	// long. Default 1h.
+	// MCPSessionIdleTimeout ends a runner's MCP session unused for this
+	// long: toolgate forgets it and ends the upstream session with DELETE.
+	// A session with a request in progress or an open stream is in use.
+	// Default 1h.
 	MCPSessionIdleTimeout caddy.Duration `json:"mcp_session_idle_timeout,omitempty"`
+
+	// MCPSessionSweepInterval is how often idle MCP sessions are looked
+	// for; a session ends at most this long after its idle timeout.
+	// Default 1m.
+	MCPSessionSweepInterval caddy.Duration `json:"mcp_session_sweep_interval,omitempty"`
+
+	// MaxMCPSessions bounds the open MCP sessions of this gateway process,
+	// all callers together. An initialize over the bound is refused with a
+	// JSON-RPC error that says so. Default 10000.
+	MaxMCPSessions int `json:"max_mcp_sessions,omitempty"`
+
+	// MaxMCPSessionsPerCaller bounds the open MCP sessions of one caller
+	// (all their toolgate sessions and services together). Default 100.
+	MaxMCPSessionsPerCaller int `json:"max_mcp_sessions_per_caller,omitempty"`
 
 	// CacheTTL is how long sessions and decrypted credentials read from
 	// storage are reused before storage is read again. A session ended or a
@@ -102,6 +118,8 @@ type App struct {
 	sessions     *SessionStore
 	connections  *ConnectionStore
 	mcpSessions  *MCPSessions
+	endMCP       func(*MCPSession, Upstream)
+	pipeline     *pipelineTrail
 	httpClient   *http.Client
 	origins      map[string]struct{}
 	publicHost   string
@@ -126,15 +144,18 @@ func (App) CaddyModule() caddy.ModuleInfo {
 
 // Defaults.
 const (
-	DefaultSessionHeader    = "X-Toolgate-Session"
-	defaultSessionTTL       = 12 * time.Hour
-	defaultSessionsPerUser  = 100
-	defaultMCPSessionIdle   = time.Hour
-	defaultCacheTTL         = 10 * time.Second
-	defaultMaxRequestBytes  = 4 << 20
-	defaultMaxResponseBytes = 16 << 20
-	defaultMaxJSONDepth     = 64
-	minStateSecretBytes     = 32
+	DefaultSessionHeader           = "X-Toolgate-Session"
+	defaultSessionTTL              = 12 * time.Hour
+	defaultSessionsPerUser         = 100
+	defaultMCPSessionIdle          = time.Hour
+	defaultMCPSessionSweep         = time.Minute
+	defaultMaxMCPSessions          = 10000
+	defaultMaxMCPSessionsPerCaller = 100
+	defaultCacheTTL                = 10 * time.Second
+	defaultMaxRequestBytes         = 4 << 20
+	defaultMaxResponseBytes        = 16 << 20
+	defaultMaxJSONDepth            = 64
+	minStateSecretBytes            = 32
 )
 
 // Provision sets the app up. It does no network I/O.
@@ -143,6 +164,7 @@ func (a *App) Provision(ctx caddy.Context) error {
 	repl := caddy.NewReplacer()
 	a.stop = make(chan struct{})
 	a.stopOnce = new(sync.Once)
+	a.pipeline = new(pipelineTrail)
 
 	// Guest modules.
 	if a.StorageRaw != nil {
@@ -179,6 +201,15 @@ func (a *App) Provision(ctx caddy.Context) error {
 	}
 	if a.MCPSessionIdleTimeout == 0 {
 		a.MCPSessionIdleTimeout = caddy.Duration(defaultMCPSessionIdle)
+	}
+	if a.MCPSessionSweepInterval == 0 {
+		a.MCPSessionSweepInterval = caddy.Duration(defaultMCPSessionSweep)
+	}
+	if a.MaxMCPSessions == 0 {
+		a.MaxMCPSessions = defaultMaxMCPSessions
+	}
+	if a.MaxMCPSessionsPerCaller == 0 {
+		a.MaxMCPSessionsPerCaller = defaultMaxMCPSessionsPerCaller
 	}
 	if a.CacheTTL == 0 {
 		a.CacheTTL = caddy.Duration(defaultCacheTTL)
@@ -221,7 +252,6 @@ func (a *App) Provision(ctx caddy.Context) error {
 	if a.cipher != nil {
 		a.connections = newConnectionStore(a.storage, a.cipher, time.Duration(a.CacheTTL))
 	}
-	a.httpClient = newUpstreamClient()
 	for _, s := range a.Services {
 		if s.Auth.Kind == AuthOAuth && s.Auth.OAuth != nil {
 			a.buildOAuthConfig(s)
@@ -233,13 +263,17 @@ func (a *App) Provision(ctx caddy.Context) error {
 
 	// State that outlives this config.
 	v, _, err := mcpSessionPool.LoadOrNew(mcpSessionPoolKey, func() (caddy.Destructor, error) {
-		return &MCPSessions{sessions: make(map[string]*MCPSession)}, nil
+		return newMCPSessions(), nil
 	})
 	if err != nil {
 		return err
 	}
 	a.mcpSessions = v.(*MCPSessions)
 	a.releasePools = append(a.releasePools, func() { _, _ = mcpSessionPool.Delete(mcpSessionPoolKey) })
+	if a.httpClient, err = sharedUpstreamClient(); err != nil {
+		return err
+	}
+	a.releasePools = append(a.releasePools, releaseUpstreamClient)
 	return nil
 }
 
@@ -278,8 +312,11 @@ func (a *App) Validate() error {
 			return fmt.Errorf("service %q uses oauth: state_secret must be at least %d bytes (is its environment variable set?)", needsOAuth, minStateSecretBytes)
 		}
 	}
-	if a.SessionTTL < 0 || a.MCPSessionIdleTimeout < 0 || a.CacheTTL < 0 {
-		return errors.New("session_ttl, mcp_session_idle_timeout and cache_ttl must be positive")
+	if a.SessionTTL < 0 || a.MCPSessionIdleTimeout < 0 || a.MCPSessionSweepInterval < 0 || a.CacheTTL < 0 {
+		return errors.New("session_ttl, mcp_session_idle_timeout, mcp_session_sweep_interval and cache_ttl must be positive")
+	}
+	if a.MaxMCPSessions < 0 || a.MaxMCPSessionsPerCaller < 0 {
+		return errors.New("max_mcp_sessions and max_mcp_sessions_per_caller must be positive")
 	}
 	if a.MaxSessionsPerUser < 0 {
 		return errors.New("max_sessions_per_user must be positive")
@@ -313,9 +350,15 @@ func (a *App) Start() error {
 	for _, hook := range a.startHooks {
 		hook()
 	}
+	a.mcpSessions.setLimits(a.MaxMCPSessions, a.MaxMCPSessionsPerCaller)
 	go a.housekeeping()
 	return nil
 }
+
+// OnMCPSessionEnd registers fn to end the upstream session of an MCP
+// session that expired (the proxy sends DELETE upstream). It runs in the
+// background, never under a request.
+func (a *App) OnMCPSessionEnd(fn func(*MCPSession, Upstream)) { a.endMCP = fn }
 
 // OnStart registers fn to run when the app starts, after every module is
 // provisioned: the place for a guest part's network I/O and background
@@ -325,7 +368,7 @@ func (a *App) OnStart(fn func()) { a.startHooks = append(a.startHooks, fn) }
 // housekeeping expires idle MCP sessions and sweeps expired sessions and
 // unfinished OAuth sign-ins from storage until the app stops.
 func (a *App) housekeeping() {
-	mcpTick := time.NewTicker(time.Minute)
+	mcpTick := time.NewTicker(time.Duration(a.MCPSessionSweepInterval))
 	sweepTick := time.NewTicker(15 * time.Minute)
 	defer mcpTick.Stop()
 	defer sweepTick.Stop()
@@ -334,9 +377,7 @@ func (a *App) housekeeping() {
 		case <-a.stop:
 			return
 		case <-mcpTick.C:
-			if n := a.mcpSessions.expire(time.Duration(a.MCPSessionIdleTimeout)); n > 0 {
-				a.logger.Debug("expired idle MCP sessions", zap.Int("count", n))
-			}
+			a.expireMCPSessions()
 		case <-sweepTick.C:
 			n, err := a.sessions.sweep(context.Background())
 			if err != nil {
@@ -352,6 +393,32 @@ func (a *App) housekeeping() {
 			}
 		}
 	}
+}
+
+// endingConcurrency bounds the upstream DELETEs of expired sessions in
+// flight at once.
+const endingConcurrency = 16
+
+// expireMCPSessions ends idle MCP sessions, here and upstream.
+func (a *App) expireMCPSessions() {
+	ended := a.mcpSessions.expire(time.Duration(a.MCPSessionIdleTimeout))
+	if len(ended) == 0 {
+		return
+	}
+	a.logger.Debug("expired idle MCP sessions", zap.Int("count", len(ended)))
+	if a.endMCP == nil {
+		return
+	}
+	go func() {
+		sem := make(chan struct{}, endingConcurrency)
+		for _, e := range ended {
+			sem <- struct{}{}
+			go func() {
+				defer func() { <-sem }()
+				a.endMCP(e.Session, e.Upstream)
+			}()
+		}
+	}()
 }
 
 // Stop stops background work.
@@ -516,20 +583,6 @@ func isLoopback(remoteAddr string) bool {
 	}
 	ip := net.ParseIP(host)
 	return ip != nil && ip.IsLoopback()
-}
-
-func newUpstreamClient() *http.Client {
-	transport := http.DefaultTransport.(*http.Transport).Clone()
-	transport.MaxIdleConns = 512
-	transport.MaxIdleConnsPerHost = 128
-	transport.IdleConnTimeout = 90 * time.Second
-	transport.ResponseHeaderTimeout = 0 // bounded per service by the call's context
-	return &http.Client{
-		Transport: transport,
-		CheckRedirect: func(*http.Request, []*http.Request) error {
-			return http.ErrUseLastResponse
-		},
-	}
 }
 
 // Interface guards

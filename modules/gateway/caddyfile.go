@@ -3,6 +3,7 @@ package gateway
 import (
 	"strconv"
 
+	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
@@ -38,6 +39,9 @@ func parseGlobalOption(d *caddyfile.Dispenser, existing any) (any, error) {
 //		session_ttl    <duration>
 //		max_sessions_per_user <n>
 //		mcp_session_idle_timeout <duration>
+//		mcp_session_sweep_interval <duration>
+//		max_mcp_sessions            <n>
+//		max_mcp_sessions_per_caller <n>
 //		cache_ttl      <duration>
 //		allowed_origins <origin...>
 //		max_request_size  <size>
@@ -64,6 +68,11 @@ func parseGlobalOption(d *caddyfile.Dispenser, existing any) (any, error) {
 //			tools         <name...>
 //			allowed_users <user...>
 //			timeout       <duration>
+//			dial_timeout  <duration>
+//			response_header_timeout <duration>
+//			resume_attempts  <n>
+//			max_resume_delay <duration>
+//			sse_keepalive    <duration> | off
 //			auth none | bearer | header <name> <value> | oauth {
 //				authorization_url <url>
 //				token_url         <url>
@@ -103,6 +112,12 @@ func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			err = caddyopt.Duration(d, &a.SessionTTL)
 		case "mcp_session_idle_timeout":
 			err = caddyopt.Duration(d, &a.MCPSessionIdleTimeout)
+		case "mcp_session_sweep_interval":
+			err = caddyopt.Duration(d, &a.MCPSessionSweepInterval)
+		case "max_mcp_sessions":
+			err = positiveInt(d, &a.MaxMCPSessions)
+		case "max_mcp_sessions_per_caller":
+			err = positiveInt(d, &a.MaxMCPSessionsPerCaller)
 		case "cache_ttl":
 			err = caddyopt.Duration(d, &a.CacheTTL)
 		case "allowed_origins":
@@ -115,19 +130,9 @@ func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		case "max_response_size":
 			err = sizeArg(d, &a.MaxResponseBytes)
 		case "max_sessions_per_user":
-			var v string
-			if err = caddyopt.String(d, &v); err == nil {
-				if a.MaxSessionsPerUser, err = strconv.Atoi(v); err != nil || a.MaxSessionsPerUser < 1 {
-					err = d.Errf("max_sessions_per_user: %q is not a positive integer", v)
-				}
-			}
+			err = positiveInt(d, &a.MaxSessionsPerUser)
 		case "max_json_depth":
-			var s string
-			if err = caddyopt.String(d, &s); err == nil {
-				if a.MaxJSONDepth, err = strconv.Atoi(s); err != nil || a.MaxJSONDepth < 1 {
-					err = d.Errf("max_json_depth: %q is not a positive integer", s)
-				}
-			}
+			err = positiveInt(d, &a.MaxJSONDepth)
 		case "storage":
 			err = guestModule(d, "caddy.storage", "module", (*[]byte)(&a.StorageRaw))
 		case "cipher":
@@ -275,6 +280,25 @@ func (s *Service) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			}
 		case "timeout":
 			err = caddyopt.Duration(d, &s.Timeout)
+		case "dial_timeout":
+			err = caddyopt.Duration(d, &s.DialTimeout)
+		case "response_header_timeout":
+			err = caddyopt.Duration(d, &s.ResponseHeaderTimeout)
+		case "resume_attempts":
+			err = positiveInt(d, &s.ResumeAttempts)
+		case "max_resume_delay":
+			err = caddyopt.Duration(d, &s.MaxResumeDelay)
+		case "sse_keepalive":
+			var v string
+			if err = caddyopt.String(d, &v); err == nil {
+				if v == "off" {
+					s.SSEKeepAlive = -1
+				} else if dur, perr := caddy.ParseDuration(v); perr != nil || dur <= 0 {
+					err = d.Errf("service %q: sse_keepalive: %q is neither a positive duration nor off", s.ID, v)
+				} else {
+					s.SSEKeepAlive = caddy.Duration(dur)
+				}
+			}
 		case "auth":
 			s.Auth = new(UpstreamAuth)
 			err = s.Auth.unmarshalCaddyfile(d, s.ID)
@@ -350,6 +374,21 @@ func (u *UpstreamAuth) unmarshalCaddyfile(d *caddyfile.Dispenser, service string
 	default:
 		return d.Errf("service %q: auth: unknown kind %q (use none, bearer, header or oauth)", service, u.Kind)
 	}
+	return nil
+}
+
+// positiveInt reads the current option's one argument, a positive integer.
+func positiveInt(d *caddyfile.Dispenser, dst *int) error {
+	name := d.Val()
+	var s string
+	if err := caddyopt.String(d, &s); err != nil {
+		return err
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil || n < 1 {
+		return d.Errf("%s: %q is not a positive integer", name, s)
+	}
+	*dst = n
 	return nil
 }
 

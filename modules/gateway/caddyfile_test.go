@@ -37,6 +37,9 @@ func TestUnmarshalCaddyfileFullOptionSet(t *testing.T) {
 		session_ttl    2h
 		max_sessions_per_user 20
 		mcp_session_idle_timeout 30m
+		mcp_session_sweep_interval 15s
+		max_mcp_sessions 500
+		max_mcp_sessions_per_caller 7
 		cache_ttl      5s
 		allowed_origins https://a.example.com https://b.example.com:8443
 		max_request_size  1MiB
@@ -69,6 +72,11 @@ func TestUnmarshalCaddyfileFullOptionSet(t *testing.T) {
 			tools         whoami read_ticket
 			allowed_users alice@example.com bob@example.com
 			timeout       90s
+			dial_timeout  2s
+			response_header_timeout 20s
+			resume_attempts  3
+			max_resume_delay 10s
+			sse_keepalive    5s
 			auth oauth {
 				authorization_url https://auth.example.com/authorize
 				token_url         https://auth.example.com/token
@@ -84,6 +92,7 @@ func TestUnmarshalCaddyfileFullOptionSet(t *testing.T) {
 			url   https://search.example.com/mcp
 			tools query
 			auth  bearer
+			sse_keepalive off
 		}
 		service weather {
 			url   http://127.0.0.1:9000/mcp
@@ -119,6 +128,7 @@ func TestUnmarshalCaddyfileFullOptionSet(t *testing.T) {
 	}{
 		{"SessionTTL", app.SessionTTL, caddy.Duration(2 * time.Hour)},
 		{"MCPSessionIdleTimeout", app.MCPSessionIdleTimeout, caddy.Duration(30 * time.Minute)},
+		{"MCPSessionSweepInterval", app.MCPSessionSweepInterval, caddy.Duration(15 * time.Second)},
 		{"CacheTTL", app.CacheTTL, caddy.Duration(5 * time.Second)},
 	}
 	for _, c := range durations {
@@ -128,6 +138,9 @@ func TestUnmarshalCaddyfileFullOptionSet(t *testing.T) {
 	}
 	if app.MaxSessionsPerUser != 20 {
 		t.Errorf("MaxSessionsPerUser = %d, want 20", app.MaxSessionsPerUser)
+	}
+	if app.MaxMCPSessions != 500 || app.MaxMCPSessionsPerCaller != 7 {
+		t.Errorf("MCP session limits = %d, %d; want 500, 7", app.MaxMCPSessions, app.MaxMCPSessionsPerCaller)
 	}
 	if app.MaxRequestBytes != 1<<20 || app.MaxResponseBytes != 32_000_000 || app.MaxJSONDepth != 32 {
 		t.Errorf("sizes = %d, %d, %d; want %d, %d, 32", app.MaxRequestBytes, app.MaxResponseBytes, app.MaxJSONDepth, 1<<20, 32_000_000)
@@ -153,13 +166,14 @@ func TestUnmarshalCaddyfileFullOptionSet(t *testing.T) {
 	assertJSON(t, "Services", app.Services, `[
 		{"id":"tracker","title":"Work tracker","url":"https://tracker.example.com/mcp",
 		 "tools":["whoami","read_ticket"],"allowed_users":["alice@example.com","bob@example.com"],
-		 "timeout":90000000000,
+		 "timeout":90000000000,"dial_timeout":2000000000,"response_header_timeout":20000000000,
+		 "resume_attempts":3,"max_resume_delay":10000000000,"sse_keepalive":5000000000,
 		 "auth":{"kind":"oauth","oauth":{
 			"authorization_url":"https://auth.example.com/authorize","token_url":"https://auth.example.com/token",
 			"client_id":"toolgate","client_secret":"{env.TRACKER_CLIENT_SECRET}",
 			"scopes":["tickets.read","tickets.write"],"resource":"https://tracker.example.com/mcp",
 			"refresh_skew":120000000000,"login_hint":true}}},
-		{"id":"search","url":"https://search.example.com/mcp","tools":["query"],"auth":{"kind":"bearer"}},
+		{"id":"search","url":"https://search.example.com/mcp","tools":["query"],"sse_keepalive":-1,"auth":{"kind":"bearer"}},
 		{"id":"weather","url":"http://127.0.0.1:9000/mcp","allow_http":true,"tools":["forecast"],
 		 "auth":{"kind":"header","header":"X-API-Key","value":"{env.WEATHER_KEY}"}},
 		{"id":"open","url":"https://open.example.com/mcp","tools":["ping"],"auth":{"kind":"none"}}]`)
@@ -231,6 +245,15 @@ func TestUnmarshalCaddyfileErrors(t *testing.T) {
 		{"zero sessions per user", "toolgate {\n max_sessions_per_user 0\n}", `max_sessions_per_user: "0" is not a positive integer`},
 		{"negative depth", "toolgate {\n max_json_depth -3\n}", `max_json_depth: "-3" is not a positive integer`},
 		{"word depth", "toolgate {\n max_json_depth deep\n}", `max_json_depth: "deep" is not a positive integer`},
+		{"zero sessions", "toolgate {\n max_mcp_sessions 0\n}", `max_mcp_sessions: "0" is not a positive integer`},
+		{"per-caller sessions without a number", "toolgate {\n max_mcp_sessions_per_caller\n}", "wrong argument count"},
+		{"bad sweep interval", "toolgate {\n mcp_session_sweep_interval often\n}", `mcp_session_sweep_interval: invalid duration "often"`},
+		{"bad dial_timeout", svc("dial_timeout -1s"), `dial_timeout: invalid duration "-1s": must be positive`},
+		{"bad response_header_timeout", svc("response_header_timeout never"), `response_header_timeout: invalid duration "never"`},
+		{"zero resume_attempts", svc("resume_attempts 0"), `resume_attempts: "0" is not a positive integer`},
+		{"bad max_resume_delay", svc("max_resume_delay 0s"), `max_resume_delay: invalid duration "0s"`},
+		{"bad sse_keepalive", svc("sse_keepalive sometimes"), `sse_keepalive: "sometimes" is neither a positive duration nor off`},
+		{"sse_keepalive twice", svc("sse_keepalive off\n sse_keepalive 1s"), "sse_keepalive given twice"},
 
 		// auth level.
 		{"auth with an argument", "toolgate {\n auth jwt\n}", "wrong argument count"},

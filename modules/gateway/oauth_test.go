@@ -39,7 +39,7 @@ func oauthApp(t *testing.T, providerURL string) (*App, *Service) {
 		t.Fatal(err)
 	}
 	a := &App{PublicURL: "https://gw.example.com", StateSecret: testSecret, Services: []*Service{svc},
-		storage: storage, cipher: testCipher(t), httpClient: newUpstreamClient(), logger: zap.NewNop()}
+		storage: storage, cipher: testCipher(t), httpClient: &http.Client{Transport: newUpstreamTransport()}, logger: zap.NewNop()}
 	a.connections = newConnectionStore(storage, a.cipher, time.Minute)
 	a.buildOAuthConfig(svc)
 	return a, svc

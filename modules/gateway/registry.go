@@ -40,9 +40,39 @@ type Service struct {
 	// authenticated caller.
 	AllowedUsers []string `json:"allowed_users,omitempty"`
 
-	// Timeout bounds one upstream exchange (a request and its response
-	// stream). Default 60s, at most 300s.
+	// Timeout bounds one whole upstream exchange: a request, its response
+	// stream and any resumption of it, toolgate's own re-initialization of
+	// a session the upstream forgot, and the DELETE that ends a session.
+	// A runner's standalone GET stream has no such bound. Default 60s, at
+	// most 300s.
 	Timeout caddy.Duration `json:"timeout,omitempty"`
+
+	// DialTimeout bounds opening a TCP connection to the upstream (as
+	// reverse_proxy's dial_timeout does). Default 3s.
+	DialTimeout caddy.Duration `json:"dial_timeout,omitempty"`
+
+	// ResponseHeaderTimeout bounds the wait for the upstream's response
+	// headers once a request is sent (as reverse_proxy's
+	// response_header_timeout does); the body, such as a long SSE stream,
+	// is bounded by Timeout only. Default: only Timeout bounds it.
+	ResponseHeaderTimeout caddy.Duration `json:"response_header_timeout,omitempty"`
+
+	// ResumeAttempts is how many times in a row toolgate resumes an
+	// upstream SSE stream (GET with Last-Event-ID) that ended without an
+	// answer and brought nothing new since the last resumption. A stream
+	// that keeps bringing events is resumed for as long as Timeout allows
+	// (the SEP-1699 polling pattern). Default 5.
+	ResumeAttempts int `json:"resume_attempts,omitempty"`
+
+	// MaxResumeDelay caps the delay an upstream may ask for (the SSE retry
+	// field) before toolgate resumes its stream. Default 30s.
+	MaxResumeDelay caddy.Duration `json:"max_resume_delay,omitempty"`
+
+	// SSEKeepAlive is how long an SSE stream toolgate writes to a runner
+	// may stay silent before toolgate sends a comment line, so that
+	// intermediaries do not cut an idle stream and the runner notices a
+	// dead one. Default 15s; a negative value sends none.
+	SSEKeepAlive caddy.Duration `json:"sse_keepalive,omitempty"`
 
 	// Auth says which credential toolgate attaches to upstream requests.
 	// Default: none.
@@ -116,6 +146,10 @@ const DefaultRefreshSkew = 60 * time.Second
 const (
 	defaultServiceTimeout = 60 * time.Second
 	maxServiceTimeout     = 300 * time.Second
+	defaultDialTimeout    = 3 * time.Second
+	defaultResumeAttempts = 5
+	defaultMaxResumeDelay = 30 * time.Second
+	defaultSSEKeepAlive   = 15 * time.Second
 )
 
 var serviceIDPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$`)
@@ -125,6 +159,18 @@ func (s *Service) provision(repl *caddy.Replacer) error {
 	s.URL = repl.ReplaceKnown(s.URL, "")
 	if s.Timeout == 0 {
 		s.Timeout = caddy.Duration(defaultServiceTimeout)
+	}
+	if s.DialTimeout == 0 {
+		s.DialTimeout = caddy.Duration(defaultDialTimeout)
+	}
+	if s.ResumeAttempts == 0 {
+		s.ResumeAttempts = defaultResumeAttempts
+	}
+	if s.MaxResumeDelay == 0 {
+		s.MaxResumeDelay = caddy.Duration(defaultMaxResumeDelay)
+	}
+	if s.SSEKeepAlive == 0 {
+		s.SSEKeepAlive = caddy.Duration(defaultSSEKeepAlive)
 	}
 	if s.Auth == nil {
 		s.Auth = &UpstreamAuth{Kind: AuthNone}
@@ -192,6 +238,15 @@ func (s *Service) validate() error {
 	}
 	if d := time.Duration(s.Timeout); d < 0 || d > maxServiceTimeout {
 		return fail("timeout", "%s is out of range (0 < timeout <= %s)", d, maxServiceTimeout)
+	}
+	for field, d := range map[string]caddy.Duration{"dial_timeout": s.DialTimeout,
+		"response_header_timeout": s.ResponseHeaderTimeout, "max_resume_delay": s.MaxResumeDelay} {
+		if d < 0 {
+			return fail(field, "must be positive")
+		}
+	}
+	if s.ResumeAttempts < 0 {
+		return fail("resume_attempts", "must be a positive number")
 	}
 	switch a := s.Auth; a.Kind {
 	case AuthNone, AuthBearer:

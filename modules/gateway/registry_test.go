@@ -38,6 +38,12 @@ func TestServiceProvisionDefaults(t *testing.T) {
 	if time.Duration(s.Timeout) != 60*time.Second {
 		t.Errorf("default timeout = %v, want 60s", time.Duration(s.Timeout))
 	}
+	if time.Duration(s.DialTimeout) != 3*time.Second || s.ResponseHeaderTimeout != 0 || s.ResumeAttempts != 5 ||
+		time.Duration(s.MaxResumeDelay) != 30*time.Second || time.Duration(s.SSEKeepAlive) != 15*time.Second {
+		t.Errorf("relay defaults = dial %v, headers %v, resumes %d, resume delay %v, keep-alive %v",
+			time.Duration(s.DialTimeout), time.Duration(s.ResponseHeaderTimeout), s.ResumeAttempts,
+			time.Duration(s.MaxResumeDelay), time.Duration(s.SSEKeepAlive))
+	}
 	if s.URL != "https://tracker.example.com/mcp" {
 		t.Errorf("URL placeholder not expanded: %q", s.URL)
 	}
@@ -95,6 +101,9 @@ func TestServiceValidate(t *testing.T) {
 			oauthSvc(func(o *OAuthClient) { o.TokenURL = "http://127.0.0.1:9999/token" })(s)
 		}, "", ""},
 
+		{"negative dial_timeout", func(s *Service) { s.DialTimeout = -1 }, "dial_timeout", "positive"},
+		{"negative response_header_timeout", func(s *Service) { s.ResponseHeaderTimeout = -1 }, "response_header_timeout", "positive"},
+		{"negative resume_attempts", func(s *Service) { s.ResumeAttempts = -1 }, "resume_attempts", "positive"},
 		{"id empty", func(s *Service) { s.ID = "" }, "id", "letters, digits"},
 		{"id with a slash", func(s *Service) { s.ID = "a/b" }, "id", ""},
 		{"id with a dot", func(s *Service) { s.ID = "a.b" }, "id", ""},

@@ -2,6 +2,8 @@ package mcpproxy
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"net/http"
 	"time"
 
@@ -12,11 +14,16 @@ import (
 	"github.com/toolgate/toolgate/modules/gateway"
 )
 
+// maxReplayedInitialize bounds what an MCP session keeps of the runner's
+// initialize to replay it upstream: its protocolVersion, capabilities and
+// clientInfo.
+const maxReplayedInitialize = 64 << 10
+
 // initialize relays the runner's initialize and, when the upstream accepts
 // it, starts an MCP session known to the runner by toolgate's own
 // Mcp-Session-Id. The upstream's session id never reaches the runner.
 func (h *Handler) initialize(w http.ResponseWriter, r *http.Request, call *gateway.Call) {
-	ctx, cancel := context.WithTimeout(r.Context(), time.Duration(call.Service.Timeout))
+	ctx, cancel := exchangeContext(r, call)
 	defer cancel()
 	params := call.Message.Params
 	if !gateway.SupportsProtocolVersion(call.Message.ProtocolVersion) {
@@ -24,66 +31,136 @@ func (h *Handler) initialize(w http.ResponseWriter, r *http.Request, call *gatew
 		// version toolgate does not know.
 		params = mcpmsg.ReplaceMember(params, "protocolVersion", mcpmsg.Quote(gateway.LatestProtocolVersion))
 	}
-	body := initializeRequest(call.Message.ID, params)
-	resp, msg, err := h.roundTrip(ctx, call, gateway.Upstream{}, call.Message.ID, body)
+	replay := replayedParams(params)
+	if len(replay) > maxReplayedInitialize {
+		call.Fail(w, http.StatusBadRequest, gateway.CodeInvalidParams, fmt.Sprintf(
+			"initialize: capabilities and clientInfo take %d bytes; toolgate keeps at most %d", len(replay), maxReplayedInitialize), nil)
+		return
+	}
+	ms, err := h.app.MCPSessions().Create(call.Caller.User, call.Session.ID, call.Service.ID)
 	if err != nil {
+		var limit *gateway.MCPSessionLimitError
+		if errors.As(err, &limit) {
+			call.Fail(w, http.StatusTooManyRequests, gateway.CodeInvalidRequest, err.Error(),
+				map[string]any{"limit": limit.Option, "max": limit.Limit})
+			return
+		}
+		call.Unavailable(w, err.Error())
+		return
+	}
+	defer ms.Begin()()
+	call.MCPSession = ms
+	body := initializeRequest(call.Message.ID, params)
+	// An initialize runs to its end even if the runner hangs up: the
+	// upstream may create a session, which toolgate must learn of to end
+	// it (the new MCP session expires unused).
+	ctx, cancel = completing(ctx)
+	defer cancel()
+	hdr, msg, err := h.roundTrip(ctx, call, gateway.Upstream{}, call.Message.ID, body)
+	if err != nil {
+		h.app.MCPSessions().End(ms)
 		h.answerError(w, r, call, err)
 		return
 	}
 	version := gjson.GetBytes(msg.Result, "protocolVersion")
 	if !version.Exists() {
-		gateway.WriteRPC(w, http.StatusOK, msg.Raw) // the upstream's error, as is
+		h.app.MCPSessions().End(ms)
+		gateway.WriteRPC(w, http.StatusOK, h.deliver(ctx, call, msg, false)) // the upstream's error
 		return
 	}
 	up := gateway.Upstream{
-		SessionID:        resp.Header.Get("Mcp-Session-Id"),
+		SessionID:        hdr.Get("Mcp-Session-Id"),
 		ProtocolVersion:  version.String(),
-		InitializeParams: params,
+		InitializeParams: replay,
 	}
 	if !gateway.SupportsProtocolVersion(up.ProtocolVersion) {
-		h.endUpstream(call, up)
+		h.app.MCPSessions().End(ms)
+		h.endUpstream(ctx, call, up)
 		gateway.WriteRPCError(w, http.StatusOK, call.Message.ID, gateway.CodeInvalidRequest,
 			"the upstream chose protocol version "+version.String()+", which toolgate does not speak", nil)
 		return
 	}
-	ms := h.app.MCPSessions().Create(call.Caller.User, call.Session.ID, call.Service.ID)
-	ms.SetUpstream(up)
+	if err := ms.SetUpstream(up); err != nil {
+		h.endUpstream(ctx, call, up)
+		h.answerError(w, r, call, err)
+		return
+	}
 	w.Header().Set("Mcp-Session-Id", ms.ID)
-	gateway.WriteRPC(w, http.StatusOK, msg.Raw)
+	gateway.WriteRPC(w, http.StatusOK, h.deliver(ctx, call, msg, false))
+}
+
+// replayedParams copies what is replayed of an initialize's params: a new
+// slice, so that the request body it came from is not kept.
+func replayedParams(params []byte) []byte {
+	out := []byte{'{'}
+	for _, key := range []string{"protocolVersion", "capabilities", "clientInfo"} {
+		v := gjson.GetBytes(params, key)
+		if !v.Exists() {
+			continue
+		}
+		if len(out) > 1 {
+			out = append(out, ',')
+		}
+		out = mcpmsg.AppendQuote(out, key)
+		out = append(out, ':')
+		out = append(out, v.Raw...)
+	}
+	return append(out, '}')
 }
 
 // reinitialize replaces an upstream session the upstream forgot (it answered
 // 404), replaying the runner's initialize. Concurrent requests that saw the
-// same session share one re-initialization.
+// same session share one re-initialization; each waits no longer than its
+// own ctx.
 func (h *Handler) reinitialize(ctx context.Context, call *gateway.Call, seen gateway.Upstream) (gateway.Upstream, error) {
-	return call.MCPSession.Reinitialize(seen.Generation, func(cur gateway.Upstream) (gateway.Upstream, error) {
+	ms := call.MCPSession
+	ran := false
+	// Waiting for the lock honours ctx; the initialize itself runs to its
+	// end within ctx's deadline even if the session is ended or the
+	// runner hangs up meanwhile, so that an upstream session it creates
+	// is known, and ended (discard).
+	ictx, cancel := completing(ctx)
+	defer cancel()
+	init := func(cur gateway.Upstream) (gateway.Upstream, error) {
+		ctx := ictx
 		id := gatewayRequestID()
-		resp, msg, err := h.roundTrip(ctx, call, gateway.Upstream{}, id, initializeRequest(id, cur.InitializeParams))
+		hdr, msg, err := h.roundTrip(ctx, call, gateway.Upstream{}, id, initializeRequest(id, cur.InitializeParams))
 		if err != nil {
 			return cur, err
 		}
 		version := gjson.GetBytes(msg.Result, "protocolVersion").String()
 		next := gateway.Upstream{
-			SessionID:        resp.Header.Get("Mcp-Session-Id"),
+			SessionID:        hdr.Get("Mcp-Session-Id"),
 			ProtocolVersion:  version,
 			InitializeParams: cur.InitializeParams,
 		}
 		if version != cur.ProtocolVersion {
-			h.endUpstream(call, next)
-			h.app.MCPSessions().Delete(call.MCPSession.ID)
+			h.endUpstream(ctx, call, next)
+			if up, ok := h.app.MCPSessions().End(ms); ok {
+				h.endUpstream(ctx, call, up)
+			}
 			return cur, unavailable("the upstream restarted and no longer speaks protocol %s; initialize a new session", cur.ProtocolVersion)
 		}
 		ack, err := h.exchange(ctx, call, next, http.MethodPost, []byte(`{"jsonrpc":"2.0","method":"notifications/initialized"}`), "")
 		if err != nil {
+			h.endUpstream(ctx, call, next)
 			return cur, err
 		}
-		ack.Body.Close()
-		h.logger.Info("re-initialized upstream session", zap.String("service", call.Service.ID))
-		if err := h.fetchCatalog(ctx, call, next); err != nil {
-			h.logger.Warn("cannot list the upstream's tools", zap.String("service", call.Service.ID), zap.Error(err))
-		}
+		drain(ack)
+		ms.ListingTools()
+		ran = true
 		return next, nil
-	})
+	}
+	discard := func(up gateway.Upstream) { h.endUpstream(ictx, call, up) }
+	up, err := ms.Reinitialize(ctx, seen.Generation, init, discard)
+	if err != nil || !ran {
+		return up, err
+	}
+	h.logger.Info("re-initialized upstream session", zap.String("service", call.Service.ID))
+	if err := h.fetchCatalog(ctx, call, up); err != nil {
+		h.logger.Warn("cannot list the upstream's tools", zap.String("service", call.Service.ID), zap.Error(err))
+	}
+	return up, nil
 }
 
 // maxCatalogPages bounds how many tools/list pages toolgate reads itself.
@@ -91,7 +168,15 @@ const maxCatalogPages = 50
 
 // fetchCatalog lists the upstream's tools and keeps the definitions of the
 // allowlisted ones in the MCP session, for the request policy's input.tool.
-func (h *Handler) fetchCatalog(ctx context.Context, call *gateway.Call, up gateway.Upstream) error {
+// The caller has marked the listing as in progress (ListingTools); it ends
+// here either way.
+func (h *Handler) fetchCatalog(ctx context.Context, call *gateway.Call, up gateway.Upstream) (err error) {
+	ms := call.MCPSession
+	defer func() {
+		if err != nil {
+			ms.CatalogFailed()
+		}
+	}()
 	tools := make(map[string]*gateway.ToolDefinition)
 	var cursor []byte
 	for range maxCatalogPages {
@@ -126,20 +211,71 @@ func (h *Handler) fetchCatalog(ctx context.Context, call *gateway.Call, up gatew
 		}
 		cursor = []byte(next.Raw)
 	}
-	call.MCPSession.SetCatalog(tools)
+	ms.CatalogListed(tools)
 	return nil
 }
 
-// endUpstream ends an upstream session toolgate will not use. Best effort.
-func (h *Handler) endUpstream(call *gateway.Call, up gateway.Upstream) {
+// refreshCatalog lists the upstream's tools again in the background, after
+// notifications/tools/list_changed; calls wait for it as for the first
+// listing. A refresh already in progress is not started twice.
+func (h *Handler) refreshCatalog(call *gateway.Call) {
+	ms := call.MCPSession
+	if !ms.ListingTools() {
+		return
+	}
+	up := ms.Upstream()
+	c := *call // exchange may replace the credential
+	call = &c
+	go func() {
+		ctx, cancel := context.WithTimeout(ms.Context(), time.Duration(call.Service.Timeout))
+		defer cancel()
+		if err := h.fetchCatalog(ctx, call, up); err != nil {
+			h.logger.Warn("cannot list the upstream's changed tools", zap.String("service", call.Service.ID), zap.Error(err))
+		}
+	}()
+}
+
+// endUpstream ends an upstream session toolgate no longer uses, with
+// DELETE. Best effort: an upstream that fails to answer forgets the
+// session at its own idle timeout.
+func (h *Handler) endUpstream(ctx context.Context, call *gateway.Call, up gateway.Upstream) {
 	if up.SessionID == "" {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	if resp, err := h.exchange(ctx, call, up, http.MethodDelete, nil, ""); err == nil {
-		resp.Body.Close()
+	resp, err := h.exchange(ctx, call, up, http.MethodDelete, nil, "")
+	if err != nil {
+		h.logger.Debug("ending the upstream session failed", zap.String("service", call.Service.ID), zap.Error(err))
+		return
 	}
+	drain(resp)
+}
+
+// expired ends the upstream session of an MCP session that was idle for
+// the idle timeout, with the owner's current credential.
+func (h *Handler) expired(ms *gateway.MCPSession, up gateway.Upstream) {
+	svc := h.app.Registry().Lookup(ms.Service)
+	if svc == nil || up.SessionID == "" {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Duration(svc.Timeout))
+	defer cancel()
+	cred, err := h.app.CredentialFor(ctx, svc, ms.User)
+	if err != nil {
+		h.logger.Info("cannot end an expired upstream session: no credential", zap.String("service", svc.ID), zap.Error(err))
+		return
+	}
+	call := &gateway.Call{Caller: &gateway.Caller{User: ms.User}, Service: svc, Credential: cred, MCPSession: ms}
+	h.endUpstream(ctx, call, up)
+}
+
+// completing returns a context with ctx's deadline that is not cancelled
+// with ctx: for exchanges that must not be abandoned halfway.
+func completing(ctx context.Context) (context.Context, context.CancelFunc) {
+	deadline, ok := ctx.Deadline()
+	if !ok {
+		return context.WithCancel(context.WithoutCancel(ctx))
+	}
+	return context.WithDeadline(context.WithoutCancel(ctx), deadline)
 }
 
 func initializeRequest(id, params []byte) []byte {

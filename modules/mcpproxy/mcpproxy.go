@@ -9,7 +9,11 @@
 // not tell which runner request a notification or a server→client request
 // belongs to, nor keep results byte for byte. Here each runner HTTP request
 // maps to one upstream HTTP request, and each upstream stream is relayed to
-// the runner stream it answers.
+// the runner stream it answers. Every upstream message is read once,
+// strictly, and passes one function, deliver, before the runner sees it. A
+// request that may have reached the upstream is never sent twice; when
+// toolgate gives up on one, it tells the upstream with
+// notifications/cancelled.
 package mcpproxy
 
 import (
@@ -22,7 +26,6 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
-	"github.com/tidwall/gjson"
 	"go.uber.org/zap"
 
 	"github.com/toolgate/toolgate/internal/mcpmsg"
@@ -50,7 +53,8 @@ func (Handler) CaddyModule() caddy.ModuleInfo {
 	}
 }
 
-// Provision finds the toolgate app.
+// Provision finds the toolgate app and checks the handler's place in the
+// route.
 func (h *Handler) Provision(ctx caddy.Context) error {
 	h.logger = ctx.Logger()
 	app, err := ctx.App("toolgate")
@@ -58,9 +62,13 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return err
 	}
 	h.app = app.(*gateway.App)
+	if err := h.app.ProvisionStep(gateway.StepProxy); err != nil {
+		return err
+	}
 	h.client = h.app.HTTPClient()
 	h.maxMessage = h.app.MaxResponseBytes
 	h.limits = mcpmsg.Limits{MaxDepth: h.app.MaxJSONDepth}
+	h.app.OnMCPSessionEnd(h.expired)
 	return nil
 }
 
@@ -70,6 +78,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, _ caddyhttp.
 	if call == nil || call.Service == nil {
 		return caddyhttp.Error(http.StatusInternalServerError,
 			errors.New("toolgate_proxy must come last in a route with toolgate_session and toolgate_registry"))
+	}
+	if ms := call.MCPSession; ms != nil {
+		defer ms.Begin()()
 	}
 	switch {
 	case r.Method == http.MethodGet:
@@ -86,26 +97,42 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, _ caddyhttp.
 	return nil
 }
 
+// exchangeContext bounds one exchange: the runner's request, the service
+// timeout, and the MCP session's life.
+func exchangeContext(r *http.Request, call *gateway.Call) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithTimeout(r.Context(), time.Duration(call.Service.Timeout))
+	if ms := call.MCPSession; ms != nil {
+		stop := context.AfterFunc(ms.Context(), cancel)
+		return ctx, func() { stop(); cancel() }
+	}
+	return ctx, cancel
+}
+
 // request relays a runner request and its response stream.
 func (h *Handler) request(w http.ResponseWriter, r *http.Request, call *gateway.Call) {
-	ctx, cancel := context.WithTimeout(r.Context(), time.Duration(call.Service.Timeout))
+	ctx, cancel := exchangeContext(r, call)
 	defer cancel()
-	body := requestBody(call)
-	up, resp, err := h.post(ctx, call, body)
-	if err != nil {
-		h.answerError(w, r, call, err)
-		return
-	}
-	rs, err := h.newResponse(ctx, call, up, resp)
-	if err != nil {
-		h.answerError(w, r, call, err)
-		return
+	up, resp, err := h.post(ctx, call, requestBody(call))
+	rs, _, rejected := h.rejectedResponse(ctx, call, up, err, call.Message.ID)
+	if !rejected {
+		if err == nil {
+			rs, err = h.newResponse(ctx, call, up, resp)
+		}
+		if err != nil {
+			h.answerError(w, r, call, err)
+			if mayHaveRun(err) {
+				h.cancelUpstream(call, up, err.Error())
+			}
+			return
+		}
 	}
 	defer rs.close()
-	h.relay(w, r, call, rs, nil)
-	if ctx.Err() == context.DeadlineExceeded {
-		h.cancelUpstream(call, up)
+	var out *sseWriter
+	if rs.sse != nil && acceptsSSE(r) {
+		out = newSSEWriter(w)
 	}
+	deadline, _ := ctx.Deadline()
+	h.relay(r.Context(), w, call, rs, out, newRunnerStream(call, deadline, out, cancel))
 }
 
 // post sends body upstream in the call's MCP session, re-initializing the
@@ -126,54 +153,92 @@ func (h *Handler) post(ctx context.Context, call *gateway.Call, body []byte) (ga
 // relay copies the upstream's messages to the runner until the response to
 // the runner's request, which passes the result hooks first. The runner gets
 // the same kind of answer the upstream gave: a JSON body, or an SSE stream
-// on which notifications and server→client requests arrive as they come.
-func (h *Handler) relay(w http.ResponseWriter, r *http.Request, call *gateway.Call, rs *response, header func(http.Header)) {
-	var out *sseWriter
-	if rs.sse != nil && acceptsSSE(r) {
-		out = newSSEWriter(w)
+// (out) on which notifications and server→client requests arrive as they
+// come. runner is the runner's own request context: when it ends, the
+// runner went away.
+func (h *Handler) relay(runner context.Context, w http.ResponseWriter, call *gateway.Call, rs *response, out *sseWriter, st *runnerStream) {
+	defer st.release()
+	if out != nil {
+		defer h.keepAlive(out, call.Service)()
+		rs.onPrime = st.prime
 	}
 	for {
 		msg, err := rs.next()
 		if err != nil {
+			switch {
+			case !call.IsRequest():
+				return // the standalone stream ended
+			case call.MCPSession.Closed():
+				h.writeFinal(w, out, "", gateway.RPCError(call.Message.ID, gateway.CodeSessionNotFound,
+					"the MCP session was ended while the request was in progress", nil))
+				return
+			case runner.Err() != nil && st.resumable():
+				return // the runner may resume the stream with Last-Event-ID
+			}
 			why := "the upstream ended its stream without answering"
 			var ue *upstreamError
-			if errors.As(err, &ue) {
+			switch {
+			case runner.Err() != nil:
+				why = "the client went away and cannot resume the stream"
+			case errors.As(err, &ue):
 				why = ue.msg
 			}
 			h.logger.Warn("upstream exchange failed", zap.String("service", call.Service.ID),
 				zap.String("method", call.Method), zap.String("error", why))
-			h.writeFinal(w, out, header, gateway.RPCError(call.Message.ID, gateway.CodeUnavailable,
+			h.writeFinal(w, out, "", gateway.RPCError(call.Message.ID, gateway.CodeUnavailable,
 				why+"; the request may or may not have run upstream", gateway.Retryable))
+			h.cancelUpstream(call, rs.up, why)
 			return
 		}
 		if isResponseTo(msg, call.Message.ID) {
-			h.writeFinal(w, out, header, h.finish(rs.ctx, call, msg))
+			if h.writeFinal(w, out, st.id(rs.lastEventID()), h.deliver(rs.ctx, call, msg, out != nil)) {
+				st.finished()
+			}
 			return
 		}
-		if !h.forRunner(call, msg, "request stream") || out == nil {
+		data := h.deliver(rs.ctx, call, msg, out != nil)
+		if data == nil || out == nil {
 			continue
 		}
-		out.start(header)
-		if err := out.send(msg.Raw); err != nil {
-			return // the runner went away
+		if out.send(st.id(rs.lastEventID()), data) != nil {
+			if !st.resumable() {
+				h.cancelUpstream(call, rs.up, "the runner went away")
+			}
+			return
 		}
 	}
 }
 
-// forRunner checks a message the upstream sent on a stream and records
-// server→client requests. Responses to other requests are dropped: on a
-// request stream only the answer to that request may pass, and only after
-// the result hooks.
-func (h *Handler) forRunner(call *gateway.Call, msg mcpmsg.Message, where string) bool {
-	switch msg.Kind {
-	case mcpmsg.Request:
-		call.MCPSession.ServerRequestSent(msg.ID, msg.Method)
-		return true
-	case mcpmsg.Notification:
-		return true
+// deliver is the one place every upstream message passes on its way to the
+// runner: the answer to the runner's request, and the notifications and
+// server→client requests on a stream (canRequest reports whether the
+// runner's stream can carry a request). It returns the bytes to send, or
+// nil for a message the runner must not get. Any inspection of what
+// upstreams send belongs here.
+func (h *Handler) deliver(ctx context.Context, call *gateway.Call, msg mcpmsg.Message, canRequest bool) []byte {
+	switch {
+	case call.IsRequest() && isResponseTo(msg, call.Message.ID):
+		return h.finish(ctx, call, msg)
+	case msg.Kind == mcpmsg.Request:
+		if !canRequest {
+			h.refuseServerRequest(call, msg, "the client's request does not accept an SSE stream, so toolgate cannot relay "+msg.Method+" to it")
+			return nil
+		}
+		if !call.MCPSession.ServerRequestSent(msg.ID, msg.Method) {
+			h.refuseServerRequest(call, msg, "too many server requests are waiting for the client's answer")
+			return nil
+		}
+		return msg.Raw
+	case msg.Kind == mcpmsg.Notification:
+		if msg.Method == "notifications/tools/list_changed" {
+			h.refreshCatalog(call)
+		}
+		return msg.Raw
 	}
-	h.logger.Warn("dropped an unexpected upstream response", zap.String("service", call.Service.ID), zap.String("stream", where))
-	return false
+	// On a stream only the answer to the runner's request may pass, and
+	// only after the result hooks.
+	h.logger.Warn("dropped an unexpected upstream response", zap.String("service", call.Service.ID))
+	return nil
 }
 
 // finish runs the result hooks on a successful response. The result was
@@ -194,31 +259,43 @@ func (h *Handler) finish(ctx context.Context, call *gateway.Call, msg mcpmsg.Mes
 	return gateway.RPCResult(call.Message.ID, out)
 }
 
-func (h *Handler) writeFinal(w http.ResponseWriter, out *sseWriter, header func(http.Header), msg []byte) {
+// writeFinal writes the answer to the runner's request, as an SSE event
+// when the runner gets a stream (with the event id given, "" for none),
+// else as a JSON body. It reports whether the write succeeded.
+func (h *Handler) writeFinal(w http.ResponseWriter, out *sseWriter, id string, msg []byte) bool {
 	if out != nil {
-		out.start(header)
-		_ = out.send(msg)
-		return
-	}
-	if header != nil {
-		header(w.Header())
+		return out.send(id, msg) == nil
 	}
 	gateway.WriteRPC(w, http.StatusOK, msg)
+	return true
+}
+
+// refuseServerRequest answers a server→client request the runner cannot
+// get with a JSON-RPC error at once, so the upstream does not wait for it
+// until its timeout.
+func (h *Handler) refuseServerRequest(call *gateway.Call, msg mcpmsg.Message, why string) {
+	h.logger.Warn("refused a server request", zap.String("service", call.Service.ID), zap.String("method", msg.Method), zap.String("reason", why))
+	h.background(call, call.MCPSession.Upstream(), gateway.RPCError(msg.ID, gateway.CodeMethodNotFound, why, nil))
 }
 
 // forward relays a notification, or the runner's answer to a server→client
 // request. The upstream acknowledges with 202.
 func (h *Handler) forward(w http.ResponseWriter, r *http.Request, call *gateway.Call) {
-	ctx, cancel := context.WithTimeout(r.Context(), time.Duration(call.Service.Timeout))
+	ctx, cancel := exchangeContext(r, call)
 	defer cancel()
+	ms := call.MCPSession
+	initialized := call.Method == "notifications/initialized"
+	if initialized {
+		ms.ListingTools()
+		defer ms.CatalogFailed() // unless listed below
+	}
 	up, resp, err := h.post(ctx, call, call.Message.Raw)
 	if err != nil {
 		h.answerError(w, r, call, err)
 		return
 	}
-	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
-	resp.Body.Close()
-	if call.Method == "notifications/initialized" && !call.MCPSession.HasCatalog() {
+	drain(resp)
+	if initialized {
 		// Learn the upstream's tool definitions before the runner's first
 		// call, so the request policy sees annotations.
 		if err := h.fetchCatalog(ctx, call, up); err != nil {
@@ -229,82 +306,49 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, call *gateway.
 	w.WriteHeader(http.StatusAccepted)
 }
 
-// stream relays the upstream's standalone SSE stream (server-initiated
-// notifications and requests) to the runner's GET.
-func (h *Handler) stream(w http.ResponseWriter, r *http.Request, call *gateway.Call) {
-	if !acceptsSSE(r) {
-		gateway.WriteRPCError(w, http.StatusNotAcceptable, nil, gateway.CodeInvalidRequest,
-			"GET opens an SSE stream: Accept must include text/event-stream", nil)
-		return
-	}
-	ctx := r.Context()
-	up := call.MCPSession.Upstream()
-	resp, err := h.exchange(ctx, call, up, http.MethodGet, nil, "")
-	if isKind(err, kindSessionGone) {
-		if up, err = h.reinitialize(ctx, call, up); err == nil {
-			resp, err = h.exchange(ctx, call, up, http.MethodGet, nil, "")
-		}
-	}
-	if err != nil {
-		var ue *upstreamError
-		if errors.As(err, &ue) && ue.status == http.StatusMethodNotAllowed {
-			w.Header().Set("Allow", "POST, DELETE")
-			gateway.WriteRPCError(w, http.StatusMethodNotAllowed, nil, gateway.CodeInvalidRequest,
-				"this service offers no standalone SSE stream", nil)
-			return
-		}
-		h.answerError(w, r, call, err)
-		return
-	}
-	if !isSSE(resp.Header) {
-		resp.Body.Close()
-		h.answerError(w, r, call, unavailable("the upstream answered GET without an SSE stream"))
-		return
-	}
-	rs := &response{h: h, ctx: ctx, call: call, up: up, resp: resp, sse: newSSEReader(resp.Body, h.maxMessage)}
-	defer rs.close()
-	out := newSSEWriter(w)
-	out.start(nil)
-	for {
-		msg, err := rs.next()
-		if err != nil {
-			return
-		}
-		if !h.forRunner(call, msg, "standalone stream") {
-			continue
-		}
-		if out.send(msg.Raw) != nil {
-			return
-		}
-	}
-}
-
-// end terminates the runner's MCP session and, best effort, the upstream's.
+// end terminates the runner's MCP session here and at the upstream.
 func (h *Handler) end(w http.ResponseWriter, r *http.Request, call *gateway.Call) {
-	ms := call.MCPSession
-	h.app.MCPSessions().Delete(ms.ID)
-	if up := ms.Upstream(); up.SessionID != "" {
-		ctx, cancel := context.WithTimeout(r.Context(), 5*time.Second)
+	if up, ok := h.app.MCPSessions().End(call.MCPSession); ok {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), time.Duration(call.Service.Timeout))
 		defer cancel()
-		if resp, err := h.exchange(ctx, call, up, http.MethodDelete, nil, ""); err == nil {
-			resp.Body.Close()
-		}
+		h.endUpstream(ctx, call, up)
 	}
 	w.WriteHeader(http.StatusNoContent)
 }
 
-// cancelUpstream tells the upstream to stop working on a request the
-// gateway gave up on (timeout). Best effort.
-func (h *Handler) cancelUpstream(call *gateway.Call, up gateway.Upstream) {
+// mayHaveRun reports whether a failed exchange may have reached the
+// upstream.
+func mayHaveRun(err error) bool {
+	var ue *upstreamError
+	return errors.As(err, &ue) && ue.sent
+}
+
+// cancelUpstream tells the upstream to stop working on the runner's request,
+// which toolgate gave up on (timeout, broken stream, malformed answer, or a
+// runner gone for good). Best effort, in the background.
+func (h *Handler) cancelUpstream(call *gateway.Call, up gateway.Upstream, why string) {
+	if !call.IsRequest() || call.Method == "initialize" || call.MCPSession.Closed() {
+		return
+	}
 	body := make([]byte, 0, 128)
 	body = append(body, `{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":`...)
 	body = append(body, call.Message.ID...)
-	body = append(body, `,"reason":"toolgate: the service timeout elapsed"}}`...)
+	body = append(body, `,"reason":`...)
+	body = mcpmsg.AppendQuote(body, "toolgate gave up on the request: "+why)
+	body = append(body, `}}`...)
+	h.background(call, up, body)
+}
+
+// background posts a message of toolgate's own upstream, within the
+// service timeout, without waiting for it.
+func (h *Handler) background(call *gateway.Call, up gateway.Upstream, body []byte) {
+	c := *call // exchange may replace the credential
+	call = &c
 	go func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), time.Duration(call.Service.Timeout))
 		defer cancel()
 		if resp, err := h.exchange(ctx, call, up, http.MethodPost, body, ""); err == nil {
-			resp.Body.Close()
+			drain(resp)
 		}
 	}()
 }
@@ -312,10 +356,17 @@ func (h *Handler) cancelUpstream(call *gateway.Call, up gateway.Upstream) {
 // answerError tells the runner why the upstream exchange failed.
 func (h *Handler) answerError(w http.ResponseWriter, r *http.Request, call *gateway.Call, err error) {
 	var ue *upstreamError
-	if !errors.As(err, &ue) {
+	switch {
+	case errors.Is(err, gateway.ErrMCPSessionClosed) || call.MCPSession != nil && call.MCPSession.Closed():
+		ue = &upstreamError{kind: kindClosed}
+	case !errors.As(err, &ue):
 		ue = unavailable("%v", err)
 	}
 	switch ue.kind {
+	case kindClosed:
+		// 404 whatever the message: it tells an MCP client to initialize anew.
+		gateway.WriteRPCError(w, http.StatusNotFound, call.Message.ID, gateway.CodeSessionNotFound,
+			"the MCP session was ended: initialize a new one", nil)
 	case kindUnauthorized:
 		if k := call.Service.Auth.Kind; k == gateway.AuthBearer || k == gateway.AuthOAuth {
 			call.Fail(w, http.StatusForbidden, gateway.CodeNeedsSignIn,
@@ -325,10 +376,8 @@ func (h *Handler) answerError(w http.ResponseWriter, r *http.Request, call *gate
 		h.logger.Error("upstream refused the service credential", zap.String("service", call.Service.ID), zap.Int("status", ue.status))
 		call.Unavailable(w, "the upstream refused toolgate's credential for "+call.Service.ID+"; an administrator must fix the service's auth")
 	case kindRejected:
-		if ue.body != nil && gjson.ValidBytes(ue.body) {
-			gateway.WriteRPC(w, ue.status, ue.body)
-			return
-		}
+		// The upstream's body is not relayed: what reaches the runner is
+		// read strictly and passes deliver, and this did not.
 		call.Fail(w, ue.status, gateway.CodeInvalidRequest, ue.msg, nil)
 	default:
 		h.logger.Warn("upstream unavailable", zap.String("service", call.Service.ID), zap.String("error", ue.msg))
@@ -344,6 +393,11 @@ func requestBody(call *gateway.Call) []byte {
 	}
 	params := mcpmsg.ReplaceMember(call.Message.Params, "arguments", call.Arguments)
 	return mcpmsg.ReplaceMember(call.Message.Raw, "params", params)
+}
+
+func drain(resp *http.Response) {
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, drainLimit))
+	resp.Body.Close()
 }
 
 func acceptsSSE(r *http.Request) bool {

@@ -22,7 +22,7 @@ func Probe(ctx context.Context, app *gateway.App, svc *gateway.Service, user str
 	id := gatewayRequestID()
 	params := []byte(`{"protocolVersion":"` + gateway.LatestProtocolVersion +
 		`","capabilities":{},"clientInfo":{"name":"toolgate-connection-test","version":"1"}}`)
-	resp, msg, err := h.roundTrip(ctx, call, gateway.Upstream{}, id, initializeRequest(id, params))
+	hdr, msg, err := h.roundTrip(ctx, call, gateway.Upstream{}, id, initializeRequest(id, params))
 	if err != nil {
 		return err
 	}
@@ -30,7 +30,7 @@ func Probe(ctx context.Context, app *gateway.App, svc *gateway.Service, user str
 	if !version.Exists() {
 		return &upstreamError{kind: kindRejected, msg: "the upstream refused to initialize an MCP session"}
 	}
-	h.endUpstream(call, gateway.Upstream{SessionID: resp.Header.Get("Mcp-Session-Id"), ProtocolVersion: version.String()})
+	h.endUpstream(ctx, call, gateway.Upstream{SessionID: hdr.Get("Mcp-Session-Id"), ProtocolVersion: version.String()})
 	h.logger.Debug("connection test passed", zap.String("service", svc.ID))
 	return nil
 }

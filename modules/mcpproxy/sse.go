@@ -1,127 +1,270 @@
 package mcpproxy
 
 import (
-	"bufio"
 	"bytes"
 	"errors"
 	"io"
 	"net/http"
-	"strconv"
+	"sync"
 	"time"
 )
 
-// event is one server-sent event.
+// Server-sent events are read and written exactly as the WHATWG HTML
+// standard's "event stream interpretation" describes them (section 9.2.6),
+// because runners read what toolgate writes with parsers that follow it (the
+// TypeScript SDK, Python's httpx-sse, browsers): a line ends at LF, CRLF or a
+// bare CR; one leading byte order mark is skipped; a field without a colon
+// has an empty value; an empty id resets the last event id; an id holding
+// NUL is ignored; retry takes ASCII digits only; an event is dispatched at a
+// blank line and only if it had a data field; a stream that ends mid-event
+// drops that event. A reader that split lines differently from the runner's
+// would let an upstream show the policy one message and the runner another.
+
+// event is one dispatched server-sent event.
 type event struct {
-	ID    string        // "id:" field; "" when absent
-	Name  string        // "event:" field
-	Data  []byte        // "data:" lines joined by '\n'
-	Retry time.Duration // "retry:" field; 0 when absent
+	Type string // the "event" field; "" means "message"
+	Data []byte // the "data" fields joined by LF
 }
 
 // errEventTooLarge reports an SSE event over the size limit.
 var errEventTooLarge = errors.New("upstream SSE event exceeds max_response_size")
 
-// sseReader reads server-sent events (the WHATWG event stream format) with
-// a bound on the size of one event.
+// maxRetryMillis bounds a retry field's value; larger ones count as this.
+const maxRetryMillis = 1 << 40
+
+// sseReader reads an event stream with a bound on the size of one event.
+// Besides the events it keeps the stream's state: the last event id and the
+// reconnection time the upstream asked for.
 type sseReader struct {
-	r   *bufio.Reader
+	src io.Reader
+	buf []byte
+	r   int   // buf[r:w] is read but not yet consumed
+	w   int   //
+	err error // the error that ended reading src
 	max int
+
+	started bool // the byte order mark was checked
+	skipLF  bool // the last line ended with CR: an LF right after belongs to it
+	size    int  // bytes of the event being read
+
+	data      []byte // the data buffer, without the final LF
+	hasData   bool   // a data field was seen
+	eventType string
+	idBuffer  string
+
+	lastID string // the last event id string, set when an event ends
+	retry  int64  // the reconnection time in milliseconds; -1 when never set
 }
+
+const sseBufferSize = 32 << 10
 
 func newSSEReader(r io.Reader, max int64) *sseReader {
-	return &sseReader{r: bufio.NewReaderSize(r, 32<<10), max: int(max)}
+	return newSSEReaderSize(r, max, sseBufferSize)
 }
 
-// next returns the next event that carries data or an id. It returns io.EOF
-// at the clean end of the stream.
+func newSSEReaderSize(r io.Reader, max int64, bufSize int) *sseReader {
+	if max > 1<<40 {
+		max = 1 << 40
+	}
+	return &sseReader{src: r, buf: make([]byte, bufSize), max: int(max), retry: -1}
+}
+
+// resumed returns a reader for a reconnection of the stream s read: like
+// browsers, it starts from the last event id s reached, so an event without
+// an id field does not lose it, and keeps the reconnection time.
+func (s *sseReader) resumed(r io.Reader) *sseReader {
+	n := newSSEReaderSize(r, int64(s.max), len(s.buf))
+	n.lastID, n.idBuffer, n.retry = s.lastID, s.lastID, s.retry
+	return n
+}
+
+// next returns the next dispatched event. It returns io.EOF at the clean end
+// of the stream, io.ErrUnexpectedEOF when the stream ends in the middle of
+// an event (which is dropped), and errEventTooLarge for an event over the
+// limit.
 func (s *sseReader) next() (event, error) {
-	var ev event
-	var data []byte
-	hasData, size := false, 0
-	for {
-		line, owned, err := s.readLine(&size)
-		if err != nil {
-			if err == io.EOF && (hasData || ev.ID != "") {
-				// A stream ending without a blank line still ends the event
-				// only if complete; a truncated event is discarded.
-				return event{}, io.ErrUnexpectedEOF
-			}
+	if !s.started {
+		s.started = true
+		if err := s.skipBOM(); err != nil {
 			return event{}, err
 		}
-		if len(line) == 0 { // dispatch
-			if hasData || ev.ID != "" || ev.Retry != 0 {
-				ev.Data = data
+	}
+	for {
+		line, owned, err := s.readLine()
+		if err != nil {
+			return event{}, err
+		}
+		if len(line) == 0 {
+			if ev, ok := s.dispatch(); ok {
 				return ev, nil
 			}
-			size = 0
 			continue
 		}
-		if line[0] == ':' { // comment
-			continue
+		if line[0] == ':' {
+			continue // a comment
 		}
-		field, value, _ := bytes.Cut(line, []byte{':'})
-		value = bytes.TrimPrefix(value, []byte{' '})
-		switch string(field) {
-		case "data":
-			if !hasData && owned {
-				data = value // the line is a copy already: keep it
-			} else {
-				if hasData {
-					data = append(data, '\n')
-				}
-				data = append(data, value...)
+		field, value := line, []byte(nil)
+		if i := bytes.IndexByte(line, ':'); i >= 0 {
+			field, value = line[:i], line[i+1:]
+			if len(value) > 0 && value[0] == ' ' {
+				value = value[1:]
 			}
-			hasData = true
+		}
+		switch string(field) {
+		case "event":
+			s.eventType = string(value)
+		case "data":
+			switch {
+			case s.hasData:
+				s.data = append(s.data, '\n')
+				s.data = append(s.data, value...)
+			case owned:
+				s.data = value // a copy already (a line longer than the buffer)
+			default:
+				s.data = append([]byte(nil), value...)
+			}
+			s.hasData = true
 		case "id":
 			if bytes.IndexByte(value, 0) < 0 {
-				ev.ID = string(value)
+				s.idBuffer = string(value)
 			}
-		case "event":
-			ev.Name = string(value)
 		case "retry":
-			if ms, err := strconv.Atoi(string(value)); err == nil && ms >= 0 {
-				ev.Retry = time.Duration(ms) * time.Millisecond
+			if ms, ok := digits(value); ok {
+				s.retry = ms
 			}
 		}
 	}
 }
 
-// readLine returns one line without its terminator (\n or \r\n). size
-// counts the event's bytes so far. owned reports whether the line is a copy
-// (a line longer than the read buffer) rather than a view into the buffer,
-// valid only until the next read.
-func (s *sseReader) readLine(size *int) (line []byte, owned bool, err error) {
-	line, err = s.r.ReadSlice('\n')
-	if err == bufio.ErrBufferFull {
-		// A line longer than the buffer: gather it, bounded by the limit.
-		long := append([]byte(nil), line...)
-		for err == bufio.ErrBufferFull {
-			if *size+len(long) > s.max {
+// dispatch ends the current event at a blank line.
+func (s *sseReader) dispatch() (event, bool) {
+	s.lastID = s.idBuffer
+	s.size = 0
+	ev, ok := event{Type: s.eventType, Data: s.data}, s.hasData
+	if ok && ev.Data == nil {
+		ev.Data = []byte{}
+	}
+	s.data, s.hasData, s.eventType = nil, false, ""
+	return ev, ok
+}
+
+// digits reads a retry value: ASCII digits only, at least one.
+func digits(b []byte) (int64, bool) {
+	if len(b) == 0 {
+		return 0, false
+	}
+	var n int64
+	for _, c := range b {
+		if c < '0' || c > '9' {
+			return 0, false
+		}
+		if n < maxRetryMillis {
+			n = n*10 + int64(c-'0')
+		}
+	}
+	return min(n, maxRetryMillis), true
+}
+
+// retryDelay is the reconnection time the upstream set, or 0.
+func (s *sseReader) retryDelay() time.Duration {
+	if s.retry < 0 {
+		return 0
+	}
+	return time.Duration(s.retry) * time.Millisecond
+}
+
+// skipBOM drops one leading U+FEFF.
+func (s *sseReader) skipBOM() error {
+	for s.w-s.r < 3 && s.err == nil {
+		s.fill()
+	}
+	if bytes.HasPrefix(s.buf[s.r:s.w], []byte("\xef\xbb\xbf")) {
+		s.r += 3
+	}
+	return nil
+}
+
+// fill reads more of the source into the buffer.
+func (s *sseReader) fill() {
+	if s.r > 0 {
+		s.w = copy(s.buf, s.buf[s.r:s.w])
+		s.r = 0
+	}
+	n, err := s.src.Read(s.buf[s.w:])
+	s.w += n
+	if err != nil {
+		s.err = err
+	}
+}
+
+// readLine returns one line without its end (LF, CRLF or CR). The line
+// aliases the read buffer, valid until the next read, unless owned reports
+// a copy (a line longer than the buffer). Each line counts against the
+// size limit of the event it belongs to.
+func (s *sseReader) readLine() (line []byte, owned bool, err error) {
+	var long []byte
+	for {
+		if s.skipLF && s.r < s.w {
+			if s.buf[s.r] == '\n' {
+				s.r++
+			}
+			s.skipLF = false
+		}
+		pending := s.buf[s.r:s.w]
+		end := bytes.IndexByte(pending, '\n')
+		if end < 0 {
+			end = len(pending)
+		}
+		if cr := bytes.IndexByte(pending[:end], '\r'); cr >= 0 {
+			end = cr
+		}
+		if end < len(pending) {
+			line = pending[:end]
+			s.skipLF = pending[end] == '\r'
+			s.r += end + 1
+			s.size += len(long) + end + 1
+			if s.size > s.max {
 				return nil, false, errEventTooLarge
 			}
-			line, err = s.r.ReadSlice('\n')
-			long = append(long, line...)
+			if long != nil {
+				return append(long, line...), true, nil
+			}
+			return line, false, nil
 		}
-		line, owned = long, true
-	}
-	*size += len(line)
-	if *size > s.max {
-		return nil, false, errEventTooLarge
-	}
-	if err != nil {
-		if err == io.EOF && len(line) > 0 {
-			return nil, false, io.ErrUnexpectedEOF
+		// No line end yet.
+		if s.size+len(long)+len(pending) > s.max {
+			return nil, false, errEventTooLarge
 		}
-		return nil, false, err
+		if s.err != nil {
+			if s.err == io.EOF {
+				if len(pending) > 0 || long != nil || s.hasData || s.eventType != "" || s.size > 0 {
+					return nil, false, io.ErrUnexpectedEOF
+				}
+				return nil, false, io.EOF
+			}
+			return nil, false, s.err
+		}
+		if s.r == 0 && s.w == len(s.buf) {
+			// A line longer than the buffer: gather it.
+			long = append(long, pending...)
+			s.r, s.w = 0, 0
+		}
+		s.fill()
 	}
-	return bytes.TrimSuffix(line[:len(line)-1], []byte{'\r'}), owned, nil
 }
 
-// sseWriter writes events to a runner.
+// sseWriter writes events to a runner. Every event field is one line that
+// no conforming parser can split: data is written one line per LF it
+// holds (parsers join them with LF again), and it never holds a CR, which
+// a parser would take for a line end.
 type sseWriter struct {
-	w       http.ResponseWriter
-	rc      *http.ResponseController
+	w  http.ResponseWriter
+	rc *http.ResponseController
+
+	mu      sync.Mutex
 	started bool
+	wrote   time.Time // the last write, for keep-alives
+	err     error     // the first write error: the runner went away
 }
 
 func newSSEWriter(w http.ResponseWriter) *sseWriter {
@@ -130,6 +273,12 @@ func newSSEWriter(w http.ResponseWriter) *sseWriter {
 
 // start sends the response headers.
 func (s *sseWriter) start(header func(http.Header)) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.startLocked(header)
+}
+
+func (s *sseWriter) startLocked(header func(http.Header)) {
 	if s.started {
 		return
 	}
@@ -142,24 +291,90 @@ func (s *sseWriter) start(header func(http.Header)) {
 		header(h)
 	}
 	s.w.WriteHeader(http.StatusOK)
+	s.wrote = now()
 	_ = s.rc.Flush()
 }
 
-// send writes one message event and flushes it. The data is written as
-// it is, line by line, without copying it into one buffer first.
-func (s *sseWriter) send(data []byte) error {
-	if _, err := io.WriteString(s.w, "event: message\n"); err != nil {
+// send writes one message event with the given id ("" for none) and
+// flushes it. data is a JSON-RPC message, where a CR can only be
+// whitespace (JSON strings cannot hold one unescaped); any CR becomes a
+// space, which reads as the same JSON. The data is written line by line,
+// without copying it into one buffer first.
+func (s *sseWriter) send(id string, data []byte) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.startLocked(nil)
+	if s.err != nil {
+		return s.err
+	}
+	s.err = s.writeEvent(id, data)
+	return s.err
+}
+
+// prime writes an event with an id and empty data (SEP-1699), which tells
+// a runner the stream can be resumed before any message arrives.
+func (s *sseWriter) prime(id string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.startLocked(nil)
+	if s.err != nil {
+		return s.err
+	}
+	s.err = s.writeString("id: " + id + "\ndata: \n\n")
+	if s.err == nil {
+		s.err = s.rc.Flush()
+	}
+	return s.err
+}
+
+// keepAlive writes a comment when nothing was written for interval, so
+// that idle connections are not cut by intermediaries and a runner notices
+// a dead one.
+func (s *sseWriter) keepAlive(interval time.Duration) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.err != nil || (s.started && now().Sub(s.wrote) < interval) {
+		return s.err
+	}
+	s.startLocked(nil)
+	s.err = s.writeString(": keep-alive\n\n")
+	if s.err == nil {
+		s.err = s.rc.Flush()
+	}
+	return s.err
+}
+
+func (s *sseWriter) writeEvent(id string, data []byte) error {
+	if err := s.writeString("event: message\n"); err != nil {
 		return err
+	}
+	if id != "" {
+		if err := s.writeString("id: " + id + "\n"); err != nil {
+			return err
+		}
 	}
 	for {
 		line, rest, more := bytes.Cut(data, []byte{'\n'})
-		if _, err := io.WriteString(s.w, "data: "); err != nil {
+		if err := s.writeString("data: "); err != nil {
 			return err
 		}
-		if _, err := s.w.Write(bytes.TrimSuffix(line, []byte{'\r'})); err != nil {
-			return err
+		for len(line) > 0 {
+			cr := bytes.IndexByte(line, '\r')
+			if cr < 0 {
+				cr = len(line)
+			}
+			if _, err := s.w.Write(line[:cr]); err != nil {
+				return err
+			}
+			if cr < len(line) {
+				if err := s.writeString(" "); err != nil {
+					return err
+				}
+				cr++
+			}
+			line = line[cr:]
 		}
-		if _, err := io.WriteString(s.w, "\n"); err != nil {
+		if err := s.writeString("\n"); err != nil {
 			return err
 		}
 		if !more {
@@ -167,8 +382,17 @@ func (s *sseWriter) send(data []byte) error {
 		}
 		data = rest
 	}
-	if _, err := io.WriteString(s.w, "\n"); err != nil {
+	if err := s.writeString("\n"); err != nil {
 		return err
 	}
 	return s.rc.Flush()
 }
+
+func (s *sseWriter) writeString(str string) error {
+	_, err := io.WriteString(s.w, str)
+	s.wrote = now()
+	return err
+}
+
+// now is the clock; tests replace it.
+var now = time.Now

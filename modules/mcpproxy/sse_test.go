@@ -1,78 +1,252 @@
 package mcpproxy
 
 import (
+	"bytes"
 	"errors"
 	"io"
+	"math/big"
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"testing/iotest"
 	"time"
+	"unicode/utf8"
+
+	"github.com/toolgate/toolgate/internal/sseref"
 )
 
-func readAll(t *testing.T, stream string, max int64) ([]event, error) {
+// readStream reads a stream with sseReader the way the relay does and
+// returns it in the reference's terms.
+func readStream(t testing.TB, r io.Reader, max int64, bufSize int) (sseref.Stream, error) {
 	t.Helper()
-	r := newSSEReader(strings.NewReader(stream), max)
-	var out []event
+	s := newSSEReaderSize(r, max, bufSize)
+	var out sseref.Stream
 	for {
-		ev, err := r.next()
+		ev, err := s.next()
 		if err != nil {
-			if err == io.EOF {
+			out.LastEventID = s.lastID
+			if s.retry >= 0 {
+				out.Retry = big.NewInt(s.retry).String()
+			}
+			if err == io.EOF || err == io.ErrUnexpectedEOF {
 				return out, nil
 			}
 			return out, err
 		}
-		out = append(out, ev)
+		typ := ev.Type
+		if typ == "" {
+			typ = "message"
+		}
+		out.Events = append(out.Events, sseref.Event{Type: typ, Data: string(ev.Data), LastEventID: s.lastID})
 	}
 }
 
-func TestSSEReader(t *testing.T) {
-	events, err := readAll(t, ": comment\n"+
-		"event: message\nid: 1\ndata: {\"a\":1}\n\n"+
-		"id: 2\nretry: 250\ndata:\n\n"+ // a priming event: id and retry, no data
-		"data: line one\r\ndata: line two\r\n\r\n"+
-		"id: 3\n\n", 1<<20)
-	if err != nil {
-		t.Fatal(err)
+// sameRetry compares a reference retry value with the reader's, which
+// saturates at maxRetryMillis.
+func sameRetry(ref, got string) bool {
+	if ref == "" || got == "" {
+		return ref == got
 	}
-	if len(events) != 4 {
-		t.Fatalf("events = %+v", events)
+	n, _ := new(big.Int).SetString(ref, 10)
+	if n.Cmp(big.NewInt(maxRetryMillis)) > 0 {
+		n = big.NewInt(maxRetryMillis)
 	}
-	if e := events[0]; e.ID != "1" || e.Name != "message" || string(e.Data) != `{"a":1}` {
-		t.Errorf("event 0 = %+v", e)
+	return n.String() == got
+}
+
+func checkAgainstReference(t *testing.T, stream string) {
+	t.Helper()
+	want := sseref.Parse(stream)
+	for _, rd := range []struct {
+		name string
+		r    io.Reader
+		buf  int
+	}{
+		{"whole", strings.NewReader(stream), sseBufferSize},
+		{"one byte at a time", iotest.OneByteReader(strings.NewReader(stream)), sseBufferSize},
+		{"tiny buffer", iotest.HalfReader(strings.NewReader(stream)), 4},
+	} {
+		got, err := readStream(t, rd.r, 1<<20, rd.buf)
+		if err != nil {
+			t.Fatalf("%s: %q: %v", rd.name, stream, err)
+		}
+		if len(got.Events) != len(want.Events) || got.LastEventID != want.LastEventID || !sameRetry(want.Retry, got.Retry) {
+			t.Fatalf("%s: %q:\n got %+v\nwant %+v", rd.name, stream, got, want)
+		}
+		for i := range want.Events {
+			if got.Events[i] != want.Events[i] {
+				t.Fatalf("%s: %q: event %d = %+v, want %+v", rd.name, stream, i, got.Events[i], want.Events[i])
+			}
+		}
 	}
-	if e := events[1]; e.ID != "2" || e.Retry != 250*time.Millisecond || len(e.Data) != 0 {
-		t.Errorf("event 1 = %+v", e)
+}
+
+// Each rule of the standard, one stream each, read as the reference reads it.
+func TestSSEReaderFollowsTheStandard(t *testing.T) {
+	for name, c := range map[string]struct {
+		stream string
+		want   sseref.Stream
+	}{
+		"LF": {"data: a\n\n", sseref.Stream{Events: []sseref.Event{ev("message", "a", "")}}},
+		"CRLF": {"data: a\r\ndata: b\r\n\r\n",
+			sseref.Stream{Events: []sseref.Event{ev("message", "a\nb", "")}}},
+		"bare CR ends lines": {"id: 1\rdata: {\"a\":1}\r\rdata: two\r\r",
+			sseref.Stream{Events: []sseref.Event{ev("message", `{"a":1}`, "1"), ev("message", "two", "1")}, LastEventID: "1"}},
+		"a leading BOM is skipped once": {"\uFEFFdata: first\n\n\uFEFFdata: second\n\n",
+			sseref.Stream{Events: []sseref.Event{ev("message", "first", "")}}}, // the second line's field is "\uFEFFdata"
+		"an empty id resets the last event id": {"id: 7\ndata: a\n\nid\ndata: b\n\nid:\ndata: c\n\n",
+			sseref.Stream{Events: []sseref.Event{ev("message", "a", "7"), ev("message", "b", ""), ev("message", "c", "")}}},
+		"an id holding NUL is ignored": {"id: 5\ndata: a\n\nid: 6\x00\ndata: b\n\n",
+			sseref.Stream{Events: []sseref.Event{ev("message", "a", "5"), ev("message", "b", "5")}, LastEventID: "5"}},
+		"an id-only event sets the last event id": {"id: 9\n\n",
+			sseref.Stream{LastEventID: "9"}},
+		"retry takes digits only": {"retry: 250\n\nretry: -5\n\nretry: +7\n\nretry: 3x\n\nretry:\n\n",
+			sseref.Stream{Retry: "250"}},
+		"a field without a colon has an empty value": {"data\ndata\n\n",
+			sseref.Stream{Events: []sseref.Event{ev("message", "\n", "")}}},
+		"only one leading space is dropped": {"data:  two spaces\n\ndata:none\n\n",
+			sseref.Stream{Events: []sseref.Event{ev("message", " two spaces", ""), ev("message", "none", "")}}},
+		"an empty data field is an event": {"event: close\nretry: 20\ndata: \n\n",
+			sseref.Stream{Events: []sseref.Event{ev("close", "", "")}, Retry: "20"}},
+		"events without data are not dispatched": {"event: x\n\ndata: y\n\n",
+			sseref.Stream{Events: []sseref.Event{ev("message", "y", "")}}},
+		"comments and unknown fields are ignored": {": hi\nfoo: bar\ndata: z\n\n",
+			sseref.Stream{Events: []sseref.Event{ev("message", "z", "")}}},
+		"a stream ending mid-event drops it": {"data: kept\n\ndata: dropped\n",
+			sseref.Stream{Events: []sseref.Event{ev("message", "kept", "")}}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			if got := sseref.Parse(c.stream); !sameStream(got, c.want) {
+				t.Fatalf("the reference reads %+v, want %+v", got, c.want)
+			}
+			checkAgainstReference(t, c.stream)
+		})
 	}
-	if e := events[2]; string(e.Data) != "line one\nline two" {
-		t.Errorf("event 2 = %q", e.Data)
+}
+
+func ev(typ, data, lastEventID string) sseref.Event {
+	return sseref.Event{Type: typ, Data: data, LastEventID: lastEventID}
+}
+
+func sameStream(a, b sseref.Stream) bool {
+	if len(a.Events) != len(b.Events) || a.LastEventID != b.LastEventID || a.Retry != b.Retry {
+		return false
 	}
-	if e := events[3]; e.ID != "3" || e.Data != nil {
-		t.Errorf("event 3 = %+v", e)
+	for i := range a.Events {
+		if a.Events[i] != b.Events[i] {
+			return false
+		}
 	}
+	return true
 }
 
 func TestSSEReaderLimitsAndTruncation(t *testing.T) {
-	if _, err := readAll(t, "data: "+strings.Repeat("x", 100)+"\n\n", 50); !errors.Is(err, errEventTooLarge) {
+	read := func(stream string, max int64) ([]event, error) {
+		r := newSSEReader(strings.NewReader(stream), max)
+		var out []event
+		for {
+			ev, err := r.next()
+			if err != nil {
+				if err == io.EOF {
+					err = nil
+				}
+				return out, err
+			}
+			out = append(out, ev)
+		}
+	}
+	if _, err := read("data: "+strings.Repeat("x", 100)+"\n\n", 50); !errors.Is(err, errEventTooLarge) {
 		t.Errorf("an event over the limit: err = %v", err)
 	}
 	// An event split across many data lines is still bounded.
-	if _, err := readAll(t, strings.Repeat("data: xxxxxxxxxx\n", 20)+"\n", 100); !errors.Is(err, errEventTooLarge) {
+	if _, err := read(strings.Repeat("data: xxxxxxxxxx\n", 20)+"\n", 100); !errors.Is(err, errEventTooLarge) {
 		t.Errorf("many lines over the limit: err = %v", err)
 	}
+	// So is a line without an end, and endless comments.
+	if _, err := read("data: "+strings.Repeat("x", 200), 100); !errors.Is(err, errEventTooLarge) {
+		t.Errorf("an endless line: err = %v", err)
+	}
+	if _, err := read(strings.Repeat(": keep\r", 50), 100); !errors.Is(err, errEventTooLarge) {
+		t.Errorf("endless comments: err = %v", err)
+	}
 	// A stream cut in the middle of an event is not an event.
-	if events, err := readAll(t, "data: {\"a\":1}\n\ndata: {\"trunc", 1<<20); !errors.Is(err, io.ErrUnexpectedEOF) || len(events) != 1 {
+	if events, err := read("data: {\"a\":1}\n\ndata: {\"trunc", 1<<20); !errors.Is(err, io.ErrUnexpectedEOF) || len(events) != 1 {
 		t.Errorf("truncated stream: %d events, err = %v", len(events), err)
+	}
+	// A retry value, however long, is bounded.
+	r := newSSEReader(strings.NewReader("retry: "+strings.Repeat("9", 40)+"\n\n"), 1<<20)
+	if _, err := r.next(); err != io.EOF || r.retryDelay() != time.Duration(maxRetryMillis)*time.Millisecond {
+		t.Errorf("a huge retry: err = %v, delay %v", err, r.retryDelay())
 	}
 }
 
-func TestSSEWriterSplitsLines(t *testing.T) {
+// A line longer than the read buffer counts once against the limit.
+func TestSSEReaderLongLine(t *testing.T) {
+	data := strings.Repeat("x", 1<<20)
+	got, err := readStream(t, strings.NewReader("data: "+data+"\n\n"), 2<<20, sseBufferSize)
+	if err != nil || len(got.Events) != 1 || len(got.Events[0].Data) != len(data) {
+		t.Fatalf("a 1 MiB line under a 2 MiB limit: %d events, err = %v", len(got.Events), err)
+	}
+	if _, err := readStream(t, strings.NewReader("data: "+data+"\n\n"), 1<<20, sseBufferSize); !errors.Is(err, errEventTooLarge) {
+		t.Errorf("a 1 MiB line over a 1 MiB limit: err = %v", err)
+	}
+	// Across buffer refills, a CR at the end of one read and the LF at the
+	// start of the next are one line end.
+	checkAgainstReference(t, "data: "+strings.Repeat("y", 40)+"\r\n\r\ndata: z\r\n\r\n")
+}
+
+// A resumed stream starts from the last event id reached, as browsers do.
+func TestSSEReaderResumedKeepsTheLastEventID(t *testing.T) {
+	first := newSSEReader(strings.NewReader("id: 3\nretry: 40\ndata: a\n\n"), 1<<20)
+	if _, err := first.next(); err != nil {
+		t.Fatal(err)
+	}
+	next := first.resumed(strings.NewReader("event: close\ndata: \n\n"))
+	if _, err := next.next(); err != nil || next.lastID != "3" || next.retryDelay() != 40*time.Millisecond {
+		t.Fatalf("resumed: err = %v, last id %q, retry %v", err, next.lastID, next.retryDelay())
+	}
+}
+
+func FuzzSSEReader(f *testing.F) {
+	for _, seed := range []string{
+		"data: x\n\n", "id: 1\nretry: 10\ndata:\n\n", "data: a\r\ndata: b\r\n\r\n", ":c\n\n",
+		"data: " + strings.Repeat("y", 300) + "\n\n", "id: \x00\n\n", "retry: -5\n\n", "data",
+		"\uFEFFdata: bom\r\r", "id\rdata\r\r", "event: prime\nid: s_0\ndata: \n\n", "data: a\r",
+		"retry: 00012\n\n", "id: 1\n\nid\n\n",
+	} {
+		f.Add(seed)
+	}
+	f.Fuzz(func(t *testing.T, stream string) {
+		// Any bytes: never a panic, never an event over the limit, never
+		// more events than lines.
+		r := newSSEReaderSize(strings.NewReader(stream), 256, 16)
+		for i := 0; ; i++ {
+			ev, err := r.next()
+			if err != nil {
+				break
+			}
+			if len(ev.Data) > 256 {
+				t.Fatalf("event of %d bytes over a 256-byte limit", len(ev.Data))
+			}
+			if i > len(stream) {
+				t.Fatalf("more events than bytes in %q", stream)
+			}
+		}
+		// Decoded text: exactly the reference's reading.
+		if utf8.ValidString(stream) {
+			checkAgainstReference(t, stream)
+		}
+	})
+}
+
+func TestSSEWriterSplitsLinesAndNeverWritesCR(t *testing.T) {
 	rec := httptest.NewRecorder()
 	w := newSSEWriter(rec)
 	w.start(nil)
-	if err := w.send([]byte("{\n\"a\": 1\n}")); err != nil {
+	if err := w.send("tok.1", []byte("{\n\"a\": 1\r\n,\"b\":\r2}")); err != nil {
 		t.Fatal(err)
 	}
-	if got := rec.Body.String(); got != "event: message\ndata: {\ndata: \"a\": 1\ndata: }\n\n" {
+	if got := rec.Body.String(); got != "event: message\nid: tok.1\ndata: {\ndata: \"a\": 1 \ndata: ,\"b\": 2}\n\n" {
 		t.Errorf("written = %q", got)
 	}
 	if ct := rec.Header().Get("Content-Type"); ct != "text/event-stream" {
@@ -80,38 +254,29 @@ func TestSSEWriterSplitsLines(t *testing.T) {
 	}
 }
 
-// FuzzSSEReader reads arbitrary upstream bytes: it must never panic, never
-// return an event over the limit, and never loop forever.
-func FuzzSSEReader(f *testing.F) {
-	for _, seed := range []string{
-		"data: x\n\n", "id: 1\nretry: 10\ndata:\n\n", "data: a\r\ndata: b\r\n\r\n", ":c\n\n",
-		"data: " + strings.Repeat("y", 300) + "\n\n", "id: \x00\n\n", "retry: -5\n\n", "data",
-	} {
-		f.Add([]byte(seed))
+// The writer against the reference parser: whatever a message holds, a
+// conforming parser reads one message event with exactly the message's
+// bytes, CRs read as the spaces they stand for in JSON.
+func FuzzSSEWriter(f *testing.F) {
+	for _, seed := range []string{`{"a":1}`, "{\r\"a\":\r1}", "{\n}\r\n", "\r", "\n\n", "", "\uFEFF{}", ": x", "data: y"} {
+		f.Add(seed, "tok.1")
 	}
-	f.Fuzz(func(t *testing.T, stream []byte) {
-		r := newSSEReader(strings.NewReader(string(stream)), 256)
-		for i := 0; i <= len(stream); i++ {
-			ev, err := r.next()
-			if err != nil {
-				return
-			}
-			if len(ev.Data) > 256 {
-				t.Fatalf("event of %d bytes over a 256-byte limit", len(ev.Data))
-			}
+	f.Fuzz(func(t *testing.T, data, id string) {
+		if !utf8.ValidString(data) || !utf8.ValidString(id) || strings.ContainsAny(id, "\r\n\x00") {
+			t.Skip()
 		}
-		t.Fatalf("more events than bytes in %q", stream)
+		rec := httptest.NewRecorder()
+		w := newSSEWriter(rec)
+		if err := w.send(id, []byte(data)); err != nil {
+			t.Fatal(err)
+		}
+		if bytes.IndexByte(rec.Body.Bytes(), '\r') >= 0 {
+			t.Fatalf("the writer wrote a CR for %q", data)
+		}
+		got := sseref.Parse(rec.Body.String())
+		want := strings.ReplaceAll(data, "\r", " ")
+		if len(got.Events) != 1 || got.Events[0].Type != "message" || got.Events[0].Data != want || got.LastEventID != id {
+			t.Fatalf("%q (id %q) was read as %+v", data, id, got)
+		}
 	})
-}
-
-// A line longer than the read buffer counts once against the limit.
-func TestSSEReaderLongLine(t *testing.T) {
-	data := strings.Repeat("x", 1<<20)
-	events, err := readAll(t, "data: "+data+"\n\n", 2<<20)
-	if err != nil || len(events) != 1 || len(events[0].Data) != len(data) {
-		t.Fatalf("a 1 MiB line under a 2 MiB limit: %d events, err = %v", len(events), err)
-	}
-	if _, err := readAll(t, "data: "+data+"\n\n", 1<<20); !errors.Is(err, errEventTooLarge) {
-		t.Errorf("a 1 MiB line over a 1 MiB limit: err = %v", err)
-	}
 }

@@ -8,9 +8,9 @@ import (
 	"io"
 	"mime"
 	"net/http"
+	"net/http/httptrace"
+	"sync/atomic"
 	"time"
-
-	"github.com/tidwall/gjson"
 
 	"github.com/toolgate/toolgate/internal/mcpmsg"
 	"github.com/toolgate/toolgate/modules/gateway"
@@ -31,6 +31,10 @@ type upstreamError struct {
 	status int    // the upstream's HTTP status, when it answered
 	body   []byte // the upstream's JSON body, for kindRejected
 	msg    string // safe to show the runner: no URLs, no credentials
+	// sent reports that the request may be running upstream: it may have
+	// reached the upstream (its headers were written) and was not answered.
+	// An abandoned request in that state is cancelled.
+	sent bool
 }
 
 type errorKind uint8
@@ -39,7 +43,8 @@ const (
 	kindUnavailable  errorKind = iota // network error, timeout, 5xx, malformed: retryable
 	kindSessionGone                   // 404 for a known session: re-initialize
 	kindUnauthorized                  // 401/403: the credential was refused
-	kindRejected                      // another 4xx: relayed to the runner as is
+	kindRejected                      // another 4xx
+	kindClosed                        // the MCP session was ended meanwhile
 )
 
 func (e *upstreamError) Error() string { return e.msg }
@@ -47,6 +52,10 @@ func (e *upstreamError) Error() string { return e.msg }
 func unavailable(format string, args ...any) *upstreamError {
 	return &upstreamError{kind: kindUnavailable, msg: fmt.Sprintf(format, args...)}
 }
+
+// drainLimit is how much of a body toolgate does not use it reads before
+// closing, so the connection can be reused.
+const drainLimit = 64 << 10
 
 // exchange sends one HTTP request to the call's upstream, as attempt does,
 // and tries once more when the upstream refused the caller's OAuth or
@@ -68,14 +77,21 @@ func (h *Handler) exchange(ctx context.Context, call *gateway.Call, up gateway.U
 
 // attempt sends one HTTP request to the call's upstream. method is POST
 // (body set), GET (opens a stream) or DELETE. A 2xx response is returned
-// open; anything else is an *upstreamError.
+// open; anything else is an *upstreamError. The service's dial and
+// response-header timeouts apply; ctx bounds the whole exchange.
 func (h *Handler) attempt(ctx context.Context, call *gateway.Call, up gateway.Upstream, method string, body []byte, lastEventID string) (*http.Response, error) {
+	svc := call.Service
+	var sent atomic.Bool
+	ctx = httptrace.WithClientTrace(gateway.WithDialTimeout(ctx, time.Duration(svc.DialTimeout)),
+		&httptrace.ClientTrace{WroteHeaders: func() { sent.Store(true) }})
+	ctx, cancel := context.WithCancel(ctx)
 	var rd io.Reader
 	if body != nil {
 		rd = bytes.NewReader(body)
 	}
-	req, err := http.NewRequestWithContext(ctx, method, call.Service.URL, rd)
+	req, err := http.NewRequestWithContext(ctx, method, svc.URL, rd)
 	if err != nil {
+		cancel()
 		return nil, unavailable("building the upstream request: %v", err)
 	}
 	hdr := req.Header
@@ -99,18 +115,38 @@ func (h *Handler) attempt(ctx context.Context, call *gateway.Call, up gateway.Up
 	if c := call.Credential; c != nil {
 		hdr.Set(c.Header, c.Value)
 	}
-	resp, err := h.client.Do(req)
-	if err != nil {
-		if ctx.Err() != nil {
-			return nil, unavailable("the upstream did not answer in time")
-		}
-		return nil, unavailable("the upstream is unreachable")
+	var headerTimer *time.Timer
+	if d := time.Duration(svc.ResponseHeaderTimeout); d > 0 {
+		headerTimer = time.AfterFunc(d, cancel)
 	}
+	resp, err := h.client.Do(req)
+	if headerTimer != nil && !headerTimer.Stop() {
+		if err == nil {
+			resp.Body.Close()
+		}
+		cancel()
+		return nil, &upstreamError{kind: kindUnavailable, sent: sent.Load(),
+			msg: "the upstream sent no response headers within the service's response_header_timeout"}
+	}
+	if err != nil {
+		cancel()
+		e := &upstreamError{kind: kindUnavailable, sent: sent.Load(), msg: "the upstream is unreachable"}
+		switch {
+		case ctx.Err() != nil && e.sent:
+			e.msg = "the upstream did not answer in time"
+		case ctx.Err() != nil:
+			e.msg = "the upstream could not be reached in time"
+		case e.sent:
+			e.msg = "the connection to the upstream broke"
+		}
+		return nil, e
+	}
+	resp.Body = &cancelOnClose{ReadCloser: resp.Body, cancel: cancel}
 	if resp.StatusCode >= 200 && resp.StatusCode < 300 {
 		return resp, nil
 	}
 	defer resp.Body.Close()
-	e := &upstreamError{status: resp.StatusCode}
+	e := &upstreamError{status: resp.StatusCode} // answered: nothing runs on
 	switch s := resp.StatusCode; {
 	case s == http.StatusNotFound && up.SessionID != "":
 		e.kind, e.msg = kindSessionGone, "the upstream session expired"
@@ -121,31 +157,51 @@ func (h *Handler) attempt(ctx context.Context, call *gateway.Call, up gateway.Up
 	case s >= 400 && s < 500:
 		e.kind, e.msg = kindRejected, fmt.Sprintf("the upstream rejected the request (HTTP %d)", s)
 		if isJSON(resp.Header) {
-			e.body, _ = io.ReadAll(io.LimitReader(resp.Body, h.maxMessage))
+			data, err := io.ReadAll(io.LimitReader(resp.Body, h.maxMessage+1))
+			if err == nil && int64(len(data)) <= h.maxMessage {
+				e.body = data
+			}
 		}
 	default:
 		e.kind, e.msg = kindUnavailable, fmt.Sprintf("the upstream failed (HTTP %d)", s)
 	}
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, drainLimit))
 	return nil, e
 }
 
-// response is a stream of messages answering one upstream request: either
-// a single JSON body or an SSE stream that may resume.
-type response struct {
-	h      *Handler
-	ctx    context.Context
-	call   *gateway.Call
-	up     gateway.Upstream
-	resp   *http.Response
-	sse    *sseReader
-	done   bool // the single JSON message was returned
-	lastID string
-	retry  time.Duration
-	// resumes counts reconnections of this stream.
-	resumes int
+// cancelOnClose ends a response's context when its body is closed.
+type cancelOnClose struct {
+	io.ReadCloser
+	cancel context.CancelFunc
 }
 
-const maxResumes = 5
+func (c *cancelOnClose) Close() error {
+	err := c.ReadCloser.Close()
+	c.cancel()
+	return err
+}
+
+// response is a stream of messages answering one upstream request: a
+// single JSON body, or an SSE stream that may be resumed.
+type response struct {
+	h    *Handler
+	ctx  context.Context
+	call *gateway.Call
+	up   gateway.Upstream
+	resp *http.Response
+	sse  *sseReader
+	body []byte // a JSON body read already (an upstream's 4xx answer)
+	done bool   // the single JSON message was returned
+
+	// stalls counts the resumptions in a row that brought nothing new.
+	stalls int
+	// progress is set when an event or a new event id arrived since the
+	// stream was last (re)connected.
+	progress bool
+	// onPrime, when set, is called with the event id of an event without
+	// data (the upstream's priming event, SEP-1699).
+	onPrime func(id string)
+}
 
 func (h *Handler) newResponse(ctx context.Context, call *gateway.Call, up gateway.Upstream, resp *http.Response) (*response, error) {
 	r := &response{h: h, ctx: ctx, call: call, up: up, resp: resp}
@@ -158,9 +214,24 @@ func (h *Handler) newResponse(ctx context.Context, call *gateway.Call, up gatewa
 	case isJSON(resp.Header):
 	default:
 		resp.Body.Close()
-		return nil, unavailable("the upstream answered with Content-Type %q", resp.Header.Get("Content-Type"))
+		return nil, &upstreamError{kind: kindUnavailable, sent: true,
+			msg: fmt.Sprintf("the upstream answered with Content-Type %q", resp.Header.Get("Content-Type"))}
 	}
 	return r, nil
+}
+
+// rejectedResponse is the JSON body of an upstream's 4xx answer, read like
+// any other answer: strictly, and only as the response to id.
+func (h *Handler) rejectedResponse(ctx context.Context, call *gateway.Call, up gateway.Upstream, err error, id []byte) (*response, mcpmsg.Message, bool) {
+	var ue *upstreamError
+	if !errors.As(err, &ue) || ue.kind != kindRejected || ue.body == nil {
+		return nil, mcpmsg.Message{}, false
+	}
+	msg, perr := mcpmsg.Parse(normalizeCR(ue.body), h.limits)
+	if perr != nil || !isResponseTo(msg, id) {
+		return nil, mcpmsg.Message{}, false
+	}
+	return &response{h: h, ctx: ctx, call: call, up: up, body: msg.Raw}, msg, true
 }
 
 // next returns the next JSON-RPC message from the upstream, read once and
@@ -172,11 +243,37 @@ func (r *response) next() (mcpmsg.Message, error) {
 	if err != nil {
 		return mcpmsg.Message{}, err
 	}
-	msg, err := mcpmsg.Parse(data, r.h.limits)
+	msg, err := mcpmsg.Parse(normalizeCR(data), r.h.limits)
 	if err != nil {
 		return msg, unavailable("the upstream sent a malformed message (%v)", err)
 	}
 	return msg, nil
+}
+
+// normalizeCR turns each CR of a JSON text into a space. In a JSON text a
+// CR can only be whitespace (strings cannot hold one unescaped), so the
+// message reads the same, and the bytes the policy inspects are the bytes
+// every runner reads, whether the runner gets them as JSON or in SSE data
+// lines, where a CR would end the line.
+func normalizeCR(data []byte) []byte {
+	i := bytes.IndexByte(data, '\r')
+	if i < 0 {
+		return data
+	}
+	out := bytes.Clone(data)
+	for ; i >= 0; i = bytes.IndexByte(out, '\r') {
+		out[i] = ' '
+	}
+	return out
+}
+
+// lastEventID is the upstream's last event id on this stream, "" when it
+// gave none.
+func (r *response) lastEventID() string {
+	if r.sse == nil {
+		return ""
+	}
+	return r.sse.lastID
 }
 
 // nextData returns the text of the next message.
@@ -186,44 +283,60 @@ func (r *response) nextData() ([]byte, error) {
 			return nil, io.EOF
 		}
 		r.done = true
+		if r.body != nil {
+			return r.body, nil
+		}
 		defer r.resp.Body.Close()
 		data, err := io.ReadAll(io.LimitReader(r.resp.Body, r.h.maxMessage+1))
 		switch {
+		case err != nil && r.ctx.Err() != nil:
+			return nil, &upstreamError{kind: kindUnavailable, sent: true, msg: "the upstream did not answer in time"}
 		case err != nil:
-			return nil, unavailable("reading the upstream response failed")
+			return nil, &upstreamError{kind: kindUnavailable, sent: true, msg: "reading the upstream response failed"}
 		case int64(len(data)) > r.h.maxMessage:
-			return nil, unavailable("the upstream response exceeds max_response_size")
+			return nil, &upstreamError{kind: kindUnavailable, sent: true, msg: "the upstream response exceeds max_response_size"}
 		}
 		return data, nil
 	}
 	for {
+		before := r.sse.lastID
 		ev, err := r.sse.next()
+		if r.sse.lastID != before {
+			r.progress = true
+		}
 		if err == nil {
-			if ev.ID != "" {
-				r.lastID = ev.ID
-			}
-			if ev.Retry > 0 {
-				r.retry = ev.Retry
-			}
-			if len(ev.Data) == 0 { // a priming or retry-only event
+			r.progress = true
+			switch {
+			case len(ev.Data) == 0: // a priming event (SEP-1699), or one that only sets retry
+				if r.onPrime != nil && r.sse.lastID != "" {
+					r.onPrime(r.sse.lastID)
+				}
 				continue
+			case ev.Type != "" && ev.Type != "message":
+				continue // not a message: SSE clients dispatch other types elsewhere
 			}
 			return ev.Data, nil
 		}
 		r.resp.Body.Close()
-		if errors.Is(err, errEventTooLarge) {
-			return nil, unavailable("an upstream event exceeds max_response_size")
-		}
-		if r.ctx.Err() != nil {
-			return nil, unavailable("the upstream did not answer in time")
+		switch {
+		case errors.Is(err, errEventTooLarge):
+			return nil, &upstreamError{kind: kindUnavailable, sent: true, msg: "an upstream event exceeds max_response_size"}
+		case r.ctx.Err() != nil:
+			return nil, &upstreamError{kind: kindUnavailable, sent: true, msg: "the upstream did not answer in time"}
 		}
 		// The stream ended or broke. Resume it if the upstream gave event
-		// ids (the 2025-11-25 polling pattern, or a dropped connection).
-		if r.lastID == "" || r.resumes >= maxResumes {
+		// ids (the 2025-11-25 polling pattern, or a dropped connection),
+		// for as long as resumptions bring something new.
+		if r.progress {
+			r.stalls = 0
+		} else {
+			r.stalls++
+		}
+		if r.sse.lastID == "" || r.stalls >= r.call.Service.ResumeAttempts {
 			if err == io.EOF {
 				return nil, io.EOF
 			}
-			return nil, unavailable("the upstream stream broke")
+			return nil, &upstreamError{kind: kindUnavailable, sent: true, msg: "the upstream stream broke"}
 		}
 		if err := r.resume(); err != nil {
 			return nil, err
@@ -231,34 +344,44 @@ func (r *response) nextData() ([]byte, error) {
 	}
 }
 
+// defaultResumeDelay is the wait before resuming a stream whose upstream
+// set no retry field.
+const defaultResumeDelay = 100 * time.Millisecond
+
 // resume reconnects with GET and Last-Event-ID after the upstream's retry
-// delay.
+// delay (at most the service's max_resume_delay).
 func (r *response) resume() error {
-	r.resumes++
-	delay := r.retry
+	delay := r.sse.retryDelay()
 	if delay <= 0 {
-		delay = 100 * time.Millisecond
+		delay = defaultResumeDelay
 	}
-	if delay > 30*time.Second {
-		delay = 30 * time.Second
+	delay = min(delay, time.Duration(r.call.Service.MaxResumeDelay))
+	if deadline, ok := r.ctx.Deadline(); ok && time.Until(deadline) < delay {
+		return &upstreamError{kind: kindUnavailable, sent: true,
+			msg: "the upstream asked to resume its stream later than the service timeout allows"}
 	}
 	t := time.NewTimer(delay)
 	select {
 	case <-r.ctx.Done():
 		t.Stop()
-		return unavailable("the upstream did not answer in time")
+		return &upstreamError{kind: kindUnavailable, sent: true, msg: "the upstream did not answer in time"}
 	case <-t.C:
 	}
-	resp, err := r.h.exchange(r.ctx, r.call, r.up, http.MethodGet, nil, r.lastID)
+	resp, err := r.h.exchange(r.ctx, r.call, r.up, http.MethodGet, nil, r.sse.lastID)
 	if err != nil {
+		var ue *upstreamError
+		if errors.As(err, &ue) {
+			ue.sent = true
+		}
 		return err
 	}
 	if !isSSE(resp.Header) {
 		resp.Body.Close()
-		return unavailable("the upstream did not resume its stream")
+		return &upstreamError{kind: kindUnavailable, sent: true, msg: "the upstream did not resume its stream"}
 	}
 	r.resp = resp
-	r.sse = newSSEReader(resp.Body, r.h.maxMessage)
+	r.sse = r.sse.resumed(resp.Body)
+	r.progress = false
 	return nil
 }
 
@@ -269,10 +392,14 @@ func (r *response) close() {
 }
 
 // roundTrip sends a request the gateway itself makes (initialize, tools/list)
-// and returns the upstream's JSON-RPC response to it, skipping anything else
-// on the stream.
-func (h *Handler) roundTrip(ctx context.Context, call *gateway.Call, up gateway.Upstream, id, body []byte) (*http.Response, mcpmsg.Message, error) {
+// and returns the upstream's response headers and its JSON-RPC response to
+// it, skipping anything else on the stream. An upstream's 4xx answer with
+// a JSON-RPC response to the request is that response.
+func (h *Handler) roundTrip(ctx context.Context, call *gateway.Call, up gateway.Upstream, id, body []byte) (http.Header, mcpmsg.Message, error) {
 	httpResp, err := h.exchange(ctx, call, up, http.MethodPost, body, "")
+	if _, msg, ok := h.rejectedResponse(ctx, call, up, err, id); ok {
+		return http.Header{}, msg, nil
+	}
 	if err != nil {
 		return nil, mcpmsg.Message{}, err
 	}
@@ -290,25 +417,19 @@ func (h *Handler) roundTrip(ctx context.Context, call *gateway.Call, up gateway.
 			return nil, msg, err
 		}
 		if isResponseTo(msg, id) {
-			return httpResp, msg, nil
+			return httpResp.Header, msg, nil
 		}
 	}
 }
 
 // isResponseTo reports whether msg is the JSON-RPC response to the request
-// with the given id (JSON text).
+// with the given id (JSON text), however either spells it.
 func isResponseTo(msg mcpmsg.Message, id []byte) bool {
 	if msg.Kind != mcpmsg.Response {
 		return false
 	}
-	got, want := gjson.ParseBytes(msg.ID), gjson.ParseBytes(id)
-	if got.Type != want.Type {
-		return false
-	}
-	if got.Type == gjson.String {
-		return got.Str == want.Str
-	}
-	return got.Raw == want.Raw
+	key := mcpmsg.IDKey(id)
+	return key != "" && mcpmsg.IDKey(msg.ID) == key
 }
 
 func isSSE(h http.Header) bool {

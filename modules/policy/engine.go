@@ -29,7 +29,7 @@ type engine struct {
 	source   source
 	query    string
 	interval time.Duration
-	logger   *zap.Logger
+	log      atomic.Pointer[zap.Logger]
 	metrics  *metrics
 	stage    string
 
@@ -54,7 +54,8 @@ const maskQuery = "data.toolgate.log.mask"
 // validate` reports a broken policy; a remote bundle is first fetched when
 // the engine starts.
 func newEngine(src source, query, stage string, interval time.Duration, logger *zap.Logger, m *metrics) (*engine, error) {
-	e := &engine{source: src, query: query, stage: stage, interval: interval, logger: logger, metrics: m, stop: make(chan struct{})}
+	e := &engine{source: src, query: query, stage: stage, interval: interval, metrics: m, stop: make(chan struct{})}
+	e.log.Store(logger)
 	if !src.remote() {
 		if err := e.reload(context.Background()); err != nil {
 			return nil, err
@@ -62,6 +63,12 @@ func newEngine(src source, query, stage string, interval time.Duration, logger *
 	}
 	return e, nil
 }
+
+// logger is the logger of the config that started the engine last.
+func (e *engine) logger() *zap.Logger { return e.log.Load() }
+
+// setLogger makes the engine log through logger from now on.
+func (e *engine) setLogger(logger *zap.Logger) { e.log.Store(logger) }
 
 // start begins watching the source (and fetches a remote bundle). It runs
 // from the toolgate app's Start, never from Provision; calling it again
@@ -115,7 +122,7 @@ func (e *engine) reloadAndReport() {
 	defer cancel()
 	if err := e.reload(ctx); err != nil {
 		e.metrics.loadFailures.WithLabelValues(e.stage).Inc()
-		e.logger.Error("policy load failed; keeping the last good policy", zap.String("stage", e.stage),
+		e.logger().Error("policy load failed; keeping the last good policy", zap.String("stage", e.stage),
 			zap.Stringer("source", e.source), zap.String("revision", e.Revision()), zap.Error(err))
 	}
 }
@@ -132,7 +139,7 @@ func (e *engine) reload(ctx context.Context) error {
 	}
 	old := e.current.Swap(c)
 	if old != nil {
-		e.logger.Info("policy reloaded", zap.String("stage", e.stage), zap.Stringer("source", e.source),
+		e.logger().Info("policy reloaded", zap.String("stage", e.stage), zap.Stringer("source", e.source),
 			zap.String("old_revision", old.revision), zap.String("revision", c.revision))
 	}
 	return nil
@@ -234,7 +241,7 @@ func (e *engine) decideWith(ctx context.Context, c *compiled, input ast.Value, t
 	case err != nil && (timedOut || errors.Is(err, context.DeadlineExceeded)):
 		return o.deny(failTimeout, "the policy took longer than its deadline")
 	case err != nil:
-		e.logger.Warn("policy evaluation failed", zap.String("stage", e.stage), zap.String("revision", c.revision), zap.Error(err))
+		e.logger().Warn("policy evaluation failed", zap.String("stage", e.stage), zap.String("revision", c.revision), zap.Error(err))
 		return o.deny(failError, "the policy failed to evaluate")
 	case len(rs) == 0 || len(rs[0].Expressions) == 0:
 		return o.deny(failUndefined, "the policy made no decision")

@@ -26,6 +26,7 @@ var (
 	keyService   = ast.StringTerm("service")
 	keyMethod    = ast.StringTerm("method")
 	keyTool      = ast.StringTerm("tool")
+	keyToolKnown = ast.StringTerm("tool_known")
 	keyArguments = ast.StringTerm("arguments")
 	keyParams    = ast.StringTerm("params")
 	keyListing   = ast.StringTerm("listing")
@@ -75,9 +76,12 @@ func inputFor(common [][2]*ast.Term, call *gateway.Call, tool *ast.Term, listing
 	items := append(common[:len(common):len(common)], ast.Item(keyListing, ast.InternedTerm(listing)))
 	switch {
 	case listing:
-		items = append(items, ast.Item(keyMethod, toolsCall), ast.Item(keyTool, tool))
+		items = append(items, ast.Item(keyMethod, toolsCall), ast.Item(keyTool, tool), ast.Item(keyToolKnown, ast.InternedTerm(true)))
 	case call.Method == "tools/call":
-		items = append(items, ast.Item(keyMethod, toolsCall), ast.Item(keyTool, tool))
+		// tool_known tells a definition from a bare name: the upstream's
+		// tools could not be listed (in time) before this call.
+		known := call.ToolDefinition() != nil
+		items = append(items, ast.Item(keyMethod, toolsCall), ast.Item(keyTool, tool), ast.Item(keyToolKnown, ast.InternedTerm(known)))
 		// What goes upstream: a rewrite (seen by the result stage) or the
 		// runner's own arguments.
 		raw := call.Arguments

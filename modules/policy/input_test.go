@@ -57,3 +57,23 @@ func TestLongLivedTermsAreShared(t *testing.T) {
 		t.Errorf("time %v", d.Get(keyTime))
 	}
 }
+
+// The input says whether tool is the upstream's definition or only a name.
+func TestInputSaysWhetherTheToolDefinitionIsKnown(t *testing.T) {
+	call := benchCall(t, benchTool, `{}`)
+	known, err := requestInput(call, toolTerm(call.ToolDefinition(), call.Message.Name), false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := known.Get(keyToolKnown); got == nil || got.Value.Compare(ast.Boolean(true)) != 0 {
+		t.Errorf("tool_known with a definition = %v", got)
+	}
+	call.Tool = nil
+	unknown, err := requestInput(call, toolTerm(nil, call.Message.Name), false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := unknown.Get(keyToolKnown); got == nil || got.Value.Compare(ast.Boolean(false)) != 0 {
+		t.Errorf("tool_known without a definition = %v", got)
+	}
+}

@@ -84,6 +84,17 @@ func (c *Config) provision(ctx caddy.Context, stage, defaultQuery string) error 
 	c.logger = ctx.Logger()
 	c.stage = stage
 	c.audit = caddy.Log().Named("toolgate.audit")
+	app, err := ctx.App("toolgate")
+	if err != nil {
+		return err
+	}
+	step := gateway.StepPolicy
+	if stage == stageResult {
+		step = gateway.StepResultPolicy
+	}
+	if err := app.(*gateway.App).ProvisionStep(step); err != nil {
+		return err
+	}
 	if c.Source == "" {
 		return fmt.Errorf("%s: a policy source (a .rego file or a directory) is required", stage)
 	}
@@ -123,13 +134,16 @@ func (c *Config) provision(ctx caddy.Context, stage, defaultQuery string) error 
 	}
 	c.engine = v.(*engine)
 	// Watching (and fetching a bundle) starts with the toolgate app, so
-	// that `caddy validate` does no network I/O and starts nothing.
-	app, err := ctx.App("toolgate")
-	if err != nil {
-		return err
-	}
+	// that `caddy validate` does no network I/O and starts nothing. A
+	// shared engine logs through the logger of the config that runs now:
+	// after a reload that changes log outputs, its messages go to the new
+	// ones.
 	c.app = app.(*gateway.App)
-	c.app.OnStart(c.engine.start)
+	logger := c.logger
+	c.app.OnStart(func() {
+		c.engine.setLogger(logger)
+		c.engine.start()
+	})
 	return nil
 }
 

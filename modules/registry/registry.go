@@ -11,6 +11,7 @@ import (
 	"mime"
 	"net/http"
 	"strings"
+	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
@@ -54,7 +55,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	}
 	h.app = app.(*gateway.App)
 	h.limits = mcpmsg.Limits{MaxDepth: h.app.MaxJSONDepth}
-	return nil
+	return h.app.ProvisionStep(gateway.StepRegistry)
 }
 
 // ServeHTTP resolves the service and reads the message.
@@ -102,11 +103,17 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	if !h.checkProtocolVersion(w, r, call) {
 		return nil
 	}
-	if call.Method == "tools/call" && !svc.AllowsTool(call.Message.Name) {
-		// As if the tool did not exist: runners never learn what is hidden.
-		gateway.WriteRPCError(w, http.StatusOK, call.Message.ID, gateway.CodeInvalidParams,
-			"Unknown tool: "+call.Message.Name, nil)
-		return nil
+	if call.Method == "tools/call" {
+		if !svc.AllowsTool(call.Message.Name) {
+			// As if the tool did not exist: runners never learn what is hidden.
+			gateway.WriteRPCError(w, http.StatusOK, call.Message.ID, gateway.CodeInvalidParams,
+				"Unknown tool: "+call.Message.Name, nil)
+			return nil
+		}
+		// A call racing the tool listing (the first one, after
+		// notifications/initialized, or a refresh after list_changed) is
+		// decided with the definition it brings.
+		call.MCPSession.WaitCatalog(r.Context(), min(catalogWait, time.Duration(svc.Timeout)))
 	}
 	if call.Method == "tools/list" {
 		call.OnResult(allowlistTools)
@@ -156,8 +163,15 @@ func (h *Handler) readMessage(w http.ResponseWriter, r *http.Request, call *gate
 		return false
 	case msg.Kind == mcpmsg.Response:
 		// The answer to a server→client request: policy sees the method
-		// of the request it answers.
-		call.Method, _ = call.MCPSession.ServerRequestAnswered(msg.ID)
+		// of the request it answers, matched on the id's value however the
+		// runner spells it. An answer to nothing pending is refused: it
+		// would reach the upstream with no method for the policy to judge.
+		var pending bool
+		if call.Method, pending = call.MCPSession.ServerRequestAnswered(msg.ID); !pending {
+			gateway.WriteRPCError(w, http.StatusBadRequest, nil, gateway.CodeInvalidRequest,
+				"this response answers no pending server request of this MCP session", nil)
+			return false
+		}
 	}
 	return true
 }
@@ -183,6 +197,10 @@ func (h *Handler) checkProtocolVersion(w http.ResponseWriter, r *http.Request, c
 	}
 	return true
 }
+
+// catalogWait bounds how long a tools/call waits for a tool listing in
+// progress.
+const catalogWait = 5 * time.Second
 
 func (h *Handler) serviceID(r *http.Request) string {
 	if h.Service != "" {

@@ -44,7 +44,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return err
 	}
 	h.app = app.(*gateway.App)
-	return nil
+	return h.app.ProvisionStep(gateway.StepSession)
 }
 
 // ServeHTTP starts the call or answers 401/403/404.

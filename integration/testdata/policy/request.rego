@@ -23,3 +23,7 @@ decision := {"action": "deny", "reason": "test://secret is off limits"} if {
 	input.method == "resources/read"
 	input.params.uri == "test://secret"
 }
+
+decision := {"action": "deny", "reason": "answers to elicitation/create are denied in tests"} if {
+	input.method == "elicitation/create"
+}

@@ -1,0 +1,358 @@
+package integration
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/toolgate/toolgate/internal/sseref"
+)
+
+// The relay's streams against go-sdk upstreams, some of them made to
+// misbehave or attack: resumption, cancellation, SSE read and written as
+// the standard says, answers of every HTTP status through the same
+// filters, server→client requests.
+
+// A stream the upstream closes again and again while its tool
+// works (SEP-1699 polling) is resumed for as long as events arrive.
+func TestPollingStreamIsResumedWhileEventsArrive(t *testing.T) {
+	up, _, m := aliceSession(t, gatewayConfig{})
+	_, _, msgs := m.post(`{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"poll","arguments":{"times":10}}}`)
+	if !strings.Contains(string(lastMessage(t, msgs)), "polled 10 times") {
+		t.Fatalf("answer = %s, want the tool's result", lastMessage(t, msgs))
+	}
+	resumes := 0
+	for _, r := range up.requestLog() {
+		if r.Method == http.MethodGet && r.Header.Get("Last-Event-Id") != "" {
+			resumes++
+		}
+	}
+	if resumes <= 5 { // (a close while toolgate reconnects closes nothing)
+		t.Errorf("toolgate resumed %d times, want more than five", resumes)
+	}
+}
+
+// Resumptions that bring nothing end after resume_attempts.
+func TestResumptionWithoutProgressGivesUp(t *testing.T) {
+	up, _, m := aliceSession(t, gatewayConfig{ServiceExtra: "resume_attempts 3"})
+	var empty atomic.Int32
+	up.setIntercept(func(w http.ResponseWriter, r *http.Request, _ []byte) bool {
+		if r.Method != http.MethodGet || r.Header.Get("Last-Event-Id") == "" {
+			return false
+		}
+		empty.Add(1)
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.WriteHeader(http.StatusOK) // and nothing: the stream ends at once
+		return true
+	})
+	_, _, msgs := m.post(`{"jsonrpc":"2.0","id":4,"method":"tools/call","params":{"name":"reconnect","arguments":{}}}`)
+	if code, _ := rpcError(t, lastMessage(t, msgs)); code != -32011 {
+		t.Fatalf("answer = %s, want a retryable error", lastMessage(t, msgs))
+	}
+	if n := empty.Load(); n != 3 {
+		t.Errorf("toolgate resumed %d times without progress, want resume_attempts = 3", n)
+	}
+}
+
+// A call whose deadline passes before the upstream's response
+// headers (an upstream answering plain JSON) is cancelled upstream.
+func TestDeadlineBeforeHeadersCancelsUpstream(t *testing.T) {
+	up := startUpstreamWith(t, func(o *mcp.StreamableHTTPOptions) { o.JSONResponse = true })
+	g := startGateway(t, gatewayConfig{Upstream: up.URL, Timeout: "500ms"})
+	m := g.raw(t, aliceKey, g.createSession(t, aliceKey, "svc"), "svc")
+	m.initialize()
+	_, _, msgs := m.post(`{"jsonrpc":"2.0","id":9,"method":"tools/call","params":{"name":"wait","arguments":{}}}`)
+	if code, _ := rpcError(t, lastMessage(t, msgs)); code != -32011 {
+		t.Fatalf("answer = %s, want a retryable error", lastMessage(t, msgs))
+	}
+	select {
+	case name := <-up.cancelled:
+		if name != "wait" {
+			t.Errorf("cancelled %q", name)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the upstream's tool was never cancelled")
+	}
+	var cancels int
+	for _, r := range up.requestLog() {
+		if strings.Contains(r.Body, `"method":"notifications/cancelled"`) && strings.Contains(r.Body, `"requestId":9`) {
+			cancels++
+		}
+	}
+	if cancels != 1 {
+		t.Errorf("the upstream received %d notifications/cancelled for the call, want 1", cancels)
+	}
+}
+
+// sseRewriter rewrites what an upstream writes, to make it send SSE that is
+// valid but unusual (or malicious).
+type sseRewriter struct {
+	http.ResponseWriter
+	rewrite func([]byte) []byte
+}
+
+func (s *sseRewriter) Write(b []byte) (int, error) {
+	if _, err := s.ResponseWriter.Write(s.rewrite(b)); err != nil {
+		return 0, err
+	}
+	return len(b), nil
+}
+
+func (s *sseRewriter) Flush() { http.NewResponseController(s.ResponseWriter).Flush() }
+
+// An upstream stream with bare-CR line ends and a leading byte
+// order mark reads as any standard client reads it.
+func TestUpstreamSSEWithBareCRAndBOM(t *testing.T) {
+	up, _, m := aliceSession(t, gatewayConfig{})
+	up.setIntercept(func(w http.ResponseWriter, r *http.Request, body []byte) bool {
+		if !strings.Contains(string(body), "CR-LINES") {
+			return false
+		}
+		first := true
+		rw := &sseRewriter{ResponseWriter: w, rewrite: func(b []byte) []byte {
+			out := []byte(strings.ReplaceAll(string(b), "\n", "\r"))
+			if first {
+				first = false
+				out = append([]byte("\uFEFF"), out...)
+			}
+			return out
+		}}
+		up.mcpHandler().ServeHTTP(rw, r)
+		return true
+	})
+	_, _, msgs := m.post(`{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{"name":"echo","arguments":{"text":"CR-LINES"}}}`)
+	if !strings.Contains(string(lastMessage(t, msgs)), `CR-LINES`) {
+		t.Fatalf("answer = %s, want the echo", lastMessage(t, msgs))
+	}
+}
+
+// An empty id field resets the last event id, so toolgate does
+// not resume a stream from a stale one.
+func TestEmptyEventIDResetsTheLastEventID(t *testing.T) {
+	up, _, m := aliceSession(t, gatewayConfig{})
+	up.setIntercept(func(w http.ResponseWriter, r *http.Request, body []byte) bool {
+		if !strings.Contains(string(body), "RESET-ID") {
+			return false
+		}
+		w.Header().Set("Content-Type", "text/event-stream")
+		fmt.Fprint(w, "id: stale_1\ndata: {\"jsonrpc\":\"2.0\",\"method\":\"notifications/message\",\"params\":{\"level\":\"info\",\"data\":\"a\"}}\n\n"+
+			"id:\ndata: {\"jsonrpc\":\"2.0\",\"method\":\"notifications/message\",\"params\":{\"level\":\"info\",\"data\":\"b\"}}\n\n")
+		return true // and the stream ends without an answer
+	})
+	_, _, msgs := m.post(`{"jsonrpc":"2.0","id":6,"method":"tools/call","params":{"name":"echo","arguments":{"text":"RESET-ID"}}}`)
+	if code, _ := rpcError(t, lastMessage(t, msgs)); code != -32011 {
+		t.Fatalf("answer = %s, want a retryable error", lastMessage(t, msgs))
+	}
+	for _, r := range up.requestLog() {
+		if id := r.Header.Get("Last-Event-Id"); id != "" {
+			t.Errorf("toolgate resumed with Last-Event-ID %q after the upstream reset it", id)
+		}
+	}
+}
+
+// A server→client request on the stream of a runner whose
+// request does not accept SSE is answered with an error at once, instead
+// of leaving the upstream waiting.
+func TestServerRequestForAJSONOnlyRunnerIsRefused(t *testing.T) {
+	up := startUpstream(t)
+	g := startGateway(t, gatewayConfig{Upstream: up.URL, Timeout: "5s"})
+	m := g.raw(t, aliceKey, g.createSession(t, aliceKey, "svc"), "svc")
+	status, hdr, _ := m.post(`{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{"elicitation":{}},"clientInfo":{"name":"raw","version":"1"}}}`)
+	if status != http.StatusOK {
+		t.Fatalf("initialize: %d", status)
+	}
+	m.sessionID = hdr.Get("Mcp-Session-Id")
+	m.post(`{"jsonrpc":"2.0","method":"notifications/initialized"}`)
+	resp, err := m.send(context.Background(), http.MethodPost, "application/json",
+		`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"ask","arguments":{}}}`, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !strings.Contains(string(body), "elicitation failed") {
+		t.Fatalf("answer = %s, want the tool to learn at once that the client cannot be asked", body)
+	}
+}
+
+// Streams toolgate writes carry event ids (and a priming event),
+// and a silent stream carries keep-alive comments.
+func TestRunnerStreamsHaveEventIDsAndKeepAlives(t *testing.T) {
+	_, _, m := aliceSession(t, gatewayConfig{ServiceExtra: "sse_keepalive 50ms"})
+	resp, err := m.send(context.Background(), http.MethodPost, "application/json, text/event-stream",
+		`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"poll","arguments":{"times":4},"_meta":{"progressToken":"p"}}}`, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	stream := sseref.Parse(string(body))
+	if len(stream.Events) == 0 || stream.Events[0].Data != "" || stream.Events[0].LastEventID == "" {
+		t.Errorf("the stream does not start with a priming event: %q", body)
+	}
+	last := stream.Events[len(stream.Events)-1]
+	if !strings.Contains(last.Data, "polled 4 times") || last.LastEventID == "" {
+		t.Errorf("the answer event = %+v, want it with an event id", last)
+	}
+	if !strings.Contains(string(body), "\n: keep-alive\n") {
+		t.Errorf("no keep-alive comment on a stream silent for 120ms at a time: %q", body)
+	}
+}
+
+// A runner whose stream drops resumes it with GET and
+// Last-Event-ID, and gets the rest of it, answer included.
+func TestRunnerResumesADroppedStream(t *testing.T) {
+	_, _, m := aliceSession(t, gatewayConfig{})
+	ctx, cancel := context.WithCancel(context.Background())
+	resp, err := m.send(ctx, http.MethodPost, "application/json, text/event-stream",
+		`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"progress","arguments":{"steps":10},"_meta":{"progressToken":"p"}}}`, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Read up to the first progress notification, then drop the stream.
+	lines := bufio.NewReader(resp.Body)
+	lastID := ""
+	for {
+		line, err := lines.ReadString('\n')
+		if err != nil {
+			t.Fatalf("the stream ended before any progress: %v", err)
+		}
+		if id, ok := strings.CutPrefix(strings.TrimSuffix(line, "\n"), "id: "); ok {
+			lastID = id
+		}
+		if strings.Contains(line, `"progress":1`) {
+			break
+		}
+	}
+	cancel()
+	resp.Body.Close()
+	if lastID == "" {
+		t.Fatal("the progress event had no id")
+	}
+	// Only ids toolgate gave out resume anything.
+	token, _, _ := strings.Cut(lastID, ".")
+	for _, forged := range []string{token + ".999", "someone-else.1", "a_0"} {
+		resp, err := m.send(context.Background(), http.MethodGet, "text/event-stream", "", forged)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusBadRequest {
+			t.Errorf("GET with Last-Event-ID %q: %d, want 400", forged, resp.StatusCode)
+		}
+	}
+	resumed, err := m.send(context.Background(), http.MethodGet, "text/event-stream", "", lastID)
+	if err != nil || resumed.StatusCode != http.StatusOK {
+		t.Fatalf("GET with Last-Event-ID %q: %v %v", lastID, err, resumed)
+	}
+	body, _ := io.ReadAll(resumed.Body)
+	resumed.Body.Close()
+	stream := sseref.Parse(string(body))
+	if len(stream.Events) == 0 || !strings.Contains(stream.Events[len(stream.Events)-1].Data, `"text":"done"`) {
+		t.Fatalf("the resumed stream = %q, want the rest and the answer", body)
+	}
+	if strings.Contains(string(body), `"progress":1,`) {
+		t.Errorf("the resumed stream repeats what the runner had: %q", body)
+	}
+}
+
+// A bare CR in an upstream's SSE data cannot show the result
+// policy one message and a standard-conforming runner another.
+func TestBareCRCannotHideAResultFromThePolicy(t *testing.T) {
+	up, _, m := aliceSession(t, gatewayConfig{})
+	up.setIntercept(func(w http.ResponseWriter, r *http.Request, body []byte) bool {
+		if !strings.Contains(string(body), "CR-ATTACK") {
+			return false
+		}
+		// Read with LF line ends only, the data is a result whose text is
+		// "ok"; read as the standard says, the text is the secret.
+		w.Header().Set("Content-Type", "text/event-stream")
+		fmt.Fprint(w, "event: message\n"+
+			"data: {\"jsonrpc\":\"2.0\",\"id\":5,\"result\":{\"content\":[{\"type\":\"text\",\"text\":\r\"ok\",\"x\":{\n"+
+			"data: \"the password is SECRET-VALUE\"\r:1}\n"+
+			"data: }]}}\n\n")
+		return true
+	})
+	_, _, msgs := m.post(`{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{"name":"echo","arguments":{"text":"CR-ATTACK"}}}`)
+	answer := string(lastMessage(t, msgs))
+	if strings.Contains(answer, "SECRET-VALUE") || !strings.Contains(answer, "[REDACTED]") {
+		t.Fatalf("a conforming runner read %s; the result policy must have seen (and redacted) the same text", answer)
+	}
+}
+
+// An upstream's 4xx answer passes the same strict reading and
+// the same filters as a 2xx one, or is replaced by toolgate's own error.
+func TestUpstreamErrorBodiesPassTheSameFilters(t *testing.T) {
+	up, _, m := aliceSession(t, gatewayConfig{})
+	up.setIntercept(func(w http.ResponseWriter, r *http.Request, body []byte) bool {
+		var answer string
+		switch {
+		case strings.Contains(string(body), `"id":77`):
+			answer = `{"jsonrpc":"2.0","id":77,"result":{"tools":[{"name":"not_allowlisted","inputSchema":{"type":"object"}},{"name":"echo","inputSchema":{"type":"object"},"annotations":{"readOnlyHint":true}}]}}`
+		case strings.Contains(string(body), `"id":78`):
+			answer = `{"jsonrpc":"2.0","id":78,"error":{"code":-1,"message":"bad","message":"SECRET"}}`
+		case strings.Contains(string(body), `"id":79`):
+			answer = `{"error":"not a JSON-RPC message"}`
+		default:
+			return false
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusBadRequest)
+		io.WriteString(w, answer)
+		return true
+	})
+	_, _, msgs := m.post(`{"jsonrpc":"2.0","id":77,"method":"tools/list"}`)
+	if list := string(lastMessage(t, msgs)); strings.Contains(list, "not_allowlisted") || !strings.Contains(list, `"echo"`) {
+		t.Errorf("tools/list answered with HTTP 400 = %s, want the allowlist applied", list)
+	}
+	for _, id := range []string{"78", "79"} {
+		_, _, msgs = m.post(`{"jsonrpc":"2.0","id":` + id + `,"method":"prompts/list"}`)
+		answer := string(lastMessage(t, msgs))
+		if strings.Contains(answer, "SECRET") || strings.Contains(answer, "not a JSON-RPC") || !strings.Contains(answer, "HTTP 400") {
+			t.Errorf("id %s: answer = %s, want toolgate's own error", id, answer)
+		}
+	}
+}
+
+// The runner's answer to a server→client request is matched on
+// the id's value however it is spelled, so the policy judges it as the
+// answer to that request; an answer to nothing pending is refused.
+func TestRespelledServerRequestIDIsAttributed(t *testing.T) {
+	up, _, m := aliceSession(t, gatewayConfig{})
+	up.setIntercept(func(w http.ResponseWriter, r *http.Request, body []byte) bool {
+		if !strings.Contains(string(body), "ASK-E1") {
+			return false
+		}
+		w.Header().Set("Content-Type", "text/event-stream")
+		fmt.Fprint(w, "event: message\ndata: {\"jsonrpc\":\"2.0\",\"id\":\"e1\",\"method\":\"elicitation/create\",\"params\":{\"message\":\"ok?\",\"requestedSchema\":{\"type\":\"object\"}}}\n\n")
+		http.NewResponseController(w).Flush()
+		<-r.Context().Done()
+		return true
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	resp, err := m.send(ctx, http.MethodPost, "application/json, text/event-stream",
+		`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"echo","arguments":{"text":"ASK-E1"}}}`, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	lines := bufio.NewScanner(resp.Body)
+	for lines.Scan() && !strings.Contains(lines.Text(), "elicitation/create") {
+	}
+	status, _, msgs := m.post(`{"jsonrpc":"2.0","id":"e\u0031","result":{"action":"accept","content":{}}}`)
+	if status != http.StatusForbidden || !strings.Contains(string(lastMessage(t, msgs)), "elicitation/create are denied") {
+		t.Errorf("a re-spelled answer to elicitation/create: %d %s, want the policy's deny", status, msgs)
+	}
+	if status, _, msgs := m.post(`{"jsonrpc":"2.0","id":"nothing-pending","result":{}}`); status != http.StatusBadRequest {
+		t.Errorf("an answer to no pending request: %d %s, want 400", status, msgs)
+	}
+}
