@@ -296,3 +296,43 @@ func startOpenIDProvider(t *testing.T, clientID, secret string) (string, string)
 	t.Cleanup(func() { _ = srv.Close() })
 	return issuer, password
 }
+
+// An approver opens the approval page a runner was given, signs in, and
+// approves for the session from the page: the runner's next identical calls
+// go through.
+func TestBrowserApproval(t *testing.T) {
+	ctx := chromium(t)
+	up, g := approvalsGateway(t, "")
+	m := g.raw(t, aliceKey, g.createSession(t, aliceKey, "svc"), "svc")
+	m.initialize()
+	p := mustPend(t, m.call(1, "gated_tool", `{"text":"deploy the docs","project":"apollo"}`))
+
+	run(t, ctx, "opening the approval link", chromedp.Navigate(p.ApprovalURL), chromedp.WaitVisible(chromedp.ID("api_key")))
+	run(t, ctx, "signing in",
+		chromedp.SendKeys(chromedp.ID("api_key"), aliceKey),
+		chromedp.Submit(chromedp.ID("api_key")),
+		chromedp.WaitVisible(chromedp.ID("arguments")))
+	if args := textOf(t, ctx, "#arguments"); !strings.Contains(args, `"deploy the docs"`) || !strings.Contains(args, `"[masked]"`) || strings.Contains(args, "apollo") {
+		t.Fatalf("the arguments on the approval page: %s", args)
+	}
+	shoot(t, ctx, "12-approval")
+	run(t, ctx, "approving for the session",
+		chromedp.Click(chromedp.ID("scope-session")),
+		chromedp.Click(chromedp.CSS(`form[action$="/approve"] button`)),
+		chromedp.WaitVisible(chromedp.CSS(".notice.ok")))
+	if n := textOf(t, ctx, ".notice.ok"); !strings.Contains(n, "Approved for identical calls in that session") {
+		t.Fatalf("after approving: %q", n)
+	}
+	shoot(t, ctx, "13-approved")
+	for i := range 2 {
+		mustSucceed(t, m.call(2+i, "gated_tool", `{"text":"deploy the docs","project":"apollo"}`))
+	}
+	if n := up.upstreamCalls("gated_tool"); n != 2 {
+		t.Fatalf("the upstream saw %d calls, want the 2 approved ones", n)
+	}
+
+	// The queue, with another pending request.
+	mustPend(t, m.call(4, "gated_tool", `{"text":"something else"}`))
+	run(t, ctx, "opening the queue", chromedp.Navigate(g.URL+"/console/approvals"), chromedp.WaitVisible(chromedp.CSS("table.queue")))
+	shoot(t, ctx, "14-approvals-queue")
+}

@@ -56,8 +56,8 @@ func TestDemoWalkthrough(t *testing.T) {
 		names = append(names, tool.Name)
 	}
 	slices.Sort(names)
-	if !slices.Equal(names, []string{"read_ticket", "whoami"}) {
-		t.Errorf("tools/list = %v, want read_ticket and whoami", names)
+	if !slices.Equal(names, []string{"comment_ticket", "read_ticket", "whoami"}) {
+		t.Errorf("tools/list = %v, want comment_ticket, read_ticket and whoami", names)
 	}
 
 	_, _, msgs = m.post(`{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"read_ticket","arguments":{"ticket_id":"TEST-123"}}}`)
@@ -71,6 +71,19 @@ func TestDemoWalkthrough(t *testing.T) {
 	_, _, msgs = m.post(`{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{"name":"delete_ticket","arguments":{"ticket_id":"TEST-123"}}}`)
 	if len(msgs) == 0 || !strings.Contains(string(msgs[len(msgs)-1]), "Unknown tool") {
 		t.Errorf("delete_ticket: %s", msgs)
+	}
+
+	// comment_ticket changes a ticket: the default policy asks, alice
+	// approves it (here with the API, as the README's curl does), and the
+	// identical retry runs.
+	comment := `{"ticket_id":"TEST-123","comment":"Reproduced on staging."}`
+	p := mustPend(t, m.call(6, "comment_ticket", comment))
+	if r := g.decide(t, "demo-alice", p.ApprovalID, true, "once", ""); r.StatusCode != http.StatusOK {
+		t.Fatalf("approving comment_ticket: %d %s", r.StatusCode, r.Body)
+	}
+	_, _, msgs = m.post(`{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"comment_ticket","arguments":` + comment + `}}`)
+	if len(msgs) == 0 || !strings.Contains(string(msgs[len(msgs)-1]), "Reproduced on staging.") || strings.Contains(string(msgs[len(msgs)-1]), `"isError":true`) {
+		t.Errorf("comment_ticket after the approval: %s", msgs)
 	}
 
 	bobRaw := g.raw(t, "demo-bob", sess, "tracker")

@@ -20,6 +20,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/toolgate/toolgate/internal/account"
+	"github.com/toolgate/toolgate/internal/approval"
 	"github.com/toolgate/toolgate/internal/websession"
 	"github.com/toolgate/toolgate/modules/gateway"
 	"github.com/toolgate/toolgate/modules/session"
@@ -32,10 +33,11 @@ func init() {
 // Handler serves the toolgate HTTP API. Requests it has no route for go to
 // the next handler.
 type Handler struct {
-	app      *gateway.App
-	browsers *websession.Store
-	mux      *http.ServeMux
-	logger   *zap.Logger
+	app       *gateway.App
+	approvals *approval.Manager // nil without a cipher
+	browsers  *websession.Store
+	mux       *http.ServeMux
+	logger    *zap.Logger
 }
 
 // CaddyModule returns the Caddy module information.
@@ -55,6 +57,11 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	}
 	h.app = app.(*gateway.App)
 	h.browsers = websession.NewStore(h.app.Storage(), 0)
+	if h.app.Cipher() != nil {
+		if h.approvals, err = approval.For(ctx, h.app); err != nil {
+			return err
+		}
+	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /.well-known/oauth-protected-resource", h.resourceMetadata)
 	mux.HandleFunc("GET /.well-known/oauth-protected-resource/{rest...}", h.resourceMetadata)
@@ -66,6 +73,10 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	mux.Handle("DELETE /v1/connections/{service}", h.authenticated(h.deleteConnection))
 	mux.Handle("POST /v1/connections/{service}/authorize", h.authenticated(h.authorize))
 	mux.Handle("POST /v1/connections/{service}/test", h.authenticated(h.testConnection))
+	mux.Handle("GET /v1/approvals", h.authenticated(h.listApprovals))
+	mux.Handle("GET /v1/approvals/{id}", h.authenticated(h.getApproval))
+	mux.Handle("POST /v1/approvals/{id}/approve", h.authenticated(h.decideApproval(true)))
+	mux.Handle("POST /v1/approvals/{id}/deny", h.authenticated(h.decideApproval(false)))
 	// The callback is opened by the user's browser, redirected by the
 	// provider: the signed state, not a bearer token, says who it is for.
 	mux.HandleFunc("GET /v1/connections/{service}/callback", h.callback)

@@ -29,6 +29,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/toolgate/toolgate/internal/activity"
+	"github.com/toolgate/toolgate/internal/approval"
 	"github.com/toolgate/toolgate/internal/websession"
 	"github.com/toolgate/toolgate/modules/gateway"
 )
@@ -64,13 +65,14 @@ type Handler struct {
 	// Default 168h (7 days). The audit log is not affected.
 	ActivityRetention caddy.Duration `json:"activity_retention,omitempty"`
 
-	app      *gateway.App
-	browsers *websession.Store
-	activity *activity.Log
-	ownLog   bool // this handler created the activity log and stops it
-	pages    *template.Template
-	mux      *http.ServeMux
-	logger   *zap.Logger
+	app       *gateway.App
+	approvals *approval.Manager // nil without a cipher
+	browsers  *websession.Store
+	activity  *activity.Log
+	ownLog    bool // this handler created the activity log and stops it
+	pages     *template.Template
+	mux       *http.ServeMux
+	logger    *zap.Logger
 }
 
 // CaddyModule returns the Caddy module information.
@@ -127,6 +129,11 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return fmt.Errorf("console templates: %v", err)
 	}
 	h.browsers = websession.NewStore(h.app.Storage(), maxBrowserSessions)
+	if h.app.Cipher() != nil {
+		if h.approvals, err = approval.For(ctx, h.app); err != nil {
+			return err
+		}
+	}
 	log := activity.New(h.app.Storage(), time.Duration(h.ActivityRetention), activityObjectsPerUser, h.logger.Named("activity"))
 	if rec := h.app.SetDecisionRecorder(log); rec == gateway.DecisionRecorder(log) {
 		h.activity, h.ownLog = log, true
@@ -216,6 +223,11 @@ func (h *Handler) routes() {
 	mux.Handle("POST "+p+"sessions", h.change(h.createSession))
 	mux.Handle("POST "+p+"sessions/{ref}/end", h.change(h.endSession))
 	mux.Handle("GET "+p+"activity", h.signedIn(h.activityPage))
+	mux.Handle("GET "+p+"approvals", h.signedIn(h.approvalsPage))
+	mux.Handle("POST "+p+"approvals", h.change(h.bulk))
+	mux.Handle("GET "+p+"approvals/{id}", h.signedIn(h.approvalPage))
+	mux.Handle("POST "+p+"approvals/{id}/approve", h.change(h.decide(true)))
+	mux.Handle("POST "+p+"approvals/{id}/deny", h.change(h.decide(false)))
 	h.mux = mux
 }
 

@@ -2,6 +2,7 @@ package console
 
 import (
 	"bytes"
+	"fmt"
 	"html/template"
 	"net/http"
 	"strings"
@@ -61,14 +62,16 @@ var funcs = template.FuncMap{
 	},
 	"join": strings.Join,
 	"until": func(t time.Time) string {
-		d := time.Until(t).Round(time.Minute)
+		d := time.Until(t)
 		switch {
 		case d <= 0:
 			return "expired"
+		case d < time.Minute:
+			return "in less than a minute"
 		case d < time.Hour:
-			return "in " + d.String()
+			return fmt.Sprintf("in %d min", int(d.Round(time.Minute)/time.Minute))
 		}
-		return "in " + d.Round(time.Hour).String()
+		return fmt.Sprintf("in %d h %d min", int(d/time.Hour), int(d%time.Hour/time.Minute))
 	},
 }
 

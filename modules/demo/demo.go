@@ -5,8 +5,10 @@
 // caddyfile/demo.Caddyfile runs on a second local port. It is not meant for
 // production.
 //
-// The tracker knows three tools: whoami and read_ticket (read-only) and
-// delete_ticket (destructive; the demo registry does not allowlist it). It
+// The tracker knows four tools: whoami and read_ticket (read-only),
+// comment_ticket (it changes a ticket but destroys nothing: the default
+// policy asks a person to approve it) and delete_ticket (destructive; the
+// demo registry does not allowlist it). It
 // accepts only access tokens its provider issued. The provider, at
 // /oauth/authorize and /oauth/token, has no login page: it approves every
 // authorization at once for the user the login_hint parameter names (or
@@ -149,10 +151,22 @@ type ticketArgs struct {
 
 // Ticket is one tracker ticket.
 type Ticket struct {
-	ID     string `json:"id"`
-	Title  string `json:"title"`
-	Status string `json:"status"`
-	Body   string `json:"body"`
+	ID       string    `json:"id"`
+	Title    string    `json:"title"`
+	Status   string    `json:"status"`
+	Body     string    `json:"body"`
+	Comments []Comment `json:"comments,omitempty"`
+}
+
+// Comment is one comment on a ticket.
+type Comment struct {
+	By   string `json:"by"`
+	Text string `json:"text"`
+}
+
+type commentArgs struct {
+	TicketID string `json:"ticket_id" jsonschema:"the ticket, e.g. TEST-123"`
+	Comment  string `json:"comment" jsonschema:"the comment's text"`
 }
 
 type whoamiResult struct {
@@ -194,6 +208,18 @@ func NewServer(identify Identify) *mcp.Server {
 		return nil, t, nil
 	})
 	mcp.AddTool(s, &mcp.Tool{
+		Name:        "comment_ticket",
+		Description: "Add a comment to a ticket.",
+		Annotations: &mcp.ToolAnnotations{DestructiveHint: new(false), IdempotentHint: false, OpenWorldHint: new(false)},
+	}, func(ctx context.Context, req *mcp.CallToolRequest, in commentArgs) (*mcp.CallToolResult, Ticket, error) {
+		user, _ := identify(ctx, req.Extra.Header)
+		t, ok := tickets.comment(in.TicketID, user, in.Comment)
+		if !ok {
+			return nil, Ticket{}, fmt.Errorf("no ticket %q", in.TicketID)
+		}
+		return nil, t, nil
+	})
+	mcp.AddTool(s, &mcp.Tool{
 		Name:        "delete_ticket",
 		Description: "Delete a ticket for good.",
 		Annotations: &mcp.ToolAnnotations{DestructiveHint: new(true)},
@@ -216,6 +242,18 @@ func (s *ticketStore) get(id string) (Ticket, bool) {
 	defer s.mu.Unlock()
 	t, ok := s.tickets[id]
 	return t, ok
+}
+
+func (s *ticketStore) comment(id, by, text string) (Ticket, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	t, ok := s.tickets[id]
+	if !ok {
+		return t, false
+	}
+	t.Comments = append(t.Comments[:len(t.Comments):len(t.Comments)], Comment{By: by, Text: text})
+	s.tickets[id] = t
+	return t, true
 }
 
 func (s *ticketStore) delete(id string) bool {

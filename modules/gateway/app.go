@@ -54,6 +54,10 @@ type App struct {
 	// Auth says how callers authenticate.
 	Auth *AuthConfig `json:"auth,omitempty"`
 
+	// Extensions holds the configuration of capabilities outside the kernel,
+	// by option name (see RegisterOption): "approvals", for instance.
+	Extensions map[string]json.RawMessage `json:"extensions,omitempty"`
+
 	// Services is the registry of upstream MCP servers.
 	Services []*Service `json:"services,omitempty"`
 
@@ -132,6 +136,8 @@ type App struct {
 	// toolgate_console serves this config, and who records decisions.
 	console  bool
 	recorder DecisionRecorder
+	sharedMu *sync.Mutex
+	shared   map[string]any
 }
 
 // CaddyModule returns the Caddy module information.
@@ -164,6 +170,7 @@ func (a *App) Provision(ctx caddy.Context) error {
 	repl := caddy.NewReplacer()
 	a.stop = make(chan struct{})
 	a.stopOnce = new(sync.Once)
+	a.sharedMu = new(sync.Mutex)
 	a.pipeline = new(pipelineTrail)
 
 	// Guest modules.
@@ -442,6 +449,10 @@ func (a *App) Cleanup() error {
 
 // Registry returns the service registry.
 func (a *App) Registry() *Registry { return a.registry }
+
+// Cipher is the cipher that seals what the gateway stores; nil when none
+// is configured.
+func (a *App) Cipher() Cipher { return a.cipher }
 
 // Storage is the storage every record of the gateway lives in.
 func (a *App) Storage() certmagic.Storage { return a.storage }

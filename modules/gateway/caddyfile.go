@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"encoding/json"
 	"strconv"
 
 	"github.com/caddyserver/caddy/v2"
@@ -151,7 +152,17 @@ func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				a.Services = append(a.Services, s)
 			}
 		default:
-			return d.Errf("toolgate: unknown option %q", opt)
+			parse := registeredOption(opt)
+			if parse == nil {
+				return d.Errf("toolgate: unknown option %q", opt)
+			}
+			var v any
+			if v, err = parse(d); err == nil {
+				if a.Extensions == nil {
+					a.Extensions = map[string]json.RawMessage{}
+				}
+				a.Extensions[opt] = caddyconfig.JSON(v, nil)
+			}
 		}
 		if err != nil {
 			return err

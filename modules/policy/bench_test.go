@@ -240,7 +240,7 @@ func BenchmarkResultPolicy(b *testing.B) {
 			call := benchCall(b, benchTool, `{"ticket_id":"TEST-123"}`)
 			result := []byte(c.result)
 			step := func() {
-				out, err := h.check(ctx, call, result)
+				out, err := h.check(ctx, call, result, "")
 				if err != nil || (defaults && ((out != nil) != c.changed || strings.Contains(string(out), "withheld"))) {
 					panic(fmt.Sprintf("check: %.300s, %v", out, err))
 				}

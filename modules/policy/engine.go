@@ -206,6 +206,7 @@ type outcome struct {
 	Reason    string
 	Arguments map[string]any // request stage: replacement arguments, or nil
 	Result    *ast.Term      // result stage: replacement result (an object), or nil
+	Approval  []byte         // ask: the decision's approval object (JSON), or nil
 	// Failure says why the decision is a deny the policy did not make
 	// (one of the fail* constants); "" when the policy decided.
 	Failure  string
@@ -292,6 +293,12 @@ func (e *engine) decideWith(ctx context.Context, c *compiled, input ast.Value, t
 				return true
 			}
 			o.Arguments, _ = args.(map[string]any)
+		case "approval":
+			if _, ok := v.Value.(ast.Object); !ok {
+				malformed = "the policy decision's approval is not an object"
+				return true
+			}
+			o.Approval = []byte(v.String())
 		default:
 			malformed = "the policy decision has an unknown field " + k.String()
 			return true
@@ -301,23 +308,26 @@ func (e *engine) decideWith(ctx context.Context, c *compiled, input ast.Value, t
 	if malformed != "" {
 		return o.deny(failMalformed, malformed)
 	}
-	switch o.Action {
+	switch o.Action { // the constants, not the input's memory
 	case gateway.ActionAllow:
-		o.Action = gateway.ActionAllow // the constant, not the input's memory
-		return o
+		o.Action = gateway.ActionAllow
 	case gateway.ActionDeny:
 		o.Action = gateway.ActionDeny
-		return o
 	case gateway.ActionAsk:
 		o.Action = gateway.ActionAsk
 		return o
+	default:
+		return o.deny(failMalformed, "the policy decision's action is not allow, deny or ask")
 	}
-	return o.deny(failMalformed, "the policy decision's action is not allow, deny or ask")
+	if o.Approval != nil {
+		return o.deny(failMalformed, "the policy decision has an approval object but does not ask")
+	}
+	return o
 }
 
 func (o outcome) deny(failure, reason string) outcome {
 	o.Action, o.Reason, o.Failure = gateway.ActionDeny, reason, failure
-	o.Arguments, o.Result = nil, nil
+	o.Arguments, o.Result, o.Approval = nil, nil, nil
 	return o
 }
 

@@ -26,6 +26,7 @@ import (
 	"github.com/open-policy-agent/opa/v1/ast"
 	"go.uber.org/zap"
 
+	"github.com/toolgate/toolgate/internal/approval"
 	"github.com/toolgate/toolgate/modules/gateway"
 )
 
@@ -63,12 +64,13 @@ type Config struct {
 	// with the same input; those values are logged as "[masked]".
 	LogPayloads bool `json:"log_payloads,omitempty"`
 
-	stage   string
-	engine  *engine
-	poolKey string
-	app     *gateway.App
-	audit   *zap.Logger
-	logger  *zap.Logger
+	stage     string
+	engine    *engine
+	poolKey   string
+	app       *gateway.App
+	approvals *approval.Manager // nil without a cipher: asks cannot be approved
+	audit     *zap.Logger
+	logger    *zap.Logger
 }
 
 const (
@@ -139,6 +141,11 @@ func (c *Config) provision(ctx caddy.Context, stage, defaultQuery string) error 
 	// after a reload that changes log outputs, its messages go to the new
 	// ones.
 	c.app = app.(*gateway.App)
+	if c.app.Cipher() != nil {
+		if c.approvals, err = approval.For(ctx, c.app); err != nil {
+			return err
+		}
+	}
 	logger := c.logger
 	c.app.OnStart(func() {
 		c.engine.setLogger(logger)

@@ -69,24 +69,29 @@ func (h *RequestHandler) ServeHTTP(w http.ResponseWriter, r *http.Request, next 
 	}
 	d := h.newDecision(r.Context(), call, o, stageRequest, call.Message.Arguments, nil, input)
 	call.Decision = d
+	if o.Arguments != nil && call.Method == "tools/call" && o.Action != gateway.ActionDeny {
+		// What goes upstream, and what an approval is about.
+		args, err := json.Marshal(o.Arguments)
+		if err != nil {
+			call.Fail(w, http.StatusForbidden, gateway.CodePolicyDenied, "denied: the policy's rewritten arguments cannot be encoded", decisionData(d))
+			return nil
+		}
+		call.Arguments = args
+	}
 	switch o.Action {
 	case gateway.ActionAllow:
-		if o.Arguments != nil && call.Method == "tools/call" {
-			args, err := json.Marshal(o.Arguments)
-			if err != nil {
-				call.Fail(w, http.StatusForbidden, gateway.CodePolicyDenied, "denied: the policy's rewritten arguments cannot be encoded", decisionData(d))
-				return nil
-			}
-			call.Arguments = args
-		}
-		if call.Method == "tools/list" {
-			call.OnResult(h.hideTools)
-		}
-		return next.ServeHTTP(w, r)
+		return h.allow(w, r, call, next)
 	case gateway.ActionAsk:
-		data := decisionData(d)
-		data["approval_required"] = true
-		call.Fail(w, http.StatusForbidden, gateway.CodeApprovalRequired, "approval required: "+o.Reason, data)
+		if h.approvals == nil {
+			data := decisionData(d)
+			data["approval_required"] = true
+			call.Fail(w, http.StatusForbidden, gateway.CodeApprovalRequired,
+				"approval required: "+o.Reason+" (this gateway cannot take approvals: it has no cipher to keep them; an administrator must configure one)", data)
+			return nil
+		}
+		if h.ask(w, r, call, o, d, input) {
+			return h.allow(w, r, call, next)
+		}
 	default:
 		if call.Method == "tools/call" {
 			// A tool result, so the agent reads the reason and can adapt.
@@ -96,6 +101,14 @@ func (h *RequestHandler) ServeHTTP(w http.ResponseWriter, r *http.Request, next 
 		call.Fail(w, http.StatusForbidden, gateway.CodePolicyDenied, "denied by policy: "+o.Reason, decisionData(d))
 	}
 	return nil
+}
+
+// allow sends the call on.
+func (h *RequestHandler) allow(w http.ResponseWriter, r *http.Request, call *gateway.Call, next caddyhttp.Handler) error {
+	if call.Method == "tools/list" {
+		call.OnResult(h.hideTools)
+	}
+	return next.ServeHTTP(w, r)
 }
 
 // hideTools removes from a tools/list result the tools the policy would

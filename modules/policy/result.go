@@ -53,7 +53,13 @@ func (h *ResultHandler) ServeHTTP(w http.ResponseWriter, r *http.Request, next c
 			errors.New("toolgate_result_policy must come after toolgate_session and toolgate_registry in the route"))
 	}
 	if call.IsRequest() && call.Method == "tools/call" {
-		call.OnResult(h.check)
+		if h.approvals != nil && h.approvals.MayRelease(call.Caller.User, gateway.SessionRef(call.Session.ID)) && h.released(w, r, call) {
+			return nil
+		}
+		base := h.app.BaseURL(r)
+		call.OnResult(func(ctx context.Context, call *gateway.Call, result []byte) ([]byte, error) {
+			return h.check(ctx, call, result, base)
+		})
 	}
 	return next.ServeHTTP(w, r)
 }
@@ -61,7 +67,7 @@ func (h *ResultHandler) ServeHTTP(w http.ResponseWriter, r *http.Request, next c
 // check decides one result: allow (as is, or replaced), deny, or ask
 // (withheld). A denied or withheld result reaches the runner as a tool
 // error carrying the reason and the decision id.
-func (h *ResultHandler) check(ctx context.Context, call *gateway.Call, result []byte) ([]byte, error) {
+func (h *ResultHandler) check(ctx context.Context, call *gateway.Call, result []byte, base string) ([]byte, error) {
 	// The input is built for the policy version that decides, whose scan
 	// settings it uses.
 	sum := h.digest(result) // for the audit entry, hashed while the policy evaluates
@@ -86,7 +92,18 @@ func (h *ResultHandler) check(ctx context.Context, call *gateway.Call, result []
 	case gateway.ActionAllow:
 		return replaced, nil // nil: the upstream's bytes go on untouched
 	case gateway.ActionAsk:
-		return gateway.ToolError("the result is withheld pending approval: "+o.Reason, d), nil
+		if h.approvals == nil {
+			return gateway.ToolError("the result is withheld pending approval: "+o.Reason+
+				" (this gateway cannot take approvals: it has no cipher to keep them; an administrator must configure one)", d), nil
+		}
+		withheld := result
+		if o.Result != nil {
+			// The policy's cleaned result is the one reviewed and released.
+			if withheld, err = appendJSON(nil, o.Result, spans); err != nil {
+				return gateway.ToolError("the result was withheld: the policy's cleaned result cannot be written as JSON", d), nil
+			}
+		}
+		return h.withhold(ctx, call, o, d, input, withheld, base), nil
 	default:
 		return gateway.ToolError("the result was withheld by policy: "+o.Reason, d), nil
 	}

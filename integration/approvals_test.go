@@ -1,0 +1,438 @@
+package integration
+
+import (
+	"context"
+	"crypto/hmac"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/toolgate/toolgate/internal/approval"
+)
+
+// approvalsGateway is a gateway whose policies ask for approvals (see
+// testdata/approvals).
+func approvalsGateway(t testing.TB, extra string) (*upstream, *gateway) {
+	t.Helper()
+	up := startUpstream(t)
+	g := startGateway(t, gatewayConfig{Upstream: up.URL, RequestPolicy: testdataPath(t, "approvals"), Extra: extra})
+	return up, g
+}
+
+// upstreamCalls counts the tools/call requests of tool the upstream got.
+func (u *upstream) upstreamCalls(tool string) int {
+	n := 0
+	for _, r := range u.requestLog() {
+		if strings.Contains(r.Body, `"method":"tools/call"`) && strings.Contains(r.Body, `"name":"`+tool+`"`) {
+			n++
+		}
+	}
+	return n
+}
+
+// pending is the data of a -32012 answer.
+type pendingData struct {
+	ApprovalRequired bool      `json:"approval_required"`
+	ApprovalID       string    `json:"approval_id"`
+	ApprovalURL      string    `json:"approval_url"`
+	ExpiresAt        time.Time `json:"expires_at"`
+	DecisionID       string    `json:"decision_id"`
+}
+
+// call makes one tools/call and returns the raw answer.
+func (m *rawMCP) call(id int, tool, args string) json.RawMessage {
+	m.t.Helper()
+	_, _, msgs := m.post(`{"jsonrpc":"2.0","id":` + strconv.Itoa(id) + `,"method":"tools/call","params":{"name":"` + tool + `","arguments":` + args + `}}`)
+	if len(msgs) == 0 {
+		m.t.Fatalf("tools/call %s %s: no answer", tool, args)
+	}
+	return msgs[len(msgs)-1]
+}
+
+// mustPend expects the -32012 answer of a pending approval.
+func mustPend(t testing.TB, answer json.RawMessage) pendingData {
+	t.Helper()
+	var a struct {
+		Error *struct {
+			Code int
+			Data pendingData
+		}
+	}
+	if json.Unmarshal(answer, &a) != nil || a.Error == nil || a.Error.Code != -32012 || !a.Error.Data.ApprovalRequired || a.Error.Data.ApprovalID == "" {
+		t.Fatalf("want -32012 approval required, got %s", answer)
+	}
+	return a.Error.Data
+}
+
+// mustSucceed expects a successful tool result and returns its text.
+func mustSucceed(t testing.TB, answer json.RawMessage) string {
+	t.Helper()
+	var a struct {
+		Result *struct {
+			IsError bool `json:"isError"`
+			Content []struct{ Text string }
+		}
+	}
+	if json.Unmarshal(answer, &a) != nil || a.Result == nil || a.Result.IsError || len(a.Result.Content) == 0 {
+		t.Fatalf("want a successful result, got %s", answer)
+	}
+	return a.Result.Content[0].Text
+}
+
+// decide approves (scope) or denies an approval through the API.
+func (g *gateway) decide(t testing.TB, key, id string, approve bool, scope, note string) apiResponse {
+	t.Helper()
+	verb, body := "deny", map[string]string{"note": note}
+	if approve {
+		verb = "approve"
+		if scope != "" {
+			body["scope"] = scope
+		}
+	}
+	b, _ := json.Marshal(body)
+	return g.api(t, http.MethodPost, "/v1/approvals/"+id+"/"+verb, key, b)
+}
+
+func TestApprovalOnceThroughTheAPI(t *testing.T) {
+	up, g := approvalsGateway(t, "")
+	m := g.raw(t, aliceKey, g.createSession(t, aliceKey, "svc"), "svc")
+	m.initialize()
+
+	first := mustPend(t, m.call(1, "gated_tool", `{"text":"hello","project":"apollo"}`))
+	if first.ApprovalURL != g.URL+"/console/approvals/"+first.ApprovalID || time.Until(first.ExpiresAt) < 9*time.Minute {
+		t.Fatalf("the pending answer: %+v", first)
+	}
+	if n := up.upstreamCalls("gated_tool"); n != 0 {
+		t.Fatalf("the upstream saw %d calls of a tool waiting for approval", n)
+	}
+	// The identical call, spelled differently, waits for the same approval.
+	if again := mustPend(t, m.call(2, "gated_tool", `{ "project" : "apollo", "text" : "hello" }`)); again.ApprovalID != first.ApprovalID {
+		t.Fatalf("the identical call made a second approval %s (first %s)", again.ApprovalID, first.ApprovalID)
+	}
+
+	// Alice sees it, masked; bob neither sees nor decides it.
+	r := g.api(t, http.MethodGet, "/v1/approvals/"+first.ApprovalID, aliceKey, nil)
+	var view struct {
+		State     string
+		Arguments map[string]any
+		MayDecide bool `json:"may_decide"`
+		Scopes    []string
+	}
+	if r.StatusCode != http.StatusOK || json.Unmarshal(r.Body, &view) != nil || view.State != "pending" || !view.MayDecide ||
+		view.Arguments["text"] != "hello" || view.Arguments["project"] != "[masked]" {
+		t.Fatalf("GET the approval: %d %s", r.StatusCode, r.Body)
+	}
+	for _, path := range []string{"/v1/approvals/" + first.ApprovalID} {
+		if r := g.api(t, http.MethodGet, path, bobKey, nil); r.StatusCode != http.StatusNotFound {
+			t.Errorf("bob reading alice's approval: %d", r.StatusCode)
+		}
+	}
+	if r := g.decide(t, bobKey, first.ApprovalID, true, "", ""); r.StatusCode != http.StatusNotFound {
+		t.Errorf("bob approving alice's call: %d %s", r.StatusCode, r.Body)
+	}
+	if r := g.api(t, http.MethodGet, "/v1/approvals?role=approver", bobKey, nil); strings.Contains(string(r.Body), first.ApprovalID) {
+		t.Errorf("bob's queue lists alice's approval: %s", r.Body)
+	}
+	if r := g.api(t, http.MethodGet, "/v1/approvals?role=approver", aliceKey, nil); !strings.Contains(string(r.Body), first.ApprovalID) {
+		t.Errorf("alice's queue lacks her approval: %s", r.Body)
+	}
+	if r := g.decide(t, aliceKey, first.ApprovalID, true, "tool", ""); r.StatusCode != http.StatusBadRequest {
+		t.Errorf("approving for a scope the policy does not offer: %d %s", r.StatusCode, r.Body)
+	}
+
+	// Approved once: the identical call runs once, then asks again.
+	if r := g.decide(t, aliceKey, first.ApprovalID, true, "once", "looks fine"); r.StatusCode != http.StatusOK {
+		t.Fatalf("approving: %d %s", r.StatusCode, r.Body)
+	}
+	if r := g.decide(t, aliceKey, first.ApprovalID, false, "", ""); r.StatusCode != http.StatusConflict {
+		t.Errorf("deciding twice: %d %s", r.StatusCode, r.Body)
+	}
+	// Other arguments are not approved.
+	other := mustPend(t, m.call(3, "gated_tool", `{"text":"something else","project":"apollo"}`))
+	if other.ApprovalID == first.ApprovalID {
+		t.Fatal("other arguments were covered by the approval")
+	}
+	if !strings.Contains(mustSucceed(t, m.call(4, "gated_tool", `{"project":"apollo","text":"hello"}`)), `"text":"hello"`) {
+		t.Fatal("the approved call did not run")
+	}
+	if n := up.upstreamCalls("gated_tool"); n != 1 {
+		t.Fatalf("the upstream saw %d calls, want exactly the approved one", n)
+	}
+	next := mustPend(t, m.call(5, "gated_tool", `{"text":"hello","project":"apollo"}`))
+	if next.ApprovalID == first.ApprovalID {
+		t.Fatal("a once approval let a second call through")
+	}
+
+	// Twenty identical retries at once of a once approval: exactly one runs.
+	if r := g.decide(t, aliceKey, next.ApprovalID, true, "once", ""); r.StatusCode != http.StatusOK {
+		t.Fatalf("approving: %d %s", r.StatusCode, r.Body)
+	}
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	ran := 0
+	for i := range 20 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			answer := m.call(100+i, "gated_tool", `{"text":"hello","project":"apollo"}`)
+			if strings.Contains(string(answer), `"result"`) {
+				mu.Lock()
+				ran++
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	if ran != 1 || up.upstreamCalls("gated_tool") != 2 {
+		t.Fatalf("20 concurrent retries of a once approval: %d ran, the upstream saw %d calls in all; want 1 and 2", ran, up.upstreamCalls("gated_tool"))
+	}
+	// The requester's list shows what became of them.
+	r = g.api(t, http.MethodGet, "/v1/approvals?role=requester", aliceKey, nil)
+	if !strings.Contains(string(r.Body), `"state":"consumed"`) || !strings.Contains(string(r.Body), `"decided_by":"`+alice) {
+		t.Errorf("alice's requests: %s", r.Body)
+	}
+}
+
+func TestApprovalSessionScopeStaysInItsSession(t *testing.T) {
+	up, g := approvalsGateway(t, "")
+	m := g.raw(t, aliceKey, g.createSession(t, aliceKey, "svc"), "svc")
+	m.initialize()
+	p := mustPend(t, m.call(1, "gated_tool", `{"text":"session please"}`))
+	if r := g.decide(t, aliceKey, p.ApprovalID, true, "session", ""); r.StatusCode != http.StatusOK {
+		t.Fatalf("approving for the session: %d %s", r.StatusCode, r.Body)
+	}
+	for i := range 3 {
+		mustSucceed(t, m.call(2+i, "gated_tool", `{"text":"session please"}`))
+	}
+	// Another toolgate session of alice, and bob, are not covered.
+	other := g.raw(t, aliceKey, g.createSession(t, aliceKey, "svc"), "svc")
+	other.initialize()
+	mustPend(t, other.call(1, "gated_tool", `{"text":"session please"}`))
+	bobM := g.raw(t, bobKey, g.createSession(t, bobKey, "svc"), "svc")
+	bobM.initialize()
+	if bp := mustPend(t, bobM.call(1, "gated_tool", `{"text":"session please"}`)); bp.ApprovalID == p.ApprovalID {
+		t.Fatal("bob's call waits for alice's approval")
+	}
+	if n := up.upstreamCalls("gated_tool"); n != 3 {
+		t.Fatalf("the upstream saw %d calls, want 3", n)
+	}
+}
+
+func TestApprovalFourEyesToolScopeDenialAndExpiry(t *testing.T) {
+	_, g := approvalsGateway(t, "")
+	m := g.raw(t, aliceKey, g.createSession(t, aliceKey, "svc"), "svc")
+	m.initialize()
+
+	// Four eyes: the requester may not approve; an admin may.
+	p := mustPend(t, m.call(1, "gated_tool", `{"text":"four-eyes 1"}`))
+	if r := g.decide(t, aliceKey, p.ApprovalID, true, "", ""); r.StatusCode != http.StatusForbidden {
+		t.Fatalf("the requester approving a four-eyes call: %d %s", r.StatusCode, r.Body)
+	}
+	if r := g.api(t, http.MethodGet, "/v1/approvals?role=approver", carolKey, nil); !strings.Contains(string(r.Body), p.ApprovalID) {
+		t.Fatalf("the admin's queue lacks the call: %s", r.Body)
+	}
+	if r := g.decide(t, carolKey, p.ApprovalID, true, "", ""); r.StatusCode != http.StatusOK {
+		t.Fatalf("an admin approving: %d %s", r.StatusCode, r.Body)
+	}
+	mustSucceed(t, m.call(2, "gated_tool", `{"text":"four-eyes 1"}`))
+
+	// A denial answers the identical retry, with the approver's note.
+	p = mustPend(t, m.call(3, "gated_tool", `{"text":"four-eyes 2"}`))
+	if r := g.decide(t, carolKey, p.ApprovalID, false, "", "not on a Friday"); r.StatusCode != http.StatusOK {
+		t.Fatalf("denying: %d %s", r.StatusCode, r.Body)
+	}
+	answer := string(m.call(4, "gated_tool", `{"text":"four-eyes 2"}`))
+	if !strings.Contains(answer, `"isError":true`) || !strings.Contains(answer, "denied by "+carol+": not on a Friday") {
+		t.Fatalf("the retry of a denied call: %s", answer)
+	}
+
+	// Scope tool, where offered: any arguments of the tool in the session.
+	p = mustPend(t, m.call(5, "gated_tool", `{"text":"tool-scope a"}`))
+	if r := g.decide(t, aliceKey, p.ApprovalID, true, "tool", ""); r.StatusCode != http.StatusOK {
+		t.Fatalf("approving for the tool: %d %s", r.StatusCode, r.Body)
+	}
+	mustSucceed(t, m.call(6, "gated_tool", `{"text":"tool-scope b"}`))
+	mustSucceed(t, m.call(7, "gated_tool", `{"text":"tool-scope c"}`))
+	mustSucceed(t, m.call(8, "gated_tool", `{"text":"any arguments at all"}`))
+	other := g.raw(t, aliceKey, g.createSession(t, aliceKey, "svc"), "svc")
+	other.initialize()
+	mustPend(t, other.call(1, "gated_tool", `{"text":"tool-scope b"}`)) // another session is not covered
+
+	// An expired approval can no longer be decided; the retry asks anew.
+	// (A new session: the tool-scope approval covers every call of the tool
+	// in the first one.)
+	m = g.raw(t, aliceKey, g.createSession(t, aliceKey, "svc"), "svc")
+	m.initialize()
+	p = mustPend(t, m.call(9, "gated_tool", `{"text":"short"}`))
+	time.Sleep(1200 * time.Millisecond)
+	if r := g.decide(t, aliceKey, p.ApprovalID, true, "", ""); r.StatusCode != http.StatusConflict {
+		t.Fatalf("approving an expired approval: %d %s", r.StatusCode, r.Body)
+	}
+	if again := mustPend(t, m.call(10, "gated_tool", `{"text":"short"}`)); again.ApprovalID == p.ApprovalID {
+		t.Fatal("an expired approval was offered again")
+	}
+
+	// A malformed approval object denies, and says why.
+	answer = string(m.call(11, "gated_tool", `{"text":"malformed"}`))
+	if !strings.Contains(answer, `"isError":true`) || !strings.Contains(answer, "approval ttl") {
+		t.Fatalf("a malformed approval object: %s", answer)
+	}
+}
+
+// A 2025-11-25 client that declared URL elicitation gets -32042 with the
+// approval page, and its retry after the approval runs once.
+func TestApprovalURLElicitationClient(t *testing.T) {
+	up, g := approvalsGateway(t, "")
+	cs := g.connect(t, aliceKey, g.createSession(t, aliceKey, "svc"), "svc", &mcp.ClientOptions{
+		Capabilities: &mcp.ClientCapabilities{Elicitation: &mcp.ElicitationCapabilities{URL: &mcp.URLElicitationCapabilities{}}},
+		ElicitationHandler: func(context.Context, *mcp.ElicitRequest) (*mcp.ElicitResult, error) {
+			return &mcp.ElicitResult{Action: "accept"}, nil
+		},
+	})
+	ctx := context.Background()
+	_, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "gated_tool", Arguments: map[string]any{"text": "via elicitation"}})
+	var rpcErr *jsonrpc.Error
+	if !errors.As(err, &rpcErr) || rpcErr.Code != mcp.CodeURLElicitationRequired {
+		t.Fatalf("a gated call from a URL-elicitation client: %v, want -32042", err)
+	}
+	var data struct {
+		Elicitations []struct {
+			Mode          string
+			ElicitationID string `json:"elicitationId"`
+			URL           string
+			Message       string
+		}
+	}
+	if json.Unmarshal(rpcErr.Data, &data) != nil || len(data.Elicitations) != 1 || data.Elicitations[0].Mode != "url" ||
+		data.Elicitations[0].URL != g.URL+"/console/approvals/"+data.Elicitations[0].ElicitationID {
+		t.Fatalf("the -32042 data: %s", rpcErr.Data)
+	}
+	if r := g.decide(t, aliceKey, data.Elicitations[0].ElicitationID, true, "", ""); r.StatusCode != http.StatusOK {
+		t.Fatalf("approving: %d %s", r.StatusCode, r.Body)
+	}
+	res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "gated_tool", Arguments: map[string]any{"text": "via elicitation"}})
+	if err != nil || res.IsError {
+		t.Fatalf("the retry after approval: %+v, %v", res, err)
+	}
+	if n := up.upstreamCalls("gated_tool"); n != 1 {
+		t.Fatalf("the upstream saw %d calls, want 1", n)
+	}
+}
+
+// The result policy's ask withholds the result; approving releases exactly
+// that result to the identical retry, without calling the upstream again.
+func TestResultReview(t *testing.T) {
+	up, g := approvalsGateway(t, "")
+	m := g.raw(t, aliceKey, g.createSession(t, aliceKey, "svc"), "svc")
+	m.initialize()
+	args := `{"text":"review-me 1","project":"apollo"}`
+	answer := m.call(1, "echo", args)
+	var withheld struct {
+		Result struct {
+			IsError bool `json:"isError"`
+			Meta    struct {
+				Approval struct{ ID, URL string } `json:"toolgate/approval"`
+			} `json:"_meta"`
+		}
+	}
+	if json.Unmarshal(answer, &withheld) != nil || !withheld.Result.IsError || withheld.Result.Meta.Approval.ID == "" {
+		t.Fatalf("a reviewed result: %s", answer)
+	}
+	id := withheld.Result.Meta.Approval.ID
+	r := g.api(t, http.MethodGet, "/v1/approvals/"+id, aliceKey, nil)
+	if r.StatusCode != http.StatusOK || !strings.Contains(string(r.Body), `"stage":"result"`) || !strings.Contains(string(r.Body), `review-me 1`) ||
+		!strings.Contains(string(r.Body), `"scopes":["once"]`) {
+		t.Fatalf("the result approval: %d %s", r.StatusCode, r.Body)
+	}
+	if r := g.decide(t, aliceKey, id, true, "", ""); r.StatusCode != http.StatusOK {
+		t.Fatalf("approving the result: %d %s", r.StatusCode, r.Body)
+	}
+	released := mustSucceed(t, m.call(2, "echo", args))
+	if released != `{"text":"review-me 1","project":"apollo"}` {
+		t.Fatalf("the released result: %q", released)
+	}
+	if n := up.upstreamCalls("echo"); n != 1 {
+		t.Fatalf("the upstream saw %d calls, want 1: the release must not call it again", n)
+	}
+	// Released once: the next identical call goes upstream and is reviewed again.
+	answer = m.call(3, "echo", args)
+	if !strings.Contains(string(answer), `"isError":true`) || up.upstreamCalls("echo") != 2 {
+		t.Fatalf("after the release: %s (%d upstream calls)", answer, up.upstreamCalls("echo"))
+	}
+	// Denied: the retry gets the denial.
+	_ = json.Unmarshal(answer, &withheld)
+	if r := g.decide(t, aliceKey, withheld.Result.Meta.Approval.ID, false, "", "no"); r.StatusCode != http.StatusOK {
+		t.Fatalf("denying: %d %s", r.StatusCode, r.Body)
+	}
+	if answer := string(m.call(4, "echo", args)); !strings.Contains(answer, "denied by "+alice+": no") {
+		t.Fatalf("the retry of a denied result: %s", answer)
+	}
+}
+
+// New pending approvals are announced to the webhook, signed, and without
+// the arguments unless include_arguments is set.
+func TestApprovalWebhook(t *testing.T) {
+	const secret = "a-webhook-secret-of-at-least-32-bytes!!"
+	for _, include := range []bool{false, true} {
+		got := make(chan *http.Request, 4)
+		bodies := make(chan []byte, 4)
+		fails := 1 // the first delivery fails: it is retried
+		var mu sync.Mutex
+		receiver := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			b, _ := io.ReadAll(r.Body)
+			mu.Lock()
+			defer mu.Unlock()
+			if fails > 0 {
+				fails--
+				w.WriteHeader(http.StatusServiceUnavailable)
+				return
+			}
+			got <- r
+			bodies <- b
+		}))
+		t.Cleanup(receiver.Close)
+		block := "approvals {\n\t\t\twebhook " + receiver.URL + " {\n\t\t\t\tsecret " + secret + "\n"
+		if include {
+			block += "\t\t\t\tinclude_arguments\n"
+		}
+		block += "\t\t\t}\n\t\t}"
+		_, g := approvalsGateway(t, block)
+		m := g.raw(t, aliceKey, g.createSession(t, aliceKey, "svc"), "svc")
+		m.initialize()
+		p := mustPend(t, m.call(1, "gated_tool", `{"text":"announce me","project":"apollo"}`))
+
+		var r *http.Request
+		var body []byte
+		select {
+		case r = <-got:
+			body = <-bodies
+		case <-time.After(15 * time.Second):
+			t.Fatal("no webhook delivery")
+		}
+		ts, _ := strconv.ParseInt(r.Header.Get("X-Toolgate-Timestamp"), 10, 64)
+		if want := approval.Signature(secret, ts, body); !hmac.Equal([]byte(r.Header.Get("X-Toolgate-Signature")), []byte(want)) || r.Header.Get("X-Toolgate-Delivery") == "" {
+			t.Fatalf("the signature %q does not verify (want %q)", r.Header.Get("X-Toolgate-Signature"), want)
+		}
+		var a struct {
+			Type     string
+			Approval map[string]any
+		}
+		if json.Unmarshal(body, &a) != nil || a.Type != "approval.requested" || a.Approval["id"] != p.ApprovalID || a.Approval["url"] != p.ApprovalURL {
+			t.Fatalf("the announcement: %s", body)
+		}
+		_, hasArgs := a.Approval["arguments"]
+		if hasArgs != include || strings.Contains(string(body), "apollo") {
+			t.Fatalf("include_arguments=%v, the announcement: %s", include, body)
+		}
+	}
+}

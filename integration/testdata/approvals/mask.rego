@@ -1,0 +1,4 @@
+# Approvers see the project argument masked.
+package toolgate.log
+
+mask contains "/arguments/project"

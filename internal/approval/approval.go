@@ -1,0 +1,467 @@
+// Package approval turns a policy's ask into a human decision. An ask
+// creates an approval record in the gateway's storage — who asked, in which
+// toolgate session, which service, method and tool, the arguments as they
+// would go upstream (sealed by the cipher, with a masked copy for the
+// approver) and their canonical SHA-256, the decision, and who may decide —
+// which a person approves or denies in the console or through the API. The
+// identical call, retried, is evaluated by the policy again; when it asks
+// again, the approval decides: an approval for scope once lets exactly one
+// identical call through (consumed under the storage's lock, so across
+// replicas too), scope session every identical call in that toolgate
+// session until the approval expires, and scope tool (where the policy
+// offers it) any arguments of that tool in that session. A denial answers
+// identical retries until it expires. An approval never authorizes other
+// arguments, another session or another caller.
+//
+// An ask of the result policy withholds the result: it is sealed with the
+// approval, and approving releases exactly that result to the identical
+// retry without calling the upstream again.
+package approval
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"path"
+	"slices"
+	"time"
+
+	"github.com/caddyserver/certmagic"
+
+	"github.com/toolgate/toolgate/modules/gateway"
+)
+
+// now is the clock; tests replace it.
+var now = time.Now
+
+// States of an approval. Expiry is not a stored state: a pending or
+// approved (not consumed) approval past its ExpiresAt is expired.
+const (
+	StatePending  = "pending"
+	StateApproved = "approved"
+	StateDenied   = "denied"
+	StateConsumed = "consumed"
+	StateExpired  = "expired"
+)
+
+// Stages an approval is asked at.
+const (
+	StageRequest = "request"
+	StageResult  = "result"
+)
+
+// Approval is one approval record. It holds no secret in the clear: the
+// arguments (and a withheld result) are sealed by the cipher.
+type Approval struct {
+	ID              string   `json:"id"`
+	State           string   `json:"state"`
+	Stage           string   `json:"stage"`
+	Requester       string   `json:"requester"`
+	Session         string   `json:"session"` // the toolgate session's ref, never its id
+	Service         string   `json:"service"`
+	Method          string   `json:"method"`
+	Tool            string   `json:"tool,omitempty"`
+	ArgumentsSHA256 string   `json:"arguments_sha256"`
+	DecisionID      string   `json:"decision_id"`
+	Reason          string   `json:"reason,omitempty"`
+	Revision        string   `json:"revision,omitempty"`
+	Approvers       []string `json:"approvers,omitempty"`
+	ApproverGroups  []string `json:"approver_groups,omitempty"`
+	// RequesterMayApprove: the requester may decide their own call.
+	RequesterMayApprove bool      `json:"requester_may_approve"`
+	Scopes              []string  `json:"scopes"`
+	InBand              bool      `json:"in_band,omitempty"`
+	CreatedAt           time.Time `json:"created_at"`
+	ExpiresAt           time.Time `json:"expires_at"`
+	Scope               string    `json:"scope,omitempty"` // chosen by the approver
+	DecidedBy           string    `json:"decided_by,omitempty"`
+	DecidedAt           time.Time `json:"decided_at,omitzero"`
+	Note                string    `json:"note,omitempty"`
+	ConsumedAt          time.Time `json:"consumed_at,omitzero"`
+	CallKey             string    `json:"call_key"`
+	ToolKey             string    `json:"tool_key"`
+	Sealed              []byte    `json:"sealed"`
+}
+
+// Status is the approval's state as people see it: expired when its time
+// is up before it was used.
+func (a *Approval) Status() string {
+	if (a.State == StatePending || a.State == StateApproved) && !now().Before(a.ExpiresAt) {
+		return StateExpired
+	}
+	return a.State
+}
+
+// Contents is what an approval seals: the arguments as they would go
+// upstream, the same masked for people (the policy's
+// data.toolgate.log.mask), and a withheld result.
+type Contents struct {
+	Arguments    json.RawMessage `json:"arguments,omitempty"`
+	Masked       json.RawMessage `json:"masked,omitempty"`
+	Result       json.RawMessage `json:"result,omitempty"`
+	MaskedResult json.RawMessage `json:"masked_result,omitempty"`
+}
+
+// Errors of deciding an approval. Their texts are safe to show.
+var (
+	ErrNotFound  = errors.New("no such approval")
+	ErrForbidden = errors.New("you may not decide this approval")
+	ErrDecided   = errors.New("this approval was already decided")
+	ErrExpired   = errors.New("this approval has expired")
+	ErrScope     = errors.New("the policy does not offer that scope for this approval")
+	ErrNote      = errors.New("the note is longer than 1000 characters")
+)
+
+// Store keeps approvals in the gateway's storage, sealed by its cipher.
+type Store struct {
+	storage certmagic.Storage
+	cipher  gateway.Cipher
+}
+
+// NewStore returns the approvals of app's storage.
+func NewStore(app *gateway.App) *Store {
+	return &Store{storage: app.Storage(), cipher: app.Cipher()}
+}
+
+const (
+	prefix            = "toolgate/approvals"
+	byCallPrefix      = "toolgate/approvals-by-call"
+	byToolPrefix      = "toolgate/approvals-by-tool"
+	pendingPrefix     = "toolgate/approvals-pending"
+	byRequesterPrefix = "toolgate/approvals-by-requester"
+	// keep is how long decided and expired approvals stay listed.
+	keep = 24 * time.Hour
+)
+
+func hashOf(parts ...string) string {
+	h := sha256.New()
+	for _, p := range parts {
+		h.Write([]byte(p))
+		h.Write([]byte{0})
+	}
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+func recordKey(id string) string { return path.Join(prefix, id) }
+
+func cipherContext(id string) []byte { return []byte("toolgate/v1/approval/" + id) }
+
+// Call is a call as approvals match it: the same requester, toolgate
+// session, service, method and tool, and canonically equal arguments.
+type Call struct {
+	Requester string
+	Session   string // the toolgate session's ref
+	Service   string
+	Method    string
+	Tool      string
+	Arguments []byte // as they would go upstream
+}
+
+// Keys returns the call's key (everything, arguments included), its tool
+// key (everything but the arguments) and the arguments' canonical SHA-256.
+func (c Call) Keys() (callKey, toolKey, digest string) {
+	sum := sha256.Sum256(Canonical(c.Arguments))
+	digest = hex.EncodeToString(sum[:])
+	toolKey = hashOf(c.Requester, c.Session, c.Service, c.Method, c.Tool)
+	return hashOf(toolKey, digest), toolKey, digest
+}
+
+// Canonical re-encodes JSON with object keys sorted and no insignificant
+// space, so that a retry spelled differently matches; text that is not
+// JSON is returned as it is.
+func Canonical(raw []byte) []byte {
+	if len(bytes.TrimSpace(raw)) == 0 {
+		return []byte("null")
+	}
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.UseNumber()
+	var v any
+	if err := dec.Decode(&v); err != nil {
+		return raw
+	}
+	out, err := json.Marshal(v)
+	if err != nil {
+		return raw
+	}
+	return out
+}
+
+// Create stores a new pending approval with its sealed contents.
+func (s *Store) Create(ctx context.Context, a *Approval, c Contents) error {
+	plain, err := json.Marshal(c)
+	if err != nil {
+		return err
+	}
+	a.Sealed, err = s.cipher.Encrypt(ctx, plain, cipherContext(a.ID))
+	clear(plain)
+	if err != nil {
+		return fmt.Errorf("sealing the approval: %w", err)
+	}
+	if err := s.save(ctx, a); err != nil {
+		return err
+	}
+	for _, key := range []string{
+		path.Join(byCallPrefix, a.CallKey, a.ID),
+		path.Join(pendingPrefix, a.ID),
+		path.Join(byRequesterPrefix, hashOf(a.Requester), a.ID),
+	} {
+		if err := s.storage.Store(ctx, key, []byte(a.ExpiresAt.Format(time.RFC3339))); err != nil {
+			return fmt.Errorf("%w: indexing the approval: %v", gateway.ErrStorageUnavailable, err)
+		}
+	}
+	return nil
+}
+
+func (s *Store) save(ctx context.Context, a *Approval) error {
+	data, err := json.Marshal(a)
+	if err != nil {
+		return err
+	}
+	if err := s.storage.Store(ctx, recordKey(a.ID), data); err != nil {
+		return fmt.Errorf("%w: storing the approval: %v", gateway.ErrStorageUnavailable, err)
+	}
+	return nil
+}
+
+// Get returns the approval with id.
+func (s *Store) Get(ctx context.Context, id string) (*Approval, error) {
+	if id == "" || len(id) > 64 || path.Base(id) != id {
+		return nil, ErrNotFound
+	}
+	data, err := s.storage.Load(ctx, recordKey(id))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, ErrNotFound
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%w: reading the approval: %v", gateway.ErrStorageUnavailable, err)
+	}
+	var a Approval
+	if err := json.Unmarshal(data, &a); err != nil || a.ID != id {
+		return nil, ErrNotFound
+	}
+	return &a, nil
+}
+
+// Open returns what a is sealed with.
+func (s *Store) Open(ctx context.Context, a *Approval) (Contents, error) {
+	var c Contents
+	plain, err := s.cipher.Decrypt(ctx, a.Sealed, cipherContext(a.ID))
+	if err != nil {
+		return c, fmt.Errorf("opening the approval: %w", err)
+	}
+	err = json.Unmarshal(plain, &c)
+	clear(plain)
+	return c, err
+}
+
+// list returns the approvals whose ids are the last elements of the keys
+// under dir, newest first.
+func (s *Store) list(ctx context.Context, dir string) ([]*Approval, error) {
+	keys, err := s.storage.List(ctx, dir, false)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%w: listing approvals: %v", gateway.ErrStorageUnavailable, err)
+	}
+	var out []*Approval
+	for _, key := range keys {
+		a, err := s.Get(ctx, path.Base(key))
+		if errors.Is(err, ErrNotFound) {
+			_ = s.storage.Delete(ctx, key) // an index entry left by a sweep
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, a)
+	}
+	slices.SortFunc(out, func(x, y *Approval) int { return y.CreatedAt.Compare(x.CreatedAt) })
+	return out, nil
+}
+
+// ForCall returns the approvals of the identical call (callKey) and the
+// tool-scope approvals of the same tool in the same session (toolKey).
+func (s *Store) ForCall(ctx context.Context, callKey, toolKey string) ([]*Approval, error) {
+	exact, err := s.list(ctx, path.Join(byCallPrefix, callKey))
+	if err != nil {
+		return nil, err
+	}
+	tool, err := s.list(ctx, path.Join(byToolPrefix, toolKey))
+	if err != nil {
+		return nil, err
+	}
+	return append(exact, tool...), nil
+}
+
+// Pending returns the approvals waiting for a decision, newest first.
+func (s *Store) Pending(ctx context.Context) ([]*Approval, error) {
+	all, err := s.list(ctx, pendingPrefix)
+	if err != nil {
+		return nil, err
+	}
+	return slices.DeleteFunc(all, func(a *Approval) bool { return a.Status() != StatePending }), nil
+}
+
+// OfRequester returns user's approvals, newest first.
+func (s *Store) OfRequester(ctx context.Context, user string) ([]*Approval, error) {
+	return s.list(ctx, path.Join(byRequesterPrefix, hashOf(user)))
+}
+
+// MayDecide reports whether caller may decide a: the requester when the
+// policy lets them, anyone the policy names by user or group.
+func (a *Approval) MayDecide(caller *gateway.Caller) bool {
+	if caller.User == a.Requester {
+		return a.RequesterMayApprove
+	}
+	if slices.Contains(a.Approvers, caller.User) {
+		return true
+	}
+	for _, g := range caller.Groups {
+		if slices.Contains(a.ApproverGroups, g) {
+			return true
+		}
+	}
+	return false
+}
+
+// Decide approves (with scope) or denies the approval id for caller, with
+// a note. It holds the approval's storage lock, so two deciders on two
+// replicas cannot both decide it.
+func (s *Store) Decide(ctx context.Context, id string, caller *gateway.Caller, approve bool, scope, note string) (*Approval, error) {
+	var out *Approval
+	err := s.locked(ctx, id, func(a *Approval) (bool, error) {
+		if !a.MayDecide(caller) {
+			return false, ErrForbidden
+		}
+		switch a.Status() {
+		case StatePending:
+		case StateExpired:
+			return false, ErrExpired
+		default:
+			return false, ErrDecided
+		}
+		if approve {
+			if scope == "" {
+				scope = a.Scopes[0]
+			}
+			if !slices.Contains(a.Scopes, scope) {
+				return false, ErrScope
+			}
+			a.State, a.Scope = StateApproved, scope
+		} else {
+			a.State = StateDenied
+		}
+		a.DecidedBy, a.DecidedAt, a.Note = caller.User, now().UTC(), note
+		out = a
+		return true, nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	_ = s.storage.Delete(ctx, path.Join(pendingPrefix, id))
+	if out.State == StateApproved && out.Scope == ScopeTool {
+		if err := s.storage.Store(ctx, path.Join(byToolPrefix, out.ToolKey, id), []byte(out.ExpiresAt.Format(time.RFC3339))); err != nil {
+			return nil, fmt.Errorf("%w: indexing the approval: %v", gateway.ErrStorageUnavailable, err)
+		}
+	}
+	return out, nil
+}
+
+// Consume uses up an approval of scope once (or a released result): it
+// reports whether this caller got it. Exactly one of any number of
+// concurrent callers, on any replica, does.
+func (s *Store) Consume(ctx context.Context, id string) (*Approval, bool, error) {
+	var got *Approval
+	err := s.locked(ctx, id, func(a *Approval) (bool, error) {
+		if a.Status() != StateApproved {
+			return false, nil
+		}
+		a.State, a.ConsumedAt = StateConsumed, now().UTC()
+		got = a
+		return true, nil
+	})
+	return got, got != nil, err
+}
+
+// locked runs change on the approval id under its storage lock and stores
+// it when change says so.
+func (s *Store) locked(ctx context.Context, id string, change func(*Approval) (bool, error)) error {
+	unlock, err := s.lock(ctx, "toolgate_approval_"+hashOf(id))
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	a, err := s.Get(ctx, id)
+	if err != nil {
+		return err
+	}
+	save, err := change(a)
+	if err != nil || !save {
+		return err
+	}
+	return s.save(ctx, a)
+}
+
+// lock takes the storage lock name, waiting at most 10 seconds, and
+// returns its release.
+func (s *Store) lock(ctx context.Context, name string) (func(), error) {
+	lctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := s.storage.Lock(lctx, name); err != nil {
+		return nil, fmt.Errorf("%w: locking approvals: %v", gateway.ErrStorageUnavailable, err)
+	}
+	return func() {
+		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		_ = s.storage.Unlock(uctx, name)
+	}, nil
+}
+
+// Sweep deletes approvals (and their sealed contents) that expired or were
+// decided more than a day ago, and returns them: the caller audits the
+// expired ones.
+func (s *Store) Sweep(ctx context.Context) ([]*Approval, error) {
+	keys, err := s.storage.List(ctx, prefix, false)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var gone []*Approval
+	cutoff := now().Add(-keep)
+	for _, key := range keys {
+		a, err := s.Get(ctx, path.Base(key))
+		if err != nil {
+			continue
+		}
+		last := a.ExpiresAt
+		if a.DecidedAt.After(last) {
+			last = a.DecidedAt
+		}
+		expired := a.Status() == StateExpired
+		if expired && len(a.Sealed) > 0 {
+			// What was withheld or asked about is of no use any more.
+			a.Sealed = nil
+			_ = s.save(ctx, a)
+			gone = append(gone, a)
+		}
+		if last.After(cutoff) {
+			continue
+		}
+		for _, k := range []string{recordKey(a.ID), path.Join(pendingPrefix, a.ID), path.Join(byCallPrefix, a.CallKey, a.ID),
+			path.Join(byToolPrefix, a.ToolKey, a.ID), path.Join(byRequesterPrefix, hashOf(a.Requester), a.ID)} {
+			_ = s.storage.Delete(ctx, k)
+		}
+	}
+	return gone, nil
+}
+
+func bytesReader(b []byte) io.Reader { return bytes.NewReader(b) }

@@ -1,0 +1,190 @@
+package policy
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+
+	"github.com/open-policy-agent/opa/v1/ast"
+	"github.com/tidwall/gjson"
+	"go.uber.org/zap"
+
+	"github.com/toolgate/toolgate/internal/approval"
+	"github.com/toolgate/toolgate/internal/mcpmsg"
+	"github.com/toolgate/toolgate/modules/gateway"
+)
+
+// CodeURLElicitationRequired is the JSON-RPC error of the 2025-11-25
+// revision telling a client that declared URL elicitation to open a page
+// and retry.
+const CodeURLElicitationRequired = -32042
+
+// approvalCall is the call as approvals match it, with the arguments as
+// they would go upstream.
+func approvalCall(call *gateway.Call) approval.Call {
+	args := call.Arguments
+	if args == nil {
+		if call.Method == "tools/call" {
+			args = call.Message.Arguments
+		} else {
+			args = call.Message.Params
+		}
+	}
+	return approval.Call{Requester: call.Caller.User, Session: gateway.SessionRef(call.Session.ID),
+		Service: call.Service.ID, Method: call.Method, Tool: call.Message.Name, Arguments: args}
+}
+
+// ask applies a request-stage ask: an approval of the identical call lets
+// it through, a denial answers it, and otherwise the runner is told where
+// the approval is decided. It reports whether the call may go on.
+func (h *RequestHandler) ask(w http.ResponseWriter, r *http.Request, call *gateway.Call, o outcome, d *gateway.Decision, input ast.Value) bool {
+	if !call.IsRequest() {
+		call.Fail(w, http.StatusForbidden, gateway.CodePolicyDenied,
+			"denied by policy: approval asked for a notification, which cannot wait for one ("+o.Reason+")", decisionData(d))
+		return false
+	}
+	spec, err := approval.ParseSpec(o.Approval)
+	if err != nil {
+		h.refuse(w, call, d, "the policy asked for an approval it cannot have: "+err.Error())
+		return false
+	}
+	ac := approvalCall(call)
+	res, err := h.approvals.Resolve(r.Context(), approval.Ask{Call: ac, Stage: approval.StageRequest, Spec: spec,
+		Decision: d, Revision: o.Revision, Masked: h.masked(r.Context(), input, ac.Arguments), Base: h.app.BaseURL(r)})
+	if err != nil {
+		h.logger.Error("approvals unavailable", zap.String("service", call.Service.ID), zap.Error(err))
+		call.Unavailable(w, "this call needs an approval and approvals cannot be read or stored right now; retry later")
+		return false
+	}
+	switch res.Kind {
+	case approval.Allow:
+		return true
+	case approval.Denied:
+		h.refuse(w, call, d, deniedBy(res.Approval))
+		return false
+	}
+	pendingAnswer(w, call, d, res.Approval, h.app.BaseURL(r))
+	return false
+}
+
+// masked is payload as approvers see it: the policy's
+// data.toolgate.log.mask applied, as in the audit log.
+func (h *RequestHandler) masked(ctx context.Context, input ast.Value, payload []byte) []byte {
+	out, err := json.Marshal(h.engine.maskedPayload(ctx, input, stageRequest, payload))
+	if err != nil {
+		return nil
+	}
+	return out
+}
+
+// refuse answers a denial: a tool result the agent reads, or a JSON-RPC
+// error for other methods.
+func (h *RequestHandler) refuse(w http.ResponseWriter, call *gateway.Call, d *gateway.Decision, reason string) {
+	if call.Method == "tools/call" {
+		gateway.WriteRPC(w, http.StatusOK, gateway.RPCResult(call.Message.ID, gateway.ToolError(reason, d)))
+		return
+	}
+	call.Fail(w, http.StatusForbidden, gateway.CodePolicyDenied, "denied: "+reason, decisionData(d))
+}
+
+func deniedBy(a *approval.Approval) string {
+	s := "denied by " + a.DecidedBy
+	if a.Note != "" {
+		s += ": " + a.Note
+	}
+	return s
+}
+
+// pendingAnswer tells the runner an approval is pending, the way its client
+// understands: a 2025-11-25 client that declared URL elicitation gets
+// -32042 with the approval page to open; any other gets -32012 with the
+// page, the approval's id and its expiry. Either retries the identical call
+// once it is decided.
+func pendingAnswer(w http.ResponseWriter, call *gateway.Call, d *gateway.Decision, a *approval.Approval, base string) {
+	page := approval.URL(base, a)
+	message := "approval required: " + a.Reason + " — approve it at " + page + ", then retry the identical call"
+	if urlElicitation(call) {
+		data := map[string]any{"elicitations": []map[string]any{{
+			"mode": "url", "elicitationId": a.ID, "url": page, "message": message,
+		}}, "decision_id": d.ID}
+		call.Fail(w, http.StatusForbidden, CodeURLElicitationRequired, message, data)
+		return
+	}
+	data := decisionData(d)
+	data["approval_required"] = true
+	data["approval_id"] = a.ID
+	data["approval_url"] = page
+	data["expires_at"] = a.ExpiresAt
+	call.Fail(w, http.StatusForbidden, gateway.CodeApprovalRequired, message, data)
+}
+
+// urlElicitation reports whether the runner speaks 2025-11-25 and declared
+// URL-mode elicitation when it initialized.
+func urlElicitation(call *gateway.Call) bool {
+	if call.MCPSession == nil {
+		return false
+	}
+	up := call.MCPSession.Upstream()
+	if up.ProtocolVersion < "2025-11-25" {
+		return false
+	}
+	return gjson.GetBytes(up.InitializeParams, "capabilities.elicitation.url").IsObject()
+}
+
+// withhold applies a result-stage ask: the result is sealed with an
+// approval, and the identical retry gets exactly that result once it is
+// approved (or a denial).
+func (h *ResultHandler) withhold(ctx context.Context, call *gateway.Call, o outcome, d *gateway.Decision, input ast.Value, result []byte, base string) []byte {
+	spec, err := approval.ParseSpec(o.Approval)
+	if err != nil {
+		return gateway.ToolError("the result was withheld: the policy asked for an approval it cannot have: "+err.Error(), d)
+	}
+	ac := approvalCall(call)
+	maskedResult, _ := json.Marshal(h.engine.maskedPayload(ctx, input, stageResult, result))
+	maskedArgs, _ := json.Marshal(h.engine.maskedPayload(ctx, input, stageRequest, ac.Arguments))
+	res, err := h.approvals.Resolve(ctx, approval.Ask{Call: ac, Stage: approval.StageResult, Spec: spec,
+		Decision: d, Revision: o.Revision, Masked: maskedArgs, Result: result, MaskedResult: maskedResult, Base: base})
+	switch {
+	case err != nil:
+		h.logger.Error("approvals unavailable; the result is withheld", zap.String("service", call.Service.ID), zap.Error(err))
+		return gateway.ToolError("the result is withheld pending an approval, and approvals are unavailable right now; retry later", d)
+	case res.Kind == approval.Release:
+		return res.Result
+	case res.Kind == approval.Denied:
+		return gateway.ToolError("the result was withheld: "+deniedBy(res.Approval), d)
+	}
+	a := res.Approval
+	return withheldResult("the result is withheld pending approval: "+o.Reason+" — approve it at "+approval.URL(base, a)+
+		", then retry the identical call", d, a, base)
+}
+
+// withheldResult is a tool error saying where the approval is decided,
+// with the approval in _meta["toolgate/approval"].
+func withheldResult(text string, d *gateway.Decision, a *approval.Approval, base string) []byte {
+	out := gateway.ToolError(text, d)
+	info, _ := json.Marshal(map[string]any{"id": a.ID, "url": approval.URL(base, a), "expires_at": a.ExpiresAt})
+	meta := gjson.GetBytes(out, "_meta").Raw
+	if meta == "" {
+		meta = "{}"
+	}
+	return mcpmsg.ReplaceMember(out, "_meta", mcpmsg.ReplaceMember([]byte(meta), "toolgate/approval", info))
+}
+
+// released answers a retried call with the withheld result an approver
+// released, without calling the upstream again. It reports whether it
+// answered.
+func (h *ResultHandler) released(w http.ResponseWriter, r *http.Request, call *gateway.Call) bool {
+	res, ok, err := h.approvals.Released(r.Context(), approvalCall(call))
+	if err != nil {
+		if !errors.Is(err, approval.ErrNotFound) {
+			h.logger.Warn("cannot read approvals; the call goes upstream", zap.String("service", call.Service.ID), zap.Error(err))
+		}
+		return false
+	}
+	if !ok {
+		return false
+	}
+	gateway.WriteRPC(w, http.StatusOK, gateway.RPCResult(call.Message.ID, res.Result))
+	return true
+}
