@@ -2,6 +2,7 @@ package integration
 
 import (
 	"context"
+	"fmt"
 	"crypto/hmac"
 	"encoding/json"
 	"errors"
@@ -434,5 +435,63 @@ func TestApprovalWebhook(t *testing.T) {
 		if hasArgs != include || strings.Contains(string(body), "apollo") {
 			t.Fatalf("include_arguments=%v, the announcement: %s", include, body)
 		}
+	}
+}
+
+// Two toolgate processes share one storage: twenty identical retries of a
+// once approval, sent to both at the same moment, run the call once.
+func TestApprovalOnceAcrossTwoProcesses(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the toolgate binary")
+	}
+	bin := buildToolgate(t, t.TempDir())
+	up := startUpstream(t)
+	data := t.TempDir()
+	block := fmt.Sprintf(`storage file_system %s
+		cipher local %s/cipher.key
+		auth {
+			api_key %s %s
+		}
+		service svc {
+			url %s
+			allow_http
+			tools gated_tool
+		}`, data, data, hashKey(aliceKey), alice, up.URL)
+	policies := testdataPath(t, "approvals")
+	a := startReplicaWith(t, bin, block, data, policies)
+	b := startReplicaWith(t, bin, block, data, policies)
+	sess := a.createSession(t, aliceKey, "svc")
+	ma, mb := a.raw(t, aliceKey, sess, "svc"), b.raw(t, aliceKey, sess, "svc")
+	ma.initialize()
+	mb.initialize()
+
+	p := mustPend(t, ma.call(1, "gated_tool", `{"text":"twice?"}`))
+	if again := mustPend(t, mb.call(1, "gated_tool", `{"text":"twice?"}`)); again.ApprovalID != p.ApprovalID {
+		t.Fatalf("the other replica made its own approval %s (want %s)", again.ApprovalID, p.ApprovalID)
+	}
+	if r := b.decide(t, aliceKey, p.ApprovalID, true, "once", ""); r.StatusCode != http.StatusOK {
+		t.Fatalf("approving on the other replica: %d %s", r.StatusCode, r.Body)
+	}
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	ran := 0
+	for i := range 20 {
+		m := ma
+		if i%2 == 1 {
+			m = mb
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if strings.Contains(string(m.call(10+i, "gated_tool", `{"text":"twice?"}`)), `"result"`) {
+				mu.Lock()
+				ran++
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	if ran != 1 || up.upstreamCalls("gated_tool") != 1 {
+		t.Fatalf("20 retries of a once approval on two replicas: %d ran, the upstream saw %d calls; want 1 and 1", ran, up.upstreamCalls("gated_tool"))
 	}
 }

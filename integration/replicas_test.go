@@ -51,6 +51,12 @@ type replica struct {
 // stops it when t ends.
 func startReplica(t testing.TB, bin, toolgateBlock, dataDir string) *replica {
 	t.Helper()
+	return startReplicaWith(t, bin, toolgateBlock, dataDir, testdataPath(t, "policy"))
+}
+
+// startReplicaWith is startReplica with the policies of policyDir.
+func startReplicaWith(t testing.TB, bin, toolgateBlock, dataDir, policyDir string) *replica {
+	t.Helper()
 	port := freePort(t)
 	base := fmt.Sprintf("http://127.0.0.1:%d", port)
 	caddyfile := fmt.Sprintf(`{
@@ -85,7 +91,7 @@ func startReplica(t testing.TB, bin, toolgateBlock, dataDir string) *replica {
 		api_key_login
 	}
 }
-`, base, toolgateBlock, dataDir, testdataPath(t, "policy"))
+`, base, toolgateBlock, dataDir, policyDir)
 	cfgFile := filepath.Join(t.TempDir(), "Caddyfile")
 	if err := os.WriteFile(cfgFile, []byte(caddyfile), 0o600); err != nil {
 		t.Fatal(err)
