@@ -495,3 +495,113 @@ func TestApprovalOnceAcrossTwoProcesses(t *testing.T) {
 		t.Fatalf("20 retries of a once approval on two replicas: %d ran, the upstream saw %d calls; want 1 and 1", ran, up.upstreamCalls("gated_tool"))
 	}
 }
+
+// sseCall posts a tools/call accepting SSE and returns the messages of the
+// answer as they arrive, on a channel closed at its end.
+func (m *rawMCP) sseCall(id int, tool, args string) <-chan json.RawMessage {
+	m.t.Helper()
+	body := `{"jsonrpc":"2.0","id":` + strconv.Itoa(id) + `,"method":"tools/call","params":{"name":"` + tool + `","arguments":` + args + `}}`
+	req, _ := http.NewRequest(http.MethodPost, m.url, strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json, text/event-stream")
+	for k, v := range m.headers {
+		req.Header.Set(k, v)
+	}
+	req.Header.Set("Mcp-Session-Id", m.sessionID)
+	req.Header.Set("Mcp-Protocol-Version", "2025-11-25")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		m.t.Fatal(err)
+	}
+	out := make(chan json.RawMessage, 16)
+	go func() {
+		defer close(out)
+		defer resp.Body.Close()
+		for _, msg := range readSSE(resp.Body) {
+			out <- msg
+		}
+	}()
+	return out
+}
+
+// readSSE returns the data of each event of an SSE body, read to its end.
+func readSSE(r io.Reader) []json.RawMessage {
+	data, _ := io.ReadAll(r)
+	var msgs []json.RawMessage
+	for _, line := range strings.Split(string(data), "\n") {
+		if d, ok := strings.CutPrefix(line, "data: "); ok && strings.TrimSpace(d) != "" {
+			msgs = append(msgs, json.RawMessage(d))
+		}
+	}
+	return msgs
+}
+
+// With approval_wait, a call that needs an approval is held open on its SSE
+// answer: approved during the hold, its result arrives on the same request;
+// denied, the denial does; not decided in time, the pending answer does.
+func TestApprovalHold(t *testing.T) {
+	up := startUpstream(t)
+	g := startGateway(t, gatewayConfig{Upstream: up.URL, RequestPolicy: testdataPath(t, "approvals"), PolicyOptions: "approval_wait 3s"})
+	m := g.raw(t, aliceKey, g.createSession(t, aliceKey, "svc"), "svc")
+	m.initialize()
+	pendingID := func(text string) string {
+		t.Helper()
+		for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+			r := g.api(t, http.MethodGet, "/v1/approvals?role=requester&state=pending", aliceKey, nil)
+			var list struct {
+				Approvals []struct{ ID, ArgumentsSHA256 string }
+			}
+			_ = json.Unmarshal(r.Body, &list)
+			for _, a := range list.Approvals {
+				ga := g.api(t, http.MethodGet, "/v1/approvals/"+a.ID, aliceKey, nil)
+				if strings.Contains(string(ga.Body), text) {
+					return a.ID
+				}
+			}
+		}
+		t.Fatalf("no pending approval for %q", text)
+		return ""
+	}
+
+	// Approved during the hold: the result on the same request.
+	stream := m.sseCall(1, "gated_tool", `{"text":"hold 1"}`)
+	if r := g.decide(t, aliceKey, pendingID("hold 1"), true, "once", ""); r.StatusCode != http.StatusOK {
+		t.Fatalf("approving: %d %s", r.StatusCode, r.Body)
+	}
+	var msgs []json.RawMessage
+	for msg := range stream {
+		msgs = append(msgs, msg)
+	}
+	if len(msgs) < 2 || !strings.Contains(string(msgs[0]), "notifications/message") || !strings.Contains(string(msgs[0]), "/console/approvals/") {
+		t.Fatalf("the held stream did not start with where to approve: %s", msgs)
+	}
+	if last := msgs[len(msgs)-1]; !strings.Contains(string(last), `\"text\":\"hold 1\"`) || strings.Contains(string(last), `"isError":true`) {
+		t.Fatalf("the held call after its approval: %s", msgs)
+	}
+	if n := up.upstreamCalls("gated_tool"); n != 1 {
+		t.Fatalf("the upstream saw %d calls, want 1", n)
+	}
+
+	// Denied during the hold: the denial.
+	stream = m.sseCall(2, "gated_tool", `{"text":"hold 2"}`)
+	g.decide(t, aliceKey, pendingID("hold 2"), false, "", "not now")
+	msgs = nil
+	for msg := range stream {
+		msgs = append(msgs, msg)
+	}
+	if last := msgs[len(msgs)-1]; !strings.Contains(string(last), "denied by "+alice+": not now") {
+		t.Fatalf("the held call after its denial: %s", msgs)
+	}
+
+	// Not decided in time: the pending answer, and the call did not run.
+	msgs = nil
+	for msg := range m.sseCall(3, "gated_tool", `{"text":"hold 3"}`) {
+		msgs = append(msgs, msg)
+	}
+	if last := msgs[len(msgs)-1]; len(msgs) < 2 || !strings.Contains(string(last), `"code":-32012`) {
+		t.Fatalf("the held call after the wait: %s", msgs)
+	}
+	if n := up.upstreamCalls("gated_tool"); n != 1 {
+		t.Fatalf("the upstream saw %d calls, want 1", n)
+	}
+}

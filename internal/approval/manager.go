@@ -433,6 +433,33 @@ func (m *Manager) MayRelease(user, ref string) bool {
 	return ok && now().Before(until)
 }
 
+// Decided reads the approval id again for a call held for it: Allow (an
+// approval for once is consumed here), Denied, Pending, or, when it
+// expired or another retry used it, a Resolution with no Kind.
+func (m *Manager) Decided(ctx context.Context, id string) (Resolution, error) {
+	a, err := m.Store.Get(ctx, id)
+	if err != nil {
+		return Resolution{}, err
+	}
+	switch a.Status() {
+	case StatePending:
+		return Resolution{Kind: Pending, Approval: a}, nil
+	case StateDenied:
+		return Resolution{Kind: Denied, Approval: a}, nil
+	case StateApproved:
+		if a.Scope != ScopeOnce {
+			return Resolution{Kind: Allow, Approval: a}, nil
+		}
+		got, ok, err := m.Store.Consume(ctx, id)
+		if err != nil || !ok {
+			return Resolution{}, err
+		}
+		m.event(got, "consumed", nil)
+		return Resolution{Kind: Allow, Approval: got}, nil
+	}
+	return Resolution{Approval: a}, nil
+}
+
 // Decidable returns the pending approvals caller may decide.
 func (m *Manager) Decidable(ctx context.Context, caller *gateway.Caller) ([]*Approval, error) {
 	pending, err := m.Store.Pending(ctx)

@@ -36,18 +36,19 @@ func approvalCall(call *gateway.Call) approval.Call {
 }
 
 // ask applies a request-stage ask: an approval of the identical call lets
-// it through, a denial answers it, and otherwise the runner is told where
-// the approval is decided. It reports whether the call may go on.
-func (h *RequestHandler) ask(w http.ResponseWriter, r *http.Request, call *gateway.Call, o outcome, d *gateway.Decision, input ast.Value) bool {
+// it through (proceed), a denial answers it, and otherwise the runner is
+// told where the approval is decided — or, with approval_wait, the call is
+// held for the pending approval (held).
+func (h *RequestHandler) ask(w http.ResponseWriter, r *http.Request, call *gateway.Call, o outcome, d *gateway.Decision, input ast.Value) (proceed bool, held *approval.Approval) {
 	if !call.IsRequest() {
 		call.Fail(w, http.StatusForbidden, gateway.CodePolicyDenied,
 			"denied by policy: approval asked for a notification, which cannot wait for one ("+o.Reason+")", decisionData(d))
-		return false
+		return false, nil
 	}
 	spec, err := approval.ParseSpec(o.Approval)
 	if err != nil {
 		h.refuse(w, call, d, "the policy asked for an approval it cannot have: "+err.Error())
-		return false
+		return false, nil
 	}
 	ac := approvalCall(call)
 	res, err := h.approvals.Resolve(r.Context(), approval.Ask{Call: ac, Stage: approval.StageRequest, Spec: spec,
@@ -55,17 +56,20 @@ func (h *RequestHandler) ask(w http.ResponseWriter, r *http.Request, call *gatew
 	if err != nil {
 		h.logger.Error("approvals unavailable", zap.String("service", call.Service.ID), zap.Error(err))
 		call.Unavailable(w, "this call needs an approval and approvals cannot be read or stored right now; retry later")
-		return false
+		return false, nil
 	}
 	switch res.Kind {
 	case approval.Allow:
-		return true
+		return true, nil
 	case approval.Denied:
 		h.refuse(w, call, d, deniedBy(res.Approval))
-		return false
+		return false, nil
 	}
-	pendingAnswer(w, call, d, res.Approval, h.app.BaseURL(r))
-	return false
+	if h.ApprovalWait > 0 && acceptsSSE(r) {
+		return false, res.Approval
+	}
+	writeAnswer(w, call, pendingMessage(call, d, res.Approval, h.app.BaseURL(r)))
+	return false, nil
 }
 
 // masked is payload as approvers see it: the policy's
@@ -78,14 +82,23 @@ func (h *RequestHandler) masked(ctx context.Context, input ast.Value, payload []
 	return out
 }
 
-// refuse answers a denial: a tool result the agent reads, or a JSON-RPC
-// error for other methods.
+// refuse answers a denial.
 func (h *RequestHandler) refuse(w http.ResponseWriter, call *gateway.Call, d *gateway.Decision, reason string) {
+	writeAnswer(w, call, refusal(call, d, reason))
+}
+
+// refusal is the answer to a denied request: a tool result the agent
+// reads, or a JSON-RPC error for other methods.
+func refusal(call *gateway.Call, d *gateway.Decision, reason string) []byte {
 	if call.Method == "tools/call" {
-		gateway.WriteRPC(w, http.StatusOK, gateway.RPCResult(call.Message.ID, gateway.ToolError(reason, d)))
-		return
+		return gateway.RPCResult(call.Message.ID, gateway.ToolError(reason, d))
 	}
-	call.Fail(w, http.StatusForbidden, gateway.CodePolicyDenied, "denied: "+reason, decisionData(d))
+	return gateway.RPCError(call.Message.ID, gateway.CodePolicyDenied, "denied: "+reason, decisionData(d))
+}
+
+// writeAnswer answers a request with msg (HTTP 200, so MCP clients read it).
+func writeAnswer(w http.ResponseWriter, call *gateway.Call, msg []byte) {
+	gateway.WriteRPC(w, http.StatusOK, msg)
 }
 
 func deniedBy(a *approval.Approval) string {
@@ -96,27 +109,26 @@ func deniedBy(a *approval.Approval) string {
 	return s
 }
 
-// pendingAnswer tells the runner an approval is pending, the way its client
-// understands: a 2025-11-25 client that declared URL elicitation gets
-// -32042 with the approval page to open; any other gets -32012 with the
-// page, the approval's id and its expiry. Either retries the identical call
-// once it is decided.
-func pendingAnswer(w http.ResponseWriter, call *gateway.Call, d *gateway.Decision, a *approval.Approval, base string) {
+// pendingMessage tells the runner an approval is pending, the way its
+// client understands: a 2025-11-25 client that declared URL elicitation
+// gets -32042 with the approval page to open; any other gets -32012 with
+// the page, the approval's id and its expiry. Either retries the identical
+// call once it is decided.
+func pendingMessage(call *gateway.Call, d *gateway.Decision, a *approval.Approval, base string) []byte {
 	page := approval.URL(base, a)
 	message := "approval required: " + a.Reason + " — approve it at " + page + ", then retry the identical call"
 	if urlElicitation(call) {
 		data := map[string]any{"elicitations": []map[string]any{{
 			"mode": "url", "elicitationId": a.ID, "url": page, "message": message,
 		}}, "decision_id": d.ID}
-		call.Fail(w, http.StatusForbidden, CodeURLElicitationRequired, message, data)
-		return
+		return gateway.RPCError(call.Message.ID, CodeURLElicitationRequired, message, data)
 	}
 	data := decisionData(d)
 	data["approval_required"] = true
 	data["approval_id"] = a.ID
 	data["approval_url"] = page
 	data["expires_at"] = a.ExpiresAt
-	call.Fail(w, http.StatusForbidden, gateway.CodeApprovalRequired, message, data)
+	return gateway.RPCError(call.Message.ID, gateway.CodeApprovalRequired, message, data)
 }
 
 // urlElicitation reports whether the runner speaks 2025-11-25 and declared

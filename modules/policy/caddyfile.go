@@ -28,9 +28,10 @@ func init() {
 //		timeout         <duration>
 //		reload_interval <duration>|off
 //		log_payloads
+//		approval_wait   <duration>
 //	}
 //
-// toolgate_result_policy takes the same form. The source is given once,
+// toolgate_result_policy takes the same form, without approval_wait. The source is given once,
 // inline or as the source option; an absolute path must use the option (or
 // a matcher before it), because Caddy reads a first argument starting with
 // '/' as a path matcher.
@@ -78,6 +79,15 @@ func (c *Config) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return d.Errf("%s: invalid timeout %q", directive, val)
 			}
 			c.Timeout = caddy.Duration(dur)
+		case "approval_wait":
+			dur, err := caddy.ParseDuration(val)
+			if err != nil || dur <= 0 || dur > maxApprovalWait {
+				return d.Errf("%s: invalid approval_wait %q (a duration up to %s)", directive, val, maxApprovalWait)
+			}
+			if directive != "toolgate_policy" {
+				return d.Errf("%s: approval_wait belongs to toolgate_policy", directive)
+			}
+			c.ApprovalWait = caddy.Duration(dur)
 		case "reload_interval":
 			if val == "off" {
 				c.ReloadInterval = -1

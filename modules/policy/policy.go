@@ -64,6 +64,16 @@ type Config struct {
 	// with the same input; those values are logged as "[masked]".
 	LogPayloads bool `json:"log_payloads,omitempty"`
 
+	// ApprovalWait (toolgate_policy only) holds a call that needs an
+	// approval open for up to this long, when the runner accepts an SSE
+	// answer: the runner is told on the stream where the approval is
+	// decided (a log message, and a progress notification when the call
+	// has a progress token), and the call goes on the moment it is
+	// approved — or ends with the denial, or, when the wait is over, with
+	// the pending answer it would have had at once. Off by default; at
+	// most 1h.
+	ApprovalWait caddy.Duration `json:"approval_wait,omitempty"`
+
 	stage     string
 	engine    *engine
 	poolKey   string

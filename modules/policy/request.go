@@ -89,7 +89,11 @@ func (h *RequestHandler) ServeHTTP(w http.ResponseWriter, r *http.Request, next 
 				"approval required: "+o.Reason+" (this gateway cannot take approvals: it has no cipher to keep them; an administrator must configure one)", data)
 			return nil
 		}
-		if h.ask(w, r, call, o, d, input) {
+		proceed, held := h.ask(w, r, call, o, d, input)
+		switch {
+		case held != nil:
+			return h.hold(w, r, call, d, held, next)
+		case proceed:
 			return h.allow(w, r, call, next)
 		}
 	default:

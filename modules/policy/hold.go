@@ -1,0 +1,205 @@
+package policy
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"net"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
+
+	"github.com/toolgate/toolgate/internal/approval"
+	"github.com/toolgate/toolgate/internal/mcpmsg"
+	"github.com/toolgate/toolgate/modules/gateway"
+)
+
+// The hold (approval_wait): a call that needs an approval stays open on an
+// SSE answer while a person decides, and goes on the moment it is approved.
+
+const (
+	maxApprovalWait = time.Hour
+	// holdPoll is how often a held call reads its approval again, for a
+	// decision made on another replica (one made here wakes it at once).
+	holdPoll = time.Second
+	// holdKeepAlive is how often a held stream gets an SSE comment, so
+	// that proxies and clients do not take it for dead.
+	holdKeepAlive = 15 * time.Second
+)
+
+// acceptsSSE reports whether the runner's request accepts an SSE answer.
+func acceptsSSE(r *http.Request) bool {
+	for _, v := range r.Header.Values("Accept") {
+		if strings.Contains(v, "text/event-stream") {
+			return true
+		}
+	}
+	return false
+}
+
+// hold keeps a call with a pending approval open until the approval is
+// decided or the wait ends. An approved call continues through the rest of
+// the pipeline on the same stream.
+func (h *RequestHandler) hold(w http.ResponseWriter, r *http.Request, call *gateway.Call, d *gateway.Decision, a *approval.Approval, next caddyhttp.Handler) error {
+	stream := newHeldStream(w)
+	page := approval.URL(h.app.BaseURL(r), a)
+	stream.event(notification("notifications/message", map[string]any{
+		"level": "warning", "logger": "toolgate",
+		"data": "this call waits for an approval: " + a.Reason + " — approve it at " + page,
+	}))
+	if token := gjsonProgressToken(call); token != nil {
+		stream.event(notification("notifications/progress", map[string]any{
+			"progressToken": token, "progress": 0, "message": "waiting for an approval at " + page,
+		}))
+	}
+	ctx := r.Context()
+	until := time.Now().Add(time.Duration(h.ApprovalWait))
+	keepAlive := time.NewTicker(holdKeepAlive)
+	defer keepAlive.Stop()
+	for {
+		wait := min(holdPoll, time.Until(until))
+		if wait <= 0 {
+			stream.final(pendingMessage(call, d, a, h.app.BaseURL(r)))
+			return nil
+		}
+		h.approvals.Wait(ctx, a.ID, wait)
+		if ctx.Err() != nil {
+			return nil // the runner went away; the approval stays pending
+		}
+		select {
+		case <-keepAlive.C:
+			stream.comment()
+		default:
+		}
+		res, err := h.approvals.Decided(ctx, a.ID)
+		switch {
+		case err != nil:
+			h.logger.Warn("a held call cannot read its approval", zap.String("approval_id", a.ID), zap.Error(err))
+		case res.Kind == approval.Allow:
+			err := next.ServeHTTP(stream, r)
+			stream.Flush()
+			return err
+		case res.Kind == approval.Denied:
+			stream.final(refusal(call, d, deniedBy(res.Approval)))
+			return nil
+		case res.Kind == approval.Pending:
+		default: // expired, or used by another retry
+			stream.final(pendingMessage(call, d, a, h.app.BaseURL(r)))
+			return nil
+		}
+	}
+}
+
+func gjsonProgressToken(call *gateway.Call) any {
+	var params struct {
+		Meta struct {
+			ProgressToken any `json:"progressToken"`
+		} `json:"_meta"`
+	}
+	if json.Unmarshal(call.Message.Params, &params) != nil {
+		return nil
+	}
+	return params.Meta.ProgressToken
+}
+
+func notification(method string, params map[string]any) []byte {
+	p, _ := json.Marshal(params)
+	b := append([]byte(`{"jsonrpc":"2.0","method":`), mcpmsg.Quote(method)...)
+	b = append(b, `,"params":`...)
+	b = append(b, p...)
+	return append(b, '}')
+}
+
+// heldStream is the SSE answer of a held call. It also serves as the
+// ResponseWriter of the rest of the pipeline once the call is approved: an
+// SSE answer from there goes on as it is; a JSON answer becomes one more
+// event of the stream.
+type heldStream struct {
+	w      http.ResponseWriter
+	rc     *http.ResponseController
+	header http.Header // what the rest of the pipeline sets
+	mode   int         // 0: not decided yet; 1: pass SSE through; 2: wrap JSON
+	body   bytes.Buffer
+	done   bool
+}
+
+func newHeldStream(w http.ResponseWriter) *heldStream {
+	hd := w.Header()
+	hd.Set("Content-Type", "text/event-stream")
+	hd.Set("Cache-Control", "no-cache")
+	hd.Set("X-Accel-Buffering", "no")
+	w.WriteHeader(http.StatusOK)
+	s := &heldStream{w: w, rc: http.NewResponseController(w), header: http.Header{}}
+	_ = s.rc.Flush()
+	return s
+}
+
+// event writes one message event. JSON text has no line breaks but as
+// white space, which becomes spaces, so the event is one data line and
+// every SSE parser reads the same message.
+func (s *heldStream) event(msg []byte) {
+	line := bytes.Map(func(r rune) rune {
+		if r == '\r' || r == '\n' {
+			return ' '
+		}
+		return r
+	}, msg)
+	_, _ = s.w.Write(append(append([]byte("event: message\ndata: "), line...), "\n\n"...))
+	_ = s.rc.Flush()
+}
+
+func (s *heldStream) comment() {
+	_, _ = s.w.Write([]byte(": waiting for an approval\n\n"))
+	_ = s.rc.Flush()
+}
+
+// final writes the last message of a stream that does not go on.
+func (s *heldStream) final(msg []byte) { s.event(msg) }
+
+// Header is what the rest of the pipeline sets; only its choice of
+// answer (SSE or JSON) matters, the stream's headers are sent.
+func (s *heldStream) Header() http.Header { return s.header }
+
+func (s *heldStream) WriteHeader(int) {
+	if s.mode == 0 {
+		s.mode = 2
+		if strings.HasPrefix(s.header.Get("Content-Type"), "text/event-stream") {
+			s.mode = 1
+		}
+	}
+}
+
+func (s *heldStream) Write(b []byte) (int, error) {
+	s.WriteHeader(http.StatusOK)
+	if s.mode == 1 {
+		return s.w.Write(b)
+	}
+	return s.body.Write(b) // one JSON message: written as an event when the handler is done
+}
+
+// Flush sends what an SSE answer wrote, or the JSON message as an event.
+func (s *heldStream) Flush() {
+	if s.mode == 2 && s.body.Len() > 0 {
+		s.event(s.body.Bytes())
+		s.body.Reset()
+	}
+	_ = s.rc.Flush()
+}
+
+// FlushError is Flush for http.ResponseController.
+func (s *heldStream) FlushError() error {
+	s.Flush()
+	return nil
+}
+
+// Unwrap gives http.ResponseController the connection's writer, for
+// deadlines.
+func (s *heldStream) Unwrap() http.ResponseWriter { return s.w }
+
+// Hijack is refused: a held stream is an SSE answer already.
+func (s *heldStream) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	return nil, nil, http.ErrNotSupported
+}
