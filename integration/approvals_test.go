@@ -2,10 +2,10 @@ package integration
 
 import (
 	"context"
-	"fmt"
 	"crypto/hmac"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
