@@ -4,12 +4,13 @@ SHELL := /bin/bash
 #
 #   make run    the gateway on its embedded demo default (caddyfile/demo.Caddyfile)
 #   make test   everything CI runs: vet, formatting, unit and integration tests
-#               with the race detector against real peers, and the MCP
-#               conformance suite through the gateway
+#               with the race detector against real peers, every fuzzer for a
+#               few seconds, and the MCP conformance suite through the gateway
+#   make fuzz   every fuzzer for FUZZTIME each (default 60s)
 
 GO ?= go
 
-.PHONY: build run test vet unit conformance bench xcaddy clean
+.PHONY: build run test vet unit conformance fuzz fuzz-short bench xcaddy clean
 
 build:
 	$(GO) build -o bin/toolgate ./cmd/toolgate
@@ -39,7 +40,27 @@ unit:
 conformance:
 	TOOLGATE_REQUIRE_PEERS=1 $(GO) test -race -count=1 -v -run '^TestConformance$$' ./integration/ 2>&1 | grep -v '^{"level'; exit $${PIPESTATUS[0]}
 
-test: vet unit conformance
+# every fuzzer (package:Fuzzer); inputs that fail are kept by Go under the
+# package's testdata/fuzz as regression seeds, which every `go test` runs
+FUZZERS := internal/mcpmsg:FuzzParse modules/mcpproxy:FuzzSSEReader modules/mcpproxy:FuzzSSEWriter \
+	modules/policy:FuzzJSONTerm modules/ciphers/kms:FuzzParseEnvelope \
+	modules/gateway:FuzzVerifyState modules/gateway:FuzzUnmarshalCaddyfile
+FUZZTIME ?= 60s
+
+fuzz:
+	@listed=$$(printf '%s\n' $(FUZZERS) | sed 's/.*://' | sort); \
+	found=$$(grep -rhoE --include='*_test.go' '^func Fuzz[A-Za-z0-9_]+' . | sed 's/^func //' | sort); \
+	if [ "$$listed" != "$$found" ]; then echo "FUZZERS in the Makefile and the fuzzers in the tree differ:"; \
+		diff <(echo "$$listed") <(echo "$$found"); exit 1; fi
+	@set -e; for f in $(FUZZERS); do \
+		echo "fuzzing $${f#*:} in ./$${f%%:*} for $(FUZZTIME)"; \
+		$(GO) test -run '^$$' -fuzz "^$${f#*:}$$" -fuzztime $(FUZZTIME) ./$${f%%:*} | grep -v '^fuzz: elapsed'; \
+	done
+
+fuzz-short:
+	@$(MAKE) --no-print-directory fuzz FUZZTIME=3s
+
+test: vet unit fuzz-short conformance
 
 # the benchmarks: the parser, policy evaluation, one tools/call through the
 # whole pipeline (testing.B), and the open-loop load harness (direct vs

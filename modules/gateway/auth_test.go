@@ -760,3 +760,20 @@ func TestJWKSRefetchOutlivesAnAbandonedRequest(t *testing.T) {
 		t.Errorf("%d JWKS fetches, want 2 (start, and one refetch shared by both requests)", n)
 	}
 }
+
+func TestHashKeyCommandInput(t *testing.T) {
+	for in, want := range map[string]string{
+		"demo-alice":   HashAPIKey("demo-alice"),
+		"demo-alice\n": HashAPIKey("demo-alice"),
+		"k\r\nignored": HashAPIKey("k"),
+	} {
+		if got, err := hashKeyFrom(strings.NewReader(in)); err != nil || got != want {
+			t.Errorf("%q: %s, %v; want %s", in, got, err, want)
+		}
+	}
+	for _, in := range []string{"", "\n", " padded", "tab\t\n"} {
+		if _, err := hashKeyFrom(strings.NewReader(in)); err == nil {
+			t.Errorf("%q was hashed", in)
+		}
+	}
+}

@@ -334,3 +334,21 @@ func assertJSON(t *testing.T, name string, got any, want string) {
 		t.Errorf("%s =\n%s\nwant\n%s", name, gn, wn)
 	}
 }
+
+// FuzzUnmarshalCaddyfile parses arbitrary toolgate blocks: an operator's
+// typo must give an error, never a panic.
+func FuzzUnmarshalCaddyfile(f *testing.F) {
+	for _, seed := range []string{
+		"toolgate {\n}",
+		"toolgate {\n public_url https://gw\n session_ttl 2h\n}",
+		"toolgate {\n service s {\n url https://u\n tools a b\n auth oauth {\n client_id c\n }\n }\n}",
+		"toolgate {\n auth {\n jwt {\n issuer i\n audience a\n }\n api_key sha256:00 u g\n }\n}",
+		"toolgate {\n service {\n}",
+		"toolgate {\n max_json_depth -1\n}",
+	} {
+		f.Add(seed)
+	}
+	f.Fuzz(func(t *testing.T, input string) {
+		_, _ = unmarshal(input)
+	})
+}
