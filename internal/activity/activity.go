@@ -57,6 +57,7 @@ type Log struct {
 	dropped atomic.Int64
 
 	startOnce sync.Once
+	started   atomic.Bool
 	stopOnce  sync.Once
 	stop      chan struct{}
 	done      chan struct{}
@@ -84,15 +85,17 @@ func (l *Log) Dropped() int64 { return l.dropped.Load() }
 
 // Start begins writing queued decisions, once.
 func (l *Log) Start() {
-	l.startOnce.Do(func() { go l.run() })
+	l.startOnce.Do(func() {
+		l.started.Store(true)
+		go l.run()
+	})
 }
 
 // Stop writes what is queued and stops. Without Start it does nothing.
 func (l *Log) Stop() {
 	l.stopOnce.Do(func() { close(l.stop) })
-	started := true
-	l.startOnce.Do(func() { started = false })
-	if started {
+	l.startOnce.Do(func() {}) // a Start after Stop starts nothing
+	if l.started.Load() {
 		<-l.done
 	}
 }
