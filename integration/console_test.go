@@ -163,6 +163,29 @@ func TestConsoleRefusesForgedForms(t *testing.T) {
 	}
 }
 
+// The end-session form names a session by its fingerprint in the URL. An
+// escaped path in its place (the router decodes "%2e%2e%2f%2e%2e" to
+// "../..") ends nothing: not the storage directory, not bob's session.
+func TestConsoleEndSessionTakesOnlyFingerprints(t *testing.T) {
+	_, g := consoleGateway(t)
+	bobSession := g.createSession(t, bobKey, "svc")
+	aliceB := g.signedIn(t, aliceKey)
+	_, page := aliceB.get(g.URL + "/console/sessions")
+	token := aliceB.csrf(page)
+	for _, ref := range []string{"%2e%2e", "%2e%2e%2f%2e%2e", "%2e%2e%2f%2e%2e%2f%2e%2e", "x%2f%2e%2e%2f%2e%2e"} {
+		aliceB.post(g.URL+"/console/sessions/"+ref+"/end", url.Values{"csrf": {token}})
+		if _, err := os.Stat(filepath.Join(g.DataDir, "toolgate", "sessions")); err != nil {
+			t.Fatalf("ending session %q removed the stored sessions: %v", ref, err)
+		}
+	}
+	if r := g.api(t, http.MethodGet, "/v1/sessions/"+bobSession, bobKey, nil); r.StatusCode != http.StatusOK {
+		t.Fatalf("bob's session after alice ended escaped paths: %d %s", r.StatusCode, r.Body)
+	}
+	if _, page := aliceB.get(g.URL + "/console/sessions"); !strings.Contains(page, "<h1>Sessions</h1>") {
+		t.Fatal("alice's own sign-in did not survive")
+	}
+}
+
 // cardOf is the part of the Services page about service.
 func cardOf(page, service string) string {
 	_, card, _ := strings.Cut(page, `id="service-`+service+`"`)

@@ -26,3 +26,18 @@ func hashKey(s string) string {
 	sum := sha256.Sum256([]byte(s))
 	return hex.EncodeToString(sum[:])
 }
+
+// isHashKey reports whether s has the shape of a hashKey: 64 lower-case
+// hex digits. Storage keys built from input that names a record by its
+// hash take nothing else.
+func isHashKey(s string) bool {
+	if len(s) != 2*sha256.Size {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+			return false
+		}
+	}
+	return true
+}

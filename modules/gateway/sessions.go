@@ -198,8 +198,13 @@ func (s *SessionStore) Delete(ctx context.Context, sess *Session) error {
 }
 
 // DeleteRef ends user's session named by ref (see SessionSummary); a ref
-// that is not one of user's sessions changes nothing.
+// that is not one of user's sessions changes nothing. A ref comes from a
+// URL: anything but a SHA-256 in hex (such as "..", which would name a
+// directory of the storage) names no session.
 func (s *SessionStore) DeleteRef(ctx context.Context, user, ref string) error {
+	if !isHashKey(ref) {
+		return nil
+	}
 	index := sessionIndexKey(user, ref)
 	if !s.storage.Exists(ctx, index) {
 		return nil

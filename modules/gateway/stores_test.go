@@ -522,3 +522,33 @@ func keys[V any](m map[string]V) []string {
 	}
 	return out
 }
+
+// A ref comes from a URL (the console's end-session form): one that is not
+// a session's SHA-256 ends nothing, however it names a path.
+func TestSessionStoreDeleteRefTakesOnlyRefs(t *testing.T) {
+	ctx := context.Background()
+	storage, dir := fileStorage(t)
+	s := newSessionStore(storage, time.Hour, 0, 0)
+	mine, err := s.Create(ctx, "alice", []string{"svc"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	theirs, err := s.Create(ctx, "bob", []string{"svc"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := storedFiles(t, dir)
+	for _, ref := range []string{"", ".", "..", "../..", "../../..", "../sessions", "x/../..", strings.ToUpper(hashKey(mine.ID)), hashKey(mine.ID) + "/.."} {
+		if err := s.DeleteRef(ctx, "alice", ref); err != nil {
+			t.Errorf("DeleteRef(%q): %v", ref, err)
+		}
+		if after := storedFiles(t, dir); len(after) != len(before) {
+			t.Fatalf("DeleteRef(%q) deleted %d of %d stored files", ref, len(before)-len(after), len(before))
+		}
+	}
+	for _, sess := range []*Session{mine, theirs} {
+		if _, err := s.Get(ctx, sess.ID); err != nil {
+			t.Errorf("%s's session after DeleteRef of malformed refs: %v", sess.User, err)
+		}
+	}
+}
