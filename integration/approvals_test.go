@@ -605,3 +605,28 @@ func TestApprovalHold(t *testing.T) {
 		t.Fatalf("the upstream saw %d calls, want 1", n)
 	}
 }
+
+// Approvers see the arguments that would go upstream digit for digit: a
+// number beyond float64's precision is not shown as a neighbour.
+func TestApprovalShowsNumbersAsSent(t *testing.T) {
+	_, g := approvalsGateway(t, "")
+	m := g.raw(t, aliceKey, g.createSession(t, aliceKey, "svc"), "svc")
+	m.initialize()
+	const args = `{"text":"pay","amount":9007199254740993,"account":12345678901234567890,"rate":0.1000000000000000055511151231257827}`
+	p := mustPend(t, m.call(1, "gated_tool", args))
+	r := g.api(t, http.MethodGet, "/v1/approvals/"+p.ApprovalID, aliceKey, nil)
+	var view struct{ Arguments json.RawMessage }
+	if r.StatusCode != http.StatusOK || json.Unmarshal(r.Body, &view) != nil {
+		t.Fatalf("GET the approval: %d %s", r.StatusCode, r.Body)
+	}
+	browser := g.signedIn(t, aliceKey)
+	_, page := browser.get(g.URL + "/console/approvals/" + p.ApprovalID)
+	for _, n := range []string{"9007199254740993", "12345678901234567890", "0.1000000000000000055511151231257827"} {
+		if !strings.Contains(string(view.Arguments), n) {
+			t.Errorf("the API shows the arguments as %s, without %s", view.Arguments, n)
+		}
+		if !strings.Contains(page, n) {
+			t.Errorf("the approval page does not show %s", n)
+		}
+	}
+}

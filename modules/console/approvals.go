@@ -1,6 +1,7 @@
 package console
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"net/http"
@@ -88,16 +89,17 @@ func (h *Handler) showApproval(w http.ResponseWriter, r *http.Request, s *webses
 	h.render(w, status, "approval", v)
 }
 
+// indent lays out JSON for reading, changing nothing of its values (a
+// number keeps every digit).
 func indent(raw json.RawMessage) string {
 	if len(raw) == 0 || string(raw) == "null" {
 		return ""
 	}
-	var v any
-	if json.Unmarshal(raw, &v) != nil {
+	var out bytes.Buffer
+	if json.Indent(&out, raw, "", "  ") != nil {
 		return string(raw)
 	}
-	out, _ := json.MarshalIndent(v, "", "  ")
-	return string(out)
+	return out.String()
 }
 
 // decide approves (with the scope chosen) or denies one approval.

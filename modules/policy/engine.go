@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -334,10 +335,12 @@ func (o outcome) deny(failure, reason string) outcome {
 // maskedPayload returns the payload of an audit entry (the arguments or
 // the result, as JSON text) with the values the policy's mask rule names
 // replaced by "[masked]". If the mask cannot be evaluated, nothing of the
-// payload is logged.
+// payload is logged. Numbers keep their digits (approvers read them).
 func (e *engine) maskedPayload(ctx context.Context, input ast.Value, stage string, payload []byte) any {
 	var v any
-	if len(payload) == 0 || json.Unmarshal(payload, &v) != nil {
+	dec := json.NewDecoder(bytes.NewReader(payload))
+	dec.UseNumber()
+	if len(payload) == 0 || dec.Decode(&v) != nil {
 		return nil
 	}
 	c := e.current.Load()

@@ -3,6 +3,7 @@ package policy
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -205,11 +206,15 @@ mask contains "/arguments/nested/token"
 	}
 	e, _ := testEngine(t, dir, 0)
 	got := e.maskedPayload(context.Background(), someInput, stageRequest,
-		[]byte(`{"user":"a","password":"hunter2","nested":{"token":"t","keep":1}}`))
+		[]byte(`{"user":"a","password":"hunter2","nested":{"token":"t","keep":1},"big":9007199254740993}`))
 	m := got.(map[string]any)
 	if m["password"] != "[masked]" || m["user"] != "a" || m["nested"].(map[string]any)["token"] != "[masked]" ||
-		m["nested"].(map[string]any)["keep"].(float64) != 1 {
+		m["nested"].(map[string]any)["keep"] != json.Number("1") {
 		t.Fatalf("masked payload = %v", got)
+	}
+	// Approvers and the audit log read the digits that go upstream.
+	if out, _ := json.Marshal(got); !strings.Contains(string(out), `"big":9007199254740993`) {
+		t.Fatalf("masked payload as JSON = %s", out)
 	}
 }
 
