@@ -630,3 +630,29 @@ func TestApprovalShowsNumbersAsSent(t *testing.T) {
 		}
 	}
 }
+
+// Invisible and bidirectional control characters in arguments cannot make
+// the approval page show other arguments than those approved: the page
+// writes them as escapes (the same JSON), not as characters that reorder
+// or hide text.
+func TestApprovalPageShowsInvisibleCharacters(t *testing.T) {
+	_, g := approvalsGateway(t, "")
+	m := g.raw(t, aliceKey, g.createSession(t, aliceKey, "svc"), "svc")
+	m.initialize()
+	// Shown raw, "\u202e1234" reads as "4321", and "\u200b" not at all.
+	p := mustPend(t, m.call(1, "gated_tool", `{"text":"pay","to":"acct-\u202e1234","memo":"ok\u200b\u2066\udb40\udc41"}`))
+	_, page := g.signedIn(t, aliceKey).get(g.URL + "/console/approvals/" + p.ApprovalID)
+	_, args, _ := strings.Cut(page, `<code id="arguments">`)
+	args, _, _ = strings.Cut(args, "</code>")
+	args = htmlUnescape(args)
+	for _, r := range []rune{'\u202e', '\u200b', '\u2066', '\U000E0041'} {
+		if strings.ContainsRune(args, r) {
+			t.Errorf("the approval page shows U+%04X as itself in %q", r, args)
+		}
+	}
+	for _, esc := range []string{`acct-\u202e1234`, `ok\u200b\u2066\udb40\udc41`} {
+		if !strings.Contains(args, esc) {
+			t.Errorf("the approval page does not show %s: %q", esc, args)
+		}
+	}
+}

@@ -4,9 +4,12 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"strconv"
 	"strings"
+	"unicode"
+	"unicode/utf16"
 
 	"go.uber.org/zap"
 
@@ -90,7 +93,9 @@ func (h *Handler) showApproval(w http.ResponseWriter, r *http.Request, s *webses
 }
 
 // indent lays out JSON for reading, changing nothing of its values (a
-// number keeps every digit).
+// number keeps every digit). Invisible and bidirectional control
+// characters (Unicode's format characters), which would hide text or show
+// it reordered, are written as \u escapes: the same JSON, shown as it is.
 func indent(raw json.RawMessage) string {
 	if len(raw) == 0 || string(raw) == "null" {
 		return ""
@@ -99,8 +104,33 @@ func indent(raw json.RawMessage) string {
 	if json.Indent(&out, raw, "", "  ") != nil {
 		return string(raw)
 	}
-	return out.String()
+	return visible(out.String())
 }
+
+// visible escapes the format characters of JSON text. Outside strings JSON
+// holds only ASCII, so every one is inside a string, where an escape means
+// the same character.
+func visible(text string) string {
+	if !strings.ContainsFunc(text, isFormat) {
+		return text
+	}
+	var b strings.Builder
+	for _, r := range text {
+		if !isFormat(r) {
+			b.WriteRune(r)
+			continue
+		}
+		if r > 0xFFFF {
+			hi, lo := utf16.EncodeRune(r)
+			fmt.Fprintf(&b, `\u%04x\u%04x`, hi, lo)
+			continue
+		}
+		fmt.Fprintf(&b, `\u%04x`, r)
+	}
+	return b.String()
+}
+
+func isFormat(r rune) bool { return unicode.Is(unicode.Cf, r) }
 
 // decide approves (with the scope chosen) or denies one approval.
 func (h *Handler) decide(approve bool) signedInHandler {
