@@ -656,3 +656,30 @@ func TestApprovalPageShowsInvisibleCharacters(t *testing.T) {
 		}
 	}
 }
+
+// An announcement links approvers to the approval page, so the page's host
+// must not come from the runner's request: a webhook needs public_url.
+func TestApprovalWebhookNeedsPublicURL(t *testing.T) {
+	err := validateCaddyfile(t, `{
+	admin off
+	toolgate {
+		cipher local `+t.TempDir()+`/key
+		approvals {
+			webhook https://chat.example.com/hook {
+				secret 0123456789abcdef0123456789abcdef
+			}
+		}
+		service svc {
+			url http://127.0.0.1:1/mcp
+			allow_http
+			tools echo
+		}
+	}
+}
+:1 {
+	toolgate_api
+}`)
+	if err == nil || !strings.Contains(err.Error(), "public_url") {
+		t.Fatalf("a webhook without public_url: validate = %v, want public_url named", err)
+	}
+}

@@ -38,7 +38,8 @@ type Config struct {
 
 // Webhook is where new pending approvals are announced: an HTTPS POST of a
 // JSON body, signed with HMAC-SHA256 over the timestamp and the body, and
-// retried with backoff.
+// retried with backoff. It needs the toolgate public_url: the approval
+// page it links to is there, never on a host a runner's request named.
 type Webhook struct {
 	// URL receives the POSTs; https unless on a loopback address.
 	URL string `json:"url"`
@@ -135,6 +136,11 @@ func newManager(ctx caddy.Context, app *gateway.App) (*Manager, error) {
 		w.URL, w.Secret = repl.ReplaceKnown(w.URL, ""), repl.ReplaceKnown(w.Secret, "")
 		if err := w.validate(); err != nil {
 			return nil, err
+		}
+		if app.PublicURL == "" {
+			// Without it, the page an announcement links approvers to would
+			// be on whatever host the runner's request named.
+			return nil, errors.New("approvals webhook: set the toolgate public_url: announcements link approvers to the approval page there")
 		}
 		m.hook = newNotifier(w, app.HTTPClient(), m.logger)
 	}
