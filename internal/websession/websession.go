@@ -82,7 +82,8 @@ var ErrNotSignedIn = errors.New("not signed in")
 
 // Store keeps browser sessions in Caddy storage. It caches nothing, so a
 // sign-out on any replica takes effect everywhere at once (people make few
-// requests; the call path never reads it).
+// requests; the call path never reads it). A session is live while both its
+// record and its person's index entry exist.
 type Store struct {
 	storage certmagic.Storage
 	perUser int
@@ -189,6 +190,15 @@ func (st *Store) Get(ctx context.Context, id string) (*Session, error) {
 	if !s.alive() {
 		st.remove(ctx, s.User, hashOf(id))
 		return nil, ErrNotSignedIn
+	}
+	// A session lives only while its person's index lists it: a use
+	// recorded below while the person signed out (everywhere) may have
+	// stored the record again after it was deleted.
+	if _, err := st.storage.Stat(ctx, indexKey(s.User, hashOf(id))); errors.Is(err, fs.ErrNotExist) {
+		_ = st.storage.Delete(ctx, recordKey(id))
+		return nil, ErrNotSignedIn
+	} else if err != nil {
+		return nil, fmt.Errorf("reading the browser session: %w", err)
 	}
 	if now().Sub(s.SeenAt) >= seenEvery {
 		s.SeenAt = now().UTC()

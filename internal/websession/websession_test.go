@@ -205,3 +205,42 @@ func TestCookies(t *testing.T) {
 		}
 	}
 }
+
+// hookedStorage runs beforeStore (once) before a value is stored under key.
+type hookedStorage struct {
+	certmagic.Storage
+	key         string
+	beforeStore func()
+}
+
+func (h *hookedStorage) Store(ctx context.Context, key string, value []byte) error {
+	if key == h.key && h.beforeStore != nil {
+		f := h.beforeStore
+		h.beforeStore = nil
+		f()
+	}
+	return h.Storage.Store(ctx, key, value)
+}
+
+// A page view that records the session's use while the person signs out
+// everywhere (on another replica, say) writes the record back after it was
+// deleted; the stolen cookie must not come back to life with it.
+func TestSignOutWinsOverARecordedUse(t *testing.T) {
+	ctx := context.Background()
+	clock := setClock(t, time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC))
+	files, _ := fileStorage(t)
+	storage := &hookedStorage{Storage: files}
+	st := NewStore(storage, 0)
+	stolen, _ := st.Create(ctx, "alice", nil, "oidc", time.Hour, 8*time.Hour)
+	*clock = clock.Add(2 * time.Minute) // the next use is written back
+	storage.key = recordKey(stolen.ID)
+	storage.beforeStore = func() {
+		if n, err := st.DeleteAll(ctx, "alice"); n != 1 || err != nil {
+			t.Errorf("DeleteAll = %d, %v", n, err)
+		}
+	}
+	_, _ = st.Get(ctx, stolen.ID) // in flight when the sign-out happened
+	if _, err := st.Get(ctx, stolen.ID); !errors.Is(err, ErrNotSignedIn) {
+		t.Fatalf("the session signed out everywhere works again: %v", err)
+	}
+}
