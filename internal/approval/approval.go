@@ -446,12 +446,21 @@ func (s *Store) Sweep(ctx context.Context) ([]*Approval, error) {
 		if a.DecidedAt.After(last) {
 			last = a.DecidedAt
 		}
-		expired := a.Status() == StateExpired
-		if expired && len(a.Sealed) > 0 {
-			// What was withheld or asked about is of no use any more.
-			a.Sealed = nil
-			_ = s.save(ctx, a)
-			gone = append(gone, a)
+		if a.Status() == StateExpired && len(a.Sealed) > 0 {
+			// What was withheld or asked about is of no use any more. Under
+			// the lock, read again: a replica whose clock is behind may have
+			// used the approval since.
+			var cleared *Approval
+			_ = s.locked(ctx, a.ID, func(cur *Approval) (bool, error) {
+				if cur.Status() != StateExpired || len(cur.Sealed) == 0 {
+					return false, nil
+				}
+				cur.Sealed, cleared = nil, cur
+				return true, nil
+			})
+			if cleared != nil {
+				gone = append(gone, cleared)
+			}
 		}
 		if last.After(cutoff) {
 			continue
