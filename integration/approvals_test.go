@@ -683,3 +683,20 @@ func TestApprovalWebhookNeedsPublicURL(t *testing.T) {
 		t.Fatalf("a webhook without public_url: validate = %v, want public_url named", err)
 	}
 }
+
+// An approval id that names a storage directory ("..", decoded from
+// "%2e%2e") is no approval: 404, not a storage error.
+func TestApprovalIDsAreNotPaths(t *testing.T) {
+	_, g := approvalsGateway(t, "")
+	m := g.raw(t, aliceKey, g.createSession(t, aliceKey, "svc"), "svc")
+	m.initialize()
+	mustPend(t, m.call(1, "gated_tool", `{"text":"one exists"}`)) // the directories exist
+	for _, id := range []string{"%2e", "%2e%2e"} {
+		if r := g.api(t, http.MethodGet, "/v1/approvals/"+id, aliceKey, nil); r.StatusCode != http.StatusNotFound {
+			t.Errorf("GET /v1/approvals/%s: %d %s", id, r.StatusCode, r.Body)
+		}
+		if r := g.decide(t, aliceKey, id, true, "", ""); r.StatusCode != http.StatusNotFound {
+			t.Errorf("approving %s: %d %s", id, r.StatusCode, r.Body)
+		}
+	}
+}

@@ -150,6 +150,20 @@ func hashOf(parts ...string) string {
 
 func recordKey(id string) string { return path.Join(prefix, id) }
 
+// validID reports whether id could be an approval's (gateway.NewID: at most
+// 64 characters of the base64url alphabet).
+func validID(id string) bool {
+	if id == "" || len(id) > 64 {
+		return false
+	}
+	for i := 0; i < len(id); i++ {
+		if c := id[i]; !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '-' || c == '_') {
+			return false
+		}
+	}
+	return true
+}
+
 func cipherContext(id string) []byte { return []byte("toolgate/v1/approval/" + id) }
 
 // Call is a call as approvals match it: the same requester, toolgate
@@ -229,9 +243,11 @@ func (s *Store) save(ctx context.Context, a *Approval) error {
 	return nil
 }
 
-// Get returns the approval with id.
+// Get returns the approval with id. An id comes from a URL: anything but
+// an id's characters (such as "..", a directory of the storage) names no
+// approval.
 func (s *Store) Get(ctx context.Context, id string) (*Approval, error) {
-	if id == "" || len(id) > 64 || path.Base(id) != id {
+	if !validID(id) {
 		return nil, ErrNotFound
 	}
 	data, err := s.storage.Load(ctx, recordKey(id))
