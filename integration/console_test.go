@@ -447,3 +447,56 @@ func TestConsoleErrorPages(t *testing.T) {
 		t.Errorf("a token for a service without personal tokens: %d %s", status, page)
 	}
 }
+
+// Every form that changes something — whatever it changes — is refused
+// without the person's CSRF token, and from another site even with it.
+func TestConsoleEveryChangeNeedsCSRFAndSameOrigin(t *testing.T) {
+	_, g := approvalsGateway(t, "")
+	sess := g.createSession(t, aliceKey, "svc")
+	m := g.raw(t, aliceKey, sess, "svc")
+	m.initialize()
+	pending := mustPend(t, m.call(1, "gated_tool", `{"text":"forged decisions"}`))
+	aliceB := g.signedIn(t, aliceKey)
+	refs := g.listSessions(t, aliceB)
+	if len(refs) != 1 {
+		t.Fatalf("alice's sessions: %v", refs)
+	}
+	_, page := aliceB.get(g.URL + "/console/services")
+	token := aliceB.csrf(page)
+	routes := []string{"signout", "signout/everywhere", "services/svc/test", "services/svc/disconnect", "services/svc/token",
+		"connect/svc", "sessions", "sessions/" + refs[0] + "/end", "approvals",
+		"approvals/" + pending.ApprovalID + "/approve", "approvals/" + pending.ApprovalID + "/deny"}
+	for _, route := range routes {
+		form := url.Values{"service": {"svc"}, "id": {pending.ApprovalID}, "action": {"approve"}, "token": {"t"}}
+		for _, c := range []struct {
+			name   string
+			origin string
+			csrf   string
+		}{{"without a CSRF token", g.URL, ""}, {"from another site", "https://evil.example", token}, {"with a made-up token", g.URL, strings.Repeat("A", len(token))}} {
+			if c.csrf != "" {
+				form.Set("csrf", c.csrf)
+			}
+			req, _ := http.NewRequest(http.MethodPost, g.URL+"/console/"+route, strings.NewReader(form.Encode()))
+			req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+			req.Header.Set("Origin", c.origin)
+			resp, err := aliceB.client.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusForbidden || !strings.Contains(string(body), "nothing was changed") {
+				t.Errorf("POST %s %s: %d", route, c.name, resp.StatusCode)
+			}
+		}
+	}
+	if r := g.api(t, http.MethodGet, "/v1/approvals/"+pending.ApprovalID, aliceKey, nil); !strings.Contains(string(r.Body), `"state":"pending"`) {
+		t.Errorf("the approval after forged decisions: %s", r.Body)
+	}
+	if r := g.api(t, http.MethodGet, "/v1/sessions/"+sess, aliceKey, nil); r.StatusCode != http.StatusOK {
+		t.Errorf("the session after a forged end: %d", r.StatusCode)
+	}
+	if _, page := aliceB.get(g.URL + "/console/services"); !strings.Contains(page, "<h1>Services</h1>") {
+		t.Error("a forged sign-out signed alice out")
+	}
+}
