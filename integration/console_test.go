@@ -500,3 +500,41 @@ func TestConsoleEveryChangeNeedsCSRFAndSameOrigin(t *testing.T) {
 		t.Error("a forged sign-out signed alice out")
 	}
 }
+
+// Another signed-in person can neither see nor decide someone's approval
+// in the console, one at a time or in bulk; what people write (a note) is
+// shown as text.
+func TestConsoleApprovalsOfOthers(t *testing.T) {
+	_, g := approvalsGateway(t, "")
+	m := g.raw(t, aliceKey, g.createSession(t, aliceKey, "svc"), "svc")
+	m.initialize()
+	p := mustPend(t, m.call(1, "gated_tool", `{"text":"alice's call"}`))
+	bobB := g.signedIn(t, bobKey)
+	if status, page := bobB.get(g.URL + "/console/approvals/" + p.ApprovalID); status != http.StatusNotFound || strings.Contains(page, "alice's call") {
+		t.Fatalf("bob opening alice's approval: %d", status)
+	}
+	_, page := bobB.get(g.URL + "/console/approvals")
+	if strings.Contains(page, p.ApprovalID) {
+		t.Fatal("bob's queue lists alice's approval")
+	}
+	token := bobB.csrf(page)
+	bobB.post(g.URL+"/console/approvals/"+p.ApprovalID+"/approve", url.Values{"csrf": {token}, "scope": {"session"}})
+	bobB.post(g.URL+"/console/approvals/"+p.ApprovalID+"/deny", url.Values{"csrf": {token}})
+	if _, page := bobB.post(g.URL+"/console/approvals", url.Values{"csrf": {token}, "id": {p.ApprovalID}, "action": {"approve"}}); !strings.Contains(page, "Not decided") {
+		t.Errorf("bob's bulk approval of alice's call does not say it was not decided")
+	}
+	if r := g.api(t, http.MethodGet, "/v1/approvals/"+p.ApprovalID, aliceKey, nil); !strings.Contains(string(r.Body), `"state":"pending"`) {
+		t.Fatalf("after bob's attempts: %s", r.Body)
+	}
+	const note = `<img src=x onerror=alert(1)>"'`
+	if r := g.decide(t, aliceKey, p.ApprovalID, false, "", note); r.StatusCode != http.StatusOK {
+		t.Fatalf("denying: %d %s", r.StatusCode, r.Body)
+	}
+	aliceB := g.signedIn(t, aliceKey)
+	for _, u := range []string{"/console/approvals", "/console/approvals/" + p.ApprovalID} {
+		_, page := aliceB.get(g.URL + u)
+		if strings.Contains(page, "<img") || !strings.Contains(page, "&lt;img src=x onerror=alert(1)&gt;") {
+			t.Errorf("%s does not show the note as text", u)
+		}
+	}
+}
