@@ -538,3 +538,37 @@ func TestConsoleApprovalsOfOthers(t *testing.T) {
 		}
 	}
 }
+
+// The page that shows a new session's id, the one time it is shown, is
+// kept by no cache; nor is any other page of a signed-in person.
+func TestConsolePagesAreNotCached(t *testing.T) {
+	_, g := consoleGateway(t)
+	aliceB := g.signedIn(t, aliceKey)
+	_, page := aliceB.get(g.URL + "/console/sessions")
+	form := url.Values{"csrf": {aliceB.csrf(page)}, "service": {"svc"}}
+	req, _ := http.NewRequest(http.MethodPost, g.URL+"/console/sessions", strings.NewReader(form.Encode()))
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	req.Header.Set("Origin", g.URL)
+	resp, err := aliceB.client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusCreated || !strings.Contains(string(body), `id="session-id"`) {
+		t.Fatalf("creating a session: %d", resp.StatusCode)
+	}
+	if cc := resp.Header.Get("Cache-Control"); cc != "no-store" || resp.Header.Get("Referrer-Policy") != "same-origin" {
+		t.Errorf("the page with the new session id: Cache-Control %q, Referrer-Policy %q", cc, resp.Header.Get("Referrer-Policy"))
+	}
+	for _, u := range []string{"/console/services", "/console/sessions", "/console/approvals", "/console/activity", "/console/connect/tok"} {
+		resp, err := aliceB.client.Get(g.URL + u)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if cc := resp.Header.Get("Cache-Control"); resp.StatusCode != http.StatusOK || cc != "no-store" {
+			t.Errorf("%s: %d, Cache-Control %q", u, resp.StatusCode, cc)
+		}
+	}
+}
