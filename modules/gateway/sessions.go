@@ -146,7 +146,17 @@ func (s *SessionStore) List(ctx context.Context, user string) ([]SessionSummary,
 		}
 		var sum SessionSummary
 		sum.Ref = path.Base(key)
-		if json.Unmarshal(data, &sum) != nil || t.After(sum.ExpiresAt) || !s.storage.Exists(ctx, path.Join(sessionPrefix, sum.Ref)) {
+		gone := json.Unmarshal(data, &sum) != nil || t.After(sum.ExpiresAt)
+		if !gone {
+			// Ended on another replica? Only a storage that says so counts:
+			// a failing one must not unlist a live session.
+			if _, err := s.storage.Stat(ctx, path.Join(sessionPrefix, sum.Ref)); errors.Is(err, fs.ErrNotExist) {
+				gone = true
+			} else if err != nil {
+				return nil, fmt.Errorf("listing sessions: %w", err)
+			}
+		}
+		if gone {
 			_ = s.storage.Delete(ctx, key)
 			continue
 		}
@@ -206,8 +216,10 @@ func (s *SessionStore) DeleteRef(ctx context.Context, user, ref string) error {
 		return nil
 	}
 	index := sessionIndexKey(user, ref)
-	if !s.storage.Exists(ctx, index) {
+	if _, err := s.storage.Stat(ctx, index); errors.Is(err, fs.ErrNotExist) {
 		return nil
+	} else if err != nil {
+		return err
 	}
 	s.mu.Lock()
 	delete(s.cache, ref)

@@ -552,3 +552,49 @@ func TestSessionStoreDeleteRefTakesOnlyRefs(t *testing.T) {
 		}
 	}
 }
+
+// flakyStat is a storage whose existence checks fail while failing is set,
+// as a database storage's do when a query fails: Exists says false, Stat
+// returns the error.
+type flakyStat struct {
+	certmagic.Storage
+	failing bool
+}
+
+func (f *flakyStat) Exists(ctx context.Context, key string) bool {
+	return !f.failing && f.Storage.Exists(ctx, key)
+}
+
+func (f *flakyStat) Stat(ctx context.Context, key string) (certmagic.KeyInfo, error) {
+	if f.failing {
+		return certmagic.KeyInfo{}, errors.New("the storage is unavailable")
+	}
+	return f.Storage.Stat(ctx, key)
+}
+
+// A storage that cannot tell whether a key exists neither makes ending a
+// session report success without ending it, nor makes a live session
+// vanish from its person's list (where they end it, and which bounds it).
+func TestSessionIndexSurvivesAFailingStorage(t *testing.T) {
+	ctx := context.Background()
+	files, _ := fileStorage(t)
+	storage := &flakyStat{Storage: files}
+	s := newSessionStore(storage, time.Hour, 0, 0)
+	sess, err := s.Create(ctx, "alice", []string{"svc"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	storage.failing = true
+	if _, err := s.List(ctx, "alice"); err == nil {
+		t.Error("List with a failing storage reported no error")
+	}
+	if err := s.DeleteRef(ctx, "alice", SessionRef(sess.ID)); err == nil {
+		if _, err := s.Get(ctx, sess.ID); err == nil {
+			t.Error("DeleteRef reported success, and the session still works")
+		}
+	}
+	storage.failing = false
+	if list, err := s.List(ctx, "alice"); err != nil || len(list) != 1 {
+		t.Fatalf("after the storage recovered, alice's sessions: %v, %v; want her live session", list, err)
+	}
+}
