@@ -271,10 +271,15 @@ func (st *Store) Sweep(ctx context.Context) (int, error) {
 		return n, err
 	}
 	for _, key := range users {
-		if !st.storage.Exists(ctx, path.Join(prefix, path.Base(key))) {
-			if info, err := st.storage.Stat(ctx, key); err == nil && info.IsTerminal {
-				_ = st.storage.Delete(ctx, key)
-			}
+		// An index entry without its record, unless the record is still
+		// being stored (Create stores the entry first). A storage that
+		// fails to say leaves the entry: it keeps the session alive.
+		info, err := st.storage.Stat(ctx, key)
+		if err != nil || !info.IsTerminal || now().Sub(info.Modified) < seenEvery {
+			continue
+		}
+		if _, err := st.storage.Stat(ctx, path.Join(prefix, path.Base(key))); errors.Is(err, fs.ErrNotExist) {
+			_ = st.storage.Delete(ctx, key)
 		}
 	}
 	return n, nil

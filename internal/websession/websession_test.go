@@ -244,3 +244,50 @@ func TestSignOutWinsOverARecordedUse(t *testing.T) {
 		t.Fatalf("the session signed out everywhere works again: %v", err)
 	}
 }
+
+// blindExists is a storage whose Exists fails (says false), as a database
+// storage's does when its query fails; everything else works.
+type blindExists struct{ certmagic.Storage }
+
+func (blindExists) Exists(context.Context, string) bool { return false }
+
+// The sweep removes index entries whose session is gone, but neither one a
+// storage merely failed to find, nor one whose session is being created:
+// a session lives only while its index entry does.
+func TestSweepKeepsTheIndexOfLiveSessions(t *testing.T) {
+	ctx := context.Background()
+	clock := setClock(t, time.Now())
+	files, _ := fileStorage(t)
+	st := NewStore(blindExists{files}, 0)
+	s, err := st.Create(ctx, "alice", nil, "oidc", time.Hour, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Sweep(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Get(ctx, s.ID); err != nil {
+		t.Fatalf("after a sweep whose existence checks failed: %v", err)
+	}
+	// An index entry stored a moment ago, its record not yet: kept.
+	if err := files.Store(ctx, indexKey("bob", hashOf("being created")), []byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := NewStore(files, 0).Sweep(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if !files.Exists(ctx, indexKey("bob", hashOf("being created"))) {
+		t.Fatal("the sweep removed the index entry of a session being created")
+	}
+	// Minutes later, with still no record, it is an orphan.
+	*clock = clock.Add(2 * time.Minute)
+	if _, err := NewStore(files, 0).Sweep(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if files.Exists(ctx, indexKey("bob", hashOf("being created"))) {
+		t.Fatal("the sweep kept an index entry without a session")
+	}
+	if _, err := st.Get(ctx, s.ID); err != nil {
+		t.Fatalf("alice's session after the sweeps: %v", err)
+	}
+}
