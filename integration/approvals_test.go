@@ -700,3 +700,35 @@ func TestApprovalIDsAreNotPaths(t *testing.T) {
 		}
 	}
 }
+
+// An approval covers a later ask only if that ask's policy would have let
+// its decider decide: the requester's own approval for the tool scope does
+// not let through a call of that tool the policy reserves for an admin
+// (four eyes), while an admin's does.
+func TestToolScopeDoesNotBypassFourEyes(t *testing.T) {
+	up, g := approvalsGateway(t, "")
+	m := g.raw(t, aliceKey, g.createSession(t, aliceKey, "svc"), "svc")
+	m.initialize()
+	p := mustPend(t, m.call(1, "gated_tool", `{"text":"tool-scope a"}`))
+	if r := g.decide(t, aliceKey, p.ApprovalID, true, "tool", ""); r.StatusCode != http.StatusOK {
+		t.Fatalf("alice approving for the tool: %d %s", r.StatusCode, r.Body)
+	}
+	mustSucceed(t, m.call(2, "gated_tool", `{"text":"tool-scope b"}`))
+	fourEyes := mustPend(t, m.call(3, "gated_tool", `{"text":"four-eyes: delete everything"}`))
+	if n := up.upstreamCalls("gated_tool"); n != 1 {
+		t.Fatalf("the upstream saw %d calls; the four-eyes call must wait for an admin", n)
+	}
+	if r := g.decide(t, aliceKey, fourEyes.ApprovalID, true, "", ""); r.StatusCode != http.StatusForbidden {
+		t.Fatalf("alice approving the four-eyes call: %d", r.StatusCode)
+	}
+
+	// An admin's approval covers the identical four-eyes call.
+	m = g.raw(t, aliceKey, g.createSession(t, aliceKey, "svc"), "svc")
+	m.initialize()
+	p = mustPend(t, m.call(2, "gated_tool", `{"text":"four-eyes 1"}`))
+	if r := g.decide(t, carolKey, p.ApprovalID, true, "session", ""); r.StatusCode != http.StatusOK {
+		t.Fatalf("carol approving for the session: %d %s", r.StatusCode, r.Body)
+	}
+	mustSucceed(t, m.call(3, "gated_tool", `{"text":"four-eyes 1"}`))
+	mustSucceed(t, m.call(4, "gated_tool", `{"text":"four-eyes 1"}`))
+}

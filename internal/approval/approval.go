@@ -81,6 +81,7 @@ type Approval struct {
 	ExpiresAt           time.Time `json:"expires_at"`
 	Scope               string    `json:"scope,omitempty"` // chosen by the approver
 	DecidedBy           string    `json:"decided_by,omitempty"`
+	DecidedGroups       []string  `json:"decided_groups,omitempty"` // the decider's groups then
 	DecidedAt           time.Time `json:"decided_at,omitzero"`
 	Note                string    `json:"note,omitempty"`
 	ConsumedAt          time.Time `json:"consumed_at,omitzero"`
@@ -347,6 +348,16 @@ func (a *Approval) MayDecide(caller *gateway.Caller) bool {
 	return false
 }
 
+// DecidedUnder reports whether a's decider may decide an ask of a's
+// requester made with spec: an approval covers a later ask (another call
+// of the tool, for scope tool) only then, so that approving one's own call
+// never lets through a call the policy leaves to others (four eyes).
+func (a *Approval) DecidedUnder(spec Spec) bool {
+	asked := Approval{Requester: a.Requester, RequesterMayApprove: spec.RequesterMayApprove,
+		Approvers: spec.Approvers.Users, ApproverGroups: spec.Approvers.Groups}
+	return asked.MayDecide(&gateway.Caller{User: a.DecidedBy, Groups: a.DecidedGroups})
+}
+
 // Decide approves (with scope) or denies the approval id for caller, with
 // a note. It holds the approval's storage lock, so two deciders on two
 // replicas cannot both decide it.
@@ -374,7 +385,7 @@ func (s *Store) Decide(ctx context.Context, id string, caller *gateway.Caller, a
 		} else {
 			a.State = StateDenied
 		}
-		a.DecidedBy, a.DecidedAt, a.Note = caller.User, now().UTC(), note
+		a.DecidedBy, a.DecidedGroups, a.DecidedAt, a.Note = caller.User, caller.Groups, now().UTC(), note
 		out = a
 		return true, nil
 	})

@@ -85,3 +85,25 @@ func TestWhoMayDecide(t *testing.T) {
 		t.Error("the requester may approve when the policy lets them")
 	}
 }
+
+func TestDecidedUnder(t *testing.T) {
+	selfApproved := &Approval{Requester: "alice", DecidedBy: "alice"}
+	byAdmin := &Approval{Requester: "alice", DecidedBy: "carol", DecidedGroups: []string{"admins"}}
+	fourEyes, _ := ParseSpec([]byte(`{"approvers":{"groups":["admins"]},"requester_may_approve":false}`))
+	byDefault, _ := ParseSpec(nil)
+	for _, c := range []struct {
+		a    *Approval
+		spec Spec
+		want bool
+	}{
+		{selfApproved, byDefault, true},
+		{selfApproved, fourEyes, false},
+		{byAdmin, fourEyes, true},
+		{byAdmin, byDefault, false}, // carol could not have decided it
+		{&Approval{Requester: "alice", DecidedBy: "dave", DecidedGroups: []string{"eng"}}, fourEyes, false},
+	} {
+		if got := c.a.DecidedUnder(c.spec); got != c.want {
+			t.Errorf("decided by %s %v under %+v: %v, want %v", c.a.DecidedBy, c.a.DecidedGroups, c.spec, got, c.want)
+		}
+	}
+}

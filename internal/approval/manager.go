@@ -284,6 +284,8 @@ func (m *Manager) Resolve(ctx context.Context, ask Ask) (res Resolution, err err
 			}
 		case StateApproved:
 			switch {
+			case !a.DecidedUnder(ask.Spec):
+				// Its decider may not decide this ask: it asks anew.
 			case a.Scope == ScopeTool && a.ToolKey == toolKey:
 				return Resolution{Kind: Allow, Approval: a}, nil
 			case !exact:
