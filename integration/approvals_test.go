@@ -732,3 +732,37 @@ func TestToolScopeDoesNotBypassFourEyes(t *testing.T) {
 	mustSucceed(t, m.call(3, "gated_tool", `{"text":"four-eyes 1"}`))
 	mustSucceed(t, m.call(4, "gated_tool", `{"text":"four-eyes 1"}`))
 }
+
+// What makes two calls identical for an approval is the JSON value of
+// their arguments as the upstream reads them: escapes and key order do
+// not matter; another number spelling, a duplicate key, a key differing
+// only in case or a lone surrogate never match (the last three are not
+// even read), and nothing reaches the upstream unapproved.
+func TestApprovalIdentityOfArguments(t *testing.T) {
+	up, g := approvalsGateway(t, "")
+	m := g.raw(t, aliceKey, g.createSession(t, aliceKey, "svc"), "svc")
+	m.initialize()
+	p := mustPend(t, m.call(1, "gated_tool", `{"text":"hello","n":1}`))
+	if r := g.decide(t, aliceKey, p.ApprovalID, true, "session", ""); r.StatusCode != http.StatusOK {
+		t.Fatalf("approving: %d %s", r.StatusCode, r.Body)
+	}
+	// (The upstream's tool takes no "n": it answers with a tool error, but it
+	// was called.)
+	if answer := m.call(2, "gated_tool", `{"n":1,"text":"h\u0065llo"}`); !strings.Contains(string(answer), `"result"`) || up.upstreamCalls("gated_tool") != 1 {
+		t.Fatalf("the identical call, spelled otherwise: %s", answer)
+	}
+	for i, args := range []string{`{"text":"hello","n":1.0}`, `{"text":"hello","n":1e0}`, `{"text":"hello","n":1,"extra":null}`} {
+		if again := mustPend(t, m.call(3+i, "gated_tool", args)); again.ApprovalID == p.ApprovalID {
+			t.Errorf("%s waits for the approval of another value", args)
+		}
+	}
+	for i, args := range []string{`{"text":"hello","n":1,"n":2}`, `{"text":"hello","n":1,"N":2}`, `{"text":"hello\ud800","n":1}`} {
+		_, _, msgs := m.post(`{"jsonrpc":"2.0","id":` + strconv.Itoa(10+i) + `,"method":"tools/call","params":{"name":"gated_tool","arguments":` + args + `}}`)
+		if len(msgs) > 0 && strings.Contains(string(msgs[len(msgs)-1]), `"result"`) {
+			t.Errorf("%s ran: %s", args, msgs[len(msgs)-1])
+		}
+	}
+	if n := up.upstreamCalls("gated_tool"); n != 1 {
+		t.Fatalf("the upstream saw %d calls, want only the approved one", n)
+	}
+}
