@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"bufio"
 	"context"
 	"crypto/hmac"
 	"encoding/json"
@@ -9,6 +10,8 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -764,5 +767,72 @@ func TestApprovalIdentityOfArguments(t *testing.T) {
 	}
 	if n := up.upstreamCalls("gated_tool"); n != 1 {
 		t.Fatalf("the upstream saw %d calls, want only the approved one", n)
+	}
+}
+
+// A call held for an approval (approval_wait) goes on only if its own ask
+// would have let the approval's decider decide: when the policy was
+// tightened to four eyes after an identical call asked, the held call
+// does not wait for (nor run on) the old approval its requester may
+// approve, but for one an admin must decide.
+func TestHeldCallNeedsTheApprovalItsPolicyAsks(t *testing.T) {
+	dir := t.TempDir()
+	write := func(approvalObject string) {
+		t.Helper()
+		src := "package toolgate.request\n\ndefault decision := {\"action\": \"allow\"}\n\n" +
+			"decision := {\"action\": \"ask\", \"reason\": \"gated" + approvalObject + "} if input.tool.name == \"gated_tool\"\n"
+		if err := os.WriteFile(filepath.Join(dir, "request.rego"), []byte(src), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(`"`)
+	up := startUpstream(t)
+	g := startGateway(t, gatewayConfig{Upstream: up.URL, RequestPolicy: dir, ResultPolicy: testdataPath(t, "approvals"),
+		PolicyOptions: "approval_wait 3s\n\t\t\treload_interval 100ms"})
+	m := g.raw(t, aliceKey, g.createSession(t, aliceKey, "svc"), "svc")
+	m.initialize()
+	old := mustPend(t, m.call(1, "gated_tool", `{"text":"x"}`))
+
+	write(` (four eyes)", "approval": {"approvers": {"groups": ["admins"]}, "requester_may_approve": false}`)
+	// Each probe is held for approval_wait, so few of them.
+	for i := 0; ; i++ {
+		answer := m.call(100+i, "gated_tool", `{"text":"probe `+strconv.Itoa(i)+`"}`) // a pending ask is reused, reason and all
+		if strings.Contains(string(answer), "four eyes") {
+			break
+		}
+		if i == 10 {
+			t.Fatalf("the tightened policy was not loaded: %s", answer)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+
+	// The identical call, held; once it is waiting, alice approves the old
+	// approval, which its record lets her decide.
+	body := `{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"gated_tool","arguments":{"text":"x"}}}`
+	req, _ := http.NewRequest(http.MethodPost, m.url, strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json, text/event-stream")
+	for k, v := range m.headers {
+		req.Header.Set(k, v)
+	}
+	req.Header.Set("Mcp-Session-Id", m.sessionID)
+	req.Header.Set("Mcp-Protocol-Version", "2025-11-25")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	lines := bufio.NewScanner(resp.Body)
+	for lines.Scan() && !strings.HasPrefix(lines.Text(), "data:") { // the hold's first notification
+	}
+	if r := g.decide(t, aliceKey, old.ApprovalID, true, "once", ""); r.StatusCode != http.StatusOK {
+		t.Fatalf("alice approving the old approval: %d %s", r.StatusCode, r.Body)
+	}
+	rest, _ := io.ReadAll(resp.Body)
+	if !strings.Contains(string(rest), `"code":-32012`) || strings.Contains(string(rest), `"result"`) {
+		t.Errorf("the held call's answer: %s", rest)
+	}
+	if n := up.upstreamCalls("gated_tool"); n != 0 {
+		t.Fatalf("the upstream saw %d calls: alice's own approval let a four-eyes call through", n)
 	}
 }

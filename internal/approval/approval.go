@@ -358,6 +358,21 @@ func (a *Approval) DecidedUnder(spec Spec) bool {
 	return asked.MayDecide(&gateway.Caller{User: a.DecidedBy, Groups: a.DecidedGroups})
 }
 
+// AsksLike reports whether a pending a leaves its decision to exactly the
+// people spec does. Only then does an identical ask wait for a instead of
+// asking anew: a call the policy now leaves to admins must not run on an
+// approval its requester may give because an earlier policy let them.
+func (a *Approval) AsksLike(spec Spec) bool {
+	same := func(x, y []string) bool {
+		x, y = slices.Clone(x), slices.Clone(y)
+		slices.Sort(x)
+		slices.Sort(y)
+		return slices.Equal(slices.Compact(x), slices.Compact(y))
+	}
+	return a.RequesterMayApprove == spec.RequesterMayApprove &&
+		same(a.Approvers, spec.Approvers.Users) && same(a.ApproverGroups, spec.Approvers.Groups)
+}
+
 // Decide approves (with scope) or denies the approval id for caller, with
 // a note. It holds the approval's storage lock, so two deciders on two
 // replicas cannot both decide it.

@@ -313,7 +313,7 @@ func (m *Manager) Resolve(ctx context.Context, ask Ask) (res Resolution, err err
 				return Resolution{Kind: Denied, Approval: a}, nil
 			}
 		case StatePending:
-			if exact {
+			if exact && a.AsksLike(ask.Spec) {
 				return Resolution{Kind: Pending, Approval: a}, nil
 			}
 		}
