@@ -166,3 +166,51 @@ func TestSharedPolicyEngineLogsToTheCurrentConfig(t *testing.T) {
 		return strings.Contains(string(data), "policy load failed")
 	})
 }
+
+// An upstream that decodes arguments with Go's encoding/json matches keys
+// ignoring case and folding Unicode, where the policy reads them exactly. A
+// key spelled like a declared parameter in another case, or one the policy's
+// rewrite would leave next to its own spelling, is refused.
+func TestArgumentKeysThatFoldAreRefused(t *testing.T) {
+	dir := copyPolicies(t, filepath.Join("..", "policies"))
+	data := `{"toolgate": {"settings": {"services": {"svc": {"pin_arguments": {"set_visibility": {"visibility": "private"}}}}}}}`
+	if err := os.WriteFile(filepath.Join(dir, "data.json"), []byte(data), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	rule := "package toolgate.request\n\ndeny contains \"ticket SECRET-1 is off limits\" if input.arguments.ticket_id == \"SECRET-1\"\n"
+	if err := os.WriteFile(filepath.Join(dir, "secret_ticket.rego"), []byte(rule), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, _, m := aliceSession(t, gatewayConfig{RequestPolicy: dir})
+	m.post(`{"jsonrpc":"2.0","id":1,"method":"tools/list"}`) // the gateway learns the tool's inputSchema
+
+	call := func(args string) string {
+		t.Helper()
+		_, _, msgs := m.post(`{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"set_visibility","arguments":` + args + `}}`)
+		if len(msgs) != 1 {
+			t.Fatalf("%s: %d messages", args, len(msgs))
+		}
+		return string(msgs[0])
+	}
+	// The pin and the deny rule work on the exact spelling.
+	if got := call(`{"ticket_id":"T-1","visibility":"public"}`); !strings.Contains(got, "T-1 is private") {
+		t.Errorf("pinned call: %s", got)
+	}
+	if got := call(`{"ticket_id":"SECRET-1"}`); !strings.Contains(got, "off limits") {
+		t.Errorf("denied call: %s", got)
+	}
+	for _, args := range []string{
+		`{"TICKET_ID":"SECRET-1"}`,                        // escapes a rule on ticket_id
+		`{"ticket_id":"T-2","vis\u0131bility":"public"}`, // U+0131 upper-cases to I: decoders that compare upper-cased keys fold it
+		`{"ticket_id":"T-2","viſibility":"public"}`,       // U+017F: undoes the pin
+		`{"ticket_id":"T-2","VISIBILITY":"public"}`,
+	} {
+		got := call(args)
+		if strings.Contains(got, "SECRET-1 is") || strings.Contains(got, "is public") {
+			t.Errorf("%s reached the upstream unchecked: %s", args, got)
+		}
+		if !strings.Contains(got, "differs from the parameter") {
+			t.Errorf("%s: %s, want it refused", args, got)
+		}
+	}
+}

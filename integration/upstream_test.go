@@ -273,6 +273,21 @@ func newTestServer(u *upstream) *mcp.Server {
 			}
 			return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "answered after the stream was resumed"}}}, nil, nil
 		})
+	// set_visibility decodes its arguments with encoding/json, as many Go
+	// servers do: it matches keys to fields ignoring case and folding
+	// Unicode ("TICKET_ID" and "viſibility" fill TicketID and Visibility).
+	s.AddTool(&mcp.Tool{Name: "set_visibility", Description: "Sets a ticket's visibility.", Annotations: readOnly,
+		InputSchema: json.RawMessage(`{"type":"object","properties":{"ticket_id":{"type":"string"},"visibility":{"type":"string"}}}`)},
+		func(_ context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+			var in struct {
+				TicketID   string `json:"ticket_id"`
+				Visibility string `json:"visibility"`
+			}
+			if err := json.Unmarshal(req.Params.Arguments, &in); err != nil {
+				return nil, err
+			}
+			return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: in.TicketID + " is " + in.Visibility}}}, nil
+		})
 	mcp.AddTool(s, &mcp.Tool{Name: "drop_table", Description: "Destructive.", Annotations: &mcp.ToolAnnotations{DestructiveHint: new(true)}}, echo)
 	mcp.AddTool(s, &mcp.Tool{Name: "leak", Description: "Returns a secret-shaped string.", Annotations: readOnly},
 		func(context.Context, *mcp.CallToolRequest, struct{}) (*mcp.CallToolResult, any, error) {

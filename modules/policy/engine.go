@@ -205,6 +205,7 @@ type outcome struct {
 	Action    string
 	Reason    string
 	Arguments map[string]any // request stage: replacement arguments, or nil
+	argsTerm  *ast.Term      // the same, as the policy gave them
 	Result    *ast.Term      // result stage: replacement result (an object), or nil
 	// Failure says why the decision is a deny the policy did not make
 	// (one of the fail* constants); "" when the policy decided.
@@ -292,6 +293,7 @@ func (e *engine) decideWith(ctx context.Context, c *compiled, input ast.Value, t
 				return true
 			}
 			o.Arguments, _ = args.(map[string]any)
+			o.argsTerm = v
 		default:
 			malformed = "the policy decision has an unknown field " + k.String()
 			return true
@@ -317,7 +319,7 @@ func (e *engine) decideWith(ctx context.Context, c *compiled, input ast.Value, t
 
 func (o outcome) deny(failure, reason string) outcome {
 	o.Action, o.Reason, o.Failure = gateway.ActionDeny, reason, failure
-	o.Arguments, o.Result = nil, nil
+	o.Arguments, o.argsTerm, o.Result = nil, nil, nil
 	return o
 }
 

@@ -62,8 +62,24 @@ func (h *RequestHandler) ServeHTTP(w http.ResponseWriter, r *http.Request, next 
 	}
 	o := outcome{}.deny(failError, "the gateway could not build the policy input")
 	input, err := requestInput(call, tool, false)
+	if err == nil && call.Method == "tools/call" {
+		// Argument names the policy would read one way and a
+		// case-insensitive upstream another are refused before the policy
+		// runs.
+		if err := checkArgumentKeys(input.Get(keyArguments), tool); err != nil {
+			h.logger.Info("tools/call refused: ambiguous argument names", zap.String("service", call.Service.ID),
+				zap.String("tool", call.Message.Name), zap.Error(err))
+			gateway.WriteRPC(w, http.StatusOK, gateway.RPCResult(call.Message.ID, gateway.ToolError("toolgate refused the call: "+err.Error(), nil)))
+			return nil
+		}
+	}
 	if err == nil {
 		o = h.engine.decide(r.Context(), input, time.Duration(h.Timeout), "arguments")
+		if o.argsTerm != nil && call.Method == "tools/call" {
+			if err := checkArgumentKeys(o.argsTerm, tool); err != nil {
+				o = o.deny(failMalformed, "the policy's rewritten arguments are refused: "+err.Error())
+			}
+		}
 	} else {
 		h.logger.Warn("cannot build the policy input", zap.String("service", call.Service.ID), zap.Error(err))
 	}
