@@ -200,9 +200,9 @@ func TestArgumentKeysThatFoldAreRefused(t *testing.T) {
 		t.Errorf("denied call: %s", got)
 	}
 	for _, args := range []string{
-		`{"TICKET_ID":"SECRET-1"}`,                        // escapes a rule on ticket_id
+		`{"TICKET_ID":"SECRET-1"}`,                       // escapes a rule on ticket_id
 		`{"ticket_id":"T-2","vis\u0131bility":"public"}`, // U+0131 upper-cases to I: decoders that compare upper-cased keys fold it
-		`{"ticket_id":"T-2","viſibility":"public"}`,       // U+017F: undoes the pin
+		`{"ticket_id":"T-2","viſibility":"public"}`,      // U+017F: undoes the pin
 		`{"ticket_id":"T-2","VISIBILITY":"public"}`,
 	} {
 		got := call(args)

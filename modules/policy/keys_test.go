@@ -17,8 +17,8 @@ func TestCheckArgumentKeys(t *testing.T) {
 		{`{}`, tool, ""},
 		{`{"extra":1,"Other":2}`, tool, ""}, // undeclared and not folding onto anything
 		{`{"TICKET_ID":"SECRET-1"}`, tool, `arguments.TICKET_ID is not a parameter of the tool, but it differs from the parameter "ticket_id"`},
-		{`{"viſibility":"public"}`, tool, `"visibility"`},      // U+017F LATIN SMALL LETTER LONG S
-		{`{"ticKet_id":"x"}`, tool, `"ticket_id"`},             // U+212A KELVIN SIGN
+		{`{"viſibility":"public"}`, tool, `"visibility"`}, // U+017F LATIN SMALL LETTER LONG S
+		{`{"ticKet_id":"x"}`, tool, `"ticket_id"`},        // U+212A KELVIN SIGN
 		{`{"filter":{"ENV":"prod"}}`, tool, "arguments.filter.ENV"},
 		{`{"labels":[{"name":"a"},{"Name":"b"}]}`, tool, "arguments.labels[1].Name"},
 		{`{"visibility":"private","viſibility":"public"}`, tool, "differ only in letter case"},
