@@ -12,9 +12,11 @@ import (
 	"reflect"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
+	"unicode"
 
 	"github.com/open-policy-agent/opa/v1/ast"
 	"github.com/open-policy-agent/opa/v1/cover"
@@ -723,4 +725,127 @@ func gatewayScan(t testing.TB, pq rego.PreparedEvalQuery, in map[string]any) map
 		}
 	}
 	return map[string]any{"threshold": 4096, "strings": listed}
+}
+
+// invisibleFromTables is the set policies/text.rego must list, from Go's
+// Unicode tables: Default_Ignorable_Code_Point (derived as
+// DerivedCoreProperties.txt says: Other_Default_Ignorable_Code_Point + Cf +
+// Variation_Selector - White_Space - FFF9..FFFB - 13430..1343F -
+// Prepended_Concatenation_Mark), Bidi_Control, and the rest of Cf except the
+// Prepended_Concatenation_Marks.
+func invisibleFromTables(r rune) bool {
+	return (unicode.Is(unicode.Other_Default_Ignorable_Code_Point, r) || unicode.Is(unicode.Cf, r) ||
+		unicode.Is(unicode.Variation_Selector, r) || unicode.Is(unicode.Bidi_Control, r)) &&
+		!unicode.Is(unicode.White_Space, r) && !unicode.Is(unicode.Prepended_Concatenation_Mark, r)
+}
+
+// policyInvisible evaluates data.toolgate.text.invisible_ranges.
+func policyInvisible(t *testing.T) func(rune) bool {
+	t.Helper()
+	rs, err := rego.New(rego.Query("data.toolgate.text.invisible_ranges"), rego.Load([]string{"."}, gatewayFilter)).Eval(context.Background())
+	if err != nil || len(rs) != 1 {
+		t.Fatalf("invisible_ranges: %v %v", rs, err)
+	}
+	var ranges [][2]rune
+	for _, p := range rs[0].Expressions[0].Value.([]any) {
+		pair := p.([]any)
+		lo, err1 := strconv.ParseUint(pair[0].(string), 16, 32)
+		hi, err2 := strconv.ParseUint(pair[1].(string), 16, 32)
+		if err1 != nil || err2 != nil || hi < lo {
+			t.Fatalf("invisible_ranges: bad pair %v", pair)
+		}
+		ranges = append(ranges, [2]rune{rune(lo), rune(hi)})
+	}
+	return func(r rune) bool {
+		for _, rr := range ranges {
+			if r >= rr[0] && r <= rr[1] {
+				return true
+			}
+		}
+		return false
+	}
+}
+
+// TestInvisibleRangesAreUnicodes compares the policy's invisible set with
+// Go's Unicode tables, code point by code point.
+func TestInvisibleRangesAreUnicodes(t *testing.T) {
+	in := policyInvisible(t)
+	for r := rune(0); r <= unicode.MaxRune; r++ {
+		if in(r) != invisibleFromTables(r) {
+			t.Errorf("U+%04X: policy %v, Unicode %s tables %v", r, in(r), unicode.Version, invisibleFromTables(r))
+		}
+	}
+}
+
+// ucdDir holds the Unicode Character Database files (Debian's
+// unicode-data package, the same Unicode version as Go's tables).
+const ucdDir = "/usr/share/unicode"
+
+// ucdProperty reads the code points with property name from a UCD file of
+// the form "XXXX..YYYY ; Name # comment".
+func ucdProperty(t *testing.T, file, name string) map[rune]bool {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join(ucdDir, file))
+	if err != nil {
+		if os.Getenv("TOOLGATE_REQUIRE_PEERS") != "" {
+			t.Fatalf("%v (install the unicode-data package)", err)
+		}
+		t.Skipf("%v (install the unicode-data package)", err)
+	}
+	set := map[rune]bool{}
+	for line := range strings.Lines(string(data)) {
+		line, _, _ = strings.Cut(line, "#")
+		cps, prop, ok := strings.Cut(line, ";")
+		if !ok || strings.TrimSpace(prop) != name {
+			continue
+		}
+		lo, hi, found := strings.Cut(strings.TrimSpace(cps), "..")
+		if !found {
+			hi = lo
+		}
+		a, err1 := strconv.ParseUint(lo, 16, 32)
+		b, err2 := strconv.ParseUint(hi, 16, 32)
+		if err1 != nil || err2 != nil {
+			t.Fatalf("%s: %q", file, line)
+		}
+		for r := rune(a); r <= rune(b); r++ {
+			set[r] = true
+		}
+	}
+	if len(set) == 0 {
+		t.Fatalf("%s lists no %s", file, name)
+	}
+	return set
+}
+
+// TestInvisibleRangesAgainstTheUnicodeData compares the policy's set with
+// the Unicode Character Database itself: Default_Ignorable_Code_Point from
+// DerivedCoreProperties.txt, Bidi_Control and
+// Prepended_Concatenation_Mark from PropList.txt, Cf from UnicodeData.txt.
+func TestInvisibleRangesAgainstTheUnicodeData(t *testing.T) {
+	ignorable := ucdProperty(t, "DerivedCoreProperties.txt", "Default_Ignorable_Code_Point")
+	bidi := ucdProperty(t, "PropList.txt", "Bidi_Control")
+	pcm := ucdProperty(t, "PropList.txt", "Prepended_Concatenation_Mark")
+	data, err := os.ReadFile(filepath.Join(ucdDir, "UnicodeData.txt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	format := map[rune]bool{}
+	for line := range strings.Lines(string(data)) {
+		f := strings.Split(line, ";")
+		if len(f) > 2 && f[2] == "Cf" {
+			cp, err := strconv.ParseUint(f[0], 16, 32)
+			if err != nil {
+				t.Fatal(err)
+			}
+			format[rune(cp)] = true
+		}
+	}
+	in := policyInvisible(t)
+	for r := rune(0); r <= unicode.MaxRune; r++ {
+		want := ignorable[r] || bidi[r] || (format[r] && !pcm[r])
+		if in(r) != want {
+			t.Errorf("U+%04X: policy %v, Unicode data %v", r, in(r), want)
+		}
+	}
 }
