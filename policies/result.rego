@@ -294,16 +294,20 @@ scan := input.scan if {
 	count(redact_patterns) == 0
 	is_number(input.scan.threshold)
 	is_number(input.scan.bytes)
+	is_number(input.scan.key_bytes)
 	lists_every_cut(input.scan)
 } else := own_scan
 
 lists_every_cut(sc) if sc.bytes <= max_result_bytes
+
+lists_every_cut(sc) if sc.key_bytes > max_result_bytes
 
 lists_every_cut(sc) if cap_of(sc) >= sc.threshold
 
 own_scan := {
 	"threshold": 0,
 	"bytes": sum([e.bytes | some e in entries]),
+	"key_bytes": sum([e.bytes | some e in entries; e.key]),
 	"strings": entries,
 	"seams": [pair | some pair in seams; seam_looks(pair)],
 } if {
@@ -393,6 +397,7 @@ cap := cap_of(scan) if over_budget
 
 cap_of(sc) := c if {
 	lens := sort([e.bytes | some e in sc.strings; not e.key; e.bytes > sc.threshold])
+	sc.key_bytes <= max_result_bytes
 	room := max_result_bytes - (sc.bytes - sum(lens))
 	room >= 0
 	n := count(lens)

@@ -289,7 +289,7 @@ test_site_deny_withholds_result if {
 # gateway_scan(r) is input.scan as the gateway makes it for result r: the
 # entries of the scan the policy computes itself that are over the
 # threshold or hold an invisible character or a marker.
-gateway_scan(r) := {"threshold": 4096, "bytes": full.bytes, "seams": full.seams, "strings": [e |
+gateway_scan(r) := {"threshold": 4096, "bytes": full.bytes, "key_bytes": full.key_bytes, "seams": full.seams, "strings": [e |
 	some e in full.strings
 	listed(e)
 ]} if {
@@ -507,7 +507,7 @@ test_scan_entries if {
 
 test_gateway_scan_is_used if {
 	r := texts_result([aws_key])
-	sc := {"threshold": 4096, "bytes": 45, "strings": [], "seams": []}
+	sc := {"threshold": 4096, "bytes": 45, "key_bytes": 25, "strings": [], "seams": []}
 	result.decision == {"action": "allow"} with input as object.union(with_result(r), {"scan": sc})
 }
 

@@ -58,18 +58,19 @@ func TestResultHook(t *testing.T) {
 		t.Errorf("redacted result: %s", out)
 	}
 
-	// A megabyte of log is cut at the limit, on a line of its own.
+	// A megabyte of log is cut so that the whole result's text fits the
+	// limit (the keys and the type take 26 bytes of it), with a note.
 	log := logText(1 << 20)
 	_, v = check(textResult(log))
 	got := text(v)
-	note := "\n[truncated by toolgate: " + itoa(len(log)-65536) + " bytes over the limit of 65536 bytes]"
-	if !strings.HasSuffix(got, note) || strings.TrimSuffix(got, note) != log[:65536] {
+	note := "\n[truncated by toolgate: kept 65510 of " + itoa(len(log)) + " bytes; a result may hold 65536 bytes of text]"
+	if !strings.HasSuffix(got, note) || strings.TrimSuffix(got, note) != log[:65510] {
 		t.Errorf("truncated text ends %q", got[len(got)-200:])
 	}
 
 	// Malformed: withheld with the reason.
 	out, _ = check(`{"content":{"type":"text","text":"x"}}`)
-	if !strings.Contains(out, "the result was withheld by policy: the upstream result is malformed") || !strings.Contains(out, `"isError":true`) {
+	if !strings.Contains(out, "the result was withheld by policy: the upstream result has no content array") || !strings.Contains(out, `"isError":true`) {
 		t.Errorf("malformed result: %s", out)
 	}
 }

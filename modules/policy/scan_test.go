@@ -20,10 +20,15 @@ func scanStrings() []string {
 		"", "plain", "Ticket TEST-123: printer on fire", "é", "👍", "\u00a0", "by bob, bearing",
 		"AKIAIOSFODNN7EXAMPLE", "xAKIA", "ASIA", "Bearer x", "a bearer", "BEARER", "ghp_", "gho_x", "ghu_", "ghs_", "ghr_",
 		"github_pat_", "eyJ", "PRIVATE KEY", "xox", "AKI", "Beare", "earer", "github_pa", "PRIVATE  KEY",
+		"bEaReR", "aKiA", "private key", "SIG=", "Hooks.Slack.Com", "IA then", "secretAccessKey",
 	}
 	// Every invisible character and its neighbours.
-	for _, r := range [][2]rune{{0x200B, 0x200F}, {0x202A, 0x202E}, {0x2060, 0x2064}, {0x2066, 0x2069}, {0xFEFF, 0xFEFF}, {0xE0000, 0xE007F}} {
+	for _, r := range [][2]rune{{0x00AD, 0x00AD}, {0x034F, 0x034F}, {0x115F, 0x1160}, {0x180B, 0x180F}, {0x200B, 0x200F}, {0x202A, 0x202E},
+		{0x2060, 0x206F}, {0xFE00, 0xFE0F}, {0xFEFF, 0xFEFF}, {0xFFF0, 0xFFFB}, {0x1D173, 0x1D17A}, {0xE0000, 0xE0FFF}} {
 		for c := r[0] - 1; c <= r[1]+1; c++ {
+			if c-r[0] > 16 && r[1]-c > 16 {
+				continue // the neighbours of each end are enough
+			}
 			s = append(s, "a"+string(c)+"b")
 		}
 	}
@@ -51,7 +56,12 @@ func TestScanAgreesWithThePolicy(t *testing.T) {
 	}
 	structured := map[string]any{"list": strs, "nested": map[string]any{"ghp_ key": "value", "x": []any{1, "eyJ", true}}}
 	raw, err := json.Marshal(map[string]any{
-		"content":           append(content, map[string]any{"type": "resource", "resource": map[string]any{"uri": "file:///r", "text": "AKIA"}}),
+		"content": append(content,
+			map[string]any{"type": "resource", "resource": map[string]any{"uri": "file:///r", "text": "AKIA"}},
+			map[string]any{"type": "image", "data": "AKIAbinary", "mimeType": "image/png"},
+			map[string]any{"type": "text", "data": "AKIA inspected", "text": "split AK"},
+			map[string]any{"type": "text", "text": "IAIOSFODNN7EXAMPLE"},
+			map[string]any{"type": "resource", "resource": map[string]any{"uri": "file:///b", "blob": "QUtJQQ=="}}),
 		"structuredContent": structured,
 		"_meta":             map[string]any{"not": "AKIA inspected"},
 	})
@@ -97,6 +107,16 @@ func TestScanAgreesWithThePolicy(t *testing.T) {
 				t.Errorf("the gateway misses %.200s", w)
 			}
 		}
+	}
+	// The sizes and the seams agree too.
+	own := rs[0].Expressions[0].Value.(*ast.Term).Value.(ast.Object)
+	for _, k := range []*ast.Term{keyBytes, keyKeyBytes, keySeams} {
+		if g, w := scan.Value.(ast.Object).Get(k), own.Get(k); g == nil || w == nil || g.Value.Compare(w.Value) != 0 {
+			t.Errorf("%v: the gateway says %v, the policy %v", k, g, w)
+		}
+	}
+	if seams := own.Get(keySeams).Value.(*ast.Array); seams.Len() == 0 {
+		t.Error("no seam listed")
 	}
 	if th := scan.Value.(ast.Object).Get(keyThreshold); th.Value.Compare(ast.Number("4096")) != 0 {
 		t.Errorf("threshold %v", th)
