@@ -91,7 +91,10 @@ type JWTIssuer struct {
 	KeyFiles []string `json:"key_files,omitempty"`
 	// UserClaim names the claim that identifies the caller. Default "sub".
 	UserClaim string `json:"user_claim,omitempty"`
-	// GroupsClaim names the claim listing the caller's groups. Default "groups".
+	// GroupsClaim names the claim listing the caller's groups. Default
+	// "groups". It must be an array of strings when present: a token whose
+	// claim has another shape (a string, an array holding numbers) is
+	// refused. A token without it has no groups.
 	GroupsClaim string `json:"groups_claim,omitempty"`
 	// Leeway tolerates clock skew on exp and nbf. Default 30s.
 	Leeway caddy.Duration `json:"leeway,omitempty"`
@@ -339,18 +342,38 @@ func (a *AuthConfig) verifyJWT(ctx context.Context, token string) (*Caller, time
 		if user == "" {
 			return nil, time.Time{}, fmt.Errorf("%w: no %s claim", ErrBadCredentials, j.UserClaim)
 		}
-		var groups []string
-		if list, ok := all[j.GroupsClaim].([]any); ok {
-			for _, g := range list {
-				if s, ok := g.(string); ok {
-					groups = append(groups, s)
-				}
-			}
+		groups, err := groupsClaim(all, j.GroupsClaim)
+		if err != nil {
+			return nil, time.Time{}, fmt.Errorf("%w: %v", ErrBadCredentials, err)
 		}
 		until := claims.Expiry.Time().Add(time.Duration(j.Leeway))
 		return &Caller{User: user, Groups: groups, Claims: all, Method: "jwt"}, until, nil
 	}
 	return nil, time.Time{}, ErrBadCredentials
+}
+
+// groupsClaim reads the caller's groups from the claim name: absent or
+// null is no group (an empty list, never a missing one); anything but an
+// array of strings refuses the token, so that a rule such as "deny unless
+// in group eng" cannot be dodged by a claim of another shape.
+func groupsClaim(claims map[string]any, name string) ([]string, error) {
+	raw, present := claims[name]
+	if !present || raw == nil {
+		return []string{}, nil
+	}
+	list, ok := raw.([]any)
+	if !ok {
+		return nil, fmt.Errorf("the %s claim must be an array of strings, not %T", name, raw)
+	}
+	groups := make([]string, 0, len(list))
+	for _, g := range list {
+		s, ok := g.(string)
+		if !ok {
+			return nil, fmt.Errorf("the %s claim must be an array of strings; it holds a %T", name, g)
+		}
+		groups = append(groups, s)
+	}
+	return groups, nil
 }
 
 // verifiedTokens remembers the callers of JWTs already verified, until
