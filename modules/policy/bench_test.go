@@ -226,22 +226,24 @@ func BenchmarkResultPolicy(b *testing.B) {
 	for _, c := range []struct {
 		name, result string
 		changed      bool // the default policy replaces the result
+		withheld     bool // the default policy withholds it
 	}{
 		{"small", `{"content":[{"type":"text","text":"TEST-123: printer on fire, assigned to bob"}],` +
-			`"structuredContent":{"id":"TEST-123","status":"open","assignee":"bob","comments":3},"isError":false}`, false},
-		{"8KiB_text", textResult(strings.Repeat("TEST-123: printer on fire — assigned to bob\n", 8<<10/46)), false},
+			`"structuredContent":{"id":"TEST-123","status":"open","assignee":"bob","comments":3},"isError":false}`, false, false},
+		{"8KiB_text", textResult(strings.Repeat("TEST-123: printer on fire — assigned to bob\n", 8<<10/46)), false, false},
 		// A log of a megabyte: over the default limit, so it is cut.
-		{"1MiB_text", textResult(logText(1 << 20)), true},
+		{"1MiB_text", textResult(logText(1 << 20)), true, false},
 		// The same with a secret near its start: redacted, then cut.
-		{"1MiB_text_secret", textResult("deploy started with AKIAIOSFODNN7EXAMPLE\n" + logText(1<<20)), true},
-		{"1MiB_structured", structuredResult(1 << 20), true},
+		{"1MiB_text_secret", textResult("deploy started with AKIAIOSFODNN7EXAMPLE\n" + logText(1<<20)), true, false},
+		// Its keys alone are over the default limit: withheld.
+		{"1MiB_structured", structuredResult(1 << 20), true, true},
 	} {
 		b.Run(c.name, func(b *testing.B) {
 			call := benchCall(b, benchTool, `{"ticket_id":"TEST-123"}`)
 			result := []byte(c.result)
 			step := func() {
 				out, err := h.check(ctx, call, result)
-				if err != nil || (defaults && ((out != nil) != c.changed || strings.Contains(string(out), "withheld"))) {
+				if err != nil || (defaults && ((out != nil) != c.changed || strings.Contains(string(out), "withheld") != c.withheld)) {
 					panic(fmt.Sprintf("check: %.300s, %v", out, err))
 				}
 			}
