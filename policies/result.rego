@@ -28,12 +28,14 @@ import data.toolgate.text
 #   approved answer is the cleaned one.
 # entrypoint: true
 decision := {"action": "allow"} if {
-	# The commonest decision first: nothing to clean, deny or ask about.
-	count(looks) == 0
+	# The commonest decision first, from the gateway's scan alone: nothing
+	# to clean, cut, deny or ask about.
+	untouched
 	count(deny) == 0
 	count(ask) == 0
-} else := {"action": "deny", "reason": concat("; ", deny)} if {
-	count(deny) > 0
+} else := {"action": "deny", "reason": concat("; ", reasons)} if {
+	reasons := cannot_inspect | deny
+	count(reasons) > 0
 } else := with_result({"action": "ask", "reason": concat("; ", ask)}) if {
 	count(ask) > 0
 } else := with_result({"action": "allow"})
@@ -41,11 +43,30 @@ decision := {"action": "allow"} if {
 # This package runs on every tools/call result, which may be megabytes of
 # text or thousands of strings, so it visits only the strings that may need
 # cleaning (`looks`, from the gateway's quick pass in input.scan), and of a
-# long text only the part it keeps.
+# long text only the part it keeps. Most results need nothing: for them
+# the gateway's scan says so (input.scan.clean) and only `untouched`, `deny`
+# and `ask` are evaluated.
 
-# deny holds one reason per rule that withholds the result and turns it into
-# an error for the runner. Add your own with `deny contains msg if { ... }`.
-deny contains msg if {
+# untouched: the gateway's scan says the result is well formed and nothing
+# in it needs cleaning, no pattern of yours has to be matched, and its text
+# is within the limit. (Without input.scan, as under opa test, the long way
+# decides the same for such a result.)
+untouched if {
+	input.scan.clean == true
+	count(redact_patterns) == 0
+	input.scan.bytes <= max_result_bytes
+}
+
+# deny holds one reason per rule of yours that withholds the result and
+# turns it into an error for the runner. Add your own with
+# `deny contains msg if { ... }`. (This rule only names the set: it holds
+# nothing.)
+deny contains msg if some msg in set()
+
+# cannot_inspect holds the reasons why toolgate cannot inspect or clean
+# this result safely, so it is withheld (like deny, which holds your own
+# reasons).
+cannot_inspect contains msg if {
 	not is_array(object.get(input, ["result", "content"], null))
 	msg := "the upstream result has no content array, so toolgate cannot inspect it; the result was withheld"
 }
@@ -54,18 +75,29 @@ deny contains msg if {
 # model in ways toolgate cannot foresee, so it is withheld.
 content_types := {"text", "image", "audio", "resource_link", "resource"}
 
-deny contains msg if {
+cannot_inspect contains msg if {
 	some i, item in input.result.content
-	typ := object.get(item, "type", null)
-	not typ in content_types
-	msg := sprintf("the upstream result holds content[%d] of type %v, which toolgate cannot inspect; the result was withheld", [i, typ])
+	not known_type(item)
+	msg := sprintf("the upstream result holds content[%d], which is not a content item of a type toolgate inspects (%s); the result was withheld", [i, concat(", ", sort(content_types))])
 }
 
-deny contains msg if {
+cannot_inspect contains msg if {
 	some i, item in input.result.content
-	item.type in content_types
+	known_type(item)
 	not well_formed(item)
-	msg := sprintf("the upstream result is malformed (content[%d] has type %q but not the fields toolgate inspects); the result was withheld", [i, item.type])
+	msg := sprintf("the upstream result is malformed (content[%d] has type %q but not the fields toolgate inspects, or a blob that is not base64); the result was withheld", [i, item.type])
+}
+
+known_type(item) if item.type in content_types
+
+# well_formed_content: content is an array of items of known types, each
+# with the fields toolgate inspects (the gateway's scan checks the same
+# for input.scan.clean).
+well_formed_content if {
+	is_array(input.result.content)
+	every item in input.result.content {
+		well_formed(item)
+	}
 }
 
 well_formed(item) if {
@@ -83,47 +115,55 @@ well_formed(item) if {
 	is_string(item.uri)
 }
 
+# An embedded resource has a text or a blob; a blob, even next to a text,
+# must be base64 that toolgate can decode and inspect (runners decode it
+# leniently, so anything else could hide a secret).
 well_formed(item) if {
 	item.type == "resource"
 	is_string(item.resource.text)
+	valid_blob(item.resource)
 }
 
 well_formed(item) if {
 	item.type == "resource"
 	is_string(item.resource.blob)
-	base64.is_valid(item.resource.blob)
+	valid_blob(item.resource)
 }
 
-deny contains msg if {
+valid_blob(res) if not is_string(object.get(res, "blob", null))
+
+valid_blob(res) if base64.is_valid(res.blob)
+
+cannot_inspect contains msg if {
 	some kind, pattern in redact_patterns
 	not regex.is_valid(pattern)
 	msg := sprintf("the policy's redact pattern %q is not a valid regular expression, so toolgate cannot inspect results; the result was withheld", [kind])
 }
 
-deny contains "toolgate could not clean this result, so it was withheld" if {
+cannot_inspect contains "toolgate could not clean this result, so it was withheld" if {
 	some id, _ in looks
 	not attempted[id]
 }
 
-deny contains "toolgate could not clean this result, so it was withheld" if {
+cannot_inspect contains "toolgate could not clean this result, so it was withheld" if {
 	some path, _ in blob_looks
 	not blob_attempted[path]
 }
 
-deny contains msg if {
+cannot_inspect contains msg if {
 	over_budget
 	not cap
 	msg := sprintf("the result is over the limit of %d bytes even without its texts (its keys and structure alone are too large), so it was withheld; ask the tool for less", [max_result_bytes])
 }
 
-deny contains msg if {
+cannot_inspect contains msg if {
 	some parent, names in renamed_keys
 	some name in names
 	count([1 | some n in names; n == name]) > 1
 	msg := sprintf("toolgate would have to give two keys of %v the same name %q after cleaning them, so the result was withheld", [parent, name])
 }
 
-deny contains msg if {
+cannot_inspect contains msg if {
 	some parent, names in renamed_keys
 	some name in names
 	kept_key(parent, name)
@@ -190,13 +230,13 @@ secret_patterns := {
 	# A PEM private key, base64-encoded once more (Kubernetes secrets, env
 	# files): "-----BEGIN" and "PRIVATE KEY" in base64.
 	"private_key_base64": `()LS0tLS1CRUdJTi[A-Za-z0-9+/]{0,40}?(?:IFBSSVZBVEUgS0VZ|BQUklWQVRFIEtFW|UFJJVkFURSBLRV)[A-Za-z0-9+/=]*(?:(?:\r?\n|\\n)[A-Za-z0-9+/=]{16,})*`,
-	"oauth_token": `((?:\\?["'])?(?i:access_token|refresh_token|id_token|client_secret)(?:\\?["'])?[ \t]*[:=][ \t]*(?:\\?["'])?)[A-Za-z0-9\-._~+/%]{8,}=*`,
+	"oauth_token": `((?:\\?["'])?(?i:access_token|refresh_token|id_token|client_secret)(?:\\?["'])?[ \t]{0,64}[:=][ \t]{0,64}(?:\\?["'])?)[A-Za-z0-9\-._~+/%]{8,}=*`,
 	"slack_webhook": `()https?://hooks\.slack\.com/(?:services|workflows|triggers)/[A-Za-z0-9_/\-]+`,
-	"azure_storage_key": `((?i:AccountKey|SharedAccessKey)[ \t]*=[ \t]*)[A-Za-z0-9+/]{20,}={0,2}`,
+	"azure_storage_key": `((?i:AccountKey|SharedAccessKey)[ \t]{0,64}=[ \t]{0,64})[A-Za-z0-9+/]{20,}={0,2}`,
 	"azure_sas_signature": `((?:^|[?&;\s"'])sig=)[A-Za-z0-9%+/]{16,}={0,2}`,
-	"basic_auth": `((?i:authorization)\\?["']?[ \t]*[:=][ \t]*\\?["']?)(?i:basic)[ \t]+[A-Za-z0-9+/]{4,}={0,2}`,
-	"bearer_token": concat("", [bounded, `(?i:bearer)\s+[A-Za-z0-9\-._~+/]{16,}=*`]),
-	"aws_secret_access_key": `((?i:(?:aws_?)?secret[_-]?access[_-]?key)\\?["']?[ \t]*[:=][ \t]*\\?["']?)[A-Za-z0-9/+]{40}[A-Za-z0-9/+=]*`,
+	"basic_auth": `((?i:authorization)\\?["']?[ \t]{0,64}[:=][ \t]{0,64}\\?["']?)(?i:basic)[ \t]{1,64}[A-Za-z0-9+/]{4,}={0,2}`,
+	"bearer_token": concat("", [bounded, `(?i:bearer)\s{1,64}[A-Za-z0-9\-._~+/]{16,}=*`]),
+	"aws_secret_access_key": `((?i:(?:aws_?)?secret[_-]?access[_-]?key)\\?["']?[ \t]{0,64}[:=][ \t]{0,64}\\?["']?)[A-Za-z0-9/+]{40}[A-Za-z0-9/+=]*`,
 	"aws_access_key_id": concat("", [bounded, `(?:AKIA|ASIA)[A-Z0-9]{16}\b`]),
 	"github_token": concat("", [bounded, `(?:gh[pousr]_[A-Za-z0-9]{36,}|github_pat_[A-Za-z0-9_]{22,})\b`]),
 	"slack_token": concat("", [bounded, `(?:xox(?:[a-z]|e\.xox[a-z])-[A-Za-z0-9-]{10,}|xapp-[0-9]-[A-Za-z0-9-]{10,})`]),
@@ -232,7 +272,7 @@ secret_markers := {
 	"azure_sas_signature": ["sig="],
 	"basic_auth": ["authorization"],
 	"bearer_token": ["bearer"],
-	"aws_secret_access_key": ["secret_access_key", "secretaccesskey", "secret-access-key"],
+	"aws_secret_access_key": ["accesskey", "access_key", "access-key"],
 	"aws_access_key_id": ["AKIA", "ASIA"],
 	"github_token": ["ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_"],
 	"slack_token": ["xox", "xapp-"],
@@ -305,17 +345,34 @@ lists_every_cut(sc) if sc.key_bytes > max_result_bytes
 lists_every_cut(sc) if cap_of(sc) >= sc.threshold
 
 own_scan := {
+	"clean": clean_of(entries, listed_seams),
 	"threshold": 0,
 	"bytes": sum([e.bytes | some e in entries]),
 	"key_bytes": sum([e.bytes | some e in entries; e.key]),
 	"strings": entries,
-	"seams": [pair | some pair in seams; seam_looks(pair)],
+	"seams": listed_seams,
 } if {
 	entries := array.concat(
 		[scan_entry(path, s, false) | some path, s in scanned],
 		[scan_entry(path, k, true) | some path, k in scanned_keys],
 	)
+	listed_seams := [pair | some pair in seams; seam_looks(pair)]
 }
+
+# clean_of: the scan's verdict that the result is well formed and nothing in
+# it needs cleaning (whatever its size): no string or key holds an invisible
+# character or a marker, no seam and no blob may hide a secret.
+clean_of(entries, listed_seams) if {
+	well_formed_content
+	every e in entries {
+		not e.invisible
+		not e.markers
+	}
+	count(listed_seams) == 0
+	count(marked_blobs) == 0
+}
+
+default clean_of(_, _) := false
 
 scan_entry(path, s, key) := {
 	"path": path,
@@ -469,8 +526,19 @@ strip(s, false) := s
 # redact(t): t with every secret replaced, by position: the matches of all
 # kinds that may occur in t are found in one pass (leftmost first, the
 # earlier kind of secret_kinds where two start at the same place), and t is
-# put together again from the text between them and their labels.
+# put together again from the text between them and their labels. A long
+# text is matched only near its markers (see windows_in), which finds the
+# same matches.
 redact(t) := {"text": t, "kinds": set()} if {
+	count(kinds_in(t)) == 0
+} else := r if {
+	n := count(t)
+	n > 2 * window_after
+	r := redact_windows(t, windows_in(t, n), n)
+} else := redact_whole(t)
+
+# redact_whole(t): redact(t) with the patterns matched over all of t.
+redact_whole(t) := {"text": t, "kinds": set()} if {
 	count(kinds_in(t)) == 0
 } else := {"text": out, "kinds": {k | some k in labels_kinds}} if {
 	ks := kinds_in_order(t)
@@ -503,6 +571,91 @@ kinds_in(t) := {k |
 kinds_in_order(t) := [k | some k in array.concat(builtin_kinds, site_kinds); k in found] if {
 	found := kinds_in(t)
 }
+
+# --- long texts: matching near the markers
+#
+# A regular expression costs a few hundred nanoseconds per character of
+# text matched, so in a long text the patterns are matched only in windows
+# around the places where a marker occurs: from window_before characters
+# before it to the end of the token that runs window_after characters after
+# it. That finds every match that matching the whole text finds, because a
+# match of a built-in pattern holds a marker, begins at most a few
+# characters before it, holds at most about 250 characters of fixed text
+# after it (runs of blanks in the patterns are bounded for this), and then a
+# token of token_chars only; a window ends at a character that no token
+# holds. The private key kinds, whose matches run over lines, and your own
+# patterns, which have no markers, are matched over the whole text.
+# (secrets_test.rego checks both ways on its corpus.)
+
+window_before := 64
+
+window_after := 512
+
+# At most this many windows, and a token of at most token_limit characters
+# where a window ends; beyond, the whole text is matched.
+max_windows := 16
+
+token_limit := 1000
+
+# token_chars: every character that a token of a built-in kind may hold.
+token_chars := `[A-Za-z0-9\-._~+/%=]`
+
+spanning_kinds := {"pem_private_key", "pgp_private_key", "ssh2_private_key", "putty_private_key", "private_key_base64"}
+
+# windows_in(t, n): the windows of t (n characters) to match in, as
+# [first, end] pairs, in order and apart; undefined when the whole text must
+# be matched.
+windows_in(t, n) := windows if {
+	ks := kinds_in(t)
+	count(ks & spanning_kinds) == 0
+	count(site_kinds) == 0
+	lt := lower(t)
+	ps := sort({p | some k in ks; some m in secret_markers[k]; some p in indexof_n(lt, lower(m))})
+	firsts := [i | some i, _ in ps; starts_window(t, n, ps, i)]
+	count(firsts) <= max_windows
+	windows := [[max([0, ps[f] - window_before]), token_end(t, ps[last] + window_after, n)] |
+		some g, f in firsts
+		last := group_last(firsts, g, count(ps))
+	]
+	count(windows) == count(firsts) # no token too long
+}
+
+# starts_window: the marker at ps[i] is too far from the one before it to
+# share its window: its window would begin after that one's ends. (The ends
+# grow with the positions, so it suffices to compare with the one before.)
+starts_window(_, _, _, 0)
+
+starts_window(t, n, ps, i) if {
+	i > 0
+	ps[i] - ps[i - 1] > window_before + window_after
+	ps[i] - window_before > token_end(t, ps[i - 1] + window_after, n)
+}
+
+group_last(firsts, g, _) := firsts[g + 1] - 1 if g + 1 < count(firsts)
+
+group_last(firsts, g, k) := k - 1 if g + 1 == count(firsts)
+
+# token_end(t, q, n): where the run of token characters from q ends;
+# undefined for a run longer than token_limit.
+token_end(t, q, n) := n if {
+	q >= n
+} else := q + k if {
+	k := count(regex.find_n(concat("", ["^", token_chars, "*"]), substring(t, q, token_limit + 1), 1)[0])
+	k <= token_limit
+}
+
+# redact_windows(t, windows, n): t with the windows redacted and the text
+# between them as it is.
+redact_windows(t, windows, n) := {"text": concat("", [d.text | some d in done]), "kinds": {k | some d in done; some k in d.kinds}} if {
+	cuts := array.concat(array.concat([0], [x | some w in windows; some x in w]), [n])
+	done := [piece(substring(t, cuts[j], cuts[j + 1] - cuts[j]), (j % 2) == 1) |
+		some j in numbers.range(0, count(cuts) - 2)
+	]
+}
+
+piece(s, true) := redact_whole(s)
+
+piece(s, false) := {"text": s, "kinds": set()}
 
 # kind_of(m, ks): the first kind of ks whose pattern matches all of m.
 kind_of(m, ks) := k if {
@@ -580,9 +733,9 @@ seam_label(c) := sprintf("[REDACTED:%s]", [c.kind]) if c.n > 0
 
 # --- blobs
 
-# blob_looks maps the path of every resource blob whose decoded bytes may
-# hold a secret to those bytes.
-blob_looks[path] := b if {
+# marked_blobs maps the path of every resource blob whose decoded bytes
+# hold a marker to those bytes.
+marked_blobs[path] := b if {
 	some i, item in input.result.content
 	item.type == "resource"
 	is_string(item.resource.blob)
@@ -590,6 +743,11 @@ blob_looks[path] := b if {
 	any_marker(b)
 	path := ["content", i, "resource", "blob"]
 }
+
+# blob_looks maps the path of every resource blob whose decoded bytes may
+# hold a secret to those bytes: those with a marker, and with patterns of
+# yours every one.
+blob_looks[path] := b if some path, b in marked_blobs
 
 blob_looks[path] := b if {
 	count(redact_patterns) > 0

@@ -289,7 +289,7 @@ test_site_deny_withholds_result if {
 # gateway_scan(r) is input.scan as the gateway makes it for result r: the
 # entries of the scan the policy computes itself that are over the
 # threshold or hold an invisible character or a marker.
-gateway_scan(r) := {"threshold": 4096, "bytes": full.bytes, "key_bytes": full.key_bytes, "seams": full.seams, "strings": [e |
+gateway_scan(r) := {"clean": full.clean, "threshold": 4096, "bytes": full.bytes, "key_bytes": full.key_bytes, "seams": full.seams, "strings": [e |
 	some e in full.strings
 	listed(e)
 ]} if {
@@ -364,10 +364,25 @@ test_result_without_content_denied if {
 }
 
 test_unknown_content_types_denied if {
-	every item in [{"type": "html", "text": "x"}, {"text": "no type"}, {"type": 1}] {
+	every item in [{"type": "html", "text": "x"}, {"text": "no type"}, {"type": 1}, "a bare string", 42, null, ["text"]] {
 		d := decide({"content": [{"type": "text", "text": "fine"}, item]})
 		d.action == "deny"
-		contains(d.reason, "content[1] of type")
+		contains(d.reason, "content[1], which is not a content item")
+	}
+}
+
+test_resource_blob_that_is_not_base64_denied if {
+	# Runners decode blobs leniently (URL-safe alphabet, line breaks), so a
+	# blob toolgate cannot decode could hide a secret, even next to a text.
+	hidden := replace(base64.encode(concat("", ["key ", aws_key, " ??>"])), "/", "_")
+	every res in [
+		{"uri": "file:///k", "blob": hidden},
+		{"uri": "file:///k", "text": "see the blob", "blob": hidden},
+		{"uri": "file:///k", "blob": "AAEC AAEC"},
+	] {
+		d := decide({"content": [{"type": "resource", "resource": res}]})
+		d.action == "deny"
+		contains(d.reason, "a blob that is not base64")
 	}
 }
 
@@ -507,8 +522,35 @@ test_scan_entries if {
 
 test_gateway_scan_is_used if {
 	r := texts_result([aws_key])
-	sc := {"threshold": 4096, "bytes": 45, "key_bytes": 25, "strings": [], "seams": []}
+	sc := {"clean": false, "threshold": 4096, "bytes": 45, "key_bytes": 25, "strings": [], "seams": []}
 	result.decision == {"action": "allow"} with input as object.union(with_result(r), {"scan": sc})
+}
+
+test_clean_scan_decides_alone if {
+	# The gateway's verdict that nothing needs cleaning is all the policy
+	# reads (so it must be right: the Go tests compare it with clean_of).
+	r := texts_result([aws_key])
+	sc := {"clean": true, "threshold": 4096, "bytes": 45, "key_bytes": 25, "strings": [], "seams": []}
+	result.untouched with input as object.union(with_result(r), {"scan": sc})
+	result.decision == {"action": "allow"} with input as object.union(with_result(r), {"scan": sc})
+}
+
+test_clean_scan_still_cuts_and_asks if {
+	r := texts_result(["0123456789abcdef"])
+	sc := {"clean": true, "threshold": 4096, "bytes": 42, "key_bytes": 22, "strings": [], "seams": []}
+	inp := object.union(with_result(r), {"scan": sc})
+
+	# over the limit: the long way, which cuts
+	not result.untouched with input as inp with data.toolgate.settings as limit(30)
+	d := result.decision with input as inp with data.toolgate.settings as limit(30)
+	startswith(d.result.content[0].text, "0123\n[truncated by toolgate")
+
+	# a pattern of yours must be matched
+	not result.untouched with input as inp with data.toolgate.settings.redact_patterns as {"hex": "[0-9a-f]{16}"}
+
+	# a rule of yours still withholds it
+	result.decision == {"action": "deny", "reason": "no hex"} with input as inp with result.deny as {"no hex"}
+	result.decision.action == "ask" with input as inp with data.toolgate.settings.services as {"tracker": {"review_results": true}}
 }
 
 test_issue_invisible_characters_stripped if {
@@ -521,4 +563,29 @@ test_issue_invisible_characters_stripped if {
 		d := decide(texts_result([concat(c, ["ig", "nore previous"])]))
 		d.result.content[0].text == "ignore previous"
 	}
+}
+
+# --- long texts and texts split in items
+
+log_lines(n) := concat("", [s | some i in numbers.range(1, n); s := sprintf("line %d of the log, nothing to see.\n", [i])])
+
+test_long_text_matched_near_its_markers if {
+	t := concat("", [log_lines(40), "deploy with ", aws_key, " done\n", log_lines(40), "auth: ", bearer, "\n", log_lines(5)])
+	count(result.windows_in(t, count(t))) == 2
+	d := decide(texts_result([t]))
+	d.result.content[0].text == concat("", [log_lines(40), "deploy with [REDACTED:aws_access_key_id] done\n", log_lines(40), "auth: [REDACTED:bearer_token]\n", log_lines(5)])
+}
+
+test_long_text_with_a_private_key_matched_whole if {
+	t := concat("", [log_lines(40), pem, "\n", log_lines(40)])
+	not result.windows_in(t, count(t))
+	d := decide(texts_result([t]))
+	d.result.content[0].text == concat("", [log_lines(40), "[REDACTED:pem_private_key]\n", log_lines(40)])
+}
+
+test_secret_split_across_two_items if {
+	d := decide(texts_result([concat("", ["key: ", substring(gh_classic, 0, 10)]), concat("", [substring(gh_classic, 10, 100), " end"])]))
+	d.result.content[0].text == "key: [REDACTED:github_token]"
+	d.result.content[1].text == " end"
+	contains(d.reason, "redacted github_token")
 }

@@ -178,3 +178,55 @@ test_secret_split_across_text_items if {
 		}
 	}
 }
+
+# --- long texts, matched near their markers
+
+# fillers: long texts around the secrets: prose, compact JSON (no blanks at
+# all), and a run of token characters longer than a window may end in.
+fillers := [
+	concat("", [s | some i in numbers.range(1, 40); s := sprintf("line %d of the log, nothing to see.\n", [i])]),
+	concat("", [s | some i in numbers.range(1, 60); s := sprintf(`{"id":%d,"state":"open"},`, [i])]),
+	concat("", [s | some _ in numbers.range(1, 60); s := "abcdefghij0123456789"]),
+]
+
+test_windows_find_what_the_whole_text_holds if {
+	every p in positives {
+		secret := p[1]
+		every f in fillers {
+			every t in [
+				concat("", [secret, f]),
+				concat("", [f, secret, " ", f]),
+				concat("", [f, secret]),
+				concat("", [f, secret, " ", substring(f, 0, 560), secret, " ", f]),
+				concat("", [f, secret, substring(f, 0, 10), secret, f]),
+			] {
+				result.redact(t) == result.redact_whole(t)
+			}
+		}
+	}
+}
+
+test_windows_are_used if {
+	t := concat("", [fillers[0], positives[0][1], " ", fillers[0], positives[0][1], fillers[1]])
+	ws := result.windows_in(t, count(t))
+	count(ws) == 2
+	result.redact(t).text == concat("", [fillers[0], "[REDACTED:aws_access_key_id] ", fillers[0], "[REDACTED:aws_access_key_id]", fillers[1]])
+}
+
+test_near_misses_in_long_texts if {
+	every m in near_misses {
+		every f in fillers {
+			t := concat(" ", [f, m, f])
+			result.redact(t) == {"text": t, "kinds": set()}
+		}
+	}
+}
+
+test_blanks_in_patterns_are_bounded if {
+	# Blanks between a field name and its value (aligned configuration
+	# files) count up to 64; the window after a marker holds them all.
+	key := "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"
+	t := concat("", [fillers[0], "secret_accesskey", concat("", [" " | some _ in numbers.range(1, 64)]), "= ", key, "\n", fillers[0]])
+	result.redact(t).text == concat("", [fillers[0], "secret_accesskey", concat("", [" " | some _ in numbers.range(1, 64)]), "= [REDACTED:aws_secret_access_key]\n", fillers[0]])
+	result.redact(t) == result.redact_whole(t)
+}

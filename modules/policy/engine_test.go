@@ -66,7 +66,7 @@ func TestDecisionsThatAreNotWellFormedDeny(t *testing.T) {
 			e, _ := testEngine(t, dir, 0)
 			timeout := tc.timeout
 			if timeout == 0 {
-				timeout = time.Second
+				timeout = time.Minute
 			}
 			o := e.decide(context.Background(), someInput, timeout, "arguments")
 			if o.Action != gateway.ActionDeny || o.Failure != tc.failure || o.Reason == "" || o.Arguments != nil {
@@ -83,7 +83,7 @@ func TestWellFormedDecisions(t *testing.T) {
 decision := {"action": "allow", "reason": "ok", "arguments": object.union(input.arguments, {"n": 2})}
 `)
 	e, _ := testEngine(t, dir, 0)
-	o := e.decide(context.Background(), someInput, time.Second, "arguments")
+	o := e.decide(context.Background(), someInput, time.Minute, "arguments")
 	if o.Action != gateway.ActionAllow || o.Reason != "ok" || o.Failure != "" || o.Revision == "" {
 		t.Fatalf("outcome = %+v", o)
 	}

@@ -2,6 +2,7 @@ package policy
 
 import (
 	"context"
+	"encoding/base64"
 	"encoding/binary"
 	"fmt"
 	"slices"
@@ -51,6 +52,8 @@ var (
 	keySeams     = ast.StringTerm("seams")
 	keyData      = ast.StringTerm("data")
 	keyBlob      = ast.StringTerm("blob")
+	keyURI       = ast.StringTerm("uri")
+	keyClean     = ast.StringTerm("clean")
 )
 
 // scanner holds what the scan looks for.
@@ -362,8 +365,9 @@ func byteRank(c byte) int {
 type scanEntries struct {
 	sc       *scanner
 	entries  []*ast.Term
-	bytes    int // of every inspected string and key
-	keyBytes int // of every inspected key
+	bytes    int  // of every inspected string and key
+	keyBytes int  // of every inspected key
+	flagged  bool // some string or key holds an invisible character or a marker
 	// pending holds content[i].data and content[i].resource.blob, which are
 	// inspected unless they are the binary data of their item's type, known
 	// only once the item is read.
@@ -411,6 +415,7 @@ func (l *scanEntries) add(path []pathStep, s string, key bool) {
 	}
 	invisible := l.sc.hasInvisible(s)
 	markers := l.sc.hasMarker(s)
+	l.flagged = l.flagged || invisible || markers
 	if !long && !invisible && !markers {
 		return
 	}
@@ -493,7 +498,12 @@ func resultTerms(raw []byte, sc *scanner, spans map[*ast.Term]string) (result, s
 		}
 		prev, prevText = i, text
 	}
+	clean := content != nil && !l.flagged && len(seams) == 0
+	for i := range contentLen(content) {
+		clean = clean && sc.plainItem(content.Elem(i).Value)
+	}
 	scan = ast.ObjectTerm(
+		ast.Item(keyClean, ast.InternedTerm(clean)),
 		ast.Item(keyThreshold, ast.InternedTerm(scanThreshold)),
 		ast.Item(keyBytes, ast.InternedTerm(l.bytes)),
 		ast.Item(keyKeyBytes, ast.InternedTerm(l.keyBytes)),
@@ -501,6 +511,47 @@ func resultTerms(raw []byte, sc *scanner, spans map[*ast.Term]string) (result, s
 		ast.Item(keySeams, ast.ArrayTerm(seams...)),
 	)
 	return result, scan, nil
+}
+
+// plainItem reports whether a content item is of a type of MCP's with the
+// fields the policy inspects (its well_formed rule) and, for an embedded
+// resource's blob, valid base64 whose decoded bytes hold no marker.
+func (sc *scanner) plainItem(v ast.Value) bool {
+	item, ok := v.(ast.Object)
+	if !ok {
+		return false
+	}
+	typ, _ := stringAt(item, keyType)
+	switch typ {
+	case "text":
+		_, ok = stringAt(item, keyText)
+	case "image", "audio":
+		_, ok = stringAt(item, keyData)
+	case "resource_link":
+		_, ok = stringAt(item, keyURI)
+	case "resource":
+		res, isObj := termValue(item.Get(keyResource)).(ast.Object)
+		if !isObj {
+			return false
+		}
+		_, hasText := stringAt(res, keyText)
+		blob, hasBlob := stringAt(res, keyBlob)
+		if !hasBlob {
+			return hasText
+		}
+		b, err := base64.StdEncoding.DecodeString(blob)
+		return err == nil && !sc.hasMarker(unsafe.String(unsafe.SliceData(b), len(b)))
+	default:
+		return false
+	}
+	return ok
+}
+
+func termValue(t *ast.Term) ast.Value {
+	if t == nil {
+		return nil
+	}
+	return t.Value
 }
 
 func lastRunes(s string, n int) string {
