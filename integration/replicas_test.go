@@ -73,10 +73,12 @@ func startReplica(t testing.TB, bin, toolgateBlock, dataDir string) *replica {
 		toolgate_registry
 		toolgate_policy {
 			source %[4]s
+			timeout 30s
 		}
 		toolgate_credentials
 		toolgate_result_policy {
 			source %[4]s
+			timeout 30s
 		}
 		toolgate_proxy
 	}
