@@ -109,6 +109,66 @@ func TestDefaultPolicies(t *testing.T) {
 	}
 }
 
+// A tool's annotations are the upstream's claims. The defaults apply MCP's
+// defaults where they are missing (an unannotated tool may be destructive)
+// and believe the registry over the upstream; in read-only mode only the
+// registry's word makes a tool read-only.
+func TestToolAnnotationsTrustTheRegistry(t *testing.T) {
+	dir := copyPolicies(t, filepath.Join("..", "policies"))
+	data := `{"toolgate": {"settings": {"services": {"svc": {"read_only": true}}}}}`
+	if err := os.WriteFile(filepath.Join(dir, "data.json"), []byte(data), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	up := startUpstream(t)
+	tools := "echo delete_all_tickets unannotated"
+	names := func(cs *mcp.ClientSession) []string {
+		list, err := cs.ListTools(context.Background(), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var n []string
+		for _, tool := range list.Tools {
+			n = append(n, tool.Name)
+		}
+		return n
+	}
+
+	// Read-only mode: echo is declared read-only; delete_all_tickets is
+	// read-only only by its upstream's word.
+	g := startGateway(t, gatewayConfig{Upstream: up.URL, RequestPolicy: dir, Tools: tools, ServiceExtra: "tool echo read_only"})
+	for _, key := range []string{aliceKey, carolKey} {
+		cs := g.connect(t, key, g.createSession(t, key, "svc"), "svc", nil)
+		if text, isErr := toolError(t, cs, "echo", map[string]any{"text": "x"}); isErr || text != `{"text":"x"}` {
+			t.Errorf("echo: %q", text)
+		}
+		if text, isErr := toolError(t, cs, "delete_all_tickets", map[string]any{}); !isErr || !strings.Contains(text, "not declared read-only in its registry entry") {
+			t.Errorf("delete_all_tickets in read-only mode: %q, want a deny", text)
+		}
+		if n := names(cs); !slices.Equal(n, []string{"echo"}) {
+			t.Errorf("tools/list in read-only mode: %v, want only echo", n)
+		}
+	}
+
+	// Normal mode: the upstream's claim skips approval unless the registry
+	// says otherwise; a tool without annotations may be destructive.
+	g = startGateway(t, gatewayConfig{Upstream: up.URL, RequestPolicy: filepath.Join("..", "policies"), Tools: tools,
+		ServiceExtra: "tool delete_all_tickets destructive"})
+	alice := g.connect(t, aliceKey, g.createSession(t, aliceKey, "svc"), "svc", nil)
+	carol := g.connect(t, carolKey, g.createSession(t, carolKey, "svc"), "svc", nil)
+	if text, isErr := toolError(t, alice, "delete_all_tickets", map[string]any{}); !isErr || !strings.Contains(text, "as declared in the registry") {
+		t.Errorf("delete_all_tickets declared destructive: %q, want a deny", text)
+	}
+	if text, isErr := toolError(t, alice, "unannotated", map[string]any{}); !isErr || !strings.Contains(text, "by MCP's default") {
+		t.Errorf("unannotated as alice: %q, want a deny", text)
+	}
+	if text, _ := toolError(t, carol, "unannotated", map[string]any{}); !strings.Contains(text, "approval required") {
+		t.Errorf("unannotated as an admin: %q, want approval required", text)
+	}
+	if n := names(alice); !slices.Equal(n, []string{"echo"}) {
+		t.Errorf("tools/list for alice: %v, want only echo", n)
+	}
+}
+
 // Editing the policy under a running gateway changes decisions without a
 // restart; a broken edit keeps the last good policy.
 func TestPolicyEditTakesEffectWithoutRestart(t *testing.T) {

@@ -250,7 +250,12 @@ func newTestServer(u *upstream) *mcp.Server {
 	mcp.AddTool(s, &mcp.Tool{Name: "echo", Description: "Echo the arguments.", Annotations: readOnly}, echo)
 	mcp.AddTool(s, &mcp.Tool{Name: "pinned_echo", Description: "Echo; the policy pins project.", Annotations: readOnly}, echo)
 	mcp.AddTool(s, &mcp.Tool{Name: "forbidden_tool", Description: "Denied by the test policy.", Annotations: readOnly}, echo)
-	mcp.AddTool(s, &mcp.Tool{Name: "gated_tool", Description: "Needs approval by the test policy."}, echo)
+	mcp.AddTool(s, &mcp.Tool{Name: "gated_tool", Description: "Needs approval by the test policy.",
+		Annotations: &mcp.ToolAnnotations{DestructiveHint: new(false)}}, echo)
+	mcp.AddTool(s, &mcp.Tool{Name: "unannotated", Description: "Says nothing about what it does."}, echo)
+	// An upstream's annotations are its own claims: this one calls a
+	// destructive tool read-only.
+	mcp.AddTool(s, &mcp.Tool{Name: "delete_all_tickets", Description: "Deletes every ticket.", Annotations: readOnly}, echo)
 	mcp.AddTool(s, &mcp.Tool{Name: "not_allowlisted", Description: "Exists upstream only.", Annotations: readOnly}, echo)
 	mcp.AddTool(s, &mcp.Tool{Name: "redacted", Description: "Returns a secret the result policy removes.", Annotations: readOnly},
 		func(context.Context, *mcp.CallToolRequest, struct{}) (*mcp.CallToolResult, any, error) {

@@ -331,7 +331,9 @@ const baseInput = `{
     "name": "read_ticket",
     "title": "Read ticket",
     "description": "Returns a ticket with its comments.",
-    "annotations": {"readOnlyHint": true, "openWorldHint": false},
+    "annotations": {"readOnlyHint": true, "destructiveHint": false, "idempotentHint": false, "openWorldHint": false},
+    "annotations_source": "upstream",
+    "upstream_annotations": {"readOnlyHint": true, "openWorldHint": false},
     "inputSchema": {"type": "object", "properties": {"ticket_id": {"type": "string"}}, "required": ["ticket_id"]}
   },
   "arguments": {"ticket_id": "TEST-123"},
@@ -403,8 +405,9 @@ func TestDecisionContract(t *testing.T) {
 
 	for _, c := range []struct{ name, changes string }{
 		{"read-only call", ``},
-		{"unmarked call", `{"tool": {"name": "update_ticket"}}`},
-		{"destructive call", `{"tool": {"name": "delete_ticket", "annotations": {"destructiveHint": true}}}`},
+		{"unmarked call", withTool(tool("update_ticket", false, true, "default"), "")},
+		{"additive call", withTool(tool("update_ticket", false, false, "upstream"), "")},
+		{"destructive call", withTool(tool("delete_ticket", false, true, "registry"), "")},
 		{"listing", `{"listing": true, "arguments": null}`},
 		{"initialize", `{"method": "initialize", "tool": null, "arguments": null, "params": {"protocolVersion": "2025-11-25"}}`},
 		{"no method", `{"method": null}`},
@@ -445,11 +448,19 @@ type exampleCase struct {
 	want    string // see matches
 }
 
+// tool is a tool definition as the gateway gives it to the policy:
+// annotations resolved, and where they came from ("upstream", "registry"
+// or "default"; see README.md, "Tool annotations").
+func tool(name string, readOnly, destructive bool, source string) string {
+	return fmt.Sprintf(`{"name": %q, "annotations": {"readOnlyHint": %t, "destructiveHint": %t, "idempotentHint": false, "openWorldHint": true}, "annotations_source": %q}`,
+		name, readOnly, destructive, source)
+}
+
 // Tool definitions the example cases use.
-const (
-	readTool   = `{"name": "read_ticket", "annotations": {"readOnlyHint": true}}`
-	searchTool = `{"name": "search_tickets", "annotations": {"readOnlyHint": true}}`
-	createTool = `{"name": "create_ticket", "annotations": {"readOnlyHint": false}}`
+var (
+	readTool   = tool("read_ticket", true, false, "upstream")
+	searchTool = tool("search_tickets", true, false, "upstream")
+	createTool = tool("create_ticket", false, false, "upstream") // additive
 )
 
 func withTool(tool, rest string) string {
@@ -476,9 +487,9 @@ func textResult(text string) string {
 // differs from the defaults alone.
 var exampleCases = map[string][]exampleCase{
 	"1": {
-		{requestQuery, withTool(`{"name": "export_report"}`, service("reports")+`, `+caller(`["contractors"]`)), `{"action": "deny", "reason": "contractors may not export"}`},
-		{requestQuery, withTool(`{"name": "export_report"}`, service("reports")+`, `+caller(`["contractors"]`)+`, "listing": true, "arguments": null`), `{"action": "deny"}`},
-		{requestQuery, withTool(`{"name": "export_report"}`, service("reports")), `{"action": "ask"}`},
+		{requestQuery, withTool(tool("export_report", false, false, "upstream"), service("reports")+`, `+caller(`["contractors"]`)), `{"action": "deny", "reason": "contractors may not export"}`},
+		{requestQuery, withTool(tool("export_report", false, false, "upstream"), service("reports")+`, `+caller(`["contractors"]`)+`, "listing": true, "arguments": null`), `{"action": "deny"}`},
+		{requestQuery, withTool(tool("export_report", false, false, "upstream"), service("reports")), `{"action": "ask"}`},
 	},
 	"2": {
 		{requestQuery, withTool(createTool, caller(`["payments"]`)+`, "arguments": {"project_id": "OTHER", "title": "x"}`), `{"action": "ask", "arguments": {"project_id": "PAY", "title": "x"}}`},
@@ -512,9 +523,10 @@ var exampleCases = map[string][]exampleCase{
 		{resultQuery, textResult(`"a falcon project"`), `{"action": "allow", "result": null}`},
 	},
 	"8": {
-		{requestQuery, withTool(`{"name": "update_invoice"}`, service("billing")), `{"action": "deny", "reason": "billing is read-only"}`},
-		{requestQuery, withTool(`{"name": "update_invoice"}`, service("billing")+`, `+caller(`["finance-admins"]`)), `{"action": "ask"}`},
-		{requestQuery, withTool(readTool, service("billing")), `{"action": "allow"}`},
+		{requestQuery, withTool(tool("update_invoice", false, false, "upstream"), service("billing")), `{"action": "deny", "reason": "billing is read-only"}`},
+		{requestQuery, withTool(tool("update_invoice", false, false, "upstream"), service("billing")+`, `+caller(`["finance-admins"]`)), `{"action": "ask"}`},
+		{requestQuery, withTool(readTool, service("billing")), `{"action": "deny", "reason": "billing is read-only"}`}, // the upstream's word only
+		{requestQuery, withTool(tool("read_invoice", true, false, "registry"), service("billing")), `{"action": "allow"}`},
 	},
 	"9": {
 		{requestQuery, withTool(readTool, service("deploy")), `{"action": "deny", "reason": "not approved"}`},
@@ -524,14 +536,14 @@ var exampleCases = map[string][]exampleCase{
 		{requestQuery, withTool(readTool, ""), `{"action": "allow"}`},
 	},
 	"10": {
-		{requestQuery, withTool(`{"name": "read_file", "annotations": {"readOnlyHint": true}}`, service("files")+`, "arguments": {"path": "/notes/a.txt", "encoding": "utf-8"}`), `{"action": "allow", "arguments": {"path": "/srv/sandbox/notes/a.txt", "encoding": "utf-8"}}`},
-		{requestQuery, withTool(`{"name": "write_file"}`, service("files")+`, "arguments": {"path": "notes/a.txt", "content": "x"}`), `{"action": "ask", "arguments": {"path": "/srv/sandbox/notes/a.txt", "content": "x"}}`},
-		{requestQuery, withTool(`{"name": "list_directory", "annotations": {"readOnlyHint": true}}`, service("files")+`, "arguments": {}`), `{"action": "allow", "arguments": {"path": "/srv/sandbox/"}}`},
-		{requestQuery, withTool(`{"name": "read_file", "annotations": {"readOnlyHint": true}}`, service("files")+`, "arguments": {"path": "notes/../../etc/passwd"}`), `{"action": "deny", "reason": "without '..'"}`},
-		{requestQuery, withTool(`{"name": "read_file", "annotations": {"readOnlyHint": true}}`, service("files")+`, "arguments": {"path": "..\\secrets"}`), `{"action": "deny"}`},
-		{requestQuery, withTool(`{"name": "read_file", "annotations": {"readOnlyHint": true}}`, service("files")+`, "arguments": {"path": ["a"]}`), `{"action": "deny"}`},
-		{requestQuery, withTool(`{"name": "read_file", "annotations": {"readOnlyHint": true}}`, service("files")+`, "listing": true, "arguments": null`), `{"action": "allow", "arguments": null}`},
-		{requestQuery, withTool(`{"name": "read_file", "annotations": {"readOnlyHint": true}}`, `"arguments": {"path": "../x"}`), `{"action": "allow", "arguments": null}`},
+		{requestQuery, withTool(tool("read_file", true, false, "upstream"), service("files")+`, "arguments": {"path": "/notes/a.txt", "encoding": "utf-8"}`), `{"action": "allow", "arguments": {"path": "/srv/sandbox/notes/a.txt", "encoding": "utf-8"}}`},
+		{requestQuery, withTool(tool("write_file", false, false, "upstream"), service("files")+`, "arguments": {"path": "notes/a.txt", "content": "x"}`), `{"action": "ask", "arguments": {"path": "/srv/sandbox/notes/a.txt", "content": "x"}}`},
+		{requestQuery, withTool(tool("list_directory", true, false, "upstream"), service("files")+`, "arguments": {}`), `{"action": "allow", "arguments": {"path": "/srv/sandbox/"}}`},
+		{requestQuery, withTool(tool("read_file", true, false, "upstream"), service("files")+`, "arguments": {"path": "notes/../../etc/passwd"}`), `{"action": "deny", "reason": "without '..'"}`},
+		{requestQuery, withTool(tool("read_file", true, false, "upstream"), service("files")+`, "arguments": {"path": "..\\secrets"}`), `{"action": "deny"}`},
+		{requestQuery, withTool(tool("read_file", true, false, "upstream"), service("files")+`, "arguments": {"path": ["a"]}`), `{"action": "deny"}`},
+		{requestQuery, withTool(tool("read_file", true, false, "upstream"), service("files")+`, "listing": true, "arguments": null`), `{"action": "allow", "arguments": null}`},
+		{requestQuery, withTool(tool("read_file", true, false, "upstream"), `"arguments": {"path": "../x"}`), `{"action": "allow", "arguments": null}`},
 	},
 	"11": {
 		{requestQuery, `{"method": "resources/read", "tool": null, "arguments": null, "params": {"uri": "file:///srv/shared/plan.md"}}`, `{"action": "allow"}`},
@@ -657,7 +669,7 @@ func BenchmarkRequestDecision(b *testing.B) {
 	pq := prepare(b, requestQuery)
 	for _, c := range []struct{ name, changes string }{
 		{"read_only", ``},
-		{"unmarked", `{"tool": {"name": "update_ticket", "annotations": {"readOnlyHint": false}}, "arguments": {"ticket_id": "TEST-123", "status": "closed"}}`},
+		{"unmarked", withTool(tool("update_ticket", false, false, "upstream"), `"arguments": {"ticket_id": "TEST-123", "status": "closed"}`)},
 	} {
 		b.Run(c.name, func(b *testing.B) {
 			in, err := ast.InterfaceToValue(input(b, c.changes))

@@ -68,7 +68,7 @@ const benchTool = `{"name":"read_ticket","title":"Read ticket","description":"Re
 	`"include_comments":{"type":"boolean"}},"required":["ticket_id"]}}`
 
 const benchUnmarkedTool = `{"name":"update_ticket","title":"Update ticket","description":"Changes fields of a ticket.",` +
-	`"annotations":{"readOnlyHint":false},` +
+	`"annotations":{"readOnlyHint":false,"destructiveHint":false},` +
 	`"inputSchema":{"type":"object","properties":{"ticket_id":{"type":"string"},"status":{"type":"string"}},"required":["ticket_id"]}}`
 
 // benchService and benchSession live as long as the config and the session
@@ -196,7 +196,7 @@ func BenchmarkRequestPolicy(b *testing.B) {
 		b.Run(c.name, func(b *testing.B) {
 			call := benchCall(b, c.tool, c.args)
 			step := func() {
-				input, err := requestInput(call, toolTerm(call.Tool, call.Message.Name), false)
+				input, err := requestInput(call, toolTerm(call.Tool, call.Message.Name, call.Service), false)
 				if err != nil {
 					panic(err)
 				}

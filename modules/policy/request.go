@@ -58,7 +58,7 @@ func (h *RequestHandler) ServeHTTP(w http.ResponseWriter, r *http.Request, next 
 	}
 	var tool *ast.Term
 	if call.Method == "tools/call" {
-		tool = toolTerm(call.ToolDefinition(), call.Message.Name)
+		tool = toolTerm(call.ToolDefinition(), call.Message.Name, call.Service)
 	}
 	o := outcome{}.deny(failError, "the gateway could not build the policy input")
 	input, err := requestInput(call, tool, false)
@@ -125,7 +125,8 @@ func (h *RequestHandler) hideTools(ctx context.Context, call *gateway.Call, resu
 		def, err := jsonTerm([]byte(tool.Raw))
 		var input ast.Object
 		if err == nil {
-			input, err = inputFor(common, call, def, true)
+			obj, _ := def.Value.(ast.Object)
+			input, err = inputFor(common, call, toolView(obj, tool.Get("name").String(), call.Service), true)
 		}
 		if err == nil {
 			o = h.engine.decide(ctx, input, timeout, "arguments")

@@ -107,7 +107,7 @@ func (h *ResultHandler) input(c *compiled, call *gateway.Call, result []byte, sp
 	if scan != nil {
 		common = append(common, ast.Item(keyScan, scan))
 	}
-	return inputFor(common, call, toolTerm(call.ToolDefinition(), call.Message.Name), false)
+	return inputFor(common, call, toolTerm(call.ToolDefinition(), call.Message.Name, call.Service), false)
 }
 
 // Interface guards
