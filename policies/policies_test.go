@@ -873,3 +873,92 @@ func TestInvisibleRangesAgainstTheUnicodeData(t *testing.T) {
 		}
 	}
 }
+
+// TestCutsKeepGraphemeClusters checks where the result policy cuts a text
+// (cut_clusters, at a byte limit) against Unicode's own test of grapheme
+// cluster boundaries (UAX #29, GraphemeBreakTest.txt): cut at any limit,
+// a text keeps exactly the clusters that fit. Cases holding an invisible
+// character are left out: the policy removes those before it cuts.
+func TestCutsKeepGraphemeClusters(t *testing.T) {
+	data, err := os.ReadFile(filepath.Join(ucdDir, "auxiliary", "GraphemeBreakTest.txt"))
+	if err != nil {
+		if os.Getenv("TOOLGATE_REQUIRE_PEERS") != "" {
+			t.Fatalf("%v (install the unicode-data package)", err)
+		}
+		t.Skipf("%v (install the unicode-data package)", err)
+	}
+	invisible := policyInvisible(t)
+	type cut struct {
+		text  string
+		limit int
+		want  string
+		line  string
+	}
+	var cuts []cut
+	lines := 0
+lines:
+	for line := range strings.Lines(string(data)) {
+		line, _, _ = strings.Cut(line, "#")
+		fields := strings.Fields(line)
+		if len(fields) == 0 {
+			continue
+		}
+		var cps []rune
+		var breaks []bool // breaks[i]: a boundary before cps[i] (i == len(cps): at the end)
+		for i, f := range fields {
+			if i%2 == 0 {
+				breaks = append(breaks, f == "÷")
+				continue
+			}
+			cp, err := strconv.ParseUint(f, 16, 32)
+			if err != nil {
+				t.Fatalf("GraphemeBreakTest.txt: %q", line)
+			}
+			r := rune(cp)
+			if invisible(r) || (r >= 0xD800 && r <= 0xDFFF) {
+				continue lines
+			}
+			cps = append(cps, r)
+		}
+		lines++
+		text := string(cps)
+		for k := 1; k < len(cps); k++ {
+			j := k
+			for !breaks[j] {
+				j--
+			}
+			cuts = append(cuts, cut{text: text, limit: len(string(cps[:k])), want: string(cps[:j]), line: strings.TrimSpace(line)})
+		}
+	}
+	if lines < 300 || len(cuts) < 500 {
+		t.Fatalf("only %d test lines (%d cuts) read", lines, len(cuts))
+	}
+	pairs := make([]any, len(cuts))
+	for i, c := range cuts {
+		pairs[i] = []any{c.text, c.limit}
+	}
+	rs, err := rego.New(
+		rego.Query("[data.toolgate.result.cut_clusters(p[0], p[1]) | some p in input]"),
+		rego.Load([]string{"."}, gatewayFilter),
+		rego.Input(pairs),
+	).Eval(context.Background())
+	if err != nil || len(rs) != 1 {
+		t.Fatalf("cut_clusters: %v %v", rs, err)
+	}
+	got := rs[0].Expressions[0].Value.([]any)
+	if len(got) != len(cuts) {
+		t.Fatalf("%d cuts, %d answers", len(cuts), len(got))
+	}
+	failed := 0
+	for i, c := range cuts {
+		if got[i] != c.want {
+			if failed++; failed <= 20 {
+				t.Errorf("%s cut at %d bytes: %+q, want %+q", c.line, c.limit, got[i], c.want)
+			}
+		}
+	}
+	if failed > 0 {
+		t.Errorf("%d of %d cuts wrong", failed, len(cuts))
+	}
+	t.Logf("%d cuts of %d test texts", len(cuts), lines)
+}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -14,6 +15,7 @@ import (
 	"github.com/open-policy-agent/opa/v1/ast"
 	opametrics "github.com/open-policy-agent/opa/v1/metrics"
 	"github.com/open-policy-agent/opa/v1/rego"
+	"github.com/open-policy-agent/opa/v1/storage"
 	"github.com/open-policy-agent/opa/v1/storage/inmem"
 	"github.com/open-policy-agent/opa/v1/topdown"
 	"go.uber.org/zap"
@@ -169,6 +171,9 @@ func (e *engine) compile(v *version) (*compiled, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := checkSettings(ctx, compiler, store); err != nil {
+		return nil, fmt.Errorf("policy %s (revision %s): %w", e.source, v.revision, err)
+	}
 	c := &compiled{query: pq, revision: v.revision}
 	if c.scanner, err = loadScanner(ctx, compiler, store, e.query); err != nil {
 		return nil, err
@@ -181,6 +186,50 @@ func (e *engine) compile(v *version) (*compiled, error) {
 		c.mask = &mq
 	}
 	return c, nil
+}
+
+// settingsErrorsQuery names the rule that checks the policy's data: a set
+// of messages, each naming a setting that is wrong (policies/settings.rego).
+const settingsErrorsQuery = "data.toolgate.config.errors"
+
+// checkSettings refuses a policy whose settings check finds errors, so that
+// a wrongly typed setting is a load error naming it rather than a
+// protection silently switched off. A policy without the rule is not
+// checked.
+func checkSettings(ctx context.Context, compiler *ast.Compiler, store storage.Store) error {
+	v, err := evalConstant(ctx, compiler, store, settingsErrorsQuery)
+	if err != nil || v == nil {
+		return err
+	}
+	list, ok := v.([]any)
+	if !ok {
+		return fmt.Errorf("%s must be a set of messages", settingsErrorsQuery)
+	}
+	var msgs []string
+	for _, m := range list {
+		msgs = append(msgs, fmt.Sprint(m))
+	}
+	if len(msgs) == 0 {
+		return nil
+	}
+	slices.Sort(msgs)
+	return fmt.Errorf("invalid settings: %s", strings.Join(msgs, "; "))
+}
+
+// evalConstant evaluates a rule that does not depend on input; nil when it
+// is undefined.
+func evalConstant(ctx context.Context, compiler *ast.Compiler, store storage.Store, query string) (any, error) {
+	if len(compiler.GetRulesExact(ast.MustParseRef(query))) == 0 {
+		return nil, nil
+	}
+	rs, err := rego.New(rego.Query(query), rego.Compiler(compiler), rego.Store(store)).Eval(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", query, err)
+	}
+	if len(rs) != 1 || len(rs[0].Expressions) != 1 {
+		return nil, nil
+	}
+	return rs[0].Expressions[0].Value, nil
 }
 
 // Why a decision is a deny without the policy saying so.

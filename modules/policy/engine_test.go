@@ -23,9 +23,15 @@ import (
 
 const requestQuery = "data.toolgate.request.decision"
 
+// writePolicy replaces dir/request.rego at once (a watcher polling the
+// directory never reads it half written).
 func writePolicy(t *testing.T, dir, text string) {
 	t.Helper()
-	if err := os.WriteFile(filepath.Join(dir, "request.rego"), []byte(text), 0o644); err != nil {
+	tmp := filepath.Join(dir, "request.rego.tmp")
+	if err := os.WriteFile(tmp, []byte(text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, filepath.Join(dir, "request.rego")); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -98,6 +104,46 @@ func TestAPolicyWithoutTheRuleFailsToLoad(t *testing.T) {
 	_, err := newEngine(newSource(dir), requestQuery, "test", 0, zap.NewNop(), policyMetrics)
 	if err == nil || !strings.Contains(err.Error(), "defines no rule data.toolgate.request.decision") {
 		t.Fatalf("err = %v", err)
+	}
+}
+
+// A setting of the wrong type would switch a protection off without a word
+// (max_result_bytes: "2000" is not a number, so nothing would be cut): the
+// shipped policies refuse to load, naming the key.
+func TestWronglyTypedSettingsFailToLoad(t *testing.T) {
+	dir := t.TempDir()
+	for _, name := range []string{"request.rego", "result.rego", "text.rego", "settings.rego"} {
+		src, err := os.ReadFile(filepath.Join("..", "..", "policies", name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, name), src, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, tc := range []struct{ data, want string }{
+		{`{"toolgate": {"settings": {"max_result_bytes": "2000"}}}`, `settings.max_result_bytes: "2000" is not a whole number of bytes`},
+		{"toolgate:\n  settings:\n    services:\n      tracker:\n        read_only: \"yes\"\n", `settings.services.tracker.read_only: "yes" is not true or false`},
+		{`{"toolgate": {"settings": {"max_result_bytes": 2000, "services": {}}}}`, ""},
+	} {
+		name := "data.json"
+		if !strings.HasPrefix(tc.data, "{") {
+			name = "data.yaml"
+		}
+		os.Remove(filepath.Join(dir, "data.json"))
+		os.Remove(filepath.Join(dir, "data.yaml"))
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(tc.data), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		for _, query := range []string{requestQuery, "data.toolgate.result.decision"} {
+			_, err := newEngine(newSource(dir), query, "test", 0, zap.NewNop(), policyMetrics)
+			switch {
+			case tc.want == "" && err != nil:
+				t.Errorf("%s: %v", tc.data, err)
+			case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+				t.Errorf("%s: err = %v, want it to say %s", tc.data, err, tc.want)
+			}
+		}
 	}
 }
 

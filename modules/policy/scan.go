@@ -12,7 +12,6 @@ import (
 	"unsafe"
 
 	"github.com/open-policy-agent/opa/v1/ast"
-	"github.com/open-policy-agent/opa/v1/rego"
 	"github.com/open-policy-agent/opa/v1/storage"
 )
 
@@ -158,22 +157,6 @@ func codePoint(v any) (rune, bool) {
 		return 0, false
 	}
 	return rune(n), true
-}
-
-// evalConstant evaluates a rule that does not depend on input; nil when it
-// is undefined.
-func evalConstant(ctx context.Context, compiler *ast.Compiler, store storage.Store, query string) (any, error) {
-	if len(compiler.GetRulesExact(ast.MustParseRef(query))) == 0 {
-		return nil, nil
-	}
-	rs, err := rego.New(rego.Query(query), rego.Compiler(compiler), rego.Store(store)).Eval(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", query, err)
-	}
-	if len(rs) != 1 || len(rs[0].Expressions) != 1 {
-		return nil, nil
-	}
-	return rs[0].Expressions[0].Value, nil
 }
 
 // shortString is the length up to which a string is first read byte by
