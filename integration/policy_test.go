@@ -107,6 +107,17 @@ func TestDefaultPolicies(t *testing.T) {
 	if text, _ := toolError(t, aliceCS, "leak", map[string]any{}); strings.Contains(text, "AKIAIOSFODNN7EXAMPLE") || !strings.Contains(text, "REDACTED") {
 		t.Errorf("leak: %q, want the access key redacted", text)
 	}
+	// Every result names its decision in _meta, as unchanged ones do too.
+	for name, want := range map[string]string{"echo": "allow", "leak": "allow", "drop_table": "deny"} {
+		res, err := aliceCS.CallTool(context.Background(), &mcp.CallToolParams{Name: name, Arguments: map[string]any{}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		d, _ := res.Meta["toolgate/decision"].(map[string]any)
+		if id, _ := d["id"].(string); id == "" || d["action"] != want {
+			t.Errorf("%s: _meta %v, want the decision (%s)", name, res.Meta, want)
+		}
+	}
 }
 
 // A tool's annotations are the upstream's claims. The defaults apply MCP's

@@ -10,7 +10,7 @@
 #   text items), and a result whose text is over max_result_bytes is cut to
 #   fit. Content items of unknown type and results without content are
 #   withheld. A result that needed no change is allowed as is, so the
-#   gateway can pass its raw bytes through.
+#   gateway passes the upstream's text on (adding only the decision id).
 #
 #   Extend it from another file in this package by adding to the `deny` and
 #   `ask` sets or to the `redact_patterns` object; see policies/README.md.

@@ -225,7 +225,7 @@ func BenchmarkResultPolicy(b *testing.B) {
 	ctx := context.Background()
 	for _, c := range []struct {
 		name, result string
-		changed      bool // the default policy replaces the result
+		changed      bool // the default policy changes the text
 		withheld     bool // the default policy withholds it
 	}{
 		{"small", `{"content":[{"type":"text","text":"TEST-123: printer on fire, assigned to bob"}],` +
@@ -242,8 +242,11 @@ func BenchmarkResultPolicy(b *testing.B) {
 			call := benchCall(b, benchTool, `{"ticket_id":"TEST-123"}`)
 			result := []byte(c.result)
 			step := func() {
+				// Every answer carries the decision; a changed one says how.
 				out, err := h.check(ctx, call, result)
-				if err != nil || (defaults && ((out != nil) != c.changed || strings.Contains(string(out), "withheld") != c.withheld)) {
+				changed := strings.Contains(string(out), "truncated by toolgate") || strings.Contains(string(out), "REDACTED")
+				if err != nil || out == nil || (defaults && (changed && !c.withheld) != (c.changed && !c.withheld) ||
+					strings.Contains(string(out), "withheld") != c.withheld) {
 					panic(fmt.Sprintf("check: %.300s, %v", out, err))
 				}
 			}

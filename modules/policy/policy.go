@@ -185,7 +185,13 @@ const asyncDigestMin = 64 << 10
 // newDecision turns an outcome into the call's decision, counts it and
 // writes the audit entry. sum, when not nil, is subject's digest.
 func (c *Config) newDecision(ctx context.Context, call *gateway.Call, o outcome, stage string, subject []byte, sum func() [sha256.Size]byte, input ast.Value) *gateway.Decision {
-	d := &gateway.Decision{ID: gateway.NewID(), Action: o.Action, Reason: o.Reason}
+	return c.newDecisionWithID(ctx, gateway.NewID(), call, o, stage, subject, sum, input)
+}
+
+// newDecisionWithID is newDecision for a decision whose id was drawn
+// before (the result stage writes it into the result it returns).
+func (c *Config) newDecisionWithID(ctx context.Context, id string, call *gateway.Call, o outcome, stage string, subject []byte, sum func() [sha256.Size]byte, input ast.Value) *gateway.Decision {
+	d := &gateway.Decision{ID: id, Action: o.Action, Reason: o.Reason}
 	policyMetrics.decisions.WithLabelValues(stage, call.Service.ID, o.Action).Inc()
 	policyMetrics.duration.WithLabelValues(stage).Observe(o.Duration.Seconds())
 	if c.app != nil {

@@ -95,8 +95,13 @@ func (h *RequestHandler) ServeHTTP(w http.ResponseWriter, r *http.Request, next 
 			}
 			call.Arguments = args
 		}
-		if call.Method == "tools/list" {
+		switch call.Method {
+		case "tools/list":
 			call.OnResult(h.hideTools)
+		case "tools/call":
+			if call.IsRequest() {
+				call.OnResult(markDecision)
+			}
 		}
 		return next.ServeHTTP(w, r)
 	case gateway.ActionAsk:
@@ -112,6 +117,22 @@ func (h *RequestHandler) ServeHTTP(w http.ResponseWriter, r *http.Request, next 
 		call.Fail(w, http.StatusForbidden, gateway.CodePolicyDenied, "denied by policy: "+o.Reason, decisionData(d))
 	}
 	return nil
+}
+
+// markDecision writes the request decision into a tools/call result's
+// _meta["toolgate/decision"], unless toolgate_result_policy decides the
+// result (and writes its own).
+func markDecision(_ context.Context, call *gateway.Call, result []byte) ([]byte, error) {
+	if call.ResultDecided || call.Decision == nil {
+		return nil, nil
+	}
+	spans := make(map[*ast.Term]string)
+	p := jsonParser{src: string(result), spans: spans}
+	res, err := p.parse()
+	if err != nil {
+		return nil, nil // the proxy relays only results it could parse; nothing to mark
+	}
+	return markResult(result, res, call.Decision, spans)
 }
 
 // hideTools removes from a tools/list result the tools the policy would

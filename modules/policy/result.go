@@ -53,14 +53,16 @@ func (h *ResultHandler) ServeHTTP(w http.ResponseWriter, r *http.Request, next c
 			errors.New("toolgate_result_policy must come after toolgate_session and toolgate_registry in the route"))
 	}
 	if call.IsRequest() && call.Method == "tools/call" {
+		call.ResultDecided = true
 		call.OnResult(h.check)
 	}
 	return next.ServeHTTP(w, r)
 }
 
 // check decides one result: allow (as is, or replaced), deny, or ask
-// (withheld). A denied or withheld result reaches the runner as a tool
-// error carrying the reason and the decision id.
+// (withheld). An allowed result carries the decision in
+// _meta["toolgate/decision"]; a denied or withheld one reaches the runner
+// as a tool error carrying the reason and the decision.
 func (h *ResultHandler) check(ctx context.Context, call *gateway.Call, result []byte) ([]byte, error) {
 	// The input is built for the policy version that decides, whose scan
 	// settings it uses.
@@ -74,17 +76,25 @@ func (h *ResultHandler) check(ctx context.Context, call *gateway.Call, result []
 	} else {
 		h.logger.Warn("cannot build the policy input", zap.String("service", call.Service.ID), zap.Error(err))
 	}
-	var replaced []byte
-	if o.Action == gateway.ActionAllow && o.Result != nil {
+	id := gateway.NewID()
+	var out []byte
+	if o.Action == gateway.ActionAllow {
 		// What the policy left as it was is written as the upstream wrote it.
-		if replaced, err = appendJSON(nil, o.Result, spans); err != nil {
+		mark := &gateway.Decision{ID: id, Action: o.Action}
+		if o.Result != nil {
+			out, err = markResult(nil, o.Result, mark, spans)
+		} else {
+			out, err = markResult(result, input.Get(keyResult), mark, spans)
+		}
+		if err != nil {
 			o = o.deny(failMalformed, "the policy's replacement result cannot be written as JSON")
 		}
 	}
-	d := h.newDecision(ctx, call, o, stageResult, result, sum, input)
+	d := h.newDecisionWithID(ctx, id, call, o, stageResult, result, sum, input)
+	call.Decision = d
 	switch o.Action {
 	case gateway.ActionAllow:
-		return replaced, nil // nil: the upstream's bytes go on untouched
+		return out, nil
 	case gateway.ActionAsk:
 		return gateway.ToolError("the result is withheld pending approval: "+o.Reason, d), nil
 	default:
