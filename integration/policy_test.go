@@ -2,7 +2,6 @@ package integration
 
 import (
 	"context"
-	"encoding/json"
 	"os"
 	"path/filepath"
 	"slices"
@@ -49,18 +48,13 @@ func toolError(t *testing.T, cs *mcp.ClientSession, name string, args map[string
 // The shipped default policies, end to end through the gateway.
 func TestDefaultPolicies(t *testing.T) {
 	dir := copyPolicies(t, filepath.Join("..", "policies"))
-	// Pin pinned_echo's project through the settings, as an operator would.
-	var data map[string]any
-	raw, _ := os.ReadFile(filepath.Join(dir, "data.json"))
-	if err := json.Unmarshal(raw, &data); err != nil {
+	// Pin pinned_echo's project through the settings, as an operator would:
+	// in the site directory.
+	site := "toolgate:\n  settings:\n    services:\n      svc:\n        pin_arguments:\n          pinned_echo:\n            project: sandbox\n"
+	if err := os.MkdirAll(filepath.Join(dir, "site"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	settings := data["toolgate"].(map[string]any)["settings"].(map[string]any)
-	settings["services"] = map[string]any{"svc": map[string]any{
-		"pin_arguments": map[string]any{"pinned_echo": map[string]any{"project": "sandbox"}},
-	}}
-	raw, _ = json.Marshal(data)
-	if err := os.WriteFile(filepath.Join(dir, "data.json"), raw, 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(dir, "site", "data.yaml"), []byte(site), 0o644); err != nil {
 		t.Fatal(err)
 	}
 

@@ -41,14 +41,43 @@ const (
 	corpusFile = "secrets_test.rego"
 )
 
-// gatewayFilter loads a policy directory the way the gateway does: the
-// top-level non-test .rego files and data files, nothing from subdirectories.
-// A loader.Filter returns true to skip a path.
+// gatewayFilter loads the shipped policies the way the gateway loads a
+// policy directory without a site subdirectory: the top-level non-test
+// .rego files and data files. A loader.Filter returns true to skip a path.
 func gatewayFilter(_ string, info fs.FileInfo, depth int) bool {
 	if info.IsDir() {
 		return depth > 0
 	}
 	return strings.HasSuffix(info.Name(), "_test.rego")
+}
+
+// shippedFilter loads the shipped policies and their tests: the top-level
+// files, nothing of site/ (whose rules and settings are a site's own and
+// must not change what the shipped tests see).
+func shippedFilter(_ string, info fs.FileInfo, depth int) bool {
+	return info.IsDir() && depth > 0
+}
+
+// sitePaths are the paths to load for the site's tests: what the gateway
+// loads (the top level's non-test .rego and data files, and site/) plus the
+// site's tests. site/ is a root of its own, as it is for the gateway, so
+// that its data files merge at the root of data (OPA's loader would put a
+// subdirectory's data under data.site).
+func sitePaths(t testing.TB, dir string) []string {
+	t.Helper()
+	var paths []string
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		name := e.Name()
+		isPolicy := strings.HasSuffix(name, ".rego") && !strings.HasSuffix(name, "_test.rego")
+		if !e.IsDir() && (isPolicy || name == "data.json" || name == "data.yaml" || name == "data.yml") {
+			paths = append(paths, filepath.Join(dir, name))
+		}
+	}
+	return append(paths, filepath.Join(dir, "site"))
 }
 
 // regoFiles lists the top-level .rego files of this directory; with tests
@@ -88,7 +117,7 @@ func parseModule(t testing.TB, name string, src []byte) *ast.Module {
 // other tests cover the same rules.
 func TestRego(t *testing.T) {
 	ctx := context.Background()
-	modules, store, err := tester.Load([]string{"."}, nil)
+	modules, store, err := tester.Load([]string{"."}, shippedFilter)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -147,6 +176,103 @@ func TestRego(t *testing.T) {
 	t.Logf("%d Rego tests, policy coverage %.1f%% (%d of %d lines)", ran, pct, covered, covered+notCovered)
 	if pct < minCoverage {
 		t.Errorf("policy coverage %.1f%% is under %.0f%%", pct, minCoverage)
+	}
+}
+
+// TestSiteRego runs the site's own tests (site/*_test.rego) with the
+// shipped policies and the site's rules and settings, as the gateway loads
+// them. Without site tests there is nothing to run.
+func TestSiteRego(t *testing.T) {
+	tests, _ := filepath.Glob(filepath.Join("site", "*_test.rego"))
+	if len(tests) == 0 {
+		t.Skip("no site tests in site/")
+	}
+	runSiteTests(t, ".")
+}
+
+func runSiteTests(t *testing.T, dir string) (passed int) {
+	t.Helper()
+	modules, store, err := tester.Load(sitePaths(t, dir), shippedFilter)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ch, err := tester.NewRunner().SetStore(store).SetModules(modules).CapturePrintOutput(true).
+		SetTimeout(time.Minute).RunTests(context.Background(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for res := range ch {
+		switch {
+		case res.Error != nil:
+			t.Errorf("%s.%s: error: %v\n%s", res.Package, res.Name, res.Error, res.Output)
+		case res.Fail:
+			t.Errorf("%s.%s: FAIL at %s\n%s", res.Package, res.Name, res.Location, res.Output)
+		default:
+			passed++
+		}
+	}
+	return passed
+}
+
+// A site's rules and settings live in site/: the shipped tests do not see
+// them, and the site's tests see both. Here a site denies every call and
+// makes the tracker read-only; the shipped request tests still pass.
+func TestSiteRulesDoNotChangeTheShippedTests(t *testing.T) {
+	dir := t.TempDir()
+	for _, name := range regoFiles(t, true) {
+		src, err := os.ReadFile(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, name), src, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	site := map[string]string{
+		"deny.rego":      "package toolgate.request\n\ndeny contains \"the site denies every call\" if input.method == \"tools/call\"\n",
+		"data.yaml":      "toolgate:\n  settings:\n    max_result_bytes: 10\n    services:\n      tracker:\n        read_only: true\n",
+		"deny_test.rego": "package toolgate.site_test\n\nimport data.toolgate.request\n\ntest_site_denies if {\n\trequest.decision.action == \"deny\" with input as {\"method\": \"tools/call\"}\n\tdata.toolgate.settings.max_result_bytes == 10\n}\n",
+	}
+	if err := os.Mkdir(filepath.Join(dir, "site"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for name, text := range site {
+		if err := os.WriteFile(filepath.Join(dir, "site", name), []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	modules, store, err := tester.Load([]string{dir}, shippedFilter)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name := range modules {
+		if strings.Contains(name, string(filepath.Separator)+"site"+string(filepath.Separator)) {
+			t.Errorf("the shipped tests load %s", name)
+		}
+	}
+	request := map[string]*ast.Module{}
+	for name, m := range modules {
+		if !strings.HasSuffix(name, "_test.rego") || filepath.Base(name) == "request_test.rego" {
+			request[name] = m
+		}
+	}
+	ch, err := tester.NewRunner().SetStore(store).SetModules(request).SetTimeout(time.Minute).RunTests(context.Background(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ran := 0
+	for res := range ch {
+		ran++
+		if res.Error != nil || res.Fail {
+			t.Errorf("%s.%s failed beside the site's rules: %v", res.Package, res.Name, res.Error)
+		}
+	}
+	if ran < 40 {
+		t.Errorf("ran only %d shipped request tests", ran)
+	}
+	if passed := runSiteTests(t, dir); passed != 1 {
+		t.Errorf("%d site tests passed, want 1", passed)
 	}
 }
 
@@ -211,58 +337,55 @@ func TestRegoStrict(t *testing.T) {
 	}
 }
 
-// TestSettingsDocumented requires every setting the policies read, and every
-// key of data.json, to be named in README.md.
+// TestSettingsDocumented requires every setting the settings check knows
+// (settings.rego) to have a row in the settings table of README.md, and
+// every setting the policies read to be known to it.
 func TestSettingsDocumented(t *testing.T) {
 	readme, err := os.ReadFile("README.md")
 	if err != nil {
 		t.Fatal(err)
 	}
-	raw, err := os.ReadFile("data.json")
-	if err != nil {
-		t.Fatal(err)
+	kinds := func(rule string) map[string]any {
+		rs, err := rego.New(rego.Query("data.toolgate.config."+rule), rego.Load([]string{"."}, gatewayFilter)).Eval(context.Background())
+		if err != nil || len(rs) != 1 {
+			t.Fatalf("%s: %v %v", rule, rs, err)
+		}
+		return rs[0].Expressions[0].Value.(map[string]any)
 	}
-	var doc struct {
-		Toolgate struct {
-			Settings map[string]any `json:"settings"`
-		} `json:"toolgate"`
-	}
-	if err := json.Unmarshal(raw, &doc); err != nil {
-		t.Fatalf("data.json: %v", err)
-	}
-	// names maps each setting to the first cell of its row in the settings
-	// table of README.md.
+	global, perService := kinds("setting_kinds"), kinds("service_setting_kinds")
+	// names maps each setting to the first cell of its row in the table.
 	names := map[string]string{}
-	for k := range doc.Toolgate.Settings {
+	for k := range global {
 		names[k] = "`" + k + "`"
 	}
-	if len(names) == 0 {
-		t.Fatal("data.json holds no toolgate.settings")
+	for k := range perService {
+		names["services.<id>."+k] = "`services.<id>." + k + "`"
 	}
-
-	global := regexp.MustCompile(`data\.toolgate\.settings\.(\w+)`)
-	perService := regexp.MustCompile(`data\.toolgate\.settings\.services\[(?:service_id|input\.service\.id)\]\.(\w+)`)
-	for _, name := range regoFiles(t, false) {
-		src, err := os.ReadFile(name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, m := range global.FindAllStringSubmatch(string(src), -1) {
-			if _, ok := doc.Toolgate.Settings[m[1]]; !ok {
-				t.Errorf("%s reads settings.%s, which data.json does not set", name, m[1])
-			}
-			names[m[1]] = "`" + m[1] + "`"
-		}
-		for _, m := range perService.FindAllStringSubmatch(string(src), -1) {
-			names["services.<id>."+m[1]] = "`services.<id>." + m[1] + "`"
-		}
-	}
-	if len(names) < 8 {
+	if len(names) < 10 {
 		t.Errorf("found only settings %v", slices.Sorted(maps.Keys(names)))
 	}
 	for name, cell := range names {
 		if !bytes.Contains(readme, []byte("\n| "+cell+" |")) {
 			t.Errorf("setting %s has no row in the settings table of README.md", name)
+		}
+	}
+
+	reads := regexp.MustCompile(`data\.toolgate\.settings\.(\w+)`)
+	readsService := regexp.MustCompile(`data\.toolgate\.settings\.services\[(?:service_id|input\.service\.id)\]\.(\w+)`)
+	for _, name := range regoFiles(t, false) {
+		src, err := os.ReadFile(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range reads.FindAllStringSubmatch(string(src), -1) {
+			if _, ok := global[m[1]]; !ok {
+				t.Errorf("%s reads settings.%s, which settings.rego does not know", name, m[1])
+			}
+		}
+		for _, m := range readsService.FindAllStringSubmatch(string(src), -1) {
+			if _, ok := perService[m[1]]; !ok {
+				t.Errorf("%s reads settings.services.<id>.%s, which settings.rego does not know", name, m[1])
+			}
 		}
 	}
 }

@@ -28,6 +28,7 @@ func init() {
 //		timeout         <duration>
 //		reload_interval <duration>|off
 //		log_payloads
+//		log_input
 //	}
 //
 // toolgate_result_policy takes the same form. The source is given once,
@@ -50,11 +51,15 @@ func (c *Config) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			return d.Errf("%s: %s given twice", directive, opt)
 		}
 		seen[opt] = true
-		if opt == "log_payloads" {
+		if opt == "log_payloads" || opt == "log_input" {
 			if d.NextArg() {
 				return d.ArgErr()
 			}
-			c.LogPayloads = true
+			if opt == "log_input" {
+				c.LogInput = true
+			} else {
+				c.LogPayloads = true
+			}
 			continue
 		}
 		if !d.NextArg() {

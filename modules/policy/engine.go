@@ -409,6 +409,49 @@ func (e *engine) maskedPayload(ctx context.Context, input ast.Value, stage strin
 	return v
 }
 
+// maskedInput returns the policy input as JSON-like values for the audit
+// log, with the values the policy's mask rule names (JSON pointers into the
+// input) replaced by "[masked]" and the session id by its reference. If
+// the mask cannot be evaluated, nothing of the input is logged.
+func (e *engine) maskedInput(ctx context.Context, input ast.Value) any {
+	v, err := ast.JSON(input)
+	if err != nil {
+		return "[not logged: the input cannot be written as JSON]"
+	}
+	if m, ok := v.(map[string]any); ok {
+		if s, ok := m["session"].(map[string]any); ok {
+			if id, ok := s["id"].(string); ok {
+				s["id"] = sessionRef(id)
+			}
+		}
+	}
+	c := e.current.Load()
+	if c == nil || c.mask == nil {
+		return v
+	}
+	ctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+	defer cancel()
+	rs, err := c.mask.Eval(ctx, rego.EvalParsedInput(input))
+	if err != nil {
+		return "[not logged: the mask rule failed]"
+	}
+	for _, r := range rs {
+		for _, expr := range r.Expressions {
+			set, _ := expr.Value.([]any)
+			for _, p := range set {
+				ptr, _ := p.(string)
+				if ptr == "" || ptr == "/" {
+					return "[masked]"
+				}
+				if strings.HasPrefix(ptr, "/") {
+					v = maskPointer(v, strings.Split(ptr[1:], "/"))
+				}
+			}
+		}
+	}
+	return v
+}
+
 // maskPointer replaces the value at the JSON pointer path in v.
 func maskPointer(v any, path []string) any {
 	if len(path) == 0 {

@@ -33,9 +33,12 @@ import (
 type Config struct {
 	// Source is the policy: a .rego file (data.json or data.yaml in the
 	// same directory is loaded with it), a directory whose top-level .rego
-	// files (not *_test.rego) and data files are loaded, or the http(s) URL
-	// of an OPA bundle (.tar.gz), polled with If-None-Match. Until a bundle
-	// is first fetched every decision denies.
+	// files (not *_test.rego) and data files are loaded, together with those
+	// of its subdirectory site (a site's own rules and settings, kept apart
+	// from the shipped ones), or the http(s) URL of an OPA bundle (.tar.gz),
+	// polled with If-None-Match. The data files of a directory are merged
+	// at the root of data, objects key by key; a value set in two files is a
+	// load error. Until a bundle is first fetched every decision denies.
 	Source string `json:"source"`
 
 	// Query is the rule that holds the decision. Default
@@ -62,6 +65,15 @@ type Config struct {
 	// "/arguments/password" or "/result/structuredContent/token", evaluated
 	// with the same input; those values are logged as "[masked]".
 	LogPayloads bool `json:"log_payloads,omitempty"`
+
+	// LogInput adds to each audit entry the whole policy input the gateway
+	// built (under "input"), so policy authors see exactly what their rules
+	// read, and can replay it with toolgate policy eval. Off by default, for
+	// the same reasons as LogPayloads, and masked the same way: every
+	// pointer of data.toolgate.log.mask (pointers into the input, such as
+	// "/arguments/password") is logged as "[masked]"; the session id is
+	// logged as its reference (as the audit entry's session field).
+	LogInput bool `json:"log_input,omitempty"`
 
 	stage   string
 	engine  *engine
@@ -223,6 +235,9 @@ func (c *Config) newDecisionWithID(ctx context.Context, id string, call *gateway
 		}
 		if c.LogPayloads && stage != stageListing {
 			fields = append(fields, zap.Any(payloadField(stage), c.engine.maskedPayload(ctx, input, stage, subject)))
+		}
+		if c.LogInput && input != nil {
+			fields = append(fields, zap.Any("input", c.engine.maskedInput(ctx, input)))
 		}
 		ce.Write(fields...)
 	}
