@@ -255,7 +255,9 @@ secret_kinds := [
 ]
 
 # secret_markers holds, for each built-in kind, pieces of text of which every
-# match of its pattern contains one, compared ignoring ASCII case. Substring
+# match of its pattern contains one: a marker written in lower case is
+# compared ignoring ASCII case (for patterns that match in any case), any
+# other exactly (see holds_marker). Substring
 # tests are much cheaper than regular expressions: a pattern is only run on
 # text holding one of its markers, and the gateway's quick pass (input.scan)
 # lists only strings holding one. Keep them in step with secret_patterns
@@ -268,7 +270,7 @@ secret_markers := {
 	"private_key_base64": ["LS0tLS1CRUdJTi"],
 	"oauth_token": ["access_token", "refresh_token", "id_token", "client_secret"],
 	"slack_webhook": ["hooks.slack.com"],
-	"azure_storage_key": ["AccountKey", "SharedAccessKey"],
+	"azure_storage_key": ["accountkey", "sharedaccesskey"],
 	"azure_sas_signature": ["sig="],
 	"basic_auth": ["authorization"],
 	"bearer_token": ["bearer"],
@@ -386,11 +388,28 @@ scan_entry(path, s, key) := {
 }
 
 any_marker(s) if {
-	t := lower(s)
 	some markers in secret_markers
 	some marker in markers
-	contains(t, lower(marker))
+	holds_marker(s, lower(s), marker)
 }
+
+# holds_marker(s, ls, marker): s (whose lower case is ls) holds marker: a
+# marker written in lower case ignoring ASCII case (a pattern matching its
+# field names in any case), any other exactly.
+holds_marker(_, ls, marker) if {
+	marker == lower(marker)
+	contains(ls, marker)
+}
+
+holds_marker(s, _, marker) if {
+	marker != lower(marker)
+	contains(s, marker)
+}
+
+# marker_positions(s, ls, marker): where marker occurs in s, in characters.
+marker_positions(_, ls, marker) := indexof_n(ls, marker) if marker == lower(marker)
+
+marker_positions(s, _, marker) := indexof_n(s, marker) if marker != lower(marker)
 
 default any_marker(_) := false
 
@@ -469,11 +488,12 @@ cap_of(sc) := c if {
 
 # attempted maps each look to what cleaning made of it. A string that
 # cannot be cleaned (a builtin failing on it) is denied above rather than
-# passed on.
-attempted[id] := clean(e) if some id, e in looks
+# passed on. (Complete rules, so that each string is cleaned once however
+# often the result is looked up.)
+attempted := {id: clean(e) | some id, e in looks}
 
 # cleaned holds the strings and keys that changed.
-cleaned[id] := c if {
+cleaned := {id: c |
 	some id, c in attempted
 	c.text != original(id)
 }
@@ -565,7 +585,7 @@ kinds_in(t) := {k |
 	lt := lower(t)
 	some k in builtin_kinds
 	some marker in secret_markers[k]
-	contains(lt, lower(marker))
+	holds_marker(t, lt, marker)
 } | {k | some k in site_kinds}
 
 kinds_in_order(t) := [k | some k in array.concat(builtin_kinds, site_kinds); k in found] if {
@@ -610,7 +630,7 @@ windows_in(t, n) := windows if {
 	count(ks & spanning_kinds) == 0
 	count(site_kinds) == 0
 	lt := lower(t)
-	ps := sort({p | some k in ks; some m in secret_markers[k]; some p in indexof_n(lt, lower(m))})
+	ps := sort({p | some k in ks; some m in secret_markers[k]; some p in marker_positions(t, lt, m)})
 	firsts := [i | some i, _ in ps; starts_window(t, n, ps, i)]
 	count(firsts) <= max_windows
 	windows := [[max([0, ps[f] - window_before]), token_end(t, ps[last] + window_after, n)] |
@@ -758,9 +778,9 @@ blob_looks[path] := b if {
 	path := ["content", i, "resource", "blob"]
 }
 
-blob_attempted[path] := redact(b) if some path, b in blob_looks
+blob_attempted := {path: redact(b) | some path, b in blob_looks}
 
-blob_cleaned[path] := base64.encode(r.text) if {
+blob_cleaned := {path: base64.encode(r.text) |
 	some path, r in blob_attempted
 	r.text != blob_looks[path]
 }
@@ -789,10 +809,9 @@ byte_len(s) := count(hex.encode(s)) / 2
 
 # ascii_head(path, n): the first n characters of the ASCII string at path,
 # one fewer when the cut would split CR LF.
-ascii_head(path, n) := substring(h, 0, n - 1) if {
+ascii_head(path, n) := substring(h, 0, n - to_number(endswith(h, "\r\n"))) if {
 	h := first_chars_at(path, n + 1)
-	endswith(h, "\r\n")
-} else := first_chars_at(path, n)
+}
 
 # cut_clusters(t, n): the longest prefix of t that is at most n bytes and
 # does not end inside a grapheme cluster (a character with its combining
@@ -922,6 +941,16 @@ kept_key(parent, name) if {
 	not cleaned[[array.concat(parent, [name]), true]]
 }
 
+# deepest_first(moves): the moves, those of the deepest paths first.
+deepest_first(moves) := [] if {
+	count(moves) == 0
+} else := [m |
+	depths := sort({count(m.from) | some m in moves})
+	some i in numbers.range(count(depths) - 1, 0)
+	some m in moves
+	count(m.from) == depths[i]
+]
+
 # with_result adds the cleaned result to decision d, and what was done to its
 # reason, when some inspected string changed; otherwise d goes out as it is.
 # Without else on purpose: should the patch fail, the decision is undefined
@@ -940,7 +969,7 @@ with_result(d) := object.union(d, {"reason": reason, "result": result}) if {
 	moves := [{"op": "move", "from": path, "path": array.concat(array.slice(path, 0, count(path) - 1), [c.text])} |
 		some [path, true], c in cleaned
 	]
-	by_depth := [m | some n in numbers.range(64, 1); some m in moves; count(m.from) == n]
+	by_depth := deepest_first(moves)
 	result := json.patch(input.result, array.concat(array.concat(values, blobs), by_depth))
 	done := concat("", ["toolgate changed the result: ", concat("; ", changes)])
 	reason := concat("; ", array.concat([r | r := d.reason], [done]))

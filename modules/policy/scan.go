@@ -57,10 +57,13 @@ var (
 
 // scanner holds what the scan looks for.
 type scanner struct {
-	anchors     []anchorGroup // the markers of every kind, by anchor
-	invisible   []runeRange   // sorted
-	leads       []byte        // the first UTF-8 bytes of the invisible characters
-	interesting [256]bool     // the leads and the anchors
+	anchors   []anchorGroup // the markers of every kind, by anchor
+	invisible []runeRange   // sorted
+	// asciiInvisible: some invisible character is ASCII (else a string of
+	// ASCII holds none).
+	asciiInvisible bool
+	leads          []byte    // the first UTF-8 bytes of the invisible characters
+	interesting    [256]bool // the leads and the anchors
 }
 
 type runeRange struct{ lo, hi rune }
@@ -125,6 +128,7 @@ func loadScanner(ctx context.Context, compiler *ast.Compiler, store storage.Stor
 		sc.invisible = append(sc.invisible, runeRange{lo, hi})
 	}
 	slices.SortFunc(sc.invisible, func(a, b runeRange) int { return int(a.lo - b.lo) })
+	sc.asciiInvisible = len(sc.invisible) > 0 && sc.invisible[0].lo < utf8.RuneSelf
 	var leads [256]bool
 	var buf [utf8.UTFMax]byte
 	for _, r := range sc.invisible {
@@ -226,7 +230,9 @@ func isASCII(s string) bool {
 	return true
 }
 
-// hasMarker reports whether s holds a secret marker, ignoring ASCII case.
+// hasMarker reports whether s holds a secret marker: one written in lower
+// case ignoring ASCII case, any other exactly (as the policy's
+// holds_marker).
 func (sc *scanner) hasMarker(s string) bool {
 	for _, g := range sc.anchors {
 		for _, anchor := range g.cases() {
@@ -237,7 +243,11 @@ func (sc *scanner) hasMarker(s string) bool {
 				}
 				i += j
 				for _, m := range g.markers {
-					if start := i - m.offset; start >= 0 && hasPrefixFold(s[start:], m.text) {
+					start := i - m.offset
+					if start < 0 {
+						continue
+					}
+					if g.fold && hasPrefixFold(s[start:], m.text) || !g.fold && strings.HasPrefix(s[start:], m.text) {
 						return true
 					}
 				}
@@ -267,9 +277,10 @@ func lowerASCII(c byte) byte {
 	return c
 }
 
-// cases is the anchor in both cases when it is a letter.
+// cases is the anchor in both cases when its markers are compared
+// ignoring case and it is a letter.
 func (g anchorGroup) cases() []byte {
-	if l := lowerASCII(g.anchor); l >= 'a' && l <= 'z' {
+	if l := lowerASCII(g.anchor); g.fold && l >= 'a' && l <= 'z' {
 		return []byte{l, l - 'a' + 'A'}
 	}
 	return []byte{g.anchor}
@@ -283,6 +294,7 @@ func (g anchorGroup) cases() []byte {
 // long.
 type anchorGroup struct {
 	anchor    byte
+	fold      bool // the markers are compared ignoring ASCII case
 	markers   []anchoredMarker
 	maxOffset int // the largest offset of the anchor in a marker
 }
@@ -295,16 +307,24 @@ type anchoredMarker struct {
 func anchorGroups(markers []string) []anchorGroup {
 	var groups []anchorGroup
 	for _, m := range markers {
+		fold := !strings.ContainsFunc(m, func(r rune) bool { return r >= 'A' && r <= 'Z' })
+		rank := byteRank
+		if fold {
+			rank = foldRank
+		}
 		off := 0
 		for i := 1; i < len(m); i++ {
-			if foldRank(m[i]) < foldRank(m[off]) {
+			if rank(m[i]) < rank(m[off]) {
 				off = i
 			}
 		}
-		anchor := lowerASCII(m[off])
-		k := slices.IndexFunc(groups, func(g anchorGroup) bool { return g.anchor == anchor })
+		anchor := m[off]
+		if fold {
+			anchor = lowerASCII(anchor)
+		}
+		k := slices.IndexFunc(groups, func(g anchorGroup) bool { return g.anchor == anchor && g.fold == fold })
 		if k < 0 {
-			groups = append(groups, anchorGroup{anchor: anchor})
+			groups = append(groups, anchorGroup{anchor: anchor, fold: fold})
 			k = len(groups) - 1
 		}
 		groups[k].markers = append(groups[k].markers, anchoredMarker{text: m, offset: off})
@@ -313,8 +333,8 @@ func anchorGroups(markers []string) []anchorGroup {
 	return groups
 }
 
-// foldRank is how common c is in either case (markers are compared
-// ignoring ASCII case, so a letter anchor is looked for in both).
+// foldRank is how common c is in either case (a marker compared ignoring
+// ASCII case has a letter anchor looked for in both).
 func foldRank(c byte) int {
 	l := lowerASCII(c)
 	if l >= 'a' && l <= 'z' {
@@ -396,7 +416,8 @@ func (l *scanEntries) add(path []pathStep, s string, key bool) {
 	if !long && len(s) <= shortString && !l.sc.mayHold(s) {
 		return
 	}
-	invisible := l.sc.hasInvisible(s)
+	ascii := isASCII(s)
+	invisible := (!ascii || l.sc.asciiInvisible) && l.sc.hasInvisible(s)
 	markers := l.sc.hasMarker(s)
 	l.flagged = l.flagged || invisible || markers
 	if !long && !invisible && !markers {
@@ -406,7 +427,7 @@ func (l *scanEntries) add(path []pathStep, s string, key bool) {
 		ast.Item(keyPath, pathTerm(path)),
 		ast.Item(keyKey, ast.InternedTerm(key)),
 		ast.Item(keyBytes, ast.InternedTerm(len(s))),
-		ast.Item(keyASCII, ast.InternedTerm(isASCII(s))),
+		ast.Item(keyASCII, ast.InternedTerm(ascii)),
 		ast.Item(keyInvisible, ast.InternedTerm(invisible)),
 		ast.Item(keyMarkers, ast.InternedTerm(markers)),
 	))
