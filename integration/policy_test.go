@@ -36,6 +36,20 @@ func copyPolicies(t *testing.T, from string) string {
 	return dir
 }
 
+// toolNames lists the names of the tools the session sees.
+func toolNames(t *testing.T, cs *mcp.ClientSession) []string {
+	t.Helper()
+	list, err := cs.ListTools(context.Background(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n []string
+	for _, tool := range list.Tools {
+		n = append(n, tool.Name)
+	}
+	return n
+}
+
 func toolError(t *testing.T, cs *mcp.ClientSession, name string, args map[string]any) (string, bool) {
 	t.Helper()
 	res, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: name, Arguments: args})
@@ -79,17 +93,7 @@ func TestDefaultPolicies(t *testing.T) {
 		t.Errorf("drop_table as an admin: %q, want approval required", text)
 	}
 	// A tool alice can never call is not listed for her; an admin sees it.
-	names := func(cs *mcp.ClientSession) []string {
-		list, err := cs.ListTools(context.Background(), nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var n []string
-		for _, tool := range list.Tools {
-			n = append(n, tool.Name)
-		}
-		return n
-	}
+	names := func(cs *mcp.ClientSession) []string { return toolNames(t, cs) }
 	if slices.Contains(names(aliceCS), "drop_table") || !slices.Contains(names(carolCS), "drop_table") {
 		t.Errorf("drop_table visible to alice %v / carol %v", names(aliceCS), names(carolCS))
 	}
@@ -126,17 +130,7 @@ func TestToolAnnotationsTrustTheRegistry(t *testing.T) {
 	}
 	up := startUpstream(t)
 	tools := "echo delete_all_tickets unannotated"
-	names := func(cs *mcp.ClientSession) []string {
-		list, err := cs.ListTools(context.Background(), nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var n []string
-		for _, tool := range list.Tools {
-			n = append(n, tool.Name)
-		}
-		return n
-	}
+	names := func(cs *mcp.ClientSession) []string { return toolNames(t, cs) }
 
 	// Read-only mode: echo is declared read-only; delete_all_tickets is
 	// read-only only by its upstream's word.

@@ -381,32 +381,7 @@ func (e *engine) maskedPayload(ctx context.Context, input ast.Value, stage strin
 	if len(payload) == 0 || json.Unmarshal(payload, &v) != nil {
 		return nil
 	}
-	c := e.current.Load()
-	if c == nil || c.mask == nil {
-		return v
-	}
-	ctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
-	defer cancel()
-	rs, err := c.mask.Eval(ctx, rego.EvalParsedInput(input))
-	if err != nil {
-		return "[not logged: the mask rule failed]"
-	}
-	prefix := "/" + payloadField(stage)
-	for _, r := range rs {
-		for _, expr := range r.Expressions {
-			set, _ := expr.Value.([]any)
-			for _, p := range set {
-				ptr, _ := p.(string)
-				if rest, ok := strings.CutPrefix(ptr, prefix); ok {
-					if rest == "" {
-						return "[masked]"
-					}
-					v = maskPointer(v, strings.Split(strings.TrimPrefix(rest, "/"), "/"))
-				}
-			}
-		}
-	}
-	return v
+	return e.masked(ctx, input, v, "/"+payloadField(stage))
 }
 
 // maskedInput returns the policy input as JSON-like values for the audit
@@ -425,6 +400,13 @@ func (e *engine) maskedInput(ctx context.Context, input ast.Value) any {
 			}
 		}
 	}
+	return e.masked(ctx, input, v, "")
+}
+
+// masked replaces in v the values the mask rule's pointers name, v being
+// what the pointers starting with prefix address (the input itself for
+// prefix ""), and returns it; the whole of v when a pointer is prefix.
+func (e *engine) masked(ctx context.Context, input ast.Value, v any, prefix string) any {
 	c := e.current.Load()
 	if c == nil || c.mask == nil {
 		return v
@@ -440,11 +422,13 @@ func (e *engine) maskedInput(ctx context.Context, input ast.Value) any {
 			set, _ := expr.Value.([]any)
 			for _, p := range set {
 				ptr, _ := p.(string)
-				if ptr == "" || ptr == "/" {
+				rest, ok := strings.CutPrefix(ptr, prefix)
+				switch {
+				case !ok:
+				case rest == "":
 					return "[masked]"
-				}
-				if strings.HasPrefix(ptr, "/") {
-					v = maskPointer(v, strings.Split(ptr[1:], "/"))
+				case rest[0] == '/':
+					v = maskPointer(v, strings.Split(rest[1:], "/"))
 				}
 			}
 		}
