@@ -28,8 +28,9 @@ func TestDemoWalkthrough(t *testing.T) {
 		"127.0.0.1:8080", "127.0.0.1:"+strconv.Itoa(gwPort),
 		"127.0.0.1:8081", "127.0.0.1:"+strconv.Itoa(upPort),
 		".toolgate-demo", t.TempDir(),
-		"toolgate_policy policies", "toolgate_policy ../policies",
-		"toolgate_result_policy policies", "toolgate_result_policy ../policies",
+		// A generous deadline: the test runs under -race beside others.
+		"toolgate_policy policies", "toolgate_policy ../policies {\n\t\t\ttimeout 30s\n\t\t}",
+		"toolgate_result_policy policies", "toolgate_result_policy ../policies {\n\t\t\ttimeout 30s\n\t\t}",
 		"auto_https off", "auto_https off\n\tadmin off\n\tlog {\n\t\toutput discard\n\t}",
 	).Replace(string(text))
 	loadCaddyfile(t, demo)

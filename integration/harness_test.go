@@ -77,7 +77,7 @@ func startGateway(t testing.TB, cfg gatewayConfig) *gateway {
 func startGatewayOnPort(t testing.TB, port int, cfg gatewayConfig) *gateway {
 	t.Helper()
 	if cfg.Tools == "" {
-		cfg.Tools = "echo big progress reconnect touch_resource drop_table leak unknown_field forbidden_tool gated_tool pinned_echo redacted poll wait ask add_tool late_tool"
+		cfg.Tools = "echo big progress reconnect touch_resource drop_table leak unknown_field forbidden_tool gated_tool pinned_echo redacted poll wait ask add_tool late_tool set_visibility"
 	}
 	if cfg.Auth == "" {
 		cfg.Auth = "none"

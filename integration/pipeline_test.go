@@ -46,7 +46,7 @@ func TestListAndCallThroughThePipeline(t *testing.T) {
 	// not_allowlisted exists upstream but is off the allowlist;
 	// forbidden_tool is allowlisted but the policy denies it, so it is
 	// hidden too.
-	want := []string{"add_tool", "ask", "big", "drop_table", "echo", "gated_tool", "leak", "pinned_echo", "poll", "progress", "reconnect", "redacted", "touch_resource", "unknown_field", "wait"}
+	want := []string{"add_tool", "ask", "big", "drop_table", "echo", "gated_tool", "leak", "pinned_echo", "poll", "progress", "reconnect", "redacted", "set_visibility", "touch_resource", "unknown_field", "wait"}
 	if !slices.Equal(names, want) {
 		t.Errorf("tools/list = %v, want %v", names, want)
 	}

@@ -2,7 +2,6 @@ package integration
 
 import (
 	"context"
-	"encoding/json"
 	"os"
 	"path/filepath"
 	"slices"
@@ -37,6 +36,20 @@ func copyPolicies(t *testing.T, from string) string {
 	return dir
 }
 
+// toolNames lists the names of the tools the session sees.
+func toolNames(t *testing.T, cs *mcp.ClientSession) []string {
+	t.Helper()
+	list, err := cs.ListTools(context.Background(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n []string
+	for _, tool := range list.Tools {
+		n = append(n, tool.Name)
+	}
+	return n
+}
+
 func toolError(t *testing.T, cs *mcp.ClientSession, name string, args map[string]any) (string, bool) {
 	t.Helper()
 	res, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: name, Arguments: args})
@@ -49,18 +62,13 @@ func toolError(t *testing.T, cs *mcp.ClientSession, name string, args map[string
 // The shipped default policies, end to end through the gateway.
 func TestDefaultPolicies(t *testing.T) {
 	dir := copyPolicies(t, filepath.Join("..", "policies"))
-	// Pin pinned_echo's project through the settings, as an operator would.
-	var data map[string]any
-	raw, _ := os.ReadFile(filepath.Join(dir, "data.json"))
-	if err := json.Unmarshal(raw, &data); err != nil {
+	// Pin pinned_echo's project through the settings, as an operator would:
+	// in the site directory.
+	site := "toolgate:\n  settings:\n    services:\n      svc:\n        pin_arguments:\n          pinned_echo:\n            project: sandbox\n"
+	if err := os.MkdirAll(filepath.Join(dir, "site"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	settings := data["toolgate"].(map[string]any)["settings"].(map[string]any)
-	settings["services"] = map[string]any{"svc": map[string]any{
-		"pin_arguments": map[string]any{"pinned_echo": map[string]any{"project": "sandbox"}},
-	}}
-	raw, _ = json.Marshal(data)
-	if err := os.WriteFile(filepath.Join(dir, "data.json"), raw, 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(dir, "site", "data.yaml"), []byte(site), 0o644); err != nil {
 		t.Fatal(err)
 	}
 
@@ -85,17 +93,7 @@ func TestDefaultPolicies(t *testing.T) {
 		t.Errorf("drop_table as an admin: %q, want approval required", text)
 	}
 	// A tool alice can never call is not listed for her; an admin sees it.
-	names := func(cs *mcp.ClientSession) []string {
-		list, err := cs.ListTools(context.Background(), nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var n []string
-		for _, tool := range list.Tools {
-			n = append(n, tool.Name)
-		}
-		return n
-	}
+	names := func(cs *mcp.ClientSession) []string { return toolNames(t, cs) }
 	if slices.Contains(names(aliceCS), "drop_table") || !slices.Contains(names(carolCS), "drop_table") {
 		t.Errorf("drop_table visible to alice %v / carol %v", names(aliceCS), names(carolCS))
 	}
@@ -106,6 +104,67 @@ func TestDefaultPolicies(t *testing.T) {
 	// Result redaction of a secret shape.
 	if text, _ := toolError(t, aliceCS, "leak", map[string]any{}); strings.Contains(text, "AKIAIOSFODNN7EXAMPLE") || !strings.Contains(text, "REDACTED") {
 		t.Errorf("leak: %q, want the access key redacted", text)
+	}
+	// Every result names its decision in _meta, as unchanged ones do too.
+	for name, want := range map[string]string{"echo": "allow", "leak": "allow", "drop_table": "deny"} {
+		res, err := aliceCS.CallTool(context.Background(), &mcp.CallToolParams{Name: name, Arguments: map[string]any{}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		d, _ := res.Meta["toolgate/decision"].(map[string]any)
+		if id, _ := d["id"].(string); id == "" || d["action"] != want {
+			t.Errorf("%s: _meta %v, want the decision (%s)", name, res.Meta, want)
+		}
+	}
+}
+
+// A tool's annotations are the upstream's claims. The defaults apply MCP's
+// defaults where they are missing (an unannotated tool may be destructive)
+// and believe the registry over the upstream; in read-only mode only the
+// registry's word makes a tool read-only.
+func TestToolAnnotationsTrustTheRegistry(t *testing.T) {
+	dir := copyPolicies(t, filepath.Join("..", "policies"))
+	data := `{"toolgate": {"settings": {"services": {"svc": {"read_only": true}}}}}`
+	if err := os.WriteFile(filepath.Join(dir, "data.json"), []byte(data), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	up := startUpstream(t)
+	tools := "echo delete_all_tickets unannotated"
+	names := func(cs *mcp.ClientSession) []string { return toolNames(t, cs) }
+
+	// Read-only mode: echo is declared read-only; delete_all_tickets is
+	// read-only only by its upstream's word.
+	g := startGateway(t, gatewayConfig{Upstream: up.URL, RequestPolicy: dir, Tools: tools, ServiceExtra: "tool echo read_only"})
+	for _, key := range []string{aliceKey, carolKey} {
+		cs := g.connect(t, key, g.createSession(t, key, "svc"), "svc", nil)
+		if text, isErr := toolError(t, cs, "echo", map[string]any{"text": "x"}); isErr || text != `{"text":"x"}` {
+			t.Errorf("echo: %q", text)
+		}
+		if text, isErr := toolError(t, cs, "delete_all_tickets", map[string]any{}); !isErr || !strings.Contains(text, "not declared read-only in its registry entry") {
+			t.Errorf("delete_all_tickets in read-only mode: %q, want a deny", text)
+		}
+		if n := names(cs); !slices.Equal(n, []string{"echo"}) {
+			t.Errorf("tools/list in read-only mode: %v, want only echo", n)
+		}
+	}
+
+	// Normal mode: the upstream's claim skips approval unless the registry
+	// says otherwise; a tool without annotations may be destructive.
+	g = startGateway(t, gatewayConfig{Upstream: up.URL, RequestPolicy: filepath.Join("..", "policies"), Tools: tools,
+		ServiceExtra: "tool delete_all_tickets destructive"})
+	alice := g.connect(t, aliceKey, g.createSession(t, aliceKey, "svc"), "svc", nil)
+	carol := g.connect(t, carolKey, g.createSession(t, carolKey, "svc"), "svc", nil)
+	if text, isErr := toolError(t, alice, "delete_all_tickets", map[string]any{}); !isErr || !strings.Contains(text, "as declared in the registry") {
+		t.Errorf("delete_all_tickets declared destructive: %q, want a deny", text)
+	}
+	if text, isErr := toolError(t, alice, "unannotated", map[string]any{}); !isErr || !strings.Contains(text, "by MCP's default") {
+		t.Errorf("unannotated as alice: %q, want a deny", text)
+	}
+	if text, _ := toolError(t, carol, "unannotated", map[string]any{}); !strings.Contains(text, "approval required") {
+		t.Errorf("unannotated as an admin: %q, want approval required", text)
+	}
+	if n := names(alice); !slices.Equal(n, []string{"echo"}) {
+		t.Errorf("tools/list for alice: %v, want only echo", n)
 	}
 }
 
@@ -165,4 +224,52 @@ func TestSharedPolicyEngineLogsToTheCurrentConfig(t *testing.T) {
 		data, _ := os.ReadFile(filepath.Join(logs, "second.log"))
 		return strings.Contains(string(data), "policy load failed")
 	})
+}
+
+// An upstream that decodes arguments with Go's encoding/json matches keys
+// ignoring case and folding Unicode, where the policy reads them exactly. A
+// key spelled like a declared parameter in another case, or one the policy's
+// rewrite would leave next to its own spelling, is refused.
+func TestArgumentKeysThatFoldAreRefused(t *testing.T) {
+	dir := copyPolicies(t, filepath.Join("..", "policies"))
+	data := `{"toolgate": {"settings": {"services": {"svc": {"pin_arguments": {"set_visibility": {"visibility": "private"}}}}}}}`
+	if err := os.WriteFile(filepath.Join(dir, "data.json"), []byte(data), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	rule := "package toolgate.request\n\ndeny contains \"ticket SECRET-1 is off limits\" if input.arguments.ticket_id == \"SECRET-1\"\n"
+	if err := os.WriteFile(filepath.Join(dir, "secret_ticket.rego"), []byte(rule), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, _, m := aliceSession(t, gatewayConfig{RequestPolicy: dir})
+	m.post(`{"jsonrpc":"2.0","id":1,"method":"tools/list"}`) // the gateway learns the tool's inputSchema
+
+	call := func(args string) string {
+		t.Helper()
+		_, _, msgs := m.post(`{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"set_visibility","arguments":` + args + `}}`)
+		if len(msgs) != 1 {
+			t.Fatalf("%s: %d messages", args, len(msgs))
+		}
+		return string(msgs[0])
+	}
+	// The pin and the deny rule work on the exact spelling.
+	if got := call(`{"ticket_id":"T-1","visibility":"public"}`); !strings.Contains(got, "T-1 is private") {
+		t.Errorf("pinned call: %s", got)
+	}
+	if got := call(`{"ticket_id":"SECRET-1"}`); !strings.Contains(got, "off limits") {
+		t.Errorf("denied call: %s", got)
+	}
+	for _, args := range []string{
+		`{"TICKET_ID":"SECRET-1"}`,                       // escapes a rule on ticket_id
+		`{"ticket_id":"T-2","vis\u0131bility":"public"}`, // U+0131 upper-cases to I: decoders that compare upper-cased keys fold it
+		`{"ticket_id":"T-2","viſibility":"public"}`,      // U+017F: undoes the pin
+		`{"ticket_id":"T-2","VISIBILITY":"public"}`,
+	} {
+		got := call(args)
+		if strings.Contains(got, "SECRET-1 is") || strings.Contains(got, "is public") {
+			t.Errorf("%s reached the upstream unchecked: %s", args, got)
+		}
+		if !strings.Contains(got, "differs from the parameter") {
+			t.Errorf("%s: %s, want it refused", args, got)
+		}
+	}
 }

@@ -79,12 +79,12 @@ func startReplicaWith(t testing.TB, bin, toolgateBlock, dataDir, policyDir strin
 		toolgate_registry
 		toolgate_policy {
 			source %[4]s
-			timeout 5s
+			timeout 30s
 		}
 		toolgate_credentials
 		toolgate_result_policy {
 			source %[4]s
-			timeout 5s
+			timeout 30s
 		}
 		toolgate_proxy
 	}

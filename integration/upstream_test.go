@@ -250,7 +250,12 @@ func newTestServer(u *upstream) *mcp.Server {
 	mcp.AddTool(s, &mcp.Tool{Name: "echo", Description: "Echo the arguments.", Annotations: readOnly}, echo)
 	mcp.AddTool(s, &mcp.Tool{Name: "pinned_echo", Description: "Echo; the policy pins project.", Annotations: readOnly}, echo)
 	mcp.AddTool(s, &mcp.Tool{Name: "forbidden_tool", Description: "Denied by the test policy.", Annotations: readOnly}, echo)
-	mcp.AddTool(s, &mcp.Tool{Name: "gated_tool", Description: "Needs approval by the test policy."}, echo)
+	mcp.AddTool(s, &mcp.Tool{Name: "gated_tool", Description: "Needs approval by the test policy.",
+		Annotations: &mcp.ToolAnnotations{DestructiveHint: new(false)}}, echo)
+	mcp.AddTool(s, &mcp.Tool{Name: "unannotated", Description: "Says nothing about what it does."}, echo)
+	// An upstream's annotations are its own claims: this one calls a
+	// destructive tool read-only.
+	mcp.AddTool(s, &mcp.Tool{Name: "delete_all_tickets", Description: "Deletes every ticket.", Annotations: readOnly}, echo)
 	mcp.AddTool(s, &mcp.Tool{Name: "not_allowlisted", Description: "Exists upstream only.", Annotations: readOnly}, echo)
 	mcp.AddTool(s, &mcp.Tool{Name: "redacted", Description: "Returns a secret the result policy removes.", Annotations: readOnly},
 		func(context.Context, *mcp.CallToolRequest, struct{}) (*mcp.CallToolResult, any, error) {
@@ -272,6 +277,21 @@ func newTestServer(u *upstream) *mcp.Server {
 				_ = req.Session.NotifyProgress(ctx, &mcp.ProgressNotificationParams{ProgressToken: token, Progress: 2, Total: 2})
 			}
 			return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "answered after the stream was resumed"}}}, nil, nil
+		})
+	// set_visibility decodes its arguments with encoding/json, as many Go
+	// servers do: it matches keys to fields ignoring case and folding
+	// Unicode ("TICKET_ID" and "viſibility" fill TicketID and Visibility).
+	s.AddTool(&mcp.Tool{Name: "set_visibility", Description: "Sets a ticket's visibility.", Annotations: readOnly,
+		InputSchema: json.RawMessage(`{"type":"object","properties":{"ticket_id":{"type":"string"},"visibility":{"type":"string"}}}`)},
+		func(_ context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+			var in struct {
+				TicketID   string `json:"ticket_id"`
+				Visibility string `json:"visibility"`
+			}
+			if err := json.Unmarshal(req.Params.Arguments, &in); err != nil {
+				return nil, err
+			}
+			return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: in.TicketID + " is " + in.Visibility}}}, nil
 		})
 	mcp.AddTool(s, &mcp.Tool{Name: "drop_table", Description: "Destructive.", Annotations: &mcp.ToolAnnotations{DestructiveHint: new(true)}}, echo)
 	mcp.AddTool(s, &mcp.Tool{Name: "leak", Description: "Returns a secret-shaped string.", Annotations: readOnly},

@@ -12,9 +12,11 @@ import (
 	"reflect"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
+	"unicode"
 
 	"github.com/open-policy-agent/opa/v1/ast"
 	"github.com/open-policy-agent/opa/v1/cover"
@@ -33,17 +35,49 @@ const (
 
 	// minTests guards against tests silently disappearing (a renamed
 	// package, a file no longer loaded).
-	minTests = 60
+	minTests = 100
+
+	// corpusFile holds the secret-shape corpus (package toolgate.secrets_test).
+	corpusFile = "secrets_test.rego"
 )
 
-// gatewayFilter loads a policy directory the way the gateway does: the
-// top-level non-test .rego files and data files, nothing from subdirectories.
-// A loader.Filter returns true to skip a path.
+// gatewayFilter loads the shipped policies the way the gateway loads a
+// policy directory without a site subdirectory: the top-level non-test
+// .rego files and data files. A loader.Filter returns true to skip a path.
 func gatewayFilter(_ string, info fs.FileInfo, depth int) bool {
 	if info.IsDir() {
 		return depth > 0
 	}
 	return strings.HasSuffix(info.Name(), "_test.rego")
+}
+
+// shippedFilter loads the shipped policies and their tests: the top-level
+// files, nothing of site/ (whose rules and settings are a site's own and
+// must not change what the shipped tests see).
+func shippedFilter(_ string, info fs.FileInfo, depth int) bool {
+	return info.IsDir() && depth > 0
+}
+
+// sitePaths are the paths to load for the site's tests: what the gateway
+// loads (the top level's non-test .rego and data files, and site/) plus the
+// site's tests. site/ is a root of its own, as it is for the gateway, so
+// that its data files merge at the root of data (OPA's loader would put a
+// subdirectory's data under data.site).
+func sitePaths(t testing.TB, dir string) []string {
+	t.Helper()
+	var paths []string
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		name := e.Name()
+		isPolicy := strings.HasSuffix(name, ".rego") && !strings.HasSuffix(name, "_test.rego")
+		if !e.IsDir() && (isPolicy || name == "data.json" || name == "data.yaml" || name == "data.yml") {
+			paths = append(paths, filepath.Join(dir, name))
+		}
+	}
+	return append(paths, filepath.Join(dir, "site"))
 }
 
 // regoFiles lists the top-level .rego files of this directory; with tests
@@ -77,39 +111,48 @@ func parseModule(t testing.TB, name string, src []byte) *ast.Module {
 
 // TestRego runs every Rego test of the directory, as `opa test --coverage`
 // does, and fails on a failing or erroring test and on coverage of the
-// non-test policy files under minCoverage.
+// non-test policy files under minCoverage. The secret-shape corpus
+// (corpusFile), which runs the whole policy some thousand times, runs
+// without the coverage tracer, which would make it ten times slower; the
+// other tests cover the same rules.
 func TestRego(t *testing.T) {
 	ctx := context.Background()
-	modules, store, err := tester.Load([]string{"."}, nil)
+	modules, store, err := tester.Load([]string{"."}, shippedFilter)
 	if err != nil {
 		t.Fatal(err)
+	}
+	withoutCorpus := maps.Clone(modules)
+	for name := range withoutCorpus {
+		if filepath.Base(name) == corpusFile {
+			delete(withoutCorpus, name)
+		}
+	}
+	if len(withoutCorpus) == len(modules) {
+		t.Fatalf("no %s loaded", corpusFile)
 	}
 
 	cov := cover.New()
-	runner := tester.NewRunner().
-		SetStore(store).
-		SetModules(modules).
-		SetCoverageQueryTracer(cov).
-		CapturePrintOutput(true).
-		SetTimeout(time.Minute)
-	ch, err := runner.RunTests(ctx, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-
 	ran := 0
-	for res := range ch {
-		ran++
-		name := res.Package + "." + res.Name
-		switch {
-		case res.Error != nil:
-			t.Errorf("%s: error: %v\n%s", name, res.Error, res.Output)
-		case res.Fail:
-			t.Errorf("%s: FAIL at %s\n%s", name, res.Location, res.Output)
-		case res.Skip:
-			t.Logf("%s: skipped", name)
+	check := func(runner *tester.Runner) {
+		ch, err := runner.SetStore(store).CapturePrintOutput(true).SetTimeout(time.Minute).RunTests(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for res := range ch {
+			ran++
+			name := res.Package + "." + res.Name
+			switch {
+			case res.Error != nil:
+				t.Errorf("%s: error: %v\n%s", name, res.Error, res.Output)
+			case res.Fail:
+				t.Errorf("%s: FAIL at %s\n%s", name, res.Location, res.Output)
+			case res.Skip:
+				t.Logf("%s: skipped", name)
+			}
 		}
 	}
+	check(tester.NewRunner().SetModules(withoutCorpus).SetCoverageQueryTracer(cov))
+	check(tester.NewRunner().SetModules(modules).Filter(`^data\.toolgate\.secrets_test\.`))
 	if ran < minTests {
 		t.Errorf("ran %d Rego tests, want at least %d", ran, minTests)
 	}
@@ -133,6 +176,103 @@ func TestRego(t *testing.T) {
 	t.Logf("%d Rego tests, policy coverage %.1f%% (%d of %d lines)", ran, pct, covered, covered+notCovered)
 	if pct < minCoverage {
 		t.Errorf("policy coverage %.1f%% is under %.0f%%", pct, minCoverage)
+	}
+}
+
+// TestSiteRego runs the site's own tests (site/*_test.rego) with the
+// shipped policies and the site's rules and settings, as the gateway loads
+// them. Without site tests there is nothing to run.
+func TestSiteRego(t *testing.T) {
+	tests, _ := filepath.Glob(filepath.Join("site", "*_test.rego"))
+	if len(tests) == 0 {
+		t.Skip("no site tests in site/")
+	}
+	runSiteTests(t, ".")
+}
+
+func runSiteTests(t *testing.T, dir string) (passed int) {
+	t.Helper()
+	modules, store, err := tester.Load(sitePaths(t, dir), shippedFilter)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ch, err := tester.NewRunner().SetStore(store).SetModules(modules).CapturePrintOutput(true).
+		SetTimeout(time.Minute).RunTests(context.Background(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for res := range ch {
+		switch {
+		case res.Error != nil:
+			t.Errorf("%s.%s: error: %v\n%s", res.Package, res.Name, res.Error, res.Output)
+		case res.Fail:
+			t.Errorf("%s.%s: FAIL at %s\n%s", res.Package, res.Name, res.Location, res.Output)
+		default:
+			passed++
+		}
+	}
+	return passed
+}
+
+// A site's rules and settings live in site/: the shipped tests do not see
+// them, and the site's tests see both. Here a site denies every call and
+// makes the tracker read-only; the shipped request tests still pass.
+func TestSiteRulesDoNotChangeTheShippedTests(t *testing.T) {
+	dir := t.TempDir()
+	for _, name := range regoFiles(t, true) {
+		src, err := os.ReadFile(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, name), src, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	site := map[string]string{
+		"deny.rego":      "package toolgate.request\n\ndeny contains \"the site denies every call\" if input.method == \"tools/call\"\n",
+		"data.yaml":      "toolgate:\n  settings:\n    max_result_bytes: 10\n    services:\n      tracker:\n        read_only: true\n",
+		"deny_test.rego": "package toolgate.site_test\n\nimport data.toolgate.request\n\ntest_site_denies if {\n\trequest.decision.action == \"deny\" with input as {\"method\": \"tools/call\"}\n\tdata.toolgate.settings.max_result_bytes == 10\n}\n",
+	}
+	if err := os.Mkdir(filepath.Join(dir, "site"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for name, text := range site {
+		if err := os.WriteFile(filepath.Join(dir, "site", name), []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	modules, store, err := tester.Load([]string{dir}, shippedFilter)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name := range modules {
+		if strings.Contains(name, string(filepath.Separator)+"site"+string(filepath.Separator)) {
+			t.Errorf("the shipped tests load %s", name)
+		}
+	}
+	request := map[string]*ast.Module{}
+	for name, m := range modules {
+		if !strings.HasSuffix(name, "_test.rego") || filepath.Base(name) == "request_test.rego" {
+			request[name] = m
+		}
+	}
+	ch, err := tester.NewRunner().SetStore(store).SetModules(request).SetTimeout(time.Minute).RunTests(context.Background(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ran := 0
+	for res := range ch {
+		ran++
+		if res.Error != nil || res.Fail {
+			t.Errorf("%s.%s failed beside the site's rules: %v", res.Package, res.Name, res.Error)
+		}
+	}
+	if ran < 40 {
+		t.Errorf("ran only %d shipped request tests", ran)
+	}
+	if passed := runSiteTests(t, dir); passed != 1 {
+		t.Errorf("%d site tests passed, want 1", passed)
 	}
 }
 
@@ -197,58 +337,55 @@ func TestRegoStrict(t *testing.T) {
 	}
 }
 
-// TestSettingsDocumented requires every setting the policies read, and every
-// key of data.json, to be named in README.md.
+// TestSettingsDocumented requires every setting the settings check knows
+// (settings.rego) to have a row in the settings table of README.md, and
+// every setting the policies read to be known to it.
 func TestSettingsDocumented(t *testing.T) {
 	readme, err := os.ReadFile("README.md")
 	if err != nil {
 		t.Fatal(err)
 	}
-	raw, err := os.ReadFile("data.json")
-	if err != nil {
-		t.Fatal(err)
+	kinds := func(rule string) map[string]any {
+		rs, err := rego.New(rego.Query("data.toolgate.config."+rule), rego.Load([]string{"."}, gatewayFilter)).Eval(context.Background())
+		if err != nil || len(rs) != 1 {
+			t.Fatalf("%s: %v %v", rule, rs, err)
+		}
+		return rs[0].Expressions[0].Value.(map[string]any)
 	}
-	var doc struct {
-		Toolgate struct {
-			Settings map[string]any `json:"settings"`
-		} `json:"toolgate"`
-	}
-	if err := json.Unmarshal(raw, &doc); err != nil {
-		t.Fatalf("data.json: %v", err)
-	}
-	// names maps each setting to the first cell of its row in the settings
-	// table of README.md.
+	global, perService := kinds("setting_kinds"), kinds("service_setting_kinds")
+	// names maps each setting to the first cell of its row in the table.
 	names := map[string]string{}
-	for k := range doc.Toolgate.Settings {
+	for k := range global {
 		names[k] = "`" + k + "`"
 	}
-	if len(names) == 0 {
-		t.Fatal("data.json holds no toolgate.settings")
+	for k := range perService {
+		names["services.<id>."+k] = "`services.<id>." + k + "`"
 	}
-
-	global := regexp.MustCompile(`data\.toolgate\.settings\.(\w+)`)
-	perService := regexp.MustCompile(`data\.toolgate\.settings\.services\[(?:service_id|input\.service\.id)\]\.(\w+)`)
-	for _, name := range regoFiles(t, false) {
-		src, err := os.ReadFile(name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, m := range global.FindAllStringSubmatch(string(src), -1) {
-			if _, ok := doc.Toolgate.Settings[m[1]]; !ok {
-				t.Errorf("%s reads settings.%s, which data.json does not set", name, m[1])
-			}
-			names[m[1]] = "`" + m[1] + "`"
-		}
-		for _, m := range perService.FindAllStringSubmatch(string(src), -1) {
-			names["services.<id>."+m[1]] = "`services.<id>." + m[1] + "`"
-		}
-	}
-	if len(names) < 8 {
+	if len(names) < 10 {
 		t.Errorf("found only settings %v", slices.Sorted(maps.Keys(names)))
 	}
 	for name, cell := range names {
 		if !bytes.Contains(readme, []byte("\n| "+cell+" |")) {
 			t.Errorf("setting %s has no row in the settings table of README.md", name)
+		}
+	}
+
+	reads := regexp.MustCompile(`data\.toolgate\.settings\.(\w+)`)
+	readsService := regexp.MustCompile(`data\.toolgate\.settings\.services\[(?:service_id|input\.service\.id)\]\.(\w+)`)
+	for _, name := range regoFiles(t, false) {
+		src, err := os.ReadFile(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range reads.FindAllStringSubmatch(string(src), -1) {
+			if _, ok := global[m[1]]; !ok {
+				t.Errorf("%s reads settings.%s, which settings.rego does not know", name, m[1])
+			}
+		}
+		for _, m := range readsService.FindAllStringSubmatch(string(src), -1) {
+			if _, ok := perService[m[1]]; !ok {
+				t.Errorf("%s reads settings.services.<id>.%s, which settings.rego does not know", name, m[1])
+			}
 		}
 	}
 }
@@ -317,7 +454,9 @@ const baseInput = `{
     "name": "read_ticket",
     "title": "Read ticket",
     "description": "Returns a ticket with its comments.",
-    "annotations": {"readOnlyHint": true, "openWorldHint": false},
+    "annotations": {"readOnlyHint": true, "destructiveHint": false, "idempotentHint": false, "openWorldHint": false},
+    "annotations_source": "upstream",
+    "upstream_annotations": {"readOnlyHint": true, "openWorldHint": false},
     "inputSchema": {"type": "object", "properties": {"ticket_id": {"type": "string"}}, "required": ["ticket_id"]}
   },
   "arguments": {"ticket_id": "TEST-123"},
@@ -389,8 +528,9 @@ func TestDecisionContract(t *testing.T) {
 
 	for _, c := range []struct{ name, changes string }{
 		{"read-only call", ``},
-		{"unmarked call", `{"tool": {"name": "update_ticket"}}`},
-		{"destructive call", `{"tool": {"name": "delete_ticket", "annotations": {"destructiveHint": true}}}`},
+		{"unmarked call", withTool(tool("update_ticket", false, true, "default"), "")},
+		{"additive call", withTool(tool("update_ticket", false, false, "upstream"), "")},
+		{"destructive call", withTool(tool("delete_ticket", false, true, "registry"), "")},
 		{"listing", `{"listing": true, "arguments": null}`},
 		{"initialize", `{"method": "initialize", "tool": null, "arguments": null, "params": {"protocolVersion": "2025-11-25"}}`},
 		{"no method", `{"method": null}`},
@@ -431,11 +571,19 @@ type exampleCase struct {
 	want    string // see matches
 }
 
+// tool is a tool definition as the gateway gives it to the policy:
+// annotations resolved, and where they came from ("upstream", "registry"
+// or "default"; see README.md, "Tool annotations").
+func tool(name string, readOnly, destructive bool, source string) string {
+	return fmt.Sprintf(`{"name": %q, "annotations": {"readOnlyHint": %t, "destructiveHint": %t, "idempotentHint": false, "openWorldHint": true}, "annotations_source": %q}`,
+		name, readOnly, destructive, source)
+}
+
 // Tool definitions the example cases use.
-const (
-	readTool   = `{"name": "read_ticket", "annotations": {"readOnlyHint": true}}`
-	searchTool = `{"name": "search_tickets", "annotations": {"readOnlyHint": true}}`
-	createTool = `{"name": "create_ticket", "annotations": {"readOnlyHint": false}}`
+var (
+	readTool   = tool("read_ticket", true, false, "upstream")
+	searchTool = tool("search_tickets", true, false, "upstream")
+	createTool = tool("create_ticket", false, false, "upstream") // additive
 )
 
 func withTool(tool, rest string) string {
@@ -462,9 +610,9 @@ func textResult(text string) string {
 // differs from the defaults alone.
 var exampleCases = map[string][]exampleCase{
 	"1": {
-		{requestQuery, withTool(`{"name": "export_report"}`, service("reports")+`, `+caller(`["contractors"]`)), `{"action": "deny", "reason": "contractors may not export"}`},
-		{requestQuery, withTool(`{"name": "export_report"}`, service("reports")+`, `+caller(`["contractors"]`)+`, "listing": true, "arguments": null`), `{"action": "deny"}`},
-		{requestQuery, withTool(`{"name": "export_report"}`, service("reports")), `{"action": "ask"}`},
+		{requestQuery, withTool(tool("export_report", false, false, "upstream"), service("reports")+`, `+caller(`["contractors"]`)), `{"action": "deny", "reason": "contractors may not export"}`},
+		{requestQuery, withTool(tool("export_report", false, false, "upstream"), service("reports")+`, `+caller(`["contractors"]`)+`, "listing": true, "arguments": null`), `{"action": "deny"}`},
+		{requestQuery, withTool(tool("export_report", false, false, "upstream"), service("reports")), `{"action": "ask"}`},
 	},
 	"2": {
 		{requestQuery, withTool(createTool, caller(`["payments"]`)+`, "arguments": {"project_id": "OTHER", "title": "x"}`), `{"action": "ask", "arguments": {"project_id": "PAY", "title": "x"}}`},
@@ -498,9 +646,10 @@ var exampleCases = map[string][]exampleCase{
 		{resultQuery, textResult(`"a falcon project"`), `{"action": "allow", "result": null}`},
 	},
 	"8": {
-		{requestQuery, withTool(`{"name": "update_invoice"}`, service("billing")), `{"action": "deny", "reason": "billing is read-only"}`},
-		{requestQuery, withTool(`{"name": "update_invoice"}`, service("billing")+`, `+caller(`["finance-admins"]`)), `{"action": "ask"}`},
-		{requestQuery, withTool(readTool, service("billing")), `{"action": "allow"}`},
+		{requestQuery, withTool(tool("update_invoice", false, false, "upstream"), service("billing")), `{"action": "deny", "reason": "billing is read-only"}`},
+		{requestQuery, withTool(tool("update_invoice", false, false, "upstream"), service("billing")+`, `+caller(`["finance-admins"]`)), `{"action": "ask"}`},
+		{requestQuery, withTool(readTool, service("billing")), `{"action": "deny", "reason": "billing is read-only"}`}, // the upstream's word only
+		{requestQuery, withTool(tool("read_invoice", true, false, "registry"), service("billing")), `{"action": "allow"}`},
 	},
 	"9": {
 		{requestQuery, withTool(readTool, service("deploy")), `{"action": "deny", "reason": "not approved"}`},
@@ -510,14 +659,14 @@ var exampleCases = map[string][]exampleCase{
 		{requestQuery, withTool(readTool, ""), `{"action": "allow"}`},
 	},
 	"10": {
-		{requestQuery, withTool(`{"name": "read_file", "annotations": {"readOnlyHint": true}}`, service("files")+`, "arguments": {"path": "/notes/a.txt", "encoding": "utf-8"}`), `{"action": "allow", "arguments": {"path": "/srv/sandbox/notes/a.txt", "encoding": "utf-8"}}`},
-		{requestQuery, withTool(`{"name": "write_file"}`, service("files")+`, "arguments": {"path": "notes/a.txt", "content": "x"}`), `{"action": "ask", "arguments": {"path": "/srv/sandbox/notes/a.txt", "content": "x"}}`},
-		{requestQuery, withTool(`{"name": "list_directory", "annotations": {"readOnlyHint": true}}`, service("files")+`, "arguments": {}`), `{"action": "allow", "arguments": {"path": "/srv/sandbox/"}}`},
-		{requestQuery, withTool(`{"name": "read_file", "annotations": {"readOnlyHint": true}}`, service("files")+`, "arguments": {"path": "notes/../../etc/passwd"}`), `{"action": "deny", "reason": "without '..'"}`},
-		{requestQuery, withTool(`{"name": "read_file", "annotations": {"readOnlyHint": true}}`, service("files")+`, "arguments": {"path": "..\\secrets"}`), `{"action": "deny"}`},
-		{requestQuery, withTool(`{"name": "read_file", "annotations": {"readOnlyHint": true}}`, service("files")+`, "arguments": {"path": ["a"]}`), `{"action": "deny"}`},
-		{requestQuery, withTool(`{"name": "read_file", "annotations": {"readOnlyHint": true}}`, service("files")+`, "listing": true, "arguments": null`), `{"action": "allow", "arguments": null}`},
-		{requestQuery, withTool(`{"name": "read_file", "annotations": {"readOnlyHint": true}}`, `"arguments": {"path": "../x"}`), `{"action": "allow", "arguments": null}`},
+		{requestQuery, withTool(tool("read_file", true, false, "upstream"), service("files")+`, "arguments": {"path": "/notes/a.txt", "encoding": "utf-8"}`), `{"action": "allow", "arguments": {"path": "/srv/sandbox/notes/a.txt", "encoding": "utf-8"}}`},
+		{requestQuery, withTool(tool("write_file", false, false, "upstream"), service("files")+`, "arguments": {"path": "notes/a.txt", "content": "x"}`), `{"action": "ask", "arguments": {"path": "/srv/sandbox/notes/a.txt", "content": "x"}}`},
+		{requestQuery, withTool(tool("list_directory", true, false, "upstream"), service("files")+`, "arguments": {}`), `{"action": "allow", "arguments": {"path": "/srv/sandbox/"}}`},
+		{requestQuery, withTool(tool("read_file", true, false, "upstream"), service("files")+`, "arguments": {"path": "notes/../../etc/passwd"}`), `{"action": "deny", "reason": "without '..'"}`},
+		{requestQuery, withTool(tool("read_file", true, false, "upstream"), service("files")+`, "arguments": {"path": "..\\secrets"}`), `{"action": "deny"}`},
+		{requestQuery, withTool(tool("read_file", true, false, "upstream"), service("files")+`, "arguments": {"path": ["a"]}`), `{"action": "deny"}`},
+		{requestQuery, withTool(tool("read_file", true, false, "upstream"), service("files")+`, "listing": true, "arguments": null`), `{"action": "allow", "arguments": null}`},
+		{requestQuery, withTool(tool("read_file", true, false, "upstream"), `"arguments": {"path": "../x"}`), `{"action": "allow", "arguments": null}`},
 	},
 	"11": {
 		{requestQuery, `{"method": "resources/read", "tool": null, "arguments": null, "params": {"uri": "file:///srv/shared/plan.md"}}`, `{"action": "allow"}`},
@@ -643,7 +792,7 @@ func BenchmarkRequestDecision(b *testing.B) {
 	pq := prepare(b, requestQuery)
 	for _, c := range []struct{ name, changes string }{
 		{"read_only", ``},
-		{"unmarked", `{"tool": {"name": "update_ticket", "annotations": {"readOnlyHint": false}}, "arguments": {"ticket_id": "TEST-123", "status": "closed"}}`},
+		{"unmarked", withTool(tool("update_ticket", false, false, "upstream"), `"arguments": {"ticket_id": "TEST-123", "status": "closed"}`)},
 	} {
 		b.Run(c.name, func(b *testing.B) {
 			in, err := ast.InterfaceToValue(input(b, c.changes))
@@ -723,4 +872,216 @@ func gatewayScan(t testing.TB, pq rego.PreparedEvalQuery, in map[string]any) map
 		}
 	}
 	return map[string]any{"threshold": 4096, "strings": listed}
+}
+
+// invisibleFromTables is the set policies/text.rego must list, from Go's
+// Unicode tables: Default_Ignorable_Code_Point (derived as
+// DerivedCoreProperties.txt says: Other_Default_Ignorable_Code_Point + Cf +
+// Variation_Selector - White_Space - FFF9..FFFB - 13430..1343F -
+// Prepended_Concatenation_Mark), Bidi_Control, and the rest of Cf except the
+// Prepended_Concatenation_Marks.
+func invisibleFromTables(r rune) bool {
+	return (unicode.Is(unicode.Other_Default_Ignorable_Code_Point, r) || unicode.Is(unicode.Cf, r) ||
+		unicode.Is(unicode.Variation_Selector, r) || unicode.Is(unicode.Bidi_Control, r)) &&
+		!unicode.Is(unicode.White_Space, r) && !unicode.Is(unicode.Prepended_Concatenation_Mark, r)
+}
+
+// policyInvisible evaluates data.toolgate.text.invisible_ranges.
+func policyInvisible(t *testing.T) func(rune) bool {
+	t.Helper()
+	rs, err := rego.New(rego.Query("data.toolgate.text.invisible_ranges"), rego.Load([]string{"."}, gatewayFilter)).Eval(context.Background())
+	if err != nil || len(rs) != 1 {
+		t.Fatalf("invisible_ranges: %v %v", rs, err)
+	}
+	var ranges [][2]rune
+	for _, p := range rs[0].Expressions[0].Value.([]any) {
+		pair := p.([]any)
+		lo, err1 := strconv.ParseUint(pair[0].(string), 16, 32)
+		hi, err2 := strconv.ParseUint(pair[1].(string), 16, 32)
+		if err1 != nil || err2 != nil || hi < lo {
+			t.Fatalf("invisible_ranges: bad pair %v", pair)
+		}
+		ranges = append(ranges, [2]rune{rune(lo), rune(hi)})
+	}
+	return func(r rune) bool {
+		for _, rr := range ranges {
+			if r >= rr[0] && r <= rr[1] {
+				return true
+			}
+		}
+		return false
+	}
+}
+
+// TestInvisibleRangesAreUnicodes compares the policy's invisible set with
+// Go's Unicode tables, code point by code point.
+func TestInvisibleRangesAreUnicodes(t *testing.T) {
+	in := policyInvisible(t)
+	for r := rune(0); r <= unicode.MaxRune; r++ {
+		if in(r) != invisibleFromTables(r) {
+			t.Errorf("U+%04X: policy %v, Unicode %s tables %v", r, in(r), unicode.Version, invisibleFromTables(r))
+		}
+	}
+}
+
+// ucdDir holds the Unicode Character Database files (Debian's
+// unicode-data package, the same Unicode version as Go's tables).
+const ucdDir = "/usr/share/unicode"
+
+// ucdProperty reads the code points with property name from a UCD file of
+// the form "XXXX..YYYY ; Name # comment".
+func ucdProperty(t *testing.T, file, name string) map[rune]bool {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join(ucdDir, file))
+	if err != nil {
+		if os.Getenv("TOOLGATE_REQUIRE_PEERS") != "" {
+			t.Fatalf("%v (install the unicode-data package)", err)
+		}
+		t.Skipf("%v (install the unicode-data package)", err)
+	}
+	set := map[rune]bool{}
+	for line := range strings.Lines(string(data)) {
+		line, _, _ = strings.Cut(line, "#")
+		cps, prop, ok := strings.Cut(line, ";")
+		if !ok || strings.TrimSpace(prop) != name {
+			continue
+		}
+		lo, hi, found := strings.Cut(strings.TrimSpace(cps), "..")
+		if !found {
+			hi = lo
+		}
+		a, err1 := strconv.ParseUint(lo, 16, 32)
+		b, err2 := strconv.ParseUint(hi, 16, 32)
+		if err1 != nil || err2 != nil {
+			t.Fatalf("%s: %q", file, line)
+		}
+		for r := rune(a); r <= rune(b); r++ {
+			set[r] = true
+		}
+	}
+	if len(set) == 0 {
+		t.Fatalf("%s lists no %s", file, name)
+	}
+	return set
+}
+
+// TestInvisibleRangesAgainstTheUnicodeData compares the policy's set with
+// the Unicode Character Database itself: Default_Ignorable_Code_Point from
+// DerivedCoreProperties.txt, Bidi_Control and
+// Prepended_Concatenation_Mark from PropList.txt, Cf from UnicodeData.txt.
+func TestInvisibleRangesAgainstTheUnicodeData(t *testing.T) {
+	ignorable := ucdProperty(t, "DerivedCoreProperties.txt", "Default_Ignorable_Code_Point")
+	bidi := ucdProperty(t, "PropList.txt", "Bidi_Control")
+	pcm := ucdProperty(t, "PropList.txt", "Prepended_Concatenation_Mark")
+	data, err := os.ReadFile(filepath.Join(ucdDir, "UnicodeData.txt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	format := map[rune]bool{}
+	for line := range strings.Lines(string(data)) {
+		f := strings.Split(line, ";")
+		if len(f) > 2 && f[2] == "Cf" {
+			cp, err := strconv.ParseUint(f[0], 16, 32)
+			if err != nil {
+				t.Fatal(err)
+			}
+			format[rune(cp)] = true
+		}
+	}
+	in := policyInvisible(t)
+	for r := rune(0); r <= unicode.MaxRune; r++ {
+		want := ignorable[r] || bidi[r] || (format[r] && !pcm[r])
+		if in(r) != want {
+			t.Errorf("U+%04X: policy %v, Unicode data %v", r, in(r), want)
+		}
+	}
+}
+
+// TestCutsKeepGraphemeClusters checks where the result policy cuts a text
+// (cut_clusters, at a byte limit) against Unicode's own test of grapheme
+// cluster boundaries (UAX #29, GraphemeBreakTest.txt): cut at any limit,
+// a text keeps exactly the clusters that fit. Cases holding an invisible
+// character are left out: the policy removes those before it cuts.
+func TestCutsKeepGraphemeClusters(t *testing.T) {
+	data, err := os.ReadFile(filepath.Join(ucdDir, "auxiliary", "GraphemeBreakTest.txt"))
+	if err != nil {
+		if os.Getenv("TOOLGATE_REQUIRE_PEERS") != "" {
+			t.Fatalf("%v (install the unicode-data package)", err)
+		}
+		t.Skipf("%v (install the unicode-data package)", err)
+	}
+	invisible := policyInvisible(t)
+	type cut struct {
+		text  string
+		limit int
+		want  string
+		line  string
+	}
+	var cuts []cut
+	lines := 0
+lines:
+	for line := range strings.Lines(string(data)) {
+		line, _, _ = strings.Cut(line, "#")
+		fields := strings.Fields(line)
+		if len(fields) == 0 {
+			continue
+		}
+		var cps []rune
+		var breaks []bool // breaks[i]: a boundary before cps[i] (i == len(cps): at the end)
+		for i, f := range fields {
+			if i%2 == 0 {
+				breaks = append(breaks, f == "÷")
+				continue
+			}
+			cp, err := strconv.ParseUint(f, 16, 32)
+			if err != nil {
+				t.Fatalf("GraphemeBreakTest.txt: %q", line)
+			}
+			r := rune(cp)
+			if invisible(r) || (r >= 0xD800 && r <= 0xDFFF) {
+				continue lines
+			}
+			cps = append(cps, r)
+		}
+		lines++
+		text := string(cps)
+		for k := 1; k < len(cps); k++ {
+			j := k
+			for !breaks[j] {
+				j--
+			}
+			cuts = append(cuts, cut{text: text, limit: len(string(cps[:k])), want: string(cps[:j]), line: strings.TrimSpace(line)})
+		}
+	}
+	if lines < 300 || len(cuts) < 500 {
+		t.Fatalf("only %d test lines (%d cuts) read", lines, len(cuts))
+	}
+	pairs := make([]any, len(cuts))
+	for i, c := range cuts {
+		pairs[i] = []any{c.text, c.limit}
+	}
+	rs, err := rego.New(
+		rego.Query("[data.toolgate.result.cut_clusters(p[0], p[1]) | some p in input]"),
+		rego.Load([]string{"."}, gatewayFilter),
+		rego.Input(pairs),
+	).Eval(context.Background())
+	if err != nil || len(rs) != 1 {
+		t.Fatalf("cut_clusters: %v %v", rs, err)
+	}
+	got := rs[0].Expressions[0].Value.([]any)
+	if len(got) != len(cuts) {
+		t.Fatalf("%d cuts, %d answers", len(cuts), len(got))
+	}
+	failed := 0
+	for i, c := range cuts {
+		if got[i] != c.want {
+			if failed++; failed <= 20 {
+				t.Errorf("%s cut at %d bytes: %+q, want %+q", c.line, c.limit, got[i], c.want)
+			}
+		}
+	}
+	if failed > 0 {
+		t.Errorf("%d of %d cuts wrong", failed, len(cuts))
+	}
+	t.Logf("%d cuts of %d test texts", len(cuts), lines)
 }

@@ -4,10 +4,13 @@
 #   Decides every message a runner sends through the gateway (and, with
 #   input.listing == true, whether a tool is shown in a tools/list answer).
 #   Methods other than tools/call are allowed. A tools/call needs human
-#   approval (ask) unless the upstream marks the tool readOnlyHint: true.
-#   Destructive tools are denied unless the caller is in an admin group, and
-#   then they still need approval. A service in read-only mode denies every
-#   tool that is not marked read-only.
+#   approval (ask) unless the tool is read-only (input.tool.annotations: the
+#   registry's declaration, else the upstream's hints, else MCP's defaults).
+#   Destructive tools (by MCP's defaults, every tool not marked otherwise)
+#   are denied unless the caller is in an admin group, and then they still
+#   need approval. A service in read-only mode denies every tool that the
+#   registry does not declare read-only: there, the upstream's word is not
+#   enough.
 #
 #   Extend it from another file in this package by adding to the `deny` and
 #   `ask` sets or to the `argument_overrides` object; see policies/README.md.
@@ -62,10 +65,10 @@ deny contains "toolgate cannot tell which method this message calls (input.metho
 deny contains msg if {
 	data.toolgate.settings.services[input.service.id].read_only == true
 	input.method == "tools/call"
-	not read_only_tool
+	not declared_read_only
 	msg := sprintf(
-		"service %q is in read-only mode: tool %q is not marked read-only (annotations.readOnlyHint), so it cannot be called; use a read-only tool of this service instead",
-		[service_id, tool_name],
+		"service %q is in read-only mode and tool %q is not declared read-only in its registry entry (tool %s read_only), so it cannot be called; use a read-only tool of this service instead",
+		[service_id, tool_name, tool_name],
 	)
 }
 
@@ -74,8 +77,8 @@ deny contains msg if {
 	input.method == "tools/call"
 	not is_admin
 	msg := sprintf(
-		"tool %q on service %q is marked destructive (annotations.destructiveHint) and only members of %v may run it, with approval; ask one of them or use a non-destructive tool",
-		[tool_name, service_id, admin_groups],
+		"tool %q on service %q may be destructive (annotations.destructiveHint, %s) and only members of %v may run it, with approval; ask one of them or use a non-destructive tool",
+		[tool_name, service_id, hint_origin, admin_groups],
 	)
 }
 
@@ -86,8 +89,8 @@ ask contains msg if {
 	input.method == "tools/call"
 	is_admin
 	msg := sprintf(
-		"tool %q on service %q is marked destructive (annotations.destructiveHint); as an administrator you may run it once a human approves this call",
-		[tool_name, service_id],
+		"tool %q on service %q may be destructive (annotations.destructiveHint, %s); as an administrator you may run it once a human approves this call",
+		[tool_name, service_id, hint_origin],
 	)
 }
 
@@ -97,7 +100,7 @@ ask contains msg if {
 	not input.tool.annotations.destructiveHint == true
 	not approval_waived
 	msg := sprintf(
-		"tool %q on service %q is not marked read-only by the upstream (annotations.readOnlyHint is not true), so a human must approve this call; wait for the approval or use a read-only tool",
+		"tool %q on service %q is not marked read-only (annotations.readOnlyHint is not true), so a human must approve this call; wait for the approval or use a read-only tool",
 		# tool_name and service_id, inlined: this rule fires on every call
 		# of a tool that is not read-only.
 		[object.get(input, ["tool", "name"], ""), object.get(input, ["service", "id"], "")],
@@ -146,13 +149,31 @@ tool_name := object.get(input, ["tool", "name"], "")
 
 service_id := object.get(input, ["service", "id"], "")
 
-# read_only_tool: the upstream's tool definition says readOnlyHint: true (the
-# JSON value true, nothing else) and does not also claim destructiveHint.
-# Every tool the gateway has no definition for is not read-only.
+# read_only_tool: the tool's annotations say readOnlyHint: true and not
+# also destructiveHint: true (a tool claiming both counts as destructive).
+# input.tool.annotations are the registry's declaration when there is one,
+# else the upstream's hints with MCP's defaults; a tool the gateway has no
+# definition for is not read-only unless the registry says so.
 read_only_tool if {
 	input.tool.annotations.readOnlyHint == true
 	not input.tool.annotations.destructiveHint == true
 }
+
+# declared_read_only: the registry (the administrator), not the upstream,
+# says the tool is read-only.
+declared_read_only if {
+	input.tool.annotations_source == "registry"
+	input.tool.annotations.readOnlyHint == true
+}
+
+# hint_origin says where the tool's readOnlyHint and destructiveHint come
+# from, for reasons.
+hint_origin := "as declared in the registry" if {
+	input.tool.annotations_source == "registry"
+} else := "as the upstream marks it" if {
+	input.tool.annotations_source == "upstream"
+	is_boolean(input.tool.upstream_annotations.destructiveHint)
+} else := "by MCP's default for a tool that is not marked read-only or non-destructive"
 
 approval_waived if input.tool.name in data.toolgate.settings.services[input.service.id].allow_without_approval
 

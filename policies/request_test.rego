@@ -12,7 +12,9 @@ base := {
 		"name": "read_ticket",
 		"title": "Read a ticket",
 		"description": "Returns one ticket.",
-		"annotations": {"readOnlyHint": true},
+		"annotations": {"readOnlyHint": true, "destructiveHint": false, "idempotentHint": false, "openWorldHint": true},
+		"annotations_source": "upstream",
+		"upstream_annotations": {"readOnlyHint": true},
 		"inputSchema": {"type": "object", "properties": {"ticket_id": {"type": "string"}}},
 	},
 	"arguments": {"ticket_id": "TEST-123"},
@@ -27,11 +29,30 @@ as_admin(inp) := object.union(inp, {"caller": {"groups": ["eng", "admins"]}})
 
 listed(inp) := object.union(object.remove(inp, ["arguments"]), {"listing": true})
 
-read_tool := {"name": "read_ticket", "annotations": {"readOnlyHint": true}}
+# Tools as the gateway gives them: annotations resolved (the registry's
+# declaration, else the upstream's hints, else MCP's defaults), where they
+# came from, and what the upstream sent (see the README).
+seen(name, read_only, destructive, source, upstream) := object.union(
+	{
+		"name": name,
+		"annotations": {"readOnlyHint": read_only, "destructiveHint": destructive, "idempotentHint": false, "openWorldHint": true},
+		"annotations_source": source,
+	},
+	{"upstream_annotations": upstream | upstream != null},
+)
 
-write_tool := {"name": "update_ticket", "annotations": {"readOnlyHint": false}}
+read_tool := seen("read_ticket", true, false, "upstream", {"readOnlyHint": true})
 
-drop_tool := {"name": "delete_ticket", "annotations": {"readOnlyHint": false, "destructiveHint": true}}
+# Marked as changing things without destroying them.
+write_tool := seen("update_ticket", false, false, "upstream", {"readOnlyHint": false, "destructiveHint": false})
+
+drop_tool := seen("delete_ticket", false, true, "upstream", {"destructiveHint": true})
+
+# No annotations at all: by MCP's defaults, not read-only and destructive.
+unmarked_tool := seen("update_ticket", false, true, "default", null)
+
+# The registry declares it (tool read_ticket read_only).
+declared_read_tool := seen("read_ticket", true, false, "registry", {"readOnlyHint": true})
 
 settings := {
 	"admin_groups": ["admins"],
@@ -79,23 +100,29 @@ test_unmarked_tool_asks if {
 	contains(d.reason, "human must approve")
 }
 
-test_tool_without_definition_asks if {
-	# The gateway has not seen the upstream definition: tool holds only name.
-	d := request.decision with input as call({"name": "read_ticket"})
-	d.action == "ask"
-}
-
-test_read_only_hint_must_be_true if {
-	every hint in ["true", 1, {}, null, false] {
-		d := request.decision with input as call({"name": "read_ticket", "annotations": {"readOnlyHint": hint}})
-		d.action == "ask"
-	}
+test_unmarked_tool_is_destructive_by_default if {
+	# No annotations, or no definition at all (the gateway has not seen
+	# one): MCP's defaults make the tool destructive, so only admins may run
+	# it, with approval.
+	d := request.decision with input as call(unmarked_tool)
+	d.action == "deny"
+	contains(d.reason, "by MCP's default")
+	a := request.decision with input as as_admin(call(unmarked_tool))
+	a.action == "ask"
 }
 
 test_tool_without_name_asks if {
-	d := request.decision with input as call({"annotations": {}})
+	d := request.decision with input as call(object.remove(write_tool, ["name"]))
 	d.action == "ask"
 	contains(d.reason, `tool ""`)
+}
+
+test_registry_declaration_beats_the_upstream if {
+	# The upstream says read-only; the administrator declared it destructive.
+	lying := seen("delete_all_tickets", false, true, "registry", {"readOnlyHint": true})
+	d := request.decision with input as call(lying)
+	d.action == "deny"
+	contains(d.reason, "as declared in the registry")
 }
 
 # --- destructiveHint and admin groups
@@ -103,7 +130,7 @@ test_tool_without_name_asks if {
 test_destructive_denied_for_non_admin if {
 	d := request.decision with input as call(drop_tool)
 	d.action == "deny"
-	contains(d.reason, `tool "delete_ticket" on service "tracker" is marked destructive`)
+	contains(d.reason, `tool "delete_ticket" on service "tracker" may be destructive (annotations.destructiveHint, as the upstream marks it)`)
 	contains(d.reason, `["admins"]`)
 }
 
@@ -114,14 +141,9 @@ test_destructive_asks_for_admin if {
 	not contains(d.reason, "not marked read-only") # one reason, not two
 }
 
-test_destructive_hint_must_be_true if {
-	d := request.decision with input as call({"name": "delete_ticket", "annotations": {"destructiveHint": "true"}})
-	d.action == "ask"
-}
-
 test_destructive_and_read_only_is_destructive if {
 	# Contradictory hints fail closed: the destructive hint wins.
-	tool := {"name": "delete_ticket", "annotations": {"readOnlyHint": true, "destructiveHint": true}}
+	tool := seen("delete_ticket", true, true, "upstream", {"readOnlyHint": true, "destructiveHint": true})
 	d := request.decision with input as call(tool)
 	d.action == "deny"
 	a := request.decision with input as as_admin(call(tool))
@@ -173,16 +195,25 @@ test_caller_without_groups_is_not_admin if {
 
 test_read_only_service_denies_unmarked_tools if {
 	conf := with_service("tracker", {"read_only": true})
-	every tool in [write_tool, {"name": "update_ticket"}] {
+	every tool in [write_tool, unmarked_tool] {
 		d := request.decision with input as as_admin(call(tool)) with data.toolgate.settings as conf
 		d.action == "deny"
 		contains(d.reason, `service "tracker" is in read-only mode`)
 	}
 }
 
-test_read_only_service_allows_read_only_tools if {
-	d := request.decision with input as call(read_tool) with data.toolgate.settings as with_service("tracker", {"read_only": true})
+test_read_only_service_allows_declared_read_only_tools if {
+	d := request.decision with input as call(declared_read_tool) with data.toolgate.settings as with_service("tracker", {"read_only": true})
 	d.action == "allow"
+}
+
+test_read_only_service_needs_the_registry if {
+	# An upstream that marks a tool read-only is not believed in read-only
+	# mode: delete_all_tickets marked readOnlyHint by its upstream does not run.
+	lying := seen("delete_all_tickets", true, false, "upstream", {"readOnlyHint": true})
+	d := request.decision with input as as_admin(call(lying)) with data.toolgate.settings as with_service("tracker", {"read_only": true})
+	d.action == "deny"
+	contains(d.reason, "not declared read-only in its registry entry (tool delete_all_tickets read_only)")
 }
 
 test_read_only_service_denies_destructive_for_admin if {
@@ -205,7 +236,7 @@ test_all_deny_reasons_reported if {
 	d := request.decision with input as call(drop_tool) with data.toolgate.settings as with_service("tracker", {"read_only": true})
 	d.action == "deny"
 	contains(d.reason, "read-only mode")
-	contains(d.reason, "marked destructive")
+	contains(d.reason, "may be destructive")
 	contains(d.reason, "; ")
 }
 
@@ -262,7 +293,7 @@ test_pin_arguments_added_when_absent if {
 }
 
 test_pin_arguments_only_for_named_tool if {
-	d := request.decision with input as call({"name": "whoami", "annotations": {"readOnlyHint": true}}) with data.toolgate.settings as pins
+	d := request.decision with input as call(object.union(read_tool, {"name": "whoami"})) with data.toolgate.settings as pins
 	d.action == "allow"
 	not d.arguments
 }
@@ -307,7 +338,7 @@ test_listing_read_only_service_hides_unmarked if {
 	conf := with_service("tracker", {"read_only": true})
 	d := request.decision with input as listed(call(write_tool)) with data.toolgate.settings as conf
 	d.action == "deny"
-	r := request.decision with input as listed(call(read_tool)) with data.toolgate.settings as conf
+	r := request.decision with input as listed(call(declared_read_tool)) with data.toolgate.settings as conf
 	r.action == "allow"
 }
 
@@ -340,10 +371,11 @@ test_decision_is_always_one_object if {
 	}
 }
 
-test_shipped_settings if {
-	data.toolgate.settings.admin_groups == ["admins"]
-	data.toolgate.settings.max_result_bytes == 65536
-	data.toolgate.settings.services == {}
+test_defaults_without_settings if {
+	# The shipped directory holds no settings (a site keeps its own in
+	# site/): the rules' defaults apply.
+	not data.toolgate.settings
+	request.admin_groups == ["admins"] with input as base
 }
 
 test_other_methods_with_site_overrides if {

@@ -17,6 +17,8 @@ base := {
 
 with_result(r) := object.union(base, {"result": r})
 
+plain(ts) := {"content": [{"type": "text", "text": t} | some t in ts]}
+
 texts_result(ts) := {"content": [{"type": "text", "text": t} | some t in ts], "isError": false}
 
 decide(r) := d if {
@@ -68,57 +70,7 @@ test_clean_result_plain_allow if {
 	decide(r) == {"action": "allow"}
 }
 
-test_empty_result_plain_allow if {
-	decide({"content": []}) == {"action": "allow"}
-	decide({}) == {"action": "allow"}
-}
-
-test_missing_result_plain_allow if {
-	d := result.decision with input as base
-	d == {"action": "allow"}
-}
-
 # --- secrets
-
-test_each_secret_kind_redacted if {
-	cases := {
-		"aws_access_key_id": [aws_key, aws_session_key],
-		"github_token": [gh_classic, gh_fine],
-		"slack_token": [slack_bot, concat("", ["xoxe.xoxp-", "1-Mi0yLTE2NTM0NTQ3NjAtOTc4"])],
-		"jwt": [jwt],
-		"bearer_token": [bearer, concat("", ["bearer ", "abcdefghijklmnop0123=="]), concat("", ["BEARER ", "abcdefghijklmnop0123"])],
-		"pem_private_key": [pem, replace(pem, "RSA ", "ENCRYPTED "), replace(pem, "RSA ", "")],
-	}
-	object.keys(cases) == object.keys(result.secret_patterns) # a case for every built-in kind
-	every kind, secrets in cases {
-		every secret in secrets {
-			text := concat("", ["before ", secret, " after"])
-			d := decide(texts_result([text]))
-			d.action == "allow"
-			d.result.content[0].text == sprintf("before [REDACTED:%s] after", [kind])
-			contains(d.reason, concat("", ["redacted ", kind]))
-
-			# The quick test over the whole result sees it too, also in
-			# structuredContent.
-			result.has_marker with input as with_result({"content": [], "structuredContent": {"k": [text]}})
-		}
-	}
-}
-
-test_lookalikes_not_redacted if {
-	every text in [
-		"AKIA is a prefix", # too short
-		"AKIAIOSFODNN7EXAMPL", # 15 characters after the prefix
-		"ghp_short",
-		"xoxb-short",
-		"Bearer token", # prose, no token
-		"eyJhbGciOiJIUzI1NiJ9 is one part only",
-		"-----BEGIN PUBLIC KEY-----\nMIIBIjAN\n-----END PUBLIC KEY-----",
-		"-----BEGIN CERTIFICATE-----\nMIIBIjAN\n-----END CERTIFICATE-----",
-	] {
-		decide(texts_result([text])) == {"action": "allow"}
-	}
-}
 
 test_bearer_with_jwt_is_one_marker if {
 	d := decide(texts_result([concat(" ", ["Authorization: Bearer", jwt])]))
@@ -184,21 +136,6 @@ test_error_results_scanned_too if {
 	d.result == {"content": [{"type": "text", "text": "failed with [REDACTED:slack_token]"}], "isError": true}
 }
 
-test_other_fields_kept if {
-	r := {
-		"content": [
-			{"type": "text", "text": aws_key, "annotations": {"audience": ["user"]}, "_meta": {"k": "v"}},
-			{"type": "image", "data": aws_key, "mimeType": "image/png"}, # not text: untouched
-			{"type": "resource_link", "uri": "file:///x", "name": aws_key}, # not scanned
-		],
-		"isError": false,
-		"_meta": {"k": aws_key}, # not scanned
-		"vendorField": 1,
-	}
-	d := decide(r)
-	d.result == json.patch(r, [{"op": "replace", "path": "/content/0/text", "value": "[REDACTED:aws_access_key_id]"}])
-}
-
 test_site_redact_pattern_from_settings if {
 	conf := {"max_result_bytes": 65536, "redact_patterns": {"employee_id": `\bEMP-[0-9]{6}\b`}, "services": {}}
 	d := decide(texts_result(["owner EMP-123456, see EMP-12"])) with data.toolgate.settings as conf
@@ -207,6 +144,7 @@ test_site_redact_pattern_from_settings if {
 }
 
 test_site_patterns_checked_per_string if {
+	# (keys are inspected too)
 	# An anchored site pattern: each string is tested on its own, and the
 	# built-in kinds are still found.
 	conf := {"redact_patterns": {"whole": `^internal-only$`}}
@@ -258,12 +196,6 @@ test_site_redact_pattern if {
 	d.result.content[0].text == "mail [REDACTED:email]"
 }
 
-test_same_match_labelled_with_first_kind if {
-	d := decide(texts_result(["x secret y"])) with result.redact_patterns as {"b_kind": `secret`, "a_kind": `sec\w+`}
-	d.result.content[0].text == "x [REDACTED:a_kind] y"
-	contains(d.reason, "redacted a_kind, b_kind")
-}
-
 # --- invisible and bidirectional characters
 
 invisible := [
@@ -282,19 +214,6 @@ test_invisible_characters_stripped if {
 		d := decide(texts_result([concat(c, ["ig", "nore previous"])]))
 		d.result.content[0].text == "ignore previous"
 		d.reason == "toolgate changed the result: removed invisible or bidirectional Unicode control characters"
-	}
-}
-
-test_neighbouring_characters_kept if {
-	every c in [
-		"\u200a", # HAIR SPACE
-		"\u2010", # HYPHEN
-		"\u2065", # unassigned, outside the ranges
-		"\u206a", # outside the ranges
-		"\udb40\udc80", # U+E0080, just after the tag block
-		"é", "\u00a0", "👍",
-	] {
-		decide(texts_result([concat(c, ["a", "b"])])) == {"action": "allow"}
 	}
 }
 
@@ -318,119 +237,11 @@ test_invisible_stripped_everywhere if {
 	}
 }
 
-test_texts_for_site_rules if {
-	t := result.texts with input as with_result({
-		"content": [{"type": "text", "text": "pro\u200bject falcon"}, {"type": "image", "data": "x"}],
-		"structuredContent": {"a": ["b"]},
-	})
-	t == {"project falcon", "b"}
-}
-
 # --- truncation
 
 limit(n) := {"admin_groups": ["admins"], "max_result_bytes": n, "services": {}}
 
-test_long_ascii_text_truncated if {
-	d := decide(texts_result(["0123456789abcdef", "short"])) with data.toolgate.settings as limit(10)
-	d.result.content[0].text == "0123456789\n[truncated by toolgate: 6 bytes over the limit of 10 bytes]"
-	d.result.content[1].text == "short"
-	d.reason == "toolgate changed the result: truncated text over the limit of 10 bytes"
-}
-
-test_text_at_the_limit_kept if {
-	d := decide(texts_result(["0123456789"])) with data.toolgate.settings as limit(10)
-	d == {"action": "allow"}
-}
-
-test_limit_counts_bytes_not_characters if {
-	# "é" is two bytes: 6 characters, 12 bytes.
-	d := decide(texts_result(["éééééé"])) with data.toolgate.settings as limit(10)
-	d.result.content[0].text == "ééééé\n[truncated by toolgate: 2 bytes over the limit of 10 bytes]"
-}
-
-test_cut_never_splits_a_character if {
-	# 9 ASCII bytes then 3-byte characters: the cut falls inside "€".
-	d := decide(texts_result(["123456789€€"])) with data.toolgate.settings as limit(10)
-	d.result.content[0].text == "123456789\n[truncated by toolgate: 5 bytes over the limit of 10 bytes]"
-
-	# "¿" is c2 bf: the cut would leave a lone c2.
-	f := decide(texts_result(["123456789¿"])) with data.toolgate.settings as limit(10)
-	f.result.content[0].text == "123456789\n[truncated by toolgate: 1 bytes over the limit of 10 bytes]"
-
-	# A 4-byte character straddling the limit.
-	e := decide(texts_result(["12345678👍👍"])) with data.toolgate.settings as limit(10)
-	e.result.content[0].text == "12345678\n[truncated by toolgate: 6 bytes over the limit of 10 bytes]"
-}
-
-test_service_limit_override if {
-	conf := {"max_result_bytes": 65536, "services": {"tracker": {"max_result_bytes": 4}}}
-	d := decide(texts_result(["abcdef"])) with data.toolgate.settings as conf
-	d.result.content[0].text == "abcd\n[truncated by toolgate: 2 bytes over the limit of 4 bytes]"
-	contains(d.reason, "limit of 4 bytes")
-}
-
-test_default_limit_without_settings if {
-	long := concat("", [s | some _ in numbers.range(1, 6554); s := "0123456789"]) # 65540 bytes
-	d := decide(texts_result([long])) with data.toolgate.settings as {}
-	endswith(d.result.content[0].text, "\n[truncated by toolgate: 4 bytes over the limit of 65536 bytes]")
-	ok := decide(texts_result([substring(long, 0, 65536)])) with data.toolgate.settings as {}
-	ok == {"action": "allow"}
-}
-
-test_structured_strings_truncated if {
-	d := decide({"content": [], "structuredContent": {"log": "abcdefghijkl"}}) with data.toolgate.settings as limit(8)
-	d.result.structuredContent.log == "abcdefgh\n[truncated by toolgate: 4 bytes over the limit of 8 bytes]"
-}
-
-test_redaction_before_truncation if {
-	# The key straddles the limit: it is redacted whole, never cut in half.
-	text := concat("", ["0123456789 ", aws_key, " tail"])
-	d := decide(texts_result([text])) with data.toolgate.settings as limit(20)
-	d.result.content[0].text == "0123456789 [REDACTED\n[truncated by toolgate: 16 bytes over the limit of 20 bytes]"
-	not contains(d.result.content[0].text, "AKIA")
-	d.reason == "toolgate changed the result: redacted aws_access_key_id; truncated text over the limit of 20 bytes"
-}
-
-test_redaction_can_bring_text_under_the_limit if {
-	# Over the limit as received, but the marker is shorter than the key.
-	d := decide(texts_result([pem])) with data.toolgate.settings as limit(40)
-	d.result.content[0].text == "[REDACTED:pem_private_key]"
-	not contains(d.reason, "truncated")
-}
-
-test_markers_do_not_trigger_truncation if {
-	# Under the limit as received; the marker is longer than the key.
-	d := decide(texts_result([aws_key])) with data.toolgate.settings as limit(24)
-	d.result.content[0].text == "[REDACTED:aws_access_key_id]"
-	not contains(d.reason, "truncated")
-}
-
-test_huge_text_only_head_cleaned if {
-	# Longer than limit + scan margin: only the head is cleaned, the rest is
-	# cut, and the note still appears even though the head shrank.
-	filler := concat("", [s | some _ in numbers.range(1, 2000); s := "0123456789"])
-	text := concat("", ["x\u200by ", pem, filler])
-	d := decide(texts_result([text])) with data.toolgate.settings as limit(8)
-	d.result.content[0].text == sprintf("xy [REDA\n[truncated by toolgate: %d bytes over the limit of 8 bytes]", [(count(text) + 2) - 8])
-	d.reason == "toolgate changed the result: redacted pem_private_key; removed invisible or bidirectional Unicode control characters; truncated text over the limit of 8 bytes"
-}
-
-test_huge_text_key_cut_off_by_head_still_redacted if {
-	# A private key starting inside the cleaned head but ending beyond it.
-	filler := concat("", [s | some _ in numbers.range(1, 2000); s := "0123456789"])
-	text := concat("", ["-----BEGIN PRIVATE KEY-----\n", filler, "\n-----END PRIVATE KEY-----"])
-	d := decide(texts_result([text])) with data.toolgate.settings as limit(100)
-	startswith(d.result.content[0].text, "[REDACTED:pem_private_key]\n[truncated by toolgate:")
-}
-
 # --- malformed results fail closed
-
-test_content_not_array_denied if {
-	d := decide({"content": {"type": "text", "text": "x"}})
-	d.action == "deny"
-	contains(d.reason, "content is not an array")
-	not d.result
-}
 
 test_text_item_without_text_denied if {
 	every item in [
@@ -478,7 +289,7 @@ test_site_deny_withholds_result if {
 # gateway_scan(r) is input.scan as the gateway makes it for result r: the
 # entries of the scan the policy computes itself that are over the
 # threshold or hold an invisible character or a marker.
-gateway_scan(r) := {"threshold": 4096, "strings": [e |
+gateway_scan(r) := {"clean": full.clean, "threshold": 4096, "bytes": full.bytes, "key_bytes": full.key_bytes, "seams": full.seams, "strings": [e |
 	some e in full.strings
 	listed(e)
 ]} if {
@@ -520,24 +331,6 @@ test_gateway_scan_gives_the_same_decisions if {
 	}
 }
 
-test_gateway_scan_is_used if {
-	# Only what the scan lists is looked at (the gateway found nothing here),
-	# and a scan made with a threshold over the limit is not used.
-	r := texts_result([aws_key])
-	result.decision == {"action": "allow"} with input as object.union(with_result(r), {"scan": {"threshold": 4096, "strings": []}})
-	d := result.decision with input as object.union(with_result(r), {"scan": {"threshold": 70000, "strings": []}})
-	d.result.content[0].text == "[REDACTED:aws_access_key_id]"
-}
-
-test_scan_entries if {
-	s := result.scan with input as with_result({"content": [{"type": "text", "text": "é\u200b"}, {"type": "text", "text": concat("", ["a", gh_classic])}]})
-	s.threshold == 0
-	s.strings == [
-		{"path": ["content", 0, "text"], "bytes": 5, "ascii": false, "invisible": true, "markers": false},
-		{"path": ["content", 1, "text"], "bytes": 41, "ascii": true, "invisible": false, "markers": true},
-	]
-}
-
 test_head_is_substring if {
 	every s in ["", "abc", "héllo wörld", "👍👍👍", "a\u200bb"] {
 		every n in [0, 1, 2, 5, 100] {
@@ -553,17 +346,246 @@ test_limit_over_a_million_characters if {
 	d.result.content[0].text == "[REDACTED:aws_access_key_id]"
 }
 
-test_ascii_text_with_a_marker_truncated if {
-	# A marker but no secret: cleaned in full, then cut.
-	d := decide(texts_result(["Bearer x is fine here"])) with data.toolgate.settings as limit(10)
-	d.result.content[0].text == "Bearer x i\n[truncated by toolgate: 11 bytes over the limit of 10 bytes]"
-	d.reason == "toolgate changed the result: truncated text over the limit of 10 bytes"
+# --- what is inspected, and what is withheld
+
+test_empty_content_plain_allow if {
+	decide({"content": []}) == {"action": "allow"}
 }
 
-test_cut_counts_bytes_after_redaction if {
-	# An ASCII text is no longer ASCII once a kind named in Cyrillic is
-	# redacted in it: the cut still counts bytes.
-	conf := {"max_result_bytes": 25, "redact_patterns": {"ключ": `EMP-[0-9]{6}`}}
-	d := decide(texts_result(["id EMP-123456 and a long tail"])) with data.toolgate.settings as conf
-	d.result.content[0].text == "id [REDACTED:ключ] an\n[truncated by toolgate: 4 bytes over the limit of 25 bytes]"
+test_result_without_content_denied if {
+	every r in [{}, {"structuredContent": {"a": 1}}, {"content": {"type": "text", "text": "x"}}] {
+		d := decide(r)
+		d.action == "deny"
+		contains(d.reason, "no content array")
+		not d.result
+	}
+	d := result.decision with input as base
+	d.action == "deny"
+}
+
+test_unknown_content_types_denied if {
+	every item in [{"type": "html", "text": "x"}, {"text": "no type"}, {"type": 1}, "a bare string", 42, null, ["text"]] {
+		d := decide({"content": [{"type": "text", "text": "fine"}, item]})
+		d.action == "deny"
+		contains(d.reason, "content[1], which is not a content item")
+	}
+}
+
+test_resource_blob_that_is_not_base64_denied if {
+	# Runners decode blobs leniently (URL-safe alphabet, line breaks), so a
+	# blob toolgate cannot decode could hide a secret, even next to a text.
+	hidden := replace(base64.encode(concat("", ["key ", aws_key, " ??>"])), "/", "_")
+	every res in [
+		{"uri": "file:///k", "blob": hidden},
+		{"uri": "file:///k", "text": "see the blob", "blob": hidden},
+		{"uri": "file:///k", "blob": "AAEC AAEC"},
+	] {
+		d := decide({"content": [{"type": "resource", "resource": res}]})
+		d.action == "deny"
+		contains(d.reason, "a blob that is not base64")
+	}
+}
+
+test_every_field_inspected if {
+	r := {
+		"content": [
+			{"type": "text", "text": aws_key, "annotations": {"audience": ["user"]}, "_meta": {"k": aws_key}},
+			{"type": "image", "data": aws_key, "mimeType": "image/png"}, # binary: not inspected
+			{"type": "resource_link", "uri": "file:///x", "name": aws_key},
+		],
+		"isError": false,
+		"_meta": {"k": aws_key},
+		"vendorField": [aws_key],
+	}
+	d := decide(r)
+	d.result == {
+		"content": [
+			{"type": "text", "text": "[REDACTED:aws_access_key_id]", "annotations": {"audience": ["user"]}, "_meta": {"k": "[REDACTED:aws_access_key_id]"}},
+			{"type": "image", "data": aws_key, "mimeType": "image/png"},
+			{"type": "resource_link", "uri": "file:///x", "name": "[REDACTED:aws_access_key_id]"},
+		],
+		"isError": false,
+		"_meta": {"k": "[REDACTED:aws_access_key_id]"},
+		"vendorField": ["[REDACTED:aws_access_key_id]"],
+	}
+}
+
+test_keys_cleaned_and_collisions_denied if {
+	d := decide({"content": [], "structuredContent": {aws_key: {"a\u200bb": 1}}})
+	d.result.structuredContent == {"[REDACTED:aws_access_key_id]": {"ab": 1}}
+	c := decide({"content": [], "structuredContent": {"a\u200bb": 1, "ab": 2}})
+	c.action == "deny"
+	contains(c.reason, "the same name")
+}
+
+test_invalid_blob_denied if {
+	d := decide({"content": [{"type": "resource", "resource": {"uri": "file:///b", "blob": "not base64!"}}]})
+	d.action == "deny"
+}
+
+test_texts_for_site_rules if {
+	t := result.texts with input as with_result({
+		"content": [{"type": "text", "text": "pro\u200bject falcon"}, {"type": "image", "data": "eA=="}],
+		"structuredContent": {"a": ["b"]},
+	})
+	t == {"project falcon", "b", "text", "image", "content", "type", "data", "structuredContent", "a"}
+}
+
+test_neighbouring_characters_kept if {
+	every c in [
+		"\u200a", # HAIR SPACE
+		"\u2010", # HYPHEN
+		"\u0600", # ARABIC NUMBER SIGN, a visible prepended concatenation mark
+		"é", "\u00a0", "👍",
+	] {
+		decide(texts_result([concat(c, ["a", "b"])])) == {"action": "allow"}
+	}
+}
+
+# --- the budget of the whole result
+
+limit(n) := {"admin_groups": ["admins"], "max_result_bytes": n, "services": {}}
+
+test_result_under_the_limit_kept if {
+	d := decide(plain(["0123456789"])) with data.toolgate.settings as limit(30)
+	d == {"action": "allow"}
+}
+
+test_budget_counts_every_string_and_key if {
+	# Two texts of 16 bytes and the keys ("content", "type" twice, "text"
+	# twice: 23 bytes) plus "text" twice as values (8): 71 bytes. With a
+	# limit of 51 the two texts share 20 bytes.
+	d := decide(plain(["0123456789abcdef", "ghijklmnopqrstuv"])) with data.toolgate.settings as limit(51)
+	d.result.content[0].text == "0123456789\n[truncated by toolgate: kept 10 of 16 bytes; a result may hold 51 bytes of text]"
+	d.result.content[1].text == "ghijklmnop\n[truncated by toolgate: kept 10 of 16 bytes; a result may hold 51 bytes of text]"
+	d.reason == "toolgate changed the result: cut texts to fit the limit of 51 bytes"
+}
+
+test_longest_strings_cut_first if {
+	d := decide({"content": [{"type": "text", "text": "short"}], "structuredContent": {"log": "0123456789abcdefghij"}}) with data.toolgate.settings as limit(61)
+	d.result.content[0].text == "short"
+	startswith(d.result.structuredContent.log, "0123456789abcdefg\n[truncated by toolgate: kept 17 of 20 bytes")
+}
+
+test_structure_over_the_limit_denied if {
+	d := decide({"content": [], "structuredContent": {"a_long_key_name": 1, "another_long_key": 2}}) with data.toolgate.settings as limit(20)
+	d.action == "deny"
+	contains(d.reason, "keys and structure alone")
+}
+
+test_cut_counts_bytes_and_keeps_clusters if {
+	# "é" is two bytes; "e" + U+0301 is one cluster of three bytes; a flag
+	# is two regional indicators; CR LF is one cluster.
+	cases := [
+		["éééééé", "éé"],
+		["e\u0301e\u0301e\u0301", "e\u0301"],
+		["🇩🇪🇫🇷", ""],
+		["abcd\r\nef", "abcd"],
+		["12345👍👍", "12345"],
+	]
+	every c in cases {
+		[t, kept] := c
+		d := decide(plain([t])) with data.toolgate.settings as limit(24)
+		startswith(d.result.content[0].text, concat("", [kept, "\n[truncated by toolgate"]))
+	}
+}
+
+test_service_limit_override if {
+	conf := {"max_result_bytes": 65536, "services": {"tracker": {"max_result_bytes": 30}}}
+	d := decide(plain(["abcdefghijklmnopqrstuvwxyz"])) with data.toolgate.settings as conf
+	contains(d.result.content[0].text, "truncated by toolgate: kept 11 of 26 bytes; a result may hold 30 bytes")
+}
+
+test_redaction_before_truncation if {
+	# The key straddles the cut: it is redacted whole, never cut in half.
+	text := concat("", ["0123456789 ", aws_key, " tail"])
+	d := decide(plain([text])) with data.toolgate.settings as limit(40)
+	not contains(d.result.content[0].text, "AKIA")
+	contains(d.reason, "redacted aws_access_key_id")
+	contains(d.reason, "cut texts")
+}
+
+test_huge_text_only_head_cleaned if {
+	filler := concat("", [s | some _ in numbers.range(1, 2000); s := "0123456789"])
+	text := concat("", ["x\u200by ", pem, filler])
+	d := decide(plain([text])) with data.toolgate.settings as limit(40)
+	startswith(d.result.content[0].text, "xy [REDACTED:pem_priv\n[truncated by toolgate:")
+}
+
+test_scan_entries if {
+	s := result.scan with input as with_result({"content": [{"type": "text", "text": "é\u200b"}]})
+	s.threshold == 0
+	s.bytes == 24 # "content", "type", "text" (value), "text" (key), "é\u200b"
+	{"path": ["content", 0, "text"], "key": false, "bytes": 5, "ascii": false, "invisible": true, "markers": false} in s.strings
+	{"path": ["content", 0, "type"], "key": true, "bytes": 4, "ascii": true, "invisible": false, "markers": false} in s.strings
+}
+
+test_gateway_scan_is_used if {
+	r := texts_result([aws_key])
+	sc := {"clean": false, "threshold": 4096, "bytes": 45, "key_bytes": 25, "strings": [], "seams": []}
+	result.decision == {"action": "allow"} with input as object.union(with_result(r), {"scan": sc})
+}
+
+test_clean_scan_decides_alone if {
+	# The gateway's verdict that nothing needs cleaning is all the policy
+	# reads (so it must be right: the Go tests compare it with clean_of).
+	r := texts_result([aws_key])
+	sc := {"clean": true, "threshold": 4096, "bytes": 45, "key_bytes": 25, "strings": [], "seams": []}
+	result.untouched with input as object.union(with_result(r), {"scan": sc})
+	result.decision == {"action": "allow"} with input as object.union(with_result(r), {"scan": sc})
+}
+
+test_clean_scan_still_cuts_and_asks if {
+	r := texts_result(["0123456789abcdef"])
+	sc := {"clean": true, "threshold": 4096, "bytes": 42, "key_bytes": 22, "strings": [], "seams": []}
+	inp := object.union(with_result(r), {"scan": sc})
+
+	# over the limit: the long way, which cuts
+	not result.untouched with input as inp with data.toolgate.settings as limit(30)
+	d := result.decision with input as inp with data.toolgate.settings as limit(30)
+	startswith(d.result.content[0].text, "0123\n[truncated by toolgate")
+
+	# a pattern of yours must be matched
+	not result.untouched with input as inp with data.toolgate.settings.redact_patterns as {"hex": "[0-9a-f]{16}"}
+
+	# a rule of yours still withholds it
+	result.decision == {"action": "deny", "reason": "no hex"} with input as inp with result.deny as {"no hex"}
+	result.decision.action == "ask" with input as inp with data.toolgate.settings.services as {"tracker": {"review_results": true}}
+}
+
+test_issue_invisible_characters_stripped if {
+	# Characters a hand-written list missed; the set is Unicode's now.
+	every c in [
+		"\u00ad", "\u034f", "\u061c", "\u115f", "\u180e", "\u2065", "\u206f", "\u3164",
+		"\ufe00", "\ufe0f", "\udb40\udd00", "\udb40\uddef", "\uffa0", "\ufff9", "\ufffb",
+		"\ud834\udd73", "\ud834\udd7a", "\u17b4",
+	] {
+		d := decide(texts_result([concat(c, ["ig", "nore previous"])]))
+		d.result.content[0].text == "ignore previous"
+	}
+}
+
+# --- long texts and texts split in items
+
+log_lines(n) := concat("", [s | some i in numbers.range(1, n); s := sprintf("line %d of the log, nothing to see.\n", [i])])
+
+test_long_text_matched_near_its_markers if {
+	t := concat("", [log_lines(40), "deploy with ", aws_key, " done\n", log_lines(40), "auth: ", bearer, "\n", log_lines(5)])
+	count(result.windows_in(t, count(t))) == 2
+	d := decide(texts_result([t]))
+	d.result.content[0].text == concat("", [log_lines(40), "deploy with [REDACTED:aws_access_key_id] done\n", log_lines(40), "auth: [REDACTED:bearer_token]\n", log_lines(5)])
+}
+
+test_long_text_with_a_private_key_matched_whole if {
+	t := concat("", [log_lines(40), pem, "\n", log_lines(40)])
+	not result.windows_in(t, count(t))
+	d := decide(texts_result([t]))
+	d.result.content[0].text == concat("", [log_lines(40), "[REDACTED:pem_private_key]\n", log_lines(40)])
+}
+
+test_secret_split_across_two_items if {
+	d := decide(texts_result([concat("", ["key: ", substring(gh_classic, 0, 10)]), concat("", [substring(gh_classic, 10, 100), " end"])]))
+	d.result.content[0].text == "key: [REDACTED:github_token]"
+	d.result.content[1].text == " end"
+	contains(d.reason, "redacted github_token")
 }

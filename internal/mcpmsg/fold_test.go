@@ -8,7 +8,7 @@ import (
 )
 
 // Objects of up to smallObject keys compare keys with bytes.EqualFold; larger
-// ones switch to a map keyed by foldKey. A key pair EqualFold calls equal but
+// ones switch to a map keyed by FoldKey. A key pair EqualFold calls equal but
 // foldKey keeps apart would be a duplicate that only big objects let through.
 func TestFoldKeyIsAtLeastAsStrictAsEqualFold(t *testing.T) {
 	for r := rune(0); r <= unicode.MaxRune; r++ {
@@ -21,8 +21,8 @@ func TestFoldKeyIsAtLeastAsStrictAsEqualFold(t *testing.T) {
 			if !bytes.EqualFold([]byte(a), []byte(b)) {
 				t.Fatalf("EqualFold(%q, %q) = false for a SimpleFold orbit", a, b)
 			}
-			if foldKey([]byte(a)) != foldKey([]byte(b)) {
-				t.Errorf("foldKey(%q) = %q but foldKey(%q) = %q: EqualFold says they are equal", a, foldKey([]byte(a)), b, foldKey([]byte(b)))
+			if FoldKey(a) != FoldKey(b) {
+				t.Errorf("foldKey(%q) = %q but foldKey(%q) = %q: EqualFold says they are equal", a, FoldKey(a), b, FoldKey(b))
 			}
 		}
 	}
@@ -51,7 +51,7 @@ func TestKeysEncodingJSONFoldsAreDuplicates(t *testing.T) {
 					continue
 				}
 				ka, kb := []byte(string(a)), []byte(string(b))
-				if !bytes.EqualFold(ka, kb) && foldKey(ka) != foldKey(kb) {
+				if !bytes.EqualFold(ka, kb) && FoldKey(string(ka)) != FoldKey(string(kb)) {
 					t.Errorf("encoding/json folds %U and %U together, but Parse sees distinct keys", a, b)
 				}
 			}

@@ -19,7 +19,6 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"strings"
 	"unicode/utf16"
 	"unicode/utf8"
 )
@@ -418,12 +417,12 @@ func (p *parser) object(depth int, member func(key []byte, valueStart int) error
 			} else {
 				many = make(map[string]struct{}, 2*smallObject)
 				for _, k := range keys {
-					many[foldKey(k)] = struct{}{}
+					many[FoldKey(string(k))] = struct{}{}
 				}
 			}
 		}
 		if many != nil {
-			f := foldKey(key)
+			f := FoldKey(string(key))
 			if _, dup := many[f]; dup {
 				return p.failAt(keyStart, fmt.Sprintf("duplicate key %q (keys may not repeat, even in another case)", key))
 			}
@@ -453,9 +452,6 @@ func (p *parser) object(depth int, member func(key []byte, valueStart int) error
 		}
 	}
 }
-
-// foldKey maps keys that bytes.EqualFold considers equal to one string.
-func foldKey(k []byte) string { return strings.ToLower(strings.ToUpper(string(k))) }
 
 func (p *parser) array(depth int) error {
 	p.pos++ // '['

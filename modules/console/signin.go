@@ -372,7 +372,7 @@ func (h *Handler) verifySignIn(r *http.Request, o *OIDCIssuer, st signInState, c
 	if user == "" {
 		return "", nil, fmt.Errorf("the identity provider did not say who you are (no %q claim)", o.UserClaim)
 	}
-	groups, err := gateway.GroupsClaim(claims[o.GroupsClaim])
+	groups, err := gateway.GroupsClaim(claims, o.GroupsClaim)
 	if err != nil {
 		return "", nil, fmt.Errorf("the %q claim is not a list of group names", o.GroupsClaim)
 	}

@@ -91,7 +91,10 @@ type JWTIssuer struct {
 	KeyFiles []string `json:"key_files,omitempty"`
 	// UserClaim names the claim that identifies the caller. Default "sub".
 	UserClaim string `json:"user_claim,omitempty"`
-	// GroupsClaim names the claim listing the caller's groups. Default "groups".
+	// GroupsClaim names the claim listing the caller's groups. Default
+	// "groups". It must be an array of strings when present: a token whose
+	// claim has another shape (a string, an array holding numbers) is
+	// refused. A token without it has no groups.
 	GroupsClaim string `json:"groups_claim,omitempty"`
 	// Leeway tolerates clock skew on exp and nbf. Default 30s.
 	Leeway caddy.Duration `json:"leeway,omitempty"`
@@ -274,28 +277,6 @@ func (a *AuthConfig) CallerForAPIKey(key string) (*Caller, bool) {
 	return k.caller, true
 }
 
-// GroupsClaim reads a groups claim: a list of strings. A missing or null
-// claim is no groups; anything else is an error, so that a claim of an
-// unexpected shape never silently becomes "no groups" under rules such as
-// `not "eng" in input.caller.groups`.
-func GroupsClaim(v any) ([]string, error) {
-	if v == nil {
-		return []string{}, nil
-	}
-	list, ok := v.([]any)
-	if !ok {
-		return nil, errors.New("the groups claim is not a list")
-	}
-	groups := make([]string, 0, len(list))
-	for _, g := range list {
-		s, ok := g.(string)
-		if !ok {
-			return nil, errors.New("the groups claim holds something other than strings")
-		}
-		groups = append(groups, s)
-	}
-	return groups, nil
-}
 
 // verifyJWT checks a JWT's signature and claims, and says until when the
 // verdict holds (its exp, plus the leeway).
@@ -339,18 +320,38 @@ func (a *AuthConfig) verifyJWT(ctx context.Context, token string) (*Caller, time
 		if user == "" {
 			return nil, time.Time{}, fmt.Errorf("%w: no %s claim", ErrBadCredentials, j.UserClaim)
 		}
-		var groups []string
-		if list, ok := all[j.GroupsClaim].([]any); ok {
-			for _, g := range list {
-				if s, ok := g.(string); ok {
-					groups = append(groups, s)
-				}
-			}
+		groups, err := GroupsClaim(all, j.GroupsClaim)
+		if err != nil {
+			return nil, time.Time{}, fmt.Errorf("%w: %v", ErrBadCredentials, err)
 		}
 		until := claims.Expiry.Time().Add(time.Duration(j.Leeway))
 		return &Caller{User: user, Groups: groups, Claims: all, Method: "jwt"}, until, nil
 	}
 	return nil, time.Time{}, ErrBadCredentials
+}
+
+// GroupsClaim reads the caller's groups from the claim name: absent or
+// null is no group (an empty list, never a missing one); anything but an
+// array of strings refuses the token, so that a rule such as "deny unless
+// in group eng" cannot be dodged by a claim of another shape.
+func GroupsClaim(claims map[string]any, name string) ([]string, error) {
+	raw := claims[name]
+	if raw == nil {
+		return []string{}, nil
+	}
+	list, ok := raw.([]any)
+	if !ok {
+		return nil, fmt.Errorf("the %s claim must be an array of strings, not %T", name, raw)
+	}
+	groups := make([]string, 0, len(list))
+	for _, g := range list {
+		s, ok := g.(string)
+		if !ok {
+			return nil, fmt.Errorf("the %s claim must be an array of strings; it holds a %T", name, g)
+		}
+		groups = append(groups, s)
+	}
+	return groups, nil
 }
 
 // verifiedTokens remembers the callers of JWTs already verified, until

@@ -416,7 +416,7 @@ func TestJWTUserAndGroupsClaims(t *testing.T) {
 	}}})
 	c, err := a.Authenticate(ctx, bearer(key.sign(t, map[string]any{
 		"iss": testIssuer, "aud": "gw", "sub": "0042", "email": "alice@example.com",
-		"roles": []any{"eng", 7, "ops", nil}, "groups": []string{"ignored"}, "tenant": "acme",
+		"roles": []any{"eng", "ops"}, "groups": []string{"ignored"}, "tenant": "acme",
 		"exp": clock.Add(time.Hour).Unix(),
 	})), false)
 	if err != nil {
@@ -426,7 +426,7 @@ func TestJWTUserAndGroupsClaims(t *testing.T) {
 		t.Errorf("user = %q, want the email claim", c.User)
 	}
 	if strings.Join(c.Groups, ",") != "eng,ops" {
-		t.Errorf("groups = %q, want the string members of roles", c.Groups)
+		t.Errorf("groups = %q, want the members of roles", c.Groups)
 	}
 	if c.Claims["tenant"] != "acme" || c.Claims["sub"] != "0042" {
 		t.Errorf("claims = %v, want every verified claim", c.Claims)
@@ -438,12 +438,23 @@ func TestJWTUserAndGroupsClaims(t *testing.T) {
 	if !errors.Is(err, ErrBadCredentials) || !strings.Contains(err.Error(), "no email claim") {
 		t.Errorf("without the user claim: %v", err)
 	}
-	// A groups claim that is not a list gives no groups.
-	c, err = a.Authenticate(ctx, bearer(key.sign(t, map[string]any{
-		"iss": testIssuer, "aud": "gw", "email": "a@b", "roles": "admin", "exp": clock.Add(time.Hour).Unix(),
-	})), false)
-	if err != nil || len(c.Groups) != 0 {
-		t.Errorf("scalar groups claim: %+v, %v; want no groups", c, err)
+	// A groups claim of another shape refuses the token: a rule such as
+	// "deny unless in eng" must not be dodged by a string claim.
+	for _, roles := range []any{"admin", []any{"eng", 7}, map[string]any{"eng": true}} {
+		_, err = a.Authenticate(ctx, bearer(key.sign(t, map[string]any{
+			"iss": testIssuer, "aud": "gw", "email": "a@b", "roles": roles, "exp": clock.Add(time.Hour).Unix(),
+		})), false)
+		if !errors.Is(err, ErrBadCredentials) || !strings.Contains(err.Error(), "roles claim must be an array of strings") {
+			t.Errorf("roles claim %v: %v, want the token refused", roles, err)
+		}
+	}
+	// Without the claim (or null) the caller has no groups: an empty list.
+	for _, claims := range []map[string]any{{}, {"roles": nil}} {
+		claims["iss"], claims["aud"], claims["email"], claims["exp"] = testIssuer, "gw", "a@b", clock.Add(time.Hour).Unix()
+		c, err = a.Authenticate(ctx, bearer(key.sign(t, claims)), false)
+		if err != nil || c.Groups == nil || len(c.Groups) != 0 {
+			t.Errorf("no roles claim: %+v, %v; want an empty list of groups", c, err)
+		}
 	}
 }
 

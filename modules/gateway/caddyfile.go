@@ -67,6 +67,7 @@ func parseGlobalOption(d *caddyfile.Dispenser, existing any) (any, error) {
 //			url           <url>
 //			allow_http
 //			tools         <name...>
+//			tool          <name> read_only|additive|destructive
 //			allowed_users <user...>
 //			timeout       <duration>
 //			dial_timeout  <duration>
@@ -88,7 +89,7 @@ func parseGlobalOption(d *caddyfile.Dispenser, existing any) (any, error) {
 //	}
 //
 // Every option may appear once per block, except service, api_key,
-// key_file and jwt.
+// key_file, jwt and tool (once per tool name).
 func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // "toolgate"
 	if d.NextArg() {
@@ -266,12 +267,24 @@ func (s *Service) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	seen := map[string]bool{}
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
 		opt := d.Val()
-		if seen[opt] {
+		if opt != "tool" && seen[opt] {
 			return d.Errf("service %q: %s given twice", s.ID, opt)
 		}
 		seen[opt] = true
 		var err error
 		switch opt {
+		case "tool":
+			args := d.RemainingArgs()
+			if len(args) != 2 {
+				return d.Errf("service %q: tool: want <name> read_only|additive|destructive", s.ID)
+			}
+			if _, dup := s.ToolEffects[args[0]]; dup {
+				return d.Errf("service %q: tool %s declared twice", s.ID, args[0])
+			}
+			if s.ToolEffects == nil {
+				s.ToolEffects = map[string]string{}
+			}
+			s.ToolEffects[args[0]] = args[1]
 		case "title":
 			err = caddyopt.String(d, &s.Title)
 		case "url":

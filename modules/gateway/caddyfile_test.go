@@ -69,7 +69,9 @@ func TestUnmarshalCaddyfileFullOptionSet(t *testing.T) {
 		service tracker {
 			title         "Work tracker"
 			url           https://tracker.example.com/mcp
-			tools         whoami read_ticket
+			tools         whoami read_ticket delete_ticket
+			tool          read_ticket read_only
+			tool          delete_ticket destructive
 			allowed_users alice@example.com bob@example.com
 			timeout       90s
 			dial_timeout  2s
@@ -165,7 +167,9 @@ func TestUnmarshalCaddyfileFullOptionSet(t *testing.T) {
 	// services, in order.
 	assertJSON(t, "Services", app.Services, `[
 		{"id":"tracker","title":"Work tracker","url":"https://tracker.example.com/mcp",
-		 "tools":["whoami","read_ticket"],"allowed_users":["alice@example.com","bob@example.com"],
+		 "tools":["whoami","read_ticket","delete_ticket"],
+		 "tool_effects":{"read_ticket":"read_only","delete_ticket":"destructive"},
+		 "allowed_users":["alice@example.com","bob@example.com"],
 		 "timeout":90000000000,"dial_timeout":2000000000,"response_header_timeout":20000000000,
 		 "resume_attempts":3,"max_resume_delay":10000000000,"sse_keepalive":5000000000,
 		 "auth":{"kind":"oauth","oauth":{
@@ -284,6 +288,9 @@ func TestUnmarshalCaddyfileErrors(t *testing.T) {
 		{"service allowed_users empty", svc("allowed_users"), "wrong argument count"},
 		{"service bad timeout", svc("timeout forever"), `timeout: invalid duration "forever"`},
 		{"service title without text", svc("title"), "wrong argument count"},
+		{"service tool without effect", svc("tool t"), `service "s": tool: want <name> read_only|additive|destructive`},
+		{"service tool with two effects", svc("tool t read_only destructive"), `service "s": tool: want <name>`},
+		{"service tool declared twice", svc("tool t read_only\n tool t additive"), `service "s": tool t declared twice`},
 
 		// service auth.
 		{"auth without kind", svc("auth"), `service "s": auth: want none, bearer, header`},

@@ -29,8 +29,13 @@ type Call struct {
 	// ProtocolVersion is the protocol the runner speaks on this request.
 	ProtocolVersion string
 
-	// Set by toolgate_policy.
+	// Set by toolgate_policy, then by toolgate_result_policy once it has
+	// decided the result.
 	Decision *Decision
+	// ResultDecided is set by toolgate_result_policy when it will decide
+	// this call's result, and so mark the result with its own decision
+	// (_meta["toolgate/decision"]) instead of the request policy.
+	ResultDecided bool
 	// Tool is the upstream's definition of the called tool, when known;
 	// see ToolDefinition.
 	Tool *ToolDefinition

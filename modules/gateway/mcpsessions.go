@@ -63,17 +63,24 @@ type ToolDefinition struct {
 	Name string
 	Raw  []byte // the tool object's JSON text
 
-	memo atomic.Pointer[any]
+	memo atomic.Pointer[toolMemo]
 }
 
-// Memo returns the value make computes from the definition, computing it
-// once. The policy step keeps its converted policy input here.
-func (t *ToolDefinition) Memo(make func() any) any {
-	if v := t.memo.Load(); v != nil {
-		return *v
+type toolMemo struct {
+	key   any
+	value any
+}
+
+// Memo returns the value make computes from the definition and key,
+// computing it once per key: again only when called with another key (the
+// policy step keeps the tool's policy input here, keyed on the service
+// whose configuration it reflects, which a config reload replaces).
+func (t *ToolDefinition) Memo(key any, make func() any) any {
+	if m := t.memo.Load(); m != nil && m.key == key {
+		return m.value
 	}
 	v := make()
-	t.memo.Store(&v)
+	t.memo.Store(&toolMemo{key: key, value: v})
 	return v
 }
 

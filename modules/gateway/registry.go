@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"fmt"
+	"maps"
 	"net/url"
 	"regexp"
 	"slices"
@@ -34,6 +35,15 @@ type Service struct {
 	// Tools is the allowlist: the only tools runners can see and call.
 	// Required and non-empty.
 	Tools []string `json:"tools"`
+
+	// ToolEffects declares what tools of the allowlist do, by name:
+	// "read_only" (changes nothing), "additive" (may add or change things
+	// but never destroys them) or "destructive". The declaration replaces
+	// the upstream's readOnlyHint and destructiveHint, which are only the
+	// upstream's claims about itself; the policy input says where the
+	// hints came from (tool.annotations_source). Caddyfile, in the service
+	// block, once per tool: tool <name> read_only|additive|destructive.
+	ToolEffects map[string]string `json:"tool_effects,omitempty"`
 
 	// AllowedUsers, when set, limits the service to these callers (user
 	// identifiers as the authenticator reports them). Empty means every
@@ -82,6 +92,13 @@ type Service struct {
 	allowedUsers map[string]struct{}
 	url          *url.URL
 }
+
+// The effects an administrator can declare for a tool (Service.ToolEffects).
+const (
+	EffectReadOnly    = "read_only"
+	EffectAdditive    = "additive"
+	EffectDestructive = "destructive"
+)
 
 // The kinds of upstream credentials.
 const (
@@ -236,6 +253,14 @@ func (s *Service) validate() error {
 			return fail("tools", "invalid tool name %q", t)
 		}
 	}
+	for _, t := range slices.Sorted(maps.Keys(s.ToolEffects)) {
+		switch e := s.ToolEffects[t]; {
+		case !s.AllowsTool(t):
+			return fail("tool "+t, "%q is not on the tools allowlist", t)
+		case e != EffectReadOnly && e != EffectAdditive && e != EffectDestructive:
+			return fail("tool "+t, "unknown effect %q (use read_only, additive or destructive)", e)
+		}
+	}
 	if d := time.Duration(s.Timeout); d < 0 || d > maxServiceTimeout {
 		return fail("timeout", "%s is out of range (0 < timeout <= %s)", d, maxServiceTimeout)
 	}
@@ -288,6 +313,11 @@ func (s *Service) AllowsTool(name string) bool {
 	_, ok := s.tools[name]
 	return ok
 }
+
+// ToolEffect returns what the administrator declared tool does
+// (EffectReadOnly, EffectAdditive or EffectDestructive), or "" when the
+// registry says nothing about it.
+func (s *Service) ToolEffect(tool string) string { return s.ToolEffects[tool] }
 
 // AllowsUser reports whether user may use the service.
 func (s *Service) AllowsUser(user string) bool {

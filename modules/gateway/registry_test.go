@@ -120,6 +120,12 @@ func TestServiceValidate(t *testing.T) {
 		{"tools missing", func(s *Service) { s.Tools = nil }, "tools", "required"},
 		{"tools empty name", func(s *Service) { s.Tools = []string{"a", ""} }, "tools", "invalid tool name"},
 		{"tools name with a space", func(s *Service) { s.Tools = []string{"read ticket"} }, "tools", `"read ticket"`},
+		{"valid tool effects", func(s *Service) {
+			s.Tools = []string{"a", "b", "c"}
+			s.ToolEffects = map[string]string{"a": EffectReadOnly, "b": EffectAdditive, "c": EffectDestructive}
+		}, "", ""},
+		{"tool effect off the allowlist", func(s *Service) { s.ToolEffects = map[string]string{"u": EffectReadOnly} }, "tool u", "not on the tools allowlist"},
+		{"unknown tool effect", func(s *Service) { s.ToolEffects = map[string]string{"t": "harmless"} }, "tool t", `unknown effect "harmless"`},
 		{"timeout over 300s", func(s *Service) { s.Timeout = caddy.Duration(301 * time.Second) }, "timeout", "out of range"},
 		{"timeout negative", func(s *Service) { s.Timeout = caddy.Duration(-time.Second) }, "timeout", "out of range"},
 		{"header without name", func(s *Service) { s.Auth = &UpstreamAuth{Kind: AuthHeader, Value: "v"} }, "auth", "header name"},

@@ -68,7 +68,7 @@ const benchTool = `{"name":"read_ticket","title":"Read ticket","description":"Re
 	`"include_comments":{"type":"boolean"}},"required":["ticket_id"]}}`
 
 const benchUnmarkedTool = `{"name":"update_ticket","title":"Update ticket","description":"Changes fields of a ticket.",` +
-	`"annotations":{"readOnlyHint":false},` +
+	`"annotations":{"readOnlyHint":false,"destructiveHint":false},` +
 	`"inputSchema":{"type":"object","properties":{"ticket_id":{"type":"string"},"status":{"type":"string"}},"required":["ticket_id"]}}`
 
 // benchService and benchSession live as long as the config and the session
@@ -196,7 +196,7 @@ func BenchmarkRequestPolicy(b *testing.B) {
 		b.Run(c.name, func(b *testing.B) {
 			call := benchCall(b, c.tool, c.args)
 			step := func() {
-				input, err := requestInput(call, toolTerm(call.Tool, call.Message.Name), false)
+				input, err := requestInput(call, toolTerm(call.Tool, call.Message.Name, call.Service), false)
 				if err != nil {
 					panic(err)
 				}
@@ -225,23 +225,28 @@ func BenchmarkResultPolicy(b *testing.B) {
 	ctx := context.Background()
 	for _, c := range []struct {
 		name, result string
-		changed      bool // the default policy replaces the result
+		changed      bool // the default policy changes the text
+		withheld     bool // the default policy withholds it
 	}{
 		{"small", `{"content":[{"type":"text","text":"TEST-123: printer on fire, assigned to bob"}],` +
-			`"structuredContent":{"id":"TEST-123","status":"open","assignee":"bob","comments":3},"isError":false}`, false},
-		{"8KiB_text", textResult(strings.Repeat("TEST-123: printer on fire — assigned to bob\n", 8<<10/46)), false},
+			`"structuredContent":{"id":"TEST-123","status":"open","assignee":"bob","comments":3},"isError":false}`, false, false},
+		{"8KiB_text", textResult(strings.Repeat("TEST-123: printer on fire — assigned to bob\n", 8<<10/46)), false, false},
 		// A log of a megabyte: over the default limit, so it is cut.
-		{"1MiB_text", textResult(logText(1 << 20)), true},
+		{"1MiB_text", textResult(logText(1 << 20)), true, false},
 		// The same with a secret near its start: redacted, then cut.
-		{"1MiB_text_secret", textResult("deploy started with AKIAIOSFODNN7EXAMPLE\n" + logText(1<<20)), true},
-		{"1MiB_structured", structuredResult(1 << 20), true},
+		{"1MiB_text_secret", textResult("deploy started with AKIAIOSFODNN7EXAMPLE\n" + logText(1<<20)), true, false},
+		// Its keys alone are over the default limit: withheld.
+		{"1MiB_structured", structuredResult(1 << 20), true, true},
 	} {
 		b.Run(c.name, func(b *testing.B) {
 			call := benchCall(b, benchTool, `{"ticket_id":"TEST-123"}`)
 			result := []byte(c.result)
 			step := func() {
+				// Every answer carries the decision; a changed one says how.
 				out, err := h.check(ctx, call, result, "")
-				if err != nil || (defaults && ((out != nil) != c.changed || strings.Contains(string(out), "withheld"))) {
+				changed := strings.Contains(string(out), "truncated by toolgate") || strings.Contains(string(out), "REDACTED")
+				if err != nil || out == nil || (defaults && (changed && !c.withheld) != (c.changed && !c.withheld) ||
+					strings.Contains(string(out), "withheld") != c.withheld) {
 					panic(fmt.Sprintf("check: %.300s, %v", out, err))
 				}
 			}

@@ -29,6 +29,7 @@ func init() {
 //		reload_interval <duration>|off
 //		log_payloads
 //		approval_wait   <duration>
+//		log_input
 //	}
 //
 // toolgate_result_policy takes the same form, without approval_wait. The source is given once,
@@ -51,11 +52,15 @@ func (c *Config) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			return d.Errf("%s: %s given twice", directive, opt)
 		}
 		seen[opt] = true
-		if opt == "log_payloads" {
+		if opt == "log_payloads" || opt == "log_input" {
 			if d.NextArg() {
 				return d.ArgErr()
 			}
-			c.LogPayloads = true
+			if opt == "log_input" {
+				c.LogInput = true
+			} else {
+				c.LogPayloads = true
+			}
 			continue
 		}
 		if !d.NextArg() {

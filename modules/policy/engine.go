@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -15,6 +16,7 @@ import (
 	"github.com/open-policy-agent/opa/v1/ast"
 	opametrics "github.com/open-policy-agent/opa/v1/metrics"
 	"github.com/open-policy-agent/opa/v1/rego"
+	"github.com/open-policy-agent/opa/v1/storage"
 	"github.com/open-policy-agent/opa/v1/storage/inmem"
 	"github.com/open-policy-agent/opa/v1/topdown"
 	"go.uber.org/zap"
@@ -170,6 +172,9 @@ func (e *engine) compile(v *version) (*compiled, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := checkSettings(ctx, compiler, store); err != nil {
+		return nil, fmt.Errorf("policy %s (revision %s): %w", e.source, v.revision, err)
+	}
 	c := &compiled{query: pq, revision: v.revision}
 	if c.scanner, err = loadScanner(ctx, compiler, store, e.query); err != nil {
 		return nil, err
@@ -182,6 +187,50 @@ func (e *engine) compile(v *version) (*compiled, error) {
 		c.mask = &mq
 	}
 	return c, nil
+}
+
+// settingsErrorsQuery names the rule that checks the policy's data: a set
+// of messages, each naming a setting that is wrong (policies/settings.rego).
+const settingsErrorsQuery = "data.toolgate.config.errors"
+
+// checkSettings refuses a policy whose settings check finds errors, so that
+// a wrongly typed setting is a load error naming it rather than a
+// protection silently switched off. A policy without the rule is not
+// checked.
+func checkSettings(ctx context.Context, compiler *ast.Compiler, store storage.Store) error {
+	v, err := evalConstant(ctx, compiler, store, settingsErrorsQuery)
+	if err != nil || v == nil {
+		return err
+	}
+	list, ok := v.([]any)
+	if !ok {
+		return fmt.Errorf("%s must be a set of messages", settingsErrorsQuery)
+	}
+	var msgs []string
+	for _, m := range list {
+		msgs = append(msgs, fmt.Sprint(m))
+	}
+	if len(msgs) == 0 {
+		return nil
+	}
+	slices.Sort(msgs)
+	return fmt.Errorf("invalid settings: %s", strings.Join(msgs, "; "))
+}
+
+// evalConstant evaluates a rule that does not depend on input; nil when it
+// is undefined.
+func evalConstant(ctx context.Context, compiler *ast.Compiler, store storage.Store, query string) (any, error) {
+	if len(compiler.GetRulesExact(ast.MustParseRef(query))) == 0 {
+		return nil, nil
+	}
+	rs, err := rego.New(rego.Query(query), rego.Compiler(compiler), rego.Store(store)).Eval(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", query, err)
+	}
+	if len(rs) != 1 || len(rs[0].Expressions) != 1 {
+		return nil, nil
+	}
+	return rs[0].Expressions[0].Value, nil
 }
 
 // Why a decision is a deny without the policy saying so.
@@ -206,6 +255,7 @@ type outcome struct {
 	Action    string
 	Reason    string
 	Arguments map[string]any // request stage: replacement arguments, or nil
+	argsTerm  *ast.Term      // the same, as the policy gave them
 	Result    *ast.Term      // result stage: replacement result (an object), or nil
 	Approval  []byte         // ask: the decision's approval object (JSON), or nil
 	// Failure says why the decision is a deny the policy did not make
@@ -294,6 +344,7 @@ func (e *engine) decideWith(ctx context.Context, c *compiled, input ast.Value, t
 				return true
 			}
 			o.Arguments, _ = args.(map[string]any)
+			o.argsTerm = v
 		case "approval":
 			if _, ok := v.Value.(ast.Object); !ok {
 				malformed = "the policy decision's approval is not an object"
@@ -328,7 +379,7 @@ func (e *engine) decideWith(ctx context.Context, c *compiled, input ast.Value, t
 
 func (o outcome) deny(failure, reason string) outcome {
 	o.Action, o.Reason, o.Failure = gateway.ActionDeny, reason, failure
-	o.Arguments, o.Result, o.Approval = nil, nil, nil
+	o.Arguments, o.argsTerm, o.Result, o.Approval = nil, nil, nil, nil
 	return o
 }
 
@@ -343,6 +394,32 @@ func (e *engine) maskedPayload(ctx context.Context, input ast.Value, stage strin
 	if len(payload) == 0 || dec.Decode(&v) != nil {
 		return nil
 	}
+	return e.masked(ctx, input, v, "/"+payloadField(stage))
+}
+
+// maskedInput returns the policy input as JSON-like values for the audit
+// log, with the values the policy's mask rule names (JSON pointers into the
+// input) replaced by "[masked]" and the session id by its reference. If
+// the mask cannot be evaluated, nothing of the input is logged.
+func (e *engine) maskedInput(ctx context.Context, input ast.Value) any {
+	v, err := ast.JSON(input)
+	if err != nil {
+		return "[not logged: the input cannot be written as JSON]"
+	}
+	if m, ok := v.(map[string]any); ok {
+		if s, ok := m["session"].(map[string]any); ok {
+			if id, ok := s["id"].(string); ok {
+				s["id"] = sessionRef(id)
+			}
+		}
+	}
+	return e.masked(ctx, input, v, "")
+}
+
+// masked replaces in v the values the mask rule's pointers name, v being
+// what the pointers starting with prefix address (the input itself for
+// prefix ""), and returns it; the whole of v when a pointer is prefix.
+func (e *engine) masked(ctx context.Context, input ast.Value, v any, prefix string) any {
 	c := e.current.Load()
 	if c == nil || c.mask == nil {
 		return v
@@ -353,17 +430,18 @@ func (e *engine) maskedPayload(ctx context.Context, input ast.Value, stage strin
 	if err != nil {
 		return "[not logged: the mask rule failed]"
 	}
-	prefix := "/" + payloadField(stage)
 	for _, r := range rs {
 		for _, expr := range r.Expressions {
 			set, _ := expr.Value.([]any)
 			for _, p := range set {
 				ptr, _ := p.(string)
-				if rest, ok := strings.CutPrefix(ptr, prefix); ok {
-					if rest == "" {
-						return "[masked]"
-					}
-					v = maskPointer(v, strings.Split(strings.TrimPrefix(rest, "/"), "/"))
+				rest, ok := strings.CutPrefix(ptr, prefix)
+				switch {
+				case !ok:
+				case rest == "":
+					return "[masked]"
+				case rest[0] == '/':
+					v = maskPointer(v, strings.Split(rest[1:], "/"))
 				}
 			}
 		}

@@ -24,9 +24,15 @@ import (
 
 const requestQuery = "data.toolgate.request.decision"
 
+// writePolicy replaces dir/request.rego at once (a watcher polling the
+// directory never reads it half written).
 func writePolicy(t *testing.T, dir, text string) {
 	t.Helper()
-	if err := os.WriteFile(filepath.Join(dir, "request.rego"), []byte(text), 0o644); err != nil {
+	tmp := filepath.Join(dir, "request.rego.tmp")
+	if err := os.WriteFile(tmp, []byte(text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, filepath.Join(dir, "request.rego")); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -67,7 +73,7 @@ func TestDecisionsThatAreNotWellFormedDeny(t *testing.T) {
 			e, _ := testEngine(t, dir, 0)
 			timeout := tc.timeout
 			if timeout == 0 {
-				timeout = time.Second
+				timeout = time.Minute
 			}
 			o := e.decide(context.Background(), someInput, timeout, "arguments")
 			if o.Action != gateway.ActionDeny || o.Failure != tc.failure || o.Reason == "" || o.Arguments != nil {
@@ -84,7 +90,7 @@ func TestWellFormedDecisions(t *testing.T) {
 decision := {"action": "allow", "reason": "ok", "arguments": object.union(input.arguments, {"n": 2})}
 `)
 	e, _ := testEngine(t, dir, 0)
-	o := e.decide(context.Background(), someInput, time.Second, "arguments")
+	o := e.decide(context.Background(), someInput, time.Minute, "arguments")
 	if o.Action != gateway.ActionAllow || o.Reason != "ok" || o.Failure != "" || o.Revision == "" {
 		t.Fatalf("outcome = %+v", o)
 	}
@@ -99,6 +105,93 @@ func TestAPolicyWithoutTheRuleFailsToLoad(t *testing.T) {
 	_, err := newEngine(newSource(dir), requestQuery, "test", 0, zap.NewNop(), policyMetrics)
 	if err == nil || !strings.Contains(err.Error(), "defines no rule data.toolgate.request.decision") {
 		t.Fatalf("err = %v", err)
+	}
+}
+
+// A setting of the wrong type would switch a protection off without a word
+// (max_result_bytes: "2000" is not a number, so nothing would be cut): the
+// shipped policies refuse to load, naming the key.
+func TestWronglyTypedSettingsFailToLoad(t *testing.T) {
+	dir := t.TempDir()
+	for _, name := range []string{"request.rego", "result.rego", "text.rego", "settings.rego"} {
+		src, err := os.ReadFile(filepath.Join("..", "..", "policies", name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, name), src, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, tc := range []struct{ data, want string }{
+		{`{"toolgate": {"settings": {"max_result_bytes": "2000"}}}`, `settings.max_result_bytes: "2000" is not a whole number of bytes`},
+		{"toolgate:\n  settings:\n    services:\n      tracker:\n        read_only: \"yes\"\n", `settings.services.tracker.read_only: "yes" is not true or false`},
+		{`{"toolgate": {"settings": {"max_result_bytes": 2000, "services": {}}}}`, ""},
+	} {
+		name := "data.json"
+		if !strings.HasPrefix(tc.data, "{") {
+			name = "data.yaml"
+		}
+		os.Remove(filepath.Join(dir, "data.json"))
+		os.Remove(filepath.Join(dir, "data.yaml"))
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(tc.data), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		for _, query := range []string{requestQuery, "data.toolgate.result.decision"} {
+			_, err := newEngine(newSource(dir), query, "test", 0, zap.NewNop(), policyMetrics)
+			switch {
+			case tc.want == "" && err != nil:
+				t.Errorf("%s: %v", tc.data, err)
+			case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+				t.Errorf("%s: err = %v, want it to say %s", tc.data, err, tc.want)
+			}
+		}
+	}
+}
+
+// A policy directory's site subdirectory is loaded with it: its rules
+// extend the packages, its data merges with the top level's (a value set in
+// both is a load error); its tests and deeper directories are not loaded.
+func TestSitePoliciesLoadWithTheDefaults(t *testing.T) {
+	dir := t.TempDir()
+	files := map[string]string{
+		"request.rego": `package toolgate.request
+
+decision := {"action": "deny", "reason": concat("; ", deny)} if {
+	count(deny) > 0
+} else := {"action": "allow", "reason": sprintf("a=%v b=%v", [data.toolgate.settings.a, data.toolgate.settings.b])}
+
+deny contains msg if some msg in set()
+`,
+		"data.json":             `{"toolgate": {"settings": {"a": 1}}}`,
+		"site/data.yaml":        "toolgate:\n  settings:\n    b: 2\n",
+		"site/tickets.rego":     "package toolgate.request\n\ndeny contains \"site says no\" if input.arguments.n == 2\n",
+		"site/broken_test.rego": "this is not Rego",
+		"site/drafts/x.rego":    "this is not Rego either",
+	}
+	for name, text := range files {
+		path := filepath.Join(dir, name)
+		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e, _ := testEngine(t, dir, 0)
+	if o := e.decide(context.Background(), someInput, time.Minute, "arguments"); o.Action != gateway.ActionAllow || o.Reason != "a=1 b=2" {
+		t.Errorf("decision %+v, want allow with both files' settings", o)
+	}
+	two := ast.MustParseTerm(`{"method": "tools/call", "arguments": {"n": 2}}`).Value
+	if o := e.decide(context.Background(), two, time.Minute, "arguments"); o.Action != gateway.ActionDeny || o.Reason != "site says no" {
+		t.Errorf("decision %+v, want the site rule's deny", o)
+	}
+
+	if err := os.WriteFile(filepath.Join(dir, "site", "data.yaml"), []byte("toolgate:\n  settings:\n    a: 3\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, err := newEngine(newSource(dir), requestQuery, "test", 0, zap.NewNop(), policyMetrics)
+	if err == nil || !strings.Contains(err.Error(), "conflicting values at data.toolgate.settings.a") {
+		t.Errorf("a setting in both data files: %v, want a load error naming it", err)
 	}
 }
 
@@ -227,5 +320,49 @@ func waitFor(t *testing.T, cond func() bool) {
 			t.Fatal("condition not met within 5s")
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// With log_input the audit entry holds the input the policy read, masked
+// like payloads, the session id as its reference; toolgate policy eval takes
+// it back as it is.
+func TestLogInput(t *testing.T) {
+	dir := t.TempDir()
+	writePolicy(t, dir, "package toolgate.request\n\ndecision := {\"action\": \"allow\", \"reason\": \"ok\"}\n")
+	if err := os.WriteFile(filepath.Join(dir, "log.rego"), []byte("package toolgate.log\n\nmask contains \"/arguments/ticket_id\"\n\nmask contains \"/caller/claims\"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	e, _ := testEngine(t, dir, 0)
+	core, logs := observer.New(zap.InfoLevel)
+	c := &Config{LogInput: true, engine: e, audit: zap.New(core)}
+	call := benchCall(t, benchTool, `{"ticket_id":"TEST-123","include_comments":true}`)
+	input, err := requestInput(call, toolTerm(call.Tool, call.Message.Name, call.Service), false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.newDecision(context.Background(), call, e.decide(context.Background(), input, time.Minute, "arguments"), stageRequest, nil, nil, input)
+	entries := logs.All()
+	if len(entries) != 1 {
+		t.Fatalf("%d audit entries", len(entries))
+	}
+	logged, _ := json.Marshal(entries[0].ContextMap()["input"])
+	for _, want := range []string{`"ticket_id":"[masked]"`, `"include_comments":true`, `"claims":"[masked]"`, `"groups":["eng","tracker-users"]`,
+		`"session":{"id":"` + sessionRef(benchSession.ID) + `"`, `"annotations_source":"upstream"`, `"method":"tools/call"`} {
+		if !strings.Contains(string(logged), want) {
+			t.Errorf("logged input %s lacks %s", logged, want)
+		}
+	}
+	if strings.Contains(string(logged), benchSession.ID) || strings.Contains(string(logged), `"ticket_id":"TEST-123"`) {
+		t.Errorf("logged input %s shows the session id or a masked argument", logged)
+	}
+
+	// The logged input goes straight into toolgate policy eval.
+	file := filepath.Join(t.TempDir(), "input.json")
+	if err := os.WriteFile(file, logged, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, err := policyEval(file, "", "", dir, "", nil)
+	if err != nil || out.Action != "allow" || out.Reason != "ok" || out.Stage != stageRequest {
+		t.Errorf("policy eval of the logged input: %+v, %v", out, err)
 	}
 }

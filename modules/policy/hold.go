@@ -79,7 +79,7 @@ func (h *RequestHandler) hold(w http.ResponseWriter, r *http.Request, call *gate
 		case err != nil:
 			h.logger.Warn("a held call cannot read its approval", zap.String("approval_id", a.ID), zap.Error(err))
 		case res.Kind == approval.Allow:
-			err := next.ServeHTTP(stream, r)
+			err := h.allow(stream, r, call, next)
 			stream.Flush()
 			return err
 		case res.Kind == approval.Denied:

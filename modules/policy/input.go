@@ -111,24 +111,6 @@ func inputFor(common [][2]*ast.Term, call *gateway.Call, tool *ast.Term, listing
 
 var toolsCall = ast.StringTerm("tools/call")
 
-// toolTerm is the policy's view of a tool: the upstream's definition when
-// known, else just its name. A definition is converted once. One that
-// cannot be read counts as unknown, which the defaults gate.
-func toolTerm(def *gateway.ToolDefinition, name string) *ast.Term {
-	if def != nil {
-		if t, _ := def.Memo(func() any {
-			t, err := jsonTerm(def.Raw)
-			if err != nil {
-				return nil
-			}
-			return t
-		}).(*ast.Term); t != nil {
-			return t
-		}
-	}
-	return ast.ObjectTerm(ast.Item(keyName, ast.StringTerm(name)))
-}
-
 func callerTerm(c *gateway.Caller) *ast.Term {
 	groups := make([]*ast.Term, len(c.Groups))
 	for i, g := range c.Groups {

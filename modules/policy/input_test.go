@@ -11,7 +11,7 @@ import (
 
 func callerOf(t *testing.T, call *gateway.Call) *ast.Term {
 	t.Helper()
-	in, err := requestInput(call, toolTerm(call.Tool, call.Message.Name), false)
+	in, err := requestInput(call, toolTerm(call.Tool, call.Message.Name, call.Service), false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -37,8 +37,8 @@ func TestCallerTermsFollowTheCaller(t *testing.T) {
 
 func TestLongLivedTermsAreShared(t *testing.T) {
 	call := benchCall(t, benchTool, `{}`)
-	a, _ := requestInput(call, toolTerm(call.Tool, call.Message.Name), false)
-	b, _ := requestInput(call, toolTerm(call.Tool, call.Message.Name), false)
+	a, _ := requestInput(call, toolTerm(call.Tool, call.Message.Name, call.Service), false)
+	b, _ := requestInput(call, toolTerm(call.Tool, call.Message.Name, call.Service), false)
 	for _, k := range []*ast.Term{keyCaller, keySession, keyService, keyTool, keyTime} {
 		if a.Get(k) != b.Get(k) {
 			t.Errorf("%v is built for every call", k)
@@ -47,12 +47,12 @@ func TestLongLivedTermsAreShared(t *testing.T) {
 	other := *call.Service
 	other.ID = "wiki"
 	call.Service = &other
-	c, _ := requestInput(call, toolTerm(call.Tool, call.Message.Name), false)
+	c, _ := requestInput(call, toolTerm(call.Tool, call.Message.Name, call.Service), false)
 	if c.Get(keyService).Value.Compare(serviceTerm(&other).Value) != 0 {
 		t.Errorf("service term %v for service wiki", c.Get(keyService))
 	}
 	call.Started = call.Started.Add(time.Second)
-	d, _ := requestInput(call, toolTerm(call.Tool, call.Message.Name), false)
+	d, _ := requestInput(call, toolTerm(call.Tool, call.Message.Name, call.Service), false)
 	if d.Get(keyTime).Value.Compare(ast.String("2026-11-30T10:00:01Z")) != 0 {
 		t.Errorf("time %v", d.Get(keyTime))
 	}
@@ -61,7 +61,7 @@ func TestLongLivedTermsAreShared(t *testing.T) {
 // The input says whether tool is the upstream's definition or only a name.
 func TestInputSaysWhetherTheToolDefinitionIsKnown(t *testing.T) {
 	call := benchCall(t, benchTool, `{}`)
-	known, err := requestInput(call, toolTerm(call.ToolDefinition(), call.Message.Name), false)
+	known, err := requestInput(call, toolTerm(call.ToolDefinition(), call.Message.Name, call.Service), false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -69,7 +69,7 @@ func TestInputSaysWhetherTheToolDefinitionIsKnown(t *testing.T) {
 		t.Errorf("tool_known with a definition = %v", got)
 	}
 	call.Tool = nil
-	unknown, err := requestInput(call, toolTerm(nil, call.Message.Name), false)
+	unknown, err := requestInput(call, toolTerm(nil, call.Message.Name, call.Service), false)
 	if err != nil {
 		t.Fatal(err)
 	}

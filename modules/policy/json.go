@@ -45,13 +45,12 @@ type jsonParser struct {
 	nslab int                  // the size of the next slab
 	items [][2]*ast.Term       // scratch: members of the objects being built
 
-	// visit, when set, is called for every string value inside the value of
-	// the top-level member named visitKey, with the path to it (see
-	// track). The result step uses it to scan structuredContent.
-	visit    func(path []pathStep, s string)
-	visitKey string
-	track    bool
-	path     []pathStep
+	// visit, when set, is called for every string value and every object
+	// key of the document, with the path to it (for a key, the path to its
+	// member). The result step uses it to scan the result.
+	visit func(path []pathStep, s string, key bool)
+	track bool
+	path  []pathStep
 
 	// spans, when not nil, receives the text of every value of at least
 	// spanMin bytes, so that what is unchanged of it can be written back
@@ -70,6 +69,7 @@ type pathStep struct {
 }
 
 func (p *jsonParser) parse() (*ast.Term, error) {
+	p.track = p.visit != nil
 	p.skipSpace()
 	t, err := p.value(1)
 	if err != nil {
@@ -123,7 +123,7 @@ func (p *jsonParser) value1(depth int) (*ast.Term, error) {
 			return nil, err
 		}
 		if p.track {
-			p.visit(p.path, s)
+			p.visit(p.path, s, false)
 		}
 		if s == "" {
 			return ast.InternedEmptyString, nil
@@ -405,16 +405,12 @@ func (p *jsonParser) object(depth int) (*ast.Term, error) {
 		p.pos++
 		p.skipSpace()
 		var v *ast.Term
-		switch {
-		case p.track:
+		if p.track {
 			p.path = append(p.path, pathStep{key: k})
+			p.visit(p.path, string(k.Value.(ast.String)), true)
 			v, err = p.value(depth + 1)
 			p.path = p.path[:len(p.path)-1]
-		case depth == 1 && p.visit != nil && string(k.Value.(ast.String)) == p.visitKey:
-			p.track, p.path = true, append(p.path[:0], pathStep{key: k})
-			v, err = p.value(depth + 1)
-			p.track = false
-		default:
+		} else {
 			v, err = p.value(depth + 1)
 		}
 		if err != nil {

@@ -34,9 +34,12 @@ import (
 type Config struct {
 	// Source is the policy: a .rego file (data.json or data.yaml in the
 	// same directory is loaded with it), a directory whose top-level .rego
-	// files (not *_test.rego) and data files are loaded, or the http(s) URL
-	// of an OPA bundle (.tar.gz), polled with If-None-Match. Until a bundle
-	// is first fetched every decision denies.
+	// files (not *_test.rego) and data files are loaded, together with those
+	// of its subdirectory site (a site's own rules and settings, kept apart
+	// from the shipped ones), or the http(s) URL of an OPA bundle (.tar.gz),
+	// polled with If-None-Match. The data files of a directory are merged
+	// at the root of data, objects key by key; a value set in two files is a
+	// load error. Until a bundle is first fetched every decision denies.
 	Source string `json:"source"`
 
 	// Query is the rule that holds the decision. Default
@@ -73,6 +76,15 @@ type Config struct {
 	// the pending answer it would have had at once. Off by default; at
 	// most 1h.
 	ApprovalWait caddy.Duration `json:"approval_wait,omitempty"`
+
+	// LogInput adds to each audit entry the whole policy input the gateway
+	// built (under "input"), so policy authors see exactly what their rules
+	// read, and can replay it with toolgate policy eval. Off by default, for
+	// the same reasons as LogPayloads, and masked the same way: every
+	// pointer of data.toolgate.log.mask (pointers into the input, such as
+	// "/arguments/password") is logged as "[masked]"; the session id is
+	// logged as its reference (as the audit entry's session field).
+	LogInput bool `json:"log_input,omitempty"`
 
 	stage     string
 	engine    *engine
@@ -202,7 +214,13 @@ const asyncDigestMin = 64 << 10
 // newDecision turns an outcome into the call's decision, counts it and
 // writes the audit entry. sum, when not nil, is subject's digest.
 func (c *Config) newDecision(ctx context.Context, call *gateway.Call, o outcome, stage string, subject []byte, sum func() [sha256.Size]byte, input ast.Value) *gateway.Decision {
-	d := &gateway.Decision{ID: gateway.NewID(), Action: o.Action, Reason: o.Reason}
+	return c.newDecisionWithID(ctx, gateway.NewID(), call, o, stage, subject, sum, input)
+}
+
+// newDecisionWithID is newDecision for a decision whose id was drawn
+// before (the result stage writes it into the result it returns).
+func (c *Config) newDecisionWithID(ctx context.Context, id string, call *gateway.Call, o outcome, stage string, subject []byte, sum func() [sha256.Size]byte, input ast.Value) *gateway.Decision {
+	d := &gateway.Decision{ID: id, Action: o.Action, Reason: o.Reason}
 	policyMetrics.decisions.WithLabelValues(stage, call.Service.ID, o.Action).Inc()
 	policyMetrics.duration.WithLabelValues(stage).Observe(o.Duration.Seconds())
 	if c.app != nil {
@@ -234,6 +252,9 @@ func (c *Config) newDecision(ctx context.Context, call *gateway.Call, o outcome,
 		}
 		if c.LogPayloads && stage != stageListing {
 			fields = append(fields, zap.Any(payloadField(stage), c.engine.maskedPayload(ctx, input, stage, subject)))
+		}
+		if c.LogInput && input != nil {
+			fields = append(fields, zap.Any("input", c.engine.maskedInput(ctx, input)))
 		}
 		ce.Write(fields...)
 	}

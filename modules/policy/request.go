@@ -58,12 +58,28 @@ func (h *RequestHandler) ServeHTTP(w http.ResponseWriter, r *http.Request, next 
 	}
 	var tool *ast.Term
 	if call.Method == "tools/call" {
-		tool = toolTerm(call.ToolDefinition(), call.Message.Name)
+		tool = toolTerm(call.ToolDefinition(), call.Message.Name, call.Service)
 	}
 	o := outcome{}.deny(failError, "the gateway could not build the policy input")
 	input, err := requestInput(call, tool, false)
+	if err == nil && call.Method == "tools/call" {
+		// Argument names the policy would read one way and a
+		// case-insensitive upstream another are refused before the policy
+		// runs.
+		if err := checkArgumentKeys(input.Get(keyArguments), tool); err != nil {
+			h.logger.Info("tools/call refused: ambiguous argument names", zap.String("service", call.Service.ID),
+				zap.String("tool", call.Message.Name), zap.Error(err))
+			gateway.WriteRPC(w, http.StatusOK, gateway.RPCResult(call.Message.ID, gateway.ToolError("toolgate refused the call: "+err.Error(), nil)))
+			return nil
+		}
+	}
 	if err == nil {
 		o = h.engine.decide(r.Context(), input, time.Duration(h.Timeout), "arguments")
+		if o.argsTerm != nil && call.Method == "tools/call" {
+			if err := checkArgumentKeys(o.argsTerm, tool); err != nil {
+				o = o.deny(failMalformed, "the policy's rewritten arguments are refused: "+err.Error())
+			}
+		}
 	} else {
 		h.logger.Warn("cannot build the policy input", zap.String("service", call.Service.ID), zap.Error(err))
 	}
@@ -107,12 +123,34 @@ func (h *RequestHandler) ServeHTTP(w http.ResponseWriter, r *http.Request, next 
 	return nil
 }
 
-// allow sends the call on.
+// allow sends the call on: a listing without the tools the policy would
+// deny, a call whose result carries its decision.
 func (h *RequestHandler) allow(w http.ResponseWriter, r *http.Request, call *gateway.Call, next caddyhttp.Handler) error {
-	if call.Method == "tools/list" {
+	switch call.Method {
+	case "tools/list":
 		call.OnResult(h.hideTools)
+	case "tools/call":
+		if call.IsRequest() {
+			call.OnResult(markDecision)
+		}
 	}
 	return next.ServeHTTP(w, r)
+}
+
+// markDecision writes the request decision into a tools/call result's
+// _meta["toolgate/decision"], unless toolgate_result_policy decides the
+// result (and writes its own).
+func markDecision(_ context.Context, call *gateway.Call, result []byte) ([]byte, error) {
+	if call.ResultDecided || call.Decision == nil {
+		return nil, nil
+	}
+	spans := make(map[*ast.Term]string)
+	p := jsonParser{src: string(result), spans: spans}
+	res, err := p.parse()
+	if err != nil {
+		return nil, nil // the proxy relays only results it could parse; nothing to mark
+	}
+	return markResult(result, res, call.Decision, spans)
 }
 
 // hideTools removes from a tools/list result the tools the policy would
@@ -126,7 +164,8 @@ func (h *RequestHandler) hideTools(ctx context.Context, call *gateway.Call, resu
 		def, err := jsonTerm([]byte(tool.Raw))
 		var input ast.Object
 		if err == nil {
-			input, err = inputFor(common, call, def, true)
+			obj, _ := def.Value.(ast.Object)
+			input, err = inputFor(common, call, toolView(obj, tool.Get("name").String(), call.Service), true)
 		}
 		if err == nil {
 			o = h.engine.decide(ctx, input, timeout, "arguments")

@@ -56,6 +56,7 @@ func (h *ResultHandler) ServeHTTP(w http.ResponseWriter, r *http.Request, next c
 		if h.approvals != nil && h.approvals.MayRelease(call.Caller.User, gateway.SessionRef(call.Session.ID)) && h.released(w, r, call) {
 			return nil
 		}
+		call.ResultDecided = true
 		base := h.app.BaseURL(r)
 		call.OnResult(func(ctx context.Context, call *gateway.Call, result []byte) ([]byte, error) {
 			return h.check(ctx, call, result, base)
@@ -65,8 +66,9 @@ func (h *ResultHandler) ServeHTTP(w http.ResponseWriter, r *http.Request, next c
 }
 
 // check decides one result: allow (as is, or replaced), deny, or ask
-// (withheld). A denied or withheld result reaches the runner as a tool
-// error carrying the reason and the decision id.
+// (withheld). An allowed result carries the decision in
+// _meta["toolgate/decision"]; a denied or withheld one reaches the runner
+// as a tool error carrying the reason and the decision.
 func (h *ResultHandler) check(ctx context.Context, call *gateway.Call, result []byte, base string) ([]byte, error) {
 	// The input is built for the policy version that decides, whose scan
 	// settings it uses.
@@ -80,17 +82,25 @@ func (h *ResultHandler) check(ctx context.Context, call *gateway.Call, result []
 	} else {
 		h.logger.Warn("cannot build the policy input", zap.String("service", call.Service.ID), zap.Error(err))
 	}
-	var replaced []byte
-	if o.Action == gateway.ActionAllow && o.Result != nil {
+	id := gateway.NewID()
+	var out []byte
+	if o.Action == gateway.ActionAllow {
 		// What the policy left as it was is written as the upstream wrote it.
-		if replaced, err = appendJSON(nil, o.Result, spans); err != nil {
+		mark := &gateway.Decision{ID: id, Action: o.Action}
+		if o.Result != nil {
+			out, err = markResult(nil, o.Result, mark, spans)
+		} else {
+			out, err = markResult(result, input.Get(keyResult), mark, spans)
+		}
+		if err != nil {
 			o = o.deny(failMalformed, "the policy's replacement result cannot be written as JSON")
 		}
 	}
-	d := h.newDecision(ctx, call, o, stageResult, result, sum, input)
+	d := h.newDecisionWithID(ctx, id, call, o, stageResult, result, sum, input)
+	call.Decision = d
 	switch o.Action {
 	case gateway.ActionAllow:
-		return replaced, nil // nil: the upstream's bytes go on untouched
+		return out, nil
 	case gateway.ActionAsk:
 		if h.approvals == nil {
 			return gateway.ToolError("the result is withheld pending approval: "+o.Reason+
@@ -124,7 +134,7 @@ func (h *ResultHandler) input(c *compiled, call *gateway.Call, result []byte, sp
 	if scan != nil {
 		common = append(common, ast.Item(keyScan, scan))
 	}
-	return inputFor(common, call, toolTerm(call.ToolDefinition(), call.Message.Name), false)
+	return inputFor(common, call, toolTerm(call.ToolDefinition(), call.Message.Name, call.Service), false)
 }
 
 // Interface guards

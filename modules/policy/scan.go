@@ -2,6 +2,7 @@ package policy
 
 import (
 	"context"
+	"encoding/base64"
 	"encoding/binary"
 	"fmt"
 	"slices"
@@ -11,7 +12,6 @@ import (
 	"unsafe"
 
 	"github.com/open-policy-agent/opa/v1/ast"
-	"github.com/open-policy-agent/opa/v1/rego"
 	"github.com/open-policy-agent/opa/v1/storage"
 )
 
@@ -46,14 +46,24 @@ var (
 	keyType      = ast.StringTerm("type")
 	keyText      = ast.StringTerm("text")
 	keyResource  = ast.StringTerm("resource")
+	keyKey       = ast.StringTerm("key")
+	keyKeyBytes  = ast.StringTerm("key_bytes")
+	keySeams     = ast.StringTerm("seams")
+	keyData      = ast.StringTerm("data")
+	keyBlob      = ast.StringTerm("blob")
+	keyURI       = ast.StringTerm("uri")
+	keyClean     = ast.StringTerm("clean")
 )
 
 // scanner holds what the scan looks for.
 type scanner struct {
-	anchors     []anchorGroup // the markers of every kind, by anchor
-	invisible   []runeRange   // sorted
-	leads       []byte        // the first UTF-8 bytes of the invisible characters
-	interesting [256]bool     // the leads and the anchors
+	anchors   []anchorGroup // the markers of every kind, by anchor
+	invisible []runeRange   // sorted
+	// asciiInvisible: some invisible character is ASCII (else a string of
+	// ASCII holds none).
+	asciiInvisible bool
+	leads          []byte    // the first UTF-8 bytes of the invisible characters
+	interesting    [256]bool // the leads and the anchors
 }
 
 type runeRange struct{ lo, hi rune }
@@ -118,6 +128,7 @@ func loadScanner(ctx context.Context, compiler *ast.Compiler, store storage.Stor
 		sc.invisible = append(sc.invisible, runeRange{lo, hi})
 	}
 	slices.SortFunc(sc.invisible, func(a, b runeRange) int { return int(a.lo - b.lo) })
+	sc.asciiInvisible = len(sc.invisible) > 0 && sc.invisible[0].lo < utf8.RuneSelf
 	var leads [256]bool
 	var buf [utf8.UTFMax]byte
 	for _, r := range sc.invisible {
@@ -133,7 +144,9 @@ func loadScanner(ctx context.Context, compiler *ast.Compiler, store storage.Stor
 		}
 	}
 	for _, g := range sc.anchors {
-		sc.interesting[g.anchor] = true
+		for _, c := range g.cases() {
+			sc.interesting[c] = true
+		}
 	}
 	return sc, nil
 }
@@ -148,22 +161,6 @@ func codePoint(v any) (rune, bool) {
 		return 0, false
 	}
 	return rune(n), true
-}
-
-// evalConstant evaluates a rule that does not depend on input; nil when it
-// is undefined.
-func evalConstant(ctx context.Context, compiler *ast.Compiler, store storage.Store, query string) (any, error) {
-	if len(compiler.GetRulesExact(ast.MustParseRef(query))) == 0 {
-		return nil, nil
-	}
-	rs, err := rego.New(rego.Query(query), rego.Compiler(compiler), rego.Store(store)).Eval(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", query, err)
-	}
-	if len(rs) != 1 || len(rs[0].Expressions) != 1 {
-		return nil, nil
-	}
-	return rs[0].Expressions[0].Value, nil
 }
 
 // shortString is the length up to which a string is first read byte by
@@ -233,35 +230,60 @@ func isASCII(s string) bool {
 	return true
 }
 
-// hasMarker reports whether s holds a secret marker.
+// hasMarker reports whether s holds a secret marker: one written in lower
+// case ignoring ASCII case, any other exactly (as the policy's
+// holds_marker).
 func (sc *scanner) hasMarker(s string) bool {
 	for _, g := range sc.anchors {
-		for i, hits := 0, 0; ; i++ {
-			j := strings.IndexByte(s[i:], g.anchor)
-			if j < 0 {
-				break
-			}
-			i += j
-			for _, m := range g.markers {
-				if start := i - m.offset; start >= 0 && strings.HasPrefix(s[start:], m.text) {
-					return true
+		for _, anchor := range g.cases() {
+			for i := 0; ; i++ {
+				j := strings.IndexByte(s[i:], anchor)
+				if j < 0 {
+					break
 				}
-			}
-			// An anchor this common in s (more than once in 128 bytes)
-			// makes strings.Index, which adapts to such text, the faster
-			// way through the rest.
-			if hits++; hits > 16 && hits > i>>7 {
-				rest := s[max(0, i+1-g.maxOffset):]
+				i += j
 				for _, m := range g.markers {
-					if strings.Contains(rest, m.text) {
+					start := i - m.offset
+					if start < 0 {
+						continue
+					}
+					if g.fold && hasPrefixFold(s[start:], m.text) || !g.fold && strings.HasPrefix(s[start:], m.text) {
 						return true
 					}
 				}
-				break
 			}
 		}
 	}
 	return false
+}
+
+// hasPrefixFold reports whether s begins with prefix, ignoring ASCII case.
+func hasPrefixFold(s, prefix string) bool {
+	if len(s) < len(prefix) {
+		return false
+	}
+	for i := 0; i < len(prefix); i++ {
+		if lowerASCII(s[i]) != lowerASCII(prefix[i]) {
+			return false
+		}
+	}
+	return true
+}
+
+func lowerASCII(c byte) byte {
+	if c >= 'A' && c <= 'Z' {
+		return c + 'a' - 'A'
+	}
+	return c
+}
+
+// cases is the anchor in both cases when its markers are compared
+// ignoring case and it is a letter.
+func (g anchorGroup) cases() []byte {
+	if l := lowerASCII(g.anchor); g.fold && l >= 'a' && l <= 'z' {
+		return []byte{l, l - 'a' + 'A'}
+	}
+	return []byte{g.anchor}
 }
 
 // A marker is found by looking for its rarest byte (its anchor) with
@@ -272,6 +294,7 @@ func (sc *scanner) hasMarker(s string) bool {
 // long.
 type anchorGroup struct {
 	anchor    byte
+	fold      bool // the markers are compared ignoring ASCII case
 	markers   []anchoredMarker
 	maxOffset int // the largest offset of the anchor in a marker
 }
@@ -284,21 +307,40 @@ type anchoredMarker struct {
 func anchorGroups(markers []string) []anchorGroup {
 	var groups []anchorGroup
 	for _, m := range markers {
+		fold := !strings.ContainsFunc(m, func(r rune) bool { return r >= 'A' && r <= 'Z' })
+		rank := byteRank
+		if fold {
+			rank = foldRank
+		}
 		off := 0
 		for i := 1; i < len(m); i++ {
-			if byteRank(m[i]) < byteRank(m[off]) {
+			if rank(m[i]) < rank(m[off]) {
 				off = i
 			}
 		}
-		k := slices.IndexFunc(groups, func(g anchorGroup) bool { return g.anchor == m[off] })
+		anchor := m[off]
+		if fold {
+			anchor = lowerASCII(anchor)
+		}
+		k := slices.IndexFunc(groups, func(g anchorGroup) bool { return g.anchor == anchor && g.fold == fold })
 		if k < 0 {
-			groups = append(groups, anchorGroup{anchor: m[off]})
+			groups = append(groups, anchorGroup{anchor: anchor, fold: fold})
 			k = len(groups) - 1
 		}
 		groups[k].markers = append(groups[k].markers, anchoredMarker{text: m, offset: off})
 		groups[k].maxOffset = max(groups[k].maxOffset, off)
 	}
 	return groups
+}
+
+// foldRank is how common c is in either case (a marker compared ignoring
+// ASCII case has a letter anchor looked for in both).
+func foldRank(c byte) int {
+	l := lowerASCII(c)
+	if l >= 'a' && l <= 'z' {
+		return byteRank(l) + byteRank(l-'a'+'A')
+	}
+	return byteRank(c)
 }
 
 // byteRank estimates how common c is in the text of tool results (English
@@ -322,31 +364,78 @@ func byteRank(c byte) int {
 	return 30
 }
 
-// scanEntries collects the scan's list.
+// scanEntries collects the scan's list and sizes.
 type scanEntries struct {
-	sc      *scanner
-	entries []*ast.Term
+	sc       *scanner
+	entries  []*ast.Term
+	bytes    int  // of every inspected string and key
+	keyBytes int  // of every inspected key
+	flagged  bool // some string or key holds an invisible character or a marker
+	// pending holds content[i].data and content[i].resource.blob, which are
+	// inspected unless they are the binary data of their item's type, known
+	// only once the item is read.
+	pending []pendingString
 }
 
-// look adds s at path when the policy has to look at it.
-func (l *scanEntries) look(path []pathStep, s string) {
+type pendingString struct {
+	path []pathStep
+	s    string
+}
+
+// look takes note of the string or key s at path.
+func (l *scanEntries) look(path []pathStep, s string, key bool) {
+	if !key && mayBeBinary(path) {
+		l.pending = append(l.pending, pendingString{path: slices.Clone(path), s: s})
+		return
+	}
+	l.add(path, s, key)
+}
+
+// mayBeBinary: path is content[i].data or content[i].resource.blob.
+func mayBeBinary(path []pathStep) bool {
+	switch {
+	case len(path) == 3:
+		return isKey(path[0], keyContent) && path[1].key == nil && isKey(path[2], keyData)
+	case len(path) == 4:
+		return isKey(path[0], keyContent) && path[1].key == nil && isKey(path[2], keyResource) && isKey(path[3], keyBlob)
+	}
+	return false
+}
+
+func isKey(step pathStep, key *ast.Term) bool {
+	return step.key != nil && step.key.Value.Compare(key.Value) == 0
+}
+
+// add counts s and lists it when the policy has to look at it.
+func (l *scanEntries) add(path []pathStep, s string, key bool) {
+	l.bytes += len(s)
+	if key {
+		l.keyBytes += len(s)
+	}
 	long := len(s) > scanThreshold
 	if !long && len(s) <= shortString && !l.sc.mayHold(s) {
 		return
 	}
-	invisible := l.sc.hasInvisible(s)
+	ascii := isASCII(s)
+	invisible := (!ascii || l.sc.asciiInvisible) && l.sc.hasInvisible(s)
 	markers := l.sc.hasMarker(s)
+	l.flagged = l.flagged || invisible || markers
 	if !long && !invisible && !markers {
 		return
 	}
 	l.entries = append(l.entries, ast.ObjectTerm(
 		ast.Item(keyPath, pathTerm(path)),
+		ast.Item(keyKey, ast.InternedTerm(key)),
 		ast.Item(keyBytes, ast.InternedTerm(len(s))),
-		ast.Item(keyASCII, ast.InternedTerm(isASCII(s))),
+		ast.Item(keyASCII, ast.InternedTerm(ascii)),
 		ast.Item(keyInvisible, ast.InternedTerm(invisible)),
 		ast.Item(keyMarkers, ast.InternedTerm(markers)),
 	))
 }
+
+// seamWindow is how many characters on each side of the seam between two
+// text items are looked at for a secret split across them.
+const seamWindow = 1024
 
 // resultTerms converts a tools/call result (JSON text) to input.result
 // and, with a scanner, input.scan (else scan is nil). With spans, it
@@ -363,47 +452,128 @@ func resultTerms(raw []byte, sc *scanner, spans map[*ast.Term]string) (result, s
 	p := jsonParser{src: unsafe.String(unsafe.SliceData(raw), len(raw)), spans: spans}
 	l := scanEntries{sc: sc}
 	if sc != nil {
-		p.visit, p.visitKey = l.look, "structuredContent"
+		p.visit = l.look
 	}
 	result, err = p.parse()
 	if err != nil || sc == nil {
 		return result, nil, err
 	}
-	// The content items the policy inspects: the text of text items and
-	// the text of embedded resources.
 	var content *ast.Array
 	if obj, ok := result.Value.(ast.Object); ok {
 		if t := obj.Get(keyContent); t != nil {
 			content, _ = t.Value.(*ast.Array)
 		}
 	}
-	for i := range contentLen(content) {
-		item, ok := content.Elem(i).Value.(ast.Object)
-		if !ok {
-			continue
-		}
-		typ := item.Get(keyType)
-		switch {
-		case typ == nil:
-		case typ.Value.Compare(keyText.Value) == 0:
-			if s, ok := stringAt(item, keyText); ok {
-				l.look([]pathStep{{key: keyContent}, {index: i}, {key: keyText}}, s)
-			}
-		case typ.Value.Compare(keyResource.Value) == 0:
-			if res := item.Get(keyResource); res != nil {
-				if obj, ok := res.Value.(ast.Object); ok {
-					if s, ok := stringAt(obj, keyText); ok {
-						l.look([]pathStep{{key: keyContent}, {index: i}, {key: keyResource}, {key: keyText}}, s)
-					}
+	typeOf := func(i int) string {
+		if i < contentLen(content) {
+			if item, ok := content.Elem(i).Value.(ast.Object); ok {
+				if s, ok := stringAt(item, keyType); ok {
+					return s
 				}
 			}
 		}
+		return ""
+	}
+	for _, ps := range l.pending {
+		switch t := typeOf(ps.path[1].index); {
+		case len(ps.path) == 3 && (t == "image" || t == "audio"):
+		case len(ps.path) == 4 && t == "resource":
+		default:
+			l.add(ps.path, ps.s, false)
+		}
+	}
+	// Seams: consecutive text items whose meeting point may hide a secret.
+	var seams []*ast.Term
+	prev, prevText := -1, ""
+	for i := range contentLen(content) {
+		item, ok := content.Elem(i).Value.(ast.Object)
+		if !ok || typeOf(i) != "text" {
+			continue
+		}
+		text, ok := stringAt(item, keyText)
+		if !ok {
+			continue
+		}
+		if prev >= 0 {
+			w := lastRunes(prevText, seamWindow) + firstRunes(text, seamWindow)
+			if sc.hasMarker(w) || sc.hasInvisible(w) {
+				seams = append(seams, ast.ArrayTerm(ast.InternedTerm(prev), ast.InternedTerm(i)))
+			}
+		}
+		prev, prevText = i, text
+	}
+	clean := content != nil && !l.flagged && len(seams) == 0
+	for i := range contentLen(content) {
+		clean = clean && sc.plainItem(content.Elem(i).Value)
 	}
 	scan = ast.ObjectTerm(
+		ast.Item(keyClean, ast.InternedTerm(clean)),
 		ast.Item(keyThreshold, ast.InternedTerm(scanThreshold)),
+		ast.Item(keyBytes, ast.InternedTerm(l.bytes)),
+		ast.Item(keyKeyBytes, ast.InternedTerm(l.keyBytes)),
 		ast.Item(keyStrings, ast.ArrayTerm(l.entries...)),
+		ast.Item(keySeams, ast.ArrayTerm(seams...)),
 	)
 	return result, scan, nil
+}
+
+// plainItem reports whether a content item is of a type of MCP's with the
+// fields the policy inspects (its well_formed rule) and, for an embedded
+// resource's blob, valid base64 whose decoded bytes hold no marker.
+func (sc *scanner) plainItem(v ast.Value) bool {
+	item, ok := v.(ast.Object)
+	if !ok {
+		return false
+	}
+	typ, _ := stringAt(item, keyType)
+	switch typ {
+	case "text":
+		_, ok = stringAt(item, keyText)
+	case "image", "audio":
+		_, ok = stringAt(item, keyData)
+	case "resource_link":
+		_, ok = stringAt(item, keyURI)
+	case "resource":
+		res, isObj := termValue(item.Get(keyResource)).(ast.Object)
+		if !isObj {
+			return false
+		}
+		_, hasText := stringAt(res, keyText)
+		blob, hasBlob := stringAt(res, keyBlob)
+		if !hasBlob {
+			return hasText
+		}
+		b, err := base64.StdEncoding.DecodeString(blob)
+		return err == nil && !sc.hasMarker(unsafe.String(unsafe.SliceData(b), len(b)))
+	default:
+		return false
+	}
+	return ok
+}
+
+func termValue(t *ast.Term) ast.Value {
+	if t == nil {
+		return nil
+	}
+	return t.Value
+}
+
+func lastRunes(s string, n int) string {
+	i := len(s)
+	for ; n > 0 && i > 0; n-- {
+		_, size := utf8.DecodeLastRuneInString(s[:i])
+		i -= size
+	}
+	return s[i:]
+}
+
+func firstRunes(s string, n int) string {
+	i := 0
+	for ; n > 0 && i < len(s); n-- {
+		_, size := utf8.DecodeRuneInString(s[i:])
+		i += size
+	}
+	return s[:i]
 }
 
 func contentLen(a *ast.Array) int {

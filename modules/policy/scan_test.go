@@ -2,6 +2,7 @@ package policy
 
 import (
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"slices"
 	"strings"
@@ -20,10 +21,15 @@ func scanStrings() []string {
 		"", "plain", "Ticket TEST-123: printer on fire", "é", "👍", "\u00a0", "by bob, bearing",
 		"AKIAIOSFODNN7EXAMPLE", "xAKIA", "ASIA", "Bearer x", "a bearer", "BEARER", "ghp_", "gho_x", "ghu_", "ghs_", "ghr_",
 		"github_pat_", "eyJ", "PRIVATE KEY", "xox", "AKI", "Beare", "earer", "github_pa", "PRIVATE  KEY",
+		"bEaReR", "aKiA", "private key", "SIG=", "Hooks.Slack.Com", "IA then", "secretAccessKey",
 	}
 	// Every invisible character and its neighbours.
-	for _, r := range [][2]rune{{0x200B, 0x200F}, {0x202A, 0x202E}, {0x2060, 0x2064}, {0x2066, 0x2069}, {0xFEFF, 0xFEFF}, {0xE0000, 0xE007F}} {
+	for _, r := range [][2]rune{{0x00AD, 0x00AD}, {0x034F, 0x034F}, {0x115F, 0x1160}, {0x180B, 0x180F}, {0x200B, 0x200F}, {0x202A, 0x202E},
+		{0x2060, 0x206F}, {0xFE00, 0xFE0F}, {0xFEFF, 0xFEFF}, {0xFFF0, 0xFFFB}, {0x1D173, 0x1D17A}, {0xE0000, 0xE0FFF}} {
 		for c := r[0] - 1; c <= r[1]+1; c++ {
+			if c-r[0] > 16 && r[1]-c > 16 {
+				continue // the neighbours of each end are enough
+			}
 			s = append(s, "a"+string(c)+"b")
 		}
 	}
@@ -51,7 +57,12 @@ func TestScanAgreesWithThePolicy(t *testing.T) {
 	}
 	structured := map[string]any{"list": strs, "nested": map[string]any{"ghp_ key": "value", "x": []any{1, "eyJ", true}}}
 	raw, err := json.Marshal(map[string]any{
-		"content":           append(content, map[string]any{"type": "resource", "resource": map[string]any{"uri": "file:///r", "text": "AKIA"}}),
+		"content": append(content,
+			map[string]any{"type": "resource", "resource": map[string]any{"uri": "file:///r", "text": "AKIA"}},
+			map[string]any{"type": "image", "data": "AKIAbinary", "mimeType": "image/png"},
+			map[string]any{"type": "text", "data": "AKIA inspected", "text": "split AK"},
+			map[string]any{"type": "text", "text": "IAIOSFODNN7EXAMPLE"},
+			map[string]any{"type": "resource", "resource": map[string]any{"uri": "file:///b", "blob": "QUtJQQ=="}}),
 		"structuredContent": structured,
 		"_meta":             map[string]any{"not": "AKIA inspected"},
 	})
@@ -98,8 +109,79 @@ func TestScanAgreesWithThePolicy(t *testing.T) {
 			}
 		}
 	}
+	// The sizes, the seams and the verdict agree too.
+	own := rs[0].Expressions[0].Value.(*ast.Term).Value.(ast.Object)
+	agree(t, scan, own)
+	if seams := own.Get(keySeams).Value.(*ast.Array); seams.Len() == 0 {
+		t.Error("no seam listed")
+	}
 	if th := scan.Value.(ast.Object).Get(keyThreshold); th.Value.Compare(ast.Number("4096")) != 0 {
 		t.Errorf("threshold %v", th)
+	}
+}
+
+// agree checks that the gateway's scan and the policy's own agree on the
+// sizes, the seams and whether the result is clean.
+func agree(t *testing.T, scan *ast.Term, own ast.Object) {
+	t.Helper()
+	for _, k := range []*ast.Term{keyBytes, keyKeyBytes, keySeams, keyClean} {
+		if g, w := scan.Value.(ast.Object).Get(k), own.Get(k); g == nil || w == nil || g.Value.Compare(w.Value) != 0 {
+			t.Errorf("%v: the gateway says %v, the policy %v", k, g, w)
+		}
+	}
+}
+
+// The gateway's verdict that a result needs nothing (scan.clean) decides
+// most results without the policy reading them, so it must be exactly the
+// policy's.
+func TestScanCleanAgreesWithThePolicy(t *testing.T) {
+	e, err := newEngine(newSource("../../policies"), "data.toolgate.result.scan", stageResult, 0, zap.NewNop(), policyMetrics)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := e.current.Load()
+	blob := func(s string) string { return base64.StdEncoding.EncodeToString([]byte(s)) }
+	for _, tc := range []struct {
+		result string
+		clean  bool
+	}{
+		{`{"content":[]}`, true},
+		{`{"content":[{"type":"text","text":"fine"},{"type":"image","data":"AKIA","mimeType":"image/png"},{"type":"audio","data":"eyJ"},` +
+			`{"type":"resource_link","uri":"file:///a","name":"a"},{"type":"resource","resource":{"uri":"file:///b","text":"b"}},` +
+			`{"type":"resource","resource":{"uri":"file:///c","blob":"` + blob("plain bytes") + `"}}],"structuredContent":{"a":[1,"x",null]},"_meta":{"m":1}}`, true},
+		{`{"content":[{"type":"text","text":"` + strings.Repeat("long and plain ", 1000) + `"}]}`, true},
+		{`{}`, false},
+		{`{"content":{"type":"text","text":"x"}}`, false},
+		{`{"content":[{"type":"html","text":"x"}]}`, false},
+		{`{"content":[{"text":"x"}]}`, false},
+		{`{"content":["x"]}`, false},
+		{`{"content":[{"type":"text"}]}`, false},
+		{`{"content":[{"type":"text","text":1}]}`, false},
+		{`{"content":[{"type":"image","mimeType":"image/png"}]}`, false},
+		{`{"content":[{"type":"resource_link","name":"a"}]}`, false},
+		{`{"content":[{"type":"resource","resource":{"uri":"file:///b"}}]}`, false},
+		{`{"content":[{"type":"resource","resource":"text"}]}`, false},
+		{`{"content":[{"type":"resource","resource":{"uri":"file:///b","blob":"not base64!"}}]}`, false},
+		{`{"content":[{"type":"resource","resource":{"uri":"file:///b","text":"t","blob":"a_b-"}}]}`, false},
+		{`{"content":[{"type":"resource","resource":{"uri":"file:///b","text":"t","blob":"` + blob("has a bearer token") + `"}}]}`, false},
+		{`{"content":[{"type":"text","text":"a\u200bb"}]}`, false},
+		{`{"content":[{"type":"text","text":"fine"}],"_meta":{"k":"AKIA"}}`, false},
+		{`{"content":[{"type":"text","text":"fine"}],"structuredContent":{"eyJ":1}}`, false},
+		{`{"content":[{"type":"text","text":"split AK"},{"type":"text","text":"IA"}]}`, false},
+	} {
+		res, scan, err := resultTerms([]byte(tc.result), c.scanner, nil)
+		if err != nil {
+			t.Fatalf("%s: %v", tc.result, err)
+		}
+		rs, err := c.query.Eval(context.Background(), rego.EvalParsedInput(ast.NewObject(ast.Item(keyResult, res))))
+		if err != nil || len(rs) != 1 {
+			t.Fatalf("%.100s: scan: %v %v", tc.result, rs, err)
+		}
+		own := rs[0].Expressions[0].Value.(*ast.Term).Value.(ast.Object)
+		agree(t, scan, own)
+		if got := scan.Value.(ast.Object).Get(keyClean).Value.Compare(ast.Boolean(tc.clean)) == 0; !got {
+			t.Errorf("%.100s: clean is not %v", tc.result, tc.clean)
+		}
 	}
 }
 

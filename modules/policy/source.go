@@ -49,7 +49,11 @@ func newSource(s string) source {
 }
 
 // fileSource is a .rego file (with data.json/data.yaml beside it) or a
-// directory: its top-level .rego files, not *_test.rego, and data files.
+// directory: its top-level .rego files, not *_test.rego, and data files,
+// and the same of its subdirectory site (siteDir), where a site keeps its
+// own rules and settings apart from the shipped ones. The data files are
+// merged (objects key by key, at any depth; a value set in two files is a
+// load error).
 type fileSource struct {
 	path        string
 	fingerprint string // of the files' names, sizes and modification times
@@ -80,7 +84,11 @@ func (f *fileSource) load(context.Context) (*version, error) {
 		if err != nil {
 			return nil, err
 		}
-		fmt.Fprintf(h, "%s\x00%d\x00", filepath.Base(p), len(data))
+		name := filepath.Base(p)
+		if filepath.Base(filepath.Dir(p)) == siteDir {
+			name = siteDir + "/" + name
+		}
+		fmt.Fprintf(h, "%s\x00%d\x00", name, len(data))
 		h.Write(data)
 	}
 	return &version{modules: result.ParsedModules(), data: result.Documents, revision: hex.EncodeToString(h.Sum(nil))[:12]}, nil
@@ -98,19 +106,27 @@ func (f *fileSource) files() (paths []string, fingerprint string, err error) {
 		dir = filepath.Dir(f.path)
 		paths = append(paths, f.path)
 	}
-	entries, err := os.ReadDir(dir)
-	if err != nil {
-		return nil, "", fmt.Errorf("policy %s: %w", f.path, err)
-	}
-	for _, ent := range entries {
-		name := ent.Name()
-		if ent.IsDir() {
-			continue
+	dirs := []string{dir}
+	if info.IsDir() {
+		if st, err := os.Stat(filepath.Join(dir, siteDir)); err == nil && st.IsDir() {
+			dirs = append(dirs, filepath.Join(dir, siteDir))
 		}
-		isData := name == "data.json" || name == "data.yaml" || name == "data.yml"
-		isPolicy := info.IsDir() && strings.HasSuffix(name, ".rego") && !strings.HasSuffix(name, "_test.rego")
-		if isData || isPolicy {
-			paths = append(paths, filepath.Join(dir, name))
+	}
+	for _, dir := range dirs {
+		entries, err := os.ReadDir(dir)
+		if err != nil {
+			return nil, "", fmt.Errorf("policy %s: %w", f.path, err)
+		}
+		for _, ent := range entries {
+			name := ent.Name()
+			if ent.IsDir() {
+				continue
+			}
+			isData := name == "data.json" || name == "data.yaml" || name == "data.yml"
+			isPolicy := info.IsDir() && strings.HasSuffix(name, ".rego") && !strings.HasSuffix(name, "_test.rego")
+			if isData || isPolicy {
+				paths = append(paths, filepath.Join(dir, name))
+			}
 		}
 	}
 	slices.Sort(paths)
@@ -124,6 +140,9 @@ func (f *fileSource) files() (paths []string, fingerprint string, err error) {
 	}
 	return paths, hex.EncodeToString(h.Sum(nil)), nil
 }
+
+// siteDir is the subdirectory of a policy directory that is loaded with it.
+const siteDir = "site"
 
 // maxBundleBytes bounds a downloaded bundle.
 const maxBundleBytes = 64 << 20

@@ -1,0 +1,21 @@
+package mcpmsg
+
+import "strings"
+
+// Many JSON decoders match object keys to the fields they know without
+// regard to case: Go's encoding/json folds each key with Unicode simple case
+// folding, so "TICKET_ID" fills ticket_id and "viſibility" (with U+017F LONG
+// S) fills visibility. Parse refuses two keys of one object that fold
+// together; the gateway also refuses an argument that folds onto a parameter
+// a tool declares without being spelled like it, because the policy reads
+// keys exactly and the upstream may not.
+
+// FoldKey maps keys that bytes.EqualFold considers equal to one string. It
+// may merge a few more (it is at least as strict as EqualFold), never fewer.
+func FoldKey(k string) string { return strings.ToLower(strings.ToUpper(k)) }
+
+// SameFold reports whether a and b are different spellings of keys that a
+// case-insensitive decoder would take for one another.
+func SameFold(a, b string) bool {
+	return a != b && (strings.EqualFold(a, b) || FoldKey(a) == FoldKey(b))
+}

@@ -1,0 +1,209 @@
+package policy
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"time"
+
+	caddycmd "github.com/caddyserver/caddy/v2/cmd"
+	"github.com/open-policy-agent/opa/v1/ast"
+	"github.com/spf13/cobra"
+	"go.uber.org/zap"
+)
+
+func init() {
+	caddycmd.RegisterCommand(caddycmd.Command{
+		Name:  "policy",
+		Short: "Evaluates toolgate's policies as the gateway does",
+		Long: `
+Commands for policy authors. toolgate policy eval evaluates a policy input
+(the JSON document the gateway builds for a message or a tools/call result;
+log_input in the policy directive writes it to the audit log) with the
+policy the gateway would use: loaded from the same source (with its site/
+rules and settings, checked the same way) and read the same way (a
+decision that is undefined, malformed or over the deadline is a deny).
+`,
+		CobraFunc: func(cmd *cobra.Command) {
+			eval := &cobra.Command{
+				Use:   "eval --input <file> (--config <file> [--adapter <name>] | --policy <source>) [--stage request|result]",
+				Short: "Prints the decision the gateway would make for a policy input",
+				Long: `
+Evaluates a policy input and prints the decision as the gateway reads it:
+{"action", "reason", "arguments" or "result", "failure", "revision"}.
+
+--input is a JSON file (- for stdin): the input as log_input logs it, or one
+you wrote. --config (with --adapter, as for toolgate run) names the
+configuration whose toolgate_policy and toolgate_result_policy sources are
+used; relative paths there are relative to the current directory, as for the
+gateway. --policy names a source directly instead. --stage is request or
+result; by default result when the input holds a result, else request.
+
+Exits with status 0 after allow, 3 after deny or ask, and 1 when the input
+or the policy cannot be read.
+`,
+				RunE: func(cmd *cobra.Command, _ []string) error {
+					cmd.SilenceUsage = true
+					allowed, err := cmdPolicyEval(caddycmd.Flags{FlagSet: cmd.Flags()}, os.Stdout)
+					if err == nil && !allowed {
+						os.Exit(3)
+					}
+					return err
+				},
+			}
+			eval.Flags().StringP("input", "i", "", "the policy input, a JSON file (- for stdin)")
+			eval.Flags().StringP("config", "c", "", "the configuration file (as for toolgate run)")
+			eval.Flags().StringP("adapter", "a", "", "the configuration's adapter (as for toolgate run)")
+			eval.Flags().StringP("policy", "p", "", "a policy source (a .rego file, a directory or a bundle URL) instead of --config")
+			eval.Flags().String("stage", "", "request or result (default: result when the input holds a result)")
+			cmd.AddCommand(eval)
+		},
+	})
+}
+
+// evalOutput is what toolgate policy eval prints.
+type evalOutput struct {
+	Stage     string         `json:"stage"`
+	Source    string         `json:"source"`
+	Revision  string         `json:"revision,omitempty"`
+	Action    string         `json:"action"`
+	Reason    string         `json:"reason,omitempty"`
+	Arguments map[string]any `json:"arguments,omitempty"`
+	Result    any            `json:"result,omitempty"`
+	// Failure says why the decision is a deny the policy did not make.
+	Failure string `json:"failure,omitempty"`
+}
+
+// cmdPolicyEval runs toolgate policy eval, writing the decision to w; it
+// reports whether the decision is an allow.
+func cmdPolicyEval(fl caddycmd.Flags, w io.Writer) (allowed bool, err error) {
+	out, err := policyEval(fl.String("input"), fl.String("config"), fl.String("adapter"), fl.String("policy"), fl.String("stage"), os.Stdin)
+	if err != nil {
+		return false, err
+	}
+	enc := json.NewEncoder(w)
+	enc.SetEscapeHTML(false)
+	enc.SetIndent("", "  ")
+	if err := enc.Encode(out); err != nil {
+		return false, err
+	}
+	return out.Action == "allow", nil
+}
+
+func policyEval(inputFile, configFile, adapter, source, stage string, stdin io.Reader) (*evalOutput, error) {
+	if inputFile == "" {
+		return nil, errors.New("--input is required: the policy input as JSON (- for stdin)")
+	}
+	var raw []byte
+	var err error
+	if inputFile == "-" {
+		raw, err = io.ReadAll(stdin)
+	} else {
+		raw, err = os.ReadFile(inputFile)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("reading the input: %w", err)
+	}
+	input, err := jsonTerm(raw)
+	if err != nil {
+		return nil, fmt.Errorf("the input is not JSON: %w", err)
+	}
+	if stage == "" {
+		stage = stageRequest
+		if obj, ok := input.Value.(ast.Object); ok && obj.Get(keyResult) != nil {
+			stage = stageResult
+		}
+	}
+	var query, replaceKey string
+	switch stage {
+	case stageRequest:
+		query, replaceKey = "data.toolgate.request.decision", "arguments"
+	case stageResult:
+		query, replaceKey = "data.toolgate.result.decision", "result"
+	default:
+		return nil, fmt.Errorf("--stage %q: use request or result", stage)
+	}
+	if source == "" {
+		if configFile == "" {
+			return nil, errors.New("name the policy: --config <file> (the gateway's configuration) or --policy <source>")
+		}
+		if source, query, err = configuredPolicy(configFile, adapter, stage, query); err != nil {
+			return nil, err
+		}
+	}
+	e, err := newEngine(newSource(source), query, stage, 0, zap.NewNop(), policyMetrics)
+	if err != nil {
+		return nil, fmt.Errorf("loading the policy: %w", err)
+	}
+	if e.source.remote() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if err := e.reload(ctx); err != nil {
+			return nil, fmt.Errorf("loading the policy: %w", err)
+		}
+	}
+	o := e.decide(context.Background(), input.Value, time.Minute, replaceKey)
+	out := &evalOutput{Stage: stage, Source: source, Revision: o.Revision, Action: o.Action, Reason: o.Reason, Arguments: o.Arguments, Failure: o.Failure}
+	if o.Result != nil {
+		if out.Result, err = ast.JSON(o.Result.Value); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+// configuredPolicy finds the source (and query) of the stage's policy
+// directive in a configuration: every toolgate_policy (request) or
+// toolgate_result_policy (result) handler must name the same one.
+func configuredPolicy(configFile, adapter, stage, query string) (source, q string, err error) {
+	cfg, _, _, err := caddycmd.LoadConfig(configFile, adapter)
+	if err != nil {
+		return "", "", err
+	}
+	var doc any
+	if err := json.Unmarshal(cfg, &doc); err != nil {
+		return "", "", err
+	}
+	handler := "toolgate_policy"
+	if stage == stageResult {
+		handler = "toolgate_result_policy"
+	}
+	type found struct{ source, query string }
+	var all []found
+	var walk func(v any)
+	walk = func(v any) {
+		switch x := v.(type) {
+		case map[string]any:
+			if x["handler"] == handler {
+				f := found{query: query}
+				f.source, _ = x["source"].(string)
+				if q, ok := x["query"].(string); ok && q != "" {
+					f.query = q
+				}
+				all = append(all, f)
+			}
+			for _, c := range x {
+				walk(c)
+			}
+		case []any:
+			for _, c := range x {
+				walk(c)
+			}
+		}
+	}
+	walk(doc)
+	slices.SortFunc(all, func(a, b found) int { return cmp.Compare(a.source+"\x00"+a.query, b.source+"\x00"+b.query) })
+	all = slices.Compact(all)
+	switch {
+	case len(all) == 0:
+		return "", "", fmt.Errorf("%s has no %s directive", configFile, handler)
+	case len(all) > 1:
+		return "", "", fmt.Errorf("%s has %s directives with different policies (%v); name one with --policy", configFile, handler, all)
+	}
+	return all[0].source, all[0].query, nil
+}

@@ -1,0 +1,79 @@
+package policy
+
+import (
+	"github.com/open-policy-agent/opa/v1/ast"
+
+	"github.com/toolgate/toolgate/modules/gateway"
+)
+
+var (
+	keyMeta     = ast.StringTerm("_meta")
+	keyDecision = ast.StringTerm("toolgate/decision")
+	keyAction   = ast.StringTerm("action")
+)
+
+// markResult returns the JSON text of the tools/call result res with the
+// decision d in _meta["toolgate/decision"] (see withDecision). raw, when
+// not nil, is the text res was read from (spans its values' texts): a
+// result without _meta is then written as raw with the member put first,
+// every other byte as the upstream wrote it.
+func markResult(raw []byte, res *ast.Term, d *gateway.Decision, spans map[*ast.Term]string) ([]byte, error) {
+	if obj, ok := res.Value.(ast.Object); ok && raw != nil && obj.Get(keyMeta) == nil {
+		open := skipSpace(raw, 0)
+		if open < len(raw) && raw[open] == '{' {
+			b := make([]byte, 0, len(raw)+96)
+			b = append(b, raw[:open+1]...)
+			b = append(b, `"_meta":{"toolgate/decision":`...)
+			b = gateway.AppendDecisionMeta(b, d)
+			b = append(b, '}')
+			if next := skipSpace(raw, open+1); next < len(raw) && raw[next] != '}' {
+				b = append(b, ',')
+			}
+			return append(b, raw[open+1:]...), nil
+		}
+	}
+	return appendJSON(nil, withDecision(res, d), spans)
+}
+
+func skipSpace(b []byte, i int) int {
+	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
+		i++
+	}
+	return i
+}
+
+// withDecision returns the tools/call result res with
+// _meta["toolgate/decision"] set to {"id": id, "action": action}, so the
+// runner (and whoever reads its transcript) can find the decision in the
+// audit log. The rest of _meta and of the result is kept; a
+// "toolgate/decision" the upstream wrote is replaced, and a _meta that is
+// not an object too. res itself is not changed (its terms are shared with
+// the policy input). A result that is not an object is returned as is.
+func withDecision(res *ast.Term, d *gateway.Decision) *ast.Term {
+	obj, ok := res.Value.(ast.Object)
+	if !ok {
+		return res
+	}
+	meta := ast.NewObject()
+	if t := obj.Get(keyMeta); t != nil {
+		if m, ok := t.Value.(ast.Object); ok {
+			m.Foreach(func(k, v *ast.Term) {
+				if !k.Equal(keyDecision) {
+					meta.Insert(k, v)
+				}
+			})
+		}
+	}
+	meta.Insert(keyDecision, ast.ObjectTerm(
+		ast.Item(keyID, ast.StringTerm(d.ID)),
+		ast.Item(keyAction, ast.StringTerm(d.Action)),
+	))
+	out := ast.NewObject()
+	obj.Foreach(func(k, v *ast.Term) {
+		if !k.Equal(keyMeta) {
+			out.Insert(k, v)
+		}
+	})
+	out.Insert(keyMeta, ast.NewTerm(meta))
+	return ast.NewTerm(out)
+}
