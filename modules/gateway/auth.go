@@ -277,7 +277,6 @@ func (a *AuthConfig) CallerForAPIKey(key string) (*Caller, bool) {
 	return k.caller, true
 }
 
-
 // verifyJWT checks a JWT's signature and claims, and says until when the
 // verdict holds (its exp, plus the leeway).
 func (a *AuthConfig) verifyJWT(ctx context.Context, token string) (*Caller, time.Time, error) {
