@@ -116,7 +116,9 @@ func For(ctx caddy.Context, app *gateway.App) (*Manager, error) {
 	if err != nil {
 		return nil, err
 	}
-	return v.(*Manager), nil
+	m := v.(*Manager)
+	app.TakeClientAnswers(elicitationPrefix, m.clientAnswer)
+	return m, nil
 }
 
 func newManager(ctx caddy.Context, app *gateway.App) (*Manager, error) {

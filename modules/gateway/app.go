@@ -138,6 +138,7 @@ type App struct {
 	recorder DecisionRecorder
 	sharedMu *sync.Mutex
 	shared   map[string]any
+	answers  map[string]ClientAnswerFunc // by id prefix
 }
 
 // CaddyModule returns the Caddy module information.

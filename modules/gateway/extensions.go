@@ -1,11 +1,15 @@
 package gateway
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
+	"strings"
 	"sync"
 
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+
+	"github.com/toolgate/toolgate/internal/mcpmsg"
 )
 
 // Capabilities outside the kernel (approvals, for instance) may take their
@@ -61,4 +65,49 @@ func (a *App) Shared(key string, create func() (any, error)) (any, error) {
 	}
 	a.shared[key] = v
 	return v, nil
+}
+
+// ClientAnswerFunc takes a runner's answer to a request toolgate itself
+// sent (an elicitation on a held call's stream). An error is the reason the
+// answer is refused; its text is shown to the runner.
+type ClientAnswerFunc func(ctx context.Context, call *Call, answer mcpmsg.Message) error
+
+// TakeClientAnswers routes the runner's answers to requests whose id is a
+// JSON string starting with prefix to fn, instead of the upstream: such an
+// answer is toolgate's own, and is never relayed. Call it during Provision.
+func (a *App) TakeClientAnswers(prefix string, fn ClientAnswerFunc) {
+	if a.sharedMu == nil {
+		a.sharedMu = new(sync.Mutex)
+	}
+	a.sharedMu.Lock()
+	defer a.sharedMu.Unlock()
+	if a.answers == nil {
+		a.answers = map[string]ClientAnswerFunc{}
+	}
+	a.answers[prefix] = fn
+}
+
+// ClientAnswer hands answer to the capability whose request it answers.
+// taken is false when the answer is not to a request of toolgate's own.
+func (a *App) ClientAnswer(ctx context.Context, call *Call, answer mcpmsg.Message) (taken bool, err error) {
+	var id string
+	if answer.Kind != mcpmsg.Response || json.Unmarshal(answer.ID, &id) != nil {
+		return false, nil
+	}
+	if a.sharedMu == nil {
+		return false, nil
+	}
+	a.sharedMu.Lock()
+	var fn ClientAnswerFunc
+	for prefix, f := range a.answers {
+		if strings.HasPrefix(id, prefix) {
+			fn = f
+			break
+		}
+	}
+	a.sharedMu.Unlock()
+	if fn == nil {
+		return false, nil
+	}
+	return true, fn(ctx, call, answer)
 }

@@ -3,6 +3,7 @@ package policy
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"encoding/json"
 	"net"
 	"net/http"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/tidwall/gjson"
 	"go.uber.org/zap"
 
 	"github.com/toolgate/toolgate/internal/approval"
@@ -46,10 +48,7 @@ func acceptsSSE(r *http.Request) bool {
 func (h *RequestHandler) hold(w http.ResponseWriter, r *http.Request, call *gateway.Call, d *gateway.Decision, a *approval.Approval, next caddyhttp.Handler) error {
 	stream := newHeldStream(w)
 	page := approval.URL(h.app.BaseURL(r), a)
-	stream.event(notification("notifications/message", map[string]any{
-		"level": "warning", "logger": "toolgate",
-		"data": "this call waits for an approval: " + a.Reason + " — approve it at " + page,
-	}))
+	elicited := h.tellRunner(r.Context(), stream, call, a, page)
 	if token := gjsonProgressToken(call); token != nil {
 		stream.event(notification("notifications/progress", map[string]any{
 			"progressToken": token, "progress": 0, "message": "waiting for an approval at " + page,
@@ -79,10 +78,12 @@ func (h *RequestHandler) hold(w http.ResponseWriter, r *http.Request, call *gate
 		case err != nil:
 			h.logger.Warn("a held call cannot read its approval", zap.String("approval_id", a.ID), zap.Error(err))
 		case res.Kind == approval.Allow:
+			elicited()
 			err := h.allow(stream, r, call, next)
 			stream.Flush()
 			return err
 		case res.Kind == approval.Denied:
+			elicited()
 			stream.final(refusal(call, d, deniedBy(res.Approval)))
 			return nil
 		case res.Kind == approval.Pending:
@@ -91,6 +92,63 @@ func (h *RequestHandler) hold(w http.ResponseWriter, r *http.Request, call *gate
 			return nil
 		}
 	}
+}
+
+// tellRunner says on the held call's stream where its approval is
+// decided, in the way the runner's client understands best: an in_band
+// approval as a form elicitation (the person approves in the client), else
+// a URL elicitation naming the approval page, else a log message. It
+// returns what to send once the approval is decided (the completion of a
+// URL elicitation).
+func (h *RequestHandler) tellRunner(ctx context.Context, stream *heldStream, call *gateway.Call, a *approval.Approval, page string) (decided func()) {
+	decided = func() {}
+	switch {
+	case a.InBand && formElicitation(call):
+		params := map[string]any{"message": h.inBandQuestion(ctx, call, a), "requestedSchema": approval.FormSchema}
+		if call.MCPSession.Upstream().ProtocolVersion >= "2025-11-25" {
+			params["mode"] = approval.ModeForm
+		}
+		stream.event(request(approval.ElicitationID(a, approval.ModeForm), "elicitation/create", params))
+	case urlElicitation(call):
+		stream.event(request(approval.ElicitationID(a, approval.ModeURL), "elicitation/create", map[string]any{
+			"mode": approval.ModeURL, "elicitationId": a.ID, "url": page,
+			"message": "This call waits for an approval: " + a.Reason + ". Open the page to see it decided.",
+		}))
+		decided = func() {
+			stream.event(notification("notifications/elicitation/complete", map[string]any{"elicitationId": a.ID}))
+		}
+	default:
+		stream.event(notification("notifications/message", map[string]any{
+			"level": "warning", "logger": "toolgate",
+			"data": "this call waits for an approval: " + a.Reason + " — approve it at " + page,
+		}))
+	}
+	return decided
+}
+
+// inBandQuestion is what the client shows its person for an in-band
+// approval: the tool, the reason and the arguments as approvers see them.
+func (h *RequestHandler) inBandQuestion(ctx context.Context, call *gateway.Call, a *approval.Approval) string {
+	q := "Approve " + a.Tool + " on " + a.Service + "? " + a.Reason
+	if c, err := h.approvals.Store.Open(ctx, a); err == nil && len(c.Masked) > 0 {
+		q += "\nArguments: " + string(c.Masked)
+	}
+	return q
+}
+
+// formElicitation reports whether the runner declared form elicitation
+// when it initialized (2025-06-18's elicitation capability, or 2025-11-25's
+// form mode, which an empty elicitation capability also means).
+func formElicitation(call *gateway.Call) bool {
+	if call.MCPSession == nil {
+		return false
+	}
+	up := call.MCPSession.Upstream()
+	el := gjson.GetBytes(up.InitializeParams, "capabilities.elicitation")
+	if up.ProtocolVersion < "2025-06-18" || !el.IsObject() {
+		return false
+	}
+	return el.Get("form").IsObject() || !el.Get("url").Exists()
 }
 
 func gjsonProgressToken(call *gateway.Call) any {
@@ -103,6 +161,12 @@ func gjsonProgressToken(call *gateway.Call) any {
 		return nil
 	}
 	return params.Meta.ProgressToken
+}
+
+// request is a JSON-RPC request of toolgate's own to the runner.
+func request(id, method string, params map[string]any) []byte {
+	b, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": id, "method": method, "params": params})
+	return b
 }
 
 func notification(method string, params map[string]any) []byte {

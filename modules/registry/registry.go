@@ -162,6 +162,15 @@ func (h *Handler) readMessage(w http.ResponseWriter, r *http.Request, call *gate
 			"missing Mcp-Session-Id header: initialize first", nil)
 		return false
 	case msg.Kind == mcpmsg.Response:
+		if taken, err := h.app.ClientAnswer(r.Context(), call, msg); taken {
+			// The answer to toolgate's own request: it never goes upstream.
+			if err != nil {
+				gateway.WriteRPCError(w, http.StatusBadRequest, nil, gateway.CodeInvalidRequest, err.Error(), nil)
+			} else {
+				w.WriteHeader(http.StatusAccepted)
+			}
+			return false
+		}
 		// The answer to a server→client request: policy sees the method
 		// of the request it answers, matched on the id's value however the
 		// runner spells it. An answer to nothing pending is refused: it

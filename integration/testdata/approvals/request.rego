@@ -35,7 +35,14 @@ decision := {"action": "ask", "reason": "a malformed approval", "approval": {"tt
 	startswith(text, "malformed")
 }
 
+decision := {"action": "ask", "reason": "approve it yourself", "approval": {"in_band": true}} if {
+	input.tool.name == "gated_tool"
+	startswith(text, "in-band")
+}
+
 special if startswith(text, "four-eyes")
+
+special if startswith(text, "in-band")
 
 special if startswith(text, "tool-scope")
 
