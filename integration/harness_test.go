@@ -57,6 +57,7 @@ type gatewayConfig struct {
 	Console       string // the toolgate_console block's lines; default api_key_login
 	ServiceExtra  string // more lines in service svc's block
 	Log           string // the global log block's body; default output discard
+	RouteFirst    string // lines at the top of the MCP route, such as tracing
 }
 
 // gateway is a running toolgate.
@@ -132,6 +133,7 @@ func startGatewayOnPort(t testing.TB, port int, cfg gatewayConfig) *gateway {
 
 http://127.0.0.1:%[1]d {
 	route /v1/mcp/* {
+		%[22]s
 		toolgate_session
 		toolgate_registry
 		toolgate_policy {
@@ -153,7 +155,7 @@ http://127.0.0.1:%[1]d {
 }
 `, port, data, hashKey(aliceKey), alice, hashKey(bobKey), bob, cfg.Upstream, cfg.Tools, cfg.Auth,
 		cfg.RequestPolicy, cfg.ResultPolicy, cfg.Extra, cfg.Services, hashKey(carolKey), carol, cfg.PolicyOptions, cfg.Cipher, cfg.Timeout,
-		cfg.ServiceExtra, cfg.Log, cfg.Console)
+		cfg.ServiceExtra, cfg.Log, cfg.Console, cfg.RouteFirst)
 	loadCaddyfile(t, caddyfile)
 	g := &gateway{URL: fmt.Sprintf("http://127.0.0.1:%d", port), DataDir: data}
 	waitListening(t, g.URL)

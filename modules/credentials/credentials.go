@@ -12,6 +12,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.opentelemetry.io/otel/attribute"
 	"go.uber.org/zap"
 
 	"github.com/toolgate/toolgate/modules/gateway"
@@ -53,11 +54,15 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		return caddyhttp.Error(http.StatusInternalServerError,
 			errors.New("toolgate_credentials must come after toolgate_session and toolgate_registry in the route"))
 	}
-	cred, err := h.app.CredentialFor(r.Context(), call.Service, call.Caller.User)
+	ctx, span := gateway.StartSpan(r.Context(), "toolgate.credentials",
+		attribute.String("toolgate.service", call.Service.ID), attribute.String("toolgate.auth", string(call.Service.Auth.Kind)))
+	cred, err := h.app.CredentialFor(ctx, call.Service, call.Caller.User)
 	if err != nil {
+		gateway.EndSpan(span, errorKind(err))
 		h.fail(w, r, call, err)
 		return nil
 	}
+	span.End()
 	call.Credential = cred
 	return next.ServeHTTP(w, r)
 }

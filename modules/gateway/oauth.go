@@ -16,6 +16,8 @@ import (
 	"strings"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 	"go.uber.org/zap"
 	"golang.org/x/oauth2"
 	"golang.org/x/sync/singleflight"
@@ -565,17 +567,29 @@ func (a *App) OAuthConnection(ctx context.Context, svc *Service, user string) (*
 // unless the stored token is already another one.
 func (a *App) refreshShared(ctx context.Context, svc *Service, user, refused string) (*Connection, error) {
 	ch := refreshes.DoChan(ConnectionKey(svc.ID, user), func() (any, error) {
-		return a.refresh(svc, user, refused)
+		conn, outcome, err := a.refresh(svc, user, refused)
+		if outcome != "" {
+			countRefresh(svc.ID, outcome)
+		}
+		return refreshed{conn, outcome}, err
 	})
 	select {
 	case res := <-ch:
+		r := res.Val.(refreshed)
+		trace.SpanFromContext(ctx).AddEvent("oauth refresh", trace.WithAttributes(attribute.String("outcome", r.outcome)))
 		if res.Err != nil {
 			return nil, res.Err
 		}
-		return res.Val.(*Connection), nil
+		return r.conn, nil
 	case <-ctx.Done():
 		return nil, &ProviderError{kind: ErrProviderUnavailable, Reason: "timeout"}
 	}
+}
+
+// refreshed is what one refresh gave all who waited for it.
+type refreshed struct {
+	conn    *Connection
+	outcome string // as toolgate_oauth_refreshes_total counts it; "" when not counted
 }
 
 // refreshLockName is the storage lock serializing refreshes of user's
@@ -584,34 +598,33 @@ func refreshLockName(service, user string) string {
 	return "toolgate_refresh_" + hashKey(ConnectionKey(service, user))
 }
 
-// refresh renews user's grant for svc under the grant's storage lock. It
+// refresh renews user's grant for svc under the grant's storage lock, and
+// says how it went (the outcome toolgate_oauth_refreshes_total counts). It
 // re-reads the grant first: another replica may have refreshed it while
 // this one waited, and then no provider call is made. A rotated refresh
 // token is stored before the new access token is returned.
-func (a *App) refresh(svc *Service, user, refused string) (*Connection, error) {
+func (a *App) refresh(svc *Service, user, refused string) (*Connection, string, error) {
 	o := svc.Auth.OAuth
 	ctx, cancel := context.WithTimeout(context.Background(), refreshTimeout)
 	defer cancel()
 	lock := refreshLockName(svc.ID, user)
 	if err := a.storage.Lock(ctx, lock); err != nil {
-		countRefresh(svc.ID, "failed")
-		return nil, fmt.Errorf("%w: waiting for the refresh lock: %v", ErrStorageUnavailable, err)
+		return nil, "failed", fmt.Errorf("%w: waiting for the refresh lock: %v", ErrStorageUnavailable, err)
 	}
 	defer a.unlock(lock)
 
 	cur, err := a.connections.LoadFresh(ctx, svc.ID, user)
 	if err != nil {
-		if !errors.Is(err, ErrNotConnected) {
-			countRefresh(svc.ID, "failed")
+		if errors.Is(err, ErrNotConnected) {
+			return nil, "", err
 		}
-		return nil, err
+		return nil, "failed", err
 	}
 	if !cur.NeedsRefresh(time.Duration(o.RefreshSkew)) && (refused == "" || cur.AccessToken != refused) {
-		countRefresh(svc.ID, "already_refreshed")
-		return cur, nil
+		return cur, "already_refreshed", nil
 	}
 	if cur.RefreshToken == "" {
-		return nil, ErrGrantExpired
+		return nil, "", ErrGrantExpired
 	}
 
 	tctx, tcancel := a.tokenContext(providerTimeout)
@@ -630,32 +643,28 @@ func (a *App) refresh(svc *Service, user, refused string) (*Connection, error) {
 		fields := []zap.Field{zap.String("service", svc.ID), zap.String("user", user),
 			zap.Int("status", pe.Status), zap.String("error_code", pe.Code), zap.String("reason", pe.Reason)}
 		if errors.Is(pe, ErrGrantRejected) {
-			countRefresh(svc.ID, "rejected")
 			if err := a.connections.Reject(ctx, svc.ID, user); err != nil {
 				a.logger.Error("deleting a rejected oauth grant failed", zap.String("service", svc.ID), zap.Error(err))
 			}
 			a.logger.Warn("the provider rejected the refresh token; the grant is deleted and the user must connect again", fields...)
-			return nil, pe
+			return nil, "rejected", pe
 		}
-		countRefresh(svc.ID, "failed")
 		a.logger.Warn("oauth token refresh failed; the grant is kept", fields...)
-		return nil, pe
+		return nil, "failed", pe
 	}
 	next := *cur
 	next.applyToken(tok, o.Scopes)
 	next.RefreshedAt = now().UTC()
 	next.RefreshCount++
 	if err := a.connections.Save(ctx, svc.ID, user, &next); err != nil {
-		countRefresh(svc.ID, "failed")
 		a.logger.Error("storing a refreshed oauth grant failed; if the provider rotated the refresh token, the user must connect again",
 			zap.String("service", svc.ID), zap.String("user", user), zap.Error(err))
-		return nil, err
+		return nil, "failed", err
 	}
-	countRefresh(svc.ID, "refreshed")
 	a.logger.Debug("oauth token refreshed", zap.String("service", svc.ID), zap.String("user", user),
 		zap.Int("refresh_count", next.RefreshCount), zap.Time("expiry", next.Expiry))
 	stored := next
-	return &stored, nil
+	return &stored, "refreshed", nil
 }
 
 // unlock releases a storage lock, logging a failure (the lock then expires

@@ -12,6 +12,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
+
 	"github.com/toolgate/toolgate/internal/mcpmsg"
 	"github.com/toolgate/toolgate/modules/gateway"
 )
@@ -62,8 +64,22 @@ const drainLimit = 64 << 10
 // personal credential and a fresh one exists (another replica refreshed the
 // grant, or the provider revoked the token early). A refused request was not
 // processed, so sending it again is safe.
-func (h *Handler) exchange(ctx context.Context, call *gateway.Call, up gateway.Upstream, method string, body []byte, lastEventID string) (*http.Response, error) {
-	resp, err := h.attempt(ctx, call, up, method, body, lastEventID)
+func (h *Handler) exchange(ctx context.Context, call *gateway.Call, up gateway.Upstream, method string, body []byte, lastEventID string) (resp *http.Response, err error) {
+	ctx, span := gateway.StartSpan(ctx, "toolgate.upstream", attribute.String("toolgate.service", call.Service.ID),
+		attribute.String("http.request.method", method), attribute.String("mcp.method", call.Method))
+	if span.IsRecording() {
+		defer func() {
+			why := ""
+			if resp != nil {
+				span.SetAttributes(attribute.Int("http.response.status_code", resp.StatusCode))
+			}
+			if err != nil {
+				why = err.Error()
+			}
+			gateway.EndSpan(span, why)
+		}()
+	}
+	resp, err = h.attempt(ctx, call, up, method, body, lastEventID)
 	if !isKind(err, kindUnauthorized) || call.Credential == nil {
 		return resp, err
 	}
@@ -115,6 +131,7 @@ func (h *Handler) attempt(ctx context.Context, call *gateway.Call, up gateway.Up
 	if c := call.Credential; c != nil {
 		hdr.Set(c.Header, c.Value)
 	}
+	gateway.InjectTrace(ctx, hdr)
 	var headerTimer *time.Timer
 	if d := time.Duration(svc.ResponseHeaderTimeout); d > 0 {
 		headerTimer = time.AfterFunc(d, cancel)

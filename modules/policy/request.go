@@ -60,6 +60,7 @@ func (h *RequestHandler) ServeHTTP(w http.ResponseWriter, r *http.Request, next 
 	if call.Method == "tools/call" {
 		tool = toolTerm(call.ToolDefinition(), call.Message.Name, call.Service)
 	}
+	_, span := gateway.StartSpan(r.Context(), "toolgate.policy.request", traceAttributes(call)...)
 	o := outcome{}.deny(failError, "the gateway could not build the policy input")
 	input, err := requestInput(call, tool, false)
 	if err == nil && call.Method == "tools/call" {
@@ -70,6 +71,7 @@ func (h *RequestHandler) ServeHTTP(w http.ResponseWriter, r *http.Request, next 
 			h.logger.Info("tools/call refused: ambiguous argument names", zap.String("service", call.Service.ID),
 				zap.String("tool", call.Message.Name), zap.Error(err))
 			gateway.WriteRPC(w, http.StatusOK, gateway.RPCResult(call.Message.ID, gateway.ToolError("toolgate refused the call: "+err.Error(), nil)))
+			gateway.EndSpan(span, "ambiguous argument names")
 			return nil
 		}
 	}
@@ -85,6 +87,7 @@ func (h *RequestHandler) ServeHTTP(w http.ResponseWriter, r *http.Request, next 
 	}
 	d := h.newDecision(r.Context(), call, o, stageRequest, call.Message.Arguments, nil, input)
 	call.Decision = d
+	endDecisionSpan(span, d, o)
 	if o.Arguments != nil && call.Method == "tools/call" && o.Action != gateway.ActionDeny {
 		// What goes upstream, and what an approval is about.
 		args, err := json.Marshal(o.Arguments)

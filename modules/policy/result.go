@@ -72,6 +72,7 @@ func (h *ResultHandler) ServeHTTP(w http.ResponseWriter, r *http.Request, next c
 func (h *ResultHandler) check(ctx context.Context, call *gateway.Call, result []byte, base string) ([]byte, error) {
 	// The input is built for the policy version that decides, whose scan
 	// settings it uses.
+	ctx, span := gateway.StartSpan(ctx, "toolgate.policy.result", traceAttributes(call)...)
 	sum := h.digest(result) // for the audit entry, hashed while the policy evaluates
 	c := h.engine.current.Load()
 	o := outcome{}.deny(failError, "the gateway could not build the policy input")
@@ -98,6 +99,7 @@ func (h *ResultHandler) check(ctx context.Context, call *gateway.Call, result []
 	}
 	d := h.newDecisionWithID(ctx, id, call, o, stageResult, result, sum, input)
 	call.Decision = d
+	endDecisionSpan(span, d, o)
 	switch o.Action {
 	case gateway.ActionAllow:
 		return out, nil
