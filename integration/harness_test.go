@@ -148,6 +148,7 @@ http://127.0.0.1:%[1]d {
 		}
 		toolgate_proxy
 	}
+	metrics /metrics
 	toolgate_api
 	toolgate_console {
 		%[21]s

@@ -393,6 +393,7 @@ func TestOAuthConnectCallAndRefresh(t *testing.T) {
 		!strings.Contains(string(r.Body), `"needs_sign_in":true`) {
 		t.Fatalf("connection test without a grant: %d %s", r.StatusCode, r.Body)
 	}
+	requireMetrics(t, g, oauthMetricNames...) // what the dashboard charts of OAuth
 }
 
 // checkAuthorizeURL checks an authorization URL toolgate built.
