@@ -68,7 +68,8 @@ func (h *RequestHandler) ask(w http.ResponseWriter, r *http.Request, call *gatew
 	if h.ApprovalWait > 0 && acceptsSSE(r) {
 		return false, res.Approval
 	}
-	writeAnswer(w, call, pendingMessage(call, d, res.Approval, h.app.BaseURL(r)))
+	status, msg := h.pending(call, d, res.Approval, h.app.BaseURL(r))
+	gateway.WriteRPC(w, status, msg)
 	return false, nil
 }
 
