@@ -136,7 +136,7 @@ func TestRego(t *testing.T) {
 	check := func(runner *tester.Runner) {
 		// The timeout only stops a runaway rule: the corpus tests take a
 		// minute and more on a loaded two-core machine.
-		ch, err := runner.SetStore(store).CapturePrintOutput(true).SetTimeout(15 * time.Minute).RunTests(ctx, nil)
+		ch, err := runner.SetStore(store).CapturePrintOutput(true).SetTimeout(15*time.Minute).RunTests(ctx, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
