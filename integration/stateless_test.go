@@ -452,3 +452,35 @@ func TestStatelessRunnerLegacyUpstream(t *testing.T) {
 		}
 	}
 }
+
+// approval_wait holds calls of runners that take requests on a stream; a
+// stateless runner takes none, so its call is answered at once with the
+// input_required round, even from a gateway with approval_wait, and behind
+// an upstream that initializes (whose implied session declared URL
+// elicitation in its initialize).
+func TestStatelessNotHeld(t *testing.T) {
+	up := startUpstream(t)
+	g := startGateway(t, gatewayConfig{Upstream: up.URL, PolicyOptions: "approval_wait 30s"})
+	session := g.createSession(t, aliceKey, "svc")
+	body := `{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{"name":"gated_tool","arguments":{},` +
+		`"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{"elicitation":{"url":{}}}}}}`
+	done := make(chan struct{})
+	var status int
+	var msg map[string]any
+	go func() {
+		defer close(done)
+		status, msg = statelessPost(t, g, aliceKey, session, body, nil)
+	}()
+	select {
+	case <-done:
+	case <-time.After(15 * time.Second):
+		t.Fatal("the stateless call was held")
+	}
+	res, _ := msg["result"].(map[string]any)
+	if status != 200 || res["resultType"] != "input_required" {
+		t.Fatalf("gated_tool: %d %v", status, msg)
+	}
+	if strings.Contains(fmt.Sprint(msg), "elicitationId") {
+		t.Fatalf("a stateless runner was sent the earlier revision's URL elicitation: %v", msg)
+	}
+}
