@@ -15,23 +15,37 @@ import (
 	"time"
 )
 
-// conformanceVersion pins the MCP conformance suite. 0.1.12 is the newest
-// release that runs on Node.js 20.
-const conformanceVersion = "0.1.12"
+// The conformance suite, pinned, in two generations: 0.1.12 is the newest
+// release that runs on Node.js 20 and checks the revisions that
+// initialize; 0.2.0-alpha.12 checks the stateless revision (2026-07-28) and
+// needs Node.js 22, which npm installs as the package node@22.23.3.
+const (
+	conformanceVersion     = "0.1.12"
+	conformance2026Version = "0.2.0-alpha.12"
+	node22Version          = "22.23.3"
+)
 
-// TestConformance runs the MCP conformance suite in server mode twice:
-// against the MCP Go SDK's everything-server directly, and against toolgate
-// fronting it (integration/conformance/Caddyfile). toolgate must be
-// invisible: every scenario must end with the same passed and failed checks
-// both ways. `make conformance` runs it and prints both summaries.
+// TestConformance runs the MCP conformance suite in server mode, directly
+// against the MCP Go SDK's everything-server and through toolgate fronting
+// it (integration/conformance/Caddyfile), in both generations: 0.1.12
+// against the server in stateful mode (server→client requests need a
+// session), and 0.2.0-alpha.12 with the 2026-07-28 requirement set against
+// the server in its default stateless mode, which speaks every revision.
+// toolgate must be invisible: every scenario must end with the same passed
+// and failed checks both ways. `make conformance` runs it and prints the
+// summaries.
 func TestConformance(t *testing.T) {
-	suite := conformanceSuite(t)
-	upstreamPort := freePort(t)
-	startEverythingServer(t, upstreamPort)
+	suite := conformanceSuite(t, conformanceVersion, "")
+	node22 := nodeBin(t)
+	suite2026 := conformanceSuite(t, conformance2026Version, node22)
+	upstreamPort, statelessPort := freePort(t), freePort(t)
+	startEverythingServer(t, upstreamPort, false)
+	startEverythingServer(t, statelessPort, true)
 
 	gatewayPort := freePort(t)
 	t.Setenv("CONFORMANCE_GATEWAY_PORT", strconv.Itoa(gatewayPort))
 	t.Setenv("CONFORMANCE_UPSTREAM_PORT", strconv.Itoa(upstreamPort))
+	t.Setenv("CONFORMANCE_STATELESS_PORT", strconv.Itoa(statelessPort))
 	t.Setenv("CONFORMANCE_DATA", t.TempDir())
 	caddyfile, err := os.ReadFile(filepath.Join("conformance", "Caddyfile"))
 	if err != nil {
@@ -40,11 +54,23 @@ func TestConformance(t *testing.T) {
 	loadCaddyfile(t, string(caddyfile))
 	waitListening(t, fmt.Sprintf("http://127.0.0.1:%d", gatewayPort))
 
-	direct := runConformance(t, suite, fmt.Sprintf("http://127.0.0.1:%d/mcp", upstreamPort))
-	through := runConformance(t, suite, fmt.Sprintf("http://127.0.0.1:%d/v1/mcp/everything", gatewayPort))
-	t.Logf("MCP conformance %s, directly against the everything-server:\n%s", conformanceVersion, direct.text)
-	t.Logf("MCP conformance %s, through toolgate:\n%s", conformanceVersion, through.text)
+	t.Run(conformanceVersion, func(t *testing.T) {
+		direct := runConformance(t, suite, "", fmt.Sprintf("http://127.0.0.1:%d/mcp", upstreamPort))
+		through := runConformance(t, suite, "", fmt.Sprintf("http://127.0.0.1:%d/v1/mcp/everything", gatewayPort))
+		compareConformance(t, conformanceVersion, direct, through)
+	})
+	t.Run(conformance2026Version, func(t *testing.T) {
+		direct := runConformance(t, suite2026, node22, fmt.Sprintf("http://127.0.0.1:%d/mcp", statelessPort), "--requirements", "2026-07-28")
+		through := runConformance(t, suite2026, node22, fmt.Sprintf("http://127.0.0.1:%d/v1/mcp/stateless", gatewayPort), "--requirements", "2026-07-28")
+		compareConformance(t, conformance2026Version+" (2026-07-28)", direct, through)
+	})
+}
 
+// compareConformance fails on any scenario whose checks differ.
+func compareConformance(t *testing.T, what string, direct, through conformanceResult) {
+	t.Helper()
+	t.Logf("MCP conformance %s, directly against the everything-server:\n%s", what, direct.text)
+	t.Logf("MCP conformance %s, through toolgate:\n%s", what, through.text)
 	if len(direct.scenarios) == 0 {
 		t.Fatal("the direct run reported no scenarios")
 	}
@@ -74,12 +100,16 @@ type conformanceResult struct {
 
 var summaryLine = regexp.MustCompile(`^[✓✗] (\S+): (\d+) passed, (\d+) failed`)
 
-// runConformance runs every active server scenario against url.
-func runConformance(t *testing.T, suite, url string) conformanceResult {
+// runConformance runs every active server scenario against url, with the
+// node binary given ("" for the one on PATH).
+func runConformance(t *testing.T, suite, node, url string, args ...string) conformanceResult {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, "node", suite, "server", "--url", url)
+	if node == "" {
+		node = "node"
+	}
+	cmd := exec.CommandContext(ctx, node, append([]string{suite, "server", "--url", url}, args...)...)
 	cmd.Dir = t.TempDir() // the suite writes results/ into its working directory
 	out, err := cmd.CombinedOutput()
 	res := conformanceResult{scenarios: map[string]checkCounts{}}
@@ -108,14 +138,15 @@ func runConformance(t *testing.T, suite, url string) conformanceResult {
 	return res
 }
 
-// conformanceSuite installs the pinned suite from npm once into the cache
-// and returns the path of its entry point.
-func conformanceSuite(t *testing.T) string {
+// conformanceSuite installs the suite at version from npm once into the
+// cache (with the npm of node's directory, "" for the one on PATH) and
+// returns the path of its entry point.
+func conformanceSuite(t *testing.T, version, node string) string {
 	t.Helper()
 	if _, err := exec.LookPath("node"); err != nil {
 		requirePeer(t, "Node.js 20 (node and npm) is needed for the MCP conformance suite")
 	}
-	dir := filepath.Join(cacheDir(t), "conformance-"+conformanceVersion)
+	dir := filepath.Join(cacheDir(t), "conformance-"+version)
 	entry := filepath.Join(dir, "node_modules", "@modelcontextprotocol", "conformance", "dist", "index.js")
 	if _, err := os.Stat(entry); err == nil {
 		return entry
@@ -124,9 +155,12 @@ func conformanceSuite(t *testing.T) string {
 		t.Fatal(err)
 	}
 	cmd := exec.Command("npm", "install", "--prefix", dir, "--no-audit", "--no-fund", "--loglevel=error",
-		"@modelcontextprotocol/conformance@"+conformanceVersion)
+		"@modelcontextprotocol/conformance@"+version)
+	if node != "" {
+		cmd.Env = append(os.Environ(), "PATH="+filepath.Dir(node)+string(os.PathListSeparator)+os.Getenv("PATH"))
+	}
 	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("npm install @modelcontextprotocol/conformance@%s: %v\n%s", conformanceVersion, err, out)
+		t.Fatalf("npm install @modelcontextprotocol/conformance@%s: %v\n%s", version, err, out)
 	}
 	if _, err := os.Stat(entry); err != nil {
 		t.Fatalf("the conformance suite has no %s after npm install", entry)
@@ -134,17 +168,40 @@ func conformanceSuite(t *testing.T) string {
 	return entry
 }
 
+// nodeBin installs Node.js 22 from npm (the package node@22.23.3, which
+// ships the binary) once into the cache and returns the path of node.
+func nodeBin(t *testing.T) string {
+	t.Helper()
+	if _, err := exec.LookPath("npm"); err != nil {
+		requirePeer(t, "npm is needed to install Node.js 22 for the MCP conformance suite")
+	}
+	dir := filepath.Join(cacheDir(t), "node-"+node22Version)
+	bin := filepath.Join(dir, "node_modules", ".bin", "node")
+	if _, err := os.Stat(bin); err == nil {
+		return bin
+	}
+	cmd := exec.Command("npm", "install", "--prefix", dir, "--no-audit", "--no-fund", "--loglevel=error", "node@"+node22Version)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("npm install node@%s: %v\n%s", node22Version, err, out)
+	}
+	if _, err := os.Stat(bin); err != nil {
+		t.Fatalf("no %s after npm install node@%s", bin, node22Version)
+	}
+	return bin
+}
+
 // startEverythingServer builds the MCP Go SDK's conformance server at the
-// SDK version in go.mod and runs it, stateful (server→client requests need
-// a session), on port.
-func startEverythingServer(t *testing.T, port int) {
+// SDK version in go.mod and runs it on port, stateful (server→client
+// requests need a session) or stateless (every revision, 2026-07-28
+// included).
+func startEverythingServer(t *testing.T, port int, stateless bool) {
 	t.Helper()
 	bin := filepath.Join(t.TempDir(), "everything-server")
 	build := exec.Command("go", "build", "-o", bin, "github.com/modelcontextprotocol/go-sdk/conformance/everything-server")
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("building the everything-server: %v\n%s", err, out)
 	}
-	cmd := exec.Command(bin, "-http", fmt.Sprintf("127.0.0.1:%d", port), "-stateless=false")
+	cmd := exec.Command(bin, "-http", fmt.Sprintf("127.0.0.1:%d", port), "-stateless="+strconv.FormatBool(stateless))
 	var logs bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &logs, &logs
 	if err := cmd.Start(); err != nil {

@@ -60,6 +60,12 @@ type Message struct {
 	URI             string // params.uri (resources/read, resources/subscribe, …)
 	ProgressToken   []byte // JSON text of params._meta.progressToken
 	ProtocolVersion string // params.protocolVersion (initialize)
+	Meta            []byte // JSON text of params._meta; nil when absent
+	// InputResponses and RequestState are the JSON text of the members a
+	// retry of a multi round-trip request carries (2026-07-28); nil when
+	// absent.
+	InputResponses []byte
+	RequestState   []byte
 
 	// Result is the JSON text of "result" and Error of "error", for responses.
 	Result []byte
@@ -280,8 +286,13 @@ func (m *Message) readParams() error {
 			m.Arguments = raw
 		case "_meta":
 			if raw[0] == '{' {
+				m.Meta = raw
 				m.ProgressToken = memberOf(raw, "progressToken")
 			}
+		case "inputResponses":
+			m.InputResponses = raw
+		case "requestState":
+			m.RequestState = raw
 		default:
 			return p.checkSpelling(key, start, paramsMembers)
 		}
@@ -295,7 +306,8 @@ func (m *Message) readParams() error {
 // as that member, and Parse would not.
 var (
 	messageMembers = [][]byte{[]byte("jsonrpc"), []byte("id"), []byte("method"), []byte("params"), []byte("result"), []byte("error")}
-	paramsMembers  = [][]byte{[]byte("name"), []byte("arguments"), []byte("uri"), []byte("protocolVersion"), []byte("_meta")}
+	paramsMembers  = [][]byte{[]byte("name"), []byte("arguments"), []byte("uri"), []byte("protocolVersion"), []byte("_meta"),
+		[]byte("inputResponses"), []byte("requestState")}
 )
 
 func (p *parser) checkSpelling(key []byte, off int, members [][]byte) error {
@@ -306,6 +318,10 @@ func (p *parser) checkSpelling(key []byte, off int, members [][]byte) error {
 	}
 	return nil
 }
+
+// MemberOf returns the JSON text of key in the valid JSON object obj, or
+// nil when obj has no such member.
+func MemberOf(obj []byte, key string) []byte { return memberOf(obj, key) }
 
 // memberOf returns the JSON text of key in the valid JSON object obj.
 func memberOf(obj []byte, key string) []byte {
@@ -762,4 +778,43 @@ func ReplaceMember(obj []byte, key string, value []byte) []byte {
 	out = append(out, ':')
 	out = append(out, value...)
 	return append(out, obj[closing:]...)
+}
+
+// RemoveMember returns a copy of the valid JSON object obj without key
+// (obj itself when it has no such member).
+func RemoveMember(obj []byte, key string) []byte {
+	start, end, prev := -1, -1, -1
+	last := -1 // where the previous member's value ended
+	p := parser{data: obj, maxDepth: 1 << 30}
+	p.skipSpace()
+	_ = p.object(1, func(k []byte, s int) error {
+		e, err := p.value(2)
+		if err == nil && string(k) == key && start < 0 {
+			start, end, prev = s, e, last
+		}
+		last = e
+		return err
+	})
+	if start < 0 {
+		return obj
+	}
+	// Cut from the end of the previous member, or, for the first member,
+	// from the opening brace up to the comma after it.
+	out := make([]byte, 0, len(obj))
+	if prev >= 0 {
+		out = append(out, obj[:prev]...)
+		return append(out, obj[end:]...)
+	}
+	rest := obj[end:]
+	if i := bytes.IndexByte(rest, ','); i >= 0 && len(bytes.TrimSpace(rest[:i])) == 0 {
+		rest = rest[i+1:]
+	}
+	out = append(out, obj[:bytes.IndexByte(obj, '{')+1]...)
+	return append(out, rest...)
+}
+
+// String decodes raw, the JSON text of a value, if it is a string.
+func String(raw []byte) (string, bool) {
+	var p parser
+	return p.stringValue(raw)
 }

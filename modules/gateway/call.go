@@ -28,6 +28,10 @@ type Call struct {
 	Method string
 	// ProtocolVersion is the protocol the runner speaks on this request.
 	ProtocolVersion string
+	// Stateless is set for a request of the stateless revision
+	// (2026-07-28); MCPSession is then the session toolgate implies for
+	// the caller, toolgate session, service and declared capabilities.
+	Stateless *Stateless
 
 	// Set by toolgate_policy, then by toolgate_result_policy once it has
 	// decided the result.

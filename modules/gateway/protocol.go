@@ -18,3 +18,31 @@ const DefaultProtocolVersion = "2025-03-26"
 
 // SupportsProtocolVersion reports whether toolgate speaks v with runners.
 func SupportsProtocolVersion(v string) bool { return slices.Contains(ProtocolVersions, v) }
+
+// StatelessProtocolVersion is the revision without initialize and without
+// MCP sessions: every request carries its protocol version and the
+// client's capabilities in _meta (see internal/mcp2026).
+const StatelessProtocolVersion = "2026-07-28"
+
+// AllProtocolVersions are every version toolgate speaks with runners,
+// newest first: the stateless revision and the ones that initialize.
+func AllProtocolVersions() []string {
+	return append([]string{StatelessProtocolVersion}, ProtocolVersions...)
+}
+
+// Stateless is what a request of the stateless revision declares about
+// its client in _meta, checked by toolgate_registry before any policy
+// sees the request.
+type Stateless struct {
+	// Capabilities is the JSON text of the client's capabilities for this
+	// request (io.modelcontextprotocol/clientCapabilities).
+	Capabilities []byte
+	// ClientInfo is the JSON text of io.modelcontextprotocol/clientInfo,
+	// nil when the client sent none.
+	ClientInfo []byte
+	// OwnState is set when the request is the retry of toolgate's own
+	// input_required answer (an approval): its requestState was sealed by
+	// toolgate and verified, and it and toolgate's input response are not
+	// sent upstream.
+	OwnState bool
+}

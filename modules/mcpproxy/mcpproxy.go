@@ -28,6 +28,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
 
+	"github.com/toolgate/toolgate/internal/mcp2026"
 	"github.com/toolgate/toolgate/internal/mcpmsg"
 	"github.com/toolgate/toolgate/modules/gateway"
 )
@@ -42,6 +43,7 @@ type Handler struct {
 	client     *http.Client
 	maxMessage int64
 	limits     mcpmsg.Limits
+	stateless  *mcp2026.Runtime
 	logger     *zap.Logger
 }
 
@@ -69,6 +71,13 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	h.maxMessage = h.app.MaxResponseBytes
 	h.limits = mcpmsg.Limits{MaxDepth: h.app.MaxJSONDepth}
 	h.app.OnMCPSessionEnd(h.expired)
+	if h.stateless, err = mcp2026.For(h.app); err != nil {
+		return err
+	}
+	h.stateless.SetOpener(func(ctx context.Context, call *gateway.Call) error {
+		_, err := h.openImplied(ctx, call)
+		return err
+	})
 	return nil
 }
 
@@ -83,6 +92,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, _ caddyhttp.
 		defer ms.Begin()()
 	}
 	switch {
+	case call.Stateless != nil:
+		h.serveStateless(w, r, call)
 	case r.Method == http.MethodGet:
 		h.stream(w, r, call)
 	case r.Method == http.MethodDelete:
@@ -191,7 +202,13 @@ func (h *Handler) relay(runner context.Context, w http.ResponseWriter, call *gat
 			return
 		}
 		if isResponseTo(msg, call.Message.ID) {
-			if h.writeFinal(w, out, st.id(rs.lastEventID()), h.deliver(rs.ctx, call, msg, out != nil)) {
+			data := h.deliver(rs.ctx, call, msg, out != nil)
+			if out == nil && rs.status != 0 && call.Stateless != nil {
+				// A stateless runner reads the HTTP status of an error too.
+				gateway.WriteRPC(w, rs.status, data)
+				return
+			}
+			if h.writeFinal(w, out, st.id(rs.lastEventID()), data) {
 				st.finished()
 			}
 			return
@@ -218,8 +235,15 @@ func (h *Handler) relay(runner context.Context, w http.ResponseWriter, call *gat
 func (h *Handler) deliver(ctx context.Context, call *gateway.Call, msg mcpmsg.Message, canRequest bool) []byte {
 	switch {
 	case call.IsRequest() && isResponseTo(msg, call.Message.ID):
+		if call.Stateless != nil && msg.Result != nil {
+			return h.finishStateless(ctx, call, msg)
+		}
 		return h.finish(ctx, call, msg)
 	case msg.Kind == mcpmsg.Request:
+		if call.Stateless != nil {
+			h.refuseServerRequest(call, msg, "the client speaks protocol "+mcp2026.Version+", which has no server requests on a stream")
+			return nil
+		}
 		if !canRequest {
 			h.refuseServerRequest(call, msg, "the client's request does not accept an SSE stream, so toolgate cannot relay "+msg.Method+" to it")
 			return nil
@@ -329,6 +353,9 @@ func mayHaveRun(err error) bool {
 func (h *Handler) cancelUpstream(call *gateway.Call, up gateway.Upstream, why string) {
 	if !call.IsRequest() || call.Method == "initialize" || call.MCPSession.Closed() {
 		return
+	}
+	if up.ProtocolVersion == mcp2026.Version {
+		return // closing the request's stream, done already, is the cancellation
 	}
 	body := make([]byte, 0, 128)
 	body = append(body, `{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":`...)

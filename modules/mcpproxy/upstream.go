@@ -128,6 +128,9 @@ func (h *Handler) attempt(ctx context.Context, call *gateway.Call, up gateway.Up
 	if lastEventID != "" {
 		hdr["Last-Event-Id"] = []string{lastEventID}
 	}
+	for k, v := range upstreamHeaders(ctx) {
+		hdr[k] = v
+	}
 	if c := call.Credential; c != nil {
 		hdr.Set(c.Header, c.Value)
 	}
@@ -208,7 +211,9 @@ type response struct {
 	resp *http.Response
 	sse  *sseReader
 	body []byte // a JSON body read already (an upstream's 4xx answer)
-	done bool   // the single JSON message was returned
+	// status is the HTTP status of that 4xx answer, 0 for a 2xx one.
+	status int
+	done   bool // the single JSON message was returned
 
 	// stalls counts the resumptions in a row that brought nothing new.
 	stalls int
@@ -248,7 +253,7 @@ func (h *Handler) rejectedResponse(ctx context.Context, call *gateway.Call, up g
 	if perr != nil || !isResponseTo(msg, id) {
 		return nil, mcpmsg.Message{}, false
 	}
-	return &response{h: h, ctx: ctx, call: call, up: up, body: msg.Raw}, msg, true
+	return &response{h: h, ctx: ctx, call: call, up: up, body: msg.Raw, status: ue.status}, msg, true
 }
 
 // next returns the next JSON-RPC message from the upstream, read once and
@@ -413,6 +418,7 @@ func (r *response) close() {
 // it, skipping anything else on the stream. An upstream's 4xx answer with
 // a JSON-RPC response to the request is that response.
 func (h *Handler) roundTrip(ctx context.Context, call *gateway.Call, up gateway.Upstream, id, body []byte) (http.Header, mcpmsg.Message, error) {
+	ctx, body = ownRequest(ctx, up, body)
 	httpResp, err := h.exchange(ctx, call, up, http.MethodPost, body, "")
 	if _, msg, ok := h.rejectedResponse(ctx, call, up, err, id); ok {
 		return http.Header{}, msg, nil

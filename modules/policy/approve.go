@@ -65,10 +65,13 @@ func (h *RequestHandler) ask(w http.ResponseWriter, r *http.Request, call *gatew
 		h.refuse(w, call, d, deniedBy(res.Approval))
 		return false, nil
 	}
-	if h.ApprovalWait > 0 && acceptsSSE(r) {
+	// A stateless call (2026-07-28) is not held: its runner takes no
+	// requests on a stream, and gets an input_required round instead.
+	if h.ApprovalWait > 0 && acceptsSSE(r) && call.Stateless == nil {
 		return false, res.Approval
 	}
-	writeAnswer(w, call, pendingMessage(call, d, res.Approval, h.app.BaseURL(r)))
+	status, msg := h.pending(call, d, res.Approval, h.app.BaseURL(r))
+	gateway.WriteRPC(w, status, msg)
 	return false, nil
 }
 

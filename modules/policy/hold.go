@@ -61,7 +61,7 @@ func (h *RequestHandler) hold(w http.ResponseWriter, r *http.Request, call *gate
 	for {
 		wait := min(holdPoll, time.Until(until))
 		if wait <= 0 {
-			stream.final(pendingMessage(call, d, a, h.app.BaseURL(r)))
+			stream.final(h.pendingFinal(call, d, a, h.app.BaseURL(r)))
 			return nil
 		}
 		h.approvals.Wait(ctx, a.ID, wait)
@@ -88,7 +88,7 @@ func (h *RequestHandler) hold(w http.ResponseWriter, r *http.Request, call *gate
 			return nil
 		case res.Kind == approval.Pending:
 		default: // expired, or used by another retry
-			stream.final(pendingMessage(call, d, a, h.app.BaseURL(r)))
+			stream.final(h.pendingFinal(call, d, a, h.app.BaseURL(r)))
 			return nil
 		}
 	}

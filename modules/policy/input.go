@@ -96,6 +96,10 @@ func inputFor(common [][2]*ast.Term, call *gateway.Call, tool *ast.Term, listing
 			}
 		}
 		items = append(items, ast.Item(keyArguments, args))
+		var err error
+		if items, err = roundItems(items, call); err != nil {
+			return nil, err
+		}
 	default:
 		items = append(items, ast.Item(keyMethod, ast.StringTerm(call.Method)))
 		if call.Message.Params != nil {

@@ -18,6 +18,7 @@ import (
 	"github.com/tidwall/gjson"
 	"go.uber.org/zap"
 
+	"github.com/toolgate/toolgate/internal/mcp2026"
 	"github.com/toolgate/toolgate/internal/mcpmsg"
 	"github.com/toolgate/toolgate/modules/gateway"
 )
@@ -33,9 +34,10 @@ type Handler struct {
 	// segment of the request path, so /v1/mcp/tracker is service "tracker".
 	Service string `json:"service,omitempty"`
 
-	app    *gateway.App
-	limits mcpmsg.Limits
-	logger *zap.Logger
+	app       *gateway.App
+	limits    mcpmsg.Limits
+	stateless *mcp2026.Runtime
+	logger    *zap.Logger
 }
 
 // CaddyModule returns the Caddy module information.
@@ -55,6 +57,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	}
 	h.app = app.(*gateway.App)
 	h.limits = mcpmsg.Limits{MaxDepth: h.app.MaxJSONDepth}
+	if h.stateless, err = mcp2026.For(h.app); err != nil {
+		return err
+	}
 	return h.app.ProvisionStep(gateway.StepRegistry)
 }
 
@@ -85,10 +90,14 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 
 	switch r.Method {
 	case http.MethodPost:
-		if !h.readMessage(w, r, call) {
+		if !h.readMessage(w, r, call, svc) {
 			return nil
 		}
 	case http.MethodGet, http.MethodDelete:
+		if call.MCPSession == nil && mcp2026.ModernHeader(r) {
+			statelessGetOrDelete(w)
+			return nil
+		}
 		if call.MCPSession == nil {
 			gateway.WriteRPCError(w, http.StatusBadRequest, nil, gateway.CodeInvalidRequest,
 				"missing Mcp-Session-Id header: initialize first", nil)
@@ -110,10 +119,16 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 				"Unknown tool: "+call.Message.Name, nil)
 			return nil
 		}
+		if call.Stateless != nil {
+			h.openStateless(r, call)
+		}
 		// A call racing the tool listing (the first one, after
 		// notifications/initialized, or a refresh after list_changed) is
 		// decided with the definition it brings.
 		call.MCPSession.WaitCatalog(r.Context(), min(catalogWait, time.Duration(svc.Timeout)))
+		if call.Stateless != nil && !h.checkParamHeaders(w, r, call) {
+			return nil
+		}
 	}
 	if call.Method == "tools/list" {
 		call.OnResult(allowlistTools)
@@ -123,7 +138,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 
 // readMessage reads and parses the POST body into call.Message. It answers
 // the runner and returns false when the message is unacceptable.
-func (h *Handler) readMessage(w http.ResponseWriter, r *http.Request, call *gateway.Call) bool {
+func (h *Handler) readMessage(w http.ResponseWriter, r *http.Request, call *gateway.Call, svc *gateway.Service) bool {
 	if mt, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type")); mt != "application/json" {
 		gateway.WriteRPCError(w, http.StatusUnsupportedMediaType, nil, gateway.CodeInvalidRequest,
 			"Content-Type must be application/json", nil)
@@ -151,6 +166,9 @@ func (h *Handler) readMessage(w http.ResponseWriter, r *http.Request, call *gate
 	}
 	call.Message = msg
 	call.Method = msg.Method
+	if call.MCPSession == nil && mcp2026.IsStateless(r, msg) {
+		return h.readStateless(w, r, call, svc)
+	}
 	isInit := msg.Kind == mcpmsg.Request && msg.Method == "initialize"
 	switch {
 	case isInit && call.MCPSession != nil:
@@ -188,6 +206,9 @@ func (h *Handler) readMessage(w http.ResponseWriter, r *http.Request, call *gate
 // checkProtocolVersion sets call.ProtocolVersion from the MCP-Protocol-Version
 // header, the session's negotiated version, or the initialize request.
 func (h *Handler) checkProtocolVersion(w http.ResponseWriter, r *http.Request, call *gateway.Call) bool {
+	if call.Stateless != nil {
+		return true // checked with the message
+	}
 	if call.MCPSession == nil {
 		call.ProtocolVersion = call.Message.ProtocolVersion
 		return true

@@ -14,6 +14,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
 
+	"github.com/toolgate/toolgate/internal/mcp2026"
 	"github.com/toolgate/toolgate/modules/gateway"
 )
 
@@ -86,8 +87,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		return nil
 	}
 
-	// The MCP session, once the runner has initialized.
-	if id := r.Header.Get("Mcp-Session-Id"); id != "" {
+	// The MCP session, once the runner has initialized. A request of the
+	// stateless revision has none: an Mcp-Session-Id it carries is ignored.
+	if id := r.Header.Get("Mcp-Session-Id"); id != "" && !mcp2026.ModernHeader(r) {
 		ms, err := h.app.MCPSessions().Get(id)
 		if err != nil {
 			// 404 tells an MCP client to initialize a new session.

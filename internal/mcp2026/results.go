@@ -1,0 +1,165 @@
+package mcp2026
+
+import (
+	"slices"
+
+	"github.com/tidwall/gjson"
+
+	"github.com/toolgate/toolgate/internal/mcpmsg"
+	"github.com/toolgate/toolgate/modules/gateway"
+)
+
+// CacheableMethods are the methods whose complete results carry caching
+// hints (ttlMs, cacheScope).
+var CacheableMethods = []string{"server/discover", "tools/list", "prompts/list", "resources/list", "resources/templates/list", "resources/read"}
+
+// Result types.
+const (
+	ResultComplete      = "complete"
+	ResultInputRequired = "input_required"
+)
+
+// ResultType returns a result's resultType, "complete" when absent (as
+// from an upstream of an earlier revision).
+func ResultType(result []byte) string {
+	if t := gjson.GetBytes(result, "resultType"); t.Type == gjson.String {
+		return t.Str
+	}
+	return ResultComplete
+}
+
+// Complete makes an upstream's result one of the stateless revision for the
+// runner: resultType "complete" when the upstream (of an earlier revision)
+// gave none, and, on a complete result of a cacheable method, the caching
+// hints — ttlMs 0 when absent, and cacheScope "private" when private is set
+// (toolgate filtered or changed the result for this caller, so no shared
+// cache may serve it to another) or when absent. It returns result itself
+// when nothing changes.
+func Complete(method string, result []byte, private bool) []byte {
+	if len(result) == 0 || result[0] != '{' {
+		return result
+	}
+	if !gjson.GetBytes(result, "resultType").Exists() {
+		result = mcpmsg.ReplaceMember(result, "resultType", []byte(`"complete"`))
+	}
+	if ResultType(result) != ResultComplete || !slices.Contains(CacheableMethods, method) {
+		return result
+	}
+	if !gjson.GetBytes(result, "ttlMs").Exists() {
+		result = mcpmsg.ReplaceMember(result, "ttlMs", []byte("0"))
+	}
+	if scope := gjson.GetBytes(result, "cacheScope"); private && scope.Str != "private" || !scope.Exists() {
+		result = mcpmsg.ReplaceMember(result, "cacheScope", []byte(`"private"`))
+	}
+	return result
+}
+
+// DiscoverResult is toolgate's answer to a runner's server/discover for a
+// service: the revisions toolgate speaks with runners, and the upstream's
+// capabilities, identity, instructions and caching hints.
+func DiscoverResult(d Discovery) []byte {
+	caps := d.Capabilities
+	if caps == nil {
+		caps = []byte("{}")
+	}
+	b := []byte(`{"resultType":"complete","supportedVersions":[`)
+	for i, v := range gateway.AllProtocolVersions() {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = mcpmsg.AppendQuote(b, v)
+	}
+	b = append(b, `],"capabilities":`...)
+	b = append(b, caps...)
+	if d.Instructions != nil {
+		b = append(b, `,"instructions":`...)
+		b = append(b, d.Instructions...)
+	}
+	if d.ServerInfo != nil {
+		b = append(b, `,"_meta":{"`+MetaServerInfo+`":`...)
+		b = append(b, d.ServerInfo...)
+		b = append(b, '}')
+	}
+	ttl, scope := d.TTLMs, d.CacheScope
+	if ttl == nil {
+		ttl = []byte("0")
+	}
+	if scope == nil {
+		scope = []byte(`"public"`)
+	}
+	b = append(b, `,"ttlMs":`...)
+	b = append(b, ttl...)
+	b = append(b, `,"cacheScope":`...)
+	b = append(b, scope...)
+	return append(b, '}')
+}
+
+// RequiredCapability returns the client capability an input request
+// (method and params) needs, as a ClientCapabilities object, and whether
+// caps (the client's declared capabilities, JSON text) has it.
+func RequiredCapability(caps []byte, method string, params gjson.Result) (map[string]any, bool) {
+	c := gjson.ParseBytes(caps)
+	switch method {
+	case "elicitation/create":
+		mode := params.Get("mode").String()
+		if mode == "url" {
+			return map[string]any{"elicitation": map[string]any{"url": map[string]any{}}}, c.Get("elicitation.url").IsObject()
+		}
+		e := c.Get("elicitation")
+		// An empty elicitation capability means form mode.
+		form := e.IsObject() && (e.Get("form").IsObject() || !e.Get("url").Exists())
+		return map[string]any{"elicitation": map[string]any{"form": map[string]any{}}}, form
+	case "sampling/createMessage":
+		return map[string]any{"sampling": map[string]any{}}, c.Get("sampling").IsObject()
+	case "roots/list":
+		return map[string]any{"roots": map[string]any{}}, c.Get("roots").IsObject()
+	}
+	return map[string]any{}, false
+}
+
+// Undeclared returns the capabilities an input_required result's input
+// requests need that caps does not declare, or nil when every one is
+// declared. Such a result must not reach the client: it gets
+// MissingRequiredClientCapability instead.
+func Undeclared(caps, result []byte) map[string]any {
+	var missing map[string]any
+	gjson.GetBytes(result, "inputRequests").ForEach(func(_, req gjson.Result) bool {
+		need, ok := RequiredCapability(caps, req.Get("method").String(), req.Get("params"))
+		if ok {
+			return true
+		}
+		if missing == nil {
+			missing = map[string]any{}
+		}
+		for k, v := range need {
+			missing[k] = v
+		}
+		return true
+	})
+	return missing
+}
+
+// MissingCapability is the MissingRequiredClientCapability error data.
+func MissingCapability(required map[string]any) map[string]any {
+	return map[string]any{"requiredCapabilities": required}
+}
+
+// ApprovalInput is toolgate's answer to a stateless call that waits for an
+// approval: an input_required result whose one input request is a URL-mode
+// elicitation of the approval page, and toolgate's sealed requestState,
+// which the retry echoes. _meta carries the decision and the approval.
+func ApprovalInput(page, message, state string, decision, approval []byte) []byte {
+	b := []byte(`{"resultType":"input_required","inputRequests":{`)
+	b = mcpmsg.AppendQuote(b, OwnInput)
+	b = append(b, `:{"method":"elicitation/create","params":{"mode":"url","url":`...)
+	b = mcpmsg.AppendQuote(b, page)
+	b = append(b, `,"message":`...)
+	b = mcpmsg.AppendQuote(b, message)
+	b = append(b, `}}},"requestState":`...)
+	b = mcpmsg.AppendQuote(b, state)
+	b = append(b, `,"_meta":{"toolgate/decision":`...)
+	b = append(b, decision...)
+	b = append(b, `,"toolgate/approval":`...)
+	b = append(b, approval...)
+	return append(b, `}}`...)
+}

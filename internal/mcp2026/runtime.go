@@ -1,0 +1,206 @@
+package mcp2026
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/toolgate/toolgate/internal/mcpmsg"
+	"github.com/toolgate/toolgate/modules/gateway"
+)
+
+// Runtime is what stateless requests share within one configuration: the
+// MCP sessions toolgate implies for them, how toolgate_proxy opens one
+// (Opener), the sealer of toolgate's own requestStates, and what each
+// service's upstream said about itself.
+type Runtime struct {
+	app    *gateway.App
+	sealer *sealer
+
+	mu       sync.Mutex
+	implied  map[string]*gateway.MCPSession
+	opener   Opener
+	discover map[string]Discovery // by service id
+}
+
+// An Opener prepares an implied MCP session for use, once: it learns which
+// revision the upstream speaks, initializes an upstream session for an
+// upstream that needs one, and lists the upstream's tools for the policy.
+// It is toolgate_proxy's.
+type Opener func(ctx context.Context, call *gateway.Call) error
+
+// Discovery is what toolgate learned of a service's upstream when it last
+// opened a session with it: whether it speaks the stateless revision, and
+// its capabilities, identity and instructions, from which toolgate answers
+// a runner's server/discover.
+type Discovery struct {
+	Stateless    bool
+	Capabilities []byte // JSON text
+	ServerInfo   []byte // JSON text, nil when unknown
+	Instructions []byte // JSON text of a string, nil when none
+	TTLMs        []byte // JSON text, nil when none
+	CacheScope   []byte // JSON text, nil when none
+}
+
+// processSecret keys requestStates when the configuration has no
+// state_secret: they then hold only within this process.
+var processSecret = func() []byte {
+	b := make([]byte, 32)
+	if _, err := rand.Read(b); err != nil {
+		panic(err)
+	}
+	return b
+}()
+
+// For returns the runtime of app's configuration.
+func For(app *gateway.App) (*Runtime, error) {
+	v, err := app.Shared("mcp2026", func() (any, error) {
+		secret := processSecret
+		if app.StateSecret != "" {
+			secret = []byte(app.StateSecret)
+		}
+		s, err := newSealer(secret)
+		if err != nil {
+			return nil, err
+		}
+		return &Runtime{app: app, sealer: s, implied: map[string]*gateway.MCPSession{}, discover: map[string]Discovery{}}, nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return v.(*Runtime), nil
+}
+
+// SetOpener installs toolgate_proxy's way of opening implied sessions.
+func (rt *Runtime) SetOpener(o Opener) {
+	rt.mu.Lock()
+	rt.opener = o
+	rt.mu.Unlock()
+}
+
+// Open opens call's implied MCP session if it is not open yet. Without an
+// opener (no toolgate_proxy in the configuration) it does nothing.
+func (rt *Runtime) Open(ctx context.Context, call *gateway.Call) error {
+	rt.mu.Lock()
+	o := rt.opener
+	rt.mu.Unlock()
+	if o == nil {
+		return nil
+	}
+	return o(ctx, call)
+}
+
+// maxImplied bounds the index of implied sessions; closed ones are swept
+// from it when it is full.
+const maxImplied = 1 << 16
+
+// Session returns the MCP session implied for a stateless request of call
+// (caller, toolgate session, service, and the capabilities it declared),
+// creating it when there is none or the last one ended. Creating one counts
+// against the MCP session limits like an initialize.
+func (rt *Runtime) Session(call *gateway.Call, svc *gateway.Service) (*gateway.MCPSession, error) {
+	sum := sha256.Sum256(call.Stateless.Capabilities)
+	key := call.Caller.User + "\x00" + call.Session.ID + "\x00" + svc.ID + "\x00" + hex.EncodeToString(sum[:])
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	if ms := rt.implied[key]; ms != nil && !ms.Closed() {
+		ms.Touch()
+		return ms, nil
+	}
+	if len(rt.implied) >= maxImplied {
+		for k, ms := range rt.implied {
+			if ms.Closed() {
+				delete(rt.implied, k)
+			}
+		}
+	}
+	ms, err := rt.app.MCPSessions().Create(call.Caller.User, call.Session.ID, svc.ID)
+	if err != nil {
+		return nil, err
+	}
+	rt.implied[key] = ms
+	return ms, nil
+}
+
+// SetDiscovery records what a service's upstream said about itself.
+func (rt *Runtime) SetDiscovery(service string, d Discovery) {
+	rt.mu.Lock()
+	rt.discover[service] = d
+	rt.mu.Unlock()
+}
+
+// Discovery returns what the service's upstream last said about itself.
+func (rt *Runtime) Discovery(service string) (Discovery, bool) {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	d, ok := rt.discover[service]
+	return d, ok
+}
+
+// Seal seals st, valid for ttl.
+func (rt *Runtime) Seal(st State, ttl time.Duration) (string, error) {
+	st.Expires = time.Now().Add(ttl).Unix()
+	return rt.sealer.Seal(st)
+}
+
+// Redeem verifies a requestState toolgate sealed (text is its decoded
+// string) against the call it comes back with, and uses it up: a state
+// opens one retry, on one replica.
+func (rt *Runtime) Redeem(ctx context.Context, text string, want State) (State, error) {
+	st, err := rt.sealer.Open(text, time.Now())
+	if err != nil {
+		return st, err
+	}
+	if err := st.Matches(want); err != nil {
+		return st, err
+	}
+	if err := consume(ctx, rt.app.Storage(), st); err != nil {
+		if errors.Is(err, ErrStateReplayed) {
+			return st, err
+		}
+		return st, errors.Join(errors.New("the requestState could not be checked: storage is unavailable"), err)
+	}
+	return st, nil
+}
+
+// ArgsDigest is the hex SHA-256 of arguments as they would go upstream.
+func ArgsDigest(args []byte) string {
+	if args == nil {
+		args = []byte("{}")
+	}
+	sum := sha256.Sum256(args)
+	return hex.EncodeToString(sum[:])
+}
+
+// OwnInput is the key of toolgate's own input request in inputRequests
+// (and of its answer in inputResponses).
+const OwnInput = "io.toolgate/approval"
+
+// WithoutOwnState returns the body of a retried request without
+// toolgate's requestState and toolgate's input response, for the upstream.
+func WithoutOwnState(body, params []byte) []byte {
+	p := mcpmsg.RemoveMember(params, "requestState")
+	if ir := mcpmsg.MemberOf(p, "inputResponses"); ir != nil && ir[0] == '{' {
+		rest := mcpmsg.RemoveMember(ir, OwnInput)
+		if isEmptyObject(rest) {
+			p = mcpmsg.RemoveMember(p, "inputResponses")
+		} else {
+			p = mcpmsg.ReplaceMember(p, "inputResponses", rest)
+		}
+	}
+	return mcpmsg.ReplaceMember(body, "params", p)
+}
+
+func isEmptyObject(b []byte) bool {
+	n := 0
+	for _, c := range b {
+		if c != ' ' && c != '\t' && c != '\n' && c != '\r' {
+			n++
+		}
+	}
+	return n == 2
+}

@@ -1,0 +1,135 @@
+package mcp2026
+
+import (
+	"context"
+	"crypto/aes"
+	"crypto/cipher"
+	"crypto/hkdf"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"strings"
+	"time"
+
+	"github.com/caddyserver/certmagic"
+)
+
+// State is what toolgate seals into the requestState of its own
+// input_required answers (an approval asked for): what the retry must match
+// and until when. It travels through the runner, which can read nothing of
+// it and change nothing without the seal failing.
+type State struct {
+	Caller   string `json:"c"`
+	Session  string `json:"s"` // the toolgate session's reference, not its id
+	Service  string `json:"v"`
+	Method   string `json:"m"`
+	Tool     string `json:"t,omitempty"`
+	Args     string `json:"a"` // hex SHA-256 of the arguments as they would go upstream
+	Approval string `json:"p"`
+	Expires  int64  `json:"e"` // unix seconds
+	Nonce    string `json:"n"`
+}
+
+// statePrefix marks a requestState sealed by toolgate; any other
+// requestState is the upstream's and passes byte for byte.
+const statePrefix = "toolgate.1."
+
+// IsOwnState reports whether a requestState (its decoded string) claims to
+// be toolgate's. A claim is verified by Open; one that fails is refused,
+// never passed upstream.
+func IsOwnState(s string) bool { return strings.HasPrefix(s, statePrefix) }
+
+// Errors of Open and Consume.
+var (
+	ErrStateInvalid  = errors.New("the requestState was not issued by this gateway or was changed")
+	ErrStateExpired  = errors.New("the requestState has expired")
+	ErrStateMismatch = errors.New("the requestState belongs to another call")
+	ErrStateReplayed = errors.New("the requestState was already used")
+)
+
+// sealer seals and opens States with AES-256-GCM.
+type sealer struct{ aead cipher.AEAD }
+
+func newSealer(secret []byte) (*sealer, error) {
+	key, err := hkdf.Key(sha256.New, secret, nil, "toolgate mcp requestState v1", 32)
+	if err != nil {
+		return nil, err
+	}
+	block, err := aes.NewCipher(key)
+	if err != nil {
+		return nil, err
+	}
+	aead, err := cipher.NewGCM(block)
+	if err != nil {
+		return nil, err
+	}
+	return &sealer{aead: aead}, nil
+}
+
+var stateAD = []byte("toolgate requestState")
+
+// Seal returns st sealed, with a fresh nonce.
+func (s *sealer) Seal(st State) (string, error) {
+	n := make([]byte, 16)
+	if _, err := rand.Read(n); err != nil {
+		return "", err
+	}
+	st.Nonce = hex.EncodeToString(n)
+	plain, err := json.Marshal(st)
+	if err != nil {
+		return "", err
+	}
+	iv := make([]byte, s.aead.NonceSize())
+	if _, err := rand.Read(iv); err != nil {
+		return "", err
+	}
+	sealed := s.aead.Seal(iv, iv, plain, stateAD)
+	return statePrefix + base64.RawURLEncoding.EncodeToString(sealed), nil
+}
+
+// Open verifies a sealed state and returns it, checking its expiry
+// against now.
+func (s *sealer) Open(text string, now time.Time) (State, error) {
+	var st State
+	raw, err := base64.RawURLEncoding.DecodeString(strings.TrimPrefix(text, statePrefix))
+	if !IsOwnState(text) || err != nil || len(raw) < s.aead.NonceSize()+s.aead.Overhead() {
+		return st, ErrStateInvalid
+	}
+	ns := s.aead.NonceSize()
+	plain, err := s.aead.Open(nil, raw[:ns], raw[ns:], stateAD)
+	if err != nil || json.Unmarshal(plain, &st) != nil || st.Nonce == "" {
+		return State{}, ErrStateInvalid
+	}
+	if now.Unix() >= st.Expires {
+		return st, ErrStateExpired
+	}
+	return st, nil
+}
+
+// Matches checks that st was issued for the call want describes (every
+// field but Approval, Expires and Nonce).
+func (st State) Matches(want State) error {
+	if st.Caller != want.Caller || st.Session != want.Session || st.Service != want.Service ||
+		st.Method != want.Method || st.Tool != want.Tool || st.Args != want.Args {
+		return ErrStateMismatch
+	}
+	return nil
+}
+
+// consume records st's nonce as used, once across every replica sharing
+// storage: a second use fails with ErrStateReplayed.
+func consume(ctx context.Context, storage certmagic.Storage, st State) error {
+	name := "toolgate/mcp-request-states/" + st.Nonce
+	if err := storage.Lock(ctx, name); err != nil {
+		return err
+	}
+	defer func() { _ = storage.Unlock(context.WithoutCancel(ctx), name) }()
+	if storage.Exists(ctx, name) {
+		return ErrStateReplayed
+	}
+	exp, _ := json.Marshal(st.Expires)
+	return storage.Store(ctx, name, exp)
+}

@@ -1,0 +1,40 @@
+package mcpmsg
+
+import "testing"
+
+func TestRemoveMember(t *testing.T) {
+	for _, c := range [][3]string{
+		{`{"a":1,"b":2,"c":3}`, "b", `{"a":1,"c":3}`},
+		{`{"a":1,"b":2}`, "a", `{"b":2}`},
+		{`{"a":1,"b":2}`, "b", `{"a":1}`},
+		{`{"a":1}`, "a", `{}`},
+		{`{ "a" : {"x":"\"b\":1"} , "b":2}`, "a", `{ "b":2}`},
+		{`{"a\"b":1,"c":2}`, "c", `{"a\"b":1}`},
+		{`{"a":1}`, "z", `{"a":1}`},
+	} {
+		got := RemoveMember([]byte(c[0]), c[1])
+		if string(got) != c[2] {
+			t.Errorf("%s without %s = %s, want %s", c[0], c[1], got, c[2])
+		}
+		if err := Validate(got, Limits{}); err != nil {
+			t.Errorf("%s: %v", got, err)
+		}
+	}
+}
+
+// The members a retried multi round-trip request carries are read, and
+// their case variants refused like those of every member Parse reads.
+func TestRoundMembers(t *testing.T) {
+	msg, err := Parse([]byte(`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"t","inputResponses":{"k":{"action":"accept"}},"requestState":"s","_meta":{"x":1}}}`), Limits{})
+	if err != nil || string(msg.InputResponses) != `{"k":{"action":"accept"}}` || string(msg.RequestState) != `"s"` || string(msg.Meta) != `{"x":1}` {
+		t.Fatalf("%+v %v", msg, err)
+	}
+	for _, bad := range []string{
+		`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"t","RequestState":"s"}}`,
+		`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"t","inputresponses":{}}}`,
+	} {
+		if _, err := Parse([]byte(bad), Limits{}); err == nil {
+			t.Errorf("accepted %s", bad)
+		}
+	}
+}

@@ -1,0 +1,157 @@
+package mcpproxy
+
+import (
+	"context"
+	"errors"
+	"net/http"
+
+	"github.com/tidwall/gjson"
+
+	"github.com/toolgate/toolgate/internal/mcp2026"
+	"github.com/toolgate/toolgate/internal/mcpmsg"
+	"github.com/toolgate/toolgate/modules/gateway"
+)
+
+// listenLegacy serves a stateless runner's subscriptions/listen with an
+// upstream of an earlier revision: toolgate acknowledges the part of the
+// filter the upstream's capabilities can honour, subscribes upstream to the
+// resources asked for, and relays from the upstream session's standalone
+// stream the notifications the filter asked for, each tagged with the
+// subscription's id, until the runner closes the stream.
+func (h *Handler) listenLegacy(ctx context.Context, w http.ResponseWriter, r *http.Request, call *gateway.Call) {
+	d, _ := h.stateless.Discovery(call.Service.ID)
+	caps := gjson.ParseBytes(d.Capabilities)
+	asked := gjson.GetBytes(call.Message.Params, "notifications")
+	filter := listenFilter{
+		tools:     asked.Get("toolsListChanged").Bool() && caps.Get("tools.listChanged").Bool(),
+		prompts:   asked.Get("promptsListChanged").Bool() && caps.Get("prompts.listChanged").Bool(),
+		resources: asked.Get("resourcesListChanged").Bool() && caps.Get("resources.listChanged").Bool(),
+		uris:      map[string]bool{},
+	}
+	if caps.Get("resources.subscribe").Bool() {
+		for _, u := range asked.Get("resourceSubscriptions").Array() {
+			if h.subscribeLegacy(ctx, call, u.String()) {
+				filter.uris[u.String()] = true
+			}
+		}
+	}
+	out := newSSEWriter(w)
+	out.start(nil)
+	if out.send("", filter.ack(call.Message.ID)) != nil {
+		return
+	}
+	defer h.keepAlive(out, call.Service)()
+	up, resp, err := h.openStream(ctx, call)
+	if err != nil {
+		var ue *upstreamError
+		if errors.As(err, &ue) && ue.status == http.StatusMethodNotAllowed {
+			<-ctx.Done() // no stream upstream: nothing will come
+		}
+		return
+	}
+	if !isSSE(resp.Header) {
+		resp.Body.Close()
+		return
+	}
+	rs := &response{h: h, ctx: ctx, call: call, up: up, resp: resp, sse: newSSEReader(resp.Body, h.maxMessage)}
+	defer rs.close()
+	for {
+		msg, err := rs.next()
+		if err != nil {
+			return
+		}
+		data := h.deliver(ctx, call, msg, false)
+		if data == nil || msg.Kind != mcpmsg.Notification || !filter.passes(msg) {
+			continue
+		}
+		if out.send("", tagSubscription(data, call.Message.ID)) != nil {
+			return
+		}
+	}
+}
+
+// subscribeLegacy subscribes the upstream session to a resource's updates.
+func (h *Handler) subscribeLegacy(ctx context.Context, call *gateway.Call, uri string) bool {
+	id := gatewayRequestID()
+	body := []byte(`{"jsonrpc":"2.0","id":`)
+	body = append(body, id...)
+	body = append(body, `,"method":"resources/subscribe","params":{"uri":`...)
+	body = mcpmsg.AppendQuote(body, uri)
+	body = append(body, `}}`...)
+	_, msg, err := h.roundTrip(ctx, call, call.MCPSession.Upstream(), id, body)
+	return err == nil && msg.Result != nil
+}
+
+type listenFilter struct {
+	tools, prompts, resources bool
+	uris                      map[string]bool
+}
+
+func (f listenFilter) passes(msg mcpmsg.Message) bool {
+	switch msg.Method {
+	case "notifications/tools/list_changed":
+		return f.tools
+	case "notifications/prompts/list_changed":
+		return f.prompts
+	case "notifications/resources/list_changed":
+		return f.resources
+	case "notifications/resources/updated":
+		return f.uris[msg.URI]
+	}
+	return false
+}
+
+// ack is the acknowledgement that opens the subscription's stream, with
+// the part of the filter toolgate honours.
+func (f listenFilter) ack(id []byte) []byte {
+	b := []byte(`{"jsonrpc":"2.0","method":"notifications/subscriptions/acknowledged","params":{"_meta":{"` + mcp2026.MetaSubscriptionID + `":`)
+	b = append(b, id...)
+	b = append(b, `},"notifications":{`...)
+	n := 0
+	add := func(key string) {
+		if n > 0 {
+			b = append(b, ',')
+		}
+		n++
+		b = append(b, `"`+key+`":true`...)
+	}
+	if f.tools {
+		add("toolsListChanged")
+	}
+	if f.prompts {
+		add("promptsListChanged")
+	}
+	if f.resources {
+		add("resourcesListChanged")
+	}
+	if len(f.uris) > 0 {
+		if n > 0 {
+			b = append(b, ',')
+		}
+		b = append(b, `"resourceSubscriptions":[`...)
+		i := 0
+		for u := range f.uris {
+			if i > 0 {
+				b = append(b, ',')
+			}
+			i++
+			b = mcpmsg.AppendQuote(b, u)
+		}
+		b = append(b, ']')
+	}
+	return append(b, `}}}`...)
+}
+
+// tagSubscription adds the subscription's id to a notification's _meta.
+func tagSubscription(msg, id []byte) []byte {
+	params := mcpmsg.MemberOf(msg, "params")
+	if params == nil || params[0] != '{' {
+		params = []byte("{}")
+	}
+	meta := mcpmsg.MemberOf(params, "_meta")
+	if meta == nil || meta[0] != '{' {
+		meta = []byte("{}")
+	}
+	meta = mcpmsg.ReplaceMember(meta, mcp2026.MetaSubscriptionID, id)
+	return mcpmsg.ReplaceMember(msg, "params", mcpmsg.ReplaceMember(params, "_meta", meta))
+}

@@ -1,0 +1,357 @@
+package mcpproxy
+
+import (
+	"context"
+	"net/http"
+	"time"
+
+	"github.com/tidwall/gjson"
+	"go.uber.org/zap"
+
+	"github.com/toolgate/toolgate/internal/mcp2026"
+	"github.com/toolgate/toolgate/internal/mcpmsg"
+	"github.com/toolgate/toolgate/modules/gateway"
+)
+
+// Requests of the stateless revision (2026-07-28). The runner has no MCP
+// session of its own: toolgate_registry bound the request to the session
+// toolgate implies for the caller, the toolgate session, the service and
+// the declared capabilities. Opening that session, once, learns the
+// upstream's revision with server/discover: an upstream of the stateless
+// revision gets each request as it came (its _meta, toolgate's checked
+// headers), and its answers come back as they went, HTTP status included;
+// an upstream of an earlier revision gets an MCP session of its own,
+// initialized with the capabilities the runner declared, and the request
+// without the stateless revision's _meta members, and its results are
+// completed (resultType, caching hints) for the runner.
+
+// serveStateless relays one stateless request.
+func (h *Handler) serveStateless(w http.ResponseWriter, r *http.Request, call *gateway.Call) {
+	listen := call.Method == "subscriptions/listen"
+	var ctx context.Context
+	var cancel context.CancelFunc
+	if listen {
+		// A subscription lasts until either side closes it.
+		ctx, cancel = context.WithCancel(r.Context())
+		defer context.AfterFunc(call.MCPSession.Context(), cancel)()
+	} else {
+		ctx, cancel = exchangeContext(r, call)
+	}
+	defer cancel()
+	octx, ocancel := context.WithTimeout(ctx, time.Duration(call.Service.Timeout))
+	up, err := h.openImplied(octx, call)
+	ocancel()
+	if err != nil {
+		h.answerError(w, r, call, err)
+		return
+	}
+	if call.Message.Kind != mcpmsg.Request {
+		h.statelessNotification(w, r, call, up)
+		return
+	}
+	modern := up.ProtocolVersion == mcp2026.Version
+	switch {
+	case call.Method == "server/discover":
+		d, _ := h.stateless.Discovery(call.Service.ID)
+		h.answerOwn(ctx, w, call, gateway.RPCResult(call.Message.ID, mcp2026.DiscoverResult(d)))
+		return
+	case !modern && mcp2026.IsRemoved(call.Method):
+		gateway.WriteRPCError(w, http.StatusNotFound, call.Message.ID, gateway.CodeMethodNotFound,
+			"Method not found: "+call.Method+" is not part of protocol "+mcp2026.Version, nil)
+		return
+	case !modern && listen:
+		h.listenLegacy(ctx, w, r, call)
+		return
+	}
+	body := statelessBody(call, modern)
+	if modern {
+		ctx = withUpstreamHeaders(ctx, h.standardHeaders(call, body))
+	}
+	resp, err := h.exchange(ctx, call, up, http.MethodPost, body, "")
+	if err != nil && !modern && isKind(err, kindSessionGone) {
+		if up, err = h.reinitialize(ctx, call, up); err == nil {
+			resp, err = h.exchange(ctx, call, up, http.MethodPost, body, "")
+		}
+	}
+	rs, _, rejected := h.rejectedResponse(ctx, call, up, err, call.Message.ID)
+	if !rejected {
+		if err == nil {
+			rs, err = h.newResponse(ctx, call, up, resp)
+		}
+		if err != nil {
+			h.answerError(w, r, call, err)
+			if mayHaveRun(err) {
+				h.cancelUpstream(call, up, err.Error())
+			}
+			return
+		}
+	}
+	defer rs.close()
+	var out *sseWriter
+	if rs.sse != nil && acceptsSSE(r) {
+		out = newSSEWriter(w)
+	}
+	// The revision has no resumable streams: no event ids for the runner.
+	h.relay(r.Context(), w, call, rs, out, nil)
+}
+
+// statelessBody is the request as it goes upstream: with the arguments a
+// policy rewrote, without toolgate's own requestState and input response,
+// and, for an upstream of an earlier revision, without the stateless
+// revision's _meta members.
+func statelessBody(call *gateway.Call, modern bool) []byte {
+	body := requestBody(call)
+	if call.Stateless.OwnState {
+		body = mcp2026.WithoutOwnState(body, mcpmsg.MemberOf(body, "params"))
+	}
+	if !modern {
+		if params := mcpmsg.MemberOf(body, "params"); params != nil && params[0] == '{' {
+			body = mcpmsg.ReplaceMember(body, "params", mcp2026.StripMeta(params))
+		}
+	}
+	return body
+}
+
+// standardHeaders are the request metadata headers of the revision for an
+// upstream request: Mcp-Method, Mcp-Name, and the Mcp-Param-* headers of
+// the tool's definition for the arguments that go upstream.
+func (h *Handler) standardHeaders(call *gateway.Call, body []byte) http.Header {
+	hdr := http.Header{mcp2026.HeaderMethod: {call.Message.Method}}
+	if name, ok := mcp2026.Name(call.Message); ok {
+		hdr.Set(mcp2026.HeaderName, mcp2026.EncodeHeaderValue(name))
+	}
+	if call.Method == "tools/call" {
+		if def := call.ToolDefinition(); def != nil {
+			args := call.Arguments
+			if args == nil {
+				args = call.Message.Arguments
+			}
+			for k, v := range mcp2026.ParamHeaders(def.Raw, args) {
+				hdr[k] = v
+			}
+		}
+	}
+	return hdr
+}
+
+// statelessNotification passes a notification of a stateless runner to an
+// upstream of the same revision; one of an earlier revision has no request
+// it could relate to.
+func (h *Handler) statelessNotification(w http.ResponseWriter, r *http.Request, call *gateway.Call, up gateway.Upstream) {
+	if up.ProtocolVersion == mcp2026.Version {
+		ctx, cancel := exchangeContext(r, call)
+		defer cancel()
+		resp, err := h.exchange(withUpstreamHeaders(ctx, http.Header{mcp2026.HeaderMethod: {call.Message.Method}}),
+			call, up, http.MethodPost, call.Message.Raw, "")
+		if err != nil {
+			h.answerError(w, r, call, err)
+			return
+		}
+		drain(resp)
+	}
+	w.WriteHeader(http.StatusAccepted)
+}
+
+// answerOwn answers a stateless request with a response toolgate made from
+// what the upstream said, through deliver like any upstream answer.
+func (h *Handler) answerOwn(ctx context.Context, w http.ResponseWriter, call *gateway.Call, raw []byte) {
+	msg, err := mcpmsg.Parse(raw, h.limits)
+	if err != nil {
+		call.Unavailable(w, "toolgate could not build the answer: "+err.Error())
+		return
+	}
+	gateway.WriteRPC(w, http.StatusOK, h.deliver(ctx, call, msg, false))
+}
+
+// finishStateless is finish for a stateless request: the result hooks,
+// then the result made one of the revision for the runner — resultType
+// and caching hints (a tools/list is filtered per caller, and any result a
+// hook changed is the caller's own: cacheScope "private") — and an
+// input_required result whose input requests the runner did not declare
+// replaced by MissingRequiredClientCapability.
+func (h *Handler) finishStateless(ctx context.Context, call *gateway.Call, msg mcpmsg.Message) []byte {
+	result, changed := msg.Result, false
+	if call.HasResultHooks() {
+		var err error
+		result, changed, err = call.RunResultHooks(ctx, msg.Result)
+		if err != nil {
+			h.logger.Error("result hook failed; withholding the result", zap.String("service", call.Service.ID), zap.Error(err))
+			return gateway.RPCError(call.Message.ID, gateway.CodeInternalError, "toolgate could not check the result; it was withheld", nil)
+		}
+	}
+	if mcp2026.ResultType(result) == mcp2026.ResultInputRequired {
+		if missing := mcp2026.Undeclared(call.Stateless.Capabilities, result); missing != nil {
+			h.logger.Warn("withheld input requests the client did not declare", zap.String("service", call.Service.ID))
+			return gateway.RPCError(call.Message.ID, mcp2026.CodeMissingRequiredClientCapability,
+				"the server needs client capabilities this request did not declare", mcp2026.MissingCapability(missing))
+		}
+	}
+	completed := mcp2026.Complete(call.Method, result, changed || call.Method == "tools/list")
+	if !changed && len(completed) == len(result) {
+		return msg.Raw
+	}
+	return gateway.RPCResult(call.Message.ID, completed)
+}
+
+// openImplied opens the call's implied MCP session, once (concurrent
+// requests share the opening): it learns the upstream's revision with
+// server/discover, initializes an upstream session when the upstream
+// speaks an earlier revision, and lists the upstream's tools.
+func (h *Handler) openImplied(ctx context.Context, call *gateway.Call) (gateway.Upstream, error) {
+	ms := call.MCPSession
+	if up := ms.Upstream(); up.Generation > 0 {
+		return up, nil
+	}
+	if call.Credential == nil && call.Service.Auth != nil && call.Service.Auth.Kind != gateway.AuthNone {
+		// Before toolgate_credentials ran (the registry opens the session
+		// for the policy): the caller's credential, as that step finds it.
+		cred, err := h.app.CredentialFor(ctx, call.Service, call.Caller.User)
+		if err != nil {
+			return gateway.Upstream{}, err
+		}
+		c := *call
+		c.Credential = cred
+		call = &c
+	}
+	ran := false
+	ictx, cancel := completing(ctx)
+	defer cancel()
+	init := func(gateway.Upstream) (gateway.Upstream, error) {
+		up, err := h.discoverUpstream(ictx, call)
+		if err == nil {
+			ran = true
+		}
+		return up, err
+	}
+	up, err := ms.Reinitialize(ctx, 0, init, func(up gateway.Upstream) { h.endUpstream(ictx, call, up) })
+	if err != nil || !ran {
+		return up, err
+	}
+	if err := h.fetchCatalog(ctx, call, up); err != nil {
+		h.logger.Warn("cannot list the upstream's tools; policy will see tools without annotations",
+			zap.String("service", call.Service.ID), zap.Error(err))
+	}
+	return up, nil
+}
+
+// discoverUpstream asks the upstream which revisions it speaks. One that
+// lists the stateless revision gets stateless requests; any other answer
+// (an earlier revision's server, which does not know the method, or one
+// that lists only earlier revisions) means initializing an upstream session
+// with the runner's capabilities.
+func (h *Handler) discoverUpstream(ctx context.Context, call *gateway.Call) (gateway.Upstream, error) {
+	modern := gateway.Upstream{ProtocolVersion: mcp2026.Version}
+	id := gatewayRequestID()
+	body := ownStatelessRequest(id, "server/discover", nil)
+	dctx := withUpstreamHeaders(ctx, http.Header{mcp2026.HeaderMethod: {"server/discover"}})
+	_, msg, err := h.roundTrip(dctx, call, modern, id, body)
+	if err != nil && !isKind(err, kindRejected) {
+		return gateway.Upstream{}, err
+	}
+	res := gjson.ParseBytes(msg.Result)
+	if err == nil && msg.Result != nil {
+		for _, v := range res.Get("supportedVersions").Array() {
+			if v.String() == mcp2026.Version {
+				h.stateless.SetDiscovery(call.Service.ID, mcp2026.Discovery{Stateless: true,
+					Capabilities: rawOrNil(res.Get("capabilities")), ServerInfo: rawOrNil(res.Get("_meta").Get(gjson.Escape(mcp2026.MetaServerInfo))),
+					Instructions: rawOrNil(res.Get("instructions")), TTLMs: rawOrNil(res.Get("ttlMs")), CacheScope: rawOrNil(res.Get("cacheScope"))})
+				return modern, nil
+			}
+		}
+	}
+	return h.initializeFor(ctx, call)
+}
+
+// initializeFor initializes an upstream session of an earlier revision for
+// a stateless runner, declaring the capabilities and the identity the
+// runner declared.
+func (h *Handler) initializeFor(ctx context.Context, call *gateway.Call) (gateway.Upstream, error) {
+	params := []byte(`{"protocolVersion":`)
+	params = mcpmsg.AppendQuote(params, gateway.LatestProtocolVersion)
+	params = append(params, `,"capabilities":`...)
+	params = append(params, call.Stateless.Capabilities...)
+	params = append(params, `,"clientInfo":`...)
+	if info := call.Stateless.ClientInfo; info != nil {
+		params = append(params, info...)
+	} else {
+		params = append(params, `{"name":"toolgate","version":"1"}`...)
+	}
+	params = append(params, '}')
+	if len(params) > maxReplayedInitialize {
+		return gateway.Upstream{}, &upstreamError{kind: kindRejected, status: http.StatusBadRequest,
+			msg: "the declared capabilities and clientInfo are too large to initialize an upstream session"}
+	}
+	id := gatewayRequestID()
+	hdr, msg, err := h.roundTrip(ctx, call, gateway.Upstream{}, id, initializeRequest(id, params))
+	if err != nil {
+		return gateway.Upstream{}, err
+	}
+	res := gjson.ParseBytes(msg.Result)
+	version := res.Get("protocolVersion").String()
+	if !gateway.SupportsProtocolVersion(version) {
+		return gateway.Upstream{}, unavailable("the upstream speaks neither protocol %s nor one toolgate initializes", mcp2026.Version)
+	}
+	up := gateway.Upstream{SessionID: hdr.Get("Mcp-Session-Id"), ProtocolVersion: version, InitializeParams: params}
+	ack, err := h.exchange(ctx, call, up, http.MethodPost, []byte(`{"jsonrpc":"2.0","method":"notifications/initialized"}`), "")
+	if err != nil {
+		h.endUpstream(ctx, call, up)
+		return gateway.Upstream{}, err
+	}
+	drain(ack)
+	h.stateless.SetDiscovery(call.Service.ID, mcp2026.Discovery{Capabilities: rawOrNil(res.Get("capabilities")),
+		ServerInfo: rawOrNil(res.Get("serverInfo")), Instructions: rawOrNil(res.Get("instructions"))})
+	return up, nil
+}
+
+// ownStatelessRequest is a request toolgate itself sends an upstream of the
+// stateless revision, with toolgate's own _meta (no client capabilities).
+func ownStatelessRequest(id []byte, method string, params []byte) []byte {
+	meta := []byte(`{"` + mcp2026.MetaProtocolVersion + `":"` + mcp2026.Version + `","` +
+		mcp2026.MetaClientCapabilities + `":{},"` + mcp2026.MetaClientInfo + `":{"name":"toolgate","version":"1"}}`)
+	if params == nil {
+		params = []byte("{}")
+	}
+	params = mcpmsg.ReplaceMember(params, "_meta", meta)
+	b := []byte(`{"jsonrpc":"2.0","id":`)
+	b = append(b, id...)
+	b = append(b, `,"method":`...)
+	b = mcpmsg.AppendQuote(b, method)
+	b = append(b, `,"params":`...)
+	b = append(b, params...)
+	return append(b, '}')
+}
+
+// ownRequest prepares a request toolgate itself sends (a tools/list of its
+// catalog) for an upstream of the stateless revision: toolgate's _meta and
+// the Mcp-Method header. Requests to other upstreams pass as they are.
+func ownRequest(ctx context.Context, up gateway.Upstream, body []byte) (context.Context, []byte) {
+	if up.ProtocolVersion != mcp2026.Version || upstreamHeaders(ctx) != nil {
+		return ctx, body
+	}
+	msg, err := mcpmsg.Parse(body, mcpmsg.Limits{})
+	if err != nil || msg.Kind != mcpmsg.Request {
+		return ctx, body
+	}
+	return withUpstreamHeaders(ctx, http.Header{mcp2026.HeaderMethod: {msg.Method}}),
+		ownStatelessRequest(msg.ID, msg.Method, msg.Params)
+}
+
+func rawOrNil(r gjson.Result) []byte {
+	if !r.Exists() {
+		return nil
+	}
+	return []byte(r.Raw)
+}
+
+type upstreamHeadersKey struct{}
+
+// withUpstreamHeaders returns ctx telling attempt to add hdr to the
+// upstream request.
+func withUpstreamHeaders(ctx context.Context, hdr http.Header) context.Context {
+	return context.WithValue(ctx, upstreamHeadersKey{}, hdr)
+}
+
+func upstreamHeaders(ctx context.Context) http.Header {
+	h, _ := ctx.Value(upstreamHeadersKey{}).(http.Header)
+	return h
+}

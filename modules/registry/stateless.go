@@ -1,0 +1,91 @@
+package registry
+
+import (
+	"errors"
+	"net/http"
+
+	"go.uber.org/zap"
+
+	"github.com/toolgate/toolgate/internal/mcp2026"
+	"github.com/toolgate/toolgate/internal/mcpmsg"
+	"github.com/toolgate/toolgate/modules/gateway"
+)
+
+// readStateless checks a request of the stateless revision (2026-07-28)
+// before any policy sees it — its _meta, its protocol version, its
+// Mcp-Method and Mcp-Name headers against the body, and a requestState
+// toolgate sealed — and binds it to the MCP session toolgate implies for
+// the caller, the toolgate session, the service and the declared
+// capabilities. It answers the runner and returns false when the request
+// is refused.
+func (h *Handler) readStateless(w http.ResponseWriter, r *http.Request, call *gateway.Call, svc *gateway.Service) bool {
+	msg := call.Message
+	st, refusal := mcp2026.Check(r, msg)
+	if refusal != nil {
+		refusal.Write(w, msg.ID)
+		return false
+	}
+	call.Stateless = st
+	call.ProtocolVersion = mcp2026.Version
+	ms, err := h.stateless.Session(call, svc)
+	if err != nil {
+		var limit *gateway.MCPSessionLimitError
+		if errors.As(err, &limit) {
+			call.Fail(w, http.StatusTooManyRequests, gateway.CodeInvalidRequest, err.Error(),
+				map[string]any{"limit": limit.Option, "max": limit.Limit})
+			return false
+		}
+		call.Unavailable(w, err.Error())
+		return false
+	}
+	call.MCPSession = ms
+	if text, ok := mcpmsg.String(msg.RequestState); ok && mcp2026.IsOwnState(text) {
+		want := mcp2026.State{Caller: call.Caller.User, Session: gateway.SessionRef(call.Session.ID),
+			Service: svc.ID, Method: msg.Method, Tool: msg.Name, Args: mcp2026.ArgsDigest(msg.Arguments)}
+		if _, err := h.stateless.Redeem(r.Context(), text, want); err != nil {
+			h.logger.Info("refused a requestState", zap.String("service", svc.ID), zap.Error(err))
+			gateway.WriteRPCError(w, http.StatusBadRequest, msg.ID, gateway.CodeInvalidParams,
+				"requestState refused: "+err.Error()+"; send the call again without it", nil)
+			return false
+		}
+		st.OwnState = true
+	}
+	return true
+}
+
+// openStateless prepares the implied MCP session of a stateless tools/call
+// so that the policy sees the tool's definition: toolgate_proxy learns the
+// upstream's revision and lists its tools. A failure is left to the later
+// steps, which report it (a missing credential, an unreachable upstream).
+func (h *Handler) openStateless(r *http.Request, call *gateway.Call) {
+	if call.MCPSession.HasCatalog() {
+		return
+	}
+	if err := h.stateless.Open(r.Context(), call); err != nil {
+		h.logger.Debug("cannot open the implied MCP session before the policy", zap.String("service", call.Service.ID), zap.Error(err))
+	}
+}
+
+// checkParamHeaders checks a stateless tools/call's Mcp-Param-* headers
+// against its arguments, with the upstream's definition of the tool.
+// Without a definition nothing can be checked, and toolgate_proxy then
+// sends none upstream.
+func (h *Handler) checkParamHeaders(w http.ResponseWriter, r *http.Request, call *gateway.Call) bool {
+	def := call.ToolDefinition()
+	if def == nil {
+		return true
+	}
+	if refusal := mcp2026.CheckParamHeaders(r.Header, def.Raw, call.Message.Arguments); refusal != nil {
+		refusal.Write(w, call.Message.ID)
+		return false
+	}
+	return true
+}
+
+// statelessGetOrDelete answers GET and DELETE of the stateless revision,
+// which has neither.
+func statelessGetOrDelete(w http.ResponseWriter) {
+	w.Header().Set("Allow", "POST")
+	gateway.WriteRPCError(w, http.StatusMethodNotAllowed, nil, gateway.CodeInvalidRequest,
+		"protocol "+mcp2026.Version+" has no GET stream and no sessions to end: use subscriptions/listen", nil)
+}
