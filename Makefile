@@ -23,7 +23,8 @@ vet:
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	if [ -n "$$unformatted" ]; then echo "gofmt would change: $$unformatted"; exit 1; fi
 
-# unit and integration tests; the peers they need (a real Vault, a
+# unit and integration tests (the integration package takes about ten
+# minutes on a loaded two-core machine: hence the timeout); the peers they need (a real Vault, a
 # KMS-compatible server) are built once and cached, PostgreSQL clusters are
 # started from Debian's binaries (internal/pgtest), and
 # TOOLGATE_REQUIRE_PEERS turns a missing peer into a failure instead of a
@@ -32,13 +33,13 @@ unit:
 	@vault_bin=$$(integration/vaultserver/build.sh) && \
 	kms_bin=$$(integration/kmsserver/build.sh) && \
 	TOOLGATE_REQUIRE_PEERS=1 TOOLGATE_VAULT_BIN="$$vault_bin" TOOLGATE_KMS_BIN="$$kms_bin" \
-	$(GO) test -race -count=1 -skip '^TestConformance$$' ./...
+	$(GO) test -race -count=1 -timeout 45m -skip '^TestConformance$$' ./...
 
 # the MCP conformance suite (pinned, installed from npm once) against the Go
 # SDK's everything-server directly and through toolgate; prints both
 # summaries and fails on any difference
 conformance:
-	TOOLGATE_REQUIRE_PEERS=1 $(GO) test -race -count=1 -v -run '^TestConformance$$' ./integration/ 2>&1 | grep -v '^{"level'; exit $${PIPESTATUS[0]}
+	TOOLGATE_REQUIRE_PEERS=1 $(GO) test -race -count=1 -timeout 30m -v -run '^TestConformance$$' ./integration/ 2>&1 | grep -v '^{"level'; exit $${PIPESTATUS[0]}
 
 # every fuzzer (package:Fuzzer); inputs that fail are kept by Go under the
 # package's testdata/fuzz as regression seeds, which every `go test` runs
