@@ -57,6 +57,11 @@ type gatewayConfig struct {
 	Console       string // the toolgate_console block's lines; default api_key_login
 	ServiceExtra  string // more lines in service svc's block
 	Log           string // the global log block's body; default output discard
+	AuthExtra     string // more lines in the auth block
+	Global        string // more global options, such as servers { timeouts { … } }
+	// AnyHost serves the site for any Host header (http://:port, bound to
+	// 127.0.0.1) instead of only for 127.0.0.1.
+	AnyHost bool
 }
 
 // gateway is a running toolgate.
@@ -101,6 +106,10 @@ func startGatewayOnPort(t testing.TB, port int, cfg gatewayConfig) *gateway {
 	if cfg.Cipher == "" {
 		cfg.Cipher = "local " + data + "/cipher.key"
 	}
+	site, bind := "http://127.0.0.1", ""
+	if cfg.AnyHost {
+		site, bind = "http://", "default_bind 127.0.0.1"
+	}
 	caddyfile := fmt.Sprintf(`{
 	admin off
 	auto_https off
@@ -108,6 +117,8 @@ func startGatewayOnPort(t testing.TB, port int, cfg gatewayConfig) *gateway {
 	log {
 		%[20]s
 	}
+	%[23]s
+	%[24]s
 	toolgate {
 		public_url http://127.0.0.1:%[1]d
 		storage file_system %[2]s
@@ -116,6 +127,7 @@ func startGatewayOnPort(t testing.TB, port int, cfg gatewayConfig) *gateway {
 			api_key %[3]s %[4]s eng
 			api_key %[5]s %[6]s
 			api_key %[14]s %[15]s admins
+			%[22]s
 		}
 		service svc {
 			url %[7]s
@@ -130,7 +142,7 @@ func startGatewayOnPort(t testing.TB, port int, cfg gatewayConfig) *gateway {
 	}
 }
 
-http://127.0.0.1:%[1]d {
+%[25]s:%[1]d {
 	route /v1/mcp/* {
 		toolgate_session
 		toolgate_registry
@@ -153,7 +165,7 @@ http://127.0.0.1:%[1]d {
 }
 `, port, data, hashKey(aliceKey), alice, hashKey(bobKey), bob, cfg.Upstream, cfg.Tools, cfg.Auth,
 		cfg.RequestPolicy, cfg.ResultPolicy, cfg.Extra, cfg.Services, hashKey(carolKey), carol, cfg.PolicyOptions, cfg.Cipher, cfg.Timeout,
-		cfg.ServiceExtra, cfg.Log, cfg.Console)
+		cfg.ServiceExtra, cfg.Log, cfg.Console, cfg.AuthExtra, cfg.Global, bind, site)
 	loadCaddyfile(t, caddyfile)
 	g := &gateway{URL: fmt.Sprintf("http://127.0.0.1:%d", port), DataDir: data}
 	waitListening(t, g.URL)
