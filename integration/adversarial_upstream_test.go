@@ -201,6 +201,26 @@ func TestAdversarialUpstreams(t *testing.T) {
 	if n := elsewhere.Load(); n != 0 {
 		t.Errorf("toolgate followed a redirect: the other host got %d requests", n)
 	}
+	// An upstream that refuses connections: the runner's initialize fails
+	// retryably (not with 404, which tells a client its session ended and
+	// to initialize again at once), and no MCP session is left behind.
+	t.Run("refused connection", func(t *testing.T) {
+		refused := freePort(t) // nothing listens there
+		g := startGateway(t, gatewayConfig{Upstream: fmt.Sprintf("http://127.0.0.1:%d/mcp", refused)})
+		m := g.raw(t, aliceKey, g.createSession(t, aliceKey, "svc"), "svc")
+		before := storageFiles(t, g.DataDir)
+		status, hdr, msgs := m.post(`{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"raw","version":"1"}}}`)
+		answer := string(lastMessage(t, msgs))
+		if code, _ := rpcError(t, lastMessage(t, msgs)); status != http.StatusOK || code != -32011 || hdr.Get("Mcp-Session-Id") != "" {
+			t.Errorf("%d %v %s; want -32011 with retryable, and no session", status, hdr, answer)
+		}
+		if strings.Contains(answer, fmt.Sprint(refused)) {
+			t.Errorf("the answer names the upstream's address: %s", answer)
+		}
+		if after := storageFiles(t, g.DataDir); len(after) != len(before) {
+			t.Errorf("storage changed: %d files, then %d", len(before), len(after))
+		}
+	})
 }
 
 func sseStart(w http.ResponseWriter) {
