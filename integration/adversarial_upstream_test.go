@@ -211,8 +211,9 @@ func TestAdversarialUpstreams(t *testing.T) {
 		before := storageFiles(t, g.DataDir)
 		status, hdr, msgs := m.post(`{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"raw","version":"1"}}}`)
 		answer := string(lastMessage(t, msgs))
-		if code, _ := rpcError(t, lastMessage(t, msgs)); status != http.StatusOK || code != -32011 || hdr.Get("Mcp-Session-Id") != "" {
-			t.Errorf("%d %v %s; want -32011 with retryable, and no session", status, hdr, answer)
+		if code, message := rpcError(t, lastMessage(t, msgs)); status != http.StatusOK || code != -32011 ||
+			message != "the upstream is unreachable" || hdr.Get("Mcp-Session-Id") != "" {
+			t.Errorf("%d %v %s; want -32011 saying the upstream is unreachable, and no session", status, hdr, answer)
 		}
 		if strings.Contains(answer, fmt.Sprint(refused)) {
 			t.Errorf("the answer names the upstream's address: %s", answer)
