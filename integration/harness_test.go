@@ -62,6 +62,7 @@ type gatewayConfig struct {
 	// AnyHost serves the site for any Host header (http://:port, bound to
 	// 127.0.0.1) instead of only for 127.0.0.1.
 	AnyHost bool
+	DataDir string // the file_system storage's directory; default a new one
 }
 
 // gateway is a running toolgate.
@@ -102,7 +103,10 @@ func startGatewayOnPort(t testing.TB, port int, cfg gatewayConfig) *gateway {
 	if cfg.ResultPolicy == "" {
 		cfg.ResultPolicy = cfg.RequestPolicy
 	}
-	data := t.TempDir()
+	data := cfg.DataDir
+	if data == "" {
+		data = t.TempDir()
+	}
 	if cfg.Cipher == "" {
 		cfg.Cipher = "local " + data + "/cipher.key"
 	}
