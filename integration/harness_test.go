@@ -58,6 +58,12 @@ type gatewayConfig struct {
 	ServiceExtra  string // more lines in service svc's block
 	Log           string // the global log block's body; default output discard
 	RouteFirst    string // lines at the top of the MCP route, such as tracing
+	AuthExtra     string // more lines in the auth block
+	Global        string // more global options, such as servers { timeouts { … } }
+	// AnyHost serves the site for any Host header (http://:port, bound to
+	// 127.0.0.1) instead of only for 127.0.0.1.
+	AnyHost bool
+	DataDir string // the file_system storage's directory; default a new one
 }
 
 // gateway is a running toolgate.
@@ -98,9 +104,16 @@ func startGatewayOnPort(t testing.TB, port int, cfg gatewayConfig) *gateway {
 	if cfg.ResultPolicy == "" {
 		cfg.ResultPolicy = cfg.RequestPolicy
 	}
-	data := t.TempDir()
+	data := cfg.DataDir
+	if data == "" {
+		data = t.TempDir()
+	}
 	if cfg.Cipher == "" {
 		cfg.Cipher = "local " + data + "/cipher.key"
+	}
+	site, bind := "http://127.0.0.1", ""
+	if cfg.AnyHost {
+		site, bind = "http://", "default_bind 127.0.0.1"
 	}
 	caddyfile := fmt.Sprintf(`{
 	admin off
@@ -109,6 +122,8 @@ func startGatewayOnPort(t testing.TB, port int, cfg gatewayConfig) *gateway {
 	log {
 		%[20]s
 	}
+	%[23]s
+	%[24]s
 	toolgate {
 		public_url http://127.0.0.1:%[1]d
 		storage file_system %[2]s
@@ -117,6 +132,7 @@ func startGatewayOnPort(t testing.TB, port int, cfg gatewayConfig) *gateway {
 			api_key %[3]s %[4]s eng
 			api_key %[5]s %[6]s
 			api_key %[14]s %[15]s admins
+			%[22]s
 		}
 		service svc {
 			url %[7]s
@@ -131,9 +147,9 @@ func startGatewayOnPort(t testing.TB, port int, cfg gatewayConfig) *gateway {
 	}
 }
 
-http://127.0.0.1:%[1]d {
+%[25]s:%[1]d {
 	route /v1/mcp/* {
-		%[22]s
+		%[26]s
 		toolgate_session
 		toolgate_registry
 		toolgate_policy {
@@ -156,7 +172,7 @@ http://127.0.0.1:%[1]d {
 }
 `, port, data, hashKey(aliceKey), alice, hashKey(bobKey), bob, cfg.Upstream, cfg.Tools, cfg.Auth,
 		cfg.RequestPolicy, cfg.ResultPolicy, cfg.Extra, cfg.Services, hashKey(carolKey), carol, cfg.PolicyOptions, cfg.Cipher, cfg.Timeout,
-		cfg.ServiceExtra, cfg.Log, cfg.Console, cfg.RouteFirst)
+		cfg.ServiceExtra, cfg.Log, cfg.Console, cfg.AuthExtra, cfg.Global, bind, site, cfg.RouteFirst)
 	loadCaddyfile(t, caddyfile)
 	g := &gateway{URL: fmt.Sprintf("http://127.0.0.1:%d", port), DataDir: data}
 	waitListening(t, g.URL)

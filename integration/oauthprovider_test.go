@@ -48,6 +48,8 @@ type oauthProvider struct {
 	httpServer *http.Server
 	authorizes []url.Values
 	tokenCalls []tokenCall
+	tokenHold  chan struct{} // token requests wait until it is closed
+	held       int           // token requests waiting
 }
 
 // tokenCall is one request to the token endpoint and what it got.
@@ -169,6 +171,19 @@ func (p *oauthProvider) serve(l net.Listener) {
 	})
 	mux.HandleFunc("/token", func(w http.ResponseWriter, r *http.Request) {
 		_ = r.ParseForm()
+		p.mu.Lock()
+		hold := p.tokenHold
+		if hold != nil {
+			p.held++
+		}
+		p.mu.Unlock()
+		if hold != nil {
+			select {
+			case <-hold:
+			case <-r.Context().Done():
+				return
+			}
+		}
 		rec := &recordingWriter{ResponseWriter: w, status: http.StatusOK}
 		_ = p.server.HandleTokenRequest(rec, r)
 		_, _, basic := r.BasicAuth()
@@ -189,6 +204,31 @@ func (p *oauthProvider) serve(l net.Listener) {
 	p.httpServer = hs
 	p.mu.Unlock()
 	go func() { _ = hs.Serve(l) }()
+}
+
+// holdTokens makes token requests wait, as a slow provider's do, until
+// the returned function is called.
+func (p *oauthProvider) holdTokens() (release func()) {
+	hold := make(chan struct{})
+	p.mu.Lock()
+	p.tokenHold = hold
+	p.mu.Unlock()
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			p.mu.Lock()
+			p.tokenHold = nil
+			p.mu.Unlock()
+			close(hold)
+		})
+	}
+}
+
+// heldTokenRequests counts the token requests that waited so far.
+func (p *oauthProvider) heldTokenRequests() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.held
 }
 
 // stop shuts the provider down: token requests fail to connect.

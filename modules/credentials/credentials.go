@@ -95,6 +95,8 @@ func errorKind(err error) string {
 		return "cipher unavailable"
 	case errors.Is(err, gateway.ErrStorageUnavailable):
 		return "storage unavailable"
+	case errors.Is(err, gateway.ErrCipherRefused):
+		return "the cipher refused toolgate: an administrator must check its configuration and the gateway's log"
 	}
 	return "internal error"
 }

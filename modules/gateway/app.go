@@ -94,6 +94,16 @@ type App struct {
 	// (all their toolgate sessions and services together). Default 100.
 	MaxMCPSessionsPerCaller int `json:"max_mcp_sessions_per_caller,omitempty"`
 
+	// MaxStreams bounds the responses this gateway process relays at once,
+	// all callers together: calls waiting for their answer and open SSE
+	// streams. A request over the bound is answered with HTTP 503 and a
+	// retryable JSON-RPC error that names the option. Default 10000.
+	MaxStreams int `json:"max_streams,omitempty"`
+
+	// MaxStreamsPerCaller bounds the responses relayed at once for one
+	// caller (all their sessions together), like MaxStreams. Default 1000.
+	MaxStreamsPerCaller int `json:"max_streams_per_caller,omitempty"`
+
 	// CacheTTL is how long sessions and decrypted credentials read from
 	// storage are reused before storage is read again. A session ended or a
 	// credential removed through another replica stops working here within
@@ -158,6 +168,8 @@ const (
 	defaultMCPSessionSweep         = time.Minute
 	defaultMaxMCPSessions          = 10000
 	defaultMaxMCPSessionsPerCaller = 100
+	defaultMaxStreams              = 10000
+	defaultMaxStreamsPerCaller     = 1000
 	defaultCacheTTL                = 10 * time.Second
 	defaultMaxRequestBytes         = 4 << 20
 	defaultMaxResponseBytes        = 16 << 20
@@ -218,6 +230,12 @@ func (a *App) Provision(ctx caddy.Context) error {
 	}
 	if a.MaxMCPSessionsPerCaller == 0 {
 		a.MaxMCPSessionsPerCaller = defaultMaxMCPSessionsPerCaller
+	}
+	if a.MaxStreams == 0 {
+		a.MaxStreams = defaultMaxStreams
+	}
+	if a.MaxStreamsPerCaller == 0 {
+		a.MaxStreamsPerCaller = defaultMaxStreamsPerCaller
 	}
 	if a.CacheTTL == 0 {
 		a.CacheTTL = caddy.Duration(defaultCacheTTL)
@@ -325,6 +343,9 @@ func (a *App) Validate() error {
 	}
 	if a.MaxMCPSessions < 0 || a.MaxMCPSessionsPerCaller < 0 {
 		return errors.New("max_mcp_sessions and max_mcp_sessions_per_caller must be positive")
+	}
+	if a.MaxStreams < 0 || a.MaxStreamsPerCaller < 0 {
+		return errors.New("max_streams and max_streams_per_caller must be positive")
 	}
 	if a.MaxSessionsPerUser < 0 {
 		return errors.New("max_sessions_per_user must be positive")

@@ -43,6 +43,8 @@ func parseGlobalOption(d *caddyfile.Dispenser, existing any) (any, error) {
 //		mcp_session_sweep_interval <duration>
 //		max_mcp_sessions            <n>
 //		max_mcp_sessions_per_caller <n>
+//		max_streams            <n>
+//		max_streams_per_caller <n>
 //		cache_ttl      <duration>
 //		allowed_origins <origin...>
 //		max_request_size  <size>
@@ -120,6 +122,10 @@ func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			err = positiveInt(d, &a.MaxMCPSessions)
 		case "max_mcp_sessions_per_caller":
 			err = positiveInt(d, &a.MaxMCPSessionsPerCaller)
+		case "max_streams":
+			err = positiveInt(d, &a.MaxStreams)
+		case "max_streams_per_caller":
+			err = positiveInt(d, &a.MaxStreamsPerCaller)
 		case "cache_ttl":
 			err = caddyopt.Duration(d, &a.CacheTTL)
 		case "allowed_origins":

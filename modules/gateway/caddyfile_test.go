@@ -40,6 +40,8 @@ func TestUnmarshalCaddyfileFullOptionSet(t *testing.T) {
 		mcp_session_sweep_interval 15s
 		max_mcp_sessions 500
 		max_mcp_sessions_per_caller 7
+		max_streams 900
+		max_streams_per_caller 90
 		cache_ttl      5s
 		allowed_origins https://a.example.com https://b.example.com:8443
 		max_request_size  1MiB
@@ -143,6 +145,9 @@ func TestUnmarshalCaddyfileFullOptionSet(t *testing.T) {
 	}
 	if app.MaxMCPSessions != 500 || app.MaxMCPSessionsPerCaller != 7 {
 		t.Errorf("MCP session limits = %d, %d; want 500, 7", app.MaxMCPSessions, app.MaxMCPSessionsPerCaller)
+	}
+	if app.MaxStreams != 900 || app.MaxStreamsPerCaller != 90 {
+		t.Errorf("stream limits = %d, %d; want 900, 90", app.MaxStreams, app.MaxStreamsPerCaller)
 	}
 	if app.MaxRequestBytes != 1<<20 || app.MaxResponseBytes != 32_000_000 || app.MaxJSONDepth != 32 {
 		t.Errorf("sizes = %d, %d, %d; want %d, %d, 32", app.MaxRequestBytes, app.MaxResponseBytes, app.MaxJSONDepth, 1<<20, 32_000_000)
@@ -251,6 +256,7 @@ func TestUnmarshalCaddyfileErrors(t *testing.T) {
 		{"word depth", "toolgate {\n max_json_depth deep\n}", `max_json_depth: "deep" is not a positive integer`},
 		{"zero sessions", "toolgate {\n max_mcp_sessions 0\n}", `max_mcp_sessions: "0" is not a positive integer`},
 		{"per-caller sessions without a number", "toolgate {\n max_mcp_sessions_per_caller\n}", "wrong argument count"},
+		{"zero streams", "toolgate {\n max_streams_per_caller 0\n}", `max_streams_per_caller: "0" is not a positive integer`},
 		{"bad sweep interval", "toolgate {\n mcp_session_sweep_interval often\n}", `mcp_session_sweep_interval: invalid duration "often"`},
 		{"bad dial_timeout", svc("dial_timeout -1s"), `dial_timeout: invalid duration "-1s": must be positive`},
 		{"bad response_header_timeout", svc("response_header_timeout never"), `response_header_timeout: invalid duration "never"`},

@@ -3,6 +3,7 @@ package gateway
 import (
 	"context"
 	"errors"
+	"fmt"
 )
 
 // Cipher encrypts credential records before they reach storage and decrypts
@@ -39,3 +40,18 @@ func CipherContext(service, user string) []byte {
 // ErrCipherUnavailable reports that a cipher's backend (a Vault server, a key
 // file) cannot be used right now. The operation may succeed if retried later.
 var ErrCipherUnavailable = errors.New("cipher backend unavailable")
+
+// ErrCipherRefused reports that a cipher refused to encrypt or decrypt a
+// credential for another reason than being unavailable: a revoked token, a
+// missing permission or key, a record that does not decrypt. An
+// administrator must act; the cipher's error (logged) says what to do.
+var ErrCipherRefused = errors.New("the cipher refused the operation")
+
+// cipherError wraps an Encrypt or Decrypt error of a credential record so
+// that it tells ErrCipherUnavailable from ErrCipherRefused.
+func cipherError(what string, err error) error {
+	if errors.Is(err, ErrCipherUnavailable) {
+		return fmt.Errorf("%s: %w", what, err)
+	}
+	return fmt.Errorf("%w: %s: %w", ErrCipherRefused, what, err)
+}

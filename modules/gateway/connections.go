@@ -99,7 +99,7 @@ func (s *ConnectionStore) LoadFresh(ctx context.Context, service, user string) (
 	}
 	plain, err := s.cipher.Decrypt(ctx, sealed, CipherContext(service, user))
 	if err != nil {
-		return nil, fmt.Errorf("decrypting the %s connection: %w", service, err)
+		return nil, cipherError("decrypting the "+service+" connection", err)
 	}
 	var conn Connection
 	if err := json.Unmarshal(plain, &conn); err != nil {
@@ -119,7 +119,7 @@ func (s *ConnectionStore) Save(ctx context.Context, service, user string, conn *
 	sealed, err := s.cipher.Encrypt(ctx, plain, CipherContext(service, user))
 	clear(plain)
 	if err != nil {
-		return fmt.Errorf("encrypting the %s connection: %w", service, err)
+		return cipherError("encrypting the "+service+" connection", err)
 	}
 	key := ConnectionKey(service, user)
 	if err := s.storage.Store(ctx, key, sealed); err != nil {

@@ -58,8 +58,10 @@ func (h *Handler) initialize(w http.ResponseWriter, r *http.Request, call *gatew
 	defer cancel()
 	hdr, msg, err := h.roundTrip(ctx, call, gateway.Upstream{}, call.Message.ID, body)
 	if err != nil {
-		h.app.MCPSessions().End(ms)
+		// Answered before the session ends, which would read as "ended
+		// meanwhile" and tell the runner to initialize again at once.
 		h.answerError(w, r, call, err)
+		h.app.MCPSessions().End(ms)
 		return
 	}
 	version := gjson.GetBytes(msg.Result, "protocolVersion")

@@ -88,6 +88,14 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, _ caddyhttp.
 		return caddyhttp.Error(http.StatusInternalServerError,
 			errors.New("toolgate_proxy must come last in a route with toolgate_session and toolgate_registry"))
 	}
+	if r.Method != http.MethodDelete { // ending a session is always possible
+		done, err := h.app.OpenStream(call.Caller.User)
+		if err != nil {
+			h.refuseStream(w, call, err)
+			return nil
+		}
+		defer done()
+	}
 	if ms := call.MCPSession; ms != nil {
 		defer ms.Begin()()
 	}
@@ -106,6 +114,24 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, _ caddyhttp.
 		h.forward(w, r, call)
 	}
 	return nil
+}
+
+// refuseStream answers a request over a stream limit: 503, retryable.
+func (h *Handler) refuseStream(w http.ResponseWriter, call *gateway.Call, err error) {
+	data := map[string]any{"retryable": true}
+	var limit *gateway.StreamLimitError
+	if errors.As(err, &limit) {
+		data["limit"], data["max"] = limit.Option, limit.Limit
+	}
+	if c := h.logger.Check(zap.WarnLevel, "stream refused"); c != nil {
+		c.Write(zap.String("service", call.Service.ID), zap.Error(err))
+	}
+	w.Header().Set("Retry-After", "1")
+	var id []byte
+	if call.IsRequest() {
+		id = call.Message.ID
+	}
+	gateway.WriteRPCError(w, http.StatusServiceUnavailable, id, gateway.CodeUnavailable, err.Error(), data)
 }
 
 // exchangeContext bounds one exchange: the runner's request, the service

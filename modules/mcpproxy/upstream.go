@@ -149,12 +149,13 @@ func (h *Handler) attempt(ctx context.Context, call *gateway.Call, up gateway.Up
 			msg: "the upstream sent no response headers within the service's response_header_timeout"}
 	}
 	if err != nil {
+		timedOut := ctx.Err() != nil // before cancel, which sets it
 		cancel()
 		e := &upstreamError{kind: kindUnavailable, sent: sent.Load(), msg: "the upstream is unreachable"}
 		switch {
-		case ctx.Err() != nil && e.sent:
+		case timedOut && e.sent:
 			e.msg = "the upstream did not answer in time"
-		case ctx.Err() != nil:
+		case timedOut:
 			e.msg = "the upstream could not be reached in time"
 		case e.sent:
 			e.msg = "the connection to the upstream broke"
