@@ -134,8 +134,14 @@ func Check(r *http.Request, msg mcpmsg.Message) (*gateway.Stateless, *Refusal) {
 		return nil, mismatch("the " + HeaderProtocolVersion + " header is required for requests carrying " + MetaProtocolVersion)
 	}
 	if msg.Meta == nil {
-		return nil, invalidParams("missing params._meta: every request of protocol " + Version + " carries " +
-			MetaProtocolVersion + " and " + MetaClientCapabilities)
+		why := "missing params._meta: every request of protocol " + Version + " carries " +
+			MetaProtocolVersion + " and " + MetaClientCapabilities
+		if hv != Version {
+			// Most likely a client of another revision: say what is spoken.
+			why = "unsupported MCP-Protocol-Version " + strconv.Quote(hv) + " (supported: " +
+				strings.Join(gateway.AllProtocolVersions(), ", ") + "); " + why
+		}
+		return nil, invalidParams(why)
 	}
 	mv, ok := mcpmsg.String(mcpmsg.MemberOf(msg.Meta, MetaProtocolVersion))
 	if !ok || mv == "" {
