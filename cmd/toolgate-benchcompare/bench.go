@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -16,14 +17,25 @@ import (
 	"github.com/toolgate/toolgate/internal/testproc"
 )
 
-// The parties, in the order every round runs them.
+// The parties. baseline is another toolgate binary (-baseline), for a
+// before/after comparison in one run.
 const (
 	direct   = "direct"
 	caddy    = "caddy"
 	toolgate = "toolgate"
+	baseline = "baseline"
 )
 
+// parties are the routes every round runs, in this order rotated by the
+// round's number, so that no party always runs right after another one.
+// -baseline adds baseline.
 var parties = []string{direct, caddy, toolgate}
+
+// inRound returns the parties in the order round runs them.
+func inRound(round int) []string {
+	k := (round - 1) % len(parties)
+	return append(slices.Clone(parties[k:]), parties[:k]...)
+}
 
 // apiKey is the benchmark caller's API key at toolgate.
 const (
@@ -35,7 +47,7 @@ const (
 type bench struct {
 	opts   options
 	dir    string
-	procs  map[string]*server           // "upstream-<kind>", "caddy", "toolgate"
+	procs  map[string]*server           // "upstream-<kind>", "caddy", "toolgate", "baseline"
 	admin  map[string]string            // proxy party → its admin endpoint's base URL
 	base   map[string]string            // proxy party → its site's base URL
 	routes map[string]map[string]*route // upstream kind → party → route
@@ -129,6 +141,9 @@ func runBench(ctx context.Context, o options) error {
 		routes: map[string]map[string]*route{}, http: &http.Client{}}
 	b.res = results{Date: time.Now(), Machine: machine(), GoVersion: runtime.Version(), Revision: revision(),
 		Options: o, LoadBefore: loadAverage()}
+	if o.Baseline != "" {
+		parties = append(parties, baseline)
+	}
 	defer b.stopAll()
 	logf("toolgate-benchcompare: %s, load average %s; writing to %s", b.res.Machine, b.res.LoadBefore, dir)
 	if err := b.start(); err != nil {
@@ -212,7 +227,7 @@ func (b *bench) start() error {
 	if err := preparePolicies(b.opts.Policies, policies, b.opts.Kinds, 2<<20); err != nil {
 		return err
 	}
-	for _, party := range []string{caddy, toolgate} {
+	for _, party := range parties[1:] {
 		cfg := proxyConfig{Dir: filepath.Join(b.dir, party), Upstreams: upstreams, APIKeyHash: apiKeyHash(apiKey),
 			Caller: caller, Policies: policies, NoAuditLog: !b.opts.AuditLog,
 			MaxSessions: max(10000, b.opts.IdleSessions+1000)}
@@ -225,9 +240,12 @@ func (b *bench) start() error {
 		if err := os.MkdirAll(cfg.Dir, 0o755); err != nil {
 			return err
 		}
-		tmpl := plainCaddyfile
-		if party == toolgate {
+		tmpl, bin := plainCaddyfile, b.opts.Toolgate
+		switch party {
+		case toolgate:
 			tmpl = toolgateCaddyfile
+		case baseline:
+			tmpl, bin = toolgateCaddyfile, b.opts.Baseline
 		}
 		caddyfile, err := writeCaddyfile(tmpl, cfg)
 		if err != nil {
@@ -235,7 +253,7 @@ func (b *bench) start() error {
 		}
 		home := filepath.Join(cfg.Dir, "home")
 		env := []string{"HOME=" + home, "XDG_DATA_HOME=" + home, "XDG_CONFIG_HOME=" + home}
-		s, err := startServer(party, b.dir, b.opts.Toolgate, env, "run", "--config", caddyfile, "--adapter", "caddyfile")
+		s, err := startServer(party, b.dir, bin, env, "run", "--config", caddyfile, "--adapter", "caddyfile")
 		if err != nil {
 			return err
 		}
@@ -253,6 +271,9 @@ func (b *bench) start() error {
 			direct:   {party: direct, kind: kind, url: upstreams[kind] + "/mcp"},
 			caddy:    {party: caddy, kind: kind, url: b.base[caddy] + "/" + kind + "/mcp"},
 			toolgate: {party: toolgate, kind: kind, url: b.base[toolgate] + "/v1/mcp/" + kind},
+		}
+		if b.opts.Baseline != "" {
+			b.routes[kind][baseline] = &route{party: baseline, kind: kind, url: b.base[baseline] + "/v1/mcp/" + kind}
 		}
 	}
 	for name, s := range b.procs {
@@ -273,20 +294,25 @@ func (b *bench) stopAll() {
 // that selects every upstream's service.
 func (b *bench) prepareRoutes(ctx context.Context) error {
 	clients := map[string]*http.Client{}
+	sessions := map[string]string{}
 	for _, p := range parties {
 		clients[p] = newClient(b.opts.Timeout)
-	}
-	session, err := createToolgateSession(ctx, b.http, b.base[toolgate], apiKey, b.opts.Kinds)
-	if err != nil {
-		return err
+		if p == toolgate || p == baseline {
+			session, err := createToolgateSession(ctx, b.http, b.base[p], apiKey, b.opts.Kinds)
+			if err != nil {
+				return err
+			}
+			sessions[p] = session
+		}
 	}
 	for _, kind := range b.opts.Kinds {
 		for _, p := range parties {
 			r := b.routes[kind][p]
 			r.client = clients[p]
-			if p == toolgate {
+			if session, ok := sessions[p]; ok {
 				r.header = http.Header{"Authorization": {"Bearer " + apiKey}, "X-Toolgate-Session": {session}}
 			}
+			var err error
 			if r.sessions, err = r.openSessions(ctx, b.opts.MCPSessions, 4); err != nil {
 				return err
 			}
@@ -317,13 +343,13 @@ func (b *bench) warmUp(ctx context.Context) error {
 	return ctx.Err()
 }
 
-// rounds runs, per round, every upstream kind at every rate on the three
-// routes in turn, then the 1 MiB result on the three routes.
+// rounds runs, per round, every upstream kind at every rate on every
+// route in turn, then the 1 MiB result on every route.
 func (b *bench) rounds(ctx context.Context) error {
 	for round := 1; round <= b.opts.Rounds; round++ {
 		for _, kind := range b.opts.Kinds {
 			for _, rate := range b.opts.Rates {
-				for _, p := range parties {
+				for _, p := range inRound(round) {
 					if err := b.measure(ctx, "rounds", round, b.routes[kind][p], smallCall, rate); err != nil {
 						return err
 					}
@@ -332,7 +358,7 @@ func (b *bench) rounds(ctx context.Context) error {
 			if b.opts.BigRate == 0 {
 				continue
 			}
-			for _, p := range parties {
+			for _, p := range inRound(round) {
 				if err := b.measure(ctx, "rounds", round, b.routes[kind][p], bigCall, b.opts.BigRate); err != nil {
 					return err
 				}

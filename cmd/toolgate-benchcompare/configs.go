@@ -5,7 +5,9 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -115,47 +117,59 @@ func apiKeyHash(key string) string {
 	return "sha256:" + hex.EncodeToString(sum[:])
 }
 
-// preparePolicies copies the default policies (the .rego files that are
-// not tests, and data.json) from src into dst, with one change to the
-// data: each benchmark service gets max_result_bytes of maxResult, so that
+// preparePolicies copies the default policies from src into dst: the
+// .rego files that are not tests, of the directory and of its site/
+// subdirectory, and site/'s data, with one change to it: each benchmark
+// service gets max_result_bytes of maxResult (in site/data.json), so that
 // the default result policy lets the large result through unchanged, as
 // the plain proxy does, instead of truncating it to the default 64 KiB.
 // Everything else the policies decide stays the default.
 func preparePolicies(src, dst string, services []string, maxResult int) error {
-	if err := os.MkdirAll(dst, 0o755); err != nil {
-		return err
-	}
-	entries, err := os.ReadDir(src)
-	if err != nil {
-		return fmt.Errorf("policies: %v", err)
-	}
 	copied := 0
-	for _, e := range entries {
-		name := e.Name()
-		if e.IsDir() || !strings.HasSuffix(name, ".rego") || strings.HasSuffix(name, "_test.rego") {
-			continue
+	for _, sub := range []string{".", "site"} {
+		if err := os.MkdirAll(filepath.Join(dst, sub), 0o755); err != nil {
+			return err
 		}
-		data, err := os.ReadFile(filepath.Join(src, name))
+		entries, err := os.ReadDir(filepath.Join(src, sub))
 		if err != nil {
-			return err
+			if sub == "site" && errors.Is(err, fs.ErrNotExist) {
+				continue
+			}
+			return fmt.Errorf("policies: %v", err)
 		}
-		if err := os.WriteFile(filepath.Join(dst, name), data, 0o644); err != nil {
-			return err
+		for _, e := range entries {
+			name := e.Name()
+			if name == "data.yaml" || name == "data.yml" {
+				return fmt.Errorf("policies: %s/%s: the harness sets max_result_bytes in a data.json only", sub, name)
+			}
+			if e.IsDir() || !strings.HasSuffix(name, ".rego") || strings.HasSuffix(name, "_test.rego") {
+				continue
+			}
+			data, err := os.ReadFile(filepath.Join(src, sub, name))
+			if err != nil {
+				return err
+			}
+			if err := os.WriteFile(filepath.Join(dst, sub, name), data, 0o644); err != nil {
+				return err
+			}
+			copied++
 		}
-		copied++
 	}
 	if copied == 0 {
 		return fmt.Errorf("policies: no .rego file in %s", src)
 	}
-	raw, err := os.ReadFile(filepath.Join(src, "data.json"))
+	raw, err := os.ReadFile(filepath.Join(src, "site", "data.json"))
+	if errors.Is(err, fs.ErrNotExist) {
+		raw, err = []byte(`{}`), nil
+	}
 	if err != nil {
 		return fmt.Errorf("policies: %v", err)
 	}
 	data, err := withMaxResultBytes(raw, services, maxResult)
 	if err != nil {
-		return fmt.Errorf("policies: %s/data.json: %v", src, err)
+		return fmt.Errorf("policies: %s/site/data.json: %v", src, err)
 	}
-	return os.WriteFile(filepath.Join(dst, "data.json"), data, 0o644)
+	return os.WriteFile(filepath.Join(dst, "site", "data.json"), data, 0o644)
 }
 
 // withMaxResultBytes sets toolgate.settings.services.<id>.max_result_bytes

@@ -11,8 +11,8 @@
 // process sends small tools/call messages on a fixed schedule at each rate
 // (latency counts from each call's scheduled start, so a stall is never
 // hidden), the three routes — direct to the upstream, through Caddy,
-// through toolgate — one after another in every round, the rounds
-// repeated. For every run it records p50/p90/p99/max latency, errors, the
+// through toolgate — one after another in every round (in an order rotated
+// from round to round), the rounds repeated. For every run it records p50/p90/p99/max latency, errors, the
 // CPU seconds per call of each process (utime+stime from /proc/<pid>/stat)
 // and the allocations per call of the proxy in the path (the Go runtime's
 // memory statistics, from Caddy's admin endpoint).
@@ -27,9 +27,14 @@
 // Caddyfiles, each server's output and the profiles — in a new directory
 // under -out.
 //
+// With -baseline, a second toolgate binary (say, built from the commit
+// before a change) runs as a fourth party with the same configuration, in
+// the same rounds, and the budget table adds its ratios: a before/after
+// comparison that the machine's load affects alike.
+//
 // Usage:
 //
-//	toolgate-benchcompare [-toolgate bin/toolgate] [-rates 400,1000] [-duration 10s] [-rounds 3] ...
+//	toolgate-benchcompare [-toolgate bin/toolgate] [-baseline bin/toolgate-before] [-rates 400,1000] [-duration 10s] [-rounds 3] ...
 //
 // Run it from the repository root (it reads policies/). -h lists every
 // option.
@@ -73,6 +78,7 @@ func main() {
 // options are the command line's settings.
 type options struct {
 	Toolgate     string        // the toolgate binary, run as both proxies
+	Baseline     string        // another toolgate binary, run as a fourth party; "" for none
 	Policies     string        // the default policies' directory
 	Out          string        // where each run's directory is created
 	Rates        []int         // calls per second of the small-call runs
@@ -92,6 +98,7 @@ func parseOptions(args []string) (options, error) {
 	fs := flag.NewFlagSet("toolgate-benchcompare", flag.ContinueOnError)
 	o := options{}
 	fs.StringVar(&o.Toolgate, "toolgate", "bin/toolgate", "the toolgate binary built from this tree; it runs both proxies")
+	fs.StringVar(&o.Baseline, "baseline", "", "another toolgate binary (say, of the commit before a change), run as a fourth party with toolgate's configuration, for a before/after comparison in one run")
 	fs.StringVar(&o.Policies, "policies", "policies", "the directory of the default policies")
 	fs.StringVar(&o.Out, "out", ".bench-compare", "each run gets a new directory here (results.json, Caddyfiles, logs, profiles)")
 	rates := fs.String("rates", "400,1000", "calls per second of the small-call runs, comma-separated")
@@ -147,6 +154,14 @@ func parseOptions(args []string) (options, error) {
 	}
 	if _, err := os.Stat(o.Toolgate); err != nil {
 		return o, fmt.Errorf("-toolgate: %v (build it with `make build`)", err)
+	}
+	if o.Baseline != "" {
+		if o.Baseline, err = filepath.Abs(o.Baseline); err != nil {
+			return o, err
+		}
+		if _, err := os.Stat(o.Baseline); err != nil {
+			return o, fmt.Errorf("-baseline: %v", err)
+		}
 	}
 	return o, nil
 }

@@ -23,7 +23,7 @@ const (
 	budgetIdleKiB   = 16.0 // toolgate's memory per idle MCP session
 )
 
-var partyLabels = map[string]string{direct: "direct", caddy: "plain Caddy", toolgate: "toolgate"}
+var partyLabels = map[string]string{direct: "direct", caddy: "plain Caddy", toolgate: "toolgate", baseline: "toolgate (baseline)"}
 
 var kindLabels = map[string]string{"sse": "upstream answering over SSE", "json": "upstream answering with JSON"}
 
@@ -36,7 +36,7 @@ func report(w io.Writer, res *results) {
 	fmt.Fprintf(w, "\n## toolgate-benchcompare, %s\n\n", res.Date.Format("2006-01-02 15:04 MST"))
 	fmt.Fprintf(w, "Machine: %s, %s; load average %s at the start, %s at the end, 1-minute load %s over the runs. Revision %s.\n",
 		res.Machine, res.GoVersion, res.LoadBefore, res.LoadAfter, loadRange(res.Runs), res.Revision)
-	fmt.Fprintf(w, "%d rounds of %s runs, interleaved (direct, plain Caddy, toolgate per load in each round), open loop; "+
+	fmt.Fprintf(w, "%d rounds of %s runs, interleaved (each load runs direct, plain Caddy and toolgate in each round, in an order rotated from round to round), open loop; "+
 		"%d MCP session(s) per route; toolgate audit log %s. Cells: median of the rounds [min–max]; "+
 		"latency in ms from each call's scheduled start; CPU in ms per call (utime+stime); allocations are the proxy's own, per call; "+
 		"late start is the most the generator started a call after its schedule (ms, worst round).\n",
@@ -197,6 +197,40 @@ func budgetRows(w io.Writer, kind string, rate int, runs []run) {
 		row(w, label+": added p99, toolgate ÷ Caddy", spread(r99, "%.2f"), "—", "")
 	}
 	row(w, label+": CPU per call, toolgate ÷ Caddy", spread(cpu, "%.2f"), "≤ 1.3", verdictMedian(cpu, budgetCPU))
+	baselineRows(w, label, runs)
+}
+
+// baselineRows compares toolgate with the baseline binary (-baseline):
+// toolgate's added latency over the baseline's, and CPU per call.
+func baselineRows(w io.Writer, label string, runs []run) {
+	var r50, r99, cpu []float64
+	for _, rd := range byRound(runs) {
+		if _, ok := rd[baseline]; !ok || len(rd) != len(parties) {
+			continue
+		}
+		over := func(pick func(run) float64) (float64, bool) {
+			d, b, g := pick(rd[direct]), pick(rd[baseline]), pick(rd[toolgate])
+			if b-d <= 0 {
+				return 0, false
+			}
+			return (g - d) / (b - d), true
+		}
+		if v, ok := over(func(r run) float64 { return r.P50 }); ok {
+			r50 = append(r50, v)
+		}
+		if v, ok := over(func(r run) float64 { return r.P99 }); ok {
+			r99 = append(r99, v)
+		}
+		if c := rd[baseline].CPU[baseline]; c > 0 {
+			cpu = append(cpu, rd[toolgate].CPU[toolgate]/c)
+		}
+	}
+	if len(cpu) == 0 {
+		return
+	}
+	row(w, label+": added p50, toolgate ÷ baseline", spread(r50, "%.2f"), "—", "")
+	row(w, label+": added p99, toolgate ÷ baseline", spread(r99, "%.2f"), "—", "")
+	row(w, label+": CPU per call, toolgate ÷ baseline", spread(cpu, "%.2f"), "—", "")
 }
 
 // bigRows prints what toolgate adds over Caddy to a 1 MiB result.

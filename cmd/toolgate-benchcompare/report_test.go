@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -98,5 +99,30 @@ func TestParseOptions(t *testing.T) {
 	}
 	if _, err := parseOptions([]string{"-toolgate", bin + "-missing"}); err == nil || !strings.Contains(err.Error(), "make build") {
 		t.Errorf("a missing binary: %v", err)
+	}
+}
+
+// Every round runs each party once, and no party runs first in two rounds
+// in a row.
+func TestInRoundRotates(t *testing.T) {
+	seen := map[string]bool{}
+	for round := 1; round <= 4; round++ {
+		order := inRound(round)
+		if len(order) != len(parties) {
+			t.Fatalf("round %d runs %q", round, order)
+		}
+		for _, p := range parties {
+			if !slices.Contains(order, p) {
+				t.Fatalf("round %d runs %q, without %s", round, order, p)
+			}
+		}
+		first := order[0]
+		if round > 1 && first == inRound(round - 1)[0] {
+			t.Errorf("rounds %d and %d both start with %s", round-1, round, first)
+		}
+		seen[first] = true
+	}
+	if len(seen) != len(parties) {
+		t.Errorf("only %v start a round", seen)
 	}
 }
