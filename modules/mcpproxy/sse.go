@@ -43,6 +43,8 @@ type sseReader struct {
 	err error // the error that ended reading src
 	max int
 
+	pooled *[sseBufferSize]byte // buf, when it came from sseBuffers
+
 	started bool // the byte order mark was checked
 	skipLF  bool // the last line ended with CR: an LF right after belongs to it
 	size    int  // bytes of the event being read
@@ -58,23 +60,51 @@ type sseReader struct {
 
 const sseBufferSize = 32 << 10
 
+// sseBuffers holds the read buffers of sseReaders. Every call answered
+// over SSE reads one stream, and a buffer of its own per call was most of
+// the memory a small call allocated (and so of the garbage collector's
+// work). Events never alias the buffer (next copies their data), so it can
+// serve the next stream once its reader is released.
+var sseBuffers = sync.Pool{New: func() any { return new([sseBufferSize]byte) }}
+
+// newSSEReader returns a reader of r with a pooled buffer; release gives
+// the buffer back.
 func newSSEReader(r io.Reader, max int64) *sseReader {
-	return newSSEReaderSize(r, max, sseBufferSize)
+	b := sseBuffers.Get().(*[sseBufferSize]byte)
+	s := newSSEReaderBuf(r, max, b[:])
+	s.pooled = b
+	return s
 }
 
 func newSSEReaderSize(r io.Reader, max int64, bufSize int) *sseReader {
+	return newSSEReaderBuf(r, max, make([]byte, bufSize))
+}
+
+func newSSEReaderBuf(r io.Reader, max int64, buf []byte) *sseReader {
 	if max > 1<<40 {
 		max = 1 << 40
 	}
-	return &sseReader{src: r, buf: make([]byte, bufSize), max: int(max), retry: -1}
+	return &sseReader{src: r, buf: buf, max: int(max), retry: -1}
+}
+
+// release returns the reader's buffer to the pool. The reader must not be
+// used afterwards; releasing twice does nothing.
+func (s *sseReader) release() {
+	if s.pooled != nil {
+		sseBuffers.Put(s.pooled)
+	}
+	s.pooled, s.buf = nil, nil
 }
 
 // resumed returns a reader for a reconnection of the stream s read: like
 // browsers, it starts from the last event id s reached, so an event without
-// an id field does not lose it, and keeps the reconnection time.
+// an id field does not lose it, and keeps the reconnection time. It takes
+// over s's buffer: s must not be used afterwards.
 func (s *sseReader) resumed(r io.Reader) *sseReader {
-	n := newSSEReaderSize(r, int64(s.max), len(s.buf))
+	n := newSSEReaderBuf(r, int64(s.max), s.buf)
+	n.pooled = s.pooled
 	n.lastID, n.idBuffer, n.retry = s.lastID, s.lastID, s.retry
+	s.pooled, s.buf = nil, nil
 	return n
 }
 

@@ -416,6 +416,9 @@ func (r *response) close() {
 	if r.resp != nil && !r.done {
 		r.resp.Body.Close()
 	}
+	if r.sse != nil {
+		r.sse.release()
+	}
 }
 
 // roundTrip sends a request the gateway itself makes (initialize, tools/list)
