@@ -297,17 +297,38 @@ type sseWriter struct {
 	err     error     // the first write error: the runner went away
 }
 
+// errWriterClosed is what a write to a closed sseWriter returns.
+var errWriterClosed = errors.New("the SSE stream to the runner is finished")
+
 func newSSEWriter(w http.ResponseWriter) *sseWriter {
 	return &sseWriter{w: w, rc: http.NewResponseController(w)}
 }
 
-// start sends the response headers.
+// start sends the response headers (a stream that may stay silent for a
+// while: its headers are flushed at once).
 func (s *sseWriter) start(header func(http.Header)) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.startLocked(header)
+	if !s.started {
+		s.startLocked(header)
+		_ = s.rc.Flush()
+	}
 }
 
+// close makes every later write fail with errWriterClosed: the handler
+// that owns the response is returning, and nothing (a keep-alive timer)
+// may write to it afterwards.
+func (s *sseWriter) close() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.err == nil {
+		s.err = errWriterClosed
+	}
+}
+
+// startLocked writes the response headers, unless done already. They go
+// out with the first flush: every write of an event ends with one, so
+// headers and the first event leave in one write to the connection.
 func (s *sseWriter) startLocked(header func(http.Header)) {
 	if s.started {
 		return
@@ -322,7 +343,6 @@ func (s *sseWriter) startLocked(header func(http.Header)) {
 	}
 	s.w.WriteHeader(http.StatusOK)
 	s.wrote = now()
-	_ = s.rc.Flush()
 }
 
 // send writes one message event with the given id ("" for none) and
@@ -333,10 +353,10 @@ func (s *sseWriter) startLocked(header func(http.Header)) {
 func (s *sseWriter) send(id string, data []byte) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.startLocked(nil)
 	if s.err != nil {
 		return s.err
 	}
+	s.startLocked(nil)
 	s.err = s.writeEvent(id, data)
 	return s.err
 }
@@ -346,10 +366,10 @@ func (s *sseWriter) send(id string, data []byte) error {
 func (s *sseWriter) prime(id string) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.startLocked(nil)
 	if s.err != nil {
 		return s.err
 	}
+	s.startLocked(nil)
 	s.err = s.writeString("id: " + id + "\ndata: \n\n")
 	if s.err == nil {
 		s.err = s.rc.Flush()

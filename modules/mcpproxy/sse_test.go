@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"math/big"
+	"net/http"
 	"net/http/httptest"
 	"runtime"
 	"strings"
@@ -13,7 +14,10 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/caddyserver/caddy/v2"
+
 	"github.com/toolgate/toolgate/internal/sseref"
+	"github.com/toolgate/toolgate/modules/gateway"
 )
 
 // readStream reads a stream with sseReader the way the relay does and
@@ -334,4 +338,69 @@ func TestSSEReaderResumedTakesOverTheBuffer(t *testing.T) {
 		t.Fatalf("resumed read: %q, %v", ev.Data, err)
 	}
 	next.release()
+}
+
+// flushCounter is a ResponseWriter that counts flushes: each is a write to
+// the runner's connection.
+type flushCounter struct {
+	*httptest.ResponseRecorder
+	flushes int
+}
+
+func (f *flushCounter) Flush() {
+	f.flushes++
+	f.ResponseRecorder.Flush()
+}
+
+// The headers of a stream go out with its first event, in one flush; a
+// stream opened ahead of its events (a GET) flushes them at once.
+func TestSSEWriterSendsHeadersWithTheFirstEvent(t *testing.T) {
+	w := &flushCounter{ResponseRecorder: httptest.NewRecorder()}
+	out := newSSEWriter(w)
+	if err := out.send("", []byte(`{"jsonrpc":"2.0","id":1,"result":{}}`)); err != nil {
+		t.Fatal(err)
+	}
+	if w.flushes != 1 || w.Header().Get("Content-Type") != "text/event-stream" || w.Code != http.StatusOK {
+		t.Errorf("headers and first event: %d flushes, Content-Type %q, status %d; want 1 flush", w.flushes, w.Header().Get("Content-Type"), w.Code)
+	}
+	w = &flushCounter{ResponseRecorder: httptest.NewRecorder()}
+	newSSEWriter(w).start(nil)
+	if w.flushes != 1 || !w.Flushed {
+		t.Errorf("start: %d flushes, want the headers flushed at once", w.flushes)
+	}
+}
+
+// A keep-alive comment goes out on a silent stream, and none after the
+// stream's handler stopped the keep-alives (it is returning).
+func TestKeepAliveStopsWriting(t *testing.T) {
+	rec := httptest.NewRecorder()
+	out := newSSEWriter(rec)
+	svc := &gateway.Service{SSEKeepAlive: caddy.Duration(20 * time.Millisecond)}
+	stop := (&Handler{}).keepAlive(out, svc)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		out.mu.Lock()
+		body := rec.Body.String()
+		out.mu.Unlock()
+		if strings.Contains(body, ": keep-alive\n\n") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no keep-alive on a silent stream within 10s: %q", body)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	stop()
+	out.mu.Lock()
+	n := rec.Body.Len()
+	out.mu.Unlock()
+	time.Sleep(100 * time.Millisecond) // five intervals
+	out.mu.Lock()
+	if rec.Body.Len() != n {
+		t.Errorf("written after the keep-alives stopped: %q", rec.Body.String()[n:])
+	}
+	out.mu.Unlock()
+	if err := out.send("", []byte(`{}`)); !errors.Is(err, errWriterClosed) {
+		t.Errorf("send after close: %v", err)
+	}
 }
