@@ -461,23 +461,35 @@ func (b *bench) cpu() (map[string]float64, error) {
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 
 // profile captures CPU, allocation and heap profiles of each proxy under
-// the small-call load at -profile-rate, on the first upstream kind.
+// the small-call load at -profile-rate, and under the 1 MiB result at
+// -big-rate, on the first upstream kind.
 func (b *bench) profile(ctx context.Context) error {
 	kind := b.opts.Kinds[0]
 	seconds := int(b.opts.Duration.Seconds())
-	for _, p := range []string{caddy, toolgate} {
-		logf("  profiling %s at %d calls/s for %ds", p, b.opts.ProfileRate, seconds)
-		var lr loadResult
-		files, err := captureProfiles(ctx, b.http, b.admin[p], b.dir, p, seconds, func() {
-			lr = openLoop(ctx, b.routes[kind][p], smallCall, b.opts.ProfileRate, time.Duration(seconds+2)*time.Second)
-		})
-		if err != nil {
-			return fmt.Errorf("profiling %s: %v", p, err)
+	type load struct {
+		c    call
+		rate int
+		name string // of the profiles' files: "<party><name>-cpu.pprof"
+	}
+	loads := []load{{smallCall, b.opts.ProfileRate, ""}}
+	if b.opts.BigRate > 0 {
+		loads = append(loads, load{bigCall, b.opts.BigRate, "-" + bigCall.name})
+	}
+	for _, l := range loads {
+		for _, p := range []string{caddy, toolgate} {
+			logf("  profiling %s at %d calls/s (%s) for %ds", p, l.rate, l.c.name, seconds)
+			var lr loadResult
+			files, err := captureProfiles(ctx, b.http, b.admin[p], b.dir, p+l.name, seconds, func() {
+				lr = openLoop(ctx, b.routes[kind][p], l.c, l.rate, time.Duration(seconds+2)*time.Second)
+			})
+			if err != nil {
+				return fmt.Errorf("profiling %s: %v", p, err)
+			}
+			if lr.Errors > 0 {
+				logf("    %d of %d calls failed while profiling; the first: %s", lr.Errors, lr.Calls, lr.FirstError)
+			}
+			b.res.Profiles = append(b.res.Profiles, files...)
 		}
-		if lr.Errors > 0 {
-			logf("    %d of %d calls failed while profiling; the first: %s", lr.Errors, lr.Calls, lr.FirstError)
-		}
-		b.res.Profiles = append(b.res.Profiles, files...)
 	}
 	return ctx.Err()
 }

@@ -109,7 +109,7 @@ func parseOptions(args []string) (options, error) {
 	fs.IntVar(&o.MCPSessions, "mcp-sessions", 1, "MCP sessions per route; calls take them in turn")
 	fs.IntVar(&o.BigRate, "big-rate", 10, "calls per second of the 1 MiB-result runs (0: skip them)")
 	fs.IntVar(&o.IdleSessions, "idle-sessions", 10000, "idle MCP sessions to open through toolgate for the memory measure (0: skip)")
-	fs.IntVar(&o.ProfileRate, "profile-rate", 400, "calls per second while both proxies are profiled, for -duration (0: no profiles)")
+	fs.IntVar(&o.ProfileRate, "profile-rate", 400, "calls per second while both proxies are profiled under small calls, for -duration (0: no profiles); they are profiled under the 1 MiB result at -big-rate too")
 	fs.BoolVar(&o.AuditLog, "audit-log", true, "toolgate writes its audit log (one entry per policy decision) to its output file, as deployed")
 	fs.DurationVar(&o.Timeout, "timeout", 10*time.Second, "a call without an answer after this long is an error")
 	if err := fs.Parse(args); err != nil {

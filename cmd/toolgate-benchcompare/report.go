@@ -345,7 +345,7 @@ func printProfileTops(w io.Writer, bin string, files []string) {
 		base := filepath.Base(f)
 		var args []string
 		switch base {
-		case "toolgate-cpu.pprof":
+		case "toolgate-cpu.pprof", "toolgate-1MiB-cpu.pprof":
 			args = []string{"-top", "-nodecount=25"}
 		case "toolgate-allocs.pprof":
 			args = []string{"-top", "-nodecount=25", "-sample_index=alloc_space"}
