@@ -404,3 +404,30 @@ func TestKeepAliveStopsWriting(t *testing.T) {
 		t.Errorf("send after close: %v", err)
 	}
 }
+
+// A data line longer than the read buffer is copied once into a slice of
+// its length: reading a 1 MiB event allocates about 1 MiB, not the several
+// MiB that gathering it by appending costs.
+func TestSSEReaderLongLineIsCopiedOnce(t *testing.T) {
+	data := strings.Repeat("0123456789abcdef", 1<<16) // 1 MiB
+	stream := "event: message\ndata: " + data + "\n\n"
+	read := func() {
+		r := newSSEReader(strings.NewReader(stream), 2<<20)
+		ev, err := r.next()
+		r.release()
+		if err != nil || len(ev.Data) != len(data) || string(ev.Data[:16]) != data[:16] || string(ev.Data[len(data)-16:]) != data[len(data)-16:] {
+			t.Fatalf("read %d bytes, %v; want the %d of the data", len(ev.Data), err, len(data))
+		}
+	}
+	read()
+	const runs = 8
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	for range runs {
+		read()
+	}
+	runtime.ReadMemStats(&after)
+	if per := (after.TotalAlloc - before.TotalAlloc) / runs; per > uint64(len(data))*3/2 {
+		t.Errorf("reading a %d-byte event allocates %d bytes, want at most 1.5 times its size", len(data), per)
+	}
+}
