@@ -7,10 +7,13 @@ SHELL := /bin/bash
 #               with the race detector against real peers, every fuzzer for a
 #               few seconds, and the MCP conformance suite through the gateway
 #   make fuzz   every fuzzer for FUZZTIME each (default 60s)
+#   make bench-compare
+#               toolgate side by side with a plain Caddy reverse_proxy
+#               against DESIGN.md's performance budget (not part of test)
 
 GO ?= go
 
-.PHONY: build run test vet unit conformance fuzz fuzz-short bench xcaddy clean
+.PHONY: build run test vet unit conformance fuzz fuzz-short bench bench-compare xcaddy clean
 
 build:
 	$(GO) build -o bin/toolgate ./cmd/toolgate
@@ -71,9 +74,20 @@ bench:
 	$(GO) test -run '^$$' -bench 'BenchmarkToolCall' -benchmem ./integration/ 2>&1 | grep -v '^{"level'
 	$(GO) test -run '^$$' -bench 'BenchmarkOpenLoop' -benchtime 1x ./integration/ 2>&1 | grep -v '^{"level'
 
+# the side-by-side harness (cmd/toolgate-benchcompare): a go-sdk upstream
+# (SSE- and JSON-answering), a plain Caddy reverse_proxy and toolgate with
+# the default policies, each its own process, under open-loop load in
+# interleaved rounds; prints the tables and the budget ratios and keeps
+# results, logs and profiles in .bench-compare/. About 12 minutes with the
+# defaults; pass options in BENCH_ARGS, e.g.
+#   make bench-compare BENCH_ARGS='-rounds 5 -duration 20s'
+bench-compare: build
+	$(GO) build -o bin/toolgate-benchcompare ./cmd/toolgate-benchcompare
+	bin/toolgate-benchcompare -toolgate bin/toolgate $(BENCH_ARGS)
+
 # a custom binary with the Caddy plugins listed in xcaddy.json
 xcaddy:
 	$(GO) run ./cmd/toolgate-build -manifest xcaddy.json
 
 clean:
-	rm -rf bin .toolgate-demo
+	rm -rf bin .toolgate-demo .bench-compare

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"regexp"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
 
 // The MCP session lifecycle through toolgate against go-sdk upstreams, some
@@ -369,4 +371,39 @@ func validateCaddyfile(t *testing.T, caddyfile string) error {
 		t.Fatal(err)
 	}
 	return caddy.Validate(&cfg)
+}
+
+// Calls one after another reuse one connection to the upstream, for an
+// upstream answering over SSE and one answering with JSON: toolgate reads
+// each upstream response to its end, so the connection goes back to the
+// pool instead of being closed and dialled anew for the next call.
+func TestSequentialCallsReuseTheUpstreamConnection(t *testing.T) {
+	for _, kind := range []struct {
+		name      string
+		configure func(*mcp.StreamableHTTPOptions)
+	}{
+		{"sse", nil},
+		{"json", func(o *mcp.StreamableHTTPOptions) { o.JSONResponse = true }},
+	} {
+		t.Run(kind.name, func(t *testing.T) {
+			up := startUpstreamWith(t, kind.configure)
+			g := startGateway(t, gatewayConfig{Upstream: up.URL})
+			m := g.raw(t, aliceKey, g.createSession(t, aliceKey, "svc"), "svc")
+			m.initialize()
+			call := func(i int) {
+				body := fmt.Sprintf(`{"jsonrpc":"2.0","id":%d,"method":"tools/call","params":{"name":"echo","arguments":{"text":"x%d"}}}`, i, i)
+				if status, _, msgs := m.post(body); status != http.StatusOK || len(msgs) != 1 || !strings.Contains(string(msgs[0]), fmt.Sprintf(`x%d`, i)) {
+					t.Fatalf("call %d: %d %s", i, status, msgs)
+				}
+			}
+			call(1)
+			before := up.acceptedConns()
+			for i := 2; i <= 30; i++ {
+				call(i)
+			}
+			if n := up.acceptedConns() - before; n != 0 {
+				t.Errorf("29 calls one after another opened %d new connections to the upstream, want 0", n)
+			}
+		})
+	}
 }

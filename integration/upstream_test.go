@@ -43,6 +43,8 @@ type upstream struct {
 	cancelled chan string
 	// conns counts the open TCP connections to the upstream.
 	conns map[net.Conn]http.ConnState
+	// accepted counts the TCP connections the upstream ever accepted.
+	accepted int
 }
 
 // upstreamRequest is one HTTP request the upstream received.
@@ -81,6 +83,9 @@ func startUpstreamWith(t testing.TB, configure func(*mcp.StreamableHTTPOptions))
 	u.server.Config.ConnState = func(c net.Conn, state http.ConnState) {
 		u.mu.Lock()
 		defer u.mu.Unlock()
+		if state == http.StateNew {
+			u.accepted++
+		}
 		if state == http.StateClosed || state == http.StateHijacked {
 			delete(u.conns, c)
 		} else {
@@ -173,6 +178,14 @@ func (u *upstream) openConns() int {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	return len(u.conns)
+}
+
+// acceptedConns returns the number of TCP connections the upstream
+// accepted so far.
+func (u *upstream) acceptedConns() int {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return u.accepted
 }
 
 // headers returns the headers of every request received so far.

@@ -237,6 +237,14 @@ func (h *Handler) relay(runner context.Context, w http.ResponseWriter, call *gat
 			if h.writeFinal(w, out, st.id(rs.lastEventID()), data) {
 				st.finished()
 			}
+			// The runner has its answer (an SSE event is flushed as it is
+			// written; a JSON body is flushed here). The end of the
+			// upstream's stream follows at once, and reading it lets the
+			// connection serve the next call.
+			if out == nil {
+				_ = http.NewResponseController(w).Flush()
+			}
+			rs.awaitEnd()
 			return
 		}
 		data := h.deliver(rs.ctx, call, msg, out != nil)

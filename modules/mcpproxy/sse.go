@@ -43,6 +43,8 @@ type sseReader struct {
 	err error // the error that ended reading src
 	max int
 
+	pooled *[sseBufferSize]byte // buf, when it came from sseBuffers
+
 	started bool // the byte order mark was checked
 	skipLF  bool // the last line ended with CR: an LF right after belongs to it
 	size    int  // bytes of the event being read
@@ -58,23 +60,51 @@ type sseReader struct {
 
 const sseBufferSize = 32 << 10
 
+// sseBuffers holds the read buffers of sseReaders. Every call answered
+// over SSE reads one stream, and a buffer of its own per call was most of
+// the memory a small call allocated (and so of the garbage collector's
+// work). Events never alias the buffer (next copies their data), so it can
+// serve the next stream once its reader is released.
+var sseBuffers = sync.Pool{New: func() any { return new([sseBufferSize]byte) }}
+
+// newSSEReader returns a reader of r with a pooled buffer; release gives
+// the buffer back.
 func newSSEReader(r io.Reader, max int64) *sseReader {
-	return newSSEReaderSize(r, max, sseBufferSize)
+	b := sseBuffers.Get().(*[sseBufferSize]byte)
+	s := newSSEReaderBuf(r, max, b[:])
+	s.pooled = b
+	return s
 }
 
 func newSSEReaderSize(r io.Reader, max int64, bufSize int) *sseReader {
+	return newSSEReaderBuf(r, max, make([]byte, bufSize))
+}
+
+func newSSEReaderBuf(r io.Reader, max int64, buf []byte) *sseReader {
 	if max > 1<<40 {
 		max = 1 << 40
 	}
-	return &sseReader{src: r, buf: make([]byte, bufSize), max: int(max), retry: -1}
+	return &sseReader{src: r, buf: buf, max: int(max), retry: -1}
+}
+
+// release returns the reader's buffer to the pool. The reader must not be
+// used afterwards; releasing twice does nothing.
+func (s *sseReader) release() {
+	if s.pooled != nil {
+		sseBuffers.Put(s.pooled)
+	}
+	s.pooled, s.buf = nil, nil
 }
 
 // resumed returns a reader for a reconnection of the stream s read: like
 // browsers, it starts from the last event id s reached, so an event without
-// an id field does not lose it, and keeps the reconnection time.
+// an id field does not lose it, and keeps the reconnection time. It takes
+// over s's buffer: s must not be used afterwards.
 func (s *sseReader) resumed(r io.Reader) *sseReader {
-	n := newSSEReaderSize(r, int64(s.max), len(s.buf))
+	n := newSSEReaderBuf(r, int64(s.max), s.buf)
+	n.pooled = s.pooled
 	n.lastID, n.idBuffer, n.retry = s.lastID, s.lastID, s.retry
+	s.pooled, s.buf = nil, nil
 	return n
 }
 
@@ -201,8 +231,15 @@ func (s *sseReader) fill() {
 // aliases the read buffer, valid until the next read, unless owned reports
 // a copy (a line longer than the buffer). Each line counts against the
 // size limit of the event it belongs to.
+//
+// A line longer than the buffer is read into whole buffers, one after
+// another, and copied once into a slice of its exact length at its end:
+// gathering it by appending would copy and allocate it several times over
+// as the slice grows (a 1 MiB result, about five times).
 func (s *sseReader) readLine() (line []byte, owned bool, err error) {
-	var long []byte
+	var long [][]byte // the full buffers of a long line, in order
+	longLen := 0
+	defer func() { s.recycle(long) }()
 	for {
 		if s.skipLF && s.r < s.w {
 			if s.buf[s.r] == '\n' {
@@ -222,17 +259,21 @@ func (s *sseReader) readLine() (line []byte, owned bool, err error) {
 			line = pending[:end]
 			s.skipLF = pending[end] == '\r'
 			s.r += end + 1
-			s.size += len(long) + end + 1
+			s.size += longLen + end + 1
 			if s.size > s.max {
 				return nil, false, errEventTooLarge
 			}
 			if long != nil {
-				return append(long, line...), true, nil
+				out := make([]byte, 0, longLen+len(line))
+				for _, b := range long {
+					out = append(out, b...)
+				}
+				return append(out, line...), true, nil
 			}
 			return line, false, nil
 		}
 		// No line end yet.
-		if s.size+len(long)+len(pending) > s.max {
+		if s.size+longLen+len(pending) > s.max {
 			return nil, false, errEventTooLarge
 		}
 		if s.err != nil {
@@ -245,11 +286,34 @@ func (s *sseReader) readLine() (line []byte, owned bool, err error) {
 			return nil, false, s.err
 		}
 		if s.r == 0 && s.w == len(s.buf) {
-			// A line longer than the buffer: gather it.
-			long = append(long, pending...)
-			s.r, s.w = 0, 0
+			// A line longer than the buffer: keep this one whole and read
+			// on into another.
+			long = append(long, s.buf)
+			longLen += len(s.buf)
+			s.newBuffer()
 		}
 		s.fill()
+	}
+}
+
+// newBuffer gives the reader an empty buffer of the size of its current
+// one, which the caller keeps.
+func (s *sseReader) newBuffer() {
+	if s.pooled != nil {
+		s.pooled = sseBuffers.Get().(*[sseBufferSize]byte)
+		s.buf = s.pooled[:]
+	} else {
+		s.buf = make([]byte, len(s.buf))
+	}
+	s.r, s.w = 0, 0
+}
+
+// recycle returns buffers newBuffer replaced to the pool.
+func (s *sseReader) recycle(bufs [][]byte) {
+	for _, b := range bufs {
+		if len(b) == sseBufferSize && s.pooled != nil {
+			sseBuffers.Put((*[sseBufferSize]byte)(b))
+		}
 	}
 }
 
@@ -267,17 +331,38 @@ type sseWriter struct {
 	err     error     // the first write error: the runner went away
 }
 
+// errWriterClosed is what a write to a closed sseWriter returns.
+var errWriterClosed = errors.New("the SSE stream to the runner is finished")
+
 func newSSEWriter(w http.ResponseWriter) *sseWriter {
 	return &sseWriter{w: w, rc: http.NewResponseController(w)}
 }
 
-// start sends the response headers.
+// start sends the response headers (a stream that may stay silent for a
+// while: its headers are flushed at once).
 func (s *sseWriter) start(header func(http.Header)) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.startLocked(header)
+	if !s.started {
+		s.startLocked(header)
+		_ = s.rc.Flush()
+	}
 }
 
+// close makes every later write fail with errWriterClosed: the handler
+// that owns the response is returning, and nothing (a keep-alive timer)
+// may write to it afterwards.
+func (s *sseWriter) close() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.err == nil {
+		s.err = errWriterClosed
+	}
+}
+
+// startLocked writes the response headers, unless done already. They go
+// out with the first flush: every write of an event ends with one, so
+// headers and the first event leave in one write to the connection.
 func (s *sseWriter) startLocked(header func(http.Header)) {
 	if s.started {
 		return
@@ -292,7 +377,6 @@ func (s *sseWriter) startLocked(header func(http.Header)) {
 	}
 	s.w.WriteHeader(http.StatusOK)
 	s.wrote = now()
-	_ = s.rc.Flush()
 }
 
 // send writes one message event with the given id ("" for none) and
@@ -303,10 +387,10 @@ func (s *sseWriter) startLocked(header func(http.Header)) {
 func (s *sseWriter) send(id string, data []byte) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.startLocked(nil)
 	if s.err != nil {
 		return s.err
 	}
+	s.startLocked(nil)
 	s.err = s.writeEvent(id, data)
 	return s.err
 }
@@ -316,10 +400,10 @@ func (s *sseWriter) send(id string, data []byte) error {
 func (s *sseWriter) prime(id string) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.startLocked(nil)
 	if s.err != nil {
 		return s.err
 	}
+	s.startLocked(nil)
 	s.err = s.writeString("id: " + id + "\ndata: \n\n")
 	if s.err == nil {
 		s.err = s.rc.Flush()

@@ -5,14 +5,19 @@ import (
 	"errors"
 	"io"
 	"math/big"
+	"net/http"
 	"net/http/httptest"
+	"runtime"
 	"strings"
 	"testing"
 	"testing/iotest"
 	"time"
 	"unicode/utf8"
 
+	"github.com/caddyserver/caddy/v2"
+
 	"github.com/toolgate/toolgate/internal/sseref"
+	"github.com/toolgate/toolgate/modules/gateway"
 )
 
 // readStream reads a stream with sseReader the way the relay does and
@@ -279,4 +284,150 @@ func FuzzSSEWriter(f *testing.F) {
 			t.Fatalf("%q (id %q) was read as %+v", data, id, got)
 		}
 	})
+}
+
+// Reading a stream takes its buffer from a pool and gives it back: a small
+// event costs a few hundred bytes of allocation, not a buffer of its own
+// (sseBufferSize), and an event read before its reader was released keeps
+// its data when the buffer serves another stream.
+func TestSSEReaderBuffersArePooled(t *testing.T) {
+	read := func(stream string) event {
+		r := newSSEReader(strings.NewReader(stream), 1<<20)
+		ev, err := r.next()
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.release()
+		r.release() // a second release does nothing
+		return ev
+	}
+	first := read("event: message\ndata: {\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{}}\n\n")
+	for range 3 {
+		read("data: " + strings.Repeat("z", 100) + "\n\n")
+	}
+	if string(first.Data) != `{"jsonrpc":"2.0","id":1,"result":{}}` {
+		t.Fatalf("the first event's data changed to %q after its buffer was reused", first.Data)
+	}
+	const runs = 200
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	for range runs {
+		read("event: message\ndata: {\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{}}\n\n")
+	}
+	runtime.ReadMemStats(&after)
+	// A collection may empty the pool, and under the race detector the
+	// pool drops a quarter of what it is given; a buffer per read would be
+	// sseBufferSize each.
+	if per := (after.TotalAlloc - before.TotalAlloc) / runs; per > sseBufferSize/2 {
+		t.Errorf("reading a small event allocates %d bytes, want well under a buffer (%d)", per, sseBufferSize)
+	}
+}
+
+// A resumed reader takes over the buffer of the reader it continues.
+func TestSSEReaderResumedTakesOverTheBuffer(t *testing.T) {
+	first := newSSEReader(strings.NewReader("id: 3\ndata: a\n\n"), 1<<20)
+	if _, err := first.next(); err != nil {
+		t.Fatal(err)
+	}
+	pooled := first.pooled
+	next := first.resumed(strings.NewReader("data: b\n\n"))
+	if next.pooled != pooled || first.pooled != nil || first.buf != nil {
+		t.Fatal("the resumed reader did not take over the buffer")
+	}
+	if ev, err := next.next(); err != nil || string(ev.Data) != "b" {
+		t.Fatalf("resumed read: %q, %v", ev.Data, err)
+	}
+	next.release()
+}
+
+// flushCounter is a ResponseWriter that counts flushes: each is a write to
+// the runner's connection.
+type flushCounter struct {
+	*httptest.ResponseRecorder
+	flushes int
+}
+
+func (f *flushCounter) Flush() {
+	f.flushes++
+	f.ResponseRecorder.Flush()
+}
+
+// The headers of a stream go out with its first event, in one flush; a
+// stream opened ahead of its events (a GET) flushes them at once.
+func TestSSEWriterSendsHeadersWithTheFirstEvent(t *testing.T) {
+	w := &flushCounter{ResponseRecorder: httptest.NewRecorder()}
+	out := newSSEWriter(w)
+	if err := out.send("", []byte(`{"jsonrpc":"2.0","id":1,"result":{}}`)); err != nil {
+		t.Fatal(err)
+	}
+	if w.flushes != 1 || w.Header().Get("Content-Type") != "text/event-stream" || w.Code != http.StatusOK {
+		t.Errorf("headers and first event: %d flushes, Content-Type %q, status %d; want 1 flush", w.flushes, w.Header().Get("Content-Type"), w.Code)
+	}
+	w = &flushCounter{ResponseRecorder: httptest.NewRecorder()}
+	newSSEWriter(w).start(nil)
+	if w.flushes != 1 || !w.Flushed {
+		t.Errorf("start: %d flushes, want the headers flushed at once", w.flushes)
+	}
+}
+
+// A keep-alive comment goes out on a silent stream, and none after the
+// stream's handler stopped the keep-alives (it is returning).
+func TestKeepAliveStopsWriting(t *testing.T) {
+	rec := httptest.NewRecorder()
+	out := newSSEWriter(rec)
+	svc := &gateway.Service{SSEKeepAlive: caddy.Duration(20 * time.Millisecond)}
+	stop := (&Handler{}).keepAlive(out, svc)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		out.mu.Lock()
+		body := rec.Body.String()
+		out.mu.Unlock()
+		if strings.Contains(body, ": keep-alive\n\n") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no keep-alive on a silent stream within 10s: %q", body)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	stop()
+	out.mu.Lock()
+	n := rec.Body.Len()
+	out.mu.Unlock()
+	time.Sleep(100 * time.Millisecond) // five intervals
+	out.mu.Lock()
+	if rec.Body.Len() != n {
+		t.Errorf("written after the keep-alives stopped: %q", rec.Body.String()[n:])
+	}
+	out.mu.Unlock()
+	if err := out.send("", []byte(`{}`)); !errors.Is(err, errWriterClosed) {
+		t.Errorf("send after close: %v", err)
+	}
+}
+
+// A data line longer than the read buffer is copied once into a slice of
+// its length: reading a 1 MiB event allocates about 1 MiB, not the several
+// MiB that gathering it by appending costs.
+func TestSSEReaderLongLineIsCopiedOnce(t *testing.T) {
+	data := strings.Repeat("0123456789abcdef", 1<<16) // 1 MiB
+	stream := "event: message\ndata: " + data + "\n\n"
+	read := func() {
+		r := newSSEReader(strings.NewReader(stream), 2<<20)
+		ev, err := r.next()
+		r.release()
+		if err != nil || len(ev.Data) != len(data) || string(ev.Data[:16]) != data[:16] || string(ev.Data[len(data)-16:]) != data[len(data)-16:] {
+			t.Fatalf("read %d bytes, %v; want the %d of the data", len(ev.Data), err, len(data))
+		}
+	}
+	read()
+	const runs = 8
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	for range runs {
+		read()
+	}
+	runtime.ReadMemStats(&after)
+	if per := (after.TotalAlloc - before.TotalAlloc) / runs; per > uint64(len(data))*3/2 {
+		t.Errorf("reading a %d-byte event allocates %d bytes, want at most 1.5 times its size", len(data), per)
+	}
 }

@@ -282,30 +282,41 @@ func (h *Handler) resumeForRunner(w http.ResponseWriter, r *http.Request, call *
 }
 
 // keepAlive writes a comment on out whenever it was silent for the
-// service's sse_keepalive, until the returned function is called.
+// service's sse_keepalive, until the returned function is called; after
+// that, out writes nothing more. A timer does it, so no goroutine waits
+// beside each stream.
 func (h *Handler) keepAlive(out *sseWriter, svc *gateway.Service) (stop func()) {
 	d := time.Duration(svc.SSEKeepAlive)
 	if d <= 0 {
 		return func() {}
 	}
-	done, exited := make(chan struct{}), make(chan struct{})
-	go func() {
-		defer close(exited)
-		t := time.NewTicker(d / 2)
-		defer t.Stop()
-		for {
-			select {
-			case <-done:
-				return
-			case <-t.C:
-				if out.keepAlive(d) != nil {
-					return
-				}
-			}
-		}
-	}()
+	k := &keepAliveTimer{out: out, interval: d}
+	k.mu.Lock()
+	k.t = time.AfterFunc(d/2, k.fire)
+	k.mu.Unlock()
 	return func() {
-		close(done)
-		<-exited // no write after the handler returns
+		k.mu.Lock()
+		k.t.Stop()
+		k.mu.Unlock()
+		out.close() // a fire already running writes nothing more
 	}
+}
+
+// keepAliveTimer checks every half interval whether its stream needs a
+// keep-alive comment.
+type keepAliveTimer struct {
+	out      *sseWriter
+	interval time.Duration
+
+	mu sync.Mutex
+	t  *time.Timer
+}
+
+func (k *keepAliveTimer) fire() {
+	if k.out.keepAlive(k.interval) != nil {
+		return // the runner went away, or the stream is finished
+	}
+	k.mu.Lock()
+	k.t.Reset(k.interval / 2)
+	k.mu.Unlock()
 }

@@ -408,9 +408,39 @@ func (r *response) resume() error {
 	return nil
 }
 
+// streamEndWait bounds how long toolgate waits for an upstream to end an
+// SSE stream whose answer it has read. The Streamable HTTP transport says a
+// server should end the stream right after the response; one that keeps it
+// open costs its connection, not the runner's time beyond this.
+const streamEndWait = 100 * time.Millisecond
+
+// awaitEnd reads what is left of an SSE stream whose answer was the last
+// message toolgate needed from it (at most drainLimit bytes, for at most
+// streamEndWait), so that the HTTP client puts the connection back in its
+// pool: a response body closed before its end closes the connection, and
+// the next call would dial a new one.
+func (r *response) awaitEnd() {
+	if r.sse == nil || r.resp == nil {
+		return
+	}
+	if r.sse.err != nil { // the reader saw the end already
+		return
+	}
+	body, ok := r.resp.Body.(*cancelOnClose)
+	if !ok {
+		return
+	}
+	t := time.AfterFunc(streamEndWait, body.cancel)
+	_, _ = io.Copy(io.Discard, io.LimitReader(body.ReadCloser, drainLimit))
+	t.Stop()
+}
+
 func (r *response) close() {
 	if r.resp != nil && !r.done {
 		r.resp.Body.Close()
+	}
+	if r.sse != nil {
+		r.sse.release()
 	}
 }
 
@@ -441,6 +471,7 @@ func (h *Handler) roundTrip(ctx context.Context, call *gateway.Call, up gateway.
 			return nil, msg, err
 		}
 		if isResponseTo(msg, id) {
+			r.awaitEnd()
 			return httpResp.Header, msg, nil
 		}
 	}

@@ -1,0 +1,362 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+)
+
+// The budget of DESIGN.md "Performance budget", as ratios against the
+// plain proxy measured in the same run.
+const (
+	budgetRate      = 400 // calls/s at which added p50 and p99 are held to budgetAdded
+	budgetAdded     = 1.3 // toolgate's added latency ÷ Caddy's, at budgetRate
+	budgetHighRate  = 1000
+	budgetHighAdded = 2.0  // toolgate's added p99 ÷ Caddy's at budgetHighRate, with no errors
+	budgetCPU       = 1.3  // toolgate's CPU per call ÷ Caddy's
+	budgetBigMs     = 2.0  // a 1 MiB result: toolgate's p50 − Caddy's, ms
+	budgetIdleKiB   = 16.0 // toolgate's memory per idle MCP session
+)
+
+var partyLabels = map[string]string{direct: "direct", caddy: "plain Caddy", toolgate: "toolgate", baseline: "toolgate (baseline)"}
+
+var kindLabels = map[string]string{"sse": "upstream answering over SSE", "json": "upstream answering with JSON"}
+
+// report prints the run's tables in Markdown: per upstream kind and load,
+// the latency, errors, CPU and allocations of each route (median of the
+// rounds, with their range), then the budget ratios, then the idle-session
+// measure.
+func report(w io.Writer, res *results) {
+	o := res.Options
+	fmt.Fprintf(w, "\n## toolgate-benchcompare, %s\n\n", res.Date.Format("2006-01-02 15:04 MST"))
+	fmt.Fprintf(w, "Machine: %s, %s; load average %s at the start, %s at the end, 1-minute load %s over the runs. Revision %s.\n",
+		res.Machine, res.GoVersion, res.LoadBefore, res.LoadAfter, loadRange(res.Runs), res.Revision)
+	fmt.Fprintf(w, "%d rounds of %s runs, interleaved (each load runs direct, plain Caddy and toolgate in each round, in an order rotated from round to round), open loop; "+
+		"%d MCP session(s) per route; toolgate audit log %s. Cells: median of the rounds [min–max]; "+
+		"latency in ms from each call's scheduled start; CPU in ms per call (utime+stime); allocations are the proxy's own, per call; "+
+		"late start is the most the generator started a call after its schedule (ms, worst round).\n",
+		o.Rounds, o.Duration, o.MCPSessions, onOff(o.AuditLog))
+
+	rounds := filterRuns(res.Runs, func(r run) bool { return r.Phase == "rounds" })
+	for _, kind := range o.Kinds {
+		loads := loadsOf(rounds, kind)
+		for _, l := range loads {
+			fmt.Fprintf(w, "\n### %s, %s, %d calls/s\n\n", kindLabels[kind], callLabel(l.call), l.rate)
+			latencyTable(w, filterRuns(rounds, func(r run) bool { return r.Kind == kind && r.Call == l.call && r.Rate == l.rate }))
+		}
+	}
+
+	fmt.Fprintf(w, "\n### Budget (DESIGN.md), computed per round, median [min–max]\n\n")
+	fmt.Fprintln(w, "| measure | value | budget | met |")
+	fmt.Fprintln(w, "|---|---|---|---|")
+	for _, kind := range o.Kinds {
+		for _, rate := range o.Rates {
+			budgetRows(w, kind, rate, filterRuns(rounds, func(r run) bool { return r.Kind == kind && r.Call == smallCall.name && r.Rate == rate }))
+		}
+		bigRows(w, kind, filterRuns(rounds, func(r run) bool { return r.Kind == kind && r.Call == bigCall.name }))
+	}
+	if res.Idle != nil {
+		i := res.Idle
+		row(w, fmt.Sprintf("memory per idle MCP session, toolgate heap + stacks (%d sessions)", i.Sessions),
+			fmt.Sprintf("%.1f KiB", i.KiBLive), "≤ 16 KiB", verdict(i.KiBLive <= budgetIdleKiB))
+	}
+
+	if res.Idle != nil {
+		i := res.Idle
+		fmt.Fprintf(w, "\n### %d idle MCP sessions through toolgate (%s)\n\n", i.Sessions, kindLabels[i.UpstreamKind])
+		fmt.Fprintf(w, "Opened in %.1f s. toolgate, after a full collection: heap + goroutine stacks %s → %s (%.1f KiB per session), "+
+			"goroutines %d → %d (%.2f per session), RSS %s → %s (%.1f KiB per session; RSS also moves with memory the Go runtime "+
+			"returns to the system after the load rounds). The upstream's RSS %s → %s (%.1f KiB per session).\n\n",
+			i.OpenSeconds, mib(int64(i.Before.live())), mib(int64(i.After.live())), i.KiBLive,
+			i.Before.Goroutines, i.After.Goroutines, i.Goroutines, mib(i.Before.RSS), mib(i.After.RSS), i.KiBRSS,
+			mib(i.Before.UpstreamRSS), mib(i.After.UpstreamRSS), i.UpstreamKiB)
+		fmt.Fprintf(w, "Small calls while they are open (one run each):\n\n")
+		latencyTable(w, i.Runs)
+	}
+}
+
+// load is one (call, rate) pair of the runs.
+type load struct {
+	call string
+	rate int
+}
+
+func loadsOf(runs []run, kind string) []load {
+	var out []load
+	for _, r := range runs {
+		l := load{r.Call, r.Rate}
+		if r.Kind == kind && !slices.Contains(out, l) {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
+func callLabel(name string) string {
+	if name == bigCall.name {
+		return "tools/call with a 1 MiB result"
+	}
+	return "small tools/call"
+}
+
+// latencyTable prints one row per party of runs (one load, several rounds).
+func latencyTable(w io.Writer, runs []run) {
+	fmt.Fprintln(w, "| route | p50 | p90 | p99 | max | errors | proxy CPU | upstream CPU | allocs | KiB alloc | late start |")
+	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|---|")
+	for _, p := range parties {
+		rs := filterRuns(runs, func(r run) bool { return r.Party == p })
+		if len(rs) == 0 {
+			continue
+		}
+		get := func(f func(run) float64) []float64 {
+			var v []float64
+			for _, r := range rs {
+				v = append(v, f(r))
+			}
+			return v
+		}
+		errors, calls := 0, 0
+		for _, r := range rs {
+			errors += r.Errors
+			calls += r.Calls
+		}
+		upstream := "upstream-" + rs[0].Kind
+		proxyCPU, allocs, kib := "—", "—", "—"
+		if p != direct {
+			proxyCPU = spread(get(func(r run) float64 { return r.CPU[p] }), "%.3f")
+			allocs = spread(get(func(r run) float64 { return r.Allocs }), "%.0f")
+			kib = spread(get(func(r run) float64 { return r.AllocKiB }), "%.1f")
+		}
+		fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %d of %d | %s | %s | %s | %s | %.1f |\n", partyLabels[p],
+			spread(get(func(r run) float64 { return r.P50 }), "%.2f"),
+			spread(get(func(r run) float64 { return r.P90 }), "%.2f"),
+			spread(get(func(r run) float64 { return r.P99 }), "%.2f"),
+			spread(get(func(r run) float64 { return r.Max }), "%.1f"),
+			errors, calls, proxyCPU,
+			spread(get(func(r run) float64 { return r.CPU[upstream] }), "%.3f"),
+			allocs, kib, slices.Max(get(func(r run) float64 { return r.MaxLag })))
+	}
+}
+
+// byRound pairs the three parties' runs of each round.
+func byRound(runs []run) map[int]map[string]run {
+	out := map[int]map[string]run{}
+	for _, r := range runs {
+		if out[r.Round] == nil {
+			out[r.Round] = map[string]run{}
+		}
+		out[r.Round][r.Party] = r
+	}
+	return out
+}
+
+// addedRatio is toolgate's added latency over Caddy's in one round, by the
+// percentile pick chooses; false when Caddy added nothing measurable.
+func addedRatio(rd map[string]run, pick func(run) float64) (float64, bool) {
+	d, p, g := pick(rd[direct]), pick(rd[caddy]), pick(rd[toolgate])
+	if p-d <= 0 {
+		return 0, false
+	}
+	return (g - d) / (p - d), true
+}
+
+// budgetRows prints the ratios of one upstream kind at one rate.
+func budgetRows(w io.Writer, kind string, rate int, runs []run) {
+	var r50, r99, cpu []float64
+	errors := 0
+	for _, rd := range byRound(runs) {
+		if len(rd) != len(parties) {
+			continue
+		}
+		if v, ok := addedRatio(rd, func(r run) float64 { return r.P50 }); ok {
+			r50 = append(r50, v)
+		}
+		if v, ok := addedRatio(rd, func(r run) float64 { return r.P99 }); ok {
+			r99 = append(r99, v)
+		}
+		if c := rd[caddy].CPU[caddy]; c > 0 {
+			cpu = append(cpu, rd[toolgate].CPU[toolgate]/c)
+		}
+		errors += rd[toolgate].Errors
+	}
+	label := fmt.Sprintf("%s, %d/s", kind, rate)
+	switch rate {
+	case budgetRate:
+		row(w, label+": added p50, toolgate ÷ Caddy", spread(r50, "%.2f"), "≤ 1.3", verdictMedian(r50, budgetAdded))
+		row(w, label+": added p99, toolgate ÷ Caddy", spread(r99, "%.2f"), "≤ 1.3", verdictMedian(r99, budgetAdded))
+	case budgetHighRate:
+		row(w, label+": toolgate errors", fmt.Sprint(errors), "0", verdict(errors == 0))
+		row(w, label+": added p99, toolgate ÷ Caddy", spread(r99, "%.2f"), "≤ 2", verdictMedian(r99, budgetHighAdded))
+	default:
+		row(w, label+": added p50, toolgate ÷ Caddy", spread(r50, "%.2f"), "—", "")
+		row(w, label+": added p99, toolgate ÷ Caddy", spread(r99, "%.2f"), "—", "")
+	}
+	row(w, label+": CPU per call, toolgate ÷ Caddy", spread(cpu, "%.2f"), "≤ 1.3", verdictMedian(cpu, budgetCPU))
+	baselineRows(w, label, runs)
+}
+
+// baselineRows compares toolgate with the baseline binary (-baseline):
+// toolgate's added latency over the baseline's, and CPU per call.
+func baselineRows(w io.Writer, label string, runs []run) {
+	var r50, r99, cpu []float64
+	for _, rd := range byRound(runs) {
+		if _, ok := rd[baseline]; !ok || len(rd) != len(parties) {
+			continue
+		}
+		over := func(pick func(run) float64) (float64, bool) {
+			d, b, g := pick(rd[direct]), pick(rd[baseline]), pick(rd[toolgate])
+			if b-d <= 0 {
+				return 0, false
+			}
+			return (g - d) / (b - d), true
+		}
+		if v, ok := over(func(r run) float64 { return r.P50 }); ok {
+			r50 = append(r50, v)
+		}
+		if v, ok := over(func(r run) float64 { return r.P99 }); ok {
+			r99 = append(r99, v)
+		}
+		if c := rd[baseline].CPU[baseline]; c > 0 {
+			cpu = append(cpu, rd[toolgate].CPU[toolgate]/c)
+		}
+	}
+	if len(cpu) == 0 {
+		return
+	}
+	row(w, label+": added p50, toolgate ÷ baseline", spread(r50, "%.2f"), "—", "")
+	row(w, label+": added p99, toolgate ÷ baseline", spread(r99, "%.2f"), "—", "")
+	row(w, label+": CPU per call, toolgate ÷ baseline", spread(cpu, "%.2f"), "—", "")
+}
+
+// bigRows prints what toolgate adds over Caddy to a 1 MiB result.
+func bigRows(w io.Writer, kind string, runs []run) {
+	if len(runs) == 0 {
+		return
+	}
+	var d50, d99 []float64
+	for _, rd := range byRound(runs) {
+		if len(rd) != len(parties) {
+			continue
+		}
+		d50 = append(d50, rd[toolgate].P50-rd[caddy].P50)
+		d99 = append(d99, rd[toolgate].P99-rd[caddy].P99)
+	}
+	label := fmt.Sprintf("%s, 1 MiB result at %d/s", kind, runs[0].Rate)
+	row(w, label+": toolgate p50 − Caddy p50 (ms)", spread(d50, "%+.2f"), "≤ +2 ms", verdictMedian(d50, budgetBigMs))
+	row(w, label+": toolgate p99 − Caddy p99 (ms)", spread(d99, "%+.2f"), "—", "")
+}
+
+func row(w io.Writer, measure, value, budget, met string) {
+	fmt.Fprintf(w, "| %s | %s | %s | %s |\n", measure, value, budget, met)
+}
+
+func verdictMedian(v []float64, limit float64) string {
+	if len(v) == 0 {
+		return "n/a"
+	}
+	return verdict(median(v) <= limit)
+}
+
+func verdict(ok bool) string {
+	if ok {
+		return "yes"
+	}
+	return "**no**"
+}
+
+// spread formats the median of v and, for more than one value, its range.
+func spread(v []float64, format string) string {
+	if len(v) == 0 {
+		return "n/a"
+	}
+	s := fmt.Sprintf(format, median(v))
+	if len(v) > 1 {
+		s += fmt.Sprintf(" ["+format+"–"+format+"]", slices.Min(v), slices.Max(v))
+	}
+	return s
+}
+
+// median is the middle value of v (the mean of the two middle ones for an
+// even count).
+func median(v []float64) float64 {
+	s := slices.Clone(v)
+	slices.Sort(s)
+	n := len(s)
+	if n%2 == 1 {
+		return s[n/2]
+	}
+	return (s[n/2-1] + s[n/2]) / 2
+}
+
+func filterRuns(runs []run, keep func(run) bool) []run {
+	var out []run
+	for _, r := range runs {
+		if keep(r) {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// loadRange is the range of the 1-minute load average at the starts of
+// runs.
+func loadRange(runs []run) string {
+	var v []float64
+	for _, r := range runs {
+		if f := strings.Fields(r.Load); len(f) > 0 {
+			if x, err := strconv.ParseFloat(f[0], 64); err == nil {
+				v = append(v, x)
+			}
+		}
+	}
+	if len(v) == 0 {
+		return "unknown"
+	}
+	return fmt.Sprintf("%.1f–%.1f", slices.Min(v), slices.Max(v))
+}
+
+func mib(b int64) string { return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20)) }
+
+func onOff(b bool) string {
+	if b {
+		return "on"
+	}
+	return "off"
+}
+
+// printProfileTops prints the top functions of toolgate's CPU and
+// allocation profiles with `go tool pprof`, when the go command is there;
+// the profiles stay in the run's directory for a closer look.
+func printProfileTops(w io.Writer, bin string, files []string) {
+	if len(files) == 0 {
+		return
+	}
+	fmt.Fprintf(w, "\n### Profiles\n\nSaved: %s. Open one with `go tool pprof -http : %s <file>`.\n", strings.Join(files, ", "), bin)
+	gocmd, err := exec.LookPath("go")
+	if err != nil {
+		return
+	}
+	for _, f := range files {
+		base := filepath.Base(f)
+		var args []string
+		switch base {
+		case "toolgate-cpu.pprof", "toolgate-1MiB-cpu.pprof":
+			args = []string{"-top", "-nodecount=25"}
+		case "toolgate-allocs.pprof":
+			args = []string{"-top", "-nodecount=25", "-sample_index=alloc_space"}
+		default:
+			continue
+		}
+		out, err := exec.Command(gocmd, append(append([]string{"tool", "pprof"}, args...), bin, f)...).CombinedOutput()
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "go tool pprof %s: %v\n", f, err)
+			continue
+		}
+		fmt.Fprintf(w, "\n`go tool pprof %s %s`:\n\n```\n%s```\n", strings.Join(args, " "), base, out)
+	}
+}

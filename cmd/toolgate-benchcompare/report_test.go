@@ -1,0 +1,128 @@
+package main
+
+import (
+	"bytes"
+	"os"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+)
+
+// round makes the three runs of one round at one rate: direct, Caddy and
+// toolgate with the given p50, p99 and proxy CPU (ms per call).
+func round(n, rate int, p50, p99, cpu [3]float64, gwErrors int) []run {
+	var out []run
+	for i, p := range parties {
+		r := run{Phase: "rounds", Round: n, Kind: "sse", Call: smallCall.name, Rate: rate, Party: p, Calls: 1000,
+			P50: p50[i], P99: p99[i], Max: p99[i], CPU: map[string]float64{p: cpu[i], "upstream-sse": 0.3}}
+		if p == toolgate {
+			r.Errors = gwErrors
+		}
+		out = append(out, r)
+	}
+	return out
+}
+
+func TestBudgetRatios(t *testing.T) {
+	res := &results{Date: time.Unix(0, 0).UTC(), Options: options{Rounds: 2, Duration: time.Second, Kinds: []string{"sse"}, Rates: []int{400, 1000}}}
+	// At 400/s Caddy adds 0.5 ms at p50 and 2 ms at p99; toolgate adds
+	// 0.6 and 2.4 (ratios 1.2), then 0.65 and 3 (1.3, 1.5). CPU 1.2× and
+	// 1.3×.
+	res.Runs = append(res.Runs, round(1, 400, [3]float64{0.5, 1, 1.1}, [3]float64{2, 4, 4.4}, [3]float64{0, 0.5, 0.6}, 0)...)
+	res.Runs = append(res.Runs, round(2, 400, [3]float64{0.5, 1, 1.15}, [3]float64{2, 4, 5}, [3]float64{0, 0.5, 0.65}, 0)...)
+	// At 1,000/s: p99 ratios 3 and 1, one error, CPU 2×.
+	res.Runs = append(res.Runs, round(1, 1000, [3]float64{0.5, 1, 2}, [3]float64{5, 10, 20}, [3]float64{0, 0.5, 1}, 1)...)
+	res.Runs = append(res.Runs, round(2, 1000, [3]float64{0.5, 1, 2}, [3]float64{5, 10, 10}, [3]float64{0, 0.5, 1}, 0)...)
+	var b bytes.Buffer
+	report(&b, res)
+	out := b.String()
+	for _, want := range []string{
+		"| sse, 400/s: added p50, toolgate ÷ Caddy | 1.25 [1.20–1.30] | ≤ 1.3 | yes |",
+		"| sse, 400/s: added p99, toolgate ÷ Caddy | 1.35 [1.20–1.50] | ≤ 1.3 | **no** |",
+		"| sse, 400/s: CPU per call, toolgate ÷ Caddy | 1.25 [1.20–1.30] | ≤ 1.3 | yes |",
+		"| sse, 1000/s: toolgate errors | 1 | 0 | **no** |",
+		"| sse, 1000/s: added p99, toolgate ÷ Caddy | 2.00 [1.00–3.00] | ≤ 2 | yes |",
+		"| sse, 1000/s: CPU per call, toolgate ÷ Caddy | 2.00 [2.00–2.00] | ≤ 1.3 | **no** |",
+		"| toolgate | 2.00 [2.00–2.00] | ",
+		"| 1 of 2000 | 1.000 [1.000–1.000] |",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("the report lacks %q:\n%s", want, out)
+		}
+	}
+}
+
+// A round in which Caddy added nothing measurable gives no ratio rather
+// than a division by zero or a negative one.
+func TestAddedRatioWithoutCaddyOverhead(t *testing.T) {
+	rd := map[string]run{direct: {P50: 1}, caddy: {P50: 0.9}, toolgate: {P50: 1.5}}
+	if v, ok := addedRatio(rd, func(r run) float64 { return r.P50 }); ok {
+		t.Fatalf("a ratio of %v", v)
+	}
+}
+
+func TestSpreadAndMedian(t *testing.T) {
+	if got := spread([]float64{3, 1, 2}, "%.1f"); got != "2.0 [1.0–3.0]" {
+		t.Errorf("spread = %q", got)
+	}
+	if got := spread([]float64{4}, "%.1f"); got != "4.0" {
+		t.Errorf("spread of one = %q", got)
+	}
+	if got := spread(nil, "%.1f"); got != "n/a" {
+		t.Errorf("spread of none = %q", got)
+	}
+	if got := median([]float64{4, 1, 3, 2}); got != 2.5 {
+		t.Errorf("median = %v", got)
+	}
+}
+
+func TestParseOptions(t *testing.T) {
+	bin := t.TempDir() + "/toolgate"
+	if err := os.WriteFile(bin, nil, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	o, err := parseOptions([]string{"-toolgate", bin, "-rates", "400, 1000", "-upstreams", "json"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(o.Rates) != 2 || o.Rates[1] != 1000 || len(o.Kinds) != 1 || o.Kinds[0] != "json" || o.Rounds != 3 {
+		t.Fatalf("options %+v", o)
+	}
+	for _, bad := range [][]string{
+		{"-rates", "0"}, {"-rates", "400,x"}, {"-upstreams", "grpc"}, {"-upstreams", "sse,sse"},
+		{"-rounds", "0"}, {"-duration", "10ms"}, {"-idle-sessions", "-1"}, {"extra"},
+	} {
+		if _, err := parseOptions(append([]string{"-toolgate", bin}, bad...)); err == nil {
+			t.Errorf("no error for %q", bad)
+		}
+	}
+	if _, err := parseOptions([]string{"-toolgate", bin + "-missing"}); err == nil || !strings.Contains(err.Error(), "make build") {
+		t.Errorf("a missing binary: %v", err)
+	}
+}
+
+// Every round runs each party once, and no party runs first in two rounds
+// in a row.
+func TestInRoundRotates(t *testing.T) {
+	seen := map[string]bool{}
+	for round := 1; round <= 4; round++ {
+		order := inRound(round)
+		if len(order) != len(parties) {
+			t.Fatalf("round %d runs %q", round, order)
+		}
+		for _, p := range parties {
+			if !slices.Contains(order, p) {
+				t.Fatalf("round %d runs %q, without %s", round, order, p)
+			}
+		}
+		first := order[0]
+		if round > 1 && first == inRound(round - 1)[0] {
+			t.Errorf("rounds %d and %d both start with %s", round-1, round, first)
+		}
+		seen[first] = true
+	}
+	if len(seen) != len(parties) {
+		t.Errorf("only %v start a round", seen)
+	}
+}
