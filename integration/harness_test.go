@@ -51,6 +51,7 @@ type gatewayConfig struct {
 	PolicyOptions string
 	ResultPolicy  string
 	Extra         string // more lines in the toolgate block
+	AuthExtra     string // more lines in the toolgate block's auth block
 	Services      string // more service blocks
 	Timeout       string // the service's timeout; default 10s
 	Cipher        string // the cipher option's value; default a local key file
@@ -116,6 +117,7 @@ func startGatewayOnPort(t testing.TB, port int, cfg gatewayConfig) *gateway {
 			api_key %[3]s %[4]s eng
 			api_key %[5]s %[6]s
 			api_key %[14]s %[15]s admins
+			%[22]s
 		}
 		service svc {
 			url %[7]s
@@ -153,7 +155,7 @@ http://127.0.0.1:%[1]d {
 }
 `, port, data, hashKey(aliceKey), alice, hashKey(bobKey), bob, cfg.Upstream, cfg.Tools, cfg.Auth,
 		cfg.RequestPolicy, cfg.ResultPolicy, cfg.Extra, cfg.Services, hashKey(carolKey), carol, cfg.PolicyOptions, cfg.Cipher, cfg.Timeout,
-		cfg.ServiceExtra, cfg.Log, cfg.Console)
+		cfg.ServiceExtra, cfg.Log, cfg.Console, cfg.AuthExtra)
 	loadCaddyfile(t, caddyfile)
 	g := &gateway{URL: fmt.Sprintf("http://127.0.0.1:%d", port), DataDir: data}
 	waitListening(t, g.URL)

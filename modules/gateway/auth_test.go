@@ -363,6 +363,44 @@ func TestJWTStaticKey(t *testing.T) {
 	}
 }
 
+// A token whose audience is an MCP endpoint (the resource an MCP client
+// asked the authorization server for) is accepted at that endpoint only,
+// and only when public_url says what the gateway's URL is; the verdict
+// remembered for one endpoint serves no other.
+func TestJWTEndpointAudience(t *testing.T) {
+	clock := setClock(t, time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC))
+	key := newSigningKey(t, "")
+	auth := provisionAuth(t, &AuthConfig{JWT: []*JWTIssuer{{
+		Issuer: testIssuer, Audience: []string{"toolgate"}, KeyFiles: []string{key.pemFile(t)},
+	}}})
+	token := key.sign(t, map[string]any{"iss": testIssuer, "aud": "https://gateway.example.com/v1/mcp/tracker",
+		"sub": "alice@example.com", "exp": clock.Add(time.Minute).Unix()})
+	at := func(publicURL, path string) error {
+		app := &App{PublicURL: publicURL, Auth: auth}
+		r := httptest.NewRequest(http.MethodPost, path, nil)
+		r.Header.Set("Authorization", "Bearer "+token)
+		_, err := app.AuthenticateEndpoint(r)
+		return err
+	}
+	if err := at("https://gateway.example.com", "/v1/mcp/tracker"); err != nil {
+		t.Fatalf("at its endpoint: %v", err)
+	}
+	if err := at("https://gateway.example.com", "/v1/mcp/tracker/"); err != nil {
+		t.Fatalf("at its endpoint with a trailing slash: %v", err)
+	}
+	for _, path := range []string{"/v1/mcp/search", "/v1/mcp", "/v1/mcp/tracker/x", "/v1/mcp/trackers"} {
+		if err := at("https://gateway.example.com", path); !errors.Is(err, ErrBadCredentials) {
+			t.Errorf("at %s: %v, want refused", path, err)
+		}
+	}
+	if err := at("", "/v1/mcp/tracker"); !errors.Is(err, ErrBadCredentials) {
+		t.Errorf("without public_url: %v, want refused", err)
+	}
+	if _, err := auth.Authenticate(context.Background(), bearer(token), false); !errors.Is(err, ErrBadCredentials) {
+		t.Errorf("outside an MCP endpoint: %v, want refused", err)
+	}
+}
+
 func TestJWTRejectsForgeries(t *testing.T) {
 	ctx := context.Background()
 	clock := setClock(t, time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC))

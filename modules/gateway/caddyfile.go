@@ -60,6 +60,7 @@ func parseGlobalOption(d *caddyfile.Dispenser, existing any) (any, error) {
 //				groups_claim <claim>
 //				leeway       <duration>
 //			}
+//			scopes    <scope...>
 //			anonymous <user>
 //		}
 //		service <id> {
@@ -186,6 +187,13 @@ func (a *AuthConfig) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return d.Errf("auth api_key: want <sha256:hex> <user> [<group>...]")
 			}
 			a.APIKeys = append(a.APIKeys, APIKey{Hash: args[0], User: args[1], Groups: args[2:]})
+		case "scopes":
+			if seen[opt] {
+				return d.Errf("auth: %s given twice", opt)
+			}
+			if a.Scopes = d.RemainingArgs(); len(a.Scopes) == 0 {
+				return d.ArgErr()
+			}
 		case "api_keys":
 			if seen[opt] {
 				return d.Errf("auth: %s given twice", opt)

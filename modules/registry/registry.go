@@ -18,6 +18,7 @@ import (
 	"github.com/tidwall/gjson"
 	"go.uber.org/zap"
 
+	"github.com/toolgate/toolgate/internal/impliedsession"
 	"github.com/toolgate/toolgate/internal/mcpmsg"
 	"github.com/toolgate/toolgate/modules/gateway"
 )
@@ -82,6 +83,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		return nil
 	}
 	call.Service = svc
+	call.Session = impliedsession.Narrow(call.Session, svc.ID)
 
 	switch r.Method {
 	case http.MethodPost:
