@@ -826,3 +826,16 @@ func TestHashKeyCommandInput(t *testing.T) {
 		}
 	}
 }
+
+// Scopes are quoted in a challenge as they are: a scope that could end the
+// quoted string, or hold a space, is refused when the config loads.
+func TestScopesAreScopeTokens(t *testing.T) {
+	for _, bad := range []string{`a"b`, `a\b`, "a b", "", "ä"} {
+		if err := (&AuthConfig{Scopes: []string{"openid", bad}}).provision(caddy.NewReplacer()); err == nil || !strings.Contains(err.Error(), "auth scopes") {
+			t.Errorf("scope %q: %v, want refused", bad, err)
+		}
+	}
+	if err := (&AuthConfig{Scopes: []string{"openid", "mcp:tools", "https://api.example.com/read"}}).provision(caddy.NewReplacer()); err != nil {
+		t.Errorf("valid scopes: %v", err)
+	}
+}
