@@ -1,7 +1,7 @@
 // Package api is toolgate_api, the gateway's HTTP API for runners and their
 // users: sessions, the service catalog, connections (stored credentials,
-// and the OAuth connect flow), and the RFC 9728 protected-resource
-// metadata. Every route but the metadata and the OAuth callback (which the
+// and the OAuth connect flow), approvals, tool pins (for administrators),
+// and the RFC 9728 protected-resource metadata. Every route but the metadata and the OAuth callback (which the
 // provider redirects a browser to; its signed state says who it is for)
 // authenticates the caller like toolgate_session and acts for that caller
 // only.
@@ -23,6 +23,7 @@ import (
 	"github.com/toolgate/toolgate/internal/approval"
 	"github.com/toolgate/toolgate/internal/cors"
 	"github.com/toolgate/toolgate/internal/resourcemeta"
+	"github.com/toolgate/toolgate/internal/toolpin"
 	"github.com/toolgate/toolgate/internal/websession"
 	"github.com/toolgate/toolgate/modules/gateway"
 	"github.com/toolgate/toolgate/modules/session"
@@ -37,6 +38,7 @@ func init() {
 type Handler struct {
 	app       *gateway.App
 	approvals *approval.Manager // nil without a cipher
+	pins      *toolpin.Pins
 	browsers  *websession.Store
 	mux       *http.ServeMux
 	logger    *zap.Logger
@@ -59,6 +61,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	}
 	h.app = app.(*gateway.App)
 	h.browsers = websession.NewStore(h.app.Storage(), 0)
+	if h.pins, err = toolpin.For(h.app); err != nil {
+		return err
+	}
 	if h.app.Cipher() != nil {
 		if h.approvals, err = approval.For(ctx, h.app); err != nil {
 			return err
@@ -79,6 +84,8 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	mux.Handle("GET /v1/approvals/{id}", h.authenticated(h.getApproval))
 	mux.Handle("POST /v1/approvals/{id}/approve", h.authenticated(h.decideApproval(true)))
 	mux.Handle("POST /v1/approvals/{id}/deny", h.authenticated(h.decideApproval(false)))
+	mux.Handle("GET /v1/tool-pins", h.authenticated(h.listPins))
+	mux.Handle("POST /v1/tool-pins/accept", h.authenticated(h.acceptPin))
 	// The callback is opened by the user's browser, redirected by the
 	// provider: the signed state, not a bearer token, says who it is for.
 	mux.HandleFunc("GET /v1/connections/{service}/callback", h.callback)

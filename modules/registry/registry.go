@@ -1,7 +1,7 @@
 // Package registry is toolgate_registry, the second step of the pipeline:
 // it resolves the service a request is for, checks the caller may use it,
 // reads the runner's JSON-RPC message (once, strictly) and enforces the
-// service's tool allowlist.
+// service's tool allowlist and its tools' pins (package toolpin).
 package registry
 
 import (
@@ -20,6 +20,7 @@ import (
 
 	"github.com/toolgate/toolgate/internal/impliedsession"
 	"github.com/toolgate/toolgate/internal/mcpmsg"
+	"github.com/toolgate/toolgate/internal/toolpin"
 	"github.com/toolgate/toolgate/modules/gateway"
 )
 
@@ -35,6 +36,7 @@ type Handler struct {
 	Service string `json:"service,omitempty"`
 
 	app    *gateway.App
+	pins   *toolpin.Pins
 	limits mcpmsg.Limits
 	logger *zap.Logger
 }
@@ -55,6 +57,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return err
 	}
 	h.app = app.(*gateway.App)
+	if h.pins, err = toolpin.For(h.app); err != nil {
+		return err
+	}
 	h.limits = mcpmsg.Limits{MaxDepth: h.app.MaxJSONDepth}
 	return h.app.ProvisionStep(gateway.StepRegistry)
 }
@@ -116,9 +121,13 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		// notifications/initialized, or a refresh after list_changed) is
 		// decided with the definition it brings.
 		call.MCPSession.WaitCatalog(r.Context(), min(catalogWait, time.Duration(svc.Timeout)))
+		if !h.pins.AllowCall(w, r, call) {
+			return nil
+		}
 	}
 	if call.Method == "tools/list" {
 		call.OnResult(allowlistTools)
+		call.OnResult(h.pins.FilterList)
 	}
 	return next.ServeHTTP(w, r)
 }
@@ -214,10 +223,18 @@ func (h *Handler) serviceID(r *http.Request) string {
 }
 
 // allowlistTools removes tools off the service's allowlist from a tools/list
-// result. Definitions of the tools kept pass through byte for byte.
+// result. Definitions of the tools kept pass through byte for byte, and
+// become the MCP session's known definitions.
 func allowlistTools(_ context.Context, call *gateway.Call, result []byte) ([]byte, error) {
 	return gateway.FilterTools(result, func(tool gjson.Result) bool {
-		return call.Service.AllowsTool(tool.Get("name").String())
+		name := tool.Get("name").String()
+		if !call.Service.AllowsTool(name) {
+			return false
+		}
+		if call.MCPSession != nil {
+			call.MCPSession.ToolListed(name, []byte(tool.Raw))
+		}
+		return true
 	}), nil
 }
 
