@@ -51,6 +51,7 @@ type gatewayConfig struct {
 	PolicyOptions string
 	ResultPolicy  string
 	Extra         string // more lines in the toolgate block
+	AuthExtra     string // more lines in the toolgate block's auth block
 	Services      string // more service blocks
 	Timeout       string // the service's timeout; default 10s
 	Cipher        string // the cipher option's value; default a local key file
@@ -58,7 +59,6 @@ type gatewayConfig struct {
 	ServiceExtra  string // more lines in service svc's block
 	Log           string // the global log block's body; default output discard
 	RouteFirst    string // lines at the top of the MCP route, such as tracing
-	AuthExtra     string // more lines in the auth block
 	Global        string // more global options, such as servers { timeouts { … } }
 	// AnyHost serves the site for any Host header (http://:port, bound to
 	// 127.0.0.1) instead of only for 127.0.0.1.

@@ -141,13 +141,19 @@ func TestMissingTokenIs401WithResourceMetadata(t *testing.T) {
 	if status != http.StatusUnauthorized {
 		t.Fatalf("status = %d, want 401", status)
 	}
-	want := `Bearer resource_metadata="` + g.URL + `/.well-known/oauth-protected-resource"`
+	// The endpoint's own metadata (RFC 9728 section 3.3: its resource is
+	// the endpoint's URL exactly), and the gateway's.
+	want := `Bearer resource_metadata="` + g.URL + `/.well-known/oauth-protected-resource/v1/mcp/svc"`
 	if got := hdr.Get("WWW-Authenticate"); got != want {
 		t.Errorf("WWW-Authenticate = %q, want %q", got, want)
 	}
-	meta := g.api(t, http.MethodGet, "/.well-known/oauth-protected-resource", "", nil)
-	if meta.StatusCode != http.StatusOK || !strings.Contains(string(meta.Body), `"resource":"`+g.URL+`/v1/mcp"`) {
+	meta := g.api(t, http.MethodGet, "/.well-known/oauth-protected-resource/v1/mcp/svc", "", nil)
+	if meta.StatusCode != http.StatusOK || !strings.Contains(string(meta.Body), `"resource":"`+g.URL+`/v1/mcp/svc"`) {
 		t.Errorf("resource metadata: %d %s", meta.StatusCode, meta.Body)
+	}
+	meta = g.api(t, http.MethodGet, "/.well-known/oauth-protected-resource", "", nil)
+	if meta.StatusCode != http.StatusOK || !strings.Contains(string(meta.Body), `"resource":"`+g.URL+`"`) {
+		t.Errorf("the gateway's resource metadata: %d %s", meta.StatusCode, meta.Body)
 	}
 	m.headers["Authorization"] = "Bearer wrong-key"
 	if status, hdr, _ := m.post(`{"jsonrpc":"2.0","id":1,"method":"ping"}`); status != http.StatusUnauthorized ||

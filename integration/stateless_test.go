@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -482,5 +483,28 @@ func TestStatelessNotHeld(t *testing.T) {
 	}
 	if strings.Contains(fmt.Sprint(msg), "elicitationId") {
 		t.Fatalf("a stateless runner was sent the earlier revision's URL elicitation: %v", msg)
+	}
+}
+
+// A stateless runner given only a URL and a token (no session header) is
+// served in one implied session: its requests find the MCP session
+// toolgate implied for them again, so the upstream initializes once.
+func TestStatelessRunnerWithoutSessionHeader(t *testing.T) {
+	up := startUpstream(t)
+	g := startGateway(t, gatewayConfig{Upstream: up.URL})
+	for i := range 3 {
+		cs := g.connectStateless(t, aliceKey, "", "svc", nil)
+		if got := callTool(t, cs, "echo", map[string]any{"text": strconv.Itoa(i)}); got != `{"text":"`+strconv.Itoa(i)+`"}` {
+			t.Fatalf("echo %d: %q", i, got)
+		}
+	}
+	initializes := 0
+	for _, r := range up.requestLog() {
+		if strings.Contains(r.Body, `"method":"initialize"`) {
+			initializes++
+		}
+	}
+	if initializes != 1 {
+		t.Fatalf("the upstream initialized %d times, want 1", initializes)
 	}
 }

@@ -1,7 +1,7 @@
 // Package api is toolgate_api, the gateway's HTTP API for runners and their
 // users: sessions, the service catalog, connections (stored credentials,
-// and the OAuth connect flow), and the RFC 9728 protected-resource
-// metadata. Every route but the metadata and the OAuth callback (which the
+// and the OAuth connect flow), approvals, tool pins (for administrators),
+// and the RFC 9728 protected-resource metadata. Every route but the metadata and the OAuth callback (which the
 // provider redirects a browser to; its signed state says who it is for)
 // authenticates the caller like toolgate_session and acts for that caller
 // only.
@@ -21,6 +21,9 @@ import (
 
 	"github.com/toolgate/toolgate/internal/account"
 	"github.com/toolgate/toolgate/internal/approval"
+	"github.com/toolgate/toolgate/internal/cors"
+	"github.com/toolgate/toolgate/internal/resourcemeta"
+	"github.com/toolgate/toolgate/internal/toolpin"
 	"github.com/toolgate/toolgate/internal/websession"
 	"github.com/toolgate/toolgate/modules/gateway"
 	"github.com/toolgate/toolgate/modules/session"
@@ -35,6 +38,7 @@ func init() {
 type Handler struct {
 	app       *gateway.App
 	approvals *approval.Manager // nil without a cipher
+	pins      *toolpin.Pins
 	browsers  *websession.Store
 	mux       *http.ServeMux
 	logger    *zap.Logger
@@ -57,6 +61,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	}
 	h.app = app.(*gateway.App)
 	h.browsers = websession.NewStore(h.app.Storage(), 0)
+	if h.pins, err = toolpin.For(h.app); err != nil {
+		return err
+	}
 	if h.app.Cipher() != nil {
 		if h.approvals, err = approval.For(ctx, h.app); err != nil {
 			return err
@@ -77,6 +84,8 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	mux.Handle("GET /v1/approvals/{id}", h.authenticated(h.getApproval))
 	mux.Handle("POST /v1/approvals/{id}/approve", h.authenticated(h.decideApproval(true)))
 	mux.Handle("POST /v1/approvals/{id}/deny", h.authenticated(h.decideApproval(false)))
+	mux.Handle("GET /v1/tool-pins", h.authenticated(h.listPins))
+	mux.Handle("POST /v1/tool-pins/accept", h.authenticated(h.acceptPin))
 	// The callback is opened by the user's browser, redirected by the
 	// provider: the signed state, not a bearer token, says who it is for.
 	mux.HandleFunc("GET /v1/connections/{service}/callback", h.callback)
@@ -86,6 +95,10 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 
 // ServeHTTP routes an API request.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+	if cors.IsPreflight(r) && h.routed(r) {
+		h.preflight(w, r)
+		return nil
+	}
 	if _, pattern := h.mux.Handler(r); pattern == "" {
 		if strings.HasPrefix(r.URL.Path, "/v1/") {
 			gateway.WriteAPIError(w, http.StatusNotFound, "not_found", "no API route "+r.Method+" "+r.URL.Path)
@@ -97,8 +110,33 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		gateway.WriteAPIError(w, http.StatusForbidden, "origin_not_allowed", "origin or host not allowed (DNS-rebinding protection): add the origin to allowed_origins")
 		return nil
 	}
+	cors.Allow(w, r)
 	h.mux.ServeHTTP(w, r)
 	return nil
+}
+
+// preflight answers a browser's CORS preflight for an API route from an
+// allowed origin (browser-based MCP clients read the metadata and may
+// manage sessions); any other origin gets 403.
+func (h *Handler) preflight(w http.ResponseWriter, r *http.Request) {
+	if !h.app.CheckOrigin(r) {
+		gateway.WriteAPIError(w, http.StatusForbidden, "origin_not_allowed", "origin or host not allowed (DNS-rebinding protection): add the origin to allowed_origins")
+		return
+	}
+	cors.Preflight(w, r, "GET, POST, PUT, DELETE")
+}
+
+// routed reports whether the API has a route for r's path, whatever the
+// method.
+func (h *Handler) routed(r *http.Request) bool {
+	for _, m := range []string{http.MethodGet, http.MethodPost, http.MethodPut, http.MethodDelete} {
+		probe := r.Clone(r.Context())
+		probe.Method = m
+		if _, pattern := h.mux.Handler(probe); pattern != "" {
+			return true
+		}
+	}
+	return false
 }
 
 // authenticated wraps a route that acts for the authenticated caller.
@@ -109,34 +147,23 @@ func (h *Handler) authenticated(next func(http.ResponseWriter, *http.Request, *g
 			if err == nil {
 				err = gateway.ErrNoCredentials
 			}
-			session.Unauthorized(w, r, h.app, err)
+			session.UnauthorizedAPI(w, r, h.app, err)
 			return
 		}
 		next(w, r, caller)
 	})
 }
 
-// resourceMetadata serves RFC 9728 protected-resource metadata.
+// resourceMetadata serves RFC 9728 protected-resource metadata: the
+// gateway's, or an endpoint's (see package resourcemeta).
 func (h *Handler) resourceMetadata(w http.ResponseWriter, r *http.Request) {
-	base := h.app.BaseURL(r)
-	resource := base + "/v1/mcp"
-	if rest := r.PathValue("rest"); rest != "" {
-		resource = base + "/" + rest
-	}
-	var servers []string
-	for _, j := range h.app.Auth.JWT {
-		servers = append(servers, j.Issuer)
-	}
-	meta := map[string]any{
-		"resource":                 resource,
-		"bearer_methods_supported": []string{"header"},
-		"resource_name":            "toolgate MCP gateway",
-	}
-	if len(servers) > 0 {
-		meta["authorization_servers"] = servers
+	path, ok := resourcemeta.DocumentPath(r)
+	if !ok {
+		gateway.WriteAPIError(w, http.StatusNotFound, "not_found", "no metadata for "+r.URL.Path)
+		return
 	}
 	w.Header().Set("Cache-Control", "max-age=3600")
-	gateway.WriteJSON(w, http.StatusOK, meta)
+	gateway.WriteJSON(w, http.StatusOK, resourcemeta.Document(h.app, r, path))
 }
 
 const maxAPIBody = 64 << 10

@@ -111,9 +111,10 @@ type App struct {
 	CacheTTL caddy.Duration `json:"cache_ttl,omitempty"`
 
 	// AllowedOrigins are browser origins (scheme://host[:port]) allowed to
-	// call the MCP endpoint and the API, besides PublicURL's own. Requests
-	// with any other Origin header are refused (DNS-rebinding protection);
-	// requests without one (non-browser clients) are allowed.
+	// call the MCP endpoint and the API, besides PublicURL's own: their
+	// pages' CORS preflights are answered and their answers readable.
+	// Requests with any other Origin header are refused (DNS-rebinding
+	// protection); requests without one (non-browser clients) are allowed.
 	AllowedOrigins []string `json:"allowed_origins,omitempty"`
 
 	// MaxRequestBytes bounds a runner's request body. Default 4 MiB.
@@ -498,6 +499,22 @@ func (a *App) HTTPClient() *http.Client { return a.httpClient }
 // Authenticate identifies the caller of r.
 func (a *App) Authenticate(r *http.Request) (*Caller, error) {
 	return a.Auth.Authenticate(r.Context(), r, isLoopback(r.RemoteAddr))
+}
+
+// AuthenticateEndpoint identifies the caller of r, a request to an MCP
+// endpoint. Besides the audiences of its issuer, a JWT may name the
+// endpoint itself (public_url plus the request's path, such as
+// https://gateway.example.com/v1/mcp/tracker) as its audience: what an
+// MCP client that follows the MCP authorization spec asks the
+// authorization server for (the resource parameter of RFC 8707, from the
+// endpoint's protected-resource metadata). Without public_url no such
+// audience is accepted: the request's Host header would choose it.
+func (a *App) AuthenticateEndpoint(r *http.Request) (*Caller, error) {
+	resource := ""
+	if a.PublicURL != "" {
+		resource = a.PublicURL + strings.TrimSuffix(r.URL.EscapedPath(), "/")
+	}
+	return a.Auth.authenticate(r.Context(), r, isLoopback(r.RemoteAddr), resource)
 }
 
 // AnonymousSession returns the implicit session of an anonymous caller: every

@@ -51,6 +51,13 @@ type AuthConfig struct {
 	// JWT lists trusted JWT issuers.
 	JWT []*JWTIssuer `json:"jwt,omitempty"`
 
+	// Scopes are the OAuth scopes an MCP client should ask the
+	// authorization server for when it gets a token for toolgate: listed in
+	// the protected-resource metadata (scopes_supported) and in the
+	// WWW-Authenticate challenge of a 401 (scope). toolgate does not
+	// require them in tokens; a policy can check the token's claims.
+	Scopes []string `json:"scopes,omitempty"`
+
 	// Anonymous, when set, treats requests without an Authorization header
 	// as this caller, and lets them use every service without a session.
 	// Only requests from loopback addresses are accepted this way. Meant for
@@ -155,7 +162,26 @@ func (a *AuthConfig) provision(repl *caddy.Replacer) error {
 			return err
 		}
 	}
+	for _, scope := range a.Scopes {
+		if !validScope(scope) {
+			return fmt.Errorf("auth scopes: %q is not an OAuth scope (printable ASCII without spaces, quotes or backslashes)", scope)
+		}
+	}
 	return nil
+}
+
+// validScope reports whether s is a scope token (RFC 6749, section 3.3),
+// which can be quoted in a WWW-Authenticate challenge as it is.
+func validScope(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < 0x21 || c > 0x7e || c == '"' || c == '\\' {
+			return false
+		}
+	}
+	return true
 }
 
 func (j *JWTIssuer) provision(repl *caddy.Replacer) error {
@@ -232,6 +258,12 @@ func (a *AuthConfig) start(ctx context.Context, client *http.Client, logger *zap
 // Authenticate checks the request's bearer token. remoteLoopback says
 // whether the request came from a loopback address (for Anonymous).
 func (a *AuthConfig) Authenticate(ctx context.Context, r *http.Request, remoteLoopback bool) (*Caller, error) {
+	return a.authenticate(ctx, r, remoteLoopback, "")
+}
+
+// authenticate is Authenticate; a JWT whose audience is resource (when
+// not "") is accepted besides those of its issuer's audience list.
+func (a *AuthConfig) authenticate(ctx context.Context, r *http.Request, remoteLoopback bool, resource string) (*Caller, error) {
 	h := r.Header.Get("Authorization")
 	if h == "" {
 		if a.anonymous != nil && remoteLoopback {
@@ -245,11 +277,12 @@ func (a *AuthConfig) Authenticate(ctx context.Context, r *http.Request, remoteLo
 	}
 	token = strings.TrimSpace(token)
 	if len(a.JWT) > 0 && strings.Count(token, ".") == 2 {
-		sum := sha256.Sum256([]byte(token))
+		// The verdict depends on the resource it was given for.
+		sum := sha256.Sum256([]byte(resource + "\x00" + token))
 		if c := a.verified.get(sum); c != nil {
 			return c, nil
 		}
-		c, until, err := a.verifyJWT(ctx, token)
+		c, until, err := a.verifyJWT(ctx, token, resource)
 		if err == nil {
 			a.verified.put(sum, c, until)
 		}
@@ -278,8 +311,9 @@ func (a *AuthConfig) CallerForAPIKey(key string) (*Caller, bool) {
 }
 
 // verifyJWT checks a JWT's signature and claims, and says until when the
-// verdict holds (its exp, plus the leeway).
-func (a *AuthConfig) verifyJWT(ctx context.Context, token string) (*Caller, time.Time, error) {
+// verdict holds (its exp, plus the leeway). Its audience must be one of
+// its issuer's, or resource when that is not "".
+func (a *AuthConfig) verifyJWT(ctx context.Context, token, resource string) (*Caller, time.Time, error) {
 	tok, err := jwt.ParseSigned(token, signingAlgorithms)
 	if err != nil || len(tok.Headers) != 1 {
 		return nil, time.Time{}, ErrBadCredentials
@@ -311,7 +345,11 @@ func (a *AuthConfig) verifyJWT(ctx context.Context, token string) (*Caller, time
 		if claims.Expiry == nil {
 			return nil, time.Time{}, fmt.Errorf("%w: no exp claim", ErrBadCredentials)
 		}
-		expected := jwt.Expected{Issuer: j.Issuer, AnyAudience: j.Audience, Time: now()}
+		audience := j.Audience
+		if resource != "" {
+			audience = append(audience[:len(audience):len(audience)], resource)
+		}
+		expected := jwt.Expected{Issuer: j.Issuer, AnyAudience: audience, Time: now()}
 		if err := claims.ValidateWithLeeway(expected, time.Duration(j.Leeway)); err != nil {
 			return nil, time.Time{}, fmt.Errorf("%w: %v", ErrBadCredentials, err)
 		}

@@ -363,6 +363,44 @@ func TestJWTStaticKey(t *testing.T) {
 	}
 }
 
+// A token whose audience is an MCP endpoint (the resource an MCP client
+// asked the authorization server for) is accepted at that endpoint only,
+// and only when public_url says what the gateway's URL is; the verdict
+// remembered for one endpoint serves no other.
+func TestJWTEndpointAudience(t *testing.T) {
+	clock := setClock(t, time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC))
+	key := newSigningKey(t, "")
+	auth := provisionAuth(t, &AuthConfig{JWT: []*JWTIssuer{{
+		Issuer: testIssuer, Audience: []string{"toolgate"}, KeyFiles: []string{key.pemFile(t)},
+	}}})
+	token := key.sign(t, map[string]any{"iss": testIssuer, "aud": "https://gateway.example.com/v1/mcp/tracker",
+		"sub": "alice@example.com", "exp": clock.Add(time.Minute).Unix()})
+	at := func(publicURL, path string) error {
+		app := &App{PublicURL: publicURL, Auth: auth}
+		r := httptest.NewRequest(http.MethodPost, path, nil)
+		r.Header.Set("Authorization", "Bearer "+token)
+		_, err := app.AuthenticateEndpoint(r)
+		return err
+	}
+	if err := at("https://gateway.example.com", "/v1/mcp/tracker"); err != nil {
+		t.Fatalf("at its endpoint: %v", err)
+	}
+	if err := at("https://gateway.example.com", "/v1/mcp/tracker/"); err != nil {
+		t.Fatalf("at its endpoint with a trailing slash: %v", err)
+	}
+	for _, path := range []string{"/v1/mcp/search", "/v1/mcp", "/v1/mcp/tracker/x", "/v1/mcp/trackers"} {
+		if err := at("https://gateway.example.com", path); !errors.Is(err, ErrBadCredentials) {
+			t.Errorf("at %s: %v, want refused", path, err)
+		}
+	}
+	if err := at("", "/v1/mcp/tracker"); !errors.Is(err, ErrBadCredentials) {
+		t.Errorf("without public_url: %v, want refused", err)
+	}
+	if _, err := auth.Authenticate(context.Background(), bearer(token), false); !errors.Is(err, ErrBadCredentials) {
+		t.Errorf("outside an MCP endpoint: %v, want refused", err)
+	}
+}
+
 func TestJWTRejectsForgeries(t *testing.T) {
 	ctx := context.Background()
 	clock := setClock(t, time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC))
@@ -786,5 +824,18 @@ func TestHashKeyCommandInput(t *testing.T) {
 		if _, err := hashKeyFrom(strings.NewReader(in)); err == nil {
 			t.Errorf("%q was hashed", in)
 		}
+	}
+}
+
+// Scopes are quoted in a challenge as they are: a scope that could end the
+// quoted string, or hold a space, is refused when the config loads.
+func TestScopesAreScopeTokens(t *testing.T) {
+	for _, bad := range []string{`a"b`, `a\b`, "a b", "", "ä"} {
+		if err := (&AuthConfig{Scopes: []string{"openid", bad}}).provision(caddy.NewReplacer()); err == nil || !strings.Contains(err.Error(), "auth scopes") {
+			t.Errorf("scope %q: %v, want refused", bad, err)
+		}
+	}
+	if err := (&AuthConfig{Scopes: []string{"openid", "mcp:tools", "https://api.example.com/read"}}).provision(caddy.NewReplacer()); err != nil {
+		t.Errorf("valid scopes: %v", err)
 	}
 }

@@ -62,6 +62,7 @@ func parseGlobalOption(d *caddyfile.Dispenser, existing any) (any, error) {
 //				groups_claim <claim>
 //				leeway       <duration>
 //			}
+//			scopes    <scope...>
 //			anonymous <user>
 //		}
 //		service <id> {
@@ -70,6 +71,7 @@ func parseGlobalOption(d *caddyfile.Dispenser, existing any) (any, error) {
 //			allow_http
 //			tools         <name...>
 //			tool          <name> read_only|additive|destructive
+//			pin           <name> sha256:<hex>
 //			allowed_users <user...>
 //			timeout       <duration>
 //			dial_timeout  <duration>
@@ -91,7 +93,7 @@ func parseGlobalOption(d *caddyfile.Dispenser, existing any) (any, error) {
 //	}
 //
 // Every option may appear once per block, except service, api_key,
-// key_file, jwt and tool (once per tool name).
+// key_file, jwt, and tool and pin (once per tool name).
 func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // "toolgate"
 	if d.NextArg() {
@@ -192,6 +194,13 @@ func (a *AuthConfig) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return d.Errf("auth api_key: want <sha256:hex> <user> [<group>...]")
 			}
 			a.APIKeys = append(a.APIKeys, APIKey{Hash: args[0], User: args[1], Groups: args[2:]})
+		case "scopes":
+			if seen[opt] {
+				return d.Errf("auth: %s given twice", opt)
+			}
+			if a.Scopes = d.RemainingArgs(); len(a.Scopes) == 0 {
+				return d.ArgErr()
+			}
 		case "api_keys":
 			if seen[opt] {
 				return d.Errf("auth: %s given twice", opt)
@@ -273,7 +282,7 @@ func (s *Service) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	seen := map[string]bool{}
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
 		opt := d.Val()
-		if opt != "tool" && seen[opt] {
+		if opt != "tool" && opt != "pin" && seen[opt] {
 			return d.Errf("service %q: %s given twice", s.ID, opt)
 		}
 		seen[opt] = true
@@ -291,6 +300,18 @@ func (s *Service) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				s.ToolEffects = map[string]string{}
 			}
 			s.ToolEffects[args[0]] = args[1]
+		case "pin":
+			args := d.RemainingArgs()
+			if len(args) != 2 {
+				return d.Errf("service %q: pin: want <name> sha256:<hex>", s.ID)
+			}
+			if _, dup := s.Pins[args[0]]; dup {
+				return d.Errf("service %q: pin %s given twice", s.ID, args[0])
+			}
+			if s.Pins == nil {
+				s.Pins = map[string]string{}
+			}
+			s.Pins[args[0]] = args[1]
 		case "title":
 			err = caddyopt.String(d, &s.Title)
 		case "url":

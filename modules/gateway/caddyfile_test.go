@@ -66,6 +66,7 @@ func TestUnmarshalCaddyfileFullOptionSet(t *testing.T) {
 				audience gw
 				key_file /etc/other.pem
 			}
+			scopes    openid mcp:tools
 			anonymous dev@localhost
 		}
 		service tracker {
@@ -168,6 +169,8 @@ func TestUnmarshalCaddyfileFullOptionSet(t *testing.T) {
 		 "key_files":["/etc/toolgate/idp-1.pem","/etc/toolgate/idp-2.pem"],
 		 "user_claim":"email","groups_claim":"roles","leeway":60000000000},
 		{"issuer":"https://other.example.com","audience":["gw"],"key_files":["/etc/other.pem"]}]`)
+
+	assertJSON(t, "Auth.Scopes", app.Auth.Scopes, `["openid","mcp:tools"]`)
 
 	// services, in order.
 	assertJSON(t, "Services", app.Services, `[
@@ -274,6 +277,8 @@ func TestUnmarshalCaddyfileErrors(t *testing.T) {
 		{"api_keys without file", authBlock("api_keys"), "wrong argument count"},
 		{"anonymous twice", authBlock("anonymous a\n anonymous b"), "auth: anonymous given twice"},
 		{"anonymous without user", authBlock("anonymous"), "wrong argument count"},
+		{"scopes twice", authBlock("scopes a\n scopes b"), "auth: scopes given twice"},
+		{"scopes without a scope", authBlock("scopes"), "wrong argument count"},
 		{"jwt with an argument", authBlock("jwt https://i"), "wrong argument count"},
 		{"jwt unknown option", jwtBlock("algorithm RS256"), `auth jwt: unknown option "algorithm"`},
 		{"jwt issuer twice", jwtBlock("issuer https://j"), "auth jwt: issuer given twice"},

@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -166,6 +167,22 @@ func (s *MCPSession) Tool(name string) *ToolDefinition {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.catalog[name]
+}
+
+// ToolListed records a tool's definition as the upstream just listed it to
+// the runner, when it differs from the one known: the runner's listing is
+// the latest, and a call is decided (and its tool's pin checked) with the
+// definition the runner was shown.
+func (s *MCPSession) ToolListed(name string, raw []byte) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if old := s.catalog[name]; old != nil && bytes.Equal(old.Raw, raw) {
+		return
+	}
+	if s.catalog == nil {
+		s.catalog = make(map[string]*ToolDefinition)
+	}
+	s.catalog[name] = &ToolDefinition{Name: name, Raw: bytes.Clone(raw)}
 }
 
 // ListingTools marks the upstream's tool list as being fetched: calls

@@ -45,6 +45,16 @@ type Service struct {
 	// block, once per tool: tool <name> read_only|additive|destructive.
 	ToolEffects map[string]string `json:"tool_effects,omitempty"`
 
+	// Pins fixes the definitions of tools of the allowlist, by name: the
+	// digest ("sha256:" and 64 hex digits, as the tool-pins API shows it)
+	// of the only definition (name, title, description, input and output
+	// schema, annotations) runners may see and call. A tool whose upstream
+	// definition differs is hidden and its calls are refused; only a new
+	// pin accepts it. Tools without a pin are pinned at first sight
+	// (package toolpin). Caddyfile, in the service block, once per tool:
+	// pin <name> sha256:<hex>.
+	Pins map[string]string `json:"pins,omitempty"`
+
 	// AllowedUsers, when set, limits the service to these callers (user
 	// identifiers as the authenticator reports them). Empty means every
 	// authenticated caller.
@@ -261,6 +271,14 @@ func (s *Service) validate() error {
 			return fail("tool "+t, "unknown effect %q (use read_only, additive or destructive)", e)
 		}
 	}
+	for _, t := range slices.Sorted(maps.Keys(s.Pins)) {
+		switch d := s.Pins[t]; {
+		case !s.AllowsTool(t):
+			return fail("pin "+t, "%q is not on the tools allowlist", t)
+		case !pinPattern.MatchString(d):
+			return fail("pin "+t, "%q is not a digest: want sha256: and 64 lower-case hex digits", d)
+		}
+	}
 	if d := time.Duration(s.Timeout); d < 0 || d > maxServiceTimeout {
 		return fail("timeout", "%s is out of range (0 < timeout <= %s)", d, maxServiceTimeout)
 	}
@@ -318,6 +336,12 @@ func (s *Service) AllowsTool(name string) bool {
 // (EffectReadOnly, EffectAdditive or EffectDestructive), or "" when the
 // registry says nothing about it.
 func (s *Service) ToolEffect(tool string) string { return s.ToolEffects[tool] }
+
+// pinPattern is the form of a pinned digest.
+var pinPattern = regexp.MustCompile(`^sha256:[0-9a-f]{64}$`)
+
+// Pin returns the digest the registry pins tool's definition to, or "".
+func (s *Service) Pin(tool string) string { return s.Pins[tool] }
 
 // AllowsUser reports whether user may use the service.
 func (s *Service) AllowsUser(user string) bool {

@@ -24,6 +24,10 @@ type Session struct {
 	Services  []string  `json:"services"`
 	CreatedAt time.Time `json:"created_at"`
 	ExpiresAt time.Time `json:"expires_at"`
+	// Implied marks a session toolgate implied for a runner that sent no
+	// session header (package impliedsession): it lives as long as its MCP
+	// session, is never stored, and has no expiry of its own.
+	Implied bool `json:"-"`
 }
 
 // Selected reports whether the session selected service.

@@ -3,6 +3,7 @@ package policy
 import (
 	"github.com/open-policy-agent/opa/v1/ast"
 
+	"github.com/toolgate/toolgate/internal/toolpin"
 	"github.com/toolgate/toolgate/modules/gateway"
 )
 
@@ -36,6 +37,8 @@ var (
 	keyDestructiveHint     = ast.StringTerm("destructiveHint")
 	keyIdempotentHint      = ast.StringTerm("idempotentHint")
 	keyOpenWorldHint       = ast.StringTerm("openWorldHint")
+	keyDigest              = ast.StringTerm("digest")
+	keyPinned              = ast.StringTerm("pinned")
 
 	sourceRegistry = ast.StringTerm("registry")
 	sourceUpstream = ast.StringTerm("upstream")
@@ -57,19 +60,20 @@ func toolTerm(def *gateway.ToolDefinition, name string, svc *gateway.Service) *a
 			if !ok {
 				return nil
 			}
-			return toolView(obj, name, svc)
+			return toolView(obj, name, svc, toolpin.Digest(def.Raw))
 		}).(*ast.Term); t != nil {
 			return t
 		}
 	}
-	return toolView(nil, name, svc)
+	return toolView(nil, name, svc, "")
 }
 
 // toolView is def (an upstream tool definition, or nil) as the policy sees
 // it: every member as the upstream sent it, but annotations resolved and
 // annotations_source and upstream_annotations set by toolgate (an upstream
-// cannot set them).
-func toolView(def ast.Object, name string, svc *gateway.Service) *ast.Term {
+// cannot set them), and, for a definition, its digest (package toolpin)
+// and whether the registry pins exactly that digest.
+func toolView(def ast.Object, name string, svc *gateway.Service, digest string) *ast.Term {
 	var upstream ast.Object
 	if def != nil {
 		if a := def.Get(keyAnnotations); a != nil {
@@ -113,7 +117,8 @@ func toolView(def ast.Object, name string, svc *gateway.Service) *ast.Term {
 	if def != nil {
 		def.Foreach(func(k, v *ast.Term) {
 			switch {
-			case k.Equal(keyAnnotations), k.Equal(keyAnnotationsSource), k.Equal(keyUpstreamAnnotations):
+			case k.Equal(keyAnnotations), k.Equal(keyAnnotationsSource), k.Equal(keyUpstreamAnnotations),
+				k.Equal(keyDigest), k.Equal(keyPinned):
 			default:
 				view.Insert(k, v)
 			}
@@ -125,6 +130,10 @@ func toolView(def ast.Object, name string, svc *gateway.Service) *ast.Term {
 	view.Insert(keyAnnotationsSource, source)
 	if upstream != nil {
 		view.Insert(keyUpstreamAnnotations, ast.NewTerm(upstream))
+	}
+	if digest != "" {
+		view.Insert(keyDigest, ast.StringTerm(digest))
+		view.Insert(keyPinned, ast.InternedTerm(svc != nil && svc.Pin(name) == digest))
 	}
 	return ast.NewTerm(view)
 }

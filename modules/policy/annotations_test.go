@@ -1,10 +1,12 @@
 package policy
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/open-policy-agent/opa/v1/ast"
 
+	"github.com/toolgate/toolgate/internal/toolpin"
 	"github.com/toolgate/toolgate/modules/gateway"
 )
 
@@ -50,10 +52,53 @@ func TestToolAnnotationsAsThePolicySeesThem(t *testing.T) {
 				def = &gateway.ToolDefinition{Name: "t", Raw: []byte(tc.def)}
 			}
 			got := toolTerm(def, "t", svc)
+			// Every definition has its digest (see TestToolDigestAndPin).
+			if obj := got.Value.(ast.Object); def != nil {
+				if d := obj.Get(keyDigest); d == nil || !d.Equal(ast.StringTerm(toolpin.Digest(def.Raw))) {
+					t.Errorf("digest = %v", d)
+				}
+				rest := ast.NewObject()
+				obj.Foreach(func(k, v *ast.Term) {
+					if !k.Equal(keyDigest) && !k.Equal(keyPinned) {
+						rest.Insert(k, v)
+					}
+				})
+				got = ast.NewTerm(rest)
+			}
 			if want := ast.MustParseTerm(tc.want); !got.Equal(want) {
 				t.Errorf("tool\n got %v\nwant %v", got, want)
 			}
 		})
+	}
+}
+
+// The policy sees a definition's digest, and whether the registry pins
+// exactly that digest; an upstream can set neither.
+func TestToolDigestAndPin(t *testing.T) {
+	raw := []byte(`{"name":"t","description":"Reads.","digest":"sha256:0","pinned":true}`)
+	digest := toolpin.Digest(raw)
+	for _, tc := range []struct {
+		name   string
+		pins   map[string]string
+		pinned bool
+	}{
+		{"not pinned", nil, false},
+		{"pinned to this digest", map[string]string{"t": digest}, true},
+		{"pinned to another digest", map[string]string{"t": "sha256:" + strings.Repeat("0", 64)}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			svc := &gateway.Service{ID: "s", Tools: []string{"t"}, Pins: tc.pins}
+			obj := toolTerm(&gateway.ToolDefinition{Name: "t", Raw: raw}, "t", svc).Value.(ast.Object)
+			if d := obj.Get(keyDigest); d == nil || !d.Equal(ast.StringTerm(digest)) {
+				t.Errorf("digest = %v, want %s", d, digest)
+			}
+			if p := obj.Get(keyPinned); p == nil || !p.Equal(ast.InternedTerm(tc.pinned)) {
+				t.Errorf("pinned = %v, want %v", p, tc.pinned)
+			}
+		})
+	}
+	if obj := toolTerm(nil, "t", &gateway.Service{ID: "s"}).Value.(ast.Object); obj.Get(keyDigest) != nil || obj.Get(keyPinned) != nil {
+		t.Errorf("a tool without a definition: %v", obj)
 	}
 }
 

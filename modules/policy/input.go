@@ -39,6 +39,7 @@ var (
 	keyClaims    = ast.StringTerm("claims")
 	keyID        = ast.StringTerm("id")
 	keyServices  = ast.StringTerm("services")
+	keyImplied   = ast.StringTerm("implied")
 	keyAuth      = ast.StringTerm("auth")
 	keyTools     = ast.StringTerm("tools")
 	keyName      = ast.StringTerm("name")
@@ -141,6 +142,7 @@ func sessionTerm(s *gateway.Session) *ast.Term {
 	return ast.ObjectTerm(
 		ast.Item(keyID, ast.StringTerm(s.ID)),
 		ast.Item(keyServices, ast.ArrayTerm(services...)),
+		ast.Item(keyImplied, ast.InternedTerm(s.Implied)),
 	)
 }
 

@@ -13,6 +13,7 @@ import (
 	"github.com/tidwall/gjson"
 	"go.uber.org/zap"
 
+	"github.com/toolgate/toolgate/internal/toolpin"
 	"github.com/toolgate/toolgate/modules/gateway"
 )
 
@@ -168,7 +169,7 @@ func (h *RequestHandler) hideTools(ctx context.Context, call *gateway.Call, resu
 		var input ast.Object
 		if err == nil {
 			obj, _ := def.Value.(ast.Object)
-			input, err = inputFor(common, call, toolView(obj, tool.Get("name").String(), call.Service), true)
+			input, err = inputFor(common, call, toolView(obj, tool.Get("name").String(), call.Service, toolpin.Digest([]byte(tool.Raw))), true)
 		}
 		if err == nil {
 			o = h.engine.decide(ctx, input, timeout, "arguments")

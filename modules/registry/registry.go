@@ -1,7 +1,7 @@
 // Package registry is toolgate_registry, the second step of the pipeline:
 // it resolves the service a request is for, checks the caller may use it,
 // reads the runner's JSON-RPC message (once, strictly) and enforces the
-// service's tool allowlist.
+// service's tool allowlist and its tools' pins (package toolpin).
 package registry
 
 import (
@@ -18,8 +18,10 @@ import (
 	"github.com/tidwall/gjson"
 	"go.uber.org/zap"
 
+	"github.com/toolgate/toolgate/internal/impliedsession"
 	"github.com/toolgate/toolgate/internal/mcp2026"
 	"github.com/toolgate/toolgate/internal/mcpmsg"
+	"github.com/toolgate/toolgate/internal/toolpin"
 	"github.com/toolgate/toolgate/modules/gateway"
 )
 
@@ -35,6 +37,7 @@ type Handler struct {
 	Service string `json:"service,omitempty"`
 
 	app       *gateway.App
+	pins      *toolpin.Pins
 	limits    mcpmsg.Limits
 	stateless *mcp2026.Runtime
 	logger    *zap.Logger
@@ -56,6 +59,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return err
 	}
 	h.app = app.(*gateway.App)
+	if h.pins, err = toolpin.For(h.app); err != nil {
+		return err
+	}
 	h.limits = mcpmsg.Limits{MaxDepth: h.app.MaxJSONDepth}
 	if h.stateless, err = mcp2026.For(h.app); err != nil {
 		return err
@@ -87,6 +93,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		return nil
 	}
 	call.Service = svc
+	call.Session = impliedsession.Narrow(call.Session, svc.ID)
 
 	switch r.Method {
 	case http.MethodPost:
@@ -129,9 +136,13 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		if call.Stateless != nil && !h.checkParamHeaders(w, r, call) {
 			return nil
 		}
+		if !h.pins.AllowCall(w, r, call) {
+			return nil
+		}
 	}
 	if call.Method == "tools/list" {
 		call.OnResult(allowlistTools)
+		call.OnResult(h.pins.FilterList)
 	}
 	return next.ServeHTTP(w, r)
 }
@@ -242,10 +253,18 @@ func (h *Handler) serviceID(r *http.Request) string {
 }
 
 // allowlistTools removes tools off the service's allowlist from a tools/list
-// result. Definitions of the tools kept pass through byte for byte.
+// result. Definitions of the tools kept pass through byte for byte, and
+// become the MCP session's known definitions.
 func allowlistTools(_ context.Context, call *gateway.Call, result []byte) ([]byte, error) {
 	return gateway.FilterTools(result, func(tool gjson.Result) bool {
-		return call.Service.AllowsTool(tool.Get("name").String())
+		name := tool.Get("name").String()
+		if !call.Service.AllowsTool(name) {
+			return false
+		}
+		if call.MCPSession != nil {
+			call.MCPSession.ToolListed(name, []byte(tool.Raw))
+		}
+		return true
 	}), nil
 }
 

@@ -1,7 +1,9 @@
 // Package session is toolgate_session, the first step of the pipeline: it
-// authenticates the caller, checks the browser origin, and resolves the
-// caller's toolgate session and MCP session. It starts the request's
-// gateway.Call.
+// checks the browser origin (and answers browsers' CORS preflights),
+// authenticates the caller, and resolves the caller's toolgate session —
+// the one named in the session header, or one implied for a runner that
+// sends none (package impliedsession) — and MCP session. It starts the
+// request's gateway.Call.
 package session
 
 import (
@@ -14,7 +16,10 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
 
+	"github.com/toolgate/toolgate/internal/cors"
+	"github.com/toolgate/toolgate/internal/impliedsession"
 	"github.com/toolgate/toolgate/internal/mcp2026"
+	"github.com/toolgate/toolgate/internal/resourcemeta"
 	"github.com/toolgate/toolgate/modules/gateway"
 )
 
@@ -48,14 +53,21 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	return h.app.ProvisionStep(gateway.StepSession)
 }
 
-// ServeHTTP starts the call or answers 401/403/404.
+// ServeHTTP starts the call or answers 401/403/404. A browser's preflight
+// from an allowed origin is answered here, before authentication: it
+// carries no credentials.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
 	if !h.app.CheckOrigin(r) {
 		gateway.WriteRPCError(w, http.StatusForbidden, nil, gateway.CodeInvalidRequest,
 			"origin or host not allowed (DNS-rebinding protection): add the origin to allowed_origins", nil)
 		return nil
 	}
-	caller, err := h.app.Authenticate(r)
+	if cors.IsPreflight(r) {
+		cors.Preflight(w, r, cors.MCPMethods, h.app.SessionHeaderName())
+		return nil
+	}
+	cors.Allow(w, r)
+	caller, err := h.app.AuthenticateEndpoint(r)
 	if err != nil {
 		Unauthorized(w, r, h.app, err)
 		return nil
@@ -63,8 +75,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	call := &gateway.Call{Started: time.Now(), Caller: caller, RemoteIP: clientIP(r)}
 
 	// The toolgate session: chosen services, owned by this caller.
-	if id := r.Header.Get(h.app.SessionHeaderName()); id != "" {
-		sess, err := h.app.Sessions().Get(r.Context(), id)
+	explicit := r.Header.Get(h.app.SessionHeaderName())
+	if explicit != "" {
+		sess, err := h.app.Sessions().Get(r.Context(), explicit)
 		switch {
 		case errors.Is(err, gateway.ErrSessionNotFound):
 			forbidden(w, "toolgate session not found or expired: create one with POST /v1/sessions")
@@ -81,8 +94,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		call.Session = sess
 	} else if caller.Method == "anonymous" {
 		call.Session = h.app.AnonymousSession(caller)
-	} else {
-		forbidden(w, "a toolgate session is required: create one with POST /v1/sessions and send its id in the "+
+	} else if impliedsession.Required(h.app) {
+		forbidden(w, "a toolgate session is required (require_session): create one with POST /v1/sessions and send its id in the "+
 			h.app.SessionHeaderName()+" header")
 		return nil
 	}
@@ -97,11 +110,26 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 				"MCP session not found or expired: initialize a new one", nil)
 			return nil
 		}
+		if call.Session == nil {
+			sess, ok := impliedsession.Of(h.app, caller, ms)
+			if !ok {
+				forbidden(w, "this MCP session belongs to another caller, or was started in a toolgate session: send that session's id in the "+
+					h.app.SessionHeaderName()+" header")
+				return nil
+			}
+			call.Session = sess
+		}
 		if ms.User != caller.User || ms.SessionID != call.Session.ID {
 			forbidden(w, "this MCP session belongs to another caller or toolgate session")
 			return nil
 		}
 		call.MCPSession = ms
+	} else if call.Session == nil && mcp2026.ModernHeader(r) {
+		call.Session = impliedsession.ForStateless(h.app, caller)
+	} else if call.Session == nil {
+		// No session header and no MCP session yet: the runner's
+		// initialize starts an implied session.
+		call.Session = impliedsession.New(h.app, caller)
 	}
 	return next.ServeHTTP(w, gateway.WithCall(r, call))
 }
@@ -123,13 +151,20 @@ func clientIP(r *http.Request) string {
 	return host
 }
 
-// Unauthorized answers 401 with the RFC 9728 pointer to the gateway's
-// protected-resource metadata, so MCP clients can find how to sign in.
+// Unauthorized answers 401 with the RFC 9728 pointer to the protected-
+// resource metadata of the endpoint r is for, so MCP clients can find how
+// to sign in (package resourcemeta).
 func Unauthorized(w http.ResponseWriter, r *http.Request, app *gateway.App, err error) {
-	challenge := `Bearer resource_metadata="` + app.ResourceMetadataURL(r) + `"`
-	if !errors.Is(err, gateway.ErrNoCredentials) {
-		challenge += `, error="invalid_token"`
-	}
+	unauthorized(w, resourcemeta.Challenge(app, r, resourcemeta.EndpointPath(r), err), err)
+}
+
+// UnauthorizedAPI answers 401 for a request to the HTTP API, whose
+// resource is the gateway itself.
+func UnauthorizedAPI(w http.ResponseWriter, r *http.Request, app *gateway.App, err error) {
+	unauthorized(w, resourcemeta.Challenge(app, r, "", err), err)
+}
+
+func unauthorized(w http.ResponseWriter, challenge string, err error) {
 	w.Header().Set("WWW-Authenticate", challenge)
 	gateway.WriteRPCError(w, http.StatusUnauthorized, nil, gateway.CodeInvalidRequest, err.Error(), nil)
 }

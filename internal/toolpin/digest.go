@@ -1,0 +1,69 @@
+package toolpin
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"sync"
+
+	"github.com/tidwall/gjson"
+
+	"github.com/toolgate/toolgate/internal/approval"
+	"github.com/toolgate/toolgate/internal/mcpmsg"
+)
+
+// pinnedMembers are the members of a tool definition a pin covers: what
+// the model reads and what decides how the tool is called and trusted.
+// Anything else (icons, _meta, execution hints) may change freely.
+var pinnedMembers = []string{"name", "title", "description", "inputSchema", "outputSchema", "annotations"}
+
+// Digest is the digest of a tool definition (the JSON text of one entry of
+// a tools/list result): "sha256:" and the hex SHA-256 of its pinned
+// members, re-encoded canonically (object keys sorted, no insignificant
+// space), so that spelling the same definition differently (key order,
+// escapes, spacing) keeps its digest.
+func Digest(raw []byte) string {
+	obj := gjson.ParseBytes(raw)
+	b := make([]byte, 0, len(raw)+2)
+	b = append(b, '{')
+	for _, key := range pinnedMembers {
+		v := obj.Get(key)
+		if !v.Exists() {
+			continue
+		}
+		if len(b) > 1 {
+			b = append(b, ',')
+		}
+		b = mcpmsg.AppendQuote(b, key)
+		b = append(b, ':')
+		b = append(b, v.Raw...)
+	}
+	b = append(b, '}')
+	sum := sha256.Sum256(approval.Canonical(b))
+	return "sha256:" + hex.EncodeToString(sum[:])
+}
+
+// digests remembers the digests of definitions seen, by their text, so
+// that a call does not pay for re-encoding its tool's definition.
+type digests struct {
+	mu sync.Mutex
+	m  map[string]string
+}
+
+const maxDigests = 10_000
+
+func (d *digests) of(raw []byte) string {
+	d.mu.Lock()
+	v, ok := d.m[string(raw)]
+	d.mu.Unlock()
+	if ok {
+		return v
+	}
+	v = Digest(raw)
+	d.mu.Lock()
+	if d.m == nil || len(d.m) >= maxDigests {
+		d.m = make(map[string]string)
+	}
+	d.m[string(raw)] = v
+	d.mu.Unlock()
+	return v
+}

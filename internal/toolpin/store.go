@@ -1,0 +1,168 @@
+package toolpin
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"path"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/caddyserver/certmagic"
+
+	"github.com/toolgate/toolgate/modules/gateway"
+)
+
+// Record is what toolgate knows of one tool's pin: the digest of the
+// definition it accepted (first seen, or accepted by an administrator),
+// and a change it saw since, waiting for an administrator.
+type Record struct {
+	Service string `json:"service"`
+	Tool    string `json:"tool"`
+	// Digest is the accepted definition's; "" when the registry pins the
+	// tool (its pin line is the accepted digest then).
+	Digest string    `json:"digest,omitempty"`
+	Since  time.Time `json:"since"`
+	// AcceptedBy is the administrator who accepted Digest; "" for a
+	// definition pinned at first sight.
+	AcceptedBy string `json:"accepted_by,omitempty"`
+	// Changed is the latest other definition the upstream showed, hidden
+	// until accepted.
+	Changed *Change `json:"changed,omitempty"`
+}
+
+// Change is a definition that differs from the pinned one.
+type Change struct {
+	Digest string    `json:"digest"`
+	SeenAt time.Time `json:"seen_at"`
+	// Definition is the tool as the upstream sent it, for the
+	// administrator to read before accepting it.
+	Definition json.RawMessage `json:"definition"`
+}
+
+// store keeps records in the gateway's storage, one per service and tool
+// (under the SHA-256 of the tool's name, which may hold any character),
+// read through a cache that keeps what it read for cacheTTL: a change
+// accepted through another replica applies here within that time.
+type store struct {
+	storage  certmagic.Storage
+	cacheTTL time.Duration
+
+	mu    sync.Mutex
+	cache map[string]cached
+}
+
+type cached struct {
+	rec    *Record // nil: no record
+	readAt time.Time
+}
+
+const prefix = "toolgate/tool-pins"
+
+const maxCached = 100_000
+
+func recordKey(service, tool string) string {
+	sum := sha256.Sum256([]byte(tool))
+	return path.Join(prefix, service, hex.EncodeToString(sum[:]))
+}
+
+// get returns the record of service's tool, nil when there is none.
+func (s *store) get(ctx context.Context, service, tool string) (*Record, error) {
+	key := recordKey(service, tool)
+	s.mu.Lock()
+	c, ok := s.cache[key]
+	s.mu.Unlock()
+	if ok && time.Since(c.readAt) < s.cacheTTL {
+		return c.rec, nil
+	}
+	rec, err := s.load(ctx, key)
+	if err != nil {
+		return nil, err
+	}
+	s.remember(key, rec)
+	return rec, nil
+}
+
+func (s *store) load(ctx context.Context, key string) (*Record, error) {
+	data, err := s.storage.Load(ctx, key)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%w: reading a tool pin: %v", gateway.ErrStorageUnavailable, err)
+	}
+	rec := new(Record)
+	if err := json.Unmarshal(data, rec); err != nil {
+		return nil, fmt.Errorf("reading a tool pin: %v", err)
+	}
+	return rec, nil
+}
+
+func (s *store) remember(key string, rec *Record) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cache == nil || len(s.cache) >= maxCached {
+		s.cache = make(map[string]cached)
+	}
+	s.cache[key] = cached{rec: rec, readAt: time.Now()}
+}
+
+// update changes the record of service's tool under the storage's lock,
+// reading it afresh first: change gets the current record (nil for none)
+// and returns the record to store, or nil to store nothing.
+func (s *store) update(ctx context.Context, service, tool string, change func(*Record) *Record) (*Record, error) {
+	key := recordKey(service, tool)
+	lock := strings.ReplaceAll(key, "/", "-")
+	if err := s.storage.Lock(ctx, lock); err != nil {
+		return nil, fmt.Errorf("%w: locking a tool pin: %v", gateway.ErrStorageUnavailable, err)
+	}
+	defer func() { _ = s.storage.Unlock(context.WithoutCancel(ctx), lock) }()
+	cur, err := s.load(ctx, key)
+	if err != nil {
+		return nil, err
+	}
+	next := change(cur)
+	if next == nil {
+		s.remember(key, cur)
+		return cur, nil
+	}
+	data, err := json.Marshal(next)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.storage.Store(ctx, key, data); err != nil {
+		return nil, fmt.Errorf("%w: storing a tool pin: %v", gateway.ErrStorageUnavailable, err)
+	}
+	s.remember(key, next)
+	return next, nil
+}
+
+// list returns every record, by service and tool.
+func (s *store) list(ctx context.Context) ([]*Record, error) {
+	keys, err := s.storage.List(ctx, prefix, true)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%w: listing tool pins: %v", gateway.ErrStorageUnavailable, err)
+	}
+	var out []*Record
+	for _, key := range keys {
+		if strings.Count(strings.TrimPrefix(key, prefix+"/"), "/") != 1 {
+			continue // a service's directory
+		}
+		rec, err := s.load(ctx, key)
+		if err != nil {
+			return nil, err
+		}
+		if rec != nil {
+			out = append(out, rec)
+		}
+	}
+	return out, nil
+}

@@ -1,0 +1,387 @@
+// Package toolpin protects runners against rug pulls: an upstream that shows
+// a harmless tool, gets it approved and trusted, then changes what the tool
+// says it does (its description, its schema, its annotations) to steer the
+// model. toolgate pins each tool's definition per service — the digest of
+// its name, title, description, input and output schema and annotations —
+// the first time it sees it, or takes the digest from the registry (pin
+// <tool> sha256:…). A definition that differs from the pin is hidden from
+// tools/list and its calls are refused with a reason that says so; the
+// change is audited with both digests and kept for an administrator, who
+// reads the new definition and accepts it (GET /v1/tool-pins, POST
+// /v1/tool-pins/accept); a tool the registry pins changes only with its
+// pin line.
+//
+// Pins live in the gateway's storage, shared by replicas, and are read
+// through a cache of cache_ttl. The policy sees a tool's digest and whether
+// the registry pins it (input.tool.digest, input.tool.pinned).
+package toolpin
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"slices"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/tidwall/gjson"
+	"go.uber.org/zap"
+
+	"github.com/toolgate/toolgate/internal/caddyopt"
+	"github.com/toolgate/toolgate/modules/gateway"
+)
+
+func init() {
+	gateway.RegisterOption(option, parseOption)
+}
+
+// option is the toolgate global option that configures pinning.
+const option = "tool_pins"
+
+// Config is the tool_pins option:
+//
+//	tool_pins off
+//	tool_pins {
+//		admin_groups <group>...
+//	}
+type Config struct {
+	// Off turns pinning off: definitions may change freely.
+	Off bool `json:"off,omitempty"`
+	// AdminGroups are the groups whose members may list pins and accept
+	// changed definitions. Default admins (as the console's admin_groups).
+	AdminGroups []string `json:"admin_groups,omitempty"`
+}
+
+func parseOption(d *caddyfile.Dispenser) (any, error) {
+	cfg := new(Config)
+	if d.NextArg() {
+		if d.Val() != "off" || d.NextArg() {
+			return nil, d.Errf("tool_pins: want off, or a block")
+		}
+		cfg.Off = true
+		return cfg, nil
+	}
+	err := caddyopt.Block(d, "tool_pins", func(name string) error {
+		switch name {
+		case "admin_groups":
+			if cfg.AdminGroups = d.RemainingArgs(); len(cfg.AdminGroups) == 0 {
+				return d.ArgErr()
+			}
+			return nil
+		}
+		return caddyopt.Unknown(d, "tool_pins")
+	})
+	return cfg, err
+}
+
+// defaultAdminGroup may accept changes when admin_groups is not set.
+const defaultAdminGroup = "admins"
+
+// Pins checks tool definitions against their pins, for one config.
+type Pins struct {
+	cfg     Config
+	store   *store
+	digests digests
+	audit   *zap.Logger
+	logger  *zap.Logger
+}
+
+// For returns the pins of app's config, made on first use. Handlers call
+// it in Provision.
+func For(app *gateway.App) (*Pins, error) {
+	v, err := app.Shared(option, func() (any, error) {
+		p := &Pins{audit: caddy.Log().Named("toolgate.audit"), logger: app.Logger().Named("tool_pins"),
+			store: &store{storage: app.Storage(), cacheTTL: time.Duration(app.CacheTTL)}}
+		if raw := app.Extension(option); raw != nil {
+			if err := json.Unmarshal(raw, &p.cfg); err != nil {
+				return nil, fmt.Errorf("tool_pins: %v", err)
+			}
+		}
+		if len(p.cfg.AdminGroups) == 0 {
+			p.cfg.AdminGroups = []string{defaultAdminGroup}
+		}
+		return p, nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return v.(*Pins), nil
+}
+
+// Verdict is what the pin says of a definition.
+type Verdict struct {
+	OK     bool
+	Digest string // the definition's
+	Pinned string // the pinned digest, when it differs
+	// Registry reports that the registry pins the tool.
+	Registry bool
+}
+
+// Reason says why a definition that differs is refused, and what to do.
+func (v Verdict) Reason(service, tool string) string {
+	fix := "an administrator accepts the change (GET /v1/tool-pins shows it, POST /v1/tool-pins/accept accepts it)"
+	if v.Registry {
+		fix = "an administrator changes its pin in the service's configuration"
+	}
+	return fmt.Sprintf("the definition of tool %s of service %s changed since it was pinned (pinned %s, now %s); it stays hidden and refused until %s",
+		tool, service, v.Pinned, v.Digest, fix)
+}
+
+// Check checks svc's tool name, defined by raw (the tool object as the
+// upstream listed it to a runner), against its pin. A tool seen for the
+// first time is pinned now; a definition that differs is recorded (once
+// per digest) and audited; the pinned definition seen again ends a
+// change that was waiting (the upstream went back). Off, everything
+// passes.
+func (p *Pins) Check(ctx context.Context, svc *gateway.Service, name string, raw []byte) (Verdict, error) {
+	if p.cfg.Off {
+		return Verdict{OK: true}, nil
+	}
+	digest := p.digests.of(raw)
+	pinned, rec, err := p.pinned(ctx, svc, name)
+	switch {
+	case err != nil:
+		return Verdict{}, err
+	case pinned == "":
+		return p.firstSight(ctx, svc.ID, name, digest, raw)
+	case digest != pinned:
+		v := Verdict{Digest: digest, Pinned: pinned, Registry: svc.Pin(name) != ""}
+		return v, p.changed(ctx, svc.ID, name, v, raw)
+	case rec != nil && rec.Changed != nil:
+		return Verdict{OK: true, Digest: digest}, p.reverted(ctx, svc.ID, name, digest)
+	}
+	return Verdict{OK: true, Digest: digest}, nil
+}
+
+// CheckCall checks the definition of a tool about to be called, raw (from
+// the MCP session's catalog), against its pin: it must be the pinned one,
+// and no other definition may be waiting for an administrator — the
+// upstream showed a runner another one since toolgate listed its tools.
+// A tool never seen is pinned now.
+func (p *Pins) CheckCall(ctx context.Context, svc *gateway.Service, name string, raw []byte) (Verdict, error) {
+	if p.cfg.Off {
+		return Verdict{OK: true}, nil
+	}
+	digest := p.digests.of(raw)
+	pinned, rec, err := p.pinned(ctx, svc, name)
+	switch {
+	case err != nil:
+		return Verdict{}, err
+	case pinned == "":
+		return p.firstSight(ctx, svc.ID, name, digest, raw)
+	case digest != pinned:
+		v := Verdict{Digest: digest, Pinned: pinned, Registry: svc.Pin(name) != ""}
+		return v, p.changed(ctx, svc.ID, name, v, raw)
+	case rec != nil && rec.Changed != nil:
+		return Verdict{Digest: rec.Changed.Digest, Pinned: pinned, Registry: svc.Pin(name) != ""}, nil
+	}
+	return Verdict{OK: true, Digest: digest}, nil
+}
+
+// pinned is the digest svc's tool is pinned to ("" for none yet): the
+// registry's pin, else the stored one; and the stored record, if any.
+func (p *Pins) pinned(ctx context.Context, svc *gateway.Service, name string) (string, *Record, error) {
+	rec, err := p.store.get(ctx, svc.ID, name)
+	if err != nil {
+		return "", nil, err
+	}
+	if pin := svc.Pin(name); pin != "" {
+		return pin, rec, nil
+	}
+	if rec == nil {
+		return "", nil, nil
+	}
+	return rec.Digest, rec, nil
+}
+
+// reverted ends a waiting change: the upstream shows the pinned
+// definition again.
+func (p *Pins) reverted(ctx context.Context, service, tool, digest string) error {
+	var gone *Change
+	_, err := p.store.update(ctx, service, tool, func(cur *Record) *Record {
+		if cur == nil || cur.Changed == nil {
+			return nil
+		}
+		next := *cur
+		gone, next.Changed = cur.Changed, nil
+		return &next
+	})
+	if gone != nil {
+		p.event("reverted", service, tool, zap.String("digest", digest), zap.String("withdrawn_digest", gone.Digest))
+	}
+	return err
+}
+
+// firstSight pins a definition seen for the first time, unless another
+// call (on any replica) pinned one meanwhile.
+func (p *Pins) firstSight(ctx context.Context, service, tool, digest string, raw []byte) (Verdict, error) {
+	stored := false
+	rec, err := p.store.update(ctx, service, tool, func(cur *Record) *Record {
+		if cur != nil && cur.Digest != "" {
+			return nil
+		}
+		stored = true
+		return &Record{Service: service, Tool: tool, Digest: digest, Since: time.Now().UTC()}
+	})
+	if err != nil {
+		return Verdict{}, err
+	}
+	if stored {
+		p.event("pinned", service, tool, zap.String("digest", digest))
+	}
+	if rec.Digest == digest {
+		return Verdict{OK: true, Digest: digest}, nil
+	}
+	v := Verdict{Digest: digest, Pinned: rec.Digest}
+	return v, p.changed(ctx, service, tool, v, raw)
+}
+
+// changed records a definition that differs from the pin for the
+// administrators, and audits it, unless it was recorded already.
+func (p *Pins) changed(ctx context.Context, service, tool string, v Verdict, raw []byte) error {
+	if rec, err := p.store.get(ctx, service, tool); err == nil && rec != nil && rec.Changed != nil && rec.Changed.Digest == v.Digest {
+		return nil
+	}
+	recorded := false
+	_, err := p.store.update(ctx, service, tool, func(cur *Record) *Record {
+		if cur != nil && cur.Changed != nil && cur.Changed.Digest == v.Digest {
+			return nil
+		}
+		next := &Record{Service: service, Tool: tool, Since: time.Now().UTC()}
+		if cur != nil {
+			c := *cur
+			next = &c
+		}
+		if v.Registry {
+			next.Digest, next.AcceptedBy = "", ""
+		}
+		next.Changed = &Change{Digest: v.Digest, SeenAt: time.Now().UTC(), Definition: json.RawMessage(slices.Clone(raw))}
+		recorded = true
+		return next
+	})
+	if recorded {
+		p.event("changed", service, tool, zap.String("pinned_digest", v.Pinned), zap.String("digest", v.Digest),
+			zap.Bool("registry_pin", v.Registry))
+	}
+	return err
+}
+
+// Errors of Accept.
+var (
+	ErrNotAdmin     = errors.New("only members of the tool_pins admin_groups may accept changed tool definitions")
+	ErrNoChange     = errors.New("no changed definition of this tool is waiting")
+	ErrOtherDigest  = errors.New("the changed definition waiting is not the one given: read it again (GET /v1/tool-pins) and accept its digest")
+	ErrRegistryPin  = errors.New("the registry pins this tool: change its pin line in the service's configuration instead")
+	ErrUnknownTool  = errors.New("no such service or tool on its allowlist")
+	ErrPinningIsOff = errors.New("tool pinning is off (tool_pins off)")
+)
+
+// IsAdmin reports whether caller may list pins and accept changes.
+func (p *Pins) IsAdmin(caller *gateway.Caller) bool {
+	for _, g := range caller.Groups {
+		if slices.Contains(p.cfg.AdminGroups, g) {
+			return true
+		}
+	}
+	return false
+}
+
+// Accept makes the changed definition of svc's tool with digest the
+// pinned one: the tool is visible and callable again with it. digest must
+// be the waiting change's, so that what an administrator read is what is
+// accepted.
+func (p *Pins) Accept(ctx context.Context, caller *gateway.Caller, svc *gateway.Service, tool, digest string) (*Record, error) {
+	switch {
+	case p.cfg.Off:
+		return nil, ErrPinningIsOff
+	case !p.IsAdmin(caller):
+		return nil, ErrNotAdmin
+	case svc == nil || !svc.AllowsTool(tool):
+		return nil, ErrUnknownTool
+	case svc.Pin(tool) != "":
+		return nil, ErrRegistryPin
+	}
+	var refusal error
+	rec, err := p.store.update(ctx, svc.ID, tool, func(cur *Record) *Record {
+		switch {
+		case cur == nil || cur.Changed == nil:
+			refusal = ErrNoChange
+			return nil
+		case cur.Changed.Digest != digest:
+			refusal = ErrOtherDigest
+			return nil
+		}
+		return &Record{Service: svc.ID, Tool: tool, Digest: digest, Since: time.Now().UTC(), AcceptedBy: caller.User}
+	})
+	if err != nil {
+		return nil, err
+	}
+	if refusal != nil {
+		return nil, refusal
+	}
+	p.event("accepted", svc.ID, tool, zap.String("digest", digest), zap.String("by", caller.User))
+	return rec, nil
+}
+
+// List returns every pin record, for an administrator.
+func (p *Pins) List(ctx context.Context, caller *gateway.Caller) ([]*Record, error) {
+	if !p.IsAdmin(caller) {
+		return nil, ErrNotAdmin
+	}
+	return p.store.list(ctx)
+}
+
+// FilterList is a result hook for tools/list: it hides the tools whose
+// definition differs from their pin, and pins the ones seen for the first
+// time. A tool whose pin cannot be read (storage unavailable) is hidden
+// too.
+func (p *Pins) FilterList(ctx context.Context, call *gateway.Call, result []byte) ([]byte, error) {
+	if p.cfg.Off {
+		return nil, nil
+	}
+	var failed error
+	out := gateway.FilterTools(result, func(tool gjson.Result) bool {
+		v, err := p.Check(ctx, call.Service, tool.Get("name").String(), []byte(tool.Raw))
+		if err != nil {
+			failed = err
+			return false
+		}
+		return v.OK
+	})
+	if failed != nil {
+		p.logger.Warn("hid tools whose pins could not be checked", zap.String("service", call.Service.ID), zap.Error(failed))
+	}
+	return out, nil
+}
+
+// AllowCall checks the definition of the tool a tools/call names against
+// its pin. It answers the runner itself and returns false when the call
+// must not go on: a tool result with isError and the reason for a changed
+// definition, a retryable error when the pin cannot be read. A call whose
+// tool toolgate could not list is left to the policy (input.tool_known).
+func (p *Pins) AllowCall(w http.ResponseWriter, r *http.Request, call *gateway.Call) bool {
+	def := call.ToolDefinition()
+	if p.cfg.Off || def == nil {
+		return true
+	}
+	v, err := p.CheckCall(r.Context(), call.Service, call.Message.Name, def.Raw)
+	switch {
+	case err != nil:
+		p.logger.Warn("cannot check a tool's pin", zap.String("service", call.Service.ID), zap.Error(err))
+		call.Unavailable(w, "toolgate could not read the tool's pin; try again")
+		return false
+	case !v.OK:
+		gateway.WriteRPC(w, http.StatusOK, gateway.RPCResult(call.Message.ID, gateway.ToolError(v.Reason(call.Service.ID, call.Message.Name), nil)))
+		return false
+	}
+	return true
+}
+
+func (p *Pins) event(what, service, tool string, fields ...zap.Field) {
+	if ce := p.audit.Check(zap.InfoLevel, "tool_pin"); ce != nil {
+		ce.Write(append([]zap.Field{zap.String("event", what), zap.String("service", service), zap.String("tool", tool)}, fields...)...)
+	}
+}
