@@ -94,6 +94,13 @@ func TestAdversarialStorage(t *testing.T) {
 		_, _, msgs := m.post(`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"echo","arguments":{"text":"` + text + `"}}}`)
 		return string(lastMessage(t, msgs))
 	}
+	// Before any fault, a call of each service: toolgate pins the tools
+	// it sees first (a write, which a broken storage refuses).
+	for _, m := range []*rawMCP{svc, personal} {
+		if got := echo(m, "warm"); !strings.Contains(got, `\"text\":\"warm\"`) {
+			t.Fatalf("a call before the faults: %s", got)
+		}
+	}
 	token := "first-token" // the one stored
 	lastToken := func() string {
 		log := up.requestLog()

@@ -63,7 +63,9 @@ func (u untouched) check(t testing.TB) {
 // storageFiles maps each file under the gateway's file_system storage to
 // the SHA-256 of its contents. The Activity page's record of decisions
 // (written in batches, off the call path) and lock files are left out:
-// they change with every decision the policy makes.
+// they change with every decision the policy makes; so are tool pins,
+// which record the upstream's tools when toolgate first lists them, not
+// anything a runner sent.
 func storageFiles(t testing.TB, dir string) map[string]string {
 	t.Helper()
 	out := map[string]string{}
@@ -73,7 +75,7 @@ func storageFiles(t testing.TB, dir string) map[string]string {
 		}
 		rel, _ := filepath.Rel(dir, p)
 		rel = filepath.ToSlash(rel)
-		if strings.HasPrefix(rel, "toolgate/activity/") || strings.HasPrefix(rel, "locks/") {
+		if strings.HasPrefix(rel, "toolgate/activity/") || strings.HasPrefix(rel, "locks/") || strings.HasPrefix(rel, "toolgate/tool-pins/") {
 			return nil
 		}
 		b, err := os.ReadFile(p)
