@@ -168,7 +168,8 @@ func (h *ResultHandler) result(ctx context.Context, call *gateway.Call, rq *aske
 	case call.Method == "tools/call" && call.Message.Task != nil:
 		if id := createdTask(result); id != "" {
 			// The upstream made a task of the call: what it yields later
-			// is decided as this call's result.
+			// is decided as this call's result. (An answer that has
+			// content too is decided as a tool result, the stricter.)
 			if ms := call.MCPSession; ms != nil {
 				args := call.Arguments
 				if args == nil {
@@ -176,7 +177,10 @@ func (h *ResultHandler) result(ctx context.Context, call *gateway.Call, rq *aske
 				}
 				ms.TaskCreated(id, gateway.Task{Tool: call.Message.Name, Arguments: args})
 			}
-			s.channel, s.task = channelTask, id
+			s.task = id
+			if !gjson.GetBytes(result, "content").Exists() {
+				s.channel = channelTask
+			}
 		}
 	case call.Method == "tasks/get" || call.Method == "tasks/cancel":
 		s.channel = channelTask

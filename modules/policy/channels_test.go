@@ -373,3 +373,38 @@ func sameJSON(got []byte, want string) bool {
 	y, _ := json.Marshal(b)
 	return string(x) == string(y)
 }
+
+// The answer to a task-augmented tools/call that creates a task is a
+// task's state, inspected but not a tool result; an answer naming a task
+// that the runner did not ask for, or one with content besides, is decided
+// as a tool result, the stricter.
+func TestCreatedTasks(t *testing.T) {
+	h, logs := channelHandler(t)
+	ctx := context.Background()
+	augmented := messageCall(t, "tools/call", `{"name":"read_ticket","arguments":{"ticket_id":"T-1"},"task":{"ttl":1000}}`)
+	plain := messageCall(t, "tools/call", `{"name":"read_ticket","arguments":{"ticket_id":"T-1"}}`)
+	created := `{"task":{"taskId":"t1","status":"working","statusMessage":"key ` + leakedKey + `"}}`
+	out, err := h.result(ctx, augmented, &asked{method: "tools/call", view: augmented}, []byte(created), "")
+	var v struct {
+		Task struct{ StatusMessage string }
+		Meta map[string]any `json:"_meta"`
+	}
+	if err != nil || json.Unmarshal(out, &v) != nil || v.Task.StatusMessage != "key [REDACTED:aws_access_key_id]" || v.Meta["toolgate/decision"] == nil {
+		t.Errorf("created task: %s %v", out, err)
+	}
+	if e := logs.TakeAll(); len(e) != 1 || e[0].ContextMap()["channel"] != "task" {
+		t.Errorf("audit entries %v", e)
+	}
+	for _, tc := range []struct {
+		call   *gateway.Call
+		answer string
+	}{
+		{plain, created},
+		{augmented, `{"task":{"taskId":"t2","status":"working"},"content":[{"type":"html","text":"<b>hi</b>"}]}`},
+	} {
+		out, err := h.result(ctx, tc.call, &asked{method: "tools/call", view: tc.call}, []byte(tc.answer), "")
+		if err != nil || !strings.Contains(string(out), `"isError":true`) || !strings.Contains(string(out), "withheld by policy") {
+			t.Errorf("%s: %s %v", tc.answer, out, err)
+		}
+	}
+}
