@@ -67,7 +67,7 @@ func channelHandler(t *testing.T) (*ResultHandler, *observer.ObservedLogs) {
 }
 
 // messageCall is a runner request of method with params.
-func messageCall(t *testing.T, method, params string) *gateway.Call {
+func messageCall(t testing.TB, method, params string) *gateway.Call {
 	t.Helper()
 	call := benchCall(t, benchTool, `{"ticket_id":"TEST-123"}`)
 	msg, err := mcpmsg.Parse([]byte(`{"jsonrpc":"2.0","id":7,"method":"`+method+`","params":`+params+`}`), mcpmsg.Limits{})
@@ -406,5 +406,52 @@ func TestCreatedTasks(t *testing.T) {
 		if err != nil || !strings.Contains(string(out), `"isError":true`) || !strings.Contains(string(out), "withheld by policy") {
 			t.Errorf("%s: %s %v", tc.answer, out, err)
 		}
+	}
+}
+
+// BenchmarkChannelPolicy is the result step's work on the other channels,
+// through the handler's own hooks, with the shipped policies: a progress
+// notification (the commonest), a log message with a secret, and a tool
+// listing of 20 definitions.
+func BenchmarkChannelPolicy(b *testing.B) {
+	h := &ResultHandler{Config{
+		Timeout: caddy.Duration(benchTimeout),
+		engine:  benchEngine(b, "data.toolgate.result.decision", stageResult),
+		audit:   benchAudit(),
+		logger:  zap.NewNop(),
+	}}
+	ctx := context.Background()
+	call := benchCall(b, benchTool, `{"ticket_id":"TEST-123"}`)
+	rq := &asked{method: "tools/call", view: call}
+	var tools []string
+	for i := range 20 {
+		tools = append(tools, strings.Replace(benchTool, `"read_ticket"`, `"tool_`+itoa(i)+`"`, 1))
+	}
+	list := messageCall(b, "tools/list", `{}`)
+	for _, c := range []struct {
+		name, method, payload string
+		result                bool
+	}{
+		{"progress", "notifications/progress", `{"progressToken":"p-42","progress":3,"total":10,"message":"indexing"}`, false},
+		{"log_secret", "notifications/message", `{"level":"info","logger":"db","data":"connected with ` + leakedKey + `"}`, false},
+		{"tools_list_20", "tools/list", `{"tools":[` + strings.Join(tools, ",") + `]}`, true},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			payload := []byte(c.payload)
+			step := func() {
+				var err error
+				if c.result {
+					_, err = h.result(ctx, list, &asked{method: c.method, view: list}, payload, "")
+				} else {
+					_, _, err = h.message(ctx, call, rq, gateway.UpstreamMessage{Channel: gateway.ChannelNotification, Method: c.method, Payload: payload})
+				}
+				if err != nil {
+					panic(err)
+				}
+			}
+			step()
+			b.SetBytes(int64(len(payload)))
+			measure(b, false, step)
+		})
 	}
 }
