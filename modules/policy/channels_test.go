@@ -66,6 +66,22 @@ func channelHandler(t *testing.T) (*ResultHandler, *observer.ObservedLogs) {
 	return &ResultHandler{Config{Timeout: caddy.Duration(10 * time.Second), engine: e, audit: zap.New(core), logger: zap.NewNop()}}, logs
 }
 
+// ruleHandler is the result step with a policy of the given rules alone
+// (package toolgate.result).
+func ruleHandler(t *testing.T, rules string) *ResultHandler {
+	t.Helper()
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "result.rego"), []byte("package toolgate.result\n\n"+rules+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	e, err := newEngine(newSource(dir), "data.toolgate.result.decision", stageResult, 0, zap.NewNop(), policyMetrics)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = e.Destruct() })
+	return &ResultHandler{Config{Timeout: caddy.Duration(10 * time.Second), engine: e, audit: zap.NewNop(), logger: zap.NewNop()}}
+}
+
 // messageCall is a runner request of method with params.
 func messageCall(t testing.TB, method, params string) *gateway.Call {
 	t.Helper()
@@ -294,19 +310,7 @@ func TestResultsOfOtherMethods(t *testing.T) {
 		t.Errorf("ping: %s %v, %d audit entries", out, err, logs.Len())
 	}
 	// An answer the policy asks about, on a gateway without approvals.
-	dir := t.TempDir()
-	if err := os.WriteFile(filepath.Join(dir, "result.rego"), []byte(`package toolgate.result
-
-decision := {"action": "ask", "reason": "resources are reviewed"}
-`), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	e, err := newEngine(newSource(dir), "data.toolgate.result.decision", stageResult, 0, zap.NewNop(), policyMetrics)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer e.Destruct()
-	asker := &ResultHandler{Config{Timeout: caddy.Duration(10 * time.Second), engine: e, audit: zap.NewNop(), logger: zap.NewNop()}}
+	asker := ruleHandler(t, `decision := {"action": "ask", "reason": "resources are reviewed"}`)
 	_, err = asker.result(ctx, read, rq, []byte(`{"contents":[{"uri":"file:///a","text":"secret plans"}]}`), "")
 	if !errors.As(err, &answer) || answer.Code != gateway.CodeApprovalRequired || strings.Contains(answer.Message, "secret plans") {
 		t.Errorf("asked resources/read without approvals: %v", err)
@@ -315,21 +319,9 @@ decision := {"action": "ask", "reason": "resources are reviewed"}
 
 // A replacement error must still be an error object; anything else denies.
 func TestReplacementErrorIsAnErrorObject(t *testing.T) {
-	dir := t.TempDir()
-	if err := os.WriteFile(filepath.Join(dir, "result.rego"), []byte(`package toolgate.result
+	h := ruleHandler(t, `decision := {"action": "allow", "result": {"message": "cleaned"}} if input.result.code == 1
 
-decision := {"action": "allow", "result": {"message": "cleaned"}} if input.result.code == 1
-
-decision := {"action": "allow", "result": {"code": 2, "message": "cleaned"}} if input.result.code == 2
-`), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	e, err := newEngine(newSource(dir), "data.toolgate.result.decision", stageResult, 0, zap.NewNop(), policyMetrics)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer e.Destruct()
-	h := &ResultHandler{Config{Timeout: caddy.Duration(10 * time.Second), engine: e, audit: zap.NewNop(), logger: zap.NewNop()}}
+decision := {"action": "allow", "result": {"code": 2, "message": "cleaned"}} if input.result.code == 2`)
 	call := benchCall(t, benchTool, `{}`)
 	rq := &asked{method: "tools/call", view: call}
 	out, _, _ := h.message(context.Background(), call, rq, gateway.UpstreamMessage{Channel: gateway.ChannelError, Payload: []byte(`{"code":1,"message":"raw"}`)})

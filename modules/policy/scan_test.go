@@ -41,12 +41,20 @@ func scanStrings() []string {
 	return s
 }
 
-func TestScanAgreesWithThePolicy(t *testing.T) {
+// defaultScan is the shipped result policy compiled with the query of its
+// own scan rule.
+func defaultScan(t *testing.T) *compiled {
+	t.Helper()
 	e, err := newEngine(newSource("../../policies"), "data.toolgate.result.scan", stageResult, 0, zap.NewNop(), policyMetrics)
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := e.current.Load()
+	t.Cleanup(func() { _ = e.Destruct() })
+	return e.current.Load()
+}
+
+func TestScanAgreesWithThePolicy(t *testing.T) {
+	c := defaultScan(t)
 	if c.scanner == nil {
 		t.Fatal("the default policy gives the scan no settings")
 	}
@@ -135,11 +143,7 @@ func agree(t *testing.T, scan *ast.Term, own ast.Object) {
 // most results without the policy reading them, so it must be exactly the
 // policy's.
 func TestScanCleanAgreesWithThePolicy(t *testing.T) {
-	e, err := newEngine(newSource("../../policies"), "data.toolgate.result.scan", stageResult, 0, zap.NewNop(), policyMetrics)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := e.current.Load()
+	c := defaultScan(t)
 	blob := func(s string) string { return base64.StdEncoding.EncodeToString([]byte(s)) }
 	for _, tc := range []struct {
 		result string
@@ -189,11 +193,7 @@ func TestScanCleanAgreesWithThePolicy(t *testing.T) {
 // policy does: their binary data is left out, their blobs are checked, and
 // everything else is text.
 func TestScanOfOtherChannelsAgreesWithThePolicy(t *testing.T) {
-	e, err := newEngine(newSource("../../policies"), "data.toolgate.result.scan", stageResult, 0, zap.NewNop(), policyMetrics)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := e.current.Load()
+	c := defaultScan(t)
 	blob := func(s string) string { return base64.StdEncoding.EncodeToString([]byte(s)) }
 	for _, tc := range []struct {
 		channel, method, payload string
