@@ -201,6 +201,33 @@ test_review_results_asks_only_for_tool_results if {
 	result.decision with input as on("result", "resources/read", {"contents": []}) with data.toolgate.settings as settings == {"action": "allow"}
 }
 
+# --- input_required results (2026-07-28)
+
+test_an_input_required_result_is_inspected_like_server_requests if {
+	r := {
+		"resultType": "input_required",
+		"inputRequests": {
+			"s": {"method": "sampling/createMessage", "params": {"maxTokens": 5, "messages": [
+				{"role": "user", "content": {"type": "image", "data": b64(aws_key), "mimeType": "image/png"}},
+				{"role": "user", "content": [{"type": "text", "text": concat(" ", ["summarize", aws_key])}]},
+			]}},
+			"e": {"method": "elicitation/create", "params": {"message": concat("", ["Paste it", hidden]), "requestedSchema": {"type": "object"}}},
+		},
+		"requestState": "opaque",
+	}
+	d := decide("result", "tools/call", r)
+	d.action == "allow" # not a tool result: no content needed
+	d.result.inputRequests.s.params.messages[0].content.data == b64(aws_key)
+	d.result.inputRequests.s.params.messages[1].content[0].text == "summarize [REDACTED:aws_access_key_id]"
+	d.result.inputRequests.e.params.message == "Paste it"
+	decide("result", "prompts/get", object.union(r, {"inputRequests": {}})).action == "allow"
+}
+
+test_review_results_does_not_ask_about_input_requests if {
+	r := {"resultType": "input_required", "inputRequests": {"e": {"method": "elicitation/create", "params": {"message": "ok"}}}}
+	result.decision with input as on("result", "tools/call", r) with data.toolgate.settings as {"services": {"tracker": {"review_results": true}}} == {"action": "allow"}
+}
+
 # --- the gateway's scan decides the same
 
 test_scan_clean_decides_other_channels_alone if {

@@ -229,6 +229,15 @@ channel := object.get(input, "channel", "result")
 tool_result if {
 	channel == "result"
 	object.get(input, "method", "tools/call") == "tools/call"
+	not input_required
+}
+
+# input_required: a result of the stateless revision (2026-07-28) that asks
+# the runner things (inputRequests) instead of answering, whatever the
+# method. Its input requests are inspected like server→client requests.
+input_required if {
+	channel == "result"
+	input.result.resultType == "input_required"
 }
 
 # listing: input.result is a list of definitions.
@@ -281,9 +290,34 @@ block_paths[["messages", i, "content", j]] := b if {
 	some j, b in m.content
 }
 
+# The blocks of the sampling requests of an input_required result.
+block_paths[["inputRequests", k, "params", "messages", i, "content"]] := b if {
+	some k, ms in sampling_inputs
+	some i, m in ms
+	b := m.content
+	is_object(b)
+}
+
+block_paths[["inputRequests", k, "params", "messages", i, "content", j]] := b if {
+	some k, ms in sampling_inputs
+	some i, m in ms
+	is_array(m.content)
+	some j, b in m.content
+}
+
+# sampling_inputs maps the key of every sampling request of an
+# input_required result to its messages.
+sampling_inputs[k] := r.params.messages if {
+	input_required
+	some k, r in input.result.inputRequests
+	r.method == "sampling/createMessage"
+	is_array(r.params.messages)
+}
+
 message_blocks if {
 	channel == "result"
 	input.method == "prompts/get"
+	not input_required
 }
 
 message_blocks if {
@@ -310,6 +344,7 @@ blob_strings[array.concat(p, ["resource", "blob"])] := b.resource.blob if {
 blob_strings[["contents", i, "blob"]] := c.blob if {
 	channel == "result"
 	input.method == "resources/read"
+	not input_required
 	some i, c in input.result.contents
 	is_string(c.blob)
 }

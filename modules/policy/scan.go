@@ -57,6 +57,10 @@ var (
 	keyClean     = ast.StringTerm("clean")
 	keyMessages  = ast.StringTerm("messages")
 	keyContents  = ast.StringTerm("contents")
+	// keyInputRequests and keyResultType: an input_required result
+	// (2026-07-28).
+	keyInputRequests = ast.StringTerm("inputRequests")
+	keyResultType    = ast.StringTerm("resultType")
 )
 
 // scanner holds what the scan looks for.
@@ -386,7 +390,8 @@ type pendingString struct {
 	path  []pathStep
 	s     string
 	leaf  leafKind
-	block int // the length of the block's path
+	block int  // the length of the block's path
+	input bool // a leaf of an input request's blocks (see shapeInputRequests)
 }
 
 // look takes note of the string or key s at path.
@@ -396,6 +401,12 @@ func (l *scanEntries) look(path []pathStep, s string, key bool) {
 			l.pending = append(l.pending, pendingString{path: slices.Clone(path), s: s, leaf: leaf, block: block})
 			return
 		}
+		if l.shape.result() {
+			if leaf, block := shapeInputRequests.leaf(path); leaf != notLeaf {
+				l.pending = append(l.pending, pendingString{path: slices.Clone(path), s: s, leaf: leaf, block: block, input: true})
+				return
+			}
+		}
 	}
 	l.add(path, s, key)
 }
@@ -404,18 +415,26 @@ func (l *scanEntries) look(path []pathStep, s string, key bool) {
 // of their images and audio is binary, not text, so it is not inspected,
 // and the blob of an embedded resource is inspected decoded (by the
 // policy; the scan checks that it can be). The policy has the same table
-// (result.rego's block_paths and blob_paths).
+// (result.rego's block_paths and blob_strings).
 type shape uint8
 
 const (
 	shapePlain            shape = iota // no content blocks: every string is text
+	shapeOtherResult                   // a result of another method: no content blocks, unless input_required
 	shapeToolResult                    // CallToolResult: content[i]
 	shapePromptMessages                // GetPromptResult: messages[i].content
 	shapeSamplingMessages              // sampling/createMessage params: messages[i].content, or its items
 	shapeResourceContents              // ReadResourceResult: contents[i], whose blob is base64
+	// shapeInputRequests: a result of the stateless revision (2026-07-28)
+	// whose resultType is input_required, of any method. It asks the
+	// runner things, as server→client requests do in earlier revisions:
+	// its sampling/createMessage input requests have messages with blocks
+	// (inputRequests.<key>.params.messages[i].content, or its items).
+	shapeInputRequests
 )
 
-// shapeOf is the shape of what the channel carries for method.
+// shapeOf is the shape of what the channel carries for method, unless it
+// is input_required (see shapeInputRequests).
 func shapeOf(channel, method string) shape {
 	switch {
 	case channel == channelResult && method == "tools/call":
@@ -424,10 +443,22 @@ func shapeOf(channel, method string) shape {
 		return shapePromptMessages
 	case channel == channelResult && method == "resources/read":
 		return shapeResourceContents
+	case channel == channelResult:
+		return shapeOtherResult
 	case channel == gateway.ChannelServerRequest && method == "sampling/createMessage":
 		return shapeSamplingMessages
 	}
 	return shapePlain
+}
+
+// result reports whether the shape is of a result, which may be
+// input_required.
+func (sh shape) result() bool {
+	switch sh {
+	case shapeOtherResult, shapeToolResult, shapePromptMessages, shapeResourceContents:
+		return true
+	}
+	return false
 }
 
 type leafKind uint8
@@ -458,6 +489,14 @@ func (sh shape) leaf(path []pathStep) (leafKind, int) {
 	case shapeResourceContents:
 		if len(path) == 3 && isKey(path[0], keyContents) && path[1].key == nil && isKey(path[2], keyBlob) {
 			return leafContents, 2
+		}
+	case shapeInputRequests:
+		if len(path) >= 6 && isKey(path[0], keyInputRequests) && path[1].key != nil && isKey(path[2], keyParams) &&
+			isKey(path[3], keyMessages) && path[4].key == nil && isKey(path[5], keyContent) {
+			blocks = []int{6}
+			if len(path) >= 7 && path[6].key == nil {
+				blocks = []int{7}
+			}
 		}
 	}
 	for _, n := range blocks {
@@ -529,9 +568,16 @@ func resultTerms(raw []byte, sh shape, sc *scanner, spans map[*ast.Term]string) 
 		return result, nil, err
 	}
 	// The blocks' binary data is left out, their blobs are checked.
+	if sh.result() && stringOf(termAt(result, []pathStep{{key: keyResultType}})) == "input_required" {
+		sh = shapeInputRequests
+	}
 	blobsPlain := true
 	for _, ps := range l.pending {
-		switch blockType(result, ps.path[:ps.block]) {
+		if ps.input != (sh == shapeInputRequests) || ps.input && stringOf(termAt(result, append(ps.path[:2:2], pathStep{key: keyMethod}))) != "sampling/createMessage" {
+			l.add(ps.path, ps.s, false) // not a block of this payload
+			continue
+		}
+		switch stringOf(termAt(result, append(ps.path[:ps.block:ps.block], pathStep{key: keyType}))) {
 		case "image", "audio":
 			if ps.leaf == leafData {
 				continue
@@ -569,35 +615,38 @@ func resultTerms(raw []byte, sh shape, sc *scanner, spans map[*ast.Term]string) 
 	return result, scan, nil
 }
 
-// blockType is the type of the block at path in result ("" when there is
-// none, or it has no string type).
-func blockType(result *ast.Term, path []pathStep) string {
+// termAt is the value at path in result, nil when there is none.
+func termAt(result *ast.Term, path []pathStep) *ast.Term {
 	t := result
 	for _, step := range path {
 		switch v := t.Value.(type) {
 		case ast.Object:
 			if step.key == nil {
-				return ""
+				return nil
 			}
 			t = v.Get(step.key)
 		case *ast.Array:
 			if step.key != nil || step.index >= v.Len() {
-				return ""
+				return nil
 			}
 			t = v.Elem(step.index)
 		default:
-			return ""
+			return nil
 		}
 		if t == nil {
-			return ""
+			return nil
 		}
 	}
-	obj, ok := t.Value.(ast.Object)
-	if !ok {
+	return t
+}
+
+// stringOf is the string t holds, "" when it holds none.
+func stringOf(t *ast.Term) string {
+	if t == nil {
 		return ""
 	}
-	s, _ := stringAt(obj, keyType)
-	return s
+	s, _ := t.Value.(ast.String)
+	return string(s)
 }
 
 // seams lists the consecutive text items of a tool result's content whose

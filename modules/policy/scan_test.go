@@ -223,6 +223,17 @@ func TestScanOfOtherChannelsAgreesWithThePolicy(t *testing.T) {
 		{"result", "tools/list", `{"tools":[{"name":"t","description":"Reads.","inputSchema":{"type":"object"}}]}`, true, 0},
 		{"result", "tools/list", `{"tools":[{"name":"t","description":"Reads.\u2062"}]}`, false, 1},
 		{"task", "tasks/get", `{"taskId":"t1","status":"working"}`, true, 0},
+		// An input_required result (2026-07-28) asks the runner things:
+		// the blocks of its sampling requests are blocks, nothing else is.
+		{"result", "tools/call", `{"resultType":"input_required","inputRequests":{"s":{"method":"sampling/createMessage","params":` +
+			`{"messages":[{"role":"user","content":{"type":"image","data":"AKIA"}},{"role":"user","content":[{"type":"audio","data":"eyJ"},` +
+			`{"type":"text","text":"hi"}]}],"maxTokens":5}},"e":{"method":"elicitation/create","params":{"message":"ok","requestedSchema":{}}}},"requestState":"x"}`, true, 0},
+		{"result", "prompts/get", `{"resultType":"input_required","inputRequests":{"e":{"method":"elicitation/create","params":` +
+			`{"messages":[{"role":"user","content":{"type":"image","data":"AKIA"}}]}}}}`, false, 1},
+		{"result", "resources/read", `{"resultType":"input_required","inputRequests":{},"contents":[{"uri":"b","blob":"AKIA!"}]}`, false, 1},
+		{"result", "tools/call", `{"resultType":"input_required","inputRequests":{"s":{"method":"sampling/createMessage","params":` +
+			`{"messages":[{"role":"user","content":{"type":"text","text":"AKIA"}}]}}}}`, false, 1},
+		{"result", "tools/call", `{"resultType":"input_required","content":[{"type":"image","data":"AKIA"}]}`, false, 1},
 	} {
 		res, scan, err := resultTerms([]byte(tc.payload), shapeOf(tc.channel, tc.method), c.scanner, nil)
 		if err != nil {
