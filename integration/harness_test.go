@@ -321,6 +321,7 @@ type rawMCP struct {
 	url       string
 	headers   map[string]string
 	sessionID string
+	seen      []json.RawMessage // what rpc received
 }
 
 func (g *gateway) raw(t testing.TB, key, session, service string) *rawMCP {

@@ -37,10 +37,14 @@ type upstream struct {
 	intercept func(w http.ResponseWriter, r *http.Request, body []byte) bool
 	options   mcp.StreamableHTTPOptions
 	server    *httptest.Server
+	build     func(*upstream) *mcp.Server // the MCP server; newTestServer when nil
 
 	// cancelled receives the id of each wait call the upstream saw
 	// cancelled (notifications/cancelled).
 	cancelled chan string
+	// laterDone receives the end of what a malicious upstream's "later"
+	// tool does on the standalone stream (channels_test.go).
+	laterDone chan error
 	// conns counts the open TCP connections to the upstream.
 	conns map[net.Conn]http.ConnState
 	// accepted counts the TCP connections the upstream ever accepted.
@@ -71,12 +75,24 @@ func startUpstream(t testing.TB) *upstream {
 // changes, such as JSONResponse.
 func startUpstreamWith(t testing.TB, configure func(*mcp.StreamableHTTPOptions)) *upstream {
 	t.Helper()
+	return startUpstreamServer(t, configure, nil)
+}
+
+// startUpstreamServer starts an upstream serving the MCP server build
+// makes (newTestServer when nil), with transport options configure
+// changes.
+func startUpstreamServer(t testing.TB, configure func(*mcp.StreamableHTTPOptions), build func(*upstream) *mcp.Server) *upstream {
+	t.Helper()
 	// The event store lets clients resume a dropped stream with
 	// Last-Event-ID (the reconnect tool drops its stream on purpose).
-	u := &upstream{cancelled: make(chan string, 16), conns: make(map[net.Conn]http.ConnState),
+	u := &upstream{cancelled: make(chan string, 16), laterDone: make(chan error, 1), conns: make(map[net.Conn]http.ConnState),
 		options: mcp.StreamableHTTPOptions{SessionTimeout: time.Minute, EventStore: mcp.NewMemoryEventStore(nil)}}
 	if configure != nil {
 		configure(&u.options)
+	}
+	u.build = build
+	if u.build == nil {
+		u.build = newTestServer
 	}
 	u.reset()
 	u.server = httptest.NewUnstartedServer(http.HandlerFunc(u.serve))
@@ -100,7 +116,7 @@ func startUpstreamWith(t testing.TB, configure func(*mcp.StreamableHTTPOptions))
 
 // reset replaces the MCP handler: every existing session is forgotten.
 func (u *upstream) reset() {
-	server := newTestServer(u)
+	server := u.build(u)
 	opts := u.options
 	h := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return server }, &opts)
 	u.mu.Lock()

@@ -1,16 +1,21 @@
 # METADATA
 # title: toolgate default result policy
 # description: |
-#   Inspects every tools/call result before the runner sees it. Every string
-#   and every object key of the result is inspected (content items of every
-#   known type, structuredContent, annotations, _meta), and the decoded
-#   bytes of embedded resource blobs: invisible and bidirectional Unicode
-#   control characters are removed, secrets of well-known shapes are
-#   replaced by [REDACTED:<kind>] (also when a secret is split across two
-#   text items), and a result whose text is over max_result_bytes is cut to
-#   fit. Content items of unknown type and results without content are
-#   withheld. A result that needed no change is allowed as is, so the
-#   gateway passes the upstream's text on (adding only the decision id).
+#   Inspects everything an upstream sends toward the runner before the
+#   runner sees it, on every channel (input.channel): results (tools/call
+#   results and a task's deferred ones, tool listings, resource contents,
+#   prompt messages, completions, …), task states, error objects,
+#   notifications and server→client requests. Every string and every object
+#   key of the payload (input.result) is inspected, and the decoded bytes of
+#   embedded resource blobs: invisible and bidirectional Unicode control
+#   characters are removed, secrets of well-known shapes are replaced by
+#   [REDACTED:<kind>] (in a tool result also when a secret is split across
+#   two text items), and a payload whose text is over its limit
+#   (max_result_bytes, max_listing_bytes for listings) is cut to fit. A tool
+#   result with content items of unknown type or without content is
+#   withheld. A payload that needed no change is allowed as is, so the
+#   gateway passes the upstream's text on (adding only the decision id to a
+#   tool result).
 #
 #   Extend it from another file in this package by adding to the `deny` and
 #   `ask` sets or to the `redact_patterns` object; see policies/README.md.
@@ -47,14 +52,24 @@ decision := {"action": "allow"} if {
 # the gateway's scan says so (input.scan.clean) and only `untouched`, `deny`
 # and `ask` are evaluated.
 
-# untouched: the gateway's scan says the result is well formed and nothing
-# in it needs cleaning, no pattern of yours has to be matched, and its text
-# is within the limit. (Without input.scan, as under opa test, the long way
-# decides the same for such a result.)
+# untouched: the gateway's scan says the payload is well formed and
+# nothing in it needs cleaning, no pattern of yours has to be matched, and
+# its text is within its limit. (Without input.scan, as under opa test, the
+# long way decides the same for such a payload.) The limit is written out
+# for the commonest payloads, which are not listings: this is the path of
+# nearly every tool result, where every rule consulted costs.
 untouched if {
 	input.scan.clean == true
 	count(redact_patterns) == 0
 	input.scan.bytes <= max_result_bytes
+	not input.method in {"tools/list", "prompts/list", "resources/list", "resources/templates/list"}
+}
+
+untouched if {
+	input.scan.clean == true
+	count(redact_patterns) == 0
+	listing_result
+	input.scan.bytes <= max_listing_bytes
 }
 
 # deny holds one reason per rule of yours that withholds the result and
@@ -67,6 +82,7 @@ deny contains msg if some msg in set()
 # this result safely, so it is withheld (like deny, which holds your own
 # reasons).
 cannot_inspect contains msg if {
+	tool_result
 	not is_array(object.get(input, ["result", "content"], null))
 	msg := "the upstream result has no content array, so toolgate cannot inspect it; the result was withheld"
 }
@@ -76,12 +92,14 @@ cannot_inspect contains msg if {
 content_types := {"text", "image", "audio", "resource_link", "resource"}
 
 cannot_inspect contains msg if {
+	tool_result
 	some i, item in input.result.content
 	not known_type(item)
 	msg := sprintf("the upstream result holds content[%d], which is not a content item of a type toolgate inspects (%s); the result was withheld", [i, concat(", ", sort(content_types))])
 }
 
 cannot_inspect contains msg if {
+	tool_result
 	some i, item in input.result.content
 	known_type(item)
 	not well_formed(item)
@@ -89,6 +107,20 @@ cannot_inspect contains msg if {
 }
 
 known_type(item) if item.type in content_types
+
+# well_formed_for_channel: a tool result's content is well formed; any
+# payload's blobs are base64.
+well_formed_for_channel if {
+	tool_result
+	well_formed_content
+}
+
+well_formed_for_channel if {
+	not tool_result
+	every _, b in blob_strings {
+		base64.is_valid(b)
+	}
+}
 
 # well_formed_content: content is an array of items of known types, each
 # with the fields toolgate inspects (the gateway's scan checks the same
@@ -151,33 +183,75 @@ cannot_inspect contains "toolgate could not clean this result, so it was withhel
 }
 
 cannot_inspect contains msg if {
+	some path, blob in blob_strings
+	not base64.is_valid(blob)
+	not tool_result # a tool result's content items are checked above
+	msg := sprintf("the upstream's %s holds a blob at %v that is not base64 toolgate can decode, so toolgate cannot inspect it; it was withheld", [channel, path])
+}
+
+cannot_inspect contains msg if {
 	over_budget
 	not cap
-	msg := sprintf("the result is over the limit of %d bytes even without its texts (its keys and structure alone are too large), so it was withheld; ask the tool for less", [max_result_bytes])
+	msg := sprintf("the %s is over the limit of %d bytes even without its texts (its keys and structure alone are too large), so it was withheld; ask for less", [noun, max_bytes])
 }
 
 cannot_inspect contains msg if {
 	some parent, names in renamed_keys
 	some name in names
 	count([1 | some n in names; n == name]) > 1
-	msg := sprintf("toolgate would have to give two keys of %v the same name %q after cleaning them, so the result was withheld", [parent, name])
+	msg := sprintf("toolgate would have to give two keys of %v the same name %q after cleaning them, so the %s was withheld", [parent, name, noun])
 }
 
 cannot_inspect contains msg if {
 	some parent, names in renamed_keys
 	some name in names
 	kept_key(parent, name)
-	msg := sprintf("toolgate would have to give two keys of %v the same name %q after cleaning them, so the result was withheld", [parent, name])
+	msg := sprintf("toolgate would have to give two keys of %v the same name %q after cleaning them, so the %s was withheld", [parent, name, noun])
 }
 
 # ask holds one reason per rule that withholds the result until a human
 # approves it. Add your own with `ask contains msg if { ... }`.
 ask contains msg if {
 	data.toolgate.settings.services[input.service.id].review_results == true
+	tool_result
 	msg := sprintf("results of service %q are reviewed by a human before the runner sees them (settings.services[%q].review_results); wait for the approval", [service_id, service_id])
 }
 
 # --- what is inspected
+
+# channel says what input.result is (see the README): "result", "task",
+# "error", "notification" or "server_request". An input without it (one
+# written by hand) is taken for a tools/call result.
+channel := object.get(input, "channel", "result")
+
+# tool_result: input.result is a CallToolResult: the result of a tools/call,
+# or a task's deferred one (tasks/result, whose input is the task's call).
+tool_result if {
+	channel == "result"
+	object.get(input, "method", "tools/call") == "tools/call"
+	not input_required
+}
+
+# input_required: a result of the stateless revision (2026-07-28) that asks
+# the runner things (inputRequests) instead of answering, whatever the
+# method. Its input requests are inspected like server→client requests.
+input_required if {
+	channel == "result"
+	input.result.resultType == "input_required"
+}
+
+# listing: input.result is a list of definitions.
+listing_methods := {"tools/list", "prompts/list", "resources/list", "resources/templates/list"}
+
+listing_result if {
+	channel == "result"
+	input.method in listing_methods
+}
+
+# noun names what is inspected, in reasons and notes.
+noun := "result" if tool_result
+
+else := "upstream message"
 
 # scanned maps the JSON path of every inspected string in input.result to
 # the string: every string anywhere in the result except the base64 data of
@@ -188,9 +262,92 @@ scanned[path] := s if {
 	not opaque(path)
 }
 
-opaque(["content", i, "data"]) if input.result.content[i].type in {"image", "audio"}
+opaque(path) if opaque_paths[path]
 
-opaque(["content", i, "resource", "blob"]) if input.result.content[i].type == "resource"
+opaque(path) if blob_strings[path]
+
+# block_paths maps the path of every MCP content block of the payload to
+# the block: the content items of a tool result, the content of prompt
+# messages (prompts/get) and of sampling messages (sampling/createMessage,
+# one block or an array of them). The gateway's scan has the same table.
+block_paths[["content", i]] := b if {
+	tool_result
+	some i, b in input.result.content
+}
+
+block_paths[["messages", i, "content"]] := b if {
+	message_blocks
+	some i, m in input.result.messages
+	b := m.content
+	is_object(b)
+}
+
+block_paths[["messages", i, "content", j]] := b if {
+	channel == "server_request"
+	input.method == "sampling/createMessage"
+	some i, m in input.result.messages
+	is_array(m.content)
+	some j, b in m.content
+}
+
+# The blocks of the sampling requests of an input_required result.
+block_paths[["inputRequests", k, "params", "messages", i, "content"]] := b if {
+	some k, ms in sampling_inputs
+	some i, m in ms
+	b := m.content
+	is_object(b)
+}
+
+block_paths[["inputRequests", k, "params", "messages", i, "content", j]] := b if {
+	some k, ms in sampling_inputs
+	some i, m in ms
+	is_array(m.content)
+	some j, b in m.content
+}
+
+# sampling_inputs maps the key of every sampling request of an
+# input_required result to its messages.
+sampling_inputs[k] := r.params.messages if {
+	input_required
+	some k, r in input.result.inputRequests
+	r.method == "sampling/createMessage"
+	is_array(r.params.messages)
+}
+
+message_blocks if {
+	channel == "result"
+	input.method == "prompts/get"
+	not input_required
+}
+
+message_blocks if {
+	channel == "server_request"
+	input.method == "sampling/createMessage"
+}
+
+# opaque_paths: the base64 data of image and audio blocks, which is binary.
+opaque_paths contains array.concat(p, ["data"]) if {
+	some p, b in block_paths
+	b.type in {"image", "audio"}
+	is_string(b.data)
+}
+
+# blob_strings maps the path of every resource blob to it: the blob of an
+# embedded resource block, and of the contents of resources/read. A blob
+# is inspected decoded (below), not as text.
+blob_strings[array.concat(p, ["resource", "blob"])] := b.resource.blob if {
+	some p, b in block_paths
+	b.type == "resource"
+	is_string(b.resource.blob)
+}
+
+blob_strings[["contents", i, "blob"]] := c.blob if {
+	channel == "result"
+	input.method == "resources/read"
+	not input_required
+	some i, c in input.result.contents
+	is_string(c.blob)
+}
 
 # scanned_keys maps the path of every object member in input.result to its
 # key, which is inspected too.
@@ -311,6 +468,21 @@ max_result_bytes := n if {
 	n := data.toolgate.settings.max_result_bytes
 } else := 65536
 
+# max_listing_bytes: the same for listings (tools/list, prompts/list,
+# resources/list, resources/templates/list), which hold every definition
+# of a server; default 1048576.
+max_listing_bytes := n if {
+	n := data.toolgate.settings.services[input.service.id].max_listing_bytes
+} else := n if {
+	n := data.toolgate.settings.max_listing_bytes
+} else := 1048576
+
+# max_bytes is the limit of this payload: max_listing_bytes for a listing,
+# else max_result_bytes.
+max_bytes := max_listing_bytes if listing_result
+
+else := max_result_bytes
+
 # Only this many characters beyond a string's cut are cleaned; the rest of
 # an oversized text is cut off anyway. The margin keeps a secret that
 # straddles the cut from being cut in half before it is recognised.
@@ -340,9 +512,9 @@ scan := input.scan if {
 	lists_every_cut(input.scan)
 } else := own_scan
 
-lists_every_cut(sc) if sc.bytes <= max_result_bytes
+lists_every_cut(sc) if sc.bytes <= max_bytes
 
-lists_every_cut(sc) if sc.key_bytes > max_result_bytes
+lists_every_cut(sc) if sc.key_bytes > max_bytes
 
 lists_every_cut(sc) if cap_of(sc) >= sc.threshold
 
@@ -365,7 +537,7 @@ own_scan := {
 # it needs cleaning (whatever its size): no string or key holds an invisible
 # character or a marker, no seam and no blob may hide a secret.
 clean_of(entries, listed_seams) if {
-	well_formed_content
+	well_formed_for_channel
 	every e in entries {
 		not e.invisible
 		not e.markers
@@ -413,8 +585,9 @@ marker_positions(s, _, marker) := indexof_n(s, marker) if marker != lower(marker
 
 default any_marker(_) := false
 
-# seams: the pairs of consecutive text items (indexes into content).
-text_items := [i | some i, item in input.result.content; item.type == "text"; is_string(item.text)]
+# seams: the pairs of consecutive text items of a tool result (indexes into
+# content).
+text_items := [i | tool_result; some i, item in input.result.content; item.type == "text"; is_string(item.text)]
 
 seams contains [text_items[k - 1], text_items[k]] if some k in numbers.range(1, count(text_items) - 1)
 
@@ -464,17 +637,17 @@ needs_look(_) if count(redact_patterns) > 0
 
 # --- the budget
 
-over_budget if scan.bytes > max_result_bytes
+over_budget if scan.bytes > max_bytes
 
-# cap: when the result's text is over max_result_bytes, the size in bytes
+# cap: when the result's text is over max_bytes, the size in bytes
 # each string is cut to so that it fits: the longest strings are cut first,
 # all to the same size (shorter strings and keys are kept).
 cap := cap_of(scan) if over_budget
 
 cap_of(sc) := c if {
 	lens := sort([e.bytes | some e in sc.strings; not e.key; e.bytes > sc.threshold])
-	sc.key_bytes <= max_result_bytes
-	room := max_result_bytes - (sc.bytes - sum(lens))
+	sc.key_bytes <= max_bytes
+	room := max_bytes - (sc.bytes - sum(lens))
 	room >= 0
 	n := count(lens)
 	k := min({j |
@@ -756,12 +929,10 @@ seam_label(c) := sprintf("[REDACTED:%s]", [c.kind]) if c.n > 0
 # marked_blobs maps the path of every resource blob whose decoded bytes
 # hold a marker to those bytes.
 marked_blobs[path] := b if {
-	some i, item in input.result.content
-	item.type == "resource"
-	is_string(item.resource.blob)
-	b := base64.decode(item.resource.blob)
+	some path, blob in blob_strings
+	base64.is_valid(blob)
+	b := base64.decode(blob)
 	any_marker(b)
-	path := ["content", i, "resource", "blob"]
 }
 
 # blob_looks maps the path of every resource blob whose decoded bytes may
@@ -771,11 +942,9 @@ blob_looks[path] := b if some path, b in marked_blobs
 
 blob_looks[path] := b if {
 	count(redact_patterns) > 0
-	some i, item in input.result.content
-	item.type == "resource"
-	is_string(item.resource.blob)
-	b := base64.decode(item.resource.blob)
-	path := ["content", i, "resource", "blob"]
+	some path, blob in blob_strings
+	base64.is_valid(blob)
+	b := base64.decode(blob)
 }
 
 blob_attempted := {path: redact(b) | some path, b in blob_looks}
@@ -802,7 +971,11 @@ truncate(t, _, false) := t
 
 truncate(t, size, true) := concat("", [cut_clusters(t, cap), truncation_note(size, cap)])
 
-truncation_note(size, n) := sprintf("\n[truncated by toolgate: kept %d of %d bytes; a result may hold %d bytes of text]", [n, size, max_result_bytes])
+truncation_note(size, n) := sprintf("\n[truncated by toolgate: kept %d of %d bytes; a%s %s may hold %d bytes of text]", [n, size, article, noun, max_bytes])
+
+article := "n" if noun == "upstream message"
+
+else := ""
 
 # byte_len: the length of s in UTF-8 bytes (count counts characters).
 byte_len(s) := count(hex.encode(s)) / 2
@@ -919,7 +1092,7 @@ changes contains "removed invisible or bidirectional Unicode control characters"
 	c.stripped
 }
 
-changes contains sprintf("cut texts to fit the limit of %d bytes", [max_result_bytes]) if {
+changes contains sprintf("cut texts to fit the limit of %d bytes", [max_bytes]) if {
 	some c in cleaned
 	c.truncated
 }
@@ -971,6 +1144,6 @@ with_result(d) := object.union(d, {"reason": reason, "result": result}) if {
 	]
 	by_depth := deepest_first(moves)
 	result := json.patch(input.result, array.concat(array.concat(values, blobs), by_depth))
-	done := concat("", ["toolgate changed the result: ", concat("; ", changes)])
+	done := sprintf("toolgate changed the %s: %s", [noun, concat("; ", changes)])
 	reason := concat("; ", array.concat([r | r := d.reason], [done]))
 }

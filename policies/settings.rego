@@ -24,6 +24,8 @@ setting_kinds["admin_groups"] := "names"
 
 setting_kinds["max_result_bytes"] := "bytes"
 
+setting_kinds["max_listing_bytes"] := "bytes"
+
 setting_kinds["redact_patterns"] := "patterns"
 
 setting_kinds["services"] := "object"
@@ -37,6 +39,10 @@ service_setting_kinds["allow_without_approval"] := "names"
 service_setting_kinds["pin_arguments"] := "pins"
 
 service_setting_kinds["max_result_bytes"] := "bytes"
+
+service_setting_kinds["max_listing_bytes"] := "bytes"
+
+setting_kinds["max_listing_bytes"] := "bytes"
 
 service_setting_kinds["review_results"] := "flag"
 

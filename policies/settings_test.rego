@@ -22,6 +22,7 @@ test_full_settings_are_valid if {
 				"allow_without_approval": ["update_ticket"],
 				"pin_arguments": {"create_ticket": {"project": "SEC"}},
 				"max_result_bytes": 262144,
+				"max_listing_bytes": 2097152,
 				"review_results": false,
 			},
 		},
@@ -42,9 +43,11 @@ test_wrong_types_name_their_key if {
 		[{"services": {"tracker": {"read_only": "yes"}}}, `settings.services.tracker.read_only: "yes" is not true or false`],
 		[{"services": {"tracker": {"review_results": 1}}}, "settings.services.tracker.review_results: 1 is not true or false"],
 		[{"services": {"tracker": {"max_result_bytes": "2000"}}}, "settings.services.tracker.max_result_bytes:"],
+		[{"max_listing_bytes": -1}, "settings.max_listing_bytes: -1 is not"],
+		[{"services": {"tracker": {"max_listing_bytes": true}}}, "settings.services.tracker.max_listing_bytes: true is not"],
 		[{"services": {"tracker": {"allow_without_approval": "update_ticket"}}}, "settings.services.tracker.allow_without_approval:"],
 		[{"services": {"tracker": {"pin_arguments": {"create_ticket": "SEC"}}}}, "settings.services.tracker.pin_arguments:"],
-		[{"max_result_byte": 2000}, "settings.max_result_byte: unknown setting (known: admin_groups, max_result_bytes, redact_patterns, services)"],
+		[{"max_result_byte": 2000}, "settings.max_result_byte: unknown setting (known: admin_groups, max_listing_bytes, max_result_bytes, redact_patterns, services)"],
 		[{"services": {"tracker": {"readonly": true}}}, "settings.services.tracker.readonly: unknown setting"],
 	] {
 		[s, want] := c

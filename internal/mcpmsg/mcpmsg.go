@@ -66,6 +66,11 @@ type Message struct {
 	// absent.
 	InputResponses []byte
 	RequestState   []byte
+	// Task is the JSON text of params.task, which asks for a task-augmented
+	// request (tools/call, 2025-11-25); TaskID is params.taskId (tasks/get,
+	// tasks/result, tasks/cancel).
+	Task   []byte
+	TaskID string
 
 	// Result is the JSON text of "result" and Error of "error", for responses.
 	Result []byte
@@ -293,6 +298,15 @@ func (m *Message) readParams() error {
 			m.InputResponses = raw
 		case "requestState":
 			m.RequestState = raw
+		case "task":
+			if raw[0] != '{' {
+				return p.failAt(start, `"params.task" must be an object`)
+			}
+			m.Task = raw
+		case "taskId":
+			if m.TaskID, ok = p.stringValue(raw); !ok {
+				return p.failAt(start, `"params.taskId" must be a string`)
+			}
 		default:
 			return p.checkSpelling(key, start, paramsMembers)
 		}
@@ -307,7 +321,7 @@ func (m *Message) readParams() error {
 var (
 	messageMembers = [][]byte{[]byte("jsonrpc"), []byte("id"), []byte("method"), []byte("params"), []byte("result"), []byte("error")}
 	paramsMembers  = [][]byte{[]byte("name"), []byte("arguments"), []byte("uri"), []byte("protocolVersion"), []byte("_meta"),
-		[]byte("inputResponses"), []byte("requestState")}
+		[]byte("inputResponses"), []byte("requestState"), []byte("task"), []byte("taskId")}
 )
 
 func (p *parser) checkSpelling(key []byte, off int, members [][]byte) error {

@@ -43,6 +43,26 @@ func TestParseAccepts(t *testing.T) {
 			},
 		},
 		{
+			name: "task-augmented tools/call",
+			body: `{"jsonrpc":"2.0","id":8,"method":"tools/call","params":{"name":"build","arguments":{},"task":{"ttl":60000}}}`,
+			want: mcpmsg.Message{
+				Kind: mcpmsg.Request, ID: []byte(`8`), Method: "tools/call",
+				Params:    []byte(`{"name":"build","arguments":{},"task":{"ttl":60000}}`),
+				Name:      "build",
+				Arguments: []byte(`{}`),
+				Task:      []byte(`{"ttl":60000}`),
+			},
+		},
+		{
+			name: "tasks/result names its task",
+			body: `{"jsonrpc":"2.0","id":9,"method":"tasks/result","params":{"taskId":"t\u0031"}}`,
+			want: mcpmsg.Message{
+				Kind: mcpmsg.Request, ID: []byte(`9`), Method: "tasks/result",
+				Params: []byte(`{"taskId":"t\u0031"}`),
+				TaskID: "t1",
+			},
+		},
+		{
 			name: "notification without params",
 			body: `{"jsonrpc":"2.0","method":"notifications/initialized"}`,
 			want: mcpmsg.Message{Kind: mcpmsg.Notification, Method: "notifications/initialized"},
@@ -148,6 +168,9 @@ func checkMessage(t *testing.T, got, want mcpmsg.Message) {
 	if got.URI != want.URI {
 		t.Errorf("URI = %q, want %q", got.URI, want.URI)
 	}
+	if got.TaskID != want.TaskID {
+		t.Errorf("TaskID = %q, want %q", got.TaskID, want.TaskID)
+	}
 	if got.ProtocolVersion != want.ProtocolVersion {
 		t.Errorf("ProtocolVersion = %q, want %q", got.ProtocolVersion, want.ProtocolVersion)
 	}
@@ -160,6 +183,7 @@ func checkMessage(t *testing.T, got, want mcpmsg.Message) {
 		{"Params", got.Params, want.Params},
 		{"Arguments", got.Arguments, want.Arguments},
 		{"ProgressToken", got.ProgressToken, want.ProgressToken},
+		{"Task", got.Task, want.Task},
 		{"Result", got.Result, want.Result},
 		{"Error", got.Error, want.Error},
 	} {
@@ -348,6 +372,9 @@ func TestParseRejects(t *testing.T) {
 		{"arguments null", `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"t","arguments":null}}`, `"params.arguments" must be an object`},
 		{"numeric name", `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":1}}`, `"params.name" must be a string`},
 		{"null name", `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":null}}`, `"params.name" must be a string`},
+		{"task not an object", `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"x","task":true}}`, `"params.task" must be an object`},
+		{"numeric taskId", `{"jsonrpc":"2.0","id":1,"method":"tasks/result","params":{"taskId":1}}`, `"params.taskId" must be a string`},
+		{"case variant of taskId", `{"jsonrpc":"2.0","id":1,"method":"tasks/result","params":{"taskid":"t1"}}`, `must be spelled "taskId"`},
 		{"numeric uri", `{"jsonrpc":"2.0","id":1,"method":"resources/read","params":{"uri":1}}`, `"params.uri" must be a string`},
 		{"object protocolVersion", `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":{}}}`, `"params.protocolVersion" must be a string`},
 	}

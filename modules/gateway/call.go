@@ -50,7 +50,8 @@ type Call struct {
 	// Set by toolgate_credentials.
 	Credential *Credential
 
-	resultHooks []ResultHook
+	resultHooks  []ResultHook
+	messageHooks []MessageHook
 }
 
 // Decision is the outcome of a policy evaluation.
@@ -111,6 +112,71 @@ func (c *Call) RunResultHooks(ctx context.Context, result []byte) (out []byte, c
 
 // HasResultHooks reports whether any step wants to see the result.
 func (c *Call) HasResultHooks() bool { return len(c.resultHooks) > 0 }
+
+// The channels of what an upstream sends toward a runner, besides the
+// result of the runner's request.
+const (
+	// ChannelError: the error object of the upstream's error response to
+	// the runner's request.
+	ChannelError = "error"
+	// ChannelNotification: the params of a notification.
+	ChannelNotification = "notification"
+	// ChannelServerRequest: the params of a server→client request
+	// (sampling/createMessage, elicitation/create, roots/list, …).
+	ChannelServerRequest = "server_request"
+)
+
+// UpstreamMessage is a message an upstream sends toward the runner other
+// than the result of the runner's request.
+type UpstreamMessage struct {
+	Channel string // ChannelError, ChannelNotification or ChannelServerRequest
+	Method  string // the notification's or request's method; "" for an error
+	// Payload is the JSON text of the error object, or of the params (nil
+	// when the message has none).
+	Payload []byte
+}
+
+// A MessageHook sees an upstream message that is not the result of the
+// runner's request before the runner does. It returns the payload to send
+// instead (nil to keep it), or drop: the runner must not get the message
+// (a notification is dropped, a server→client request refused, an error
+// replaced by toolgate's own).
+type MessageHook func(ctx context.Context, call *Call, msg UpstreamMessage) (replaced []byte, drop bool, err error)
+
+// OnMessage registers a hook for the upstream's other messages of this
+// call: the error answering it, and the notifications and server→client
+// requests on its stream (or, for a GET, on the standalone stream).
+func (c *Call) OnMessage(h MessageHook) { c.messageHooks = append(c.messageHooks, h) }
+
+// RunMessageHooks passes msg through every registered hook, in order.
+// changed reports whether a hook replaced the payload; drop, that one
+// refused the message (the hooks after it do not run).
+func (c *Call) RunMessageHooks(ctx context.Context, msg UpstreamMessage) (payload []byte, changed, drop bool, err error) {
+	for _, h := range c.messageHooks {
+		replaced, drop, err := h(ctx, c, msg)
+		if err != nil || drop {
+			return nil, false, drop, err
+		}
+		if replaced != nil {
+			msg.Payload, changed = replaced, true
+		}
+	}
+	return msg.Payload, changed, false, nil
+}
+
+// HasMessageHooks reports whether any step wants to see the upstream's
+// other messages.
+func (c *Call) HasMessageHooks() bool { return len(c.messageHooks) > 0 }
+
+// AnswerError is what a result hook returns to answer the runner's request
+// with a JSON-RPC error of its own instead of the upstream's result.
+type AnswerError struct {
+	Code    int
+	Message string
+	Data    any
+}
+
+func (e *AnswerError) Error() string { return e.Message }
 
 type callKey struct{}
 

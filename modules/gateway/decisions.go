@@ -11,6 +11,7 @@ type DecisionRecord struct {
 	Method     string    `json:"method"`
 	Tool       string    `json:"tool,omitempty"`
 	Stage      string    `json:"stage"`
+	Channel    string    `json:"channel,omitempty"` // the result stage's: result, task, error, notification, server_request
 	Action     string    `json:"action"`
 	Reason     string    `json:"reason,omitempty"`
 	DecisionID string    `json:"decision_id"`

@@ -43,6 +43,17 @@ type MCPSession struct {
 	serverRequests map[string]string
 	streams        map[string]any // resumable runner streams, by token
 	streamOrder    []string
+	tasks          map[string]Task // tasks created through toolgate, by task id
+	taskOrder      []string
+	taskBytes      int
+}
+
+// Task is a task an upstream created for a task-augmented tools/call that
+// toolgate relayed (MCP 2025-11-25): what the call was, so that what the
+// task yields later is decided as the call's own result would have been.
+type Task struct {
+	Tool      string // the tool called
+	Arguments []byte // the arguments as sent upstream (JSON text)
 }
 
 // Upstream is the state of the upstream session behind an MCPSession.
@@ -336,6 +347,47 @@ func (s *MCPSession) ForgetStream(token string) {
 			break
 		}
 	}
+}
+
+// Bounds of the tasks one MCP session remembers: beyond either, the
+// oldest are forgotten (and what they yield is refused).
+const (
+	MaxTasks         = 256
+	MaxTaskArguments = 8 << 20 // bytes of arguments, all tasks together
+)
+
+// TaskCreated remembers the task id as created by the call t. A task id
+// the session knows already keeps its first call: an upstream cannot move
+// a task to another call by naming it again.
+func (s *MCPSession) TaskCreated(id string, t Task) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return
+	}
+	if _, ok := s.tasks[id]; ok {
+		return
+	}
+	if s.tasks == nil {
+		s.tasks = make(map[string]Task)
+	}
+	t.Arguments = append([]byte(nil), t.Arguments...) // not the request body's memory
+	s.tasks[id] = t
+	s.taskOrder = append(s.taskOrder, id)
+	s.taskBytes += len(t.Arguments)
+	for len(s.taskOrder) > MaxTasks || s.taskBytes > MaxTaskArguments && len(s.taskOrder) > 1 {
+		s.taskBytes -= len(s.tasks[s.taskOrder[0]].Arguments)
+		delete(s.tasks, s.taskOrder[0])
+		s.taskOrder = s.taskOrder[1:]
+	}
+}
+
+// Task returns the call that created the task id, if the session knows it.
+func (s *MCPSession) Task(id string) (Task, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	t, ok := s.tasks[id]
+	return t, ok
 }
 
 // Touch marks the session used now.

@@ -3,6 +3,7 @@ package gateway
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 )
@@ -218,5 +219,49 @@ func TestProvisionStepChecksThePipelineOrder(t *testing.T) {
 		if bad != c.bad {
 			t.Errorf("%s: refused step %d, want %d", name, bad, c.bad)
 		}
+	}
+}
+
+// A session remembers the calls its tasks were created by, within bounds:
+// beyond them the oldest are forgotten, never the one just created.
+func TestMCPSessionTasks(t *testing.T) {
+	m := newMCPSessions()
+	s, _ := m.Create("alice", "s", "svc")
+	args := []byte(`{"q":1}`)
+	s.TaskCreated("t1", Task{Tool: "build", Arguments: args})
+	args[2] = 'x' // the caller's memory is not kept
+	if got, ok := s.Task("t1"); !ok || got.Tool != "build" || string(got.Arguments) != `{"q":1}` {
+		t.Fatalf("Task(t1) = %+v, %v", got, ok)
+	}
+	// An upstream naming a known task again cannot move it to another call.
+	s.TaskCreated("t1", Task{Tool: "delete_all"})
+	if got, _ := s.Task("t1"); got.Tool != "build" {
+		t.Errorf("t1 now belongs to %q", got.Tool)
+	}
+	if _, ok := s.Task("t2"); ok {
+		t.Error("an unknown task is known")
+	}
+	for i := range MaxTasks {
+		s.TaskCreated(fmt.Sprint("n", i), Task{Tool: "build"})
+	}
+	if _, ok := s.Task("t1"); ok {
+		t.Error("the oldest task was kept beyond MaxTasks")
+	}
+	if _, ok := s.Task(fmt.Sprint("n", MaxTasks-1)); !ok {
+		t.Error("the newest task was forgotten")
+	}
+	big := make([]byte, MaxTaskArguments/2+1)
+	s.TaskCreated("big1", Task{Tool: "build", Arguments: big})
+	s.TaskCreated("big2", Task{Tool: "build", Arguments: big})
+	if _, ok := s.Task("big1"); ok {
+		t.Error("tasks keep more than MaxTaskArguments bytes of arguments")
+	}
+	if _, ok := s.Task("big2"); !ok {
+		t.Error("the task just created was forgotten")
+	}
+	m.End(s)
+	s.TaskCreated("late", Task{Tool: "build"})
+	if _, ok := s.Task("late"); ok {
+		t.Error("an ended session remembers a task")
 	}
 }

@@ -95,6 +95,13 @@ func RPCError(id []byte, code int, message string, data any) []byte {
 	return append(b, "}}"...)
 }
 
+// RPCErrorObject builds the JSON text of a JSON-RPC error object (the
+// value of a response's "error"); data may be nil.
+func RPCErrorObject(code int, message string, data any) []byte {
+	msg := RPCError(nil, code, message, data)
+	return msg[len(`{"jsonrpc":"2.0","id":null,"error":`) : len(msg)-1]
+}
+
 // RPCResult builds the JSON text of a JSON-RPC result response.
 func RPCResult(id []byte, result []byte) []byte {
 	b := make([]byte, 0, 40+len(id)+len(result))

@@ -262,11 +262,13 @@ func (h *Handler) relay(runner context.Context, w http.ResponseWriter, call *gat
 
 // deliver is the one place every upstream message passes on its way to the
 // runner: the answer to the runner's request, and the notifications and
-// server→client requests on a stream (canRequest reports whether the
-// runner's stream can carry a request). It returns the bytes to send, or
+// server→client requests on a stream (stream reports whether the runner
+// gets an SSE stream, the only way those can reach it). It returns the
+// bytes to send, or
 // nil for a message the runner must not get. Any inspection of what
-// upstreams send belongs here.
-func (h *Handler) deliver(ctx context.Context, call *gateway.Call, msg mcpmsg.Message, canRequest bool) []byte {
+// upstreams send belongs here: the result passes the call's result hooks,
+// everything else its message hooks.
+func (h *Handler) deliver(ctx context.Context, call *gateway.Call, msg mcpmsg.Message, stream bool) []byte {
 	switch {
 	case call.IsRequest() && isResponseTo(msg, call.Message.ID):
 		if call.Stateless != nil && msg.Result != nil {
@@ -278,20 +280,32 @@ func (h *Handler) deliver(ctx context.Context, call *gateway.Call, msg mcpmsg.Me
 			h.refuseServerRequest(call, msg, "the client speaks protocol "+mcp2026.Version+", which has no server requests on a stream")
 			return nil
 		}
-		if !canRequest {
+		if !stream {
 			h.refuseServerRequest(call, msg, "the client's request does not accept an SSE stream, so toolgate cannot relay "+msg.Method+" to it")
+			return nil
+		}
+		out, ok := h.inspect(ctx, call, msg, gateway.ChannelServerRequest)
+		if !ok {
+			h.refuseServerRequest(call, msg, "toolgate's policy withheld "+msg.Method+" from the client")
 			return nil
 		}
 		if !call.MCPSession.ServerRequestSent(msg.ID, msg.Method) {
 			h.refuseServerRequest(call, msg, "too many server requests are waiting for the client's answer")
 			return nil
 		}
-		return msg.Raw
+		return out
 	case msg.Kind == mcpmsg.Notification:
 		if msg.Method == "notifications/tools/list_changed" {
 			h.refreshCatalog(call)
 		}
-		return msg.Raw
+		if !stream {
+			return nil // a JSON answer carries no notifications
+		}
+		out, ok := h.inspect(ctx, call, msg, gateway.ChannelNotification)
+		if !ok {
+			return nil
+		}
+		return out
 	}
 	// On a stream only the answer to the runner's request may pass, and
 	// only after the result hooks.
@@ -299,22 +313,96 @@ func (h *Handler) deliver(ctx context.Context, call *gateway.Call, msg mcpmsg.Me
 	return nil
 }
 
-// finish runs the result hooks on a successful response. The result was
-// read strictly with the rest of the message, so the hooks inspect exactly
-// what the runner will read.
+// inspect passes a notification or server→client request through the
+// call's message hooks: it returns the message to relay (rebuilt when a
+// hook replaced its params), or false when it must not reach the runner.
+func (h *Handler) inspect(ctx context.Context, call *gateway.Call, msg mcpmsg.Message, channel string) ([]byte, bool) {
+	if !call.HasMessageHooks() {
+		return msg.Raw, true
+	}
+	params, changed, drop, err := call.RunMessageHooks(ctx, gateway.UpstreamMessage{Channel: channel, Method: msg.Method, Payload: msg.Params})
+	switch {
+	case err != nil:
+		h.logger.Error("message hook failed; the message was not relayed", zap.String("service", call.Service.ID),
+			zap.String("method", msg.Method), zap.Error(err))
+		return nil, false
+	case drop:
+		return nil, false
+	case !changed:
+		return msg.Raw, true
+	}
+	return rebuild(msg, params), true
+}
+
+// rebuild writes a notification or request again with other params.
+func rebuild(msg mcpmsg.Message, params []byte) []byte {
+	b := make([]byte, 0, 64+len(msg.ID)+len(msg.Method)+len(params))
+	b = append(b, `{"jsonrpc":"2.0",`...)
+	if msg.ID != nil {
+		b = append(b, `"id":`...)
+		b = append(b, msg.ID...)
+		b = append(b, ',')
+	}
+	b = append(b, `"method":`...)
+	b = mcpmsg.AppendQuote(b, msg.Method)
+	b = append(b, `,"params":`...)
+	b = append(b, params...)
+	return append(b, '}')
+}
+
+// finish runs the result hooks on a successful response, and the message
+// hooks on an error response. The message was read strictly, so the hooks
+// inspect exactly what the runner will read.
 func (h *Handler) finish(ctx context.Context, call *gateway.Call, msg mcpmsg.Message) []byte {
-	if !call.HasResultHooks() || msg.Result == nil {
-		return msg.Raw // no hooks, or an error response: nothing to inspect
+	if msg.Result == nil {
+		return h.finishError(ctx, call, msg)
+	}
+	if !call.HasResultHooks() {
+		return msg.Raw
 	}
 	out, changed, err := call.RunResultHooks(ctx, msg.Result)
 	if err != nil {
-		h.logger.Error("result hook failed; withholding the result", zap.String("service", call.Service.ID), zap.Error(err))
-		return gateway.RPCError(call.Message.ID, gateway.CodeInternalError, "toolgate could not check the result; it was withheld", nil)
+		return h.hookFailed(call, err)
 	}
 	if !changed {
 		return msg.Raw
 	}
 	return gateway.RPCResult(call.Message.ID, out)
+}
+
+// hookFailed answers the runner's request when a result hook did not pass
+// the result: with the hook's own answer, or toolgate's error.
+func (h *Handler) hookFailed(call *gateway.Call, err error) []byte {
+	var answer *gateway.AnswerError
+	if errors.As(err, &answer) {
+		return gateway.RPCError(call.Message.ID, answer.Code, answer.Message, answer.Data)
+	}
+	h.logger.Error("result hook failed; withholding the result", zap.String("service", call.Service.ID), zap.Error(err))
+	return gateway.RPCError(call.Message.ID, gateway.CodeInternalError, "toolgate could not check the result; it was withheld", nil)
+}
+
+// finishError passes the upstream's error response through the message
+// hooks. A hook that refuses it leaves the runner toolgate's own error.
+func (h *Handler) finishError(ctx context.Context, call *gateway.Call, msg mcpmsg.Message) []byte {
+	if !call.HasMessageHooks() {
+		return msg.Raw
+	}
+	obj, changed, drop, err := call.RunMessageHooks(ctx, gateway.UpstreamMessage{Channel: gateway.ChannelError, Payload: msg.Error})
+	switch {
+	case err != nil:
+		h.logger.Error("message hook failed; withholding the upstream's error", zap.String("service", call.Service.ID), zap.Error(err))
+		return gateway.RPCError(call.Message.ID, gateway.CodeInternalError, "the upstream answered with an error, which toolgate could not check; it was withheld", nil)
+	case drop:
+		return gateway.RPCError(call.Message.ID, gateway.CodeInternalError, "the upstream answered with an error, which toolgate withheld", nil)
+	case !changed:
+		return msg.Raw
+	}
+	b := make([]byte, 0, 40+len(call.Message.ID)+len(obj))
+	b = append(b, `{"jsonrpc":"2.0","id":`...)
+	b = append(b, call.Message.ID...)
+	b = append(b, `,"error":`...)
+	b = append(b, obj...)
+	return append(b, '}')
 }
 
 // writeFinal writes the answer to the runner's request, as an SSE event

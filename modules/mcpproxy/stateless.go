@@ -175,8 +175,7 @@ func (h *Handler) finishStateless(ctx context.Context, call *gateway.Call, msg m
 		var err error
 		result, changed, err = call.RunResultHooks(ctx, msg.Result)
 		if err != nil {
-			h.logger.Error("result hook failed; withholding the result", zap.String("service", call.Service.ID), zap.Error(err))
-			return gateway.RPCError(call.Message.ID, gateway.CodeInternalError, "toolgate could not check the result; it was withheld", nil)
+			return h.hookFailed(call, err)
 		}
 	}
 	if mcp2026.ResultType(result) == mcp2026.ResultInputRequired {

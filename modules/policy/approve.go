@@ -118,20 +118,26 @@ func deniedBy(a *approval.Approval) string {
 // the page, the approval's id and its expiry. Either retries the identical
 // call once it is decided.
 func pendingMessage(call *gateway.Call, d *gateway.Decision, a *approval.Approval, base string) []byte {
+	e := pendingError(call, d, a, base)
+	return gateway.RPCError(call.Message.ID, e.Code, e.Message, e.Data)
+}
+
+// pendingError is the error of pendingMessage.
+func pendingError(call *gateway.Call, d *gateway.Decision, a *approval.Approval, base string) *gateway.AnswerError {
 	page := approval.URL(base, a)
 	message := "approval required: " + a.Reason + " — approve it at " + page + ", then retry the identical call"
 	if urlElicitation(call) {
 		data := map[string]any{"elicitations": []map[string]any{{
 			"mode": "url", "elicitationId": a.ID, "url": page, "message": message,
 		}}, "decision_id": d.ID}
-		return gateway.RPCError(call.Message.ID, CodeURLElicitationRequired, message, data)
+		return &gateway.AnswerError{Code: CodeURLElicitationRequired, Message: message, Data: data}
 	}
 	data := decisionData(d)
 	data["approval_required"] = true
 	data["approval_id"] = a.ID
 	data["approval_url"] = page
 	data["expires_at"] = a.ExpiresAt
-	return gateway.RPCError(call.Message.ID, gateway.CodeApprovalRequired, message, data)
+	return &gateway.AnswerError{Code: gateway.CodeApprovalRequired, Message: message, Data: data}
 }
 
 // urlElicitation reports whether the runner speaks 2025-11-25 and declared
@@ -147,31 +153,62 @@ func urlElicitation(call *gateway.Call) bool {
 	return gjson.GetBytes(up.InitializeParams, "capabilities.elicitation.url").IsObject()
 }
 
-// withhold applies a result-stage ask: the result is sealed with an
-// approval, and the identical retry gets exactly that result once it is
-// approved (or a denial).
-func (h *ResultHandler) withhold(ctx context.Context, call *gateway.Call, o outcome, d *gateway.Decision, input ast.Value, result []byte, base string) []byte {
+// resultApproval is the call a result-stage approval is about: the runner's
+// request as approvals match it (so that its identical retry is released
+// the answer), naming the task's tool for a request that names a task.
+func resultApproval(call *gateway.Call, rq *asked) approval.Call {
+	ac := approvalCall(call)
+	if rq != nil && rq.task != "" {
+		ac.Tool = rq.view.Message.Name
+	}
+	return ac
+}
+
+// withhold applies a result-stage ask: the answer (result) is sealed with
+// an approval, and the identical retry gets exactly that answer once it is
+// approved (or a denial). toolForm: the answer is a tool result, and the
+// runner is told in a tool error; otherwise in a JSON-RPC error.
+func (h *ResultHandler) withhold(ctx context.Context, call *gateway.Call, s subject, v verdict, result []byte, base string, toolForm bool) ([]byte, error) {
+	o, d := v.o, v.d
+	fail := func(text string) ([]byte, error) {
+		if toolForm {
+			return gateway.ToolError(text, d), nil
+		}
+		return nil, &gateway.AnswerError{Code: gateway.CodePolicyDenied, Message: text, Data: decisionData(d)}
+	}
 	spec, err := approval.ParseSpec(o.Approval)
 	if err != nil {
-		return gateway.ToolError("the result was withheld: the policy asked for an approval it cannot have: "+err.Error(), d)
+		return fail("the result was withheld: the policy asked for an approval it cannot have: " + err.Error())
 	}
-	ac := approvalCall(call)
-	maskedResult, _ := json.Marshal(h.engine.maskedPayload(ctx, input, stageResult, result))
-	maskedArgs, _ := json.Marshal(h.engine.maskedPayload(ctx, input, stageRequest, ac.Arguments))
+	rq := &asked{view: s.view, task: s.task}
+	ac := resultApproval(call, rq)
+	shown := ac.Arguments
+	if s.task != "" {
+		shown = s.view.Arguments // what approvers judge is the task's call
+	}
+	maskedResult, _ := json.Marshal(h.engine.maskedPayload(ctx, v.input, stageResult, result))
+	maskedArgs, _ := json.Marshal(h.engine.maskedPayload(ctx, v.input, stageRequest, shown))
 	res, err := h.approvals.Resolve(ctx, approval.Ask{Call: ac, Stage: approval.StageResult, Spec: spec,
 		Decision: d, Revision: o.Revision, Masked: maskedArgs, Result: result, MaskedResult: maskedResult, Base: base})
 	switch {
 	case err != nil:
 		h.logger.Error("approvals unavailable; the result is withheld", zap.String("service", call.Service.ID), zap.Error(err))
-		return gateway.ToolError("the result is withheld pending an approval, and approvals are unavailable right now; retry later", d)
+		if !toolForm {
+			return nil, &gateway.AnswerError{Code: gateway.CodeUnavailable, Data: gateway.Retryable,
+				Message: "the upstream's answer is withheld pending an approval, and approvals are unavailable right now; retry later"}
+		}
+		return fail("the result is withheld pending an approval, and approvals are unavailable right now; retry later")
 	case res.Kind == approval.Release:
-		return res.Result
+		return res.Result, nil
 	case res.Kind == approval.Denied:
-		return gateway.ToolError("the result was withheld: "+deniedBy(res.Approval), d)
+		return fail("the result was withheld: " + deniedBy(res.Approval))
 	}
 	a := res.Approval
+	if !toolForm {
+		return nil, pendingError(call, d, a, base)
+	}
 	return withheldResult("the result is withheld pending approval: "+o.Reason+" — approve it at "+approval.URL(base, a)+
-		", then retry the identical call", d, a, base)
+		", then retry the identical call", d, a, base), nil
 }
 
 // withheldResult is a tool error saying where the approval is decided,
@@ -186,11 +223,11 @@ func withheldResult(text string, d *gateway.Decision, a *approval.Approval, base
 	return mcpmsg.ReplaceMember(out, "_meta", mcpmsg.ReplaceMember([]byte(meta), "toolgate/approval", info))
 }
 
-// released answers a retried call with the withheld result an approver
+// released answers a retried request with the withheld answer an approver
 // released, without calling the upstream again. It reports whether it
 // answered.
-func (h *ResultHandler) released(w http.ResponseWriter, r *http.Request, call *gateway.Call) bool {
-	res, ok, err := h.approvals.Released(r.Context(), approvalCall(call))
+func (h *ResultHandler) released(w http.ResponseWriter, r *http.Request, call *gateway.Call, rq *asked) bool {
+	res, ok, err := h.approvals.Released(r.Context(), resultApproval(call, rq))
 	if err != nil {
 		if !errors.Is(err, approval.ErrNotFound) {
 			h.logger.Warn("cannot read approvals; the call goes upstream", zap.String("service", call.Service.ID), zap.Error(err))

@@ -23,7 +23,8 @@ func init() {
 		Short: "Evaluates toolgate's policies as the gateway does",
 		Long: `
 Commands for policy authors. toolgate policy eval evaluates a policy input
-(the JSON document the gateway builds for a message or a tools/call result;
+(the JSON document the gateway builds for a runner's message, or for what
+an upstream sends on one of the result stage's channels;
 log_input in the policy directive writes it to the audit log) with the
 policy the gateway would use: loaded from the same source (with its site/
 rules and settings, checked the same way) and read the same way (a

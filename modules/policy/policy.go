@@ -3,7 +3,10 @@
 // upstream — allow, deny or ask, optionally rewriting tools/call arguments —
 // and hides tools/list entries the caller could never call;
 // toolgate_result_policy (step 5) lets Rego allow, deny, replace or
-// withhold a tools/call result before the runner sees it.
+// withhold everything the upstream sends before the runner sees it: the
+// result of every request (a task's deferred tool result as its call's),
+// errors, notifications and server→client requests, each on its channel
+// (channels.go).
 //
 // A policy is a .rego file (with data.json/data.yaml beside it) or a
 // directory of them, compiled once, shared across config reloads, and
@@ -214,18 +217,19 @@ const asyncDigestMin = 64 << 10
 // newDecision turns an outcome into the call's decision, counts it and
 // writes the audit entry. sum, when not nil, is subject's digest.
 func (c *Config) newDecision(ctx context.Context, call *gateway.Call, o outcome, stage string, subject []byte, sum func() [sha256.Size]byte, input ast.Value) *gateway.Decision {
-	return c.newDecisionWithID(ctx, gateway.NewID(), call, o, stage, subject, sum, input)
+	return c.newDecisionWithID(ctx, gateway.NewID(), call, o, stage, subject, sum, input, "")
 }
 
 // newDecisionWithID is newDecision for a decision whose id was drawn
-// before (the result stage writes it into the result it returns).
-func (c *Config) newDecisionWithID(ctx context.Context, id string, call *gateway.Call, o outcome, stage string, subject []byte, sum func() [sha256.Size]byte, input ast.Value) *gateway.Decision {
+// before (the result stage writes it into the result it returns), on the
+// result stage's channel ("" for the request stage).
+func (c *Config) newDecisionWithID(ctx context.Context, id string, call *gateway.Call, o outcome, stage string, subject []byte, sum func() [sha256.Size]byte, input ast.Value, channel string) *gateway.Decision {
 	d := &gateway.Decision{ID: id, Action: o.Action, Reason: o.Reason}
 	policyMetrics.decisions.WithLabelValues(stage, call.Service.ID, o.Action).Inc()
 	policyMetrics.duration.WithLabelValues(stage).Observe(o.Duration.Seconds())
 	if c.app != nil {
 		c.app.RecordDecision(gateway.DecisionRecord{Time: time.Now().UTC(), User: call.Caller.User, Service: call.Service.ID,
-			Method: call.Method, Tool: call.Message.Name, Stage: stage, Action: o.Action, Reason: o.Reason,
+			Method: call.Method, Tool: call.Message.Name, Stage: stage, Channel: channel, Action: o.Action, Reason: o.Reason,
 			DecisionID: d.ID, Revision: o.Revision})
 	}
 	if ce := c.audit.Check(zap.InfoLevel, "policy decision"); ce != nil {
@@ -233,7 +237,7 @@ func (c *Config) newDecisionWithID(ctx context.Context, id string, call *gateway
 			sum = c.digest(subject)
 		}
 		sum := sum()
-		fields := []zap.Field{
+		fields := append(make([]zap.Field, 0, 16), // room for what follows, without growing
 			zap.String("decision_id", d.ID),
 			zap.String("revision", o.Revision),
 			zap.String("stage", stage),
@@ -246,6 +250,9 @@ func (c *Config) newDecisionWithID(ctx context.Context, id string, call *gateway
 			zap.String("reason", o.Reason),
 			zap.String(subjectField(stage), hex.EncodeToString(sum[:])),
 			zap.Duration("duration", o.Duration),
+		)
+		if channel != "" {
+			fields = append(fields, zap.String("channel", channel))
 		}
 		if o.Failure != "" {
 			fields = append(fields, zap.String("failure", o.Failure))

@@ -19,9 +19,12 @@ func init() {
 	caddy.RegisterModule(ResultHandler{})
 }
 
-// ResultHandler is toolgate_result_policy: it registers a hook that decides
-// each tools/call result before the runner sees it. It sits before
-// toolgate_proxy in the route and acts when the proxy has the result.
+// ResultHandler is toolgate_result_policy: it registers hooks that decide
+// everything the upstream sends toward the runner before the runner sees
+// it — the result of every request (tools/call results, tool listings,
+// resources, prompts, tasks, …), error responses, notifications and
+// server→client requests (see channels.go). It sits before toolgate_proxy
+// in the route and acts when the proxy has the upstream's message.
 type ResultHandler struct {
 	Config
 }
@@ -45,64 +48,52 @@ func (h *ResultHandler) Validate() error { return h.validate() }
 // Cleanup releases the shared policy.
 func (h *ResultHandler) Cleanup() error { return h.cleanup() }
 
-// ServeHTTP registers the result hook for tools/call.
+// ServeHTTP registers the result hook for a request, and the message hook
+// for every call (a GET's covers the standalone stream).
 func (h *ResultHandler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
 	call := gateway.CallFrom(r)
 	if call == nil || call.Service == nil {
 		return caddyhttp.Error(http.StatusInternalServerError,
 			errors.New("toolgate_result_policy must come after toolgate_session and toolgate_registry in the route"))
 	}
-	if call.IsRequest() && call.Method == "tools/call" {
-		if h.approvals != nil && h.approvals.MayRelease(call.Caller.User, gateway.SessionRef(call.Session.ID)) && h.released(w, r, call) {
+	var rq *asked
+	if call.IsRequest() {
+		var ok bool
+		if rq, ok = h.asked(w, call); !ok {
 			return nil
 		}
-		call.ResultDecided = true
+		if h.approvals != nil && call.Method != "initialize" && h.approvals.MayRelease(call.Caller.User, gateway.SessionRef(call.Session.ID)) && h.released(w, r, call, rq) {
+			return nil
+		}
+		call.ResultDecided = call.Method == "tools/call"
 		base := h.app.BaseURL(r)
 		call.OnResult(func(ctx context.Context, call *gateway.Call, result []byte) ([]byte, error) {
-			return h.check(ctx, call, result, base)
+			return h.result(ctx, call, rq, result, base)
 		})
 	}
+	call.OnMessage(func(ctx context.Context, call *gateway.Call, msg gateway.UpstreamMessage) ([]byte, bool, error) {
+		return h.message(ctx, call, rq, msg)
+	})
 	return next.ServeHTTP(w, r)
 }
 
-// check decides one result: allow (as is, or replaced), deny, or ask
-// (withheld). An allowed result carries the decision in
+// check decides one tools/call result: allow (as is, or replaced), deny,
+// or ask (withheld). An allowed result carries the decision in
 // _meta["toolgate/decision"]; a denied or withheld one reaches the runner
 // as a tool error carrying the reason and the decision.
 func (h *ResultHandler) check(ctx context.Context, call *gateway.Call, result []byte, base string) ([]byte, error) {
-	// The input is built for the policy version that decides, whose scan
-	// settings it uses.
-	ctx, span := gateway.StartSpan(ctx, "toolgate.policy.result", traceAttributes(call)...)
-	sum := h.digest(result) // for the audit entry, hashed while the policy evaluates
-	c := h.engine.current.Load()
-	o := outcome{}.deny(failError, "the gateway could not build the policy input")
-	spans := make(map[*ast.Term]string)
-	input, err := h.input(c, call, result, spans)
-	if err == nil {
-		o = h.engine.decideWith(ctx, c, input, time.Duration(h.Timeout), "result")
-	} else {
-		h.logger.Warn("cannot build the policy input", zap.String("service", call.Service.ID), zap.Error(err))
-	}
-	id := gateway.NewID()
-	var out []byte
-	if o.Action == gateway.ActionAllow {
-		// What the policy left as it was is written as the upstream wrote it.
-		mark := &gateway.Decision{ID: id, Action: o.Action}
-		if o.Result != nil {
-			out, err = markResult(nil, o.Result, mark, spans)
-		} else {
-			out, err = markResult(result, input.Get(keyResult), mark, spans)
-		}
-		if err != nil {
-			o = o.deny(failMalformed, "the policy's replacement result cannot be written as JSON")
-		}
-	}
-	d := h.newDecisionWithID(ctx, id, call, o, stageResult, result, sum, input)
+	return h.toolResult(ctx, call, subject{channel: channelResult, method: "tools/call", view: call}, result, base)
+}
+
+// toolResult decides a CallToolResult: the answer to a tools/call, or a
+// task's deferred one (tasks/result).
+func (h *ResultHandler) toolResult(ctx context.Context, call *gateway.Call, s subject, result []byte, base string) ([]byte, error) {
+	v := h.evaluate(ctx, call, s, result)
+	o, d := v.o, v.d
 	call.Decision = d
-	endDecisionSpan(span, d, o)
 	switch o.Action {
 	case gateway.ActionAllow:
-		return out, nil
+		return v.out, nil
 	case gateway.ActionAsk:
 		if h.approvals == nil {
 			return gateway.ToolError("the result is withheld pending approval: "+o.Reason+
@@ -111,32 +102,106 @@ func (h *ResultHandler) check(ctx context.Context, call *gateway.Call, result []
 		withheld := result
 		if o.Result != nil {
 			// The policy's cleaned result is the one reviewed and released.
-			if withheld, err = appendJSON(nil, o.Result, spans); err != nil {
+			var err error
+			if withheld, err = appendJSON(nil, o.Result, v.spans); err != nil {
 				return gateway.ToolError("the result was withheld: the policy's cleaned result cannot be written as JSON", d), nil
 			}
 		}
-		return h.withhold(ctx, call, o, d, input, withheld, base), nil
+		return h.withhold(ctx, call, s, v, withheld, base, true)
 	default:
 		return gateway.ToolError("the result was withheld by policy: "+o.Reason, d), nil
 	}
 }
 
-// input is the result-stage input: the request input plus the result and,
-// when the policy version c has scan settings, the scan.
-func (h *ResultHandler) input(c *compiled, call *gateway.Call, result []byte, spans map[*ast.Term]string) (ast.Object, error) {
+// verdict is one result-stage decision, made and recorded.
+type verdict struct {
+	o     outcome
+	d     *gateway.Decision
+	input ast.Object
+	spans map[*ast.Term]string
+	// out is what an allow sends instead of the payload: the policy's
+	// replacement, or for a tool result the payload with the decision in
+	// its _meta; nil to send the payload as it is.
+	out []byte
+}
+
+// evaluate decides the payload s is about with the policy and records the
+// decision (metrics, audit entry).
+func (h *ResultHandler) evaluate(ctx context.Context, call *gateway.Call, s subject, payload []byte) verdict {
+	// The input is built for the policy version that decides, whose scan
+	// settings it uses.
+	audited := s.audited(call)
+	ctx, span := gateway.StartSpan(ctx, "toolgate.policy.result", traceAttributes(audited)...)
+	sum := h.digest(payload) // for the audit entry, hashed while the policy evaluates
+	c := h.engine.current.Load()
+	v := verdict{o: outcome{}.deny(failError, "the gateway could not build the policy input"), spans: make(map[*ast.Term]string)}
+	var err error
+	v.input, err = h.input(c, call, s, payload, v.spans)
+	if err == nil {
+		v.o = h.engine.decideWith(ctx, c, v.input, time.Duration(h.Timeout), "result")
+	} else {
+		h.logger.Warn("cannot build the policy input", zap.String("service", call.Service.ID), zap.String("channel", s.channel), zap.Error(err))
+	}
+	id := gateway.NewID()
+	if v.o.Action == gateway.ActionAllow {
+		if v.out, err = s.write(payload, v.input, v.o, id, v.spans); err != nil {
+			v.o = v.o.deny(failMalformed, err.Error())
+		}
+	}
+	v.d = h.newDecisionWithID(ctx, id, audited, v.o, stageResult, payload, sum, v.input, s.channel)
+	endDecisionSpan(span, v.d, v.o)
+	return v
+}
+
+// write is what an allow sends instead of payload (nil: payload as it
+// is): a tool result gets the decision in its _meta, written as the
+// upstream wrote it where the policy left it unchanged; anything else
+// the policy's replacement.
+func (s subject) write(payload []byte, input ast.Object, o outcome, id string, spans map[*ast.Term]string) ([]byte, error) {
+	if s.marked() {
+		mark := &gateway.Decision{ID: id, Action: o.Action}
+		var out []byte
+		var err error
+		if o.Result != nil {
+			out, err = markResult(nil, o.Result, mark, spans)
+		} else {
+			out, err = markResult(payload, input.Get(keyResult), mark, spans)
+		}
+		if err != nil {
+			return nil, errors.New("the policy's replacement result cannot be written as JSON")
+		}
+		return out, nil
+	}
+	if o.Result == nil {
+		return nil, nil
+	}
+	if s.channel == gateway.ChannelError && !errorObject(o.Result) {
+		return nil, errors.New("the policy's replacement error needs an integer code and a string message")
+	}
+	out, err := appendJSON(nil, o.Result, spans)
+	if err != nil {
+		return nil, errors.New("the policy's replacement cannot be written as JSON")
+	}
+	return out, nil
+}
+
+// input is the result-stage input for s: its channel and request input,
+// the payload under result and, when the policy version c has scan
+// settings, the scan.
+func (h *ResultHandler) input(c *compiled, call *gateway.Call, s subject, payload []byte, spans map[*ast.Term]string) (ast.Object, error) {
 	var sc *scanner
 	if c != nil {
 		sc = c.scanner
 	}
-	res, scan, err := resultTerms(result, sc, spans)
+	res, scan, err := resultTerms(payload, shapeOf(s.channel, s.method), sc, spans)
 	if err != nil {
 		return nil, fmt.Errorf("result: %w", err)
 	}
-	common := append(commonItems(call), ast.Item(keyResult, res))
+	common := append(commonItems(call), ast.Item(keyChannel, channelTerm(s.channel)), ast.Item(keyResult, res))
 	if scan != nil {
 		common = append(common, ast.Item(keyScan, scan))
 	}
-	return inputFor(common, call, toolTerm(call.ToolDefinition(), call.Message.Name, call.Service), false)
+	return s.complete(common)
 }
 
 // Interface guards

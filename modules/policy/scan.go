@@ -13,6 +13,8 @@ import (
 
 	"github.com/open-policy-agent/opa/v1/ast"
 	"github.com/open-policy-agent/opa/v1/storage"
+
+	"github.com/toolgate/toolgate/modules/gateway"
 )
 
 // The result scan (input.scan, see policies/README.md) is the gateway's
@@ -53,6 +55,12 @@ var (
 	keyBlob      = ast.StringTerm("blob")
 	keyURI       = ast.StringTerm("uri")
 	keyClean     = ast.StringTerm("clean")
+	keyMessages  = ast.StringTerm("messages")
+	keyContents  = ast.StringTerm("contents")
+	// keyInputRequests and keyResultType: an input_required result
+	// (2026-07-28).
+	keyInputRequests = ast.StringTerm("inputRequests")
+	keyResultType    = ast.StringTerm("resultType")
 )
 
 // scanner holds what the scan looks for.
@@ -367,39 +375,139 @@ func byteRank(c byte) int {
 // scanEntries collects the scan's list and sizes.
 type scanEntries struct {
 	sc       *scanner
+	shape    shape
 	entries  []*ast.Term
 	bytes    int  // of every inspected string and key
 	keyBytes int  // of every inspected key
 	flagged  bool // some string or key holds an invisible character or a marker
-	// pending holds content[i].data and content[i].resource.blob, which are
-	// inspected unless they are the binary data of their item's type, known
-	// only once the item is read.
+	// pending holds the strings that are inspected unless they are the
+	// binary data or the blob of a content block (see shape), known only
+	// once the block is read.
 	pending []pendingString
 }
 
 type pendingString struct {
-	path []pathStep
-	s    string
+	path  []pathStep
+	s     string
+	leaf  leafKind
+	block int  // the length of the block's path
+	input bool // a leaf of an input request's blocks (see shapeInputRequests)
 }
 
 // look takes note of the string or key s at path.
 func (l *scanEntries) look(path []pathStep, s string, key bool) {
-	if !key && mayBeBinary(path) {
-		l.pending = append(l.pending, pendingString{path: slices.Clone(path), s: s})
-		return
+	if !key {
+		if leaf, block := l.shape.leaf(path); leaf != notLeaf {
+			l.pending = append(l.pending, pendingString{path: slices.Clone(path), s: s, leaf: leaf, block: block})
+			return
+		}
+		if l.shape.result() {
+			if leaf, block := shapeInputRequests.leaf(path); leaf != notLeaf {
+				l.pending = append(l.pending, pendingString{path: slices.Clone(path), s: s, leaf: leaf, block: block, input: true})
+				return
+			}
+		}
 	}
 	l.add(path, s, key)
 }
 
-// mayBeBinary: path is content[i].data or content[i].resource.blob.
-func mayBeBinary(path []pathStep) bool {
+// A shape says where a payload holds MCP content blocks: the base64 data
+// of their images and audio is binary, not text, so it is not inspected,
+// and the blob of an embedded resource is inspected decoded (by the
+// policy; the scan checks that it can be). The policy has the same table
+// (result.rego's block_paths and blob_strings).
+type shape uint8
+
+const (
+	shapePlain            shape = iota // no content blocks: every string is text
+	shapeOtherResult                   // a result of another method: no content blocks, unless input_required
+	shapeToolResult                    // CallToolResult: content[i]
+	shapePromptMessages                // GetPromptResult: messages[i].content
+	shapeSamplingMessages              // sampling/createMessage params: messages[i].content, or its items
+	shapeResourceContents              // ReadResourceResult: contents[i], whose blob is base64
+	// shapeInputRequests: a result of the stateless revision (2026-07-28)
+	// whose resultType is input_required, of any method. It asks the
+	// runner things, as server→client requests do in earlier revisions:
+	// its sampling/createMessage input requests have messages with blocks
+	// (inputRequests.<key>.params.messages[i].content, or its items).
+	shapeInputRequests
+)
+
+// shapeOf is the shape of what the channel carries for method, unless it
+// is input_required (see shapeInputRequests).
+func shapeOf(channel, method string) shape {
 	switch {
-	case len(path) == 3:
-		return isKey(path[0], keyContent) && path[1].key == nil && isKey(path[2], keyData)
-	case len(path) == 4:
-		return isKey(path[0], keyContent) && path[1].key == nil && isKey(path[2], keyResource) && isKey(path[3], keyBlob)
+	case channel == channelResult && method == "tools/call":
+		return shapeToolResult
+	case channel == channelResult && method == "prompts/get":
+		return shapePromptMessages
+	case channel == channelResult && method == "resources/read":
+		return shapeResourceContents
+	case channel == channelResult:
+		return shapeOtherResult
+	case channel == gateway.ChannelServerRequest && method == "sampling/createMessage":
+		return shapeSamplingMessages
+	}
+	return shapePlain
+}
+
+// result reports whether the shape is of a result, which may be
+// input_required.
+func (sh shape) result() bool {
+	switch sh {
+	case shapeOtherResult, shapeToolResult, shapePromptMessages, shapeResourceContents:
+		return true
 	}
 	return false
+}
+
+type leafKind uint8
+
+const (
+	notLeaf      leafKind = iota
+	leafData              // <block>.data: binary in an image or audio block
+	leafBlob              // <block>.resource.blob: base64 in a resource block
+	leafContents          // contents[i].blob: base64 in resource contents
+)
+
+// leaf says whether path may be a block's binary data or blob, and the
+// length of the block's path.
+func (sh shape) leaf(path []pathStep) (leafKind, int) {
+	var blocks []int // the lengths a block's path may have
+	switch sh {
+	case shapeToolResult:
+		if len(path) >= 2 && isKey(path[0], keyContent) && path[1].key == nil {
+			blocks = []int{2}
+		}
+	case shapePromptMessages, shapeSamplingMessages:
+		if len(path) >= 3 && isKey(path[0], keyMessages) && path[1].key == nil && isKey(path[2], keyContent) {
+			blocks = []int{3}
+			if sh == shapeSamplingMessages && len(path) >= 4 && path[3].key == nil {
+				blocks = []int{4}
+			}
+		}
+	case shapeResourceContents:
+		if len(path) == 3 && isKey(path[0], keyContents) && path[1].key == nil && isKey(path[2], keyBlob) {
+			return leafContents, 2
+		}
+	case shapeInputRequests:
+		if len(path) >= 6 && isKey(path[0], keyInputRequests) && path[1].key != nil && isKey(path[2], keyParams) &&
+			isKey(path[3], keyMessages) && path[4].key == nil && isKey(path[5], keyContent) {
+			blocks = []int{6}
+			if len(path) >= 7 && path[6].key == nil {
+				blocks = []int{7}
+			}
+		}
+	}
+	for _, n := range blocks {
+		switch {
+		case len(path) == n+1 && isKey(path[n], keyData):
+			return leafData, n
+		case len(path) == n+2 && isKey(path[n], keyResource) && isKey(path[n+1], keyBlob):
+			return leafBlob, n
+		}
+	}
+	return notLeaf, 0
 }
 
 func isKey(step pathStep, key *ast.Term) bool {
@@ -437,9 +545,10 @@ func (l *scanEntries) add(path []pathStep, s string, key bool) {
 // text items are looked at for a secret split across them.
 const seamWindow = 1024
 
-// resultTerms converts a tools/call result (JSON text) to input.result
-// and, with a scanner, input.scan (else scan is nil). With spans, it
-// records the text of the result's larger values in it (see appendJSON).
+// resultTerms converts a payload of the given shape (JSON text) to
+// input.result and, with a scanner, input.scan (else scan is nil). With
+// spans, it records the text of the result's larger values in it (see
+// appendJSON).
 //
 // The strings of the terms share raw's memory instead of a copy (for a
 // result of a megabyte, the copy and the garbage collection it causes cost
@@ -448,9 +557,9 @@ const seamWindow = 1024
 // outlives the hook: decideWith copies what it keeps of a decision (the
 // action is a constant, the reason a copy), and a replacement result is
 // encoded into new bytes before the hook returns.
-func resultTerms(raw []byte, sc *scanner, spans map[*ast.Term]string) (result, scan *ast.Term, err error) {
+func resultTerms(raw []byte, sh shape, sc *scanner, spans map[*ast.Term]string) (result, scan *ast.Term, err error) {
 	p := jsonParser{src: unsafe.String(unsafe.SliceData(raw), len(raw)), spans: spans}
-	l := scanEntries{sc: sc}
+	l := scanEntries{sc: sc, shape: sh}
 	if sc != nil {
 		p.visit = l.look
 	}
@@ -458,36 +567,104 @@ func resultTerms(raw []byte, sc *scanner, spans map[*ast.Term]string) (result, s
 	if err != nil || sc == nil {
 		return result, nil, err
 	}
-	var content *ast.Array
+	// The blocks' binary data is left out, their blobs are checked.
+	if sh.result() && stringOf(termAt(result, []pathStep{{key: keyResultType}})) == "input_required" {
+		sh = shapeInputRequests
+	}
+	blobsPlain := true
+	for _, ps := range l.pending {
+		if ps.input != (sh == shapeInputRequests) || ps.input && stringOf(termAt(result, append(ps.path[:2:2], pathStep{key: keyMethod}))) != "sampling/createMessage" {
+			l.add(ps.path, ps.s, false) // not a block of this payload
+			continue
+		}
+		switch stringOf(termAt(result, append(ps.path[:ps.block:ps.block], pathStep{key: keyType}))) {
+		case "image", "audio":
+			if ps.leaf == leafData {
+				continue
+			}
+		case "resource":
+			if ps.leaf == leafBlob {
+				blobsPlain = blobsPlain && sc.plainBlob(ps.s)
+				continue
+			}
+		}
+		if ps.leaf == leafContents {
+			blobsPlain = blobsPlain && sc.plainBlob(ps.s)
+			continue
+		}
+		l.add(ps.path, ps.s, false)
+	}
+	clean := !l.flagged && blobsPlain
+	var seams []*ast.Term
+	if sh == shapeToolResult {
+		var content *ast.Array
+		seams, content = sc.seams(result)
+		clean = clean && content != nil && len(seams) == 0
+		for i := range contentLen(content) {
+			clean = clean && sc.plainItem(content.Elem(i).Value)
+		}
+	}
+	scan = ast.ObjectTerm(
+		ast.Item(keyClean, ast.InternedTerm(clean)),
+		ast.Item(keyThreshold, ast.InternedTerm(scanThreshold)),
+		ast.Item(keyBytes, ast.InternedTerm(l.bytes)),
+		ast.Item(keyKeyBytes, ast.InternedTerm(l.keyBytes)),
+		ast.Item(keyStrings, ast.ArrayTerm(l.entries...)),
+		ast.Item(keySeams, ast.ArrayTerm(seams...)),
+	)
+	return result, scan, nil
+}
+
+// termAt is the value at path in result, nil when there is none.
+func termAt(result *ast.Term, path []pathStep) *ast.Term {
+	t := result
+	for _, step := range path {
+		switch v := t.Value.(type) {
+		case ast.Object:
+			if step.key == nil {
+				return nil
+			}
+			t = v.Get(step.key)
+		case *ast.Array:
+			if step.key != nil || step.index >= v.Len() {
+				return nil
+			}
+			t = v.Elem(step.index)
+		default:
+			return nil
+		}
+		if t == nil {
+			return nil
+		}
+	}
+	return t
+}
+
+// stringOf is the string t holds, "" when it holds none.
+func stringOf(t *ast.Term) string {
+	if t == nil {
+		return ""
+	}
+	s, _ := t.Value.(ast.String)
+	return string(s)
+}
+
+// seams lists the consecutive text items of a tool result's content whose
+// meeting point may hide a secret; content is the content array, if the
+// result has one.
+func (sc *scanner) seams(result *ast.Term) (seams []*ast.Term, content *ast.Array) {
 	if obj, ok := result.Value.(ast.Object); ok {
 		if t := obj.Get(keyContent); t != nil {
 			content, _ = t.Value.(*ast.Array)
 		}
 	}
-	typeOf := func(i int) string {
-		if i < contentLen(content) {
-			if item, ok := content.Elem(i).Value.(ast.Object); ok {
-				if s, ok := stringAt(item, keyType); ok {
-					return s
-				}
-			}
-		}
-		return ""
-	}
-	for _, ps := range l.pending {
-		switch t := typeOf(ps.path[1].index); {
-		case len(ps.path) == 3 && (t == "image" || t == "audio"):
-		case len(ps.path) == 4 && t == "resource":
-		default:
-			l.add(ps.path, ps.s, false)
-		}
-	}
-	// Seams: consecutive text items whose meeting point may hide a secret.
-	var seams []*ast.Term
 	prev, prevText := -1, ""
 	for i := range contentLen(content) {
 		item, ok := content.Elem(i).Value.(ast.Object)
-		if !ok || typeOf(i) != "text" {
+		if !ok {
+			continue
+		}
+		if typ, _ := stringAt(item, keyType); typ != "text" {
 			continue
 		}
 		text, ok := stringAt(item, keyText)
@@ -502,19 +679,14 @@ func resultTerms(raw []byte, sc *scanner, spans map[*ast.Term]string) (result, s
 		}
 		prev, prevText = i, text
 	}
-	clean := content != nil && !l.flagged && len(seams) == 0
-	for i := range contentLen(content) {
-		clean = clean && sc.plainItem(content.Elem(i).Value)
-	}
-	scan = ast.ObjectTerm(
-		ast.Item(keyClean, ast.InternedTerm(clean)),
-		ast.Item(keyThreshold, ast.InternedTerm(scanThreshold)),
-		ast.Item(keyBytes, ast.InternedTerm(l.bytes)),
-		ast.Item(keyKeyBytes, ast.InternedTerm(l.keyBytes)),
-		ast.Item(keyStrings, ast.ArrayTerm(l.entries...)),
-		ast.Item(keySeams, ast.ArrayTerm(seams...)),
-	)
-	return result, scan, nil
+	return seams, content
+}
+
+// plainBlob reports whether blob is valid base64 whose decoded bytes hold
+// no marker.
+func (sc *scanner) plainBlob(blob string) bool {
+	b, err := base64.StdEncoding.DecodeString(blob)
+	return err == nil && !sc.hasMarker(unsafe.String(unsafe.SliceData(b), len(b)))
 }
 
 // plainItem reports whether a content item is of a type of MCP's with the
@@ -543,8 +715,7 @@ func (sc *scanner) plainItem(v ast.Value) bool {
 		if !hasBlob {
 			return hasText
 		}
-		b, err := base64.StdEncoding.DecodeString(blob)
-		return err == nil && !sc.hasMarker(unsafe.String(unsafe.SliceData(b), len(b)))
+		return sc.plainBlob(blob)
 	default:
 		return false
 	}

@@ -41,12 +41,20 @@ func scanStrings() []string {
 	return s
 }
 
-func TestScanAgreesWithThePolicy(t *testing.T) {
+// defaultScan is the shipped result policy compiled with the query of its
+// own scan rule.
+func defaultScan(t *testing.T) *compiled {
+	t.Helper()
 	e, err := newEngine(newSource("../../policies"), "data.toolgate.result.scan", stageResult, 0, zap.NewNop(), policyMetrics)
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := e.current.Load()
+	t.Cleanup(func() { _ = e.Destruct() })
+	return e.current.Load()
+}
+
+func TestScanAgreesWithThePolicy(t *testing.T) {
+	c := defaultScan(t)
 	if c.scanner == nil {
 		t.Fatal("the default policy gives the scan no settings")
 	}
@@ -69,7 +77,7 @@ func TestScanAgreesWithThePolicy(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	res, scan, err := resultTerms(raw, c.scanner, nil)
+	res, scan, err := resultTerms(raw, shapeToolResult, c.scanner, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -135,11 +143,7 @@ func agree(t *testing.T, scan *ast.Term, own ast.Object) {
 // most results without the policy reading them, so it must be exactly the
 // policy's.
 func TestScanCleanAgreesWithThePolicy(t *testing.T) {
-	e, err := newEngine(newSource("../../policies"), "data.toolgate.result.scan", stageResult, 0, zap.NewNop(), policyMetrics)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := e.current.Load()
+	c := defaultScan(t)
 	blob := func(s string) string { return base64.StdEncoding.EncodeToString([]byte(s)) }
 	for _, tc := range []struct {
 		result string
@@ -169,7 +173,7 @@ func TestScanCleanAgreesWithThePolicy(t *testing.T) {
 		{`{"content":[{"type":"text","text":"fine"}],"structuredContent":{"eyJ":1}}`, false},
 		{`{"content":[{"type":"text","text":"split AK"},{"type":"text","text":"IA"}]}`, false},
 	} {
-		res, scan, err := resultTerms([]byte(tc.result), c.scanner, nil)
+		res, scan, err := resultTerms([]byte(tc.result), shapeToolResult, c.scanner, nil)
 		if err != nil {
 			t.Fatalf("%s: %v", tc.result, err)
 		}
@@ -181,6 +185,72 @@ func TestScanCleanAgreesWithThePolicy(t *testing.T) {
 		agree(t, scan, own)
 		if got := scan.Value.(ast.Object).Get(keyClean).Value.Compare(ast.Boolean(tc.clean)) == 0; !got {
 			t.Errorf("%.100s: clean is not %v", tc.result, tc.clean)
+		}
+	}
+}
+
+// On the other channels the scan knows where content blocks are as the
+// policy does: their binary data is left out, their blobs are checked, and
+// everything else is text.
+func TestScanOfOtherChannelsAgreesWithThePolicy(t *testing.T) {
+	c := defaultScan(t)
+	blob := func(s string) string { return base64.StdEncoding.EncodeToString([]byte(s)) }
+	for _, tc := range []struct {
+		channel, method, payload string
+		clean                    bool
+		listed                   int // strings the scan lists
+	}{
+		{"notification", "notifications/progress", `{"progressToken":1,"progress":2,"message":"step 2"}`, true, 0},
+		{"notification", "notifications/message", `{"level":"info","data":{"line":"key AKIAIOSFODNN7EXAMPLE"}}`, false, 1},
+		{"notification", "notifications/message", `{"level":"info","data":"a\u200bb"}`, false, 1},
+		{"error", "tools/call", `{"code":-32000,"message":"failed","data":{"ghp_":1}}`, false, 1},
+		// Binary data is binary only in content blocks.
+		{"notification", "notifications/message", `{"data":{"type":"image","data":"AKIA"}}`, false, 1},
+		{"result", "tools/call", `{"content":[{"type":"image","data":"AKIA","mimeType":"image/png"}]}`, true, 0},
+		{"result", "prompts/get", `{"messages":[{"role":"user","content":{"type":"image","data":"AKIA"}},` +
+			`{"role":"user","content":{"type":"audio","data":"eyJ"}},{"role":"user","content":{"type":"text","text":"hi"}}]}`, true, 0},
+		{"result", "prompts/get", `{"messages":[{"role":"user","content":{"type":"text","data":"AKIA"}}]}`, false, 1},
+		{"result", "prompts/get", `{"messages":[{"role":"user","content":{"type":"resource","resource":{"uri":"a","blob":"` + blob("bearer abc") + `"}}}]}`, false, 0},
+		{"result", "prompts/get", `{"messages":[{"role":"user","content":{"type":"resource","resource":{"uri":"a","blob":"` + blob("plain") + `"}}}]}`, true, 0},
+		{"result", "prompts/get", `{"messages":[{"role":"user","content":{"type":"resource","resource":{"uri":"a","blob":"not base64!"}}}]}`, false, 0},
+		{"server_request", "sampling/createMessage", `{"messages":[{"role":"user","content":[{"type":"image","data":"AKIA"},{"type":"text","text":"ok"}]}],"maxTokens":9}`, true, 0},
+		{"server_request", "sampling/createMessage", `{"messages":[{"role":"user","content":[{"type":"text","text":"AKIA"}]}]}`, false, 1},
+		{"server_request", "elicitation/create", `{"message":"ok","requestedSchema":{"type":"object","properties":{"x":{"type":"image","data":"AKIA"}}}}`, false, 1},
+		{"result", "resources/read", `{"contents":[{"uri":"a","text":"fine"},{"uri":"b","blob":"` + blob("plain") + `"}]}`, true, 0},
+		{"result", "resources/read", `{"contents":[{"uri":"b","blob":"` + blob("x AKIA") + `"}]}`, false, 0},
+		{"result", "resources/read", `{"contents":[{"uri":"b","blob":"AKIA!"}]}`, false, 0},
+		{"result", "resources/read", `{"contents":[{"uri":"b","blob":"QUtJQQ=="}],"x":{"blob":"AKIA"}}`, false, 1},
+		{"result", "tools/list", `{"tools":[{"name":"t","description":"Reads.","inputSchema":{"type":"object"}}]}`, true, 0},
+		{"result", "tools/list", `{"tools":[{"name":"t","description":"Reads.\u2062"}]}`, false, 1},
+		{"task", "tasks/get", `{"taskId":"t1","status":"working"}`, true, 0},
+		// An input_required result (2026-07-28) asks the runner things:
+		// the blocks of its sampling requests are blocks, nothing else is.
+		{"result", "tools/call", `{"resultType":"input_required","inputRequests":{"s":{"method":"sampling/createMessage","params":` +
+			`{"messages":[{"role":"user","content":{"type":"image","data":"AKIA"}},{"role":"user","content":[{"type":"audio","data":"eyJ"},` +
+			`{"type":"text","text":"hi"}]}],"maxTokens":5}},"e":{"method":"elicitation/create","params":{"message":"ok","requestedSchema":{}}}},"requestState":"x"}`, true, 0},
+		{"result", "prompts/get", `{"resultType":"input_required","inputRequests":{"e":{"method":"elicitation/create","params":` +
+			`{"messages":[{"role":"user","content":{"type":"image","data":"AKIA"}}]}}}}`, false, 1},
+		{"result", "resources/read", `{"resultType":"input_required","inputRequests":{},"contents":[{"uri":"b","blob":"AKIA!"}]}`, false, 1},
+		{"result", "tools/call", `{"resultType":"input_required","inputRequests":{"s":{"method":"sampling/createMessage","params":` +
+			`{"messages":[{"role":"user","content":{"type":"text","text":"AKIA"}}]}}}}`, false, 1},
+		{"result", "tools/call", `{"resultType":"input_required","content":[{"type":"image","data":"AKIA"}]}`, false, 1},
+	} {
+		res, scan, err := resultTerms([]byte(tc.payload), shapeOf(tc.channel, tc.method), c.scanner, nil)
+		if err != nil {
+			t.Fatalf("%s: %v", tc.payload, err)
+		}
+		in := ast.NewObject(ast.Item(keyResult, res), ast.Item(keyChannel, ast.StringTerm(tc.channel)), ast.Item(keyMethod, ast.StringTerm(tc.method)))
+		rs, err := c.query.Eval(context.Background(), rego.EvalParsedInput(in))
+		if err != nil || len(rs) != 1 {
+			t.Fatalf("%.100s: scan: %v %v", tc.payload, rs, err)
+		}
+		own := rs[0].Expressions[0].Value.(*ast.Term).Value.(ast.Object)
+		agree(t, scan, own)
+		if got := scan.Value.(ast.Object).Get(keyClean).Value.Compare(ast.Boolean(tc.clean)) == 0; !got {
+			t.Errorf("%s %s %.100s: clean is not %v", tc.channel, tc.method, tc.payload, tc.clean)
+		}
+		if n := len(entries(t, scan)); n != tc.listed {
+			t.Errorf("%s %s %.100s: %d strings listed, want %d: %v", tc.channel, tc.method, tc.payload, n, tc.listed, scan)
 		}
 	}
 }

@@ -1,0 +1,237 @@
+package toolgate.channels_test
+
+import data.toolgate.result
+
+# The defaults on every channel an upstream sends on (input.channel), not
+# only tools/call results.
+
+base := {
+	"caller": {"user": "alice@example.com", "groups": ["eng"], "claims": {}},
+	"session": {"id": "sess-1", "services": ["tracker"]},
+	"service": {"id": "tracker", "auth": "oauth", "tools": ["read_ticket"]},
+	"listing": false,
+	"request": {"remote_ip": "127.0.0.1", "protocol_version": "2025-11-25"},
+	"time": "2026-11-29T12:00:00Z",
+}
+
+on(channel, method, payload) := object.union(base, {"channel": channel, "method": method, "result": payload})
+
+decide(channel, method, payload) := d if {
+	d := result.decision with input as on(channel, method, payload)
+}
+
+aws_key := concat("", ["AKIA", "IOSFODNN7EXAMPLE"])
+
+github := concat("", ["ghp_", "16C7e42F292c6912E7710c838347Ae178B4a"])
+
+# A zero-width space, then "ignore" in Unicode tag characters: shown as
+# nothing, read by a model.
+hidden := "\u200b\uDB40\uDC69\uDB40\uDC67\uDB40\uDC6E\uDB40\uDC6F\uDB40\uDC72\uDB40\uDC65"
+
+b64(s) := base64.encode(s)
+
+# --- notifications
+
+test_clean_notification_is_allowed_as_is if {
+	decide("notification", "notifications/progress", {"progressToken": 1, "progress": 2, "total": 3, "message": "step 2"}) == {"action": "allow"}
+}
+
+test_log_message_is_redacted_and_stripped if {
+	d := decide("notification", "notifications/message", {"level": "info", "logger": "db", "data": {"line": concat("", ["connected with ", aws_key, hidden])}})
+	d.action == "allow"
+	d.result.data.line == "connected with [REDACTED:aws_access_key_id]"
+	d.result.level == "info"
+	contains(d.reason, "toolgate changed the upstream message")
+}
+
+test_resource_update_uri_is_inspected if {
+	d := decide("notification", "notifications/resources/updated", {"uri": concat("", ["test://x?token=", github])})
+	d.result.uri == "test://x?token=[REDACTED:github_token]"
+}
+
+test_notifications_are_cut_to_the_result_limit if {
+	d := decide("notification", "notifications/message", {"level": "info", "data": concat("", [concat("", ["x" | some _ in numbers.range(1, 70000)])])})
+	endswith(d.result.data, "; an upstream message may hold 65536 bytes of text]")
+}
+
+# --- errors
+
+test_error_message_and_data_are_inspected if {
+	d := decide("error", "resources/read", {"code": -32002, "message": concat(" ", ["not found:", aws_key]), "data": {"hint": concat("", ["use ", github, hidden])}})
+	d.action == "allow"
+	d.result == {"code": -32002, "message": "not found: [REDACTED:aws_access_key_id]", "data": {"hint": "use [REDACTED:github_token]"}}
+}
+
+# --- server→client requests
+
+test_sampling_messages_are_inspected_but_not_their_images if {
+	d := decide("server_request", "sampling/createMessage", {
+		"messages": [
+			{"role": "user", "content": {"type": "text", "text": concat("", ["summarize ", aws_key])}},
+			{"role": "user", "content": [
+				{"type": "image", "data": b64(aws_key), "mimeType": "image/png"},
+				{"type": "text", "text": concat("", ["and", hidden])},
+			]},
+		],
+		"systemPrompt": concat("", ["be brief", hidden]),
+		"maxTokens": 100,
+	})
+	d.result.messages[0].content.text == "summarize [REDACTED:aws_access_key_id]"
+	d.result.messages[1].content[0].data == b64(aws_key)
+	d.result.messages[1].content[1].text == "and"
+	d.result.systemPrompt == "be brief"
+}
+
+test_elicitation_message_and_schema_are_inspected if {
+	d := decide("server_request", "elicitation/create", {
+		"message": concat("", ["Paste your token", hidden]),
+		"requestedSchema": {"type": "object", "properties": {"token": {"type": "string", "description": concat(" ", ["e.g.", github])}}},
+	})
+	d.result.message == "Paste your token"
+	d.result.requestedSchema.properties.token.description == "e.g. [REDACTED:github_token]"
+}
+
+test_image_data_is_binary_only_in_blocks if {
+	# Outside content blocks a "data" member is text like any other.
+	d := decide("server_request", "sampling/createMessage", {"messages": [], "metadata": {"type": "image", "data": aws_key}})
+	d.result.metadata.data == "[REDACTED:aws_access_key_id]"
+}
+
+# --- results of other methods
+
+test_resource_contents_text_and_blob_are_inspected if {
+	d := decide("result", "resources/read", {"contents": [
+		{"uri": "file:///a", "mimeType": "text/plain", "text": concat("", ["key=", aws_key])},
+		{"uri": "file:///b", "mimeType": "application/octet-stream", "blob": b64(concat("", ["token: ", github]))},
+		{"uri": "file:///c", "blob": b64("plain bytes")},
+	]})
+	d.result.contents[0].text == "key=[REDACTED:aws_access_key_id]"
+	base64.decode(d.result.contents[1].blob) == "token: [REDACTED:github_token]"
+	d.result.contents[2].blob == b64("plain bytes")
+}
+
+test_resource_blob_that_is_not_base64_is_withheld if {
+	d := decide("result", "resources/read", {"contents": [{"uri": "file:///b", "blob": concat("", [aws_key, "!"])}]})
+	d.action == "deny"
+	contains(d.reason, "not base64")
+}
+
+test_clean_resource_contents_are_allowed_as_is if {
+	decide("result", "resources/read", {"contents": [{"uri": "file:///a", "text": "hello"}, {"uri": "file:///b", "blob": b64("bytes")}]}) == {"action": "allow"}
+}
+
+test_prompt_messages_are_inspected if {
+	d := decide("result", "prompts/get", {"description": concat("", ["review", hidden]), "messages": [
+		{"role": "user", "content": {"type": "text", "text": concat("", ["use ", github])}},
+		{"role": "user", "content": {"type": "image", "data": b64(aws_key), "mimeType": "image/png"}},
+		{"role": "user", "content": {"type": "resource", "resource": {"uri": "file:///k", "blob": b64(aws_key)}}},
+	]})
+	d.result.description == "review"
+	d.result.messages[0].content.text == "use [REDACTED:github_token]"
+	d.result.messages[1].content.data == b64(aws_key)
+	base64.decode(d.result.messages[2].content.resource.blob) == "[REDACTED:aws_access_key_id]"
+}
+
+test_tool_definitions_are_inspected if {
+	d := decide("result", "tools/list", {"tools": [{
+		"name": "read_ticket",
+		"description": concat("", ["Reads a ticket.", hidden]),
+		"inputSchema": {"type": "object", "properties": {"id": {"type": "string", "description": concat(" ", ["default", aws_key])}}},
+	}]})
+	d.result.tools[0].description == "Reads a ticket."
+	d.result.tools[0].inputSchema.properties.id.description == "default [REDACTED:aws_access_key_id]"
+}
+
+test_listings_have_their_own_limit if {
+	long := concat("", ["d" | some _ in numbers.range(1, 100000)])
+	decide("result", "tools/list", {"tools": [{"name": "t", "description": long}]}) == {"action": "allow"}
+	d := result.decision with input as on("result", "tools/list", {"tools": [{"name": "t", "description": long}]})
+		with data.toolgate.settings as {"max_listing_bytes": 50000}
+	endswith(d.result.tools[0].description, "; an upstream message may hold 50000 bytes of text]")
+}
+
+test_a_listing_limit_per_service if {
+	long := concat("", ["d" | some _ in numbers.range(1, 1000)])
+	d := result.decision with input as on("result", "prompts/list", {"prompts": [{"name": "p", "description": long}]})
+		with data.toolgate.settings as {"max_listing_bytes": 5000, "services": {"tracker": {"max_listing_bytes": 500}}}
+	contains(d.result.prompts[0].description, "may hold 500 bytes of text]")
+}
+
+test_other_results_need_no_content if {
+	decide("result", "completion/complete", {"completion": {"values": ["a", "b"], "hasMore": false}}) == {"action": "allow"}
+	d := decide("result", "completion/complete", {"completion": {"values": [aws_key]}})
+	d.result.completion.values == ["[REDACTED:aws_access_key_id]"]
+}
+
+test_server_instructions_are_inspected if {
+	d := decide("result", "initialize", {"protocolVersion": "2025-11-25", "capabilities": {}, "serverInfo": {"name": "s", "version": "1"}, "instructions": concat("", ["Be helpful.", hidden])})
+	d.result.instructions == "Be helpful."
+	d.result.protocolVersion == "2025-11-25"
+}
+
+# --- tasks
+
+test_a_created_task_is_not_a_tool_result if {
+	task := {"task": {"taskId": "t1", "status": "working", "statusMessage": concat(" ", ["started with", aws_key]), "createdAt": "2026-11-29T12:00:00Z"}}
+	d := result.decision with input as object.union(on("task", "tools/call", task), {"task": {"id": "t1"}, "tool": {"name": "build"}, "arguments": {}})
+	d.action == "allow"
+	d.result.task.statusMessage == "started with [REDACTED:aws_access_key_id]"
+}
+
+test_a_deferred_tool_result_is_a_tool_result if {
+	# tasks/result: the task's tools/call result, decided like a direct one.
+	d := deferred({"content": [{"type": "text", "text": concat(" ", ["built with", aws_key])}]})
+	d.result.content[0].text == "built with [REDACTED:aws_access_key_id]"
+	deferred({"task": {"taskId": "t1"}}).action == "deny"
+	deferred({"content": [{"type": "html", "text": "x"}]}).action == "deny"
+}
+
+deferred(payload) := d if {
+	d := result.decision with input as object.union(on("result", "tools/call", payload), {"task": {"id": "t1"}, "tool": {"name": "build"}, "arguments": {}})
+}
+
+test_review_results_asks_only_for_tool_results if {
+	settings := {"services": {"tracker": {"review_results": true}}}
+	d := result.decision with input as on("result", "tools/call", {"content": []}) with data.toolgate.settings as settings
+	d.action == "ask"
+	deferred := result.decision with input as object.union(on("result", "tools/call", {"content": []}), {"task": {"id": "t1"}})
+		with data.toolgate.settings as settings
+	deferred.action == "ask"
+	result.decision with input as on("notification", "notifications/progress", {"progress": 1}) with data.toolgate.settings as settings == {"action": "allow"}
+	result.decision with input as on("result", "resources/read", {"contents": []}) with data.toolgate.settings as settings == {"action": "allow"}
+}
+
+# --- input_required results (2026-07-28)
+
+test_an_input_required_result_is_inspected_like_server_requests if {
+	r := {
+		"resultType": "input_required",
+		"inputRequests": {
+			"s": {"method": "sampling/createMessage", "params": {"maxTokens": 5, "messages": [
+				{"role": "user", "content": {"type": "image", "data": b64(aws_key), "mimeType": "image/png"}},
+				{"role": "user", "content": [{"type": "text", "text": concat(" ", ["summarize", aws_key])}]},
+			]}},
+			"e": {"method": "elicitation/create", "params": {"message": concat("", ["Paste it", hidden]), "requestedSchema": {"type": "object"}}},
+		},
+		"requestState": "opaque",
+	}
+	d := decide("result", "tools/call", r)
+	d.action == "allow" # not a tool result: no content needed
+	d.result.inputRequests.s.params.messages[0].content.data == b64(aws_key)
+	d.result.inputRequests.s.params.messages[1].content[0].text == "summarize [REDACTED:aws_access_key_id]"
+	d.result.inputRequests.e.params.message == "Paste it"
+	decide("result", "prompts/get", object.union(r, {"inputRequests": {}})).action == "allow"
+}
+
+test_review_results_does_not_ask_about_input_requests if {
+	r := {"resultType": "input_required", "inputRequests": {"e": {"method": "elicitation/create", "params": {"message": "ok"}}}}
+	result.decision with input as on("result", "tools/call", r) with data.toolgate.settings as {"services": {"tracker": {"review_results": true}}} == {"action": "allow"}
+}
+
+# --- the gateway's scan decides the same
+
+test_scan_clean_decides_other_channels_alone if {
+	scan := {"clean": true, "threshold": 4096, "bytes": 20, "key_bytes": 12, "strings": [], "seams": []}
+	d := result.decision with input as object.union(on("notification", "notifications/message", {"level": "info", "data": "hi"}), {"scan": scan})
+	d == {"action": "allow"}
+}
