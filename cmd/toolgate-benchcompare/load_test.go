@@ -19,7 +19,7 @@ func startTestUpstream(t *testing.T, jsonResponse bool) *route {
 		&mcp.StreamableHTTPOptions{JSONResponse: jsonResponse, SessionTimeout: time.Minute})
 	srv := httptest.NewServer(h)
 	t.Cleanup(srv.Close)
-	r := &route{party: direct, kind: "sse", url: srv.URL + "/mcp", client: newClient(5 * time.Second)}
+	r := &route{party: direct, kind: "sse", url: srv.URL + "/mcp", client: newClient(time.Minute)} // generous: the test is about counting, on a loaded machine under -race
 	if jsonResponse {
 		r.kind = "json"
 	}
@@ -44,7 +44,7 @@ func TestOpenLoopAgainstTheUpstream(t *testing.T) {
 			for _, c := range []struct {
 				call call
 				rate int
-			}{{smallCall, 200}, {bigCall, 5}} {
+			}{{smallCall, 20}, {bigCall, 3}} { // rates any machine sustains: the test checks the counting, not speed
 				res := openLoop(ctx, r, c.call, c.rate, time.Second)
 				if res.Calls != c.rate || res.Errors != 0 || len(res.latencies) != c.rate {
 					t.Fatalf("%s: %d calls, %d errors (%s), %d latencies; want %d calls, no error",
