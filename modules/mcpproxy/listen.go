@@ -60,7 +60,7 @@ func (h *Handler) listenLegacy(ctx context.Context, w http.ResponseWriter, r *ht
 		if err != nil {
 			return
 		}
-		data := h.deliver(ctx, call, msg, false)
+		data := h.deliver(ctx, call, msg, true) // a stream: notifications pass (server requests are refused for a stateless runner)
 		if data == nil || msg.Kind != mcpmsg.Notification || !filter.passes(msg) {
 			continue
 		}
