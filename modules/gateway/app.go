@@ -104,10 +104,13 @@ type App struct {
 	// caller (all their sessions together), like MaxStreams. Default 1000.
 	MaxStreamsPerCaller int `json:"max_streams_per_caller,omitempty"`
 
-	// CacheTTL is how long sessions and decrypted credentials read from
-	// storage are reused before storage is read again. A session ended or a
-	// credential removed through another replica stops working here within
-	// this time. Default 10s.
+	// CacheTTL is how long sessions, decrypted credentials and MCP session
+	// state read from storage are reused before storage is read again, when
+	// the storage does not announce changes (file_system and most storage
+	// plugins): a session ended or a credential removed through another
+	// replica stops working here within this time. With a storage that
+	// announces changes (postgres) what was read is reused until it
+	// changes, whatever this is. Default 10s.
 	CacheTTL caddy.Duration `json:"cache_ttl,omitempty"`
 
 	// AllowedOrigins are browser origins (scheme://host[:port]) allowed to
@@ -372,6 +375,14 @@ func (a *App) Start() error {
 			return fmt.Errorf("starting cipher: %w", err)
 		}
 	}
+	if err := a.sessions.start(a.logger); err != nil {
+		return fmt.Errorf("following session changes in storage: %w", err)
+	}
+	if a.connections != nil {
+		if err := a.connections.start(a.logger); err != nil {
+			return fmt.Errorf("following credential changes in storage: %w", err)
+		}
+	}
 	a.Auth.start(ctx, a.httpClient, a.logger)
 	if a.Auth.Anonymous != "" {
 		a.logger.Warn("ANONYMOUS CALLERS ENABLED: requests from loopback addresses without a bearer token act as this user and may use every service without a session; never use this on a shared gateway",
@@ -454,6 +465,10 @@ func (a *App) expireMCPSessions() {
 // Stop stops background work.
 func (a *App) Stop() error {
 	a.stopOnce.Do(func() { close(a.stop) })
+	a.sessions.stop()
+	if a.connections != nil {
+		a.connections.stop()
+	}
 	return nil
 }
 

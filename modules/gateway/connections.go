@@ -7,10 +7,12 @@ import (
 	"fmt"
 	"io/fs"
 	"path"
-	"sync"
 	"time"
 
 	"github.com/caddyserver/certmagic"
+	"go.uber.org/zap"
+
+	"github.com/toolgate/toolgate/internal/storecache"
 )
 
 // Connection is a user's credential for one service: a personal bearer
@@ -45,27 +47,29 @@ var ErrNotConnected = errors.New("not connected")
 
 // ConnectionStore keeps users' connections, encrypted by the cipher, in Caddy
 // storage under toolgate/connections/<service>/<sha256 of user>. Decrypted
-// records are cached in memory for CacheTTL so the steady-state call path
-// makes no cipher (Vault) round trip.
+// records are kept in memory so the steady-state call path makes no
+// storage or cipher (Vault, KMS) round trip: until they change, with a
+// storage that announces changes (a refresh, a new connect or a disconnect
+// on one replica is seen by every replica at once), else for CacheTTL.
 type ConnectionStore struct {
-	storage  certmagic.Storage
-	cipher   Cipher
-	cacheTTL time.Duration
+	storage certmagic.Storage
+	cipher  Cipher
 
-	mu    sync.Mutex
-	cache map[string]cachedConnection
-}
-
-type cachedConnection struct {
-	conn     *Connection
-	loadedAt time.Time
+	watch *storecache.Watch
+	cache *storecache.Cache[*Connection]
 }
 
 const connectionPrefix = "toolgate/connections"
 
 func newConnectionStore(storage certmagic.Storage, cipher Cipher, cacheTTL time.Duration) *ConnectionStore {
-	return &ConnectionStore{storage: storage, cipher: cipher, cacheTTL: cacheTTL, cache: make(map[string]cachedConnection)}
+	w := storecache.NewWatch(storage, connectionPrefix)
+	return &ConnectionStore{storage: storage, cipher: cipher,
+		watch: w, cache: storecache.NewCache[*Connection](w, cacheTTL, func() time.Time { return now() })}
 }
+
+// start follows changes made by other replicas; stop ends that.
+func (s *ConnectionStore) start(logger *zap.Logger) error { return s.watch.Start(logger) }
+func (s *ConnectionStore) stop()                          { s.watch.Stop() }
 
 // ConnectionKey is the storage key of user's connection to service; it is
 // also the name of the storage lock that serializes its refreshes.
@@ -76,38 +80,37 @@ func ConnectionKey(service, user string) string {
 // Load returns user's connection to service, from the cache when fresh.
 // The result is shared: do not modify it, copy it.
 func (s *ConnectionStore) Load(ctx context.Context, service, user string) (*Connection, error) {
-	key := ConnectionKey(service, user)
-	s.mu.Lock()
-	c, ok := s.cache[key]
-	s.mu.Unlock()
-	if ok && now().Sub(c.loadedAt) < s.cacheTTL {
-		return c.conn, nil
-	}
-	return s.LoadFresh(ctx, service, user)
+	return s.cache.Load(ctx, ConnectionKey(service, user), s.loader(service, user))
 }
 
 // LoadFresh reads the connection from storage, bypassing the cache.
 func (s *ConnectionStore) LoadFresh(ctx context.Context, service, user string) (*Connection, error) {
-	key := ConnectionKey(service, user)
-	sealed, err := s.storage.Load(ctx, key)
-	if errors.Is(err, fs.ErrNotExist) {
-		s.remember(key, nil)
-		return nil, ErrNotConnected
+	return s.cache.Reload(ctx, ConnectionKey(service, user), s.loader(service, user))
+}
+
+// loader reads and decrypts user's connection to service. Absence is not
+// kept, so a connection made on another replica is seen at once.
+func (s *ConnectionStore) loader(service, user string) func(context.Context) (*Connection, bool, error) {
+	return func(ctx context.Context) (*Connection, bool, error) {
+		sealed, err := s.storage.Load(ctx, ConnectionKey(service, user))
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil, false, ErrNotConnected
+		}
+		if err != nil {
+			return nil, false, fmt.Errorf("%w: reading storage: %v", ErrStorageUnavailable, err)
+		}
+		plain, err := s.cipher.Decrypt(ctx, sealed, CipherContext(service, user))
+		if err != nil {
+			return nil, false, cipherError("decrypting the "+service+" connection", err)
+		}
+		var conn Connection
+		err = json.Unmarshal(plain, &conn)
+		clear(plain)
+		if err != nil {
+			return nil, false, fmt.Errorf("decoding the %s connection: %v", service, err)
+		}
+		return &conn, true, nil
 	}
-	if err != nil {
-		return nil, fmt.Errorf("%w: reading storage: %v", ErrStorageUnavailable, err)
-	}
-	plain, err := s.cipher.Decrypt(ctx, sealed, CipherContext(service, user))
-	if err != nil {
-		return nil, cipherError("decrypting the "+service+" connection", err)
-	}
-	var conn Connection
-	if err := json.Unmarshal(plain, &conn); err != nil {
-		return nil, fmt.Errorf("decoding the %s connection: %v", service, err)
-	}
-	clear(plain)
-	s.remember(key, &conn)
-	return &conn, nil
 }
 
 // Save encrypts and stores user's connection to service.
@@ -126,20 +129,21 @@ func (s *ConnectionStore) Save(ctx context.Context, service, user string, conn *
 		return fmt.Errorf("%w: writing storage: %v", ErrStorageUnavailable, err)
 	}
 	stored := *conn
-	s.remember(key, &stored)
+	s.cache.Wrote(ctx, key, &stored)
 	return nil
 }
 
 // Delete forgets user's connection to service.
 func (s *ConnectionStore) Delete(ctx context.Context, service, user string) error {
 	key := ConnectionKey(service, user)
-	s.remember(key, nil)
+	s.cache.Forget(key)
 	for _, k := range []string{key, rejectedKey(service, user)} {
 		err := s.storage.Delete(ctx, k)
 		if err != nil && !errors.Is(err, fs.ErrNotExist) {
 			return fmt.Errorf("%w: deleting from storage: %v", ErrStorageUnavailable, err)
 		}
 	}
+	s.cache.Deleted(ctx, key)
 	return nil
 }
 
@@ -159,10 +163,11 @@ func (s *ConnectionStore) Connect(ctx context.Context, service, user string, con
 // secret (the time) so the catalog can tell the user it expired.
 func (s *ConnectionStore) Reject(ctx context.Context, service, user string) error {
 	key := ConnectionKey(service, user)
-	s.remember(key, nil)
+	s.cache.Forget(key)
 	if err := s.storage.Delete(ctx, key); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("%w: deleting from storage: %v", ErrStorageUnavailable, err)
 	}
+	s.cache.Deleted(ctx, key)
 	mark, _ := json.Marshal(map[string]time.Time{"rejected_at": now().UTC()})
 	if err := s.storage.Store(ctx, rejectedKey(service, user), mark); err != nil {
 		return fmt.Errorf("%w: writing storage: %v", ErrStorageUnavailable, err)
@@ -185,21 +190,6 @@ func rejectedKey(service, user string) string {
 // Storage is the storage connections live in (its locks serialize refreshes
 // across replicas).
 func (s *ConnectionStore) Storage() certmagic.Storage { return s.storage }
-
-// remember caches conn under key; a nil conn evicts the key (absence is not
-// cached, so a connection made on another replica is seen at once).
-func (s *ConnectionStore) remember(key string, conn *Connection) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if conn == nil {
-		delete(s.cache, key)
-		return
-	}
-	if len(s.cache) > 100_000 {
-		clear(s.cache)
-	}
-	s.cache[key] = cachedConnection{conn: conn, loadedAt: now()}
-}
 
 // ErrStorageUnavailable reports that Caddy storage could not be read or
 // written; retrying later may succeed.

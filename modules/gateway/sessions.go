@@ -8,10 +8,12 @@ import (
 	"io/fs"
 	"path"
 	"slices"
-	"sync"
 	"time"
 
 	"github.com/caddyserver/certmagic"
+	"go.uber.org/zap"
+
+	"github.com/toolgate/toolgate/internal/storecache"
 )
 
 // Session is a runner's toolgate session: which services a caller chose to
@@ -51,21 +53,17 @@ var ErrTooManySessions = errors.New("too many toolgate sessions")
 // id, so that reading the storage reveals no usable session id, and an
 // index of each user's sessions (their hashes, services and times; no id)
 // under the SHA-256 of the user, so that a person can list and end their
-// sessions and their number is bounded. Reads are cached for CacheTTL; a
-// session ended on another replica stops working here within that time.
+// sessions and their number is bounded. Sessions read are kept in memory
+// (see internal/storecache): until they end, with a storage that announces
+// changes — ending a session on one replica ends it on every replica at
+// once —, else for CacheTTL.
 type SessionStore struct {
-	storage  certmagic.Storage
-	ttl      time.Duration
-	cacheTTL time.Duration
-	perUser  int
+	storage certmagic.Storage
+	ttl     time.Duration
+	perUser int
 
-	mu    sync.Mutex
-	cache map[string]cachedSession
-}
-
-type cachedSession struct {
-	session  *Session
-	loadedAt time.Time
+	watch *storecache.Watch
+	cache *storecache.Cache[*Session]
 }
 
 const (
@@ -74,8 +72,14 @@ const (
 )
 
 func newSessionStore(storage certmagic.Storage, ttl, cacheTTL time.Duration, perUser int) *SessionStore {
-	return &SessionStore{storage: storage, ttl: ttl, cacheTTL: cacheTTL, perUser: perUser, cache: make(map[string]cachedSession)}
+	w := storecache.NewWatch(storage, sessionPrefix)
+	return &SessionStore{storage: storage, ttl: ttl, perUser: perUser,
+		watch: w, cache: storecache.NewCache[*Session](w, cacheTTL, func() time.Time { return now() })}
 }
+
+// start follows changes made by other replicas; stop ends that.
+func (s *SessionStore) start(logger *zap.Logger) error { return s.watch.Start(logger) }
+func (s *SessionStore) stop()                          { s.watch.Stop() }
 
 func sessionKey(id string) string { return path.Join(sessionPrefix, hashKey(id)) }
 
@@ -124,7 +128,7 @@ func (s *SessionStore) Create(ctx context.Context, user string, services []strin
 		_ = s.storage.Delete(ctx, sessionIndexKey(user, ref))
 		return nil, fmt.Errorf("storing session: %w", err)
 	}
-	s.remember(sess)
+	s.cache.Put(path.Join(sessionPrefix, ref), sess)
 	return sess, nil
 }
 
@@ -175,35 +179,29 @@ func (s *SessionStore) Get(ctx context.Context, id string) (*Session, error) {
 	if id == "" || len(id) > 256 {
 		return nil, ErrSessionNotFound
 	}
-	key := hashKey(id)
-	t := now()
-	s.mu.Lock()
-	c, ok := s.cache[key]
-	s.mu.Unlock()
-	if ok && t.Sub(c.loadedAt) < s.cacheTTL {
-		if t.After(c.session.ExpiresAt) {
-			return nil, ErrSessionNotFound
+	key := sessionKey(id)
+	sess, err := s.cache.Load(ctx, key, func(ctx context.Context) (*Session, bool, error) {
+		data, err := s.storage.Load(ctx, key)
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil, false, ErrSessionNotFound
 		}
-		return c.session, nil
-	}
-	data, err := s.storage.Load(ctx, path.Join(sessionPrefix, key))
-	if errors.Is(err, fs.ErrNotExist) {
-		s.forget(id)
-		return nil, ErrSessionNotFound
-	}
+		if err != nil {
+			return nil, false, fmt.Errorf("loading session: %w", err)
+		}
+		var sess Session
+		if err := json.Unmarshal(data, &sess); err != nil {
+			return nil, false, fmt.Errorf("loading session: %w", err)
+		}
+		sess.ID = id
+		return &sess, true, nil
+	})
 	if err != nil {
-		return nil, fmt.Errorf("loading session: %w", err)
+		return nil, err
 	}
-	var sess Session
-	if err := json.Unmarshal(data, &sess); err != nil {
-		return nil, fmt.Errorf("loading session: %w", err)
-	}
-	sess.ID = id
-	if t.After(sess.ExpiresAt) {
+	if now().After(sess.ExpiresAt) {
 		return nil, ErrSessionNotFound
 	}
-	s.remember(&sess)
-	return &sess, nil
+	return sess, nil
 }
 
 // Delete ends sess.
@@ -225,30 +223,14 @@ func (s *SessionStore) DeleteRef(ctx context.Context, user, ref string) error {
 	} else if err != nil {
 		return err
 	}
-	s.mu.Lock()
-	delete(s.cache, ref)
-	s.mu.Unlock()
-	for _, key := range []string{path.Join(sessionPrefix, ref), index} {
+	record := path.Join(sessionPrefix, ref)
+	for _, key := range []string{record, index} {
 		if err := s.storage.Delete(ctx, key); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			return err
 		}
 	}
+	s.cache.Deleted(ctx, record)
 	return nil
-}
-
-func (s *SessionStore) remember(sess *Session) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if len(s.cache) > 100_000 {
-		clear(s.cache)
-	}
-	s.cache[hashKey(sess.ID)] = cachedSession{session: sess, loadedAt: now()}
-}
-
-func (s *SessionStore) forget(id string) {
-	s.mu.Lock()
-	delete(s.cache, hashKey(id))
-	s.mu.Unlock()
 }
 
 // sweep deletes expired sessions, and their index entries, from storage.
