@@ -195,6 +195,15 @@ func TestSealedState(t *testing.T) {
 	if _, err := other.Open(text, now); !errors.Is(err, ErrStateInvalid) {
 		t.Errorf("another key opened the state: %v", err)
 	}
+	// state_secret rotated: the old one, kept as a previous secret, opens
+	// what it sealed; the ring seals with the new one.
+	rotated, _ := newSealer([]byte("another secret, another gateway!"), []byte("0123456789abcdef0123456789abcdef"))
+	if got, err := rotated.Open(text, now); err != nil || got.Approval != "a1" {
+		t.Errorf("after rotation: %+v, %v", got, err)
+	}
+	if fresh, _ := rotated.Seal(st); func() bool { _, err := s.Open(fresh, now); return err == nil }() {
+		t.Error("the rotated ring sealed with the previous secret")
+	}
 	for _, f := range []func(*State){
 		func(s *State) { s.Caller = "bob" }, func(s *State) { s.Session = "other" }, func(s *State) { s.Service = "x" },
 		func(s *State) { s.Tool = "u" }, func(s *State) { s.Args = ArgsDigest([]byte(`{"a":1}`)) },

@@ -59,11 +59,14 @@ var processSecret = func() []byte {
 // For returns the runtime of app's configuration.
 func For(app *gateway.App) (*Runtime, error) {
 	v, err := app.Shared("mcp2026", func() (any, error) {
-		secret := processSecret
+		secrets := [][]byte{processSecret}
 		if app.StateSecret != "" {
-			secret = []byte(app.StateSecret)
+			secrets = [][]byte{[]byte(app.StateSecret)}
+			for _, p := range app.PreviousStateSecrets {
+				secrets = append(secrets, []byte(p))
+			}
 		}
-		s, err := newSealer(secret)
+		s, err := newSealer(secrets...)
 		if err != nil {
 			return nil, err
 		}

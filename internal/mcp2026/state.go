@@ -50,23 +50,32 @@ var (
 	ErrStateReplayed = errors.New("the requestState was already used")
 )
 
-// sealer seals and opens States with AES-256-GCM.
-type sealer struct{ aead cipher.AEAD }
+// sealer seals and opens States with AES-256-GCM: it seals with the key
+// of the first secret and opens with the key of any (state_secret and the
+// ones it replaced).
+type sealer struct{ aeads []cipher.AEAD }
 
-func newSealer(secret []byte) (*sealer, error) {
-	key, err := hkdf.Key(sha256.New, secret, nil, "toolgate mcp requestState v1", 32)
-	if err != nil {
-		return nil, err
+func newSealer(secrets ...[]byte) (*sealer, error) {
+	s := &sealer{}
+	for _, secret := range secrets {
+		key, err := hkdf.Key(sha256.New, secret, nil, "toolgate mcp requestState v1", 32)
+		if err != nil {
+			return nil, err
+		}
+		block, err := aes.NewCipher(key)
+		if err != nil {
+			return nil, err
+		}
+		aead, err := cipher.NewGCM(block)
+		if err != nil {
+			return nil, err
+		}
+		s.aeads = append(s.aeads, aead)
 	}
-	block, err := aes.NewCipher(key)
-	if err != nil {
-		return nil, err
+	if len(s.aeads) == 0 {
+		return nil, errors.New("no secret to seal requestStates with")
 	}
-	aead, err := cipher.NewGCM(block)
-	if err != nil {
-		return nil, err
-	}
-	return &sealer{aead: aead}, nil
+	return s, nil
 }
 
 var stateAD = []byte("toolgate requestState")
@@ -82,11 +91,12 @@ func (s *sealer) Seal(st State) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	iv := make([]byte, s.aead.NonceSize())
+	aead := s.aeads[0]
+	iv := make([]byte, aead.NonceSize())
 	if _, err := rand.Read(iv); err != nil {
 		return "", err
 	}
-	sealed := s.aead.Seal(iv, iv, plain, stateAD)
+	sealed := aead.Seal(iv, iv, plain, stateAD)
 	return statePrefix + base64.RawURLEncoding.EncodeToString(sealed), nil
 }
 
@@ -95,11 +105,16 @@ func (s *sealer) Seal(st State) (string, error) {
 func (s *sealer) Open(text string, now time.Time) (State, error) {
 	var st State
 	raw, err := base64.RawURLEncoding.DecodeString(strings.TrimPrefix(text, statePrefix))
-	if !IsOwnState(text) || err != nil || len(raw) < s.aead.NonceSize()+s.aead.Overhead() {
+	if !IsOwnState(text) || err != nil || len(raw) < s.aeads[0].NonceSize()+s.aeads[0].Overhead() {
 		return st, ErrStateInvalid
 	}
-	ns := s.aead.NonceSize()
-	plain, err := s.aead.Open(nil, raw[:ns], raw[ns:], stateAD)
+	ns := s.aeads[0].NonceSize()
+	var plain []byte
+	for _, aead := range s.aeads {
+		if plain, err = aead.Open(nil, raw[:ns], raw[ns:], stateAD); err == nil {
+			break
+		}
+	}
 	if err != nil || json.Unmarshal(plain, &st) != nil || st.Nonce == "" {
 		return State{}, ErrStateInvalid
 	}

@@ -234,8 +234,10 @@ func signInCookieName(secure bool) string {
 	return signInCookie
 }
 
-func (h *Handler) signInAEAD() cipher.AEAD {
-	key := sha256.Sum256([]byte("toolgate console sign-in\x00" + h.app.StateSecret))
+// signInAEAD is the cookie's AEAD under secret (the state_secret, or a
+// previous one).
+func signInAEAD(secret string) cipher.AEAD {
+	key := sha256.Sum256([]byte("toolgate console sign-in\x00" + secret))
 	block, _ := aes.NewCipher(key[:])
 	aead, _ := cipher.NewGCM(block)
 	return aead
@@ -243,7 +245,7 @@ func (h *Handler) signInAEAD() cipher.AEAD {
 
 func (h *Handler) sealSignIn(st signInState) string {
 	plain, _ := json.Marshal(st)
-	aead := h.signInAEAD()
+	aead := signInAEAD(h.app.StateSecret)
 	nonce := make([]byte, aead.NonceSize())
 	_, _ = rand.Read(nonce)
 	return base64.RawURLEncoding.EncodeToString(aead.Seal(nonce, nonce, plain, []byte(signInCookie)))
@@ -252,15 +254,17 @@ func (h *Handler) sealSignIn(st signInState) string {
 func (h *Handler) openSignIn(value string) (signInState, bool) {
 	var st signInState
 	sealed, err := base64.RawURLEncoding.DecodeString(value)
-	aead := h.signInAEAD()
-	if err != nil || len(sealed) < aead.NonceSize() {
+	if err != nil || len(sealed) < 12 {
 		return st, false
 	}
-	plain, err := aead.Open(nil, sealed[:aead.NonceSize()], sealed[aead.NonceSize():], []byte(signInCookie))
-	if err != nil || json.Unmarshal(plain, &st) != nil || time.Now().Unix() > st.Expiry {
-		return st, false
+	for _, secret := range append([]string{h.app.StateSecret}, h.app.PreviousStateSecrets...) {
+		aead := signInAEAD(secret)
+		plain, err := aead.Open(nil, sealed[:aead.NonceSize()], sealed[aead.NonceSize():], []byte(signInCookie))
+		if err == nil {
+			return st, json.Unmarshal(plain, &st) == nil && time.Now().Unix() <= st.Expiry
+		}
 	}
-	return st, true
+	return st, false
 }
 
 func (h *Handler) issuer(r *http.Request) (int, *OIDCIssuer) {

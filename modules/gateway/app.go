@@ -35,10 +35,17 @@ type App struct {
 	// endpoint from a browser. Required when a service uses oauth.
 	PublicURL string `json:"public_url,omitempty"`
 
-	// StateSecret signs OAuth state parameters: at least 32 bytes. Required
-	// when a service uses oauth. Use a placeholder such as
-	// {env.TOOLGATE_STATE_SECRET}; never commit it.
+	// StateSecret signs OAuth state parameters and seals the console's
+	// sign-in cookie: at least 32 bytes. Required when a service uses oauth.
+	// Use a placeholder such as {env.TOOLGATE_STATE_SECRET}; never commit
+	// it.
 	StateSecret string `json:"state_secret,omitempty"`
+
+	// PreviousStateSecrets are secrets StateSecret replaced: what was
+	// signed or sealed with them is still accepted, nothing new is. Keep
+	// one for as long as what it signed lives, then remove it. Caddyfile:
+	// further arguments of state_secret.
+	PreviousStateSecrets []string `json:"previous_state_secrets,omitempty"`
 
 	// StorageRaw is where sessions and connections are kept: any
 	// caddy.storage module. Default: Caddy's configured storage. Give
@@ -214,6 +221,9 @@ func (a *App) Provision(ctx caddy.Context) error {
 	// Defaults.
 	a.PublicURL = strings.TrimSuffix(repl.ReplaceKnown(a.PublicURL, ""), "/")
 	a.StateSecret = repl.ReplaceKnown(a.StateSecret, "")
+	for i, p := range a.PreviousStateSecrets {
+		a.PreviousStateSecrets[i] = repl.ReplaceKnown(p, "")
+	}
 	if a.SessionHeader == "" {
 		a.SessionHeader = DefaultSessionHeader
 	}
@@ -340,6 +350,14 @@ func (a *App) Validate() error {
 		}
 		if len(a.StateSecret) < minStateSecretBytes {
 			return fmt.Errorf("service %q uses oauth: state_secret must be at least %d bytes (is its environment variable set?)", needsOAuth, minStateSecretBytes)
+		}
+	}
+	for _, p := range a.PreviousStateSecrets {
+		switch {
+		case a.StateSecret == "":
+			return errors.New("state_secret: previous secrets are given, but no current one")
+		case len(p) < minStateSecretBytes:
+			return fmt.Errorf("state_secret: a previous secret is shorter than %d bytes (is its environment variable set?)", minStateSecretBytes)
 		}
 	}
 	if a.SessionTTL < 0 || a.MCPSessionIdleTimeout < 0 || a.MCPSessionSweepInterval < 0 || a.CacheTTL < 0 {

@@ -33,7 +33,7 @@ func parseGlobalOption(d *caddyfile.Dispenser, existing any) (any, error) {
 //
 //	toolgate {
 //		public_url   <url>
-//		state_secret <secret>
+//		state_secret <secret> [<previous secret>...]
 //		storage <module> { … }
 //		cipher  <module> { … }
 //		session_header <name>
@@ -111,7 +111,11 @@ func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		case "public_url":
 			err = caddyopt.String(d, &a.PublicURL)
 		case "state_secret":
-			err = caddyopt.String(d, &a.StateSecret)
+			secrets := d.RemainingArgs()
+			if len(secrets) == 0 {
+				return d.ArgErr()
+			}
+			a.StateSecret, a.PreviousStateSecrets = secrets[0], secrets[1:]
 		case "session_header":
 			err = caddyopt.String(d, &a.SessionHeader)
 		case "session_ttl":

@@ -204,6 +204,25 @@ func TestUnmarshalCaddyfileMinimal(t *testing.T) {
 	}
 }
 
+// state_secret's further arguments are the secrets it replaced, kept to
+// open what they sealed.
+func TestUnmarshalCaddyfileStateSecretRotation(t *testing.T) {
+	app, err := unmarshal(`toolgate {
+		state_secret {env.NEW_SECRET} {env.OLD_SECRET} {env.OLDER_SECRET}
+	}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := json.Marshal(app)
+	if want := `{"state_secret":"{env.NEW_SECRET}","previous_state_secrets":["{env.OLD_SECRET}","{env.OLDER_SECRET}"]}`; string(b) != want {
+		t.Errorf("got %s, want %s", b, want)
+	}
+	app, err = unmarshal("toolgate {\n state_secret {env.ONLY}\n}")
+	if b, _ := json.Marshal(app); err != nil || string(b) != `{"state_secret":"{env.ONLY}"}` {
+		t.Errorf("one secret: %s, %v", b, err)
+	}
+}
+
 func TestUnmarshalCaddyfileCipherArgumentAndStorageBlock(t *testing.T) {
 	app, err := unmarshal(`toolgate {
 		cipher local /k
@@ -242,6 +261,7 @@ func TestUnmarshalCaddyfileErrors(t *testing.T) {
 		{"public_url without argument", "toolgate {\n public_url\n}", "wrong argument count"},
 		{"public_url with two arguments", "toolgate {\n public_url a b\n}", "wrong argument count"},
 		{"state_secret without argument", "toolgate {\n state_secret\n}", "wrong argument count"},
+		{"duplicate state_secret", "toolgate {\n state_secret a b\n state_secret c\n}", "state_secret given twice"},
 		{"allowed_origins without argument", "toolgate {\n allowed_origins\n}", "wrong argument count"},
 		{"storage without module", "toolgate {\n storage\n}", "wrong argument count"},
 		{"unknown cipher module", "toolgate {\n cipher rot13\n}", "rot13"},

@@ -165,7 +165,8 @@ func (a *App) signState(st oauthState) string {
 	return base64.RawURLEncoding.EncodeToString(payload) + "." + base64.RawURLEncoding.EncodeToString(mac.Sum(nil))
 }
 
-// verifyState checks a state's signature, expiry and service.
+// verifyState checks a state's signature (with state_secret, or a previous
+// one), expiry and service.
 func (a *App) verifyState(state, service string) (oauthState, error) {
 	var st oauthState
 	p, s, ok := strings.Cut(state, ".")
@@ -177,9 +178,13 @@ func (a *App) verifyState(state, service string) (oauthState, error) {
 	if err1 != nil || err2 != nil {
 		return st, ErrInvalidState
 	}
-	mac := hmac.New(sha256.New, []byte(a.StateSecret))
-	mac.Write(payload)
-	if !hmac.Equal(sig, mac.Sum(nil)) {
+	signed := false
+	for _, secret := range append([]string{a.StateSecret}, a.PreviousStateSecrets...) {
+		mac := hmac.New(sha256.New, []byte(secret))
+		mac.Write(payload)
+		signed = signed || hmac.Equal(sig, mac.Sum(nil))
+	}
+	if !signed {
 		return st, ErrInvalidState
 	}
 	if err := json.Unmarshal(payload, &st); err != nil || st.Nonce == "" || st.User == "" || st.Browser == "" {

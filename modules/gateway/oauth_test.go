@@ -80,6 +80,26 @@ func TestStateIsSignedAndBound(t *testing.T) {
 	}
 }
 
+// A state signed before state_secret was rotated still verifies while the
+// old secret is kept as a previous one, and no longer once it is removed.
+func TestStateSignedWithAPreviousSecret(t *testing.T) {
+	clock := setClock(t, time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC))
+	old := &App{StateSecret: testSecret}
+	st := oauthState{User: "alice", Browser: "b1", Service: "svc", Expiry: clock.Add(authorizationTTL).Unix(), Nonce: "n1"}
+	state := old.signState(st)
+	rotated := &App{StateSecret: strings.ToUpper(testSecret), PreviousStateSecrets: []string{testSecret}}
+	if got, err := rotated.verifyState(state, "svc"); err != nil || got != st {
+		t.Fatalf("after rotation: %+v, %v", got, err)
+	}
+	if _, err := (&App{StateSecret: testSecret}).verifyState(rotated.signState(st), "svc"); !errors.Is(err, ErrInvalidState) {
+		t.Errorf("a state signed with the new secret verified under the old one alone: %v", err)
+	}
+	retired := &App{StateSecret: strings.ToUpper(testSecret)}
+	if _, err := retired.verifyState(state, "svc"); !errors.Is(err, ErrInvalidState) {
+		t.Errorf("a state signed with a removed secret verified: %v", err)
+	}
+}
+
 func TestAuthorizeURLAndSingleUsePending(t *testing.T) {
 	ctx := context.Background()
 	clock := setClock(t, time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC))

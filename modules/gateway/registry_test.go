@@ -225,7 +225,9 @@ func TestAppValidateCrossServiceRules(t *testing.T) {
 		{"bad public_url", App{PublicURL: "gw.example.com"}, `public_url "gw.example.com": must be an absolute http(s) URL`},
 		{"negative ttl", App{SessionTTL: -1}, "must be positive"},
 		{"negative depth", App{MaxJSONDepth: -1}, "must be positive"},
-		{"valid", App{Services: []*Service{oauth, bearer}, cipher: testCipher(t), PublicURL: "https://gw", StateSecret: secret}, ""},
+		{"previous state secrets without a current one", App{PreviousStateSecrets: []string{secret}}, "previous secrets are given, but no current one"},
+		{"a short previous state secret", App{StateSecret: secret, PreviousStateSecrets: []string{secret, "short"}}, "a previous secret is shorter than 32 bytes"},
+		{"valid", App{Services: []*Service{oauth, bearer}, cipher: testCipher(t), PublicURL: "https://gw", StateSecret: secret, PreviousStateSecrets: []string{strings.ToUpper(secret)}}, ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

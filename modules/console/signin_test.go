@@ -1,0 +1,41 @@
+package console
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/toolgate/toolgate/modules/gateway"
+)
+
+// A sign-in under way when state_secret is rotated completes while the old
+// secret is kept as a previous one; a cookie sealed with a secret no longer
+// configured, or altered, is refused.
+func TestSignInCookieOpensUnderAPreviousSecret(t *testing.T) {
+	oldSecret := strings.Repeat("o", 32)
+	newSecret := strings.Repeat("n", 32)
+	st := signInState{Issuer: 1, State: "s", Nonce: "n", Verifier: "v", Return: "/console/", Expiry: time.Now().Add(time.Minute).Unix()}
+	before := &Handler{app: &gateway.App{StateSecret: oldSecret}}
+	cookie := before.sealSignIn(st)
+
+	rotated := &Handler{app: &gateway.App{StateSecret: newSecret, PreviousStateSecrets: []string{oldSecret}}}
+	if got, ok := rotated.openSignIn(cookie); !ok || got != st {
+		t.Fatalf("after rotation: %+v, %v", got, ok)
+	}
+	if got, ok := rotated.openSignIn(rotated.sealSignIn(st)); !ok || got != st {
+		t.Fatalf("sealed with the new secret: %+v, %v", got, ok)
+	}
+	retired := &Handler{app: &gateway.App{StateSecret: newSecret}}
+	if _, ok := retired.openSignIn(cookie); ok {
+		t.Error("a cookie sealed with a removed secret opened")
+	}
+	tampered := []byte(cookie)
+	tampered[len(tampered)/2] ^= 1
+	if _, ok := rotated.openSignIn(string(tampered)); ok {
+		t.Error("an altered cookie opened")
+	}
+	st.Expiry = time.Now().Add(-time.Second).Unix()
+	if _, ok := rotated.openSignIn(before.sealSignIn(st)); ok {
+		t.Error("an expired sign-in opened")
+	}
+}
