@@ -104,8 +104,10 @@ const maxImplied = 1 << 16
 // Session returns the MCP session implied for a stateless request of call
 // (caller, toolgate session, service, and the capabilities it declared),
 // creating it when there is none or the last one ended. Creating one counts
-// against the MCP session limits like an initialize.
-func (rt *Runtime) Session(call *gateway.Call, svc *gateway.Service) (*gateway.MCPSession, error) {
+// against the MCP session limits like an initialize. Implied sessions are
+// this replica's own (a stateless request carries all another replica
+// needs), so none is stored.
+func (rt *Runtime) Session(ctx context.Context, call *gateway.Call, svc *gateway.Service) (*gateway.MCPSession, error) {
 	sum := sha256.Sum256(call.Stateless.Capabilities)
 	key := call.Caller.User + "\x00" + call.Session.ID + "\x00" + svc.ID + "\x00" + hex.EncodeToString(sum[:])
 	rt.mu.Lock()
@@ -121,7 +123,7 @@ func (rt *Runtime) Session(call *gateway.Call, svc *gateway.Service) (*gateway.M
 			}
 		}
 	}
-	ms, err := rt.app.MCPSessions().Create(call.Caller.User, call.Session.ID, svc.ID)
+	ms, err := rt.app.MCPSessions().CreateLocal(ctx, call.Caller.User, call.Session, svc.ID)
 	if err != nil {
 		return nil, err
 	}

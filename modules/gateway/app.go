@@ -21,6 +21,10 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/certmagic"
 	"go.uber.org/zap"
+
+	"github.com/toolgate/toolgate/internal/mcpstate"
+	"github.com/toolgate/toolgate/internal/seal"
+	"github.com/toolgate/toolgate/internal/storecache"
 )
 
 func init() {
@@ -35,15 +39,20 @@ type App struct {
 	// endpoint from a browser. Required when a service uses oauth.
 	PublicURL string `json:"public_url,omitempty"`
 
-	// StateSecret signs OAuth state parameters and seals the console's
-	// sign-in cookie: at least 32 bytes. Required when a service uses oauth.
-	// Use a placeholder such as {env.TOOLGATE_STATE_SECRET}; never commit
-	// it.
+	// StateSecret is the secret toolgate derives the keys of what it hands
+	// out and reads back from: it signs OAuth state parameters, seals the
+	// console's sign-in cookie, and seals Mcp-Session-Ids, so that every
+	// replica configured with it continues any MCP session. At least 32
+	// bytes. Required when a service uses oauth, and to run several
+	// replicas; without it, MCP session ids are sealed with a key of the
+	// process, which no other replica holds and a restart forgets. Use a
+	// placeholder such as {env.TOOLGATE_STATE_SECRET}; never commit it.
 	StateSecret string `json:"state_secret,omitempty"`
 
 	// PreviousStateSecrets are secrets StateSecret replaced: what was
-	// signed or sealed with them is still accepted, nothing new is. Keep
-	// one for as long as what it signed lives, then remove it. Caddyfile:
+	// signed or sealed with them is still accepted (OAuth states and MCP
+	// session ids), nothing new is. Keep one for as long as what it sealed
+	// lives (session_ttl for MCP session ids), then remove it. Caddyfile:
 	// further arguments of state_secret.
 	PreviousStateSecrets []string `json:"previous_state_secrets,omitempty"`
 
@@ -92,13 +101,17 @@ type App struct {
 	// Default 1m.
 	MCPSessionSweepInterval caddy.Duration `json:"mcp_session_sweep_interval,omitempty"`
 
-	// MaxMCPSessions bounds the open MCP sessions of this gateway process,
-	// all callers together. An initialize over the bound is refused with a
+	// MaxMCPSessions bounds the MCP sessions initialized through this
+	// gateway process and still held by it (a session this process has not
+	// served for mcp_session_idle_timeout no longer counts here), all
+	// callers together. An initialize over the bound is refused with a
 	// JSON-RPC error that says so. Default 10000.
 	MaxMCPSessions int `json:"max_mcp_sessions,omitempty"`
 
 	// MaxMCPSessionsPerCaller bounds the open MCP sessions of one caller
-	// (all their toolgate sessions and services together). Default 100.
+	// (all their toolgate sessions and services together, on every replica
+	// sharing the storage; replicas initializing at the same moment may
+	// each let one more through). Default 100.
 	MaxMCPSessionsPerCaller int `json:"max_mcp_sessions_per_caller,omitempty"`
 
 	// MaxStreams bounds the responses this gateway process relays at once,
@@ -143,7 +156,8 @@ type App struct {
 	sessions     *SessionStore
 	connections  *ConnectionStore
 	mcpSessions  *MCPSessions
-	endMCP       func(*MCPSession, Upstream)
+	mcpConfig    *mcpConfig
+	endMCP       func(EndedMCPSession)
 	pipeline     *pipelineTrail
 	httpClient   *http.Client
 	origins      map[string]struct{}
@@ -310,6 +324,24 @@ func (a *App) Provision(ctx caddy.Context) error {
 	}
 	a.mcpSessions = v.(*MCPSessions)
 	a.releasePools = append(a.releasePools, func() { _, _ = mcpSessionPool.Delete(mcpSessionPoolKey) })
+	a.mcpConfig = &mcpConfig{
+		shared:    mcpstate.New(a.storage, time.Duration(a.MCPSessionIdleTimeout), time.Duration(a.SessionTTL), func() time.Time { return now() }),
+		max:       a.MaxMCPSessions,
+		perCaller: a.MaxMCPSessionsPerCaller,
+		cacheTTL:  time.Duration(a.CacheTTL),
+		idle:      time.Duration(a.MCPSessionIdleTimeout),
+		logger:    a.logger,
+		onEnd:     a.endMCPSession,
+	}
+	if a.StateSecret != "" {
+		secrets := [][]byte{[]byte(a.StateSecret)}
+		for _, p := range a.PreviousStateSecrets {
+			secrets = append(secrets, []byte(p))
+		}
+		if a.mcpConfig.keys, err = seal.New(mcpstate.Purpose, secrets...); err != nil {
+			return fmt.Errorf("state_secret: %v", err)
+		}
+	}
 	if a.httpClient, err = sharedUpstreamClient(); err != nil {
 		return err
 	}
@@ -409,7 +441,14 @@ func (a *App) Start() error {
 	for _, hook := range a.startHooks {
 		hook()
 	}
-	a.mcpSessions.setLimits(a.MaxMCPSessions, a.MaxMCPSessionsPerCaller)
+	if err := a.mcpSessions.attach(a.mcpConfig); err != nil {
+		return fmt.Errorf("following MCP session changes in storage: %w", err)
+	}
+	if a.StateSecret == "" {
+		if _, ok := a.storage.(storecache.Notifier); ok {
+			a.logger.Warn("no state_secret: MCP session ids are sealed with a key of this process only; replicas sharing the storage cannot continue each other's sessions, and a restart ends them. Give every replica the same state_secret")
+		}
+	}
 	go a.housekeeping()
 	return nil
 }
@@ -417,7 +456,26 @@ func (a *App) Start() error {
 // OnMCPSessionEnd registers fn to end the upstream session of an MCP
 // session that expired (the proxy sends DELETE upstream). It runs in the
 // background, never under a request.
-func (a *App) OnMCPSessionEnd(fn func(*MCPSession, Upstream)) { a.endMCP = fn }
+func (a *App) OnMCPSessionEnd(fn func(EndedMCPSession)) { a.endMCP = fn }
+
+// endingConcurrency bounds the upstream DELETEs of expired sessions in
+// flight at once.
+const endingConcurrency = 16
+
+var endingSlots = make(chan struct{}, endingConcurrency)
+
+// endMCPSession ends the upstream session of an expired MCP session, in
+// the background.
+func (a *App) endMCPSession(e EndedMCPSession) {
+	if a.endMCP == nil {
+		return
+	}
+	go func() {
+		endingSlots <- struct{}{}
+		defer func() { <-endingSlots }()
+		a.endMCP(e)
+	}()
+}
 
 // OnStart registers fn to run when the app starts, after every module is
 // provisioned: the place for a guest part's network I/O and background
@@ -436,7 +494,7 @@ func (a *App) housekeeping() {
 		case <-a.stop:
 			return
 		case <-mcpTick.C:
-			a.expireMCPSessions()
+			a.mcpSessions.housekeep(context.Background())
 		case <-sweepTick.C:
 			n, err := a.sessions.sweep(context.Background())
 			if err != nil {
@@ -454,35 +512,10 @@ func (a *App) housekeeping() {
 	}
 }
 
-// endingConcurrency bounds the upstream DELETEs of expired sessions in
-// flight at once.
-const endingConcurrency = 16
-
-// expireMCPSessions ends idle MCP sessions, here and upstream.
-func (a *App) expireMCPSessions() {
-	ended := a.mcpSessions.expire(time.Duration(a.MCPSessionIdleTimeout))
-	if len(ended) == 0 {
-		return
-	}
-	a.logger.Debug("expired idle MCP sessions", zap.Int("count", len(ended)))
-	if a.endMCP == nil {
-		return
-	}
-	go func() {
-		sem := make(chan struct{}, endingConcurrency)
-		for _, e := range ended {
-			sem <- struct{}{}
-			go func() {
-				defer func() { <-sem }()
-				a.endMCP(e.Session, e.Upstream)
-			}()
-		}
-	}()
-}
-
 // Stop stops background work.
 func (a *App) Stop() error {
 	a.stopOnce.Do(func() { close(a.stop) })
+	a.mcpSessions.detach(a.mcpConfig)
 	a.sessions.stop()
 	if a.connections != nil {
 		a.connections.stop()
@@ -551,7 +584,8 @@ func (a *App) AuthenticateEndpoint(r *http.Request) (*Caller, error) {
 }
 
 // AnonymousSession returns the implicit session of an anonymous caller: every
-// service, for as long as the request lasts.
+// service, for as long as the request lasts (its expiry, session_ttl from
+// now, bounds the MCP sessions initialized in it).
 func (a *App) AnonymousSession(caller *Caller) *Session {
 	ids := make([]string, 0, len(a.Services))
 	for _, s := range a.Services {
@@ -560,7 +594,7 @@ func (a *App) AnonymousSession(caller *Caller) *Session {
 		}
 	}
 	t := now()
-	return &Session{ID: "anonymous", User: caller.User, Services: ids, CreatedAt: t, ExpiresAt: t.Add(time.Hour)}
+	return &Session{ID: "anonymous", User: caller.User, Services: ids, CreatedAt: t, ExpiresAt: t.Add(time.Duration(a.SessionTTL))}
 }
 
 // SessionHeaderName is the header runners send their session id in.

@@ -9,37 +9,61 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.uber.org/zap"
+
 	"github.com/toolgate/toolgate/internal/mcpmsg"
+	"github.com/toolgate/toolgate/internal/mcpstate"
 )
 
-// MCPSession is a runner's MCP session with one service through toolgate.
-// The runner knows it by toolgate's own Mcp-Session-Id; toolgate keeps the
-// upstream's session id, which the runner never sees. One MCPSession is one
-// upstream session.
+// MCPSession is a runner's MCP session with one service through toolgate,
+// as this replica holds it. The runner knows it by toolgate's own
+// Mcp-Session-Id, which seals the session's storage ref, owner, service and
+// expiry (see internal/mcpstate); toolgate keeps the upstream's session id,
+// which the runner never sees. One MCPSession is one upstream session.
 //
-// A session is open until the runner ends it (DELETE) or it is idle for the
-// idle timeout; then it is closed for good: its streams stop, its upstream
-// session is ended with DELETE, and it never initializes upstream again.
+// What any replica needs to continue the session is in the shared storage
+// (see MCPSessions); the object here is this replica's copy of it, plus
+// what cannot leave the replica: its open streams and the runner streams
+// it keeps for resumption.
+//
+// A session is open until the runner ends it (DELETE, on any replica) or it
+// is idle for the idle timeout; then it is closed for good: its streams
+// stop, its upstream session is ended with DELETE, and it never
+// initializes upstream again.
 type MCPSession struct {
-	ID        string // toolgate's Mcp-Session-Id (≥128 random bits)
+	ID        string // toolgate's Mcp-Session-Id, sealed
+	Ref       string // the session's name in storage
 	User      string // the caller who initialized it; only they may use it
-	SessionID string // the toolgate session it was created in
+	SessionID string // the toolgate session it was initialized in
 	Service   string
 	Created   time.Time
+	Expires   time.Time
 
+	m        *MCPSessions
 	lastUsed atomic.Int64 // unix nanoseconds
 	inUse    atomic.Int32 // exchanges and streams in progress
+
+	// Bookkeeping of this copy against the shared state.
+	stale   atomic.Bool  // a change was announced since the record was read
+	own     atomic.Int32 // this replica's announcements not echoed yet
+	checked atomic.Int64 // when the record was last read, unix nanoseconds
+	marked  atomic.Int64 // the newest window the session is known marked in
+	started bool         // initialized through this replica (counts in max_mcp_sessions)
+	local   bool         // this replica's only, never stored (see CreateLocal)
 
 	ctx    context.Context // done when the session closes
 	cancel context.CancelFunc
 	reinit chan struct{} // held while re-initializing
 
 	mu             sync.Mutex
+	changes        uint64 // announcements received for this session
 	closed         bool
+	stored         bool // the record exists in storage
 	upstream       Upstream
-	catalog        map[string]*ToolDefinition
-	catalogKnown   bool          // the upstream's tools were listed at least once
-	catalogPending chan struct{} // closed when the listing in progress ends; nil when none is
+	catalog        *mcpstate.Catalog
+	catalogPending chan struct{} // closed when the listing awaited ends; nil when none is
+	listingHere    bool          // the listing awaited runs on this replica
+	catalogGivenUp bool          // a wait for a listing ran out: later calls do not wait
 	serverRequests map[string]string
 	streams        map[string]any // resumable runner streams, by token
 	streamOrder    []string
@@ -71,30 +95,8 @@ type Upstream struct {
 }
 
 // ToolDefinition is a tool as the upstream published it in tools/list.
-type ToolDefinition struct {
-	Name string
-	Raw  []byte // the tool object's JSON text
-
-	memo atomic.Pointer[toolMemo]
-}
-
-type toolMemo struct {
-	key   any
-	value any
-}
-
-// Memo returns the value make computes from the definition and key,
-// computing it once per key: again only when called with another key (the
-// policy step keeps the tool's policy input here, keyed on the service
-// whose configuration it reflects, which a config reload replaces).
-func (t *ToolDefinition) Memo(key any, make func() any) any {
-	if m := t.memo.Load(); m != nil && m.key == key {
-		return m.value
-	}
-	v := make()
-	t.memo.Store(&toolMemo{key: key, value: v})
-	return v
-}
+// Sessions whose upstreams list the same tools share the definitions.
+type ToolDefinition = mcpstate.Tool
 
 // ErrMCPSessionClosed reports a session that was ended (DELETE or idle
 // expiry) while a request was using it.
@@ -113,50 +115,6 @@ func (s *MCPSession) Upstream() Upstream {
 	return s.upstream
 }
 
-// SetUpstream records a new upstream state after an initialize. It fails
-// when the session was closed meanwhile; the caller then ends u upstream.
-func (s *MCPSession) SetUpstream(u Upstream) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed {
-		return ErrMCPSessionClosed
-	}
-	u.Generation = s.upstream.Generation + 1
-	s.upstream = u
-	return nil
-}
-
-// Reinitialize runs init to replace the upstream session seen at generation
-// gen, unless another request already did so; concurrent callers share the
-// outcome. Waiting for another re-initialization honours ctx. A closed
-// session is never re-initialized: ErrMCPSessionClosed; and when it closes
-// while init runs, the new upstream session is handed to discard (which
-// ends it) instead of being kept.
-func (s *MCPSession) Reinitialize(ctx context.Context, gen uint64, init func(Upstream) (Upstream, error), discard func(Upstream)) (Upstream, error) {
-	select {
-	case s.reinit <- struct{}{}:
-	case <-ctx.Done():
-		return s.Upstream(), fmt.Errorf("waiting for the upstream session to be re-created: %w", ctx.Err())
-	}
-	defer func() { <-s.reinit }()
-	if s.Closed() {
-		return s.Upstream(), ErrMCPSessionClosed
-	}
-	cur := s.Upstream()
-	if cur.Generation != gen {
-		return cur, nil
-	}
-	next, err := init(cur)
-	if err != nil {
-		return cur, err
-	}
-	if err := s.SetUpstream(next); err != nil {
-		discard(next)
-		return cur, err
-	}
-	return s.Upstream(), nil
-}
-
 // Begin marks the session in use until the returned function is called:
 // an open stream or an exchange in progress is use, and a session in use
 // never expires.
@@ -172,12 +130,18 @@ func (s *MCPSession) Begin() (end func()) {
 	}
 }
 
+// Touch marks the session used now.
+func (s *MCPSession) Touch() { s.lastUsed.Store(now().UnixNano()) }
+
 // Tool returns the upstream's definition of the tool name, or nil when it
 // has not been seen.
 func (s *MCPSession) Tool(name string) *ToolDefinition {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.catalog[name]
+	if s.catalog == nil {
+		return nil
+	}
+	return s.catalog.Tools[name]
 }
 
 // ToolListed records a tool's definition as the upstream just listed it to
@@ -187,34 +151,29 @@ func (s *MCPSession) Tool(name string) *ToolDefinition {
 func (s *MCPSession) ToolListed(name string, raw []byte) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if old := s.catalog[name]; old != nil && bytes.Equal(old.Raw, raw) {
-		return
+	if s.catalog != nil {
+		if old := s.catalog.Tools[name]; old != nil && bytes.Equal(old.Raw, raw) {
+			return
+		}
 	}
-	if s.catalog == nil {
-		s.catalog = make(map[string]*ToolDefinition)
-	}
-	s.catalog[name] = &ToolDefinition{Name: name, Raw: bytes.Clone(raw)}
+	s.catalog = s.catalog.With(name, raw)
 }
 
-// ListingTools marks the upstream's tool list as being fetched: calls
+// ListingTools marks the upstream's tool list as being fetched here: calls
 // waiting for a catalog (WaitCatalog) wait until CatalogListed or
-// CatalogFailed. It reports false when a listing was pending already.
+// CatalogFailed, and what another replica stored meanwhile does not end the
+// wait. It reports false when a listing was under way here already.
 func (s *MCPSession) ListingTools() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.catalogPending != nil || s.closed {
+	if s.listingHere || s.closed {
 		return false
 	}
-	s.catalogPending = make(chan struct{})
+	if s.catalogPending == nil {
+		s.catalogPending = make(chan struct{})
+	}
+	s.listingHere = true
 	return true
-}
-
-// CatalogListed replaces the known tool definitions.
-func (s *MCPSession) CatalogListed(tools map[string]*ToolDefinition) {
-	s.mu.Lock()
-	s.catalog, s.catalogKnown = tools, true
-	s.endListingLocked()
-	s.mu.Unlock()
 }
 
 // CatalogFailed ends a listing that did not succeed; the definitions known
@@ -230,75 +189,30 @@ func (s *MCPSession) endListingLocked() {
 		close(s.catalogPending)
 		s.catalogPending = nil
 	}
+	s.listingHere = false
+}
+
+// setCatalogLocked replaces the known tool definitions and ends the
+// listing awaited.
+func (s *MCPSession) setCatalogLocked(c *mcpstate.Catalog) {
+	s.catalog = c
+	s.endListingLocked()
 }
 
 // HasCatalog reports whether the upstream's tools were listed.
 func (s *MCPSession) HasCatalog() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.catalogKnown
+	return s.catalog != nil
 }
 
-// WaitCatalog waits, at most max, for a tool listing in progress (the first
-// one starts when the session is created), so that a call racing it is
-// decided with the tool's definition. It reports whether the catalog is
-// known. A wait that runs out ends the pending listing, so that later
-// calls of a runner that never sent notifications/initialized do not wait.
-func (s *MCPSession) WaitCatalog(ctx context.Context, max time.Duration) bool {
-	s.mu.Lock()
-	pending := s.catalogPending
-	s.mu.Unlock()
-	if pending != nil {
-		t := time.NewTimer(max)
-		select {
-		case <-pending:
-		case <-t.C:
-			s.mu.Lock()
-			if s.catalogPending == pending {
-				s.endListingLocked()
-			}
-			s.mu.Unlock()
-		case <-ctx.Done():
-		case <-s.ctx.Done():
-		}
-		t.Stop()
-	}
-	return s.HasCatalog()
-}
+// catalogPoll is how often a call waiting for another replica's tool
+// listing reads the session again, with a storage that announces nothing.
+const catalogPoll = 50 * time.Millisecond
 
 // MaxPendingServerRequests bounds the server→client requests of one MCP
-// session waiting for the runner's answer.
+// session waiting for the runner's answer (on this replica).
 const MaxPendingServerRequests = 256
-
-// ServerRequestSent records a server→client request relayed to the runner,
-// so that the runner's answer can be attributed to its method. It reports
-// false, recording nothing, when the session has too many pending already;
-// the request must then be refused rather than relayed.
-func (s *MCPSession) ServerRequestSent(id []byte, method string) bool {
-	key := mcpmsg.IDKey(id)
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.serverRequests == nil {
-		s.serverRequests = make(map[string]string)
-	}
-	if _, dup := s.serverRequests[key]; !dup && len(s.serverRequests) >= MaxPendingServerRequests {
-		return false
-	}
-	s.serverRequests[key] = method
-	return true
-}
-
-// ServerRequestAnswered returns the method of the pending server→client
-// request that id (however the runner spelled it) answers, and forgets it.
-// ok is false when no such request is pending.
-func (s *MCPSession) ServerRequestAnswered(id []byte) (method string, ok bool) {
-	key := mcpmsg.IDKey(id)
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	method, ok = s.serverRequests[key]
-	delete(s.serverRequests, key)
-	return method, ok
-}
 
 // MaxResumableStreams bounds the runner streams one MCP session keeps for
 // resumption.
@@ -306,7 +220,8 @@ const MaxResumableStreams = 8
 
 // KeepStream remembers a runner stream that the runner may resume, under
 // token. The proxy owns what v is. The oldest is forgotten beyond
-// MaxResumableStreams.
+// MaxResumableStreams. Streams are this replica's: a runner resumes a
+// stream on the replica that wrote it.
 func (s *MCPSession) KeepStream(token string, v any) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -390,160 +305,128 @@ func (s *MCPSession) Task(id string) (Task, bool) {
 	return t, ok
 }
 
-// Touch marks the session used now.
-func (s *MCPSession) Touch() { s.lastUsed.Store(now().UnixNano()) }
-
-// close ends the session and returns its upstream state, once; later calls
-// report false.
-func (s *MCPSession) close() (Upstream, bool) {
+// close ends the session here, once; later calls report false.
+func (s *MCPSession) close() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
-		return Upstream{}, false
+		return false
 	}
 	s.closed = true
 	s.cancel()
 	s.endListingLocked()
 	s.streams, s.streamOrder, s.serverRequests = nil, nil, nil
-	return s.upstream, true
+	return true
 }
 
-// ErrMCPSessionNotFound reports an unknown or expired Mcp-Session-Id.
-var ErrMCPSessionNotFound = errors.New("MCP session not found")
-
-// MCPSessionLimitError reports an initialize refused because the caller,
-// or the gateway, has as many MCP sessions as allowed.
-type MCPSessionLimitError struct {
-	Option string // the option that sets the limit
-	Limit  int
+// invalidate records that the session's record changed: the copy is read
+// again before its next use.
+func (s *MCPSession) invalidate() {
+	s.mu.Lock()
+	s.changes++
+	s.stale.Store(true)
+	s.mu.Unlock()
 }
 
-func (e *MCPSessionLimitError) Error() string {
-	return fmt.Sprintf("too many open MCP sessions (%s is %d): end unused sessions with DELETE, or wait until idle ones expire", e.Option, e.Limit)
+// changeCount is the number of changes announced so far.
+func (s *MCPSession) changeCount() uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.changes
 }
 
-// MCPSessions holds the runners' MCP sessions of this process. It outlives
-// config reloads (it is kept in a caddy.UsagePool), so a reload drops no
-// session. The number of sessions is bounded per caller and in all.
-type MCPSessions struct {
-	mu        sync.Mutex
-	sessions  map[string]*MCPSession
-	perUser   map[string]int
-	max       int
-	perCaller int
-}
-
-func newMCPSessions() *MCPSessions {
-	return &MCPSessions{sessions: make(map[string]*MCPSession), perUser: make(map[string]int),
-		max: defaultMaxMCPSessions, perCaller: defaultMaxMCPSessionsPerCaller}
-}
-
-// Destruct implements caddy.Destructor.
-func (m *MCPSessions) Destruct() error {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	for _, s := range m.sessions {
-		s.close()
-	}
-	clear(m.sessions)
-	clear(m.perUser)
-	return nil
-}
-
-// setLimits applies the configured bounds; sessions over a lowered bound
-// stay until they end.
-func (m *MCPSessions) setLimits(max, perCaller int) {
-	m.mu.Lock()
-	m.max, m.perCaller = max, perCaller
-	m.mu.Unlock()
-}
-
-// Create starts a new MCP session for user, or fails with an
-// *MCPSessionLimitError. Its first tool listing counts as pending (see
-// WaitCatalog).
-func (m *MCPSessions) Create(user, sessionID, service string) (*MCPSession, error) {
-	ctx, cancel := context.WithCancel(context.Background())
-	s := &MCPSession{ID: NewID(), User: user, SessionID: sessionID, Service: service, Created: now(),
-		ctx: ctx, cancel: cancel, reinit: make(chan struct{}, 1), catalogPending: make(chan struct{})}
-	s.Touch()
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	switch {
-	case len(m.sessions) >= m.max:
-		cancel()
-		return nil, &MCPSessionLimitError{Option: "max_mcp_sessions", Limit: m.max}
-	case m.perUser[user] >= m.perCaller:
-		cancel()
-		return nil, &MCPSessionLimitError{Option: "max_mcp_sessions_per_caller", Limit: m.perCaller}
-	}
-	m.sessions[s.ID] = s
-	m.perUser[user]++
-	return s, nil
-}
-
-// Get returns the open session with id.
-func (m *MCPSessions) Get(id string) (*MCPSession, error) {
-	m.mu.Lock()
-	s := m.sessions[id]
-	m.mu.Unlock()
-	if s == nil {
-		return nil, ErrMCPSessionNotFound
-	}
-	s.Touch()
-	return s, nil
-}
-
-// End closes the session and forgets it. It returns the upstream state to
-// end upstream, and whether this call closed it (false when it was closed
-// already).
-func (m *MCPSessions) End(s *MCPSession) (Upstream, bool) {
-	m.mu.Lock()
-	m.forgetLocked(s)
-	m.mu.Unlock()
-	return s.close()
-}
-
-func (m *MCPSessions) forgetLocked(s *MCPSession) {
-	if m.sessions[s.ID] != s {
+// apply takes the stored record as this replica's copy. The copy is
+// trusted (no longer stale) only if no change was announced since the
+// record was read: changes is the count taken before reading, and seq, when
+// not nil, must still hold the gateway-wide count taken then (for a copy
+// made while its first read was in flight).
+func (s *MCPSession) apply(rec *mcpstate.Record, catalog *mcpstate.Catalog, changes uint64, seq *uint64, waitListing bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
 		return
 	}
-	delete(m.sessions, s.ID)
-	if m.perUser[s.User]--; m.perUser[s.User] <= 0 {
-		delete(m.perUser, s.User)
+	s.stored = true
+	if rec.Upstream.Generation >= s.upstream.Generation {
+		s.upstream = Upstream{SessionID: rec.Upstream.SessionID, ProtocolVersion: rec.Upstream.ProtocolVersion,
+			InitializeParams: rec.Initialize, Generation: rec.Upstream.Generation}
+	}
+	switch {
+	case s.listingHere:
+		// A listing runs here: it replaces the catalog when it ends, and
+		// the one stored before it must not end the wait for it.
+	case catalog != nil:
+		s.setCatalogLocked(catalog)
+	case waitListing && s.catalog == nil && s.catalogPending == nil && !s.catalogGivenUp:
+		// Another replica is listing the tools (it was told
+		// notifications/initialized): calls here wait for it too.
+		s.catalogPending = make(chan struct{})
+	}
+	s.checked.Store(now().UnixNano())
+	if s.changes == changes && (seq == nil || s.m.seq.Load() == *seq) {
+		s.stale.Store(false)
 	}
 }
 
-// Len returns the number of open sessions.
-func (m *MCPSessions) Len() int {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return len(m.sessions)
+// pendingRequest records a server→client request relayed to the runner
+// here; false when the session has too many pending already.
+func (s *MCPSession) pendingRequest(key, method string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.serverRequests == nil {
+		s.serverRequests = make(map[string]string)
+	}
+	if _, dup := s.serverRequests[key]; !dup && len(s.serverRequests) >= MaxPendingServerRequests {
+		return false
+	}
+	s.serverRequests[key] = method
+	return true
 }
 
-// Ended is a session closed by expiry, with the upstream state to end.
-type Ended struct {
-	Session  *MCPSession
-	Upstream Upstream
+func (s *MCPSession) answeredRequest(key string) {
+	s.mu.Lock()
+	delete(s.serverRequests, key)
+	s.mu.Unlock()
 }
 
-// expire closes the sessions not in use and idle for longer than idle, and
-// returns them.
-func (m *MCPSessions) expire(idle time.Duration) []Ended {
-	cutoff := now().Add(-idle).UnixNano()
-	m.mu.Lock()
-	var idleOnes []*MCPSession
-	for _, s := range m.sessions {
-		if s.inUse.Load() == 0 && s.lastUsed.Load() < cutoff {
-			idleOnes = append(idleOnes, s)
-			m.forgetLocked(s)
-		}
+// ServerRequestSent records a server→client request relayed to the runner,
+// in the shared storage, so that the runner's answer is attributed to its
+// method on whichever replica it arrives. It reports false, recording
+// nothing, when the session has too many pending already or the storage
+// is unavailable; the request must then be refused rather than relayed.
+func (s *MCPSession) ServerRequestSent(ctx context.Context, id []byte, method string) bool {
+	key := mcpmsg.IDKey(id)
+	if !s.pendingRequest(key, method) {
+		return false
 	}
-	m.mu.Unlock()
-	ended := make([]Ended, 0, len(idleOnes))
-	for _, s := range idleOnes {
-		if up, ok := s.close(); ok {
-			ended = append(ended, Ended{Session: s, Upstream: up})
-		}
+	if s.local {
+		return true
 	}
-	return ended
+	if err := s.m.state().ServerRequestSent(ctx, s.Ref, key, method); err != nil {
+		s.answeredRequest(key)
+		s.m.logger().Warn("cannot record a server request in storage", zap.String("service", s.Service), zap.Error(err))
+		return false
+	}
+	return true
+}
+
+// ServerRequestAnswered returns the method of the pending server→client
+// request that id (however the runner spelled it) answers, and forgets it,
+// whichever replica relayed the request. ok is false when no such request
+// is pending; err, when the storage cannot tell.
+func (s *MCPSession) ServerRequestAnswered(ctx context.Context, id []byte) (method string, ok bool, err error) {
+	key := mcpmsg.IDKey(id)
+	if s.local {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		method, ok = s.serverRequests[key]
+		delete(s.serverRequests, key)
+		return method, ok, nil
+	}
+	method, ok, err = s.m.state().ServerRequestAnswered(ctx, s.Ref, key)
+	if err != nil {
+		return "", false, fmt.Errorf("%w: %v", ErrStorageUnavailable, err)
+	}
+	s.answeredRequest(key)
+	return method, ok, nil
 }

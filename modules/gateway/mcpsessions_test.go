@@ -6,6 +6,12 @@ import (
 	"fmt"
 	"testing"
 	"time"
+
+	"github.com/caddyserver/certmagic"
+	"go.uber.org/zap"
+
+	"github.com/toolgate/toolgate/internal/mcpstate"
+	"github.com/toolgate/toolgate/internal/seal"
 )
 
 // withClock makes now return *t for the test's duration.
@@ -16,38 +22,84 @@ func withClock(t *testing.T, at *time.Time) {
 	t.Cleanup(func() { now = old })
 }
 
+// replicaOf returns MCP sessions as one gateway process holds them, on
+// storage (shared with other replicas when the same storage is given),
+// with the given idle timeout and bounds.
+func replicaOf(t *testing.T, storage certmagic.Storage, idle time.Duration, max, perCaller int) (*MCPSessions, *[]EndedMCPSession) {
+	t.Helper()
+	m := newMCPSessions()
+	var ended []EndedMCPSession
+	c := &mcpConfig{shared: mcpstate.New(storage, idle, 12*time.Hour, func() time.Time { return now() }),
+		keys: testKeys(t), max: max, perCaller: perCaller, cacheTTL: 10 * time.Second, idle: idle,
+		logger: zap.NewNop(), onEnd: func(e EndedMCPSession) { ended = append(ended, e) }}
+	if err := m.attach(c); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.detach(c); _ = m.Destruct() })
+	return m, &ended
+}
+
+func testKeys(t *testing.T) *seal.Keyring {
+	k, err := seal.New(mcpstate.Purpose, []byte("test-state-secret-0123456789-0123456789"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return k
+}
+
+func newMCP(t *testing.T) *MCPSessions {
+	t.Helper()
+	m, _ := replicaOf(t, &certmagic.FileStorage{Path: t.TempDir()}, time.Hour, 100, 100)
+	return m
+}
+
+var aliceSession = &Session{ID: "s", User: "alice", ExpiresAt: time.Now().Add(time.Hour)}
+
+// started creates a session and stores it as initialized upstream.
+func started(t *testing.T, m *MCPSessions, sess *Session, upstreamID string) *MCPSession {
+	t.Helper()
+	s, err := m.Create(context.Background(), sess.User, sess, "svc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.SetUpstream(context.Background(), Upstream{SessionID: upstreamID, ProtocolVersion: "2025-11-25", InitializeParams: []byte(`{}`)}); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
 func TestMCPSessionsExpireOnlyIdleSessionsNotInUse(t *testing.T) {
 	clock := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	withClock(t, &clock)
-	m := newMCPSessions()
-	idle, _ := m.Create("alice", "s", "svc")
-	streaming, _ := m.Create("alice", "s", "svc")
-	if err := idle.SetUpstream(Upstream{SessionID: "up-idle"}); err != nil {
-		t.Fatal(err)
-	}
+	m, ended := replicaOf(t, &certmagic.FileStorage{Path: t.TempDir()}, time.Hour, 100, 100)
+	sess := &Session{ID: "s", User: "alice", ExpiresAt: clock.Add(12 * time.Hour)}
+	idle := started(t, m, sess, "up-idle")
+	streaming := started(t, m, sess, "up-streaming")
 	endStream := streaming.Begin() // an open stream
 	clock = clock.Add(2 * time.Hour)
 
-	ended := m.expire(time.Hour)
-	if len(ended) != 1 || ended[0].Session != idle || ended[0].Upstream.SessionID != "up-idle" {
-		t.Fatalf("expired %+v, want only the idle session with its upstream state", ended)
+	m.housekeep(context.Background())
+	if len(*ended) != 1 || (*ended)[0].Upstream.SessionID != "up-idle" || (*ended)[0].User != "alice" {
+		t.Fatalf("expired %+v, want only the idle session with its upstream state", *ended)
 	}
 	if !idle.Closed() || idle.Context().Err() == nil {
 		t.Error("an expired session is not closed")
 	}
-	if _, err := m.Get(idle.ID); !errors.Is(err, ErrMCPSessionNotFound) {
-		t.Errorf("Get(expired) = %v", err)
+	if _, err := m.Open(context.Background(), idle.ID, "alice", "s"); !errors.Is(err, ErrMCPSessionNotFound) {
+		t.Errorf("Open(expired) = %v", err)
 	}
-	if _, err := m.Get(streaming.ID); err != nil {
+	if _, err := m.Open(context.Background(), streaming.ID, "alice", "s"); err != nil {
 		t.Errorf("a session with an open stream expired: %v", err)
 	}
 	endStream() // the stream closes: use ends now, and counts from now
-	if ended := m.expire(time.Hour); len(ended) != 0 {
-		t.Errorf("a session used a moment ago expired: %+v", ended)
+	m.housekeep(context.Background())
+	if len(*ended) != 1 {
+		t.Errorf("a session used a moment ago expired: %+v", *ended)
 	}
 	clock = clock.Add(2 * time.Hour)
-	if ended := m.expire(time.Hour); len(ended) != 1 || ended[0].Session != streaming {
-		t.Errorf("expired %+v, want the session whose stream closed", ended)
+	m.housekeep(context.Background())
+	if len(*ended) != 2 || (*ended)[1].Upstream.SessionID != "up-streaming" {
+		t.Errorf("expired %+v, want the session whose stream closed", *ended)
 	}
 	if m.Len() != 0 {
 		t.Errorf("%d sessions left", m.Len())
@@ -55,17 +107,16 @@ func TestMCPSessionsExpireOnlyIdleSessionsNotInUse(t *testing.T) {
 }
 
 func TestClosedMCPSessionNeverReinitializes(t *testing.T) {
-	m := newMCPSessions()
-	s, _ := m.Create("alice", "s", "svc")
-	_ = s.SetUpstream(Upstream{SessionID: "up-1"})
+	m := newMCP(t)
+	s := started(t, m, aliceSession, "up-1")
 	gen := s.Upstream().Generation
 
 	// Closed while a re-initialization runs: the new upstream session is
 	// discarded, not kept.
 	var discarded []string
 	_, err := s.Reinitialize(context.Background(), gen, func(cur Upstream) (Upstream, error) {
-		if up, ok := m.End(s); !ok || up.SessionID != "up-1" {
-			t.Errorf("End = %+v, %v", up, ok)
+		if up, ok, err := m.End(context.Background(), s); !ok || err != nil || up.SessionID != "up-1" {
+			t.Errorf("End = %+v, %v, %v", up, ok, err)
 		}
 		return Upstream{SessionID: "up-2"}, nil
 	}, func(up Upstream) { discarded = append(discarded, up.SessionID) })
@@ -80,17 +131,18 @@ func TestClosedMCPSessionNeverReinitializes(t *testing.T) {
 	if !errors.Is(err, ErrMCPSessionClosed) {
 		t.Errorf("Reinitialize after End: %v", err)
 	}
-	if _, ok := m.End(s); ok {
+	if _, ok, _ := m.End(context.Background(), s); ok {
 		t.Error("a session was ended twice")
 	}
 }
 
 func TestReinitializeWaitHonoursTheContext(t *testing.T) {
-	m := newMCPSessions()
-	s, _ := m.Create("alice", "s", "svc")
-	started, release := make(chan struct{}), make(chan struct{})
+	m := newMCP(t)
+	s := started(t, m, aliceSession, "up")
+	started, release, done := make(chan struct{}), make(chan struct{}), make(chan struct{})
 	go func() {
-		_, _ = s.Reinitialize(context.Background(), 0, func(cur Upstream) (Upstream, error) {
+		defer close(done)
+		_, _ = s.Reinitialize(context.Background(), 1, func(cur Upstream) (Upstream, error) {
 			close(started)
 			<-release
 			return Upstream{SessionID: "up"}, nil
@@ -99,79 +151,99 @@ func TestReinitializeWaitHonoursTheContext(t *testing.T) {
 	<-started
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	if _, err := s.Reinitialize(ctx, 0, func(cur Upstream) (Upstream, error) {
+	if _, err := s.Reinitialize(ctx, 1, func(cur Upstream) (Upstream, error) {
 		t.Error("ran while another re-initialization held the lock")
 		return cur, nil
 	}, func(Upstream) {}); !errors.Is(err, context.Canceled) {
 		t.Errorf("waiting with a cancelled context: %v", err)
 	}
 	close(release)
+	<-done // it stores its result before the storage goes away
 }
 
 func TestMCPSessionLimitsPerCallerAndInAll(t *testing.T) {
-	m := newMCPSessions()
-	m.setLimits(3, 2)
-	a1, _ := m.Create("alice", "s", "svc")
-	if _, err := m.Create("alice", "s", "svc"); err != nil {
-		t.Fatal(err)
-	}
+	m, _ := replicaOf(t, &certmagic.FileStorage{Path: t.TempDir()}, time.Hour, 3, 2)
+	ctx := context.Background()
+	alice := &Session{ID: "a", User: "alice", ExpiresAt: time.Now().Add(time.Hour)}
+	bob := &Session{ID: "b", User: "bob", ExpiresAt: time.Now().Add(time.Hour)}
+	carol := &Session{ID: "c", User: "carol", ExpiresAt: time.Now().Add(time.Hour)}
+	a1 := started(t, m, alice, "1")
+	started(t, m, alice, "2")
 	var limit *MCPSessionLimitError
-	if _, err := m.Create("alice", "s", "svc"); !errors.As(err, &limit) || limit.Option != "max_mcp_sessions_per_caller" {
+	if _, err := m.Create(ctx, "alice", alice, "svc"); !errors.As(err, &limit) || limit.Option != "max_mcp_sessions_per_caller" {
 		t.Errorf("alice's third: %v", err)
 	}
-	if _, err := m.Create("bob", "s", "svc"); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := m.Create("carol", "s", "svc"); !errors.As(err, &limit) || limit.Option != "max_mcp_sessions" {
+	started(t, m, bob, "3")
+	if _, err := m.Create(ctx, "carol", carol, "svc"); !errors.As(err, &limit) || limit.Option != "max_mcp_sessions" {
 		t.Errorf("the fourth in all: %v", err)
 	}
-	m.End(a1)
-	m.End(a1) // twice changes nothing
-	if _, err := m.Create("alice", "s", "svc"); err != nil {
-		t.Errorf("after an end: %v", err)
-	}
-	if _, err := m.Create("carol", "s", "svc"); err == nil {
+	_, _, _ = m.End(ctx, a1)
+	_, _, _ = m.End(ctx, a1) // twice changes nothing
+	started(t, m, alice, "4")
+	if _, err := m.Create(ctx, "carol", carol, "svc"); err == nil {
 		t.Error("ending one session twice made room for two")
 	}
 }
 
+// The per-caller bound counts the caller's sessions on every replica.
+func TestPerCallerLimitCountsEveryReplica(t *testing.T) {
+	storage := &certmagic.FileStorage{Path: t.TempDir()}
+	a, _ := replicaOf(t, storage, time.Hour, 100, 2)
+	b, _ := replicaOf(t, storage, time.Hour, 100, 2)
+	started(t, a, aliceSession, "1")
+	started(t, b, aliceSession, "2")
+	var limit *MCPSessionLimitError
+	if _, err := a.Create(context.Background(), "alice", aliceSession, "svc"); !errors.As(err, &limit) {
+		t.Errorf("alice's third, on either replica: %v", err)
+	}
+}
+
 // A runner's answer matches the pending server→client request whatever the
-// spelling of its id; an answer to nothing pending matches nothing.
+// spelling of its id, on whichever replica it arrives; an answer to
+// nothing pending matches nothing.
 func TestServerRequestsMatchOnTheIDsValue(t *testing.T) {
-	m := newMCPSessions()
-	s, _ := m.Create("alice", "s", "svc")
-	if !s.ServerRequestSent([]byte(`"e1"`), "elicitation/create") || !s.ServerRequestSent([]byte(`7`), "sampling/createMessage") {
+	storage := &certmagic.FileStorage{Path: t.TempDir()}
+	m, _ := replicaOf(t, storage, time.Hour, 100, 100)
+	other, _ := replicaOf(t, storage, time.Hour, 100, 100)
+	ctx := context.Background()
+	s := started(t, m, aliceSession, "up")
+	elsewhere, err := other.Open(ctx, s.ID, "alice", "s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !s.ServerRequestSent(ctx, []byte(`"e1"`), "elicitation/create") || !s.ServerRequestSent(ctx, []byte(`7`), "sampling/createMessage") {
 		t.Fatal("not recorded")
 	}
-	if method, ok := s.ServerRequestAnswered([]byte(`"e\u0031"`)); !ok || method != "elicitation/create" {
-		t.Errorf(`"e\u0031" answers %q, %v`, method, ok)
+	if method, ok, err := elsewhere.ServerRequestAnswered(ctx, []byte(`"e\u0031"`)); !ok || err != nil || method != "elicitation/create" {
+		t.Errorf(`"e\u0031" answers %q, %v, %v`, method, ok, err)
 	}
-	if _, ok := s.ServerRequestAnswered([]byte(`"e1"`)); ok {
+	if _, ok, _ := s.ServerRequestAnswered(ctx, []byte(`"e1"`)); ok {
 		t.Error("an answered request is still pending")
 	}
-	if _, ok := s.ServerRequestAnswered([]byte(`"7"`)); ok {
+	if _, ok, _ := s.ServerRequestAnswered(ctx, []byte(`"7"`)); ok {
 		t.Error(`the string "7" answered the integer 7`)
 	}
-	if method, ok := s.ServerRequestAnswered([]byte(`7`)); !ok || method != "sampling/createMessage" {
+	if method, ok, _ := s.ServerRequestAnswered(ctx, []byte(`7`)); !ok || method != "sampling/createMessage" {
 		t.Errorf("7 answers %q, %v", method, ok)
 	}
 	for i := range MaxPendingServerRequests {
-		s.ServerRequestSent([]byte{'1', byte('0' + i%10), byte('0' + i/10%10), byte('0' + i/100)}, "roots/list")
+		s.ServerRequestSent(ctx, []byte{'1', byte('0' + i%10), byte('0' + i/10%10), byte('0' + i/100)}, "roots/list")
 	}
-	if s.ServerRequestSent([]byte(`"one-too-many"`), "roots/list") {
+	if s.ServerRequestSent(ctx, []byte(`"one-too-many"`), "roots/list") {
 		t.Error("more pending server requests than the bound")
 	}
 }
 
 func TestWaitCatalog(t *testing.T) {
-	m := newMCPSessions()
-	s, _ := m.Create("alice", "s", "svc")
+	m := newMCP(t)
+	ctx := context.Background()
+	s := started(t, m, aliceSession, "up")
 	// The first listing is pending from the start.
 	go func() {
 		time.Sleep(20 * time.Millisecond)
-		s.CatalogListed(map[string]*ToolDefinition{"echo": {Name: "echo"}})
+		_ = s.CatalogListed(ctx, map[string][]byte{"echo": []byte(`{"name":"echo"}`)})
 	}()
-	if !s.WaitCatalog(context.Background(), 10*time.Second) || s.Tool("echo") == nil {
+	if !s.WaitCatalog(ctx, 10*time.Second) || s.Tool("echo") == nil {
 		t.Fatal("the call did not get the listed tools")
 	}
 	// A refresh: waiters wait again; a failed one keeps the old catalog.
@@ -179,12 +251,12 @@ func TestWaitCatalog(t *testing.T) {
 		t.Fatal("ListingTools does not report a listing already pending")
 	}
 	s.CatalogFailed()
-	if !s.WaitCatalog(context.Background(), time.Millisecond) || s.Tool("echo") == nil {
+	if !s.WaitCatalog(ctx, time.Millisecond) || s.Tool("echo") == nil {
 		t.Error("a failed refresh lost the catalog")
 	}
 	// A runner that never sends notifications/initialized waits once.
-	other, _ := m.Create("alice", "s", "svc")
-	if other.WaitCatalog(context.Background(), 10*time.Millisecond) {
+	other := started(t, m, aliceSession, "up-2")
+	if other.WaitCatalog(ctx, 10*time.Millisecond) {
 		t.Error("a catalog that was never listed is known")
 	}
 	other.mu.Lock()
@@ -192,6 +264,86 @@ func TestWaitCatalog(t *testing.T) {
 	other.mu.Unlock()
 	if pending != nil {
 		t.Error("after one wait ran out, later calls would wait again for a listing that never started")
+	}
+}
+
+// A listing under way here is not ended by reading the record, which
+// still names the catalog listed before it (a storage without
+// notifications is read while calls wait).
+func TestStoredCatalogDoesNotEndAListingHere(t *testing.T) {
+	m := newMCP(t)
+	ctx := context.Background()
+	s := started(t, m, aliceSession, "up")
+	if err := s.CatalogListed(ctx, map[string][]byte{"echo": []byte(`{"name":"echo"}`)}); err != nil {
+		t.Fatal(err)
+	}
+	if !s.ListingTools() {
+		t.Fatal("no refresh started")
+	}
+	if err := m.reload(ctx, s); err != nil {
+		t.Fatal(err)
+	}
+	if !s.awaitingListing() {
+		t.Fatal("reading the stored record ended the listing under way here")
+	}
+	go func() {
+		time.Sleep(20 * time.Millisecond)
+		_ = s.CatalogListed(ctx, map[string][]byte{"echo": []byte(`{"name":"echo"}`), "late": []byte(`{"name":"late"}`)})
+	}()
+	if !s.WaitCatalog(ctx, 10*time.Second) || s.Tool("late") == nil {
+		t.Error("the call waiting for the refresh did not get its tools")
+	}
+}
+
+// A session implied for stateless requests is this replica's: nothing of
+// it is stored, no id opens it, it counts against the caller's bound, and
+// idle here it ends, upstream too.
+func TestLocalSessionsStayOnTheirReplica(t *testing.T) {
+	clock := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	withClock(t, &clock)
+	dir := t.TempDir()
+	storage := &certmagic.FileStorage{Path: dir}
+	m, ended := replicaOf(t, storage, time.Hour, 100, 2)
+	other, _ := replicaOf(t, storage, time.Hour, 100, 2)
+	ctx := context.Background()
+	sess := &Session{ID: "s", User: "alice", ExpiresAt: clock.Add(12 * time.Hour)}
+	s, err := m.CreateLocal(ctx, "alice", sess, "svc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	up, err := s.Reinitialize(ctx, 0, func(Upstream) (Upstream, error) {
+		return Upstream{SessionID: "up-implied", ProtocolVersion: "2025-11-25"}, nil
+	}, func(Upstream) { t.Error("discarded") })
+	if err != nil || up.Generation != 1 || up.SessionID != "up-implied" {
+		t.Fatalf("Reinitialize = %+v, %v", up, err)
+	}
+	if err := s.CatalogListed(ctx, map[string][]byte{"echo": []byte(`{"name":"echo"}`)}); err != nil || s.Tool("echo") == nil {
+		t.Fatalf("CatalogListed: %v", err)
+	}
+	if keys, _ := storage.List(ctx, mcpstate.Prefix, true); len(keys) != 0 {
+		t.Errorf("a local session stored %v", keys)
+	}
+	for _, r := range []*MCPSessions{m, other} {
+		if _, err := r.Open(ctx, s.ID, "alice", "s"); !errors.Is(err, ErrMCPSessionNotFound) {
+			t.Errorf("Open(local id) = %v", err)
+		}
+	}
+	started(t, m, sess, "up-stored")
+	var limit *MCPSessionLimitError
+	if _, err := m.CreateLocal(ctx, "alice", sess, "svc"); !errors.As(err, &limit) {
+		t.Errorf("a third session (one local, one stored) was allowed: %v", err)
+	}
+	clock = clock.Add(2 * time.Hour)
+	m.housekeep(ctx)
+	var upstreams []string
+	for _, e := range *ended {
+		upstreams = append(upstreams, e.Upstream.SessionID)
+	}
+	if len(upstreams) != 2 || !s.Closed() {
+		t.Errorf("idle sessions ended with upstreams %v (local closed: %v), want up-implied and up-stored", upstreams, s.Closed())
+	}
+	if _, err := m.CreateLocal(ctx, "alice", sess, "svc"); err != nil {
+		t.Errorf("the ended local session still counts: %v", err)
 	}
 }
 
@@ -225,8 +377,8 @@ func TestProvisionStepChecksThePipelineOrder(t *testing.T) {
 // A session remembers the calls its tasks were created by, within bounds:
 // beyond them the oldest are forgotten, never the one just created.
 func TestMCPSessionTasks(t *testing.T) {
-	m := newMCPSessions()
-	s, _ := m.Create("alice", "s", "svc")
+	m := newMCP(t)
+	s := started(t, m, aliceSession, "up")
 	args := []byte(`{"q":1}`)
 	s.TaskCreated("t1", Task{Tool: "build", Arguments: args})
 	args[2] = 'x' // the caller's memory is not kept
@@ -259,7 +411,7 @@ func TestMCPSessionTasks(t *testing.T) {
 	if _, ok := s.Task("big2"); !ok {
 		t.Error("the task just created was forgotten")
 	}
-	m.End(s)
+	_, _, _ = m.End(context.Background(), s)
 	s.TaskCreated("late", Task{Tool: "build"})
 	if _, ok := s.Task("late"); ok {
 		t.Error("an ended session remembers a task")

@@ -37,7 +37,8 @@ func (h *Handler) initialize(w http.ResponseWriter, r *http.Request, call *gatew
 			"initialize: capabilities and clientInfo take %d bytes; toolgate keeps at most %d", len(replay), maxReplayedInitialize), nil)
 		return
 	}
-	ms, err := h.app.MCPSessions().Create(call.Caller.User, call.Session.ID, call.Service.ID)
+	sessions := h.app.MCPSessions()
+	ms, err := sessions.Create(ctx, call.Caller.User, call.Session, call.Service.ID)
 	if err != nil {
 		var limit *gateway.MCPSessionLimitError
 		if errors.As(err, &limit) {
@@ -45,7 +46,7 @@ func (h *Handler) initialize(w http.ResponseWriter, r *http.Request, call *gatew
 				map[string]any{"limit": limit.Option, "max": limit.Limit})
 			return
 		}
-		call.Unavailable(w, err.Error())
+		h.answerError(w, r, call, err)
 		return
 	}
 	defer ms.Begin()()
@@ -61,12 +62,12 @@ func (h *Handler) initialize(w http.ResponseWriter, r *http.Request, call *gatew
 		// Answered before the session ends, which would read as "ended
 		// meanwhile" and tell the runner to initialize again at once.
 		h.answerError(w, r, call, err)
-		h.app.MCPSessions().End(ms)
+		_, _, _ = sessions.End(ctx, ms) // not stored yet: forgotten here
 		return
 	}
 	version := gjson.GetBytes(msg.Result, "protocolVersion")
 	if !version.Exists() {
-		h.app.MCPSessions().End(ms)
+		_, _, _ = sessions.End(ctx, ms)
 		gateway.WriteRPC(w, http.StatusOK, h.deliver(ctx, call, msg, false)) // the upstream's error
 		return
 	}
@@ -76,13 +77,15 @@ func (h *Handler) initialize(w http.ResponseWriter, r *http.Request, call *gatew
 		InitializeParams: replay,
 	}
 	if !gateway.SupportsProtocolVersion(up.ProtocolVersion) {
-		h.app.MCPSessions().End(ms)
+		_, _, _ = sessions.End(ctx, ms)
 		h.endUpstream(ctx, call, up)
 		gateway.WriteRPCError(w, http.StatusOK, call.Message.ID, gateway.CodeInvalidRequest,
 			"the upstream chose protocol version "+version.String()+", which toolgate does not speak", nil)
 		return
 	}
-	if err := ms.SetUpstream(up); err != nil {
+	if err := ms.SetUpstream(ctx, up); err != nil {
+		// Not stored: no replica could continue it.
+		_, _, _ = sessions.End(ctx, ms)
 		h.endUpstream(ctx, call, up)
 		h.answerError(w, r, call, err)
 		return
@@ -138,7 +141,7 @@ func (h *Handler) reinitialize(ctx context.Context, call *gateway.Call, seen gat
 		}
 		if version != cur.ProtocolVersion {
 			h.endUpstream(ctx, call, next)
-			if up, ok := h.app.MCPSessions().End(ms); ok {
+			if up, ok, err := h.app.MCPSessions().End(ctx, ms); err == nil && ok {
 				h.endUpstream(ctx, call, up)
 			}
 			return cur, unavailable("the upstream restarted and no longer speaks protocol %s; initialize a new session", cur.ProtocolVersion)
@@ -179,7 +182,7 @@ func (h *Handler) fetchCatalog(ctx context.Context, call *gateway.Call, up gatew
 			ms.CatalogFailed()
 		}
 	}()
-	tools := make(map[string]*gateway.ToolDefinition)
+	tools := make(map[string][]byte)
 	var cursor []byte
 	for range maxCatalogPages {
 		id := gatewayRequestID()
@@ -203,7 +206,7 @@ func (h *Handler) fetchCatalog(ctx context.Context, call *gateway.Call, up gatew
 		res := gjson.ParseBytes(msg.Result)
 		res.Get("tools").ForEach(func(_, t gjson.Result) bool {
 			if name := t.Get("name").String(); call.Service.AllowsTool(name) {
-				tools[name] = &gateway.ToolDefinition{Name: name, Raw: []byte(t.Raw)}
+				tools[name] = []byte(t.Raw)
 			}
 			return true
 		})
@@ -213,7 +216,10 @@ func (h *Handler) fetchCatalog(ctx context.Context, call *gateway.Call, up gatew
 		}
 		cursor = []byte(next.Raw)
 	}
-	ms.CatalogListed(tools)
+	if err := ms.CatalogListed(ctx, tools); err != nil {
+		h.logger.Warn("cannot store the upstream's tools for the other replicas; they judge calls without definitions until they list them",
+			zap.String("service", call.Service.ID), zap.Error(err))
+	}
 	return nil
 }
 
@@ -254,20 +260,20 @@ func (h *Handler) endUpstream(ctx context.Context, call *gateway.Call, up gatewa
 
 // expired ends the upstream session of an MCP session that was idle for
 // the idle timeout, with the owner's current credential.
-func (h *Handler) expired(ms *gateway.MCPSession, up gateway.Upstream) {
-	svc := h.app.Registry().Lookup(ms.Service)
-	if svc == nil || up.SessionID == "" {
+func (h *Handler) expired(e gateway.EndedMCPSession) {
+	svc := h.app.Registry().Lookup(e.Service)
+	if svc == nil || e.Upstream.SessionID == "" {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Duration(svc.Timeout))
 	defer cancel()
-	cred, err := h.app.CredentialFor(ctx, svc, ms.User)
+	cred, err := h.app.CredentialFor(ctx, svc, e.User)
 	if err != nil {
 		h.logger.Info("cannot end an expired upstream session: no credential", zap.String("service", svc.ID), zap.Error(err))
 		return
 	}
-	call := &gateway.Call{Caller: &gateway.Caller{User: ms.User}, Service: svc, Credential: cred, MCPSession: ms}
-	h.endUpstream(ctx, call, up)
+	call := &gateway.Call{Caller: &gateway.Caller{User: e.User}, Service: svc, Credential: cred}
+	h.endUpstream(ctx, call, e.Upstream)
 }
 
 // completing returns a context with ctx's deadline that is not cancelled

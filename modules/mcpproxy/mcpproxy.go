@@ -289,8 +289,8 @@ func (h *Handler) deliver(ctx context.Context, call *gateway.Call, msg mcpmsg.Me
 			h.refuseServerRequest(call, msg, "toolgate's policy withheld "+msg.Method+" from the client")
 			return nil
 		}
-		if !call.MCPSession.ServerRequestSent(msg.ID, msg.Method) {
-			h.refuseServerRequest(call, msg, "too many server requests are waiting for the client's answer")
+		if !call.MCPSession.ServerRequestSent(ctx, msg.ID, msg.Method) {
+			h.refuseServerRequest(call, msg, "too many server requests are waiting for the client's answer, or toolgate's storage is unavailable")
 			return nil
 		}
 		return out
@@ -433,10 +433,12 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, call *gateway.
 	initialized := call.Method == "notifications/initialized"
 	if initialized {
 		ms.ListingTools()
-		defer ms.CatalogFailed() // unless listed below
 	}
 	up, resp, err := h.post(ctx, call, call.Message.Raw)
 	if err != nil {
+		if initialized {
+			ms.CatalogFailed()
+		}
 		h.answerError(w, r, call, err)
 		return
 	}
@@ -452,11 +454,17 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, call *gateway.
 	w.WriteHeader(http.StatusAccepted)
 }
 
-// end terminates the runner's MCP session here and at the upstream.
+// end terminates the runner's MCP session on every replica and at the
+// upstream. It answers once every replica has been told.
 func (h *Handler) end(w http.ResponseWriter, r *http.Request, call *gateway.Call) {
-	if up, ok := h.app.MCPSessions().End(call.MCPSession); ok {
-		ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), time.Duration(call.Service.Timeout))
-		defer cancel()
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), time.Duration(call.Service.Timeout))
+	defer cancel()
+	up, ok, err := h.app.MCPSessions().End(ctx, call.MCPSession)
+	if err != nil {
+		h.answerError(w, r, call, err)
+		return
+	}
+	if ok {
 		h.endUpstream(ctx, call, up)
 	}
 	w.WriteHeader(http.StatusNoContent)
@@ -508,6 +516,9 @@ func (h *Handler) answerError(w http.ResponseWriter, r *http.Request, call *gate
 	switch {
 	case errors.Is(err, gateway.ErrMCPSessionClosed) || call.MCPSession != nil && call.MCPSession.Closed():
 		ue = &upstreamError{kind: kindClosed}
+	case errors.Is(err, gateway.ErrStorageUnavailable):
+		h.logger.Warn("storage unavailable", zap.String("service", call.Service.ID), zap.Error(err))
+		ue = unavailable("toolgate's storage is unavailable; retry later")
 	case !errors.As(err, &ue):
 		ue = unavailable("%v", err)
 	}

@@ -204,12 +204,19 @@ func (h *Handler) readMessage(w http.ResponseWriter, r *http.Request, call *gate
 		// of the request it answers, matched on the id's value however the
 		// runner spells it. An answer to nothing pending is refused: it
 		// would reach the upstream with no method for the policy to judge.
-		var pending bool
-		if call.Method, pending = call.MCPSession.ServerRequestAnswered(msg.ID); !pending {
+		method, pending, err := call.MCPSession.ServerRequestAnswered(r.Context(), msg.ID)
+		switch {
+		case err != nil:
+			h.logger.Warn("cannot read the pending server request", zap.Error(err))
+			gateway.WriteRPCError(w, http.StatusServiceUnavailable, nil, gateway.CodeUnavailable,
+				"toolgate's storage is unavailable; send the response again later", gateway.Retryable)
+			return false
+		case !pending:
 			gateway.WriteRPCError(w, http.StatusBadRequest, nil, gateway.CodeInvalidRequest,
 				"this response answers no pending server request of this MCP session", nil)
 			return false
 		}
+		call.Method = method
 	}
 	return true
 }

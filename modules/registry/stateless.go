@@ -27,7 +27,7 @@ func (h *Handler) readStateless(w http.ResponseWriter, r *http.Request, call *ga
 	}
 	call.Stateless = st
 	call.ProtocolVersion = mcp2026.Version
-	ms, err := h.stateless.Session(call, svc)
+	ms, err := h.stateless.Session(r.Context(), call, svc)
 	if err != nil {
 		var limit *gateway.MCPSessionLimitError
 		if errors.As(err, &limit) {

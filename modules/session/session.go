@@ -103,11 +103,24 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	// The MCP session, once the runner has initialized. A request of the
 	// stateless revision has none: an Mcp-Session-Id it carries is ignored.
 	if id := r.Header.Get("Mcp-Session-Id"); id != "" && !mcp2026.ModernHeader(r) {
-		ms, err := h.app.MCPSessions().Get(id)
-		if err != nil {
+		named := ""
+		if call.Session != nil {
+			named = call.Session.ID
+		}
+		ms, err := h.app.MCPSessions().Open(r.Context(), id, caller.User, named)
+		switch {
+		case errors.Is(err, gateway.ErrMCPSessionNotFound):
 			// 404 tells an MCP client to initialize a new session.
 			gateway.WriteRPCError(w, http.StatusNotFound, nil, gateway.CodeSessionNotFound,
 				"MCP session not found or expired: initialize a new one", nil)
+			return nil
+		case errors.Is(err, gateway.ErrMCPSessionForeign):
+			forbidden(w, "this MCP session belongs to another caller or toolgate session")
+			return nil
+		case err != nil:
+			h.logger.Error("reading the MCP session", zap.Error(err))
+			gateway.WriteRPCError(w, http.StatusServiceUnavailable, nil, gateway.CodeUnavailable,
+				"toolgate's storage is unavailable; try again", gateway.Retryable)
 			return nil
 		}
 		if call.Session == nil {

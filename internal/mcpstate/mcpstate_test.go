@@ -1,0 +1,264 @@
+package mcpstate
+
+import (
+	"context"
+	"encoding/base64"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/certmagic"
+
+	"github.com/toolgate/toolgate/internal/seal"
+)
+
+func keyring(t *testing.T, secrets ...string) *seal.Keyring {
+	t.Helper()
+	var bs [][]byte
+	for _, s := range secrets {
+		bs = append(bs, []byte(s))
+	}
+	r, err := seal.New(Purpose, bs...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// An id opens with the ring that sealed it, or one that kept its secret as
+// a previous one; anything else (another secret, another purpose, a changed
+// byte, a truncated or oversized text) is ErrBadID, and the id is bound to
+// its owner and expiry.
+func TestIDSealedBoundAndRotatable(t *testing.T) {
+	oldRing := keyring(t, "old-secret-0123456789-0123456789-xx")
+	expires := time.Unix(1_900_000_000, 0)
+	id := ID{Ref: NewRef(), Expires: expires, Owner: Owner("alice", "s1"), Service: "tracker", Session: "s1"}
+	text := Seal(oldRing, id)
+
+	got, err := Open(oldRing, text)
+	if err != nil || got != id {
+		t.Fatalf("Open = %+v, %v; want %+v", got, err, id)
+	}
+	if !got.Owns("alice", "s1") || got.Owns("alice", "s2") || got.Owns("bob", "s1") || got.Owns("alices1", "") {
+		t.Error("Owns does not bind the id to exactly its caller and toolgate session")
+	}
+	if got.Expired(expires.Add(-time.Second)) || !got.Expired(expires) {
+		t.Error("Expired is wrong at its edge")
+	}
+	rotated := keyring(t, "new-secret-0123456789-0123456789-xx", "old-secret-0123456789-0123456789-xx")
+	if got, err := Open(rotated, text); err != nil || got != id {
+		t.Errorf("after rotation: %+v, %v", got, err)
+	}
+	if _, err := Open(oldRing, Seal(rotated, id)); !errors.Is(err, ErrBadID) {
+		t.Errorf("an id sealed with the new secret opened under the old one alone: %v", err)
+	}
+	otherPurpose, _ := seal.New("another purpose", []byte("old-secret-0123456789-0123456789-xx"))
+	raw, _ := base64.RawURLEncoding.DecodeString(text)
+	flipped := append([]byte(nil), raw...)
+	flipped[len(flipped)-1] ^= 1
+	for name, bad := range map[string]string{
+		"another secret":    Seal(keyring(t, "mallory-0123456789-0123456789-xxxxx"), id),
+		"another purpose":   base64.RawURLEncoding.EncodeToString(otherPurpose.Seal(raw, ad)),
+		"a changed byte":    base64.RawURLEncoding.EncodeToString(flipped),
+		"truncated":         text[:len(text)-4],
+		"not base64url":     text[:10] + "+/" + text[12:],
+		"empty":             "",
+		"oversized":         strings.Repeat("A", maxIDText+1),
+		"a random UUID-ish": "5f0c6a2e-9d1b-4c59-9b7e-0a3f3a9e4c11",
+	} {
+		if _, err := Open(rotated, bad); !errors.Is(err, ErrBadID) {
+			t.Errorf("%s: Open = %v, want ErrBadID", name, err)
+		}
+	}
+	for _, c := range text {
+		if c <= 0x20 || c >= 0x7f {
+			t.Fatalf("the id %q holds %q, not visible ASCII", text, c)
+		}
+	}
+}
+
+func testStore(t *testing.T, storage certmagic.Storage, clock *time.Time) *Store {
+	t.Helper()
+	return New(storage, time.Hour, 12*time.Hour, func() time.Time { return *clock })
+}
+
+func record(user string) *Record {
+	return &Record{Ref: NewRef(), User: user, Service: "svc", Created: time.Now(), Expires: time.Now().Add(time.Hour),
+		Upstream: Upstream{SessionID: "up-1", ProtocolVersion: "2025-11-25", Generation: 1}, Initialize: []byte(`{"protocolVersion":"2025-11-25"}`)}
+}
+
+// A session exists from Create to End for every store on the storage;
+// Update changes it under its lock and refuses an ended one; End twice
+// reports the second as not found.
+func TestStoreLifecycleAcrossStores(t *testing.T) {
+	clock := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	storage := &certmagic.FileStorage{Path: t.TempDir()}
+	a, b := testStore(t, storage, &clock), testStore(t, storage, &clock)
+	ctx := context.Background()
+	rec := record("alice")
+	if _, err := a.Create(ctx, rec); err != nil {
+		t.Fatal(err)
+	}
+	got, err := b.Load(ctx, rec.Ref)
+	if err != nil || got.User != "alice" || got.Upstream != rec.Upstream || string(got.Initialize) != string(rec.Initialize) {
+		t.Fatalf("another store reads %+v, %v", got, err)
+	}
+	if _, err := b.Update(ctx, rec.Ref, func(r *Record) error { r.Upstream.Generation = 2; return nil }); err != nil {
+		t.Fatal(err)
+	}
+	refuse := errors.New("refused")
+	if _, err := a.Update(ctx, rec.Ref, func(r *Record) error { r.Upstream.Generation = 99; return refuse }); !errors.Is(err, refuse) {
+		t.Fatalf("Update with a refusing fn: %v", err)
+	}
+	if got, _ := a.Load(ctx, rec.Ref); got.Upstream.Generation != 2 {
+		t.Errorf("generation %d, want 2 (a refused update changed the record)", got.Upstream.Generation)
+	}
+	if n, err := a.CountUser(ctx, "alice", 100); err != nil || n != 1 {
+		t.Errorf("CountUser = %d, %v", n, err)
+	}
+	if ended, err := b.End(ctx, rec.Ref, false); err != nil || ended.Upstream.SessionID != "up-1" {
+		t.Fatalf("End = %+v, %v", ended, err)
+	}
+	if _, err := a.Load(ctx, rec.Ref); !errors.Is(err, ErrNotFound) {
+		t.Errorf("Load after End: %v", err)
+	}
+	if _, err := a.End(ctx, rec.Ref, false); !errors.Is(err, ErrNotFound) {
+		t.Errorf("End twice: %v", err)
+	}
+	if _, err := a.Update(ctx, rec.Ref, func(*Record) error { return nil }); !errors.Is(err, ErrNotFound) {
+		t.Errorf("Update after End: %v", err)
+	}
+	if n, _ := a.CountUser(ctx, "alice", 100); n != 0 {
+		t.Errorf("CountUser after End = %d", n)
+	}
+}
+
+// Index entries left by a session whose record is gone (a replica died
+// part way) are not counted once the count reaches the limit.
+func TestCountUserDropsLeftovers(t *testing.T) {
+	clock := time.Now()
+	storage := &certmagic.FileStorage{Path: t.TempDir()}
+	s := testStore(t, storage, &clock)
+	ctx := context.Background()
+	live := record("alice")
+	if _, err := s.Create(ctx, live); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		dead := record("alice")
+		if _, err := s.Create(ctx, dead); err != nil {
+			t.Fatal(err)
+		}
+		if err := storage.Delete(ctx, stateKey(dead.Ref)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n, _ := s.CountUser(ctx, "alice", 10); n != 3 {
+		t.Errorf("under the limit: %d, want the cheap count of 3 entries", n)
+	}
+	if n, err := s.CountUser(ctx, "alice", 3); err != nil || n != 1 {
+		t.Errorf("at the limit: %d, %v, want the 1 live session", n, err)
+	}
+	if n, _ := s.CountUser(ctx, "alice", 10); n != 1 {
+		t.Errorf("leftovers were not removed: %d", n)
+	}
+}
+
+// The sweep ends the sessions whose newest mark is older than the idle
+// timeout, keeps those marked since (by any replica) or in use here, and
+// reads only old windows.
+func TestSweepEndsOnlyIdleSessions(t *testing.T) {
+	clock := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	storage := &certmagic.FileStorage{Path: t.TempDir()}
+	a, b := testStore(t, storage, &clock), testStore(t, storage, &clock)
+	ctx := context.Background()
+	idle, used, held := record("alice"), record("alice"), record("bob")
+	windows := map[string]int64{}
+	for _, r := range []*Record{idle, used, held} {
+		w, err := a.Create(ctx, r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		windows[r.Ref] = w
+	}
+	clock = clock.Add(50 * time.Minute)
+	w, err := b.Mark(ctx, used.Ref, windows[used.Ref]) // used through the other replica
+	if err != nil || w <= windows[used.Ref] {
+		t.Fatalf("Mark = %d, %v", w, err)
+	}
+	if again, err := a.Mark(ctx, used.Ref, w); err != nil || again != w {
+		t.Errorf("a mark known for this window was made again: %d, %v", again, err)
+	}
+	clock = clock.Add(30 * time.Minute) // idle for 80 minutes, used 30 minutes ago
+	ended, err := a.Sweep(ctx, time.Hour, func(ref string) bool { return ref == held.Ref })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ended) != 1 || ended[0].Ref != idle.Ref || ended[0].Upstream.SessionID != "up-1" {
+		t.Fatalf("swept %+v, want only the idle session", ended)
+	}
+	for _, r := range []*Record{used, held} {
+		if _, err := a.Load(ctx, r.Ref); err != nil {
+			t.Errorf("session %s was ended: %v", r.User, err)
+		}
+	}
+	// The replica that held a stream of held died: nobody marks it again,
+	// and it still expires.
+	clock = clock.Add(2 * time.Hour)
+	ended, err = b.Sweep(ctx, time.Hour, func(string) bool { return false })
+	if err != nil || len(ended) != 2 {
+		t.Fatalf("later sweep ended %d, %v; want the two left", len(ended), err)
+	}
+	if dirs, _ := storage.List(ctx, activePrefix, false); len(dirs) != 0 {
+		t.Errorf("old windows left: %v", dirs)
+	}
+}
+
+// Catalogs are named by content: the same tools in any order make one
+// catalog, stored once and read back by another store.
+func TestCatalogsSharedByContent(t *testing.T) {
+	clock := time.Now()
+	storage := &certmagic.FileStorage{Path: t.TempDir()}
+	a, b := testStore(t, storage, &clock), testStore(t, storage, &clock)
+	ctx := context.Background()
+	tools := map[string][]byte{"echo": []byte(`{"name":"echo", "annotations":{"readOnlyHint":true}}`), "add": []byte(`{"name":"add"}`)}
+	c1, err := a.PutCatalog(ctx, tools)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c2, _ := a.PutCatalog(ctx, map[string][]byte{"add": []byte(`{"name":"add"}`), "echo": tools["echo"]})
+	if c1 != c2 {
+		t.Error("the same tools made two catalogs in memory")
+	}
+	got, err := b.Catalog(ctx, c1.Hash)
+	if err != nil || len(got.Tools) != 2 || string(got.Tools["echo"].Raw) != string(tools["echo"]) {
+		t.Fatalf("another store reads %+v, %v", got, err)
+	}
+	if other, _ := a.PutCatalog(ctx, map[string][]byte{"echo": tools["echo"]}); other.Hash == c1.Hash {
+		t.Error("different tools share a name")
+	}
+	if _, err := b.Catalog(ctx, strings.Repeat("0", 64)); !errors.Is(err, ErrNotFound) {
+		t.Errorf("unknown catalog: %v", err)
+	}
+}
+
+func TestParseChange(t *testing.T) {
+	ref := NewRef()
+	for key, want := range map[string]struct {
+		kind   ChangeKind
+		ref    string
+		window int64
+	}{
+		stateKey(ref):                       {SessionChange, ref, 0},
+		activeKey(1234, ref):                {SessionMarked, ref, 1234},
+		requestKey(ref, "1"):                {OtherChange, "", 0},
+		catalogKey("abc"):                   {OtherChange, "", 0},
+		activePrefix + "/notawindow/" + ref: {OtherChange, "", 0},
+	} {
+		kind, r, w := ParseChange(key)
+		if kind != want.kind || r != want.ref || w != want.window {
+			t.Errorf("ParseChange(%q) = %v %q %d, want %+v", key, kind, r, w, want)
+		}
+	}
+}

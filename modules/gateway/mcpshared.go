@@ -1,0 +1,765 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/toolgate/toolgate/internal/mcpstate"
+	"github.com/toolgate/toolgate/internal/seal"
+	"github.com/toolgate/toolgate/internal/storecache"
+)
+
+// sharedState is where MCP sessions live beyond this process: what any
+// replica needs to continue a session (internal/mcpstate.Store keeps it in
+// the gateway's Caddy storage).
+type sharedState interface {
+	Create(ctx context.Context, rec *mcpstate.Record) (window int64, err error)
+	Load(ctx context.Context, ref string) (*mcpstate.Record, error)
+	Update(ctx context.Context, ref string, fn func(*mcpstate.Record) error) (*mcpstate.Record, error)
+	End(ctx context.Context, ref string, wait bool) (*mcpstate.Record, error)
+	CountUser(ctx context.Context, user string, limit int) (int, error)
+	PutCatalog(ctx context.Context, tools map[string][]byte) (*mcpstate.Catalog, error)
+	Catalog(ctx context.Context, hash string) (*mcpstate.Catalog, error)
+	ServerRequestSent(ctx context.Context, ref, idKey, method string) error
+	ServerRequestAnswered(ctx context.Context, ref, idKey string) (string, bool, error)
+	Mark(ctx context.Context, ref string, known int64) (int64, error)
+	Sweep(ctx context.Context, idle time.Duration, inUse func(ref string) bool) ([]*mcpstate.Record, error)
+	Watch() *storecache.Watch
+	MaxAge() time.Duration
+}
+
+// ErrMCPSessionNotFound reports an unknown, expired or ended Mcp-Session-Id,
+// or one that does not open with any of the gateway's keys.
+var ErrMCPSessionNotFound = errors.New("MCP session not found")
+
+// ErrMCPSessionForeign reports an Mcp-Session-Id of another caller or
+// toolgate session.
+var ErrMCPSessionForeign = errors.New("this MCP session belongs to another caller or toolgate session")
+
+// MCPSessionLimitError reports an initialize refused because the caller,
+// or the gateway, has as many MCP sessions as allowed.
+type MCPSessionLimitError struct {
+	Option string // the option that sets the limit
+	Limit  int
+}
+
+func (e *MCPSessionLimitError) Error() string {
+	return fmt.Sprintf("too many open MCP sessions (%s is %d): end unused sessions with DELETE, or wait until idle ones expire", e.Option, e.Limit)
+}
+
+// EndedMCPSession is a session ended by idle expiry, with the upstream
+// session to end.
+type EndedMCPSession struct {
+	User     string
+	Service  string
+	Upstream Upstream
+}
+
+// MCPSessions holds the runners' MCP sessions as this replica knows them.
+// It outlives config reloads (it is kept in a caddy.UsagePool), so a
+// reload drops no session.
+//
+// Any replica continues any session: the Mcp-Session-Id seals what never
+// changes (checked on every request without storage), the shared storage
+// holds the rest (internal/mcpstate), and this replica keeps a copy of
+// each session it served, trusted until a change is announced (or, with
+// storages that announce nothing, for cache_ttl). A steady-state request
+// therefore costs no storage round trip. Initializing one is bounded per
+// caller across replicas (max_mcp_sessions_per_caller) and per process
+// (max_mcp_sessions: the sessions initialized here and still held here).
+type MCPSessions struct {
+	config  atomic.Pointer[mcpConfig]
+	process *seal.Keyring // this process's own key: ids sealed with it outlive reloads, not restarts
+
+	mu        sync.Mutex
+	sessions  map[string]*MCPSession // by ref
+	started   int
+	localUser map[string]int // local sessions by user
+
+	// seq counts announced session changes, so that a copy made from a
+	// record read while a change was announced is not trusted.
+	seq      atomic.Uint64
+	reloads  chan struct{} // bounds background reads
+	lastTick time.Time
+}
+
+// mcpConfig is what the current configuration gives MCPSessions.
+type mcpConfig struct {
+	shared    sharedState
+	keys      *seal.Keyring
+	max       int
+	perCaller int
+	cacheTTL  time.Duration
+	idle      time.Duration
+	logger    *zap.Logger
+	onEnd     func(EndedMCPSession)
+}
+
+// maxBackgroundReads bounds the reads of changed sessions in flight.
+const maxBackgroundReads = 16
+
+// listingWait is how young a session without a tool catalog must be for a
+// replica to wait for the listing another replica is making.
+const listingWait = time.Minute
+
+func newMCPSessions() *MCPSessions {
+	return &MCPSessions{process: seal.Random(mcpstate.Purpose), sessions: make(map[string]*MCPSession),
+		localUser: make(map[string]int), reloads: make(chan struct{}, maxBackgroundReads)}
+}
+
+// Destruct implements caddy.Destructor.
+func (m *MCPSessions) Destruct() error {
+	m.mu.Lock()
+	all := make([]*MCPSession, 0, len(m.sessions))
+	for _, s := range m.sessions {
+		all = append(all, s)
+	}
+	clear(m.sessions)
+	clear(m.localUser)
+	m.started = 0
+	m.mu.Unlock()
+	for _, s := range all {
+		s.close()
+	}
+	return nil
+}
+
+// attach makes c the configuration in force and follows the changes its
+// storage announces. Copies read from another storage are read again.
+func (m *MCPSessions) attach(c *mcpConfig) error {
+	if c.keys == nil {
+		c.keys = m.process
+	} else {
+		c.keys = c.keys.With(m.process)
+	}
+	w := c.shared.Watch()
+	w.OnChange(func(ch storecache.Change) { m.changed(c, ch) })
+	m.mu.Lock()
+	if m.lastTick.IsZero() {
+		m.lastTick = now()
+	}
+	m.mu.Unlock()
+	old := m.config.Swap(c)
+	if old != nil && old.shared != c.shared {
+		m.changed(c, storecache.Change{Reset: true})
+	}
+	return w.Start(c.logger)
+}
+
+// detach stops following c's storage; c stays in force until another
+// configuration is attached.
+func (m *MCPSessions) detach(c *mcpConfig) { c.shared.Watch().Stop() }
+
+func (m *MCPSessions) cfg() *mcpConfig     { return m.config.Load() }
+func (m *MCPSessions) state() sharedState  { return m.cfg().shared }
+func (m *MCPSessions) logger() *zap.Logger { return m.cfg().logger }
+
+// fresh reports whether the copy s may be used without reading storage.
+func (m *MCPSessions) fresh(c *mcpConfig, s *MCPSession) bool {
+	if s.stale.Load() {
+		return false
+	}
+	return c.shared.Watch().Live() || now().UnixNano()-s.checked.Load() < int64(c.cacheTTL)
+}
+
+// Open returns the session the runner's Mcp-Session-Id names, for user in
+// the toolgate session toolgateSession ("" when the runner named none: the
+// session's own, see MCPSession.SessionID): ErrMCPSessionNotFound when the id
+// is not one of the gateway's, has expired or names a session that ended;
+// ErrMCPSessionForeign when it is another caller's; an error wrapping
+// ErrStorageUnavailable when the session's record cannot be read. The
+// first use of a session on this replica, and the first after a change,
+// read its record; other uses read nothing.
+func (m *MCPSessions) Open(ctx context.Context, id, user, toolgateSession string) (*MCPSession, error) {
+	c := m.cfg()
+	claims, err := mcpstate.Open(c.keys, id)
+	if err != nil || claims.Expired(now()) {
+		return nil, ErrMCPSessionNotFound
+	}
+	if toolgateSession == "" {
+		toolgateSession = claims.Session
+	}
+	if claims.Session != toolgateSession || !claims.Owns(user, toolgateSession) {
+		return nil, ErrMCPSessionForeign
+	}
+	m.mu.Lock()
+	s := m.sessions[claims.Ref]
+	m.mu.Unlock()
+	if s != nil {
+		if s.Closed() || s.local {
+			return nil, ErrMCPSessionNotFound
+		}
+		if m.fresh(c, s) {
+			s.Touch()
+			return s, nil
+		}
+	}
+	seq := m.seq.Load()
+	var changes uint64
+	if s != nil {
+		changes = s.changeCount()
+	}
+	rec, catalog, err := m.read(ctx, c, claims.Ref)
+	if errors.Is(err, mcpstate.ErrNotFound) || err == nil && (rec.User != user || rec.Service != claims.Service) {
+		if s != nil {
+			m.closeLocal(s)
+		}
+		return nil, ErrMCPSessionNotFound
+	}
+	if err != nil {
+		return nil, err
+	}
+	var seqAtRead *uint64
+	if s == nil {
+		// A change announced while the record was read found no copy to
+		// mark stale: the gateway-wide count tells.
+		s, seqAtRead = m.adopt(claims, id, rec), &seq
+		changes = s.changeCount()
+	}
+	s.apply(rec, catalog, changes, seqAtRead, now().Sub(rec.Created) < listingWait)
+	if s.Closed() {
+		return nil, ErrMCPSessionNotFound
+	}
+	s.Touch()
+	return s, nil
+}
+
+// read reads the session's record and its catalog.
+func (m *MCPSessions) read(ctx context.Context, c *mcpConfig, ref string) (*mcpstate.Record, *mcpstate.Catalog, error) {
+	rec, err := c.shared.Load(ctx, ref)
+	if errors.Is(err, mcpstate.ErrNotFound) {
+		return nil, nil, err
+	}
+	if err != nil {
+		return nil, nil, fmt.Errorf("%w: %v", ErrStorageUnavailable, err)
+	}
+	if rec.Catalog == "" {
+		return rec, nil, nil
+	}
+	catalog, err := c.shared.Catalog(ctx, rec.Catalog)
+	switch {
+	case errors.Is(err, mcpstate.ErrNotFound):
+		c.logger.Warn("an MCP session's tool catalog is missing from storage; its tools are judged without definitions",
+			zap.String("service", rec.Service))
+		return rec, nil, nil
+	case err != nil:
+		return nil, nil, fmt.Errorf("%w: %v", ErrStorageUnavailable, err)
+	}
+	return rec, catalog, nil
+}
+
+// adopt makes this replica's copy of a session initialized elsewhere (or
+// here, before a restart or after it was evicted), or returns the copy a
+// concurrent request made.
+func (m *MCPSessions) adopt(claims mcpstate.ID, id string, rec *mcpstate.Record) *MCPSession {
+	ctx, cancel := context.WithCancel(context.Background())
+	s := &MCPSession{ID: id, Ref: claims.Ref, User: rec.User, SessionID: claims.Session, Service: rec.Service, Created: rec.Created, Expires: claims.Expires,
+		m: m, ctx: ctx, cancel: cancel, reinit: make(chan struct{}, 1)}
+	s.stale.Store(true)
+	s.Touch()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if other := m.sessions[claims.Ref]; other != nil && !other.Closed() {
+		cancel()
+		return other
+	}
+	m.sessions[claims.Ref] = s
+	return s
+}
+
+// reload reads s's record again; a session that ended is closed here.
+func (m *MCPSessions) reload(ctx context.Context, s *MCPSession) error {
+	c := m.cfg()
+	changes := s.changeCount()
+	rec, catalog, err := m.read(ctx, c, s.Ref)
+	if errors.Is(err, mcpstate.ErrNotFound) {
+		m.closeLocal(s)
+		return ErrMCPSessionClosed
+	}
+	if err != nil {
+		return err
+	}
+	s.apply(rec, catalog, changes, nil, now().Sub(rec.Created) < listingWait)
+	return nil
+}
+
+// reloadLater reads s's record again in the background, unless too many
+// reads are in flight already (then the next use, or housekeeping, does).
+func (m *MCPSessions) reloadLater(s *MCPSession) {
+	select {
+	case m.reloads <- struct{}{}:
+	default:
+		return
+	}
+	go func() {
+		defer func() { <-m.reloads }()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = m.reload(ctx, s)
+	}()
+}
+
+// changed takes an announced change under the MCP session prefix.
+func (m *MCPSessions) changed(c *mcpConfig, ch storecache.Change) {
+	if m.cfg() != c {
+		return // a configuration no longer in force
+	}
+	if ch.Reset {
+		m.seq.Add(1)
+		for _, s := range m.snapshot() {
+			s.invalidate()
+			if s.inUse.Load() > 0 || s.awaitingListing() {
+				m.reloadLater(s)
+			}
+		}
+		return
+	}
+	kind, ref, window := mcpstate.ParseChange(ch.Key)
+	switch kind {
+	case mcpstate.SessionChange:
+		m.seq.Add(1)
+		s := m.lookup(ref)
+		if s == nil {
+			return
+		}
+		if ch.Local && s.own.Load() > 0 {
+			s.own.Add(-1)
+			return
+		}
+		s.invalidate()
+		if s.inUse.Load() > 0 || s.awaitingListing() {
+			m.reloadLater(s)
+		}
+	case mcpstate.SessionMarked:
+		if s := m.lookup(ref); s != nil {
+			for {
+				known := s.marked.Load()
+				if window <= known || s.marked.CompareAndSwap(known, window) {
+					break
+				}
+			}
+		}
+	}
+}
+
+func (s *MCPSession) awaitingListing() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.catalogPending != nil
+}
+
+func (m *MCPSessions) lookup(ref string) *MCPSession {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.sessions[ref]
+}
+
+func (m *MCPSessions) snapshot() []*MCPSession {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	all := make([]*MCPSession, 0, len(m.sessions))
+	for _, s := range m.sessions {
+		all = append(all, s)
+	}
+	return all
+}
+
+// Create starts a new MCP session for user in the toolgate session sess,
+// or fails with an *MCPSessionLimitError (or, when the storage cannot
+// count the caller's sessions, an error wrapping ErrStorageUnavailable).
+// The session exists for other replicas once SetUpstream stored it. Its
+// first tool listing counts as pending (see WaitCatalog).
+func (m *MCPSessions) Create(ctx context.Context, user string, sess *Session, service string) (*MCPSession, error) {
+	return m.create(ctx, user, sess, service, false)
+}
+
+// CreateLocal starts an MCP session that only this replica uses and that
+// is never stored: the one toolgate implies for stateless requests, which
+// carry everything any replica needs, so each replica implies its own. It
+// counts against the same limits as Create, ends when idle here, and is
+// never found by its id.
+func (m *MCPSessions) CreateLocal(ctx context.Context, user string, sess *Session, service string) (*MCPSession, error) {
+	return m.create(ctx, user, sess, service, true)
+}
+
+func (m *MCPSessions) create(ctx context.Context, user string, sess *Session, service string, local bool) (*MCPSession, error) {
+	c := m.cfg()
+	m.mu.Lock()
+	if m.started >= c.max {
+		m.mu.Unlock()
+		return nil, &MCPSessionLimitError{Option: "max_mcp_sessions", Limit: c.max}
+	}
+	m.started++
+	m.mu.Unlock()
+	release := func() {
+		m.mu.Lock()
+		m.started--
+		m.mu.Unlock()
+	}
+	n, err := c.shared.CountUser(ctx, user, c.perCaller)
+	if err != nil {
+		release()
+		return nil, fmt.Errorf("%w: %v", ErrStorageUnavailable, err)
+	}
+	m.mu.Lock()
+	n += m.localUser[user]
+	m.mu.Unlock()
+	if n >= c.perCaller {
+		release()
+		return nil, &MCPSessionLimitError{Option: "max_mcp_sessions_per_caller", Limit: c.perCaller}
+	}
+	expires := sess.ExpiresAt
+	if longest := now().Add(c.shared.MaxAge()); expires.IsZero() || expires.After(longest) {
+		expires = longest // an implied session has no expiry of its own
+	}
+	claims := mcpstate.ID{Ref: mcpstate.NewRef(), Expires: expires, Owner: mcpstate.Owner(user, sess.ID), Service: service, Session: sess.ID}
+	ctx2, cancel := context.WithCancel(context.Background())
+	s := &MCPSession{ID: mcpstate.Seal(c.keys, claims), Ref: claims.Ref, User: user, SessionID: sess.ID, Service: service, Created: now(),
+		Expires: claims.Expires, m: m, started: true, local: local, ctx: ctx2, cancel: cancel, reinit: make(chan struct{}, 1),
+		catalogPending: make(chan struct{})}
+	s.checked.Store(now().UnixNano())
+	s.Touch()
+	m.mu.Lock()
+	m.sessions[s.Ref] = s
+	if local {
+		m.localUser[user]++
+	}
+	m.mu.Unlock()
+	return s, nil
+}
+
+// SetUpstream records the upstream state of a session the runner just
+// initialized, in the shared storage: from then on any replica serves the
+// session. It fails when the session was closed meanwhile, or the storage
+// is unavailable; the caller then ends u upstream.
+func (s *MCPSession) SetUpstream(ctx context.Context, u Upstream) error {
+	if s.local {
+		return s.setLocalUpstream(u)
+	}
+	if s.Closed() {
+		return ErrMCPSessionClosed
+	}
+	rec := &mcpstate.Record{Ref: s.Ref, User: s.User, Service: s.Service, Created: s.Created, Expires: s.Expires,
+		Upstream:   mcpstate.Upstream{SessionID: u.SessionID, ProtocolVersion: u.ProtocolVersion, Generation: 1},
+		Initialize: u.InitializeParams}
+	window, err := s.m.state().Create(ctx, rec)
+	if err != nil {
+		return fmt.Errorf("%w: %v", ErrStorageUnavailable, err)
+	}
+	s.marked.Store(window)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return ErrMCPSessionClosed
+	}
+	u.Generation = 1
+	s.upstream, s.stored = u, true
+	return nil
+}
+
+// setLocalUpstream records u as the next generation of a local session.
+func (s *MCPSession) setLocalUpstream(u Upstream) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return ErrMCPSessionClosed
+	}
+	u.Generation = s.upstream.Generation + 1
+	if u.InitializeParams == nil {
+		u.InitializeParams = s.upstream.InitializeParams
+	}
+	s.upstream = u
+	return nil
+}
+
+// End ends the session everywhere: its shared record is deleted and every
+// replica is told (End returns once the announcement went out to them), so
+// that the next request on any replica gets 404. It returns the upstream
+// state to end upstream, and whether this call ended it (false when it had
+// ended already). A storage failure changes nothing and is an error
+// wrapping ErrStorageUnavailable.
+func (m *MCPSessions) End(ctx context.Context, s *MCPSession) (Upstream, bool, error) {
+	s.mu.Lock()
+	stored := s.stored
+	s.mu.Unlock()
+	if !stored {
+		up := s.Upstream()
+		ok := m.closeLocal(s)
+		if !s.local {
+			up = Upstream{} // initialize did not complete: its caller ends what it made
+		}
+		return up, ok, nil
+	}
+	rec, err := m.state().End(ctx, s.Ref, true)
+	switch {
+	case errors.Is(err, mcpstate.ErrNotFound):
+		m.closeLocal(s)
+		return Upstream{}, false, nil
+	case err != nil:
+		return Upstream{}, false, fmt.Errorf("%w: %v", ErrStorageUnavailable, err)
+	}
+	m.closeLocal(s)
+	return upstreamOf(rec), true, nil
+}
+
+func upstreamOf(rec *mcpstate.Record) Upstream {
+	return Upstream{SessionID: rec.Upstream.SessionID, ProtocolVersion: rec.Upstream.ProtocolVersion,
+		InitializeParams: rec.Initialize, Generation: rec.Upstream.Generation}
+}
+
+// closeLocal closes this replica's copy of s and forgets it.
+func (m *MCPSessions) closeLocal(s *MCPSession) bool {
+	m.mu.Lock()
+	if m.sessions[s.Ref] == s {
+		delete(m.sessions, s.Ref)
+		if s.started {
+			m.started--
+		}
+		if s.local {
+			if m.localUser[s.User]--; m.localUser[s.User] <= 0 {
+				delete(m.localUser, s.User)
+			}
+		}
+	}
+	m.mu.Unlock()
+	return s.close()
+}
+
+// Len returns the number of sessions this replica holds.
+func (m *MCPSessions) Len() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return len(m.sessions)
+}
+
+// errGenerationMoved: another replica re-initialized the upstream session.
+var errGenerationMoved = errors.New("re-initialized elsewhere")
+
+// Reinitialize runs init to replace the upstream session seen at generation
+// gen, unless another request — here or on another replica — already did
+// so; concurrent callers here share the outcome. Waiting for another
+// re-initialization honours ctx. A closed session is never re-initialized:
+// ErrMCPSessionClosed; and when it is ended while init runs (on any
+// replica), the new upstream session is handed to discard (which ends it)
+// instead of being kept. The new state is stored under the session's
+// storage lock, so replicas racing keep one and discard the others.
+func (s *MCPSession) Reinitialize(ctx context.Context, gen uint64, init func(Upstream) (Upstream, error), discard func(Upstream)) (Upstream, error) {
+	select {
+	case s.reinit <- struct{}{}:
+	case <-ctx.Done():
+		return s.Upstream(), fmt.Errorf("waiting for the upstream session to be re-created: %w", ctx.Err())
+	}
+	defer func() { <-s.reinit }()
+	if s.Closed() {
+		return s.Upstream(), ErrMCPSessionClosed
+	}
+	cur := s.Upstream()
+	if cur.Generation != gen {
+		return cur, nil
+	}
+	if s.local {
+		next, err := init(cur)
+		if err != nil {
+			return cur, err
+		}
+		if err := s.setLocalUpstream(next); err != nil {
+			discard(next)
+			return cur, err
+		}
+		return s.Upstream(), nil
+	}
+	if err := s.m.reload(ctx, s); err != nil {
+		return s.Upstream(), err
+	}
+	if cur = s.Upstream(); cur.Generation != gen {
+		return cur, nil // another replica did it
+	}
+	next, err := init(cur)
+	if err != nil {
+		return cur, err
+	}
+	s.own.Add(1)
+	rec, err := s.m.state().Update(ctx, s.Ref, func(r *mcpstate.Record) error {
+		if r.Upstream.Generation != gen {
+			return errGenerationMoved
+		}
+		r.Upstream = mcpstate.Upstream{SessionID: next.SessionID, ProtocolVersion: next.ProtocolVersion, Generation: gen + 1}
+		return nil
+	})
+	if err != nil {
+		s.own.Add(-1)
+		discard(next)
+		switch {
+		case errors.Is(err, mcpstate.ErrNotFound):
+			s.m.closeLocal(s)
+			return cur, ErrMCPSessionClosed
+		case errors.Is(err, errGenerationMoved):
+			s.apply(rec, nil, s.changeCount(), nil, false)
+			return s.Upstream(), nil
+		}
+		return cur, fmt.Errorf("%w: %v", ErrStorageUnavailable, err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return cur, ErrMCPSessionClosed
+	}
+	next.InitializeParams = cur.InitializeParams
+	next.Generation = gen + 1
+	s.upstream = next
+	return next, nil
+}
+
+// errCatalogUnchanged: the record names the catalog already.
+var errCatalogUnchanged = errors.New("catalog unchanged")
+
+// CatalogListed replaces the known tool definitions (name → the tool
+// object's JSON text) and ends the listing in progress. The catalog is
+// stored for the other replicas, once per distinct catalog; an error says
+// it could not be, and the definitions then serve this replica only.
+func (s *MCPSession) CatalogListed(ctx context.Context, tools map[string][]byte) error {
+	if s.local {
+		catalog, _ := mcpstate.NewCatalog(tools)
+		s.mu.Lock()
+		s.setCatalogLocked(catalog)
+		s.mu.Unlock()
+		return nil
+	}
+	catalog, err := s.m.state().PutCatalog(ctx, tools)
+	if err != nil {
+		catalog, _ = mcpstate.NewCatalog(tools)
+	}
+	s.mu.Lock()
+	s.setCatalogLocked(catalog)
+	stored := s.stored
+	s.mu.Unlock()
+	if err != nil || !stored {
+		return err
+	}
+	s.own.Add(1)
+	_, err = s.m.state().Update(ctx, s.Ref, func(r *mcpstate.Record) error {
+		if r.Catalog == catalog.Hash {
+			return errCatalogUnchanged
+		}
+		r.Catalog = catalog.Hash
+		return nil
+	})
+	if err != nil {
+		s.own.Add(-1)
+		if errors.Is(err, errCatalogUnchanged) || errors.Is(err, mcpstate.ErrNotFound) {
+			return nil
+		}
+	}
+	return err
+}
+
+// WaitCatalog waits, at most max, for a tool listing in progress — here, or
+// on another replica the runner's notifications/initialized reached (the
+// first one is expected from the session's start) — so that a call racing
+// it is decided with the tool's definition. It reports whether the catalog
+// is known. A wait that runs out ends the pending listing, so that later
+// calls of a runner that never sent notifications/initialized do not wait.
+func (s *MCPSession) WaitCatalog(ctx context.Context, max time.Duration) bool {
+	s.mu.Lock()
+	pending, here := s.catalogPending, s.listingHere
+	s.mu.Unlock()
+	if pending == nil {
+		return s.HasCatalog()
+	}
+	t := time.NewTimer(max)
+	defer t.Stop()
+	var poll <-chan time.Time
+	if !here && !s.m.state().Watch().Live() {
+		// Nothing will be announced: read the record now and then.
+		tick := time.NewTicker(catalogPoll)
+		defer tick.Stop()
+		poll = tick.C
+	}
+	for {
+		select {
+		case <-pending:
+		case <-t.C:
+			s.mu.Lock()
+			if s.catalogPending == pending {
+				s.endListingLocked()
+				s.catalogGivenUp = true
+			}
+			s.mu.Unlock()
+		case <-ctx.Done():
+		case <-s.ctx.Done():
+		case <-poll:
+			_ = s.m.reload(ctx, s)
+			continue
+		}
+		return s.HasCatalog()
+	}
+}
+
+// housekeep marks the sessions used since the last run (an open stream is
+// use) in the shared storage, re-reads in-use copies that may be stale,
+// forgets copies idle here, and sweeps sessions idle everywhere, handing
+// their upstream sessions to the end hook. It runs in the background,
+// never under a request.
+func (m *MCPSessions) housekeep(ctx context.Context) {
+	c := m.cfg()
+	if c == nil {
+		return
+	}
+	t := now()
+	m.mu.Lock()
+	since := m.lastTick
+	m.lastTick = t
+	m.mu.Unlock()
+	for _, s := range m.snapshot() {
+		if s.Closed() {
+			continue
+		}
+		inUse := s.inUse.Load() > 0
+		last := time.Unix(0, s.lastUsed.Load())
+		s.mu.Lock()
+		stored := s.stored
+		s.mu.Unlock()
+		if stored && (inUse || last.After(since)) {
+			w, err := c.shared.Mark(ctx, s.Ref, s.marked.Load())
+			if err != nil {
+				c.logger.Debug("marking an MCP session used failed", zap.Error(err))
+			} else if w > s.marked.Load() {
+				s.marked.Store(w)
+			}
+		}
+		switch {
+		case s.local:
+			if !inUse && t.Sub(last) > c.idle && m.closeLocal(s) && c.onEnd != nil {
+				c.onEnd(EndedMCPSession{User: s.User, Service: s.Service, Upstream: s.Upstream()})
+			}
+		case inUse && !m.fresh(c, s):
+			_ = m.reload(ctx, s) // an end elsewhere stops its streams here
+		case !inUse && t.Sub(last) > c.idle:
+			m.closeLocal(s) // idle here; what is shared stays
+		}
+	}
+	ended, err := c.shared.Sweep(ctx, c.idle, func(ref string) bool {
+		s := m.lookup(ref)
+		return s != nil && s.inUse.Load() > 0
+	})
+	if err != nil {
+		c.logger.Warn("sweeping idle MCP sessions", zap.Error(err))
+	}
+	if len(ended) > 0 {
+		c.logger.Debug("expired idle MCP sessions", zap.Int("count", len(ended)))
+	}
+	for _, rec := range ended {
+		if s := m.lookup(rec.Ref); s != nil {
+			m.closeLocal(s)
+		}
+		if c.onEnd != nil {
+			c.onEnd(EndedMCPSession{User: rec.User, Service: rec.Service, Upstream: upstreamOf(rec)})
+		}
+	}
+}
