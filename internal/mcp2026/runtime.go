@@ -123,7 +123,7 @@ func (rt *Runtime) Session(ctx context.Context, call *gateway.Call, svc *gateway
 			}
 		}
 	}
-	ms, err := rt.app.MCPSessions().CreateLocal(ctx, call.Caller.User, call.Session, svc.ID)
+	ms, err := rt.app.MCPSessions().CreateLocal(ctx, call.Caller.User, call.Session.ID, call.Session.ExpiresAt, svc.ID)
 	if err != nil {
 		return nil, err
 	}

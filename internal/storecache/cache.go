@@ -2,10 +2,15 @@ package storecache
 
 import (
 	"context"
+	"errors"
 	"hash/maphash"
 	"sync"
 	"time"
 )
+
+// ErrUnavailable reports that the storage could not be read or written;
+// retrying later may succeed. Errors of toolgate's stores wrap it.
+var ErrUnavailable = errors.New("storage unavailable")
 
 // Cache is a read-through cache of values derived from storage keys under
 // a Watch's prefix (a decoded session, a decrypted grant). With a live

@@ -22,6 +22,7 @@ import (
 	"github.com/caddyserver/certmagic"
 	"go.uber.org/zap"
 
+	"github.com/toolgate/toolgate/internal/mcpsession"
 	"github.com/toolgate/toolgate/internal/mcpstate"
 	"github.com/toolgate/toolgate/internal/seal"
 	"github.com/toolgate/toolgate/internal/storecache"
@@ -156,7 +157,7 @@ type App struct {
 	sessions     *SessionStore
 	connections  *ConnectionStore
 	mcpSessions  *MCPSessions
-	mcpConfig    *mcpConfig
+	mcpConfig    *mcpsession.Config
 	endMCP       func(EndedMCPSession)
 	pipeline     *pipelineTrail
 	httpClient   *http.Client
@@ -317,28 +318,28 @@ func (a *App) Provision(ctx caddy.Context) error {
 
 	// State that outlives this config.
 	v, _, err := mcpSessionPool.LoadOrNew(mcpSessionPoolKey, func() (caddy.Destructor, error) {
-		return newMCPSessions(), nil
+		return mcpsession.New(), nil
 	})
 	if err != nil {
 		return err
 	}
 	a.mcpSessions = v.(*MCPSessions)
 	a.releasePools = append(a.releasePools, func() { _, _ = mcpSessionPool.Delete(mcpSessionPoolKey) })
-	a.mcpConfig = &mcpConfig{
-		shared:    mcpstate.New(a.storage, time.Duration(a.MCPSessionIdleTimeout), time.Duration(a.SessionTTL), func() time.Time { return now() }),
-		max:       a.MaxMCPSessions,
-		perCaller: a.MaxMCPSessionsPerCaller,
-		cacheTTL:  time.Duration(a.CacheTTL),
-		idle:      time.Duration(a.MCPSessionIdleTimeout),
-		logger:    a.logger,
-		onEnd:     a.endMCPSession,
+	a.mcpConfig = &mcpsession.Config{
+		State:     mcpstate.New(a.storage, time.Duration(a.MCPSessionIdleTimeout), time.Duration(a.SessionTTL), func() time.Time { return now() }),
+		Max:       a.MaxMCPSessions,
+		PerCaller: a.MaxMCPSessionsPerCaller,
+		CacheTTL:  time.Duration(a.CacheTTL),
+		Idle:      time.Duration(a.MCPSessionIdleTimeout),
+		Logger:    a.logger,
+		OnEnd:     a.endMCPSession,
 	}
 	if a.StateSecret != "" {
 		secrets := [][]byte{[]byte(a.StateSecret)}
 		for _, p := range a.PreviousStateSecrets {
 			secrets = append(secrets, []byte(p))
 		}
-		if a.mcpConfig.keys, err = seal.New(mcpstate.Purpose, secrets...); err != nil {
+		if a.mcpConfig.Keys, err = seal.New(mcpstate.Purpose, secrets...); err != nil {
 			return fmt.Errorf("state_secret: %v", err)
 		}
 	}
@@ -441,7 +442,7 @@ func (a *App) Start() error {
 	for _, hook := range a.startHooks {
 		hook()
 	}
-	if err := a.mcpSessions.attach(a.mcpConfig); err != nil {
+	if err := a.mcpSessions.Attach(a.mcpConfig); err != nil {
 		return fmt.Errorf("following MCP session changes in storage: %w", err)
 	}
 	if a.StateSecret == "" {
@@ -494,7 +495,7 @@ func (a *App) housekeeping() {
 		case <-a.stop:
 			return
 		case <-mcpTick.C:
-			a.mcpSessions.housekeep(context.Background())
+			a.mcpSessions.Housekeep(context.Background())
 		case <-sweepTick.C:
 			n, err := a.sessions.sweep(context.Background())
 			if err != nil {
@@ -515,7 +516,7 @@ func (a *App) housekeeping() {
 // Stop stops background work.
 func (a *App) Stop() error {
 	a.stopOnce.Do(func() { close(a.stop) })
-	a.mcpSessions.detach(a.mcpConfig)
+	a.mcpSessions.Detach(a.mcpConfig)
 	a.sessions.stop()
 	if a.connections != nil {
 		a.connections.stop()

@@ -193,4 +193,4 @@ func (s *ConnectionStore) Storage() certmagic.Storage { return s.storage }
 
 // ErrStorageUnavailable reports that Caddy storage could not be read or
 // written; retrying later may succeed.
-var ErrStorageUnavailable = errors.New("storage unavailable")
+var ErrStorageUnavailable = storecache.ErrUnavailable

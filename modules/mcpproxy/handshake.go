@@ -38,7 +38,7 @@ func (h *Handler) initialize(w http.ResponseWriter, r *http.Request, call *gatew
 		return
 	}
 	sessions := h.app.MCPSessions()
-	ms, err := sessions.Create(ctx, call.Caller.User, call.Session, call.Service.ID)
+	ms, err := sessions.Create(ctx, call.Caller.User, call.Session.ID, call.Session.ExpiresAt, call.Service.ID)
 	if err != nil {
 		var limit *gateway.MCPSessionLimitError
 		if errors.As(err, &limit) {

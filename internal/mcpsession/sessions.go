@@ -1,4 +1,4 @@
-package gateway
+package mcpsession
 
 import (
 	"context"
@@ -15,53 +15,34 @@ import (
 	"github.com/toolgate/toolgate/internal/storecache"
 )
 
-// sharedState is where MCP sessions live beyond this process: what any
-// replica needs to continue a session (internal/mcpstate.Store keeps it in
-// the gateway's Caddy storage).
-type sharedState interface {
-	Create(ctx context.Context, rec *mcpstate.Record) (window int64, err error)
-	Load(ctx context.Context, ref string) (*mcpstate.Record, error)
-	Update(ctx context.Context, ref string, fn func(*mcpstate.Record) error) (*mcpstate.Record, error)
-	End(ctx context.Context, ref string, wait bool) (*mcpstate.Record, error)
-	CountUser(ctx context.Context, user string, limit int) (int, error)
-	PutCatalog(ctx context.Context, tools map[string][]byte) (*mcpstate.Catalog, error)
-	Catalog(ctx context.Context, hash string) (*mcpstate.Catalog, error)
-	ServerRequestSent(ctx context.Context, ref, idKey, method string) error
-	ServerRequestAnswered(ctx context.Context, ref, idKey string) (string, bool, error)
-	Mark(ctx context.Context, ref string, known int64) (int64, error)
-	Sweep(ctx context.Context, idle time.Duration, inUse func(ref string) bool) ([]*mcpstate.Record, error)
-	Watch() *storecache.Watch
-	MaxAge() time.Duration
-}
-
-// ErrMCPSessionNotFound reports an unknown, expired or ended Mcp-Session-Id,
+// ErrNotFound reports an unknown, expired or ended Mcp-Session-Id,
 // or one that does not open with any of the gateway's keys.
-var ErrMCPSessionNotFound = errors.New("MCP session not found")
+var ErrNotFound = errors.New("MCP session not found")
 
-// ErrMCPSessionForeign reports an Mcp-Session-Id of another caller or
+// ErrForeign reports an Mcp-Session-Id of another caller or
 // toolgate session.
-var ErrMCPSessionForeign = errors.New("this MCP session belongs to another caller or toolgate session")
+var ErrForeign = errors.New("this MCP session belongs to another caller or toolgate session")
 
-// MCPSessionLimitError reports an initialize refused because the caller,
+// LimitError reports an initialize refused because the caller,
 // or the gateway, has as many MCP sessions as allowed.
-type MCPSessionLimitError struct {
+type LimitError struct {
 	Option string // the option that sets the limit
 	Limit  int
 }
 
-func (e *MCPSessionLimitError) Error() string {
+func (e *LimitError) Error() string {
 	return fmt.Sprintf("too many open MCP sessions (%s is %d): end unused sessions with DELETE, or wait until idle ones expire", e.Option, e.Limit)
 }
 
-// EndedMCPSession is a session ended by idle expiry, with the upstream
+// Ended is a session ended by idle expiry, with the upstream
 // session to end.
-type EndedMCPSession struct {
+type Ended struct {
 	User     string
 	Service  string
 	Upstream Upstream
 }
 
-// MCPSessions holds the runners' MCP sessions as this replica knows them.
+// Sessions holds the runners' MCP sessions as this replica knows them.
 // It outlives config reloads (it is kept in a caddy.UsagePool), so a
 // reload drops no session.
 //
@@ -73,12 +54,12 @@ type EndedMCPSession struct {
 // therefore costs no storage round trip. Initializing one is bounded per
 // caller across replicas (max_mcp_sessions_per_caller) and per process
 // (max_mcp_sessions: the sessions initialized here and still held here).
-type MCPSessions struct {
-	config  atomic.Pointer[mcpConfig]
+type Sessions struct {
+	config  atomic.Pointer[Config]
 	process *seal.Keyring // this process's own key: ids sealed with it outlive reloads, not restarts
 
 	mu        sync.Mutex
-	sessions  map[string]*MCPSession // by ref
+	sessions  map[string]*Session // by ref
 	started   int
 	localUser map[string]int // local sessions by user
 
@@ -89,16 +70,26 @@ type MCPSessions struct {
 	lastTick time.Time
 }
 
-// mcpConfig is what the current configuration gives MCPSessions.
-type mcpConfig struct {
-	shared    sharedState
-	keys      *seal.Keyring
-	max       int
-	perCaller int
-	cacheTTL  time.Duration
-	idle      time.Duration
-	logger    *zap.Logger
-	onEnd     func(EndedMCPSession)
+// Config is what a configuration of the gateway gives Sessions.
+type Config struct {
+	// State is where sessions live beyond this process.
+	State *mcpstate.Store
+	// Keys seal and open Mcp-Session-Ids (from state_secret); nil: a
+	// key of this process only.
+	Keys *seal.Keyring
+	// Max bounds the sessions initialized here and held here
+	// (max_mcp_sessions); PerCaller the sessions of one caller on every
+	// replica (max_mcp_sessions_per_caller).
+	Max, PerCaller int
+	// CacheTTL is how long a copy is trusted when the storage announces
+	// no changes.
+	CacheTTL time.Duration
+	// Idle is the idle timeout (mcp_session_idle_timeout).
+	Idle time.Duration
+	// Logger logs what goes wrong in the background.
+	Logger *zap.Logger
+	// OnEnd ends the upstream session of a session that expired.
+	OnEnd func(Ended)
 }
 
 // maxBackgroundReads bounds the reads of changed sessions in flight.
@@ -108,15 +99,16 @@ const maxBackgroundReads = 16
 // replica to wait for the listing another replica is making.
 const listingWait = time.Minute
 
-func newMCPSessions() *MCPSessions {
-	return &MCPSessions{process: seal.Random(mcpstate.Purpose), sessions: make(map[string]*MCPSession),
+// New returns an empty set of sessions; Attach gives it a configuration.
+func New() *Sessions {
+	return &Sessions{process: seal.Random(mcpstate.Purpose), sessions: make(map[string]*Session),
 		localUser: make(map[string]int), reloads: make(chan struct{}, maxBackgroundReads)}
 }
 
 // Destruct implements caddy.Destructor.
-func (m *MCPSessions) Destruct() error {
+func (m *Sessions) Destruct() error {
 	m.mu.Lock()
-	all := make([]*MCPSession, 0, len(m.sessions))
+	all := make([]*Session, 0, len(m.sessions))
 	for _, s := range m.sessions {
 		all = append(all, s)
 	}
@@ -130,15 +122,15 @@ func (m *MCPSessions) Destruct() error {
 	return nil
 }
 
-// attach makes c the configuration in force and follows the changes its
+// Attach makes c the configuration in force and follows the changes its
 // storage announces. Copies read from another storage are read again.
-func (m *MCPSessions) attach(c *mcpConfig) error {
-	if c.keys == nil {
-		c.keys = m.process
+func (m *Sessions) Attach(c *Config) error {
+	if c.Keys == nil {
+		c.Keys = m.process
 	} else {
-		c.keys = c.keys.With(m.process)
+		c.Keys = c.Keys.With(m.process)
 	}
-	w := c.shared.Watch()
+	w := c.State.Watch()
 	w.OnChange(func(ch storecache.Change) { m.changed(c, ch) })
 	m.mu.Lock()
 	if m.lastTick.IsZero() {
@@ -146,54 +138,54 @@ func (m *MCPSessions) attach(c *mcpConfig) error {
 	}
 	m.mu.Unlock()
 	old := m.config.Swap(c)
-	if old != nil && old.shared != c.shared {
+	if old != nil && old.State != c.State {
 		m.changed(c, storecache.Change{Reset: true})
 	}
-	return w.Start(c.logger)
+	return w.Start(c.Logger)
 }
 
-// detach stops following c's storage; c stays in force until another
+// Detach stops following c's storage; c stays in force until another
 // configuration is attached.
-func (m *MCPSessions) detach(c *mcpConfig) { c.shared.Watch().Stop() }
+func (m *Sessions) Detach(c *Config) { c.State.Watch().Stop() }
 
-func (m *MCPSessions) cfg() *mcpConfig     { return m.config.Load() }
-func (m *MCPSessions) state() sharedState  { return m.cfg().shared }
-func (m *MCPSessions) logger() *zap.Logger { return m.cfg().logger }
+func (m *Sessions) cfg() *Config           { return m.config.Load() }
+func (m *Sessions) state() *mcpstate.Store { return m.cfg().State }
+func (m *Sessions) logger() *zap.Logger    { return m.cfg().Logger }
 
 // fresh reports whether the copy s may be used without reading storage.
-func (m *MCPSessions) fresh(c *mcpConfig, s *MCPSession) bool {
+func (m *Sessions) fresh(c *Config, s *Session) bool {
 	if s.stale.Load() {
 		return false
 	}
-	return c.shared.Watch().Live() || now().UnixNano()-s.checked.Load() < int64(c.cacheTTL)
+	return c.State.Watch().Live() || now().UnixNano()-s.checked.Load() < int64(c.CacheTTL)
 }
 
 // Open returns the session the runner's Mcp-Session-Id names, for user in
 // the toolgate session toolgateSession ("" when the runner named none: the
-// session's own, see MCPSession.SessionID): ErrMCPSessionNotFound when the id
+// session's own, see Session.SessionID): ErrNotFound when the id
 // is not one of the gateway's, has expired or names a session that ended;
-// ErrMCPSessionForeign when it is another caller's; an error wrapping
+// ErrForeign when it is another caller's; an error wrapping
 // ErrStorageUnavailable when the session's record cannot be read. The
 // first use of a session on this replica, and the first after a change,
 // read its record; other uses read nothing.
-func (m *MCPSessions) Open(ctx context.Context, id, user, toolgateSession string) (*MCPSession, error) {
+func (m *Sessions) Open(ctx context.Context, id, user, toolgateSession string) (*Session, error) {
 	c := m.cfg()
-	claims, err := mcpstate.Open(c.keys, id)
+	claims, err := mcpstate.Open(c.Keys, id)
 	if err != nil || claims.Expired(now()) {
-		return nil, ErrMCPSessionNotFound
+		return nil, ErrNotFound
 	}
 	if toolgateSession == "" {
 		toolgateSession = claims.Session
 	}
 	if claims.Session != toolgateSession || !claims.Owns(user, toolgateSession) {
-		return nil, ErrMCPSessionForeign
+		return nil, ErrForeign
 	}
 	m.mu.Lock()
 	s := m.sessions[claims.Ref]
 	m.mu.Unlock()
 	if s != nil {
 		if s.Closed() || s.local {
-			return nil, ErrMCPSessionNotFound
+			return nil, ErrNotFound
 		}
 		if m.fresh(c, s) {
 			s.Touch()
@@ -210,7 +202,7 @@ func (m *MCPSessions) Open(ctx context.Context, id, user, toolgateSession string
 		if s != nil {
 			m.closeLocal(s)
 		}
-		return nil, ErrMCPSessionNotFound
+		return nil, ErrNotFound
 	}
 	if err != nil {
 		return nil, err
@@ -224,15 +216,15 @@ func (m *MCPSessions) Open(ctx context.Context, id, user, toolgateSession string
 	}
 	s.apply(rec, catalog, changes, seqAtRead, now().Sub(rec.Created) < listingWait)
 	if s.Closed() {
-		return nil, ErrMCPSessionNotFound
+		return nil, ErrNotFound
 	}
 	s.Touch()
 	return s, nil
 }
 
 // read reads the session's record and its catalog.
-func (m *MCPSessions) read(ctx context.Context, c *mcpConfig, ref string) (*mcpstate.Record, *mcpstate.Catalog, error) {
-	rec, err := c.shared.Load(ctx, ref)
+func (m *Sessions) read(ctx context.Context, c *Config, ref string) (*mcpstate.Record, *mcpstate.Catalog, error) {
+	rec, err := c.State.Load(ctx, ref)
 	if errors.Is(err, mcpstate.ErrNotFound) {
 		return nil, nil, err
 	}
@@ -242,10 +234,10 @@ func (m *MCPSessions) read(ctx context.Context, c *mcpConfig, ref string) (*mcps
 	if rec.Catalog == "" {
 		return rec, nil, nil
 	}
-	catalog, err := c.shared.Catalog(ctx, rec.Catalog)
+	catalog, err := c.State.Catalog(ctx, rec.Catalog)
 	switch {
 	case errors.Is(err, mcpstate.ErrNotFound):
-		c.logger.Warn("an MCP session's tool catalog is missing from storage; its tools are judged without definitions",
+		c.Logger.Warn("an MCP session's tool catalog is missing from storage; its tools are judged without definitions",
 			zap.String("service", rec.Service))
 		return rec, nil, nil
 	case err != nil:
@@ -257,9 +249,9 @@ func (m *MCPSessions) read(ctx context.Context, c *mcpConfig, ref string) (*mcps
 // adopt makes this replica's copy of a session initialized elsewhere (or
 // here, before a restart or after it was evicted), or returns the copy a
 // concurrent request made.
-func (m *MCPSessions) adopt(claims mcpstate.ID, id string, rec *mcpstate.Record) *MCPSession {
+func (m *Sessions) adopt(claims mcpstate.ID, id string, rec *mcpstate.Record) *Session {
 	ctx, cancel := context.WithCancel(context.Background())
-	s := &MCPSession{ID: id, Ref: claims.Ref, User: rec.User, SessionID: claims.Session, Service: rec.Service, Created: rec.Created, Expires: claims.Expires,
+	s := &Session{ID: id, Ref: claims.Ref, User: rec.User, SessionID: claims.Session, Service: rec.Service, Created: rec.Created, Expires: claims.Expires,
 		m: m, ctx: ctx, cancel: cancel, reinit: make(chan struct{}, 1)}
 	s.stale.Store(true)
 	s.Touch()
@@ -274,13 +266,13 @@ func (m *MCPSessions) adopt(claims mcpstate.ID, id string, rec *mcpstate.Record)
 }
 
 // reload reads s's record again; a session that ended is closed here.
-func (m *MCPSessions) reload(ctx context.Context, s *MCPSession) error {
+func (m *Sessions) reload(ctx context.Context, s *Session) error {
 	c := m.cfg()
 	changes := s.changeCount()
 	rec, catalog, err := m.read(ctx, c, s.Ref)
 	if errors.Is(err, mcpstate.ErrNotFound) {
 		m.closeLocal(s)
-		return ErrMCPSessionClosed
+		return ErrClosed
 	}
 	if err != nil {
 		return err
@@ -291,7 +283,7 @@ func (m *MCPSessions) reload(ctx context.Context, s *MCPSession) error {
 
 // reloadLater reads s's record again in the background, unless too many
 // reads are in flight already (then the next use, or housekeeping, does).
-func (m *MCPSessions) reloadLater(s *MCPSession) {
+func (m *Sessions) reloadLater(s *Session) {
 	select {
 	case m.reloads <- struct{}{}:
 	default:
@@ -306,7 +298,7 @@ func (m *MCPSessions) reloadLater(s *MCPSession) {
 }
 
 // changed takes an announced change under the MCP session prefix.
-func (m *MCPSessions) changed(c *mcpConfig, ch storecache.Change) {
+func (m *Sessions) changed(c *Config, ch storecache.Change) {
 	if m.cfg() != c {
 		return // a configuration no longer in force
 	}
@@ -348,35 +340,36 @@ func (m *MCPSessions) changed(c *mcpConfig, ch storecache.Change) {
 	}
 }
 
-func (s *MCPSession) awaitingListing() bool {
+func (s *Session) awaitingListing() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.catalogPending != nil
 }
 
-func (m *MCPSessions) lookup(ref string) *MCPSession {
+func (m *Sessions) lookup(ref string) *Session {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return m.sessions[ref]
 }
 
-func (m *MCPSessions) snapshot() []*MCPSession {
+func (m *Sessions) snapshot() []*Session {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	all := make([]*MCPSession, 0, len(m.sessions))
+	all := make([]*Session, 0, len(m.sessions))
 	for _, s := range m.sessions {
 		all = append(all, s)
 	}
 	return all
 }
 
-// Create starts a new MCP session for user in the toolgate session sess,
-// or fails with an *MCPSessionLimitError (or, when the storage cannot
+// Create starts a new MCP session for user in the toolgate session
+// toolgateSession (which expires at expires, and the MCP session with it),
+// or fails with an *LimitError (or, when the storage cannot
 // count the caller's sessions, an error wrapping ErrStorageUnavailable).
 // The session exists for other replicas once SetUpstream stored it. Its
 // first tool listing counts as pending (see WaitCatalog).
-func (m *MCPSessions) Create(ctx context.Context, user string, sess *Session, service string) (*MCPSession, error) {
-	return m.create(ctx, user, sess, service, false)
+func (m *Sessions) Create(ctx context.Context, user, toolgateSession string, expires time.Time, service string) (*Session, error) {
+	return m.create(ctx, user, toolgateSession, expires, service, false)
 }
 
 // CreateLocal starts an MCP session that only this replica uses and that
@@ -384,16 +377,16 @@ func (m *MCPSessions) Create(ctx context.Context, user string, sess *Session, se
 // carry everything any replica needs, so each replica implies its own. It
 // counts against the same limits as Create, ends when idle here, and is
 // never found by its id.
-func (m *MCPSessions) CreateLocal(ctx context.Context, user string, sess *Session, service string) (*MCPSession, error) {
-	return m.create(ctx, user, sess, service, true)
+func (m *Sessions) CreateLocal(ctx context.Context, user, toolgateSession string, expires time.Time, service string) (*Session, error) {
+	return m.create(ctx, user, toolgateSession, expires, service, true)
 }
 
-func (m *MCPSessions) create(ctx context.Context, user string, sess *Session, service string, local bool) (*MCPSession, error) {
+func (m *Sessions) create(ctx context.Context, user, toolgateSession string, expires time.Time, service string, local bool) (*Session, error) {
 	c := m.cfg()
 	m.mu.Lock()
-	if m.started >= c.max {
+	if m.started >= c.Max {
 		m.mu.Unlock()
-		return nil, &MCPSessionLimitError{Option: "max_mcp_sessions", Limit: c.max}
+		return nil, &LimitError{Option: "max_mcp_sessions", Limit: c.Max}
 	}
 	m.started++
 	m.mu.Unlock()
@@ -402,7 +395,7 @@ func (m *MCPSessions) create(ctx context.Context, user string, sess *Session, se
 		m.started--
 		m.mu.Unlock()
 	}
-	n, err := c.shared.CountUser(ctx, user, c.perCaller)
+	n, err := c.State.CountUser(ctx, user, c.PerCaller)
 	if err != nil {
 		release()
 		return nil, fmt.Errorf("%w: %v", ErrStorageUnavailable, err)
@@ -410,17 +403,16 @@ func (m *MCPSessions) create(ctx context.Context, user string, sess *Session, se
 	m.mu.Lock()
 	n += m.localUser[user]
 	m.mu.Unlock()
-	if n >= c.perCaller {
+	if n >= c.PerCaller {
 		release()
-		return nil, &MCPSessionLimitError{Option: "max_mcp_sessions_per_caller", Limit: c.perCaller}
+		return nil, &LimitError{Option: "max_mcp_sessions_per_caller", Limit: c.PerCaller}
 	}
-	expires := sess.ExpiresAt
-	if longest := now().Add(c.shared.MaxAge()); expires.IsZero() || expires.After(longest) {
+	if longest := now().Add(c.State.MaxAge()); expires.IsZero() || expires.After(longest) {
 		expires = longest // an implied session has no expiry of its own
 	}
-	claims := mcpstate.ID{Ref: mcpstate.NewRef(), Expires: expires, Owner: mcpstate.Owner(user, sess.ID), Service: service, Session: sess.ID}
+	claims := mcpstate.ID{Ref: mcpstate.NewRef(), Expires: expires, Owner: mcpstate.Owner(user, toolgateSession), Service: service, Session: toolgateSession}
 	ctx2, cancel := context.WithCancel(context.Background())
-	s := &MCPSession{ID: mcpstate.Seal(c.keys, claims), Ref: claims.Ref, User: user, SessionID: sess.ID, Service: service, Created: now(),
+	s := &Session{ID: mcpstate.Seal(c.Keys, claims), Ref: claims.Ref, User: user, SessionID: toolgateSession, Service: service, Created: now(),
 		Expires: claims.Expires, m: m, started: true, local: local, ctx: ctx2, cancel: cancel, reinit: make(chan struct{}, 1),
 		catalogPending: make(chan struct{})}
 	s.checked.Store(now().UnixNano())
@@ -438,12 +430,12 @@ func (m *MCPSessions) create(ctx context.Context, user string, sess *Session, se
 // initialized, in the shared storage: from then on any replica serves the
 // session. It fails when the session was closed meanwhile, or the storage
 // is unavailable; the caller then ends u upstream.
-func (s *MCPSession) SetUpstream(ctx context.Context, u Upstream) error {
+func (s *Session) SetUpstream(ctx context.Context, u Upstream) error {
 	if s.local {
 		return s.setLocalUpstream(u)
 	}
 	if s.Closed() {
-		return ErrMCPSessionClosed
+		return ErrClosed
 	}
 	rec := &mcpstate.Record{Ref: s.Ref, User: s.User, Service: s.Service, Created: s.Created, Expires: s.Expires,
 		Upstream:   mcpstate.Upstream{SessionID: u.SessionID, ProtocolVersion: u.ProtocolVersion, Generation: 1},
@@ -456,7 +448,7 @@ func (s *MCPSession) SetUpstream(ctx context.Context, u Upstream) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
-		return ErrMCPSessionClosed
+		return ErrClosed
 	}
 	u.Generation = 1
 	s.upstream, s.stored = u, true
@@ -464,11 +456,11 @@ func (s *MCPSession) SetUpstream(ctx context.Context, u Upstream) error {
 }
 
 // setLocalUpstream records u as the next generation of a local session.
-func (s *MCPSession) setLocalUpstream(u Upstream) error {
+func (s *Session) setLocalUpstream(u Upstream) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
-		return ErrMCPSessionClosed
+		return ErrClosed
 	}
 	u.Generation = s.upstream.Generation + 1
 	if u.InitializeParams == nil {
@@ -484,7 +476,7 @@ func (s *MCPSession) setLocalUpstream(u Upstream) error {
 // state to end upstream, and whether this call ended it (false when it had
 // ended already). A storage failure changes nothing and is an error
 // wrapping ErrStorageUnavailable.
-func (m *MCPSessions) End(ctx context.Context, s *MCPSession) (Upstream, bool, error) {
+func (m *Sessions) End(ctx context.Context, s *Session) (Upstream, bool, error) {
 	s.mu.Lock()
 	stored := s.stored
 	s.mu.Unlock()
@@ -514,7 +506,7 @@ func upstreamOf(rec *mcpstate.Record) Upstream {
 }
 
 // closeLocal closes this replica's copy of s and forgets it.
-func (m *MCPSessions) closeLocal(s *MCPSession) bool {
+func (m *Sessions) closeLocal(s *Session) bool {
 	m.mu.Lock()
 	if m.sessions[s.Ref] == s {
 		delete(m.sessions, s.Ref)
@@ -532,7 +524,7 @@ func (m *MCPSessions) closeLocal(s *MCPSession) bool {
 }
 
 // Len returns the number of sessions this replica holds.
-func (m *MCPSessions) Len() int {
+func (m *Sessions) Len() int {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return len(m.sessions)
@@ -545,11 +537,11 @@ var errGenerationMoved = errors.New("re-initialized elsewhere")
 // gen, unless another request — here or on another replica — already did
 // so; concurrent callers here share the outcome. Waiting for another
 // re-initialization honours ctx. A closed session is never re-initialized:
-// ErrMCPSessionClosed; and when it is ended while init runs (on any
+// ErrClosed; and when it is ended while init runs (on any
 // replica), the new upstream session is handed to discard (which ends it)
 // instead of being kept. The new state is stored under the session's
 // storage lock, so replicas racing keep one and discard the others.
-func (s *MCPSession) Reinitialize(ctx context.Context, gen uint64, init func(Upstream) (Upstream, error), discard func(Upstream)) (Upstream, error) {
+func (s *Session) Reinitialize(ctx context.Context, gen uint64, init func(Upstream) (Upstream, error), discard func(Upstream)) (Upstream, error) {
 	select {
 	case s.reinit <- struct{}{}:
 	case <-ctx.Done():
@@ -557,7 +549,7 @@ func (s *MCPSession) Reinitialize(ctx context.Context, gen uint64, init func(Ups
 	}
 	defer func() { <-s.reinit }()
 	if s.Closed() {
-		return s.Upstream(), ErrMCPSessionClosed
+		return s.Upstream(), ErrClosed
 	}
 	cur := s.Upstream()
 	if cur.Generation != gen {
@@ -598,7 +590,7 @@ func (s *MCPSession) Reinitialize(ctx context.Context, gen uint64, init func(Ups
 		switch {
 		case errors.Is(err, mcpstate.ErrNotFound):
 			s.m.closeLocal(s)
-			return cur, ErrMCPSessionClosed
+			return cur, ErrClosed
 		case errors.Is(err, errGenerationMoved):
 			s.apply(rec, nil, s.changeCount(), nil, false)
 			return s.Upstream(), nil
@@ -608,7 +600,7 @@ func (s *MCPSession) Reinitialize(ctx context.Context, gen uint64, init func(Ups
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
-		return cur, ErrMCPSessionClosed
+		return cur, ErrClosed
 	}
 	next.InitializeParams = cur.InitializeParams
 	next.Generation = gen + 1
@@ -623,7 +615,7 @@ var errCatalogUnchanged = errors.New("catalog unchanged")
 // object's JSON text) and ends the listing in progress. The catalog is
 // stored for the other replicas, once per distinct catalog; an error says
 // it could not be, and the definitions then serve this replica only.
-func (s *MCPSession) CatalogListed(ctx context.Context, tools map[string][]byte) error {
+func (s *Session) CatalogListed(ctx context.Context, tools map[string][]byte) error {
 	if s.local {
 		catalog, _ := mcpstate.NewCatalog(tools)
 		s.mu.Lock()
@@ -665,7 +657,7 @@ func (s *MCPSession) CatalogListed(ctx context.Context, tools map[string][]byte)
 // it is decided with the tool's definition. It reports whether the catalog
 // is known. A wait that runs out ends the pending listing, so that later
 // calls of a runner that never sent notifications/initialized do not wait.
-func (s *MCPSession) WaitCatalog(ctx context.Context, max time.Duration) bool {
+func (s *Session) WaitCatalog(ctx context.Context, max time.Duration) bool {
 	s.mu.Lock()
 	pending, here := s.catalogPending, s.listingHere
 	s.mu.Unlock()
@@ -701,12 +693,12 @@ func (s *MCPSession) WaitCatalog(ctx context.Context, max time.Duration) bool {
 	}
 }
 
-// housekeep marks the sessions used since the last run (an open stream is
+// Housekeep marks the sessions used since the last run (an open stream is
 // use) in the shared storage, re-reads in-use copies that may be stale,
 // forgets copies idle here, and sweeps sessions idle everywhere, handing
 // their upstream sessions to the end hook. It runs in the background,
 // never under a request.
-func (m *MCPSessions) housekeep(ctx context.Context) {
+func (m *Sessions) Housekeep(ctx context.Context) {
 	c := m.cfg()
 	if c == nil {
 		return
@@ -726,40 +718,40 @@ func (m *MCPSessions) housekeep(ctx context.Context) {
 		stored := s.stored
 		s.mu.Unlock()
 		if stored && (inUse || last.After(since)) {
-			w, err := c.shared.Mark(ctx, s.Ref, s.marked.Load())
+			w, err := c.State.Mark(ctx, s.Ref, s.marked.Load())
 			if err != nil {
-				c.logger.Debug("marking an MCP session used failed", zap.Error(err))
+				c.Logger.Debug("marking an MCP session used failed", zap.Error(err))
 			} else if w > s.marked.Load() {
 				s.marked.Store(w)
 			}
 		}
 		switch {
 		case s.local:
-			if !inUse && t.Sub(last) > c.idle && m.closeLocal(s) && c.onEnd != nil {
-				c.onEnd(EndedMCPSession{User: s.User, Service: s.Service, Upstream: s.Upstream()})
+			if !inUse && t.Sub(last) > c.Idle && m.closeLocal(s) && c.OnEnd != nil {
+				c.OnEnd(Ended{User: s.User, Service: s.Service, Upstream: s.Upstream()})
 			}
 		case inUse && !m.fresh(c, s):
 			_ = m.reload(ctx, s) // an end elsewhere stops its streams here
-		case !inUse && t.Sub(last) > c.idle:
+		case !inUse && t.Sub(last) > c.Idle:
 			m.closeLocal(s) // idle here; what is shared stays
 		}
 	}
-	ended, err := c.shared.Sweep(ctx, c.idle, func(ref string) bool {
+	ended, err := c.State.Sweep(ctx, c.Idle, func(ref string) bool {
 		s := m.lookup(ref)
 		return s != nil && s.inUse.Load() > 0
 	})
 	if err != nil {
-		c.logger.Warn("sweeping idle MCP sessions", zap.Error(err))
+		c.Logger.Warn("sweeping idle MCP sessions", zap.Error(err))
 	}
 	if len(ended) > 0 {
-		c.logger.Debug("expired idle MCP sessions", zap.Int("count", len(ended)))
+		c.Logger.Debug("expired idle MCP sessions", zap.Int("count", len(ended)))
 	}
 	for _, rec := range ended {
 		if s := m.lookup(rec.Ref); s != nil {
 			m.closeLocal(s)
 		}
-		if c.onEnd != nil {
-			c.onEnd(EndedMCPSession{User: rec.User, Service: rec.Service, Upstream: upstreamOf(rec)})
+		if c.OnEnd != nil {
+			c.OnEnd(Ended{User: rec.User, Service: rec.Service, Upstream: upstreamOf(rec)})
 		}
 	}
 }

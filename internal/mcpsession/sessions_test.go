@@ -1,4 +1,4 @@
-package gateway
+package mcpsession
 
 import (
 	"context"
@@ -25,17 +25,17 @@ func withClock(t *testing.T, at *time.Time) {
 // replicaOf returns MCP sessions as one gateway process holds them, on
 // storage (shared with other replicas when the same storage is given),
 // with the given idle timeout and bounds.
-func replicaOf(t *testing.T, storage certmagic.Storage, idle time.Duration, max, perCaller int) (*MCPSessions, *[]EndedMCPSession) {
+func replicaOf(t *testing.T, storage certmagic.Storage, idle time.Duration, max, perCaller int) (*Sessions, *[]Ended) {
 	t.Helper()
-	m := newMCPSessions()
-	var ended []EndedMCPSession
-	c := &mcpConfig{shared: mcpstate.New(storage, idle, 12*time.Hour, func() time.Time { return now() }),
-		keys: testKeys(t), max: max, perCaller: perCaller, cacheTTL: 10 * time.Second, idle: idle,
-		logger: zap.NewNop(), onEnd: func(e EndedMCPSession) { ended = append(ended, e) }}
-	if err := m.attach(c); err != nil {
+	m := New()
+	var ended []Ended
+	c := &Config{State: mcpstate.New(storage, idle, 12*time.Hour, func() time.Time { return now() }),
+		Keys: testKeys(t), Max: max, PerCaller: perCaller, CacheTTL: 10 * time.Second, Idle: idle,
+		Logger: zap.NewNop(), OnEnd: func(e Ended) { ended = append(ended, e) }}
+	if err := m.Attach(c); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { m.detach(c); _ = m.Destruct() })
+	t.Cleanup(func() { m.Detach(c); _ = m.Destruct() })
 	return m, &ended
 }
 
@@ -47,18 +47,24 @@ func testKeys(t *testing.T) *seal.Keyring {
 	return k
 }
 
-func newMCP(t *testing.T) *MCPSessions {
+func newMCP(t *testing.T) *Sessions {
 	t.Helper()
 	m, _ := replicaOf(t, &certmagic.FileStorage{Path: t.TempDir()}, time.Hour, 100, 100)
 	return m
 }
 
-var aliceSession = &Session{ID: "s", User: "alice", ExpiresAt: time.Now().Add(time.Hour)}
+// toolgateSession is the toolgate session an MCP session is created in.
+type toolgateSession struct {
+	ID, User  string
+	ExpiresAt time.Time
+}
+
+var aliceSession = &toolgateSession{ID: "s", User: "alice", ExpiresAt: time.Now().Add(time.Hour)}
 
 // started creates a session and stores it as initialized upstream.
-func started(t *testing.T, m *MCPSessions, sess *Session, upstreamID string) *MCPSession {
+func started(t *testing.T, m *Sessions, sess *toolgateSession, upstreamID string) *Session {
 	t.Helper()
-	s, err := m.Create(context.Background(), sess.User, sess, "svc")
+	s, err := m.Create(context.Background(), sess.User, sess.ID, sess.ExpiresAt, "svc")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -72,32 +78,32 @@ func TestMCPSessionsExpireOnlyIdleSessionsNotInUse(t *testing.T) {
 	clock := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	withClock(t, &clock)
 	m, ended := replicaOf(t, &certmagic.FileStorage{Path: t.TempDir()}, time.Hour, 100, 100)
-	sess := &Session{ID: "s", User: "alice", ExpiresAt: clock.Add(12 * time.Hour)}
+	sess := &toolgateSession{ID: "s", User: "alice", ExpiresAt: clock.Add(12 * time.Hour)}
 	idle := started(t, m, sess, "up-idle")
 	streaming := started(t, m, sess, "up-streaming")
 	endStream := streaming.Begin() // an open stream
 	clock = clock.Add(2 * time.Hour)
 
-	m.housekeep(context.Background())
+	m.Housekeep(context.Background())
 	if len(*ended) != 1 || (*ended)[0].Upstream.SessionID != "up-idle" || (*ended)[0].User != "alice" {
 		t.Fatalf("expired %+v, want only the idle session with its upstream state", *ended)
 	}
 	if !idle.Closed() || idle.Context().Err() == nil {
 		t.Error("an expired session is not closed")
 	}
-	if _, err := m.Open(context.Background(), idle.ID, "alice", "s"); !errors.Is(err, ErrMCPSessionNotFound) {
+	if _, err := m.Open(context.Background(), idle.ID, "alice", "s"); !errors.Is(err, ErrNotFound) {
 		t.Errorf("Open(expired) = %v", err)
 	}
 	if _, err := m.Open(context.Background(), streaming.ID, "alice", "s"); err != nil {
 		t.Errorf("a session with an open stream expired: %v", err)
 	}
 	endStream() // the stream closes: use ends now, and counts from now
-	m.housekeep(context.Background())
+	m.Housekeep(context.Background())
 	if len(*ended) != 1 {
 		t.Errorf("a session used a moment ago expired: %+v", *ended)
 	}
 	clock = clock.Add(2 * time.Hour)
-	m.housekeep(context.Background())
+	m.Housekeep(context.Background())
 	if len(*ended) != 2 || (*ended)[1].Upstream.SessionID != "up-streaming" {
 		t.Errorf("expired %+v, want the session whose stream closed", *ended)
 	}
@@ -120,7 +126,7 @@ func TestClosedMCPSessionNeverReinitializes(t *testing.T) {
 		}
 		return Upstream{SessionID: "up-2"}, nil
 	}, func(up Upstream) { discarded = append(discarded, up.SessionID) })
-	if !errors.Is(err, ErrMCPSessionClosed) || len(discarded) != 1 || discarded[0] != "up-2" {
+	if !errors.Is(err, ErrClosed) || len(discarded) != 1 || discarded[0] != "up-2" {
 		t.Fatalf("Reinitialize racing End: err %v, discarded %v", err, discarded)
 	}
 	// Closed before: init never runs.
@@ -128,7 +134,7 @@ func TestClosedMCPSessionNeverReinitializes(t *testing.T) {
 		t.Error("a closed session re-initialized")
 		return cur, nil
 	}, func(Upstream) {})
-	if !errors.Is(err, ErrMCPSessionClosed) {
+	if !errors.Is(err, ErrClosed) {
 		t.Errorf("Reinitialize after End: %v", err)
 	}
 	if _, ok, _ := m.End(context.Background(), s); ok {
@@ -164,23 +170,23 @@ func TestReinitializeWaitHonoursTheContext(t *testing.T) {
 func TestMCPSessionLimitsPerCallerAndInAll(t *testing.T) {
 	m, _ := replicaOf(t, &certmagic.FileStorage{Path: t.TempDir()}, time.Hour, 3, 2)
 	ctx := context.Background()
-	alice := &Session{ID: "a", User: "alice", ExpiresAt: time.Now().Add(time.Hour)}
-	bob := &Session{ID: "b", User: "bob", ExpiresAt: time.Now().Add(time.Hour)}
-	carol := &Session{ID: "c", User: "carol", ExpiresAt: time.Now().Add(time.Hour)}
+	alice := &toolgateSession{ID: "a", User: "alice", ExpiresAt: time.Now().Add(time.Hour)}
+	bob := &toolgateSession{ID: "b", User: "bob", ExpiresAt: time.Now().Add(time.Hour)}
+	carol := &toolgateSession{ID: "c", User: "carol", ExpiresAt: time.Now().Add(time.Hour)}
 	a1 := started(t, m, alice, "1")
 	started(t, m, alice, "2")
-	var limit *MCPSessionLimitError
-	if _, err := m.Create(ctx, "alice", alice, "svc"); !errors.As(err, &limit) || limit.Option != "max_mcp_sessions_per_caller" {
+	var limit *LimitError
+	if _, err := m.Create(ctx, "alice", alice.ID, alice.ExpiresAt, "svc"); !errors.As(err, &limit) || limit.Option != "max_mcp_sessions_per_caller" {
 		t.Errorf("alice's third: %v", err)
 	}
 	started(t, m, bob, "3")
-	if _, err := m.Create(ctx, "carol", carol, "svc"); !errors.As(err, &limit) || limit.Option != "max_mcp_sessions" {
+	if _, err := m.Create(ctx, "carol", carol.ID, carol.ExpiresAt, "svc"); !errors.As(err, &limit) || limit.Option != "max_mcp_sessions" {
 		t.Errorf("the fourth in all: %v", err)
 	}
 	_, _, _ = m.End(ctx, a1)
 	_, _, _ = m.End(ctx, a1) // twice changes nothing
 	started(t, m, alice, "4")
-	if _, err := m.Create(ctx, "carol", carol, "svc"); err == nil {
+	if _, err := m.Create(ctx, "carol", carol.ID, carol.ExpiresAt, "svc"); err == nil {
 		t.Error("ending one session twice made room for two")
 	}
 }
@@ -192,8 +198,8 @@ func TestPerCallerLimitCountsEveryReplica(t *testing.T) {
 	b, _ := replicaOf(t, storage, time.Hour, 100, 2)
 	started(t, a, aliceSession, "1")
 	started(t, b, aliceSession, "2")
-	var limit *MCPSessionLimitError
-	if _, err := a.Create(context.Background(), "alice", aliceSession, "svc"); !errors.As(err, &limit) {
+	var limit *LimitError
+	if _, err := a.Create(context.Background(), "alice", aliceSession.ID, aliceSession.ExpiresAt, "svc"); !errors.As(err, &limit) {
 		t.Errorf("alice's third, on either replica: %v", err)
 	}
 }
@@ -306,8 +312,8 @@ func TestLocalSessionsStayOnTheirReplica(t *testing.T) {
 	m, ended := replicaOf(t, storage, time.Hour, 100, 2)
 	other, _ := replicaOf(t, storage, time.Hour, 100, 2)
 	ctx := context.Background()
-	sess := &Session{ID: "s", User: "alice", ExpiresAt: clock.Add(12 * time.Hour)}
-	s, err := m.CreateLocal(ctx, "alice", sess, "svc")
+	sess := &toolgateSession{ID: "s", User: "alice", ExpiresAt: clock.Add(12 * time.Hour)}
+	s, err := m.CreateLocal(ctx, "alice", sess.ID, sess.ExpiresAt, "svc")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -323,18 +329,18 @@ func TestLocalSessionsStayOnTheirReplica(t *testing.T) {
 	if keys, _ := storage.List(ctx, mcpstate.Prefix, true); len(keys) != 0 {
 		t.Errorf("a local session stored %v", keys)
 	}
-	for _, r := range []*MCPSessions{m, other} {
-		if _, err := r.Open(ctx, s.ID, "alice", "s"); !errors.Is(err, ErrMCPSessionNotFound) {
+	for _, r := range []*Sessions{m, other} {
+		if _, err := r.Open(ctx, s.ID, "alice", "s"); !errors.Is(err, ErrNotFound) {
 			t.Errorf("Open(local id) = %v", err)
 		}
 	}
 	started(t, m, sess, "up-stored")
-	var limit *MCPSessionLimitError
-	if _, err := m.CreateLocal(ctx, "alice", sess, "svc"); !errors.As(err, &limit) {
+	var limit *LimitError
+	if _, err := m.CreateLocal(ctx, "alice", sess.ID, sess.ExpiresAt, "svc"); !errors.As(err, &limit) {
 		t.Errorf("a third session (one local, one stored) was allowed: %v", err)
 	}
 	clock = clock.Add(2 * time.Hour)
-	m.housekeep(ctx)
+	m.Housekeep(ctx)
 	var upstreams []string
 	for _, e := range *ended {
 		upstreams = append(upstreams, e.Upstream.SessionID)
@@ -342,41 +348,14 @@ func TestLocalSessionsStayOnTheirReplica(t *testing.T) {
 	if len(upstreams) != 2 || !s.Closed() {
 		t.Errorf("idle sessions ended with upstreams %v (local closed: %v), want up-implied and up-stored", upstreams, s.Closed())
 	}
-	if _, err := m.CreateLocal(ctx, "alice", sess, "svc"); err != nil {
+	if _, err := m.CreateLocal(ctx, "alice", sess.ID, sess.ExpiresAt, "svc"); err != nil {
 		t.Errorf("the ended local session still counts: %v", err)
-	}
-}
-
-func TestProvisionStepChecksThePipelineOrder(t *testing.T) {
-	for name, c := range map[string]struct {
-		steps []Step
-		bad   int // index of the first step refused; -1 for none
-	}{
-		"the documented order":      {[]Step{StepSession, StepRegistry, StepPolicy, StepCredentials, StepResultPolicy, StepProxy}, -1},
-		"two branches of proxies":   {[]Step{StepSession, StepRegistry, StepProxy, StepProxy}, -1},
-		"two routes":                {[]Step{StepSession, StepRegistry, StepProxy, StepSession, StepRegistry, StepProxy}, -1},
-		"nothing before the proxy":  {[]Step{StepProxy}, 0},
-		"no registry":               {[]Step{StepSession, StepPolicy}, 1},
-		"result policy after proxy": {[]Step{StepSession, StepRegistry, StepProxy, StepResultPolicy}, 3},
-		"a route without a session": {[]Step{StepSession, StepRegistry, StepProxy, StepRegistry, StepProxy}, 3},
-	} {
-		a := &App{pipeline: new(pipelineTrail)}
-		bad := -1
-		for i, s := range c.steps {
-			if err := a.ProvisionStep(s); err != nil {
-				bad = i
-				break
-			}
-		}
-		if bad != c.bad {
-			t.Errorf("%s: refused step %d, want %d", name, bad, c.bad)
-		}
 	}
 }
 
 // A session remembers the calls its tasks were created by, within bounds:
 // beyond them the oldest are forgotten, never the one just created.
-func TestMCPSessionTasks(t *testing.T) {
+func TestSessionTasks(t *testing.T) {
 	m := newMCP(t)
 	s := started(t, m, aliceSession, "up")
 	args := []byte(`{"q":1}`)

@@ -1,0 +1,449 @@
+// Package mcpsession holds the runners' MCP sessions as one gateway replica
+// knows them: what the pipeline's steps use of a session (its upstream
+// session, tool catalog, pending server→client requests, resumable
+// streams), kept so that any replica continues any session.
+//
+// A session is what internal/mcpstate stores, plus this replica's copy of
+// it and what cannot leave the replica (open streams). Copies are trusted
+// until the storage announces a change (internal/storecache), so a
+// steady-state request makes no storage round trip; see [Sessions].
+package mcpsession
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/toolgate/toolgate/internal/mcpmsg"
+	"github.com/toolgate/toolgate/internal/mcpstate"
+	"github.com/toolgate/toolgate/internal/storecache"
+)
+
+// Session is a runner's MCP session with one service through toolgate,
+// as this replica holds it. The runner knows it by toolgate's own
+// Mcp-Session-Id, which seals the session's storage ref, owner, service and
+// expiry (see internal/mcpstate); toolgate keeps the upstream's session id,
+// which the runner never sees. One Session is one upstream session.
+//
+// What any replica needs to continue the session is in the shared storage
+// (see Sessions); the object here is this replica's copy of it, plus
+// what cannot leave the replica: its open streams and the runner streams
+// it keeps for resumption.
+//
+// A session is open until the runner ends it (DELETE, on any replica) or it
+// is idle for the idle timeout; then it is closed for good: its streams
+// stop, its upstream session is ended with DELETE, and it never
+// initializes upstream again.
+type Session struct {
+	ID        string // toolgate's Mcp-Session-Id, sealed
+	Ref       string // the session's name in storage
+	User      string // the caller who initialized it; only they may use it
+	SessionID string // the toolgate session it was initialized in
+	Service   string
+	Created   time.Time
+	Expires   time.Time
+
+	m        *Sessions
+	lastUsed atomic.Int64 // unix nanoseconds
+	inUse    atomic.Int32 // exchanges and streams in progress
+
+	// Bookkeeping of this copy against the shared state.
+	stale   atomic.Bool  // a change was announced since the record was read
+	own     atomic.Int32 // this replica's announcements not echoed yet
+	checked atomic.Int64 // when the record was last read, unix nanoseconds
+	marked  atomic.Int64 // the newest window the session is known marked in
+	started bool         // initialized through this replica (counts in max_mcp_sessions)
+	local   bool         // this replica's only, never stored (see CreateLocal)
+
+	ctx    context.Context // done when the session closes
+	cancel context.CancelFunc
+	reinit chan struct{} // held while re-initializing
+
+	mu             sync.Mutex
+	changes        uint64 // announcements received for this session
+	closed         bool
+	stored         bool // the record exists in storage
+	upstream       Upstream
+	catalog        *mcpstate.Catalog
+	catalogPending chan struct{} // closed when the listing awaited ends; nil when none is
+	listingHere    bool          // the listing awaited runs on this replica
+	catalogGivenUp bool          // a wait for a listing ran out: later calls do not wait
+	serverRequests map[string]string
+	streams        map[string]any // resumable runner streams, by token
+	streamOrder    []string
+	tasks          map[string]Task // tasks created through toolgate, by task id
+	taskOrder      []string
+	taskBytes      int
+}
+
+// Task is a task an upstream created for a task-augmented tools/call that
+// toolgate relayed (MCP 2025-11-25): what the call was, so that what the
+// task yields later is decided as the call's own result would have been.
+type Task struct {
+	Tool      string // the tool called
+	Arguments []byte // the arguments as sent upstream (JSON text)
+}
+
+// Upstream is the state of the upstream session behind an Session.
+type Upstream struct {
+	// SessionID is the upstream's Mcp-Session-Id ("" for a server without sessions).
+	SessionID string
+	// ProtocolVersion is the negotiated protocol version.
+	ProtocolVersion string
+	// InitializeParams are what is replayed of the runner's initialize
+	// when the upstream session must be re-created: its protocolVersion,
+	// capabilities and clientInfo, copied out of the request.
+	InitializeParams []byte
+	// Generation counts (re-)initializations.
+	Generation uint64
+}
+
+// now is the clock; tests replace it.
+var now = time.Now
+
+// ErrStorageUnavailable reports that the storage could not be read or
+// written: worth retrying.
+var ErrStorageUnavailable = storecache.ErrUnavailable
+
+// ToolDefinition is a tool as the upstream published it in tools/list.
+// Sessions whose upstreams list the same tools share the definitions.
+type ToolDefinition = mcpstate.Tool
+
+// ErrClosed reports a session that was ended (DELETE or idle
+// expiry) while a request was using it.
+var ErrClosed = errors.New("the MCP session was ended")
+
+// Context is done when the session closes; streams relayed for it stop then.
+func (s *Session) Context() context.Context { return s.ctx }
+
+// Closed reports whether the session was ended.
+func (s *Session) Closed() bool { return s.ctx.Err() != nil }
+
+// Upstream returns the current upstream state.
+func (s *Session) Upstream() Upstream {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.upstream
+}
+
+// Begin marks the session in use until the returned function is called:
+// an open stream or an exchange in progress is use, and a session in use
+// never expires.
+func (s *Session) Begin() (end func()) {
+	s.inUse.Add(1)
+	s.Touch()
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			s.Touch()
+			s.inUse.Add(-1)
+		})
+	}
+}
+
+// Touch marks the session used now.
+func (s *Session) Touch() { s.lastUsed.Store(now().UnixNano()) }
+
+// Tool returns the upstream's definition of the tool name, or nil when it
+// has not been seen.
+func (s *Session) Tool(name string) *ToolDefinition {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.catalog == nil {
+		return nil
+	}
+	return s.catalog.Tools[name]
+}
+
+// ToolListed records a tool's definition as the upstream just listed it to
+// the runner, when it differs from the one known: the runner's listing is
+// the latest, and a call is decided (and its tool's pin checked) with the
+// definition the runner was shown.
+func (s *Session) ToolListed(name string, raw []byte) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.catalog != nil {
+		if old := s.catalog.Tools[name]; old != nil && bytes.Equal(old.Raw, raw) {
+			return
+		}
+	}
+	s.catalog = s.catalog.With(name, raw)
+}
+
+// ListingTools marks the upstream's tool list as being fetched here: calls
+// waiting for a catalog (WaitCatalog) wait until CatalogListed or
+// CatalogFailed, and what another replica stored meanwhile does not end the
+// wait. It reports false when a listing was under way here already.
+func (s *Session) ListingTools() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.listingHere || s.closed {
+		return false
+	}
+	if s.catalogPending == nil {
+		s.catalogPending = make(chan struct{})
+	}
+	s.listingHere = true
+	return true
+}
+
+// CatalogFailed ends a listing that did not succeed; the definitions known
+// before (if any) stay.
+func (s *Session) CatalogFailed() {
+	s.mu.Lock()
+	s.endListingLocked()
+	s.mu.Unlock()
+}
+
+func (s *Session) endListingLocked() {
+	if s.catalogPending != nil {
+		close(s.catalogPending)
+		s.catalogPending = nil
+	}
+	s.listingHere = false
+}
+
+// setCatalogLocked replaces the known tool definitions and ends the
+// listing awaited.
+func (s *Session) setCatalogLocked(c *mcpstate.Catalog) {
+	s.catalog = c
+	s.endListingLocked()
+}
+
+// HasCatalog reports whether the upstream's tools were listed.
+func (s *Session) HasCatalog() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.catalog != nil
+}
+
+// catalogPoll is how often a call waiting for another replica's tool
+// listing reads the session again, with a storage that announces nothing.
+const catalogPoll = 50 * time.Millisecond
+
+// MaxPendingServerRequests bounds the server→client requests of one MCP
+// session waiting for the runner's answer (on this replica).
+const MaxPendingServerRequests = 256
+
+// MaxResumableStreams bounds the runner streams one MCP session keeps for
+// resumption.
+const MaxResumableStreams = 8
+
+// KeepStream remembers a runner stream that the runner may resume, under
+// token. The proxy owns what v is. The oldest is forgotten beyond
+// MaxResumableStreams. Streams are this replica's: a runner resumes a
+// stream on the replica that wrote it.
+func (s *Session) KeepStream(token string, v any) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return
+	}
+	if s.streams == nil {
+		s.streams = make(map[string]any)
+	}
+	if _, ok := s.streams[token]; !ok {
+		s.streamOrder = append(s.streamOrder, token)
+	}
+	s.streams[token] = v
+	for len(s.streamOrder) > MaxResumableStreams {
+		delete(s.streams, s.streamOrder[0])
+		s.streamOrder = s.streamOrder[1:]
+	}
+}
+
+// Stream returns the stream kept under token, or nil.
+func (s *Session) Stream(token string) any {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.streams[token]
+}
+
+// ForgetStream drops the stream kept under token.
+func (s *Session) ForgetStream(token string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.streams[token]; !ok {
+		return
+	}
+	delete(s.streams, token)
+	for i, t := range s.streamOrder {
+		if t == token {
+			s.streamOrder = append(s.streamOrder[:i], s.streamOrder[i+1:]...)
+			break
+		}
+	}
+}
+
+// Bounds of the tasks one MCP session remembers: beyond either, the
+// oldest are forgotten (and what they yield is refused).
+const (
+	MaxTasks         = 256
+	MaxTaskArguments = 8 << 20 // bytes of arguments, all tasks together
+)
+
+// TaskCreated remembers the task id as created by the call t. A task id
+// the session knows already keeps its first call: an upstream cannot move
+// a task to another call by naming it again.
+func (s *Session) TaskCreated(id string, t Task) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return
+	}
+	if _, ok := s.tasks[id]; ok {
+		return
+	}
+	if s.tasks == nil {
+		s.tasks = make(map[string]Task)
+	}
+	t.Arguments = append([]byte(nil), t.Arguments...) // not the request body's memory
+	s.tasks[id] = t
+	s.taskOrder = append(s.taskOrder, id)
+	s.taskBytes += len(t.Arguments)
+	for len(s.taskOrder) > MaxTasks || s.taskBytes > MaxTaskArguments && len(s.taskOrder) > 1 {
+		s.taskBytes -= len(s.tasks[s.taskOrder[0]].Arguments)
+		delete(s.tasks, s.taskOrder[0])
+		s.taskOrder = s.taskOrder[1:]
+	}
+}
+
+// Task returns the call that created the task id, if the session knows it.
+func (s *Session) Task(id string) (Task, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	t, ok := s.tasks[id]
+	return t, ok
+}
+
+// close ends the session here, once; later calls report false.
+func (s *Session) close() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return false
+	}
+	s.closed = true
+	s.cancel()
+	s.endListingLocked()
+	s.streams, s.streamOrder, s.serverRequests = nil, nil, nil
+	return true
+}
+
+// invalidate records that the session's record changed: the copy is read
+// again before its next use.
+func (s *Session) invalidate() {
+	s.mu.Lock()
+	s.changes++
+	s.stale.Store(true)
+	s.mu.Unlock()
+}
+
+// changeCount is the number of changes announced so far.
+func (s *Session) changeCount() uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.changes
+}
+
+// apply takes the stored record as this replica's copy. The copy is
+// trusted (no longer stale) only if no change was announced since the
+// record was read: changes is the count taken before reading, and seq, when
+// not nil, must still hold the gateway-wide count taken then (for a copy
+// made while its first read was in flight).
+func (s *Session) apply(rec *mcpstate.Record, catalog *mcpstate.Catalog, changes uint64, seq *uint64, waitListing bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return
+	}
+	s.stored = true
+	if rec.Upstream.Generation >= s.upstream.Generation {
+		s.upstream = Upstream{SessionID: rec.Upstream.SessionID, ProtocolVersion: rec.Upstream.ProtocolVersion,
+			InitializeParams: rec.Initialize, Generation: rec.Upstream.Generation}
+	}
+	switch {
+	case s.listingHere:
+		// A listing runs here: it replaces the catalog when it ends, and
+		// the one stored before it must not end the wait for it.
+	case catalog != nil:
+		s.setCatalogLocked(catalog)
+	case waitListing && s.catalog == nil && s.catalogPending == nil && !s.catalogGivenUp:
+		// Another replica is listing the tools (it was told
+		// notifications/initialized): calls here wait for it too.
+		s.catalogPending = make(chan struct{})
+	}
+	s.checked.Store(now().UnixNano())
+	if s.changes == changes && (seq == nil || s.m.seq.Load() == *seq) {
+		s.stale.Store(false)
+	}
+}
+
+// pendingRequest records a server→client request relayed to the runner
+// here; false when the session has too many pending already.
+func (s *Session) pendingRequest(key, method string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.serverRequests == nil {
+		s.serverRequests = make(map[string]string)
+	}
+	if _, dup := s.serverRequests[key]; !dup && len(s.serverRequests) >= MaxPendingServerRequests {
+		return false
+	}
+	s.serverRequests[key] = method
+	return true
+}
+
+func (s *Session) answeredRequest(key string) {
+	s.mu.Lock()
+	delete(s.serverRequests, key)
+	s.mu.Unlock()
+}
+
+// ServerRequestSent records a server→client request relayed to the runner,
+// in the shared storage, so that the runner's answer is attributed to its
+// method on whichever replica it arrives. It reports false, recording
+// nothing, when the session has too many pending already or the storage
+// is unavailable; the request must then be refused rather than relayed.
+func (s *Session) ServerRequestSent(ctx context.Context, id []byte, method string) bool {
+	key := mcpmsg.IDKey(id)
+	if !s.pendingRequest(key, method) {
+		return false
+	}
+	if s.local {
+		return true
+	}
+	if err := s.m.state().ServerRequestSent(ctx, s.Ref, key, method); err != nil {
+		s.answeredRequest(key)
+		s.m.logger().Warn("cannot record a server request in storage", zap.String("service", s.Service), zap.Error(err))
+		return false
+	}
+	return true
+}
+
+// ServerRequestAnswered returns the method of the pending server→client
+// request that id (however the runner spelled it) answers, and forgets it,
+// whichever replica relayed the request. ok is false when no such request
+// is pending; err, when the storage cannot tell.
+func (s *Session) ServerRequestAnswered(ctx context.Context, id []byte) (method string, ok bool, err error) {
+	key := mcpmsg.IDKey(id)
+	if s.local {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		method, ok = s.serverRequests[key]
+		delete(s.serverRequests, key)
+		return method, ok, nil
+	}
+	method, ok, err = s.m.state().ServerRequestAnswered(ctx, s.Ref, key)
+	if err != nil {
+		return "", false, fmt.Errorf("%w: %v", ErrStorageUnavailable, err)
+	}
+	s.answeredRequest(key)
+	return method, ok, nil
+}
