@@ -441,16 +441,17 @@ func TestApprovalWebhook(t *testing.T) {
 	}
 }
 
-// Two toolgate processes share one storage: twenty identical retries of a
-// once approval, sent to both at the same moment, run the call once.
+// Two toolgate processes share one PostgreSQL database: twenty identical
+// retries of a once approval, sent to both at the same moment, run the call
+// once.
 func TestApprovalOnceAcrossTwoProcesses(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs the toolgate binary")
 	}
-	bin := buildToolgate(t, t.TempDir())
+	bin := toolgateBinary(t)
 	up := startUpstream(t)
 	data := t.TempDir()
-	block := fmt.Sprintf(`storage file_system %s
+	block := fmt.Sprintf(`%s
 		cipher local %s/cipher.key
 		auth {
 			api_key %s %s
@@ -459,7 +460,7 @@ func TestApprovalOnceAcrossTwoProcesses(t *testing.T) {
 			url %s
 			allow_http
 			tools gated_tool
-		}`, data, data, hashKey(aliceKey), alice, up.URL)
+		}`, postgresStorage(t), data, hashKey(aliceKey), alice, up.URL)
 	policies := testdataPath(t, "approvals")
 	a := startReplicaWith(t, bin, block, data, policies)
 	b := startReplicaWith(t, bin, block, data, policies)

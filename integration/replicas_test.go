@@ -4,46 +4,129 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime/debug"
+	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/toolgate/toolgate/internal/pgtest"
 )
 
 // A replica is the real toolgate binary running as its own process, so that
-// several of them can share one storage directory as gateway replicas do.
+// several of them can share one storage as gateway replicas do.
 
-// buildToolgate builds ./cmd/toolgate into dir, with the race detector when
-// this test binary has it (so the build reuses the packages `go test`
-// compiled).
-func buildToolgate(t testing.TB, dir string) string {
+// toolgateBuild is the toolgate binary built for this test binary.
+var toolgateBuild struct {
+	once sync.Once
+	dir  string
+	bin  string
+	err  error
+}
+
+// toolgateBinary builds ./cmd/toolgate once per test binary; TestMain
+// removes it. It is built without the race detector, which would make the
+// replicas several times slower (tests that run three of them and a load
+// balancer on a small machine would measure the detector), and whose
+// reports in a child process would fail no test: the in-process tests run
+// the same code under -race.
+func toolgateBinary(t testing.TB) string {
 	t.Helper()
-	bin := filepath.Join(dir, "toolgate")
-	args := []string{"build", "-o", bin}
-	if info, ok := debug.ReadBuildInfo(); ok {
-		for _, s := range info.Settings {
-			if s.Key == "-race" && s.Value == "true" {
-				args = append(args, "-race")
-			}
+	b := &toolgateBuild
+	b.once.Do(func() {
+		if b.dir, b.err = os.MkdirTemp("", "toolgate-bin-"); b.err != nil {
+			return
 		}
+		b.bin = filepath.Join(b.dir, "toolgate")
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, "go", "build", "-o", b.bin, "github.com/toolgate/toolgate/cmd/toolgate")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			b.err = fmt.Errorf("go build ./cmd/toolgate: %v\n%s", err, out)
+		}
+	})
+	if b.err != nil {
+		t.Fatal(b.err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, "go", append(args, "github.com/toolgate/toolgate/cmd/toolgate")...)
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("go build ./cmd/toolgate: %v\n%s", err, out)
+	return b.bin
+}
+
+// removeToolgateBinary removes what toolgateBinary built.
+func removeToolgateBinary() {
+	if toolgateBuild.dir != "" {
+		_ = os.RemoveAll(toolgateBuild.dir)
 	}
-	return bin
+}
+
+// process is a toolgate binary running as a child of the test, with the
+// recorded PID the server itself.
+type process struct {
+	name   string
+	cmd    *exec.Cmd
+	exited chan struct{}
+	out    *lockedBuffer
+}
+
+// startProcess runs bin with the Caddyfile caddyfile (written to a file)
+// and the environment env added to this process's, until ready reports
+// true (at most 60s), and kills it when t ends.
+func startProcess(t testing.TB, bin, name, caddyfile string, env []string, ready func() bool) *process {
+	t.Helper()
+	cfgFile := filepath.Join(t.TempDir(), "Caddyfile")
+	if err := os.WriteFile(cfgFile, []byte(caddyfile), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	p := &process{name: name, exited: make(chan struct{}), out: new(lockedBuffer)}
+	p.cmd = exec.Command(bin, "run", "--config", cfgFile, "--adapter", "caddyfile")
+	p.cmd.Stdout, p.cmd.Stderr = p.out, p.out
+	p.cmd.Env = append(append(os.Environ(), "HOME="+t.TempDir(), "XDG_DATA_HOME="+t.TempDir(), "XDG_CONFIG_HOME="+t.TempDir()), env...)
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		_ = p.cmd.Wait()
+		close(p.exited)
+	}()
+	t.Cleanup(func() {
+		p.kill(t)
+		if t.Failed() {
+			t.Logf("%s printed (tail):\n%s", name, p.out.tail(16<<10))
+		}
+	})
+	deadline := time.Now().Add(60 * time.Second)
+	for !ready() {
+		select {
+		case <-p.exited:
+			t.Fatalf("%s exited before it served:\n%s", name, p.out.tail(16<<10))
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s did not start within 60s:\n%s", name, p.out.tail(16<<10))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return p
+}
+
+// kill ends the process at once (SIGKILL, as a crash or an OOM kill
+// would) and waits until it is gone: its sockets are closed then.
+func (p *process) kill(t testing.TB) {
+	_ = p.cmd.Process.Kill()
+	select {
+	case <-p.exited:
+	case <-time.After(10 * time.Second):
+		t.Errorf("%s (pid %d) did not exit", p.name, p.cmd.Process.Pid)
+	}
 }
 
 // replica is one running toolgate process.
 type replica struct {
 	*gateway
-	out *lockedBuffer
+	*process
 }
 
 // startReplica runs bin with a Caddyfile whose toolgate block holds
@@ -59,6 +142,15 @@ func startReplicaWith(t testing.TB, bin, toolgateBlock, dataDir, policyDir strin
 	t.Helper()
 	port := freePort(t)
 	base := fmt.Sprintf("http://127.0.0.1:%d", port)
+	return startReplicaAt(t, bin, port, base, toolgateBlock, dataDir, policyDir)
+}
+
+// startReplicaAt is startReplicaWith on port, with publicURL as the
+// gateway's public_url (a load balancer's, for replicas behind one); its
+// site answers any host, like a replica behind a load balancer.
+func startReplicaAt(t testing.TB, bin string, port int, publicURL, toolgateBlock, dataDir, policyDir string) *replica {
+	t.Helper()
+	base := fmt.Sprintf("http://127.0.0.1:%d", port)
 	caddyfile := fmt.Sprintf(`{
 	admin off
 	auto_https off
@@ -73,7 +165,8 @@ func startReplicaWith(t testing.TB, bin, toolgateBlock, dataDir, policyDir strin
 	}
 }
 
-%[1]s {
+http://:%[5]d {
+	bind 127.0.0.1
 	route /v1/mcp/* {
 		toolgate_session
 		toolgate_registry
@@ -93,63 +186,56 @@ func startReplicaWith(t testing.TB, bin, toolgateBlock, dataDir, policyDir strin
 		api_key_login
 	}
 }
-`, base, toolgateBlock, dataDir, policyDir)
-	cfgFile := filepath.Join(t.TempDir(), "Caddyfile")
-	if err := os.WriteFile(cfgFile, []byte(caddyfile), 0o600); err != nil {
-		t.Fatal(err)
+`, publicURL, toolgateBlock, dataDir, policyDir, port)
+	ready := func() bool {
+		status, err := httpStatus(base + "/.well-known/oauth-protected-resource")
+		return err == nil && status == http.StatusOK
 	}
-	r := &replica{gateway: &gateway{URL: base, DataDir: dataDir}, out: new(lockedBuffer)}
-	cmd := exec.Command(bin, "run", "--config", cfgFile, "--adapter", "caddyfile")
-	cmd.Stdout, cmd.Stderr = r.out, r.out
-	cmd.Env = append(os.Environ(), "HOME="+t.TempDir(), "XDG_DATA_HOME="+t.TempDir(), "XDG_CONFIG_HOME="+t.TempDir())
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan struct{})
-	go func() {
-		_ = cmd.Wait()
-		close(exited)
-	}()
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		select {
-		case <-exited:
-		case <-time.After(10 * time.Second):
-			t.Errorf("toolgate (pid %d) did not exit", cmd.Process.Pid)
-		}
-		if t.Failed() {
-			t.Logf("toolgate at %s printed (tail):\n%s", base, r.out.tail(16<<10))
-		}
-	})
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		if status, err := httpStatus(base + "/.well-known/oauth-protected-resource"); err == nil && status == http.StatusOK {
-			return r
-		}
-		select {
-		case <-exited:
-			t.Fatalf("toolgate exited before it served:\n%s", r.out.tail(16<<10))
-		default:
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("toolgate at %s did not start within 30s:\n%s", base, r.out.tail(16<<10))
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	p := startProcess(t, bin, "toolgate at "+base, caddyfile, nil, ready)
+	return &replica{gateway: &gateway{URL: base, DataDir: dataDir}, process: p}
 }
 
-func TestOAuthRefreshStampedeAcrossTwoProcesses(t *testing.T) {
+// startBalancer runs Caddy's reverse_proxy (the toolgate binary is a Caddy
+// with every standard module) over backends, round robin, with the
+// configuration of testdata/balancer.Caddyfile, on port.
+func startBalancer(t testing.TB, bin string, port int, backends []string) *process {
+	t.Helper()
+	caddyfile, err := os.ReadFile(testdataPath(t, "balancer.Caddyfile"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := fmt.Sprintf("http://127.0.0.1:%d", port)
+	env := []string{fmt.Sprintf("BALANCER_PORT=%d", port), "BALANCER_BACKENDS=" + strings.Join(backends, " ")}
+	return startProcess(t, bin, "the load balancer at "+base, string(caddyfile), env, func() bool {
+		c, err := net.DialTimeout("tcp", strings.TrimPrefix(base, "http://"), 100*time.Millisecond)
+		if err == nil {
+			c.Close()
+		}
+		return err == nil
+	})
+}
+
+// postgresStorage returns the storage line of a toolgate block for a fresh
+// database of the test binary's PostgreSQL cluster.
+func postgresStorage(t testing.TB) string {
+	t.Helper()
+	return "storage postgres " + pgtest.Shared(t).CreateDatabase(t)
+}
+
+// Three replicas on one PostgreSQL database: fifty calls that all find the
+// access token expired, spread over the three, make exactly one refresh.
+func TestOAuthRefreshStampedeAcrossThreeReplicas(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs the toolgate binary")
 	}
-	bin := buildToolgate(t, t.TempDir())
-	// The first access token lives three seconds (the runners initialize
-	// on both replicas meanwhile); the refreshed one an hour.
-	p := startOAuthProvider(t, providerConfig{AccessTTL: 3 * time.Second, RefreshedAccessTTL: time.Hour})
+	bin := toolgateBinary(t)
+	// The first access token lives four seconds (the runners initialize
+	// on the three replicas meanwhile); the refreshed one an hour.
+	p := startOAuthProvider(t, providerConfig{AccessTTL: 4 * time.Second, RefreshedAccessTTL: time.Hour})
 	up := startProtectedUpstream(t, p)
 	data := t.TempDir()
 	block := fmt.Sprintf(`state_secret %s
-		storage file_system %s
+		%s
 		cipher local %s/cipher.key
 		auth {
 			api_key %s %s
@@ -159,37 +245,38 @@ func TestOAuthRefreshStampedeAcrossTwoProcesses(t *testing.T) {
 			allow_http
 			tools echo
 			auth %s
-		}`, testStateSecret, data, data, hashKey(aliceKey), alice, up.URL, oauthBlock(p, ""))
+		}`, testStateSecret, postgresStorage(t), data, hashKey(aliceKey), alice, up.URL, oauthBlock(p, ""))
 
 	// One after the other: the first creates the shared cipher key.
 	a := startReplica(t, bin, block, data)
 	b := startReplica(t, bin, block, data)
+	c := startReplica(t, bin, block, data)
 	p.allowRedirect(a.URL + "/v1/connections/svc/callback")
 
 	a.connectOAuth(t, aliceKey)
 	connectedAt := time.Now()
 	sess := a.createSession(t, aliceKey, "svc") // sessions live in the shared storage
-	ma := a.raw(t, aliceKey, sess, "svc")
-	mb := b.raw(t, aliceKey, sess, "svc")
-	ma.initialize()
-	mb.initialize()
-	if len(p.refreshes()) != 0 {
-		t.Fatal("a refresh happened before the token expired")
+	runners := []*rawMCP{a.raw(t, aliceKey, sess, "svc"), b.raw(t, aliceKey, sess, "svc"), c.raw(t, aliceKey, sess, "svc")}
+	for _, m := range runners {
+		m.initialize()
 	}
-	time.Sleep(time.Until(connectedAt.Add(3*time.Second + 150*time.Millisecond)))
+	if len(p.refreshes()) != 0 {
+		t.Fatal("a refresh happened before the token expired (the machine is too slow for a four-second token)")
+	}
+	time.Sleep(time.Until(connectedAt.Add(4*time.Second + 150*time.Millisecond)))
 
-	errs := concurrentEchoes(50, ma, mb)
+	errs := concurrentEchoes(50, runners...)
 	for _, err := range errs {
 		t.Error(err)
 	}
 	if n := len(p.refreshes()); n != 1 {
-		t.Fatalf("50 concurrent calls through two replicas made %d refreshes at the provider, want exactly 1", n)
+		t.Fatalf("50 concurrent calls through three replicas made %d refreshes at the provider, want exactly 1", n)
 	}
 	p.checkRotation(t)
 	if _, refused := up.seen(); refused != 0 {
 		t.Errorf("the upstream refused %d requests", refused)
 	}
-	for _, g := range []*replica{a, b} {
+	for _, g := range []*replica{a, b, c} {
 		if s := g.catalogService(t, aliceKey, "svc"); s.Connection == nil || s.Connection.RefreshCount != 1 {
 			t.Errorf("catalog at %s: %+v, want refresh_count 1", g.URL, s)
 		}
