@@ -39,8 +39,9 @@ unit:
 	$(GO) test -race -count=1 -timeout 45m -skip '^TestConformance$$' ./...
 
 # the MCP conformance suite (pinned, installed from npm once) against the Go
-# SDK's everything-server directly and through toolgate; prints both
-# summaries and fails on any difference
+# SDK's everything-server directly, through toolgate, and through three
+# toolgate replicas on one PostgreSQL behind a round-robin load balancer;
+# prints the summaries and fails on any difference
 conformance:
 	TOOLGATE_REQUIRE_PEERS=1 $(GO) test -race -count=1 -timeout 30m -v -run '^TestConformance$$' ./integration/ 2>&1 | grep -v '^{"level'; exit $${PIPESTATUS[0]}
 

@@ -13,6 +13,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/toolgate/toolgate/internal/pgtest"
 )
 
 // The conformance suite, pinned, in two generations: 0.1.12 is the newest
@@ -26,14 +28,17 @@ const (
 )
 
 // TestConformance runs the MCP conformance suite in server mode, directly
-// against the MCP Go SDK's everything-server and through toolgate fronting
-// it (integration/conformance/Caddyfile), in both generations: 0.1.12
-// against the server in stateful mode (server→client requests need a
-// session), and 0.2.0-alpha.12 with the 2026-07-28 requirement set against
-// the server in its default stateless mode, which speaks every revision.
-// toolgate must be invisible: every scenario must end with the same passed
-// and failed checks both ways. `make conformance` runs it and prints the
-// summaries.
+// against the MCP Go SDK's everything-server, through toolgate fronting it
+// (integration/conformance/Caddyfile), and through three toolgate replicas
+// (the same Caddyfile, on one PostgreSQL database) behind Caddy's
+// reverse_proxy balancing round robin, so that consecutive requests of one
+// MCP session land on different replicas. It does so in both generations:
+// 0.1.12 against the server in stateful mode (server→client requests need
+// a session), and 0.2.0-alpha.12 with the 2026-07-28 requirement set
+// against the server in its default stateless mode, which speaks every
+// revision. toolgate must be invisible: every scenario must end with the
+// same passed and failed checks every way. `make conformance` runs it and
+// prints the summaries.
 func TestConformance(t *testing.T) {
 	suite := conformanceSuite(t, conformanceVersion, "")
 	node22 := nodeBin(t)
@@ -43,50 +48,86 @@ func TestConformance(t *testing.T) {
 	startEverythingServer(t, statelessPort, true)
 
 	gatewayPort := freePort(t)
+	gateway := fmt.Sprintf("http://127.0.0.1:%d", gatewayPort)
 	t.Setenv("CONFORMANCE_GATEWAY_PORT", strconv.Itoa(gatewayPort))
+	t.Setenv("CONFORMANCE_PUBLIC_URL", gateway)
 	t.Setenv("CONFORMANCE_UPSTREAM_PORT", strconv.Itoa(upstreamPort))
 	t.Setenv("CONFORMANCE_STATELESS_PORT", strconv.Itoa(statelessPort))
-	t.Setenv("CONFORMANCE_DATA", t.TempDir())
+	t.Setenv("CONFORMANCE_STATE_SECRET", testStateSecret)
+	t.Setenv("CONFORMANCE_STORAGE", "file_system "+t.TempDir())
 	caddyfile, err := os.ReadFile(filepath.Join("conformance", "Caddyfile"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	loadCaddyfile(t, string(caddyfile))
-	waitListening(t, fmt.Sprintf("http://127.0.0.1:%d", gatewayPort))
+	waitListening(t, gateway)
+	balanced := startConformanceReplicas(t, string(caddyfile), 3)
 
 	t.Run(conformanceVersion, func(t *testing.T) {
 		direct := runConformance(t, suite, "", fmt.Sprintf("http://127.0.0.1:%d/mcp", upstreamPort))
-		through := runConformance(t, suite, "", fmt.Sprintf("http://127.0.0.1:%d/v1/mcp/everything", gatewayPort))
-		compareConformance(t, conformanceVersion, direct, through)
+		through := runConformance(t, suite, "", gateway+"/v1/mcp/everything")
+		replicated := runConformance(t, suite, "", balanced+"/v1/mcp/everything")
+		compareConformance(t, conformanceVersion, direct, map[string]conformanceResult{
+			"through toolgate": through, "through three replicas behind a round-robin load balancer": replicated})
 	})
 	t.Run(conformance2026Version, func(t *testing.T) {
 		direct := runConformance(t, suite2026, node22, fmt.Sprintf("http://127.0.0.1:%d/mcp", statelessPort), "--requirements", "2026-07-28")
-		through := runConformance(t, suite2026, node22, fmt.Sprintf("http://127.0.0.1:%d/v1/mcp/stateless", gatewayPort), "--requirements", "2026-07-28")
-		compareConformance(t, conformance2026Version+" (2026-07-28)", direct, through)
+		through := runConformance(t, suite2026, node22, gateway+"/v1/mcp/stateless", "--requirements", "2026-07-28")
+		replicated := runConformance(t, suite2026, node22, balanced+"/v1/mcp/stateless", "--requirements", "2026-07-28")
+		compareConformance(t, conformance2026Version+" (2026-07-28)", direct, map[string]conformanceResult{
+			"through toolgate": through, "through three replicas behind a round-robin load balancer": replicated})
 	})
 }
 
-// compareConformance fails on any scenario whose checks differ.
-func compareConformance(t *testing.T, what string, direct, through conformanceResult) {
+// startConformanceReplicas runs n toolgate processes with the conformance
+// Caddyfile on one PostgreSQL database, and a round-robin load balancer in
+// front of them, whose URL it returns.
+func startConformanceReplicas(t *testing.T, caddyfile string, n int) string {
+	t.Helper()
+	bin := toolgateBinary(t)
+	dsn := pgtest.Shared(t).CreateDatabase(t)
+	lbPort := freePort(t)
+	lb := fmt.Sprintf("http://127.0.0.1:%d", lbPort)
+	var backends []string
+	for range n {
+		port := freePort(t)
+		base := fmt.Sprintf("http://127.0.0.1:%d", port)
+		env := []string{"CONFORMANCE_GATEWAY_PORT=" + strconv.Itoa(port), "CONFORMANCE_PUBLIC_URL=" + lb,
+			"CONFORMANCE_STORAGE=postgres " + dsn}
+		startProcess(t, bin, "toolgate replica at "+base, caddyfile, env, func() bool {
+			_, err := httpStatus(base + "/v1/mcp/everything")
+			return err == nil
+		})
+		backends = append(backends, strings.TrimPrefix(base, "http://"))
+	}
+	startBalancer(t, bin, lbPort, backends)
+	return lb
+}
+
+// compareConformance fails on any scenario whose checks differ between the
+// direct run and one of the others (by how they ran).
+func compareConformance(t *testing.T, what string, direct conformanceResult, others map[string]conformanceResult) {
 	t.Helper()
 	t.Logf("MCP conformance %s, directly against the everything-server:\n%s", what, direct.text)
-	t.Logf("MCP conformance %s, through toolgate:\n%s", what, through.text)
 	if len(direct.scenarios) == 0 {
 		t.Fatal("the direct run reported no scenarios")
 	}
-	for name, want := range direct.scenarios {
-		got, ok := through.scenarios[name]
-		switch {
-		case !ok:
-			t.Errorf("%s: ran directly but not through toolgate", name)
-		case got != want:
-			t.Errorf("%s: directly %d passed, %d failed; through toolgate %d passed, %d failed",
-				name, want.passed, want.failed, got.passed, got.failed)
+	for how, through := range others {
+		t.Logf("MCP conformance %s, %s:\n%s", what, how, through.text)
+		for name, want := range direct.scenarios {
+			got, ok := through.scenarios[name]
+			switch {
+			case !ok:
+				t.Errorf("%s: ran directly but not %s", name, how)
+			case got != want:
+				t.Errorf("%s: directly %d passed, %d failed; %s %d passed, %d failed",
+					name, want.passed, want.failed, how, got.passed, got.failed)
+			}
 		}
-	}
-	for name := range through.scenarios {
-		if _, ok := direct.scenarios[name]; !ok {
-			t.Errorf("%s: ran through toolgate but not directly", name)
+		for name := range through.scenarios {
+			if _, ok := direct.scenarios[name]; !ok {
+				t.Errorf("%s: ran %s but not directly", name, how)
+			}
 		}
 	}
 }
