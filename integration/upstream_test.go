@@ -49,6 +49,8 @@ type upstream struct {
 	conns map[net.Conn]http.ConnState
 	// accepted counts the TCP connections the upstream ever accepted.
 	accepted int
+	// slowRan counts the runs of slow_echo by text.
+	slowRan map[string]int
 }
 
 // upstreamRequest is one HTTP request the upstream received.
@@ -161,6 +163,17 @@ func (u *upstream) serve(w http.ResponseWriter, r *http.Request) {
 		u.requests[i].SessionID = w.Header().Get("Mcp-Session-Id")
 		u.mu.Unlock()
 	}
+}
+
+// slowRuns returns how often slow_echo ran, by text.
+func (u *upstream) slowRuns() map[string]int {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	out := make(map[string]int, len(u.slowRan))
+	for k, v := range u.slowRan {
+		out[k] = v
+	}
+	return out
 }
 
 // requestLog returns every request received so far.
@@ -277,6 +290,25 @@ func newTestServer(u *upstream) *mcp.Server {
 		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: string(args)}}}, nil, nil
 	}
 	mcp.AddTool(s, &mcp.Tool{Name: "echo", Description: "Echo the arguments.", Annotations: readOnly}, echo)
+	mcp.AddTool(s, &mcp.Tool{Name: "slow_echo", Description: "Echo the text after ms milliseconds (at most 2000).", Annotations: readOnly},
+		func(ctx context.Context, _ *mcp.CallToolRequest, in struct {
+			Text string `json:"text"`
+			MS   int    `json:"ms"`
+		}) (*mcp.CallToolResult, any, error) {
+			if u != nil {
+				u.mu.Lock()
+				if u.slowRan == nil {
+					u.slowRan = map[string]int{}
+				}
+				u.slowRan[in.Text]++
+				u.mu.Unlock()
+			}
+			select {
+			case <-time.After(time.Duration(min(in.MS, 2000)) * time.Millisecond):
+			case <-ctx.Done():
+			}
+			return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: in.Text}}}, nil, nil
+		})
 	mcp.AddTool(s, &mcp.Tool{Name: "pinned_echo", Description: "Echo; the policy pins project.", Annotations: readOnly}, echo)
 	mcp.AddTool(s, &mcp.Tool{Name: "forbidden_tool", Description: "Denied by the test policy.", Annotations: readOnly}, echo)
 	mcp.AddTool(s, &mcp.Tool{Name: "gated_tool", Description: "Needs approval by the test policy.",
