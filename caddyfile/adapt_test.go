@@ -235,3 +235,38 @@ func diff(want, got string) string {
 	}
 	return ""
 }
+
+// The README's "Running several replicas" shows a replica's and the load
+// balancer's Caddyfile; testdata/adapt/replica and balancer adapt them, so
+// they must stay what the README shows.
+func TestReadmeReplicaCaddyfiles(t *testing.T) {
+	readme, err := os.ReadFile(filepath.Join("..", "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, section, ok := strings.Cut(string(readme), "\n## Running several replicas\n")
+	if !ok {
+		t.Fatal(`the README has no section "Running several replicas"`)
+	}
+	section, _, _ = strings.Cut(section, "\n## ")
+	var blocks []string
+	for rest := section; ; {
+		var block string
+		if _, rest, ok = strings.Cut(rest, "```caddyfile\n"); !ok {
+			break
+		}
+		block, rest, _ = strings.Cut(rest, "```")
+		blocks = append(blocks, block)
+	}
+	for i, name := range []string{"replica", "balancer"} {
+		data, err := os.ReadFile(filepath.Join("testdata", "adapt", name+".caddyfiletest"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		caddyfile, _, _ := strings.Cut(string(data), "\n"+separator+"\n")
+		_, caddyfile, _ = strings.Cut(caddyfile, "\n") // the comment line naming the README
+		if i >= len(blocks) || strings.TrimSpace(blocks[i]) != strings.TrimSpace(caddyfile) {
+			t.Errorf("testdata/adapt/%s.caddyfiletest is not the README's Caddyfile number %d of the section", name, i+1)
+		}
+	}
+}
