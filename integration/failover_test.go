@@ -358,3 +358,69 @@ func retryableAnswer(status int, msgs []json.RawMessage) bool {
 	}
 	return false
 }
+
+// DELETE on one replica ends the MCP session on every replica: the next
+// request elsewhere gets 404 at once (DELETE answered once every replica
+// was told), a GET stream another replica holds for it ends, and the
+// upstream session is ended once.
+func TestDeleteOnOneReplicaEndsItEverywhere(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the toolgate binary")
+	}
+	bin := toolgateBinary(t)
+	up := startUpstream(t)
+	data := t.TempDir()
+	block := fmt.Sprintf(`state_secret %s
+		%s
+		cipher local %s/cipher.key
+		auth {
+			api_key %s %s
+		}
+		service svc {
+			url %s
+			allow_http
+			tools echo
+		}`, testStateSecret, postgresStorage(t), data, hashKey(aliceKey), alice, up.URL)
+	a := startReplica(t, bin, block, data)
+	b := startReplica(t, bin, block, data)
+	sess := a.createSession(t, aliceKey, "svc")
+	ma := a.raw(t, aliceKey, sess, "svc")
+	ma.initialize()
+	mb := b.raw(t, aliceKey, sess, "svc")
+	mb.sessionID = ma.sessionID
+	if _, err := mb.callEcho("on b"); err != nil {
+		t.Fatal(err)
+	}
+	stream, err := ma.send(t.Context(), http.MethodGet, "text/event-stream", "", "")
+	if err != nil || stream.StatusCode != http.StatusOK {
+		t.Fatalf("GET stream on a: %v %v", err, stream)
+	}
+	ended := make(chan error, 1)
+	go func() {
+		_, err := io.Copy(io.Discard, stream.Body)
+		ended <- err
+	}()
+
+	if status := mb.delete(); status != http.StatusNoContent {
+		t.Fatalf("DELETE on b: %d", status)
+	}
+	if status, _, msgs := ma.post(`{"jsonrpc":"2.0","id":1,"method":"ping"}`); status != http.StatusNotFound {
+		t.Errorf("a request on a right after DELETE on b: %d %s, want 404", status, msgs)
+	}
+	select {
+	case <-ended:
+	case <-time.After(10 * time.Second):
+		t.Error("the GET stream on a outlived the session's end on b by 10s")
+	}
+	stream.Body.Close()
+	waitFor(t, "the upstream session to be ended", func() bool { return len(up.openSessions()) == 0 })
+	deletes := 0
+	for _, r := range up.requestLog() {
+		if r.Method == http.MethodDelete {
+			deletes++
+		}
+	}
+	if deletes != 1 {
+		t.Errorf("the upstream got %d DELETEs, want 1", deletes)
+	}
+}
