@@ -6,7 +6,6 @@ import (
 	"crypto/hmac"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -451,16 +450,7 @@ func TestApprovalOnceAcrossTwoProcesses(t *testing.T) {
 	bin := toolgateBinary(t)
 	up := startUpstream(t)
 	data := t.TempDir()
-	block := fmt.Sprintf(`%s
-		cipher local %s/cipher.key
-		auth {
-			api_key %s %s
-		}
-		service svc {
-			url %s
-			allow_http
-			tools gated_tool
-		}`, postgresStorage(t), data, hashKey(aliceKey), alice, up.URL)
+	block := replicaBlock(postgresStorage(t), data, up.URL, "gated_tool", "")
 	policies := testdataPath(t, "approvals")
 	a := startReplicaWith(t, bin, block, data, policies)
 	b := startReplicaWith(t, bin, block, data, policies)

@@ -2,6 +2,7 @@ package integration
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -41,17 +42,7 @@ func TestReplicaKilledUnderLoad(t *testing.T) {
 	storage := postgresStorage(t)
 	lbPort := freePort(t)
 	lb := &gateway{URL: fmt.Sprintf("http://127.0.0.1:%d", lbPort), DataDir: data}
-	block := fmt.Sprintf(`state_secret %s
-		%s
-		cipher local %s/cipher.key
-		auth {
-			api_key %s %s
-		}
-		service svc {
-			url %s
-			allow_http
-			tools slow_echo
-		}`, testStateSecret, storage, data, hashKey(aliceKey), alice, up.URL)
+	block := replicaBlock(storage, data, up.URL, "slow_echo", "")
 	var replicas []*replica
 	var backends []string
 	for range 3 { // one after the other: the first creates the cipher key
@@ -71,9 +62,8 @@ func TestReplicaKilledUnderLoad(t *testing.T) {
 		m.initialize()
 		ms = append(ms, m)
 	}
-	client := &http.Client{Timeout: 30 * time.Second}
 	call := func(m *rawMCP, text string) callOutcome {
-		return slowEcho(client, m, text, work)
+		return slowEcho(m, text, work)
 	}
 	// Every session works on every replica before the kill.
 	for i, m := range ms {
@@ -175,20 +165,14 @@ type callOutcome struct {
 
 // slowEcho calls slow_echo in m's session, as a runner does (a JSON or SSE
 // answer), and classifies what came back.
-func slowEcho(client *http.Client, m *rawMCP, text string, ms int) (o callOutcome) {
+func slowEcho(m *rawMCP, text string, ms int) (o callOutcome) {
 	o = callOutcome{text: text, start: time.Now()}
 	defer func() { o.end = time.Now() }()
 	id := fmt.Sprintf("%q", text)
 	body := `{"jsonrpc":"2.0","id":` + id + `,"method":"tools/call","params":{"name":"slow_echo","arguments":{"text":` + id + `,"ms":` + fmt.Sprint(ms) + `}}}`
-	req, _ := http.NewRequest(http.MethodPost, m.url, strings.NewReader(body))
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Accept", "application/json, text/event-stream")
-	for k, v := range m.headers {
-		req.Header.Set(k, v)
-	}
-	req.Header.Set("Mcp-Session-Id", m.sessionID)
-	req.Header.Set("Mcp-Protocol-Version", "2025-11-25")
-	resp, err := client.Do(req)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	resp, err := m.send(ctx, http.MethodPost, "application/json, text/event-stream", body, "")
 	if err != nil {
 		o.err, o.retryable = "no answer: "+err.Error(), true // the connection failed: nothing came back
 		return o
@@ -257,17 +241,7 @@ func TestPostgresDownAndBack(t *testing.T) {
 	srv := pgtest.Start(t)
 	up := startUpstream(t)
 	data := t.TempDir()
-	block := fmt.Sprintf(`state_secret %s
-		storage postgres %s
-		cipher local %s/cipher.key
-		auth {
-			api_key %s %s
-		}
-		service svc {
-			url %s
-			allow_http
-			tools slow_echo
-		}`, testStateSecret, srv.DSN("postgres"), data, hashKey(aliceKey), alice, up.URL)
+	block := replicaBlock("storage postgres "+srv.DSN("postgres"), data, up.URL, "slow_echo", "")
 	a := startReplica(t, bin, block, data)
 	b := startReplica(t, bin, block, data)
 	sess := a.createSession(t, aliceKey, "svc")
@@ -275,16 +249,15 @@ func TestPostgresDownAndBack(t *testing.T) {
 	ma.initialize()
 	mb := b.raw(t, aliceKey, sess, "svc")
 	mb.sessionID = ma.sessionID // initialized on a, continued on b
-	client := &http.Client{Timeout: 30 * time.Second}
 	for _, m := range []*rawMCP{ma, mb} {
-		if o := slowEcho(client, m, "before", 0); o.err != "" {
+		if o := slowEcho(m, "before", 0); o.err != "" {
 			t.Fatalf("before the outage: %s", o.err)
 		}
 	}
 
 	srv.Stop(t)
 	for i, m := range []*rawMCP{ma, mb, ma, mb} {
-		if o := slowEcho(client, m, fmt.Sprintf("down-%d", i), 0); o.err != "" && !o.retryable {
+		if o := slowEcho(m, fmt.Sprintf("down-%d", i), 0); o.err != "" && !o.retryable {
 			t.Errorf("a call while PostgreSQL is down: %s, not retryable", o.err)
 		} else {
 			t.Logf("a call while PostgreSQL is down: %q", o.err) // "" is an answer: nothing needed the database
@@ -319,7 +292,7 @@ func TestPostgresDownAndBack(t *testing.T) {
 		time.Sleep(200 * time.Millisecond)
 	}
 	for _, m := range []*rawMCP{ma, mb} {
-		if o := slowEcho(client, m, "after", 0); o.err != "" {
+		if o := slowEcho(m, "after", 0); o.err != "" {
 			t.Errorf("the session after the outage: %s", o.err)
 		}
 	}
@@ -370,17 +343,7 @@ func TestDeleteOnOneReplicaEndsItEverywhere(t *testing.T) {
 	bin := toolgateBinary(t)
 	up := startUpstream(t)
 	data := t.TempDir()
-	block := fmt.Sprintf(`state_secret %s
-		%s
-		cipher local %s/cipher.key
-		auth {
-			api_key %s %s
-		}
-		service svc {
-			url %s
-			allow_http
-			tools echo
-		}`, testStateSecret, postgresStorage(t), data, hashKey(aliceKey), alice, up.URL)
+	block := replicaBlock(postgresStorage(t), data, up.URL, "echo", "")
 	a := startReplica(t, bin, block, data)
 	b := startReplica(t, bin, block, data)
 	sess := a.createSession(t, aliceKey, "svc")

@@ -215,6 +215,25 @@ func startBalancer(t testing.TB, bin string, port int, backends []string) *proce
 	})
 }
 
+// replicaBlock is the toolgate block of test replicas: the test state
+// secret, the storage line, a local cipher key in data (the first replica
+// creates it, the others read it), alice's API key, and service svc at
+// upstream with the allowlist tools and the extra lines.
+func replicaBlock(storage, data, upstream, tools, extra string) string {
+	return fmt.Sprintf(`state_secret %s
+		%s
+		cipher local %s/cipher.key
+		auth {
+			api_key %s %s
+		}
+		service svc {
+			url %s
+			allow_http
+			tools %s
+			%s
+		}`, testStateSecret, storage, data, hashKey(aliceKey), alice, upstream, tools, extra)
+}
+
 // postgresStorage returns the storage line of a toolgate block for a fresh
 // database of the test binary's PostgreSQL cluster.
 func postgresStorage(t testing.TB) string {
@@ -234,18 +253,7 @@ func TestOAuthRefreshStampedeAcrossThreeReplicas(t *testing.T) {
 	p := startOAuthProvider(t, providerConfig{AccessTTL: 4 * time.Second, RefreshedAccessTTL: time.Hour})
 	up := startProtectedUpstream(t, p)
 	data := t.TempDir()
-	block := fmt.Sprintf(`state_secret %s
-		%s
-		cipher local %s/cipher.key
-		auth {
-			api_key %s %s
-		}
-		service svc {
-			url %s
-			allow_http
-			tools echo
-			auth %s
-		}`, testStateSecret, postgresStorage(t), data, hashKey(aliceKey), alice, up.URL, oauthBlock(p, ""))
+	block := replicaBlock(postgresStorage(t), data, up.URL, "echo", "auth "+oauthBlock(p, ""))
 
 	// One after the other: the first creates the shared cipher key.
 	a := startReplica(t, bin, block, data)
