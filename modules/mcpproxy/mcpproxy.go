@@ -247,6 +247,12 @@ func (h *Handler) relay(runner context.Context, w http.ResponseWriter, call *gat
 			rs.awaitEnd()
 			return
 		}
+		if out == nil && msg.Kind == mcpmsg.Notification {
+			// A JSON answer carries no notifications: nothing to relay,
+			// so nothing to inspect.
+			h.noted(call, msg)
+			continue
+		}
 		data := h.deliver(rs.ctx, call, msg, out != nil)
 		if data == nil || out == nil {
 			continue
@@ -262,13 +268,12 @@ func (h *Handler) relay(runner context.Context, w http.ResponseWriter, call *gat
 
 // deliver is the one place every upstream message passes on its way to the
 // runner: the answer to the runner's request, and the notifications and
-// server→client requests on a stream (stream reports whether the runner
-// gets an SSE stream, the only way those can reach it). It returns the
-// bytes to send, or
+// server→client requests on a stream (canRequest reports whether the
+// runner's stream can carry a request). It returns the bytes to send, or
 // nil for a message the runner must not get. Any inspection of what
 // upstreams send belongs here: the result passes the call's result hooks,
 // everything else its message hooks.
-func (h *Handler) deliver(ctx context.Context, call *gateway.Call, msg mcpmsg.Message, stream bool) []byte {
+func (h *Handler) deliver(ctx context.Context, call *gateway.Call, msg mcpmsg.Message, canRequest bool) []byte {
 	switch {
 	case call.IsRequest() && isResponseTo(msg, call.Message.ID):
 		if call.Stateless != nil && msg.Result != nil {
@@ -280,7 +285,7 @@ func (h *Handler) deliver(ctx context.Context, call *gateway.Call, msg mcpmsg.Me
 			h.refuseServerRequest(call, msg, "the client speaks protocol "+mcp2026.Version+", which has no server requests on a stream")
 			return nil
 		}
-		if !stream {
+		if !canRequest {
 			h.refuseServerRequest(call, msg, "the client's request does not accept an SSE stream, so toolgate cannot relay "+msg.Method+" to it")
 			return nil
 		}
@@ -295,12 +300,7 @@ func (h *Handler) deliver(ctx context.Context, call *gateway.Call, msg mcpmsg.Me
 		}
 		return out
 	case msg.Kind == mcpmsg.Notification:
-		if msg.Method == "notifications/tools/list_changed" {
-			h.refreshCatalog(call)
-		}
-		if !stream {
-			return nil // a JSON answer carries no notifications
-		}
+		h.noted(call, msg)
 		out, ok := h.inspect(ctx, call, msg, gateway.ChannelNotification)
 		if !ok {
 			return nil
@@ -311,6 +311,14 @@ func (h *Handler) deliver(ctx context.Context, call *gateway.Call, msg mcpmsg.Me
 	// only after the result hooks.
 	h.logger.Warn("dropped an unexpected upstream response", zap.String("service", call.Service.ID))
 	return nil
+}
+
+// noted does what toolgate itself does on an upstream's notification: a
+// changed tool list is listed again.
+func (h *Handler) noted(call *gateway.Call, msg mcpmsg.Message) {
+	if msg.Method == "notifications/tools/list_changed" {
+		h.refreshCatalog(call)
+	}
 }
 
 // inspect passes a notification or server→client request through the
