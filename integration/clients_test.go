@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -118,4 +119,15 @@ func TestRequireSession(t *testing.T) {
 	}
 	// With a session it works as ever.
 	g.raw(t, aliceKey, g.createSession(t, aliceKey, "svc"), "svc").initialize()
+}
+
+// An initialize whose upstream cannot be reached is a retryable error, not
+// a 404 that would tell the runner its (not yet existing) session ended.
+func TestInitializeWithTheUpstreamDown(t *testing.T) {
+	g := startGateway(t, gatewayConfig{Upstream: "http://127.0.0.1:" + strconv.Itoa(freePort(t)) + "/mcp"})
+	m := g.raw(t, aliceKey, g.createSession(t, aliceKey, "svc"), "svc")
+	status, _, msgs := m.post(`{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"raw","version":"1"}}}`)
+	if status != http.StatusOK || len(msgs) != 1 || !strings.Contains(string(msgs[0]), `"code":-32011`) || !strings.Contains(string(msgs[0]), `"retryable":true`) {
+		t.Fatalf("initialize with the upstream down: %d %s, want a retryable error", status, msgs)
+	}
 }
