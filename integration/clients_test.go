@@ -15,9 +15,9 @@ import (
 // connectWithToken opens an MCP session the way a client that knows only
 // the endpoint's URL and a bearer token does: the official SDK client,
 // no toolgate session, no other header.
-func (g *gateway) connectWithToken(t testing.TB, key, path string) *mcp.ClientSession {
+func (g *gateway) connectWithToken(t testing.TB, key, path string, opts *mcp.ClientOptions) *mcp.ClientSession {
 	t.Helper()
-	client := mcp.NewClient(&mcp.Implementation{Name: "url-and-token", Version: "1.0.0"}, nil)
+	client := mcp.NewClient(&mcp.Implementation{Name: "url-and-token", Version: "1.0.0"}, opts)
 	transport := &mcp.StreamableClientTransport{
 		Endpoint: g.URL + path,
 		HTTPClient: &http.Client{Transport: headerTransport{base: http.DefaultTransport,
@@ -39,7 +39,7 @@ func (g *gateway) connectWithToken(t testing.TB, key, path string) *mcp.ClientSe
 func TestURLAndTokenAreEnough(t *testing.T) {
 	up := startUpstream(t)
 	g := startGateway(t, gatewayConfig{Upstream: up.URL})
-	cs := g.connectWithToken(t, aliceKey, "/v1/mcp/svc")
+	cs := g.connectWithToken(t, aliceKey, "/v1/mcp/svc", nil)
 	ctx := context.Background()
 	if tools := toolNames(t, cs); !slices.Contains(tools, "echo") || slices.Contains(tools, "not_allowlisted") {
 		t.Fatalf("tools/list through an implied session: %v", tools)

@@ -84,18 +84,10 @@ func federatedGateway(t *testing.T) (alphaUp, betaUp *smallUpstream, g *gateway)
 func TestFederatedEndpoint(t *testing.T) {
 	alphaUp, betaUp, g := federatedGateway(t)
 	changed := make(chan struct{}, 4)
-	client := mcp.NewClient(&mcp.Implementation{Name: "federated", Version: "1"}, &mcp.ClientOptions{
+	cs := g.connectWithToken(t, aliceKey, "/v1/mcp", &mcp.ClientOptions{
 		ToolListChangedHandler: func(context.Context, *mcp.ToolListChangedRequest) { changed <- struct{}{} }})
-	transport := &mcp.StreamableClientTransport{Endpoint: g.URL + "/v1/mcp", MaxRetries: -1,
-		HTTPClient: &http.Client{Transport: headerTransport{base: http.DefaultTransport,
-			headers: map[string]string{"Authorization": "Bearer " + aliceKey}}}}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	cs, err := client.Connect(ctx, transport, &mcp.ClientSessionOptions{ProtocolVersion: "2025-11-25"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cs.Close()
 
 	tools, err := cs.ListTools(ctx, nil)
 	if err != nil {
@@ -227,21 +219,13 @@ func TestFederatedServerRequests(t *testing.T) {
 	}
 	g := startGateway(t, gatewayConfig{Upstream: up.URL, RequestPolicy: policies, Federation: "separator ."})
 	asked := make(chan string, 1)
-	client := mcp.NewClient(&mcp.Implementation{Name: "federated", Version: "1"}, &mcp.ClientOptions{
+	cs := g.connectWithToken(t, aliceKey, "/v1/mcp", &mcp.ClientOptions{
 		ElicitationHandler: func(_ context.Context, req *mcp.ElicitRequest) (*mcp.ElicitResult, error) {
 			asked <- req.Params.Message
 			return &mcp.ElicitResult{Action: "accept", Content: map[string]any{"ok": true}}, nil
 		}})
-	transport := &mcp.StreamableClientTransport{Endpoint: g.URL + "/v1/mcp", MaxRetries: -1,
-		HTTPClient: &http.Client{Transport: headerTransport{base: http.DefaultTransport,
-			headers: map[string]string{"Authorization": "Bearer " + aliceKey}}}}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	cs, err := client.Connect(ctx, transport, &mcp.ClientSessionOptions{ProtocolVersion: "2025-11-25"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cs.Close()
 	res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "svc.ask", Arguments: map[string]any{}})
 	if err != nil {
 		t.Fatal(err)

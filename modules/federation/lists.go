@@ -116,12 +116,9 @@ func (x *exchange) listOne(svc *gateway.Service, l listing) ([][]byte, *gap) {
 			x.forget(svc, c.ms)
 			return nil, unreachable(svc.ID, errSessionGone)
 		}
-		msg, err := a.single()
-		switch {
-		case err != nil:
-			return nil, unreachable(svc.ID, err)
-		case msg.Error != nil:
-			return nil, gapOf(svc.ID, msg)
+		msg, g := a.response(svc.ID)
+		if g != nil {
+			return nil, g
 		}
 		res := gjson.ParseBytes(msg.Result)
 		res.Get(l.items).ForEach(func(_, item gjson.Result) bool {

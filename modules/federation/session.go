@@ -90,6 +90,19 @@ func gapOf(service string, msg mcpmsg.Message) *gap {
 	return g
 }
 
+// response reads the response to a sub-call to service; a failure to
+// read it, or an error response, is the service's gap.
+func (a *answer) response(service string) (mcpmsg.Message, *gap) {
+	msg, err := a.single()
+	switch {
+	case err != nil:
+		return msg, unreachable(service, err)
+	case msg.Error != nil:
+		return msg, gapOf(service, msg)
+	}
+	return msg, nil
+}
+
 func unreachable(service string, err error) *gap {
 	return &gap{Service: service, Code: gateway.CodeUnavailable, Message: "the service could not be reached: " + err.Error(),
 		Data: gateway.Retryable}
@@ -113,12 +126,9 @@ func (x *exchange) childSession(ctx context.Context, svc *gateway.Service) (*chi
 	body = append(body, '}')
 	a := x.h.subCall(ctx, x.r, x.next, x.call, svc, nil, http.MethodPost, body, "application/json")
 	sid := a.header.Get("Mcp-Session-Id")
-	msg, err := a.single()
-	switch {
-	case err != nil:
-		return nil, unreachable(svc.ID, err)
-	case msg.Error != nil:
-		return nil, gapOf(svc.ID, msg)
+	msg, g := a.response(svc.ID)
+	if g != nil {
+		return nil, g
 	}
 	ms, err := x.h.app.MCPSessions().Get(sid)
 	if err != nil {
