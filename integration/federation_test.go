@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -196,6 +197,23 @@ func TestFederatedEndpointFollowsTheSession(t *testing.T) {
 	if status, _, _ := m.post(`{"jsonrpc":"2.0","id":3,"method":"tools/list"}`); status != http.StatusNotFound {
 		t.Errorf("beta's MCP session at /v1/mcp: %d, want 404", status)
 	}
+	// A runner of the stateless revision is sent to the services' endpoints.
+	req, _ := http.NewRequest(http.MethodPost, g.URL+"/v1/mcp", strings.NewReader(
+		`{"jsonrpc":"2.0","id":5,"method":"tools/list","params":{"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{}}}}`))
+	req.Header.Set("Authorization", "Bearer "+aliceKey)
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json, text/event-stream")
+	req.Header.Set("MCP-Protocol-Version", "2026-07-28")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(body), "/v1/mcp/{service}") {
+		t.Errorf("a stateless runner at the federated endpoint: %d %s", resp.StatusCode, body)
+	}
+
 	// DELETE ends the federated session.
 	m.sessionID = federated
 	if status := m.delete(); status != http.StatusNoContent {

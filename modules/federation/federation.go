@@ -33,6 +33,7 @@ import (
 	"github.com/tidwall/gjson"
 	"go.uber.org/zap"
 
+	"github.com/toolgate/toolgate/internal/mcp2026"
 	"github.com/toolgate/toolgate/internal/mcpmsg"
 	"github.com/toolgate/toolgate/modules/gateway"
 	"github.com/toolgate/toolgate/modules/registry"
@@ -162,6 +163,12 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	}
 	x.msg = msg
 	isInit := msg.Kind == mcpmsg.Request && msg.Method == "initialize"
+	if fs == nil && !isInit && mcp2026.IsStateless(r, msg) {
+		gateway.WriteRPCError(w, http.StatusBadRequest, msg.ID, gateway.CodeInvalidRequest,
+			"the federated endpoint serves runners that initialize a session; a runner of the stateless revision "+
+				mcp2026.Version+" uses each service's endpoint ("+h.Path+"/{service})", nil)
+		return nil
+	}
 	switch {
 	case isInit && fs != nil:
 		gateway.WriteRPCError(w, http.StatusBadRequest, msg.ID, gateway.CodeInvalidRequest, "initialize must not carry an Mcp-Session-Id", nil)
