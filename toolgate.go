@@ -11,6 +11,7 @@ import (
 	_ "github.com/toolgate/toolgate/modules/console"
 	_ "github.com/toolgate/toolgate/modules/credentials"
 	_ "github.com/toolgate/toolgate/modules/demo"
+	_ "github.com/toolgate/toolgate/modules/federation"
 	_ "github.com/toolgate/toolgate/modules/gateway"
 	_ "github.com/toolgate/toolgate/modules/mcpproxy"
 	_ "github.com/toolgate/toolgate/modules/policy"

@@ -52,14 +52,17 @@ type gatewayConfig struct {
 	ResultPolicy  string
 	Extra         string // more lines in the toolgate block
 	AuthExtra     string // more lines in the toolgate block's auth block
-	Services      string // more service blocks
-	Timeout       string // the service's timeout; default 10s
-	Cipher        string // the cipher option's value; default a local key file
-	Console       string // the toolgate_console block's lines; default api_key_login
-	ServiceExtra  string // more lines in service svc's block
-	Log           string // the global log block's body; default output discard
-	RouteFirst    string // lines at the top of the MCP route, such as tracing
-	Global        string // more global options, such as servers { timeouts { … } }
+	// Federation, when set, adds toolgate_federation to the pipeline with
+	// these lines in its block (" " for none) and serves /v1/mcp too.
+	Federation   string
+	Services     string // more service blocks
+	Timeout      string // the service's timeout; default 10s
+	Cipher       string // the cipher option's value; default a local key file
+	Console      string // the toolgate_console block's lines; default api_key_login
+	ServiceExtra string // more lines in service svc's block
+	Log          string // the global log block's body; default output discard
+	RouteFirst   string // lines at the top of the MCP route, such as tracing
+	Global       string // more global options, such as servers { timeouts { … } }
 	// AnyHost serves the site for any Host header (http://:port, bound to
 	// 127.0.0.1) instead of only for 127.0.0.1.
 	AnyHost bool
@@ -103,6 +106,10 @@ func startGatewayOnPort(t testing.TB, port int, cfg gatewayConfig) *gateway {
 	}
 	if cfg.ResultPolicy == "" {
 		cfg.ResultPolicy = cfg.RequestPolicy
+	}
+	federatedPath, federation := "", ""
+	if cfg.Federation != "" {
+		federatedPath, federation = "/v1/mcp", "toolgate_federation {\n"+cfg.Federation+"\n}"
 	}
 	data := cfg.DataDir
 	if data == "" {
@@ -148,9 +155,11 @@ func startGatewayOnPort(t testing.TB, port int, cfg gatewayConfig) *gateway {
 }
 
 %[25]s:%[1]d {
-	route /v1/mcp/* {
+	@mcp path /v1/mcp/* %[27]s
+	route @mcp {
 		%[26]s
 		toolgate_session
+		%[28]s
 		toolgate_registry
 		toolgate_policy {
 			source %[10]s
@@ -172,7 +181,7 @@ func startGatewayOnPort(t testing.TB, port int, cfg gatewayConfig) *gateway {
 }
 `, port, data, hashKey(aliceKey), alice, hashKey(bobKey), bob, cfg.Upstream, cfg.Tools, cfg.Auth,
 		cfg.RequestPolicy, cfg.ResultPolicy, cfg.Extra, cfg.Services, hashKey(carolKey), carol, cfg.PolicyOptions, cfg.Cipher, cfg.Timeout,
-		cfg.ServiceExtra, cfg.Log, cfg.Console, cfg.AuthExtra, cfg.Global, bind, site, cfg.RouteFirst)
+		cfg.ServiceExtra, cfg.Log, cfg.Console, cfg.AuthExtra, cfg.Global, bind, site, cfg.RouteFirst, federatedPath, federation)
 	loadCaddyfile(t, caddyfile)
 	g := &gateway{URL: fmt.Sprintf("http://127.0.0.1:%d", port), DataDir: data}
 	waitListening(t, g.URL)
