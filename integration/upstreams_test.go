@@ -514,3 +514,52 @@ func processesWhere(match func(pid int, stat []string, cmdline string) bool) []i
 	}
 	return out
 }
+
+// A reload that keeps a stdio service as it was keeps its program; one
+// that changes the service replaces it, and the old program stops.
+func TestReloadKeepsOrReplacesPrograms(t *testing.T) {
+	var pids []int
+	t.Cleanup(func() {
+		for _, pid := range pids {
+			assertProcessGone(t, pid)
+		}
+	})
+	port := freePort(t)
+	load := func(extra string) int {
+		g := startGatewayOnPort(t, port, gatewayConfig{Upstream: "http://127.0.0.1:9/unused", Services: goSDKStdioService(t, "gosdk", extra)})
+		pid := whoIs(t, g.connect(t, aliceKey, g.createSession(t, aliceKey, "gosdk"), "gosdk", nil)).PID
+		pids = append(pids, pid)
+		return pid
+	}
+	first := load("")
+	if again := load(""); again != first {
+		t.Fatalf("a reload that kept the service replaced its program: %d, then %d", first, again)
+	}
+	if changed := load("env EXTRA changed"); changed == first {
+		t.Fatal("a reload that changed the service kept its program")
+	}
+	assertProcessGone(t, first)
+}
+
+// A runner of the stateless revision (2026-07-28) reaches a program like
+// any runner: toolgate initializes a session on the program for it.
+func TestStdioStatelessRunner(t *testing.T) {
+	g := startGateway(t, gatewayConfig{Upstream: "http://127.0.0.1:9/unused", Services: goSDKStdioService(t, "gosdk", "")})
+	session := g.createSession(t, aliceKey, "gosdk")
+	req, _ := http.NewRequest(http.MethodPost, g.URL+"/v1/mcp/gosdk", strings.NewReader(`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"echo","arguments":{"text":"stateless"},`+statelessMeta+`}}`))
+	for k, v := range map[string]string{"Content-Type": "application/json", "Accept": "application/json, text/event-stream",
+		"Authorization": "Bearer " + aliceKey, "X-Toolgate-Session": session, "Mcp-Protocol-Version": "2026-07-28",
+		"Mcp-Method": "tools/call", "Mcp-Name": "echo"} {
+		req.Header.Set(k, v)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	data := new(bytes.Buffer)
+	_, _ = data.ReadFrom(resp.Body)
+	if resp.StatusCode != http.StatusOK || !strings.Contains(data.String(), `"text":"stateless"`) || !strings.Contains(data.String(), `"resultType":"complete"`) {
+		t.Fatalf("a stateless call: %d %s", resp.StatusCode, data)
+	}
+}

@@ -354,8 +354,10 @@ func (w *worker) run(cred string, started chan struct{}) {
 	stdioMetrics.processes.WithLabelValues(s.Service).Inc()
 	go p.serve(link, func(why, reason string) {
 		stdioMetrics.processes.WithLabelValues(s.Service).Dec()
-		link.Close(&mcpbridge.Unavailable{Reason: "the program of service " + s.Service + " " + why})
+		// The worker knows first, so that a request finding its session
+		// gone is told the program is restarting.
 		w.ended(p, started, why, reason)
+		link.Close(&mcpbridge.Unavailable{Reason: "the program of service " + s.Service + " " + why})
 	})
 	w.mu.Lock()
 	if w.started != started || w.state != stateStarting {
