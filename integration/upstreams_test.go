@@ -124,9 +124,9 @@ func exerciseEverything(t *testing.T, g *gateway, service string) {
 	params := &mcp.CallToolParams{Name: "trigger-long-running-operation", Arguments: map[string]any{"duration": 0.3, "steps": 3}}
 	params.SetProgressToken("everything-progress")
 	res, err = cs.CallTool(ctx, params)
-	mu.Lock()
-	gotProgress := slices.Clone(progress)
-	mu.Unlock()
+	// The SDK client hands notifications to their handler on a queue of
+	// their own: the result may be back first.
+	gotProgress := waitProgress(t, &mu, &progress, 3)
 	if err != nil || !strings.HasPrefix(callText(t, res), "Long running operation completed") || !slices.Equal(gotProgress, []float64{1, 2, 3}) {
 		t.Errorf("long-running operation: %v %+v, progress %v", err, res, gotProgress)
 	}
@@ -265,9 +265,7 @@ func TestStdioGoSDKServer(t *testing.T) {
 	params := &mcp.CallToolParams{Name: "progress", Arguments: map[string]any{"steps": 3}}
 	params.SetProgressToken(42)
 	res, err := cs.CallTool(ctx, params)
-	mu.Lock()
-	got := slices.Clone(progress)
-	mu.Unlock()
+	got := waitProgress(t, &mu, &progress, 3)
 	if err != nil || callText(t, res) != "3 steps done" || !slices.Equal(got, []float64{1, 2, 3}) {
 		t.Fatalf("progress: %v %+v %v", err, res, got)
 	}
@@ -562,4 +560,22 @@ func TestStdioStatelessRunner(t *testing.T) {
 	if resp.StatusCode != http.StatusOK || !strings.Contains(data.String(), `"text":"stateless"`) || !strings.Contains(data.String(), `"resultType":"complete"`) {
 		t.Fatalf("a stateless call: %d %s", resp.StatusCode, data)
 	}
+}
+
+// waitProgress waits (at most 10s) until n progress notifications were
+// handled, and returns those handled.
+func waitProgress(t *testing.T, mu *sync.Mutex, progress *[]float64, n int) []float64 {
+	t.Helper()
+	for range 200 {
+		mu.Lock()
+		got := slices.Clone(*progress)
+		mu.Unlock()
+		if len(got) >= n {
+			return got
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	return slices.Clone(*progress)
 }
