@@ -347,3 +347,24 @@ func receive(t *testing.T, ch <-chan string) string {
 	}
 	return ""
 }
+
+// A runner cannot answer a server→client request sent to someone else's
+// runner: its answer is dropped, and the right runner's answer counts.
+func TestAnswerFromAnotherSessionIsIgnored(t *testing.T) {
+	f := newFixture(t)
+	alice, bob := f.runner("alice", sampling), f.runner("bob", sampling)
+	resp := alice.Send(http.MethodPost, `{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"sample","arguments":{"prompt":"mine"}}}`)
+	defer resp.Body.Close()
+	ch := events(resp.Body)
+	req := next(t, ch)
+	id := gjson.Get(req, "id").Raw
+	forged := `{"jsonrpc":"2.0","id":` + id + `,"result":{"role":"assistant","model":"m","content":{"type":"text","text":"bob's words"}}}`
+	if r := bob.Send(http.MethodPost, forged); r.StatusCode != http.StatusAccepted {
+		t.Fatalf("bob's forged answer: %d", r.StatusCode)
+	}
+	real := `{"jsonrpc":"2.0","id":` + id + `,"result":{"role":"assistant","model":"m","content":{"type":"text","text":"alice's words"}}}`
+	alice.Send(http.MethodPost, real)
+	if final := next(t, ch); toolText(final) != "sampled: alice's words" {
+		t.Fatalf("the call's result: %s", final)
+	}
+}
