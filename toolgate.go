@@ -18,4 +18,6 @@ import (
 	_ "github.com/toolgate/toolgate/modules/registry"
 	_ "github.com/toolgate/toolgate/modules/session"
 	_ "github.com/toolgate/toolgate/modules/storage/postgres"
+	_ "github.com/toolgate/toolgate/modules/upstreams/sse"
+	_ "github.com/toolgate/toolgate/modules/upstreams/stdio"
 )

@@ -303,6 +303,13 @@ func (h headerTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 // client, as a runner does.
 func (g *gateway) connect(t testing.TB, key, session, service string, opts *mcp.ClientOptions) *mcp.ClientSession {
 	t.Helper()
+	return g.connectWith(t, key, session, service, -1, opts)
+}
+
+// connectWith is connect with the SDK's MaxRetries for the runner's
+// streams (-1: none).
+func (g *gateway) connectWith(t testing.TB, key, session, service string, maxRetries int, opts *mcp.ClientOptions) *mcp.ClientSession {
+	t.Helper()
 	client := mcp.NewClient(&mcp.Implementation{Name: "test-runner", Version: "1.0.0"}, opts)
 	transport := &mcp.StreamableClientTransport{
 		Endpoint: g.URL + "/v1/mcp/" + service,
@@ -311,7 +318,7 @@ func (g *gateway) connect(t testing.TB, key, session, service string, opts *mcp.
 			"X-Toolgate-Session": session,
 			"Cookie":             "runner-cookie=secret",
 		}}},
-		MaxRetries: -1,
+		MaxRetries: maxRetries,
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()

@@ -130,6 +130,9 @@ func (h *Handler) reinitialize(ctx context.Context, call *gateway.Call, seen gat
 		if err != nil {
 			return cur, err
 		}
+		if msg.Result == nil { // refused for now (a program restarting, say): the session stays
+			return cur, unavailable("the upstream did not re-create the session: %s", gjson.GetBytes(msg.Error, "message").String())
+		}
 		version := gjson.GetBytes(msg.Result, "protocolVersion").String()
 		next := gateway.Upstream{
 			SessionID:        hdr.Get("Mcp-Session-Id"),

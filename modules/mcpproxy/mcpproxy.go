@@ -40,7 +40,6 @@ func init() {
 // Handler relays runner requests to the service's upstream MCP server.
 type Handler struct {
 	app        *gateway.App
-	client     *http.Client
 	maxMessage int64
 	limits     mcpmsg.Limits
 	stateless  *mcp2026.Runtime
@@ -67,7 +66,6 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if err := h.app.ProvisionStep(gateway.StepProxy); err != nil {
 		return err
 	}
-	h.client = h.app.HTTPClient()
 	h.maxMessage = h.app.MaxResponseBytes
 	h.limits = mcpmsg.Limits{MaxDepth: h.app.MaxJSONDepth}
 	h.app.OnMCPSessionEnd(h.expired)

@@ -100,6 +100,9 @@ func (h *Handler) attempt(ctx context.Context, call *gateway.Call, up gateway.Up
 	var sent atomic.Bool
 	ctx = httptrace.WithClientTrace(gateway.WithDialTimeout(ctx, time.Duration(svc.DialTimeout)),
 		&httptrace.ClientTrace{WroteHeaders: func() { sent.Store(true) }})
+	if call.Caller != nil {
+		ctx = gateway.WithUpstreamUser(ctx, call.Caller.User) // for an upstream of the caller's own (stdio per_user)
+	}
 	ctx, cancel := context.WithCancel(ctx)
 	var rd io.Reader
 	if body != nil {
@@ -139,7 +142,7 @@ func (h *Handler) attempt(ctx context.Context, call *gateway.Call, up gateway.Up
 	if d := time.Duration(svc.ResponseHeaderTimeout); d > 0 {
 		headerTimer = time.AfterFunc(d, cancel)
 	}
-	resp, err := h.client.Do(req)
+	resp, err := h.app.UpstreamClient(svc).Do(req)
 	if headerTimer != nil && !headerTimer.Stop() {
 		if err == nil {
 			resp.Body.Close()
