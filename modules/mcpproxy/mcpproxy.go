@@ -39,7 +39,7 @@ func init() {
 // Handler relays runner requests to the service's upstream MCP server.
 type Handler struct {
 	app        *gateway.App
-	client     *http.Client
+	transport  http.RoundTripper // the upstream client's: redirects are never followed, so no http.Client is needed
 	maxMessage int64
 	limits     mcpmsg.Limits
 	logger     *zap.Logger
@@ -65,7 +65,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if err := h.app.ProvisionStep(gateway.StepProxy); err != nil {
 		return err
 	}
-	h.client = h.app.HTTPClient()
+	h.transport = h.app.HTTPClient().Transport
 	h.maxMessage = h.app.MaxResponseBytes
 	h.limits = mcpmsg.Limits{MaxDepth: h.app.MaxJSONDepth}
 	h.app.OnMCPSessionEnd(h.expired)
@@ -418,6 +418,9 @@ func acceptsSSE(r *http.Request) bool {
 }
 
 func isKind(err error, kind errorKind) bool {
+	if err == nil {
+		return false
+	}
 	var ue *upstreamError
 	return errors.As(err, &ue) && ue.kind == kind
 }
