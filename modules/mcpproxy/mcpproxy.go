@@ -169,8 +169,8 @@ func (h *Handler) relay(runner context.Context, w http.ResponseWriter, call *gat
 			case !call.IsRequest():
 				return // the standalone stream ended
 			case call.MCPSession.Closed():
-				h.writeFinal(w, out, "", gateway.RPCError(call.Message.ID, gateway.CodeSessionNotFound,
-					"the MCP session was ended while the request was in progress", nil))
+				h.writeFinal(w, out, "", message{gateway.RPCError(call.Message.ID, gateway.CodeSessionNotFound,
+					"the MCP session was ended while the request was in progress", nil)})
 				return
 			case runner.Err() != nil && st.resumable():
 				return // the runner may resume the stream with Last-Event-ID
@@ -185,8 +185,8 @@ func (h *Handler) relay(runner context.Context, w http.ResponseWriter, call *gat
 			}
 			h.logger.Warn("upstream exchange failed", zap.String("service", call.Service.ID),
 				zap.String("method", call.Method), zap.String("error", why))
-			h.writeFinal(w, out, "", gateway.RPCError(call.Message.ID, gateway.CodeUnavailable,
-				why+"; the request may or may not have run upstream", gateway.Retryable))
+			h.writeFinal(w, out, "", message{gateway.RPCError(call.Message.ID, gateway.CodeUnavailable,
+				why+"; the request may or may not have run upstream", gateway.Retryable)})
 			h.cancelUpstream(call, rs.up, why)
 			return
 		}
@@ -205,10 +205,10 @@ func (h *Handler) relay(runner context.Context, w http.ResponseWriter, call *gat
 			return
 		}
 		data := h.deliver(rs.ctx, call, msg, out != nil)
-		if data == nil || out == nil {
+		if data.none() || out == nil {
 			continue
 		}
-		if out.send(st.id(rs.lastEventID()), data) != nil {
+		if out.send(st.id(rs.lastEventID()), data.parts()...) != nil {
 			if !st.resumable() {
 				h.cancelUpstream(call, rs.up, "the runner went away")
 			}
@@ -220,61 +220,82 @@ func (h *Handler) relay(runner context.Context, w http.ResponseWriter, call *gat
 // deliver is the one place every upstream message passes on its way to the
 // runner: the answer to the runner's request, and the notifications and
 // server→client requests on a stream (canRequest reports whether the
-// runner's stream can carry a request). It returns the bytes to send, or
-// nil for a message the runner must not get. Any inspection of what
+// runner's stream can carry a request). It returns the message to send,
+// or none for a message the runner must not get. Any inspection of what
 // upstreams send belongs here.
-func (h *Handler) deliver(ctx context.Context, call *gateway.Call, msg mcpmsg.Message, canRequest bool) []byte {
+func (h *Handler) deliver(ctx context.Context, call *gateway.Call, msg mcpmsg.Message, canRequest bool) message {
 	switch {
 	case call.IsRequest() && isResponseTo(msg, call.Message.ID):
 		return h.finish(ctx, call, msg)
 	case msg.Kind == mcpmsg.Request:
 		if !canRequest {
 			h.refuseServerRequest(call, msg, "the client's request does not accept an SSE stream, so toolgate cannot relay "+msg.Method+" to it")
-			return nil
+			return message{}
 		}
 		if !call.MCPSession.ServerRequestSent(msg.ID, msg.Method) {
 			h.refuseServerRequest(call, msg, "too many server requests are waiting for the client's answer")
-			return nil
+			return message{}
 		}
-		return msg.Raw
+		return message{msg.Raw}
 	case msg.Kind == mcpmsg.Notification:
 		if msg.Method == "notifications/tools/list_changed" {
 			h.refreshCatalog(call)
 		}
-		return msg.Raw
+		return message{msg.Raw}
 	}
 	// On a stream only the answer to the runner's request may pass, and
 	// only after the result hooks.
 	h.logger.Warn("dropped an unexpected upstream response", zap.String("service", call.Service.ID))
-	return nil
+	return message{}
 }
+
+// message is a JSON-RPC message for the runner, in up to three pieces
+// written one after the other: a replaced result goes out inside its
+// response's envelope without being copied into one slice with it (for a
+// result of a megabyte, a copy of a megabyte). None for no message.
+type message [3][]byte
+
+// parts returns the message's pieces.
+func (m *message) parts() [][]byte {
+	n := 0
+	for n < len(m) && m[n] != nil {
+		n++
+	}
+	return m[:n]
+}
+
+// none reports whether there is no message.
+func (m *message) none() bool { return m[0] == nil }
 
 // finish runs the result hooks on a successful response. The result was
 // read strictly with the rest of the message, so the hooks inspect exactly
 // what the runner will read.
-func (h *Handler) finish(ctx context.Context, call *gateway.Call, msg mcpmsg.Message) []byte {
+func (h *Handler) finish(ctx context.Context, call *gateway.Call, msg mcpmsg.Message) message {
 	if !call.HasResultHooks() || msg.Result == nil {
-		return msg.Raw // no hooks, or an error response: nothing to inspect
+		return message{msg.Raw} // no hooks, or an error response: nothing to inspect
 	}
 	out, changed, err := call.RunResultHooks(ctx, msg.Result)
 	if err != nil {
 		h.logger.Error("result hook failed; withholding the result", zap.String("service", call.Service.ID), zap.Error(err))
-		return gateway.RPCError(call.Message.ID, gateway.CodeInternalError, "toolgate could not check the result; it was withheld", nil)
+		return message{gateway.RPCError(call.Message.ID, gateway.CodeInternalError, "toolgate could not check the result; it was withheld", nil)}
 	}
 	if !changed {
-		return msg.Raw
+		return message{msg.Raw}
 	}
-	return gateway.RPCResult(call.Message.ID, out)
+	return message{gateway.RPCResultPrefix(call.Message.ID), out, rpcResultEnd}
 }
+
+// rpcResultEnd closes a result response opened by gateway.RPCResultPrefix.
+var rpcResultEnd = []byte{'}'}
 
 // writeFinal writes the answer to the runner's request, as an SSE event
 // when the runner gets a stream (with the event id given, "" for none),
 // else as a JSON body. It reports whether the write succeeded.
-func (h *Handler) writeFinal(w http.ResponseWriter, out *sseWriter, id string, msg []byte) bool {
+func (h *Handler) writeFinal(w http.ResponseWriter, out *sseWriter, id string, msg message) bool {
 	if out != nil {
-		return out.send(id, msg) == nil
+		return out.send(id, msg.parts()...) == nil
 	}
-	gateway.WriteRPC(w, http.StatusOK, msg)
+	gateway.WriteRPC(w, http.StatusOK, msg.parts()...)
 	return true
 }
 
