@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"maps"
-	"net/http"
 	"net/url"
 	"regexp"
 	"slices"
@@ -117,7 +116,6 @@ type Service struct {
 	url           *url.URL
 	transport     UpstreamTransport
 	transportName string
-	client        *http.Client
 }
 
 // The effects an administrator can declare for a tool (Service.ToolEffects).

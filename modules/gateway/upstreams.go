@@ -62,13 +62,14 @@ func UpstreamUser(ctx context.Context) string {
 	return u
 }
 
-// UpstreamClient is the client that reaches svc's upstream: the shared
-// HTTP client, or the service's transport module.
-func (a *App) UpstreamClient(svc *Service) *http.Client {
-	if svc.client != nil {
-		return svc.client
+// UpstreamTransport is what reaches svc's upstream: the shared HTTP
+// transport, or the service's transport module. Callers make one round
+// trip with it, so redirects are never followed.
+func (a *App) UpstreamTransport(svc *Service) http.RoundTripper {
+	if svc.transport != nil {
+		return svc.transport
 	}
-	return a.httpClient
+	return a.httpClient.Transport
 }
 
 // Transport returns the name of the service's upstream transport module
@@ -92,9 +93,6 @@ func (s *Service) attachTransport(ctx caddy.Context, a *App) error {
 	if err := t.Attach(a, s); err != nil {
 		return fmt.Errorf("service %q: %v", s.ID, err)
 	}
-	s.client = &http.Client{Transport: t, CheckRedirect: func(*http.Request, []*http.Request) error {
-		return http.ErrUseLastResponse
-	}}
 	return nil
 }
 

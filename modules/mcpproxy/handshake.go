@@ -67,7 +67,8 @@ func (h *Handler) initialize(w http.ResponseWriter, r *http.Request, call *gatew
 	version := gjson.GetBytes(msg.Result, "protocolVersion")
 	if !version.Exists() {
 		h.app.MCPSessions().End(ms)
-		gateway.WriteRPC(w, http.StatusOK, h.deliver(ctx, call, msg, false)) // the upstream's error
+		answer := h.deliver(ctx, call, msg, false) // the upstream's error
+		gateway.WriteRPC(w, http.StatusOK, answer.parts()...)
 		return
 	}
 	up := gateway.Upstream{
@@ -88,7 +89,8 @@ func (h *Handler) initialize(w http.ResponseWriter, r *http.Request, call *gatew
 		return
 	}
 	w.Header().Set("Mcp-Session-Id", ms.ID)
-	gateway.WriteRPC(w, http.StatusOK, h.deliver(ctx, call, msg, false))
+	answer := h.deliver(ctx, call, msg, false)
+	gateway.WriteRPC(w, http.StatusOK, answer.parts()...)
 }
 
 // replayedParams copies what is replayed of an initialize's params: a new
