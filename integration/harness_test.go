@@ -67,6 +67,7 @@ type gatewayConfig struct {
 	// 127.0.0.1) instead of only for 127.0.0.1.
 	AnyHost bool
 	DataDir string // the file_system storage's directory; default a new one
+	Sites   string // more site blocks, after the gateway's
 }
 
 // gateway is a running toolgate.
@@ -85,6 +86,17 @@ func startGateway(t testing.TB, cfg gatewayConfig) *gateway {
 // startGatewayOnPort is startGateway on a port the test chose (to register
 // the gateway's URL with a provider first).
 func startGatewayOnPort(t testing.TB, port int, cfg gatewayConfig) *gateway {
+	t.Helper()
+	caddyfile, data := gatewayCaddyfile(t, port, cfg)
+	loadCaddyfile(t, caddyfile)
+	g := &gateway{URL: fmt.Sprintf("http://127.0.0.1:%d", port), DataDir: data}
+	waitListening(t, g.URL)
+	return g
+}
+
+// gatewayCaddyfile is the Caddyfile of a test gateway on port, and its
+// storage directory.
+func gatewayCaddyfile(t testing.TB, port int, cfg gatewayConfig) (caddyfile, dataDir string) {
 	t.Helper()
 	if cfg.Tools == "" {
 		cfg.Tools = "echo big progress reconnect touch_resource drop_table leak unknown_field forbidden_tool gated_tool pinned_echo redacted poll wait ask add_tool late_tool set_visibility"
@@ -122,7 +134,7 @@ func startGatewayOnPort(t testing.TB, port int, cfg gatewayConfig) *gateway {
 	if cfg.AnyHost {
 		site, bind = "http://", "default_bind 127.0.0.1"
 	}
-	caddyfile := fmt.Sprintf(`{
+	caddyfile = fmt.Sprintf(`{
 	admin off
 	auto_https off
 	persist_config off
@@ -179,13 +191,11 @@ func startGatewayOnPort(t testing.TB, port int, cfg gatewayConfig) *gateway {
 		%[21]s
 	}
 }
+%[29]s
 `, port, data, hashKey(aliceKey), alice, hashKey(bobKey), bob, cfg.Upstream, cfg.Tools, cfg.Auth,
 		cfg.RequestPolicy, cfg.ResultPolicy, cfg.Extra, cfg.Services, hashKey(carolKey), carol, cfg.PolicyOptions, cfg.Cipher, cfg.Timeout,
-		cfg.ServiceExtra, cfg.Log, cfg.Console, cfg.AuthExtra, cfg.Global, bind, site, cfg.RouteFirst, federatedPath, federation)
-	loadCaddyfile(t, caddyfile)
-	g := &gateway{URL: fmt.Sprintf("http://127.0.0.1:%d", port), DataDir: data}
-	waitListening(t, g.URL)
-	return g
+		cfg.ServiceExtra, cfg.Log, cfg.Console, cfg.AuthExtra, cfg.Global, bind, site, cfg.RouteFirst, federatedPath, federation, cfg.Sites)
+	return caddyfile, data
 }
 
 var caddyMu sync.Mutex
