@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/tidwall/gjson"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
@@ -387,6 +388,8 @@ func TestCrashRestartsWithBackoff(t *testing.T) {
 func TestBackoffSchedule(t *testing.T) {
 	timers := useFakeTimers(t)
 	fixedRandom(t, 1)
+	restarts := stdioMetrics.restarts.WithLabelValues("svc", "exited")
+	before := testutil.ToFloat64(restarts)
 	rt := start(t, testSpec(t, stdioserver.ModeExit), nil)
 	r := &bridgetest.Runner{T: t, RT: rt.bridge, User: "alice"}
 	res := r.Initialize(bridgetest.NoCapabilities)
@@ -409,6 +412,9 @@ func TestBackoffSchedule(t *testing.T) {
 	want := []time.Duration{200 * ms, 400 * ms, 800 * ms, 1600 * ms, 3200 * ms, 6400 * ms, 6400 * ms, 6400 * ms}
 	if !slices.Equal(got, want) {
 		t.Fatalf("delays %v, want %v", got, want)
+	}
+	if n := testutil.ToFloat64(restarts) - before; n != 8 {
+		t.Errorf("toolgate_stdio_restarts_total grew by %v, want 8", n)
 	}
 	// The jitter stays within the fifth below the nominal delay.
 	for n := 1; n <= 8; n++ {
@@ -448,8 +454,13 @@ func TestStopKillsAfterGracePeriod(t *testing.T) {
 		t.Run(tc.mode, func(t *testing.T) {
 			s := testSpec(t, tc.mode)
 			s.Stop = 300 * time.Millisecond
+			processes := stdioMetrics.processes.WithLabelValues("svc")
+			before := testutil.ToFloat64(processes)
 			rt := newRuntime(s, zaptest.NewLogger(t, zaptest.Level(zap.ErrorLevel)))
 			pid := who(t, runnerOf(t, rt, "alice")).PID
+			if n := testutil.ToFloat64(processes) - before; n != 1 {
+				t.Errorf("toolgate_stdio_processes rose by %v with one program running, want 1", n)
+			}
 			rt.mu.Lock()
 			w := rt.workers[""]
 			rt.mu.Unlock()
@@ -466,6 +477,9 @@ func TestStopKillsAfterGracePeriod(t *testing.T) {
 				t.Errorf("needed SIGKILL: %v, want %v", killed, tc.wantKilled)
 			}
 			assertGone(t, pid)
+			if n := testutil.ToFloat64(processes) - before; n != 0 {
+				t.Errorf("toolgate_stdio_processes is %v above where it was once the program stopped", n)
+			}
 		})
 	}
 }
