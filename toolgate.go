@@ -11,10 +11,13 @@ import (
 	_ "github.com/toolgate/toolgate/modules/console"
 	_ "github.com/toolgate/toolgate/modules/credentials"
 	_ "github.com/toolgate/toolgate/modules/demo"
+	_ "github.com/toolgate/toolgate/modules/federation"
 	_ "github.com/toolgate/toolgate/modules/gateway"
 	_ "github.com/toolgate/toolgate/modules/mcpproxy"
 	_ "github.com/toolgate/toolgate/modules/policy"
 	_ "github.com/toolgate/toolgate/modules/registry"
 	_ "github.com/toolgate/toolgate/modules/session"
 	_ "github.com/toolgate/toolgate/modules/storage/postgres"
+	_ "github.com/toolgate/toolgate/modules/upstreams/sse"
+	_ "github.com/toolgate/toolgate/modules/upstreams/stdio"
 )

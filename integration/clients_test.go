@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -14,9 +15,9 @@ import (
 // connectWithToken opens an MCP session the way a client that knows only
 // the endpoint's URL and a bearer token does: the official SDK client,
 // no toolgate session, no other header.
-func (g *gateway) connectWithToken(t testing.TB, key, path string) *mcp.ClientSession {
+func (g *gateway) connectWithToken(t testing.TB, key, path string, opts *mcp.ClientOptions) *mcp.ClientSession {
 	t.Helper()
-	client := mcp.NewClient(&mcp.Implementation{Name: "url-and-token", Version: "1.0.0"}, nil)
+	client := mcp.NewClient(&mcp.Implementation{Name: "url-and-token", Version: "1.0.0"}, opts)
 	transport := &mcp.StreamableClientTransport{
 		Endpoint: g.URL + path,
 		HTTPClient: &http.Client{Transport: headerTransport{base: http.DefaultTransport,
@@ -38,7 +39,7 @@ func (g *gateway) connectWithToken(t testing.TB, key, path string) *mcp.ClientSe
 func TestURLAndTokenAreEnough(t *testing.T) {
 	up := startUpstream(t)
 	g := startGateway(t, gatewayConfig{Upstream: up.URL})
-	cs := g.connectWithToken(t, aliceKey, "/v1/mcp/svc")
+	cs := g.connectWithToken(t, aliceKey, "/v1/mcp/svc", nil)
 	ctx := context.Background()
 	if tools := toolNames(t, cs); !slices.Contains(tools, "echo") || slices.Contains(tools, "not_allowlisted") {
 		t.Fatalf("tools/list through an implied session: %v", tools)
@@ -118,4 +119,15 @@ func TestRequireSession(t *testing.T) {
 	}
 	// With a session it works as ever.
 	g.raw(t, aliceKey, g.createSession(t, aliceKey, "svc"), "svc").initialize()
+}
+
+// An initialize whose upstream cannot be reached is a retryable error, not
+// a 404 that would tell the runner its (not yet existing) session ended.
+func TestInitializeWithTheUpstreamDown(t *testing.T) {
+	g := startGateway(t, gatewayConfig{Upstream: "http://127.0.0.1:" + strconv.Itoa(freePort(t)) + "/mcp"})
+	m := g.raw(t, aliceKey, g.createSession(t, aliceKey, "svc"), "svc")
+	status, _, msgs := m.post(`{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"raw","version":"1"}}}`)
+	if status != http.StatusOK || len(msgs) != 1 || !strings.Contains(string(msgs[0]), `"code":-32011`) || !strings.Contains(string(msgs[0]), `"retryable":true`) {
+		t.Fatalf("initialize with the upstream down: %d %s, want a retryable error", status, msgs)
+	}
 }

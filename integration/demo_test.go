@@ -87,6 +87,19 @@ func TestDemoWalkthrough(t *testing.T) {
 		t.Errorf("comment_ticket after the approval: %s", msgs)
 	}
 
+	// The README's one-line client setup: the federated endpoint with only
+	// a token.
+	fed := g.raw(t, "demo-alice", "", "")
+	fed.url, fed.headers = g.URL+"/v1/mcp", map[string]string{"Authorization": "Bearer demo-alice"}
+	fed.initialize()
+	if names := listedTools(t, fed); !slices.Equal(slices.Sorted(slices.Values(names)), []string{"tracker__comment_ticket", "tracker__read_ticket", "tracker__whoami"}) {
+		t.Errorf("the federated endpoint lists %v", names)
+	}
+	_, _, msgs = fed.post(`{"jsonrpc":"2.0","id":8,"method":"tools/call","params":{"name":"tracker__whoami","arguments":{}}}`)
+	if len(msgs) == 0 || !strings.Contains(string(msgs[len(msgs)-1]), "alice@example.test") {
+		t.Errorf("tracker__whoami: %s", msgs)
+	}
+
 	bobRaw := g.raw(t, "demo-bob", sess, "tracker")
 	bobRaw.sessionID = m.sessionID
 	if status, _, _ := bobRaw.post(`{"jsonrpc":"2.0","id":6,"method":"tools/list"}`); status != http.StatusForbidden {

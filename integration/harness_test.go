@@ -52,18 +52,22 @@ type gatewayConfig struct {
 	ResultPolicy  string
 	Extra         string // more lines in the toolgate block
 	AuthExtra     string // more lines in the toolgate block's auth block
-	Services      string // more service blocks
-	Timeout       string // the service's timeout; default 10s
-	Cipher        string // the cipher option's value; default a local key file
-	Console       string // the toolgate_console block's lines; default api_key_login
-	ServiceExtra  string // more lines in service svc's block
-	Log           string // the global log block's body; default output discard
-	RouteFirst    string // lines at the top of the MCP route, such as tracing
-	Global        string // more global options, such as servers { timeouts { … } }
+	// Federation, when set, adds toolgate_federation to the pipeline with
+	// these lines in its block (" " for none) and serves /v1/mcp too.
+	Federation   string
+	Services     string // more service blocks
+	Timeout      string // the service's timeout; default 10s
+	Cipher       string // the cipher option's value; default a local key file
+	Console      string // the toolgate_console block's lines; default api_key_login
+	ServiceExtra string // more lines in service svc's block
+	Log          string // the global log block's body; default output discard
+	RouteFirst   string // lines at the top of the MCP route, such as tracing
+	Global       string // more global options, such as servers { timeouts { … } }
 	// AnyHost serves the site for any Host header (http://:port, bound to
 	// 127.0.0.1) instead of only for 127.0.0.1.
 	AnyHost bool
 	DataDir string // the file_system storage's directory; default a new one
+	Sites   string // more site blocks, after the gateway's
 }
 
 // gateway is a running toolgate.
@@ -82,6 +86,17 @@ func startGateway(t testing.TB, cfg gatewayConfig) *gateway {
 // startGatewayOnPort is startGateway on a port the test chose (to register
 // the gateway's URL with a provider first).
 func startGatewayOnPort(t testing.TB, port int, cfg gatewayConfig) *gateway {
+	t.Helper()
+	caddyfile, data := gatewayCaddyfile(t, port, cfg)
+	loadCaddyfile(t, caddyfile)
+	g := &gateway{URL: fmt.Sprintf("http://127.0.0.1:%d", port), DataDir: data}
+	waitListening(t, g.URL)
+	return g
+}
+
+// gatewayCaddyfile is the Caddyfile of a test gateway on port, and its
+// storage directory.
+func gatewayCaddyfile(t testing.TB, port int, cfg gatewayConfig) (caddyfile, dataDir string) {
 	t.Helper()
 	if cfg.Tools == "" {
 		cfg.Tools = "echo big progress reconnect touch_resource drop_table leak unknown_field forbidden_tool gated_tool pinned_echo redacted poll wait ask add_tool late_tool set_visibility"
@@ -104,6 +119,10 @@ func startGatewayOnPort(t testing.TB, port int, cfg gatewayConfig) *gateway {
 	if cfg.ResultPolicy == "" {
 		cfg.ResultPolicy = cfg.RequestPolicy
 	}
+	federatedPath, federation := "", ""
+	if cfg.Federation != "" {
+		federatedPath, federation = "/v1/mcp", "toolgate_federation {\n"+cfg.Federation+"\n}"
+	}
 	data := cfg.DataDir
 	if data == "" {
 		data = t.TempDir()
@@ -115,7 +134,7 @@ func startGatewayOnPort(t testing.TB, port int, cfg gatewayConfig) *gateway {
 	if cfg.AnyHost {
 		site, bind = "http://", "default_bind 127.0.0.1"
 	}
-	caddyfile := fmt.Sprintf(`{
+	caddyfile = fmt.Sprintf(`{
 	admin off
 	auto_https off
 	persist_config off
@@ -148,9 +167,11 @@ func startGatewayOnPort(t testing.TB, port int, cfg gatewayConfig) *gateway {
 }
 
 %[25]s:%[1]d {
-	route /v1/mcp/* {
+	@mcp path /v1/mcp/* %[27]s
+	route @mcp {
 		%[26]s
 		toolgate_session
+		%[28]s
 		toolgate_registry
 		toolgate_policy {
 			source %[10]s
@@ -170,13 +191,11 @@ func startGatewayOnPort(t testing.TB, port int, cfg gatewayConfig) *gateway {
 		%[21]s
 	}
 }
+%[29]s
 `, port, data, hashKey(aliceKey), alice, hashKey(bobKey), bob, cfg.Upstream, cfg.Tools, cfg.Auth,
 		cfg.RequestPolicy, cfg.ResultPolicy, cfg.Extra, cfg.Services, hashKey(carolKey), carol, cfg.PolicyOptions, cfg.Cipher, cfg.Timeout,
-		cfg.ServiceExtra, cfg.Log, cfg.Console, cfg.AuthExtra, cfg.Global, bind, site, cfg.RouteFirst)
-	loadCaddyfile(t, caddyfile)
-	g := &gateway{URL: fmt.Sprintf("http://127.0.0.1:%d", port), DataDir: data}
-	waitListening(t, g.URL)
-	return g
+		cfg.ServiceExtra, cfg.Log, cfg.Console, cfg.AuthExtra, cfg.Global, bind, site, cfg.RouteFirst, federatedPath, federation, cfg.Sites)
+	return caddyfile, data
 }
 
 var caddyMu sync.Mutex
@@ -294,6 +313,13 @@ func (h headerTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 // client, as a runner does.
 func (g *gateway) connect(t testing.TB, key, session, service string, opts *mcp.ClientOptions) *mcp.ClientSession {
 	t.Helper()
+	return g.connectWith(t, key, session, service, -1, opts)
+}
+
+// connectWith is connect with the SDK's MaxRetries for the runner's
+// streams (-1: none).
+func (g *gateway) connectWith(t testing.TB, key, session, service string, maxRetries int, opts *mcp.ClientOptions) *mcp.ClientSession {
+	t.Helper()
 	client := mcp.NewClient(&mcp.Implementation{Name: "test-runner", Version: "1.0.0"}, opts)
 	transport := &mcp.StreamableClientTransport{
 		Endpoint: g.URL + "/v1/mcp/" + service,
@@ -302,7 +328,7 @@ func (g *gateway) connect(t testing.TB, key, session, service string, opts *mcp.
 			"X-Toolgate-Session": session,
 			"Cookie":             "runner-cookie=secret",
 		}}},
-		MaxRetries: -1,
+		MaxRetries: maxRetries,
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()

@@ -168,6 +168,8 @@ func TestAnotherUsersSessionIs403(t *testing.T) {
 	aliceSess := g.createSession(t, aliceKey, "svc")
 	alice := g.raw(t, aliceKey, aliceSess, "svc")
 	alice.initialize()
+	bobSess := g.createSession(t, bobKey, "svc")
+	before := snapshot(t, up, g)
 
 	// Bob with alice's toolgate session.
 	bobRaw := g.raw(t, bobKey, aliceSess, "svc")
@@ -175,7 +177,7 @@ func TestAnotherUsersSessionIs403(t *testing.T) {
 		t.Errorf("bob using alice's toolgate session: %d %s, want 403", status, msgs)
 	}
 	// Bob with his own toolgate session but alice's MCP session.
-	bobRaw = g.raw(t, bobKey, g.createSession(t, bobKey, "svc"), "svc")
+	bobRaw = g.raw(t, bobKey, bobSess, "svc")
 	bobRaw.sessionID = alice.sessionID
 	if status, _, msgs := bobRaw.post(`{"jsonrpc":"2.0","id":1,"method":"tools/list"}`); status != http.StatusForbidden {
 		t.Errorf("bob using alice's MCP session: %d %s, want 403", status, msgs)
@@ -186,6 +188,11 @@ func TestAnotherUsersSessionIs403(t *testing.T) {
 	}
 	if r := g.api(t, http.MethodDelete, "/v1/sessions/"+aliceSess, bobKey, nil); r.StatusCode != http.StatusForbidden {
 		t.Errorf("bob deleting alice's session: %d", r.StatusCode)
+	}
+	// Nothing reached the upstream or changed in storage.
+	before.check(t)
+	if status, _, _ := alice.post(`{"jsonrpc":"2.0","id":2,"method":"tools/list"}`); status != http.StatusOK {
+		t.Errorf("alice's own session after bob's attempts: %d", status)
 	}
 }
 

@@ -21,10 +21,12 @@
 package impliedsession
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/json"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
@@ -86,18 +88,39 @@ func ForStateless(app *gateway.App, caller *gateway.Caller) *gateway.Session {
 
 // Of returns the implied session of ms, an MCP session of caller. It
 // reports false when ms was started in an explicit session, whose id the
-// runner must then send.
+// runner must then send. The session is made once per MCP session and
+// configuration and then shared (as the session store shares explicit
+// sessions), so that what later steps build from it is built once.
 func Of(app *gateway.App, caller *gateway.Caller, ms *gateway.MCPSession) (*gateway.Session, bool) {
 	if ms.User != caller.User || !IsImplied(ms.SessionID) {
 		return nil, false
 	}
+	reg := app.Registry()
+	if v, ok := made.Load(ms); ok {
+		if m := v.(madeSession); m.registry == reg {
+			return m.session, true
+		}
+	}
 	services := []string{ms.Service}
-	if app.Registry().Lookup(ms.Service) == nil {
+	if reg.Lookup(ms.Service) == nil {
 		// Not one service's MCP session: the federated endpoint's, which
 		// shows every service the caller may use.
 		services = callerServices(app, caller)
 	}
-	return &gateway.Session{ID: ms.SessionID, User: caller.User, Services: services, CreatedAt: ms.Created, Implied: true}, true
+	sess := &gateway.Session{ID: ms.SessionID, User: caller.User, Services: services, CreatedAt: ms.Created, Implied: true}
+	if _, loaded := made.Swap(ms, madeSession{registry: reg, session: sess}); !loaded {
+		context.AfterFunc(ms.Context(), func() { made.Delete(ms) })
+	}
+	return sess, true
+}
+
+// made holds the implied session of each open MCP session, with the
+// registry (the configuration) it was made for: a reload makes it again.
+var made sync.Map // *gateway.MCPSession → madeSession
+
+type madeSession struct {
+	registry *gateway.Registry
+	session  *gateway.Session
 }
 
 // Narrow returns sess for one service: an implied session made before the

@@ -77,7 +77,8 @@ type Session struct {
 	serverRequests map[string]string
 	streams        map[string]any // resumable runner streams, by token
 	streamOrder    []string
-	tasks          map[string]Task // tasks created through toolgate, by task id
+	links          map[string]mcpstate.Link // see Link
+	tasks          map[string]Task          // tasks created through toolgate, by task id
 	taskOrder      []string
 	taskBytes      int
 }
@@ -368,6 +369,7 @@ func (s *Session) apply(rec *mcpstate.Record, catalog *mcpstate.Catalog, changes
 		s.upstream = Upstream{SessionID: rec.Upstream.SessionID, ProtocolVersion: rec.Upstream.ProtocolVersion,
 			InitializeParams: rec.Initialize, Generation: rec.Upstream.Generation}
 	}
+	s.links = rec.Links
 	switch {
 	case s.listingHere:
 		// A listing runs here: it replaces the catalog when it ends, and

@@ -117,6 +117,20 @@ type Record struct {
 	// Catalog names the session's tool catalog (see [Store.PutCatalog]);
 	// "" until the upstream's tools were listed.
 	Catalog string `json:"catalog,omitempty"`
+	// Links are the MCP sessions this one opened with services on the
+	// runner's behalf, by service: a federated session's session with
+	// each service it used (toolgate_federation), so that any replica
+	// continues them rather than opening its own.
+	Links map[string]Link `json:"links,omitempty"`
+}
+
+// Link is an MCP session a session opened with a service.
+type Link struct {
+	// ID is the linked session's Mcp-Session-Id (sealed, as the runner
+	// would carry it: opening it checks its owner like any other).
+	ID string `json:"id"`
+	// Capabilities are the service's, from its initialize result.
+	Capabilities json.RawMessage `json:"capabilities,omitempty"`
 }
 
 // ErrNotFound reports a session that does not exist (any more).

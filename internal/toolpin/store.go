@@ -31,6 +31,9 @@ type Record struct {
 	// AcceptedBy is the administrator who accepted Digest; "" for a
 	// definition pinned at first sight.
 	AcceptedBy string `json:"accepted_by,omitempty"`
+	// Definition is the pinned definition as the upstream sent it, for
+	// comparing a change with.
+	Definition json.RawMessage `json:"definition,omitempty"`
 	// Changed is the latest other definition the upstream showed, hidden
 	// until accepted.
 	Changed *Change `json:"changed,omitempty"`

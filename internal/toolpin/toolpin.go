@@ -224,7 +224,7 @@ func (p *Pins) firstSight(ctx context.Context, service, tool, digest string, raw
 			return nil
 		}
 		stored = true
-		return &Record{Service: service, Tool: tool, Digest: digest, Since: time.Now().UTC()}
+		return &Record{Service: service, Tool: tool, Digest: digest, Since: time.Now().UTC(), Definition: slices.Clone(raw)}
 	})
 	if err != nil {
 		return Verdict{}, err
@@ -256,7 +256,7 @@ func (p *Pins) changed(ctx context.Context, service, tool string, v Verdict, raw
 			next = &c
 		}
 		if v.Registry {
-			next.Digest, next.AcceptedBy = "", ""
+			next.Digest, next.AcceptedBy, next.Definition = "", "", nil
 		}
 		next.Changed = &Change{Digest: v.Digest, SeenAt: time.Now().UTC(), Definition: json.RawMessage(slices.Clone(raw))}
 		recorded = true
@@ -314,7 +314,8 @@ func (p *Pins) Accept(ctx context.Context, caller *gateway.Caller, svc *gateway.
 			refusal = ErrOtherDigest
 			return nil
 		}
-		return &Record{Service: svc.ID, Tool: tool, Digest: digest, Since: time.Now().UTC(), AcceptedBy: caller.User}
+		return &Record{Service: svc.ID, Tool: tool, Digest: digest, Since: time.Now().UTC(), AcceptedBy: caller.User,
+			Definition: cur.Changed.Definition}
 	})
 	if err != nil {
 		return nil, err

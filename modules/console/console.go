@@ -2,7 +2,8 @@
 // /console/. People sign in (OpenID Connect, or an API key where the
 // operator allows it), connect their accounts to the services they use,
 // create toolgate sessions for their runners and copy the client setup,
-// and see what the policy decided for them.
+// and see what the policy decided for them; administrators accept tools
+// whose definition changed (package toolpin).
 //
 // The pages are rendered on the server with html/template from embedded
 // files: no build step, no CDN, no inline script, every action a plain
@@ -30,6 +31,7 @@ import (
 
 	"github.com/toolgate/toolgate/internal/activity"
 	"github.com/toolgate/toolgate/internal/approval"
+	"github.com/toolgate/toolgate/internal/toolpin"
 	"github.com/toolgate/toolgate/internal/websession"
 	"github.com/toolgate/toolgate/modules/gateway"
 )
@@ -67,6 +69,7 @@ type Handler struct {
 
 	app       *gateway.App
 	approvals *approval.Manager // nil without a cipher
+	pins      *toolpin.Pins
 	browsers  *websession.Store
 	activity  *activity.Log
 	ownLog    bool // this handler created the activity log and stops it
@@ -129,6 +132,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return fmt.Errorf("console templates: %v", err)
 	}
 	h.browsers = websession.NewStore(h.app.Storage(), maxBrowserSessions)
+	if h.pins, err = toolpin.For(h.app); err != nil {
+		return err
+	}
 	if h.app.Cipher() != nil {
 		if h.approvals, err = approval.For(ctx, h.app); err != nil {
 			return err
@@ -228,6 +234,8 @@ func (h *Handler) routes() {
 	mux.Handle("GET "+p+"approvals/{id}", h.signedIn(h.approvalPage))
 	mux.Handle("POST "+p+"approvals/{id}/approve", h.change(h.decide(true)))
 	mux.Handle("POST "+p+"approvals/{id}/deny", h.change(h.decide(false)))
+	mux.Handle("GET "+p+"tools", h.signedIn(h.toolsPage))
+	mux.Handle("POST "+p+"tools/accept", h.change(h.acceptTool))
 	h.mux = mux
 }
 

@@ -20,8 +20,10 @@ type view struct {
 	Nav    string              // the navigation entry to mark as current
 	Person *websession.Session // nil when nobody is signed in
 	Admin  bool
-	Notice *notice
-	Data   any
+	// PinAdmin: the person may accept changed tool definitions.
+	PinAdmin bool
+	Notice   *notice
+	Data     any
 }
 
 // CSRF is the token of the person's forms.
@@ -94,7 +96,7 @@ func (h *Handler) render(w http.ResponseWriter, status int, name string, v view)
 func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, status int, title, message string) {
 	v := view{Title: title, Notice: &notice{Kind: "error", Text: message}}
 	if s, err := h.browsers.FromRequest(r, h.secure(r)); err == nil {
-		v.Person, v.Admin = s, h.isAdmin(s)
+		v.Person, v.Admin, v.PinAdmin = s, h.isAdmin(s), h.pins.IsAdmin(s.Caller())
 	}
 	h.render(w, status, "message", v)
 }
@@ -113,5 +115,5 @@ func (h *Handler) isAdmin(s *websession.Session) bool {
 
 // page is the view of a signed-in person's page.
 func (h *Handler) page(s *websession.Session, title, nav string, data any) view {
-	return view{Title: title, Nav: nav, Person: s, Admin: h.isAdmin(s), Data: data}
+	return view{Title: title, Nav: nav, Person: s, Admin: h.isAdmin(s), PinAdmin: h.pins.IsAdmin(s.Caller()), Data: data}
 }

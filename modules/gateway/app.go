@@ -347,6 +347,11 @@ func (a *App) Provision(ctx caddy.Context) error {
 		return err
 	}
 	a.releasePools = append(a.releasePools, releaseUpstreamClient)
+	for _, s := range a.Services {
+		if err := s.attachTransport(ctx, a); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 

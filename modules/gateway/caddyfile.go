@@ -89,11 +89,30 @@ func parseGlobalOption(d *caddyfile.Dispenser, existing any) (any, error) {
 //				refresh_skew      <duration>
 //				login_hint
 //			}
+//			transport http | sse | stdio
+//			# stdio: a program toolgate runs (see the stdio module)
+//			command        <program> [<args...>]
+//			env            <NAME> <value>
+//			working_dir    <dir>
+//			run_as         <user>
+//			per_user
+//			credential_env <NAME>
+//			idle_timeout   <duration> | off
+//			stop_timeout   <duration>
+//			max_processes  <n>
+//			limits {
+//				memory     <size>
+//				open_files <n>
+//				processes  <n>
+//			}
 //		}
 //	}
 //
 // Every option may appear once per block, except service, api_key,
-// key_file, jwt, and tool and pin (once per tool name).
+// key_file, jwt, tool and pin (once per tool name) and env (once per
+// name). transport sse reaches a 2024-11-05 HTTP+SSE server at url; the
+// stdio options (command implies transport stdio) run a program instead of
+// reaching a url.
 func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // "toolgate"
 	if d.NextArg() {
@@ -284,8 +303,15 @@ func (s *Service) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		return d.ArgErr()
 	}
 	seen := map[string]bool{}
+	var transport serviceTransport
+	defer func() { s.TransportRaw = transport.raw() }()
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
 		opt := d.Val()
+		if handled, err := transport.parse(d, s.ID); err != nil {
+			return err
+		} else if handled {
+			continue
+		}
 		if opt != "tool" && opt != "pin" && seen[opt] {
 			return d.Errf("service %q: %s given twice", s.ID, opt)
 		}

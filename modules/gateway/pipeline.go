@@ -11,6 +11,7 @@ type Step uint8
 // The pipeline's steps.
 const (
 	StepSession Step = iota + 1
+	StepFederation
 	StepRegistry
 	StepPolicy
 	StepCredentials
@@ -19,7 +20,7 @@ const (
 )
 
 var stepNames = map[Step]string{
-	StepSession: "toolgate_session", StepRegistry: "toolgate_registry", StepPolicy: "toolgate_policy",
+	StepSession: "toolgate_session", StepFederation: "toolgate_federation", StepRegistry: "toolgate_registry", StepPolicy: "toolgate_policy",
 	StepCredentials: "toolgate_credentials", StepResultPolicy: "toolgate_result_policy", StepProxy: "toolgate_proxy",
 }
 
@@ -37,7 +38,8 @@ type pipelineTrail struct {
 // ProvisionStep records that a pipeline handler is being provisioned and
 // checks its place, so that a handler-order mistake fails `caddy validate`
 // and startup instead of answering 500 at request time: every step comes
-// after toolgate_session; toolgate_policy, toolgate_credentials,
+// after toolgate_session; toolgate_federation comes before
+// toolgate_registry; toolgate_policy, toolgate_credentials,
 // toolgate_result_policy and toolgate_proxy come after toolgate_registry;
 // and nothing but another toolgate_proxy (in another branch of the route)
 // comes after toolgate_proxy, which never hands the request on.
@@ -62,7 +64,9 @@ func (a *App) ProvisionStep(step Step) error {
 		return fmt.Errorf("%s must come after toolgate_session in the same route", step)
 	case proxy && step != StepProxy:
 		return fmt.Errorf("%s comes after toolgate_proxy, which ends the request, so it would never run: put it before toolgate_proxy", step)
-	case !registry && step != StepRegistry:
+	case step == StepFederation && registry:
+		return fmt.Errorf("%s must come before toolgate_registry in the same route", step)
+	case !registry && step != StepRegistry && step != StepFederation:
 		return fmt.Errorf("%s must come after toolgate_registry in the same route", step)
 	}
 	t.steps = append(t.steps, step)

@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"encoding/json"
 	"fmt"
 	"maps"
 	"net/url"
@@ -24,9 +25,11 @@ type Service struct {
 	// Title is a human-readable name shown in the catalog.
 	Title string `json:"title,omitempty"`
 
-	// URL is the upstream's Streamable HTTP MCP endpoint. It must be https
-	// unless AllowHTTP is set.
-	URL string `json:"url"`
+	// URL is the upstream's Streamable HTTP MCP endpoint (or, with
+	// transport sse, its 2024-11-05 SSE endpoint). It must be https unless
+	// AllowHTTP is set. A service whose transport runs a program (stdio)
+	// has none.
+	URL string `json:"url,omitempty"`
 
 	// AllowHTTP permits a plain http URL. Meant for local development only:
 	// credentials cross the network unencrypted.
@@ -98,9 +101,21 @@ type Service struct {
 	// Default: none.
 	Auth *UpstreamAuth `json:"auth,omitempty"`
 
-	tools        map[string]struct{}
-	allowedUsers map[string]struct{}
-	url          *url.URL
+	// TransportRaw is how toolgate reaches an upstream that does not speak
+	// Streamable HTTP: a module in the toolgate.upstreams namespace, named
+	// by its "kind" — "stdio" (a program toolgate runs, speaking MCP over
+	// its stdin and stdout; see that module for its options, which go in
+	// the service block: command, env, per_user, …) or "sse" (the
+	// 2024-11-05 HTTP+SSE transport at url). Default: Streamable HTTP at
+	// url. Caddyfile: transport sse | stdio | http, or just the options of
+	// the transport (command implies stdio).
+	TransportRaw json.RawMessage `json:"transport,omitempty" caddy:"namespace=toolgate.upstreams inline_key=kind"`
+
+	tools         map[string]struct{}
+	allowedUsers  map[string]struct{}
+	url           *url.URL
+	transport     UpstreamTransport
+	transportName string
 }
 
 // The effects an administrator can declare for a tool (Service.ToolEffects).
@@ -240,6 +255,20 @@ func (s *Service) validate() error {
 	if !serviceIDPattern.MatchString(s.ID) {
 		return fmt.Errorf("service %q: id: use 1-64 letters, digits, '-' or '_', starting with a letter or digit", s.ID)
 	}
+	if s.transport != nil && !s.transport.UsesURL() {
+		if s.URL != "" {
+			return fail("url", "a service with transport %s takes no url", s.transportName)
+		}
+	} else if err := s.validateURL(fail); err != nil {
+		return err
+	}
+	if len(s.Tools) == 0 {
+		return fail("tools", "required: list the tools runners may use")
+	}
+	return s.validateRest(fail)
+}
+
+func (s *Service) validateURL(fail func(field, format string, args ...any) error) error {
 	u, err := url.Parse(s.URL)
 	switch {
 	case s.URL == "":
@@ -255,9 +284,10 @@ func (s *Service) validate() error {
 	case u.Scheme != "https" && u.Scheme != "http":
 		return fail("url", "scheme %q is not supported; use https", u.Scheme)
 	}
-	if len(s.Tools) == 0 {
-		return fail("tools", "required: list the tools runners may use")
-	}
+	return nil
+}
+
+func (s *Service) validateRest(fail func(field, format string, args ...any) error) error {
 	for _, t := range s.Tools {
 		if t == "" || strings.ContainsAny(t, " \t\r\n") {
 			return fail("tools", "invalid tool name %q", t)

@@ -105,20 +105,39 @@ func RPCErrorObject(code int, message string, data any) []byte {
 // RPCResult builds the JSON text of a JSON-RPC result response.
 func RPCResult(id []byte, result []byte) []byte {
 	b := make([]byte, 0, 40+len(id)+len(result))
-	b = append(b, `{"jsonrpc":"2.0","id":`...)
-	b = append(b, id...)
-	b = append(b, `,"result":`...)
+	b = appendRPCResultPrefix(b, id)
 	b = append(b, result...)
 	return append(b, '}')
 }
 
-// WriteRPC writes a JSON-RPC message as an application/json response.
-func WriteRPC(w http.ResponseWriter, status int, msg []byte) {
+// RPCResultPrefix is the JSON text of a JSON-RPC result response up to
+// its result: what RPCResult writes before the result, which is followed
+// by '}'. A large result can be written after it without being copied
+// into one slice with it.
+func RPCResultPrefix(id []byte) []byte {
+	return appendRPCResultPrefix(make([]byte, 0, 32+len(id)), id)
+}
+
+func appendRPCResultPrefix(b, id []byte) []byte {
+	b = append(b, `{"jsonrpc":"2.0","id":`...)
+	b = append(b, id...)
+	return append(b, `,"result":`...)
+}
+
+// WriteRPC writes a JSON-RPC message as an application/json response: msg,
+// or the pieces of msg one after the other.
+func WriteRPC(w http.ResponseWriter, status int, msg ...[]byte) {
+	n := 0
+	for _, p := range msg {
+		n += len(p)
+	}
 	h := w.Header()
 	h.Set("Content-Type", "application/json")
-	h.Set("Content-Length", strconv.Itoa(len(msg)))
+	h.Set("Content-Length", strconv.Itoa(n))
 	w.WriteHeader(status)
-	_, _ = w.Write(msg)
+	for _, p := range msg {
+		_, _ = w.Write(p)
+	}
 }
 
 // WriteRPCError writes a JSON-RPC error response with an HTTP status.

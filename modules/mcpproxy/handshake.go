@@ -68,7 +68,8 @@ func (h *Handler) initialize(w http.ResponseWriter, r *http.Request, call *gatew
 	version := gjson.GetBytes(msg.Result, "protocolVersion")
 	if !version.Exists() {
 		_, _, _ = sessions.End(ctx, ms)
-		gateway.WriteRPC(w, http.StatusOK, h.deliver(ctx, call, msg, false)) // the upstream's error
+		answer := h.deliver(ctx, call, msg, false) // the upstream's error
+		gateway.WriteRPC(w, http.StatusOK, answer.parts()...)
 		return
 	}
 	up := gateway.Upstream{
@@ -91,7 +92,8 @@ func (h *Handler) initialize(w http.ResponseWriter, r *http.Request, call *gatew
 		return
 	}
 	w.Header().Set("Mcp-Session-Id", ms.ID)
-	gateway.WriteRPC(w, http.StatusOK, h.deliver(ctx, call, msg, false))
+	answer := h.deliver(ctx, call, msg, false)
+	gateway.WriteRPC(w, http.StatusOK, answer.parts()...)
 }
 
 // replayedParams copies what is replayed of an initialize's params: a new
@@ -132,6 +134,9 @@ func (h *Handler) reinitialize(ctx context.Context, call *gateway.Call, seen gat
 		hdr, msg, err := h.roundTrip(ctx, call, gateway.Upstream{}, id, initializeRequest(id, cur.InitializeParams))
 		if err != nil {
 			return cur, err
+		}
+		if msg.Result == nil { // refused for now (a program restarting, say): the session stays
+			return cur, unavailable("the upstream did not re-create the session: %s", gjson.GetBytes(msg.Error, "message").String())
 		}
 		version := gjson.GetBytes(msg.Result, "protocolVersion").String()
 		next := gateway.Upstream{

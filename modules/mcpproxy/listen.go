@@ -61,10 +61,10 @@ func (h *Handler) listenLegacy(ctx context.Context, w http.ResponseWriter, r *ht
 			return
 		}
 		data := h.deliver(ctx, call, msg, true) // a stream: notifications pass (server requests are refused for a stateless runner)
-		if data == nil || msg.Kind != mcpmsg.Notification || !filter.passes(msg) {
+		if data.none() || msg.Kind != mcpmsg.Notification || !filter.passes(msg) {
 			continue
 		}
-		if out.send("", tagSubscription(data, call.Message.ID)) != nil {
+		if out.send("", tagSubscription(data.joined(), call.Message.ID)) != nil {
 			return
 		}
 	}

@@ -17,6 +17,7 @@
 package mcpproxy
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"io"
@@ -40,7 +41,6 @@ func init() {
 // Handler relays runner requests to the service's upstream MCP server.
 type Handler struct {
 	app        *gateway.App
-	client     *http.Client
 	maxMessage int64
 	limits     mcpmsg.Limits
 	stateless  *mcp2026.Runtime
@@ -67,7 +67,6 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if err := h.app.ProvisionStep(gateway.StepProxy); err != nil {
 		return err
 	}
-	h.client = h.app.HTTPClient()
 	h.maxMessage = h.app.MaxResponseBytes
 	h.limits = mcpmsg.Limits{MaxDepth: h.app.MaxJSONDepth}
 	h.app.OnMCPSessionEnd(h.expired)
@@ -206,8 +205,8 @@ func (h *Handler) relay(runner context.Context, w http.ResponseWriter, call *gat
 			case !call.IsRequest():
 				return // the standalone stream ended
 			case call.MCPSession.Closed():
-				h.writeFinal(w, out, "", gateway.RPCError(call.Message.ID, gateway.CodeSessionNotFound,
-					"the MCP session was ended while the request was in progress", nil))
+				h.writeFinal(w, out, "", message{gateway.RPCError(call.Message.ID, gateway.CodeSessionNotFound,
+					"the MCP session was ended while the request was in progress", nil)})
 				return
 			case runner.Err() != nil && st.resumable():
 				return // the runner may resume the stream with Last-Event-ID
@@ -222,8 +221,8 @@ func (h *Handler) relay(runner context.Context, w http.ResponseWriter, call *gat
 			}
 			h.logger.Warn("upstream exchange failed", zap.String("service", call.Service.ID),
 				zap.String("method", call.Method), zap.String("error", why))
-			h.writeFinal(w, out, "", gateway.RPCError(call.Message.ID, gateway.CodeUnavailable,
-				why+"; the request may or may not have run upstream", gateway.Retryable))
+			h.writeFinal(w, out, "", message{gateway.RPCError(call.Message.ID, gateway.CodeUnavailable,
+				why+"; the request may or may not have run upstream", gateway.Retryable)})
 			h.cancelUpstream(call, rs.up, why)
 			return
 		}
@@ -231,7 +230,7 @@ func (h *Handler) relay(runner context.Context, w http.ResponseWriter, call *gat
 			data := h.deliver(rs.ctx, call, msg, out != nil)
 			if out == nil && rs.status != 0 && call.Stateless != nil {
 				// A stateless runner reads the HTTP status of an error too.
-				gateway.WriteRPC(w, rs.status, data)
+				gateway.WriteRPC(w, rs.status, data.parts()...)
 				return
 			}
 			if h.writeFinal(w, out, st.id(rs.lastEventID()), data) {
@@ -247,11 +246,17 @@ func (h *Handler) relay(runner context.Context, w http.ResponseWriter, call *gat
 			rs.awaitEnd()
 			return
 		}
-		data := h.deliver(rs.ctx, call, msg, out != nil)
-		if data == nil || out == nil {
+		if out == nil && msg.Kind == mcpmsg.Notification {
+			// A JSON answer carries no notifications: nothing to relay,
+			// so nothing to inspect.
+			h.noted(call, msg)
 			continue
 		}
-		if out.send(st.id(rs.lastEventID()), data) != nil {
+		data := h.deliver(rs.ctx, call, msg, out != nil)
+		if data.none() || out == nil {
+			continue
+		}
+		if out.send(st.id(rs.lastEventID()), data.parts()...) != nil {
 			if !st.resumable() {
 				h.cancelUpstream(call, rs.up, "the runner went away")
 			}
@@ -262,55 +267,56 @@ func (h *Handler) relay(runner context.Context, w http.ResponseWriter, call *gat
 
 // deliver is the one place every upstream message passes on its way to the
 // runner: the answer to the runner's request, and the notifications and
-// server→client requests on a stream (stream reports whether the runner
-// gets an SSE stream, the only way those can reach it). It returns the
-// bytes to send, or
-// nil for a message the runner must not get. Any inspection of what
-// upstreams send belongs here: the result passes the call's result hooks,
-// everything else its message hooks.
-func (h *Handler) deliver(ctx context.Context, call *gateway.Call, msg mcpmsg.Message, stream bool) []byte {
+// server→client requests on a stream (canRequest reports whether the
+// runner's stream can carry a request). It returns the message to send,
+// or none for a message the runner must not get. Any inspection of what
+// upstreams send belongs here.
+func (h *Handler) deliver(ctx context.Context, call *gateway.Call, msg mcpmsg.Message, canRequest bool) message {
 	switch {
 	case call.IsRequest() && isResponseTo(msg, call.Message.ID):
 		if call.Stateless != nil && msg.Result != nil {
-			return h.finishStateless(ctx, call, msg)
+			return message{h.finishStateless(ctx, call, msg)}
 		}
 		return h.finish(ctx, call, msg)
 	case msg.Kind == mcpmsg.Request:
 		if call.Stateless != nil {
 			h.refuseServerRequest(call, msg, "the client speaks protocol "+mcp2026.Version+", which has no server requests on a stream")
-			return nil
+			return message{}
 		}
-		if !stream {
+		if !canRequest {
 			h.refuseServerRequest(call, msg, "the client's request does not accept an SSE stream, so toolgate cannot relay "+msg.Method+" to it")
-			return nil
+			return message{}
 		}
 		out, ok := h.inspect(ctx, call, msg, gateway.ChannelServerRequest)
 		if !ok {
 			h.refuseServerRequest(call, msg, "toolgate's policy withheld "+msg.Method+" from the client")
-			return nil
+			return message{}
 		}
 		if !call.MCPSession.ServerRequestSent(ctx, msg.ID, msg.Method) {
 			h.refuseServerRequest(call, msg, "too many server requests are waiting for the client's answer, or toolgate's storage is unavailable")
-			return nil
+			return message{}
 		}
-		return out
+		return message{out}
 	case msg.Kind == mcpmsg.Notification:
-		if msg.Method == "notifications/tools/list_changed" {
-			h.refreshCatalog(call)
-		}
-		if !stream {
-			return nil // a JSON answer carries no notifications
-		}
+		h.noted(call, msg)
 		out, ok := h.inspect(ctx, call, msg, gateway.ChannelNotification)
 		if !ok {
-			return nil
+			return message{}
 		}
-		return out
+		return message{out}
 	}
 	// On a stream only the answer to the runner's request may pass, and
 	// only after the result hooks.
 	h.logger.Warn("dropped an unexpected upstream response", zap.String("service", call.Service.ID))
-	return nil
+	return message{}
+}
+
+// noted does what toolgate itself does on an upstream's notification: a
+// changed tool list is listed again.
+func (h *Handler) noted(call *gateway.Call, msg mcpmsg.Message) {
+	if msg.Method == "notifications/tools/list_changed" {
+		h.refreshCatalog(call)
+	}
 }
 
 // inspect passes a notification or server→client request through the
@@ -350,24 +356,51 @@ func rebuild(msg mcpmsg.Message, params []byte) []byte {
 	return append(b, '}')
 }
 
+// message is a JSON-RPC message for the runner, in up to three pieces
+// written one after the other: a replaced result goes out inside its
+// response's envelope without being copied into one slice with it (for a
+// result of a megabyte, a copy of a megabyte). None for no message.
+type message [3][]byte
+
+// parts returns the message's pieces.
+func (m *message) parts() [][]byte {
+	n := 0
+	for n < len(m) && m[n] != nil {
+		n++
+	}
+	return m[:n]
+}
+
+// none reports whether there is no message.
+func (m *message) none() bool { return m[0] == nil }
+
+// joined returns the message in one slice, copied only when it is in
+// pieces.
+func (m *message) joined() []byte {
+	if m[1] == nil {
+		return m[0]
+	}
+	return bytes.Join(m.parts(), nil)
+}
+
 // finish runs the result hooks on a successful response, and the message
 // hooks on an error response. The message was read strictly, so the hooks
 // inspect exactly what the runner will read.
-func (h *Handler) finish(ctx context.Context, call *gateway.Call, msg mcpmsg.Message) []byte {
+func (h *Handler) finish(ctx context.Context, call *gateway.Call, msg mcpmsg.Message) message {
 	if msg.Result == nil {
-		return h.finishError(ctx, call, msg)
+		return message{h.finishError(ctx, call, msg)}
 	}
 	if !call.HasResultHooks() {
-		return msg.Raw
+		return message{msg.Raw}
 	}
 	out, changed, err := call.RunResultHooks(ctx, msg.Result)
 	if err != nil {
-		return h.hookFailed(call, err)
+		return message{h.hookFailed(call, err)}
 	}
 	if !changed {
-		return msg.Raw
+		return message{msg.Raw}
 	}
-	return gateway.RPCResult(call.Message.ID, out)
+	return message{gateway.RPCResultPrefix(call.Message.ID), out, rpcResultEnd}
 }
 
 // hookFailed answers the runner's request when a result hook did not pass
@@ -405,14 +438,17 @@ func (h *Handler) finishError(ctx context.Context, call *gateway.Call, msg mcpms
 	return append(b, '}')
 }
 
+// rpcResultEnd closes a result response opened by gateway.RPCResultPrefix.
+var rpcResultEnd = []byte{'}'}
+
 // writeFinal writes the answer to the runner's request, as an SSE event
 // when the runner gets a stream (with the event id given, "" for none),
 // else as a JSON body. It reports whether the write succeeded.
-func (h *Handler) writeFinal(w http.ResponseWriter, out *sseWriter, id string, msg []byte) bool {
+func (h *Handler) writeFinal(w http.ResponseWriter, out *sseWriter, id string, msg message) bool {
 	if out != nil {
-		return out.send(id, msg) == nil
+		return out.send(id, msg.parts()...) == nil
 	}
-	gateway.WriteRPC(w, http.StatusOK, msg)
+	gateway.WriteRPC(w, http.StatusOK, msg.parts()...)
 	return true
 }
 
@@ -570,6 +606,9 @@ func acceptsSSE(r *http.Request) bool {
 }
 
 func isKind(err error, kind errorKind) bool {
+	if err == nil {
+		return false
+	}
 	var ue *upstreamError
 	return errors.As(err, &ue) && ue.kind == kind
 }

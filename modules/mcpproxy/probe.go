@@ -16,7 +16,7 @@ import (
 // that session again. The error's text is safe to show the user (no URL,
 // no credential); IsRetryable tells a passing failure from a refusal.
 func Probe(ctx context.Context, app *gateway.App, svc *gateway.Service, user string, cred *gateway.Credential) error {
-	h := &Handler{app: app, client: app.HTTPClient(), maxMessage: app.MaxResponseBytes,
+	h := &Handler{app: app, maxMessage: app.MaxResponseBytes,
 		limits: mcpmsg.Limits{MaxDepth: app.MaxJSONDepth}, logger: app.Logger().Named("probe")}
 	call := &gateway.Call{Caller: &gateway.Caller{User: user}, Service: svc, Credential: cred}
 	id := gatewayRequestID()

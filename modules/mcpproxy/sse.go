@@ -384,7 +384,7 @@ func (s *sseWriter) startLocked(header func(http.Header)) {
 // whitespace (JSON strings cannot hold one unescaped); any CR becomes a
 // space, which reads as the same JSON. The data is written line by line,
 // without copying it into one buffer first.
-func (s *sseWriter) send(id string, data []byte) error {
+func (s *sseWriter) send(id string, data ...[]byte) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.err != nil {
@@ -428,7 +428,10 @@ func (s *sseWriter) keepAlive(interval time.Duration) error {
 	return s.err
 }
 
-func (s *sseWriter) writeEvent(id string, data []byte) error {
+// writeEvent writes the message whose text is the concatenation of parts
+// as one event: a line of data per line of the text, wherever the parts
+// meet.
+func (s *sseWriter) writeEvent(id string, parts [][]byte) error {
 	if err := s.writeString("event: message\n"); err != nil {
 		return err
 	}
@@ -437,36 +440,38 @@ func (s *sseWriter) writeEvent(id string, data []byte) error {
 			return err
 		}
 	}
-	for {
-		line, rest, more := bytes.Cut(data, []byte{'\n'})
-		if err := s.writeString("data: "); err != nil {
-			return err
-		}
-		for len(line) > 0 {
-			cr := bytes.IndexByte(line, '\r')
-			if cr < 0 {
-				cr = len(line)
-			}
-			if _, err := s.w.Write(line[:cr]); err != nil {
-				return err
-			}
-			if cr < len(line) {
-				if err := s.writeString(" "); err != nil {
+	if err := s.writeString("data: "); err != nil {
+		return err
+	}
+	for _, data := range parts {
+		for {
+			line, rest, more := bytes.Cut(data, []byte{'\n'})
+			for len(line) > 0 {
+				cr := bytes.IndexByte(line, '\r')
+				if cr < 0 {
+					cr = len(line)
+				}
+				if _, err := s.w.Write(line[:cr]); err != nil {
 					return err
 				}
-				cr++
+				if cr < len(line) {
+					if err := s.writeString(" "); err != nil {
+						return err
+					}
+					cr++
+				}
+				line = line[cr:]
 			}
-			line = line[cr:]
+			if !more {
+				break
+			}
+			if err := s.writeString("\ndata: "); err != nil {
+				return err
+			}
+			data = rest
 		}
-		if err := s.writeString("\n"); err != nil {
-			return err
-		}
-		if !more {
-			break
-		}
-		data = rest
 	}
-	if err := s.writeString("\n"); err != nil {
+	if err := s.writeString("\n\n"); err != nil {
 		return err
 	}
 	return s.rc.Flush()

@@ -431,3 +431,29 @@ func TestSSEReaderLongLineIsCopiedOnce(t *testing.T) {
 		t.Errorf("reading a %d-byte event allocates %d bytes, want at most 1.5 times its size", len(data), per)
 	}
 }
+
+// A message written in pieces is the same event as written whole, however
+// the pieces split its lines, CRs and CRLFs.
+func TestSSEWriterPiecesAreOneMessage(t *testing.T) {
+	msgs := []string{
+		`{"jsonrpc":"2.0","id":1,"result":{"content":[{"type":"text","text":"a"}]}}`,
+		"{\n\"a\": 1\r\n,\"b\":\r2}\n", "\r\n\r\n", "{}", "\n", "x\ry\nz",
+	}
+	for _, msg := range msgs {
+		whole := httptest.NewRecorder()
+		if err := newSSEWriter(whole).send("tok.1", []byte(msg)); err != nil {
+			t.Fatal(err)
+		}
+		for i := 0; i <= len(msg); i++ {
+			for j := i; j <= len(msg); j++ {
+				pieces := httptest.NewRecorder()
+				if err := newSSEWriter(pieces).send("tok.1", []byte(msg[:i]), []byte(msg[i:j]), []byte(msg[j:])); err != nil {
+					t.Fatal(err)
+				}
+				if pieces.Body.String() != whole.Body.String() {
+					t.Fatalf("%q in pieces at %d and %d was written as %q, whole as %q", msg, i, j, pieces.Body.String(), whole.Body.String())
+				}
+			}
+		}
+	}
+}

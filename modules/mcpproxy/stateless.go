@@ -160,7 +160,8 @@ func (h *Handler) answerOwn(ctx context.Context, w http.ResponseWriter, call *ga
 		call.Unavailable(w, "toolgate could not build the answer: "+err.Error())
 		return
 	}
-	gateway.WriteRPC(w, http.StatusOK, h.deliver(ctx, call, msg, false))
+	answer := h.deliver(ctx, call, msg, false)
+	gateway.WriteRPC(w, http.StatusOK, answer.parts()...)
 }
 
 // finishStateless is finish for a stateless request: the result hooks,

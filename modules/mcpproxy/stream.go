@@ -111,10 +111,10 @@ type runnerStream struct {
 	out     *sseWriter
 	primed  bool
 	seq     uint64
-	ids     [resumeWindow]string // upstream event ids, by seq % resumeWindow
-	owner   context.CancelFunc   // stops the relay writing the stream now
-	active  chan struct{}        // closed when that relay ends
-	settled bool                 // the answer was written: nothing to resume
+	ids     []string           // upstream event ids, by seq % resumeWindow; made at the first
+	owner   context.CancelFunc // stops the relay writing the stream now
+	active  chan struct{}      // closed when that relay ends
+	settled bool               // the answer was written: nothing to resume
 }
 
 // newRunnerStream starts numbering the events of out, the SSE stream of the
@@ -137,6 +137,9 @@ func (s *runnerStream) id(upstreamID string) string {
 	s.mu.Lock()
 	s.seq++
 	seq := s.seq
+	if s.ids == nil {
+		s.ids = make([]string, resumeWindow)
+	}
 	s.ids[seq%resumeWindow] = upstreamID
 	s.mu.Unlock()
 	if seq == 1 {

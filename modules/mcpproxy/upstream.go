@@ -6,9 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"mime"
 	"net/http"
 	"net/http/httptrace"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -100,6 +100,9 @@ func (h *Handler) attempt(ctx context.Context, call *gateway.Call, up gateway.Up
 	var sent atomic.Bool
 	ctx = httptrace.WithClientTrace(gateway.WithDialTimeout(ctx, time.Duration(svc.DialTimeout)),
 		&httptrace.ClientTrace{WroteHeaders: func() { sent.Store(true) }})
+	if call.Caller != nil {
+		ctx = gateway.WithUpstreamUser(ctx, call.Caller.User) // for an upstream of the caller's own (stdio per_user)
+	}
 	ctx, cancel := context.WithCancel(ctx)
 	var rd io.Reader
 	if body != nil {
@@ -139,7 +142,7 @@ func (h *Handler) attempt(ctx context.Context, call *gateway.Call, up gateway.Up
 	if d := time.Duration(svc.ResponseHeaderTimeout); d > 0 {
 		headerTimer = time.AfterFunc(d, cancel)
 	}
-	resp, err := h.client.Do(req)
+	resp, err := h.app.UpstreamTransport(svc).RoundTrip(req)
 	if headerTimer != nil && !headerTimer.Stop() {
 		if err == nil {
 			resp.Body.Close()
@@ -487,12 +490,27 @@ func isResponseTo(msg mcpmsg.Message, id []byte) bool {
 	return key != "" && mcpmsg.IDKey(msg.ID) == key
 }
 
-func isSSE(h http.Header) bool {
-	mt, _, _ := mime.ParseMediaType(h.Get("Content-Type"))
-	return mt == "text/event-stream"
-}
+func isSSE(h http.Header) bool { return mediaTypeIs(h, "text/event-stream") }
 
-func isJSON(h http.Header) bool {
-	mt, _, _ := mime.ParseMediaType(h.Get("Content-Type"))
-	return mt == "application/json"
+func isJSON(h http.Header) bool { return mediaTypeIs(h, "application/json") }
+
+// mediaTypeIs reports whether the media type of h's Content-Type, its
+// parameters aside, is want (lower case), read as mime.ParseMediaType reads
+// it (which allocates a map of the parameters for every response).
+func mediaTypeIs(h http.Header, want string) bool {
+	base, _, _ := strings.Cut(h.Get("Content-Type"), ";")
+	base = strings.TrimSpace(base)
+	if len(base) != len(want) {
+		return false
+	}
+	for i := 0; i < len(base); i++ {
+		c := base[i]
+		if c >= 'A' && c <= 'Z' {
+			c += 'a' - 'A'
+		}
+		if c != want[i] {
+			return false
+		}
+	}
+	return true
 }

@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -244,9 +245,9 @@ func BenchmarkResultPolicy(b *testing.B) {
 			step := func() {
 				// Every answer carries the decision; a changed one says how.
 				out, err := h.check(ctx, call, result, "")
-				changed := strings.Contains(string(out), "truncated by toolgate") || strings.Contains(string(out), "REDACTED")
+				changed := bytes.Contains(out, []byte("truncated by toolgate")) || bytes.Contains(out, []byte("REDACTED"))
 				if err != nil || out == nil || (defaults && (changed && !c.withheld) != (c.changed && !c.withheld) ||
-					strings.Contains(string(out), "withheld") != c.withheld) {
+					bytes.Contains(out, []byte("withheld")) != c.withheld) {
 					panic(fmt.Sprintf("check: %.300s, %v", out, err))
 				}
 			}

@@ -285,7 +285,16 @@ func (e *engine) decideWith(ctx context.Context, c *compiled, input ast.Value, t
 	ctx, cancel := context.WithCancel(ctx)
 	halt := topdown.NewCancel()
 	deadline := time.AfterFunc(timeout, func() { halt.Cancel(); cancel() })
-	rs, err := c.query.Eval(ctx, rego.EvalParsedInput(input), rego.EvalExternalCancel(halt), rego.EvalMetrics(noMetrics))
+	var rs rego.ResultSet
+	var err error
+	if perr := onEvaluator(func() {
+		rules := getRuleCache()
+		rs, err = c.query.Eval(ctx, rego.EvalParsedInput(input), rego.EvalExternalCancel(halt), rego.EvalMetrics(noMetrics),
+			rego.EvalVirtualCache(rules))
+		putRuleCache(rules)
+	}); perr != nil {
+		err = perr
+	}
 	timedOut := !deadline.Stop()
 	cancel()
 	o := outcome{Revision: c.revision, Duration: time.Since(start)}

@@ -366,3 +366,26 @@ func TestLogInput(t *testing.T) {
 		t.Errorf("policy eval of the logged input: %+v, %v", out, err)
 	}
 }
+
+// Every audit entry names the session by its reference (never its id),
+// the reference each session gets once and keeps, whatever other
+// sessions do meanwhile.
+func TestAuditEntriesNameTheSessionByItsReference(t *testing.T) {
+	core, logs := observer.New(zap.InfoLevel)
+	c := &Config{audit: zap.New(core)}
+	other := &gateway.Session{ID: "another-session-id-of-enough-length", User: "bob@example.com", Services: []string{"tracker"}}
+	for i := range 3 {
+		for _, s := range []*gateway.Session{benchSession, other} {
+			call := benchCall(t, benchTool, `{"ticket_id":"TEST-123"}`)
+			call.Session = s
+			c.newDecision(context.Background(), call, outcome{Action: gateway.ActionAllow}, stageRequest, nil, nil, nil)
+			entries := logs.TakeAll()
+			if len(entries) != 1 {
+				t.Fatalf("%d audit entries", len(entries))
+			}
+			if got := entries[0].ContextMap()["session"]; got != sessionRef(s.ID) || got == s.ID {
+				t.Fatalf("entry %d names session %q as %v, want %s", i, s.ID, got, sessionRef(s.ID))
+			}
+		}
+	}
+}

@@ -242,7 +242,7 @@ func (c *Config) newDecisionWithID(ctx context.Context, id string, call *gateway
 			zap.String("revision", o.Revision),
 			zap.String("stage", stage),
 			zap.String("user", call.Caller.User),
-			zap.String("session", sessionRef(call.Session.ID)),
+			zap.String("session", sessionRefs.get(call.Session, func(s *gateway.Session) string { return sessionRef(s.ID) })),
 			zap.String("service", call.Service.ID),
 			zap.String("method", call.Method),
 			zap.String("tool", call.Message.Name),
@@ -267,6 +267,10 @@ func (c *Config) newDecisionWithID(ctx context.Context, id string, call *gateway
 	}
 	return d
 }
+
+// sessionRefs holds each session's sessionRef for as long as the session
+// lives (see weakCache): two audit entries per call would hash its id.
+var sessionRefs weakCache[gateway.Session, string]
 
 // sessionRef identifies a session in the audit log without revealing its id:
 // the first 16 hex digits of the id's SHA-256.

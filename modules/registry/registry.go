@@ -150,29 +150,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 // readMessage reads and parses the POST body into call.Message. It answers
 // the runner and returns false when the message is unacceptable.
 func (h *Handler) readMessage(w http.ResponseWriter, r *http.Request, call *gateway.Call, svc *gateway.Service) bool {
-	if mt, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type")); mt != "application/json" {
-		gateway.WriteRPCError(w, http.StatusUnsupportedMediaType, nil, gateway.CodeInvalidRequest,
-			"Content-Type must be application/json", nil)
-		return false
-	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, h.app.MaxRequestBytes))
-	if err != nil {
-		var tooBig *http.MaxBytesError
-		if errors.As(err, &tooBig) {
-			gateway.WriteRPCError(w, http.StatusRequestEntityTooLarge, nil, gateway.CodeInvalidRequest,
-				"request body exceeds max_request_size", nil)
-			return false
-		}
-		gateway.WriteRPCError(w, http.StatusBadRequest, nil, gateway.CodeParseError, "reading request body: "+err.Error(), nil)
-		return false
-	}
-	msg, err := mcpmsg.Parse(body, h.limits)
-	if err != nil {
-		code := gateway.CodeParseError
-		if errors.Is(err, mcpmsg.ErrBatch) || msg.Kind != 0 {
-			code = gateway.CodeInvalidRequest
-		}
-		gateway.WriteRPCError(w, http.StatusBadRequest, msg.ID, code, err.Error(), nil)
+	msg, ok := ReadMessage(w, r, h.app.MaxRequestBytes, h.limits)
+	if !ok {
 		return false
 	}
 	call.Message = msg
@@ -221,6 +200,38 @@ func (h *Handler) readMessage(w http.ResponseWriter, r *http.Request, call *gate
 	return true
 }
 
+// ReadMessage reads and parses a runner's POST body, once and strictly: a
+// JSON body of at most max bytes holding one JSON-RPC message. It answers
+// the runner and returns false when the body is unacceptable.
+func ReadMessage(w http.ResponseWriter, r *http.Request, max int64, limits mcpmsg.Limits) (mcpmsg.Message, bool) {
+	if mt, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type")); mt != "application/json" {
+		gateway.WriteRPCError(w, http.StatusUnsupportedMediaType, nil, gateway.CodeInvalidRequest,
+			"Content-Type must be application/json", nil)
+		return mcpmsg.Message{}, false
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, max))
+	if err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			gateway.WriteRPCError(w, http.StatusRequestEntityTooLarge, nil, gateway.CodeInvalidRequest,
+				"request body exceeds max_request_size", nil)
+			return mcpmsg.Message{}, false
+		}
+		gateway.WriteRPCError(w, http.StatusBadRequest, nil, gateway.CodeParseError, "reading request body: "+err.Error(), nil)
+		return mcpmsg.Message{}, false
+	}
+	msg, err := mcpmsg.Parse(body, limits)
+	if err != nil {
+		code := gateway.CodeParseError
+		if errors.Is(err, mcpmsg.ErrBatch) || msg.Kind != 0 {
+			code = gateway.CodeInvalidRequest
+		}
+		gateway.WriteRPCError(w, http.StatusBadRequest, msg.ID, code, err.Error(), nil)
+		return msg, false
+	}
+	return msg, true
+}
+
 // checkProtocolVersion sets call.ProtocolVersion from the MCP-Protocol-Version
 // header, the session's negotiated version, or the initialize request.
 func (h *Handler) checkProtocolVersion(w http.ResponseWriter, r *http.Request, call *gateway.Call) bool {
@@ -250,7 +261,19 @@ func (h *Handler) checkProtocolVersion(w http.ResponseWriter, r *http.Request, c
 // progress.
 const catalogWait = 5 * time.Second
 
+type serviceKey struct{}
+
+// WithService returns r for the service id, whatever its URL and the
+// handler's configuration say: a step before toolgate_registry that routes
+// a request to one service itself (the federated endpoint) names it so.
+func WithService(r *http.Request, id string) *http.Request {
+	return r.WithContext(context.WithValue(r.Context(), serviceKey{}, id))
+}
+
 func (h *Handler) serviceID(r *http.Request) string {
+	if id, ok := r.Context().Value(serviceKey{}).(string); ok {
+		return id
+	}
 	if h.Service != "" {
 		repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
 		return repl.ReplaceAll(h.Service, "")

@@ -1,0 +1,326 @@
+// Package mcpbridge lets toolgate_proxy reach MCP servers that do not
+// speak Streamable HTTP — a program toolgate runs, speaking over its stdin
+// and stdout, or a server of the 2024-11-05 HTTP+SSE transport — without
+// the proxy knowing: a Bridge is the http.RoundTripper of such a service,
+// and answers the proxy's Streamable HTTP requests as a Streamable HTTP
+// server would, over a JSON-RPC connection of the other kind (a Link).
+//
+// A link may carry the MCP sessions of several runners: a program speaks
+// one MCP session over its stdin and stdout, and toolgate shares it. The
+// bridge keeps the sessions apart. Each request gets an id and a progress
+// token of the link's own, and the runner's are restored on the way back,
+// so answers and progress reach the request they belong to; a server→client
+// request goes only to a runner that declared the capability it needs and
+// that can be told apart from other people's; and a request that may have
+// reached the server is never sent twice — when the connection ends under
+// it, its runner is told so with a retryable error.
+package mcpbridge
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/toolgate/toolgate/internal/mcpmsg"
+	"github.com/toolgate/toolgate/modules/gateway"
+)
+
+// An Opener makes the server side of new MCP sessions for a Bridge.
+type Opener interface {
+	// Open starts the MCP session a runner's initialize asks for: on a
+	// connection toolgate shares (an owned Link it initialized already),
+	// or on a new one, forwarding init. r is toolgate_proxy's request: its
+	// context names the caller (gateway.UpstreamUser), its header carries
+	// the caller's credential. It returns the session and the initialize
+	// response to give the runner; an error is an *Unavailable, a
+	// *StatusError or a failure to reach the server.
+	Open(r *http.Request, init mcpmsg.Message) (*Session, []byte, error)
+
+	// Down reports why a session whose connection ended cannot be made
+	// again now (an *Unavailable), or nil when it can: the bridge then
+	// answers 404, and toolgate_proxy initializes a new session.
+	Down(r *http.Request) error
+}
+
+// Unavailable is a server toolgate cannot reach now: runners get a
+// retryable JSON-RPC error with Reason, which is safe to show them.
+type Unavailable struct{ Reason string }
+
+func (e *Unavailable) Error() string { return e.Reason }
+
+// StatusError is an HTTP status the bridge answers toolgate_proxy with, as
+// an upstream would (401 when the server refused the caller's credential).
+type StatusError struct {
+	Status int
+	Reason string
+}
+
+func (e *StatusError) Error() string { return e.Reason }
+
+// errSessionGone is a session whose link ended or was retired.
+var errSessionGone = errors.New("the MCP session is gone")
+
+// Bridge answers toolgate_proxy's requests for one service. It lives as
+// long as the links and sessions it holds, across config reloads.
+type Bridge struct {
+	opener   Opener
+	service  string
+	limits   mcpmsg.Limits
+	maxBody  int64
+	maxQueue int64
+	logger   atomic.Pointer[zap.Logger]
+
+	mu       sync.Mutex
+	sessions map[string]*Session
+}
+
+// Config sets a Bridge up.
+type Config struct {
+	Service    string        // the service id, for logs
+	MaxMessage int64         // bound of one message in either direction
+	Limits     mcpmsg.Limits // how deeply messages may nest
+	Logger     *zap.Logger
+}
+
+// New returns a bridge whose sessions opener makes.
+func New(cfg Config, opener Opener) *Bridge {
+	b := &Bridge{opener: opener, service: cfg.Service, limits: cfg.Limits, maxBody: cfg.MaxMessage,
+		maxQueue: max(2*cfg.MaxMessage, 4<<20), sessions: map[string]*Session{}}
+	b.SetLogger(cfg.Logger)
+	return b
+}
+
+// SetLogger replaces the logger (a reloaded config's).
+func (b *Bridge) SetLogger(l *zap.Logger) {
+	if l == nil {
+		l = zap.NewNop()
+	}
+	b.logger.Store(l)
+}
+
+func (b *Bridge) log() *zap.Logger { return b.logger.Load() }
+
+// now is the clock; tests replace it.
+var now = time.Now
+
+// Sessions returns how many runner sessions the bridge holds.
+func (b *Bridge) Sessions() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return len(b.sessions)
+}
+
+// Close ends every session the bridge holds.
+func (b *Bridge) Close() {
+	b.mu.Lock()
+	sessions := make([]*Session, 0, len(b.sessions))
+	for _, s := range b.sessions {
+		sessions = append(sessions, s)
+	}
+	clear(b.sessions)
+	b.mu.Unlock()
+	for _, s := range sessions {
+		s.end("toolgate stopped")
+	}
+}
+
+func (b *Bridge) forgetSession(s *Session) {
+	b.mu.Lock()
+	if b.sessions[s.ID] == s {
+		delete(b.sessions, s.ID)
+	}
+	b.mu.Unlock()
+}
+
+// RoundTrip answers one of toolgate_proxy's Streamable HTTP requests.
+func (b *Bridge) RoundTrip(r *http.Request) (*http.Response, error) {
+	if r.Body != nil {
+		defer r.Body.Close()
+	}
+	user := gateway.UpstreamUser(r.Context())
+	var s *Session
+	if id := r.Header.Get("Mcp-Session-Id"); id != "" {
+		b.mu.Lock()
+		s = b.sessions[id]
+		b.mu.Unlock()
+		if s == nil || s.User != user {
+			return b.gone(r, nil)
+		}
+	}
+	if s != nil && s.link.cfg.OnRequest != nil && !s.link.cfg.OnRequest(r) {
+		b.forgetSession(s)
+		s.end("the caller's credential changed")
+		return b.gone(r, nil)
+	}
+	switch r.Method {
+	case http.MethodPost:
+	case http.MethodGet:
+		if s == nil {
+			return statusResponse(r, http.StatusBadRequest), nil
+		}
+		return b.answered(r, nil, nil)(s.openStream(r))
+	case http.MethodDelete:
+		if s != nil {
+			b.forgetSession(s)
+			s.end("the client ended its session")
+		}
+		return statusResponse(r, http.StatusNoContent), nil
+	default:
+		return statusResponse(r, http.StatusMethodNotAllowed), nil
+	}
+	var body []byte
+	if r.Body != nil {
+		var err error
+		if body, err = io.ReadAll(io.LimitReader(r.Body, b.maxBody+1)); err != nil {
+			return nil, err
+		}
+	}
+	if int64(len(body)) > b.maxBody {
+		return statusResponse(r, http.StatusRequestEntityTooLarge), nil
+	}
+	msg, err := mcpmsg.Parse(body, b.limits)
+	if err != nil {
+		return rpcResponse(r, http.StatusBadRequest, gateway.RPCError(nil, gateway.CodeParseError, err.Error(), nil), nil), nil
+	}
+	if s == nil {
+		if msg.Kind != mcpmsg.Request || msg.Method != "initialize" {
+			return rpcResponse(r, http.StatusBadRequest, gateway.RPCError(msg.ID, gateway.CodeInvalidRequest,
+				"missing Mcp-Session-Id: initialize first", nil), nil), nil
+		}
+		return b.open(r, msg)
+	}
+	switch msg.Kind {
+	case mcpmsg.Request:
+		return b.answered(r, s, &msg)(s.request(r, msg))
+	case mcpmsg.Notification:
+		return b.answered(r, s, nil)(s.notify(r, msg))
+	default:
+		return b.answered(r, s, nil)(s.answer(r, msg))
+	}
+}
+
+// answered turns a session's outcome into the proxy's answer: a session
+// that turned out gone is answered as gone, and a connection that failed
+// to take the message as unavailable.
+func (b *Bridge) answered(r *http.Request, s *Session, msg *mcpmsg.Message) func(*http.Response, error) (*http.Response, error) {
+	return func(resp *http.Response, err error) (*http.Response, error) {
+		switch {
+		case err == nil:
+			return resp, nil
+		case errors.Is(err, errSessionGone):
+			if s != nil {
+				b.forgetSession(s)
+			}
+			return b.gone(r, msg)
+		case r.Context().Err() != nil:
+			return nil, err
+		}
+		var status *StatusError
+		if errors.As(err, &status) {
+			return statusResponse(r, status.Status), nil
+		}
+		b.log().Warn("sending to the server failed", zap.String("service", b.service), zap.Error(err))
+		reason := "toolgate could not send the message to the server of service " + b.service
+		var down *Unavailable
+		if errors.As(err, &down) {
+			reason = down.Reason
+		}
+		if msg != nil {
+			return rpcResponse(r, http.StatusOK, gateway.RPCError(msg.ID, gateway.CodeUnavailable,
+				reason+"; it may not have reached the server", gateway.Retryable), nil), nil
+		}
+		return statusResponse(r, http.StatusServiceUnavailable), nil
+	}
+}
+
+// gone answers a request of a session that no longer exists: 404, so that
+// toolgate_proxy initializes a new one, unless no new one can be made now
+// — then a request gets a retryable error saying why.
+func (b *Bridge) gone(r *http.Request, msg *mcpmsg.Message) (*http.Response, error) {
+	var down *Unavailable
+	if err := b.opener.Down(r); errors.As(err, &down) {
+		if msg == nil && r.Method == http.MethodPost && r.Body != nil {
+			if body, rerr := io.ReadAll(io.LimitReader(r.Body, b.maxBody+1)); rerr == nil {
+				if m, perr := mcpmsg.Parse(body, b.limits); perr == nil && m.Kind == mcpmsg.Request {
+					msg = &m
+				}
+			}
+		}
+		if msg != nil {
+			return rpcResponse(r, http.StatusOK, gateway.RPCError(msg.ID, gateway.CodeUnavailable,
+				down.Reason+"; the request did not reach it", gateway.Retryable), nil), nil
+		}
+		return statusResponse(r, http.StatusServiceUnavailable), nil
+	}
+	return statusResponse(r, http.StatusNotFound), nil
+}
+
+// open starts a session for a runner's initialize.
+func (b *Bridge) open(r *http.Request, msg mcpmsg.Message) (*http.Response, error) {
+	s, answer, err := b.opener.Open(r, msg)
+	var down *Unavailable
+	var status *StatusError
+	switch {
+	case errors.As(err, &down):
+		return rpcResponse(r, http.StatusOK, gateway.RPCError(msg.ID, gateway.CodeUnavailable, down.Reason, gateway.Retryable), nil), nil
+	case errors.As(err, &status):
+		return statusResponse(r, status.Status), nil
+	case err != nil:
+		return nil, err
+	case s == nil: // the server refused: its answer says why
+		return rpcResponse(r, http.StatusOK, answer, nil), nil
+	}
+	b.mu.Lock()
+	b.sessions[s.ID] = s
+	b.mu.Unlock()
+	return rpcResponse(r, http.StatusOK, answer, http.Header{"Mcp-Session-Id": {s.ID}}), nil
+}
+
+func rpcResponse(r *http.Request, status int, body []byte, header http.Header) *http.Response {
+	if header == nil {
+		header = http.Header{}
+	}
+	header.Set("Content-Type", "application/json")
+	return &http.Response{Status: strconv.Itoa(status) + " " + http.StatusText(status), StatusCode: status,
+		Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1, Header: header, Request: r,
+		Body: io.NopCloser(strings.NewReader(string(body))), ContentLength: int64(len(body))}
+}
+
+func sseResponse(r *http.Request, out *stream) *http.Response {
+	return &http.Response{Status: "200 OK", StatusCode: http.StatusOK, Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
+		Header: http.Header{"Content-Type": {"text/event-stream"}}, Request: r, Body: out, ContentLength: -1}
+}
+
+func statusResponse(r *http.Request, status int) *http.Response {
+	return &http.Response{Status: strconv.Itoa(status) + " " + http.StatusText(status), StatusCode: status,
+		Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1, Header: http.Header{}, Request: r, Body: http.NoBody}
+}
+
+// Open starts a session with its runner's initialize on a link of its own (a connection
+// made for one runner) and returns the session and the server's answer,
+// with the runner's id; the session is nil when the server refused.
+func (l *Link) Open(ctx context.Context, user string, init mcpmsg.Message) (*Session, []byte, error) {
+	s := l.NewSession(user, init)
+	if s == nil {
+		return nil, nil, l.Err()
+	}
+	msg, err := l.call(ctx, "initialize", init.Params)
+	if err != nil {
+		s.end("initialize failed")
+		return nil, nil, err
+	}
+	if msg.Result == nil {
+		s.end("initialize refused")
+		return nil, mcpmsg.ReplaceMember(msg.Raw, "id", init.ID), nil
+	}
+	result, _ := presentedResult(msg.Result)
+	return s, gateway.RPCResult(init.ID, result), nil
+}

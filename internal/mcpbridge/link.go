@@ -1,0 +1,603 @@
+package mcpbridge
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/tidwall/gjson"
+	"go.uber.org/zap"
+
+	"github.com/toolgate/toolgate/internal/mcpmsg"
+	"github.com/toolgate/toolgate/modules/gateway"
+)
+
+// LinkConfig says how a Link reaches its server.
+type LinkConfig struct {
+	// Send writes one JSON-RPC message (one line of JSON) to the server.
+	// It may block until ctx ends; it is never called with the link's
+	// lock held.
+	Send func(ctx context.Context, msg []byte) error
+
+	// Owned marks a connection toolgate initialized itself (Initialize),
+	// which several runners' sessions share: a runner's initialize and
+	// notifications/initialized stay with toolgate, and so do roots, which
+	// toolgate does not offer such a server (what a program may touch is
+	// its operator's choice, not a runner's).
+	Owned bool
+
+	// Release, when set, is called once after the last session on the
+	// link ended: a connection made for one session is closed then.
+	Release func()
+
+	// OnRequest, when set, sees each of toolgate_proxy's requests for the
+	// link's sessions before anything is sent: to pick up the caller's
+	// current credential, or to refuse a request whose credential is not
+	// the one the link was made with (false: the session is treated as
+	// gone, and toolgate_proxy initializes a new one).
+	OnRequest func(r *http.Request) bool
+}
+
+// Link is one JSON-RPC connection to an MCP server and the runners' MCP
+// sessions that use it. The connection's reader hands each message it
+// reads to Receive, and calls Close when the connection ends.
+type Link struct {
+	bridge *Bridge
+	cfg    LinkConfig
+	done   chan struct{}
+
+	mu             sync.Mutex
+	err            error // why the link ended; nil while it is up
+	retired        bool  // takes no new requests (see Retire)
+	onIdle         func()
+	seq            uint64
+	pending        map[string]*pending // requests sent on the link, by the link's id
+	tokens         map[string]*pending // by the link's progress token
+	serverRequests map[string]*serverRequest
+	sessions       map[*Session]struct{}
+	subscriptions  map[string]int // resource URI → sessions subscribed
+	initResult     []byte
+	lastUsed       time.Time
+}
+
+// pending is a request sent on the link.
+type pending struct {
+	session  *Session // nil for toolgate's own requests
+	runnerID []byte   // the runner's id (JSON text)
+	token    []byte   // the runner's progress token, nil when none
+	linkID   []byte
+	key      string              // mcpmsg.IDKey of linkID
+	out      *stream             // where its messages go; nil for toolgate's own
+	reply    chan mcpmsg.Message // toolgate's own requests: gets the response
+	seq      uint64              // the order requests were sent in
+	onResult func(ok bool)       // called with the outcome, under the link's lock
+	started  time.Time
+}
+
+// serverRequest is a server→client request relayed to a runner.
+type serverRequest struct {
+	session *Session
+	out     *stream
+}
+
+// Session is one runner's MCP session on a link.
+type Session struct {
+	ID   string // the Mcp-Session-Id toolgate_proxy knows it by
+	User string
+	link *Link
+	caps capabilities
+
+	// Guarded by the link's lock.
+	requests      map[string]*pending // by the runner's id
+	get           *stream             // the standalone GET stream
+	getSeq        uint64
+	subscriptions map[string]bool
+	closed        bool
+}
+
+// capabilities are what a runner declared it can do for a server.
+type capabilities struct {
+	sampling, elicitationForm, elicitationURL, roots bool
+}
+
+func readCapabilities(params []byte) capabilities {
+	c := gjson.GetBytes(params, "capabilities")
+	el := c.Get("elicitation")
+	form := el.Get("form").Exists() || el.IsObject() && !el.Get("url").Exists()
+	return capabilities{
+		sampling:        c.Get("sampling").IsObject(),
+		elicitationForm: el.IsObject() && form,
+		elicitationURL:  el.Get("url").IsObject(),
+		roots:           c.Get("roots").IsObject(),
+	}
+}
+
+// allows reports whether the runner declared what a server→client request
+// of method needs.
+func (c capabilities) allows(method string, params []byte) bool {
+	switch method {
+	case "sampling/createMessage":
+		return c.sampling
+	case "elicitation/create":
+		if gjson.GetBytes(params, "mode").String() == "url" {
+			return c.elicitationURL
+		}
+		return c.elicitationForm
+	case "roots/list":
+		return c.roots
+	}
+	return true
+}
+
+// NewLink starts a link over a connection.
+func (b *Bridge) NewLink(cfg LinkConfig) *Link {
+	return &Link{bridge: b, cfg: cfg, done: make(chan struct{}),
+		pending: map[string]*pending{}, tokens: map[string]*pending{}, serverRequests: map[string]*serverRequest{},
+		sessions: map[*Session]struct{}{}, subscriptions: map[string]int{}, lastUsed: now()}
+}
+
+// Done is closed when the link ended.
+func (l *Link) Done() <-chan struct{} { return l.done }
+
+// Err is why the link ended, or nil.
+func (l *Link) Err() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.err
+}
+
+// InitializeResult is the server's answer to toolgate's initialize on an
+// owned link (see Initialize).
+func (l *Link) InitializeResult() []byte {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.initResult
+}
+
+// Busy reports whether a runner request is in progress on the link or a
+// runner holds a stream open on it, and when it was last used.
+func (l *Link) Busy() (busy bool, lastUsed time.Time) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, p := range l.pending {
+		if p.session != nil {
+			return true, l.lastUsed
+		}
+	}
+	for s := range l.sessions {
+		if s.get != nil {
+			return true, l.lastUsed
+		}
+	}
+	return false, l.lastUsed
+}
+
+// Retire stops the link taking new requests: its sessions are answered as
+// gone, so toolgate_proxy re-creates them elsewhere. idle is called once
+// no request of a runner is in progress on it any more (at once when none
+// is).
+func (l *Link) Retire(idle func()) {
+	l.mu.Lock()
+	l.retired = true
+	busy := false
+	for _, p := range l.pending {
+		busy = busy || p.session != nil
+	}
+	if busy {
+		l.onIdle = idle
+		idle = nil
+	}
+	l.mu.Unlock()
+	if idle != nil {
+		idle()
+	}
+}
+
+// Initialize sends toolgate's own initialize on an owned link, offering
+// params, then notifications/initialized, and keeps the server's answer
+// for the runners' sessions. The result's protocolVersion is what
+// Initialize returns.
+func (l *Link) Initialize(ctx context.Context, params []byte) (string, error) {
+	msg, err := l.call(ctx, "initialize", params)
+	if err != nil {
+		return "", err
+	}
+	if msg.Result == nil {
+		return "", fmt.Errorf("the server refused to initialize: %s", errorText(msg.Error))
+	}
+	result, version := presentedResult(msg.Result)
+	if version == "" {
+		return "", errors.New("the server's initialize result has no protocolVersion")
+	}
+	if err := l.cfg.Send(ctx, []byte(`{"jsonrpc":"2.0","method":"notifications/initialized"}`)); err != nil {
+		return "", err
+	}
+	l.mu.Lock()
+	l.initResult = result
+	l.mu.Unlock()
+	return version, nil
+}
+
+// presentedResult is an initialize result as runners get it: a server of
+// the 2024-11-05 revision is presented as 2025-03-26, whose messages are a
+// superset of its own (the revisions differ in transport, batching, which
+// toolgate does not relay, and additions only).
+func presentedResult(result []byte) ([]byte, string) {
+	version := gjson.GetBytes(result, "protocolVersion")
+	if version.Type != gjson.String {
+		return result, ""
+	}
+	if version.Str == "2024-11-05" {
+		return mcpmsg.ReplaceMember(result, "protocolVersion", mcpmsg.Quote("2025-03-26")), "2025-03-26"
+	}
+	return result, version.Str
+}
+
+// call sends a request of toolgate's own and waits for its response.
+func (l *Link) call(ctx context.Context, method string, params []byte) (mcpmsg.Message, error) {
+	p := &pending{reply: make(chan mcpmsg.Message, 1)}
+	l.mu.Lock()
+	if l.err != nil {
+		err := l.err
+		l.mu.Unlock()
+		return mcpmsg.Message{}, err
+	}
+	body := l.registerLocked(p, method, params)
+	l.mu.Unlock()
+	if err := l.cfg.Send(ctx, body); err != nil {
+		l.forget(p)
+		return mcpmsg.Message{}, err
+	}
+	select {
+	case msg, ok := <-p.reply:
+		if !ok {
+			return mcpmsg.Message{}, l.Err()
+		}
+		return msg, nil
+	case <-ctx.Done():
+		l.forget(p)
+		return mcpmsg.Message{}, fmt.Errorf("no answer to %s: %w", method, ctx.Err())
+	}
+}
+
+// registerLocked gives p the link's next id and returns the request to
+// send.
+func (l *Link) registerLocked(p *pending, method string, params []byte) []byte {
+	l.seq++
+	p.seq = l.seq
+	p.linkID = strconv.AppendUint(nil, l.seq, 10)
+	p.key = mcpmsg.IDKey(p.linkID)
+	p.started = now()
+	l.pending[p.key] = p
+	body := make([]byte, 0, 64+len(method)+len(params))
+	body = append(body, `{"jsonrpc":"2.0","id":`...)
+	body = append(body, p.linkID...)
+	body = append(body, `,"method":`...)
+	body = mcpmsg.AppendQuote(body, method)
+	if params != nil {
+		body = append(body, `,"params":`...)
+		body = append(body, params...)
+	}
+	return append(body, '}')
+}
+
+// forget drops a request nobody waits for any more; a late answer to it is
+// dropped.
+func (l *Link) forget(p *pending) {
+	l.mu.Lock()
+	l.dropLocked(p)
+	idle := l.idleLocked()
+	l.mu.Unlock()
+	if idle != nil {
+		idle()
+	}
+}
+
+func (l *Link) dropLocked(p *pending) {
+	if l.pending[p.key] != p {
+		return
+	}
+	delete(l.pending, p.key)
+	if p.token != nil {
+		delete(l.tokens, p.key)
+	}
+	if p.session != nil {
+		delete(p.session.requests, mcpmsg.IDKey(p.runnerID))
+	}
+}
+
+// idleLocked returns the function Retire left to call, once no runner
+// request is in progress.
+func (l *Link) idleLocked() func() {
+	if l.onIdle == nil {
+		return nil
+	}
+	for _, p := range l.pending {
+		if p.session != nil {
+			return nil
+		}
+	}
+	f := l.onIdle
+	l.onIdle = nil
+	return f
+}
+
+// Close ends the link: the connection is gone, for the reason err says
+// (safe to show runners). Requests in progress get an error saying so,
+// and are never sent again: they may have run. Streams end, and the
+// link's sessions are gone, so that toolgate_proxy re-creates them.
+func (l *Link) Close(err error) {
+	l.mu.Lock()
+	if l.err != nil {
+		l.mu.Unlock()
+		return
+	}
+	if err == nil {
+		err = errors.New("the connection to the server ended")
+	}
+	l.err = err
+	close(l.done)
+	pendings := l.pending
+	l.pending, l.tokens, l.serverRequests = map[string]*pending{}, map[string]*pending{}, map[string]*serverRequest{}
+	sessions := l.sessions
+	l.sessions = map[*Session]struct{}{}
+	idle := l.onIdle
+	l.onIdle = nil
+	for s := range sessions {
+		s.closed = true
+		if s.get != nil {
+			s.get.finish()
+			s.get = nil
+		}
+		s.requests = nil
+	}
+	l.mu.Unlock()
+	for _, p := range pendings {
+		if p.reply != nil {
+			close(p.reply)
+			continue
+		}
+		if p.out != nil {
+			p.out.push(gateway.RPCError(p.runnerID, gateway.CodeUnavailable,
+				err.Error()+" while the request was in progress; toolgate does not send it again, so it may or may not have run",
+				gateway.Retryable))
+			p.out.finish()
+		}
+	}
+	for s := range sessions {
+		l.bridge.forgetSession(s)
+	}
+	if idle != nil {
+		idle()
+	}
+}
+
+// Receive routes one message the server sent.
+func (l *Link) Receive(data []byte) {
+	msg, err := mcpmsg.Parse(OneLine(data), l.bridge.limits)
+	if err != nil {
+		l.bridge.log().Warn("dropped a malformed message from the server", zap.String("service", l.bridge.service), zap.Error(err))
+		return
+	}
+	switch msg.Kind {
+	case mcpmsg.Response:
+		l.response(msg)
+	case mcpmsg.Request:
+		l.serverRequest(msg)
+	case mcpmsg.Notification:
+		l.notification(msg)
+	}
+}
+
+// OneLine turns the line breaks of a JSON text into spaces: outside
+// strings they are whitespace, and strings cannot hold them unescaped, so
+// the message reads the same and fits on one line (of stdio framing, or an
+// SSE data line). data is not changed.
+func OneLine(data []byte) []byte {
+	for i, c := range data {
+		if c == '\n' || c == '\r' {
+			out := append([]byte(nil), data...)
+			for j := i; j < len(out); j++ {
+				if out[j] == '\n' || out[j] == '\r' {
+					out[j] = ' '
+				}
+			}
+			return out
+		}
+	}
+	return data
+}
+
+func (l *Link) response(msg mcpmsg.Message) {
+	l.mu.Lock()
+	p := l.pending[mcpmsg.IDKey(msg.ID)]
+	if p == nil {
+		l.mu.Unlock()
+		l.bridge.log().Debug("dropped a response to no pending request", zap.String("service", l.bridge.service))
+		return
+	}
+	l.dropLocked(p)
+	if p.onResult != nil {
+		p.onResult(msg.Result != nil)
+	}
+	idle := l.idleLocked()
+	l.mu.Unlock()
+	if idle != nil {
+		defer idle()
+	}
+	if p.reply != nil {
+		p.reply <- msg
+		return
+	}
+	p.out.push(mcpmsg.ReplaceMember(msg.Raw, "id", p.runnerID))
+	p.out.finish()
+}
+
+// serverRequest relays a server→client request to the one runner it can be
+// for: a session whose runner declared what the request needs, with a
+// request in progress or a standalone stream open, and — on a connection
+// several people share — only when all such sessions are one person's, so
+// that nobody is asked about someone else's call.
+func (l *Link) serverRequest(msg mcpmsg.Message) {
+	if msg.Method == "ping" {
+		l.sendLater(gateway.RPCResult(msg.ID, []byte("{}")))
+		return
+	}
+	l.mu.Lock()
+	s, out, why := l.routeLocked(msg.Method, msg.Params)
+	if s != nil {
+		l.serverRequests[mcpmsg.IDKey(msg.ID)] = &serverRequest{session: s, out: out}
+		if !out.push(msg.Raw) {
+			delete(l.serverRequests, mcpmsg.IDKey(msg.ID))
+			s, why = nil, "the client's stream closed"
+		}
+	}
+	l.mu.Unlock()
+	if s == nil {
+		l.bridge.log().Info("refused a server request", zap.String("service", l.bridge.service),
+			zap.String("method", msg.Method), zap.String("reason", why))
+		l.sendLater(gateway.RPCError(msg.ID, gateway.CodeMethodNotFound, "toolgate cannot relay "+msg.Method+": "+why, nil))
+	}
+}
+
+// routeLocked picks the session and stream for a server→client message.
+// A request in progress is the likely cause of it; without one, a
+// standalone stream.
+func (l *Link) routeLocked(method string, params []byte) (*Session, *stream, string) {
+	var best *pending
+	users := map[string]bool{}
+	capable, incapableCaller := false, false
+	for _, p := range l.pending {
+		if p.session == nil || !p.out.open() {
+			continue
+		}
+		if !p.session.caps.allows(method, params) {
+			incapableCaller = true
+			continue
+		}
+		users[p.session.User] = true
+		if best == nil || p.seq > best.seq {
+			best = p
+		}
+	}
+	if len(users) > 1 {
+		return nil, nil, "calls of several users are in progress on a server they share, and toolgate cannot tell whose call it belongs to"
+	}
+	if best != nil {
+		return best.session, best.out, ""
+	}
+	var target *Session
+	for s := range l.sessions {
+		if !s.caps.allows(method, params) {
+			continue
+		}
+		capable = true
+		if s.get == nil || !s.get.open() {
+			continue
+		}
+		users[s.User] = true
+		if target == nil || s.getSeq > target.getSeq {
+			target = s
+		}
+	}
+	switch {
+	case len(users) > 1:
+		return nil, nil, "several users are connected to a server they share, and toolgate cannot tell whom it is for"
+	case target != nil:
+		return target, target.get, ""
+	case incapableCaller:
+		return nil, nil, "the client whose call is in progress did not declare the capability it needs"
+	case !capable:
+		return nil, nil, "no connected client declared the capability it needs"
+	}
+	return nil, nil, "no client stream is open to carry it"
+}
+
+func (l *Link) notification(msg mcpmsg.Message) {
+	switch msg.Method {
+	case "notifications/progress":
+		l.progress(msg)
+	case "notifications/cancelled":
+		key := mcpmsg.IDKey([]byte(gjson.GetBytes(msg.Params, "requestId").Raw))
+		l.mu.Lock()
+		sr := l.serverRequests[key]
+		delete(l.serverRequests, key)
+		if sr != nil && !sr.out.push(msg.Raw) && sr.session.get != nil {
+			sr.session.get.push(msg.Raw)
+		}
+		l.mu.Unlock()
+	case "notifications/tools/list_changed", "notifications/prompts/list_changed", "notifications/resources/list_changed":
+		l.broadcast(msg.Raw, "")
+	case "notifications/resources/updated":
+		l.broadcast(msg.Raw, gjson.GetBytes(msg.Params, "uri").String())
+	default:
+		l.mu.Lock()
+		if s, out, _ := l.routeLocked(msg.Method, msg.Params); s != nil {
+			out.push(msg.Raw)
+		}
+		l.mu.Unlock()
+	}
+}
+
+// progress relays a progress notification to the request whose token it
+// carries, with the runner's own token.
+func (l *Link) progress(msg mcpmsg.Message) {
+	token := gjson.GetBytes(msg.Params, "progressToken")
+	l.mu.Lock()
+	p := l.tokens[mcpmsg.IDKey([]byte(token.Raw))]
+	l.mu.Unlock()
+	if p == nil || p.out == nil {
+		return
+	}
+	params := mcpmsg.ReplaceMember(msg.Params, "progressToken", p.token)
+	p.out.push(mcpmsg.ReplaceMember(msg.Raw, "params", params))
+}
+
+// broadcast sends a notification about the server's state to every
+// session (to those subscribed to uri, when uri is set): on its standalone
+// stream, or else on its latest request in progress.
+func (l *Link) broadcast(raw []byte, uri string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for s := range l.sessions {
+		if uri != "" && !s.subscriptions[uri] {
+			continue
+		}
+		if s.get != nil && s.get.push(raw) {
+			continue
+		}
+		var latest *pending
+		for _, p := range s.requests {
+			if latest == nil || p.seq > latest.seq {
+				latest = p
+			}
+		}
+		if latest != nil {
+			latest.out.push(raw)
+		}
+	}
+}
+
+// sendLater sends a message of toolgate's own without holding up the
+// connection's reader.
+func (l *Link) sendLater(msg []byte) {
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), answerTimeout)
+		defer cancel()
+		_ = l.cfg.Send(ctx, msg)
+	}()
+}
+
+// answerTimeout bounds sending a message of toolgate's own.
+const answerTimeout = 10 * time.Second
+
+func errorText(errObj []byte) string {
+	if m := gjson.GetBytes(errObj, "message"); m.Type == gjson.String {
+		return m.Str
+	}
+	return "no reason given"
+}

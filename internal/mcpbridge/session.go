@@ -1,0 +1,278 @@
+package mcpbridge
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptrace"
+
+	"github.com/tidwall/gjson"
+
+	"github.com/toolgate/toolgate/internal/mcpmsg"
+	"github.com/toolgate/toolgate/modules/gateway"
+)
+
+// NewSession adds a runner's MCP session to the link; init is the runner's
+// initialize request (its capabilities say which server→client requests it
+// may get). It returns nil when the link ended or was retired meanwhile.
+func (l *Link) NewSession(user string, init mcpmsg.Message) *Session {
+	s := &Session{ID: gateway.NewID(), User: user, link: l, caps: readCapabilities(init.Params),
+		requests: map[string]*pending{}, subscriptions: map[string]bool{}}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.err != nil || l.retired {
+		return nil
+	}
+	l.sessions[s] = struct{}{}
+	l.lastUsed = now()
+	return s
+}
+
+// usableLocked reports whether the session takes requests.
+func (s *Session) usableLocked() bool {
+	return !s.closed && s.link.err == nil && !s.link.retired
+}
+
+// request relays a runner's request and returns the response: an SSE
+// stream carrying the messages routed to it and, last, its answer.
+func (s *Session) request(r *http.Request, msg mcpmsg.Message) (*http.Response, error) {
+	l := s.link
+	if msg.Method == "initialize" {
+		return rpcResponse(r, http.StatusBadRequest, gateway.RPCError(msg.ID, gateway.CodeInvalidRequest,
+			"this MCP session is initialized already", nil), nil), nil
+	}
+	l.mu.Lock()
+	if !s.usableLocked() {
+		l.mu.Unlock()
+		return nil, errSessionGone
+	}
+	l.lastUsed = now()
+	if local, ok := s.subscribeLocked(msg); ok {
+		l.mu.Unlock()
+		return rpcResponse(r, http.StatusOK, local, nil), nil
+	}
+	if _, dup := s.requests[mcpmsg.IDKey(msg.ID)]; dup {
+		l.mu.Unlock()
+		return rpcResponse(r, http.StatusBadRequest, gateway.RPCError(msg.ID, gateway.CodeInvalidRequest,
+			"a request with this id is in progress already", nil), nil), nil
+	}
+	p := &pending{session: s, runnerID: msg.ID}
+	out := newStream(r.Context(), l.bridge.maxQueue, func() { l.forget(p) })
+	p.out = out
+	body := l.registerLocked(p, msg.Method, nil) // for the id; the body is rebuilt below
+	body = mcpmsg.ReplaceMember(msg.Raw, "id", p.linkID)
+	if msg.ProgressToken != nil {
+		p.token = msg.ProgressToken
+		l.tokens[p.key] = p
+		meta := mcpmsg.ReplaceMember([]byte(gjson.GetBytes(msg.Params, "_meta").Raw), "progressToken", p.linkID)
+		body = mcpmsg.ReplaceMember(body, "params", mcpmsg.ReplaceMember(msg.Params, "_meta", meta))
+	}
+	if msg.Method == "resources/subscribe" && msg.URI != "" {
+		uri := msg.URI
+		p.onResult = func(ok bool) {
+			if ok && !s.closed && !s.subscriptions[uri] {
+				s.subscriptions[uri] = true
+				l.subscriptions[uri]++
+			}
+		}
+	}
+	s.requests[mcpmsg.IDKey(msg.ID)] = p
+	l.mu.Unlock()
+
+	if err := l.cfg.Send(r.Context(), body); err != nil {
+		l.forget(p)
+		return nil, err
+	}
+	if trace := httptrace.ContextClientTrace(r.Context()); trace != nil && trace.WroteHeaders != nil {
+		trace.WroteHeaders() // the request reached the server: toolgate_proxy cancels it if it gives up
+	}
+	return sseResponse(r, out), nil
+}
+
+// subscribeLocked answers resources/subscribe and resources/unsubscribe
+// itself where the server's state is shared and already right: a resource
+// another session subscribed to, or one that another session still needs.
+// It reports false for a request the server must see.
+func (s *Session) subscribeLocked(msg mcpmsg.Message) ([]byte, bool) {
+	l := s.link
+	switch {
+	case msg.URI == "":
+		return nil, false
+	case msg.Method == "resources/subscribe" && (s.subscriptions[msg.URI] || l.subscriptions[msg.URI] > 0):
+		if !s.subscriptions[msg.URI] {
+			s.subscriptions[msg.URI] = true
+			l.subscriptions[msg.URI]++
+		}
+		return gateway.RPCResult(msg.ID, []byte("{}")), true
+	case msg.Method == "resources/unsubscribe":
+		if !s.subscriptions[msg.URI] {
+			return gateway.RPCResult(msg.ID, []byte("{}")), true
+		}
+		delete(s.subscriptions, msg.URI)
+		if l.subscriptions[msg.URI]--; l.subscriptions[msg.URI] > 0 {
+			return gateway.RPCResult(msg.ID, []byte("{}")), true
+		}
+		delete(l.subscriptions, msg.URI)
+	}
+	return nil, false
+}
+
+// notify relays a runner's notification.
+func (s *Session) notify(r *http.Request, msg mcpmsg.Message) (*http.Response, error) {
+	l := s.link
+	body := msg.Raw
+	l.mu.Lock()
+	if !s.usableLocked() {
+		l.mu.Unlock()
+		return nil, errSessionGone
+	}
+	l.lastUsed = now()
+	switch msg.Method {
+	case "notifications/initialized", "notifications/roots/list_changed":
+		if l.cfg.Owned {
+			body = nil // toolgate initialized the server; roots are not offered to it
+		}
+	case "notifications/cancelled":
+		p := s.requests[mcpmsg.IDKey([]byte(gjson.GetBytes(msg.Params, "requestId").Raw))]
+		if p == nil {
+			body = nil // nothing of this session's in progress with that id
+			break
+		}
+		body = mcpmsg.ReplaceMember(msg.Raw, "params", mcpmsg.ReplaceMember(msg.Params, "requestId", p.linkID))
+	}
+	l.mu.Unlock()
+	if body != nil {
+		if err := l.cfg.Send(r.Context(), body); err != nil {
+			return nil, err
+		}
+	}
+	return statusResponse(r, http.StatusAccepted), nil
+}
+
+// answer relays a runner's response to a server→client request it got.
+func (s *Session) answer(r *http.Request, msg mcpmsg.Message) (*http.Response, error) {
+	l := s.link
+	key := mcpmsg.IDKey(msg.ID)
+	l.mu.Lock()
+	if !s.usableLocked() {
+		l.mu.Unlock()
+		return nil, errSessionGone
+	}
+	sr := l.serverRequests[key]
+	mine := sr != nil && sr.session == s
+	if mine {
+		delete(l.serverRequests, key)
+	}
+	l.mu.Unlock()
+	if !mine {
+		// Answered already, cancelled by the server, or never this session's.
+		return statusResponse(r, http.StatusAccepted), nil
+	}
+	if err := l.cfg.Send(r.Context(), msg.Raw); err != nil {
+		return nil, err
+	}
+	return statusResponse(r, http.StatusAccepted), nil
+}
+
+// openStream opens the session's standalone stream, replacing an earlier
+// one.
+func (s *Session) openStream(r *http.Request) (*http.Response, error) {
+	l := s.link
+	l.mu.Lock()
+	if !s.usableLocked() {
+		l.mu.Unlock()
+		return nil, errSessionGone
+	}
+	l.lastUsed = now()
+	if s.get != nil {
+		s.get.finish()
+	}
+	var out *stream
+	out = newStream(r.Context(), l.bridge.maxQueue, func() {
+		l.mu.Lock()
+		if s.get == out {
+			s.get = nil
+		}
+		l.lastUsed = now()
+		l.mu.Unlock()
+	})
+	l.seq++
+	s.get, s.getSeq = out, l.seq
+	l.mu.Unlock()
+	return sseResponse(r, out), nil
+}
+
+// end ends the session: its requests in progress are cancelled at the
+// server, the server's requests waiting for its runner are refused, its
+// subscriptions dropped where no other session needs them.
+func (s *Session) end(reason string) {
+	l := s.link
+	var sends [][]byte
+	l.mu.Lock()
+	if s.closed {
+		l.mu.Unlock()
+		return
+	}
+	s.closed = true
+	for _, p := range s.requests {
+		sends = append(sends, cancelled(p.linkID, reason))
+		p.out.finish()
+		l.dropLocked(p)
+	}
+	for id, sr := range l.serverRequests {
+		if sr.session == s {
+			delete(l.serverRequests, id)
+			sends = append(sends, gateway.RPCError(idText(id), gateway.CodeInternalError, "the client ended its session", nil))
+		}
+	}
+	var unsubscribe []string
+	for uri := range s.subscriptions {
+		if l.subscriptions[uri]--; l.subscriptions[uri] <= 0 {
+			delete(l.subscriptions, uri)
+			unsubscribe = append(unsubscribe, uri)
+		}
+	}
+	if s.get != nil {
+		s.get.finish()
+		s.get = nil
+	}
+	delete(l.sessions, s)
+	last := len(l.sessions) == 0 && l.err == nil
+	idle := l.idleLocked()
+	l.mu.Unlock()
+
+	for _, uri := range unsubscribe {
+		params := append(append([]byte(`{"uri":`), mcpmsg.Quote(uri)...), '}')
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), answerTimeout)
+			defer cancel()
+			_, _ = l.call(ctx, "resources/unsubscribe", params)
+		}()
+	}
+	for _, m := range sends {
+		l.sendLater(m)
+	}
+	if idle != nil {
+		idle()
+	}
+	if last && l.cfg.Release != nil {
+		l.cfg.Release()
+	}
+}
+
+func cancelled(id []byte, reason string) []byte {
+	b := append([]byte(`{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":`), id...)
+	b = append(b, `,"reason":`...)
+	b = mcpmsg.AppendQuote(b, reason)
+	return append(b, "}}"...)
+}
+
+// idText turns an IDKey back into the id's JSON text.
+func idText(key string) []byte {
+	if key != "" && key[0] == 's' {
+		return mcpmsg.Quote(key[1:])
+	}
+	if len(key) > 1 && key[0] == 'n' {
+		return []byte(key[1:])
+	}
+	return []byte("null")
+}

@@ -1,0 +1,283 @@
+package federation
+
+import (
+	"errors"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+
+	"github.com/tidwall/gjson"
+	"go.uber.org/zap"
+
+	"github.com/toolgate/toolgate/internal/mcpmsg"
+	"github.com/toolgate/toolgate/modules/gateway"
+)
+
+var errSessionGone = errors.New("its MCP session ended")
+
+// request answers a runner request: locally (ping), merged from every
+// service (lists, logging/setLevel), or routed to the service its name or
+// URI names.
+func (x *exchange) request() {
+	m := x.msg
+	if l, ok := listings[m.Method]; ok {
+		x.list(l)
+		return
+	}
+	switch m.Method {
+	case "ping":
+		gateway.WriteRPC(x.w, http.StatusOK, gateway.RPCResult(m.ID, []byte(`{}`)))
+	case "logging/setLevel":
+		x.broadcast()
+		gateway.WriteRPC(x.w, http.StatusOK, gateway.RPCResult(m.ID, []byte(`{}`)))
+	case "tools/call", "prompts/get":
+		what := "tool"
+		if m.Method == "prompts/get" {
+			what = "prompt"
+		}
+		svc, name, ok := x.split(m.Name)
+		if !ok {
+			gateway.WriteRPCError(x.w, http.StatusOK, m.ID, gateway.CodeInvalidParams, "Unknown "+what+": "+m.Name, nil)
+			return
+		}
+		x.route(svc, withParam(m, "name", mcpmsg.Quote(name)), nil)
+	case "resources/read", "resources/subscribe", "resources/unsubscribe":
+		svc, uri, ok := x.split(m.URI)
+		if !ok {
+			gateway.WriteRPCError(x.w, http.StatusOK, m.ID, gateway.CodeInvalidParams, "Unknown resource: "+m.URI, nil)
+			return
+		}
+		var rewrite func([]byte) []byte
+		if m.Method == "resources/read" {
+			rewrite = func(result []byte) []byte { return x.prefixContents(svc, result) }
+		}
+		x.route(svc, withParam(m, "uri", mcpmsg.Quote(uri)), rewrite)
+	case "completion/complete":
+		x.complete()
+	default:
+		gateway.WriteRPCError(x.w, http.StatusOK, m.ID, gateway.CodeMethodNotFound, "Method not found: "+m.Method, nil)
+	}
+}
+
+// complete routes completion/complete by the prompt or resource template
+// its ref names.
+func (x *exchange) complete() {
+	m := x.msg
+	ref := gjson.GetBytes(m.Params, "ref")
+	member := "name"
+	if ref.Get("type").String() == "ref/resource" {
+		member = "uri"
+	}
+	svc, name, ok := x.split(ref.Get(member).String())
+	if !ref.IsObject() || !ok {
+		gateway.WriteRPCError(x.w, http.StatusOK, m.ID, gateway.CodeInvalidParams, "Unknown reference: "+ref.Get(member).String(), nil)
+		return
+	}
+	params := mcpmsg.ReplaceMember(m.Params, "ref", mcpmsg.ReplaceMember([]byte(ref.Raw), member, mcpmsg.Quote(name)))
+	x.route(svc, mcpmsg.ReplaceMember(m.Raw, "params", params), nil)
+}
+
+// withParam is m with params[key] replaced by value.
+func withParam(m mcpmsg.Message, key string, value []byte) []byte {
+	return mcpmsg.ReplaceMember(m.Raw, "params", mcpmsg.ReplaceMember(m.Params, key, value))
+}
+
+// prefixContents puts svc's prefix before the URIs of a resources/read
+// result, so that they are the URIs the runner asked for.
+func (x *exchange) prefixContents(svc *gateway.Service, result []byte) []byte {
+	contents := gjson.GetBytes(result, "contents")
+	if !contents.IsArray() {
+		return result
+	}
+	out := []byte{'['}
+	contents.ForEach(func(_, c gjson.Result) bool {
+		if len(out) > 1 {
+			out = append(out, ',')
+		}
+		out = append(out, x.prefix(svc, []byte(c.Raw), []string{"uri"})...)
+		return true
+	})
+	return mcpmsg.ReplaceMember(result, "contents", append(out, ']'))
+}
+
+// route sends the runner's request (body, as the service knows it) to svc
+// and relays the answer: the response (its result changed by rewrite, when
+// set) and, on a stream, the notifications and server→client requests
+// before it. A service MCP session the pipeline no longer knows is
+// initialized again, once.
+func (x *exchange) route(svc *gateway.Service, body []byte, rewrite func(result []byte) []byte) {
+	ctx := x.r.Context()
+	key := mcpmsg.IDKey(x.msg.ID)
+	x.fs.mu.Lock()
+	x.fs.inflight[key] = svc.ID
+	x.fs.mu.Unlock()
+	defer func() {
+		x.fs.mu.Lock()
+		delete(x.fs.inflight, key)
+		x.fs.mu.Unlock()
+	}()
+	accept := strings.Join(x.r.Header.Values("Accept"), ", ")
+	for attempt := 0; ; attempt++ {
+		c, g := x.childSession(ctx, svc)
+		if g != nil {
+			gateway.WriteRPCError(x.w, http.StatusOK, x.msg.ID, g.Code, "service "+svc.ID+": "+g.Message, g.Data)
+			return
+		}
+		a := x.h.subCall(ctx, x.r, x.next, x.call, svc, c.ms, http.MethodPost, body, accept)
+		if a.status == http.StatusNotFound && attempt == 0 {
+			a.drain()
+			x.forget(svc, c.ms)
+			continue
+		}
+		x.relay(svc, c.ms, a, rewrite)
+		return
+	}
+}
+
+// relay writes a service's answer to the runner: a JSON body as it came
+// (with its HTTP status), or a stream, each message rewritten for the
+// federated session.
+func (x *exchange) relay(svc *gateway.Service, ms *gateway.MCPSession, a *answer, rewrite func([]byte) []byte) {
+	defer a.close()
+	if a.err != nil {
+		x.h.logger.Error("a federated call failed in the pipeline", zap.String("service", svc.ID), zap.Error(a.err))
+		gateway.WriteRPCError(x.w, http.StatusOK, x.msg.ID, gateway.CodeInternalError, "toolgate could not route the call to "+svc.ID, nil)
+		return
+	}
+	if !a.sse {
+		msg, err := a.next()
+		if err != nil {
+			if errors.Is(err, io.EOF) {
+				x.w.WriteHeader(a.status)
+				return
+			}
+			gateway.WriteRPCError(x.w, http.StatusOK, x.msg.ID, gateway.CodeUnavailable, "service "+svc.ID+" answered unreadably", gateway.Retryable)
+			return
+		}
+		gateway.WriteRPC(x.w, a.status, x.outgoing(svc, ms, msg, rewrite))
+		return
+	}
+	out := newStream(x.w)
+	a.keepAlive = out.keepAlive
+	for {
+		msg, err := a.next()
+		if err != nil {
+			if !errors.Is(err, io.EOF) || !out.started {
+				out.send(gateway.RPCError(x.msg.ID, gateway.CodeUnavailable, "the stream of service "+svc.ID+" ended without an answer", gateway.Retryable))
+			}
+			return
+		}
+		if out.send(x.outgoing(svc, ms, msg, rewrite)) != nil || msg.Kind == mcpmsg.Response && mcpmsg.IDKey(msg.ID) == mcpmsg.IDKey(x.msg.ID) {
+			return
+		}
+	}
+}
+
+// outgoing is a message of svc as the federated session's runner gets it:
+// the response to its request with its result rewritten; a server→client
+// request with an id that names the service; a notification about a
+// resource with the resource's federated URI.
+func (x *exchange) outgoing(svc *gateway.Service, ms *gateway.MCPSession, msg mcpmsg.Message, rewrite func([]byte) []byte) []byte {
+	switch {
+	case msg.Kind == mcpmsg.Response && rewrite != nil && msg.Result != nil:
+		return mcpmsg.ReplaceMember(msg.Raw, "result", rewrite(msg.Result))
+	case msg.Kind == mcpmsg.Request:
+		return mcpmsg.ReplaceMember(msg.Raw, "id", serverRequestID(svc.ID, msg.ID))
+	case msg.Kind == mcpmsg.Notification && msg.URI != "" && strings.HasPrefix(msg.Method, "notifications/resources/"):
+		return withParam(msg, "uri", mcpmsg.Quote(svc.ID+x.h.Separator+msg.URI))
+	}
+	return msg.Raw
+}
+
+// A server→client request of a service reaches the runner with the id
+// "toolgate:<service>:<its id's JSON text>", so that the runner's answer
+// goes back to that service with the id it sent.
+const serverRequestPrefix = "toolgate:"
+
+func serverRequestID(service string, id []byte) []byte {
+	return mcpmsg.Quote(serverRequestPrefix + service + ":" + string(id))
+}
+
+// answerServer relays the runner's answer to a server→client request to
+// the service that sent it.
+func (x *exchange) answerServer() {
+	id := gjson.ParseBytes(x.msg.ID)
+	rest, ok := strings.CutPrefix(id.Str, serverRequestPrefix)
+	service, orig, found := strings.Cut(rest, ":")
+	if id.Type != gjson.String || !ok || !found || mcpmsg.IDKey([]byte(orig)) == "" {
+		gateway.WriteRPCError(x.w, http.StatusBadRequest, nil, gateway.CodeInvalidRequest,
+			"this response answers no pending server request of this MCP session", nil)
+		return
+	}
+	ms := x.started()[service]
+	svc := x.h.app.Registry().Lookup(service)
+	if ms == nil || svc == nil {
+		gateway.WriteRPCError(x.w, http.StatusBadRequest, nil, gateway.CodeInvalidRequest,
+			"this response answers no pending server request of this MCP session", nil)
+		return
+	}
+	a := x.h.subCall(x.r.Context(), x.r, x.next, x.call, svc, ms, http.MethodPost,
+		mcpmsg.ReplaceMember(x.msg.Raw, "id", []byte(orig)), "application/json, text/event-stream")
+	x.passOn(a)
+}
+
+// notification relays a runner notification: a cancellation to the
+// service working on the request, notifications/initialized nowhere (each
+// service's session had its own), anything else to every service.
+func (x *exchange) notification() {
+	m := x.msg
+	switch m.Method {
+	case "notifications/initialized":
+		x.w.WriteHeader(http.StatusAccepted)
+		return
+	case "notifications/cancelled":
+		requestID := gjson.GetBytes(m.Params, "requestId")
+		x.fs.mu.Lock()
+		service := x.fs.inflight[mcpmsg.IDKey([]byte(requestID.Raw))]
+		x.fs.mu.Unlock()
+		ms, svc := x.started()[service], x.h.app.Registry().Lookup(service)
+		if ms != nil && svc != nil {
+			x.passOn(x.h.subCall(x.r.Context(), x.r, x.next, x.call, svc, ms, http.MethodPost, m.Raw, "application/json"))
+			return
+		}
+		x.w.WriteHeader(http.StatusAccepted) // nothing in flight: nothing to cancel
+		return
+	}
+	x.broadcast()
+	x.w.WriteHeader(http.StatusAccepted)
+}
+
+// broadcast sends the runner's message to every service whose MCP session
+// started, at once, and waits for them; what they answer is logged only.
+func (x *exchange) broadcast() {
+	var wg sync.WaitGroup
+	for id, ms := range x.started() {
+		svc := x.h.app.Registry().Lookup(id)
+		if svc == nil {
+			continue
+		}
+		wg.Go(func() {
+			a := x.h.subCall(x.r.Context(), x.r, x.next, x.call, svc, ms, http.MethodPost, x.msg.Raw, "application/json")
+			if a.status >= 300 {
+				x.h.logger.Info("a service refused a federated message", zap.String("service", id),
+					zap.String("method", x.msg.Method), zap.Int("status", a.status))
+			}
+			a.drain()
+		})
+	}
+	wg.Wait()
+}
+
+// passOn answers the runner with a service's answer to a message that
+// gets no response (a notification, or the answer to a server request):
+// its status, and its body when it has one.
+func (x *exchange) passOn(a *answer) {
+	defer a.close()
+	msg, err := a.next()
+	if err != nil {
+		x.w.WriteHeader(a.status)
+		return
+	}
+	gateway.WriteRPC(x.w, a.status, msg.Raw)
+}

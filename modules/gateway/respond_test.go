@@ -1,0 +1,22 @@
+package gateway
+
+import (
+	"net/http"
+	"net/http/httptest"
+	"testing"
+)
+
+// A result response written in pieces (its envelope around the result) is
+// the response RPCResult builds, with the length of the whole.
+func TestResultResponseInPieces(t *testing.T) {
+	id, result := []byte(`"req-7"`), []byte(`{"content":[{"type":"text","text":"hello"}],"isError":false}`)
+	whole := RPCResult(id, result)
+	rec := httptest.NewRecorder()
+	WriteRPC(rec, http.StatusOK, RPCResultPrefix(id), result, []byte("}"))
+	if rec.Body.String() != string(whole) || rec.Header().Get("Content-Length") != "100" || len(whole) != 100 {
+		t.Errorf("in pieces: %q (Content-Length %s); whole: %q (%d bytes)", rec.Body.String(), rec.Header().Get("Content-Length"), whole, len(whole))
+	}
+	if rec.Header().Get("Content-Type") != "application/json" || rec.Code != http.StatusOK {
+		t.Errorf("headers %v, status %d", rec.Header(), rec.Code)
+	}
+}

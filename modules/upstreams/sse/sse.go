@@ -1,0 +1,239 @@
+// Package sse is the upstream transport toolgate.upstreams.sse: it reaches
+// MCP servers that still speak the HTTP+SSE transport of protocol revision
+// 2024-11-05 — a GET stream whose first event, "endpoint", names where to
+// POST messages, and whose later events carry the server's messages — and
+// presents them to runners as Streamable HTTP servers, through mcpbridge.
+//
+// Each runner's MCP session gets a stream of its own, opened when the runner
+// initializes and closed when its session ends, so the server sees one
+// client per runner, as with Streamable HTTP. Messages are POSTed only to
+// the host the service's url names: an endpoint event that points anywhere
+// else gets nothing, and certainly not the caller's credential.
+package sse
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"go.uber.org/zap"
+
+	"github.com/toolgate/toolgate/internal/mcpbridge"
+	"github.com/toolgate/toolgate/internal/mcpmsg"
+	"github.com/toolgate/toolgate/modules/gateway"
+)
+
+func init() {
+	caddy.RegisterModule(Transport{})
+}
+
+// Transport reaches a service's upstream over the 2024-11-05 HTTP+SSE
+// transport; the service's url is the server's SSE endpoint (often …/sse).
+// It has no options of its own: the service's url, allow_http, timeout,
+// dial_timeout and auth apply as for Streamable HTTP.
+//
+//	service legacy {
+//		url       https://legacy.example.com/sse
+//		transport sse
+//		tools     search
+//	}
+type Transport struct {
+	key    string
+	rt     *runtime
+	logger *zap.Logger
+}
+
+// CaddyModule returns the Caddy module information.
+func (Transport) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  gateway.UpstreamsNamespace + ".sse",
+		New: func() caddy.Module { return new(Transport) },
+	}
+}
+
+// Provision sets up logging.
+func (t *Transport) Provision(ctx caddy.Context) error {
+	t.logger = ctx.Logger()
+	return nil
+}
+
+// UsesURL reports true: url is the server's SSE endpoint.
+func (*Transport) UsesURL() bool { return true }
+
+// Attach binds the transport to its service. Runner sessions and their
+// streams outlive a config reload that keeps the service as it was.
+func (t *Transport) Attach(app *gateway.App, svc *gateway.Service) error {
+	header := "Authorization"
+	if svc.Auth.Kind == gateway.AuthHeader {
+		header = svc.Auth.Header
+	}
+	u, err := url.Parse(svc.URL)
+	if err != nil {
+		return fmt.Errorf("url: %v", err)
+	}
+	cfg := config{Service: svc.ID, URL: svc.URL, Header: header, MaxMessage: app.MaxResponseBytes,
+		Depth: app.MaxJSONDepth, DialTimeout: time.Duration(svc.DialTimeout), Timeout: time.Duration(svc.Timeout)}
+	t.key = fmt.Sprintf("sse/%+v", cfg)
+	v, _, err := runtimes.LoadOrNew(t.key, func() (caddy.Destructor, error) {
+		rt := &runtime{cfg: cfg, origin: u.Scheme + "://" + u.Host, base: app.HTTPClient().Transport}
+		rt.bridge = mcpbridge.New(mcpbridge.Config{Service: svc.ID, MaxMessage: cfg.MaxMessage,
+			Limits: mcpmsg.Limits{MaxDepth: cfg.Depth}, Logger: t.logger}, rt)
+		return rt, nil
+	})
+	if err != nil {
+		return err
+	}
+	t.rt = v.(*runtime)
+	t.rt.bridge.SetLogger(t.logger)
+	return nil
+}
+
+// RoundTrip answers toolgate_proxy's request (gateway.UpstreamTransport).
+func (t *Transport) RoundTrip(r *http.Request) (*http.Response, error) {
+	return t.rt.bridge.RoundTrip(r)
+}
+
+// Cleanup releases the service's streams; they end unless the next config
+// keeps the service unchanged.
+func (t *Transport) Cleanup() error {
+	if t.rt != nil {
+		_, _ = runtimes.Delete(t.key)
+	}
+	return nil
+}
+
+var runtimes = caddy.NewUsagePool()
+
+// config is what shapes a service's connections.
+type config struct {
+	Service, URL, Header string
+	MaxMessage           int64
+	Depth                int
+	DialTimeout, Timeout time.Duration
+}
+
+// runtime opens the service's sessions (mcpbridge.Opener).
+type runtime struct {
+	cfg    config
+	origin string // scheme://host of url: the only place messages go
+	base   http.RoundTripper
+	bridge *mcpbridge.Bridge
+}
+
+// Destruct ends every session's stream (caddy.Destructor).
+func (rt *runtime) Destruct() error {
+	rt.bridge.Close()
+	return nil
+}
+
+// Down reports nil: a new stream can always be tried.
+func (*runtime) Down(*http.Request) error { return nil }
+
+// Open opens a stream for a runner's session and relays its initialize.
+func (rt *runtime) Open(r *http.Request, init mcpmsg.Message) (*mcpbridge.Session, []byte, error) {
+	g := &guard{base: rt.base, origin: rt.origin, header: rt.cfg.Header, dial: rt.cfg.DialTimeout}
+	g.setCredential(r)
+	client := &http.Client{Transport: g, CheckRedirect: func(*http.Request, []*http.Request) error {
+		return http.ErrUseLastResponse
+	}}
+	// The stream lives as long as the session; opening it, as long as the
+	// runner's initialize may take.
+	streamCtx, endStream := context.WithCancel(context.Background())
+	stopWaiting := context.AfterFunc(r.Context(), endStream)
+	conn, err := (&mcp.SSEClientTransport{Endpoint: rt.cfg.URL, HTTPClient: client,
+		MaxEventSize: int(min(rt.cfg.MaxMessage, 1<<40))}).Connect(streamCtx)
+	if !stopWaiting() || err != nil {
+		endStream()
+		if conn != nil {
+			conn.Close()
+		}
+		return nil, nil, g.failure("opening the server's SSE stream", err)
+	}
+	var once sync.Once
+	closeStream := func() { once.Do(func() { conn.Close(); endStream() }) }
+	link := rt.bridge.ConnLink(streamCtx, conn, mcpbridge.LinkConfig{OnRequest: g.setCredential, Release: closeStream},
+		func(err error) error { return g.failure("posting a message to the server", err) },
+		&mcpbridge.Unavailable{Reason: "the SSE stream of service " + rt.cfg.Service + " ended"})
+	s, answer, err := link.Open(r.Context(), gateway.UpstreamUser(r.Context()), init)
+	if err != nil || s == nil {
+		closeStream()
+	}
+	var down *mcpbridge.Unavailable
+	var status *mcpbridge.StatusError
+	if err != nil && !errors.As(err, &down) && !errors.As(err, &status) {
+		err = g.failure("initializing", err)
+	}
+	return s, answer, err
+}
+
+// guard is the HTTP client transport of one session's stream and POSTs: it
+// sends only to the service's origin, attaches the caller's current
+// credential, and remembers the last refusal.
+type guard struct {
+	base   http.RoundTripper
+	origin string
+	header string
+	dial   time.Duration
+	cred   atomic.Pointer[string]
+	status atomic.Int32 // the last 4xx/5xx status
+	other  atomic.Bool  // a request for another host was refused
+}
+
+// setCredential takes the caller's credential from a toolgate_proxy
+// request, so that a refreshed token is used from then on.
+func (g *guard) setCredential(r *http.Request) bool {
+	v := r.Header.Get(g.header)
+	g.cred.Store(&v)
+	return true
+}
+
+func (g *guard) RoundTrip(req *http.Request) (*http.Response, error) {
+	if req.URL.Scheme+"://"+req.URL.Host != g.origin {
+		g.other.Store(true)
+		return nil, errOtherHost
+	}
+	req = req.Clone(gateway.WithDialTimeout(req.Context(), g.dial))
+	req.Header.Set("User-Agent", "toolgate")
+	if v := g.cred.Load(); v != nil && *v != "" {
+		req.Header.Set(g.header, *v)
+	}
+	resp, err := g.base.RoundTrip(req)
+	if err == nil && resp.StatusCode >= 400 {
+		g.status.Store(int32(resp.StatusCode))
+	}
+	return resp, err
+}
+
+var errOtherHost = errors.New("the server named a message endpoint on another host; toolgate sends messages only to the host of the service's url")
+
+// failure turns what went wrong into what the bridge answers: a refused
+// credential as the upstream's status (toolgate_proxy then asks the user
+// to connect again), anything else as unavailable.
+func (g *guard) failure(doing string, err error) error {
+	switch s := int(g.status.Swap(0)); {
+	case s == http.StatusUnauthorized || s == http.StatusForbidden:
+		return &mcpbridge.StatusError{Status: s, Reason: "the server refused the credential"}
+	case g.other.Swap(false):
+		return &mcpbridge.Unavailable{Reason: errOtherHost.Error()}
+	case s != 0:
+		return &mcpbridge.Unavailable{Reason: fmt.Sprintf("%s failed: the server answered HTTP %d", doing, s)}
+	case err != nil && errors.Is(err, context.DeadlineExceeded):
+		return &mcpbridge.Unavailable{Reason: doing + " timed out"}
+	}
+	return &mcpbridge.Unavailable{Reason: doing + " failed: the server is unreachable"}
+}
+
+// Interface guards
+var (
+	_ caddy.Provisioner         = (*Transport)(nil)
+	_ caddy.CleanerUpper        = (*Transport)(nil)
+	_ gateway.UpstreamTransport = (*Transport)(nil)
+	_ mcpbridge.Opener          = (*runtime)(nil)
+)

@@ -1,0 +1,326 @@
+//go:build unix
+
+package stdio
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/dustin/go-humanize"
+	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
+
+	"github.com/toolgate/toolgate/internal/mcpbridge"
+)
+
+// process is one running program: its stdin takes toolgate's messages, its
+// stdout gives the server's, its stderr goes to the log.
+type process struct {
+	cmd    *exec.Cmd
+	pid    int // also its process group's id
+	spec   *spec
+	stdin  *os.File
+	stdout *os.File
+	stderr *os.File
+	logger *zap.Logger
+	redact *strings.Replacer
+
+	wmu  sync.Mutex    // one message written at a time
+	done chan struct{} // closed once the process exited and was reaped
+
+	stderrLines atomic.Int64 // lines read from stderr
+
+	mu         sync.Mutex
+	why        string // why toolgate ended it, for runners ("" if it ended by itself)
+	reason     string // the same for metrics
+	stopping   bool   // toolgate is stopping it on purpose
+	sigkilled  bool   // it needed SIGKILL after its grace period
+	exitStatus string // how it ended, once reaped
+}
+
+// writeTimeout bounds writing one message when the request has no
+// deadline: a program that stops reading its stdin is ended.
+const writeTimeout = 30 * time.Second
+
+// startProcess starts the program in a process group of its own, with the
+// spec's environment (plus cred in CredEnv), working directory, user and
+// limits, and nothing else of toolgate's: no environment, and no file
+// descriptors but its three pipes.
+func startProcess(s *spec, cred string, logger *zap.Logger) (*process, error) {
+	path, err := lookPath(s.Command[0], s.Path)
+	if err != nil {
+		return nil, err
+	}
+	env := s.Env
+	secrets := s.secrets
+	if s.CredEnv != "" && cred != "" {
+		env = append(append(make([]string, 0, len(env)+1), env...), s.CredEnv+"="+cred)
+		secrets = append(append(make([]string, 0, len(secrets)+1), secrets...), cred)
+	}
+	var pipes [6]*os.File // child stdin, our stdin; our stdout, child stdout; our stderr, child stderr
+	for i := 0; i < 6; i += 2 {
+		if pipes[i], pipes[i+1], err = os.Pipe(); err != nil {
+			closeAll(pipes[:])
+			return nil, err
+		}
+	}
+	childIn, ourIn, ourOut, childOut, ourErr, childErr := pipes[0], pipes[1], pipes[2], pipes[3], pipes[4], pipes[5]
+	cmd := &exec.Cmd{Path: path, Args: s.Command, Env: env, Dir: s.Dir,
+		Stdin: childIn, Stdout: childOut, Stderr: childErr, SysProcAttr: sysProcAttr(s.user)}
+	if err = closeOnExec(); err == nil {
+		err = cmd.Start()
+	}
+	closeAll([]*os.File{childIn, childOut, childErr})
+	if err != nil {
+		closeAll([]*os.File{ourIn, ourOut, ourErr})
+		return nil, err
+	}
+	p := &process{cmd: cmd, pid: cmd.Process.Pid, spec: s, stdin: ourIn, stdout: ourOut, stderr: ourErr,
+		logger: logger.With(zap.String("service", s.Service), zap.Int("pid", cmd.Process.Pid)),
+		redact: redactor(secrets), done: make(chan struct{})}
+	if err := setLimits(p.pid, s.Limits); err != nil {
+		_ = syscall.Kill(-p.pid, syscall.SIGKILL)
+		_ = cmd.Wait()
+		closeAll([]*os.File{ourIn, ourOut, ourErr})
+		return nil, fmt.Errorf("setting resource limits: %v", err)
+	}
+	return p, nil
+}
+
+func closeAll(files []*os.File) {
+	for _, f := range files {
+		if f != nil {
+			f.Close()
+		}
+	}
+}
+
+func redactor(secrets []string) *strings.Replacer {
+	if len(secrets) == 0 {
+		return nil
+	}
+	pairs := make([]string, 0, 2*len(secrets))
+	for _, s := range secrets {
+		pairs = append(pairs, s, "[redacted]")
+	}
+	return strings.NewReplacer(pairs...)
+}
+
+// serve reads the program's output until it exits, hands its messages to
+// link, logs its stderr, reaps it and its process group, and calls ended
+// with why it ended (safe to show runners) and a reason for metrics.
+func (p *process) serve(link *mcpbridge.Link, ended func(why, reason string)) {
+	var readers sync.WaitGroup
+	readers.Go(func() { p.readMessages(link) })
+	readers.Go(p.readStderr)
+	err := p.cmd.Wait()
+	// Whatever the program left in its group (a node under npx) goes
+	// with it.
+	_ = syscall.Kill(-p.pid, syscall.SIGKILL)
+	p.stdin.Close()
+	readers.Wait()
+	p.mu.Lock()
+	p.exitStatus = exitText(p.cmd.ProcessState, err)
+	why, reason := p.why, p.reason
+	if why == "" || exitedByItself(p.cmd.ProcessState) {
+		why, reason = p.exitStatus, "exited"
+	}
+	p.mu.Unlock()
+	close(p.done)
+	p.logger.Info("program ended", zap.String("how", p.exitStatus))
+	ended(why, reason)
+}
+
+// exitedByItself reports an exit with a status, rather than by a signal
+// such as toolgate's SIGKILL.
+func exitedByItself(ps *os.ProcessState) bool {
+	if ps == nil {
+		return false
+	}
+	ws, ok := ps.Sys().(syscall.WaitStatus)
+	return ok && ws.Exited()
+}
+
+// exitText says how a process ended: "exited with status 3", "was killed
+// by SIGKILL".
+func exitText(ps *os.ProcessState, err error) string {
+	if ps == nil {
+		return "ended (" + err.Error() + ")"
+	}
+	ws, ok := ps.Sys().(syscall.WaitStatus)
+	switch {
+	case ok && ws.Signaled():
+		return "was killed by " + unix.SignalName(ws.Signal())
+	case ok && ws.Exited():
+		return fmt.Sprintf("exited with status %d", ws.ExitStatus())
+	}
+	return "ended (" + ps.String() + ")"
+}
+
+// readMessages reads the program's stdout, one JSON-RPC message per line,
+// each at most the gateway's max_response_size. A longer line ends the
+// program; a line that is not JSON is logged and skipped.
+func (p *process) readMessages(link *mcpbridge.Link) {
+	defer p.stdout.Close()
+	br := bufio.NewReaderSize(p.stdout, 64<<10)
+	var line []byte
+	for {
+		chunk, err := br.ReadSlice('\n')
+		if int64(len(line)+len(chunk)) > p.spec.MaxMessage+2 { // +CR LF
+			p.kill("line_too_long", "wrote a line longer than max_response_size ("+
+				humanize.IBytes(uint64(p.spec.MaxMessage))+") to its stdout")
+			_, _ = io.Copy(io.Discard, br) // until it is gone
+			return
+		}
+		line = append(line, chunk...)
+		if errors.Is(err, bufio.ErrBufferFull) {
+			continue
+		}
+		if msg := bytes.TrimSpace(line); len(msg) > 0 {
+			if msg[0] == '{' {
+				link.Receive(bytes.Clone(msg))
+			} else {
+				p.logLine("program wrote a line that is not a JSON-RPC message to its stdout", msg)
+			}
+		}
+		line = line[:0]
+		if err != nil {
+			return // the program closed stdout: it is ending
+		}
+	}
+}
+
+// maxLogLine bounds one line of a program's output in the log.
+const maxLogLine = 2 << 10
+
+// stderrBudget is how many stderr lines a process may log per
+// stderrWindow; more are counted, not logged.
+const (
+	stderrBudget = 200
+	stderrWindow = 10 * time.Second
+)
+
+// readStderr logs what the program writes to stderr, line by line, each
+// line bounded and with the service's secrets redacted, at most
+// stderrBudget lines per stderrWindow.
+func (p *process) readStderr() {
+	defer p.stderr.Close()
+	br := bufio.NewReaderSize(p.stderr, maxLogLine)
+	windowStart, logged, dropped := now(), 0, 0
+	for {
+		chunk, err := br.ReadSlice('\n')
+		if len(chunk) > 0 {
+			p.stderrLines.Add(1)
+			if t := now(); t.Sub(windowStart) >= stderrWindow {
+				if dropped > 0 {
+					p.logger.Warn("program wrote more to stderr than is logged", zap.Int("lines_dropped", dropped))
+				}
+				windowStart, logged, dropped = t, 0, 0
+			}
+			if logged < stderrBudget {
+				p.logLine("program stderr", bytes.TrimRight(chunk, "\r\n"))
+				logged++
+			} else {
+				dropped++
+			}
+		}
+		if errors.Is(err, bufio.ErrBufferFull) {
+			// The rest of a long line is not logged.
+			for errors.Is(err, bufio.ErrBufferFull) {
+				_, err = br.ReadSlice('\n')
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+func (p *process) logLine(msg string, line []byte) {
+	text := string(line)
+	if len(text) > maxLogLine {
+		text = text[:maxLogLine] + " […]"
+	}
+	if p.redact != nil {
+		text = p.redact.Replace(text)
+	}
+	p.logger.Info(msg, zap.String("line", text))
+}
+
+// send writes one message to the program's stdin, on one line.
+func (p *process) send(ctx context.Context, msg []byte) error {
+	line := append(mcpbridge.OneLine(msg)[:len(msg):len(msg)], '\n')
+	deadline, ok := ctx.Deadline()
+	if !ok {
+		deadline = now().Add(writeTimeout)
+	}
+	p.wmu.Lock()
+	defer p.wmu.Unlock()
+	_ = p.stdin.SetWriteDeadline(deadline)
+	_, err := p.stdin.Write(line)
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		// Part of the message may be written: nothing after it can be read.
+		p.kill("stopped_reading", "stopped reading its input")
+		return errors.New("the program stopped reading its input")
+	}
+	return fmt.Errorf("the program's input is closed: %w", err)
+}
+
+// kill ends the process group at once; why is told to runners.
+func (p *process) kill(reason, why string) {
+	p.mu.Lock()
+	if p.why == "" && !p.stopping {
+		p.why, p.reason = why, reason
+	}
+	p.mu.Unlock()
+	select {
+	case <-p.done:
+		return // reaped: its id may belong to someone else now
+	default:
+	}
+	p.logger.Warn("ending the program", zap.String("reason", why))
+	_ = syscall.Kill(-p.pid, syscall.SIGKILL)
+}
+
+// stop ends the process the way MCP's stdio transport describes: its
+// stdin is closed and its process group gets SIGTERM; after grace, SIGKILL.
+// It returns once the process is reaped.
+func (p *process) stop(grace time.Duration) {
+	p.mu.Lock()
+	p.stopping = true
+	p.mu.Unlock()
+	select {
+	case <-p.done:
+		return
+	default:
+	}
+	p.stdin.Close()
+	_ = syscall.Kill(-p.pid, syscall.SIGTERM)
+	t := time.NewTimer(grace)
+	defer t.Stop()
+	select {
+	case <-p.done:
+		return
+	case <-t.C:
+	}
+	p.mu.Lock()
+	p.sigkilled = true
+	p.mu.Unlock()
+	p.logger.Warn("program did not stop within its grace period; killing it", zap.Duration("stop_timeout", grace))
+	_ = syscall.Kill(-p.pid, syscall.SIGKILL)
+	<-p.done
+}
