@@ -147,7 +147,8 @@ func startReplicaWith(t testing.TB, bin, toolgateBlock, dataDir, policyDir strin
 
 // startReplicaAt is startReplicaWith on port, with publicURL as the
 // gateway's public_url (a load balancer's, for replicas behind one); its
-// site answers any host, like a replica behind a load balancer.
+// site answers any host, like a replica behind a load balancer, and serves
+// the federated endpoint (/v1/mcp) besides the services' endpoints.
 func startReplicaAt(t testing.TB, bin string, port int, publicURL, toolgateBlock, dataDir, policyDir string) *replica {
 	t.Helper()
 	base := fmt.Sprintf("http://127.0.0.1:%d", port)
@@ -167,8 +168,10 @@ func startReplicaAt(t testing.TB, bin string, port int, publicURL, toolgateBlock
 
 http://:%[5]d {
 	bind 127.0.0.1
-	route /v1/mcp/* {
+	@mcp path /v1/mcp /v1/mcp/*
+	route @mcp {
 		toolgate_session
+		toolgate_federation
 		toolgate_registry
 		toolgate_policy {
 			source %[4]s
@@ -217,7 +220,7 @@ func startBalancer(t testing.TB, bin string, port int, backends []string) *proce
 
 // replicaBlock is the toolgate block of test replicas: the test state
 // secret, the storage line, a local cipher key in data (the first replica
-// creates it, the others read it), alice's API key, and service svc at
+// creates it, the others read it), alice's and bob's API keys, and service svc at
 // upstream with the allowlist tools and the extra lines.
 func replicaBlock(storage, data, upstream, tools, extra string) string {
 	return fmt.Sprintf(`state_secret %s
@@ -225,13 +228,14 @@ func replicaBlock(storage, data, upstream, tools, extra string) string {
 		cipher local %s/cipher.key
 		auth {
 			api_key %s %s
+			api_key %s %s
 		}
 		service svc {
 			url %s
 			allow_http
 			tools %s
 			%s
-		}`, testStateSecret, storage, data, hashKey(aliceKey), alice, upstream, tools, extra)
+		}`, testStateSecret, storage, data, hashKey(aliceKey), alice, hashKey(bobKey), bob, upstream, tools, extra)
 }
 
 // postgresStorage returns the storage line of a toolgate block for a fresh

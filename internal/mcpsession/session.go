@@ -289,38 +289,78 @@ const (
 	MaxTaskArguments = 8 << 20 // bytes of arguments, all tasks together
 )
 
-// TaskCreated remembers the task id as created by the call t. A task id
-// the session knows already keeps its first call: an upstream cannot move
-// a task to another call by naming it again.
-func (s *Session) TaskCreated(id string, t Task) {
+// TaskCreated remembers the task id as created by the call t, here and in
+// the shared storage, so that the task's later requests are decided on any
+// replica. A task id the session knows already keeps its first call: an
+// upstream cannot move a task to another call by naming it again. When
+// the storage is unavailable the task is known here only (and logged).
+func (s *Session) TaskCreated(ctx context.Context, id string, t Task) {
+	t.Arguments = append([]byte(nil), t.Arguments...) // not the request body's memory
+	forgotten, added := s.rememberTask(id, t)
+	if s.local {
+		return
+	}
+	st := s.m.state()
+	if added {
+		if err := st.TaskCreated(ctx, s.Ref, id, mcpstate.TaskCall{Tool: t.Tool, Arguments: t.Arguments}); err != nil {
+			s.m.logger().Warn("cannot record a task in storage; other replicas will refuse its requests",
+				zap.String("service", s.Service), zap.Error(err))
+		}
+	}
+	for _, old := range forgotten {
+		st.TaskForgotten(ctx, s.Ref, old)
+	}
+}
+
+// rememberTask keeps t as the task id's call here, within the bounds; it
+// returns the tasks forgotten to make room, and whether id was new.
+func (s *Session) rememberTask(id string, t Task) (forgotten []string, added bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
-		return
+		return nil, false
 	}
 	if _, ok := s.tasks[id]; ok {
-		return
+		return nil, false
 	}
 	if s.tasks == nil {
 		s.tasks = make(map[string]Task)
 	}
-	t.Arguments = append([]byte(nil), t.Arguments...) // not the request body's memory
 	s.tasks[id] = t
 	s.taskOrder = append(s.taskOrder, id)
 	s.taskBytes += len(t.Arguments)
 	for len(s.taskOrder) > MaxTasks || s.taskBytes > MaxTaskArguments && len(s.taskOrder) > 1 {
-		s.taskBytes -= len(s.tasks[s.taskOrder[0]].Arguments)
-		delete(s.tasks, s.taskOrder[0])
+		old := s.taskOrder[0]
+		s.taskBytes -= len(s.tasks[old].Arguments)
+		delete(s.tasks, old)
 		s.taskOrder = s.taskOrder[1:]
+		forgotten = append(forgotten, old)
 	}
+	return forgotten, true
 }
 
-// Task returns the call that created the task id, if the session knows it.
-func (s *Session) Task(id string) (Task, bool) {
+// Task returns the call that created the task id, if the session knows it:
+// from this replica's memory, or from the storage when another replica
+// relayed the call (an error wrapping ErrStorageUnavailable when it cannot
+// be read).
+func (s *Session) Task(ctx context.Context, id string) (Task, bool, error) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	t, ok := s.tasks[id]
-	return t, ok
+	closed := s.closed
+	s.mu.Unlock()
+	if ok || closed || s.local {
+		return t, ok, nil
+	}
+	call, ok, err := s.m.state().Task(ctx, s.Ref, id)
+	if err != nil {
+		return Task{}, false, fmt.Errorf("%w: %v", ErrStorageUnavailable, err)
+	}
+	if !ok {
+		return Task{}, false, nil
+	}
+	t = Task{Tool: call.Tool, Arguments: call.Arguments}
+	s.rememberTask(id, t) // what another replica stored is kept here, as read
+	return t, true, nil
 }
 
 // close ends the session here, once; later calls report false.

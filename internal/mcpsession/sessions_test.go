@@ -354,45 +354,140 @@ func TestLocalSessionsStayOnTheirReplica(t *testing.T) {
 }
 
 // A session remembers the calls its tasks were created by, within bounds:
-// beyond them the oldest are forgotten, never the one just created.
+// beyond them the oldest are forgotten, never the one just created; every
+// replica knows them, until they are forgotten or the session ends.
 func TestSessionTasks(t *testing.T) {
-	m := newMCP(t)
+	storage := &certmagic.FileStorage{Path: t.TempDir()}
+	m, _ := replicaOf(t, storage, time.Hour, 100, 100)
+	other, _ := replicaOf(t, storage, time.Hour, 100, 100)
+	ctx := context.Background()
 	s := started(t, m, aliceSession, "up")
+	task := func(s *Session, id string) (Task, bool) {
+		t.Helper()
+		got, ok, err := s.Task(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return got, ok
+	}
 	args := []byte(`{"q":1}`)
-	s.TaskCreated("t1", Task{Tool: "build", Arguments: args})
+	s.TaskCreated(ctx, "t1", Task{Tool: "build", Arguments: args})
 	args[2] = 'x' // the caller's memory is not kept
-	if got, ok := s.Task("t1"); !ok || got.Tool != "build" || string(got.Arguments) != `{"q":1}` {
+	if got, ok := task(s, "t1"); !ok || got.Tool != "build" || string(got.Arguments) != `{"q":1}` {
 		t.Fatalf("Task(t1) = %+v, %v", got, ok)
 	}
 	// An upstream naming a known task again cannot move it to another call.
-	s.TaskCreated("t1", Task{Tool: "delete_all"})
-	if got, _ := s.Task("t1"); got.Tool != "build" {
+	s.TaskCreated(ctx, "t1", Task{Tool: "delete_all"})
+	if got, _ := task(s, "t1"); got.Tool != "build" {
 		t.Errorf("t1 now belongs to %q", got.Tool)
 	}
-	if _, ok := s.Task("t2"); ok {
+	if _, ok := task(s, "t2"); ok {
 		t.Error("an unknown task is known")
 	}
-	for i := range MaxTasks {
-		s.TaskCreated(fmt.Sprint("n", i), Task{Tool: "build"})
+	// Another replica knows the task by its call, and nothing else.
+	onOther, err := other.Open(ctx, s.ID, "alice", aliceSession.ID)
+	if err != nil {
+		t.Fatal(err)
 	}
-	if _, ok := s.Task("t1"); ok {
+	if got, ok := task(onOther, "t1"); !ok || got.Tool != "build" || string(got.Arguments) != `{"q":1}` {
+		t.Errorf("t1 on the other replica = %+v, %v", got, ok)
+	}
+	if _, ok := task(onOther, "t2"); ok {
+		t.Error("an unknown task is known on the other replica")
+	}
+	for i := range MaxTasks {
+		s.TaskCreated(ctx, fmt.Sprint("n", i), Task{Tool: "build"})
+	}
+	if _, ok := task(s, "t1"); ok {
 		t.Error("the oldest task was kept beyond MaxTasks")
 	}
-	if _, ok := s.Task(fmt.Sprint("n", MaxTasks-1)); !ok {
+	if _, ok := task(s, fmt.Sprint("n", MaxTasks-1)); !ok {
 		t.Error("the newest task was forgotten")
 	}
 	big := make([]byte, MaxTaskArguments/2+1)
-	s.TaskCreated("big1", Task{Tool: "build", Arguments: big})
-	s.TaskCreated("big2", Task{Tool: "build", Arguments: big})
-	if _, ok := s.Task("big1"); ok {
+	s.TaskCreated(ctx, "big1", Task{Tool: "build", Arguments: big})
+	s.TaskCreated(ctx, "big2", Task{Tool: "build", Arguments: big})
+	if _, ok := task(s, "big1"); ok {
 		t.Error("tasks keep more than MaxTaskArguments bytes of arguments")
 	}
-	if _, ok := s.Task("big2"); !ok {
+	if _, ok := task(s, "big2"); !ok {
 		t.Error("the task just created was forgotten")
 	}
+	if _, ok := task(onOther, "big1"); ok {
+		t.Error("a task forgotten where it was created is still known elsewhere")
+	}
 	_, _, _ = m.End(context.Background(), s)
-	s.TaskCreated("late", Task{Tool: "build"})
-	if _, ok := s.Task("late"); ok {
+	s.TaskCreated(ctx, "late", Task{Tool: "build"})
+	if _, ok := task(s, "late"); ok {
 		t.Error("an ended session remembers a task")
+	}
+	if _, ok := task(onOther, "big2"); ok {
+		t.Error("an ended session's task is known on the other replica")
+	}
+}
+
+// An Mcp-Session-Id opens, on any replica, only for the caller and the
+// toolgate session it was sealed for, only while it has not expired, and
+// only as sealed under the gateway's secret: another caller or session is
+// ErrForeign, anything altered, resealed under another secret or expired is
+// ErrNotFound (404: initialize again), and none of it changes the session.
+func TestOpenRefusesIDsNotSealedForTheCaller(t *testing.T) {
+	storage := &certmagic.FileStorage{Path: t.TempDir()}
+	a, _ := replicaOf(t, storage, time.Hour, 100, 100)
+	b, _ := replicaOf(t, storage, time.Hour, 100, 100)
+	ctx := context.Background()
+	s := started(t, a, aliceSession, "up")
+
+	for name, c := range map[string]struct{ user, session string }{
+		"bob in his own session":        {"bob", "b"},
+		"bob in alice's session":        {"bob", aliceSession.ID},
+		"bob naming no session":         {"bob", ""},
+		"alice in another session":      {"alice", "other"},
+		"a caller named like the owner": {"alices", ""},
+	} {
+		if _, err := b.Open(ctx, s.ID, c.user, c.session); !errors.Is(err, ErrForeign) {
+			t.Errorf("%s: Open = %v, want ErrForeign", name, err)
+		}
+	}
+
+	claims, err := mcpstate.Open(testKeys(t), s.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := seal.New(mcpstate.Purpose, []byte("another-state-secret-0123456789-0123456789"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	claims.Owner = mcpstate.Owner("bob", "b")
+	flipped := []byte(s.ID)
+	flipped[len(flipped)/2] ^= 1
+	for name, id := range map[string]string{
+		"one bit flipped":                  string(flipped),
+		"truncated":                        s.ID[:len(s.ID)-4],
+		"empty":                            "",
+		"sealed for bob elsewhere":         mcpstate.Seal(other, claims),
+		"forged for alice, another secret": mcpstate.Seal(other, mcpstate.ID{Ref: mcpstate.NewRef(), Expires: s.Expires, Owner: mcpstate.Owner("alice", aliceSession.ID), Service: "svc", Session: aliceSession.ID}),
+	} {
+		if _, err := b.Open(ctx, id, "bob", "b"); !errors.Is(err, ErrNotFound) {
+			t.Errorf("%s, by bob: Open = %v, want ErrNotFound", name, err)
+		}
+		if _, err := b.Open(ctx, id, "alice", aliceSession.ID); !errors.Is(err, ErrNotFound) {
+			t.Errorf("%s, by alice: Open = %v, want ErrNotFound", name, err)
+		}
+	}
+
+	// Nothing of that changed the session: alice continues it on b.
+	got, err := b.Open(ctx, s.ID, "alice", aliceSession.ID)
+	if err != nil || got.Upstream().SessionID != "up" {
+		t.Fatalf("alice on b: %v %+v", err, got)
+	}
+
+	// Past its expiry the id opens for no one, on any replica.
+	later := s.Expires.Add(time.Second)
+	withClock(t, &later)
+	for name, m := range map[string]*Sessions{"a": a, "b": b} {
+		if _, err := m.Open(ctx, s.ID, "alice", aliceSession.ID); !errors.Is(err, ErrNotFound) {
+			t.Errorf("expired, on %s: Open = %v, want ErrNotFound", name, err)
+		}
 	}
 }

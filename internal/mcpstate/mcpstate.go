@@ -19,7 +19,8 @@
 //     generation, what is replayed of the runner's initialize, the tool
 //     catalog (shared by content between sessions that listed the same
 //     tools), the pending server→client requests, the caller's index and
-//     the idle-tracking marks. These change, rarely: at initialize, after
+//     the idle-tracking marks, the calls the session's tasks were created
+//     by. These change, rarely: at initialize, after
 //     the first tool listing, when an upstream forgets its session, at the
 //     end.
 //   - Local to the replica: open SSE streams, runner streams kept for
@@ -37,6 +38,7 @@
 //
 //	toolgate/mcp/sessions/<ref>/state           the session's Record (JSON)
 //	toolgate/mcp/sessions/<ref>/requests/<id>   a pending server→client request: its method
+//	toolgate/mcp/sessions/<ref>/tasks/<id>      the call a task was created by (TaskCall, JSON)
 //	toolgate/mcp/catalogs/<sha256>              a tool catalog
 //	toolgate/mcp/active/<window>/<ref>          the session was used in that window
 //	toolgate/mcp/users/<sha256 of user>/<ref>   the caller's sessions
@@ -400,4 +402,50 @@ func (s *Store) ServerRequestAnswered(ctx context.Context, ref, idKey string) (m
 // ServerRequestForgotten forgets a pending request without an answer.
 func (s *Store) ServerRequestForgotten(ctx context.Context, ref, idKey string) {
 	_ = s.storage.Delete(ctx, requestKey(ref, idKey))
+}
+
+// taskKey is where the call that created the task id is kept.
+func taskKey(ref, id string) string {
+	return path.Join(sessionsPrefix, ref, "tasks", hashText(id)[:32])
+}
+
+// TaskCall is the call an upstream created a task for.
+type TaskCall struct {
+	Tool      string          `json:"tool"`
+	Arguments json.RawMessage `json:"arguments,omitempty"`
+}
+
+// TaskCreated records the call that created the task id, so that what the
+// task yields is decided as that call's result on any replica.
+func (s *Store) TaskCreated(ctx context.Context, ref, id string, t TaskCall) error {
+	data, err := json.Marshal(t)
+	if err != nil {
+		return fmt.Errorf("recording the task: %v", err)
+	}
+	if err := s.storage.Store(ctx, taskKey(ref, id), data); err != nil {
+		return fmt.Errorf("recording the task: %w", err)
+	}
+	return nil
+}
+
+// Task returns the call that created the task id; ok is false when no
+// replica recorded it.
+func (s *Store) Task(ctx context.Context, ref, id string) (t TaskCall, ok bool, err error) {
+	data, err := s.storage.Load(ctx, taskKey(ref, id))
+	if errors.Is(err, fs.ErrNotExist) {
+		return t, false, nil
+	}
+	if err != nil {
+		return t, false, fmt.Errorf("reading the task: %w", err)
+	}
+	if err := json.Unmarshal(data, &t); err != nil {
+		return t, false, fmt.Errorf("reading the task: %v", err)
+	}
+	return t, true, nil
+}
+
+// TaskForgotten removes the task id's call (best effort: ending the
+// session removes it too).
+func (s *Store) TaskForgotten(ctx context.Context, ref, id string) {
+	_ = s.storage.Delete(ctx, taskKey(ref, id))
 }

@@ -66,7 +66,7 @@ type asked struct {
 // asked describes the runner's request call. A request naming a task
 // toolgate did not see created in this MCP session is refused (false),
 // since what the task yields could not be decided as its call's result.
-func (h *ResultHandler) asked(w http.ResponseWriter, call *gateway.Call) (*asked, bool) {
+func (h *ResultHandler) asked(ctx context.Context, w http.ResponseWriter, call *gateway.Call) (*asked, bool) {
 	rq := &asked{method: call.Method, view: call}
 	switch call.Method {
 	case "tasks/result", "tasks/get", "tasks/cancel":
@@ -77,7 +77,11 @@ func (h *ResultHandler) asked(w http.ResponseWriter, call *gateway.Call) (*asked
 	var t gateway.Task
 	ok := call.MCPSession != nil
 	if ok {
-		t, ok = call.MCPSession.Task(id)
+		var err error
+		if t, ok, err = call.MCPSession.Task(ctx, id); err != nil {
+			call.Fail(w, http.StatusServiceUnavailable, gateway.CodeUnavailable, "toolgate's storage is unavailable; try again", gateway.Retryable)
+			return nil, false
+		}
 	}
 	if !ok {
 		call.Fail(w, http.StatusBadRequest, gateway.CodeInvalidParams, "toolgate knows no task "+quoteText(id)+
@@ -175,7 +179,7 @@ func (h *ResultHandler) result(ctx context.Context, call *gateway.Call, rq *aske
 				if args == nil {
 					args = call.Message.Arguments
 				}
-				ms.TaskCreated(id, gateway.Task{Tool: call.Message.Name, Arguments: args})
+				ms.TaskCreated(ctx, id, gateway.Task{Tool: call.Message.Name, Arguments: args})
 			}
 			s.task = id
 			if !gjson.GetBytes(result, "content").Exists() {

@@ -341,7 +341,7 @@ func TestUnknownTaskIsRefused(t *testing.T) {
 	for _, method := range []string{"tasks/result", "tasks/get", "tasks/cancel"} {
 		call := messageCall(t, method, `{"taskId":"t-unknown"}`)
 		w := httptest.NewRecorder()
-		if _, ok := h.asked(w, call); ok {
+		if _, ok := h.asked(t.Context(), w, call); ok {
 			t.Fatalf("%s of an unknown task was let through", method)
 		}
 		if body := w.Body.String(); !strings.Contains(body, `"code":-32602`) || !strings.Contains(body, `knows no task \"t-unknown\"`) {
@@ -349,7 +349,7 @@ func TestUnknownTaskIsRefused(t *testing.T) {
 		}
 	}
 	other := messageCall(t, "tasks/list", `{}`)
-	if rq, ok := h.asked(httptest.NewRecorder(), other); !ok || rq.method != "tasks/list" {
+	if rq, ok := h.asked(t.Context(), httptest.NewRecorder(), other); !ok || rq.method != "tasks/list" {
 		t.Errorf("tasks/list: %+v %v", rq, ok)
 	}
 }

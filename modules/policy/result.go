@@ -59,7 +59,7 @@ func (h *ResultHandler) ServeHTTP(w http.ResponseWriter, r *http.Request, next c
 	var rq *asked
 	if call.IsRequest() {
 		var ok bool
-		if rq, ok = h.asked(w, call); !ok {
+		if rq, ok = h.asked(r.Context(), w, call); !ok {
 			return nil
 		}
 		if h.approvals != nil && call.Method != "initialize" && h.approvals.MayRelease(call.Caller.User, gateway.SessionRef(call.Session.ID)) && h.released(w, r, call, rq) {

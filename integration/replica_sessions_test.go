@@ -1,0 +1,117 @@
+package integration
+
+import (
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+)
+
+// A federated session continues on any replica: the session it opened
+// with a service on one replica is the one the other replica uses (the
+// upstream sees one initialize), and DELETE on the other replica ends both
+// the federated session and that service session, everywhere.
+func TestFederatedSessionAcrossReplicas(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the toolgate binary")
+	}
+	bin := toolgateBinary(t)
+	up := startUpstream(t)
+	data := t.TempDir()
+	block := replicaBlock(postgresStorage(t), data, up.URL, "echo", "")
+	a := startReplica(t, bin, block, data)
+	b := startReplica(t, bin, block, data)
+	sess := a.createSession(t, aliceKey, "svc")
+	fa := a.raw(t, aliceKey, sess, "svc")
+	fa.url = a.URL + "/v1/mcp"
+	fa.initialize()
+	fb := b.raw(t, aliceKey, sess, "svc")
+	fb.url = b.URL + "/v1/mcp"
+	fb.sessionID = fa.sessionID
+
+	echo := func(m *rawMCP, id int, text string) {
+		t.Helper()
+		status, _, msgs := m.post(fmt.Sprintf(`{"jsonrpc":"2.0","id":%d,"method":"tools/call","params":{"name":"svc__echo","arguments":{"text":%q}}}`, id, text))
+		if status != http.StatusOK || len(msgs) == 0 || !strings.Contains(string(msgs[len(msgs)-1]), text) {
+			t.Fatalf("svc__echo %q: %d %s", text, status, msgs)
+		}
+	}
+	echo(fa, 1, "on a")
+	echo(fb, 2, "on b")
+	echo(fa, 3, "on a again")
+	status, _, msgs := fb.post(`{"jsonrpc":"2.0","id":4,"method":"tools/list"}`)
+	if status != http.StatusOK || len(msgs) != 1 || !strings.Contains(string(msgs[0]), `"svc__echo"`) {
+		t.Fatalf("tools/list on b: %d %s", status, msgs)
+	}
+	if n := len(up.openSessions()); n != 1 {
+		t.Errorf("the upstream has %d sessions, want the one both replicas share", n)
+	}
+
+	if status := fb.delete(); status != http.StatusNoContent {
+		t.Fatalf("DELETE on b: %d", status)
+	}
+	if status, _, msgs := fa.post(`{"jsonrpc":"2.0","id":5,"method":"ping"}`); status != http.StatusNotFound {
+		t.Errorf("the federated session on a after DELETE on b: %d %s, want 404", status, msgs)
+	}
+	waitFor(t, "the service session to be ended upstream", func() bool { return len(up.openSessions()) == 0 })
+}
+
+// A hostile runner on another replica gets nothing from an Mcp-Session-Id
+// it did not initialize: bob, with his own toolgate session or none, is
+// refused alice's session (403) for requests and for DELETE; an altered id
+// is unknown (404); alice naming another of her toolgate sessions is
+// refused (403). None of it ends or changes alice's session, which goes
+// on, on either replica, with its one upstream session.
+func TestForeignMCPSessionIDsAcrossReplicas(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the toolgate binary")
+	}
+	bin := toolgateBinary(t)
+	up := startUpstream(t)
+	data := t.TempDir()
+	block := replicaBlock(postgresStorage(t), data, up.URL, "echo", "")
+	a := startReplica(t, bin, block, data)
+	b := startReplica(t, bin, block, data)
+	ma := a.raw(t, aliceKey, a.createSession(t, aliceKey, "svc"), "svc")
+	ma.initialize()
+	ma.mustEcho(t, "before")
+
+	ping := `{"jsonrpc":"2.0","id":1,"method":"ping"}`
+	bobs := map[string]*rawMCP{
+		"bob in his session": b.raw(t, bobKey, b.createSession(t, bobKey, "svc"), "svc"),
+		"bob in no session":  {t: t, url: b.URL + "/v1/mcp/svc", headers: map[string]string{"Authorization": "Bearer " + bobKey}},
+		"bob in alice's":     b.raw(t, bobKey, ma.headers["X-Toolgate-Session"], "svc"),
+	}
+	for name, m := range bobs {
+		m.sessionID = ma.sessionID
+		if status, _, msgs := m.post(ping); status != http.StatusForbidden {
+			t.Errorf("%s, POST on b: %d %s, want 403", name, status, msgs)
+		}
+		if status := m.delete(); status != http.StatusForbidden {
+			t.Errorf("%s, DELETE on b: %d, want 403", name, status)
+		}
+	}
+	other := b.raw(t, aliceKey, b.createSession(t, aliceKey, "svc"), "svc")
+	other.sessionID = ma.sessionID
+	if status, _, msgs := other.post(ping); status != http.StatusForbidden {
+		t.Errorf("alice in another toolgate session on b: %d %s, want 403", status, msgs)
+	}
+	altered := b.raw(t, aliceKey, ma.headers["X-Toolgate-Session"], "svc")
+	id := []byte(ma.sessionID)
+	id[len(id)/2] ^= 1
+	altered.sessionID = string(id)
+	if status, _, msgs := altered.post(ping); status != http.StatusNotFound {
+		t.Errorf("an altered id on b: %d %s, want 404", status, msgs)
+	}
+	if status := altered.delete(); status != http.StatusNotFound {
+		t.Errorf("DELETE of an altered id on b: %d, want 404", status)
+	}
+
+	onB := b.raw(t, aliceKey, ma.headers["X-Toolgate-Session"], "svc")
+	onB.sessionID = ma.sessionID
+	onB.mustEcho(t, "after, on b")
+	ma.mustEcho(t, "after, on a")
+	if open := up.openSessions(); len(open) != 1 {
+		t.Errorf("the upstream has %d open sessions, want alice's one", len(open))
+	}
+}
