@@ -21,9 +21,10 @@ import (
 
 const (
 	// maxWaiting is how many notifications wait per session.
-	maxWaiting = 16
-	// maxSessions is how many sessions may have notifications waiting.
-	maxSessions = 4096
+	maxWaiting = 8
+	// maxSessions is how many sessions may have notifications waiting
+	// (a few MiB at most).
+	maxSessions = 16384
 	// waitFor is how long a notification waits for a stream.
 	waitFor = 5 * time.Minute
 )
@@ -113,6 +114,13 @@ func (b *Board) Send(session string, msg []byte) bool {
 	defer b.mu.Unlock()
 	b.queueLocked(session, []waiting{{msg: msg, until: now().Add(waitFor)}})
 	return false
+}
+
+// Forget drops what waits for session, which ended.
+func (b *Board) Forget(session string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	delete(b.waiting, session)
 }
 
 // queueLocked keeps ws waiting for session, within the bounds: the

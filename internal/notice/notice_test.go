@@ -63,6 +63,17 @@ func TestNoticesWaitForAStream(t *testing.T) {
 	}
 }
 
+func TestAnEndedSessionsNoticesGo(t *testing.T) {
+	b := New()
+	b.Send("s", []byte("1"))
+	b.Forget("s")
+	r := &recorder{}
+	b.Attach("s", r.send)
+	if len(r.got) != 0 || len(b.waiting) != 0 {
+		t.Fatalf("an ended session's notices: delivered %v, %d sessions waiting", r.got, len(b.waiting))
+	}
+}
+
 func TestWaitingNoticesExpire(t *testing.T) {
 	clock := time.Unix(1_000_000, 0)
 	now = func() time.Time { return clock }

@@ -11,6 +11,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/toolgate/toolgate/internal/mcpmsg"
+	"github.com/toolgate/toolgate/internal/notice"
 	"github.com/toolgate/toolgate/modules/gateway"
 )
 
@@ -260,6 +261,7 @@ func (h *Handler) endUpstream(ctx context.Context, call *gateway.Call, up gatewa
 // expired ends the upstream session of an MCP session that was idle for
 // the idle timeout, with the owner's current credential.
 func (h *Handler) expired(ms *gateway.MCPSession, up gateway.Upstream) {
+	notice.For(h.app).Forget(ms.ID) // nothing more waits for its stream
 	svc := h.app.Registry().Lookup(ms.Service)
 	if svc == nil || up.SessionID == "" {
 		return
