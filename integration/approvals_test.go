@@ -293,13 +293,19 @@ func TestApprovalFourEyesToolScopeDenialAndExpiry(t *testing.T) {
 }
 
 // A 2025-11-25 client that declared URL elicitation gets -32042 with the
-// approval page, and its retry after the approval runs once.
+// approval page, is told on its session's standalone stream when the
+// approval is decided (notifications/elicitation/complete), and its retry
+// after the approval runs once.
 func TestApprovalURLElicitationClient(t *testing.T) {
 	up, g := approvalsGateway(t, "")
+	completed := make(chan string, 4)
 	cs := g.connect(t, aliceKey, g.createSession(t, aliceKey, "svc"), "svc", &mcp.ClientOptions{
 		Capabilities: &mcp.ClientCapabilities{Elicitation: &mcp.ElicitationCapabilities{URL: &mcp.URLElicitationCapabilities{}}},
 		ElicitationHandler: func(context.Context, *mcp.ElicitRequest) (*mcp.ElicitResult, error) {
 			return &mcp.ElicitResult{Action: "accept"}, nil
+		},
+		ElicitationCompleteHandler: func(_ context.Context, req *mcp.ElicitationCompleteNotificationRequest) {
+			completed <- req.Params.ElicitationID
 		},
 	})
 	ctx := context.Background()
@@ -320,8 +326,27 @@ func TestApprovalURLElicitationClient(t *testing.T) {
 		data.Elicitations[0].URL != g.URL+"/console/approvals/"+data.Elicitations[0].ElicitationID {
 		t.Fatalf("the -32042 data: %s", rpcErr.Data)
 	}
+	// Asking again before the decision names the same approval, and the
+	// runner is told of its decision once.
+	if _, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "gated_tool", Arguments: map[string]any{"text": "via elicitation"}}); !errors.As(err, &rpcErr) ||
+		!strings.Contains(string(rpcErr.Data), data.Elicitations[0].ElicitationID) {
+		t.Fatalf("asking again before the decision: %v", err)
+	}
+	select {
+	case id := <-completed:
+		t.Fatalf("elicitation %s completed before any decision", id)
+	default:
+	}
 	if r := g.decide(t, aliceKey, data.Elicitations[0].ElicitationID, true, "", ""); r.StatusCode != http.StatusOK {
 		t.Fatalf("approving: %d %s", r.StatusCode, r.Body)
+	}
+	select {
+	case id := <-completed:
+		if id != data.Elicitations[0].ElicitationID {
+			t.Fatalf("notifications/elicitation/complete for %q, want %q", id, data.Elicitations[0].ElicitationID)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("no notifications/elicitation/complete on the standalone stream after the decision")
 	}
 	res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "gated_tool", Arguments: map[string]any{"text": "via elicitation"}})
 	if err != nil || res.IsError {
@@ -329,6 +354,11 @@ func TestApprovalURLElicitationClient(t *testing.T) {
 	}
 	if n := up.upstreamCalls("gated_tool"); n != 1 {
 		t.Fatalf("the upstream saw %d calls, want 1", n)
+	}
+	select {
+	case id := <-completed:
+		t.Fatalf("elicitation %s completed twice", id)
+	case <-time.After(2 * time.Second):
 	}
 }
 

@@ -6,6 +6,9 @@ import (
 	"errors"
 	"slices"
 	"strings"
+	"time"
+
+	"go.uber.org/zap"
 
 	"github.com/toolgate/toolgate/internal/mcpmsg"
 	"github.com/toolgate/toolgate/modules/gateway"
@@ -109,4 +112,57 @@ func (m *Manager) clientAnswer(ctx context.Context, call *gateway.Call, answer m
 		return errNoElicitation
 	}
 	return errors.New("the approval cannot be decided right now: " + err.Error())
+}
+
+// maxWatches bounds the decisions watched at once (WatchDecision).
+const maxWatches = 10000
+
+// WatchDecision calls decided once the approval a is decided, approved or
+// denied, on any replica: it reads the approval again when this replica
+// decides it and at least every poll. It gives up, without calling, when
+// ctx ends, the app stops, or the approval expires or goes. key names the
+// watch: a second watch under a key already watched is not started (a
+// runner asking again about the same approval). Past maxWatches at once,
+// nothing more is watched; it reports whether a watch started.
+func (m *Manager) WatchDecision(ctx context.Context, key string, a *Approval, poll time.Duration, decided func(*Approval)) bool {
+	m.mu.Lock()
+	if _, dup := m.watches[key]; dup || len(m.watches) >= maxWatches {
+		m.mu.Unlock()
+		return false
+	}
+	m.watches[key] = struct{}{}
+	m.mu.Unlock()
+	ctx, cancel := context.WithDeadline(ctx, a.ExpiresAt)
+	go func() {
+		defer func() {
+			cancel()
+			m.mu.Lock()
+			delete(m.watches, key)
+			m.mu.Unlock()
+		}()
+		for ctx.Err() == nil {
+			m.Wait(ctx, a.ID, poll)
+			select {
+			case <-m.app.Done():
+				return
+			default:
+			}
+			if ctx.Err() != nil {
+				return
+			}
+			got, err := m.Store.Get(ctx, a.ID)
+			switch {
+			case errors.Is(err, ErrNotFound):
+				return
+			case err != nil:
+				m.logger.Debug("watching an approval", zap.String("approval_id", a.ID), zap.Error(err))
+			case got.Status() == StateApproved || got.Status() == StateDenied || got.State == StateConsumed:
+				decided(got)
+				return
+			case got.Status() != StatePending:
+				return
+			}
+		}
+	}()
+	return true
 }

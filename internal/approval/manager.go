@@ -107,6 +107,7 @@ type Manager struct {
 	// withheld through this replica, until when: only their calls look for
 	// a released result before going upstream.
 	results map[string]time.Time
+	watches map[string]struct{} // WatchDecision's keys
 }
 
 // For returns the approvals of app's config, made on first use. Handlers
@@ -123,7 +124,7 @@ func For(ctx caddy.Context, app *gateway.App) (*Manager, error) {
 
 func newManager(ctx caddy.Context, app *gateway.App) (*Manager, error) {
 	m := &Manager{app: app, audit: caddy.Log().Named("toolgate.audit"), logger: app.Logger().Named("approvals"),
-		waiting: map[string][]chan struct{}{}, results: map[string]time.Time{}}
+		waiting: map[string][]chan struct{}{}, results: map[string]time.Time{}, watches: map[string]struct{}{}}
 	if raw := app.Extension("approvals"); raw != nil {
 		if err := jsonStrict(raw, &m.cfg); err != nil {
 			return nil, fmt.Errorf("approvals: %v", err)

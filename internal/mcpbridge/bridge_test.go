@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -366,5 +367,46 @@ func TestAnswerFromAnotherSessionIsIgnored(t *testing.T) {
 	alice.Send(http.MethodPost, real)
 	if final := next(t, ch); toolText(final) != "sampled: alice's words" {
 		t.Fatalf("the call's result: %s", final)
+	}
+}
+
+// A server→client request while two people's calls are in progress goes to
+// nobody, even when only one of them declared the capability it needs: the
+// other's call may be the one that caused it, and its content must not
+// reach someone else. The same holds for one person's standalone stream.
+func TestServerRequestNotRoutedToAnotherUserForLackOfCapability(t *testing.T) {
+	f := newFixture(t)
+	alice, bob := f.runner("alice", sampling), f.runner("bob", noCapabilities)
+	ctx, cancel := context.WithCancel(gateway.WithUpstreamUser(context.Background(), "alice"))
+	defer cancel()
+	blocking := alice.SendCtx(ctx, http.MethodPost, `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"block","arguments":{"name":"alice"}}}`)
+	defer blocking.Body.Close()
+	receive(t, f.running)
+	bobSamples(t, bob, 2, events(blocking.Body))
+
+	alice.Send(http.MethodPost, `{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":1}}`)
+	receive(t, f.blocked)
+	get := alice.Send(http.MethodGet, "")
+	defer get.Body.Close()
+	bobSamples(t, bob, 3, events(get.Body))
+}
+
+// bobSamples has bob call the sample tool, which asks for sampling, and
+// checks that the request is refused and never reaches alice's stream.
+func bobSamples(t *testing.T, bob *bridgetest.Runner, id int, alice <-chan string) {
+	t.Helper()
+	answer := make(chan []string, 1)
+	go func() {
+		answer <- bob.Call(`{"jsonrpc":"2.0","id":` + strconv.Itoa(id) + `,"method":"tools/call","params":{"name":"sample","arguments":{"prompt":"bob's private prompt"}}}`)
+	}()
+	select {
+	case m := <-alice:
+		t.Fatalf("alice's stream carried a request caused by bob's call: %s", m)
+	case msgs := <-answer:
+		if len(msgs) != 1 || !strings.Contains(toolText(msgs[0]), "sampling failed") {
+			t.Fatalf("bob's sampling request: want it refused, got %q", msgs)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("bob's call got no answer within 20s")
 	}
 }

@@ -466,7 +466,9 @@ func (l *Link) serverRequest(msg mcpmsg.Message) {
 
 // routeLocked picks the session and stream for a server→client message.
 // A request in progress is the likely cause of it; without one, a
-// standalone stream.
+// standalone stream. Every person with a request in progress counts,
+// whether or not their runner could take the message: their call may be
+// the one that caused it, so it must not go to someone else.
 func (l *Link) routeLocked(method string, params []byte) (*Session, *stream, string) {
 	var best *pending
 	users := map[string]bool{}
@@ -475,11 +477,11 @@ func (l *Link) routeLocked(method string, params []byte) (*Session, *stream, str
 		if p.session == nil || !p.out.open() {
 			continue
 		}
+		users[p.session.User] = true
 		if !p.session.caps.allows(method, params) {
 			incapableCaller = true
 			continue
 		}
-		users[p.session.User] = true
 		if best == nil || p.seq > best.seq {
 			best = p
 		}

@@ -37,6 +37,7 @@ func (e *LimitError) Error() string {
 // Ended is a session ended by idle expiry, with the upstream
 // session to end.
 type Ended struct {
+	ID       string // its Mcp-Session-Id, when this replica held a copy
 	User     string
 	Service  string
 	Upstream Upstream
@@ -728,7 +729,7 @@ func (m *Sessions) Housekeep(ctx context.Context) {
 		switch {
 		case s.local:
 			if !inUse && t.Sub(last) > c.Idle && m.closeLocal(s) && c.OnEnd != nil {
-				c.OnEnd(Ended{User: s.User, Service: s.Service, Upstream: s.Upstream()})
+				c.OnEnd(Ended{ID: s.ID, User: s.User, Service: s.Service, Upstream: s.Upstream()})
 			}
 		case inUse && !m.fresh(c, s):
 			_ = m.reload(ctx, s) // an end elsewhere stops its streams here
@@ -747,11 +748,13 @@ func (m *Sessions) Housekeep(ctx context.Context) {
 		c.Logger.Debug("expired idle MCP sessions", zap.Int("count", len(ended)))
 	}
 	for _, rec := range ended {
+		id := ""
 		if s := m.lookup(rec.Ref); s != nil {
+			id = s.ID
 			m.closeLocal(s)
 		}
 		if c.OnEnd != nil {
-			c.OnEnd(Ended{User: rec.User, Service: rec.Service, Upstream: upstreamOf(rec)})
+			c.OnEnd(Ended{ID: id, User: rec.User, Service: rec.Service, Upstream: upstreamOf(rec)})
 		}
 	}
 }

@@ -148,13 +148,18 @@ func Register(s *mcp.Server) {
 				chunk = chunk[len(chunk)-64<<10:]
 			}
 		})
-	mcp.AddTool(s, &mcp.Tool{Name: "shout", Description: "Writes its text to stderr, count times.", Annotations: readOnly},
+	mcp.AddTool(s, &mcp.Tool{Name: "shout", Description: "Writes its text to stderr (or, with stdout, to stdout), count times.", Annotations: readOnly},
 		func(_ context.Context, _ *mcp.CallToolRequest, in struct {
-			Text  string `json:"text"`
-			Count int    `json:"count"`
+			Text   string `json:"text"`
+			Count  int    `json:"count"`
+			Stdout bool   `json:"stdout,omitempty"`
 		}) (*mcp.CallToolResult, any, error) {
+			out := os.Stderr
+			if in.Stdout {
+				out = os.Stdout
+			}
 			for range max(in.Count, 1) {
-				fmt.Fprintln(os.Stderr, in.Text)
+				fmt.Fprintln(out, in.Text)
 			}
 			return text("shouted"), nil, nil
 		})

@@ -11,6 +11,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/toolgate/toolgate/internal/mcpmsg"
+	"github.com/toolgate/toolgate/internal/notice"
 	"github.com/toolgate/toolgate/modules/gateway"
 )
 
@@ -266,6 +267,9 @@ func (h *Handler) endUpstream(ctx context.Context, call *gateway.Call, up gatewa
 // expired ends the upstream session of an MCP session that was idle for
 // the idle timeout, with the owner's current credential.
 func (h *Handler) expired(e gateway.EndedMCPSession) {
+	if e.ID != "" {
+		notice.For(h.app).Forget(e.ID) // nothing more waits for its stream
+	}
 	svc := h.app.Registry().Lookup(e.Service)
 	if svc == nil || e.Upstream.SessionID == "" {
 		return

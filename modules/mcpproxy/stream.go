@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/toolgate/toolgate/internal/notice"
 	"github.com/toolgate/toolgate/modules/gateway"
 )
 
@@ -49,6 +50,10 @@ func (h *Handler) stream(w http.ResponseWriter, r *http.Request, call *gateway.C
 	defer rs.close()
 	out := newSSEWriter(w)
 	out.start(nil)
+	defer out.close() // a notice sent as the stream ends writes nothing
+	// toolgate's own notifications to the runner (an approval decided)
+	// go on this stream too.
+	defer notice.For(h.app).Attach(call.MCPSession.ID, func(msg []byte) error { return out.send("", msg) })()
 	h.relay(r.Context(), w, call, rs, out, newRunnerStream(call, time.Time{}, out, cancel))
 }
 

@@ -12,6 +12,7 @@ import (
 
 	"github.com/toolgate/toolgate/internal/approval"
 	"github.com/toolgate/toolgate/internal/mcpmsg"
+	"github.com/toolgate/toolgate/internal/notice"
 	"github.com/toolgate/toolgate/modules/gateway"
 )
 
@@ -72,7 +73,23 @@ func (h *RequestHandler) ask(w http.ResponseWriter, r *http.Request, call *gatew
 	}
 	status, msg := h.pending(call, d, res.Approval, h.app.BaseURL(r))
 	gateway.WriteRPC(w, status, msg)
+	h.completeWhenDecided(call, res.Approval)
 	return false, nil
+}
+
+// completeWhenDecided tells a runner that was told to open the approval
+// page (-32042) when the approval is decided, with
+// notifications/elicitation/complete on its MCP session's standalone
+// stream: its client may then retry at once instead of asking its person.
+// The watch ends with the MCP session or the approval.
+func (c *Config) completeWhenDecided(call *gateway.Call, a *approval.Approval) {
+	if !urlElicitation(call) {
+		return
+	}
+	ms, board := call.MCPSession, notice.For(c.app)
+	c.approvals.WatchDecision(ms.Context(), ms.ID+"\x00"+a.ID, a, holdPoll, func(*approval.Approval) {
+		board.Send(ms.ID, notification("notifications/elicitation/complete", map[string]any{"elicitationId": a.ID}))
+	})
 }
 
 // masked is payload as approvers see it: the policy's
@@ -205,6 +222,7 @@ func (h *ResultHandler) withhold(ctx context.Context, call *gateway.Call, s subj
 	}
 	a := res.Approval
 	if !toolForm {
+		h.completeWhenDecided(call, a)
 		return nil, pendingError(call, d, a, base)
 	}
 	return withheldResult("the result is withheld pending approval: "+o.Reason+" — approve it at "+approval.URL(base, a)+

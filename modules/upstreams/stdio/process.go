@@ -35,6 +35,10 @@ type process struct {
 	stderr *os.File
 	logger *zap.Logger
 	redact *strings.Replacer
+	// longest is the length of the longest secret: a line cut for the log
+	// is redacted with that much more of it, so that no secret is cut in
+	// two with its first part unredacted.
+	longest int
 
 	wmu  sync.Mutex    // one message written at a time
 	done chan struct{} // closed once the process exited and was reaped
@@ -89,6 +93,9 @@ func startProcess(s *spec, cred string, logger *zap.Logger) (*process, error) {
 	p := &process{cmd: cmd, pid: cmd.Process.Pid, spec: s, stdin: ourIn, stdout: ourOut, stderr: ourErr,
 		logger: logger.With(zap.String("service", s.Service), zap.Int("pid", cmd.Process.Pid)),
 		redact: redactor(secrets), done: make(chan struct{})}
+	for _, secret := range secrets {
+		p.longest = max(p.longest, len(secret))
+	}
 	if err := setLimits(p.pid, s.Limits); err != nil {
 		_ = syscall.Kill(-p.pid, syscall.SIGKILL)
 		_ = cmd.Wait()
@@ -213,10 +220,12 @@ const (
 
 // readStderr logs what the program writes to stderr, line by line, each
 // line bounded and with the service's secrets redacted, at most
-// stderrBudget lines per stderrWindow.
+// stderrBudget lines per stderrWindow. A line is read up to maxLogLine and
+// the longest secret beyond it, so that a secret that begins within what
+// is logged is whole when it is redacted.
 func (p *process) readStderr() {
 	defer p.stderr.Close()
-	br := bufio.NewReaderSize(p.stderr, maxLogLine)
+	br := bufio.NewReaderSize(p.stderr, maxLogLine+p.longest)
 	windowStart, logged, dropped := now(), 0, 0
 	for {
 		chunk, err := br.ReadSlice('\n')
@@ -247,13 +256,20 @@ func (p *process) readStderr() {
 	}
 }
 
+// logLine logs one line of the program's output, redacted, then cut to
+// maxLogLine (in that order: a secret cut first would escape redaction).
+// line must hold at least p.longest bytes past maxLogLine when there are
+// that many.
 func (p *process) logLine(msg string, line []byte) {
-	text := string(line)
-	if len(text) > maxLogLine {
-		text = text[:maxLogLine] + " […]"
+	if len(line) > maxLogLine+p.longest {
+		line = line[:maxLogLine+p.longest]
 	}
+	text := string(line)
 	if p.redact != nil {
 		text = p.redact.Replace(text)
+	}
+	if len(text) > maxLogLine {
+		text = text[:maxLogLine] + " […]"
 	}
 	p.logger.Info(msg, zap.String("line", text))
 }

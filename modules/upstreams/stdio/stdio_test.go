@@ -575,6 +575,36 @@ func TestStderrIsLoggedRedactedAndBounded(t *testing.T) {
 	}
 }
 
+// A secret in a line longer than what is logged of it is redacted, not cut
+// into a prefix that escapes redaction: on stderr, where a long line is read
+// in parts, and on stdout, where a line that is not a message is logged cut.
+func TestLongLinesAreRedactedWhereCut(t *testing.T) {
+	core, logs := observer.New(zap.InfoLevel)
+	rt := start(t, testSpec(t, stdioserver.ModeServe), zap.New(core))
+	alice := runnerOf(t, rt, "alice")
+	for i, stream := range []string{"stderr", "stdout"} {
+		for _, pad := range []int{maxLogLine - len(testSecret)/2, maxLogLine - 1, maxLogLine + 3} {
+			text := strings.Repeat("x", pad) + testSecret + " tail"
+			args := fmt.Sprintf(`{"text":%q,"count":1,"stdout":%v}`, text, stream == "stdout")
+			if res := callTool(alice, 10*i+pad, "shout", args); bridgetest.ToolText(res) != "shouted" {
+				t.Fatalf("shout: %s", res)
+			}
+		}
+	}
+	waitFor(t, "the lines are logged", func() bool {
+		return logs.FilterMessage("program stderr").FilterFieldKey("line").Filter(func(e observer.LoggedEntry) bool {
+			return strings.HasPrefix(e.ContextMap()["line"].(string), "xxx")
+		}).Len() == 3 && logs.FilterMessage("program wrote a line that is not a JSON-RPC message to its stdout").Len() == 3
+	})
+	prefix := testSecret[:6]
+	for _, e := range logs.All() {
+		line, _ := e.ContextMap()["line"].(string)
+		if strings.Contains(line, prefix) {
+			t.Errorf("%q: a part of the secret reached the log: …%s", e.Message, line[max(len(line)-40, 0):])
+		}
+	}
+}
+
 // Resource limits are set on the process.
 func TestLimitsAreSet(t *testing.T) {
 	s := testSpec(t, stdioserver.ModeServe)
