@@ -89,6 +89,12 @@ func startGatewayOnPort(t testing.TB, port int, cfg gatewayConfig) *gateway {
 	t.Helper()
 	caddyfile, data := gatewayCaddyfile(t, port, cfg)
 	loadCaddyfile(t, caddyfile)
+	// A config loaded over another one on the same port is a reload: the
+	// old server closes its idle keep-alive connections as it shuts down,
+	// and a POST sent on one of them before the client noticed fails with
+	// EOF (Go resends only idempotent requests). Tests speak to the new
+	// server on new connections.
+	http.DefaultClient.CloseIdleConnections()
 	g := &gateway{URL: fmt.Sprintf("http://127.0.0.1:%d", port), DataDir: data}
 	waitListening(t, g.URL)
 	return g
