@@ -1,10 +1,16 @@
 package integration
 
 import (
+	"bufio"
+	"context"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/tidwall/gjson"
 )
 
 // A federated session continues on any replica: the session it opened
@@ -113,5 +119,89 @@ func TestForeignMCPSessionIDsAcrossReplicas(t *testing.T) {
 	ma.mustEcho(t, "after, on a")
 	if open := up.openSessions(); len(open) != 1 {
 		t.Errorf("the upstream has %d open sessions, want alice's one", len(open))
+	}
+}
+
+// A runner told on replica a to open an approval page (-32042) learns of
+// the decision on its standalone stream held by replica b: the replica
+// that watched the approval announces the notification through the
+// storage, and b delivers it.
+func TestElicitationCompleteAcrossReplicas(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the toolgate binary")
+	}
+	bin := toolgateBinary(t)
+	up := startUpstream(t)
+	data := t.TempDir()
+	block := replicaBlock(postgresStorage(t), data, up.URL, "echo gated_tool", "")
+	policies := testdataPath(t, "approvals")
+	a := startReplicaWith(t, bin, block, data, policies)
+	b := startReplicaWith(t, bin, block, data, policies)
+	ma := a.raw(t, aliceKey, a.createSession(t, aliceKey, "svc"), "svc")
+	status, hdr, msgs := ma.post(`{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{"elicitation":{"url":{}}},"clientInfo":{"name":"raw","version":"1"}}}`)
+	if status != http.StatusOK || hdr.Get("Mcp-Session-Id") == "" {
+		t.Fatalf("initialize: %d %s", status, msgs)
+	}
+	ma.sessionID = hdr.Get("Mcp-Session-Id")
+	if status, _, _ := ma.post(`{"jsonrpc":"2.0","method":"notifications/initialized"}`); status != http.StatusAccepted {
+		t.Fatalf("notifications/initialized: %d", status)
+	}
+
+	// The standalone stream, on b.
+	mb := b.raw(t, aliceKey, ma.headers["X-Toolgate-Session"], "svc")
+	mb.sessionID = ma.sessionID
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	resp, answer := mb.openStream(t, ctx)
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("the standalone stream on b: %d %s", resp.StatusCode, answer)
+	}
+	defer resp.Body.Close()
+	events := make(chan string, 8)
+	go func() {
+		defer close(events)
+		sc := bufio.NewScanner(resp.Body)
+		for sc.Scan() {
+			if data, ok := strings.CutPrefix(sc.Text(), "data: "); ok {
+				events <- data
+			}
+		}
+	}()
+
+	// The call, on a.
+	var pending struct {
+		Error *struct {
+			Code int
+			Data struct {
+				Elicitations []struct{ ElicitationID string } `json:"elicitations"`
+			}
+		}
+	}
+	if got := ma.call(1, "gated_tool", `{"text":"across replicas"}`); json.Unmarshal(got, &pending) != nil || pending.Error == nil ||
+		pending.Error.Code != -32042 || len(pending.Error.Data.Elicitations) != 1 {
+		t.Fatalf("a gated call from a URL-elicitation client on a: %s", got)
+	}
+	id := pending.Error.Data.Elicitations[0].ElicitationID
+	if r := b.decide(t, aliceKey, id, true, "", ""); r.StatusCode != http.StatusOK {
+		t.Fatalf("approving on b: %d %s", r.StatusCode, r.Body)
+	}
+	for {
+		select {
+		case data, ok := <-events:
+			if !ok {
+				t.Fatal("b's stream ended without notifications/elicitation/complete")
+			}
+			if gjson.Get(data, "method").String() == "notifications/elicitation/complete" {
+				if got := gjson.Get(data, "params.elicitationId").String(); got != id {
+					t.Fatalf("completed %q, want %q", got, id)
+				}
+				if got := ma.call(2, "gated_tool", `{"text":"across replicas"}`); !strings.Contains(string(got), "across replicas") || strings.Contains(string(got), `"error"`) {
+					t.Fatalf("the retry after the approval: %s", got)
+				}
+				return
+			}
+		case <-ctx.Done():
+			t.Fatal("no notifications/elicitation/complete on b's stream within a minute")
+		}
 	}
 }

@@ -10,12 +10,30 @@
 // stream open on this replica waits, a few per session and for a while,
 // for one to open: a client opens its stream after initializing, and
 // reopens it when it drops.
+//
+// Replicas share MCP sessions, so the stream may be open on another
+// replica than the one that sends. With a storage that tells every
+// replica of changes (caddy.storage.postgres), a notification not
+// delivered here is announced, and every replica delivers it to the
+// session's stream if it holds one, or keeps it waiting as above: it may
+// then reach a runner twice, if its stream moves between replicas that
+// both kept it, which a client takes as what it is, the same news again.
+// The announcement carries the notification in its key, under a digest
+// of the session id; nothing is written to storage.
 package notice
 
 import (
+	"context"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/hex"
+	"strings"
 	"sync"
 	"time"
 
+	"go.uber.org/zap"
+
+	"github.com/toolgate/toolgate/internal/storecache"
 	"github.com/toolgate/toolgate/modules/gateway"
 )
 
@@ -27,14 +45,21 @@ const (
 	maxSessions = 16384
 	// waitFor is how long a notification waits for a stream.
 	waitFor = 5 * time.Minute
+	// maxAnnounced bounds a notification announced to other replicas
+	// (PostgreSQL's NOTIFY takes under 8,000 bytes).
+	maxAnnounced = 4096
+	// prefix is where announcements go, under the storage's keys.
+	prefix = "toolgate/notices/"
 )
 
 // now is time.Now, replaced in tests.
 var now = time.Now
 
-// Board holds the standalone streams open on this replica, by MCP session
-// id, and the notifications waiting for one.
+// Board holds the standalone streams open on this replica, by digest of
+// their MCP session id, and the notifications waiting for one.
 type Board struct {
+	watch *storecache.Watch // nil: this replica alone
+
 	mu      sync.Mutex
 	streams map[string][]*stream
 	waiting map[string][]waiting
@@ -47,10 +72,37 @@ type waiting struct {
 	until time.Time
 }
 
-// For returns the board of app's config, made on first use.
+// For returns the board of app's config, made on first use; it follows
+// the other replicas' announcements while the app runs.
 func For(app *gateway.App) *Board {
-	v, _ := app.Shared("notice", func() (any, error) { return New(), nil })
+	v, _ := app.Shared("notice", func() (any, error) {
+		b := New()
+		if storage := app.Storage(); storage != nil {
+			if w := storecache.NewWatch(storage, prefix); w.Notifies() {
+				b.watch = w
+				w.OnChange(b.announced)
+				app.OnStart(func() {
+					logger := app.Logger().Named("notice")
+					if err := w.Start(logger); err != nil {
+						logger.Warn("notifications to runners reach only streams on this replica", zap.Error(err))
+						return
+					}
+					go func() {
+						<-app.Done()
+						w.Stop()
+					}()
+				})
+			}
+		}
+		return b, nil
+	})
 	return v.(*Board)
+}
+
+// digest is the key of session in the board and in announcements.
+func digest(session string) string {
+	sum := sha256.Sum256([]byte(session))
+	return hex.EncodeToString(sum[:16])
 }
 
 // New returns an empty board.
@@ -62,6 +114,7 @@ func New() *Board {
 // (safe to call from any goroutine), and delivers what waits for it. The
 // stream is detached by calling the function returned, when it ends.
 func (b *Board) Attach(session string, send func(msg []byte) error) (detach func()) {
+	session = digest(session)
 	s := &stream{send: send}
 	b.mu.Lock()
 	b.streams[session] = append(b.streams[session], s)
@@ -99,9 +152,44 @@ func (b *Board) Attach(session string, send func(msg []byte) error) (detach func
 }
 
 // Send delivers msg, a JSON-RPC notification, on one standalone stream of
-// session (the latest opened that takes it), or keeps it until one opens.
-// It reports whether msg was delivered now.
+// session (the latest opened that takes it), or else announces it to the
+// replicas (this one included), which deliver it or keep it until a
+// stream opens. It reports whether msg was delivered here and now.
 func (b *Board) Send(session string, msg []byte) bool {
+	session = digest(session)
+	if b.deliver(session, msg) {
+		return true
+	}
+	if b.watch != nil && b.watch.Live() && len(msg) <= maxAnnounced {
+		b.watch.Changed(context.Background(), prefix+session+"/"+base64.RawURLEncoding.EncodeToString(msg))
+		return false
+	}
+	b.keep(session, msg)
+	return false
+}
+
+// announced takes a notification announced by a replica: delivered to a
+// stream here, or kept. It runs on the storage's listener, so delivery
+// goes on without it.
+func (b *Board) announced(c storecache.Change) {
+	if c.Reset {
+		return
+	}
+	session, enc, ok := strings.Cut(strings.TrimPrefix(c.Key, prefix), "/")
+	msg, err := base64.RawURLEncoding.DecodeString(enc)
+	if !ok || err != nil || len(session) != 32 {
+		return
+	}
+	go func() {
+		if !b.deliver(session, msg) {
+			b.keep(session, msg)
+		}
+	}()
+}
+
+// deliver sends msg on a stream of the session with that digest, the
+// latest opened that takes it.
+func (b *Board) deliver(session string, msg []byte) bool {
 	b.mu.Lock()
 	list := append([]*stream(nil), b.streams[session]...)
 	b.mu.Unlock()
@@ -110,17 +198,21 @@ func (b *Board) Send(session string, msg []byte) bool {
 			return true
 		}
 	}
+	return false
+}
+
+// keep keeps msg waiting for a stream of the session with that digest.
+func (b *Board) keep(session string, msg []byte) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.queueLocked(session, []waiting{{msg: msg, until: now().Add(waitFor)}})
-	return false
 }
 
 // Forget drops what waits for session, which ended.
 func (b *Board) Forget(session string) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	delete(b.waiting, session)
+	delete(b.waiting, digest(session))
 }
 
 // queueLocked keeps ws waiting for session, within the bounds: the

@@ -104,7 +104,7 @@ func TestWaitingIsBounded(t *testing.T) {
 	// Once the waiting ones expired, new ones wait again.
 	clock = clock.Add(waitFor + time.Second)
 	b.Send("later", []byte("y"))
-	if len(b.waiting) != 1 || len(b.waiting["later"]) != 1 {
+	if len(b.waiting) != 1 || len(b.waiting[digest("later")]) != 1 {
 		t.Fatalf("after expiry: %d sessions waiting", len(b.waiting))
 	}
 }

@@ -11,7 +11,6 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/toolgate/toolgate/internal/mcpmsg"
-	"github.com/toolgate/toolgate/internal/notice"
 	"github.com/toolgate/toolgate/modules/gateway"
 )
 
@@ -268,7 +267,7 @@ func (h *Handler) endUpstream(ctx context.Context, call *gateway.Call, up gatewa
 // the idle timeout, with the owner's current credential.
 func (h *Handler) expired(e gateway.EndedMCPSession) {
 	if e.ID != "" {
-		notice.For(h.app).Forget(e.ID) // nothing more waits for its stream
+		h.notices.Forget(e.ID) // nothing more waits for its stream
 	}
 	svc := h.app.Registry().Lookup(e.Service)
 	if svc == nil || e.Upstream.SessionID == "" {

@@ -31,6 +31,7 @@ import (
 
 	"github.com/toolgate/toolgate/internal/mcp2026"
 	"github.com/toolgate/toolgate/internal/mcpmsg"
+	"github.com/toolgate/toolgate/internal/notice"
 	"github.com/toolgate/toolgate/modules/gateway"
 )
 
@@ -44,6 +45,7 @@ type Handler struct {
 	maxMessage int64
 	limits     mcpmsg.Limits
 	stateless  *mcp2026.Runtime
+	notices    *notice.Board // toolgate's own notifications to runners' standalone streams
 	logger     *zap.Logger
 }
 
@@ -70,6 +72,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	h.maxMessage = h.app.MaxResponseBytes
 	h.limits = mcpmsg.Limits{MaxDepth: h.app.MaxJSONDepth}
 	h.app.OnMCPSessionEnd(h.expired)
+	h.notices = notice.For(h.app) // in Provision: it follows other replicas from the app's start
 	if h.stateless, err = mcp2026.For(h.app); err != nil {
 		return err
 	}

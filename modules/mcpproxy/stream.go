@@ -9,7 +9,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/toolgate/toolgate/internal/notice"
 	"github.com/toolgate/toolgate/modules/gateway"
 )
 
@@ -53,7 +52,7 @@ func (h *Handler) stream(w http.ResponseWriter, r *http.Request, call *gateway.C
 	defer out.close() // a notice sent as the stream ends writes nothing
 	// toolgate's own notifications to the runner (an approval decided)
 	// go on this stream too.
-	defer notice.For(h.app).Attach(call.MCPSession.ID, func(msg []byte) error { return out.send("", msg) })()
+	defer h.notices.Attach(call.MCPSession.ID, func(msg []byte) error { return out.send("", msg) })()
 	h.relay(r.Context(), w, call, rs, out, newRunnerStream(call, time.Time{}, out, cancel))
 }
 

@@ -12,7 +12,6 @@ import (
 
 	"github.com/toolgate/toolgate/internal/approval"
 	"github.com/toolgate/toolgate/internal/mcpmsg"
-	"github.com/toolgate/toolgate/internal/notice"
 	"github.com/toolgate/toolgate/modules/gateway"
 )
 
@@ -86,7 +85,7 @@ func (c *Config) completeWhenDecided(call *gateway.Call, a *approval.Approval) {
 	if !urlElicitation(call) {
 		return
 	}
-	ms, board := call.MCPSession, notice.For(c.app)
+	ms, board := call.MCPSession, c.notices
 	c.approvals.WatchDecision(ms.Context(), ms.ID+"\x00"+a.ID, a, holdPoll, func(*approval.Approval) {
 		board.Send(ms.ID, notification("notifications/elicitation/complete", map[string]any{"elicitationId": a.ID}))
 	})

@@ -30,6 +30,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/toolgate/toolgate/internal/approval"
+	"github.com/toolgate/toolgate/internal/notice"
 	"github.com/toolgate/toolgate/modules/gateway"
 )
 
@@ -94,6 +95,7 @@ type Config struct {
 	poolKey   string
 	app       *gateway.App
 	approvals *approval.Manager // nil without a cipher: asks cannot be approved
+	notices   *notice.Board
 	audit     *zap.Logger
 	logger    *zap.Logger
 }
@@ -170,6 +172,7 @@ func (c *Config) provision(ctx caddy.Context, stage, defaultQuery string) error 
 		if c.approvals, err = approval.For(ctx, c.app); err != nil {
 			return err
 		}
+		c.notices = notice.For(c.app) // in Provision: it follows other replicas from the app's start
 	}
 	logger := c.logger
 	c.app.OnStart(func() {
