@@ -411,6 +411,22 @@ func (m *rawMCP) send(ctx context.Context, method, accept, body, lastEventID str
 	return http.DefaultClient.Do(req)
 }
 
+// echoRequest is a tools/call of the upstream's echo tool with text, as
+// request id in m's session, for a load generator to send with its own
+// client.
+func (m *rawMCP) echoRequest(id int, text string) *http.Request {
+	body := fmt.Sprintf(`{"jsonrpc":"2.0","id":%d,"method":"tools/call","params":{"name":"echo","arguments":{"text":%q}}}`, id, text)
+	req, _ := http.NewRequest(http.MethodPost, m.url, strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json, text/event-stream")
+	req.Header.Set("Mcp-Session-Id", m.sessionID)
+	req.Header.Set("Mcp-Protocol-Version", "2025-11-25")
+	for k, v := range m.headers {
+		req.Header.Set(k, v)
+	}
+	return req
+}
+
 // delete ends the runner's MCP session.
 func (m *rawMCP) delete() int {
 	m.t.Helper()
