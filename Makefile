@@ -50,7 +50,8 @@ conformance:
 # package's testdata/fuzz as regression seeds, which every `go test` runs
 FUZZERS := internal/mcpmsg:FuzzParse modules/mcpproxy:FuzzSSEReader modules/mcpproxy:FuzzSSEWriter \
 	modules/policy:FuzzJSONTerm modules/ciphers/kms:FuzzParseEnvelope \
-	modules/gateway:FuzzVerifyState modules/gateway:FuzzUnmarshalCaddyfile
+	modules/gateway:FuzzVerifyState modules/gateway:FuzzUnmarshalCaddyfile \
+	modules/api:FuzzOAuthCallbackQuery
 FUZZTIME ?= 60s
 
 fuzz:
@@ -58,7 +59,7 @@ fuzz:
 	found=$$(grep -rhoE --include='*_test.go' '^func Fuzz[A-Za-z0-9_]+' . | sed 's/^func //' | sort); \
 	if [ "$$listed" != "$$found" ]; then echo "FUZZERS in the Makefile and the fuzzers in the tree differ:"; \
 		diff <(echo "$$listed") <(echo "$$found"); exit 1; fi
-	@set -e; for f in $(FUZZERS); do \
+	@set -eo pipefail; for f in $(FUZZERS); do \
 		echo "fuzzing $${f#*:} in ./$${f%%:*} for $(FUZZTIME)"; \
 		$(GO) test -run '^$$' -fuzz "^$${f#*:}$$" -fuzztime $(FUZZTIME) ./$${f%%:*} | grep -v '^fuzz: elapsed'; \
 	done
