@@ -11,10 +11,12 @@ SHELL := /bin/bash
 #               toolgate side by side with a plain Caddy reverse_proxy
 #               against DESIGN.md's performance budget (not part of test)
 #   make reloads  config reloads under load, toolgate beside plain Caddy
+#   make soak   ten minutes of load with sessions coming and going; memory,
+#               goroutines and file descriptors every 30 s
 
 GO ?= go
 
-.PHONY: build run test vet unit conformance fuzz fuzz-short bench bench-compare reloads xcaddy clean
+.PHONY: build run test vet unit conformance fuzz fuzz-short bench bench-compare reloads soak xcaddy clean
 
 build:
 	$(GO) build -o bin/toolgate ./cmd/toolgate
@@ -93,7 +95,16 @@ bench-compare: build
 # TLS). It measures, it never fails on figures.
 RATE ?= 200
 reloads:
-	TOOLGATE_RELOAD_RATE=$(RATE) TOOLGATE_RELOAD_H2C=$(H2C) $(GO) test -run '^$$' -bench 'BenchmarkReloads' -benchtime 1x ./integration/ 2>&1 | grep -v '^{"level'
+	TOOLGATE_RELOAD_RATE=$(RATE) TOOLGATE_RELOAD_H2C=$(H2C) $(GO) test -run '^$$' -bench 'BenchmarkReloads' -benchtime 1x ./integration/ 2>&1 | grep -v '^{"level'; exit $${PIPESTATUS[0]}
+
+# the soak (BenchmarkSoak): the toolgate binary at SOAK_RATE calls/s for
+# SOAK (default 10m) with sessions created and ended throughout; prints
+# RSS, heap, goroutines and open fds every 30 s and fails if they grow past
+# its bounds after the first minute
+SOAK ?= 10m
+SOAK_RATE ?= 200
+soak:
+	TOOLGATE_SOAK_DURATION=$(SOAK) TOOLGATE_SOAK_RATE=$(SOAK_RATE) $(GO) test -run '^$$' -bench 'BenchmarkSoak' -benchtime 1x -timeout 0 ./integration/ 2>&1 | grep -v '^{"level'; exit $${PIPESTATUS[0]}
 
 # a custom binary with the Caddy plugins listed in xcaddy.json
 xcaddy:
