@@ -11,10 +11,12 @@ SHELL := /bin/bash
 #               toolgate side by side with a plain Caddy reverse_proxy
 #               against DESIGN.md's performance budget (not part of test)
 #   make reloads  config reloads under load, toolgate beside plain Caddy
+#   make soak   ten minutes of load with sessions coming and going; memory,
+#               goroutines and file descriptors every 30 s
 
 GO ?= go
 
-.PHONY: build run test vet unit conformance fuzz fuzz-short bench bench-compare reloads xcaddy clean
+.PHONY: build run test vet unit conformance fuzz fuzz-short bench bench-compare reloads soak xcaddy clean
 
 build:
 	$(GO) build -o bin/toolgate ./cmd/toolgate
@@ -50,7 +52,8 @@ conformance:
 # package's testdata/fuzz as regression seeds, which every `go test` runs
 FUZZERS := internal/mcpmsg:FuzzParse modules/mcpproxy:FuzzSSEReader modules/mcpproxy:FuzzSSEWriter \
 	modules/policy:FuzzJSONTerm modules/ciphers/kms:FuzzParseEnvelope \
-	modules/gateway:FuzzVerifyState modules/gateway:FuzzUnmarshalCaddyfile
+	modules/gateway:FuzzVerifyState modules/gateway:FuzzUnmarshalCaddyfile \
+	modules/api:FuzzOAuthCallbackQuery
 FUZZTIME ?= 60s
 
 fuzz:
@@ -58,7 +61,7 @@ fuzz:
 	found=$$(grep -rhoE --include='*_test.go' '^func Fuzz[A-Za-z0-9_]+' . | sed 's/^func //' | sort); \
 	if [ "$$listed" != "$$found" ]; then echo "FUZZERS in the Makefile and the fuzzers in the tree differ:"; \
 		diff <(echo "$$listed") <(echo "$$found"); exit 1; fi
-	@set -e; for f in $(FUZZERS); do \
+	@set -eo pipefail; for f in $(FUZZERS); do \
 		echo "fuzzing $${f#*:} in ./$${f%%:*} for $(FUZZTIME)"; \
 		$(GO) test -run '^$$' -fuzz "^$${f#*:}$$" -fuzztime $(FUZZTIME) ./$${f%%:*} | grep -v '^fuzz: elapsed'; \
 	done
@@ -92,7 +95,16 @@ bench-compare: build
 # TLS). It measures, it never fails on figures.
 RATE ?= 200
 reloads:
-	TOOLGATE_RELOAD_RATE=$(RATE) TOOLGATE_RELOAD_H2C=$(H2C) $(GO) test -run '^$$' -bench 'BenchmarkReloads' -benchtime 1x ./integration/ 2>&1 | grep -v '^{"level'
+	TOOLGATE_RELOAD_RATE=$(RATE) TOOLGATE_RELOAD_H2C=$(H2C) $(GO) test -run '^$$' -bench 'BenchmarkReloads' -benchtime 1x ./integration/ 2>&1 | grep -v '^{"level'; exit $${PIPESTATUS[0]}
+
+# the soak (BenchmarkSoak): the toolgate binary at SOAK_RATE calls/s for
+# SOAK (default 10m) with sessions created and ended throughout; prints
+# RSS, heap, goroutines and open fds every 30 s and fails if they grow past
+# its bounds after the first minute
+SOAK ?= 10m
+SOAK_RATE ?= 200
+soak:
+	TOOLGATE_SOAK_DURATION=$(SOAK) TOOLGATE_SOAK_RATE=$(SOAK_RATE) $(GO) test -run '^$$' -bench 'BenchmarkSoak' -benchtime 1x -timeout 0 ./integration/ 2>&1 | grep -v '^{"level'; exit $${PIPESTATUS[0]}
 
 # a custom binary with the Caddy plugins listed in xcaddy.json
 xcaddy:

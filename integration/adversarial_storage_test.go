@@ -18,7 +18,7 @@ import (
 // in existing sessions with stored credentials) goes on; and the gateway
 // recovers by itself when the storage does. The storage is a real file
 // system: a small tmpfs, filled up or remounted read-only. PostgreSQL
-// unavailable: modules/storage/postgres (TestUnavailableDatabase…).
+// going away: modules/storage/postgres (TestFaults).
 
 // mountTmpfs mounts a tmpfs of size bytes at a new directory and returns
 // it. Mounting needs root (CAP_SYS_ADMIN); without it the test is skipped.

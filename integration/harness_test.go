@@ -54,15 +54,16 @@ type gatewayConfig struct {
 	AuthExtra     string // more lines in the toolgate block's auth block
 	// Federation, when set, adds toolgate_federation to the pipeline with
 	// these lines in its block (" " for none) and serves /v1/mcp too.
-	Federation   string
-	Services     string // more service blocks
-	Timeout      string // the service's timeout; default 10s
-	Cipher       string // the cipher option's value; default a local key file
-	Console      string // the toolgate_console block's lines; default api_key_login
-	ServiceExtra string // more lines in service svc's block
-	Log          string // the global log block's body; default output discard
-	RouteFirst   string // lines at the top of the MCP route, such as tracing
-	Global       string // more global options, such as servers { timeouts { … } }
+	Federation    string
+	Services      string // more service blocks
+	Timeout       string // the service's timeout; default 10s
+	PolicyTimeout string // both policy directives' timeout; default 5s
+	Cipher        string // the cipher option's value; default a local key file
+	Console       string // the toolgate_console block's lines; default api_key_login
+	ServiceExtra  string // more lines in service svc's block
+	Log           string // the global log block's body; default output discard
+	RouteFirst    string // lines at the top of the MCP route, such as tracing
+	Global        string // more global options, such as servers { timeouts { … } }
 	// AnyHost serves the site for any Host header (http://:port, bound to
 	// 127.0.0.1) instead of only for 127.0.0.1.
 	AnyHost bool
@@ -112,6 +113,9 @@ func gatewayCaddyfile(t testing.TB, port int, cfg gatewayConfig) (caddyfile, dat
 	}
 	if cfg.Timeout == "" {
 		cfg.Timeout = "10s"
+	}
+	if cfg.PolicyTimeout == "" {
+		cfg.PolicyTimeout = "5s"
 	}
 	if cfg.Console == "" {
 		cfg.Console = "api_key_login"
@@ -181,13 +185,13 @@ func gatewayCaddyfile(t testing.TB, port int, cfg gatewayConfig) (caddyfile, dat
 		toolgate_registry
 		toolgate_policy {
 			source %[10]s
-			timeout 5s
+			timeout %[30]s
 			%[16]s
 		}
 		toolgate_credentials
 		toolgate_result_policy {
 			source %[11]s
-			timeout 5s
+			timeout %[30]s
 		}
 		toolgate_proxy
 	}
@@ -200,7 +204,8 @@ func gatewayCaddyfile(t testing.TB, port int, cfg gatewayConfig) (caddyfile, dat
 %[29]s
 `, port, data, hashKey(aliceKey), alice, hashKey(bobKey), bob, cfg.Upstream, cfg.Tools, cfg.Auth,
 		cfg.RequestPolicy, cfg.ResultPolicy, cfg.Extra, cfg.Services, hashKey(carolKey), carol, cfg.PolicyOptions, cfg.Cipher, cfg.Timeout,
-		cfg.ServiceExtra, cfg.Log, cfg.Console, cfg.AuthExtra, cfg.Global, bind, site, cfg.RouteFirst, federatedPath, federation, cfg.Sites)
+		cfg.ServiceExtra, cfg.Log, cfg.Console, cfg.AuthExtra, cfg.Global, bind, site, cfg.RouteFirst, federatedPath, federation, cfg.Sites,
+		cfg.PolicyTimeout)
 	return caddyfile, data
 }
 
@@ -409,6 +414,22 @@ func (m *rawMCP) send(ctx context.Context, method, accept, body, lastEventID str
 		req.Header.Set("Last-Event-ID", lastEventID)
 	}
 	return http.DefaultClient.Do(req)
+}
+
+// echoRequest is a tools/call of the upstream's echo tool with text, as
+// request id in m's session, for a load generator to send with its own
+// client.
+func (m *rawMCP) echoRequest(id int, text string) *http.Request {
+	body := fmt.Sprintf(`{"jsonrpc":"2.0","id":%d,"method":"tools/call","params":{"name":"echo","arguments":{"text":%q}}}`, id, text)
+	req, _ := http.NewRequest(http.MethodPost, m.url, strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json, text/event-stream")
+	req.Header.Set("Mcp-Session-Id", m.sessionID)
+	req.Header.Set("Mcp-Protocol-Version", "2025-11-25")
+	for k, v := range m.headers {
+		req.Header.Set(k, v)
+	}
+	return req
 }
 
 // delete ends the runner's MCP session.

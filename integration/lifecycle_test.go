@@ -26,13 +26,18 @@ import (
 // waitFor polls cond every 10 ms for at most 10 s.
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	for range 1000 {
-		if cond() {
-			return
+	waitWithin(t, 10*time.Second, what, cond)
+}
+
+// waitWithin waits until cond holds, checking every 10 ms, and fails t
+// when it still does not after limit.
+func waitWithin(t *testing.T, limit time.Duration, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(limit); !cond(); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
 		}
-		time.Sleep(10 * time.Millisecond)
 	}
-	t.Fatalf("timed out waiting for %s", what)
 }
 
 // holdInitializes makes the upstream hold every initialize until the test

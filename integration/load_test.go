@@ -6,7 +6,6 @@ import (
 	"io"
 	"net/http"
 	"slices"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -63,16 +62,7 @@ func openLoop(b *testing.B, m *rawMCP, rate int, duration time.Duration) latenci
 		go func() {
 			defer wg.Done()
 			// Requests in flight together need distinct ids.
-			body := fmt.Sprintf(`{"jsonrpc":"2.0","id":%d,"method":"tools/call","params":{"name":"echo","arguments":{"text":"hello"}}}`, i)
-			req, _ := http.NewRequest(http.MethodPost, m.url, strings.NewReader(body))
-			req.Header.Set("Content-Type", "application/json")
-			req.Header.Set("Accept", "application/json, text/event-stream")
-			req.Header.Set("Mcp-Session-Id", m.sessionID)
-			req.Header.Set("Mcp-Protocol-Version", "2025-11-25")
-			for k, v := range m.headers {
-				req.Header.Set(k, v)
-			}
-			resp, err := client.Do(req)
+			resp, err := client.Do(m.echoRequest(i, "hello"))
 			why := ""
 			if err != nil {
 				why = err.Error()

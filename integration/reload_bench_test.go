@@ -273,17 +273,8 @@ func callLoop(m *rawMCP, rate int, duration time.Duration, h2c bool) loadResult 
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			body := fmt.Sprintf(`{"jsonrpc":"2.0","id":%d,"method":"tools/call","params":{"name":"echo","arguments":{"text":"hello"}}}`, i)
-			req, _ := http.NewRequest(http.MethodPost, m.url, strings.NewReader(body))
-			req.Header.Set("Content-Type", "application/json")
-			req.Header.Set("Accept", "application/json, text/event-stream")
-			req.Header.Set("Mcp-Session-Id", m.sessionID)
-			req.Header.Set("Mcp-Protocol-Version", "2025-11-25")
-			for k, v := range m.headers {
-				req.Header.Set(k, v)
-			}
 			why := ""
-			resp, err := client.Do(req)
+			resp, err := client.Do(m.echoRequest(i, "hello"))
 			if err != nil {
 				why = failureKind(err.Error())
 			} else {

@@ -226,14 +226,8 @@ func runReloadLoad(m *rawMCP, rate int, stop <-chan struct{}) reloadLoad {
 var errUnanswered = errors.New("the connection ended before an answer")
 
 func reloadCall(client *http.Client, m *rawMCP, id int, text string) (string, error) {
-	body := fmt.Sprintf(`{"jsonrpc":"2.0","id":%d,"method":"tools/call","params":{"name":"echo","arguments":{"text":%q}}}`, id, text)
-	req, _ := http.NewRequest(http.MethodPost, m.url, strings.NewReader(body))
-	req.Header.Set("Content-Type", "application/json")
+	req := m.echoRequest(id, text)
 	req.Header.Set("Accept", "application/json")
-	req.Header.Set("Mcp-Session-Id", m.sessionID)
-	for k, v := range m.headers {
-		req.Header.Set(k, v)
-	}
 	resp, err := client.Do(req)
 	if err != nil {
 		return "", fmt.Errorf("%w: %v", errUnanswered, err)

@@ -373,8 +373,10 @@ func assertJSON(t *testing.T, name string, got any, want string) {
 	}
 }
 
-// FuzzUnmarshalCaddyfile parses arbitrary toolgate blocks: an operator's
-// typo must give an error, never a panic.
+// FuzzUnmarshalCaddyfile parses arbitrary toolgate blocks, service blocks
+// included: an operator's typo must give an error that says something,
+// never a panic; a block that parses gives the same JSON config every
+// time (what the Caddyfile adapter hands Caddy).
 func FuzzUnmarshalCaddyfile(f *testing.F) {
 	for _, seed := range []string{
 		"toolgate {\n}",
@@ -383,10 +385,31 @@ func FuzzUnmarshalCaddyfile(f *testing.F) {
 		"toolgate {\n auth {\n jwt {\n issuer i\n audience a\n }\n api_key sha256:00 u g\n }\n}",
 		"toolgate {\n service {\n}",
 		"toolgate {\n max_json_depth -1\n}",
+		"toolgate {\n service s {\n title \"A b\"\n url http://u/mcp\n allow_http\n tool t read_only\n pin t sha256:00\n allowed_users a b\n timeout 1s\n dial_timeout 1s\n response_header_timeout 1s\n resume_attempts 2\n max_resume_delay 1s\n sse_keepalive off\n auth header X-K v\n }\n}",
+		"toolgate {\n service s {\n command /bin/prog -x\n env A b\n env A c\n per_user\n credential_env T\n idle_timeout off\n limits {\n memory 1MiB\n open_files 5\n }\n }\n}",
+		"toolgate {\n service s {\n url https://u\n transport sse\n auth oauth {\n authorization_url https://p/a\n token_url https://p/t\n client_id c\n client_secret {env.S}\n scopes a b\n resource https://u\n refresh_skew 1m\n login_hint\n }\n }\n service s {\n url https://v\n }\n}",
+		"toolgate {\n max_request_size 1MiB\n max_response_size 1x\n allowed_origins https://a.example:8443 *\n cipher local {\n key_file /k\n }\n storage file_system /d\n}",
 	} {
 		f.Add(seed)
 	}
 	f.Fuzz(func(t *testing.T, input string) {
-		_, _ = unmarshal(input)
+		app, err := unmarshal(input)
+		if err != nil {
+			if strings.TrimSpace(err.Error()) == "" {
+				t.Fatalf("an empty error for %q", input)
+			}
+			return
+		}
+		first, err := json.Marshal(app)
+		if err != nil {
+			t.Fatalf("%q parsed into a config that is not JSON: %v", input, err)
+		}
+		again, err := unmarshal(input)
+		if err != nil {
+			t.Fatalf("%q parsed once, then failed: %v", input, err)
+		}
+		if second, _ := json.Marshal(again); string(second) != string(first) {
+			t.Fatalf("%q parsed into two configs:\n%s\n%s", input, first, second)
+		}
 	})
 }
