@@ -228,9 +228,10 @@ func (h *Handler) relay(runner context.Context, w http.ResponseWriter, call *gat
 		}
 		if isResponseTo(msg, call.Message.ID) {
 			data := h.deliver(rs.ctx, call, msg, out != nil)
-			if out == nil && rs.status != 0 && call.Stateless != nil {
+			if call.Stateless != nil {
 				// A stateless runner reads the HTTP status of an error too.
-				gateway.WriteRPC(w, rs.status, data.parts()...)
+				h.finalStateless(w, out, data, rs.status)
+				rs.awaitEnd()
 				return
 			}
 			if h.writeFinal(w, out, st.id(rs.lastEventID()), data) {

@@ -27,6 +27,10 @@ import (
 
 // serveStateless relays one stateless request.
 func (h *Handler) serveStateless(w http.ResponseWriter, r *http.Request, call *gateway.Call) {
+	if call.Stateless.Held != "" {
+		h.continueHeld(w, r, call)
+		return
+	}
 	listen := call.Method == "subscriptions/listen"
 	var ctx context.Context
 	var cancel context.CancelFunc
@@ -64,8 +68,19 @@ func (h *Handler) serveStateless(w http.ResponseWriter, r *http.Request, call *g
 		return
 	}
 	body := statelessBody(call, modern)
+	var hc *heldCall
 	if modern {
 		ctx = withUpstreamHeaders(ctx, h.standardHeaders(call, body))
+	} else if isRoundMethod(call.Method) {
+		// The upstream may ask the runner something during the call: the
+		// call may be held between rounds, beyond this request.
+		hc = &heldCall{h: h, call: call}
+		ctx, hc.cancel, hc.detach = roundsContext(r, call)
+		defer func() {
+			if hc.rs == nil {
+				hc.cancel()
+			}
+		}()
 	}
 	resp, err := h.exchange(ctx, call, up, http.MethodPost, body, "")
 	if err != nil && !modern && isKind(err, kindSessionGone) {
@@ -85,6 +100,11 @@ func (h *Handler) serveStateless(w http.ResponseWriter, r *http.Request, call *g
 			}
 			return
 		}
+	}
+	if hc != nil {
+		hc.up, hc.rs = up, rs
+		h.rounds(w, r, call, hc)
+		return
 	}
 	defer rs.close()
 	var out *sseWriter
