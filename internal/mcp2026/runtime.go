@@ -28,7 +28,9 @@ type Runtime struct {
 	opener   Opener
 	discover map[string]Discovery // by service id
 
-	holds holds
+	holds   holds
+	eras    eras
+	answers answers
 }
 
 // An Opener prepares an implied MCP session for use, once: it learns which

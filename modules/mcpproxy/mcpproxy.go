@@ -98,9 +98,16 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, _ caddyhttp.
 	if ms := call.MCPSession; ms != nil {
 		defer ms.Begin()()
 	}
+	translated := call.MCPSession != nil && call.Stateless == nil && call.MCPSession.Upstream().ProtocolVersion == mcp2026.Version
 	switch {
 	case call.Stateless != nil:
 		h.serveStateless(w, r, call)
+	case translated && r.Method == http.MethodGet:
+		h.streamTranslated(w, r, call)
+	case translated && r.Method != http.MethodDelete && call.Message.Kind == mcpmsg.Request:
+		h.requestTranslated(w, r, call)
+	case translated && r.Method != http.MethodDelete:
+		h.forwardTranslated(w, r, call)
 	case r.Method == http.MethodGet:
 		h.stream(w, r, call)
 	case r.Method == http.MethodDelete:
