@@ -118,19 +118,7 @@ func (h *Handler) initializeTranslated(ctx context.Context, w http.ResponseWrite
 	}
 	result = append(result, '}')
 	w.Header().Set("Mcp-Session-Id", ms.ID)
-	h.answerOwnTo(ctx, w, call, gateway.RPCResult(call.Message.ID, result))
-}
-
-// answerOwnTo answers a request with a response toolgate made, through
-// deliver like any upstream answer, as a JSON body.
-func (h *Handler) answerOwnTo(ctx context.Context, w http.ResponseWriter, call *gateway.Call, raw []byte) {
-	msg, err := mcpmsg.Parse(raw, h.limits)
-	if err != nil {
-		call.Unavailable(w, "toolgate could not build the answer: "+err.Error())
-		return
-	}
-	answer := h.deliver(ctx, call, msg, false)
-	gateway.WriteRPC(w, http.StatusOK, answer.parts()...)
+	h.answerOwn(ctx, w, call, gateway.RPCResult(call.Message.ID, result))
 }
 
 // translatedBody is a runner's request with the given id and params.
@@ -148,7 +136,7 @@ func (h *Handler) requestTranslated(w http.ResponseWriter, r *http.Request, call
 	switch call.Method {
 	case "ping", "logging/setLevel":
 		// Removed in the revision; the answer is toolgate's.
-		h.answerOwnTo(r.Context(), w, call, gateway.RPCResult(call.Message.ID, []byte("{}")))
+		h.answerOwn(r.Context(), w, call, gateway.RPCResult(call.Message.ID, []byte("{}")))
 		return
 	}
 	ctx, cancel := exchangeContext(r, call)
