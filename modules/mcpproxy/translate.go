@@ -12,6 +12,7 @@ import (
 
 	"github.com/toolgate/toolgate/internal/mcp2026"
 	"github.com/toolgate/toolgate/internal/mcpmsg"
+	"github.com/toolgate/toolgate/internal/notice"
 	"github.com/toolgate/toolgate/modules/gateway"
 )
 
@@ -91,7 +92,7 @@ func (h *Handler) modernOnly(ctx context.Context, call *gateway.Call) bool {
 // changes only), identity and instructions.
 func (h *Handler) initializeTranslated(ctx context.Context, w http.ResponseWriter, r *http.Request, call *gateway.Call, ms *gateway.MCPSession, replay []byte) {
 	d, _ := h.stateless.Discovery(call.Service.ID)
-	if err := ms.SetUpstream(gateway.Upstream{ProtocolVersion: mcp2026.Version, InitializeParams: replay}); err != nil {
+	if err := ms.SetUpstream(ctx, gateway.Upstream{ProtocolVersion: mcp2026.Version, InitializeParams: replay}); err != nil {
 		h.answerError(w, r, call, err)
 		return
 	}
@@ -280,7 +281,7 @@ func (h *Handler) askTranslated(ctx context.Context, w http.ResponseWriter, call
 			fail = "toolgate's policy withheld " + method + " from the client"
 			return false
 		}
-		if !ms.ServerRequestSent(id, method) {
+		if !ms.ServerRequestSent(ctx, id, method) {
 			fail = "too many server requests are waiting for the client's answer"
 			return false
 		}
@@ -398,6 +399,9 @@ func (h *Handler) streamTranslated(w http.ResponseWriter, r *http.Request, call 
 	out := newSSEWriter(w)
 	out.start(nil)
 	defer h.keepAlive(out, call.Service)()
+	// toolgate's own notifications to the runner (an approval decided)
+	// go on this stream too.
+	defer notice.For(h.app).Attach(call.MCPSession.ID, func(msg []byte) error { return out.send("", msg) })()
 	for {
 		msg, err := rs.next()
 		if err != nil || isResponseTo(msg, id) {
