@@ -213,8 +213,8 @@ func TestUpstreamRestartIsReinitializedTransparently(t *testing.T) {
 		t.Fatalf("result = %+v", res)
 	}
 	var inits int
-	for _, h := range up.headers() {
-		if h.Get("Mcp-Session-Id") == "" && h.Get("Content-Type") == "application/json" {
+	for _, r := range up.requestLog() {
+		if strings.Contains(r.Body, `"method":"initialize"`) {
 			inits++
 		}
 	}

@@ -163,3 +163,40 @@ func ApprovalInput(page, message, state string, decision, approval []byte) []byt
 	b = append(b, approval...)
 	return append(b, `}}`...)
 }
+
+// InputRequest is one input request of an input_required result: its key
+// in inputRequests, its method, and its params (JSON text; nil for none).
+type InputRequest struct {
+	Key    string
+	Method string
+	Params []byte
+}
+
+// InputRequired is toolgate's input_required result for input requests it
+// makes of an upstream's server→client requests, with toolgate's sealed
+// requestState.
+func InputRequired(reqs []InputRequest, state string) []byte {
+	b := []byte(`{"resultType":"input_required","inputRequests":{`)
+	for i, r := range reqs {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = mcpmsg.AppendQuote(b, r.Key)
+		b = append(b, `:{"method":`...)
+		b = mcpmsg.AppendQuote(b, r.Method)
+		if r.Params != nil {
+			b = append(b, `,"params":`...)
+			b = append(b, r.Params...)
+		}
+		b = append(b, '}')
+	}
+	b = append(b, `},"requestState":`...)
+	b = mcpmsg.AppendQuote(b, state)
+	return append(b, '}')
+}
+
+// RoundMethods are the requests a server may answer with input_required.
+var RoundMethods = []string{"tools/call", "prompts/get", "resources/read"}
+
+// InputMethods are the server→client requests that may be input requests.
+var InputMethods = []string{"elicitation/create", "sampling/createMessage", "roots/list"}

@@ -9,6 +9,8 @@ import (
 	"sync"
 	"time"
 
+	"go.uber.org/zap"
+
 	"github.com/toolgate/toolgate/internal/mcpmsg"
 	"github.com/toolgate/toolgate/modules/gateway"
 )
@@ -25,6 +27,10 @@ type Runtime struct {
 	implied  map[string]*gateway.MCPSession
 	opener   Opener
 	discover map[string]Discovery // by service id
+
+	holds   holds
+	eras    eras
+	answers answers
 }
 
 // An Opener prepares an implied MCP session for use, once: it learns which
@@ -70,7 +76,9 @@ func For(app *gateway.App) (*Runtime, error) {
 		if err != nil {
 			return nil, err
 		}
-		return &Runtime{app: app, sealer: s, implied: map[string]*gateway.MCPSession{}, discover: map[string]Discovery{}}, nil
+		rt := &Runtime{app: app, sealer: s, implied: map[string]*gateway.MCPSession{}, discover: map[string]Discovery{}}
+		app.OnStart(func() { go rt.housekeeping() })
+		return rt, nil
 	})
 	if err != nil {
 		return nil, err
@@ -208,4 +216,32 @@ func isEmptyObject(b []byte) bool {
 		}
 	}
 	return n == 2
+}
+
+// sweepInterval is how often the records of used requestStates are swept.
+const sweepInterval = 5 * time.Minute
+
+// housekeeping sweeps the records of used requestStates that expired,
+// until the app stops.
+func (rt *Runtime) housekeeping() {
+	t := time.NewTicker(sweepInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-rt.app.Done():
+			return
+		case <-t.C:
+			if n, err := rt.Sweep(context.Background()); err != nil {
+				rt.app.Logger().Warn("sweeping used requestStates", zap.Error(err))
+			} else if n > 0 {
+				rt.app.Logger().Debug("removed used requestStates", zap.Int("count", n))
+			}
+		}
+	}
+}
+
+// Sweep deletes the records of used requestStates that expired: the
+// record of a use is needed only while the state would still open a retry.
+func (rt *Runtime) Sweep(ctx context.Context) (int, error) {
+	return sweepUsed(ctx, rt.app.Storage(), time.Now())
 }

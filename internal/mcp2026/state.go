@@ -11,6 +11,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"io/fs"
 	"strings"
 	"time"
 
@@ -28,8 +29,9 @@ type State struct {
 	Method   string `json:"m"`
 	Tool     string `json:"t,omitempty"`
 	Args     string `json:"a"` // hex SHA-256 of the arguments as they would go upstream
-	Approval string `json:"p"`
-	Expires  int64  `json:"e"` // unix seconds
+	Approval string `json:"p,omitempty"`
+	Held     string `json:"h,omitempty"` // the upstream exchange toolgate holds for the retry (Hold)
+	Expires  int64  `json:"e"`           // unix seconds
 	Nonce    string `json:"n"`
 }
 
@@ -134,10 +136,16 @@ func (st State) Matches(want State) error {
 	return nil
 }
 
+// usedPrefix is where storage records the requestStates that were used,
+// until they expire.
+const usedPrefix = "toolgate/mcp-request-states"
+
 // consume records st's nonce as used, once across every replica sharing
-// storage: a second use fails with ErrStateReplayed.
+// storage: a second use fails with ErrStateReplayed. The record keeps the
+// state's expiry, after which sweepUsed deletes it (the state is refused
+// as expired by then).
 func consume(ctx context.Context, storage certmagic.Storage, st State) error {
-	name := "toolgate/mcp-request-states/" + st.Nonce
+	name := usedPrefix + "/" + st.Nonce
 	if err := storage.Lock(ctx, name); err != nil {
 		return err
 	}
@@ -147,4 +155,31 @@ func consume(ctx context.Context, storage certmagic.Storage, st State) error {
 	}
 	exp, _ := json.Marshal(st.Expires)
 	return storage.Store(ctx, name, exp)
+}
+
+// sweepUsed deletes the records of used requestStates that expired at
+// now, and returns how many it deleted.
+func sweepUsed(ctx context.Context, storage certmagic.Storage, now time.Time) (int, error) {
+	keys, err := storage.List(ctx, usedPrefix, false)
+	if errors.Is(err, fs.ErrNotExist) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, key := range keys {
+		data, err := storage.Load(ctx, key)
+		if err != nil {
+			continue
+		}
+		var exp int64
+		if json.Unmarshal(data, &exp) == nil && now.Unix() < exp {
+			continue
+		}
+		if storage.Delete(ctx, key) == nil {
+			n++
+		}
+	}
+	return n, nil
 }

@@ -45,4 +45,9 @@ type Stateless struct {
 	// toolgate and verified, and it and toolgate's input response are not
 	// sent upstream.
 	OwnState bool
+	// Held names the upstream exchange toolgate holds for this retry, when
+	// its requestState is one toolgate issued for an upstream's
+	// server→client request (an upstream of an earlier revision asked the
+	// client something during the call); empty otherwise.
+	Held string
 }

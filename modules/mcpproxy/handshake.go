@@ -57,6 +57,10 @@ func (h *Handler) initialize(w http.ResponseWriter, r *http.Request, call *gatew
 	// it (the new MCP session expires unused).
 	ctx, cancel = completing(ctx)
 	defer cancel()
+	if h.modernOnly(ctx, call) {
+		h.initializeTranslated(ctx, w, r, call, ms, replay)
+		return
+	}
 	hdr, msg, err := h.roundTrip(ctx, call, gateway.Upstream{}, call.Message.ID, body)
 	if err != nil {
 		// Answered before the session ends, which would read as "ended

@@ -101,9 +101,16 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, _ caddyhttp.
 	if ms := call.MCPSession; ms != nil {
 		defer ms.Begin()()
 	}
+	translated := call.MCPSession != nil && call.Stateless == nil && call.MCPSession.Upstream().ProtocolVersion == mcp2026.Version
 	switch {
 	case call.Stateless != nil:
 		h.serveStateless(w, r, call)
+	case translated && r.Method == http.MethodGet:
+		h.streamTranslated(w, r, call)
+	case translated && r.Method != http.MethodDelete && call.Message.Kind == mcpmsg.Request:
+		h.requestTranslated(w, r, call)
+	case translated && r.Method != http.MethodDelete:
+		h.forwardTranslated(w, r, call)
 	case r.Method == http.MethodGet:
 		h.stream(w, r, call)
 	case r.Method == http.MethodDelete:
@@ -231,9 +238,10 @@ func (h *Handler) relay(runner context.Context, w http.ResponseWriter, call *gat
 		}
 		if isResponseTo(msg, call.Message.ID) {
 			data := h.deliver(rs.ctx, call, msg, out != nil)
-			if out == nil && rs.status != 0 && call.Stateless != nil {
+			if call.Stateless != nil {
 				// A stateless runner reads the HTTP status of an error too.
-				gateway.WriteRPC(w, rs.status, data.parts()...)
+				h.finalStateless(w, out, data, rs.status)
+				rs.awaitEnd()
 				return
 			}
 			if h.writeFinal(w, out, st.id(rs.lastEventID()), data) {

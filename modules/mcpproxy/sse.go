@@ -349,6 +349,14 @@ func (s *sseWriter) start(header func(http.Header)) {
 	}
 }
 
+// hasStarted reports whether the response headers were written: the
+// runner reads a stream.
+func (s *sseWriter) hasStarted() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.started
+}
+
 // close makes every later write fail with errWriterClosed: the handler
 // that owns the response is returning, and nothing (a keep-alive timer)
 // may write to it afterwards.

@@ -27,6 +27,10 @@ import (
 
 // serveStateless relays one stateless request.
 func (h *Handler) serveStateless(w http.ResponseWriter, r *http.Request, call *gateway.Call) {
+	if call.Stateless.Held != "" {
+		h.continueHeld(w, r, call)
+		return
+	}
 	listen := call.Method == "subscriptions/listen"
 	var ctx context.Context
 	var cancel context.CancelFunc
@@ -64,8 +68,19 @@ func (h *Handler) serveStateless(w http.ResponseWriter, r *http.Request, call *g
 		return
 	}
 	body := statelessBody(call, modern)
+	var hc *heldCall
 	if modern {
 		ctx = withUpstreamHeaders(ctx, h.standardHeaders(call, body))
+	} else if isRoundMethod(call.Method) {
+		// The upstream may ask the runner something during the call: the
+		// call may be held between rounds, beyond this request.
+		hc = &heldCall{h: h, call: call}
+		ctx, hc.cancel, hc.detach = roundsContext(r, call)
+		defer func() {
+			if hc.rs == nil {
+				hc.cancel()
+			}
+		}()
 	}
 	resp, err := h.exchange(ctx, call, up, http.MethodPost, body, "")
 	if err != nil && !modern && isKind(err, kindSessionGone) {
@@ -85,6 +100,11 @@ func (h *Handler) serveStateless(w http.ResponseWriter, r *http.Request, call *g
 			}
 			return
 		}
+	}
+	if hc != nil {
+		hc.up, hc.rs = up, rs
+		h.rounds(w, r, call, hc)
+		return
 	}
 	defer rs.close()
 	var out *sseWriter
@@ -240,24 +260,12 @@ func (h *Handler) openImplied(ctx context.Context, call *gateway.Call) (gateway.
 // that lists only earlier revisions) means initializing an upstream session
 // with the runner's capabilities.
 func (h *Handler) discoverUpstream(ctx context.Context, call *gateway.Call) (gateway.Upstream, error) {
-	modern := gateway.Upstream{ProtocolVersion: mcp2026.Version}
-	id := gatewayRequestID()
-	body := ownStatelessRequest(id, "server/discover", nil)
-	dctx := withUpstreamHeaders(ctx, http.Header{mcp2026.HeaderMethod: {"server/discover"}})
-	_, msg, err := h.roundTrip(dctx, call, modern, id, body)
-	if err != nil && !isKind(err, kindRejected) {
+	_, modern, err := h.probeDiscover(ctx, call)
+	switch {
+	case err != nil:
 		return gateway.Upstream{}, err
-	}
-	res := gjson.ParseBytes(msg.Result)
-	if err == nil && msg.Result != nil {
-		for _, v := range res.Get("supportedVersions").Array() {
-			if v.String() == mcp2026.Version {
-				h.stateless.SetDiscovery(call.Service.ID, mcp2026.Discovery{Stateless: true,
-					Capabilities: rawOrNil(res.Get("capabilities")), ServerInfo: rawOrNil(res.Get("_meta").Get(gjson.Escape(mcp2026.MetaServerInfo))),
-					Instructions: rawOrNil(res.Get("instructions")), TTLMs: rawOrNil(res.Get("ttlMs")), CacheScope: rawOrNil(res.Get("cacheScope"))})
-				return modern, nil
-			}
-		}
+	case modern:
+		return gateway.Upstream{ProtocolVersion: mcp2026.Version}, nil
 	}
 	return h.initializeFor(ctx, call)
 }

@@ -42,13 +42,14 @@ func (h *Handler) readStateless(w http.ResponseWriter, r *http.Request, call *ga
 	if text, ok := mcpmsg.String(msg.RequestState); ok && mcp2026.IsOwnState(text) {
 		want := mcp2026.State{Caller: call.Caller.User, Session: gateway.SessionRef(call.Session.ID),
 			Service: svc.ID, Method: msg.Method, Tool: msg.Name, Args: mcp2026.ArgsDigest(msg.Arguments)}
-		if _, err := h.stateless.Redeem(r.Context(), text, want); err != nil {
+		redeemed, err := h.stateless.Redeem(r.Context(), text, want)
+		if err != nil {
 			h.logger.Info("refused a requestState", zap.String("service", svc.ID), zap.Error(err))
 			gateway.WriteRPCError(w, http.StatusBadRequest, msg.ID, gateway.CodeInvalidParams,
 				"requestState refused: "+err.Error()+"; send the call again without it", nil)
 			return false
 		}
-		st.OwnState = true
+		st.OwnState, st.Held = true, redeemed.Held
 	}
 	return true
 }

@@ -1,0 +1,289 @@
+package mcpproxy
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/tidwall/gjson"
+	"go.uber.org/zap"
+
+	"github.com/toolgate/toolgate/internal/mcp2026"
+	"github.com/toolgate/toolgate/internal/mcpmsg"
+	"github.com/toolgate/toolgate/modules/gateway"
+)
+
+// Multi round-trip requests translated for a stateless runner (2026-07-28)
+// in front of an upstream of an earlier revision. Such an upstream asks
+// its client things during a call with server→client requests on the
+// call's stream; a stateless runner takes none. toolgate holds the
+// upstream's stream instead, answers the runner with input_required — the
+// upstream's request as an input request, and a requestState toolgate
+// sealed that names the held call — and, when the runner retries with its
+// input response, answers the upstream's request with it and reads on.
+// The upstream session and the call stay where they are between rounds,
+// bounded by the service timeout from the first round (the call's own
+// deadline); a held call expires with it (the upstream is told to stop),
+// continues once, and only for the caller, toolgate session and service it
+// was held for. It lives in this process: a retry must reach the replica
+// that holds it.
+
+// heldCall is an upstream call toolgate holds between rounds.
+type heldCall struct {
+	h      *Handler
+	call   *gateway.Call // the first round: the upstream knows the call by its id
+	up     gateway.Upstream
+	rs     *response
+	cancel context.CancelFunc // ends the exchange
+	// detach stops the current runner request's end from ending the
+	// exchange; it reports false when the runner went away already.
+	detach func() bool
+	asked  []asked // the upstream's requests the runner has not answered
+	seq    int
+}
+
+// asked is an upstream request sent to the runner as an input request.
+type asked struct {
+	input mcp2026.InputRequest
+	id    []byte // the upstream request's JSON-RPC id
+}
+
+// Release gives the held call up: the stream is closed and the upstream
+// told to stop the call.
+func (hc *heldCall) Release(why string) {
+	hc.rs.close()
+	hc.cancel()
+	hc.h.cancelUpstream(hc.call, hc.up, why)
+}
+
+// roundsContext bounds a call that may be held between rounds: by the
+// service timeout and the MCP session's life, and by the runner's request
+// until the call is held (detach).
+func roundsContext(r *http.Request, call *gateway.Call) (context.Context, context.CancelFunc, func() bool) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), time.Duration(call.Service.Timeout))
+	stopSession := context.AfterFunc(call.MCPSession.Context(), cancel)
+	detach := context.AfterFunc(r.Context(), cancel)
+	return ctx, func() { stopSession(); cancel() }, detach
+}
+
+// isRoundMethod reports whether a stateless call to an upstream of an
+// earlier revision may be held between rounds.
+func isRoundMethod(method string) bool { return slices.Contains(mcp2026.RoundMethods, method) }
+
+// rounds relays the held call's stream to cur, the runner's current
+// request (the first round, or a retry): notifications on the runner's
+// stream, the first server→client request as input_required (the call is
+// then held), or the answer, renumbered to cur's id.
+func (h *Handler) rounds(w http.ResponseWriter, r *http.Request, cur *gateway.Call, hc *heldCall) {
+	held := false
+	defer func() {
+		if !held {
+			hc.rs.close()
+			hc.cancel()
+		}
+	}()
+	var out *sseWriter
+	if hc.rs.sse != nil && acceptsSSE(r) {
+		out = newSSEWriter(w)
+		defer h.keepAlive(out, cur.Service)()
+	}
+	for {
+		msg, err := hc.rs.next()
+		if err != nil {
+			why := "the upstream ended its stream without answering"
+			var ue *upstreamError
+			switch {
+			case hc.call.MCPSession.Closed():
+				why = "the MCP session was ended while the request was in progress"
+			case r.Context().Err() != nil:
+				why = "the client went away"
+			case errors.As(err, &ue):
+				why = ue.msg
+			}
+			h.finalStateless(w, out, message{gateway.RPCError(cur.Message.ID, gateway.CodeUnavailable,
+				why+"; the request may or may not have run upstream", gateway.Retryable)}, 0)
+			h.cancelUpstream(hc.call, hc.up, why)
+			return
+		}
+		switch {
+		case isResponseTo(msg, hc.call.Message.ID):
+			if cur != hc.call {
+				if msg, err = mcpmsg.Parse(mcpmsg.ReplaceMember(msg.Raw, "id", cur.Message.ID), h.limits); err != nil {
+					cur.Unavailable(w, "toolgate could not renumber the upstream's answer")
+					return
+				}
+			}
+			h.finalStateless(w, out, h.deliver(hc.rs.ctx, cur, msg, false), hc.rs.status)
+			hc.rs.awaitEnd()
+			return
+		case msg.Kind == mcpmsg.Request:
+			var done bool
+			if held, done = h.askRunner(w, cur, hc, msg, out); done {
+				return
+			}
+		case msg.Kind == mcpmsg.Notification && out == nil:
+			h.noted(cur, msg)
+		default:
+			data := h.deliver(hc.rs.ctx, cur, msg, false)
+			if !data.none() && out != nil && out.send("", data.parts()...) != nil {
+				h.cancelUpstream(hc.call, hc.up, "the runner went away")
+				return
+			}
+		}
+	}
+}
+
+// askRunner turns the upstream's server→client request msg into an input
+// request for the runner and holds the call (held). A request the runner
+// could not answer — a method the revision has no input request for, one
+// the policy withheld — is refused to the upstream, which may go on
+// (neither held nor done); one that needs a capability the runner did not
+// declare ends the call, and the runner gets MissingRequiredClientCapability
+// (done).
+func (h *Handler) askRunner(w http.ResponseWriter, cur *gateway.Call, hc *heldCall, msg mcpmsg.Message, out *sseWriter) (held, done bool) {
+	if !slices.Contains(mcp2026.InputMethods, msg.Method) {
+		h.refuseServerRequest(hc.call, msg, "toolgate has no input request of protocol "+mcp2026.Version+" for "+msg.Method)
+		return false, false
+	}
+	raw, ok := h.inspect(hc.rs.ctx, cur, msg, gateway.ChannelServerRequest)
+	if !ok {
+		h.refuseServerRequest(hc.call, msg, "toolgate's policy withheld "+msg.Method+" from the client")
+		return false, false
+	}
+	params := mcpmsg.MemberOf(raw, "params")
+	if params == nil {
+		params = []byte("{}") // clients decode an input request's params (a roots/list may have none)
+	}
+	if need, declared := mcp2026.RequiredCapability(cur.Stateless.Capabilities, msg.Method, gjson.ParseBytes(params)); !declared {
+		h.refuseServerRequest(hc.call, msg, "the client did not declare the capability "+msg.Method+" needs")
+		h.cancelUpstream(hc.call, hc.up, "the client cannot answer "+msg.Method)
+		h.finalStateless(w, out, message{gateway.RPCError(cur.Message.ID, mcp2026.CodeMissingRequiredClientCapability,
+			"the server needs client capabilities this request did not declare", mcp2026.MissingCapability(need))}, 0)
+		return false, true
+	}
+	hc.seq++
+	hc.asked = append(hc.asked, asked{id: msg.ID,
+		input: mcp2026.InputRequest{Key: "upstream-" + strconv.Itoa(hc.seq), Method: msg.Method, Params: params}})
+	if !hc.detach() {
+		h.refuseServerRequest(hc.call, msg, "the client went away")
+		h.cancelUpstream(hc.call, hc.up, "the client went away")
+		return false, true
+	}
+	return h.hold(w, cur, hc, out), true
+}
+
+// hold holds the call for the runner's retry and answers cur with the
+// input requests still unanswered. It reports whether the call is held.
+func (h *Handler) hold(w http.ResponseWriter, cur *gateway.Call, hc *heldCall, out *sseWriter) bool {
+	deadline, _ := hc.rs.ctx.Deadline()
+	fail := func(why string) bool {
+		h.logger.Warn("cannot hold a call for its client's input", zap.String("service", cur.Service.ID), zap.String("reason", why))
+		for _, a := range hc.asked {
+			h.refuseServerRequest(hc.call, mcpmsg.Message{ID: a.id, Method: a.input.Method}, why)
+		}
+		h.cancelUpstream(hc.call, hc.up, why)
+		h.finalStateless(w, out, message{gateway.RPCError(cur.Message.ID, gateway.CodeUnavailable, why, gateway.Retryable)}, 0)
+		return false
+	}
+	owner := mcp2026.Owner(cur)
+	id, err := h.stateless.Hold(owner, hc, deadline)
+	if err != nil {
+		return fail(err.Error())
+	}
+	state, err := h.stateless.Seal(mcp2026.State{Caller: cur.Caller.User, Session: gateway.SessionRef(cur.Session.ID),
+		Service: cur.Service.ID, Method: cur.Method, Tool: cur.Message.Name,
+		Args: mcp2026.ArgsDigest(cur.Message.Arguments), Held: id}, time.Until(deadline))
+	if err != nil {
+		h.stateless.Take(id, owner)
+		return fail("toolgate could not seal the requestState")
+	}
+	inputs := make([]mcp2026.InputRequest, len(hc.asked))
+	for i, a := range hc.asked {
+		inputs[i] = a.input
+	}
+	h.finalStateless(w, out, message{gateway.RPCResult(cur.Message.ID, mcp2026.InputRequired(inputs, state))}, 0)
+	return true
+}
+
+// continueHeld serves a retry whose requestState names a held call: the
+// runner's input responses answer the upstream's requests, and the call's
+// stream is relayed on (rounds).
+func (h *Handler) continueHeld(w http.ResponseWriter, r *http.Request, call *gateway.Call) {
+	hc, _ := h.stateless.Take(call.Stateless.Held, mcp2026.Owner(call)).(*heldCall)
+	if hc == nil {
+		gateway.WriteRPCError(w, http.StatusBadRequest, call.Message.ID, gateway.CodeInvalidParams,
+			"requestState refused: the call it continues is no longer held (it timed out, or another replica of the gateway holds it); send the call again without it", nil)
+		return
+	}
+	hc.detach = context.AfterFunc(r.Context(), hc.cancel)
+	c := *hc.call
+	c.Credential = call.Credential // the current one: an OAuth token may have been refreshed
+	hc.call = &c
+	responses := call.Message.InputResponses
+	left := hc.asked[:0]
+	for _, a := range hc.asked {
+		answer := mcpmsg.MemberOf(responses, a.input.Key)
+		if answer == nil {
+			left = append(left, a) // asked again below
+			continue
+		}
+		if answer[0] != '{' {
+			hc.Release("the client's input response is not an object")
+			gateway.WriteRPCError(w, http.StatusBadRequest, call.Message.ID, gateway.CodeInvalidParams,
+				"inputResponses."+a.input.Key+" must be the result of "+a.input.Method+" (an object)", nil)
+			return
+		}
+		resp, err := h.exchange(hc.rs.ctx, hc.call, hc.up, http.MethodPost, upstreamAnswer(a.id, answer), "")
+		if err != nil {
+			hc.Release("toolgate could not pass the client's input on")
+			h.answerError(w, r, call, err)
+			return
+		}
+		drain(resp)
+	}
+	hc.asked = left
+	if len(left) > 0 {
+		if !hc.detach() {
+			hc.Release("the client went away")
+		} else if !h.hold(w, call, hc, nil) {
+			hc.rs.close()
+			hc.cancel()
+		}
+		return
+	}
+	h.rounds(w, r, call, hc)
+}
+
+// upstreamAnswer is the JSON-RPC response to the upstream's request id.
+func upstreamAnswer(id, result []byte) []byte {
+	b := make([]byte, 0, 40+len(id)+len(result))
+	b = append(b, `{"jsonrpc":"2.0","id":`...)
+	b = append(b, id...)
+	b = append(b, `,"result":`...)
+	b = append(b, result...)
+	return append(b, '}')
+}
+
+// finalStateless writes the answer to a stateless runner's request: as an
+// event when the runner gets a stream (out), else as a JSON body with the
+// upstream's HTTP status (status, 0 for 200). MissingRequiredClientCapability
+// goes out with HTTP 400, as the revision says, unless the stream has
+// started already.
+func (h *Handler) finalStateless(w http.ResponseWriter, out *sseWriter, data message, status int) {
+	missing := data[1] == nil && gjson.GetBytes(data[0], "error.code").Int() == mcp2026.CodeMissingRequiredClientCapability
+	if out != nil && (!missing || out.hasStarted()) {
+		_ = out.send("", data.parts()...)
+		return
+	}
+	if status == 0 {
+		status = http.StatusOK
+		if missing {
+			status = http.StatusBadRequest
+		}
+	}
+	gateway.WriteRPC(w, status, data.parts()...)
+	_ = http.NewResponseController(w).Flush()
+}
