@@ -1,10 +1,12 @@
 package integration
 
 import (
+	"cmp"
 	"encoding/hex"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -119,10 +121,31 @@ func TestTraceSpans(t *testing.T) {
 	}
 	mu.Lock()
 	defer mu.Unlock()
+	logTrace(t, spans, call.TraceId)
 	for _, secret := range []string{"secret-argument-text", "very-secret-upstream-key", aliceKey} {
 		if strings.Contains(raw.String(), secret) {
 			t.Errorf("an exported span holds %q", secret)
 		}
+	}
+}
+
+// logTrace logs the spans of one trace in the order they started, with
+// their durations and attributes (go test -v -run TestTraceSpans shows a
+// call's trace, as the README does).
+func logTrace(t *testing.T, spans []*tracepb.Span, trace []byte) {
+	var in []*tracepb.Span
+	for _, s := range spans {
+		if string(s.TraceId) == string(trace) {
+			in = append(in, s)
+		}
+	}
+	slices.SortFunc(in, func(a, b *tracepb.Span) int { return cmp.Compare(a.StartTimeUnixNano, b.StartTimeUnixNano) })
+	for _, s := range in {
+		var attrs []string
+		for _, a := range s.Attributes {
+			attrs = append(attrs, a.Key+"="+attr(s, a.Key))
+		}
+		t.Logf("%-24s %8s  %s", s.Name, time.Duration(s.EndTimeUnixNano-s.StartTimeUnixNano).Round(time.Microsecond), strings.Join(attrs, " "))
 	}
 }
 
