@@ -348,11 +348,59 @@ func TestRespelledServerRequestIDIsAttributed(t *testing.T) {
 	lines := bufio.NewScanner(resp.Body)
 	for lines.Scan() && !strings.Contains(lines.Text(), "elicitation/create") {
 	}
+	// The policy denies answers to elicitation/create: the upstream gets
+	// toolgate's error in the answer's place, never the answer.
 	status, _, msgs := m.post(`{"jsonrpc":"2.0","id":"e\u0031","result":{"action":"accept","content":{}}}`)
-	if status != http.StatusForbidden || !strings.Contains(string(lastMessage(t, msgs)), "elicitation/create are denied") {
-		t.Errorf("a re-spelled answer to elicitation/create: %d %s, want the policy's deny", status, msgs)
+	if status != http.StatusAccepted {
+		t.Errorf("a re-spelled answer to elicitation/create: %d %s, want 202 (stood in for by an error)", status, msgs)
+	}
+	stoodIn := false
+	for _, r := range up.requestLog() {
+		if strings.Contains(r.Body, `"action":"accept"`) {
+			t.Errorf("the denied answer reached the upstream: %s", r.Body)
+		}
+		stoodIn = stoodIn || (strings.Contains(r.Body, `"id":"e\u0031"`) && strings.Contains(r.Body, "withheld by toolgate's policy"))
+	}
+	if !stoodIn {
+		t.Error("the upstream did not get toolgate's error in place of the denied answer (the re-spelled id was not attributed to elicitation/create)")
 	}
 	if status, _, msgs := m.post(`{"jsonrpc":"2.0","id":"nothing-pending","result":{}}`); status != http.StatusBadRequest {
 		t.Errorf("an answer to no pending request: %d %s, want 400", status, msgs)
+	}
+}
+
+// A runner's answer to a server→client request that the policy denies
+// never reaches the upstream: the upstream gets an error answer in its
+// place at once, instead of waiting until its timeout for an answer that
+// never comes, and the tool says why.
+func TestDeniedAnswerReachesTheUpstreamAsAnError(t *testing.T) {
+	up := startUpstream(t)
+	g := startGateway(t, gatewayConfig{Upstream: up.URL, Timeout: "60s"})
+	answered := make(chan struct{}, 1)
+	cs := g.connect(t, aliceKey, g.createSession(t, aliceKey, "svc"), "svc", &mcp.ClientOptions{
+		ElicitationHandler: func(context.Context, *mcp.ElicitRequest) (*mcp.ElicitResult, error) {
+			answered <- struct{}{}
+			return &mcp.ElicitResult{Action: "accept", Content: map[string]any{"ok": true}}, nil
+		},
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "ask", Arguments: map[string]any{}})
+	if err != nil {
+		t.Fatalf("the call whose elicitation answer was denied: %v (the upstream was left waiting)", err)
+	}
+	text := callText(t, res)
+	if !strings.HasPrefix(text, "elicitation failed: ") || !strings.Contains(text, "withheld by toolgate's policy") {
+		t.Fatalf("the tool learned %q, want that the client's answer was withheld", text)
+	}
+	select {
+	case <-answered:
+	default:
+		t.Fatal("the runner was never asked")
+	}
+	for _, r := range up.requestLog() {
+		if strings.Contains(r.Body, `"action":"accept"`) {
+			t.Fatalf("the denied answer reached the upstream: %s", r.Body)
+		}
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/tidwall/gjson"
 	"go.uber.org/zap"
 
+	"github.com/toolgate/toolgate/internal/mcpmsg"
 	"github.com/toolgate/toolgate/internal/toolpin"
 	"github.com/toolgate/toolgate/modules/gateway"
 )
@@ -122,9 +123,58 @@ func (h *RequestHandler) ServeHTTP(w http.ResponseWriter, r *http.Request, next 
 			gateway.WriteRPC(w, http.StatusOK, gateway.RPCResult(call.Message.ID, gateway.ToolError(o.Reason, d)))
 			return nil
 		}
+		if call.Message.Kind == mcpmsg.Response {
+			return h.refuseAnswer(w, r, call, d, o.Reason, next)
+		}
 		call.Fail(w, http.StatusForbidden, gateway.CodePolicyDenied, "denied by policy: "+o.Reason, decisionData(d))
 	}
 	return nil
+}
+
+// refuseAnswer stands in for a runner's answer to a server→client request
+// that the policy denied: whoever asked (the upstream, or toolgate for an
+// upstream of the stateless revision) gets an error answer at once,
+// carrying nothing of the runner's, instead of waiting for its timeout.
+// The runner's POST is then accepted (202), as its answer was delivered in
+// that form: clients treat a refused answer as the end of the request it
+// belongs to, while the error lets the request finish and say why (the
+// decision is audited as a deny). When the stand-in cannot be delivered,
+// the runner gets 403.
+func (h *RequestHandler) refuseAnswer(w http.ResponseWriter, r *http.Request, call *gateway.Call, d *gateway.Decision, reason string, next caddyhttp.Handler) error {
+	stand, err := mcpmsg.Parse(gateway.RPCError(call.Message.ID, gateway.CodePolicyDenied, "the client's answer was withheld by toolgate's policy", nil), mcpmsg.Limits{})
+	if err == nil {
+		call.Message = stand
+		rec := &discardResponse{header: http.Header{}}
+		if err := next.ServeHTTP(rec, r); err == nil && rec.status == http.StatusAccepted {
+			w.WriteHeader(http.StatusAccepted)
+			return nil
+		}
+		h.logger.Warn("cannot tell the upstream that the client's answer was withheld", zap.String("service", call.Service.ID), zap.Int("status", rec.status))
+	}
+	gateway.WriteRPCError(w, http.StatusForbidden, nil, gateway.CodePolicyDenied, "denied by policy: "+reason, decisionData(d))
+	return nil
+}
+
+// discardResponse takes what the rest of the pipeline answers for a
+// message toolgate sent in the runner's place.
+type discardResponse struct {
+	header http.Header
+	status int
+}
+
+func (d *discardResponse) Header() http.Header { return d.header }
+
+func (d *discardResponse) Write(b []byte) (int, error) {
+	if d.status == 0 {
+		d.status = http.StatusOK
+	}
+	return len(b), nil
+}
+
+func (d *discardResponse) WriteHeader(status int) {
+	if d.status == 0 {
+		d.status = status
+	}
 }
 
 // allow sends the call on: a listing without the tools the policy would
