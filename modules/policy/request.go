@@ -118,6 +118,7 @@ func (h *RequestHandler) ServeHTTP(w http.ResponseWriter, r *http.Request, next 
 			return h.allow(w, r, call, next)
 		}
 	default:
+		releaseHeld(call, h.app, o.Reason)
 		if call.Method == "tools/call" {
 			// A tool result, so the agent reads the reason and can adapt.
 			gateway.WriteRPC(w, http.StatusOK, gateway.RPCResult(call.Message.ID, gateway.ToolError(o.Reason, d)))
