@@ -2,6 +2,7 @@ package mcp2026
 
 import (
 	"errors"
+	"strings"
 	"sync"
 	"time"
 
@@ -23,11 +24,14 @@ type Held interface {
 	Release(why string)
 }
 
-// Limits of the held exchanges, per configuration and per owner (caller,
-// toolgate session and service): each one holds an upstream stream open.
+// Limits of the held exchanges, per configuration, per caller (across
+// their toolgate sessions and services, so that a few callers cannot take
+// every place) and per owner (caller, toolgate session and service): each
+// one holds an upstream stream open.
 const (
-	maxHeld         = 4096
-	maxHeldPerOwner = 16
+	maxHeld          = 4096
+	maxHeldPerCaller = 64
+	maxHeldPerOwner  = 16
 )
 
 // ErrHeldFull is Hold's error when too many exchanges are held already.
@@ -42,9 +46,16 @@ type heldEntry struct {
 // holds are the held exchanges of one configuration, by id. An exchange is
 // in it from Hold until Take, or until its deadline, when it is released.
 type holds struct {
-	mu      sync.Mutex
-	byID    map[string]*heldEntry
-	byOwner map[string]int
+	mu       sync.Mutex
+	byID     map[string]*heldEntry
+	byOwner  map[string]int
+	byCaller map[string]int
+}
+
+// callerOf is the caller part of an owner (Owner).
+func callerOf(owner string) string {
+	caller, _, _ := strings.Cut(owner, "\x00")
+	return caller
 }
 
 // afterFunc is the timer holds uses; tests replace it.
@@ -56,16 +67,18 @@ func (rt *Runtime) Hold(owner string, x Held, deadline time.Time) (string, error
 	hs := &rt.holds
 	hs.mu.Lock()
 	defer hs.mu.Unlock()
-	if len(hs.byID) >= maxHeld || hs.byOwner[owner] >= maxHeldPerOwner {
+	caller := callerOf(owner)
+	if len(hs.byID) >= maxHeld || hs.byOwner[owner] >= maxHeldPerOwner || hs.byCaller[caller] >= maxHeldPerCaller {
 		return "", ErrHeldFull
 	}
 	if hs.byID == nil {
-		hs.byID, hs.byOwner = map[string]*heldEntry{}, map[string]int{}
+		hs.byID, hs.byOwner, hs.byCaller = map[string]*heldEntry{}, map[string]int{}, map[string]int{}
 	}
 	id := gateway.NewID()
 	e := &heldEntry{owner: owner, held: x}
 	hs.byID[id] = e
 	hs.byOwner[owner]++
+	hs.byCaller[caller]++
 	e.timer = afterFunc(time.Until(deadline), func() {
 		if hs.take(id, owner) != nil {
 			x.Release("the client did not answer the input request in time")
@@ -97,6 +110,10 @@ func (hs *holds) take(id, owner string) *heldEntry {
 	delete(hs.byID, id)
 	if hs.byOwner[owner]--; hs.byOwner[owner] <= 0 {
 		delete(hs.byOwner, owner)
+	}
+	caller := callerOf(owner)
+	if hs.byCaller[caller]--; hs.byCaller[caller] <= 0 {
+		delete(hs.byCaller, caller)
 	}
 	return e
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -119,5 +120,39 @@ func TestSweepUsed(t *testing.T) {
 	}
 	if n, err := sweepUsed(ctx, &certmagic.FileStorage{Path: t.TempDir()}, now); err != nil || n != 0 {
 		t.Fatalf("sweep of empty storage: %d %v", n, err)
+	}
+}
+
+// One caller's held exchanges, across toolgate sessions and services, stop
+// at maxHeldPerCaller: a few callers cannot take every place. Another
+// caller still gets one, and a taken exchange gives its place back.
+func TestHoldsPerCaller(t *testing.T) {
+	ft := &fakeTimers{}
+	afterFunc = ft.afterFunc
+	t.Cleanup(func() { afterFunc = time.AfterFunc })
+	rt := &Runtime{}
+	var first string
+	for i := range maxHeldPerCaller {
+		owner := "mallory\x00session" + strconv.Itoa(i/maxHeldPerOwner) + "\x00svc" + strconv.Itoa(i%3)
+		id, err := rt.Hold(owner, &fakeHeld{}, time.Now().Add(time.Minute))
+		if err != nil {
+			t.Fatalf("hold %d: %v", i, err)
+		}
+		if i == 0 {
+			first = owner + " " + id
+		}
+	}
+	if _, err := rt.Hold("mallory\x00another session\x00svc", &fakeHeld{}, time.Now().Add(time.Minute)); !errors.Is(err, ErrHeldFull) {
+		t.Fatalf("a hold past the caller's limit, in a new session: %v", err)
+	}
+	if _, err := rt.Hold("alice\x00session\x00svc", &fakeHeld{}, time.Now().Add(time.Minute)); err != nil {
+		t.Fatalf("another caller's hold: %v", err)
+	}
+	owner, id, _ := strings.Cut(first, " ")
+	if rt.Take(id, owner) == nil {
+		t.Fatal("the first exchange could not be taken")
+	}
+	if _, err := rt.Hold("mallory\x00another session\x00svc", &fakeHeld{}, time.Now().Add(time.Minute)); err != nil {
+		t.Fatalf("a hold once a place was given back: %v", err)
 	}
 }
