@@ -71,36 +71,47 @@ func TestMixStatelessRunnerHeldCallBound(t *testing.T) {
 	heldState(t, g, bobKey, g.createSession(t, bobKey, "svc"), 301)
 }
 
-// A retry the request policy denies ends the call it would have continued:
-// the held call does not keep its place (and its upstream stream) until it
-// expires.
+// A retry the request policy does not let through (a deny, or an ask,
+// which answers with an approval round of its own) ends the call it would
+// have continued: the held call does not keep its place (and its upstream
+// stream) until it expires.
 func TestMixStatelessRunnerHeldCallDenied(t *testing.T) {
-	dir := t.TempDir()
-	rego := "package toolgate.request\n\ndefault decision := {\"action\": \"allow\"}\n\n" +
-		"decision := {\"action\": \"deny\", \"reason\": \"no answers\"} if {\n\tinput.input_responses\n}\n"
-	for name, text := range map[string]string{"request.rego": rego, "result.rego": allowResults} {
-		if err := os.WriteFile(filepath.Join(dir, name), []byte(text), 0o644); err != nil {
-			t.Fatal(err)
-		}
+	for _, action := range []string{"deny", "ask"} {
+		t.Run(action, func(t *testing.T) {
+			dir := t.TempDir()
+			rego := "package toolgate.request\n\ndefault decision := {\"action\": \"allow\"}\n\n" +
+				"decision := {\"action\": \"" + action + "\", \"reason\": \"no answers\"} if {\n\tinput.input_responses\n}\n"
+			for name, text := range map[string]string{"request.rego": rego, "result.rego": allowResults} {
+				if err := os.WriteFile(filepath.Join(dir, name), []byte(text), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			cancelled := make(chan string, 1)
+			up := startUpstreamServer(t, nil, interviewServer(cancelled))
+			g := startGateway(t, gatewayConfig{Upstream: up.URL, Tools: "interview sample", RequestPolicy: dir, Timeout: "20s"})
+			all := `{"elicitation":{},"sampling":{},"roots":{}}`
+			session := g.createSession(t, aliceKey, "svc")
+			var state, key string
+			for i := range 16 {
+				state, key = heldState(t, g, aliceKey, session, 100+i)
+			}
+			answer := map[string]any{key: map[string]any{"action": "accept", "content": map[string]any{"name": "ada"}}}
+			status, msg := statelessPost(t, g, aliceKey, session, mixCall(200, "interview", all, retryWith(state, answer)), nil)
+			res, _ := msg["result"].(map[string]any)
+			switch {
+			case action == "deny" && (status != 200 || res["isError"] != true):
+				t.Fatalf("the denied retry: %d %v, want a tool error", status, msg)
+			case action == "ask" && !(status == 400 && errorCode(msg) == -32021):
+				// The client declared no URL elicitation: it is told where
+				// to approve, with the capability it lacks.
+				t.Fatalf("the retry the policy asks about: %d %v, want -32021 naming the approval page", status, msg)
+			}
+			select {
+			case <-cancelled:
+			case <-time.After(15 * time.Second):
+				t.Fatalf("the upstream's call was not cancelled when the policy answered its retry with %s", action)
+			}
+			heldState(t, g, aliceKey, session, 201)
+		})
 	}
-	cancelled := make(chan string, 1)
-	up := startUpstreamServer(t, nil, interviewServer(cancelled))
-	g := startGateway(t, gatewayConfig{Upstream: up.URL, Tools: "interview sample", RequestPolicy: dir, Timeout: "20s"})
-	all := `{"elicitation":{},"sampling":{},"roots":{}}`
-	session := g.createSession(t, aliceKey, "svc")
-	var state, key string
-	for i := range 16 {
-		state, key = heldState(t, g, aliceKey, session, 100+i)
-	}
-	answer := map[string]any{key: map[string]any{"action": "accept", "content": map[string]any{"name": "ada"}}}
-	status, msg := statelessPost(t, g, aliceKey, session, mixCall(200, "interview", all, retryWith(state, answer)), nil)
-	if res, _ := msg["result"].(map[string]any); status != 200 || res["isError"] != true {
-		t.Fatalf("the denied retry: %d %v, want a tool error", status, msg)
-	}
-	select {
-	case <-cancelled:
-	case <-time.After(15 * time.Second):
-		t.Fatal("the upstream's call was not cancelled when its retry was denied")
-	}
-	heldState(t, g, aliceKey, session, 201)
 }

@@ -58,6 +58,21 @@ func (h *RequestHandler) ServeHTTP(w http.ResponseWriter, r *http.Request, next 
 	if call.Message.Kind == 0 {
 		return next.ServeHTTP(w, r) // GET (open a stream) and DELETE carry no message
 	}
+	if call.Stateless != nil && call.Stateless.Held != "" {
+		// A retry that would continue a held call: unless it goes on
+		// through the pipeline, the call ends here (its requestState is
+		// used up, so nothing else would continue it).
+		inner, passed := next, false
+		next = caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+			passed = true
+			return inner.ServeHTTP(w, r)
+		})
+		defer func() {
+			if !passed {
+				releaseHeld(call, h.app, "toolgate's policy did not let the client's retry through")
+			}
+		}()
+	}
 	var tool *ast.Term
 	if call.Method == "tools/call" {
 		tool = toolTerm(call.ToolDefinition(), call.Message.Name, call.Service)
