@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -401,6 +403,41 @@ func TestDeniedAnswerReachesTheUpstreamAsAnError(t *testing.T) {
 	for _, r := range up.requestLog() {
 		if strings.Contains(r.Body, `"action":"accept"`) {
 			t.Fatalf("the denied answer reached the upstream: %s", r.Body)
+		}
+	}
+}
+
+// A policy that asks for an approval of a runner's answer cannot have it
+// (an answer cannot wait): the answer is withheld as if denied, and the
+// upstream gets toolgate's error in its place at once.
+func TestAskedAnswerReachesTheUpstreamAsAnError(t *testing.T) {
+	dir := t.TempDir()
+	rego := "package toolgate.request\n\ndefault decision := {\"action\": \"allow\"}\n\n" +
+		"decision := {\"action\": \"ask\", \"reason\": \"answers need a look\"} if {\n\tinput.method == \"elicitation/create\"\n}\n"
+	for name, text := range map[string]string{"request.rego": rego, "result.rego": allowResults} {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	up := startUpstream(t)
+	g := startGateway(t, gatewayConfig{Upstream: up.URL, RequestPolicy: dir, Timeout: "60s"})
+	cs := g.connect(t, aliceKey, g.createSession(t, aliceKey, "svc"), "svc", &mcp.ClientOptions{
+		ElicitationHandler: func(context.Context, *mcp.ElicitRequest) (*mcp.ElicitResult, error) {
+			return &mcp.ElicitResult{Action: "accept", Content: map[string]any{"ok": true}}, nil
+		},
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "ask", Arguments: map[string]any{}})
+	if err != nil {
+		t.Fatalf("the call whose elicitation answer the policy asked about: %v (the upstream was left waiting)", err)
+	}
+	if text := callText(t, res); !strings.Contains(text, "withheld by toolgate's policy") {
+		t.Fatalf("the tool learned %q, want that the client's answer was withheld", text)
+	}
+	for _, r := range up.requestLog() {
+		if strings.Contains(r.Body, `"action":"accept"`) {
+			t.Fatalf("the answer reached the upstream: %s", r.Body)
 		}
 	}
 }

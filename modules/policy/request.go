@@ -118,6 +118,10 @@ func (h *RequestHandler) ServeHTTP(w http.ResponseWriter, r *http.Request, next 
 	case gateway.ActionAllow:
 		return h.allow(w, r, call, next)
 	case gateway.ActionAsk:
+		if call.Message.Kind == mcpmsg.Response {
+			// An answer cannot wait for an approval: it is withheld.
+			return h.refuseAnswer(w, r, call, d, "an approval was asked for the client's answer, which cannot wait for one: "+o.Reason, next)
+		}
 		if h.approvals == nil {
 			data := decisionData(d)
 			data["approval_required"] = true
