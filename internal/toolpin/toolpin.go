@@ -137,23 +137,7 @@ func (v Verdict) Reason(service, tool string) string {
 // change that was waiting (the upstream went back). Off, everything
 // passes.
 func (p *Pins) Check(ctx context.Context, svc *gateway.Service, name string, raw []byte) (Verdict, error) {
-	if p.cfg.Off {
-		return Verdict{OK: true}, nil
-	}
-	digest := p.digests.of(raw)
-	pinned, rec, err := p.pinned(ctx, svc, name)
-	switch {
-	case err != nil:
-		return Verdict{}, err
-	case pinned == "":
-		return p.firstSight(ctx, svc.ID, name, digest, raw)
-	case digest != pinned:
-		v := Verdict{Digest: digest, Pinned: pinned, Registry: svc.Pin(name) != ""}
-		return v, p.changed(ctx, svc.ID, name, v, raw)
-	case rec != nil && rec.Changed != nil:
-		return Verdict{OK: true, Digest: digest}, p.reverted(ctx, svc.ID, name, digest)
-	}
-	return Verdict{OK: true, Digest: digest}, nil
+	return p.check(ctx, svc, name, raw, false)
 }
 
 // CheckCall checks the definition of a tool about to be called, raw (from
@@ -162,6 +146,12 @@ func (p *Pins) Check(ctx context.Context, svc *gateway.Service, name string, raw
 // upstream showed a runner another one since toolgate listed its tools.
 // A tool never seen is pinned now.
 func (p *Pins) CheckCall(ctx context.Context, svc *gateway.Service, name string, raw []byte) (Verdict, error) {
+	return p.check(ctx, svc, name, raw, true)
+}
+
+// check is Check, or CheckCall for a call: they differ only on the pinned
+// definition while another waits for an administrator.
+func (p *Pins) check(ctx context.Context, svc *gateway.Service, name string, raw []byte, call bool) (Verdict, error) {
 	if p.cfg.Off {
 		return Verdict{OK: true}, nil
 	}
@@ -175,8 +165,10 @@ func (p *Pins) CheckCall(ctx context.Context, svc *gateway.Service, name string,
 	case digest != pinned:
 		v := Verdict{Digest: digest, Pinned: pinned, Registry: svc.Pin(name) != ""}
 		return v, p.changed(ctx, svc.ID, name, v, raw)
-	case rec != nil && rec.Changed != nil:
+	case rec != nil && rec.Changed != nil && call:
 		return Verdict{Digest: rec.Changed.Digest, Pinned: pinned, Registry: svc.Pin(name) != ""}, nil
+	case rec != nil && rec.Changed != nil:
+		return Verdict{OK: true, Digest: digest}, p.reverted(ctx, svc.ID, name, digest)
 	}
 	return Verdict{OK: true, Digest: digest}, nil
 }
