@@ -338,15 +338,7 @@ func retryableAnswer(status int, msgs []json.RawMessage) bool {
 // another replica holds for it ends, and the upstream session is ended
 // once.
 func TestDeleteOnOneReplicaEndsItEverywhere(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds and runs the toolgate binary")
-	}
-	bin := toolgateBinary(t)
-	up := startUpstream(t)
-	data := t.TempDir()
-	block := replicaBlock(postgresStorage(t), data, up.URL, "echo", "")
-	a := startReplica(t, bin, block, data)
-	b := startReplica(t, bin, block, data)
+	up, a, b := twoReplicas(t, "echo", testdataPath(t, "policy"))
 	sess := a.createSession(t, aliceKey, "svc")
 	ma := a.raw(t, aliceKey, sess, "svc")
 	ma.initialize()

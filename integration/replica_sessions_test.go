@@ -18,15 +18,7 @@ import (
 // upstream sees one initialize), and DELETE on the other replica ends both
 // the federated session and that service session, everywhere.
 func TestFederatedSessionAcrossReplicas(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds and runs the toolgate binary")
-	}
-	bin := toolgateBinary(t)
-	up := startUpstream(t)
-	data := t.TempDir()
-	block := replicaBlock(postgresStorage(t), data, up.URL, "echo", "")
-	a := startReplica(t, bin, block, data)
-	b := startReplica(t, bin, block, data)
+	up, a, b := twoReplicas(t, "echo", testdataPath(t, "policy"))
 	sess := a.createSession(t, aliceKey, "svc")
 	fa := a.raw(t, aliceKey, sess, "svc")
 	fa.url = a.URL + "/v1/mcp"
@@ -72,15 +64,7 @@ func TestFederatedSessionAcrossReplicas(t *testing.T) {
 // refused (403). None of it ends or changes alice's session, which goes
 // on, on either replica, with its one upstream session.
 func TestForeignMCPSessionIDsAcrossReplicas(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds and runs the toolgate binary")
-	}
-	bin := toolgateBinary(t)
-	up := startUpstream(t)
-	data := t.TempDir()
-	block := replicaBlock(postgresStorage(t), data, up.URL, "echo", "")
-	a := startReplica(t, bin, block, data)
-	b := startReplica(t, bin, block, data)
+	up, a, b := twoReplicas(t, "echo", testdataPath(t, "policy"))
 	ma := a.raw(t, aliceKey, a.createSession(t, aliceKey, "svc"), "svc")
 	ma.initialize()
 	ma.mustEcho(t, "before")
@@ -130,16 +114,7 @@ func TestForeignMCPSessionIDsAcrossReplicas(t *testing.T) {
 // that watched the approval announces the notification through the
 // storage, and b delivers it.
 func TestElicitationCompleteAcrossReplicas(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds and runs the toolgate binary")
-	}
-	bin := toolgateBinary(t)
-	up := startUpstream(t)
-	data := t.TempDir()
-	block := replicaBlock(postgresStorage(t), data, up.URL, "echo gated_tool", "")
-	policies := testdataPath(t, "approvals")
-	a := startReplicaWith(t, bin, block, data, policies)
-	b := startReplicaWith(t, bin, block, data, policies)
+	_, a, b := twoReplicas(t, "echo gated_tool", testdataPath(t, "approvals"))
 	ma := a.raw(t, aliceKey, a.createSession(t, aliceKey, "svc"), "svc")
 	status, hdr, msgs := ma.post(`{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{"elicitation":{"url":{}}},"clientInfo":{"name":"raw","version":"1"}}}`)
 	if status != http.StatusOK || hdr.Get("Mcp-Session-Id") == "" {

@@ -238,6 +238,23 @@ func replicaBlock(storage, data, upstream, tools, extra string) string {
 		}`, testStateSecret, storage, data, hashKey(aliceKey), alice, hashKey(bobKey), bob, upstream, tools, extra)
 }
 
+// twoReplicas starts an upstream with the allowlist tools and two replicas
+// of the toolgate binary in front of it on a fresh PostgreSQL database,
+// with the policies of policyDir. It skips in -short mode.
+func twoReplicas(t *testing.T, tools, policyDir string) (up *upstream, a, b *replica) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("builds and runs the toolgate binary")
+	}
+	bin := toolgateBinary(t)
+	up = startUpstream(t)
+	data := t.TempDir()
+	block := replicaBlock(postgresStorage(t), data, up.URL, tools, "")
+	a = startReplicaWith(t, bin, block, data, policyDir)
+	b = startReplicaWith(t, bin, block, data, policyDir)
+	return up, a, b
+}
+
 // postgresStorage returns the storage line of a toolgate block for a fresh
 // database of the test binary's PostgreSQL cluster.
 func postgresStorage(t testing.TB) string {
