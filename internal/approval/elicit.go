@@ -118,8 +118,8 @@ func (m *Manager) clientAnswer(ctx context.Context, call *gateway.Call, answer m
 const maxWatches = 10000
 
 // WatchDecision calls decided once the approval a is decided, approved or
-// denied, on any replica: it reads the approval again when this replica
-// decides it and at least every poll. It gives up, without calling, when
+// denied, on any replica: it reads the approval again when a replica
+// decides it (Wait) and at least every Poll(poll). It gives up, without calling, when
 // ctx ends, the app stops, or the approval expires or goes. key names the
 // watch: a second watch under a key already watched is not started (a
 // runner asking again about the same approval). Past maxWatches at once,
@@ -141,7 +141,7 @@ func (m *Manager) WatchDecision(ctx context.Context, key string, a *Approval, po
 			m.mu.Unlock()
 		}()
 		for ctx.Err() == nil {
-			m.Wait(ctx, a.ID, poll)
+			m.Wait(ctx, a.ID, m.Poll(poll))
 			select {
 			case <-m.app.Done():
 				return

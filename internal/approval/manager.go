@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"path"
 	"slices"
 	"sync"
 	"time"
@@ -14,6 +15,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/toolgate/toolgate/internal/caddyopt"
+	"github.com/toolgate/toolgate/internal/storecache"
 	"github.com/toolgate/toolgate/modules/gateway"
 )
 
@@ -108,7 +110,15 @@ type Manager struct {
 	// a released result before going upstream.
 	results map[string]time.Time
 	watches map[string]struct{} // WatchDecision's keys
+	// decisions hears of decisions made on other replicas (with a storage
+	// that announces changes), so that waiters wake at once instead of at
+	// their next poll.
+	decisions *storecache.Watch
 }
+
+// slowPoll is how often a waiter reads its approval again while decisions
+// on other replicas are announced: only a lost announcement needs it.
+const slowPoll = 30 * time.Second
 
 // For returns the approvals of app's config, made on first use. Handlers
 // call it in Provision.
@@ -134,6 +144,16 @@ func newManager(ctx caddy.Context, app *gateway.App) (*Manager, error) {
 		return nil, errors.New("approvals keep the arguments of the calls they are about, encrypted: configure a cipher (local, vault_transit or kms)")
 	}
 	m.Store = NewStore(app)
+	if storage := app.Storage(); storage != nil {
+		m.decisions = storecache.NewWatch(storage, prefix+"/")
+		m.decisions.OnChange(func(c storecache.Change) {
+			if c.Reset {
+				m.wakeAll() // announcements may have been lost meanwhile
+				return
+			}
+			m.wake(path.Base(c.Key))
+		})
+	}
 	if w := m.cfg.Webhook; w != nil {
 		repl := caddy.NewReplacer()
 		w.URL, w.Secret = repl.ReplaceKnown(w.URL, ""), repl.ReplaceKnown(w.Secret, "")
@@ -173,6 +193,16 @@ func (w *Webhook) validate() error {
 func (m *Manager) start() {
 	if m.hook != nil {
 		go m.hook.run(m.app.Done())
+	}
+	if m.decisions != nil {
+		if err := m.decisions.Start(m.logger); err != nil {
+			m.logger.Warn("decisions on other replicas are seen at the next poll", zap.Error(err))
+		} else {
+			go func() {
+				<-m.app.Done()
+				m.decisions.Stop()
+			}()
+		}
 	}
 	go func() {
 		tick := time.NewTicker(time.Minute)
@@ -411,6 +441,9 @@ func (m *Manager) Decide(ctx context.Context, id string, caller *gateway.Caller,
 		m.noteResult(a)
 	}
 	m.wake(id)
+	if m.decisions != nil {
+		m.decisions.Changed(ctx, recordKey(id)) // the other replicas' waiters
+	}
 	return a, nil
 }
 
@@ -486,9 +519,10 @@ func (a *Approval) Visible(caller *gateway.Caller) bool {
 	return caller.User == a.Requester || a.MayDecide(caller)
 }
 
-// Wait returns when the approval id is decided on this replica, or at the
-// latest after poll, so that a decision made on another replica is seen by
-// reading the store again.
+// Wait returns when the approval id is decided on this replica or
+// announced as decided by another, or at the latest after poll, so that a
+// decision is seen by reading the store again even when its announcement
+// was lost (Poll says how often that is needed).
 func (m *Manager) Wait(ctx context.Context, id string, poll time.Duration) {
 	ch := make(chan struct{})
 	m.mu.Lock()
@@ -508,6 +542,28 @@ func (m *Manager) Wait(ctx context.Context, id string, poll time.Duration) {
 	case <-ctx.Done():
 	case <-t.C:
 	case <-ch:
+	}
+}
+
+// Poll is how often a waiter must read its approval again: base, or, while
+// decisions on other replicas are announced, rarely (an announcement lost
+// is the only reason left).
+func (m *Manager) Poll(base time.Duration) time.Duration {
+	if m.decisions != nil && m.decisions.Live() {
+		return max(base, slowPoll)
+	}
+	return base
+}
+
+// wakeAll wakes every waiter.
+func (m *Manager) wakeAll() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for id, chs := range m.waiting {
+		for _, ch := range chs {
+			close(ch)
+		}
+		delete(m.waiting, id)
 	}
 }
 

@@ -59,7 +59,7 @@ func (h *RequestHandler) hold(w http.ResponseWriter, r *http.Request, call *gate
 	keepAlive := time.NewTicker(holdKeepAlive)
 	defer keepAlive.Stop()
 	for {
-		wait := min(holdPoll, time.Until(until))
+		wait := min(h.approvals.Poll(holdPoll), time.Until(until))
 		if wait <= 0 {
 			stream.final(h.pendingFinal(call, d, a, h.app.BaseURL(r)))
 			return nil
