@@ -1,12 +1,9 @@
 package integration
 
 import (
-	"bytes"
 	"context"
 	"fmt"
-	"io"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
@@ -60,19 +57,7 @@ func startModernOnlyUpstream(t testing.TB) *statelessUpstream {
 				})
 			return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "added"}}}, nil, nil
 		})
-	h := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return s }, &mcp.StreamableHTTPOptions{Stateless: true})
-	u := &statelessUpstream{}
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		body, _ := io.ReadAll(r.Body)
-		r.Body = io.NopCloser(bytes.NewReader(body))
-		u.mu.Lock()
-		u.requests = append(u.requests, upstreamRequest{Method: r.Method, Header: r.Header.Clone(), Body: string(body)})
-		u.mu.Unlock()
-		h.ServeHTTP(w, r)
-	}))
-	t.Cleanup(srv.Close)
-	u.URL = srv.URL + "/mcp"
-	return u
+	return serveStateless(t, s)
 }
 
 // A runner that initializes (the go-sdk client at 2025-11-25) in front of

@@ -62,6 +62,12 @@ func startStatelessUpstream(t testing.TB) *statelessUpstream {
 			}
 			return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: text}}}, nil, nil
 		})
+	return serveStateless(t, s)
+}
+
+// serveStateless serves s in the go-sdk's stateless mode, recording every
+// request it gets.
+func serveStateless(t testing.TB, s *mcp.Server) *statelessUpstream {
 	h := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return s }, &mcp.StreamableHTTPOptions{Stateless: true})
 	u := &statelessUpstream{}
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
