@@ -236,7 +236,7 @@ func TestBrowserDemoJourney(t *testing.T) {
 // certified library, with its example login page), in the browser.
 func TestBrowserOIDCSignIn(t *testing.T) {
 	ctx := chromium(t)
-	issuer, password := startOpenIDProvider(t, "console-client", "console-secret")
+	issuer, password := startOpenIDProvider(t)
 	gwPort := freePort(t)
 	gwURL := fmt.Sprintf("http://127.0.0.1:%d", gwPort)
 	storage.RegisterClients(storage.WebClient("console-client", "console-secret", gwURL+"/console/signin/callback"))
@@ -274,7 +274,14 @@ func TestBrowserOIDCSignIn(t *testing.T) {
 // startOpenIDProvider runs an OpenID provider with one user, alice, whose
 // email is alice@example.test, and returns its issuer URL and alice's
 // password.
-func startOpenIDProvider(t *testing.T, clientID, secret string) (string, string) {
+func startOpenIDProvider(t *testing.T) (string, string) {
+	return startExampleProvider(t, func(s *storage.Storage) exampleop.Storage { return s })
+}
+
+// startExampleProvider runs zitadel's example OpenID provider on loopback
+// with one user, alice (email alice@example.test), over the storage that
+// wrap makes of its own, and returns its issuer URL and alice's password.
+func startExampleProvider(t *testing.T, wrap func(*storage.Storage) exampleop.Storage) (string, string) {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -293,7 +300,7 @@ func startOpenIDProvider(t *testing.T, clientID, secret string) (string, string)
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := &http.Server{Handler: exampleop.SetupServer(issuer, storage.NewStorage(store), nil, false), ReadHeaderTimeout: 10 * time.Second}
+	srv := &http.Server{Handler: exampleop.SetupServer(issuer, wrap(storage.NewStorage(store)), nil, false), ReadHeaderTimeout: 10 * time.Second}
 	go func() { _ = srv.Serve(l) }()
 	t.Cleanup(func() { _ = srv.Close() })
 	return issuer, password

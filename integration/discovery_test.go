@@ -5,12 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"net/http/cookiejar"
 	"net/url"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -115,29 +112,7 @@ func TestMCPAuthorizationFlow(t *testing.T) {
 // verifies them with the provider's keys) for every client, and returns
 // its issuer and alice's password.
 func startJWTAccessTokenProvider(t *testing.T) (string, string) {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	issuer := "http://" + l.Addr().String()
-	const password = "correct horse battery staple"
-	users := map[string]*storage.User{"alice-id": {ID: "alice-id", Username: "alice", Password: password,
-		FirstName: "Alice", LastName: "Test", Email: alice, EmailVerified: true}}
-	file := filepath.Join(t.TempDir(), "users.json")
-	data, _ := json.Marshal(users)
-	if err := os.WriteFile(file, data, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	store, err := storage.StoreFromFile(file)
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := &http.Server{Handler: exampleop.SetupServer(issuer, jwtAccessTokens{storage.NewStorage(store)}, nil, false),
-		ReadHeaderTimeout: 10 * time.Second}
-	go func() { _ = srv.Serve(l) }()
-	t.Cleanup(func() { _ = srv.Close() })
-	return issuer, password
+	return startExampleProvider(t, func(s *storage.Storage) exampleop.Storage { return jwtAccessTokens{s} })
 }
 
 // jwtAccessTokens is the example provider's storage with every client
