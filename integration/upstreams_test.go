@@ -182,7 +182,7 @@ func TestSSEEverythingServer(t *testing.T) {
 			t.Logf("server-everything output:\n%s", logs.Tail(4000))
 		}
 	})
-	waitUntil(t, "server-everything listens", func() bool {
+	waitWithin(t, 30*time.Second, "server-everything listens", func() bool {
 		c, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", port), time.Second)
 		if err == nil {
 			c.Close()
@@ -299,7 +299,7 @@ func TestStdioGoSDKServer(t *testing.T) {
 	// Calls while it restarts get a retryable error; then they succeed,
 	// on the same MCP session, against a new process.
 	var second processInfo
-	waitUntil(t, "a call succeeds after the restart", func() bool {
+	waitWithin(t, 30*time.Second, "a call succeeds after the restart", func() bool {
 		res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "whoami", Arguments: map[string]any{}})
 		if err != nil {
 			if !strings.Contains(err.Error(), "restarts it in") {
@@ -458,24 +458,11 @@ func TestUpstreamTransportValidation(t *testing.T) {
 	}
 }
 
-// waitUntil polls cond, at most 30s; the bound only keeps a broken test
-// from hanging.
-func waitUntil(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	for range 600 {
-		if cond() {
-			return
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	t.Fatalf("never: %s", what)
-}
-
 // assertProcessGone checks that neither pid nor anything in its process
 // group runs.
 func assertProcessGone(t *testing.T, pid int) {
 	t.Helper()
-	waitUntil(t, fmt.Sprintf("process %d is reaped", pid), func() bool { return errors.Is(syscall.Kill(pid, 0), syscall.ESRCH) })
+	waitWithin(t, 30*time.Second, fmt.Sprintf("process %d is reaped", pid), func() bool { return errors.Is(syscall.Kill(pid, 0), syscall.ESRCH) })
 	if members := processesWhere(func(_ int, stat []string, _ string) bool { return stat[2] == strconv.Itoa(pid) }); len(members) > 0 {
 		t.Errorf("process group %d still has %v", pid, members)
 	}
