@@ -331,7 +331,7 @@ func (p *Pins) List(ctx context.Context, caller *gateway.Caller) ([]*Record, err
 // definition differs from their pin, and pins the ones seen for the first
 // time. A tool whose pin cannot be read (storage unavailable) is hidden
 // too.
-func (p *Pins) FilterList(ctx context.Context, call *gateway.Call, result []byte) ([]byte, error) {
+func (p *Pins) FilterList(ctx context.Context, call *gateway.Call, result []byte) (gateway.Result, error) {
 	if p.cfg.Off {
 		return nil, nil
 	}
@@ -347,7 +347,7 @@ func (p *Pins) FilterList(ctx context.Context, call *gateway.Call, result []byte
 	if failed != nil {
 		p.logger.Warn("hid tools whose pins could not be checked", zap.String("service", call.Service.ID), zap.Error(failed))
 	}
-	return out, nil
+	return gateway.Whole(out), nil
 }
 
 // AllowCall checks the definition of the tool a tools/call names against

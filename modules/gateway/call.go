@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"bytes"
 	"context"
 	"net/http"
 	"time"
@@ -79,8 +80,47 @@ func (c *Credential) String() string { return c.Header + ": [hidden]" }
 
 // A ResultHook sees the result of a successful upstream response before the
 // runner does. It returns the result to send instead, or nil to keep it.
-// Hooks run in the order the steps registered them.
-type ResultHook func(ctx context.Context, call *Call, result []byte) ([]byte, error)
+// Hooks run in the order the steps registered them; each sees the result
+// as the hooks before it left it, in one slice.
+type ResultHook func(ctx context.Context, call *Call, result []byte) (Result, error)
+
+// Result is the JSON text of a result a hook sends instead, in pieces
+// written one after the other. A hook that adds a few bytes to a large
+// result (the decision in its _meta) returns its own bytes and slices of
+// the upstream's, which stay as they are: a result of a megabyte is not
+// copied into one slice for a member at its start. Pieces are joined only
+// for a later hook, which sees one slice.
+type Result [][]byte
+
+// Whole is the result text b in one piece, nil when b is nil (keep the
+// result).
+func Whole(b []byte) Result {
+	if b == nil {
+		return nil
+	}
+	return Result{b}
+}
+
+// Bytes returns the text in one slice, copied only when it is in pieces
+// (nil for a nil Result).
+func (r Result) Bytes() []byte {
+	switch {
+	case r == nil:
+		return nil
+	case len(r) == 1:
+		return r[0]
+	}
+	return bytes.Join(r, nil)
+}
+
+// Len is the length of the text.
+func (r Result) Len() int {
+	n := 0
+	for _, p := range r {
+		n += len(p)
+	}
+	return n
+}
 
 // ToolDefinition returns the upstream's definition of the tool a tools/call
 // names, from the MCP session's catalog, or nil when toolgate has not seen
@@ -95,19 +135,24 @@ func (c *Call) ToolDefinition() *ToolDefinition {
 // OnResult registers a hook for this call's result.
 func (c *Call) OnResult(h ResultHook) { c.resultHooks = append(c.resultHooks, h) }
 
-// RunResultHooks passes result through every registered hook. changed
-// reports whether any hook replaced it.
-func (c *Call) RunResultHooks(ctx context.Context, result []byte) (out []byte, changed bool, err error) {
+// RunResultHooks passes result through every registered hook and returns
+// what the runner gets, nil when no hook replaced the result.
+func (c *Call) RunResultHooks(ctx context.Context, result []byte) (Result, error) {
+	var out Result
 	for _, h := range c.resultHooks {
+		if out != nil {
+			result = out.Bytes() // a later hook reads one slice
+			out = Result{result}
+		}
 		replaced, err := h(ctx, c, result)
 		if err != nil {
-			return nil, false, err
+			return nil, err
 		}
 		if replaced != nil {
-			result, changed = replaced, true
+			out = replaced
 		}
 	}
-	return result, changed, nil
+	return out, nil
 }
 
 // HasResultHooks reports whether any step wants to see the result.

@@ -367,11 +367,38 @@ func rebuild(msg mcpmsg.Message, params []byte) []byte {
 	return append(b, '}')
 }
 
-// message is a JSON-RPC message for the runner, in up to three pieces
+// message is a JSON-RPC message for the runner, in up to four pieces
 // written one after the other: a replaced result goes out inside its
-// response's envelope without being copied into one slice with it (for a
-// result of a megabyte, a copy of a megabyte). None for no message.
-type message [3][]byte
+// response's envelope, in the pieces the result hooks returned (the
+// decision's _meta, then the upstream's own bytes), without being copied
+// into one slice with it (for a result of a megabyte, a copy of a
+// megabyte). None for no message.
+type message [4][]byte
+
+// resultMessage is the response to the runner's request id whose result
+// is r.
+func resultMessage(id []byte, r gateway.Result) message {
+	m := message{gateway.RPCResultPrefix(id)}
+	n := 1
+	for _, p := range r {
+		if p == nil {
+			continue
+		}
+		if n == len(m)-1 {
+			// More pieces than the message holds: join them (no hook
+			// returns so many).
+			m[1], n = r.Bytes(), 2
+			break
+		}
+		m[n] = p
+		n++
+	}
+	if n == 1 {
+		m[1], n = []byte{}, 2
+	}
+	m[n] = rpcResultEnd
+	return m
+}
 
 // parts returns the message's pieces.
 func (m *message) parts() [][]byte {
@@ -404,14 +431,14 @@ func (h *Handler) finish(ctx context.Context, call *gateway.Call, msg mcpmsg.Mes
 	if !call.HasResultHooks() {
 		return message{msg.Raw}
 	}
-	out, changed, err := call.RunResultHooks(ctx, msg.Result)
+	out, err := call.RunResultHooks(ctx, msg.Result)
 	if err != nil {
 		return message{h.hookFailed(call, err)}
 	}
-	if !changed {
+	if out == nil {
 		return message{msg.Raw}
 	}
-	return message{gateway.RPCResultPrefix(call.Message.ID), out, rpcResultEnd}
+	return resultMessage(call.Message.ID, out)
 }
 
 // hookFailed answers the runner's request when a result hook did not pass

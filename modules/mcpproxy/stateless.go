@@ -193,10 +193,13 @@ func (h *Handler) answerOwn(ctx context.Context, w http.ResponseWriter, call *ga
 func (h *Handler) finishStateless(ctx context.Context, call *gateway.Call, msg mcpmsg.Message) []byte {
 	result, changed := msg.Result, false
 	if call.HasResultHooks() {
-		var err error
-		result, changed, err = call.RunResultHooks(ctx, msg.Result)
+		out, err := call.RunResultHooks(ctx, msg.Result)
 		if err != nil {
 			return h.hookFailed(call, err)
+		}
+		if out != nil {
+			// The revision's members are added to the result: one slice.
+			result, changed = out.Bytes(), true
 		}
 	}
 	if mcp2026.ResultType(result) == mcp2026.ResultInputRequired {

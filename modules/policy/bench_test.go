@@ -244,7 +244,8 @@ func BenchmarkResultPolicy(b *testing.B) {
 			result := []byte(c.result)
 			step := func() {
 				// Every answer carries the decision; a changed one says how.
-				out, err := h.check(ctx, call, result, "")
+				res, err := h.check(ctx, call, result, "")
+				out := res.Bytes()
 				changed := bytes.Contains(out, []byte("truncated by toolgate")) || bytes.Contains(out, []byte("REDACTED"))
 				if err != nil || out == nil || (defaults && (changed && !c.withheld) != (c.changed && !c.withheld) ||
 					bytes.Contains(out, []byte("withheld")) != c.withheld) {

@@ -166,7 +166,7 @@ func (s subject) complete(common [][2]*ast.Term) (ast.Object, error) {
 }
 
 // result decides the result of the runner's request rq.
-func (h *ResultHandler) result(ctx context.Context, call *gateway.Call, rq *asked, result []byte, base string) ([]byte, error) {
+func (h *ResultHandler) result(ctx context.Context, call *gateway.Call, rq *asked, result []byte, base string) (gateway.Result, error) {
 	s := subject{channel: channelResult, method: rq.method, view: rq.view, task: rq.task}
 	switch {
 	case call.Method == "tools/call" && call.Message.Task != nil:
@@ -215,10 +215,10 @@ func (h *ResultHandler) result(ctx context.Context, call *gateway.Call, rq *aske
 				return nil, withheldError(v.d, "the policy's cleaned answer cannot be written as JSON")
 			}
 		}
-		return h.withhold(ctx, call, s, v, withheld, base, false)
+		return whole(h.withhold(ctx, call, s, v, withheld, base, false))
 	case s.marked():
 		// A task-augmented tools/call: answered like a denied call.
-		return gateway.ToolError("the result was withheld by policy: "+o.Reason, v.d), nil
+		return gateway.Whole(gateway.ToolError("the result was withheld by policy: "+o.Reason, v.d)), nil
 	}
 	return nil, withheldError(v.d, o.Reason)
 }
@@ -251,7 +251,7 @@ func (h *ResultHandler) message(ctx context.Context, call *gateway.Call, rq *ask
 	v := h.evaluate(ctx, call, s, msg.Payload)
 	switch {
 	case v.o.Action == gateway.ActionAllow:
-		return v.out, false, nil
+		return v.out.Bytes(), false, nil
 	case msg.Channel != gateway.ChannelError:
 		return nil, true, nil
 	}

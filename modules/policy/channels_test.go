@@ -283,14 +283,14 @@ func TestResultsOfOtherMethods(t *testing.T) {
 	ctx := context.Background()
 	read := messageCall(t, "resources/read", `{"uri":"file:///a"}`)
 	rq := &asked{method: "resources/read", view: read}
-	out, err := h.result(ctx, read, rq, []byte(`{"contents":[{"uri":"file:///a","text":"key `+leakedKey+`"}]}`), "")
+	out, err := bytesOf(h.result(ctx, read, rq, []byte(`{"contents":[{"uri":"file:///a","text":"key `+leakedKey+`"}]}`), ""))
 	if err != nil || !sameJSON(out, `{"contents":[{"uri":"file:///a","text":"key [REDACTED:aws_access_key_id]"}]}`) {
 		t.Errorf("resources/read: %s %v", out, err)
 	}
-	if out, err := h.result(ctx, read, rq, []byte(`{"contents":[{"uri":"file:///a","text":"fine"}]}`), ""); out != nil || err != nil {
+	if out, err := bytesOf(h.result(ctx, read, rq, []byte(`{"contents":[{"uri":"file:///a","text":"fine"}]}`), "")); out != nil || err != nil {
 		t.Errorf("clean resources/read: %s %v", out, err)
 	}
-	_, err = h.result(ctx, read, rq, []byte(`{"contents":[{"uri":"file:///a","text":"`+injection+`"}]}`), "")
+	_, err = bytesOf(h.result(ctx, read, rq, []byte(`{"contents":[{"uri":"file:///a","text":"`+injection+`"}]}`), ""))
 	var answer *gateway.AnswerError
 	if !errors.As(err, &answer) || answer.Code != gateway.CodePolicyDenied || strings.Contains(answer.Message, "Ignore") ||
 		!strings.Contains(answer.Message, "withheld by policy") {
@@ -298,20 +298,20 @@ func TestResultsOfOtherMethods(t *testing.T) {
 	}
 	// Tool definitions.
 	list := messageCall(t, "tools/list", `{}`)
-	out, err = h.result(ctx, list, &asked{method: "tools/list", view: list},
-		[]byte(`{"tools":[{"name":"read_ticket","description":"Reads.`+hiddenChars+`","inputSchema":{"type":"object"}}]}`), "")
+	out, err = bytesOf(h.result(ctx, list, &asked{method: "tools/list", view: list},
+		[]byte(`{"tools":[{"name":"read_ticket","description":"Reads.`+hiddenChars+`","inputSchema":{"type":"object"}}]}`), ""))
 	if err != nil || !sameJSON(out, `{"tools":[{"name":"read_ticket","description":"Reads.","inputSchema":{"type":"object"}}]}`) {
 		t.Errorf("tools/list: %s %v", out, err)
 	}
 	logs.TakeAll()
 	// An empty answer (ping, logging/setLevel) is not evaluated.
 	ping := messageCall(t, "ping", `{}`)
-	if out, err := h.result(ctx, ping, &asked{method: "ping", view: ping}, []byte(`{}`), ""); out != nil || err != nil || logs.Len() != 0 {
+	if out, err := bytesOf(h.result(ctx, ping, &asked{method: "ping", view: ping}, []byte(`{}`), "")); out != nil || err != nil || logs.Len() != 0 {
 		t.Errorf("ping: %s %v, %d audit entries", out, err, logs.Len())
 	}
 	// An answer the policy asks about, on a gateway without approvals.
 	asker := ruleHandler(t, `decision := {"action": "ask", "reason": "resources are reviewed"}`)
-	_, err = asker.result(ctx, read, rq, []byte(`{"contents":[{"uri":"file:///a","text":"secret plans"}]}`), "")
+	_, err = bytesOf(asker.result(ctx, read, rq, []byte(`{"contents":[{"uri":"file:///a","text":"secret plans"}]}`), ""))
 	if !errors.As(err, &answer) || answer.Code != gateway.CodeApprovalRequired || strings.Contains(answer.Message, "secret plans") {
 		t.Errorf("asked resources/read without approvals: %v", err)
 	}
@@ -376,7 +376,7 @@ func TestCreatedTasks(t *testing.T) {
 	augmented := messageCall(t, "tools/call", `{"name":"read_ticket","arguments":{"ticket_id":"T-1"},"task":{"ttl":1000}}`)
 	plain := messageCall(t, "tools/call", `{"name":"read_ticket","arguments":{"ticket_id":"T-1"}}`)
 	created := `{"task":{"taskId":"t1","status":"working","statusMessage":"key ` + leakedKey + `"}}`
-	out, err := h.result(ctx, augmented, &asked{method: "tools/call", view: augmented}, []byte(created), "")
+	out, err := bytesOf(h.result(ctx, augmented, &asked{method: "tools/call", view: augmented}, []byte(created), ""))
 	var v struct {
 		Task struct{ StatusMessage string }
 		Meta map[string]any `json:"_meta"`
@@ -394,7 +394,7 @@ func TestCreatedTasks(t *testing.T) {
 		{plain, created},
 		{augmented, `{"task":{"taskId":"t2","status":"working"},"content":[{"type":"html","text":"<b>hi</b>"}]}`},
 	} {
-		out, err := h.result(ctx, tc.call, &asked{method: "tools/call", view: tc.call}, []byte(tc.answer), "")
+		out, err := bytesOf(h.result(ctx, tc.call, &asked{method: "tools/call", view: tc.call}, []byte(tc.answer), ""))
 		if err != nil || !strings.Contains(string(out), `"isError":true`) || !strings.Contains(string(out), "withheld by policy") {
 			t.Errorf("%s: %s %v", tc.answer, out, err)
 		}
@@ -433,7 +433,7 @@ func BenchmarkChannelPolicy(b *testing.B) {
 			step := func() {
 				var err error
 				if c.result {
-					_, err = h.result(ctx, list, &asked{method: c.method, view: list}, payload, "")
+					_, err = bytesOf(h.result(ctx, list, &asked{method: c.method, view: list}, payload, ""))
 				} else {
 					_, _, err = h.message(ctx, call, rq, gateway.UpstreamMessage{Channel: gateway.ChannelNotification, Method: c.method, Payload: payload})
 				}
@@ -447,3 +447,6 @@ func BenchmarkChannelPolicy(b *testing.B) {
 		})
 	}
 }
+
+// bytesOf is a hook's answer in one slice.
+func bytesOf(r gateway.Result, err error) ([]byte, error) { return r.Bytes(), err }

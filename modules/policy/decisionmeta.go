@@ -13,15 +13,23 @@ var (
 )
 
 // markResult returns the JSON text of the tools/call result res with the
+// decision d in _meta["toolgate/decision"], in one slice (see markedResult).
+func markResult(raw []byte, res *ast.Term, d *gateway.Decision, spans map[*ast.Term]string) ([]byte, error) {
+	out, err := markedResult(raw, res, d, spans)
+	return out.Bytes(), err
+}
+
+// markedResult returns the JSON text of the tools/call result res with the
 // decision d in _meta["toolgate/decision"] (see withDecision). raw, when
 // not nil, is the text res was read from (spans its values' texts): a
 // result without _meta is then written as raw with the member put first,
-// every other byte as the upstream wrote it.
-func markResult(raw []byte, res *ast.Term, d *gateway.Decision, spans map[*ast.Term]string) ([]byte, error) {
+// every other byte as the upstream wrote it, in two pieces: the opening
+// brace and the member, then raw after its opening brace, not a copy.
+func markedResult(raw []byte, res *ast.Term, d *gateway.Decision, spans map[*ast.Term]string) (gateway.Result, error) {
 	if obj, ok := res.Value.(ast.Object); ok && raw != nil && obj.Get(keyMeta) == nil {
 		open := skipSpace(raw, 0)
 		if open < len(raw) && raw[open] == '{' {
-			b := make([]byte, 0, len(raw)+96)
+			b := make([]byte, 0, open+96)
 			b = append(b, raw[:open+1]...)
 			b = append(b, `"_meta":{"toolgate/decision":`...)
 			b = gateway.AppendDecisionMeta(b, d)
@@ -29,10 +37,14 @@ func markResult(raw []byte, res *ast.Term, d *gateway.Decision, spans map[*ast.T
 			if next := skipSpace(raw, open+1); next < len(raw) && raw[next] != '}' {
 				b = append(b, ',')
 			}
-			return append(b, raw[open+1:]...), nil
+			return gateway.Result{b, raw[open+1:]}, nil
 		}
 	}
-	return appendJSON(nil, withDecision(res, d), spans)
+	out, err := appendJSON(nil, withDecision(res, d), spans)
+	if err != nil {
+		return nil, err
+	}
+	return gateway.Result{out}, nil
 }
 
 func skipSpace(b []byte, i int) int {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"net/http"
 	"time"
+	"unsafe"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
@@ -205,7 +206,9 @@ func (h *RequestHandler) allow(w http.ResponseWriter, r *http.Request, call *gat
 		call.OnResult(h.hideTools)
 	case "tools/call":
 		if call.IsRequest() {
-			call.OnResult(markDecision)
+			call.OnResult(func(ctx context.Context, call *gateway.Call, result []byte) (gateway.Result, error) {
+				return whole(markDecision(ctx, call, result))
+			})
 		}
 	}
 	return next.ServeHTTP(w, r)
@@ -214,12 +217,15 @@ func (h *RequestHandler) allow(w http.ResponseWriter, r *http.Request, call *gat
 // markDecision writes the request decision into a tools/call result's
 // _meta["toolgate/decision"], unless toolgate_result_policy decides the
 // result (and writes its own).
+//
+// It is the rare path (a pipeline without toolgate_result_policy), so the
+// marked result is written into one slice, a copy of the upstream's.
 func markDecision(_ context.Context, call *gateway.Call, result []byte) ([]byte, error) {
 	if call.ResultDecided || call.Decision == nil {
 		return nil, nil
 	}
 	spans := make(map[*ast.Term]string)
-	p := jsonParser{src: string(result), spans: spans}
+	p := jsonParser{src: unsafe.String(unsafe.SliceData(result), len(result)), spans: spans} // result is not changed while the terms live
 	res, err := p.parse()
 	if err != nil {
 		return nil, nil // the proxy relays only results it could parse; nothing to mark
@@ -230,10 +236,10 @@ func markDecision(_ context.Context, call *gateway.Call, result []byte) ([]byte,
 // hideTools removes from a tools/list result the tools the policy would
 // deny this caller calling: each is evaluated as a tools/call with
 // listing: true and no arguments. ask keeps a tool visible.
-func (h *RequestHandler) hideTools(ctx context.Context, call *gateway.Call, result []byte) ([]byte, error) {
+func (h *RequestHandler) hideTools(ctx context.Context, call *gateway.Call, result []byte) (gateway.Result, error) {
 	timeout := time.Duration(h.Timeout)
 	common := commonItems(call) // shared by every tool's input
-	return gateway.FilterTools(result, func(tool gjson.Result) bool {
+	return gateway.Whole(gateway.FilterTools(result, func(tool gjson.Result) bool {
 		o := outcome{}.deny(failError, "the gateway could not build the policy input")
 		def, err := jsonTerm([]byte(tool.Raw))
 		var input ast.Object
@@ -249,7 +255,7 @@ func (h *RequestHandler) hideTools(ctx context.Context, call *gateway.Call, resu
 		}
 		h.newDecision(ctx, call, o, stageListing, []byte(tool.Get("name").Raw), nil, input)
 		return false
-	}), nil
+	})), nil
 }
 
 func decisionData(d *gateway.Decision) map[string]any {

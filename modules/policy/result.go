@@ -67,7 +67,7 @@ func (h *ResultHandler) ServeHTTP(w http.ResponseWriter, r *http.Request, next c
 		}
 		call.ResultDecided = call.Method == "tools/call"
 		base := h.app.BaseURL(r)
-		call.OnResult(func(ctx context.Context, call *gateway.Call, result []byte) ([]byte, error) {
+		call.OnResult(func(ctx context.Context, call *gateway.Call, result []byte) (gateway.Result, error) {
 			return h.result(ctx, call, rq, result, base)
 		})
 	}
@@ -81,13 +81,13 @@ func (h *ResultHandler) ServeHTTP(w http.ResponseWriter, r *http.Request, next c
 // or ask (withheld). An allowed result carries the decision in
 // _meta["toolgate/decision"]; a denied or withheld one reaches the runner
 // as a tool error carrying the reason and the decision.
-func (h *ResultHandler) check(ctx context.Context, call *gateway.Call, result []byte, base string) ([]byte, error) {
+func (h *ResultHandler) check(ctx context.Context, call *gateway.Call, result []byte, base string) (gateway.Result, error) {
 	return h.toolResult(ctx, call, subject{channel: channelResult, method: "tools/call", view: call}, result, base)
 }
 
 // toolResult decides a CallToolResult: the answer to a tools/call, or a
 // task's deferred one (tasks/result).
-func (h *ResultHandler) toolResult(ctx context.Context, call *gateway.Call, s subject, result []byte, base string) ([]byte, error) {
+func (h *ResultHandler) toolResult(ctx context.Context, call *gateway.Call, s subject, result []byte, base string) (gateway.Result, error) {
 	v := h.evaluate(ctx, call, s, result)
 	o, d := v.o, v.d
 	call.Decision = d
@@ -96,20 +96,20 @@ func (h *ResultHandler) toolResult(ctx context.Context, call *gateway.Call, s su
 		return v.out, nil
 	case gateway.ActionAsk:
 		if h.approvals == nil {
-			return gateway.ToolError("the result is withheld pending approval: "+o.Reason+
-				" (this gateway cannot take approvals: it has no cipher to keep them; an administrator must configure one)", d), nil
+			return gateway.Whole(gateway.ToolError("the result is withheld pending approval: "+o.Reason+
+				" (this gateway cannot take approvals: it has no cipher to keep them; an administrator must configure one)", d)), nil
 		}
 		withheld := result
 		if o.Result != nil {
 			// The policy's cleaned result is the one reviewed and released.
 			var err error
 			if withheld, err = appendJSON(nil, o.Result, v.spans); err != nil {
-				return gateway.ToolError("the result was withheld: the policy's cleaned result cannot be written as JSON", d), nil
+				return gateway.Whole(gateway.ToolError("the result was withheld: the policy's cleaned result cannot be written as JSON", d)), nil
 			}
 		}
-		return h.withhold(ctx, call, s, v, withheld, base, true)
+		return whole(h.withhold(ctx, call, s, v, withheld, base, true))
 	default:
-		return gateway.ToolError("the result was withheld by policy: "+o.Reason, d), nil
+		return gateway.Whole(gateway.ToolError("the result was withheld by policy: "+o.Reason, d)), nil
 	}
 }
 
@@ -121,8 +121,9 @@ type verdict struct {
 	spans map[*ast.Term]string
 	// out is what an allow sends instead of the payload: the policy's
 	// replacement, or for a tool result the payload with the decision in
-	// its _meta; nil to send the payload as it is.
-	out []byte
+	// its _meta (in pieces, the payload's bytes not copied); nil to send
+	// the payload as it is.
+	out gateway.Result
 }
 
 // evaluate decides the payload s is about with the policy and records the
@@ -157,15 +158,15 @@ func (h *ResultHandler) evaluate(ctx context.Context, call *gateway.Call, s subj
 // is): a tool result gets the decision in its _meta, written as the
 // upstream wrote it where the policy left it unchanged; anything else
 // the policy's replacement.
-func (s subject) write(payload []byte, input ast.Object, o outcome, id string, spans map[*ast.Term]string) ([]byte, error) {
+func (s subject) write(payload []byte, input ast.Object, o outcome, id string, spans map[*ast.Term]string) (gateway.Result, error) {
 	if s.marked() {
 		mark := &gateway.Decision{ID: id, Action: o.Action}
-		var out []byte
+		var out gateway.Result
 		var err error
 		if o.Result != nil {
-			out, err = markResult(nil, o.Result, mark, spans)
+			out, err = markedResult(nil, o.Result, mark, spans)
 		} else {
-			out, err = markResult(payload, input.Get(keyResult), mark, spans)
+			out, err = markedResult(payload, input.Get(keyResult), mark, spans)
 		}
 		if err != nil {
 			return nil, errors.New("the policy's replacement result cannot be written as JSON")
@@ -182,7 +183,12 @@ func (s subject) write(payload []byte, input ast.Object, o outcome, id string, s
 	if err != nil {
 		return nil, errors.New("the policy's replacement cannot be written as JSON")
 	}
-	return out, nil
+	return gateway.Result{out}, nil
+}
+
+// whole is a hook's answer in one piece.
+func whole(b []byte, err error) (gateway.Result, error) {
+	return gateway.Whole(b), err
 }
 
 // input is the result-stage input for s: its channel and request input,

@@ -25,7 +25,8 @@ func TestResultHook(t *testing.T) {
 	call := benchCall(t, benchTool, `{"ticket_id":"TEST-123"}`)
 	check := func(result string) (string, map[string]any) {
 		t.Helper()
-		out, err := h.check(ctx, call, []byte(result), "")
+		res, err := h.check(ctx, call, []byte(result), "")
+		out := res.Bytes()
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -285,8 +285,8 @@ func (h *Handler) serviceID(r *http.Request) string {
 // allowlistTools removes tools off the service's allowlist from a tools/list
 // result. Definitions of the tools kept pass through byte for byte, and
 // become the MCP session's known definitions.
-func allowlistTools(_ context.Context, call *gateway.Call, result []byte) ([]byte, error) {
-	return gateway.FilterTools(result, func(tool gjson.Result) bool {
+func allowlistTools(_ context.Context, call *gateway.Call, result []byte) (gateway.Result, error) {
+	return gateway.Whole(gateway.FilterTools(result, func(tool gjson.Result) bool {
 		name := tool.Get("name").String()
 		if !call.Service.AllowsTool(name) {
 			return false
@@ -295,7 +295,7 @@ func allowlistTools(_ context.Context, call *gateway.Call, result []byte) ([]byt
 			call.MCPSession.ToolListed(name, []byte(tool.Raw))
 		}
 		return true
-	}), nil
+	})), nil
 }
 
 func quote(s string) string { return string(mcpmsg.Quote(s)) }
