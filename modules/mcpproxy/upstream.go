@@ -181,8 +181,7 @@ func (h *Handler) attempt(ctx context.Context, call *gateway.Call, up gateway.Up
 	case s >= 400 && s < 500:
 		e.kind, e.msg = kindRejected, fmt.Sprintf("the upstream rejected the request (HTTP %d)", s)
 		if isJSON(resp.Header) {
-			data, err := io.ReadAll(io.LimitReader(resp.Body, h.maxMessage+1))
-			if err == nil && int64(len(data)) <= h.maxMessage {
+			if data, err := readBody(resp.Body, resp.ContentLength, h.maxMessage); err == nil {
 				e.body = data
 			}
 		}
@@ -313,14 +312,16 @@ func (r *response) nextData() ([]byte, error) {
 			return r.body, nil
 		}
 		defer r.resp.Body.Close()
-		data, err := io.ReadAll(io.LimitReader(r.resp.Body, r.h.maxMessage+1))
+		data, err := readBody(r.resp.Body, r.resp.ContentLength, r.h.maxMessage)
 		switch {
+		case errors.Is(err, errBodyTooLarge):
+			return nil, &upstreamError{kind: kindUnavailable, sent: true, msg: "the upstream response exceeds max_response_size"}
+		case errors.Is(err, errBodyLength):
+			return nil, &upstreamError{kind: kindUnavailable, sent: true, msg: "the upstream response is longer than its Content-Length"}
 		case err != nil && r.ctx.Err() != nil:
 			return nil, &upstreamError{kind: kindUnavailable, sent: true, msg: "the upstream did not answer in time"}
 		case err != nil:
 			return nil, &upstreamError{kind: kindUnavailable, sent: true, msg: "reading the upstream response failed"}
-		case int64(len(data)) > r.h.maxMessage:
-			return nil, &upstreamError{kind: kindUnavailable, sent: true, msg: "the upstream response exceeds max_response_size"}
 		}
 		return data, nil
 	}

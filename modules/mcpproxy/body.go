@@ -1,0 +1,91 @@
+package mcpproxy
+
+import (
+	"errors"
+	"io"
+)
+
+// Errors of readBody.
+var (
+	errBodyTooLarge = errors.New("the body exceeds max_response_size")
+	errBodyLength   = errors.New("the body is longer than its Content-Length")
+)
+
+// readBody reads a JSON body of at most max bytes into one slice of its
+// exact length, which is what the message is parsed from and relayed as:
+// no copy between reading and parsing, and no garbage of a growing slice
+// (reading a megabyte by appending allocates about twice that, and copies
+// it several times over).
+//
+// size is the body's Content-Length, -1 when it has none. A body that
+// announces more than max is refused before anything is read or allocated;
+// one that announces less than it holds, or ends before its announced
+// length (io.ErrUnexpectedEOF), is an error, never a body cut short. A
+// body without a length is read into pooled buffers and copied once into
+// a slice of its length; it is refused as soon as it passes max.
+func readBody(r io.Reader, size, max int64) ([]byte, error) {
+	if size > max {
+		return nil, errBodyTooLarge
+	}
+	if size >= 0 {
+		b := make([]byte, size)
+		if _, err := io.ReadFull(r, b); err != nil {
+			if err == io.EOF {
+				err = io.ErrUnexpectedEOF
+			}
+			return nil, err
+		}
+		return b, atEnd(r)
+	}
+	var (
+		chunks []*[sseBufferSize]byte // full buffers, in order
+		cur    = sseBuffers.Get().(*[sseBufferSize]byte)
+		n      int   // bytes in cur
+		total  int64 // bytes in chunks
+	)
+	defer func() {
+		for _, c := range chunks {
+			sseBuffers.Put(c)
+		}
+		sseBuffers.Put(cur)
+	}()
+	for {
+		if n == len(cur) {
+			chunks = append(chunks, cur)
+			cur, n, total = sseBuffers.Get().(*[sseBufferSize]byte), 0, total+sseBufferSize
+		}
+		m, err := r.Read(cur[n:])
+		n += m
+		if total+int64(n) > max {
+			return nil, errBodyTooLarge
+		}
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
+	b := make([]byte, 0, total+int64(n))
+	for _, c := range chunks {
+		b = append(b, c[:]...)
+	}
+	return append(b, cur[:n]...), nil
+}
+
+// atEnd checks that r has nothing more to read.
+func atEnd(r io.Reader) error {
+	var one [1]byte
+	for range 100 { // a reader may return 0, nil; not forever
+		n, err := r.Read(one[:])
+		switch {
+		case n > 0:
+			return errBodyLength
+		case err == io.EOF:
+			return nil
+		case err != nil:
+			return err
+		}
+	}
+	return io.ErrNoProgress
+}
