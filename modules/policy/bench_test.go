@@ -228,28 +228,40 @@ func BenchmarkResultPolicy(b *testing.B) {
 		name, result string
 		changed      bool // the default policy changes the text
 		withheld     bool // the default policy withholds it
+		passed       bool // with max_result_bytes raised to 2 MiB
 	}{
 		{"small", `{"content":[{"type":"text","text":"TEST-123: printer on fire, assigned to bob"}],` +
-			`"structuredContent":{"id":"TEST-123","status":"open","assignee":"bob","comments":3},"isError":false}`, false, false},
-		{"8KiB_text", textResult(strings.Repeat("TEST-123: printer on fire — assigned to bob\n", 8<<10/46)), false, false},
+			`"structuredContent":{"id":"TEST-123","status":"open","assignee":"bob","comments":3},"isError":false}`, false, false, false},
+		{"8KiB_text", textResult(strings.Repeat("TEST-123: printer on fire — assigned to bob\n", 8<<10/46)), false, false, false},
 		// A log of a megabyte: over the default limit, so it is cut.
-		{"1MiB_text", textResult(logText(1 << 20)), true, false},
+		{"1MiB_text", textResult(logText(1 << 20)), true, false, false},
+		// The same let through unchanged, with a larger limit: marked
+		// with the decision, not copied.
+		{"1MiB_text_passed", textResult(bigText(1 << 20)), false, false, true},
 		// The same with a secret near its start: redacted, then cut.
-		{"1MiB_text_secret", textResult("deploy started with AKIAIOSFODNN7EXAMPLE\n" + logText(1<<20)), true, false},
+		{"1MiB_text_secret", textResult("deploy started with AKIAIOSFODNN7EXAMPLE\n" + logText(1<<20)), true, false, false},
 		// Its keys alone are over the default limit: withheld.
-		{"1MiB_structured", structuredResult(1 << 20), true, true},
+		{"1MiB_structured", structuredResult(1 << 20), true, true, false},
 	} {
 		b.Run(c.name, func(b *testing.B) {
 			call := benchCall(b, benchTool, `{"ticket_id":"TEST-123"}`)
 			result := []byte(c.result)
+			h := h
+			if c.passed {
+				h = passingHandler(b)
+			}
 			step := func() {
 				// Every answer carries the decision; a changed one says how.
-				res, err := h.check(ctx, call, result, "")
-				out := res.Bytes()
-				changed := bytes.Contains(out, []byte("truncated by toolgate")) || bytes.Contains(out, []byte("REDACTED"))
+				// (The answer is looked at in its pieces: joining them
+				// would measure a copy the gateway does not make.)
+				out, err := h.check(ctx, call, result, "")
+				contains := func(s string) bool {
+					return slices.ContainsFunc(out, func(p []byte) bool { return bytes.Contains(p, []byte(s)) })
+				}
+				changed := contains("truncated by toolgate") || contains("REDACTED")
 				if err != nil || out == nil || (defaults && (changed && !c.withheld) != (c.changed && !c.withheld) ||
-					bytes.Contains(out, []byte("withheld")) != c.withheld) {
-					panic(fmt.Sprintf("check: %.300s, %v", out, err))
+					contains("withheld") != c.withheld) {
+					panic(fmt.Sprintf("check: %.300s, %v", out.Bytes(), err))
 				}
 			}
 			step()
