@@ -23,6 +23,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -240,7 +241,8 @@ func (c *Config) newDecisionWithID(ctx context.Context, id string, call *gateway
 			sum = c.digest(subject)
 		}
 		sum := sum()
-		fields := append(make([]zap.Field, 0, 16), // room for what follows, without growing
+		fp := auditFields.Get().(*[]zap.Field)
+		fields := append((*fp)[:0],
 			zap.String("decision_id", d.ID),
 			zap.String("revision", o.Revision),
 			zap.String("stage", stage),
@@ -267,9 +269,21 @@ func (c *Config) newDecisionWithID(ctx context.Context, id string, call *gateway
 			fields = append(fields, zap.Any("input", c.engine.maskedInput(ctx, input)))
 		}
 		ce.Write(fields...)
+		clear(fields) // the pool keeps no payload alive
+		*fp = fields[:0]
+		auditFields.Put(fp)
 	}
 	return d
 }
+
+// auditFields holds the field lists of audit entries between entries: two
+// per call, each a kilobyte. zap's cores encode an entry's fields during
+// Write and keep none of them (those that keep fields, like zaptest's
+// observer, copy them), so a list can serve the next entry once written.
+var auditFields = sync.Pool{New: func() any {
+	fields := make([]zap.Field, 0, 16) // room for every field of an entry
+	return &fields
+}}
 
 // sessionRefs holds each session's sessionRef for as long as the session
 // lives (see weakCache): two audit entries per call would hash its id.

@@ -78,7 +78,7 @@ func (h *RequestHandler) ServeHTTP(w http.ResponseWriter, r *http.Request, next 
 	if call.Method == "tools/call" {
 		tool = toolTerm(call.ToolDefinition(), call.Message.Name, call.Service)
 	}
-	_, span := gateway.StartSpan(r.Context(), "toolgate.policy.request", traceAttributes(call)...)
+	_, span := startDecisionSpan(r.Context(), "toolgate.policy.request", call)
 	o := outcome{}.deny(failError, "the gateway could not build the policy input")
 	input, err := requestInput(call, tool, false)
 	if err == nil && call.Method == "tools/call" {

@@ -132,7 +132,7 @@ func (h *ResultHandler) evaluate(ctx context.Context, call *gateway.Call, s subj
 	// The input is built for the policy version that decides, whose scan
 	// settings it uses.
 	audited := s.audited(call)
-	ctx, span := gateway.StartSpan(ctx, "toolgate.policy.result", traceAttributes(audited)...)
+	ctx, span := startDecisionSpan(ctx, "toolgate.policy.result", audited)
 	sum := h.digest(payload) // for the audit entry, hashed while the policy evaluates
 	c := h.engine.current.Load()
 	v := verdict{o: outcome{}.deny(failError, "the gateway could not build the policy input"), spans: make(map[*ast.Term]string)}

@@ -1,11 +1,23 @@
 package policy
 
 import (
+	"context"
+
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/toolgate/toolgate/modules/gateway"
 )
+
+// startDecisionSpan starts the span of a decision about call when ctx is
+// traced; its attributes are built only then (every call makes two
+// decisions, and most gateways trace none of them).
+func startDecisionSpan(ctx context.Context, name string, call *gateway.Call) (context.Context, trace.Span) {
+	if span := trace.SpanFromContext(ctx); !span.SpanContext().IsValid() {
+		return ctx, span
+	}
+	return gateway.StartSpan(ctx, name, traceAttributes(call)...)
+}
 
 // traceAttributes name what a decision span is about: service, method and
 // tool, never arguments or results.
