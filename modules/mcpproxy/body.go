@@ -21,11 +21,25 @@ var (
 // announces more than max is refused before anything is read or allocated;
 // one that announces less than it holds, or ends before its announced
 // length (io.ErrUnexpectedEOF), is an error, never a body cut short. A
-// body without a length is read into pooled buffers and copied once into
-// a slice of its length; it is refused as soon as it passes max.
+// small body of a known length is read straight into a slice of that
+// length. Any other is read into pooled buffers and copied once into a
+// slice of its length, refused as soon as it passes max: an announced
+// length is not memory reserved before the bytes arrive, or an upstream
+// announcing max_response_size and sending nothing would hold that much
+// per call in progress.
 func readBody(r io.Reader, size, max int64) ([]byte, error) {
 	if size > max {
 		return nil, errBodyTooLarge
+	}
+	if size > exactBodyMax {
+		b, err := readBody(r, -1, size)
+		switch {
+		case errors.Is(err, errBodyTooLarge):
+			return nil, errBodyLength
+		case err == nil && int64(len(b)) < size:
+			return nil, io.ErrUnexpectedEOF
+		}
+		return b, err
 	}
 	if size >= 0 {
 		b := make([]byte, size)
@@ -72,6 +86,10 @@ func readBody(r io.Reader, size, max int64) ([]byte, error) {
 	}
 	return append(b, cur[:n]...), nil
 }
+
+// exactBodyMax is the largest announced length read straight into a slice
+// of that length.
+const exactBodyMax = sseBufferSize
 
 // atEnd checks that r has nothing more to read.
 func atEnd(r io.Reader) error {

@@ -108,3 +108,56 @@ func TestJSONBodyReadOnce(t *testing.T) {
 		}
 	}
 }
+
+// stallReader hands out n bytes, then fails: an upstream that announced a
+// large body and sent a little of it.
+type stallReader struct{ n int }
+
+func (s *stallReader) Read(p []byte) (int, error) {
+	if s.n == 0 {
+		return 0, io.ErrUnexpectedEOF
+	}
+	k := min(len(p), s.n)
+	s.n -= k
+	return k, nil
+}
+
+// An announced length is not memory reserved: an upstream that announces
+// max_response_size and sends a few bytes makes toolgate hold about what
+// it sent, not what it announced (else slow answers announcing the limit
+// would reserve it once per call in progress without sending it).
+func TestJSONBodyAnnouncedLengthIsNotReserved(t *testing.T) {
+	const announced = 16 << 20
+	got := allocated(10, func() {
+		if _, err := jsonResponse(&stallReader{n: 100}, announced, announced).nextData(); err == nil {
+			t.Fatal("a body cut short was accepted")
+		}
+	})
+	if got > 256<<10 {
+		t.Errorf("%.0f bytes allocated for a body that announced %d and sent 100", got, announced)
+	}
+}
+
+// A small body of a known length, read straight into its slice, is held
+// to its length as a large one is.
+func TestJSONBodySmallLengths(t *testing.T) {
+	msg := `{"jsonrpc":"2.0","id":1,"result":{"content":[]}}`
+	n := int64(len(msg))
+	if data, err := jsonResponse(oneByteReader{strings.NewReader(msg)}, n, n).nextData(); err != nil || string(data) != msg {
+		t.Fatalf("exact: %q, %v", data, err)
+	}
+	for _, tc := range []struct {
+		name string
+		body string
+		want string
+	}{
+		{"shorter than announced", msg[:n-1], "reading the upstream response failed"},
+		{"longer than announced", msg + " ", "the upstream response is longer than its Content-Length"},
+	} {
+		data, err := jsonResponse(strings.NewReader(tc.body), n, 2*n).nextData()
+		var ue *upstreamError
+		if !errors.As(err, &ue) || ue.msg != tc.want || data != nil {
+			t.Errorf("%s: err = %v, data %q; want %q", tc.name, err, data, tc.want)
+		}
+	}
+}
