@@ -96,6 +96,9 @@ type run struct {
 	Allocs   float64
 	AllocKiB float64
 	GCs      uint32
+	// Policy is how long toolgate's policy evaluations of the run took,
+	// by stage (toolgate and the baseline only).
+	Policy map[string]policyLatency `json:",omitempty"`
 }
 
 // idleResult is the idle-session phase: memory of toolgate (and of the
@@ -376,8 +379,15 @@ func (b *bench) measure(ctx context.Context, phase string, round int, r *route, 
 	}
 	admin := b.admin[r.party]
 	var mem0, mem1 memStats
+	var pol0, pol1 map[string]histogram
+	gateway := r.party == toolgate || r.party == baseline
 	if admin != "" {
 		if mem0, err = readMemStats(ctx, b.http, admin); err != nil {
+			return err
+		}
+	}
+	if gateway {
+		if pol0, err = readPolicyHistograms(ctx, b.http, admin); err != nil {
 			return err
 		}
 	}
@@ -392,6 +402,11 @@ func (b *bench) measure(ctx context.Context, phase string, round int, r *route, 
 	}
 	if admin != "" {
 		if mem1, err = readMemStats(ctx, b.http, admin); err != nil {
+			return err
+		}
+	}
+	if gateway {
+		if pol1, err = readPolicyHistograms(ctx, b.http, admin); err != nil {
 			return err
 		}
 	}
@@ -415,6 +430,14 @@ func (b *bench) measure(ctx context.Context, phase string, round int, r *route, 
 		x.Allocs = float64(mem1.Mallocs-mem0.Mallocs) / float64(lr.Calls)
 		x.AllocKiB = float64(mem1.TotalAlloc-mem0.TotalAlloc) / 1024 / float64(lr.Calls)
 		x.GCs = mem1.NumGC - mem0.NumGC
+	}
+	for stage, h := range pol1 {
+		if l, ok := h.since(pol0[stage]); ok {
+			if x.Policy == nil {
+				x.Policy = map[string]policyLatency{}
+			}
+			x.Policy[stage] = l
+		}
 	}
 	b.res.Runs = append(b.res.Runs, x)
 	logf("  %-13s round %d  %-4s %-5s %5d/s  %-8s  p50 %6.2f  p99 %7.2f  max %7.2f ms  errors %d  cpu %.3f ms/call  lag %.1f ms",
