@@ -9,7 +9,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/tidwall/gjson"
 
 	"github.com/toolgate/toolgate/internal/sseref"
@@ -23,13 +22,7 @@ import (
 func TestLargeResultBytesUnchanged(t *testing.T) {
 	policies := channelPolicies(t, `{"toolgate": {"settings": {"max_result_bytes": 2097152}}}`)
 	const call = `{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{"name":"big","arguments":{"bytes":1048576}}}`
-	for _, kind := range []struct {
-		name      string
-		configure func(*mcp.StreamableHTTPOptions)
-	}{
-		{"sse upstream", nil},
-		{"json upstream", func(o *mcp.StreamableHTTPOptions) { o.JSONResponse = true }},
-	} {
+	for _, kind := range upstreamKinds {
 		t.Run(kind.name, func(t *testing.T) {
 			up := startUpstreamWith(t, kind.configure)
 			direct := &rawMCP{t: t, url: up.URL, headers: map[string]string{}}

@@ -479,3 +479,14 @@ func aliceSession(t testing.TB, cfg gatewayConfig) (*upstream, *gateway, *rawMCP
 	m.initialize()
 	return up, g, m
 }
+
+// upstreamKinds are the two ways a go-sdk upstream answers a POST: over
+// SSE (its default) and with a JSON body; configure is for
+// startUpstreamWith.
+var upstreamKinds = []struct {
+	name      string
+	configure func(*mcp.StreamableHTTPOptions)
+}{
+	{"sse", nil},
+	{"json", func(o *mcp.StreamableHTTPOptions) { o.JSONResponse = true }},
+}

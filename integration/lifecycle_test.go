@@ -16,7 +16,6 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig"
-	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
 
 // The MCP session lifecycle through toolgate against go-sdk upstreams, some
@@ -383,13 +382,7 @@ func validateCaddyfile(t *testing.T, caddyfile string) error {
 // each upstream response to its end, so the connection goes back to the
 // pool instead of being closed and dialled anew for the next call.
 func TestSequentialCallsReuseTheUpstreamConnection(t *testing.T) {
-	for _, kind := range []struct {
-		name      string
-		configure func(*mcp.StreamableHTTPOptions)
-	}{
-		{"sse", nil},
-		{"json", func(o *mcp.StreamableHTTPOptions) { o.JSONResponse = true }},
-	} {
+	for _, kind := range upstreamKinds {
 		t.Run(kind.name, func(t *testing.T) {
 			up := startUpstreamWith(t, kind.configure)
 			g := startGateway(t, gatewayConfig{Upstream: up.URL})

@@ -30,9 +30,9 @@ deny contains "the upstream tried to instruct the model" if {
 }
 `
 
-// channelHandler is the result step with the shipped policies plus
-// injectionRule, its audit entries observed.
-func channelHandler(t *testing.T) (*ResultHandler, *observer.ObservedLogs) {
+// shippedPolicies is a directory holding the shipped policies (not their
+// tests) and, under site/, the given extra files by name.
+func shippedPolicies(t testing.TB, site map[string]string) string {
 	t.Helper()
 	dir := t.TempDir()
 	shipped, err := filepath.Glob("../../policies/*.rego")
@@ -54,9 +54,19 @@ func channelHandler(t *testing.T) (*ResultHandler, *observer.ObservedLogs) {
 	if err := os.MkdirAll(filepath.Join(dir, "site"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(filepath.Join(dir, "site", "injection.rego"), []byte(injectionRule), 0o644); err != nil {
-		t.Fatal(err)
+	for name, text := range site {
+		if err := os.WriteFile(filepath.Join(dir, "site", name), []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
 	}
+	return dir
+}
+
+// channelHandler is the result step with the shipped policies plus
+// injectionRule, its audit entries observed.
+func channelHandler(t *testing.T) (*ResultHandler, *observer.ObservedLogs) {
+	t.Helper()
+	dir := shippedPolicies(t, map[string]string{"injection.rego": injectionRule})
 	e, err := newEngine(newSource(dir), "data.toolgate.result.decision", stageResult, 0, zap.NewNop(), policyMetrics)
 	if err != nil {
 		t.Fatal(err)

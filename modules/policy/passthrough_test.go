@@ -3,8 +3,6 @@ package policy
 import (
 	"bytes"
 	"context"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -21,30 +19,7 @@ import (
 // unchanged.
 func passingHandler(t testing.TB) *ResultHandler {
 	t.Helper()
-	dir := t.TempDir()
-	shipped, err := filepath.Glob("../../policies/*.rego")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, f := range shipped {
-		if strings.HasSuffix(f, "_test.rego") {
-			continue
-		}
-		data, err := os.ReadFile(f)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(dir, filepath.Base(f)), data, 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := os.MkdirAll(filepath.Join(dir, "site"), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	settings := `{"toolgate": {"settings": {"max_result_bytes": 2097152}}}`
-	if err := os.WriteFile(filepath.Join(dir, "site", "data.json"), []byte(settings), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	dir := shippedPolicies(t, map[string]string{"data.json": `{"toolgate": {"settings": {"max_result_bytes": 2097152}}}`})
 	e, err := newEngine(newSource(dir), "data.toolgate.result.decision", stageResult, 0, zap.NewNop(), policyMetrics)
 	if err != nil {
 		t.Fatal(err)
