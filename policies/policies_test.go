@@ -22,7 +22,10 @@ import (
 	"github.com/open-policy-agent/opa/v1/cover"
 	"github.com/open-policy-agent/opa/v1/format"
 	"github.com/open-policy-agent/opa/v1/rego"
+	"github.com/open-policy-agent/opa/v1/storage"
 	"github.com/open-policy-agent/opa/v1/tester"
+
+	"github.com/toolgate/toolgate/internal/regoplan"
 )
 
 const (
@@ -1094,4 +1097,73 @@ lines:
 		t.Errorf("%d of %d cuts wrong", failed, len(cuts))
 	}
 	t.Logf("%d cuts of %d test texts", len(cuts), lines)
+}
+
+// TestRegoPlanned runs every Rego test of the directory again, each test
+// rule evaluated from its plan by the gateway's default evaluator
+// (internal/regoplan) rather than by OPA's, and wants every one of them
+// true too: the shipped tests are the evaluators' shared specification.
+// A test the planner plans with a statement the evaluator does not run
+// is counted apart; there must be no more than a few.
+func TestRegoPlanned(t *testing.T) {
+	ctx := context.Background()
+	modules, store, err := tester.Load([]string{"."}, shippedFilter)
+	if err != nil {
+		t.Fatal(err)
+	}
+	compiler := ast.NewCompiler()
+	if compiler.Compile(modules); compiler.Failed() {
+		t.Fatal(compiler.Errors)
+	}
+	txn := storage.NewTransactionOrDie(ctx, store)
+	data, err := store.Read(ctx, txn, storage.RootPath)
+	store.Abort(ctx, txn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dv, err := ast.InterfaceToValue(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var tests []string
+	for _, m := range modules {
+		for _, r := range m.Rules {
+			name := r.Head.Name.String()
+			if strings.HasPrefix(name, "test_") && !slices.Contains(tests, m.Package.Path.String()+"."+name) {
+				tests = append(tests, m.Package.Path.String()+"."+name)
+			}
+		}
+	}
+	slices.Sort(tests)
+	ran, refused := 0, 0
+	for _, query := range tests {
+		p, err := regoplan.Plan(ctx, compiler, query)
+		if err != nil {
+			t.Errorf("%s: plan: %v", query, err)
+			continue
+		}
+		prog, err := regoplan.Compile(p)
+		if err != nil {
+			refused++
+			t.Logf("%s: not run from its plan: %v", query, err)
+			continue
+		}
+		rs, err := prog.Eval(ctx, nil, ast.NewTerm(dv), nil)
+		ran++
+		if err != nil {
+			t.Errorf("%s: error: %v", query, err)
+			continue
+		}
+		ok := len(rs) == 1 && rs[0].Len() == 1
+		if ok {
+			rs[0].Foreach(func(_, v *ast.Term) { ok = v.Equal(ast.InternedTerm(true)) })
+		}
+		if !ok {
+			t.Errorf("%s: FAIL from its plan: %v", query, rs)
+		}
+	}
+	t.Logf("%d Rego tests run from their plans, %d not", ran, refused)
+	if ran < minTests || refused > ran/20 {
+		t.Errorf("ran %d Rego tests from their plans and could not run %d; want at least %d, and under 5%% not run", ran, refused, minTests)
+	}
 }

@@ -52,8 +52,14 @@ const benchTimeout = time.Minute
 
 func benchEngine(b testing.TB, query, stage string) *engine {
 	b.Helper()
+	return benchEngineWith(b, query, stage, evaluatorPlan)
+}
+
+// benchEngineWith is benchEngine with the given evaluator.
+func benchEngineWith(b testing.TB, query, stage, evaluator string) *engine {
+	b.Helper()
 	dir, _ := benchPolicies()
-	e, err := newEngine(newSource(dir), query, stage, 0, zap.NewNop(), policyMetrics)
+	e, err := newEngine(newSource(dir), query, stage, evaluator, 0, zap.NewNop(), policyMetrics)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -183,17 +189,25 @@ func measure(b *testing.B, parallel bool, step func()) {
 // input from the call (the tool definition term is memoised on the
 // definition, as in the gateway) and evaluating the default request policy.
 func BenchmarkRequestPolicy(b *testing.B) {
-	e := benchEngine(b, "data.toolgate.request.decision", stageRequest)
+	engines := map[string]*engine{
+		evaluatorPlan:    benchEngine(b, "data.toolgate.request.decision", stageRequest),
+		evaluatorTopdown: benchEngineWith(b, "data.toolgate.request.decision", stageRequest, evaluatorTopdown),
+	}
 	_, defaults := benchPolicies()
 	ctx := context.Background()
 	for _, c := range []struct {
 		name, tool, args, want string
 		parallel               bool
+		evaluator              string
 	}{
-		{"read_only", benchTool, `{"ticket_id":"TEST-123","include_comments":true}`, gateway.ActionAllow, false},
-		{"unmarked", benchUnmarkedTool, `{"ticket_id":"TEST-123","status":"closed"}`, gateway.ActionAsk, false},
-		{"read_only_parallel", benchTool, `{"ticket_id":"TEST-123","include_comments":true}`, gateway.ActionAllow, true},
+		{"read_only", benchTool, `{"ticket_id":"TEST-123","include_comments":true}`, gateway.ActionAllow, false, evaluatorPlan},
+		{"unmarked", benchUnmarkedTool, `{"ticket_id":"TEST-123","status":"closed"}`, gateway.ActionAsk, false, evaluatorPlan},
+		{"read_only_parallel", benchTool, `{"ticket_id":"TEST-123","include_comments":true}`, gateway.ActionAllow, true, evaluatorPlan},
+		// The same on OPA's own evaluator (evaluator topdown).
+		{"read_only_topdown", benchTool, `{"ticket_id":"TEST-123","include_comments":true}`, gateway.ActionAllow, false, evaluatorTopdown},
+		{"unmarked_topdown", benchUnmarkedTool, `{"ticket_id":"TEST-123","status":"closed"}`, gateway.ActionAsk, false, evaluatorTopdown},
 	} {
+		e := engines[c.evaluator]
 		b.Run(c.name, func(b *testing.B) {
 			call := benchCall(b, c.tool, c.args)
 			step := func() {
@@ -222,6 +236,12 @@ func BenchmarkResultPolicy(b *testing.B) {
 		audit:   benchAudit(),
 		logger:  zap.NewNop(),
 	}}
+	onTopdown := &ResultHandler{Config{
+		Timeout: caddy.Duration(benchTimeout),
+		engine:  benchEngineWith(b, "data.toolgate.result.decision", stageResult, evaluatorTopdown),
+		audit:   benchAudit(),
+		logger:  zap.NewNop(),
+	}}
 	_, defaults := benchPolicies()
 	ctx := context.Background()
 	for _, c := range []struct {
@@ -229,26 +249,34 @@ func BenchmarkResultPolicy(b *testing.B) {
 		changed      bool // the default policy changes the text
 		withheld     bool // the default policy withholds it
 		passed       bool // with max_result_bytes raised to 2 MiB
+		topdown      bool // on OPA's own evaluator (evaluator topdown)
 	}{
 		{"small", `{"content":[{"type":"text","text":"TEST-123: printer on fire, assigned to bob"}],` +
-			`"structuredContent":{"id":"TEST-123","status":"open","assignee":"bob","comments":3},"isError":false}`, false, false, false},
-		{"8KiB_text", textResult(strings.Repeat("TEST-123: printer on fire — assigned to bob\n", 8<<10/46)), false, false, false},
+			`"structuredContent":{"id":"TEST-123","status":"open","assignee":"bob","comments":3},"isError":false}`, false, false, false, false},
+		{"8KiB_text", textResult(strings.Repeat("TEST-123: printer on fire — assigned to bob\n", 8<<10/46)), false, false, false, false},
 		// A log of a megabyte: over the default limit, so it is cut.
-		{"1MiB_text", textResult(logText(1 << 20)), true, false, false},
+		{"1MiB_text", textResult(logText(1 << 20)), true, false, false, false},
 		// The same let through unchanged, with a larger limit: marked
 		// with the decision, not copied.
-		{"1MiB_text_passed", textResult(bigText(1 << 20)), false, false, true},
+		{"1MiB_text_passed", textResult(bigText(1 << 20)), false, false, true, false},
 		// The same with a secret near its start: redacted, then cut.
-		{"1MiB_text_secret", textResult("deploy started with AKIAIOSFODNN7EXAMPLE\n" + logText(1<<20)), true, false, false},
+		{"1MiB_text_secret", textResult("deploy started with AKIAIOSFODNN7EXAMPLE\n" + logText(1<<20)), true, false, false, false},
 		// Its keys alone are over the default limit: withheld.
-		{"1MiB_structured", structuredResult(1 << 20), true, true, false},
+		{"1MiB_structured", structuredResult(1 << 20), true, true, false, false},
+		{"small_topdown", `{"content":[{"type":"text","text":"TEST-123: printer on fire, assigned to bob"}],` +
+			`"structuredContent":{"id":"TEST-123","status":"open","assignee":"bob","comments":3},"isError":false}`, false, false, false, true},
+		{"1MiB_text_secret_topdown", textResult("deploy started with AKIAIOSFODNN7EXAMPLE\n" + logText(1<<20)), true, false, false, true},
+		{"1MiB_structured_topdown", structuredResult(1 << 20), true, true, false, true},
 	} {
 		b.Run(c.name, func(b *testing.B) {
 			call := benchCall(b, benchTool, `{"ticket_id":"TEST-123"}`)
 			result := []byte(c.result)
 			h := h
-			if c.passed {
+			switch {
+			case c.passed:
 				h = passingHandler(b)
+			case c.topdown:
+				h = onTopdown
 			}
 			step := func() {
 				// Every answer carries the decision; a changed one says how.

@@ -93,6 +93,11 @@ func (c *Config) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return d.Errf("%s: approval_wait belongs to toolgate_policy", directive)
 			}
 			c.ApprovalWait = caddy.Duration(dur)
+		case "evaluator":
+			if val != evaluatorPlan && val != evaluatorTopdown {
+				return d.Errf("%s: invalid evaluator %q (%s or %s)", directive, val, evaluatorPlan, evaluatorTopdown)
+			}
+			c.Evaluator = val
 		case "reload_interval":
 			if val == "off" {
 				c.ReloadInterval = -1

@@ -67,7 +67,7 @@ func shippedPolicies(t testing.TB, site map[string]string) string {
 func channelHandler(t *testing.T) (*ResultHandler, *observer.ObservedLogs) {
 	t.Helper()
 	dir := shippedPolicies(t, map[string]string{"injection.rego": injectionRule})
-	e, err := newEngine(newSource(dir), "data.toolgate.result.decision", stageResult, 0, zap.NewNop(), policyMetrics)
+	e, err := newEngine(newSource(dir), "data.toolgate.result.decision", stageResult, evaluatorPlan, 0, zap.NewNop(), policyMetrics)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -84,7 +84,7 @@ func ruleHandler(t *testing.T, rules string) *ResultHandler {
 	if err := os.WriteFile(filepath.Join(dir, "result.rego"), []byte("package toolgate.result\n\n"+rules+"\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	e, err := newEngine(newSource(dir), "data.toolgate.result.decision", stageResult, 0, zap.NewNop(), policyMetrics)
+	e, err := newEngine(newSource(dir), "data.toolgate.result.decision", stageResult, evaluatorPlan, 0, zap.NewNop(), policyMetrics)
 	if err != nil {
 		t.Fatal(err)
 	}

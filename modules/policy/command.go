@@ -137,7 +137,7 @@ func policyEval(inputFile, configFile, adapter, source, stage string, stdin io.R
 			return nil, err
 		}
 	}
-	e, err := newEngine(newSource(source), query, stage, 0, zap.NewNop(), policyMetrics)
+	e, err := newEngine(newSource(source), query, stage, evaluatorPlan, 0, zap.NewNop(), policyMetrics)
 	if err != nil {
 		return nil, fmt.Errorf("loading the policy: %w", err)
 	}

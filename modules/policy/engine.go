@@ -21,6 +21,7 @@ import (
 	"github.com/open-policy-agent/opa/v1/topdown"
 	"go.uber.org/zap"
 
+	"github.com/toolgate/toolgate/internal/regoplan"
 	"github.com/toolgate/toolgate/modules/gateway"
 )
 
@@ -29,12 +30,13 @@ import (
 // caddy.UsagePool keyed by their configuration, so an unchanged policy is
 // not recompiled by a reload.
 type engine struct {
-	source   source
-	query    string
-	interval time.Duration
-	log      atomic.Pointer[zap.Logger]
-	metrics  *metrics
-	stage    string
+	source    source
+	query     string
+	evaluator string // evaluatorPlan or evaluatorTopdown
+	interval  time.Duration
+	log       atomic.Pointer[zap.Logger]
+	metrics   *metrics
+	stage     string
 
 	current   atomic.Pointer[compiled]
 	startOnce sync.Once
@@ -43,7 +45,12 @@ type engine struct {
 
 // compiled is one successfully prepared version of the policy.
 type compiled struct {
-	query    rego.PreparedEvalQuery
+	query rego.PreparedEvalQuery
+	// program is the query's plan, which decisions run when there is one
+	// (see package regoplan); data is what it reads as data.
+	program  *regoplan.Program
+	data     *ast.Term
+	planNote string                  // why there is no program
 	mask     *rego.PreparedEvalQuery // data.toolgate.log.mask, when the policy defines it
 	scanner  *scanner                // the result scan's settings, when the policy has them
 	revision string
@@ -56,8 +63,8 @@ const maskQuery = "data.toolgate.log.mask"
 // newEngine prepares a policy. A local source is compiled now, so `caddy
 // validate` reports a broken policy; a remote bundle is first fetched when
 // the engine starts.
-func newEngine(src source, query, stage string, interval time.Duration, logger *zap.Logger, m *metrics) (*engine, error) {
-	e := &engine{source: src, query: query, stage: stage, interval: interval, metrics: m, stop: make(chan struct{})}
+func newEngine(src source, query, stage, evaluator string, interval time.Duration, logger *zap.Logger, m *metrics) (*engine, error) {
+	e := &engine{source: src, query: query, stage: stage, evaluator: evaluator, interval: interval, metrics: m, stop: make(chan struct{})}
 	e.log.Store(logger)
 	if !src.remote() {
 		if err := e.reload(context.Background()); err != nil {
@@ -145,6 +152,10 @@ func (e *engine) reload(ctx context.Context) error {
 		e.logger().Info("policy reloaded", zap.String("stage", e.stage), zap.Stringer("source", e.source),
 			zap.String("old_revision", old.revision), zap.String("revision", c.revision))
 	}
+	if c.planNote != "" && (old == nil || old.planNote != c.planNote) {
+		e.logger().Warn("the policy runs on OPA's evaluator (slower): its plan cannot be run", zap.String("stage", e.stage),
+			zap.Stringer("source", e.source), zap.String("revision", c.revision), zap.String("why", c.planNote))
+	}
 	return nil
 }
 
@@ -176,6 +187,9 @@ func (e *engine) compile(v *version) (*compiled, error) {
 		return nil, fmt.Errorf("policy %s (revision %s): %w", e.source, v.revision, err)
 	}
 	c := &compiled{query: pq, revision: v.revision}
+	if e.evaluator != evaluatorTopdown {
+		c.program, c.data, c.planNote = planned(ctx, compiler, e.query, v.data)
+	}
 	if c.scanner, err = loadScanner(ctx, compiler, store, e.query); err != nil {
 		return nil, err
 	}
@@ -285,16 +299,7 @@ func (e *engine) decideWith(ctx context.Context, c *compiled, input ast.Value, t
 	ctx, cancel := context.WithCancel(ctx)
 	halt := topdown.NewCancel()
 	deadline := time.AfterFunc(timeout, func() { halt.Cancel(); cancel() })
-	var rs rego.ResultSet
-	var err error
-	if perr := onEvaluator(func() {
-		rules := getRuleCache()
-		rs, err = c.query.Eval(ctx, rego.EvalParsedInput(input), rego.EvalExternalCancel(halt), rego.EvalMetrics(noMetrics),
-			rego.EvalVirtualCache(rules))
-		putRuleCache(rules)
-	}); perr != nil {
-		err = perr
-	}
+	t, n, err := c.evaluate(ctx, input, halt)
 	timedOut := !deadline.Stop()
 	cancel()
 	o := outcome{Revision: c.revision, Duration: time.Since(start)}
@@ -304,12 +309,11 @@ func (e *engine) decideWith(ctx context.Context, c *compiled, input ast.Value, t
 	case err != nil:
 		e.logger().Warn("policy evaluation failed", zap.String("stage", e.stage), zap.String("revision", c.revision), zap.Error(err))
 		return o.deny(failError, "the policy failed to evaluate")
-	case len(rs) == 0 || len(rs[0].Expressions) == 0:
+	case n == 0:
 		return o.deny(failUndefined, "the policy made no decision")
-	case len(rs) > 1 || len(rs[0].Expressions) > 1:
+	case n > 1:
 		return o.deny(failMultiple, "the policy made several decisions")
 	}
-	t, _ := rs[0].Expressions[0].Value.(*ast.Term)
 	if t == nil {
 		return o.deny(failMalformed, "the policy decision is not an object")
 	}

@@ -39,8 +39,13 @@ func writePolicy(t *testing.T, dir, text string) {
 
 func testEngine(t *testing.T, dir string, interval time.Duration) (*engine, *observer.ObservedLogs) {
 	t.Helper()
+	return testEngineWith(t, dir, interval, evaluatorPlan)
+}
+
+func testEngineWith(t *testing.T, dir string, interval time.Duration, evaluator string) (*engine, *observer.ObservedLogs) {
+	t.Helper()
 	core, logs := observer.New(zap.InfoLevel)
-	e, err := newEngine(newSource(dir), requestQuery, "test", interval, zap.New(core), policyMetrics)
+	e, err := newEngine(newSource(dir), requestQuery, "test", evaluator, interval, zap.New(core), policyMetrics)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -67,19 +72,52 @@ func TestDecisionsThatAreNotWellFormedDeny(t *testing.T) {
 		{"conflict", "decision := {\"action\": \"allow\"} if input.method\ndecision := {\"action\": \"ask\"} if input.arguments", 0, failError},
 		{"too slow", `decision := {"action": "allow"} if count([x | some x in numbers.range(1, 50000000)]) > 0`, time.Millisecond, failTimeout},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			dir := t.TempDir()
-			writePolicy(t, dir, "package toolgate.request\n\n"+tc.rules+"\n")
-			e, _ := testEngine(t, dir, 0)
-			timeout := tc.timeout
-			if timeout == 0 {
-				timeout = time.Minute
-			}
-			o := e.decide(context.Background(), someInput, timeout, "arguments")
-			if o.Action != gateway.ActionDeny || o.Failure != tc.failure || o.Reason == "" || o.Arguments != nil {
-				t.Fatalf("outcome = %+v, want a deny with failure %q", o, tc.failure)
-			}
-		})
+		for _, evaluator := range []string{evaluatorPlan, evaluatorTopdown} {
+			t.Run(tc.name+"/"+evaluator, func(t *testing.T) {
+				dir := t.TempDir()
+				writePolicy(t, dir, "package toolgate.request\n\n"+tc.rules+"\n")
+				e, _ := testEngineWith(t, dir, 0, evaluator)
+				if (e.current.Load().program != nil) != (evaluator == evaluatorPlan) {
+					t.Fatalf("evaluator %s: program %v", evaluator, e.current.Load().program)
+				}
+				timeout := tc.timeout
+				if timeout == 0 {
+					timeout = time.Minute
+				}
+				o := e.decide(context.Background(), someInput, timeout, "arguments")
+				if o.Action != gateway.ActionDeny || o.Failure != tc.failure || o.Reason == "" || o.Arguments != nil {
+					t.Fatalf("outcome = %+v, want a deny with failure %q", o, tc.failure)
+				}
+			})
+		}
+	}
+}
+
+// A policy whose plan uses what the plan evaluator does not run (here a
+// reference to a package's rules and base documents at once) decides on
+// OPA's evaluator, and the log says so once.
+func TestPolicyOutsideThePlanRunsOnTopdown(t *testing.T) {
+	dir := t.TempDir()
+	writePolicy(t, dir, `package toolgate.request
+
+decision := {"action": "allow", "reason": sprintf("%d limits", [count(data.limits)])}
+`)
+	if err := os.WriteFile(filepath.Join(dir, "limits.rego"), []byte("package limits\n\nextra := 3\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "data.json"), []byte(`{"limits": {"calls": 10}}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	e, logs := testEngine(t, dir, 0)
+	if e.current.Load().program != nil {
+		t.Fatal("the policy was planned; want it on topdown")
+	}
+	if n := logs.FilterMessageSnippet("runs on OPA's evaluator").Len(); n != 1 {
+		t.Fatalf("%d warnings that the policy runs on OPA's evaluator, want 1: %v", n, logs.All())
+	}
+	o := e.decide(context.Background(), someInput, time.Minute, "arguments")
+	if o.Action != gateway.ActionAllow || o.Reason != "2 limits" {
+		t.Fatalf("outcome = %+v, want allow with reason \"2 limits\"", o)
 	}
 }
 
@@ -102,7 +140,7 @@ decision := {"action": "allow", "reason": "ok", "arguments": object.union(input.
 func TestAPolicyWithoutTheRuleFailsToLoad(t *testing.T) {
 	dir := t.TempDir()
 	writePolicy(t, dir, "package toolgate.other\n\nx := 1\n")
-	_, err := newEngine(newSource(dir), requestQuery, "test", 0, zap.NewNop(), policyMetrics)
+	_, err := newEngine(newSource(dir), requestQuery, "test", evaluatorPlan, 0, zap.NewNop(), policyMetrics)
 	if err == nil || !strings.Contains(err.Error(), "defines no rule data.toolgate.request.decision") {
 		t.Fatalf("err = %v", err)
 	}
@@ -137,7 +175,7 @@ func TestWronglyTypedSettingsFailToLoad(t *testing.T) {
 			t.Fatal(err)
 		}
 		for _, query := range []string{requestQuery, "data.toolgate.result.decision"} {
-			_, err := newEngine(newSource(dir), query, "test", 0, zap.NewNop(), policyMetrics)
+			_, err := newEngine(newSource(dir), query, "test", evaluatorPlan, 0, zap.NewNop(), policyMetrics)
 			switch {
 			case tc.want == "" && err != nil:
 				t.Errorf("%s: %v", tc.data, err)
@@ -189,7 +227,7 @@ deny contains msg if some msg in set()
 	if err := os.WriteFile(filepath.Join(dir, "site", "data.yaml"), []byte("toolgate:\n  settings:\n    a: 3\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	_, err := newEngine(newSource(dir), requestQuery, "test", 0, zap.NewNop(), policyMetrics)
+	_, err := newEngine(newSource(dir), requestQuery, "test", evaluatorPlan, 0, zap.NewNop(), policyMetrics)
 	if err == nil || !strings.Contains(err.Error(), "conflicting values at data.toolgate.settings.a") {
 		t.Errorf("a setting in both data files: %v, want a load error naming it", err)
 	}
@@ -250,7 +288,7 @@ func TestBundleSource(t *testing.T) {
 	defer srv.Close()
 
 	core, _ := observer.New(zap.InfoLevel)
-	e, err := newEngine(newSource(srv.URL+"/bundle.tar.gz"), requestQuery, "test", 10*time.Millisecond, zap.New(core), policyMetrics)
+	e, err := newEngine(newSource(srv.URL+"/bundle.tar.gz"), requestQuery, "test", evaluatorPlan, 10*time.Millisecond, zap.New(core), policyMetrics)
 	if err != nil {
 		t.Fatal(err)
 	}

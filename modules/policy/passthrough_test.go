@@ -20,7 +20,7 @@ import (
 func passingHandler(t testing.TB) *ResultHandler {
 	t.Helper()
 	dir := shippedPolicies(t, map[string]string{"data.json": `{"toolgate": {"settings": {"max_result_bytes": 2097152}}}`})
-	e, err := newEngine(newSource(dir), "data.toolgate.result.decision", stageResult, 0, zap.NewNop(), policyMetrics)
+	e, err := newEngine(newSource(dir), "data.toolgate.result.decision", stageResult, evaluatorPlan, 0, zap.NewNop(), policyMetrics)
 	if err != nil {
 		t.Fatal(err)
 	}

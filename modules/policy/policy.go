@@ -91,6 +91,14 @@ type Config struct {
 	// logged as its reference (as the audit entry's session field).
 	LogInput bool `json:"log_input,omitempty"`
 
+	// Evaluator is what evaluates the decision rule: "plan" (the default)
+	// runs the plan OPA's planner makes of it when the policy is loaded —
+	// the same rules and built-ins, several times faster than OPA's
+	// evaluator —, falling back to OPA's evaluator (with a warning in the
+	// log) for a policy whose plan uses what it cannot run; "topdown"
+	// always uses OPA's evaluator.
+	Evaluator string `json:"evaluator,omitempty"`
+
 	stage     string
 	engine    *engine
 	poolKey   string
@@ -155,9 +163,12 @@ func (c *Config) provision(ctx caddy.Context, stage, defaultQuery string) error 
 	case interval == 0:
 		interval = defaultReloadInterval
 	}
-	c.poolKey = fmt.Sprintf("%s\x00%s\x00%s\x00%d", stage, location, c.Query, interval)
+	if c.Evaluator == "" {
+		c.Evaluator = evaluatorPlan
+	}
+	c.poolKey = fmt.Sprintf("%s\x00%s\x00%s\x00%d\x00%s", stage, location, c.Query, interval, c.Evaluator)
 	v, _, err := enginePool.LoadOrNew(c.poolKey, func() (caddy.Destructor, error) {
-		return newEngine(newSource(location), c.Query, stage, interval, c.logger, policyMetrics)
+		return newEngine(newSource(location), c.Query, stage, c.Evaluator, interval, c.logger, policyMetrics)
 	})
 	if err != nil {
 		return fmt.Errorf("%s: %w", stage, err)
@@ -186,6 +197,9 @@ func (c *Config) provision(ctx caddy.Context, stage, defaultQuery string) error 
 func (c *Config) validate() error {
 	if c.Timeout < 0 {
 		return fmt.Errorf("%s: timeout must be positive", c.stage)
+	}
+	if c.Evaluator != evaluatorPlan && c.Evaluator != evaluatorTopdown {
+		return fmt.Errorf("%s: evaluator must be %s or %s, not %q", c.stage, evaluatorPlan, evaluatorTopdown, c.Evaluator)
 	}
 	return nil
 }

@@ -45,7 +45,7 @@ func scanStrings() []string {
 // own scan rule.
 func defaultScan(t *testing.T) *compiled {
 	t.Helper()
-	e, err := newEngine(newSource("../../policies"), "data.toolgate.result.scan", stageResult, 0, zap.NewNop(), policyMetrics)
+	e, err := newEngine(newSource("../../policies"), "data.toolgate.result.scan", stageResult, evaluatorPlan, 0, zap.NewNop(), policyMetrics)
 	if err != nil {
 		t.Fatal(err)
 	}

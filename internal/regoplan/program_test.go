@@ -1,0 +1,284 @@
+package regoplan
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/open-policy-agent/opa/v1/ast"
+	"github.com/open-policy-agent/opa/v1/rego"
+	"github.com/open-policy-agent/opa/v1/storage/inmem"
+	"github.com/open-policy-agent/opa/v1/topdown"
+	"github.com/open-policy-agent/opa/v1/util"
+)
+
+// outcome is what an evaluation gave, written so that two evaluators'
+// outcomes compare: the query's value as JSON, "undefined", or "error".
+func topdownOutcome(t *testing.T, compiler *ast.Compiler, data map[string]any, query string, input ast.Value) string {
+	t.Helper()
+	opts := []func(*rego.Rego){rego.Query(query), rego.Compiler(compiler), rego.Store(inmem.NewFromObject(data))}
+	if input != nil {
+		opts = append(opts, rego.ParsedInput(input))
+	}
+	rs, err := rego.New(opts...).Eval(context.Background())
+	switch {
+	case err != nil:
+		return "error"
+	case len(rs) == 0:
+		return "undefined"
+	case len(rs) > 1 || len(rs[0].Expressions) != 1:
+		t.Fatalf("%s: %d results", query, len(rs))
+	}
+	b, err := json.Marshal(rs[0].Expressions[0].Value)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+func planOutcome(t *testing.T, prog *Program, data map[string]any, input ast.Value) string {
+	t.Helper()
+	d, err := ast.InterfaceToValue(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var in *ast.Term
+	if input != nil {
+		in = ast.NewTerm(input)
+	}
+	rs, err := prog.Eval(context.Background(), in, ast.NewTerm(d), nil)
+	switch {
+	case err != nil:
+		return "error"
+	case len(rs) == 0:
+		return "undefined"
+	case len(rs) > 1 || rs[0].Len() != 1:
+		t.Fatalf("%d results", len(rs))
+	}
+	var v *ast.Term
+	rs[0].Foreach(func(_, t *ast.Term) { v = t })
+	j, err := ast.JSON(v.Value)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := json.Marshal(j)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+func compile(t *testing.T, modules map[string]string) *ast.Compiler {
+	t.Helper()
+	parsed := map[string]*ast.Module{}
+	for name, src := range modules {
+		m, err := ast.ParseModuleWithOpts(name, src, ast.ParserOptions{RegoVersion: ast.RegoV1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		parsed[name] = m
+	}
+	c := ast.NewCompiler()
+	c.Compile(parsed)
+	if c.Failed() {
+		t.Fatal(c.Errors)
+	}
+	return c
+}
+
+func program(t *testing.T, compiler *ast.Compiler, query string) *Program {
+	t.Helper()
+	p, err := Plan(context.Background(), compiler, query)
+	if err != nil {
+		t.Fatal(err)
+	}
+	prog, err := Compile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return prog
+}
+
+func parseInput(t *testing.T, s string) ast.Value {
+	t.Helper()
+	if s == "" {
+		return nil
+	}
+	v, err := ast.ValueFromReader(strings.NewReader(s))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+// TestSameAsTopdown evaluates small policies, each exercising statements
+// of the plan (lookups, iteration, negation, else chains, comprehensions,
+// partial sets and objects, functions, built-ins that fail, conflicts,
+// with), with this package and with topdown, and wants the same outcome.
+func TestSameAsTopdown(t *testing.T) {
+	const data = `{"settings": {"services": {"tracker": {"read_only": true, "pin": {"a": 1}}, "mail": {}}, "admins": ["root"], "n": 3}}`
+	var d map[string]any
+	if err := util.UnmarshalJSON([]byte(data), &d); err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		name, module string
+		inputs       []string
+	}{
+		{"lookups", `package p
+r := data.settings.services[input.service].read_only
+`, []string{`{"service":"tracker"}`, `{"service":"mail"}`, `{"service":"none"}`, `{}`, `{"service":3}`}},
+		{"else", `package p
+r := "deny" if { input.a > 3 } else := "ask" if { input.a > 1 } else := "allow"
+`, []string{`{"a":5}`, `{"a":2}`, `{"a":0}`, `{"a":"x"}`, `{}`}},
+		{"default and not", `package p
+default r := false
+r if { not input.x; input.y == 1 }
+`, []string{`{"y":1}`, `{"x":true,"y":1}`, `{"x":false,"y":1}`, `{}`}},
+		{"partial set", `package p
+r contains msg if { some g in input.groups; g in data.settings.admins; msg := sprintf("%s is admin", [g]) }
+r contains "many" if count(input.groups) > 2
+`, []string{`{"groups":["root","x"]}`, `{"groups":["a","b","c","root"]}`, `{"groups":[]}`, `{"groups":"root"}`, `{}`}},
+		{"partial object", `package p
+r[k] := v if { some k, v in data.settings.services[input.s].pin }
+r["m"] := input.m if input.m
+`, []string{`{"s":"tracker","m":"x"}`, `{"s":"mail"}`, `{"s":"tracker","m":false}`}},
+		{"conflict", `package p
+r := 1 if input.a
+r := 2 if input.b
+`, []string{`{"a":true}`, `{"a":true,"b":true}`, `{}`}},
+		{"object conflict", `package p
+r[k] := 1 if { some k in input.a }
+r[k] := 2 if { some k in input.b }
+`, []string{`{"a":["x"],"b":["y"]}`, `{"a":["x"],"b":["x"]}`}},
+		{"functions", `package p
+f(x) := y if { y := x * 2 } else := 0
+g(x) if startswith(x, "a")
+r := {"f": f(input.n), "g": g(input.s), "h": [y | some x in input.l; y := f(x)]}
+`, []string{`{"n":2,"s":"abc","l":[1,2,3]}`, `{"n":"x","s":"b","l":[]}`, `{"n":2,"s":3,"l":[1]}`}},
+		{"builtin errors are undefined", `package p
+r := x if x := to_number(input.s) else := "not a number"
+`, []string{`{"s":"12"}`, `{"s":"twelve"}`, `{"s":[1]}`}},
+		{"comprehensions", `package p
+r := {"arr": [x | some x in input.l; x > 1], "set": {x | some x in input.l}, "obj": {k: v | some k, v in input.o; v != null}, "n": count([1 | some _ in input.l])}
+`, []string{`{"l":[1,2,3,2],"o":{"a":1,"b":null}}`, `{"l":[],"o":{}}`, `{"l":"x","o":1}`}},
+		{"every and some", `package p
+r if { every x in input.l { x > 0 }; some y in input.l; y == 2 }
+`, []string{`{"l":[1,2]}`, `{"l":[0,2]}`, `{"l":[1]}`, `{"l":[]}`}},
+		{"walk", `package p
+r := [p | walk(input, [p, v]); is_string(v); contains(v, "secret")]
+`, []string{`{"a":{"b":["x","a secret"]},"c":"secret"}`, `{}`}},
+		{"unify arrays", `package p
+r := {"a": a, "b": b} if [a, b] = input.pair
+`, []string{`{"pair":[1,2]}`, `{"pair":[1]}`, `{"pair":{"0":1,"1":2}}`, `{"pair":"ab"}`}},
+		{"with input and data", `package p
+q := input.x + data.settings.n
+r := {"plain": q, "input": a, "data": b, "deep": c} if {
+	a := q with input as {"x": 10}
+	b := q with data.settings.n as 100
+	c := data.settings.services.tracker with data.settings.services.tracker.pin.b as 2
+}
+`, []string{`{"x":1}`}},
+		{"numbers", `package p
+r := {"eq": input.a == input.b, "sum": input.a + input.b, "range": numbers.range(1, input.a), "big": 12345678901234567890 > input.a}
+`, []string{`{"a":1,"b":1.0}`, `{"a":3,"b":2.5}`}},
+		{"sets and objects", `package p
+s := {x | some x in input.l}
+r := {"has": "a" in s, "dot": s["b"], "union": s | {"z"}, "keys": object.keys(input.o), "get": object.get(input.o, ["x", "y"], "none")}
+`, []string{`{"l":["a","b"],"o":{"x":{"y":1}}}`, `{"l":["c"],"o":{}}`}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			compiler := compile(t, map[string]string{"p.rego": c.module})
+			prog := program(t, compiler, "data.p.r")
+			for _, in := range c.inputs {
+				input := parseInput(t, in)
+				want := topdownOutcome(t, compiler, d, "data.p.r", input)
+				if got := planOutcome(t, prog, d, input); got != want {
+					t.Errorf("input %s: plan gives %s, topdown %s", in, got, want)
+				}
+			}
+		})
+	}
+}
+
+// TestRefusesWhatItCannotRun: a plan with a statement this package does
+// not run is refused when compiled, so that the caller uses topdown.
+func TestRefusesWhatItCannotRun(t *testing.T) {
+	// A reference into data that mixes a rule and a base document is
+	// planned as a merge of the two (ObjectMergeStmt).
+	compiler := compile(t, map[string]string{"p.rego": `package p
+r := data.q
+`, "q.rego": `package q
+x := 1
+`})
+	p, err := Plan(context.Background(), compiler, "data.p.r")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Compile(p); err == nil || !strings.Contains(err.Error(), "not supported") {
+		t.Fatalf("Compile: %v, want a statement that is not supported", err)
+	}
+}
+
+// TestCancel: a cancelled evaluation stops with ErrCancelled.
+func TestCancel(t *testing.T) {
+	compiler := compile(t, map[string]string{"p.rego": `package p
+r := count([x | some x in input; x % 7 == 0])
+`})
+	prog := program(t, compiler, "data.p.r")
+	input := ast.NewArray()
+	for i := range 10000 {
+		input = input.Append(ast.InternedTerm(i))
+	}
+	c := topdown.NewCancel()
+	c.Cancel()
+	if _, err := prog.Eval(context.Background(), ast.NewTerm(input), ast.NewTerm(ast.NewObject()), c); err != ErrCancelled {
+		t.Fatalf("Eval: %v, want ErrCancelled", err)
+	}
+	rs, err := prog.Eval(context.Background(), ast.NewTerm(input), ast.NewTerm(ast.NewObject()), topdown.NewCancel())
+	if err != nil || len(rs) != 1 {
+		t.Fatalf("Eval: %v, %v", rs, err)
+	}
+}
+
+// TestConcurrentEvaluations: one program, evaluated from several
+// goroutines at once on shared input and data (as the gateway does), gives
+// every one of them the same answer. Run with -race.
+func TestConcurrentEvaluations(t *testing.T) {
+	compiler := compile(t, map[string]string{"p.rego": `package p
+admins := {g | some g in data.admins}
+r := {"n": count([x | some x in input.l; x > 1]), "admin": count(admins & {g | some g in input.groups}) > 0, "f": f(input.s)}
+f(s) := upper(s) if startswith(s, "a") else := s
+`})
+	prog := program(t, compiler, "data.p.r")
+	data := ast.NewTerm(ast.MustParseTerm(`{"admins": ["root", "ops"]}`).Value)
+	input := ast.NewTerm(ast.MustParseTerm(`{"l": [1, 2, 3], "groups": ["ops"], "s": "abc"}`).Value)
+	want := `{"admin": true, "f": "ABC", "n": 2}`
+	done := make(chan error)
+	for range 4 {
+		go func() {
+			for range 300 {
+				rs, err := prog.Eval(context.Background(), input, data, nil)
+				if err != nil || len(rs) != 1 {
+					done <- fmt.Errorf("%v, %v", rs, err)
+					return
+				}
+				var v *ast.Term
+				rs[0].Foreach(func(_, t *ast.Term) { v = t })
+				if v.String() != want {
+					done <- fmt.Errorf("got %v, want %s", v, want)
+					return
+				}
+			}
+			done <- nil
+		}()
+	}
+	for range 4 {
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+	}
+}

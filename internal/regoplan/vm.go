@@ -1,0 +1,609 @@
+package regoplan
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+	"unicode/utf8"
+
+	"github.com/open-policy-agent/opa/v1/ast"
+	"github.com/open-policy-agent/opa/v1/metrics"
+	"github.com/open-policy-agent/opa/v1/topdown"
+	"github.com/open-policy-agent/opa/v1/topdown/builtins"
+)
+
+// The program's statements: ir's, with locals, constants and callees
+// resolved. Each runs in the frame of its function (a slice of locals; nil
+// is an undefined local).
+type (
+	block []instr
+	instr any
+
+	// operand is a local or, with local -1, a constant.
+	operand struct {
+		local int
+		konst *ast.Term
+	}
+
+	resultAdd   struct{ src int }
+	returnLocal struct{ src int }
+	blockStmt   struct{ blocks []block }
+	breakStmt   struct{ index int }
+	callFunc    struct {
+		fn     *function
+		args   []operand
+		result int
+	}
+	callBuiltin struct {
+		name     string
+		f        topdown.BuiltinFunc
+		relation bool // every output, in an array (walk)
+		void     bool // no result: defined when it succeeds
+		args     []operand
+		result   int
+	}
+	assign struct {
+		src operand
+		dst int
+	}
+	assignOnce struct {
+		src operand
+		dst int
+	}
+	makeConst struct {
+		v   *ast.Term // immutable: shared by every evaluation
+		dst int
+	}
+	scan struct {
+		src, key, value int
+		body            block
+	}
+	not struct{ body block }
+	dot struct {
+		src, key operand
+		dst      int
+	}
+	length struct {
+		src operand
+		dst int
+	}
+	equal struct {
+		a, b operand
+		not  bool
+	}
+	makeArray  struct{ capacity, dst int }
+	makeObject struct{ dst int }
+	makeSet    struct{ dst int }
+	isKind     struct {
+		src  operand
+		kind int
+	}
+	isDefined struct {
+		src int
+		not bool
+	}
+	reset       struct{ dst int }
+	arrayAppend struct {
+		v   operand
+		arr int
+	}
+	objectInsert struct {
+		k, v operand
+		obj  int
+		once bool
+	}
+	setAdd struct {
+		v   operand
+		set int
+	}
+	with struct {
+		local int
+		path  []*ast.Term
+		v     operand
+		body  block
+	}
+)
+
+const (
+	kindArray = iota
+	kindObject
+	kindSet
+)
+
+// What running a block ends with, besides a break out of it and n more
+// enclosing blocks (n ≥ 0).
+const (
+	completed = -1 // its last statement ran
+	returned  = -2 // a function returned (vm.ret holds its value)
+	failed    = -3 // the evaluation failed (vm.err says why)
+)
+
+// vm is the state of one evaluation; pooled per Program.
+type vm struct {
+	prog    *Program
+	stack   []*ast.Term // the frames of the calls in progress
+	sp      int
+	scratch []*ast.Term // a built-in call's operands
+	memo    []memoEntry // by function index; a rule's value for this evaluation
+	saved   [][]memoEntry
+	results []ast.Object
+	ret     *ast.Term
+	err     error
+	cancel  topdown.Cancel
+	steps   int
+	bctx    topdown.BuiltinContext
+	out     *ast.Term
+	outs    []*ast.Term
+	called  bool
+	iterOne func(*ast.Term) error
+	iterAll func(*ast.Term) error
+}
+
+type memoEntry struct {
+	state int8 // 0: not computed, 1: defined, 2: undefined
+	v     *ast.Term
+}
+
+func newVM(p *Program) *vm {
+	m := &vm{prog: p, stack: make([]*ast.Term, p.stack), scratch: make([]*ast.Term, p.scratch),
+		memo: make([]memoEntry, len(p.funcs))}
+	m.iterOne = func(t *ast.Term) error {
+		if !m.called {
+			m.called, m.out = true, t
+		}
+		return nil
+	}
+	m.iterAll = func(t *ast.Term) error {
+		m.outs = append(m.outs, t)
+		return nil
+	}
+	return m
+}
+
+// ErrCancelled is the error of an evaluation stopped by its Cancel.
+var ErrCancelled = errors.New("regoplan: evaluation cancelled")
+
+// Eval evaluates the program's query on input and data (the policy's
+// base documents). Each result is the query's bindings (for a rule
+// reference, one binding: its value). cancel, if not nil, stops the
+// evaluation when cancelled; ctx is what built-ins such as http.send see.
+func (p *Program) Eval(ctx context.Context, input, data *ast.Term, cancel topdown.Cancel) (results []ast.Object, err error) {
+	m := p.pool.Get().(*vm)
+	defer func() {
+		if r := recover(); r != nil {
+			// A plan that does not hold together (a statement on a value of
+			// the wrong kind) is an error of the evaluation, not a crash.
+			results, err = nil, fmt.Errorf("regoplan: %v", r)
+			m = newVM(p) // the pooled one may be mid-way
+		}
+		m.finish()
+		p.pool.Put(m)
+	}()
+	m.start(ctx, cancel)
+	frame := m.stack[:p.plan.locals]
+	m.sp = p.plan.locals
+	frame[0], frame[1] = input, data
+	for _, b := range p.plan.blocks {
+		if m.exec(frame, b) == failed {
+			return nil, m.err
+		}
+	}
+	return m.results, nil
+}
+
+func (m *vm) start(ctx context.Context, cancel topdown.Cancel) {
+	m.cancel = cancel
+	m.bctx = topdown.BuiltinContext{
+		Context:      ctx,
+		Metrics:      noMetrics,
+		Seed:         rand.Reader,
+		Cancel:       cancel,
+		Cache:        builtins.Cache{},
+		Capabilities: capabilities,
+		Time:         ast.NewTerm(jsonInt(time.Now().UnixNano())),
+	}
+}
+
+// finish drops what the evaluation referenced, so that a pooled vm keeps
+// no input alive.
+func (m *vm) finish() {
+	clear(m.stack)
+	clear(m.scratch)
+	clear(m.memo)
+	m.saved = m.saved[:0]
+	m.results = nil
+	m.ret, m.err, m.out, m.cancel = nil, nil, nil, nil
+	clear(m.outs)
+	m.outs = m.outs[:0]
+	m.bctx = topdown.BuiltinContext{}
+	m.sp, m.steps = 0, 0
+}
+
+var (
+	noMetrics    = metrics.NoOp()
+	capabilities = ast.CapabilitiesForThisVersion()
+)
+
+func jsonInt(n int64) ast.Number { return ast.Number(strconv.FormatInt(n, 10)) }
+
+func (m *vm) val(frame []*ast.Term, o operand) *ast.Term {
+	if o.local < 0 {
+		return o.konst
+	}
+	return frame[o.local]
+}
+
+// halted reports whether the evaluation was cancelled; checked every few
+// hundred steps (calls and iterations).
+func (m *vm) halted() bool {
+	m.steps++
+	if m.cancel == nil || m.steps&255 != 0 || !m.cancel.Cancelled() {
+		return false
+	}
+	m.err = ErrCancelled
+	return true
+}
+
+// exec runs b in frame: completed, returned, failed, or the number of
+// enclosing blocks to leave after b (0: just b).
+func (m *vm) exec(frame []*ast.Term, b block) int {
+	for _, in := range b {
+		switch in := in.(type) {
+		case *dot:
+			s, k := m.val(frame, in.src), m.val(frame, in.key)
+			if s == nil || k == nil {
+				return 0
+			}
+			v := get(s, k)
+			if v == nil {
+				return 0
+			}
+			frame[in.dst] = v
+		case *assign:
+			frame[in.dst] = m.val(frame, in.src)
+		case *callFunc:
+			v, ok := m.call(frame, in.fn, in.args)
+			if !ok {
+				return failed
+			}
+			if v == nil {
+				return 0
+			}
+			frame[in.result] = v
+		case *callBuiltin:
+			v, r := m.builtin(frame, in)
+			if r != completed {
+				return r
+			}
+			frame[in.result] = v
+		case *equal:
+			a, b := m.val(frame, in.a), m.val(frame, in.b)
+			if a == nil || b == nil {
+				return 0
+			}
+			if (a == b || ast.Compare(a.Value, b.Value) == 0) == in.not {
+				return 0
+			}
+		case *isDefined:
+			if (frame[in.src] != nil) == in.not {
+				return 0
+			}
+		case *assignOnce:
+			v := m.val(frame, in.src)
+			if cur := frame[in.dst]; cur != nil {
+				if v == nil || ast.Compare(cur.Value, v.Value) != 0 {
+					m.err = errors.New("regoplan: complete rules must not produce multiple outputs")
+					return failed
+				}
+				continue
+			}
+			frame[in.dst] = v
+		case *reset:
+			frame[in.dst] = nil
+		case *makeConst:
+			frame[in.dst] = in.v
+		case *makeArray:
+			frame[in.dst] = ast.NewTerm(ast.NewArrayWithCapacity(in.capacity))
+		case *makeObject:
+			frame[in.dst] = ast.NewTerm(ast.NewObject())
+		case *makeSet:
+			frame[in.dst] = ast.NewTerm(ast.NewSet())
+		case *arrayAppend:
+			t := frame[in.arr]
+			t.Value = t.Value.(*ast.Array).Append(m.val(frame, in.v))
+		case *objectInsert:
+			o := frame[in.obj].Value.(ast.Object)
+			k, v := m.val(frame, in.k), m.val(frame, in.v)
+			if in.once {
+				if cur := o.Get(k); cur != nil {
+					if ast.Compare(cur.Value, v.Value) != 0 {
+						m.err = errors.New("regoplan: object keys must be unique")
+						return failed
+					}
+					continue
+				}
+			}
+			o.Insert(k, v)
+		case *setAdd:
+			frame[in.set].Value.(ast.Set).Add(m.val(frame, in.v))
+		case *blockStmt:
+			for _, b := range in.blocks {
+				switch r := m.exec(frame, b); {
+				case r == returned || r == failed:
+					return r
+				case r > 0:
+					return r - 1
+				}
+			}
+		case *breakStmt:
+			return in.index
+		case *scan:
+			if r := m.scan(frame, in); r != completed {
+				return r
+			}
+		case *not:
+			switch r := m.exec(frame, in.body); {
+			case r == returned || r == failed:
+				return r
+			case r == completed:
+				return 0 // the negated block held: not is undefined
+			case r > 0:
+				return r - 1
+			}
+		case *length:
+			s := m.val(frame, in.src)
+			if s == nil {
+				return 0
+			}
+			frame[in.dst] = ast.InternedTerm(size(s.Value))
+		case *isKind:
+			s := m.val(frame, in.src)
+			if s == nil {
+				return 0
+			}
+			var ok bool
+			switch in.kind {
+			case kindArray:
+				_, ok = s.Value.(*ast.Array)
+			case kindObject:
+				_, ok = s.Value.(ast.Object)
+			case kindSet:
+				_, ok = s.Value.(ast.Set)
+			}
+			if !ok {
+				return 0
+			}
+		case *returnLocal:
+			m.ret = frame[in.src]
+			return returned
+		case *resultAdd:
+			if t := frame[in.src]; t != nil {
+				if obj, ok := t.Value.(ast.Object); ok {
+					m.results = append(m.results, obj)
+				}
+			}
+		case *with:
+			if r := m.with(frame, in); r != completed {
+				return r
+			}
+		default:
+			panic(fmt.Sprintf("statement %T", in))
+		}
+	}
+	return completed
+}
+
+// call runs fn with args (operands of frame); nil when its value is
+// undefined, ok false when the evaluation failed.
+func (m *vm) call(frame []*ast.Term, fn *function, args []operand) (v *ast.Term, ok bool) {
+	if fn.memo {
+		switch e := m.memo[fn.index]; e.state {
+		case 1:
+			return e.v, true
+		case 2:
+			return nil, true
+		}
+	}
+	if m.halted() {
+		return nil, false
+	}
+	base := m.sp
+	callee := m.stack[base : base+fn.locals]
+	m.sp += fn.locals
+	for i, p := range fn.params {
+		callee[p] = m.val(frame, args[i])
+	}
+	for _, b := range fn.blocks {
+		r := m.exec(callee, b)
+		if r == failed {
+			return nil, false
+		}
+		if r == returned {
+			v, m.ret = m.ret, nil
+			break
+		}
+	}
+	clear(callee)
+	m.sp = base
+	if fn.memo {
+		e := memoEntry{state: 2}
+		if v != nil {
+			e = memoEntry{state: 1, v: v}
+		}
+		m.memo[fn.index] = e
+	}
+	return v, true
+}
+
+// builtin calls one of OPA's built-ins as topdown does: an error makes the
+// call undefined, except a halt, which stops the evaluation.
+func (m *vm) builtin(frame []*ast.Term, in *callBuiltin) (*ast.Term, int) {
+	ops := m.scratch[:len(in.args)]
+	for i, a := range in.args {
+		if ops[i] = m.val(frame, a); ops[i] == nil {
+			clear(ops)
+			return nil, 0
+		}
+	}
+	m.called, m.out = false, nil
+	m.outs = m.outs[:0]
+	iter := m.iterOne
+	if in.relation {
+		iter = m.iterAll
+	}
+	err := in.f(m.bctx, ops, iter)
+	clear(ops)
+	if err != nil {
+		var halt topdown.Halt
+		if errors.As(err, &halt) {
+			m.err = halt.Err
+			return nil, failed
+		}
+		return nil, 0
+	}
+	switch {
+	case in.relation:
+		outs := make([]*ast.Term, len(m.outs))
+		copy(outs, m.outs)
+		clear(m.outs)
+		return ast.ArrayTerm(outs...), completed
+	case !m.called:
+		return nil, 0
+	case m.out == nil || in.void:
+		return ast.InternedTerm(true), completed
+	}
+	return m.out, completed
+}
+
+// scan runs in.body for every element of a collection (nothing for a
+// scalar). Leaving the body continues with the next element; leaving it
+// and one more block ends the scan (as WebAssembly's br 1 out of its loop).
+func (m *vm) scan(frame []*ast.Term, in *scan) int {
+	src := frame[in.src]
+	if src == nil {
+		return completed
+	}
+	res := completed
+	body := func(k, v *ast.Term) bool {
+		if m.halted() {
+			res = failed
+			return true
+		}
+		frame[in.key], frame[in.value] = k, v
+		switch r := m.exec(frame, in.body); {
+		case r == returned || r == failed:
+			res = r
+			return true
+		case r == 1:
+			return true
+		case r > 1:
+			res = r - 2
+			return true
+		}
+		return false
+	}
+	switch c := src.Value.(type) {
+	case *ast.Array:
+		for i := range c.Len() {
+			if body(ast.InternedTerm(i), c.Elem(i)) {
+				break
+			}
+		}
+	case ast.Object:
+		c.Until(body)
+	case ast.Set:
+		c.Until(func(t *ast.Term) bool { return body(t, t) })
+	}
+	return res
+}
+
+// with runs in.body with a local (input or data) replaced, or a value
+// put at a path inside it, and rule values computed afresh.
+func (m *vm) with(frame []*ast.Term, in *with) int {
+	saved := frame[in.local]
+	v := m.val(frame, in.v)
+	if len(in.path) == 0 {
+		frame[in.local] = v
+	} else {
+		frame[in.local] = upsert(saved, in.path, v)
+	}
+	m.saved = append(m.saved, m.memo)
+	m.memo = make([]memoEntry, len(m.memo))
+	r := m.exec(frame, in.body)
+	m.memo = m.saved[len(m.saved)-1]
+	m.saved = m.saved[:len(m.saved)-1]
+	frame[in.local] = saved
+	switch {
+	case r == returned || r == failed:
+		return r
+	case r == completed:
+		return completed
+	case r == 0:
+		return 0 // the body was undefined
+	}
+	return r - 1
+}
+
+// upsert returns doc with v at path, copying the objects on the way (doc
+// is not changed); a missing or non-object node on the way becomes an
+// object.
+func upsert(doc *ast.Term, path []*ast.Term, v *ast.Term) *ast.Term {
+	var obj ast.Object
+	if doc != nil {
+		if o, ok := doc.Value.(ast.Object); ok {
+			obj = o.Copy()
+		}
+	}
+	if obj == nil {
+		obj = ast.NewObject()
+	}
+	if len(path) == 1 {
+		obj.Insert(path[0], v)
+	} else {
+		obj.Insert(path[0], upsert(obj.Get(path[0]), path[1:], v))
+	}
+	return ast.NewTerm(obj)
+}
+
+// get is a DotStmt's lookup: an object's value, an array's element, a
+// set's member; nil when there is none.
+func get(s, k *ast.Term) *ast.Term {
+	switch c := s.Value.(type) {
+	case ast.Object:
+		return c.Get(k)
+	case *ast.Array:
+		n, ok := k.Value.(ast.Number)
+		if !ok {
+			return nil
+		}
+		i, ok := n.Int()
+		if !ok || i < 0 || i >= c.Len() {
+			return nil
+		}
+		return c.Elem(i)
+	case ast.Set:
+		if c.Contains(k) {
+			return k
+		}
+	}
+	return nil
+}
+
+// size is a LenStmt's length: of a collection, or of a string in
+// characters (as count).
+func size(v ast.Value) int {
+	switch c := v.(type) {
+	case *ast.Array:
+		return c.Len()
+	case ast.Object:
+		return c.Len()
+	case ast.Set:
+		return c.Len()
+	case ast.String:
+		return utf8.RuneCountInString(string(c))
+	}
+	return 0
+}
