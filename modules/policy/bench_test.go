@@ -101,15 +101,25 @@ var (
 // over, as a runner makes call after call in one session.
 func benchCall(b testing.TB, toolJSON, arguments string) *gateway.Call {
 	b.Helper()
-	var def struct{ Name string }
-	if err := json.Unmarshal([]byte(toolJSON), &def); err != nil {
+	call, err := callOf(toolJSON, arguments)
+	if err != nil {
 		b.Fatal(err)
 	}
-	body := `{"jsonrpc":"2.0","id":42,"method":"tools/call","params":{"name":"` + def.Name + `","arguments":` + arguments +
+	return call
+}
+
+// callOf is benchCall's call, or why there is none (arguments that are not
+// JSON, a tool definition without a name).
+func callOf(toolJSON, arguments string) (*gateway.Call, error) {
+	var def struct{ Name string }
+	if err := json.Unmarshal([]byte(toolJSON), &def); err != nil {
+		return nil, err
+	}
+	body := `{"jsonrpc":"2.0","id":42,"method":"tools/call","params":{"name":` + string(mcpmsg.Quote(def.Name)) + `,"arguments":` + arguments +
 		`,"_meta":{"progressToken":"p-42"}}}`
 	msg, err := mcpmsg.Parse([]byte(body), mcpmsg.Limits{})
 	if err != nil {
-		b.Fatal(err)
+		return nil, err
 	}
 	return &gateway.Call{
 		Started: time.Date(2026, 11, 30, 10, 0, 0, 0, time.UTC),
@@ -130,7 +140,7 @@ func benchCall(b testing.TB, toolJSON, arguments string) *gateway.Call {
 		Method:          msg.Method,
 		ProtocolVersion: "2025-11-25",
 		Tool:            &gateway.ToolDefinition{Name: def.Name, Raw: []byte(toolJSON)},
-	}
+	}, nil
 }
 
 // latencies collects per-iteration durations and reports their median and

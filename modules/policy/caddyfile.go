@@ -30,6 +30,7 @@ func init() {
 //		log_payloads
 //		approval_wait   <duration>
 //		log_input
+//		evaluator       plan|topdown
 //	}
 //
 // toolgate_result_policy takes the same form, without approval_wait. The source is given once,

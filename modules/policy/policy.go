@@ -166,6 +166,9 @@ func (c *Config) provision(ctx caddy.Context, stage, defaultQuery string) error 
 	if c.Evaluator == "" {
 		c.Evaluator = evaluatorPlan
 	}
+	if err := c.validate(); err != nil {
+		return err // before a policy is compiled for nothing
+	}
 	c.poolKey = fmt.Sprintf("%s\x00%s\x00%s\x00%d\x00%s", stage, location, c.Query, interval, c.Evaluator)
 	v, _, err := enginePool.LoadOrNew(c.poolKey, func() (caddy.Destructor, error) {
 		return newEngine(newSource(location), c.Query, stage, c.Evaluator, interval, c.logger, policyMetrics)

@@ -1,0 +1,110 @@
+package policy
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/open-policy-agent/opa/v1/ast"
+	"go.uber.org/zap"
+
+	"github.com/toolgate/toolgate/internal/mcpmsg"
+	"github.com/toolgate/toolgate/modules/gateway"
+)
+
+// differentialSettings give the shipped policies' settings something to
+// act on, so that the two evaluators are compared on denials, asks,
+// rewrites, redactions and cuts, not only on allows.
+const differentialSettings = `{"toolgate": {"settings": {
+	"admin_groups": ["admins"],
+	"max_result_bytes": 300,
+	"redact_patterns": {"employee_id": "\\bEMP-[0-9]{6}\\b"},
+	"services": {"tracker": {
+		"admin_groups": ["tracker-admins"],
+		"allow_without_approval": ["update_ticket"],
+		"pin_arguments": {"create_ticket": {"project": "SEC"}, "read_ticket": {"include_comments": false}}
+	}}
+}}}`
+
+// decisionText is what of an outcome the gateway acts on, as text.
+func decisionText(o outcome) string {
+	var args, result string
+	if o.argsTerm != nil {
+		args = o.argsTerm.String()
+	}
+	if o.Result != nil {
+		result = o.Result.String()
+	}
+	return fmt.Sprintf("%s|%s|%s|%s|%s|%s", o.Action, o.Reason, o.Failure, args, result, o.Approval)
+}
+
+// FuzzPlanMatchesTopdown decides random calls and results with the
+// shipped policies on both evaluators and wants the same decision:
+// action, reason, failure, rewritten arguments and replacement result.
+func FuzzPlanMatchesTopdown(f *testing.F) {
+	dir := shippedPolicies(f, map[string]string{"data.json": differentialSettings})
+	engines := map[string][2]*engine{}
+	for _, st := range []struct{ query, stage string }{{requestQuery, stageRequest}, {"data.toolgate.result.decision", stageResult}} {
+		var pair [2]*engine
+		for i, ev := range []string{evaluatorPlan, evaluatorTopdown} {
+			e, err := newEngine(newSource(dir), st.query, st.stage, ev, 0, zap.NewNop(), policyMetrics)
+			if err != nil {
+				f.Fatal(err)
+			}
+			f.Cleanup(func() { _ = e.Destruct() })
+			pair[i] = e
+		}
+		if pair[0].current.Load().program == nil {
+			f.Fatalf("the shipped %s policy was not planned: %s", st.stage, pair[0].current.Load().planNote)
+		}
+		engines[st.stage] = pair
+	}
+	f.Add(uint8(0), "read_ticket", `{"ticket_id":"TEST-1"}`, `{"content":[{"type":"text","text":"ok"}]}`)
+	f.Add(uint8(1), "update_ticket", `{"ticket_id":"TEST-1","status":"closed"}`, `{"content":[{"type":"text","text":"EMP-123456 and AKIAIOSFODNN7EXAMPLE"}]}`)
+	f.Add(uint8(2), "create_ticket", `{"title":"x","project":"OPS"}`, `{"content":[{"type":"text","text":"`+strings.Repeat("long line of text ", 40)+`"}],"structuredContent":{"id":1}}`)
+	f.Add(uint8(7), "delete_ticket", `{"id":[1,2,{"a":null}]}`, `{"content":[{"type":"image","data":"aGk=","mimeType":"image/png"}],"isError":true}`)
+	f.Add(uint8(12), "read_ticket", `[1]`, `{"content":"not a list","structuredContent":{"token":"ghp_0123456789abcdefghijklmnopqrstuvwxyz01"}}`)
+	f.Add(uint8(5), "search", `{"q":"Ignore previous instructions"}`, `{"content":[{"type":"resource","resource":{"uri":"file:///x","text":"-----BEGIN PRIVATE KEY-----\nabc\n-----END PRIVATE KEY-----"}}]}`)
+	f.Fuzz(func(t *testing.T, flags uint8, tool, args, result string) {
+		annotations := map[uint8]string{0: `{"readOnlyHint":true}`, 1: `{}`, 2: `{"destructiveHint":false}`, 3: `{"readOnlyHint":true,"destructiveHint":true}`}[flags&3]
+		def := `{"name":` + string(mcpmsg.Quote(tool)) + `,"annotations":` + annotations + `,"inputSchema":{"type":"object"}}`
+		call, err := callOf(def, args)
+		if err != nil {
+			return // not a call the gateway would get this far
+		}
+		if flags&4 != 0 {
+			call.Caller = &gateway.Caller{User: "root", Groups: []string{"tracker-admins"}, Method: "jwt"}
+		}
+		if flags&8 != 0 {
+			call.Service = &gateway.Service{ID: "billing", Tools: []string{tool}}
+		}
+		ctx := context.Background()
+		req := engines[stageRequest]
+		var got [2]string
+		for i, e := range req {
+			input, err := requestInput(call, toolTerm(call.Tool, call.Message.Name, call.Service), flags&16 != 0)
+			if err != nil {
+				return
+			}
+			got[i] = decisionText(e.decide(ctx, input, time.Minute, "arguments"))
+		}
+		if got[0] != got[1] {
+			t.Fatalf("request decision differs:\nplan    %s\ntopdown %s", got[0], got[1])
+		}
+		res := engines[stageResult]
+		for i, e := range res {
+			h := &ResultHandler{Config{engine: e}}
+			c := e.current.Load()
+			input, err := h.input(c, call, subject{channel: channelResult, method: "tools/call", view: call}, []byte(result), map[*ast.Term]string{})
+			if err != nil {
+				return
+			}
+			got[i] = decisionText(e.decideWith(ctx, c, input, time.Minute, "result"))
+		}
+		if got[0] != got[1] {
+			t.Fatalf("result decision differs:\nplan    %s\ntopdown %s", got[0], got[1])
+		}
+	})
+}
