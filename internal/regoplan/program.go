@@ -26,6 +26,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 
 	"github.com/open-policy-agent/opa/v1/ast"
@@ -41,7 +42,12 @@ type Program struct {
 	stack     int         // locals the deepest chain of calls needs
 	scratch   int         // arguments the deepest chain of built-in calls needs
 	stmtCount int
-	pool      sync.Pool // *vm
+	// impure: the program calls a built-in that reads the clock or keeps
+	// state for the evaluation (BuiltinContext.Time and Cache): the
+	// non-deterministic ones (time.now_ns, http.send, rand.intn, …) and
+	// io.jwt.decode_verify, which checks expiry against the clock.
+	impure bool
+	pool   sync.Pool // *vm
 }
 
 // function is a planned function (a rule, or the query itself).
@@ -159,6 +165,7 @@ func Compile(p *ir.Policy) (*Program, error) {
 		return nil, err
 	}
 	prog.stmtCount = c.count
+	prog.impure = c.impure
 	prog.pool.New = func() any { return newVM(prog) }
 	return prog, nil
 }
@@ -175,6 +182,7 @@ type compiler struct {
 	funcs    map[string]*function
 	fn       *function // the function being compiled
 	count    int
+	impure   bool
 }
 
 // note records that the current function uses local l.
@@ -275,6 +283,9 @@ func (c *compiler) stmt(s ir.Stmt) (instr, error) {
 		}
 		bi := ast.BuiltinMap[s.Func]
 		relation := bi != nil && bi.Relation
+		if bi == nil || bi.Nondeterministic || strings.HasPrefix(s.Func, "io.jwt.") {
+			c.impure = true
+		}
 		return &callBuiltin{name: s.Func, f: f, relation: relation, void: decl.Decl != nil && decl.Decl.Result() == nil,
 			args: args, result: c.local(s.Result)}, nil
 	case *ir.AssignVarStmt:

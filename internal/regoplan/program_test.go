@@ -184,6 +184,9 @@ r := {"plain": q, "input": a, "data": b, "deep": c} if {
 		{"numbers", `package p
 r := {"eq": input.a == input.b, "sum": input.a + input.b, "range": numbers.range(1, input.a), "big": 12345678901234567890 > input.a}
 `, []string{`{"a":1,"b":1.0}`, `{"a":3,"b":2.5}`}},
+		{"clock and per-evaluation state", `package p
+r := {"now": time.now_ns() > 1700000000000000000, "same": rand.intn("k", 1000) == rand.intn("k", 1000), "id": uuid.rfc4122("a") == uuid.rfc4122("a")}
+`, []string{`{}`}},
 		{"sets and objects", `package p
 s := {x | some x in input.l}
 r := {"has": "a" in s, "dot": s["b"], "union": s | {"z"}, "keys": object.keys(input.o), "get": object.get(input.o, ["x", "y"], "none")}
@@ -250,13 +253,15 @@ r := count([x | some x in input; x % 7 == 0])
 func TestConcurrentEvaluations(t *testing.T) {
 	compiler := compile(t, map[string]string{"p.rego": `package p
 admins := {g | some g in data.admins}
-r := {"n": count([x | some x in input.l; x > 1]), "admin": count(admins & {g | some g in input.groups}) > 0, "f": f(input.s)}
+r := {"n": count([x | some x in input.l; x > 1]), "admin": count(admins & {g | some g in input.groups}) > 0, "f": f(input.s), "none": none, "some": some_of}
+none contains x if { some x in input.l; x > 5 }
+some_of contains x if { some x in input.l; x > 2 }
 f(s) := upper(s) if startswith(s, "a") else := s
 `})
 	prog := program(t, compiler, "data.p.r")
 	data := ast.NewTerm(ast.MustParseTerm(`{"admins": ["root", "ops"]}`).Value)
 	input := ast.NewTerm(ast.MustParseTerm(`{"l": [1, 2, 3], "groups": ["ops"], "s": "abc"}`).Value)
-	want := `{"admin": true, "f": "ABC", "n": 2}`
+	want := `{"admin": true, "f": "ABC", "n": 2, "none": set(), "some": {3}}`
 	done := make(chan error)
 	for range 4 {
 		go func() {
@@ -280,5 +285,10 @@ f(s) := upper(s) if startswith(s, "a") else := s
 		if err := <-done; err != nil {
 			t.Fatal(err)
 		}
+	}
+	// New sets and objects start as shared empty values until their first
+	// member; no evaluation may have put one into them.
+	if emptySet.(ast.Set).Len() != 0 || emptyObject.(ast.Object).Len() != 0 {
+		t.Fatalf("the shared empty values were changed: %v %v", emptySet, emptyObject)
 	}
 }

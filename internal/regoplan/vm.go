@@ -170,17 +170,43 @@ var ErrCancelled = errors.New("regoplan: evaluation cancelled")
 // base documents). Each result is the query's bindings (for a rule
 // reference, one binding: its value). cancel, if not nil, stops the
 // evaluation when cancelled; ctx is what built-ins such as http.send see.
-func (p *Program) Eval(ctx context.Context, input, data *ast.Term, cancel topdown.Cancel) (results []ast.Object, err error) {
-	m := p.pool.Get().(*vm)
+func (p *Program) Eval(ctx context.Context, input, data *ast.Term, cancel topdown.Cancel) ([]ast.Object, error) {
+	m, err := p.run(ctx, input, data, cancel)
+	var out []ast.Object
+	if err == nil {
+		out = append(out, m.results...)
+	}
+	p.release(m)
+	return out, err
+}
+
+// Value is Eval for a query of one rule reference: the value of its one
+// result's one binding, and the number of results (the value is nil
+// unless there is one result of one binding). It allocates nothing for
+// the results.
+func (p *Program) Value(ctx context.Context, input, data *ast.Term, cancel topdown.Cancel) (v *ast.Term, n int, err error) {
+	m, err := p.run(ctx, input, data, cancel)
+	if err == nil {
+		n = len(m.results)
+		if n == 1 && m.results[0].Len() == 1 {
+			m.results[0].Foreach(func(_, t *ast.Term) { v = t })
+		}
+	}
+	p.release(m)
+	return v, n, err
+}
+
+// run evaluates the program on a vm of the pool, which holds the results
+// until it is released.
+func (p *Program) run(ctx context.Context, input, data *ast.Term, cancel topdown.Cancel) (m *vm, err error) {
+	m = p.pool.Get().(*vm)
 	defer func() {
 		if r := recover(); r != nil {
 			// A plan that does not hold together (a statement on a value of
 			// the wrong kind) is an error of the evaluation, not a crash.
-			results, err = nil, fmt.Errorf("regoplan: %v", r)
+			err = fmt.Errorf("regoplan: %v", r)
 			m = newVM(p) // the pooled one may be mid-way
 		}
-		m.finish()
-		p.pool.Put(m)
 	}()
 	m.start(ctx, cancel)
 	frame := m.stack[:p.plan.locals]
@@ -188,10 +214,16 @@ func (p *Program) Eval(ctx context.Context, input, data *ast.Term, cancel topdow
 	frame[0], frame[1] = input, data
 	for _, b := range p.plan.blocks {
 		if m.exec(frame, b) == failed {
-			return nil, m.err
+			return m, m.err
 		}
 	}
-	return m.results, nil
+	return m, nil
+}
+
+// release returns m to the pool, keeping nothing of its evaluation.
+func (p *Program) release(m *vm) {
+	m.finish()
+	p.pool.Put(m)
 }
 
 func (m *vm) start(ctx context.Context, cancel topdown.Cancel) {
@@ -201,9 +233,13 @@ func (m *vm) start(ctx context.Context, cancel topdown.Cancel) {
 		Metrics:      noMetrics,
 		Seed:         rand.Reader,
 		Cancel:       cancel,
-		Cache:        builtins.Cache{},
 		Capabilities: capabilities,
-		Time:         ast.NewTerm(jsonInt(time.Now().UnixNano())),
+	}
+	if m.prog.impure {
+		// The clock and the evaluation's cache, for the built-ins that read
+		// them (see Program.impure); the others never do.
+		m.bctx.Time = ast.NewTerm(jsonInt(time.Now().UnixNano()))
+		m.bctx.Cache = builtins.Cache{}
 	}
 }
 
@@ -214,13 +250,24 @@ func (m *vm) finish() {
 	clear(m.scratch)
 	clear(m.memo)
 	m.saved = m.saved[:0]
-	m.results = nil
+	clear(m.results)
+	m.results = m.results[:0]
 	m.ret, m.err, m.out, m.cancel = nil, nil, nil, nil
 	clear(m.outs)
 	m.outs = m.outs[:0]
 	m.bctx = topdown.BuiltinContext{}
 	m.sp, m.steps = 0, 0
 }
+
+// emptyObject and emptySet are what a new object or set holds until its
+// first member: most sets of reasons (deny, ask) and rewrite objects of a
+// decision stay empty, so they cost a term, not a collection. They are
+// never changed: inserting replaces them by a collection of the term's
+// own.
+var (
+	emptyObject ast.Value = ast.NewObject()
+	emptySet    ast.Value = ast.NewSet()
+)
 
 var (
 	noMetrics    = metrics.NoOp()
@@ -308,14 +355,18 @@ func (m *vm) exec(frame []*ast.Term, b block) int {
 		case *makeArray:
 			frame[in.dst] = ast.NewTerm(ast.NewArrayWithCapacity(in.capacity))
 		case *makeObject:
-			frame[in.dst] = ast.NewTerm(ast.NewObject())
+			frame[in.dst] = &ast.Term{Value: emptyObject}
 		case *makeSet:
-			frame[in.dst] = ast.NewTerm(ast.NewSet())
+			frame[in.dst] = &ast.Term{Value: emptySet}
 		case *arrayAppend:
 			t := frame[in.arr]
 			t.Value = t.Value.(*ast.Array).Append(m.val(frame, in.v))
 		case *objectInsert:
-			o := frame[in.obj].Value.(ast.Object)
+			t := frame[in.obj]
+			if t.Value == emptyObject {
+				t.Value = ast.NewObject()
+			}
+			o := t.Value.(ast.Object)
 			k, v := m.val(frame, in.k), m.val(frame, in.v)
 			if in.once {
 				if cur := o.Get(k); cur != nil {
@@ -328,7 +379,11 @@ func (m *vm) exec(frame []*ast.Term, b block) int {
 			}
 			o.Insert(k, v)
 		case *setAdd:
-			frame[in.set].Value.(ast.Set).Add(m.val(frame, in.v))
+			t := frame[in.set]
+			if t.Value == emptySet {
+				t.Value = ast.NewSet()
+			}
+			t.Value.(ast.Set).Add(m.val(frame, in.v))
 		case *blockStmt:
 			for _, b := range in.blocks {
 				switch r := m.exec(frame, b); {

@@ -49,16 +49,7 @@ func planned(ctx context.Context, compiler *ast.Compiler, query string, data map
 // evalstack.go).
 func (c *compiled) evaluate(ctx context.Context, input ast.Value, halt topdown.Cancel) (*ast.Term, int, error) {
 	if c.program != nil {
-		rs, err := c.program.Eval(ctx, ast.NewTerm(input), c.data, halt)
-		if err != nil || len(rs) != 1 {
-			return nil, len(rs), err
-		}
-		if rs[0].Len() != 1 {
-			return nil, rs[0].Len(), nil
-		}
-		var t *ast.Term
-		rs[0].Foreach(func(_, v *ast.Term) { t = v })
-		return t, 1, nil
+		return c.program.Value(ctx, ast.NewTerm(input), c.data, halt)
 	}
 	var rs rego.ResultSet
 	var err error
