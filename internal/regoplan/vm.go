@@ -126,6 +126,7 @@ type vm struct {
 	prog    *Program
 	stack   []*ast.Term // the frames of the calls in progress
 	sp      int
+	high    int // the most of stack the evaluation used
 	scratch []*ast.Term // a built-in call's operands
 	memo    []memoEntry // by function index; a rule's value for this evaluation
 	saved   [][]memoEntry
@@ -210,7 +211,7 @@ func (p *Program) run(ctx context.Context, input, data *ast.Term, cancel topdown
 	}()
 	m.start(ctx, cancel)
 	frame := m.stack[:p.plan.locals]
-	m.sp = p.plan.locals
+	m.sp, m.high = p.plan.locals, p.plan.locals
 	frame[0], frame[1] = input, data
 	for _, b := range p.plan.blocks {
 		if m.exec(frame, b) == failed {
@@ -246,7 +247,7 @@ func (m *vm) start(ctx context.Context, cancel topdown.Cancel) {
 // finish drops what the evaluation referenced, so that a pooled vm keeps
 // no input alive.
 func (m *vm) finish() {
-	clear(m.stack)
+	clear(m.stack[:m.high])
 	clear(m.scratch)
 	clear(m.memo)
 	m.saved = m.saved[:0]
@@ -256,7 +257,7 @@ func (m *vm) finish() {
 	clear(m.outs)
 	m.outs = m.outs[:0]
 	m.bctx = topdown.BuiltinContext{}
-	m.sp, m.steps = 0, 0
+	m.sp, m.high, m.steps = 0, 0, 0
 }
 
 // emptyObject and emptySet are what a new object or set holds until its
@@ -468,6 +469,7 @@ func (m *vm) call(frame []*ast.Term, fn *function, args []operand) (v *ast.Term,
 	base := m.sp
 	callee := m.stack[base : base+fn.locals]
 	m.sp += fn.locals
+	m.high = max(m.high, m.sp)
 	for i, p := range fn.params {
 		callee[p] = m.val(frame, args[i])
 	}
