@@ -126,7 +126,7 @@ type vm struct {
 	prog    *Program
 	stack   []*ast.Term // the frames of the calls in progress
 	sp      int
-	high    int // the most of stack the evaluation used
+	high    int         // the most of stack the evaluation used
 	scratch []*ast.Term // a built-in call's operands
 	memo    []memoEntry // by function index; a rule's value for this evaluation
 	saved   [][]memoEntry
