@@ -1,0 +1,104 @@
+package regoplan
+
+import (
+	"testing"
+
+	"github.com/open-policy-agent/opa/v1/util"
+)
+
+func TestAttackVirtualDocs(t *testing.T) {
+	const data = `{"settings": {"n": 3}}`
+	var d map[string]any
+	if err := util.UnmarshalJSON([]byte(data), &d); err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		name    string
+		modules map[string]string
+		inputs  []string
+	}{
+		{"package extent", map[string]string{"p.rego": `package p
+r := data.q
+`, "q.rego": `package q
+a := 1
+b contains x if some x in input.l
+c[k] := 1 if some k in input.l
+f(x) := x
+default d := "d"
+e := input.e
+`}, []string{`{"l":["x","y"],"e":1}`, `{}`}},
+		{"ref heads", map[string]string{"p.rego": `package p
+r := data.q.a
+`, "q.rego": `package q
+a.b[x] := 1 if some x in input.l
+a.c := 2
+a.d.e := input.e
+a.s contains x if some x in input.l
+`}, []string{`{"l":["x","y"],"e":1}`, `{}`, `{"l":"x"}`}},
+		{"ref heads var key", map[string]string{"p.rego": `package p
+r := data.q.a
+`, "q.rego": `package q
+a[x].y := 1 if some x in input.l
+a[x].z := 2 if some x in input.m
+`}, []string{`{"l":["x","y"],"m":["x"]}`, `{}`, `{"l":["x"],"m":["z"]}`}},
+		{"ref heads var key conflict", map[string]string{"p.rego": `package p
+r := data.q.a
+`, "q.rego": `package q
+a[x].y := 1 if some x in input.l
+a[x].y := 2 if some x in input.m
+`}, []string{`{"l":["x"],"m":["x"]}`, `{"l":["x"],"m":["z"]}`}},
+		{"dynamic lookup into package", map[string]string{"p.rego": `package p
+r := data.q[input.k]
+`, "q.rego": `package q
+a := 1
+b := input.b
+c contains 1 if true
+`}, []string{`{"k":"a"}`, `{"k":"b","b":2}`, `{"k":"b"}`, `{"k":"c"}`, `{"k":"z"}`}},
+		{"iterate package", map[string]string{"p.rego": `package p
+r := [[k, v] | some k, v in data.q]
+`, "q.rego": `package q
+a := 1
+b := input.b
+`}, []string{`{"b":2}`, `{}`}},
+		{"ref head default and else", map[string]string{"p.rego": `package p
+r := data.q.a
+`, "q.rego": `package q
+default a.b := "d"
+a.b := "x" if input.x
+a.c := "y" if input.y else := "n"
+`}, []string{`{"x":true,"y":true}`, `{}`}},
+		{"multi-level ref head conflicts", map[string]string{"p.rego": `package p
+r := data.q.a
+`, "q.rego": `package q
+a.b := 1 if input.x
+a.b := 2 if input.y
+`}, []string{`{"x":true,"y":true}`, `{"x":true}`}},
+		{"deep virtual extent", map[string]string{"p.rego": `package p
+r := data.q
+`, "q.rego": `package q.s.t
+a := input.a
+`, "q2.rego": `package q.u
+b := 2
+`}, []string{`{"a":1}`, `{}`}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			compiler := compile(t, c.modules)
+			p, err := Plan(t.Context(), compiler, "data.p.r")
+			if err != nil {
+				t.Fatal(err)
+			}
+			prog, err := Compile(p)
+			if err != nil {
+				t.Skipf("refused: %v", err)
+			}
+			for _, in := range c.inputs {
+				input := parseInput(t, in)
+				want := topdownOutcome(t, compiler, d, "data.p.r", input)
+				if got := planOutcome(t, prog, d, input); got != want {
+					t.Errorf("input %s: plan gives %s, topdown %s", in, got, want)
+				}
+			}
+		})
+	}
+}
