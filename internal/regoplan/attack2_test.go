@@ -102,3 +102,69 @@ b := 2
 		})
 	}
 }
+
+func TestAttackWithData(t *testing.T) {
+	cases := []struct {
+		name    string
+		modules map[string]string
+		inputs  []string
+	}{
+		{"with data package of rules", map[string]string{"p.rego": `package p
+r := [x, data.q.a] if { x := data.q.a with data.q as {"a": 5} }
+`, "q.rego": `package q
+a := input.a
+`}, []string{`{"a":1}`, `{}`}},
+		{"with data rule partial path", map[string]string{"p.rego": `package p
+r := [x, y] if { x := data.q.a.b with data.q.a as {"b": 5}; y := data.q.c with data.q.a as 1 }
+`, "q.rego": `package q
+a := {"b": input.a}
+c := a
+`}, []string{`{"a":1}`, `{}`}},
+		{"with data base doc used by function", map[string]string{"p.rego": `package p
+f(x) := data.settings.n + x
+r := [f(1), y] if { y := f(1) with data.settings.n as 10 }
+`}, []string{`{}`}},
+		{"with input used by partial set", map[string]string{"p.rego": `package p
+s contains x if some x in input.l
+r := [count(s), n] if { n := count(s) with input.l as [1, 2, 3] }
+`}, []string{`{"l":[1]}`, `{}`}},
+		{"with in else", map[string]string{"p.rego": `package p
+g := input.k
+r := 1 if { g with input.k as false } else := 2 if { g with input.k as true } else := 3
+`}, []string{`{"k":true}`}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			compiler := compile(t, c.modules)
+			p, err := Plan(t.Context(), compiler, "data.p.r")
+			if err != nil {
+				t.Skipf("not planned: %v", err)
+			}
+			prog, err := Compile(p)
+			if err != nil {
+				t.Skipf("refused: %v", err)
+			}
+			d := map[string]any{"settings": map[string]any{"n": 3}}
+			for _, in := range c.inputs {
+				input := parseInput(t, in)
+				want := topdownOutcome(t, compiler, d, "data.p.r", input)
+				if got := planOutcome(t, prog, d, input); got != want {
+					t.Errorf("input %s: plan gives %s, topdown %s", in, got, want)
+				}
+			}
+		})
+	}
+}
+
+func TestAttackDataAtRulePaths(t *testing.T) {
+	mods := map[string]string{"p.rego": `package p
+s contains x if some x in input.l
+r := {"s": s, "t": t, "u": data.p.u, "n": count(s)}
+t := input.t
+`}
+	sameAsTopdown(t, mods, `{"p": {"r": "allow", "s": ["evil"], "t": "base", "u": 1}}`, `{"l":[1]}`, `{}`, `{"t":2}`)
+	mods2 := map[string]string{"p.rego": `package p
+r if input.x
+`}
+	sameAsTopdown(t, mods2, `{"p": {"r": true}}`, `{"x":false}`, `{}`)
+}

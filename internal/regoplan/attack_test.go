@@ -86,6 +86,56 @@ r := {input.a, input.b}
 		{"array literal in set", `package p
 r := count({[input.a], [input.b]})
 `, []string{`{"a":1,"b":1.0}`}},
+		{"order of object iteration", `package p
+r := [[k, v] | some k, v in input.o]
+`, []string{`{"o":{"b":1,"a":2,"c":0,"10":1,"9":2}}`}},
+		{"order of set iteration", `package p
+s := {x | some x in input.l}
+r := {"arr": [x | some x in s], "concat": concat(",", {x | some x in input.l; is_string(x)}), "first": [x | some x in s][0]}
+`, []string{`{"l":["b","a",1,[1],{"a":1},null,true,"c"]}`}},
+		{"order with walk", `package p
+r := [v | walk(input, [_, v]); is_number(v)]
+`, []string{`{"b":1,"a":{"z":2,"y":3},"c":[4,5]}`}},
+		{"pattern args", `package p
+f([a, b]) := a + b
+f({"k": v}) := v
+f(1) := "one"
+r := [f(input.x)]
+`, []string{`{"x":[1,2]}`, `{"x":{"k":5}}`, `{"x":1}`, `{"x":1.0}`, `{"x":[1]}`, `{"x":{"k":5,"j":1}}`}},
+		{"every with", `package p
+default r := false
+r if { every x in input.l { g with input.y as x } }
+g if input.y > 0
+`, []string{`{"l":[1,2]}`, `{"l":[1,0]}`, `{"l":[]}`}},
+		{"not with", `package p
+default r := false
+r if { not input.x with input.x as input.z }
+`, []string{`{"x":true,"z":false}`, `{"x":false,"z":true}`, `{"x":true}`}},
+		{"with in function", `package p
+f(x) := y if { y := g with input.k as x }
+g := input.k
+r := [f(1), f(2), g]
+`, []string{`{"k":0}`, `{}`}},
+		{"with then memo outside", `package p
+g := input.k
+h := x if { x := g with input.k as 5 }
+r := [h, g, h]
+`, []string{`{"k":0}`}},
+		{"nested with memo", `package p
+g := input.k
+h := [g, i] if { i := g with input.k as 7 }
+r := [h, g] if { true } 
+z := [a, b] if { a := h with input.k as 5; b := g }
+`, []string{`{"k":0}`}},
+		{"with data base doc", `package p
+g := data.settings.n
+h := [g, i] if { i := g with data.settings as {"n": 9} }
+r := [h, g, data.settings.n]
+`, []string{`{}`}},
+		{"with input on undefined input", `package p
+g := input
+r := x if { x := g with input.a as 1 }
+`, []string{``}},
 		{"float index", `package p
 r := input.a[input.i]
 `, []string{`{"a":[1,2,3],"i":1.0}`, `{"a":[1,2,3],"i":1}`, `{"a":[1,2,3],"i":1.5}`, `{"a":[1,2,3],"i":-1}`, `{"a":[1,2,3],"i":"1"}`, `{"a":{"1":2},"i":"1"}`, `{"a":"abc","i":1}`, `{"a":[1,2,3],"i":1e0}`, `{"a":[1,2,3],"i":10000000000000000000000}`}},

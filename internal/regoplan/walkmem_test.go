@@ -1,0 +1,79 @@
+package regoplan
+
+import (
+	"context"
+	"runtime"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/open-policy-agent/opa/v1/ast"
+	"github.com/open-policy-agent/opa/v1/rego"
+)
+
+func peak(f func()) uint64 {
+	runtime.GC()
+	var base runtime.MemStats
+	runtime.ReadMemStats(&base)
+	var max atomic.Uint64
+	done := make(chan struct{})
+	go func() {
+		var m runtime.MemStats
+		for {
+			select {
+			case <-done:
+				return
+			default:
+			}
+			runtime.ReadMemStats(&m)
+			if m.HeapAlloc > max.Load() {
+				max.Store(m.HeapAlloc)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}()
+	f()
+	close(done)
+	return max.Load() - base.HeapAlloc
+}
+
+// TestPlanWalkMemory: walk is a relation; the plan collects every
+// [path, value] it gives into one array before scanning it, where topdown
+// consumes them one at a time. Paths are as long as the input is deep, so
+// a 60 KB input nested 1000 deep holds 30 000 paths of up to 1000 elements
+// at once (hundreds of MB) while topdown keeps only the ones the rule
+// keeps. The plan's peak heap should stay in topdown's range.
+func TestPlanWalkMemory(t *testing.T) {
+	var b strings.Builder
+	const depth, k = 1000, 30
+	for range depth {
+		b.WriteString("[" + strings.Repeat("0,", k))
+	}
+	b.WriteString(`"s"`)
+	b.WriteString(strings.Repeat("]", depth))
+	in := ast.MustParseTerm(b.String())
+	compiler := compile(t, map[string]string{"p.rego": `package p
+scanned[path] := s if { walk(input, [path, s]); is_string(s) }
+r := count(scanned)
+`})
+	prog := program(t, compiler, "data.p.r")
+	var planErr error
+	pp := peak(func() {
+		_, planErr = prog.Eval(context.Background(), in, ast.NewTerm(ast.NewObject()), nil)
+	})
+	pq, err := rego.New(rego.Query("data.p.r"), rego.Compiler(compiler)).PrepareForEval(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var tdErr error
+	tp := peak(func() {
+		_, tdErr = pq.Eval(context.Background(), rego.EvalParsedInput(in.Value))
+	})
+	if planErr != nil || tdErr != nil {
+		t.Fatal(planErr, tdErr)
+	}
+	if pp > 4*tp+32<<20 {
+		t.Errorf("peak heap of %d bytes of input: plan %d MB, topdown %d MB", b.Len(), pp>>20, tp>>20)
+	}
+}
