@@ -124,8 +124,8 @@ r := [h, g, h]
 		{"nested with memo", `package p
 g := input.k
 h := [g, i] if { i := g with input.k as 7 }
-r := [h, g] if { true } 
-z := [a, b] if { a := h with input.k as 5; b := g }
+r := [h, g, r2]
+r2 := [a, b, h, c] if { a := h with input.k as 5; b := g; c := h with input.k as 5 }
 `, []string{`{"k":0}`}},
 		{"with data base doc", `package p
 g := data.settings.n
@@ -136,6 +136,16 @@ r := [h, g, data.settings.n]
 g := input
 r := x if { x := g with input.a as 1 }
 `, []string{``}},
+		{"special builtins", `package p
+r := {"rt": is_object(opa.runtime()), "now": time.now_ns() == time.now_ns(), "rand": rand.intn("k", 1000) == rand.intn("k", 1000), "uuid": uuid.rfc4122("a") == uuid.rfc4122("a")} if { print("x", input); trace("y") }
+`, []string{`{}`}},
+		{"http.send bad", `package p
+default r := "d"
+r := x if { x := http.send({"method": "get", "url": input.u}) }
+`, []string{`{"u":"::bad"}`, `{"u":1}`}},
+		{"json and base64 errors", `package p
+r := {"j": object.get({"v": v}, "v", "none"), "b": object.get({"v": b}, "v", "none")} if { v := [x | x := json.unmarshal(input.j)]; b := [x | x := base64.decode(input.b)] }
+`, []string{`{"j":"{","b":"%%%"}`, `{"j":"1","b":"aGk="}`}},
 		{"float index", `package p
 r := input.a[input.i]
 `, []string{`{"a":[1,2,3],"i":1.0}`, `{"a":[1,2,3],"i":1}`, `{"a":[1,2,3],"i":1.5}`, `{"a":[1,2,3],"i":-1}`, `{"a":[1,2,3],"i":"1"}`, `{"a":{"1":2},"i":"1"}`, `{"a":"abc","i":1}`, `{"a":[1,2,3],"i":1e0}`, `{"a":[1,2,3],"i":10000000000000000000000}`}},
