@@ -146,6 +146,38 @@ r := x if { x := http.send({"method": "get", "url": input.u}) }
 		{"json and base64 errors", `package p
 r := {"j": object.get({"v": v}, "v", "none"), "b": object.get({"v": b}, "v", "none")} if { v := [x | x := json.unmarshal(input.j)]; b := [x | x := base64.decode(input.b)] }
 `, []string{`{"j":"{","b":"%%%"}`, `{"j":"1","b":"aGk="}`}},
+		{"func else conflict", `package p
+f(x) := 1 if x > 0 else := 2
+f(x) := 3 if x > 5
+r := f(input.x)
+`, []string{`{"x":10}`, `{"x":1}`, `{"x":0}`, `{"x":-1}`}},
+		{"func else same", `package p
+f(x) := 1 if x > 0 else := 2
+f(x) := 2 if x < 0
+r := f(input.x)
+`, []string{`{"x":10}`, `{"x":-1}`, `{"x":0}`}},
+		{"shadowing", `package p
+r := [[x, y] | some x in input.l; y := [x | some x in input.m; x > 1]]
+`, []string{`{"l":[1,2],"m":[1,2,3]}`}},
+		{"every closure", `package p
+default r := false
+r if { every x in input.l { some y in input.m; y == x } }
+`, []string{`{"l":[1,2],"m":[2,1,3]}`, `{"l":[1,4],"m":[2,1,3]}`, `{"l":[1],"m":[]}`}},
+		{"nested combos", `package p
+r := [x | some x in input.l; not bad(x); every y in input.m { y != x }] if { count(input.l) > 0 } else := "empty"
+bad(x) if { some z in input.bad; not z != x }
+`, []string{`{"l":[1,2,3],"m":[3],"bad":[1]}`, `{"l":[],"m":[],"bad":[]}`, `{"l":[1],"m":"s","bad":"t"}`}},
+		{"deep break levels", `package p
+r := {k: n | some k, v in input.o; n := count([1 | some a in v; not a in input.skip; every b in input.req { b in v }])}
+`, []string{`{"o":{"x":[1,2,3],"y":[2],"z":"s"},"skip":[2],"req":[1]}`, `{"o":{"x":[1,2,3]},"skip":[],"req":[]}`}},
+		{"undefined in head", `package p
+default r := "d"
+r := input.missing if true
+`, []string{`{}`, `{"missing":false}`}},
+		{"false vs undefined", `package p
+default r := "deny"
+r := "allow" if { input.ok == true; not input.blocked }
+`, []string{`{"ok":true,"blocked":false}`, `{"ok":true,"blocked":null}`, `{"ok":true,"blocked":0}`, `{"ok":"true"}`, `{"ok":1}`}},
 		{"float index", `package p
 r := input.a[input.i]
 `, []string{`{"a":[1,2,3],"i":1.0}`, `{"a":[1,2,3],"i":1}`, `{"a":[1,2,3],"i":1.5}`, `{"a":[1,2,3],"i":-1}`, `{"a":[1,2,3],"i":"1"}`, `{"a":{"1":2},"i":"1"}`, `{"a":"abc","i":1}`, `{"a":[1,2,3],"i":1e0}`, `{"a":[1,2,3],"i":10000000000000000000000}`}},
