@@ -178,6 +178,21 @@ r := input.missing if true
 default r := "deny"
 r := "allow" if { input.ok == true; not input.blocked }
 `, []string{`{"ok":true,"blocked":false}`, `{"ok":true,"blocked":null}`, `{"ok":true,"blocked":0}`, `{"ok":"true"}`, `{"ok":1}`}},
+		{"pattern args with constants", `package p
+f([p, false]) := concat("/", p)
+f([p, true]) := "key"
+r := [f([input.p, input.b]), f(input.pair)]
+`, []string{`{"p":["a","b"],"b":false,"pair":[["x"],true]}`, `{"p":["a"],"b":0,"pair":[["x"],1]}`, `{"p":"a","b":true,"pair":[]}`}},
+		{"array keyed partial objects", `package p
+bp[["c", i]] := b if { some i, b in input.c }
+bp[["m", i, "c"]] := b if { some i, m in input.m; b := m.c }
+bp[["c", 0]] := "fixed" if input.fix
+r := {"all": bp, "look": [bp[p] | some p in input.paths], "keys": [k | some k, _ in bp]}
+`, []string{`{"c":["x","y"],"m":[{"c":1}],"paths":[["c",0],["m",0,"c"],["z"]]}`, `{"c":["fixed"],"fix":true,"paths":[]}`, `{"c":["other"],"fix":true,"paths":[]}`, `{"c":"s","m":{"a":{"c":2}},"paths":[["m","a","c"]]}`}},
+		{"walk with object keys", `package p
+sk[path] := k if { walk(input, [p, v]); is_object(v); some k, _ in v; path := array.concat(p, [k]) }
+r := sk
+`, []string{`{"a":{"b":{"c":1}},"d":[{"e":2}]}`, `[]`}},
 		{"float index", `package p
 r := input.a[input.i]
 `, []string{`{"a":[1,2,3],"i":1.0}`, `{"a":[1,2,3],"i":1}`, `{"a":[1,2,3],"i":1.5}`, `{"a":[1,2,3],"i":-1}`, `{"a":[1,2,3],"i":"1"}`, `{"a":{"1":2},"i":"1"}`, `{"a":"abc","i":1}`, `{"a":[1,2,3],"i":1e0}`, `{"a":[1,2,3],"i":10000000000000000000000}`}},
