@@ -112,7 +112,9 @@ r := count([p | walk(input, [p, s]); is_string(s)])
 	if err != nil {
 		t.Fatal(err)
 	}
-	ta := allocated(func() { _, tdErr = pq.Eval(context.Background(), rego.EvalParsedInput(in.Value), rego.EvalExternalCancel(c)) })
+	ta := allocated(func() {
+		_, tdErr = pq.Eval(context.Background(), rego.EvalParsedInput(in.Value), rego.EvalExternalCancel(c))
+	})
 	if planErr != ErrCancelled || tdErr == nil {
 		t.Fatalf("plan %v, topdown %v: both should be cancelled", planErr, tdErr)
 	}
