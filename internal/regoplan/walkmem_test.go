@@ -19,7 +19,9 @@ func peak(f func()) uint64 {
 	runtime.ReadMemStats(&base)
 	var max atomic.Uint64
 	done := make(chan struct{})
+	stopped := make(chan struct{})
 	go func() {
+		defer close(stopped)
 		var m runtime.MemStats
 		for {
 			select {
@@ -36,7 +38,11 @@ func peak(f func()) uint64 {
 	}()
 	f()
 	close(done)
-	return max.Load() - base.HeapAlloc
+	<-stopped
+	if h := max.Load(); h > base.HeapAlloc {
+		return h - base.HeapAlloc
+	}
+	return 0
 }
 
 // TestPlanWalkMemory: walk is a relation; the plan collects every
