@@ -3,6 +3,7 @@ package regoplan
 import (
 	"testing"
 
+	"github.com/open-policy-agent/opa/v1/ast"
 	"github.com/open-policy-agent/opa/v1/util"
 )
 
@@ -25,38 +26,57 @@ func sameAsTopdown(t *testing.T, modules map[string]string, data string, inputs 
 	}
 }
 
-// TestPlanEarlyExitSkipsConflict: topdown stops evaluating a rule with a
-// constant value at its first success (early exit), so a conflict in a
-// later iteration is never seen; the plan scans on and fails.
-func TestPlanEarlyExitSkipsConflict(t *testing.T) {
-	sameAsTopdown(t, map[string]string{"p.rego": `package p
+// TestKnownDifferences pins down where the plan's outcome differs from
+// topdown's, and that it differs only so:
+//
+//   - A conflict (a rule or function with two values) that topdown never
+//     reaches, because it stops a rule of constant value at its first
+//     success (early exit) or its rule index skips a body before
+//     evaluating it, is an error from the plan, which runs every body and
+//     iteration: a deny, never another value.
+//   - Of two values that compare equal but are written differently (1 and
+//     1.0) under one key, the plan keeps the first; topdown keeps the
+//     first for a rule and the last for a comprehension.
+func TestKnownDifferences(t *testing.T) {
+	for _, tc := range []struct {
+		name, module, input string
+		planErrors          bool // else: the outcomes are equal values
+	}{
+		{"early exit", `package p
 default r := false
 r if { some x in input.l; f(x) }
 f(x) := true if x > 0
 f(x) := false if x > 1
-`}, `{}`, `{"l":[1,2]}`)
-}
-
-// TestPlanIndexSkipsConflict: topdown's rule index skips a body whose
-// equality test on input fails before it evaluates anything in it; the
-// plan evaluates the body's statements in order and fails on the
-// conflict of a rule the body calls first.
-func TestPlanIndexSkipsConflict(t *testing.T) {
-	sameAsTopdown(t, map[string]string{"p.rego": `package p
+`, `{"l":[1,2]}`, true},
+		{"rule index", `package p
 default r := false
 r if { g; input.m == "a" }
 g := 1 if input.x
 g := 2 if input.y
-`}, `{}`, `{"m":"b","x":true,"y":true}`)
-}
-
-// TestPlanObjectComprehensionEqualKeysKeepsLast: two values of one key
-// that compare equal (1 and 1.0) are not a conflict; topdown keeps the
-// last, the plan (ObjectInsertOnce) the first.
-func TestPlanObjectComprehensionEqualKeysKeepsLast(t *testing.T) {
-	sameAsTopdown(t, map[string]string{"p.rego": `package p
+`, `{"m":"b","x":true,"y":true}`, true},
+		{"equal values of one key", `package p
 r := {k: v | some v in input.l; k := "x"}
-`}, `{}`, `{"l":[1,1.0]}`)
+`, `{"l":[1,1.0]}`, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			compiler := compile(t, map[string]string{"p.rego": tc.module})
+			prog := program(t, compiler, "data.p.r")
+			input := parseInput(t, tc.input)
+			want := topdownOutcome(t, compiler, map[string]any{}, "data.p.r", input)
+			got := planOutcome(t, prog, map[string]any{}, input)
+			switch {
+			case want == "error" || want == "undefined":
+				t.Fatalf("topdown gives %s: the case no longer shows a difference", want)
+			case tc.planErrors && got != "error":
+				t.Fatalf("plan gives %s, want an error (topdown %s)", got, want)
+			case !tc.planErrors:
+				a, b := ast.MustParseTerm(got), ast.MustParseTerm(want)
+				if a.Value.Compare(b.Value) != 0 {
+					t.Fatalf("plan gives %s, topdown %s: not equal values", got, want)
+				}
+			}
+		})
+	}
 }
 
 func TestAttackSameAsTopdown(t *testing.T) {

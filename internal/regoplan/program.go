@@ -20,6 +20,14 @@
 // replaces input or data for its body. A plan with a statement or a
 // built-in this package does not run is refused when it is compiled, never
 // half run: the caller evaluates that policy with topdown instead.
+//
+// Where the outcome can differ from topdown's (TestKnownDifferences): a
+// conflict (a rule with two values) that topdown never reaches, because it
+// stops a rule of constant value at its first success or its rule index
+// skips a body unevaluated, is an error here, where every body and
+// iteration runs; and of two equal values written differently (1 and 1.0)
+// under one key, the first is kept. A policy with conflicting rules is
+// wrong either way, and an error denies.
 package regoplan
 
 import (
@@ -231,9 +239,21 @@ func (c *compiler) block(b *ir.Block) (block, error) {
 		if err != nil {
 			return nil, err
 		}
-		if in != nil {
-			out = append(out, in)
+		if in == nil {
+			continue
 		}
+		// A relation's call (walk) and the scan of its outputs become one
+		// statement that runs the scan's body on each output as the
+		// built-in gives it, as topdown does: collected first, walk's
+		// outputs (a path each, as long as the document is deep) would
+		// all be held at once.
+		if sc, ok := in.(*scan); ok && len(out) > 0 {
+			if call, ok := out[len(out)-1].(*callBuiltin); ok && call.relation && call.result == sc.src {
+				out[len(out)-1] = &relationScan{call: call, scan: sc}
+				continue
+			}
+		}
+		out = append(out, in)
 	}
 	return out, nil
 }
@@ -422,6 +442,8 @@ func (c *compiler) depth(fn *function, visiting map[*function]int, done map[*fun
 				}
 			case *callBuiltin:
 				scratch = max(scratch, len(in.args))
+			case *relationScan:
+				walk(in.scan.body)
 			case *blockStmt:
 				for _, b := range in.blocks {
 					walk(b)

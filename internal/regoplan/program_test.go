@@ -170,6 +170,12 @@ r if { every x in input.l { x > 0 }; some y in input.l; y == 2 }
 		{"walk", `package p
 r := [p | walk(input, [p, v]); is_string(v); contains(v, "secret")]
 `, []string{`{"a":{"b":["x","a secret"]},"c":"secret"}`, `{}`}},
+		{"walk stopped early and negated", `package p
+found if { walk(input, [_, v]); v == "secret" }
+clean if { not found }
+first := [p | walk(input, [p, v]); v == "secret"][0]
+r := {"found": found, "clean": clean, "first": first} if true else := "none"
+`, []string{`{"a":{"b":["x","secret"]},"c":"secret"}`, `{"a":[1,2]}`, `{}`}},
 		{"unify arrays", `package p
 r := {"a": a, "b": b} if [a, b] = input.pair
 `, []string{`{"pair":[1,2]}`, `{"pair":[1]}`, `{"pair":{"0":1,"1":2}}`, `{"pair":"ab"}`}},

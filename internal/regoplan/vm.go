@@ -61,6 +61,11 @@ type (
 		src, key, value int
 		body            block
 	}
+	// relationScan is a relation's call and the scan of its outputs.
+	relationScan struct {
+		call *callBuiltin
+		scan *scan
+	}
 	not struct{ body block }
 	dot struct {
 		src, key operand
@@ -375,7 +380,7 @@ func (m *vm) exec(frame []*ast.Term, b block) int {
 						m.err = errors.New("regoplan: object keys must be unique")
 						return failed
 					}
-					continue
+					continue // equal values (1 and 1.0): the first stays
 				}
 			}
 			o.Insert(k, v)
@@ -398,6 +403,10 @@ func (m *vm) exec(frame []*ast.Term, b block) int {
 			return in.index
 		case *scan:
 			if r := m.scan(frame, in); r != completed {
+				return r
+			}
+		case *relationScan:
+			if r := m.relationScan(frame, in); r != completed {
 				return r
 			}
 		case *not:
@@ -498,6 +507,9 @@ func (m *vm) call(frame []*ast.Term, fn *function, args []operand) (v *ast.Term,
 // builtin calls one of OPA's built-ins as topdown does: an error makes the
 // call undefined, except a halt, which stops the evaluation.
 func (m *vm) builtin(frame []*ast.Term, in *callBuiltin) (*ast.Term, int) {
+	if m.halted() {
+		return nil, failed
+	}
 	ops := m.scratch[:len(in.args)]
 	for i, a := range in.args {
 		if ops[i] = m.val(frame, a); ops[i] == nil {
@@ -533,6 +545,56 @@ func (m *vm) builtin(frame []*ast.Term, in *callBuiltin) (*ast.Term, int) {
 		return ast.InternedTerm(true), completed
 	}
 	return m.out, completed
+}
+
+// errStopRelation stops a relation's built-in from giving more outputs.
+var errStopRelation = errors.New("regoplan: enough outputs")
+
+// relationScan calls a relation's built-in and runs the scan's body on
+// each output as it comes (the scan's key is the output's index), with the
+// same endings as scan.
+func (m *vm) relationScan(frame []*ast.Term, in *relationScan) int {
+	if m.halted() {
+		return failed
+	}
+	// The operands get a slice of their own: the body calls other
+	// built-ins while this one runs.
+	ops := make([]*ast.Term, len(in.call.args))
+	for i, a := range in.call.args {
+		if ops[i] = m.val(frame, a); ops[i] == nil {
+			return 0
+		}
+	}
+	res, i, sc := completed, 0, in.scan
+	err := in.call.f(m.bctx, ops, func(t *ast.Term) error {
+		if m.halted() {
+			res = failed
+			return errStopRelation
+		}
+		frame[sc.key], frame[sc.value] = ast.InternedTerm(i), t
+		i++
+		switch r := m.exec(frame, sc.body); {
+		case r == returned || r == failed:
+			res = r
+			return errStopRelation
+		case r == 1:
+			return errStopRelation
+		case r > 1:
+			res = r - 2
+			return errStopRelation
+		}
+		return nil
+	})
+	if err != nil && res == completed && !errors.Is(err, errStopRelation) {
+		var halt topdown.Halt
+		if errors.As(err, &halt) {
+			m.err = halt.Err
+			return failed
+		}
+		// A built-in's error makes the call undefined: outputs the body
+		// already saw stay seen, as in topdown.
+	}
+	return res
 }
 
 // scan runs in.body for every element of a collection (nothing for a
