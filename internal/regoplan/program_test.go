@@ -113,20 +113,41 @@ func parseInput(t *testing.T, s string) ast.Value {
 	return v
 }
 
+// compare evaluates data.p.r on each input with prog and with topdown and
+// wants the same outcome.
+func compare(t *testing.T, compiler *ast.Compiler, prog *Program, data map[string]any, inputs []string) {
+	t.Helper()
+	for _, in := range inputs {
+		input := parseInput(t, in)
+		want := topdownOutcome(t, compiler, data, "data.p.r", input)
+		if got := planOutcome(t, prog, data, input); got != want {
+			t.Errorf("input %s: plan gives %s, topdown %s", in, got, want)
+		}
+	}
+}
+
+// sameAsTopdown is compare for modules, on data written as JSON.
+func sameAsTopdown(t *testing.T, modules map[string]string, data string, inputs ...string) {
+	t.Helper()
+	var d map[string]any
+	if err := util.UnmarshalJSON([]byte(data), &d); err != nil {
+		t.Fatal(err)
+	}
+	compiler := compile(t, modules)
+	compare(t, compiler, program(t, compiler, "data.p.r"), d, inputs)
+}
+
 // TestSameAsTopdown evaluates small policies, each exercising statements
 // of the plan (lookups, iteration, negation, else chains, comprehensions,
 // partial sets and objects, functions, built-ins that fail, conflicts,
 // with), with this package and with topdown, and wants the same outcome.
 func TestSameAsTopdown(t *testing.T) {
-	const data = `{"settings": {"services": {"tracker": {"read_only": true, "pin": {"a": 1}}, "mail": {}}, "admins": ["root"], "n": 3}}`
+	const data = `{"settings": {"services": {"tracker": {"read_only": true, "pin": {"a": 1}}, "mail": {}}, "admins": ["root"], "n": 3}, "arr": [10, 20, 30]}`
 	var d map[string]any
 	if err := util.UnmarshalJSON([]byte(data), &d); err != nil {
 		t.Fatal(err)
 	}
-	cases := []struct {
-		name, module string
-		inputs       []string
-	}{
+	cases := []sameCase{
 		{"lookups", `package p
 r := data.settings.services[input.service].read_only
 `, []string{`{"service":"tracker"}`, `{"service":"mail"}`, `{"service":"none"}`, `{}`, `{"service":3}`}},
@@ -198,19 +219,18 @@ s := {x | some x in input.l}
 r := {"has": "a" in s, "dot": s["b"], "union": s | {"z"}, "keys": object.keys(input.o), "get": object.get(input.o, ["x", "y"], "none")}
 `, []string{`{"l":["a","b"],"o":{"x":{"y":1}}}`, `{"l":["c"],"o":{}}`}},
 	}
-	for _, c := range cases {
+	for _, c := range append(cases, edgeCases...) {
 		t.Run(c.name, func(t *testing.T) {
 			compiler := compile(t, map[string]string{"p.rego": c.module})
-			prog := program(t, compiler, "data.p.r")
-			for _, in := range c.inputs {
-				input := parseInput(t, in)
-				want := topdownOutcome(t, compiler, d, "data.p.r", input)
-				if got := planOutcome(t, prog, d, input); got != want {
-					t.Errorf("input %s: plan gives %s, topdown %s", in, got, want)
-				}
-			}
+			compare(t, compiler, program(t, compiler, "data.p.r"), d, c.inputs)
 		})
 	}
+}
+
+// sameCase is a policy (package p, deciding r) and inputs to evaluate it on.
+type sameCase struct {
+	name, module string
+	inputs       []string
 }
 
 // TestRefusesWhatItCannotRun: a plan with a statement this package does

@@ -547,6 +547,24 @@ func (m *vm) builtin(frame []*ast.Term, in *callBuiltin) (*ast.Term, int) {
 	return m.out, completed
 }
 
+// scanStep runs a scan's body for one element: whether the scan stops
+// there, and what it then ends with (completed, or what scan returns).
+func (m *vm) scanStep(frame []*ast.Term, in *scan, k, v *ast.Term) (int, bool) {
+	if m.halted() {
+		return failed, true
+	}
+	frame[in.key], frame[in.value] = k, v
+	switch r := m.exec(frame, in.body); {
+	case r == returned || r == failed:
+		return r, true
+	case r == 1:
+		return completed, true
+	case r > 1:
+		return r - 2, true
+	}
+	return completed, false
+}
+
 // errStopRelation stops a relation's built-in from giving more outputs.
 var errStopRelation = errors.New("regoplan: enough outputs")
 
@@ -565,24 +583,13 @@ func (m *vm) relationScan(frame []*ast.Term, in *relationScan) int {
 			return 0
 		}
 	}
-	res, i, sc := completed, 0, in.scan
+	res, i := completed, 0
 	err := in.call.f(m.bctx, ops, func(t *ast.Term) error {
-		if m.halted() {
-			res = failed
+		var stop bool
+		if res, stop = m.scanStep(frame, in.scan, ast.InternedTerm(i), t); stop {
 			return errStopRelation
 		}
-		frame[sc.key], frame[sc.value] = ast.InternedTerm(i), t
 		i++
-		switch r := m.exec(frame, sc.body); {
-		case r == returned || r == failed:
-			res = r
-			return errStopRelation
-		case r == 1:
-			return errStopRelation
-		case r > 1:
-			res = r - 2
-			return errStopRelation
-		}
 		return nil
 	})
 	if err != nil && res == completed && !errors.Is(err, errStopRelation) {
@@ -606,23 +613,9 @@ func (m *vm) scan(frame []*ast.Term, in *scan) int {
 		return completed
 	}
 	res := completed
-	body := func(k, v *ast.Term) bool {
-		if m.halted() {
-			res = failed
-			return true
-		}
-		frame[in.key], frame[in.value] = k, v
-		switch r := m.exec(frame, in.body); {
-		case r == returned || r == failed:
-			res = r
-			return true
-		case r == 1:
-			return true
-		case r > 1:
-			res = r - 2
-			return true
-		}
-		return false
+	body := func(k, v *ast.Term) (stop bool) {
+		res, stop = m.scanStep(frame, in, k, v)
+		return stop
 	}
 	switch c := src.Value.(type) {
 	case *ast.Array:

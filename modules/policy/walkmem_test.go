@@ -2,49 +2,14 @@ package policy
 
 import (
 	"context"
-	"runtime"
-	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/open-policy-agent/opa/v1/ast"
 	"go.uber.org/zap"
-)
 
-// peakHeap is the highest heap f reaches above where it started, sampled
-// every millisecond.
-func peakHeap(f func()) uint64 {
-	runtime.GC()
-	var base runtime.MemStats
-	runtime.ReadMemStats(&base)
-	var high atomic.Uint64
-	done := make(chan struct{})
-	stopped := make(chan struct{})
-	go func() {
-		defer close(stopped)
-		var m runtime.MemStats
-		for {
-			select {
-			case <-done:
-				return
-			default:
-			}
-			runtime.ReadMemStats(&m)
-			if m.HeapAlloc > high.Load() {
-				high.Store(m.HeapAlloc)
-			}
-			time.Sleep(time.Millisecond)
-		}
-	}()
-	f()
-	close(done)
-	<-stopped
-	if h := high.Load(); h > base.HeapAlloc {
-		return h - base.HeapAlloc
-	}
-	return 0
-}
+	"github.com/toolgate/toolgate/internal/testproc"
+)
 
 // TestResultPolicyDeepResultMemory: a result of about 60 KB nested 1000
 // deep (arrays of numbers, one string at the bottom) through the shipped
@@ -53,15 +18,7 @@ func peakHeap(f func()) uint64 {
 // heap should stay in topdown's range.
 func TestResultPolicyDeepResultMemory(t *testing.T) {
 	dir := shippedPolicies(t, map[string]string{"data.json": differentialSettings})
-	var b strings.Builder
-	const depth, k = 990, 30
-	b.WriteString(`{"content":[{"type":"text","text":"ok"}],"structuredContent":{"x":`)
-	for range depth {
-		b.WriteString("[" + strings.Repeat("0,", k))
-	}
-	b.WriteString(`"s"`)
-	b.WriteString(strings.Repeat("]", depth))
-	b.WriteString(`}}`)
+	result := `{"content":[{"type":"text","text":"ok"}],"structuredContent":{"x":` + testproc.DeepJSON(990, 30) + `}}`
 	call, err := callOf(`{"name":"read_ticket","annotations":{"readOnlyHint":true},"inputSchema":{"type":"object"}}`, `{}`)
 	if err != nil {
 		t.Fatal(err)
@@ -79,11 +36,11 @@ func TestResultPolicyDeepResultMemory(t *testing.T) {
 			t.Fatalf("not planned: %s", c.planNote)
 		}
 		h := &ResultHandler{Config{engine: e}}
-		input, err := h.input(c, call, subject{channel: channelResult, method: "tools/call", view: call}, []byte(b.String()), map[*ast.Term]string{})
+		input, err := h.input(c, call, subject{channel: channelResult, method: "tools/call", view: call}, []byte(result), map[*ast.Term]string{})
 		if err != nil {
 			t.Fatal(err)
 		}
-		peaks[i] = peakHeap(func() {
+		peaks[i] = testproc.PeakHeap(func() {
 			texts[i] = decisionText(e.decideWith(context.Background(), c, input, time.Minute, "result"))
 		})
 	}
@@ -91,6 +48,6 @@ func TestResultPolicyDeepResultMemory(t *testing.T) {
 		t.Fatalf("decisions differ:\nplan    %s\ntopdown %s", texts[0], texts[1])
 	}
 	if peaks[0] > 4*peaks[1]+32<<20 {
-		t.Errorf("result of %d bytes: peak heap plan %d MB, topdown %d MB", b.Len(), peaks[0]>>20, peaks[1]>>20)
+		t.Errorf("result of %d bytes: peak heap plan %d MB, topdown %d MB", len(result), peaks[0]>>20, peaks[1]>>20)
 	}
 }

@@ -8,12 +8,12 @@ import (
 	"github.com/open-policy-agent/opa/v1/ast"
 )
 
-// TestAttackConcurrentSharedTerms: evaluations from several goroutines on
+// TestSharedTermsUnchanged: evaluations from several goroutines on
 // one input and one data term, through with (on input and data paths),
 // walk, object iteration, set and object building from shared values, and
 // sorting; run with -race. Every evaluation gives the first one's answer,
 // and input and data are unchanged.
-func TestAttackConcurrentSharedTerms(t *testing.T) {
+func TestSharedTermsUnchanged(t *testing.T) {
 	compiler := compile(t, map[string]string{"p.rego": `package p
 g := [input.a.b, data.s.n]
 s := {x | some x in input.l}

@@ -6,7 +6,10 @@ import (
 	"github.com/open-policy-agent/opa/v1/util"
 )
 
-func TestAttackVirtualDocs(t *testing.T) {
+// TestSameAsTopdownVirtualDocuments: references to rules through their
+// package (its extent), ref heads, and rules that read other packages;
+// a plan this package refuses (the caller then uses topdown) is skipped.
+func TestSameAsTopdownVirtualDocuments(t *testing.T) {
 	const data = `{"settings": {"n": 3}}`
 	var d map[string]any
 	if err := util.UnmarshalJSON([]byte(data), &d); err != nil {
@@ -92,18 +95,14 @@ b := 2
 			if err != nil {
 				t.Skipf("refused: %v", err)
 			}
-			for _, in := range c.inputs {
-				input := parseInput(t, in)
-				want := topdownOutcome(t, compiler, d, "data.p.r", input)
-				if got := planOutcome(t, prog, d, input); got != want {
-					t.Errorf("input %s: plan gives %s, topdown %s", in, got, want)
-				}
-			}
+			compare(t, compiler, prog, d, c.inputs)
 		})
 	}
 }
 
-func TestAttackWithData(t *testing.T) {
+// TestSameAsTopdownWithData: with on data paths, nested, inside
+// functions and else chains, against remembered rule values.
+func TestSameAsTopdownWithData(t *testing.T) {
 	cases := []struct {
 		name    string
 		modules map[string]string
@@ -145,18 +144,13 @@ r := 1 if { g with input.k as false } else := 2 if { g with input.k as true } el
 				t.Skipf("refused: %v", err)
 			}
 			d := map[string]any{"settings": map[string]any{"n": 3}}
-			for _, in := range c.inputs {
-				input := parseInput(t, in)
-				want := topdownOutcome(t, compiler, d, "data.p.r", input)
-				if got := planOutcome(t, prog, d, input); got != want {
-					t.Errorf("input %s: plan gives %s, topdown %s", in, got, want)
-				}
-			}
+			compare(t, compiler, prog, d, c.inputs)
 		})
 	}
 }
 
-func TestAttackDataAtRulePaths(t *testing.T) {
+// TestSameAsTopdownDataAtRulePaths: base documents at the paths of rules.
+func TestSameAsTopdownDataAtRulePaths(t *testing.T) {
 	mods := map[string]string{"p.rego": `package p
 s contains x if some x in input.l
 r := {"s": s, "t": t, "u": data.p.u, "n": count(s)}
