@@ -245,11 +245,15 @@ func TestWaitCatalog(t *testing.T) {
 	ctx := context.Background()
 	s := started(t, m, aliceSession, "up")
 	// The first listing is pending from the start.
+	listed := make(chan struct{})
 	go func() {
+		defer close(listed)
 		time.Sleep(20 * time.Millisecond)
 		_ = s.CatalogListed(ctx, map[string][]byte{"echo": []byte(`{"name":"echo"}`)})
 	}()
-	if !s.WaitCatalog(ctx, 10*time.Second) || s.Tool("echo") == nil {
+	ok := s.WaitCatalog(ctx, 10*time.Second) && s.Tool("echo") != nil
+	<-listed // written to the test's storage before it is removed
+	if !ok {
 		t.Fatal("the call did not get the listed tools")
 	}
 	// A refresh: waiters wait again; a failed one keeps the old catalog.
@@ -292,13 +296,18 @@ func TestStoredCatalogDoesNotEndAListingHere(t *testing.T) {
 	if !s.awaitingListing() {
 		t.Fatal("reading the stored record ended the listing under way here")
 	}
+	listed := make(chan struct{})
 	go func() {
+		defer close(listed)
 		time.Sleep(20 * time.Millisecond)
 		_ = s.CatalogListed(ctx, map[string][]byte{"echo": []byte(`{"name":"echo"}`), "late": []byte(`{"name":"late"}`)})
 	}()
 	if !s.WaitCatalog(ctx, 10*time.Second) || s.Tool("late") == nil {
 		t.Error("the call waiting for the refresh did not get its tools")
 	}
+	// The waiting call may go on before the record is written; the test's
+	// storage directory is removed only once it is.
+	<-listed
 }
 
 // A session implied for stateless requests is this replica's: nothing of
