@@ -83,7 +83,7 @@ bench:
 # (SSE- and JSON-answering), a plain Caddy reverse_proxy and toolgate with
 # the default policies, each its own process, under open-loop load in
 # interleaved rounds; prints the tables and the budget ratios and keeps
-# results, logs and profiles in .bench-compare/. 15 to 25 minutes with the
+# results, logs and profiles in .bench-compare/. 15 to 30 minutes with the
 # defaults; pass options in BENCH_ARGS, e.g.
 #   make bench-compare BENCH_ARGS='-rounds 5 -duration 20s'
 bench-compare: build
