@@ -64,10 +64,7 @@ func commonItems(call *gateway.Call) [][2]*ast.Term {
 	items[0] = ast.Item(keyCaller, callerTerms.get(call.Caller, callerTerm))
 	items[1] = ast.Item(keySession, sessionTerms.get(call.Session, sessionTerm))
 	items[2] = ast.Item(keyService, serviceTerms.get(call.Service, serviceTerm))
-	items[3] = ast.Item(keyRequest, ast.ObjectTerm(
-		ast.Item(keyRemoteIP, ast.StringTerm(call.RemoteIP)),
-		ast.Item(keyProtocol, ast.StringTerm(call.ProtocolVersion)),
-	))
+	items[3] = ast.Item(keyRequest, requestTerm(call.RemoteIP, call.ProtocolVersion))
 	items[4] = ast.Item(keyTime, timeTerm(call.Started))
 	return items
 }
@@ -157,6 +154,28 @@ func timeTerm(t time.Time) *ast.Term {
 	lastTime.Store(next)
 	return next.term
 }
+
+// requestTerm is input.request: the runner's address and protocol
+// version. Calls from one runner share it (the last one built is kept;
+// terms are only read).
+func requestTerm(remoteIP, protocol string) *ast.Term {
+	if last := lastRequest.Load(); last != nil && last.remoteIP == remoteIP && last.protocol == protocol {
+		return last.term
+	}
+	next := &requestMemo{remoteIP: remoteIP, protocol: protocol, term: ast.ObjectTerm(
+		ast.Item(keyRemoteIP, ast.StringTerm(remoteIP)),
+		ast.Item(keyProtocol, ast.StringTerm(protocol)),
+	)}
+	lastRequest.Store(next)
+	return next.term
+}
+
+type requestMemo struct {
+	remoteIP, protocol string
+	term               *ast.Term
+}
+
+var lastRequest atomic.Pointer[requestMemo]
 
 type timeMemo struct {
 	sec  int64

@@ -77,3 +77,30 @@ func TestInputSaysWhetherTheToolDefinitionIsKnown(t *testing.T) {
 		t.Errorf("tool_known without a definition = %v", got)
 	}
 }
+
+// input.request is each call's own address and protocol version, shared
+// between calls that have the same.
+func TestRequestTermIsTheCalls(t *testing.T) {
+	request := func(ip, protocol string) *ast.Term {
+		call := benchCall(t, benchTool, `{}`)
+		call.RemoteIP, call.ProtocolVersion = ip, protocol
+		in, err := requestInput(call, toolTerm(call.Tool, call.Message.Name, call.Service), false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return in.Get(keyRequest)
+	}
+	a := request("10.0.0.1", "2025-11-25")
+	if b := request("10.0.0.1", "2025-11-25"); b != a {
+		t.Error("the same address and version got a new term")
+	}
+	for _, c := range []struct{ ip, protocol, want string }{
+		{"10.0.0.2", "2025-11-25", `{"protocol_version": "2025-11-25", "remote_ip": "10.0.0.2"}`},
+		{"10.0.0.2", "2025-06-18", `{"protocol_version": "2025-06-18", "remote_ip": "10.0.0.2"}`},
+		{"10.0.0.1", "2025-11-25", `{"protocol_version": "2025-11-25", "remote_ip": "10.0.0.1"}`},
+	} {
+		if got := request(c.ip, c.protocol).String(); got != c.want {
+			t.Errorf("%s %s: input.request %s, want %s", c.ip, c.protocol, got, c.want)
+		}
+	}
+}
