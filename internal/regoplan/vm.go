@@ -146,6 +146,9 @@ type vm struct {
 	called  bool
 	iterOne func(*ast.Term) error
 	iterAll func(*ast.Term) error
+	// takeValue keeps a binding's value in value (for Value).
+	takeValue func(_, v *ast.Term)
+	value     *ast.Term
 }
 
 type memoEntry struct {
@@ -166,6 +169,7 @@ func newVM(p *Program) *vm {
 		m.outs = append(m.outs, t)
 		return nil
 	}
+	m.takeValue = func(_, v *ast.Term) { m.value = v }
 	return m
 }
 
@@ -195,7 +199,8 @@ func (p *Program) Value(ctx context.Context, input, data *ast.Term, cancel topdo
 	if err == nil {
 		n = len(m.results)
 		if n == 1 && m.results[0].Len() == 1 {
-			m.results[0].Foreach(func(_, t *ast.Term) { v = t })
+			m.results[0].Foreach(m.takeValue)
+			v = m.value
 		}
 	}
 	p.release(m)
@@ -258,9 +263,12 @@ func (m *vm) finish() {
 	m.saved = m.saved[:0]
 	clear(m.results)
 	m.results = m.results[:0]
-	m.ret, m.err, m.out, m.cancel = nil, nil, nil, nil
+	m.ret, m.err, m.out, m.cancel, m.value = nil, nil, nil, nil, nil
 	clear(m.outs)
 	m.outs = m.outs[:0]
+	if cap(m.outs) > 1024 {
+		m.outs = nil // a pooled vm does not keep a large walk's room
+	}
 	m.bctx = topdown.BuiltinContext{}
 	m.sp, m.high, m.steps = 0, 0, 0
 }
