@@ -45,11 +45,10 @@ import (
 
 // Program is a compiled plan of one query, safe for concurrent evaluations.
 type Program struct {
-	plan      *function   // the query: its blocks add to the result set
-	funcs     []*function // the plan's functions (rules), by index
-	stack     int         // locals the deepest chain of calls needs
-	scratch   int         // arguments the deepest chain of built-in calls needs
-	stmtCount int
+	plan    *function   // the query: its blocks add to the result set
+	funcs   []*function // the plan's functions (rules), by index
+	stack   int         // locals the deepest chain of calls needs
+	scratch int         // arguments the deepest chain of built-in calls needs
 	// impure: the program calls a built-in that reads the clock or keeps
 	// state for the evaluation (BuiltinContext.Time and Cache): the
 	// non-deterministic ones (time.now_ns, http.send, rand.intn, …) and
@@ -172,14 +171,10 @@ func Compile(p *ir.Policy) (*Program, error) {
 	if prog.stack, prog.scratch, err = c.depth(prog.plan, map[*function]int{}, map[*function][2]int{}); err != nil {
 		return nil, err
 	}
-	prog.stmtCount = c.count
 	prog.impure = c.impure
 	prog.pool.New = func() any { return newVM(prog) }
 	return prog, nil
 }
-
-// Statements counts the statements of the program (for tests and logs).
-func (p *Program) Statements() int { return p.stmtCount }
 
 // compiler turns ir statements into the program's own, with every local,
 // constant and callee resolved.
@@ -189,7 +184,6 @@ type compiler struct {
 	builtins map[string]*ir.BuiltinFunc
 	funcs    map[string]*function
 	fn       *function // the function being compiled
-	count    int
 	impure   bool
 }
 
@@ -234,7 +228,6 @@ func (c *compiler) operands(os []ir.Operand) ([]operand, error) {
 func (c *compiler) block(b *ir.Block) (block, error) {
 	out := make(block, 0, len(b.Stmts))
 	for _, s := range b.Stmts {
-		c.count++
 		in, err := c.stmt(s)
 		if err != nil {
 			return nil, err
