@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -15,8 +16,8 @@ import (
 
 // The budget holds each policy evaluation of a small call to a p99 of
 // 50 µs. toolgate measures every evaluation it makes, from the moment the
-// call asks for a decision to the decision (so waiting for a free
-// evaluator counts), in the histogram toolgate_policy_evaluation_seconds of
+// call asks for a decision to the decision (for a policy on OPA's own
+// evaluator, waiting for a free evaluator goroutine counts), in the histogram toolgate_policy_evaluation_seconds of
 // its admin metrics, by stage. A run's evaluations are the difference of
 // the histogram before and after it. The histogram has a bucket bound at
 // 50 µs, so whether the p99 is within the budget is exact; the p99 itself
@@ -44,7 +45,7 @@ func readPolicyHistograms(ctx context.Context, client *http.Client, admin string
 	if err != nil {
 		return nil, err
 	}
-	return parsePolicyHistograms(strings.NewReader(string(data)))
+	return parsePolicyHistograms(bytes.NewReader(data))
 }
 
 // parsePolicyHistograms reads the histograms from the Prometheus text

@@ -48,7 +48,7 @@ type Program struct {
 	plan    *function   // the query: its blocks add to the result set
 	funcs   []*function // the plan's functions (rules), by index
 	stack   int         // locals the deepest chain of calls needs
-	scratch int         // arguments the deepest chain of built-in calls needs
+	scratch int         // operands of the built-in call that has the most
 	// impure: the program calls a built-in that reads the clock or keeps
 	// state for the evaluation (BuiltinContext.Time and Cache): the
 	// non-deterministic ones (time.now_ns, http.send, rand.intn, …) and
@@ -168,7 +168,7 @@ func Compile(p *ir.Policy) (*Program, error) {
 		prog.plan.blocks = append(prog.plan.blocks, blk)
 	}
 	var err error
-	if prog.stack, prog.scratch, err = c.depth(prog.plan, map[*function]int{}, map[*function][2]int{}); err != nil {
+	if prog.stack, prog.scratch, err = c.depth(prog.plan, map[*function]bool{}, map[*function][2]int{}); err != nil {
 		return nil, err
 	}
 	prog.impure = c.impure
@@ -409,16 +409,17 @@ func (c *compiler) stmt(s ir.Stmt) (instr, error) {
 	return nil, fmt.Errorf("statement %T is not supported", s)
 }
 
-// depth returns the locals and built-in argument slots the deepest chain
-// of calls from fn needs. Rego has no recursion; a cycle is refused.
-func (c *compiler) depth(fn *function, visiting map[*function]int, done map[*function][2]int) (int, int, error) {
+// depth returns the locals the deepest chain of calls from fn needs, and
+// the most operands of a built-in call on the way. Rego has no recursion;
+// a cycle is refused.
+func (c *compiler) depth(fn *function, visiting map[*function]bool, done map[*function][2]int) (int, int, error) {
 	if d, ok := done[fn]; ok {
 		return d[0], d[1], nil
 	}
-	if visiting[fn] > 0 {
+	if visiting[fn] {
 		return 0, 0, fmt.Errorf("regoplan: %s calls itself", fn.name)
 	}
-	visiting[fn]++
+	visiting[fn] = true
 	var locals, scratch int
 	var err error
 	var walk func(b block)
@@ -453,7 +454,7 @@ func (c *compiler) depth(fn *function, visiting map[*function]int, done map[*fun
 	for _, b := range fn.blocks {
 		walk(b)
 	}
-	visiting[fn]--
+	visiting[fn] = false
 	if err != nil {
 		return 0, 0, err
 	}

@@ -288,19 +288,77 @@ f(s) := upper(s) if startswith(s, "a") else := s
 	data := ast.NewTerm(ast.MustParseTerm(`{"admins": ["root", "ops"]}`).Value)
 	input := ast.NewTerm(ast.MustParseTerm(`{"l": [1, 2, 3], "groups": ["ops"], "s": "abc"}`).Value)
 	want := `{"admin": true, "f": "ABC", "n": 2, "none": set(), "some": {3}}`
+	concurrently(t, prog, input, data, func(v *ast.Term) error {
+		if v.String() != want {
+			return fmt.Errorf("got %v, want %s", v, want)
+		}
+		return nil
+	})
+	// New sets and objects start as shared empty values until their first
+	// member; no evaluation may have put one into them.
+	if emptySet.(ast.Set).Len() != 0 || emptyObject.(ast.Object).Len() != 0 {
+		t.Fatalf("the shared empty values were changed: %v %v", emptySet, emptyObject)
+	}
+}
+
+// TestSharedTermsUnchanged: evaluations from several goroutines on
+// one input and one data term, through with (on input and data paths),
+// walk, object iteration, set and object building from shared values, and
+// sorting; run with -race. Every evaluation gives the first one's answer,
+// and input and data are unchanged.
+func TestSharedTermsUnchanged(t *testing.T) {
+	compiler := compile(t, map[string]string{"p.rego": `package p
+g := [input.a.b, data.s.n]
+s := {x | some x in input.l}
+o := {k: v | some k, v in input.o}
+r := {
+	"w1": x, "w2": y, "w3": z,
+	"walk": [p | walk(input, [p, v]); is_string(v)],
+	"keys": [k | some k, _ in input.o],
+	"dkeys": [k | some k, _ in data.s],
+	"s": s, "o": o, "sorted": sort(input.l), "u": object.union(input.o, data.s),
+	"g": g,
+} if {
+	x := g with input.a.b as 5
+	y := g with data.s.n as 6
+	z := g with input.a as {"b": [1]} with data.s as {"n": 0}
+}
+`})
+	prog := program(t, compiler, "data.p.r")
+	data := ast.NewTerm(ast.MustParseTerm(`{"s": {"n": 1, "z": 2, "a": 3}}`).Value)
+	input := ast.NewTerm(ast.MustParseTerm(`{"a": {"b": 2, "c": "x"}, "l": ["q", "b", "a", 1], "o": {"z": 1, "y": "s", "x": [1]}}`).Value)
+	dataText, inputText := data.String(), input.String()
+	first, n, err := prog.Value(context.Background(), input, data, nil)
+	if err != nil || n != 1 || first == nil {
+		t.Fatal(first, n, err)
+	}
+	want := first.String()
+	concurrently(t, prog, input, data, func(v *ast.Term) error {
+		if v.String() != want {
+			return fmt.Errorf("got %v, want %s", v, want)
+		}
+		return nil
+	})
+	if data.String() != dataText || input.String() != inputText {
+		t.Fatalf("shared terms changed:\n%s\n%s", data, input)
+	}
+}
+
+// concurrently evaluates prog on input and data 300 times from each of 4
+// goroutines and checks each value (the result's one binding).
+func concurrently(t *testing.T, prog *Program, input, data *ast.Term, check func(*ast.Term) error) {
+	t.Helper()
 	done := make(chan error)
 	for range 4 {
 		go func() {
 			for range 300 {
-				rs, err := prog.Eval(context.Background(), input, data, nil)
-				if err != nil || len(rs) != 1 {
-					done <- fmt.Errorf("%v, %v", rs, err)
+				v, n, err := prog.Value(context.Background(), input, data, nil)
+				if err != nil || n != 1 || v == nil {
+					done <- fmt.Errorf("%d results, %v, %v", n, v, err)
 					return
 				}
-				var v *ast.Term
-				rs[0].Foreach(func(_, t *ast.Term) { v = t })
-				if v.String() != want {
-					done <- fmt.Errorf("got %v, want %s", v, want)
+				if err := check(v); err != nil {
+					done <- err
 					return
 				}
 			}
@@ -311,10 +369,5 @@ f(s) := upper(s) if startswith(s, "a") else := s
 		if err := <-done; err != nil {
 			t.Fatal(err)
 		}
-	}
-	// New sets and objects start as shared empty values until their first
-	// member; no evaluation may have put one into them.
-	if emptySet.(ast.Set).Len() != 0 || emptyObject.(ast.Object).Len() != 0 {
-		t.Fatalf("the shared empty values were changed: %v %v", emptySet, emptyObject)
 	}
 }

@@ -71,6 +71,10 @@ func TestDecisionsThatAreNotWellFormedDeny(t *testing.T) {
 		{"arguments not an object", `decision := {"action": "allow", "arguments": [1]}`, 0, failMalformed},
 		{"conflict", "decision := {\"action\": \"allow\"} if input.method\ndecision := {\"action\": \"ask\"} if input.arguments", 0, failError},
 		{"too slow", `decision := {"action": "allow"} if count([x | some x in numbers.range(1, 50000000)]) > 0`, time.Millisecond, failTimeout},
+		// The time goes to iterating, with no built-in that watches the
+		// deadline itself: the plan's own cancellation checks must stop it.
+		{"too slow in a loop", "l := [" + strings.Repeat("0, ", 4999) + "0]\n" +
+			`decision := {"action": "allow"} if count([1 | some x in l; some y in l; x == y]) < 0`, time.Millisecond, failTimeout},
 	} {
 		for _, evaluator := range []string{evaluatorPlan, evaluatorTopdown} {
 			t.Run(tc.name+"/"+evaluator, func(t *testing.T) {

@@ -7,8 +7,11 @@ import (
 	"sync/atomic"
 )
 
-// Policy evaluations run on a few goroutines of their own (evaluators)
-// rather than on the request's goroutine.
+// Evaluations by OPA's evaluator (evaluator topdown, and policies whose
+// plan cannot be run; see evaluate.go) run on a few goroutines of their
+// own (evaluators) rather than on the request's goroutine. A plan's
+// evaluation does not need them: it recurses only as deep as the policy's
+// blocks nest.
 //
 // OPA's evaluator recurses deeply: evaluating the default policies takes a
 // stack of tens of KiB, where a request's goroutine (net/http runs one per
