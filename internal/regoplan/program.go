@@ -67,6 +67,12 @@ type function struct {
 	memo   bool // its only parameters are input and data: its value is kept for the evaluation
 }
 
+// Impure reports whether the program calls a built-in that reads the
+// clock, keeps state for the evaluation, or reaches outside the process
+// (http.send, net.lookup_ip_addr): only these see the context an
+// evaluation is given. A pure program is stopped by its Cancel alone.
+func (p *Program) Impure() bool { return p.impure }
+
 // Plan returns OPA's plan of query, a reference to a rule of the policy
 // compiler holds. The planner is OPA's; it is reached through the target
 // plugin interface of package rego, which hands a plugin the plan of the

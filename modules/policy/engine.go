@@ -18,7 +18,6 @@ import (
 	"github.com/open-policy-agent/opa/v1/rego"
 	"github.com/open-policy-agent/opa/v1/storage"
 	"github.com/open-policy-agent/opa/v1/storage/inmem"
-	"github.com/open-policy-agent/opa/v1/topdown"
 	"go.uber.org/zap"
 
 	"github.com/toolgate/toolgate/internal/regoplan"
@@ -292,16 +291,9 @@ func (e *engine) decideWith(ctx context.Context, c *compiled, input ast.Value, t
 		return outcome{}.deny(failNotLoaded, "the policy has not been loaded yet")
 	}
 	start := time.Now()
-	// At the deadline a timer stops the evaluation and cancels the context
-	// builtins (http.send, …) see. (Left to itself, OPA would start a
-	// goroutine per evaluation to watch a deadline context; this costs a
-	// timer.)
-	ctx, cancel := context.WithCancel(ctx)
-	halt := topdown.NewCancel()
-	deadline := time.AfterFunc(timeout, func() { halt.Cancel(); cancel() })
-	t, n, err := c.evaluate(ctx, input, halt)
-	timedOut := !deadline.Stop()
-	cancel()
+	// (Left to itself, OPA would start a goroutine per evaluation to watch
+	// a deadline context; see evaluateBy.)
+	t, n, err, timedOut := c.evaluateBy(ctx, input, start.Add(timeout))
 	o := outcome{Revision: c.revision, Duration: time.Since(start)}
 	switch {
 	case err != nil && (timedOut || errors.Is(err, context.DeadlineExceeded)):

@@ -97,6 +97,66 @@ func TestDecisionsThatAreNotWellFormedDeny(t *testing.T) {
 	}
 }
 
+// A policy that waits on the network (http.send to a server that does not
+// answer) is stopped at its deadline on both evaluators: the request
+// http.send made is cancelled, not left to run out its own timeout.
+func TestPolicyWaitingOnTheNetworkTimesOut(t *testing.T) {
+	for _, evaluator := range []string{evaluatorPlan, evaluatorTopdown} {
+		t.Run(evaluator, func(t *testing.T) {
+			cut := make(chan struct{}, 1)
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				select {
+				case <-r.Context().Done():
+					cut <- struct{}{}
+				case <-time.After(time.Minute):
+				}
+			}))
+			defer srv.Close()
+			dir := t.TempDir()
+			writePolicy(t, dir, "package toolgate.request\n\n"+
+				`decision := {"action": "allow"} if http.send({"method": "GET", "url": "`+srv.URL+`", "timeout": "1m"}).status_code == 200`+"\n")
+			e, _ := testEngineWith(t, dir, 0, evaluator)
+			if c := e.current.Load(); evaluator == evaluatorPlan && (c.program == nil || !c.program.Impure()) {
+				t.Fatal("the policy calling http.send was not planned as impure")
+			}
+			o := e.decide(context.Background(), someInput, 50*time.Millisecond, "arguments")
+			if o.Action != gateway.ActionDeny || o.Failure != failTimeout {
+				t.Fatalf("outcome = %+v, want a deny with failure %q", o, failTimeout)
+			}
+			select {
+			case <-cut:
+			case <-time.After(30 * time.Second):
+				t.Fatal("the policy's request was not cancelled at the deadline")
+			}
+		})
+	}
+}
+
+// A deadline is cancelled once its time has come (read on one call in
+// deadlineEvery), or at once by Cancel.
+func TestDeadline(t *testing.T) {
+	asked := func(d *deadline) bool {
+		for range deadlineEvery {
+			if d.Cancelled() {
+				return true
+			}
+		}
+		return false
+	}
+	if d := (&deadline{at: time.Now().Add(time.Hour)}); asked(d) {
+		t.Fatal("a deadline an hour away is cancelled")
+	}
+	d := &deadline{at: time.Now().Add(-time.Millisecond)}
+	if !asked(d) || !d.Cancelled() || !d.expired.Load() {
+		t.Fatal("a deadline that passed is not cancelled")
+	}
+	d = &deadline{at: time.Now().Add(time.Hour)}
+	d.Cancel()
+	if !d.Cancelled() {
+		t.Fatal("a cancelled deadline is not cancelled")
+	}
+}
+
 // A policy whose plan uses what the plan evaluator does not run (here a
 // reference to a package's rules and base documents at once) decides on
 // OPA's evaluator, and the log says so once.
