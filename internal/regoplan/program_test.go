@@ -252,6 +252,28 @@ x := 1
 	}
 }
 
+// TestImpure: a program is impure when it calls a built-in that reads the
+// clock, keeps state for the evaluation or reaches outside the process,
+// wherever in the policy the call is, and only then.
+func TestImpure(t *testing.T) {
+	for _, c := range []struct {
+		body   string
+		impure bool
+	}{
+		{`r := count(input)`, false},
+		{`r := replace(input.s, "a", "b")`, false},
+		{`r := time.now_ns()`, true},
+		{`r := f(1)` + "\n" + `f(x) := http.send({"method": "GET", "url": input.url}).status_code if x > 0`, true},
+		{`r := net.lookup_ip_addr(input.host)`, true},
+		{`r := io.jwt.decode_verify(input.token, {"secret": "s"})`, true},
+	} {
+		prog := program(t, compile(t, map[string]string{"p.rego": "package p\n\n" + c.body + "\n"}), "data.p.r")
+		if prog.Impure() != c.impure {
+			t.Errorf("%s: Impure() = %v, want %v", c.body, prog.Impure(), c.impure)
+		}
+	}
+}
+
 // TestCancel: a cancelled evaluation stops with ErrCancelled.
 func TestCancel(t *testing.T) {
 	compiler := compile(t, map[string]string{"p.rego": `package p
