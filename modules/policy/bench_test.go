@@ -166,13 +166,37 @@ func (l *latencies) report(b *testing.B) {
 	b.ReportMetric(at(99), "p99-ns")
 }
 
-// measure runs step b.N times, timing each run. With parallel it runs on
-// every CPU at once (b.RunParallel), which is closer to a loaded gateway.
-func measure(b *testing.B, parallel bool, step func()) {
+// benchMode is how a benchmark runs its steps.
+type benchMode int
+
+const (
+	warm benchMode = iota // one after another, each finding the last one's memory in the caches
+	// parallel: on every CPU at once (b.RunParallel).
+	parallel
+	// cold: one after another, each after other work has pushed its
+	// memory out of the CPU caches and a system call has entered the
+	// kernel (which, on a machine without PCID, flushes the TLB). That is
+	// what a decision meets in a gateway, where connections, other
+	// processes and the kernel run between two decisions, and the more so
+	// the fewer calls it gets. The default request step (input and
+	// decision) takes about 4 µs (p50) in a loop and 20 to 27 µs in this
+	// mode; its decision alone about 2 µs and 13 µs, where the gateway's
+	// own histogram under the side-by-side harness has it at 10 to 25 µs
+	// at 400 and 1,000 calls/s and 25 to 50 µs at 10 calls/s. Its ns/op
+	// includes the eviction: read p50-ns, p99-ns and mean-ns.
+	cold
+)
+
+// measure runs step b.N times in mode, timing each run.
+func measure(b *testing.B, mode benchMode, step func()) {
 	var lat latencies
+	var evict []byte // garbage once the benchmark is done: it does not stay to hold the heap large
+	if mode == cold {
+		evict = make([]byte, evictSize)
+	}
 	b.ReportAllocs()
 	b.ResetTimer()
-	if parallel {
+	if mode == parallel {
 		b.RunParallel(func(pb *testing.PB) {
 			d := make([]time.Duration, 0, 1024)
 			for pb.Next() {
@@ -184,15 +208,39 @@ func measure(b *testing.B, parallel bool, step func()) {
 		})
 	} else {
 		d := make([]time.Duration, 0, b.N)
+		var total time.Duration
 		for range b.N {
+			if mode == cold {
+				evictCaches(evict)
+			}
 			t := time.Now()
 			step()
-			d = append(d, time.Since(t))
+			took := time.Since(t)
+			d = append(d, took)
+			total += took
 		}
 		lat.add(d)
+		if mode == cold {
+			// ns/op counts the eviction too (timed, so that b.N stays
+			// small); the steps alone take this on average.
+			b.ReportMetric(float64(total.Nanoseconds())/float64(b.N), "mean-ns")
+		}
 	}
 	b.StopTimer()
 	lat.report(b)
+}
+
+// evictSize is larger than a core's L2 cache and its share of L3 on
+// common servers, so that writing as much evicts what a step left there.
+const evictSize = 32 << 20
+
+// evictCaches writes a byte of every cache line of memory, then enters the
+// kernel.
+func evictCaches(memory []byte) {
+	for i := 0; i < len(memory); i += 64 {
+		memory[i]++
+	}
+	_, _ = os.Stat(".")
 }
 
 // BenchmarkRequestPolicy is the request step's per-call work: building the
@@ -207,15 +255,17 @@ func BenchmarkRequestPolicy(b *testing.B) {
 	ctx := context.Background()
 	for _, c := range []struct {
 		name, tool, args, want string
-		parallel               bool
+		mode                   benchMode
 		evaluator              string
 	}{
-		{"read_only", benchTool, `{"ticket_id":"TEST-123","include_comments":true}`, gateway.ActionAllow, false, evaluatorPlan},
-		{"unmarked", benchUnmarkedTool, `{"ticket_id":"TEST-123","status":"closed"}`, gateway.ActionAsk, false, evaluatorPlan},
-		{"read_only_parallel", benchTool, `{"ticket_id":"TEST-123","include_comments":true}`, gateway.ActionAllow, true, evaluatorPlan},
+		{"read_only", benchTool, `{"ticket_id":"TEST-123","include_comments":true}`, gateway.ActionAllow, warm, evaluatorPlan},
+		{"read_only_cold", benchTool, `{"ticket_id":"TEST-123","include_comments":true}`, gateway.ActionAllow, cold, evaluatorPlan},
+		{"unmarked", benchUnmarkedTool, `{"ticket_id":"TEST-123","status":"closed"}`, gateway.ActionAsk, warm, evaluatorPlan},
+		{"read_only_parallel", benchTool, `{"ticket_id":"TEST-123","include_comments":true}`, gateway.ActionAllow, parallel, evaluatorPlan},
 		// The same on OPA's own evaluator (evaluator topdown).
-		{"read_only_topdown", benchTool, `{"ticket_id":"TEST-123","include_comments":true}`, gateway.ActionAllow, false, evaluatorTopdown},
-		{"unmarked_topdown", benchUnmarkedTool, `{"ticket_id":"TEST-123","status":"closed"}`, gateway.ActionAsk, false, evaluatorTopdown},
+		{"read_only_topdown", benchTool, `{"ticket_id":"TEST-123","include_comments":true}`, gateway.ActionAllow, warm, evaluatorTopdown},
+		{"read_only_topdown_cold", benchTool, `{"ticket_id":"TEST-123","include_comments":true}`, gateway.ActionAllow, cold, evaluatorTopdown},
+		{"unmarked_topdown", benchUnmarkedTool, `{"ticket_id":"TEST-123","status":"closed"}`, gateway.ActionAsk, warm, evaluatorTopdown},
 	} {
 		e := engines[c.evaluator]
 		b.Run(c.name, func(b *testing.B) {
@@ -231,10 +281,14 @@ func BenchmarkRequestPolicy(b *testing.B) {
 				}
 			}
 			step()
-			measure(b, c.parallel, step)
+			measure(b, c.mode, step)
 		})
 	}
 }
+
+// benchSmallResult is a small tools/call result, text and structured.
+const benchSmallResult = `{"content":[{"type":"text","text":"TEST-123: printer on fire, assigned to bob"}],` +
+	`"structuredContent":{"id":"TEST-123","status":"open","assignee":"bob","comments":3},"isError":false}`
 
 // BenchmarkResultPolicy is the result step's per-call work, through the
 // handler's own hook: input, evaluation, the decision and its audit entry
@@ -260,23 +314,23 @@ func BenchmarkResultPolicy(b *testing.B) {
 		withheld     bool // the default policy withholds it
 		passed       bool // with max_result_bytes raised to 2 MiB
 		topdown      bool // on OPA's own evaluator (evaluator topdown)
+		mode         benchMode
 	}{
-		{"small", `{"content":[{"type":"text","text":"TEST-123: printer on fire, assigned to bob"}],` +
-			`"structuredContent":{"id":"TEST-123","status":"open","assignee":"bob","comments":3},"isError":false}`, false, false, false, false},
-		{"8KiB_text", textResult(strings.Repeat("TEST-123: printer on fire — assigned to bob\n", 8<<10/46)), false, false, false, false},
+		{"small", benchSmallResult, false, false, false, false, warm},
+		{"small_cold", benchSmallResult, false, false, false, false, cold},
+		{"8KiB_text", textResult(strings.Repeat("TEST-123: printer on fire — assigned to bob\n", 8<<10/46)), false, false, false, false, warm},
 		// A log of a megabyte: over the default limit, so it is cut.
-		{"1MiB_text", textResult(logText(1 << 20)), true, false, false, false},
+		{"1MiB_text", textResult(logText(1 << 20)), true, false, false, false, warm},
 		// The same let through unchanged, with a larger limit: marked
 		// with the decision, not copied.
-		{"1MiB_text_passed", textResult(bigText(1 << 20)), false, false, true, false},
+		{"1MiB_text_passed", textResult(bigText(1 << 20)), false, false, true, false, warm},
 		// The same with a secret near its start: redacted, then cut.
-		{"1MiB_text_secret", textResult("deploy started with AKIAIOSFODNN7EXAMPLE\n" + logText(1<<20)), true, false, false, false},
+		{"1MiB_text_secret", textResult("deploy started with AKIAIOSFODNN7EXAMPLE\n" + logText(1<<20)), true, false, false, false, warm},
 		// Its keys alone are over the default limit: withheld.
-		{"1MiB_structured", structuredResult(1 << 20), true, true, false, false},
-		{"small_topdown", `{"content":[{"type":"text","text":"TEST-123: printer on fire, assigned to bob"}],` +
-			`"structuredContent":{"id":"TEST-123","status":"open","assignee":"bob","comments":3},"isError":false}`, false, false, false, true},
-		{"1MiB_text_secret_topdown", textResult("deploy started with AKIAIOSFODNN7EXAMPLE\n" + logText(1<<20)), true, false, false, true},
-		{"1MiB_structured_topdown", structuredResult(1 << 20), true, true, false, true},
+		{"1MiB_structured", structuredResult(1 << 20), true, true, false, false, warm},
+		{"small_topdown", benchSmallResult, false, false, false, true, warm},
+		{"1MiB_text_secret_topdown", textResult("deploy started with AKIAIOSFODNN7EXAMPLE\n" + logText(1<<20)), true, false, false, true, warm},
+		{"1MiB_structured_topdown", structuredResult(1 << 20), true, true, false, true, warm},
 	} {
 		b.Run(c.name, func(b *testing.B) {
 			call := benchCall(b, benchTool, `{"ticket_id":"TEST-123"}`)
@@ -304,7 +358,7 @@ func BenchmarkResultPolicy(b *testing.B) {
 			}
 			step()
 			b.SetBytes(int64(len(result)))
-			measure(b, false, step)
+			measure(b, c.mode, step)
 		})
 	}
 }

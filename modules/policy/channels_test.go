@@ -453,7 +453,7 @@ func BenchmarkChannelPolicy(b *testing.B) {
 			}
 			step()
 			b.SetBytes(int64(len(payload)))
-			measure(b, false, step)
+			measure(b, warm, step)
 		})
 	}
 }
