@@ -1,14 +1,12 @@
 package policy
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/caddyserver/caddy/v2"
 	"github.com/open-policy-agent/opa/v1/ast"
 	"go.uber.org/zap"
 
@@ -153,30 +151,5 @@ func TestResultPolicyDeepResultMemory(t *testing.T) {
 	}
 	if peaks[0] > 4*peaks[1]+32<<20 {
 		t.Errorf("result of %d bytes: peak heap plan %d MB, topdown %d MB", len(result), peaks[0]>>20, peaks[1]>>20)
-	}
-}
-
-// The key terms every conversion shares (mcpKeys) come out of decisions
-// that rewrite a result — a redacted secret, a text cut to its limit, on
-// both evaluators — as they went in.
-func TestSharedKeyTermsUnchanged(t *testing.T) {
-	call := benchCall(t, benchTool, `{"ticket_id":"TEST-123"}`)
-	for _, evaluator := range []string{evaluatorPlan, evaluatorTopdown} {
-		h := &ResultHandler{Config{Timeout: caddy.Duration(benchTimeout),
-			engine: benchEngineWith(t, "data.toolgate.result.decision", stageResult, evaluator), audit: benchAudit(), logger: zap.NewNop()}}
-		for _, result := range []string{
-			textResult("deploy started with AKIAIOSFODNN7EXAMPLE\n" + logText(1<<20)),
-			`{"content":[{"type":"text","text":"token ghp_0123456789abcdefghijABCDEFGHIJ012345"}],"structuredContent":{"text":"bearer abc.def.ghi","_meta":{"x":1}},"isError":false}`,
-		} {
-			out, err := h.check(context.Background(), call, []byte(result), "")
-			if err != nil || out == nil || !bytes.Contains(out.Bytes(), []byte("REDACTED")) {
-				t.Fatalf("%s: check: %.300s, %v; want a redacted result", evaluator, out.Bytes(), err)
-			}
-		}
-	}
-	for k, term := range mcpKeys {
-		if s, ok := term.Value.(ast.String); !ok || string(s) != k || term.Location != nil {
-			t.Errorf("the shared key term of %q is now %v", k, term)
-		}
 	}
 }

@@ -367,9 +367,6 @@ func (p *jsonParser) key() (*ast.Term, error) {
 // are not worth the map. (Values repeat less: most are unique, and then the
 // map costs more than it saves.)
 func (p *jsonParser) intern(s string) *ast.Term {
-	if t, ok := mcpKeys[s]; ok {
-		return t
-	}
 	if p.nkeys++; p.nkeys <= internAfter {
 		return p.term(ast.String(s))
 	}
@@ -383,23 +380,6 @@ func (p *jsonParser) intern(s string) *ast.Term {
 	p.keys[s] = t
 	return t
 }
-
-// mcpKeys are the keys of MCP's results and content blocks, one term each
-// for every conversion (terms of the input are never changed): most keys
-// of a result are these, and a key of its own costs two allocations.
-var mcpKeys = func() map[string]*ast.Term {
-	m := map[string]*ast.Term{}
-	for _, k := range []string{
-		"content", "type", "text", "structuredContent", "isError", "_meta", "annotations",
-		"data", "mimeType", "resource", "uri", "blob", "name", "title", "description", "size",
-		"audience", "priority", "lastModified", "icons", "contents", "messages", "role",
-		"tools", "nextCursor", "inputSchema", "outputSchema", "properties", "required",
-		"progressToken", "progress", "total", "message", "level", "logger",
-	} {
-		m[k] = ast.StringTerm(k)
-	}
-	return m
-}()
 
 // internAfter is how many keys a document has before they are interned.
 const internAfter = 32
