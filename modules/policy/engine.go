@@ -291,9 +291,7 @@ func (e *engine) decideWith(ctx context.Context, c *compiled, input ast.Value, t
 		return outcome{}.deny(failNotLoaded, "the policy has not been loaded yet")
 	}
 	start := time.Now()
-	// (Left to itself, OPA would start a goroutine per evaluation to watch
-	// a deadline context; see evaluateBy.)
-	t, n, err, timedOut := c.evaluateBy(ctx, input, start.Add(timeout))
+	t, n, timedOut, err := c.evaluateBy(ctx, input, start.Add(timeout))
 	o := outcome{Revision: c.revision, Duration: time.Since(start)}
 	switch {
 	case err != nil && (timedOut || errors.Is(err, context.DeadlineExceeded)):
