@@ -1,12 +1,14 @@
 package policy
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/caddyserver/caddy/v2"
 	"github.com/open-policy-agent/opa/v1/ast"
 	"go.uber.org/zap"
 
@@ -151,5 +153,35 @@ func TestResultPolicyDeepResultMemory(t *testing.T) {
 	}
 	if peaks[0] > 4*peaks[1]+32<<20 {
 		t.Errorf("result of %d bytes: peak heap plan %d MB, topdown %d MB", len(result), peaks[0]>>20, peaks[1]>>20)
+	}
+}
+
+// An upstream can make the result policy work: many texts, each holding
+// secrets the policy has to find and redact. At the deadline the result
+// is withheld as a timeout on both evaluators; the runner never gets the
+// upstream's text.
+func TestResultThatOutlastsTheDeadlineIsWithheld(t *testing.T) {
+	var sb strings.Builder
+	sb.WriteString(`{"content":[`)
+	for i := range 2000 {
+		if i > 0 {
+			sb.WriteByte(',')
+		}
+		fmt.Fprintf(&sb, `{"type":"text","text":"item %d: token ghp_%036d and key AKIA%016d, bearer eyJhbGciOiJIUzI1NiJ9.e30.%d"}`, i, i, i, i)
+	}
+	sb.WriteString(`],"isError":false}`)
+	call := benchCall(t, benchTool, `{"ticket_id":"TEST-123"}`)
+	for _, evaluator := range []string{evaluatorPlan, evaluatorTopdown} {
+		h := &ResultHandler{Config{Timeout: caddy.Duration(time.Millisecond),
+			engine: benchEngineWith(t, "data.toolgate.result.decision", stageResult, evaluator), audit: benchAudit(), logger: zap.NewNop()}}
+		out, err := h.check(context.Background(), call, []byte(sb.String()), "")
+		if err != nil {
+			t.Fatalf("%s: %v", evaluator, err)
+		}
+		got := out.Bytes()
+		if bytes.Contains(got, []byte("ghp_")) || bytes.Contains(got, []byte("item 1:")) ||
+			!bytes.Contains(got, []byte("the policy took longer than its deadline")) {
+			t.Fatalf("%s: the runner gets %.300s; want the result withheld as a timeout", evaluator, got)
+		}
 	}
 }
