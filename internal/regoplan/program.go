@@ -10,7 +10,10 @@
 // planner has already done that work once, when the policy was loaded: a
 // plan is a list of statements over numbered locals (look up a key, compare,
 // call a function or a built-in, scan a collection), and running it is a
-// loop over those statements.
+// loop over those statements. What the plan would build the same on every
+// evaluation is built once, when it is compiled: collections the policy
+// writes with constants (see fold.go), and the query's result, which is
+// its value, not an object holding it.
 //
 // The semantics are OPA's: the plan is OPA's own (the one its WebAssembly
 // compiler turns into code, which is the reference for what each statement
@@ -34,6 +37,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 
@@ -178,6 +182,8 @@ func Compile(p *ir.Policy) (*Program, error) {
 		return nil, err
 	}
 	prog.impure = c.impure
+	bindResults(prog.plan)
+	fold(prog)
 	prog.pool.New = func() any { return newVM(prog) }
 	return prog, nil
 }
@@ -413,6 +419,41 @@ func (c *compiler) stmt(s ir.Stmt) (instr, error) {
 	// ObjectMergeStmt and CallDynamicStmt (and any statement a later OPA
 	// adds) are not run here; the caller falls back to topdown.
 	return nil, fmt.Errorf("statement %T is not supported", s)
+}
+
+// bindResults makes the plan's result objects of one binding bindings:
+// a block that makes an object, inserts a constant key and a local's value
+// and adds the object to the result set, and uses the object nowhere else,
+// adds the binding instead (see resultAdd), for Value to read without an
+// object made. (The plan of a query is one block of statements.)
+func bindResults(plan *function) {
+	uses := map[int]int{}
+	for _, b := range plan.blocks {
+		walkInstrs(b, func(in instr) {
+			reads(in, func(l int) { uses[l]++ })
+			writes(in, func(l int) { uses[l]++ })
+		})
+	}
+	bind := func(b block) block {
+		for i := 2; i < len(b); i++ {
+			add, ok := b[i].(*resultAdd)
+			if !ok || add.key != nil {
+				continue
+			}
+			mk, ok1 := b[i-2].(*makeObject)
+			ins, ok2 := b[i-1].(*objectInsert)
+			if !ok1 || !ok2 || mk.dst != add.src || ins.obj != add.src || ins.once || ins.k.local >= 0 || ins.v.local < 0 || uses[add.src] != 3 {
+				continue
+			}
+			b[i-2] = nil
+			b[i-1] = nil
+			b[i] = &resultAdd{src: ins.v.local, key: ins.k.konst}
+		}
+		return slices.DeleteFunc(b, func(in instr) bool { return in == nil })
+	}
+	for j, b := range plan.blocks {
+		plan.blocks[j] = bind(b)
+	}
 }
 
 // depth returns the locals the deepest chain of calls from fn needs, and

@@ -28,7 +28,13 @@ type (
 		konst *ast.Term
 	}
 
-	resultAdd   struct{ src int }
+	// resultAdd adds the object in src to the result set; with a key,
+	// the object {key: src} (the binding of a query of one variable,
+	// which is not built unless Eval asks for it).
+	resultAdd struct {
+		src int
+		key *ast.Term
+	}
 	returnLocal struct{ src int }
 	blockStmt   struct{ blocks []block }
 	breakStmt   struct{ index int }
@@ -135,7 +141,7 @@ type vm struct {
 	scratch []*ast.Term // a built-in call's operands
 	memo    []memoEntry // by function index; a rule's value for this evaluation
 	saved   [][]memoEntry
-	results []ast.Object
+	results []result
 	ret     *ast.Term
 	err     error
 	cancel  topdown.Cancel
@@ -146,9 +152,34 @@ type vm struct {
 	called  bool
 	iterOne func(*ast.Term) error
 	iterAll func(*ast.Term) error
+	// scanObject is the callback of a scan over an object: a step of the
+	// scan in scanning.
+	scanObject func(k, v *ast.Term) bool
+	scanning   scanning
 	// takeValue keeps a binding's value in value (for Value).
 	takeValue func(_, v *ast.Term)
 	value     *ast.Term
+}
+
+// result is one result of the query: obj, or the binding of key to v.
+type result struct {
+	obj    ast.Object
+	key, v *ast.Term
+}
+
+func (r result) object() ast.Object {
+	if r.obj == nil {
+		return ast.NewObject([2]*ast.Term{r.key, r.v})
+	}
+	return r.obj
+}
+
+// scanning is a scan over an object in progress: where it runs and what
+// its last step ended with.
+type scanning struct {
+	frame []*ast.Term
+	in    *scan
+	res   int
 }
 
 type memoEntry struct {
@@ -170,6 +201,11 @@ func newVM(p *Program) *vm {
 		return nil
 	}
 	m.takeValue = func(_, v *ast.Term) { m.value = v }
+	m.scanObject = func(k, v *ast.Term) bool {
+		var stop bool
+		m.scanning.res, stop = m.scanStep(m.scanning.frame, m.scanning.in, k, v)
+		return stop
+	}
 	return m
 }
 
@@ -184,7 +220,9 @@ func (p *Program) Eval(ctx context.Context, input, data *ast.Term, cancel topdow
 	m, err := p.run(ctx, input, data, cancel)
 	var out []ast.Object
 	if err == nil {
-		out = append(out, m.results...)
+		for _, r := range m.results {
+			out = append(out, r.object())
+		}
 	}
 	p.release(m)
 	return out, err
@@ -198,8 +236,12 @@ func (p *Program) Value(ctx context.Context, input, data *ast.Term, cancel topdo
 	m, err := p.run(ctx, input, data, cancel)
 	if err == nil {
 		n = len(m.results)
-		if n == 1 && m.results[0].Len() == 1 {
-			m.results[0].Foreach(m.takeValue)
+		switch r := m.results; {
+		case n != 1:
+		case r[0].obj == nil:
+			v = r[0].v
+		case r[0].obj.Len() == 1:
+			r[0].obj.Foreach(m.takeValue)
 			v = m.value
 		}
 	}
@@ -264,6 +306,7 @@ func (m *vm) finish() {
 	clear(m.results)
 	m.results = m.results[:0]
 	m.ret, m.err, m.out, m.cancel, m.value = nil, nil, nil, nil, nil
+	m.scanning = scanning{}
 	clear(m.outs)
 	m.outs = m.outs[:0]
 	if cap(m.outs) > 1024 {
@@ -453,9 +496,13 @@ func (m *vm) exec(frame []*ast.Term, b block) int {
 			m.ret = frame[in.src]
 			return returned
 		case *resultAdd:
-			if t := frame[in.src]; t != nil {
+			switch t := frame[in.src]; {
+			case t == nil:
+			case in.key != nil:
+				m.results = append(m.results, result{key: in.key, v: t})
+			default:
 				if obj, ok := t.Value.(ast.Object); ok {
-					m.results = append(m.results, obj)
+					m.results = append(m.results, result{obj: obj})
 				}
 			}
 		case *with:
@@ -621,21 +668,29 @@ func (m *vm) scan(frame []*ast.Term, in *scan) int {
 		return completed
 	}
 	res := completed
-	body := func(k, v *ast.Term) (stop bool) {
-		res, stop = m.scanStep(frame, in, k, v)
-		return stop
-	}
 	switch c := src.Value.(type) {
 	case *ast.Array:
 		for i := range c.Len() {
-			if body(ast.InternedTerm(i), c.Elem(i)) {
+			var stop bool
+			if res, stop = m.scanStep(frame, in, ast.InternedTerm(i), c.Elem(i)); stop {
+				break
+			}
+		}
+	case ast.Set:
+		for _, t := range c.Slice() {
+			var stop bool
+			if res, stop = m.scanStep(frame, in, t, t); stop {
 				break
 			}
 		}
 	case ast.Object:
-		c.Until(body)
-	case ast.Set:
-		c.Until(func(t *ast.Term) bool { return body(t, t) })
+		// The object's callback is made once per vm (see newVM); what it
+		// needs is in the vm, kept aside for the scan it interrupts.
+		outer := m.scanning
+		m.scanning = scanning{frame: frame, in: in, res: completed}
+		c.Until(m.scanObject)
+		res = m.scanning.res
+		m.scanning = outer
 	}
 	return res
 }

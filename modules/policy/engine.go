@@ -316,51 +316,7 @@ func (e *engine) decideWith(ctx context.Context, c *compiled, input ast.Value, t
 	if !ok {
 		return o.deny(failMalformed, "the policy decision is not an object")
 	}
-	var malformed string
-	d.Until(func(k, v *ast.Term) bool {
-		key, _ := k.Value.(ast.String)
-		switch string(key) {
-		case "action":
-			if s, ok := v.Value.(ast.String); ok {
-				o.Action = string(s)
-			}
-		case "reason":
-			s, ok := v.Value.(ast.String)
-			if !ok {
-				malformed = "the policy decision's reason is not a string"
-				return true
-			}
-			o.Reason = strings.Clone(string(s)) // the input's memory may be reused (see resultTerms)
-		case replaceKey:
-			obj, ok := v.Value.(ast.Object)
-			if !ok {
-				malformed = "the policy decision's " + replaceKey + " is not an object"
-				return true
-			}
-			if replaceKey != "arguments" {
-				o.Result = v
-				break
-			}
-			args, err := ast.JSON(obj)
-			if err != nil {
-				malformed = "the policy decision's arguments cannot be written as JSON"
-				return true
-			}
-			o.Arguments, _ = args.(map[string]any)
-			o.argsTerm = v
-		case "approval":
-			if _, ok := v.Value.(ast.Object); !ok {
-				malformed = "the policy decision's approval is not an object"
-				return true
-			}
-			o.Approval = []byte(v.String())
-		default:
-			malformed = "the policy decision has an unknown field " + k.String()
-			return true
-		}
-		return false
-	})
-	if malformed != "" {
+	if malformed := o.read(d, replaceKey); malformed != "" {
 		return o.deny(failMalformed, malformed)
 	}
 	switch o.Action { // the constants, not the input's memory
@@ -378,6 +334,100 @@ func (e *engine) decideWith(ctx context.Context, c *compiled, input ast.Value, t
 		return o.deny(failMalformed, "the policy decision has an approval object but does not ask")
 	}
 	return o
+}
+
+// The fields of a decision.
+var (
+	keyApproval = ast.StringTerm("approval")
+	keyReason   = ast.StringTerm("reason")
+)
+
+// read takes the fields of the decision d into o (replaceKey names the
+// field with the rewritten payload: arguments or result), in the order of
+// their names; what is wrong with them if something is. (Looked up by
+// name, not iterated with a callback, so that o stays on the stack.)
+func (o *outcome) read(d ast.Object, replaceKey string) (malformed string) {
+	found := 0
+	if v := d.Get(keyAction); v != nil {
+		found++
+		if s, ok := v.Value.(ast.String); ok {
+			o.Action = string(s)
+		}
+	}
+	if v := d.Get(keyApproval); v != nil {
+		found++
+		if _, ok := v.Value.(ast.Object); !ok {
+			return "the policy decision's approval is not an object"
+		}
+		o.Approval = []byte(v.String())
+	}
+	replace := keyResult
+	if replaceKey != "result" {
+		replace = ast.StringTerm(replaceKey)
+	}
+	if replaceKey == "arguments" {
+		replace = keyArguments
+		if v := d.Get(replace); v != nil {
+			found++
+			if m := o.readReplaced(v, replaceKey); m != "" {
+				return m
+			}
+		}
+	}
+	if v := d.Get(keyReason); v != nil {
+		found++
+		s, ok := v.Value.(ast.String)
+		if !ok {
+			return "the policy decision's reason is not a string"
+		}
+		o.Reason = strings.Clone(string(s)) // the input's memory may be reused (see resultTerms)
+	}
+	if replaceKey != "arguments" { // result: after reason
+		if v := d.Get(replace); v != nil {
+			found++
+			if m := o.readReplaced(v, replaceKey); m != "" {
+				return m
+			}
+		}
+	}
+	if found != d.Len() {
+		return unknownField(d, replace)
+	}
+	return ""
+}
+
+// readReplaced takes the decision's rewritten payload v (its field
+// replaceKey) into o.
+func (o *outcome) readReplaced(v *ast.Term, replaceKey string) (malformed string) {
+	obj, ok := v.Value.(ast.Object)
+	if !ok {
+		return "the policy decision's " + replaceKey + " is not an object"
+	}
+	if replaceKey != "arguments" {
+		o.Result = v
+		return ""
+	}
+	args, err := ast.JSON(obj)
+	if err != nil {
+		return "the policy decision's arguments cannot be written as JSON"
+	}
+	o.Arguments, _ = args.(map[string]any)
+	o.argsTerm = v
+	return ""
+}
+
+// unknownField says which field of the decision d is none of those read.
+func unknownField(d ast.Object, replace *ast.Term) string {
+	var name string
+	d.Until(func(k, _ *ast.Term) bool {
+		switch {
+		case k.Equal(keyAction), k.Equal(keyApproval), k.Equal(keyReason), k.Equal(replace):
+			return false
+		}
+		name = k.String()
+		return true
+	})
+	return "the policy decision has an unknown field " + name
 }
 
 func (o outcome) deny(failure, reason string) outcome {

@@ -69,6 +69,8 @@ func TestDecisionsThatAreNotWellFormedDeny(t *testing.T) {
 		{"misspelled field", `decision := {"action": "allow", "argument": {}}`, 0, failMalformed},
 		{"reason not a string", `decision := {"action": "allow", "reason": 1}`, 0, failMalformed},
 		{"arguments not an object", `decision := {"action": "allow", "arguments": [1]}`, 0, failMalformed},
+		{"approval not an object", `decision := {"action": "ask", "reason": "r", "approval": "x"}`, 0, failMalformed},
+		{"a result field where arguments are rewritten", `decision := {"action": "allow", "result": {}}`, 0, failMalformed},
 		{"conflict", "decision := {\"action\": \"allow\"} if input.method\ndecision := {\"action\": \"ask\"} if input.arguments", 0, failError},
 		{"too slow", `decision := {"action": "allow"} if count([x | some x in numbers.range(1, 50000000)]) > 0`, time.Millisecond, failTimeout},
 		// The time goes to iterating, with no built-in that watches the
@@ -91,6 +93,13 @@ func TestDecisionsThatAreNotWellFormedDeny(t *testing.T) {
 				o := e.decide(context.Background(), someInput, timeout, "arguments")
 				if o.Action != gateway.ActionDeny || o.Failure != tc.failure || o.Reason == "" || o.Arguments != nil {
 					t.Fatalf("outcome = %+v, want a deny with failure %q", o, tc.failure)
+				}
+				// A malformed field is named.
+				field := map[string]string{"misspelled field": `"argument"`, "reason not a string": "reason",
+					"arguments not an object": "arguments", "approval not an object": "approval",
+					"a result field where arguments are rewritten": `"result"`}[tc.name]
+				if !strings.Contains(o.Reason, field) {
+					t.Fatalf("reason %q does not name the field %s", o.Reason, field)
 				}
 			})
 		}
