@@ -65,8 +65,9 @@ type results struct {
 	LoadBefore string // load averages (1, 5, 15 min) when the run started
 	LoadAfter  string
 	Runs       []run
-	Idle       *idleResult `json:",omitempty"`
-	Profiles   []string    `json:",omitempty"`
+	Idle       *idleResult   `json:",omitempty"`
+	Profiles   []string      `json:",omitempty"`
+	Noise      []noiseWindow // the machine's floor, measured before the load
 }
 
 // run is one open-loop run of one route. Times are in milliseconds.
@@ -149,6 +150,7 @@ func runBench(ctx context.Context, o options) error {
 	}
 	defer b.stopAll()
 	logf("toolgate-benchcompare: %s, load average %s; writing to %s", b.res.Machine, b.res.LoadBefore, dir)
+	b.res.Noise = machineNoise()
 	if err := b.start(); err != nil {
 		return err
 	}

@@ -66,6 +66,8 @@ func report(w io.Writer, res *results) {
 			fmt.Sprintf("%.1f KiB", i.KiBLive), "≤ 16 KiB", verdict(i.KiBLive <= budgetIdleKiB))
 	}
 
+	noiseTable(w, res.Noise)
+
 	if res.Idle != nil {
 		i := res.Idle
 		fmt.Fprintf(w, "\n### %d idle MCP sessions through toolgate (%s)\n\n", i.Sessions, kindLabels[i.UpstreamKind])

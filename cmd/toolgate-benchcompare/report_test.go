@@ -126,3 +126,24 @@ func TestInRoundRotates(t *testing.T) {
 		t.Errorf("only %v start a round", seen)
 	}
 }
+
+// TestMachineNoise: the floor is four windows of computation, each timed
+// noiseRuns times, and the report prints one row per window.
+func TestMachineNoise(t *testing.T) {
+	windows := machineNoise()
+	if len(windows) != 4 {
+		t.Fatalf("%d windows", len(windows))
+	}
+	for _, n := range windows {
+		if n.P50 <= 0 || n.P99 < n.P50 || n.Over50 < 0 || n.Over50 > 1 {
+			t.Fatalf("window %+v", n)
+		}
+	}
+	var out bytes.Buffer
+	report(&out, &results{Noise: []noiseWindow{{P50: 4.9, P99: 6, Over50: 0.0005}, {P50: 14.8, P99: 55.2, Over50: 0.018}}})
+	for _, want := range []string{"| 4.9 µs | 6.0 µs | 0.05 % |", "| 14.8 µs | 55.2 µs | 1.80 % |"} {
+		if !strings.Contains(out.String(), want) {
+			t.Fatalf("the report has no row %q:\n%s", want, out.String())
+		}
+	}
+}
