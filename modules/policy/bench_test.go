@@ -179,11 +179,11 @@ const (
 	// what a decision meets in a gateway, where connections, other
 	// processes and the kernel run between two decisions, and the more so
 	// the fewer calls it gets. The default request step (input and
-	// decision) takes about 4 µs (p50) in a loop and 20 to 27 µs in this
-	// mode; its decision alone about 2 µs and 13 µs, where the gateway's
-	// own histogram under the side-by-side harness has it at 10 to 25 µs
-	// at 400 and 1,000 calls/s and 25 to 50 µs at 10 calls/s. Its ns/op
-	// includes the eviction: read p50-ns, p99-ns and mean-ns.
+	// decision) takes about 3 µs (p50) in a loop and 14 to 17 µs in this
+	// mode; its decision alone about 1.4 µs and 13 µs, where an execution
+	// trace of the gateway under the side-by-side harness has it at 12 µs
+	// (p50) at 400 calls/s. Its ns/op includes the eviction: read p50-ns,
+	// p99-ns and mean-ns.
 	cold
 )
 
