@@ -271,6 +271,9 @@ func (c collections) fold(b block, known map[int]*ast.Term) block {
 				p.adds = append(p.adds, i)
 			}
 		}
+		// A scan sets its key and value, and with its local, before its
+		// body runs.
+		writes(in, func(l int) { delete(known, l) })
 		for j, inner := range innerBlocks(in) {
 			k := maps.Clone(known)
 			if loops(in) {
@@ -295,7 +298,6 @@ func (c collections) fold(b block, known map[int]*ast.Term) block {
 				delete(known, l)
 			}
 		}
-		writes(in, func(l int) { delete(known, l) })
 	}
 	for l := range pending {
 		finish(l)
