@@ -72,6 +72,23 @@ r := {"p": [p | walk(c, [p, _])], "v": [v | walk(c, [_, v])], "i": [p | walk(inp
 a := [1, 2, 3]
 r := {"c": array.concat(a, [input.x]), "c2": array.concat(a, ["y"]), "a": a, "p": [x | some x in a] }
 `,
+	"nested with": `package p
+q := input
+g := y if y := q with input.a.c as input.a.b
+b := x if x := g with input as {"a": {"b": 1}}
+d := x if x := g with input.a as {"b": [2]}
+r := [b, d, g, b]
+`,
+	"partial object conflicts": `package p
+o["k"] := {"v": 1}
+o["k"] := {"v": 1.0} if input.a == 1
+o["k"] := {"v": 2} if input.a == 2
+o["j"] := [1] if input.a == 3
+r := [v | some v in o]
+`,
+	"loops": `package p
+r := [object.union({"k": {"c": 1}, "i": i}, {"k": {"d": i}}) | some i in input.l]
+`,
 }
 
 var foldAttackInputs = []string{`{"a": 1, "x": 5, "l": ["p", "q"], "k": ["x"]}`, `{"a": 2, "x": {"b": 2}, "l": [], "k": ["y"]}`, `{"a": 3, "x": "z", "l": ["k", 1], "k": {"o": 1}}`, `{}`}
