@@ -196,6 +196,15 @@ func (c collections) fold(b block, known map[int]*ast.Term) block {
 		if c.inherited[l] || len(p.adds) != c.adds[b[p.at]] {
 			return // added to elsewhere too: built as the plan says
 		}
+		if arr, ok := p.value.(*ast.Array); ok {
+			// Without room to grow in place: an Append to the constant (no
+			// built-in makes one) could not write into what others share.
+			elems := make([]*ast.Term, arr.Len())
+			for i := range elems {
+				elems[i] = arr.Elem(i)
+			}
+			p.value = ast.NewArray(elems...)
+		}
 		t := ast.NewTerm(p.value)
 		b[p.at] = &makeConst{v: t, dst: l}
 		drop = append(drop, p.adds...)

@@ -176,3 +176,22 @@ r := {"a": input.a}
 		}
 	})
 }
+
+// TestFoldedArraysHaveNoRoomToGrow: two appends to a folded array (which
+// no built-in makes, but a later one could) each get their own copy
+// rather than writing into the room the shared constant would have had.
+func TestFoldedArraysHaveNoRoomToGrow(t *testing.T) {
+	compiler := compile(t, map[string]string{"p.rego": `package p
+r := ["a", "b", "c"]
+`})
+	prog := program(t, compiler, "data.p.r")
+	v, _, err := prog.Value(context.Background(), ast.NewTerm(ast.NewObject()), ast.NewTerm(ast.NewObject()), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	arr := v.Value.(*ast.Array)
+	x, y := arr.Append(ast.StringTerm("x")), arr.Append(ast.StringTerm("y"))
+	if x.Elem(3).String() != `"x"` || y.Elem(3).String() != `"y"` || arr.Len() != 3 {
+		t.Fatalf("appends share the constant's room: %v %v %v", x, y, arr)
+	}
+}
