@@ -2,6 +2,7 @@ package regoplan
 
 import (
 	"maps"
+	"slices"
 
 	"github.com/open-policy-agent/opa/v1/ast"
 )
@@ -70,18 +71,15 @@ func collectionsOf(fn *function) collections {
 					writes(in, func(l int) { delete(made, l) })
 				}
 				for _, inner := range innerBlocks(in) {
+					set := setInside(*inner, true)
 					m := maps.Clone(made)
 					if loops(in) {
 						// A later iteration's statement runs after every
 						// statement of the body, make statements too.
-						for l := range setInside(inner, true) {
-							delete(m, l)
-						}
+						forget(m, set)
 					}
-					visit(inner, m)
-					for l := range setInside(inner, true) {
-						delete(made, l)
-					}
+					visit(*inner, m)
+					forget(made, set)
 				}
 			}
 		}
@@ -144,19 +142,23 @@ func setInside(b block, makes bool) map[int]bool {
 	return set
 }
 
-// innerBlocks are the blocks inside in.
-func innerBlocks(in instr) []block {
+// innerBlocks are the blocks inside in, to read or to replace.
+func innerBlocks(in instr) []*block {
 	switch in := in.(type) {
 	case *blockStmt:
-		return in.blocks
+		bs := make([]*block, len(in.blocks))
+		for i := range in.blocks {
+			bs[i] = &in.blocks[i]
+		}
+		return bs
 	case *scan:
-		return []block{in.body}
+		return []*block{&in.body}
 	case *relationScan:
-		return []block{in.scan.body}
+		return []*block{&in.scan.body}
 	case *not:
-		return []block{in.body}
+		return []*block{&in.body}
 	case *with:
-		return []block{in.body}
+		return []*block{&in.body}
 	}
 	return nil
 }
@@ -189,7 +191,6 @@ type pendingCollection struct {
 // constant value is set when b starts (and is b's to change).
 func (c collections) fold(b block, known map[int]*ast.Term) block {
 	pending := map[int]*pendingCollection{}
-	var drop []int
 	finish := func(l int) {
 		p := pending[l]
 		delete(pending, l)
@@ -207,7 +208,9 @@ func (c collections) fold(b block, known map[int]*ast.Term) block {
 		}
 		t := ast.NewTerm(p.value)
 		b[p.at] = &makeConst{v: t, dst: l}
-		drop = append(drop, p.adds...)
+		for _, i := range p.adds {
+			b[i] = nil // all before the statement the loop is at
+		}
 		known[l] = t
 	}
 	// konst is o's constant value, if it has one here.
@@ -283,48 +286,32 @@ func (c collections) fold(b block, known map[int]*ast.Term) block {
 		// A scan sets its key and value, and with its local, before its
 		// body runs.
 		writes(in, func(l int) { delete(known, l) })
-		for j, inner := range innerBlocks(in) {
+		for _, inner := range innerBlocks(in) {
+			set := setInside(*inner, true)
 			k := maps.Clone(known)
 			if loops(in) {
-				for l := range setInside(inner, true) {
-					delete(k, l)
-				}
+				forget(k, set)
 			}
-			folded := c.fold(inner, k)
-			switch in := in.(type) {
-			case *blockStmt:
-				in.blocks[j] = folded
-			case *scan:
-				in.body = folded
-			case *relationScan:
-				in.scan.body = folded
-			case *not:
-				in.body = folded
-			case *with:
-				in.body = folded
-			}
-			for l := range setInside(folded, true) {
-				delete(known, l)
-			}
+			*inner = c.fold(*inner, k)
+			forget(known, set)
 		}
 	}
 	for l := range pending {
 		finish(l)
 	}
-	if len(drop) == 0 {
-		return b
+	return compact(b)
+}
+
+// forget deletes the locals of set from m.
+func forget[V any](m map[int]V, set map[int]bool) {
+	for l := range set {
+		delete(m, l)
 	}
-	gone := map[int]bool{}
-	for _, i := range drop {
-		gone[i] = true
-	}
-	out := make(block, 0, len(b)-len(drop))
-	for i, in := range b {
-		if !gone[i] {
-			out = append(out, in)
-		}
-	}
-	return out
+}
+
+// compact is b without the statements removed from it (nil).
+func compact(b block) block {
+	return slices.DeleteFunc(b, func(in instr) bool { return in == nil })
 }
 
 // start begins folding the collection that the make statement b[i] makes
@@ -365,19 +352,8 @@ func fillsPending(in instr, pending map[int]*pendingCollection) bool {
 func walkInstrs(b block, fn func(instr)) {
 	for _, in := range b {
 		fn(in)
-		switch in := in.(type) {
-		case *blockStmt:
-			for _, b := range in.blocks {
-				walkInstrs(b, fn)
-			}
-		case *scan:
-			walkInstrs(in.body, fn)
-		case *relationScan:
-			walkInstrs(in.scan.body, fn)
-		case *not:
-			walkInstrs(in.body, fn)
-		case *with:
-			walkInstrs(in.body, fn)
+		for _, inner := range innerBlocks(in) {
+			walkInstrs(*inner, fn)
 		}
 	}
 }

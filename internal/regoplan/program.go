@@ -37,7 +37,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"strings"
 	"sync"
 
@@ -449,7 +448,7 @@ func bindResults(plan *function) {
 			b[i-1] = nil
 			b[i] = &resultAdd{src: ins.v.local, key: ins.k.konst}
 		}
-		return slices.DeleteFunc(b, func(in instr) bool { return in == nil })
+		return compact(b)
 	}
 	for j, b := range plan.blocks {
 		plan.blocks[j] = bind(b)
@@ -469,37 +468,21 @@ func (c *compiler) depth(fn *function, visiting map[*function]bool, done map[*fu
 	visiting[fn] = true
 	var locals, scratch int
 	var err error
-	var walk func(b block)
-	walk = func(b block) {
-		for _, in := range b {
-			if err != nil {
-				return
-			}
+	for _, b := range fn.blocks {
+		walkInstrs(b, func(in instr) {
 			switch in := in.(type) {
 			case *callFunc:
+				if err != nil {
+					return
+				}
 				var l, s int
 				if l, s, err = c.depth(in.fn, visiting, done); err == nil {
 					locals, scratch = max(locals, l), max(scratch, s)
 				}
 			case *callBuiltin:
 				scratch = max(scratch, len(in.args))
-			case *relationScan:
-				walk(in.scan.body)
-			case *blockStmt:
-				for _, b := range in.blocks {
-					walk(b)
-				}
-			case *scan:
-				walk(in.body)
-			case *not:
-				walk(in.body)
-			case *with:
-				walk(in.body)
 			}
-		}
-	}
-	for _, b := range fn.blocks {
-		walk(b)
+		})
 	}
 	visiting[fn] = false
 	if err != nil {

@@ -279,7 +279,9 @@ type outcome struct {
 }
 
 // decide evaluates the policy on input. It never fails: anything but a
-// well-formed decision is a deny, with Failure saying why.
+// well-formed decision is a deny, with Failure saying why. replaceKey is
+// the field of the decision that rewrites the payload: "arguments" (the
+// request stage) or "result".
 func (e *engine) decide(ctx context.Context, input ast.Value, timeout time.Duration, replaceKey string) outcome {
 	return e.decideWith(ctx, e.current.Load(), input, timeout, replaceKey)
 }
@@ -343,10 +345,14 @@ var (
 )
 
 // read takes the fields of the decision d into o (replaceKey names the
-// field with the rewritten payload: arguments or result), in the order of
-// their names; what is wrong with them if something is. (Looked up by
-// name, not iterated with a callback, so that o stays on the stack.)
+// field with the rewritten payload: arguments or result); what is wrong
+// with them if something is. (Looked up by name, not iterated with a
+// callback, so that o stays on the stack.)
 func (o *outcome) read(d ast.Object, replaceKey string) (malformed string) {
+	replace := keyResult
+	if replaceKey == "arguments" {
+		replace = keyArguments
+	}
 	found := 0
 	if v := d.Get(keyAction); v != nil {
 		found++
@@ -361,19 +367,6 @@ func (o *outcome) read(d ast.Object, replaceKey string) (malformed string) {
 		}
 		o.Approval = []byte(v.String())
 	}
-	replace := keyResult
-	if replaceKey != "result" {
-		replace = ast.StringTerm(replaceKey)
-	}
-	if replaceKey == "arguments" {
-		replace = keyArguments
-		if v := d.Get(replace); v != nil {
-			found++
-			if m := o.readReplaced(v, replaceKey); m != "" {
-				return m
-			}
-		}
-	}
 	if v := d.Get(keyReason); v != nil {
 		found++
 		s, ok := v.Value.(ast.String)
@@ -382,12 +375,10 @@ func (o *outcome) read(d ast.Object, replaceKey string) (malformed string) {
 		}
 		o.Reason = strings.Clone(string(s)) // the input's memory may be reused (see resultTerms)
 	}
-	if replaceKey != "arguments" { // result: after reason
-		if v := d.Get(replace); v != nil {
-			found++
-			if m := o.readReplaced(v, replaceKey); m != "" {
-				return m
-			}
+	if v := d.Get(replace); v != nil {
+		found++
+		if m := o.readReplaced(v, replaceKey); m != "" {
+			return m
 		}
 	}
 	if found != d.Len() {
