@@ -3,6 +3,8 @@ package mcpproxy
 import (
 	"errors"
 	"io"
+
+	"github.com/toolgate/toolgate/internal/bigbuf"
 )
 
 // Errors of readBody.
@@ -23,7 +25,7 @@ var (
 // length (io.ErrUnexpectedEOF), is an error, never a body cut short. A
 // small body of a known length is read straight into a slice of that
 // length. Any other is read into pooled buffers and copied once into a
-// slice of its length, refused as soon as it passes max: an announced
+// slice of its length (read-only, see package bigbuf), refused as soon as it passes max: an announced
 // length is not memory reserved before the bytes arrive, or an upstream
 // announcing max_response_size and sending nothing would hold that much
 // per call in progress.
@@ -80,11 +82,14 @@ func readBody(r io.Reader, size, max int64) ([]byte, error) {
 			return nil, err
 		}
 	}
-	b := make([]byte, 0, total+int64(n))
+	parts := make([][]byte, 0, len(chunks)+1)
 	for _, c := range chunks {
-		b = append(b, c[:]...)
+		parts = append(parts, c[:])
 	}
-	return append(b, cur[:n]...), nil
+	if b := bigbuf.Join(append(parts, cur[:n])...); b != nil {
+		return b, nil
+	}
+	return []byte{}, nil
 }
 
 // exactBodyMax is the largest announced length read straight into a slice

@@ -7,6 +7,8 @@ import (
 	"net/http"
 	"sync"
 	"time"
+
+	"github.com/toolgate/toolgate/internal/bigbuf"
 )
 
 // Server-sent events are read and written exactly as the WHATWG HTML
@@ -233,9 +235,10 @@ func (s *sseReader) fill() {
 // size limit of the event it belongs to.
 //
 // A line longer than the buffer is read into whole buffers, one after
-// another, and copied once into a slice of its exact length at its end:
-// gathering it by appending would copy and allocate it several times over
-// as the slice grows (a 1 MiB result, about five times).
+// another, and copied once into a slice of its exact length at its end
+// (read-only, see package bigbuf): gathering it by appending would copy
+// and allocate it several times over as the slice grows (a 1 MiB result,
+// about five times).
 func (s *sseReader) readLine() (line []byte, owned bool, err error) {
 	var long [][]byte // the full buffers of a long line, in order
 	longLen := 0
@@ -264,11 +267,7 @@ func (s *sseReader) readLine() (line []byte, owned bool, err error) {
 				return nil, false, errEventTooLarge
 			}
 			if long != nil {
-				out := make([]byte, 0, longLen+len(line))
-				for _, b := range long {
-					out = append(out, b...)
-				}
-				return append(out, line...), true, nil
+				return bigbuf.Join(append(long, line)...), true, nil
 			}
 			return line, false, nil
 		}

@@ -10,6 +10,8 @@ import (
 	"unicode/utf8"
 
 	"github.com/open-policy-agent/opa/v1/ast"
+
+	"github.com/toolgate/toolgate/internal/bigbuf"
 )
 
 // JSON text to OPA AST and back, for the policy input and the values a
@@ -287,9 +289,11 @@ func (p *jsonParser) escapedStr(start, b int) (string, error) {
 	return s, nil
 }
 
-// unescape decodes the contents of a JSON string that has escapes.
+// unescape decodes the contents of a JSON string that has escapes, into
+// one allocation of its length (a large one populated at once, see package
+// bigbuf).
 func unescape(s string) (string, bool) {
-	var b strings.Builder
+	var b bigbuf.Builder
 	b.Grow(len(s))
 	for {
 		i := strings.IndexByte(s, '\\')
