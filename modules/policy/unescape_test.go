@@ -1,0 +1,36 @@
+package policy
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/toolgate/toolgate/internal/bigbuf"
+)
+
+// Strings with escapes around the size from which their unescaped text is
+// gathered into populated memory, starting with an escape of every width
+// (one byte, two, three, a surrogate pair of four), read as encoding/json
+// reads them.
+func TestJSONTermLargeEscapedStrings(t *testing.T) {
+	firsts := []string{`\n`, `\u0000`, `\u00e9`, `\u2028`, `\ud83d\udc4d`, `\\`, `a`, `é`}
+	for _, size := range []int{bigbuf.Threshold - 13, bigbuf.Threshold - 1, bigbuf.Threshold, bigbuf.Threshold + 1, 4 * bigbuf.Threshold} {
+		for _, first := range firsts {
+			for _, fill := range []string{"x", `\u00e9`, `\ud83d\udc4d`, `\"`} {
+				body := first + strings.Repeat(fill, (size-len(first))/len(fill)+1)
+				for len(body) > size && len(body)-len(fill) >= len(first) && len(body)-len(fill) >= size {
+					body = body[:len(body)-len(fill)]
+				}
+				for _, last := range []string{"", `\ud83d\udc4d`, "é"} {
+					doc := `{"s":"` + body + last + `"}`
+					got, err := jsonTerm([]byte(doc))
+					if err != nil {
+						t.Fatalf("a string of %d bytes starting %s, of %s: %v", len(body), first, fill, err)
+					}
+					if want := referenceValue(t, doc); got.Value.Compare(want) != 0 {
+						t.Fatalf("a string of %d bytes starting %s, of %s, ending %q: not encoding/json's reading", len(body), first, fill, last)
+					}
+				}
+			}
+		}
+	}
+}
