@@ -484,7 +484,7 @@ var rpcResultEnd = []byte{'}'}
 // else as a JSON body. It reports whether the write succeeded.
 func (h *Handler) writeFinal(w http.ResponseWriter, out *sseWriter, id string, msg message) bool {
 	if out != nil {
-		return out.send(id, msg.parts()...) == nil
+		return out.sendLast(id, msg.parts()...) == nil
 	}
 	gateway.WriteRPC(w, http.StatusOK, msg.parts()...)
 	return true

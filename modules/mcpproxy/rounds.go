@@ -275,7 +275,7 @@ func upstreamAnswer(id, result []byte) []byte {
 func (h *Handler) finalStateless(w http.ResponseWriter, out *sseWriter, data message, status int) {
 	missing := data[1] == nil && gjson.GetBytes(data[0], "error.code").Int() == mcp2026.CodeMissingRequiredClientCapability
 	if out != nil && (!missing || out.hasStarted()) {
-		_ = out.send("", data.parts()...)
+		_ = out.sendLast("", data.parts()...)
 		return
 	}
 	if status == 0 {

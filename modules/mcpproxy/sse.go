@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"strconv"
 	"sync"
 	"time"
 
@@ -328,7 +329,15 @@ type sseWriter struct {
 	started bool
 	wrote   time.Time // the last write, for keep-alives
 	err     error     // the first write error: the runner went away
+	// primeID is the id of a priming event not written yet (see prime),
+	// and primeTimer writes it when no message comes first.
+	primeID    string
+	primeTimer *time.Timer
 }
+
+// primeDelay is how long a priming event waits for the stream's first
+// message: one that follows sooner leaves with it, in one write.
+const primeDelay = 5 * time.Millisecond
 
 // errWriterClosed is what a write to a closed sseWriter returns.
 var errWriterClosed = errors.New("the SSE stream to the runner is finished")
@@ -364,6 +373,9 @@ func (s *sseWriter) close() {
 	defer s.mu.Unlock()
 	if s.err == nil {
 		s.err = errWriterClosed
+	}
+	if s.primeTimer != nil {
+		s.primeTimer.Stop()
 	}
 }
 
@@ -402,21 +414,85 @@ func (s *sseWriter) send(id string, data ...[]byte) error {
 	return s.err
 }
 
-// prime writes an event with an id and empty data (SEP-1699), which tells
-// a runner the stream can be resumed before any message arrives.
+// sendLast writes the stream's last event, as send does. When it is also
+// the first (nothing was written yet), the response gets its length: the
+// runner knows its answer is whole without waiting for the end of a chunked
+// body, and headers and event leave in one write, with nothing to follow
+// when the handler returns. Nothing may be written after it.
+func (s *sseWriter) sendLast(id string, data ...[]byte) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.err != nil {
+		return s.err
+	}
+	if !s.started {
+		n := eventLen(id, data)
+		if s.primeID != "" {
+			n += len(primeEvent(s.primeID))
+		}
+		s.startLocked(func(h http.Header) { h.Set("Content-Length", strconv.Itoa(n)) })
+	}
+	s.err = s.writeEvent(id, data)
+	return s.err
+}
+
+// eventLen is the length of what writeEvent writes for id and parts: each
+// LF of the data is followed by another "data: ", a CR becomes a space.
+func eventLen(id string, parts [][]byte) int {
+	n := len("event: message\n") + len("data: ") + len("\n\n")
+	if id != "" {
+		n += len("id: ") + len(id) + len("\n")
+	}
+	for _, p := range parts {
+		n += len(p) + bytes.Count(p, []byte{'\n'})*len("data: ")
+	}
+	return n
+}
+
+// prime sends an event with an id and empty data (SEP-1699), which tells
+// a runner the stream can be resumed before any message arrives. It goes
+// out with the first message when that follows within primeDelay (an
+// answer at once: one write instead of two), else on its own.
 func (s *sseWriter) prime(id string) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.err != nil {
 		return s.err
 	}
+	if s.primeID != "" {
+		return nil
+	}
+	s.primeID = id
+	s.primeTimer = time.AfterFunc(primeDelay, s.flushPrime)
+	return nil
+}
+
+// flushPrime writes the priming event that no message came to carry.
+func (s *sseWriter) flushPrime() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.err != nil || s.primeID == "" {
+		return
+	}
 	s.startLocked(nil)
-	s.err = s.writeString("id: " + id + "\ndata: \n\n")
+	s.err = s.writePrime()
 	if s.err == nil {
 		s.err = s.rc.Flush()
 	}
-	return s.err
 }
+
+// writePrime writes the priming event still to be written, if any.
+func (s *sseWriter) writePrime() error {
+	if s.primeID == "" {
+		return nil
+	}
+	s.primeTimer.Stop()
+	ev := primeEvent(s.primeID)
+	s.primeID = ""
+	return s.writeString(ev)
+}
+
+func primeEvent(id string) string { return "id: " + id + "\ndata: \n\n" }
 
 // keepAlive writes a comment when nothing was written for interval, so
 // that idle connections are not cut by intermediaries and a runner notices
@@ -428,7 +504,10 @@ func (s *sseWriter) keepAlive(interval time.Duration) error {
 		return s.err
 	}
 	s.startLocked(nil)
-	s.err = s.writeString(": keep-alive\n\n")
+	s.err = s.writePrime()
+	if s.err == nil {
+		s.err = s.writeString(": keep-alive\n\n")
+	}
 	if s.err == nil {
 		s.err = s.rc.Flush()
 	}
@@ -439,6 +518,9 @@ func (s *sseWriter) keepAlive(interval time.Duration) error {
 // as one event: a line of data per line of the text, wherever the parts
 // meet.
 func (s *sseWriter) writeEvent(id string, parts [][]byte) error {
+	if err := s.writePrime(); err != nil {
+		return err
+	}
 	if err := s.writeString("event: message\n"); err != nil {
 		return err
 	}

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"runtime"
+	"strconv"
 	"strings"
 	"testing"
 	"testing/iotest"
@@ -283,6 +284,14 @@ func FuzzSSEWriter(f *testing.F) {
 		if len(got.Events) != 1 || got.Events[0].Type != "message" || got.Events[0].Data != want || got.LastEventID != id {
 			t.Fatalf("%q (id %q) was read as %+v", data, id, got)
 		}
+		// As the stream's only event, the same bytes with their length.
+		last := httptest.NewRecorder()
+		if err := newSSEWriter(last).sendLast(id, []byte(data)); err != nil {
+			t.Fatal(err)
+		}
+		if last.Body.String() != rec.Body.String() || last.Header().Get("Content-Length") != strconv.Itoa(last.Body.Len()) {
+			t.Fatalf("%q (id %q) as the only event: %q with Content-Length %q, want %q with its length", data, id, last.Body.String(), last.Header().Get("Content-Length"), rec.Body.String())
+		}
 	})
 }
 
@@ -367,6 +376,104 @@ func TestSSEWriterSendsHeadersWithTheFirstEvent(t *testing.T) {
 	newSSEWriter(w).start(nil)
 	if w.flushes != 1 || !w.Flushed {
 		t.Errorf("start: %d flushes, want the headers flushed at once", w.flushes)
+	}
+}
+
+// The last event of a stream that is also its first gives the response its
+// length, with the headers, in one flush; after other events (or a stream
+// opened ahead of them) the response stays a stream of unknown length.
+func TestSSEWriterLastEventHasItsLength(t *testing.T) {
+	msg := []byte("{\"jsonrpc\":\"2.0\",\"id\":1,\r\n\"result\":{}}\n")
+	w := &flushCounter{ResponseRecorder: httptest.NewRecorder()}
+	if err := newSSEWriter(w).sendLast("tok.1", msg[:9], msg[9:]); err != nil {
+		t.Fatal(err)
+	}
+	if want := strconv.Itoa(w.Body.Len()); w.Header().Get("Content-Length") != want || w.flushes != 1 {
+		t.Errorf("only event: Content-Length %q for %d bytes, %d flushes; want %s and 1", w.Header().Get("Content-Length"), w.Body.Len(), w.flushes, want)
+	}
+	// A priming event just before goes with it.
+	w = &flushCounter{ResponseRecorder: httptest.NewRecorder()}
+	out := newSSEWriter(w)
+	if err := out.prime("tok.1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := out.sendLast("tok.2", msg); err != nil {
+		t.Fatal(err)
+	}
+	out.close()
+	got := sseref.Parse(w.Body.String())
+	if want := strconv.Itoa(w.Body.Len()); w.Header().Get("Content-Length") != want || w.flushes != 1 ||
+		len(got.Events) != 2 || got.Events[0].Data != "" || got.Events[1].Data == "" || got.LastEventID != "tok.2" {
+		t.Errorf("prime and only event: Content-Length %q for %d bytes, %d flushes, events %+v; want %s, 1 flush, the prime and the message",
+			w.Header().Get("Content-Length"), w.Body.Len(), w.flushes, got, want)
+	}
+	for name, open := range map[string]func(*sseWriter) error{
+		"after an event": func(out *sseWriter) error { return out.send("", []byte(`{}`)) },
+		"after a prime written on its own": func(out *sseWriter) error {
+			if err := out.prime("tok.0"); err != nil {
+				return err
+			}
+			out.flushPrime() // as its timer does
+			return nil
+		},
+		"after start": func(out *sseWriter) error { out.start(nil); return nil },
+	} {
+		rec := httptest.NewRecorder()
+		out := newSSEWriter(rec)
+		if err := open(out); err != nil {
+			t.Fatal(err)
+		}
+		if err := out.sendLast("tok.1", msg); err != nil {
+			t.Fatal(err)
+		}
+		if cl := rec.Header().Get("Content-Length"); cl != "" {
+			t.Errorf("%s: Content-Length %q on a stream already started", name, cl)
+		}
+	}
+}
+
+// A priming event that no message follows goes out on its own after
+// primeDelay; none goes out after the stream's handler stopped its writer.
+func TestSSEWriterPrimeWaitsForAMessage(t *testing.T) {
+	w := &flushCounter{ResponseRecorder: httptest.NewRecorder()}
+	out := newSSEWriter(w)
+	if err := out.prime("tok.1"); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		out.mu.Lock()
+		body, flushes := w.Body.String(), w.flushes
+		out.mu.Unlock()
+		if body != "" {
+			if body != "id: tok.1\ndata: \n\n" || flushes != 1 || w.Header().Get("Content-Length") != "" {
+				t.Fatalf("a prime on its own: %q, %d flushes, Content-Length %q", body, flushes, w.Header().Get("Content-Length"))
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the prime was not written within 10s")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if err := out.send("tok.2", []byte(`{}`)); err != nil {
+		t.Fatal(err)
+	}
+	if got := sseref.Parse(w.Body.String()); len(got.Events) != 2 || got.LastEventID != "tok.2" {
+		t.Errorf("prime, then a message: %+v", got)
+	}
+
+	rec := httptest.NewRecorder()
+	out = newSSEWriter(rec)
+	if err := out.prime("tok.1"); err != nil {
+		t.Fatal(err)
+	}
+	out.close()
+	time.Sleep(4 * primeDelay)
+	out.mu.Lock()
+	defer out.mu.Unlock()
+	if rec.Body.Len() != 0 {
+		t.Errorf("written after close: %q", rec.Body.String())
 	}
 }
 

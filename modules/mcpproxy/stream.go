@@ -295,7 +295,7 @@ func (h *Handler) resumeForRunner(w http.ResponseWriter, r *http.Request, call *
 func (h *Handler) keepAlive(out *sseWriter, svc *gateway.Service) (stop func()) {
 	d := time.Duration(svc.SSEKeepAlive)
 	if d <= 0 {
-		return func() {}
+		return out.close
 	}
 	k := &keepAliveTimer{out: out, interval: d}
 	k.mu.Lock()

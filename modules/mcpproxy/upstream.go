@@ -248,8 +248,8 @@ func (h *Handler) newResponse(ctx context.Context, call *gateway.Call, up gatewa
 // rejectedResponse is the JSON body of an upstream's 4xx answer, read like
 // any other answer: strictly, and only as the response to id.
 func (h *Handler) rejectedResponse(ctx context.Context, call *gateway.Call, up gateway.Upstream, err error, id []byte) (*response, mcpmsg.Message, bool) {
-	var ue *upstreamError
-	if !errors.As(err, &ue) || ue.kind != kindRejected || ue.body == nil {
+	ue, ok := errors.AsType[*upstreamError](err) // no allocation, unlike errors.As: every call passes here
+	if !ok || ue.kind != kindRejected || ue.body == nil {
 		return nil, mcpmsg.Message{}, false
 	}
 	msg, perr := mcpmsg.Parse(normalizeCR(ue.body), h.limits)
