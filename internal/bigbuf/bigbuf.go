@@ -21,94 +21,43 @@
 // call's data is never handed to another while anything may still point
 // at it: only the garbage collector knows when nothing does.
 //
-// What a Builder gathers is read-only: its Bytes alias the String.
+// What the package gathers is read-only: a slice from Join aliases a
+// string.
 package bigbuf
 
 import (
 	"strings"
-	"unicode/utf8"
 	"unsafe"
 )
 
-// Threshold is the size from which a Builder has its memory populated at
-// once; a smaller buffer faults in a few pages at most.
+// Threshold is the size from which an allocation has its memory populated
+// at once; a smaller one faults in a few pages at most.
 const Threshold = 64 << 10
 
-// Builder gathers bytes into one allocation of the size Grow announced.
-// The zero value is an empty Builder; like strings.Builder it must not be
-// copied after use.
-type Builder struct {
-	b        strings.Builder
-	populate bool // the next write populates the memory first
-}
-
-// Grow makes room for n more bytes; call it once, before writing, with the
-// final size. From Threshold on, the first write populates the memory.
-func (b *Builder) Grow(n int) {
-	b.b.Grow(n)
-	b.populate = b.b.Len() == 0 && n >= Threshold
-}
-
-// first writes the first byte c and populates the rest of the memory.
-func (b *Builder) first(c byte) {
-	b.populate = false
-	b.b.WriteByte(c)
-	s := b.b.String()
-	populate(unsafe.Slice(unsafe.StringData(s), b.b.Cap()))
-}
-
-// Write appends p.
-func (b *Builder) Write(p []byte) {
-	if b.populate && len(p) > 0 {
-		b.first(p[0])
-		p = p[1:]
+// Fill returns as a string the bytes fill writes at the start of dst, an
+// allocation of n bytes (from Threshold on, populated at once); fill
+// returns how many it wrote. dst is not zeroed: fill must write every byte
+// it counts before reading it, and must not keep dst.
+func Fill(n int, fill func(dst []byte) int) string {
+	if n <= 0 {
+		return ""
 	}
-	b.b.Write(p)
-}
-
-// WriteString appends s.
-func (b *Builder) WriteString(s string) {
-	if b.populate && len(s) > 0 {
-		b.first(s[0])
-		s = s[1:]
+	var b strings.Builder
+	b.Grow(n)
+	b.WriteByte(0) // the buffer's address is the String's
+	p := unsafe.StringData(b.String())
+	if n >= Threshold {
+		populate(unsafe.Slice(p, b.Cap()))
 	}
-	b.b.WriteString(s)
-}
-
-// WriteByte appends c; it never fails.
-func (b *Builder) WriteByte(c byte) error {
-	if b.populate {
-		b.first(c)
-		return nil
+	m := fill(unsafe.Slice(p, n))
+	if m < 0 || m > n {
+		panic("bigbuf: Fill wrote more than it was given")
 	}
-	return b.b.WriteByte(c)
+	return unsafe.String(p, m)
 }
 
-// WriteRune appends r's UTF-8 encoding.
-func (b *Builder) WriteRune(r rune) {
-	if b.populate {
-		var e [utf8.UTFMax]byte
-		b.Write(utf8.AppendRune(e[:0], r))
-		return
-	}
-	b.b.WriteRune(r)
-}
-
-// Len is the number of bytes written.
-func (b *Builder) Len() int { return b.b.Len() }
-
-// String returns what was written.
-func (b *Builder) String() string { return b.b.String() }
-
-// Bytes returns what was written, as the String's bytes: they must never be
-// modified.
-func (b *Builder) Bytes() []byte {
-	s := b.b.String()
-	return unsafe.Slice(unsafe.StringData(s), len(s))
-}
-
-// Join returns the concatenation of parts in one allocation (read-only, as
-// Bytes), or nil when they are all empty.
+// Join returns the concatenation of parts in one allocation (read-only:
+// it aliases a string), or nil when they are all empty.
 func Join(parts ...[]byte) []byte {
 	n := 0
 	for _, p := range parts {
@@ -117,10 +66,12 @@ func Join(parts ...[]byte) []byte {
 	if n == 0 {
 		return nil
 	}
-	var b Builder
-	b.Grow(n)
-	for _, p := range parts {
-		b.Write(p)
-	}
-	return b.Bytes()
+	s := Fill(n, func(dst []byte) int {
+		at := 0
+		for _, p := range parts {
+			at += copy(dst[at:], p)
+		}
+		return at
+	})
+	return unsafe.Slice(unsafe.StringData(s), len(s))
 }

@@ -7,64 +7,52 @@ import (
 	"testing"
 )
 
-func TestBuilderGathers(t *testing.T) {
+func TestFillAndJoin(t *testing.T) {
 	for _, size := range []int{1, 100, Threshold - 1, Threshold, Threshold + 1, 1 << 20} {
-		src := []byte(strings.Repeat("lorem ipsum dolor sit amet\n", size/27+1)[:size])
-		for _, first := range []string{"byte", "rune", "string", "bytes", "empty"} {
-			var b Builder
-			b.Grow(len(src) + 3)
-			rest := src
-			switch first {
-			case "byte":
-				b.WriteByte(rest[0])
-				rest = rest[1:]
-			case "rune":
-				b.WriteRune('é')
-			case "string":
-				b.WriteString(string(rest[:1]))
-				rest = rest[1:]
-			case "bytes":
-				b.Write(rest[:1])
-				rest = rest[1:]
-			case "empty":
-				b.Write(nil)
-				b.WriteString("")
-			}
-			b.Write(rest[:len(rest)/2])
-			b.WriteString(string(rest[len(rest)/2:]))
-			want := string(src)
-			if first == "rune" {
-				want = "é" + want
-			}
-			if b.String() != want || string(b.Bytes()) != want || b.Len() != len(want) {
-				t.Fatalf("size %d, first written as %s: gathered %d bytes, want the %d written", size, first, b.Len(), len(want))
+		src := strings.Repeat("lorem ipsum dolor sit amet\n", size/27+1)[:size]
+		// What fill writes, and only that: all of dst, its first half, none.
+		for _, keep := range []int{size, size / 2, 0} {
+			got := Fill(size, func(dst []byte) int {
+				if len(dst) != size {
+					t.Fatalf("size %d: dst has %d bytes", size, len(dst))
+				}
+				return copy(dst, src[:keep])
+			})
+			if got != src[:keep] {
+				t.Fatalf("size %d, %d written: got %d bytes, not those written", size, keep, len(got))
 			}
 		}
+		parts := [][]byte{[]byte(src[:size/3]), nil, []byte(src[size/3:]), {}}
+		if got := Join(parts...); string(got) != src || len(got) != cap(got) {
+			t.Fatalf("Join: %d bytes, capacity %d; want the %d joined, no room to grow", len(got), cap(got), len(src))
+		}
 	}
-	parts := [][]byte{[]byte("a"), nil, bytes.Repeat([]byte("b"), 1<<20), {}, []byte("c")}
-	if got := Join(parts...); !bytes.Equal(got, bytes.Join(parts, nil)) || len(got) != cap(got) {
-		t.Fatalf("Join: %d bytes, capacity %d; want the %d joined, no room to grow", len(got), cap(got), len(bytes.Join(parts, nil)))
+	if Join() != nil || Join(nil, []byte{}) != nil || Fill(0, func([]byte) int { return 0 }) != "" {
+		t.Fatal("nothing gathered is not empty")
 	}
-	if Join() != nil || Join(nil, []byte{}) != nil {
-		t.Fatal("Join of nothing is not nil")
-	}
+	defer func() {
+		if recover() == nil {
+			t.Error("a fill that claims more than its room does not panic")
+		}
+	}()
+	Fill(10, func([]byte) int { return 11 })
 }
 
-// TestLargeBuffersAreResidentAtOnce checks that the first write makes every
-// page of a large buffer resident, not just the one it touches.
+// TestLargeBuffersAreResidentAtOnce checks that a large allocation's pages
+// are all resident before fill writes anything, not faulted in one by one.
 func TestLargeBuffersAreResidentAtOnce(t *testing.T) {
 	const size = 4 << 20
 	debug.FreeOSMemory() // free heap pages go back to the kernel
-	var b Builder
-	b.Grow(size)
-	b.WriteByte('x')
-	buf := b.Bytes()[:1:1]
-	resident, total := residentPages(t, buf[:1], size)
+	var resident, total int
+	Fill(size, func(dst []byte) int {
+		resident, total = residentPages(t, dst[:1], size)
+		return 0
+	})
 	if total < 512 {
 		t.Fatalf("a %d-byte buffer spans %d pages", size, total)
 	}
 	if resident != total {
-		t.Fatalf("%d of the buffer's %d whole pages are resident after its first byte was written, want all", resident, total)
+		t.Fatalf("%d of the buffer's %d whole pages are resident before fill wrote, want all", resident, total)
 	}
 }
 

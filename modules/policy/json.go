@@ -291,59 +291,69 @@ func (p *jsonParser) escapedStr(start, b int) (string, error) {
 
 // unescape decodes the contents of a JSON string that has escapes, into
 // one allocation of its length (a large one populated at once, see package
-// bigbuf).
+// bigbuf), written in place: a megabyte of text with a line break every
+// line is tens of thousands of escapes.
 func unescape(s string) (string, bool) {
-	var b bigbuf.Builder
-	b.Grow(len(s))
-	for {
-		i := strings.IndexByte(s, '\\')
-		if i < 0 {
-			b.WriteString(s)
-			return b.String(), true
-		}
-		b.WriteString(s[:i])
-		if i+1 >= len(s) {
-			return "", false
-		}
-		switch c := s[i+1]; c {
-		case '"', '\\', '/':
-			b.WriteByte(c)
-		case 'b':
-			b.WriteByte('\b')
-		case 'f':
-			b.WriteByte('\f')
-		case 'n':
-			b.WriteByte('\n')
-		case 'r':
-			b.WriteByte('\r')
-		case 't':
-			b.WriteByte('\t')
-		case 'u':
-			r, ok := hex4(s, i+2)
-			if !ok {
-				return "", false
+	ok := true
+	out := bigbuf.Fill(len(s), func(dst []byte) int {
+		n := 0
+		for {
+			i := strings.IndexByte(s, '\\')
+			if i < 0 {
+				return n + copy(dst[n:], s)
 			}
-			if utf16.IsSurrogate(r) {
-				lo, ok := rune(0), false
-				if i+7 < len(s) && s[i+6] == '\\' && s[i+7] == 'u' {
-					lo, ok = hex4(s, i+8)
-				}
-				if !ok {
-					return "", false
-				}
-				if r = utf16.DecodeRune(r, lo); r == utf8.RuneError {
-					return "", false
-				}
-				i += 6
+			n += copy(dst[n:], s[:i])
+			if i+1 >= len(s) {
+				ok = false
+				return 0
 			}
-			b.WriteRune(r)
-			s = s[i+6:]
-			continue
-		default:
-			return "", false
+			var c byte
+			switch c = s[i+1]; c {
+			case '"', '\\', '/':
+			case 'b':
+				c = '\b'
+			case 'f':
+				c = '\f'
+			case 'n':
+				c = '\n'
+			case 'r':
+				c = '\r'
+			case 't':
+				c = '\t'
+			case 'u':
+				r, valid := hex4(s, i+2)
+				if valid && utf16.IsSurrogate(r) {
+					lo := rune(0)
+					valid = i+7 < len(s) && s[i+6] == '\\' && s[i+7] == 'u'
+					if valid {
+						lo, valid = hex4(s, i+8)
+					}
+					if r = utf16.DecodeRune(r, lo); r == utf8.RuneError {
+						valid = false
+					}
+					i += 6
+				}
+				if !valid {
+					ok = false
+					return 0
+				}
+				// The escape is longer than its UTF-8: there is room.
+				n += utf8.EncodeRune(dst[n:], r)
+				s = s[i+6:]
+				continue
+			default:
+				ok = false
+				return 0
+			}
+			dst[n] = c
+			n++
+			s = s[i+2:]
 		}
-		s = s[i+2:]
+	})
+	if !ok {
+		return "", false
 	}
+	return out, true
 }
 
 func hex4(s string, at int) (rune, bool) {

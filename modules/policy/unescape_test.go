@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/toolgate/toolgate/internal/bigbuf"
+	"github.com/toolgate/toolgate/internal/mcpmsg"
 )
 
 // Strings with escapes around the size from which their unescaped text is
@@ -32,5 +33,27 @@ func TestJSONTermLargeEscapedStrings(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+// BenchmarkUnescape decodes a megabyte of JSON string contents: prose with
+// a line break every 56 bytes (as the side-by-side harness's large
+// result), every other character escaped, and one escape at the end.
+func BenchmarkUnescape(b *testing.B) {
+	line := strings.Repeat("lorem ipsum dolor sit amet, consectetur adipiscing elit\n", 1<<20/56+1)[:1<<20]
+	for _, c := range []struct{ name, s string }{
+		{"lines", string(mcpmsg.Quote(line))},
+		{"dense", strings.Repeat(`a\u00e9\n\"`, 1<<20/12)},
+		{"one", strings.Repeat("x", 1<<20) + `\n`},
+	} {
+		s := strings.Trim(c.s, `"`)
+		b.Run(c.name, func(b *testing.B) {
+			b.SetBytes(int64(len(s)))
+			for b.Loop() {
+				if _, ok := unescape(s); !ok {
+					b.Fatal("invalid")
+				}
+			}
+		})
 	}
 }
