@@ -51,7 +51,7 @@ func Fill(n int, fill func(dst []byte) int) string {
 	}
 	m := fill(unsafe.Slice(p, n))
 	if m < 0 || m > n {
-		panic("bigbuf: Fill wrote more than it was given")
+		panic("bigbuf: fill returned a length outside the room it was given")
 	}
 	return unsafe.String(p, m)
 }

@@ -25,10 +25,10 @@ var (
 // length (io.ErrUnexpectedEOF), is an error, never a body cut short. A
 // small body of a known length is read straight into a slice of that
 // length. Any other is read into pooled buffers and copied once into a
-// slice of its length (read-only, see package bigbuf), refused as soon as it passes max: an announced
-// length is not memory reserved before the bytes arrive, or an upstream
-// announcing max_response_size and sending nothing would hold that much
-// per call in progress.
+// slice of its length (read-only, see package bigbuf), refused as soon as
+// it passes max: an announced length is not memory reserved before the
+// bytes arrive, or an upstream announcing max_response_size and sending
+// nothing would hold that much per call in progress.
 func readBody(r io.Reader, size, max int64) ([]byte, error) {
 	if size > max {
 		return nil, errBodyTooLarge

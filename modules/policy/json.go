@@ -291,8 +291,8 @@ func (p *jsonParser) escapedStr(start, b int) (string, error) {
 
 // unescape decodes the contents of a JSON string that has escapes, into
 // one allocation of its length (a large one populated at once, see package
-// bigbuf), written in place: a megabyte of text with a line break every
-// line is tens of thousands of escapes.
+// bigbuf), written in place: a megabyte of text in short lines holds tens
+// of thousands of escapes, each a call when written through a builder.
 func unescape(s string) (string, bool) {
 	ok := true
 	out := bigbuf.Fill(len(s), func(dst []byte) int {
