@@ -75,6 +75,21 @@ type gatewayConfig struct {
 type gateway struct {
 	URL     string // http://127.0.0.1:port
 	DataDir string
+	// pool carries the requests of api and connect; nil for
+	// http.DefaultTransport. A gateway started over another on the same
+	// port (a reload) gets a pool of its own: a connection of the old
+	// server's that returned to a shared pool after its stream ended
+	// would be closed by that server as it shuts down, and a POST sent
+	// on it would fail with "server closed idle connection".
+	pool *http.Transport
+}
+
+// transport is the round tripper of g's requests.
+func (g *gateway) transport() http.RoundTripper {
+	if g.pool == nil {
+		return http.DefaultTransport
+	}
+	return g.pool
 }
 
 // startGateway loads a Caddy config running toolgate on a free port. The
@@ -94,9 +109,11 @@ func startGatewayOnPort(t testing.TB, port int, cfg gatewayConfig) *gateway {
 	// old server closes its idle keep-alive connections as it shuts down,
 	// and a POST sent on one of them before the client noticed fails with
 	// EOF (Go resends only idempotent requests). Tests speak to the new
-	// server on new connections.
+	// server on new connections, from a pool of its own (see gateway.pool).
 	http.DefaultClient.CloseIdleConnections()
-	g := &gateway{URL: fmt.Sprintf("http://127.0.0.1:%d", port), DataDir: data}
+	pool := http.DefaultTransport.(*http.Transport).Clone()
+	t.Cleanup(pool.CloseIdleConnections)
+	g := &gateway{URL: fmt.Sprintf("http://127.0.0.1:%d", port), DataDir: data, pool: pool}
 	waitListening(t, g.URL)
 	return g
 }
@@ -296,7 +313,7 @@ func (g *gateway) api(t testing.TB, method, path, key string, body []byte) apiRe
 	if body != nil {
 		req.Header.Set("Content-Type", "application/json")
 	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := (&http.Client{Transport: g.transport()}).Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -334,7 +351,7 @@ func (g *gateway) connectWith(t testing.TB, key, session, service string, maxRet
 	client := mcp.NewClient(&mcp.Implementation{Name: "test-runner", Version: "1.0.0"}, opts)
 	transport := &mcp.StreamableClientTransport{
 		Endpoint: g.URL + "/v1/mcp/" + service,
-		HTTPClient: &http.Client{Transport: headerTransport{base: http.DefaultTransport, headers: map[string]string{
+		HTTPClient: &http.Client{Transport: headerTransport{base: g.transport(), headers: map[string]string{
 			"Authorization":      "Bearer " + key,
 			"X-Toolgate-Session": session,
 			"Cookie":             "runner-cookie=secret",
