@@ -44,14 +44,24 @@ type engine struct {
 
 // compiled is one successfully prepared version of the policy.
 type compiled struct {
-	query rego.PreparedEvalQuery
+	// query is OPA's prepared query, which decisions run when there is no
+	// program; nil when there is one. It holds OPA's compiler and with it
+	// the policy's syntax trees, which the garbage collector would mark on
+	// every cycle: with the default policies toolgate's heap after start
+	// is 7.0 MiB in 42,000 objects without them, 11.5 MiB in 144,000 with
+	// them (plain Caddy's 6.3 MiB in 32,000), and dropping them saved 2–4 %
+	// of the CPU of a small call and 17–21 % of a call with a 1 MiB result
+	// (make bench-compare, against the build that kept them).
+	query *rego.PreparedEvalQuery
 	// program is the query's plan, which decisions run when there is one
 	// (see package regoplan); data is what it reads as data.
 	program  *regoplan.Program
 	data     *ast.Term
-	planNote string                  // why there is no program
-	mask     *rego.PreparedEvalQuery // data.toolgate.log.mask, when the policy defines it
-	scanner  *scanner                // the result scan's settings, when the policy has them
+	planNote string // why there is no program
+	// mask is data.toolgate.log.mask, when the policy defines it (it
+	// keeps the compiler too).
+	mask     *rego.PreparedEvalQuery
+	scanner  *scanner // the result scan's settings, when the policy has them
 	revision string
 }
 
@@ -185,9 +195,12 @@ func (e *engine) compile(v *version) (*compiled, error) {
 	if err := checkSettings(ctx, compiler, store); err != nil {
 		return nil, fmt.Errorf("policy %s (revision %s): %w", e.source, v.revision, err)
 	}
-	c := &compiled{query: pq, revision: v.revision}
+	c := &compiled{revision: v.revision}
 	if e.evaluator != evaluatorTopdown {
 		c.program, c.data, c.planNote = planned(ctx, compiler, e.query, v.data)
+	}
+	if c.program == nil {
+		c.query = &pq
 	}
 	if c.scanner, err = loadScanner(ctx, compiler, store, e.query); err != nil {
 		return nil, err

@@ -42,10 +42,10 @@ func scanStrings() []string {
 }
 
 // defaultScan is the shipped result policy compiled with the query of its
-// own scan rule.
+// own scan rule, for OPA's evaluator (the tests run its prepared query).
 func defaultScan(t *testing.T) *compiled {
 	t.Helper()
-	e, err := newEngine(newSource("../../policies"), "data.toolgate.result.scan", stageResult, evaluatorPlan, 0, zap.NewNop(), policyMetrics)
+	e, err := newEngine(newSource("../../policies"), "data.toolgate.result.scan", stageResult, evaluatorTopdown, 0, zap.NewNop(), policyMetrics)
 	if err != nil {
 		t.Fatal(err)
 	}
