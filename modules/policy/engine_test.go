@@ -508,6 +508,7 @@ func TestPlannedPolicyKeepsNoCompiler(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		t.Cleanup(func() { _ = e.Destruct() })
 		runtime.GC()
 		runtime.GC()
 		runtime.ReadMemStats(&after)
