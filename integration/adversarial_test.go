@@ -45,6 +45,12 @@ func (u untouched) check(t testing.TB) {
 			t.Errorf("reached the upstream: %s %.200s", r.Method, r.Body)
 		}
 	}
+	u.checkStorage(t)
+}
+
+// checkStorage fails the test if the storage changed since the snapshot.
+func (u untouched) checkStorage(t testing.TB) {
+	t.Helper()
 	after := storageFiles(t, u.dataDir)
 	for name, sum := range after {
 		if before, ok := u.files[name]; !ok {
