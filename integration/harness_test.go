@@ -75,7 +75,7 @@ type gatewayConfig struct {
 type gateway struct {
 	URL     string // http://127.0.0.1:port
 	DataDir string
-	// pool carries the requests of api and connect; nil for
+	// pool carries the requests of api, connect and raw; nil for
 	// http.DefaultTransport. A gateway started over another on the same
 	// port (a reload) gets a pool of its own: a connection of the old
 	// server's that returned to a shared pool after its stream ended
@@ -376,10 +376,13 @@ type rawMCP struct {
 	headers   map[string]string
 	sessionID string
 	seen      []json.RawMessage // what rpc received
+	// transport carries its requests: its gateway's (see gateway.pool);
+	// nil for http.DefaultTransport.
+	transport http.RoundTripper
 }
 
 func (g *gateway) raw(t testing.TB, key, session, service string) *rawMCP {
-	return &rawMCP{t: t, url: g.URL + "/v1/mcp/" + service, headers: map[string]string{
+	return &rawMCP{t: t, url: g.URL + "/v1/mcp/" + service, transport: g.transport(), headers: map[string]string{
 		"Authorization": "Bearer " + key, "X-Toolgate-Session": session,
 	}}
 }
@@ -430,7 +433,7 @@ func (m *rawMCP) send(ctx context.Context, method, accept, body, lastEventID str
 	if lastEventID != "" {
 		req.Header.Set("Last-Event-ID", lastEventID)
 	}
-	return http.DefaultClient.Do(req)
+	return (&http.Client{Transport: m.transport}).Do(req)
 }
 
 // echoRequest is a tools/call of the upstream's echo tool with text, as
