@@ -46,12 +46,11 @@ type engine struct {
 type compiled struct {
 	// query is OPA's prepared query, which decisions run when there is no
 	// program; nil when there is one. It holds OPA's compiler and with it
-	// the policy's syntax trees, which the garbage collector would mark on
-	// every cycle: with the default policies toolgate's heap after start
-	// is 7.0 MiB in 42,000 objects without them, 11.5 MiB in 144,000 with
-	// them (plain Caddy's 6.3 MiB in 32,000), and dropping them saved 2–4 %
-	// of the CPU of a small call and 17–21 % of a call with a 1 MiB result
-	// (make bench-compare, against the build that kept them).
+	// the policy's syntax trees, small objects full of pointers that the
+	// garbage collector would mark on every cycle for nothing: with the
+	// default policies toolgate's heap after start is 7.0 MiB in 42,000
+	// objects without them, 11.5 MiB in 144,000 with them (see README,
+	// "Performance").
 	query *rego.PreparedEvalQuery
 	// program is the query's plan, which decisions run when there is one
 	// (see package regoplan); data is what it reads as data.
@@ -187,6 +186,9 @@ func (e *engine) compile(v *version) (*compiled, error) {
 	// settings without converting them, and decisions come back as AST
 	// (decide reads them as they are).
 	store := inmem.NewFromObjectWithOpts(v.data, inmem.OptReturnASTValuesOnRead(true))
+	// Prepared even when the plan will run the decisions (it is dropped
+	// then): a policy loads only if OPA's own evaluator accepts it too,
+	// whichever evaluator runs it.
 	pq, err := rego.New(rego.Query(e.query), rego.Compiler(compiler), rego.Store(store),
 		rego.GenerateJSON(keepAST)).PrepareForEval(ctx)
 	if err != nil {
