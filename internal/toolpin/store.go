@@ -57,7 +57,24 @@ type store struct {
 	cacheTTL time.Duration
 
 	mu    sync.Mutex
-	cache map[string]cached
+	cache map[pinKey]cached
+}
+
+// pinKey identifies a record in the cache: its service, and the SHA-256 of
+// its tool's name (bounded, whatever the name), from which its storage
+// key is made only when the storage is read or written.
+type pinKey struct {
+	service string
+	tool    [sha256.Size]byte
+}
+
+func keyOf(service, tool string) pinKey {
+	return pinKey{service: service, tool: sha256.Sum256([]byte(tool))}
+}
+
+// storageKey is where k's record is stored.
+func (k pinKey) storageKey() string {
+	return path.Join(prefix, k.service, hex.EncodeToString(k.tool[:]))
 }
 
 type cached struct {
@@ -69,21 +86,16 @@ const prefix = "toolgate/tool-pins"
 
 const maxCached = 100_000
 
-func recordKey(service, tool string) string {
-	sum := sha256.Sum256([]byte(tool))
-	return path.Join(prefix, service, hex.EncodeToString(sum[:]))
-}
-
 // get returns the record of service's tool, nil when there is none.
 func (s *store) get(ctx context.Context, service, tool string) (*Record, error) {
-	key := recordKey(service, tool)
+	key := keyOf(service, tool)
 	s.mu.Lock()
 	c, ok := s.cache[key]
 	s.mu.Unlock()
 	if ok && time.Since(c.readAt) < s.cacheTTL {
 		return c.rec, nil
 	}
-	rec, err := s.load(ctx, key)
+	rec, err := s.load(ctx, key.storageKey())
 	if err != nil {
 		return nil, err
 	}
@@ -106,11 +118,11 @@ func (s *store) load(ctx context.Context, key string) (*Record, error) {
 	return rec, nil
 }
 
-func (s *store) remember(key string, rec *Record) {
+func (s *store) remember(key pinKey, rec *Record) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.cache == nil || len(s.cache) >= maxCached {
-		s.cache = make(map[string]cached)
+		s.cache = make(map[pinKey]cached)
 	}
 	s.cache[key] = cached{rec: rec, readAt: time.Now()}
 }
@@ -119,13 +131,14 @@ func (s *store) remember(key string, rec *Record) {
 // reading it afresh first: change gets the current record (nil for none)
 // and returns the record to store, or nil to store nothing.
 func (s *store) update(ctx context.Context, service, tool string, change func(*Record) *Record) (*Record, error) {
-	key := recordKey(service, tool)
-	lock := strings.ReplaceAll(key, "/", "-")
+	key := keyOf(service, tool)
+	stored := key.storageKey()
+	lock := strings.ReplaceAll(stored, "/", "-")
 	if err := s.storage.Lock(ctx, lock); err != nil {
 		return nil, fmt.Errorf("%w: locking a tool pin: %v", gateway.ErrStorageUnavailable, err)
 	}
 	defer func() { _ = s.storage.Unlock(context.WithoutCancel(ctx), lock) }()
-	cur, err := s.load(ctx, key)
+	cur, err := s.load(ctx, stored)
 	if err != nil {
 		return nil, err
 	}
@@ -138,7 +151,7 @@ func (s *store) update(ctx context.Context, service, tool string, change func(*R
 	if err != nil {
 		return nil, err
 	}
-	if err := s.storage.Store(ctx, key, data); err != nil {
+	if err := s.storage.Store(ctx, stored, data); err != nil {
 		return nil, fmt.Errorf("%w: storing a tool pin: %v", gateway.ErrStorageUnavailable, err)
 	}
 	s.remember(key, next)

@@ -2,6 +2,8 @@ package policy
 
 import (
 	"errors"
+	"sync"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -13,6 +15,32 @@ type metrics struct {
 	decisions    *prometheus.CounterVec
 	duration     *prometheus.HistogramVec
 	loadFailures *prometheus.CounterVec
+
+	// The children of decisions (by decisionLabels) and duration (by
+	// stage) found so far. A vector finds a child by hashing and checking
+	// its label values, under a lock, which two decisions per call would
+	// do at every call (about 1.5 % of the gateway's CPU under small
+	// calls, its caches cold); a child is never deleted from its vector.
+	counters  sync.Map
+	observers sync.Map
+}
+
+type decisionLabels struct{ stage, service, action string }
+
+// decided counts a decision of stage on service, and the time its
+// evaluation took.
+func (m *metrics) decided(stage, service, action string, took time.Duration) {
+	k := decisionLabels{stage, service, action}
+	c, ok := m.counters.Load(k)
+	if !ok {
+		c, _ = m.counters.LoadOrStore(k, m.decisions.WithLabelValues(stage, service, action))
+	}
+	c.(prometheus.Counter).Inc()
+	o, ok := m.observers.Load(stage)
+	if !ok {
+		o, _ = m.observers.LoadOrStore(stage, m.duration.WithLabelValues(stage))
+	}
+	o.(prometheus.Observer).Observe(took.Seconds())
 }
 
 var policyMetrics = &metrics{

@@ -246,8 +246,7 @@ func (c *Config) newDecision(ctx context.Context, call *gateway.Call, o outcome,
 // result stage's channel ("" for the request stage).
 func (c *Config) newDecisionWithID(ctx context.Context, id string, call *gateway.Call, o outcome, stage string, subject []byte, sum func() [sha256.Size]byte, input ast.Value, channel string) *gateway.Decision {
 	d := &gateway.Decision{ID: id, Action: o.Action, Reason: o.Reason}
-	policyMetrics.decisions.WithLabelValues(stage, call.Service.ID, o.Action).Inc()
-	policyMetrics.duration.WithLabelValues(stage).Observe(o.Duration.Seconds())
+	policyMetrics.decided(stage, call.Service.ID, o.Action, o.Duration)
 	if c.app != nil {
 		c.app.RecordDecision(gateway.DecisionRecord{Time: time.Now().UTC(), User: call.Caller.User, Service: call.Service.ID,
 			Method: call.Method, Tool: call.Message.Name, Stage: stage, Channel: channel, Action: o.Action, Reason: o.Reason,
