@@ -64,7 +64,7 @@ type AuthConfig struct {
 	// local protocol testing; never enable it on a shared gateway.
 	Anonymous string `json:"anonymous,omitempty"`
 
-	keys      map[string]*APIKey // by hex sha256
+	keys      map[[sha256.Size]byte]*APIKey // by the key's SHA-256
 	anonymous *Caller
 	verified  *verifiedTokens
 }
@@ -127,7 +127,7 @@ var signingAlgorithms = []jose.SignatureAlgorithm{
 }
 
 func (a *AuthConfig) provision(repl *caddy.Replacer) error {
-	a.keys = make(map[string]*APIKey)
+	a.keys = make(map[[sha256.Size]byte]*APIKey)
 	a.verified = &verifiedTokens{tokens: make(map[[sha256.Size]byte]verifiedToken)}
 	if a.Anonymous != "" {
 		a.anonymous = &Caller{User: a.Anonymous, Method: "anonymous"}
@@ -148,14 +148,18 @@ func (a *AuthConfig) provision(repl *caddy.Replacer) error {
 	for i := range keys {
 		k := &keys[i]
 		digest, ok := strings.CutPrefix(k.Hash, "sha256:")
-		if raw, err := hex.DecodeString(digest); !ok || err != nil || len(raw) != sha256.Size {
+		var sum [sha256.Size]byte
+		if !ok || len(digest) != hex.EncodedLen(sha256.Size) {
+			return fmt.Errorf("auth api key for %q: hash must be sha256:<64 hex digits>", k.User)
+		}
+		if _, err := hex.Decode(sum[:], []byte(digest)); err != nil {
 			return fmt.Errorf("auth api key for %q: hash must be sha256:<64 hex digits>", k.User)
 		}
 		if k.User == "" {
 			return fmt.Errorf("auth api key %s…: user is required", k.Hash[:15])
 		}
 		k.caller = &Caller{User: k.User, Groups: k.Groups, Method: "api_key"}
-		a.keys[strings.ToLower(digest)] = k
+		a.keys[sum] = k
 	}
 	for _, j := range a.JWT {
 		if err := j.provision(repl); err != nil {
@@ -288,8 +292,7 @@ func (a *AuthConfig) authenticate(ctx context.Context, r *http.Request, remoteLo
 		}
 		return c, err
 	}
-	sum := sha256.Sum256([]byte(token))
-	k := a.keys[hex.EncodeToString(sum[:])]
+	k := a.keys[sha256.Sum256([]byte(token))]
 	if k == nil {
 		return nil, ErrBadCredentials
 	}
@@ -302,8 +305,7 @@ func (a *AuthConfig) CallerForAPIKey(key string) (*Caller, bool) {
 	if key == "" {
 		return nil, false
 	}
-	sum := sha256.Sum256([]byte(key))
-	k := a.keys[hex.EncodeToString(sum[:])]
+	k := a.keys[sha256.Sum256([]byte(key))]
 	if k == nil {
 		return nil, false
 	}
