@@ -148,10 +148,10 @@ func (a *AuthConfig) provision(repl *caddy.Replacer) error {
 	for i := range keys {
 		k := &keys[i]
 		digest, ok := strings.CutPrefix(k.Hash, "sha256:")
-		var sum [sha256.Size]byte
 		if !ok || len(digest) != hex.EncodedLen(sha256.Size) {
 			return fmt.Errorf("auth api key for %q: hash must be sha256:<64 hex digits>", k.User)
 		}
+		var sum [sha256.Size]byte
 		if _, err := hex.Decode(sum[:], []byte(digest)); err != nil {
 			return fmt.Errorf("auth api key for %q: hash must be sha256:<64 hex digits>", k.User)
 		}
