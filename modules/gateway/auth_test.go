@@ -99,6 +99,20 @@ func TestAPIKeys(t *testing.T) {
 	if c == nil || len(c.Groups) != 1 || c.Groups[0] != "eng" {
 		t.Errorf("groups = %+v, want [eng]", c)
 	}
+	// The console's sign-in looks keys up the same way.
+	for key, want := range map[string]string{
+		"key-alice":             "alice",
+		"key-bob":               "bob",
+		"":                      "",
+		"KEY-ALICE":             "",
+		HashAPIKey("key-alice"): "",
+		strings.TrimPrefix(HashAPIKey("key-alice"), "sha256:"): "",
+	} {
+		c, ok := a.CallerForAPIKey(key)
+		if ok != (want != "") || ok && c.User != want {
+			t.Errorf("CallerForAPIKey(%q) = %+v, %v; want user %q", key, c, ok, want)
+		}
+	}
 }
 
 func TestAPIKeyHashValidation(t *testing.T) {

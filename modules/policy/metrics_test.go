@@ -4,6 +4,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	dto "github.com/prometheus/client_model/go"
 )
@@ -17,7 +18,7 @@ func TestDecidedCountsInTheVectors(t *testing.T) {
 	}
 	observed := func() uint64 {
 		var m dto.Metric
-		if err := policyMetrics.duration.WithLabelValues(stageListing).(interface{ Write(*dto.Metric) error }).Write(&m); err != nil {
+		if err := policyMetrics.duration.WithLabelValues(stageListing).(prometheus.Metric).Write(&m); err != nil {
 			t.Fatal(err)
 		}
 		return m.GetHistogram().GetSampleCount()
