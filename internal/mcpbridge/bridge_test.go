@@ -274,14 +274,29 @@ func TestLinkEndFailsRequestsInProgress(t *testing.T) {
 // others use.
 func TestSlowRunnerLosesOnlyItsStream(t *testing.T) {
 	f := newFixture(t)
-	f.bridge.maxQueue = 4 << 10
+	// bob's whole answer (50 progress events of about 120 bytes) fits the
+	// bound, so bob keeps his stream however late his reader is scheduled;
+	// alice's (500 events) cannot, and she reads nothing.
+	f.bridge.maxQueue = 16 << 10
 	alice, bob := f.runner("alice", noCapabilities), f.runner("bob", noCapabilities)
 	resp := alice.Send(http.MethodPost, `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"progress","arguments":{"steps":500},"_meta":{"progressToken":1}}}`)
 	defer resp.Body.Close()
-	// alice reads nothing while the server works.
-	msgs := bob.Call(`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"progress","arguments":{"steps":500},"_meta":{"progressToken":1}}}`)
-	if len(msgs) != 501 || toolText(msgs[500]) != "500 steps done" {
+	msgs := bob.Call(`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"progress","arguments":{"steps":50},"_meta":{"progressToken":1}}}`)
+	if len(msgs) != 51 || toolText(msgs[50]) != "50 steps done" {
 		t.Fatalf("bob got %d messages, the last %q", len(msgs), msgs[len(msgs)-1])
+	}
+	// alice starts reading only once her request left the link: answered
+	// (it cannot be, 500 events being over the bound) or dropped.
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		f.link.mu.Lock()
+		n := len(f.link.pending)
+		f.link.mu.Unlock()
+		if n == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d requests still pending after 10s", n)
+		}
 	}
 	data, err := io.ReadAll(resp.Body)
 	if !errors.Is(err, errSlowReader) {
