@@ -47,6 +47,10 @@ type Call struct {
 	// Arguments, when not nil, replace the runner's tools/call arguments
 	// upstream (a policy rewrite).
 	Arguments []byte
+	// RequestInput is what toolgate_policy built of this call for its
+	// decision, which toolgate_result_policy reuses for the result's (a
+	// value of that package; nil until the request policy ran).
+	RequestInput any
 
 	// Set by toolgate_credentials.
 	Credential *Credential

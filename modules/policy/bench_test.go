@@ -315,25 +315,35 @@ func BenchmarkResultPolicy(b *testing.B) {
 		passed       bool // with max_result_bytes raised to 2 MiB
 		topdown      bool // on OPA's own evaluator (evaluator topdown)
 		mode         benchMode
+		// the request stage's members are on the call, as in the gateway
+		// (the rest build the whole input)
+		members bool
 	}{
-		{"small", benchSmallResult, false, false, false, false, warm},
-		{"small_cold", benchSmallResult, false, false, false, false, cold},
-		{"8KiB_text", textResult(strings.Repeat("TEST-123: printer on fire — assigned to bob\n", 8<<10/46)), false, false, false, false, warm},
+		{"small", benchSmallResult, false, false, false, false, warm, false},
+		{"small_cold", benchSmallResult, false, false, false, false, cold, false},
+		{"small_after_request", benchSmallResult, false, false, false, false, warm, true},
+		{"small_after_request_cold", benchSmallResult, false, false, false, false, cold, true},
+		{"8KiB_text", textResult(strings.Repeat("TEST-123: printer on fire — assigned to bob\n", 8<<10/46)), false, false, false, false, warm, false},
 		// A log of a megabyte: over the default limit, so it is cut.
-		{"1MiB_text", textResult(logText(1 << 20)), true, false, false, false, warm},
+		{"1MiB_text", textResult(logText(1 << 20)), true, false, false, false, warm, false},
 		// The same let through unchanged, with a larger limit: marked
 		// with the decision, not copied.
-		{"1MiB_text_passed", textResult(bigText(1 << 20)), false, false, true, false, warm},
+		{"1MiB_text_passed", textResult(bigText(1 << 20)), false, false, true, false, warm, false},
 		// The same with a secret near its start: redacted, then cut.
-		{"1MiB_text_secret", textResult("deploy started with AKIAIOSFODNN7EXAMPLE\n" + logText(1<<20)), true, false, false, false, warm},
+		{"1MiB_text_secret", textResult("deploy started with AKIAIOSFODNN7EXAMPLE\n" + logText(1<<20)), true, false, false, false, warm, false},
 		// Its keys alone are over the default limit: withheld.
-		{"1MiB_structured", structuredResult(1 << 20), true, true, false, false, warm},
-		{"small_topdown", benchSmallResult, false, false, false, true, warm},
-		{"1MiB_text_secret_topdown", textResult("deploy started with AKIAIOSFODNN7EXAMPLE\n" + logText(1<<20)), true, false, false, true, warm},
-		{"1MiB_structured_topdown", structuredResult(1 << 20), true, true, false, true, warm},
+		{"1MiB_structured", structuredResult(1 << 20), true, true, false, false, warm, false},
+		{"small_topdown", benchSmallResult, false, false, false, true, warm, false},
+		{"1MiB_text_secret_topdown", textResult("deploy started with AKIAIOSFODNN7EXAMPLE\n" + logText(1<<20)), true, false, false, true, warm, false},
+		{"1MiB_structured_topdown", structuredResult(1 << 20), true, true, false, true, warm, false},
 	} {
 		b.Run(c.name, func(b *testing.B) {
 			call := benchCall(b, benchTool, `{"ticket_id":"TEST-123"}`)
+			if c.members {
+				if _, err := recordRequestInput(call, toolTerm(call.ToolDefinition(), call.Message.Name, call.Service)); err != nil {
+					b.Fatal(err)
+				}
+			}
 			result := []byte(c.result)
 			h := h
 			switch {

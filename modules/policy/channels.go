@@ -136,33 +136,44 @@ func (s subject) audited(call *gateway.Call) *gateway.Call {
 	return &a
 }
 
-// complete finishes the input from common (the common items, the
-// channel, the result and the scan).
-func (s subject) complete(common [][2]*ast.Term) (ast.Object, error) {
-	if s.view == nil {
-		items := append(common, ast.Item(keyListing, ast.InternedTerm(false)), ast.Item(keyMethod, ast.StringTerm(s.method)))
-		if d := s.during; d != nil {
-			during := [][2]*ast.Term{ast.Item(keyMethod, ast.StringTerm(d.Method))}
-			if d.Method == "tools/call" {
-				during = append(during, ast.Item(keyTool, ast.StringTerm(d.Message.Name)))
+// complete finishes the input of a decision made for call from own (the
+// channel, the result and the scan). An answer to call itself reuses the
+// members its request stage built, while they still describe it.
+func (s subject) complete(call *gateway.Call, own ...[2]*ast.Term) (ast.Object, error) {
+	v := s.view
+	var items [][2]*ast.Term
+	if m := requestMembersOf(call); m != nil && v == call {
+		items = append(m.items[:len(m.items):len(m.items)], own...)
+	} else {
+		common := append(commonItems(call), own...)
+		if v == nil {
+			common = append(common, ast.Item(keyListing, ast.InternedTerm(false)), ast.Item(keyMethod, ast.StringTerm(s.method)))
+			if d := s.during; d != nil {
+				during := [][2]*ast.Term{ast.Item(keyMethod, ast.StringTerm(d.Method))}
+				if d.Method == "tools/call" {
+					during = append(during, ast.Item(keyTool, ast.StringTerm(d.Message.Name)))
+				}
+				common = append(common, ast.Item(keyDuring, ast.ObjectTerm(during...)))
 			}
-			items = append(items, ast.Item(keyDuring, ast.ObjectTerm(during...)))
+			return ast.NewObject(common...), nil
 		}
-		return ast.NewObject(items...), nil
+		var tool *ast.Term
+		if v.Method == "tools/call" {
+			tool = toolTerm(v.ToolDefinition(), v.Message.Name, v.Service)
+		}
+		var err error
+		if items, err = inputItems(common, v, tool, false); err != nil {
+			return nil, err
+		}
 	}
 	if s.task != "" {
-		common = append(common, ast.Item(keyTask, ast.ObjectTerm(ast.Item(keyID, ast.StringTerm(s.task)))))
+		items = append(items, ast.Item(keyTask, ast.ObjectTerm(ast.Item(keyID, ast.StringTerm(s.task)))))
 	}
-	v := s.view
-	var tool *ast.Term
-	if v.Method == "tools/call" {
-		tool = toolTerm(v.ToolDefinition(), v.Message.Name, v.Service)
-	}
-	input, err := inputFor(common, v, tool, false)
-	if err == nil && v.Method != s.method {
+	input := ast.NewObject(items...)
+	if v.Method != s.method {
 		input.Insert(keyMethod, ast.StringTerm(s.method)) // tasks/get, tasks/cancel: about the task's tools/call
 	}
-	return input, err
+	return input, nil
 }
 
 // result decides the result of the runner's request rq.

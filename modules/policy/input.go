@@ -6,6 +6,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 	"weak"
 
 	"github.com/open-policy-agent/opa/v1/ast"
@@ -54,6 +55,64 @@ func requestInput(call *gateway.Call, tool *ast.Term, listing bool) (ast.Object,
 	return inputFor(commonItems(call), call, tool, listing)
 }
 
+// requestMembers are the members of a request-stage input, kept on the
+// call (gateway.Call.RequestInput) for its result stage, whose input has
+// the same members besides its own (channel, result, scan): the caller,
+// session, service, tool and arguments terms are looked up and built once
+// per call instead of twice. They are what the request stage saw: a
+// result stage that sees other arguments (a policy's rewrite) or a tool
+// definition found since builds its own.
+type requestMembers struct {
+	of    *gateway.Call // the call they were built for (not a copy of it)
+	items [][2]*ast.Term
+	args  []byte                  // the arguments the items hold
+	tool  *gateway.ToolDefinition // the definition the tool term was built from
+}
+
+// recordRequestInput builds the request-stage input for a runner's
+// request and keeps its members on call for the result stage.
+func recordRequestInput(call *gateway.Call, tool *ast.Term) (ast.Object, error) {
+	items, err := inputItems(commonItems(call), call, tool, false)
+	if err != nil {
+		return nil, err
+	}
+	if len(argumentsOf(call))+len(call.Message.Params) <= keepMembersMax {
+		call.RequestInput = &requestMembers{of: call, items: items, args: argumentsOf(call), tool: call.Tool}
+	}
+	return ast.NewObject(items...), nil
+}
+
+// keepMembersMax bounds the text whose terms the request stage keeps for
+// the whole call: larger arguments (which the terms hold a copy of) are
+// parsed again for the result stage rather than held while the upstream
+// works.
+const keepMembersMax = 64 << 10
+
+// requestMembersOf are the members the request stage kept on call, when
+// they still describe it; nil otherwise.
+func requestMembersOf(call *gateway.Call) *requestMembers {
+	m, _ := call.RequestInput.(*requestMembers)
+	if m == nil || m.of != call || !sameBytes(m.args, argumentsOf(call)) || call.Method == "tools/call" && m.tool != call.ToolDefinition() {
+		return nil
+	}
+	return m
+}
+
+// sameBytes reports whether a and b are the same slice of memory (not
+// merely equal text: a rewrite is a new slice).
+func sameBytes(a, b []byte) bool {
+	return len(a) == len(b) && unsafe.SliceData(a) == unsafe.SliceData(b)
+}
+
+// argumentsOf are the arguments of a tools/call as they go upstream: a
+// rewrite (seen by the result stage) or the runner's own.
+func argumentsOf(call *gateway.Call) []byte {
+	if call.Arguments != nil {
+		return call.Arguments
+	}
+	return call.Message.Arguments
+}
+
 // commonItems are the members every input of call has, whatever is
 // evaluated: caller, session, service, request and time. The caller,
 // session and service terms are built once per Caller, Session and Service
@@ -71,6 +130,15 @@ func commonItems(call *gateway.Call) [][2]*ast.Term {
 
 // inputFor completes common (which it does not change) for one evaluation.
 func inputFor(common [][2]*ast.Term, call *gateway.Call, tool *ast.Term, listing bool) (ast.Object, error) {
+	items, err := inputItems(common, call, tool, listing)
+	if err != nil {
+		return nil, err
+	}
+	return ast.NewObject(items...), nil
+}
+
+// inputItems are the members of inputFor.
+func inputItems(common [][2]*ast.Term, call *gateway.Call, tool *ast.Term, listing bool) ([][2]*ast.Term, error) {
 	items := append(common[:len(common):len(common)], ast.Item(keyListing, ast.InternedTerm(listing)))
 	switch {
 	case listing:
@@ -80,14 +148,8 @@ func inputFor(common [][2]*ast.Term, call *gateway.Call, tool *ast.Term, listing
 		// tools could not be listed (in time) before this call.
 		known := call.ToolDefinition() != nil
 		items = append(items, ast.Item(keyMethod, toolsCall), ast.Item(keyTool, tool), ast.Item(keyToolKnown, ast.InternedTerm(known)))
-		// What goes upstream: a rewrite (seen by the result stage) or the
-		// runner's own arguments.
-		raw := call.Arguments
-		if raw == nil {
-			raw = call.Message.Arguments
-		}
 		args := ast.InternedEmptyObject
-		if raw != nil {
+		if raw := argumentsOf(call); raw != nil {
 			var err error
 			if args, err = jsonTerm(raw); err != nil {
 				return nil, fmt.Errorf("arguments: %w", err)
@@ -108,7 +170,7 @@ func inputFor(common [][2]*ast.Term, call *gateway.Call, tool *ast.Term, listing
 			items = append(items, ast.Item(keyParams, params))
 		}
 	}
-	return ast.NewObject(items...), nil
+	return items, nil
 }
 
 var toolsCall = ast.StringTerm("tools/call")

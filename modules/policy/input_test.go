@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -102,5 +103,65 @@ func TestRequestTermIsTheCalls(t *testing.T) {
 		if got := request(c.ip, c.protocol).String(); got != c.want {
 			t.Errorf("%s %s: input.request %s, want %s", c.ip, c.protocol, got, c.want)
 		}
+	}
+}
+
+// The result stage decides with the members its request stage built
+// (looked up and parsed once per call), unless they no longer describe
+// the call: a rewrite of the arguments, a tool definition found since, a
+// copy of the call. Either way the input is the same as one built anew.
+func TestResultInputReusesTheRequestMembers(t *testing.T) {
+	payload := []byte(benchSmallResult)
+	resultInput := func(call *gateway.Call) ast.Object {
+		t.Helper()
+		in, err := (&ResultHandler{}).input(nil, call, subject{channel: channelResult, method: "tools/call", view: call}, payload, map[*ast.Term]string{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return in
+	}
+	call := benchCall(t, benchTool, `{"ticket_id":"TEST-123"}`)
+	want := resultInput(call)
+	request, err := recordRequestInput(call, toolTerm(call.ToolDefinition(), call.Message.Name, call.Service))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := resultInput(call)
+	if got.Compare(want) != 0 || got.Get(keyArguments) != request.Get(keyArguments) {
+		t.Errorf("with the request's members: %v (arguments shared: %t), want %v", got, got.Get(keyArguments) == request.Get(keyArguments), want)
+	}
+
+	copied := *call
+	if got := resultInput(&copied); got.Compare(want) != 0 || got.Get(keyArguments) == request.Get(keyArguments) {
+		t.Errorf("a copy of the call: %v, want its own members equal to %v", got, want)
+	}
+
+	call.Arguments = []byte(`{"ticket_id":"TEST-456"}`) // a rewrite
+	if got := resultInput(call).Get(keyArguments); got.Value.Compare(ast.MustParseTerm(`{"ticket_id":"TEST-456"}`).Value) != 0 {
+		t.Errorf("after a rewrite the result stage sees arguments %v", got)
+	}
+	call.Arguments = nil
+
+	// The request stage ran before the upstream's tools were known.
+	def := call.Tool
+	call.Tool = nil
+	if _, err := recordRequestInput(call, toolTerm(nil, call.Message.Name, call.Service)); err != nil {
+		t.Fatal(err)
+	}
+	call.Tool = def
+	if got := resultInput(call); got.Compare(want) != 0 {
+		t.Errorf("with a definition found since: %v, want %v", got, want)
+	}
+}
+
+// Large arguments are not held for the whole call: the result stage
+// parses them again.
+func TestLargeArgumentsAreNotKept(t *testing.T) {
+	call := benchCall(t, benchTool, `{"ticket_id":"`+strings.Repeat("x", keepMembersMax)+`"}`)
+	if _, err := recordRequestInput(call, toolTerm(call.ToolDefinition(), call.Message.Name, call.Service)); err != nil {
+		t.Fatal(err)
+	}
+	if call.RequestInput != nil {
+		t.Errorf("the members of %d bytes of arguments were kept", len(call.Message.Arguments))
 	}
 }

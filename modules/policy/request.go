@@ -80,7 +80,7 @@ func (h *RequestHandler) ServeHTTP(w http.ResponseWriter, r *http.Request, next 
 	}
 	_, span := startDecisionSpan(r.Context(), "toolgate.policy.request", call)
 	o := outcome{}.deny(failError, "the gateway could not build the policy input")
-	input, err := requestInput(call, tool, false)
+	input, err := recordRequestInput(call, tool)
 	if err == nil && call.Method == "tools/call" {
 		// Argument names the policy would read one way and a
 		// case-insensitive upstream another are refused before the policy

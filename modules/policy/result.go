@@ -203,11 +203,11 @@ func (h *ResultHandler) input(c *compiled, call *gateway.Call, s subject, payloa
 	if err != nil {
 		return nil, fmt.Errorf("result: %w", err)
 	}
-	common := append(commonItems(call), ast.Item(keyChannel, channelTerm(s.channel)), ast.Item(keyResult, res))
-	if scan != nil {
-		common = append(common, ast.Item(keyScan, scan))
+	own := [][2]*ast.Term{ast.Item(keyChannel, channelTerm(s.channel)), ast.Item(keyResult, res), ast.Item(keyScan, scan)}
+	if scan == nil {
+		own = own[:2]
 	}
-	return s.complete(common)
+	return s.complete(call, own...)
 }
 
 // Interface guards
