@@ -200,11 +200,18 @@ func (h *Handler) readMessage(w http.ResponseWriter, r *http.Request, call *gate
 	return true
 }
 
+// mediaType is the media type of a Content-Type value, lower case; "" when
+// the value cannot be parsed.
+func mediaType(ct string) string {
+	mt, _, _ := mime.ParseMediaType(ct)
+	return mt
+}
+
 // ReadMessage reads and parses a runner's POST body, once and strictly: a
 // JSON body of at most max bytes holding one JSON-RPC message. It answers
 // the runner and returns false when the body is unacceptable.
 func ReadMessage(w http.ResponseWriter, r *http.Request, max int64, limits mcpmsg.Limits) (mcpmsg.Message, bool) {
-	if mt, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type")); mt != "application/json" {
+	if ct := r.Header.Get("Content-Type"); ct != "application/json" && mediaType(ct) != "application/json" {
 		gateway.WriteRPCError(w, http.StatusUnsupportedMediaType, nil, gateway.CodeInvalidRequest,
 			"Content-Type must be application/json", nil)
 		return mcpmsg.Message{}, false
