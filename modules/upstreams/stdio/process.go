@@ -126,8 +126,13 @@ func redactor(secrets []string) *strings.Replacer {
 
 // serve reads the program's output until it exits, hands its messages to
 // link, logs its stderr, reaps it and its process group, and calls ended
-// with why it ended (safe to show runners) and a reason for metrics.
+// with why it ended (safe to show runners) and a reason for metrics. The
+// process counts in toolgate_stdio_processes from before its first message
+// is read until before it is done: whoever waited for it to stop (stop,
+// Destruct) finds it no longer counted.
 func (p *process) serve(link *mcpbridge.Link, ended func(why, reason string)) {
+	running := stdioMetrics.processes.WithLabelValues(p.spec.Service)
+	running.Inc()
 	var readers sync.WaitGroup
 	readers.Go(func() { p.readMessages(link) })
 	readers.Go(p.readStderr)
@@ -144,6 +149,7 @@ func (p *process) serve(link *mcpbridge.Link, ended func(why, reason string)) {
 		why, reason = p.exitStatus, "exited"
 	}
 	p.mu.Unlock()
+	running.Dec()
 	close(p.done)
 	p.logger.Info("program ended", zap.String("how", p.exitStatus))
 	ended(why, reason)

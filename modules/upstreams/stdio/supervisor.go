@@ -351,9 +351,7 @@ func (w *worker) run(cred string, started chan struct{}) {
 		cfg.OnRequest = func(r *http.Request) bool { return s.credential(r.Header.Get(s.CredHeader)) == cred }
 	}
 	link := w.rt.bridge.NewLink(cfg)
-	stdioMetrics.processes.WithLabelValues(s.Service).Inc()
 	go p.serve(link, func(why, reason string) {
-		stdioMetrics.processes.WithLabelValues(s.Service).Dec()
 		// The worker knows first, so that a request finding its session
 		// gone is told the program is restarting.
 		w.ended(p, started, why, reason)
