@@ -48,8 +48,9 @@ type Call struct {
 	// upstream (a policy rewrite).
 	Arguments []byte
 	// RequestInput is what toolgate_policy built of this call for its
-	// decision, which toolgate_result_policy reuses for the result's (a
-	// value of that package; nil until the request policy ran).
+	// decision, which toolgate_result_policy reuses in the input of the
+	// result's (a value of package policy; nil until the request policy
+	// ran).
 	RequestInput any
 
 	// Set by toolgate_credentials.

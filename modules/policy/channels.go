@@ -141,8 +141,12 @@ func (s subject) audited(call *gateway.Call) *gateway.Call {
 // members its request stage built, while they still describe it.
 func (s subject) complete(call *gateway.Call, own ...[2]*ast.Term) (ast.Object, error) {
 	v := s.view
+	var m *requestMembers
+	if v == call {
+		m = requestMembersOf(call)
+	}
 	var items [][2]*ast.Term
-	if m := requestMembersOf(call); m != nil && v == call {
+	if m != nil {
 		items = append(m.items[:len(m.items):len(m.items)], own...)
 	} else {
 		common := append(commonItems(call), own...)
