@@ -141,32 +141,28 @@ func (s subject) audited(call *gateway.Call) *gateway.Call {
 // members its request stage built, while they still describe it.
 func (s subject) complete(call *gateway.Call, own ...[2]*ast.Term) (ast.Object, error) {
 	v := s.view
-	var m *requestMembers
-	if v == call {
-		m = requestMembersOf(call)
+	if v == nil {
+		items := append(commonItems(call), own...)
+		items = append(items, ast.Item(keyListing, ast.InternedTerm(false)), ast.Item(keyMethod, ast.StringTerm(s.method)))
+		if d := s.during; d != nil {
+			during := [][2]*ast.Term{ast.Item(keyMethod, ast.StringTerm(d.Method))}
+			if d.Method == "tools/call" {
+				during = append(during, ast.Item(keyTool, ast.StringTerm(d.Message.Name)))
+			}
+			items = append(items, ast.Item(keyDuring, ast.ObjectTerm(during...)))
+		}
+		return ast.NewObject(items...), nil
 	}
 	var items [][2]*ast.Term
-	if m != nil {
+	if m := requestMembersOf(call); v == call && m != nil {
 		items = append(m.items[:len(m.items):len(m.items)], own...)
 	} else {
-		common := append(commonItems(call), own...)
-		if v == nil {
-			common = append(common, ast.Item(keyListing, ast.InternedTerm(false)), ast.Item(keyMethod, ast.StringTerm(s.method)))
-			if d := s.during; d != nil {
-				during := [][2]*ast.Term{ast.Item(keyMethod, ast.StringTerm(d.Method))}
-				if d.Method == "tools/call" {
-					during = append(during, ast.Item(keyTool, ast.StringTerm(d.Message.Name)))
-				}
-				common = append(common, ast.Item(keyDuring, ast.ObjectTerm(during...)))
-			}
-			return ast.NewObject(common...), nil
-		}
 		var tool *ast.Term
 		if v.Method == "tools/call" {
 			tool = toolTerm(v.ToolDefinition(), v.Message.Name, v.Service)
 		}
 		var err error
-		if items, err = inputItems(common, v, tool, false); err != nil {
+		if items, err = inputItems(append(commonItems(call), own...), v, tool, false); err != nil {
 			return nil, err
 		}
 	}

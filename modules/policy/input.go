@@ -18,8 +18,9 @@ import (
 // runner sent (already checked by mcpmsg: no duplicate keys, one reading),
 // without an intermediate map[string]any (see json.go). Per call only what
 // changes per call is built: the caller, the request, the time, the
-// arguments; the service, session and tool definition terms are built once
-// and shared (OPA only reads its input).
+// arguments, once for both stages (see requestMembers); the service,
+// session and tool definition terms are built once and shared (OPA only
+// reads its input).
 
 var (
 	keyCaller    = ast.StringTerm("caller")
@@ -76,7 +77,7 @@ func recordRequestInput(call *gateway.Call, tool *ast.Term) (ast.Object, error) 
 	if err != nil {
 		return nil, err
 	}
-	if len(argumentsOf(call))+len(call.Message.Params) <= keepMembersMax {
+	if len(call.Message.Params)+len(call.Arguments) <= keepMembersMax { // the runner's text and a rewrite's
 		call.RequestInput = &requestMembers{of: call, items: items, args: argumentsOf(call), tool: call.Tool}
 	}
 	return ast.NewObject(items...), nil
