@@ -104,3 +104,34 @@ func TestWriterFlushesOnStopAndNeverBlocks(t *testing.T) {
 	idle.Stop()
 	idle.Stop()
 }
+
+// The writer is not woken for each decision (that cost the call path a
+// system call): decisions wait in the queue until a batch is full, which
+// is flushed without waiting for the next tick.
+func TestWriterWakesForABatchNotADecision(t *testing.T) {
+	ctx := context.Background()
+	l := New(&certmagic.FileStorage{Path: t.TempDir()}, time.Hour, 0, zap.NewNop())
+	l.every = time.Hour // no tick during the test
+	l.Start()
+	defer l.Stop()
+	for i := range 10 {
+		l.RecordDecision(decision("alice", fmt.Sprint("early", i), time.Now()))
+	}
+	// A writer woken per decision would have taken them by now.
+	time.Sleep(50 * time.Millisecond)
+	if n := len(l.queue); n != 10 {
+		t.Fatalf("%d of 10 decisions are queued: the writer took decisions before a batch was waiting", n)
+	}
+	for i := range batchSize - 10 {
+		l.RecordDecision(decision("alice", fmt.Sprint(i), time.Now()))
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		got, err := l.Recent(ctx, "alice", 2*batchSize)
+		if err == nil && len(got) == batchSize {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("a full batch was not flushed before the tick: %d stored (%v), want %d", len(got), err, batchSize)
+		}
+	}
+}
