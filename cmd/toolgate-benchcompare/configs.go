@@ -19,7 +19,9 @@ import (
 // the harness reads the Go runtime's memory statistics from /debug/vars
 // and profiles from /debug/pprof/ there. Neither has an access log;
 // toolgate writes its audit log (one entry per policy decision) to its
-// output file, as a deployment would, unless -audit-log=false.
+// output file, as a deployment would, unless -audit-log=false; with
+// -console it also serves the console, as the README's deployment does,
+// and keeps its activity record of every decision in its storage.
 
 // proxyConfig is what both Caddyfiles are filled in with.
 type proxyConfig struct {
@@ -33,6 +35,7 @@ type proxyConfig struct {
 	MaxSessions int    // max_mcp_sessions and max_mcp_sessions_per_caller
 	Caller      string // the API key's user
 	NoAuditLog  bool   // exclude toolgate.audit from the logs
+	Console     bool   // serve the console, whose activity record keeps every decision
 }
 
 // plainCaddyfile is a plain Caddy reverse_proxy: /<kind>/... goes to the
@@ -98,6 +101,11 @@ http://127.0.0.1:{{.Port}} {
 		toolgate_proxy
 	}
 	toolgate_api
+{{- if .Console}}
+	toolgate_console {
+		api_key_login
+	}
+{{- end}}
 }
 `))
 

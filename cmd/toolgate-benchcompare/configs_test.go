@@ -122,4 +122,11 @@ func TestCaddyfiles(t *testing.T) {
 	if gw := render(toolgateCaddyfile, cfg); !strings.Contains(gw, "exclude toolgate.audit") {
 		t.Errorf("NoAuditLog does not exclude the audit log:\n%s", gw)
 	}
+	if strings.Contains(gw, "toolgate_console") {
+		t.Errorf("the console is served by default:\n%s", gw)
+	}
+	cfg.Console = true
+	if gw := render(toolgateCaddyfile, cfg); !strings.Contains(gw, "toolgate_console {\n\t\tapi_key_login\n\t}") {
+		t.Errorf("Console does not serve the console:\n%s", gw)
+	}
 }

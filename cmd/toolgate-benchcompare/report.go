@@ -37,10 +37,10 @@ func report(w io.Writer, res *results) {
 	fmt.Fprintf(w, "Machine: %s, %s; load average %s at the start, %s at the end, 1-minute load %s over the runs. Revision %s.\n",
 		res.Machine, res.GoVersion, res.LoadBefore, res.LoadAfter, loadRange(res.Runs), res.Revision)
 	fmt.Fprintf(w, "%d rounds of %s runs, interleaved (each load runs direct, plain Caddy and toolgate in each round, in an order rotated from round to round), open loop; "+
-		"%d MCP session(s) per route; toolgate audit log %s. Cells: median of the rounds [min–max]; "+
+		"%d MCP session(s) per route; toolgate audit log %s, console %s. Cells: median of the rounds [min–max]; "+
 		"latency in ms from each call's scheduled start; CPU in ms per call (utime+stime); allocations are the proxy's own, per call; "+
 		"late start is the most the generator started a call after its schedule (ms, worst round).\n",
-		o.Rounds, o.Duration, o.MCPSessions, onOff(o.AuditLog))
+		o.Rounds, o.Duration, o.MCPSessions, onOff(o.AuditLog), onOff(o.Console))
 
 	rounds := filterRuns(res.Runs, func(r run) bool { return r.Phase == "rounds" })
 	for _, kind := range o.Kinds {
