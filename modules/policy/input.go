@@ -84,10 +84,13 @@ func recordRequestInput(call *gateway.Call, tool *ast.Term) (ast.Object, error) 
 }
 
 // keepMembersMax bounds the text whose terms the request stage keeps for
-// the whole call: larger arguments (which the terms hold a copy of) are
-// parsed again for the result stage rather than held while the upstream
-// works.
-const keepMembersMax = 64 << 10
+// the whole call (the upstream's work, an approval's wait): larger
+// arguments are parsed again for the result stage rather than held. Terms
+// take up to about 45 times the text they are built from (an array of
+// empty arrays), so the members of a call hold at most about 200 KiB
+// (TestKeptMembersAreBoundedInMemory); the small calls whose decisions
+// the reuse speeds up send far less.
+const keepMembersMax = 4 << 10
 
 // requestMembersOf are the members the request stage kept on call, when
 // they still describe it; nil otherwise.

@@ -1,6 +1,8 @@
 package policy
 
 import (
+	"math"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -163,5 +165,48 @@ func TestLargeArgumentsAreNotKept(t *testing.T) {
 	}
 	if call.RequestInput != nil {
 		t.Errorf("the members of %d bytes of arguments were kept", len(call.Message.Arguments))
+	}
+}
+
+// The members kept for the result stage stay reachable for the whole call
+// (the upstream's work, an approval's wait): whatever the arguments' shape
+// under the bound, they hold at most 256 KiB.
+func TestKeptMembersAreBoundedInMemory(t *testing.T) {
+	const calls, most = 32, 256 << 10
+	for _, shape := range []struct{ name, elem string }{
+		{"short strings", `"a",`}, {"small objects", `{"a":0},`}, {"nested empty arrays", `[[]],`}, {"empty arrays", `[],`},
+	} {
+		args := `{"x":[` + strings.TrimSuffix(strings.Repeat(shape.elem, (keepMembersMax-200)/len(shape.elem)), ",") + `]}`
+		// What the heap holds with the members kept and once they are
+		// dropped, a moment later: the least of three tries, as memory
+		// that other goroutines of the test binary hold meanwhile can only
+		// add to the difference.
+		held := make([]*gateway.Call, calls)
+		members := int64(math.MaxInt64)
+		for range 3 {
+			for i := range held {
+				call := benchCall(t, benchTool, args)
+				if _, err := recordRequestInput(call, toolTerm(call.ToolDefinition(), call.Message.Name, call.Service)); err != nil {
+					t.Fatal(err)
+				}
+				if call.RequestInput == nil {
+					t.Fatalf("%s: the members of %d bytes of arguments were not kept", shape.name, len(call.Message.Arguments))
+				}
+				held[i] = call
+			}
+			var with, without runtime.MemStats
+			runtime.GC()
+			runtime.ReadMemStats(&with)
+			for _, call := range held {
+				call.RequestInput = nil
+			}
+			runtime.GC()
+			runtime.ReadMemStats(&without)
+			members = min(members, (int64(with.HeapAlloc)-int64(without.HeapAlloc))/calls)
+		}
+		t.Logf("%s: the members of %d bytes of arguments hold %d bytes", shape.name, len(args), members)
+		if members > most {
+			t.Errorf("%s: the members of %d bytes of arguments hold %d bytes for the whole call, over %d", shape.name, len(args), members, most)
+		}
 	}
 }

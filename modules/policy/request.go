@@ -114,6 +114,7 @@ func (h *RequestHandler) ServeHTTP(w http.ResponseWriter, r *http.Request, next 
 			return nil
 		}
 		call.Arguments = args
+		call.RequestInput = nil // built from other arguments: of no use to the result stage
 	}
 	switch o.Action {
 	case gateway.ActionAllow:
