@@ -13,7 +13,8 @@
 // key that starts with the flush time, so that listing a user's keys lists
 // their decisions in time order without reading them. Retention is by age
 // and by count per user. Should decisions arrive faster than storage takes
-// them, the excess is counted and dropped rather than slowing a call.
+// them, the excess is dropped rather than slowing a call, and the writer
+// logs how many.
 package activity
 
 import (
@@ -56,10 +57,11 @@ type Log struct {
 	perUser   int // objects kept per user
 	logger    *zap.Logger
 
-	queue   chan gateway.DecisionRecord
-	full    chan struct{} // a batch is waiting (capacity 1)
-	dropped atomic.Int64
-	every   time.Duration // how often the queue is drained when no batch fills it
+	queue    chan gateway.DecisionRecord
+	full     chan struct{} // a batch is waiting (capacity 1)
+	dropped  atomic.Int64
+	reported int64         // the dropped decisions the writer has logged
+	every    time.Duration // how often the queue is drained when no batch fills it
 
 	startOnce sync.Once
 	started   atomic.Bool
@@ -139,9 +141,10 @@ func (l *Log) run() {
 	}
 }
 
-// drain flushes what is queued, a batch at a time, into batch's memory.
-// What arrives meanwhile waits for the next drain, so that a stop is heard
-// even while decisions keep coming.
+// drain flushes what is queued, a batch at a time, into batch's memory,
+// and logs the decisions dropped since the last drain. What arrives
+// meanwhile waits for the next drain, so that a stop is heard even while
+// decisions keep coming.
 func (l *Log) drain(batch []gateway.DecisionRecord) {
 	for left := len(l.queue); left > 0; left -= len(batch) {
 		batch = batch[:0]
@@ -155,10 +158,15 @@ func (l *Log) drain(batch []gateway.DecisionRecord) {
 			}
 		}
 		if len(batch) == 0 {
-			return
+			break
 		}
 		l.Flush(context.Background(), batch)
 		clear(batch) // keeps no user's decisions until the next flush
+	}
+	if n := l.dropped.Load(); n > l.reported {
+		l.logger.Warn("decisions arrived faster than the activity record stores them; those dropped are in the audit log only",
+			zap.Int64("dropped", n-l.reported), zap.Int64("dropped_total", n))
+		l.reported = n
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 
 	"github.com/caddyserver/certmagic"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/toolgate/toolgate/modules/gateway"
 )
@@ -84,7 +85,8 @@ func TestRetentionAndSweep(t *testing.T) {
 
 func TestWriterFlushesOnStopAndNeverBlocks(t *testing.T) {
 	ctx := context.Background()
-	l := New(&certmagic.FileStorage{Path: t.TempDir()}, time.Hour, 0, zap.NewNop())
+	core, logs := observer.New(zap.InfoLevel)
+	l := New(&certmagic.FileStorage{Path: t.TempDir()}, time.Hour, 0, zap.New(core))
 	// Not started: the queue fills, and the excess is dropped, counted,
 	// without blocking the caller.
 	for i := range queueSize + 10 {
@@ -98,6 +100,11 @@ func TestWriterFlushesOnStopAndNeverBlocks(t *testing.T) {
 	got, err := l.Recent(ctx, "alice", queueSize+10)
 	if err != nil || len(got) != queueSize {
 		t.Fatalf("after Stop %d decisions are stored (%v), want %d", len(got), err, queueSize)
+	}
+	// The operator learns of the dropped ones.
+	warned := logs.FilterMessageSnippet("activity record").All()
+	if len(warned) != 1 || warned[0].ContextMap()["dropped"] != int64(10) {
+		t.Errorf("the dropped decisions were reported as %+v, want one warning of 10", warned)
 	}
 	// Stop without Start does nothing, twice.
 	idle := New(&certmagic.FileStorage{Path: t.TempDir()}, time.Hour, 0, zap.NewNop())
