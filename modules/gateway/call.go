@@ -48,9 +48,10 @@ type Call struct {
 	// upstream (a policy rewrite).
 	Arguments []byte
 	// RequestInput is what toolgate_policy built of this call for its
-	// decision, which toolgate_result_policy reuses in the input of the
-	// result's (a value of package policy; nil until the request policy
-	// ran).
+	// decision, which toolgate_result_policy reuses for its decision on
+	// the result (a value of package policy). It is nil until the request
+	// policy ran, and when it would be of no use there: arguments over a
+	// few KiB, or rewritten by the policy.
 	RequestInput any
 
 	// Set by toolgate_credentials.
