@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -17,6 +18,11 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig"
+	"github.com/caddyserver/certmagic"
+	"go.uber.org/zap"
+
+	"github.com/toolgate/toolgate/internal/activity"
+	tg "github.com/toolgate/toolgate/modules/gateway"
 )
 
 // Config reloads under load: a service added, an allowlist changed, the
@@ -129,6 +135,14 @@ func TestReloadsUnderLoad(t *testing.T) {
 		if !strings.Contains(last, `"text":"done"`) && !strings.Contains(last, `"error"`) {
 			t.Errorf("the stream open across the reloads ended with %s; want its result or a JSON-RPC error", last)
 		}
+		if strings.Contains(last, `"text":"done"`) {
+			// Its result was decided on the configuration the first reload
+			// replaced, whose activity record had stopped: the decision is
+			// on the Activity page all the same.
+			waitForActivity(t, g.DataDir, alice, func(d tg.DecisionRecord) bool {
+				return d.Tool == "progress" && d.Stage == "result" && d.Channel == "result"
+			})
+		}
 	case <-time.After(20 * time.Second):
 		t.Fatal("the stream open across the reloads never ended")
 	}
@@ -153,6 +167,24 @@ func TestReloadsUnderLoad(t *testing.T) {
 }
 
 var callTextRE = regexp.MustCompile(`"text":"call-\d+"`)
+
+// waitForActivity waits until user's activity record, in the storage of
+// the gateway at dataDir, holds a decision that matches.
+func waitForActivity(t testing.TB, dataDir, user string, match func(tg.DecisionRecord) bool) {
+	t.Helper()
+	record := activity.New(&certmagic.FileStorage{Path: dataDir}, time.Hour, 0, zap.NewNop())
+	var got []tg.DecisionRecord
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		var err error
+		if got, err = record.Recent(context.Background(), user, 1000); err != nil {
+			t.Fatal(err)
+		}
+		if slices.ContainsFunc(got, match) {
+			return
+		}
+	}
+	t.Errorf("the activity record of %s lacks the decision; it holds %d: %+v", user, len(got), got)
+}
 
 // tryLoadGateway loads a gateway config as a reload does and returns the
 // error that refused it.

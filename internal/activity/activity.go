@@ -15,6 +15,11 @@
 // and by count per user. Should decisions arrive faster than storage takes
 // them, the excess is dropped rather than slowing a call, and the writer
 // logs how many.
+//
+// A reload stops the replaced configuration's log while calls that began
+// on it are still running (Caddy lets them finish): what they decide after
+// that is handed to the newest running log, so that no decision of a call
+// that straddles a reload is missing from the record.
 package activity
 
 import (
@@ -63,6 +68,11 @@ type Log struct {
 	reported int64         // the dropped decisions the writer has logged
 	every    time.Duration // how often the queue is drained when no batch fills it
 
+	// mu orders decisions against Stop: a decision is queued before the
+	// last drain or handed on, never left in a stopped log's queue.
+	mu      sync.RWMutex
+	stopped bool
+
 	startOnce sync.Once
 	started   atomic.Bool
 	stopOnce  sync.Once
@@ -78,9 +88,24 @@ func New(storage certmagic.Storage, retention time.Duration, perUser int, logger
 		stop: make(chan struct{}), done: make(chan struct{})}
 }
 
+// newest is the log started last in this process (that of the running
+// configuration), nil once it stopped.
+var newest atomic.Pointer[Log]
+
 // RecordDecision queues d for the next flush. It never blocks, and wakes
-// the writer only when a batch is waiting.
+// the writer only when a batch is waiting. Once l stopped, d goes to the
+// newest running log.
 func (l *Log) RecordDecision(d gateway.DecisionRecord) {
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	if l.stopped {
+		if next := newest.Load(); next != nil && next != l {
+			next.RecordDecision(d)
+		} else {
+			l.dropped.Add(1) // nothing records any more; the audit log has it
+		}
+		return
+	}
 	select {
 	case l.queue <- d:
 		if len(l.queue) >= batchSize {
@@ -98,16 +123,23 @@ func (l *Log) RecordDecision(d gateway.DecisionRecord) {
 // full.
 func (l *Log) Dropped() int64 { return l.dropped.Load() }
 
-// Start begins writing queued decisions, once.
+// Start begins writing queued decisions, once, and makes l the log that
+// stopped ones hand decisions to.
 func (l *Log) Start() {
 	l.startOnce.Do(func() {
 		l.started.Store(true)
+		newest.Store(l)
 		go l.run()
 	})
 }
 
-// Stop writes what is queued and stops. Without Start it does nothing.
+// Stop writes what is queued and stops; decisions that arrive later go to
+// the newest running log. Without Start it writes nothing.
 func (l *Log) Stop() {
+	l.mu.Lock()
+	l.stopped = true
+	l.mu.Unlock()
+	newest.CompareAndSwap(l, nil)
 	l.stopOnce.Do(func() { close(l.stop) })
 	l.startOnce.Do(func() {}) // a Start after Stop starts nothing
 	if l.started.Load() {

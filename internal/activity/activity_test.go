@@ -3,6 +3,7 @@ package activity
 import (
 	"context"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -140,5 +141,46 @@ func TestWriterWakesForABatchNotADecision(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatalf("a full batch was not flushed before the tick: %d stored (%v), want %d", len(got), err, batchSize)
 		}
+	}
+}
+
+// A reload stops the replaced configuration's log while calls that began
+// on it still run: what they decide later reaches the newest log, and no
+// decision is lost, however the decisions and the stop interleave.
+func TestDecisionsAfterStopGoToTheNewestLog(t *testing.T) {
+	ctx := context.Background()
+	storage := &certmagic.FileStorage{Path: t.TempDir()}
+	old := New(storage, time.Hour, 0, zap.NewNop())
+	old.Start()
+	const recorders, each = 4, 500
+	var wg sync.WaitGroup
+	started := make(chan struct{})
+	for r := range recorders {
+		wg.Go(func() {
+			for i := range each {
+				if i == each/10 {
+					started <- struct{}{}
+				}
+				old.RecordDecision(decision("alice", fmt.Sprint(r, "-", i), time.Now()))
+			}
+		})
+	}
+	for range recorders {
+		<-started
+	}
+	next := New(storage, time.Hour, 0, zap.NewNop())
+	next.Start() // the new configuration starts before the old one stops
+	old.Stop()
+	wg.Wait()
+	old.RecordDecision(decision("alice", "after", time.Now()))
+	next.Stop()
+	got, err := next.Recent(ctx, "alice", 2*recorders*each)
+	if err != nil || len(got) != recorders*each+1 {
+		t.Fatalf("%d of %d decisions are stored (%v); dropped %d by the old log, %d by the new", len(got), recorders*each+1, err, old.Dropped(), next.Dropped())
+	}
+	// With no running log left, a late decision is dropped and counted.
+	old.RecordDecision(decision("alice", "orphan", time.Now()))
+	if old.Dropped() != 1 {
+		t.Errorf("a decision with no running log: dropped %d, want 1", old.Dropped())
 	}
 }
