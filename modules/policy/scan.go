@@ -36,6 +36,10 @@ import (
 // uses the scan only when its limit is at least this.)
 const scanThreshold = 4096
 
+// thresholdItem is input.scan.threshold, the same for every scan (OPA
+// interns only small numbers: built per call, it cost two allocations).
+var thresholdItem = ast.Item(keyThreshold, ast.IntNumberTerm(scanThreshold))
+
 var (
 	keyThreshold = ast.StringTerm("threshold")
 	keyStrings   = ast.StringTerm("strings")
@@ -606,7 +610,7 @@ func resultTerms(raw []byte, sh shape, sc *scanner, spans map[*ast.Term]string) 
 	}
 	scan = ast.ObjectTerm(
 		ast.Item(keyClean, ast.InternedTerm(clean)),
-		ast.Item(keyThreshold, ast.InternedTerm(scanThreshold)),
+		thresholdItem,
 		ast.Item(keyBytes, ast.InternedTerm(l.bytes)),
 		ast.Item(keyKeyBytes, ast.InternedTerm(l.keyBytes)),
 		ast.Item(keyStrings, ast.ArrayTerm(l.entries...)),
