@@ -14,11 +14,18 @@
 // toolgate_registry and every step after it — allowlist, tool pins,
 // request and result policy (which see the real service), the service's
 // credential, the proxy — exactly as a call to /v1/mcp/{service} would.
-// Lists are merged: a service that cannot be listed (down, not connected)
-// leaves the others listed, is logged, and is named in the result's
-// _meta["toolgate/unavailable"]. Notifications and server→client requests
-// of every service reach the runner, the latter with ids that say which
-// service the runner's answer goes back to.
+// Lists are merged: a service that cannot be listed (down, not connected,
+// a malformed list) leaves the others listed, is logged, and is named in
+// the result's _meta["toolgate/unavailable"]; what one service lists is
+// bounded like one of its messages. Notifications and server→client
+// requests of every service reach the runner, the latter with ids that say
+// which service the runner's answer goes back to.
+//
+// Services of one federated session share one runner, so each is kept to
+// its own part of it: names and resource URIs (in lists, reads, and the
+// blocks of results) carry the service's prefix, a service's cancellations
+// name its own requests, and its progress reaches the runner only for
+// requests that went to it.
 package federation
 
 import (
@@ -111,8 +118,11 @@ func (h *Handler) Validate() error {
 		return fmt.Errorf("toolgate_federation: separator %q must not hold spaces or /", h.Separator)
 	}
 	for _, svc := range h.app.Registry().Services() {
-		if strings.Contains(svc.ID, h.Separator) {
-			return fmt.Errorf("toolgate_federation: service %q contains the separator %q, so its tools could not be told from another service's; rename it or choose another separator", svc.ID, h.Separator)
+		// A name is cut at the separator's first occurrence, which must be
+		// the one after the id: an id must not hold the separator, nor end
+		// in its beginning ("svc_" + "__" + "x" reads as "svc" + "__" + "_x").
+		if strings.Index(svc.ID+h.Separator, h.Separator) != len(svc.ID) {
+			return fmt.Errorf("toolgate_federation: service %q holds the separator %q or ends in its beginning, so its tools could not be told from another service's; rename it or choose another separator", svc.ID, h.Separator)
 		}
 	}
 	return nil
@@ -239,6 +249,7 @@ type federated struct {
 	mu       sync.Mutex
 	children map[string]*child
 	inflight map[string]string // the key of a runner request's id → its service (requests in flight here)
+	progress map[string]string // the key of such a request's progress token → its service
 }
 
 // child is the MCP session a federated session has with one service.
@@ -255,7 +266,7 @@ var sessions sync.Map // string → *federated
 
 // remember makes ms a federated session here, initialized with init.
 func remember(ms *gateway.MCPSession, init []byte) *federated {
-	fs := &federated{init: init, children: map[string]*child{}, inflight: map[string]string{}}
+	fs := &federated{init: init, children: map[string]*child{}, inflight: map[string]string{}, progress: map[string]string{}}
 	if v, loaded := sessions.LoadOrStore(ms.ID, fs); loaded {
 		return v.(*federated)
 	}

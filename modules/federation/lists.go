@@ -3,7 +3,9 @@ package federation
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
+	"strings"
 	"sync"
 	"time"
 
@@ -15,26 +17,71 @@ import (
 )
 
 // listing is how one list method is merged: the result's array, the
-// members of each item that get the service's prefix, and the capability
-// a service declares when it has such items.
+// members of each item that get the service's prefix (the first one names
+// the item), the capability a service declares when it has such items, and
+// the JSON types of the item's members that runners decode (an item of
+// another shape would fail the runner's whole merged list).
 type listing struct {
 	items      string
 	prefixed   []string
 	capability string
+	types      map[string]gjson.Type // gjson.JSON: an object, or with arrays set, an array
+	arrays     []string
 }
 
 var listings = map[string]listing{
-	"tools/list":               {items: "tools", prefixed: []string{"name"}, capability: "tools"},
-	"prompts/list":             {items: "prompts", prefixed: []string{"name"}, capability: "prompts"},
-	"resources/list":           {items: "resources", prefixed: []string{"uri", "name"}, capability: "resources"},
-	"resources/templates/list": {items: "resourceTemplates", prefixed: []string{"uriTemplate", "name"}, capability: "resources"},
+	"tools/list": {items: "tools", prefixed: []string{"name"}, capability: "tools",
+		types: itemTypes("title description", "inputSchema outputSchema annotations _meta execution"), arrays: []string{"icons"}},
+	"prompts/list": {items: "prompts", prefixed: []string{"name"}, capability: "prompts",
+		types: itemTypes("title description", "_meta"), arrays: []string{"arguments", "icons"}},
+	"resources/list": {items: "resources", prefixed: []string{"uri", "name"}, capability: "resources",
+		types: itemTypes("title description mimeType", "annotations _meta"), arrays: []string{"icons"}},
+	"resources/templates/list": {items: "resourceTemplates", prefixed: []string{"uriTemplate", "name"}, capability: "resources",
+		types: itemTypes("title description mimeType", "annotations _meta"), arrays: []string{"icons"}},
+}
+
+// itemTypes maps the string and the object members of an item.
+func itemTypes(strs, objects string) map[string]gjson.Type {
+	types := map[string]gjson.Type{}
+	for _, m := range strings.Fields(strs) {
+		types[m] = gjson.String
+	}
+	for _, m := range strings.Fields(objects) {
+		types[m] = gjson.JSON
+	}
+	return types
+}
+
+// malformed says what is wrong with a list item, "" when nothing is: it
+// must be an object whose prefixed members are strings and whose other
+// known members have their types.
+func (l listing) malformed(item gjson.Result) string {
+	if !item.IsObject() {
+		return "an item is not an object"
+	}
+	for _, m := range l.prefixed {
+		if item.Get(m).Type != gjson.String {
+			return "an item's " + m + " is not a string"
+		}
+	}
+	for m, want := range l.types {
+		if v := item.Get(gjson.Escape(m)); v.Exists() && (v.Type != want || want == gjson.JSON && !v.IsObject()) {
+			return "an item's " + m + " has the wrong type"
+		}
+	}
+	for _, m := range l.arrays {
+		if v := item.Get(gjson.Escape(m)); v.Exists() && !v.IsArray() {
+			return "an item's " + m + " is not an array"
+		}
+	}
+	return ""
 }
 
 // maxPages bounds the pages read of one service's list.
 const maxPages = 50
 
 // unavailableMeta is the _meta member naming the services missing from a
-// merged list.
+// merged list, or cut short in it.
 const unavailableMeta = "toolgate/unavailable"
 
 // list answers a list method with the items of every service of the
@@ -74,7 +121,7 @@ func (x *exchange) list(l listing) {
 	for _, g := range gaps {
 		if g != nil {
 			missing = append(missing, g)
-			x.h.logger.Warn("a service is missing from a federated list", zap.String("service", g.Service),
+			x.h.logger.Warn("a service is missing from a federated list, or cut short", zap.String("service", g.Service),
 				zap.String("method", x.msg.Method), zap.String("reason", g.Message))
 		}
 	}
@@ -88,7 +135,13 @@ func (x *exchange) list(l listing) {
 }
 
 // listOne reads every page of svc's list, each item prefixed; a service
-// that does not offer the capability has no items.
+// that does not offer the capability has no items. What a service lists
+// is bounded as one of its messages is (max_response_size): a list that
+// is longer, has more than maxPages pages or loops (a cursor given twice)
+// stops there, an item listed twice is kept once, and a list with an item
+// runners could not decode is left out whole — each named in the answer's
+// _meta, so that no service can make the merged list fail or grow without
+// bound.
 func (x *exchange) listOne(svc *gateway.Service, l listing) ([][]byte, *gap) {
 	c, g := x.childSession(x.r.Context(), svc)
 	if g != nil {
@@ -101,8 +154,15 @@ func (x *exchange) listOne(svc *gateway.Service, l listing) ([][]byte, *gap) {
 	defer cancel()
 	var out [][]byte
 	var cursor string
-	for range maxPages {
-		body := []byte(`{"jsonrpc":"2.0","id":"toolgate-federation-list","method":`)
+	cursors := map[string]bool{}
+	names := map[string]bool{}
+	size, limit := 0, int(x.h.app.MaxResponseBytes)
+	for page := 0; ; page++ {
+		if page == maxPages {
+			return out, listCut(svc.ID, fmt.Sprintf("its list has more than %d pages: the rest is left out", maxPages))
+		}
+		// Each page its own id: lists of one session run at once.
+		body := []byte(`{"jsonrpc":"2.0","id":"toolgate-federation-list-` + gateway.NewID() + `","method":`)
 		body = mcpmsg.AppendQuote(body, x.msg.Method)
 		if cursor != "" {
 			body = append(body, `,"params":{"cursor":`...)
@@ -121,17 +181,51 @@ func (x *exchange) listOne(svc *gateway.Service, l listing) ([][]byte, *gap) {
 			return nil, g
 		}
 		res := gjson.ParseBytes(msg.Result)
-		res.Get(l.items).ForEach(func(_, item gjson.Result) bool {
-			out = append(out, x.prefix(svc, []byte(item.Raw), l.prefixed))
+		items := res.Get(l.items)
+		if items.Exists() && !items.IsArray() {
+			return nil, listCut(svc.ID, "its list is malformed ("+l.items+" is not an array) and is left out")
+		}
+		var bad string
+		full := false
+		items.ForEach(func(_, item gjson.Result) bool {
+			if bad = l.malformed(item); bad != "" {
+				return false
+			}
+			name := item.Get(l.prefixed[0]).Str
+			if names[name] {
+				return true
+			}
+			p := x.prefix(svc, []byte(item.Raw), l.prefixed)
+			if size+len(p) > limit {
+				full = true
+				return false
+			}
+			names[name] = true
+			size += len(p)
+			out = append(out, p)
 			return true
 		})
+		switch {
+		case bad != "":
+			return nil, listCut(svc.ID, "its list is malformed ("+bad+") and is left out")
+		case full:
+			return out, listCut(svc.ID, "its list is longer than one message may be (max_response_size): the rest is left out")
+		}
 		next := res.Get("nextCursor")
 		if next.Type != gjson.String || next.Str == "" {
-			break
+			return out, nil
 		}
+		if cursors[next.Raw] {
+			return out, listCut(svc.ID, "its list gave a cursor twice: the rest is left out")
+		}
+		cursors[next.Raw] = true
 		cursor = next.Raw
 	}
-	return out, nil
+}
+
+// listCut is a service whose list is left out, or cut short, and why.
+func listCut(service, why string) *gap {
+	return &gap{Service: service, Code: gateway.CodeInternalError, Message: why}
 }
 
 // prefix puts svc's prefix before the string members of obj.

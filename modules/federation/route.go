@@ -1,6 +1,7 @@
 package federation
 
 import (
+	"bytes"
 	"errors"
 	"io"
 	"net/http"
@@ -41,7 +42,7 @@ func (x *exchange) request() {
 			gateway.WriteRPCError(x.w, http.StatusOK, m.ID, gateway.CodeInvalidParams, "Unknown "+what+": "+m.Name, nil)
 			return
 		}
-		x.route(svc, withParam(m, "name", mcpmsg.Quote(name)), nil)
+		x.route(svc, withParam(m, "name", mcpmsg.Quote(name)), func(result []byte) []byte { return x.prefixBlocks(svc, m.Method, result) })
 	case "resources/read", "resources/subscribe", "resources/unsubscribe":
 		svc, uri, ok := x.split(m.URI)
 		if !ok {
@@ -86,19 +87,55 @@ func withParam(m mcpmsg.Message, key string, value []byte) []byte {
 // prefixContents puts svc's prefix before the URIs of a resources/read
 // result, so that they are the URIs the runner asked for.
 func (x *exchange) prefixContents(svc *gateway.Service, result []byte) []byte {
-	contents := gjson.GetBytes(result, "contents")
-	if !contents.IsArray() {
-		return result
+	return eachItem(result, "contents", func(c []byte) []byte { return x.prefix(svc, c, []string{"uri"}) })
+}
+
+// prefixBlocks puts svc's prefix before the URIs of the resource links and
+// embedded resources of a tools/call or prompts/get result: a service's
+// blocks name its own resources, as the runner reads them, and cannot
+// point the runner at another service's.
+func (x *exchange) prefixBlocks(svc *gateway.Service, method string, result []byte) []byte {
+	if !bytes.Contains(result, []byte("resource")) && !bytes.Contains(result, []byte(`\u`)) {
+		return result // no block names a resource (a type may be spelled with escapes)
+	}
+	block := func(b []byte) []byte {
+		switch gjson.GetBytes(b, "type").String() {
+		case "resource_link":
+			return x.prefix(svc, b, []string{"uri"})
+		case "resource":
+			if r := gjson.GetBytes(b, "resource"); r.IsObject() {
+				return mcpmsg.ReplaceMember(b, "resource", x.prefix(svc, []byte(r.Raw), []string{"uri"}))
+			}
+		}
+		return b
+	}
+	if method == "prompts/get" {
+		return eachItem(result, "messages", func(m []byte) []byte {
+			if c := gjson.GetBytes(m, "content"); c.IsObject() {
+				return mcpmsg.ReplaceMember(m, "content", block([]byte(c.Raw)))
+			}
+			return m
+		})
+	}
+	return eachItem(result, "content", block)
+}
+
+// eachItem is obj with f applied to each item of its array member key (obj
+// itself when key is no array).
+func eachItem(obj []byte, key string, f func(item []byte) []byte) []byte {
+	items := gjson.GetBytes(obj, key)
+	if !items.IsArray() {
+		return obj
 	}
 	out := []byte{'['}
-	contents.ForEach(func(_, c gjson.Result) bool {
+	items.ForEach(func(_, item gjson.Result) bool {
 		if len(out) > 1 {
 			out = append(out, ',')
 		}
-		out = append(out, x.prefix(svc, []byte(c.Raw), []string{"uri"})...)
+		out = append(out, f([]byte(item.Raw))...)
 		return true
 	})
-	return mcpmsg.ReplaceMember(result, "contents", append(out, ']'))
+	return mcpmsg.ReplaceMember(obj, key, append(out, ']'))
 }
 
 // route sends the runner's request (body, as the service knows it) to svc
@@ -108,13 +145,19 @@ func (x *exchange) prefixContents(svc *gateway.Service, result []byte) []byte {
 // initialized again, once.
 func (x *exchange) route(svc *gateway.Service, body []byte, rewrite func(result []byte) []byte) {
 	ctx := x.r.Context()
-	key := mcpmsg.IDKey(x.msg.ID)
+	key, token := mcpmsg.IDKey(x.msg.ID), mcpmsg.IDKey(x.msg.ProgressToken)
 	x.fs.mu.Lock()
 	x.fs.inflight[key] = svc.ID
+	if token != "" {
+		x.fs.progress[token] = svc.ID
+	}
 	x.fs.mu.Unlock()
 	defer func() {
 		x.fs.mu.Lock()
 		delete(x.fs.inflight, key)
+		if token != "" && x.fs.progress[token] == svc.ID {
+			delete(x.fs.progress, token)
+		}
 		x.fs.mu.Unlock()
 	}()
 	accept := strings.Join(x.r.Header.Values("Accept"), ", ")
@@ -155,7 +198,12 @@ func (x *exchange) relay(svc *gateway.Service, ms *gateway.MCPSession, a *answer
 			gateway.WriteRPCError(x.w, http.StatusOK, x.msg.ID, gateway.CodeUnavailable, "service "+svc.ID+" answered unreadably", gateway.Retryable)
 			return
 		}
-		gateway.WriteRPC(x.w, a.status, x.outgoing(svc, ms, msg, rewrite))
+		out := x.outgoing(svc, ms, msg, rewrite)
+		if out == nil {
+			gateway.WriteRPCError(x.w, http.StatusOK, x.msg.ID, gateway.CodeUnavailable, "service "+svc.ID+" answered unreadably", gateway.Retryable)
+			return
+		}
+		gateway.WriteRPC(x.w, a.status, out)
 		return
 	}
 	out := newStream(x.w)
@@ -168,7 +216,10 @@ func (x *exchange) relay(svc *gateway.Service, ms *gateway.MCPSession, a *answer
 			}
 			return
 		}
-		if out.send(x.outgoing(svc, ms, msg, rewrite)) != nil || msg.Kind == mcpmsg.Response && mcpmsg.IDKey(msg.ID) == mcpmsg.IDKey(x.msg.ID) {
+		if b := x.outgoing(svc, ms, msg, rewrite); b != nil && out.send(b) != nil {
+			return
+		}
+		if msg.Kind == mcpmsg.Response && mcpmsg.IDKey(msg.ID) == mcpmsg.IDKey(x.msg.ID) {
 			return
 		}
 	}
@@ -176,14 +227,33 @@ func (x *exchange) relay(svc *gateway.Service, ms *gateway.MCPSession, a *answer
 
 // outgoing is a message of svc as the federated session's runner gets it:
 // the response to its request with its result rewritten; a server→client
-// request with an id that names the service; a notification about a
-// resource with the resource's federated URI.
+// request, or the cancellation of one, with an id that names the service;
+// a notification about a resource with the resource's federated URI; a
+// progress notification only when it is about a request routed to svc
+// (nil: nothing reaches the runner).
 func (x *exchange) outgoing(svc *gateway.Service, ms *gateway.MCPSession, msg mcpmsg.Message, rewrite func([]byte) []byte) []byte {
 	switch {
 	case msg.Kind == mcpmsg.Response && rewrite != nil && msg.Result != nil:
 		return mcpmsg.ReplaceMember(msg.Raw, "result", rewrite(msg.Result))
 	case msg.Kind == mcpmsg.Request:
 		return mcpmsg.ReplaceMember(msg.Raw, "id", serverRequestID(svc.ID, msg.ID))
+	case msg.Kind == mcpmsg.Notification && msg.Method == "notifications/progress":
+		// Only about a request of the runner's that went to svc: a
+		// service cannot report progress on another's.
+		token := mcpmsg.IDKey([]byte(gjson.GetBytes(msg.Params, "progressToken").Raw))
+		x.fs.mu.Lock()
+		own := token != "" && x.fs.progress[token] == svc.ID
+		x.fs.mu.Unlock()
+		if !own {
+			x.h.logger.Debug("a service's progress on a request it does not have is dropped", zap.String("service", svc.ID))
+			return nil
+		}
+	case msg.Kind == mcpmsg.Notification && msg.Method == "notifications/cancelled":
+		// It names one of svc's own requests, as the runner knows it: a
+		// service cannot cancel another's.
+		if id := gjson.GetBytes(msg.Params, "requestId"); id.Exists() {
+			return withParam(msg, "requestId", serverRequestID(svc.ID, []byte(id.Raw)))
+		}
 	case msg.Kind == mcpmsg.Notification && msg.URI != "" && strings.HasPrefix(msg.Method, "notifications/resources/"):
 		return withParam(msg, "uri", mcpmsg.Quote(svc.ID+x.h.Separator+msg.URI))
 	}

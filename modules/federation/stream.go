@@ -120,7 +120,7 @@ func (x *exchange) stream() {
 					}
 					return
 				}
-				if out.send(x.outgoing(s.svc, s.ms, msg, nil)) != nil {
+				if b := x.outgoing(s.svc, s.ms, msg, nil); b != nil && out.send(b) != nil {
 					cancel()
 					return
 				}
