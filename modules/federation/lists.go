@@ -25,8 +25,8 @@ type listing struct {
 	items      string
 	prefixed   []string
 	capability string
-	types      map[string]gjson.Type // gjson.JSON: an object, or with arrays set, an array
-	arrays     []string
+	types      map[string]gjson.Type // gjson.JSON stands for an object
+	arrays     []string              // members that must be arrays
 }
 
 var listings = map[string]listing{
@@ -65,12 +65,12 @@ func (l listing) malformed(item gjson.Result) string {
 		}
 	}
 	for m, want := range l.types {
-		if v := item.Get(gjson.Escape(m)); v.Exists() && (v.Type != want || want == gjson.JSON && !v.IsObject()) {
+		if v := item.Get(m); v.Exists() && (v.Type != want || want == gjson.JSON && !v.IsObject()) {
 			return "an item's " + m + " has the wrong type"
 		}
 	}
 	for _, m := range l.arrays {
-		if v := item.Get(gjson.Escape(m)); v.Exists() && !v.IsArray() {
+		if v := item.Get(m); v.Exists() && !v.IsArray() {
 			return "an item's " + m + " is not an array"
 		}
 	}
