@@ -832,3 +832,39 @@ func String(raw []byte) (string, bool) {
 	var p parser
 	return p.stringValue(raw)
 }
+
+// ReplaceStrings calls f with each string of data, a valid JSON text
+// (member names included), decoded; where f says so, the string is
+// replaced by the one it returns. It returns the text with the
+// replacements, and whether there were any (data itself when none).
+func ReplaceStrings(data []byte, f func(s string) (string, bool)) ([]byte, bool) {
+	var out []byte
+	last := 0
+	for i := 0; i < len(data); i++ {
+		if data[i] != '"' {
+			continue
+		}
+		start := i
+		for i++; i < len(data) && data[i] != '"'; i++ {
+			if data[i] == '\\' {
+				i++
+			}
+		}
+		if i >= len(data) {
+			break // not valid JSON: nothing more to look at
+		}
+		s, ok := String(data[start : i+1])
+		if !ok {
+			continue
+		}
+		if repl, replace := f(s); replace {
+			out = append(out, data[last:start]...)
+			out = AppendQuote(out, repl)
+			last = i + 1
+		}
+	}
+	if out == nil {
+		return data, false
+	}
+	return append(out, data[last:]...), true
+}

@@ -253,6 +253,9 @@ func (h *Handler) rejectedResponse(ctx context.Context, call *gateway.Call, up g
 		return nil, mcpmsg.Message{}, false
 	}
 	msg, perr := mcpmsg.Parse(normalizeCR(ue.body), h.limits)
+	if perr == nil {
+		msg, perr = h.redactCredential(call, msg)
+	}
 	if perr != nil || !isResponseTo(msg, id) {
 		return nil, mcpmsg.Message{}, false
 	}
@@ -260,7 +263,8 @@ func (h *Handler) rejectedResponse(ctx context.Context, call *gateway.Call, up g
 }
 
 // next returns the next JSON-RPC message from the upstream, read once and
-// strictly (what toolgate inspects is what the runner reads), resuming a
+// strictly (what toolgate inspects is what the runner reads), with the
+// call's credential redacted wherever the upstream wrote it, resuming a
 // dropped SSE stream with Last-Event-ID when the upstream offered event
 // ids. io.EOF means the stream ended.
 func (r *response) next() (mcpmsg.Message, error) {
@@ -269,6 +273,9 @@ func (r *response) next() (mcpmsg.Message, error) {
 		return mcpmsg.Message{}, err
 	}
 	msg, err := mcpmsg.Parse(normalizeCR(data), r.h.limits)
+	if err == nil {
+		msg, err = r.h.redactCredential(r.call, msg)
+	}
 	if err != nil {
 		return msg, unavailable("the upstream sent a malformed message (%v)", err)
 	}

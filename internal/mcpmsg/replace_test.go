@@ -1,0 +1,31 @@
+package mcpmsg
+
+import (
+	"strings"
+	"testing"
+)
+
+func TestReplaceStrings(t *testing.T) {
+	upper := func(s string) (string, bool) {
+		if !strings.Contains(s, "secret") {
+			return s, false
+		}
+		return strings.ReplaceAll(s, "secret", "[gone]"), true
+	}
+	for _, c := range []struct{ in, want string }{
+		{`{"a":"no","b":[1,true,null]}`, `{"a":"no","b":[1,true,null]}`},
+		{`{"a":"my secret"}`, `{"a":"my [gone]"}`},
+		{`{"secret":1}`, `{"[gone]":1}`},
+		{`{"a":"\u0073ecret and \"quoted\" secret","b":"x"}`, `{"a":"[gone] and \"quoted\" [gone]","b":"x"}`},
+		{`["s\u0065cret\\","\\"]`, `["[gone]\\","\\"]`},
+		{`{"a":"sec\/ret"}`, `{"a":"sec\/ret"}`},
+	} {
+		got, changed := ReplaceStrings([]byte(c.in), upper)
+		if string(got) != c.want || changed != (c.in != c.want) {
+			t.Errorf("ReplaceStrings(%s) = %s, %v; want %s", c.in, got, changed, c.want)
+		}
+		if _, err := Parse([]byte(`{"jsonrpc":"2.0","id":1,"result":`+string(got)+`}`), Limits{}); err != nil && strings.HasPrefix(c.in, "{") {
+			t.Errorf("ReplaceStrings(%s) is no longer valid JSON: %v", c.in, err)
+		}
+	}
+}
