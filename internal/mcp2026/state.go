@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"github.com/caddyserver/certmagic"
+
+	"github.com/toolgate/toolgate/internal/mcpmsg"
 )
 
 // State is what toolgate seals into the requestState of its own
@@ -28,7 +30,8 @@ type State struct {
 	Service  string `json:"v"`
 	Method   string `json:"m"`
 	Tool     string `json:"t,omitempty"`
-	Args     string `json:"a"` // hex SHA-256 of the arguments as they would go upstream
+	URI      string `json:"u,omitempty"` // what a resources/* call names
+	Args     string `json:"a"`           // hex SHA-256 of the arguments as they would go upstream
 	Approval string `json:"p,omitempty"`
 	Held     string `json:"h,omitempty"` // the upstream exchange toolgate holds for the retry (Hold)
 	Expires  int64  `json:"e"`           // unix seconds
@@ -126,11 +129,18 @@ func (s *sealer) Open(text string, now time.Time) (State, error) {
 	return st, nil
 }
 
+// StateOf is the state of the call by caller in the toolgate session
+// sessionRef to service that msg makes: what a requestState is bound to.
+func StateOf(caller, sessionRef, service string, msg mcpmsg.Message) State {
+	return State{Caller: caller, Session: sessionRef, Service: service, Method: msg.Method,
+		Tool: msg.Name, URI: msg.URI, Args: ArgsDigest(msg.Arguments)}
+}
+
 // Matches checks that st was issued for the call want describes (every
-// field but Approval, Expires and Nonce).
+// field but Approval, Held, Expires and Nonce).
 func (st State) Matches(want State) error {
 	if st.Caller != want.Caller || st.Session != want.Session || st.Service != want.Service ||
-		st.Method != want.Method || st.Tool != want.Tool || st.Args != want.Args {
+		st.Method != want.Method || st.Tool != want.Tool || st.URI != want.URI || st.Args != want.Args {
 		return ErrStateMismatch
 	}
 	return nil

@@ -193,9 +193,9 @@ func (h *Handler) hold(w http.ResponseWriter, cur *gateway.Call, hc *heldCall, o
 	if err != nil {
 		return fail(err.Error())
 	}
-	state, err := h.stateless.Seal(mcp2026.State{Caller: cur.Caller.User, Session: gateway.SessionRef(cur.Session.ID),
-		Service: cur.Service.ID, Method: cur.Method, Tool: cur.Message.Name,
-		Args: mcp2026.ArgsDigest(cur.Message.Arguments), Held: id}, time.Until(deadline))
+	held := mcp2026.StateOf(cur.Caller.User, gateway.SessionRef(cur.Session.ID), cur.Service.ID, cur.Message)
+	held.Held = id
+	state, err := h.stateless.Seal(held, time.Until(deadline))
 	if err != nil {
 		h.stateless.Take(id, owner)
 		return fail("toolgate could not seal the requestState")

@@ -44,9 +44,9 @@ func (h *RequestHandler) pending(call *gateway.Call, d *gateway.Decision, a *app
 			message+" (declare the elicitation.url capability to be asked in band)", data)
 	}
 	ttl := time.Until(a.ExpiresAt)
-	state, err := rt.Seal(mcp2026.State{Caller: call.Caller.User, Session: gateway.SessionRef(call.Session.ID),
-		Service: call.Service.ID, Method: call.Method, Tool: call.Message.Name,
-		Args: mcp2026.ArgsDigest(call.Message.Arguments), Approval: a.ID}, ttl)
+	asked := mcp2026.StateOf(call.Caller.User, gateway.SessionRef(call.Session.ID), call.Service.ID, call.Message)
+	asked.Approval = a.ID
+	state, err := rt.Seal(asked, ttl)
 	if err != nil {
 		h.logger.Error("cannot seal a requestState", zap.Error(err))
 		return http.StatusOK, pendingMessage(call, d, a, base)

@@ -40,8 +40,7 @@ func (h *Handler) readStateless(w http.ResponseWriter, r *http.Request, call *ga
 	}
 	call.MCPSession = ms
 	if text, ok := mcpmsg.String(msg.RequestState); ok && mcp2026.IsOwnState(text) {
-		want := mcp2026.State{Caller: call.Caller.User, Session: gateway.SessionRef(call.Session.ID),
-			Service: svc.ID, Method: msg.Method, Tool: msg.Name, Args: mcp2026.ArgsDigest(msg.Arguments)}
+		want := mcp2026.StateOf(call.Caller.User, gateway.SessionRef(call.Session.ID), svc.ID, msg)
 		redeemed, err := h.stateless.Redeem(r.Context(), text, want)
 		if err != nil {
 			h.logger.Info("refused a requestState", zap.String("service", svc.ID), zap.Error(err))
