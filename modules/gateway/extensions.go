@@ -90,24 +90,36 @@ func (a *App) TakeClientAnswers(prefix string, fn ClientAnswerFunc) {
 // ClientAnswer hands answer to the capability whose request it answers.
 // taken is false when the answer is not to a request of toolgate's own.
 func (a *App) ClientAnswer(ctx context.Context, call *Call, answer mcpmsg.Message) (taken bool, err error) {
-	var id string
-	if answer.Kind != mcpmsg.Response || json.Unmarshal(answer.ID, &id) != nil {
+	if answer.Kind != mcpmsg.Response {
 		return false, nil
 	}
-	if a.sharedMu == nil {
-		return false, nil
-	}
-	a.sharedMu.Lock()
-	var fn ClientAnswerFunc
-	for prefix, f := range a.answers {
-		if strings.HasPrefix(id, prefix) {
-			fn = f
-			break
-		}
-	}
-	a.sharedMu.Unlock()
+	fn := a.answerFor(answer.ID)
 	if fn == nil {
 		return false, nil
 	}
 	return true, fn(ctx, call, answer)
+}
+
+// OwnRequestID reports whether id (JSON text) is shaped like the id of a
+// request toolgate itself sends runners: an upstream's request with such
+// an id is refused, so that the runner's answer to it can never be taken
+// for an answer to toolgate (an upstream asking "continue?" under the id
+// of a pending in-band approval would approve another call).
+func (a *App) OwnRequestID(id []byte) bool { return a.answerFor(id) != nil }
+
+// answerFor is the function taking answers to the request id names, nil
+// when none of toolgate's own requests has such an id.
+func (a *App) answerFor(id []byte) ClientAnswerFunc {
+	var s string
+	if a.sharedMu == nil || json.Unmarshal(id, &s) != nil {
+		return nil
+	}
+	a.sharedMu.Lock()
+	defer a.sharedMu.Unlock()
+	for prefix, f := range a.answers {
+		if strings.HasPrefix(s, prefix) {
+			return f
+		}
+	}
+	return nil
 }

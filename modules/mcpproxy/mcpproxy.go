@@ -298,6 +298,10 @@ func (h *Handler) deliver(ctx context.Context, call *gateway.Call, msg mcpmsg.Me
 			h.refuseServerRequest(call, msg, "the client's request does not accept an SSE stream, so toolgate cannot relay "+msg.Method+" to it")
 			return message{}
 		}
+		if h.app.OwnRequestID(msg.ID) {
+			h.refuseServerRequest(call, msg, "the request's id is of the form toolgate gives its own requests to the client; use another id")
+			return message{}
+		}
 		out, ok := h.inspect(ctx, call, msg, gateway.ChannelServerRequest)
 		if !ok {
 			h.refuseServerRequest(call, msg, "toolgate's policy withheld "+msg.Method+" from the client")
