@@ -6,9 +6,11 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"strings"
 	"sync"
 	"time"
 
+	"github.com/tidwall/gjson"
 	"go.uber.org/zap"
 
 	"github.com/toolgate/toolgate/internal/mcpmsg"
@@ -192,6 +194,22 @@ func ArgsDigest(args []byte) string {
 // OwnInput is the key of toolgate's own input request in inputRequests
 // (and of its answer in inputResponses).
 const OwnInput = "io.toolgate/approval"
+
+// ownInputPrefix starts the keys toolgate reserves for its own input
+// requests.
+const ownInputPrefix = "io.toolgate/"
+
+// ReservedInput reports whether an input_required result names an input
+// request with a key toolgate reserves: from an upstream, that is one
+// posing as toolgate's own (an approval round), and is refused.
+func ReservedInput(result []byte) bool {
+	reserved := false
+	gjson.GetBytes(result, "inputRequests").ForEach(func(k, _ gjson.Result) bool {
+		reserved = strings.HasPrefix(k.String(), ownInputPrefix)
+		return !reserved
+	})
+	return reserved
+}
 
 // WithoutOwnState returns the body of a retried request without
 // toolgate's requestState and toolgate's input response, for the upstream.

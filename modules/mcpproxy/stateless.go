@@ -191,6 +191,11 @@ func (h *Handler) answerOwn(ctx context.Context, w http.ResponseWriter, call *ga
 // input_required result whose input requests the runner did not declare
 // replaced by MissingRequiredClientCapability.
 func (h *Handler) finishStateless(ctx context.Context, call *gateway.Call, msg mcpmsg.Message) []byte {
+	if mcp2026.ResultType(msg.Result) == mcp2026.ResultInputRequired && mcp2026.ReservedInput(msg.Result) {
+		h.logger.Warn("refused an upstream's input request under a key toolgate reserves", zap.String("service", call.Service.ID))
+		return gateway.RPCError(call.Message.ID, gateway.CodeUnavailable,
+			"the upstream asked for input under a key toolgate reserves for its own requests (io.toolgate/); the call is refused", nil)
+	}
 	result, changed := msg.Result, false
 	if call.HasResultHooks() {
 		out, err := call.RunResultHooks(ctx, msg.Result)

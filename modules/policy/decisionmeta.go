@@ -1,6 +1,8 @@
 package policy
 
 import (
+	"strings"
+
 	"github.com/open-policy-agent/opa/v1/ast"
 
 	"github.com/toolgate/toolgate/modules/gateway"
@@ -54,12 +56,17 @@ func skipSpace(b []byte, i int) int {
 	return i
 }
 
+// ownMetaPrefix starts the _meta keys toolgate writes (the decision, an
+// approval): an upstream's own are dropped, so that none can pose as
+// toolgate's (a "toolgate/approval" sending the person to another page).
+const ownMetaPrefix = "toolgate/"
+
 // withDecision returns the tools/call result res with
 // _meta["toolgate/decision"] set to {"id": id, "action": action}, so the
 // runner (and whoever reads its transcript) can find the decision in the
-// audit log. The rest of _meta and of the result is kept; a
-// "toolgate/decision" the upstream wrote is replaced, and a _meta that is
-// not an object too. res itself is not changed (its terms are shared with
+// audit log. The rest of _meta and of the result is kept but for the
+// upstream's "toolgate/…" keys, which are dropped, and a _meta that is not
+// an object, which is replaced. res itself is not changed (its terms are shared with
 // the policy input). A result that is not an object is returned as is.
 func withDecision(res *ast.Term, d *gateway.Decision) *ast.Term {
 	obj, ok := res.Value.(ast.Object)
@@ -70,7 +77,7 @@ func withDecision(res *ast.Term, d *gateway.Decision) *ast.Term {
 	if t := obj.Get(keyMeta); t != nil {
 		if m, ok := t.Value.(ast.Object); ok {
 			m.Foreach(func(k, v *ast.Term) {
-				if !k.Equal(keyDecision) {
+				if s, ok := k.Value.(ast.String); !ok || !strings.HasPrefix(string(s), ownMetaPrefix) {
 					meta.Insert(k, v)
 				}
 			})
