@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"net"
 	"net/http"
 	"strings"
@@ -79,6 +80,10 @@ func (h *RequestHandler) hold(w http.ResponseWriter, r *http.Request, call *gate
 			h.logger.Warn("a held call cannot read its approval", zap.String("approval_id", a.ID), zap.Error(err))
 		case res.Kind == approval.Allow:
 			elicited()
+			if why := h.sessionEnded(ctx, call); why != "" {
+				stream.final(refusal(call, d, why))
+				return nil
+			}
 			err := h.allow(stream, r, call, next)
 			stream.Flush()
 			return err
@@ -92,6 +97,30 @@ func (h *RequestHandler) hold(w http.ResponseWriter, r *http.Request, call *gate
 			return nil
 		}
 	}
+}
+
+// sessionEnded says why call's toolgate session no longer authorizes it,
+// "" while it does: a held call runs only if its session is still live
+// when its approval comes (it may have expired, or been ended because its
+// runner misbehaved, while the call waited).
+func (h *RequestHandler) sessionEnded(ctx context.Context, call *gateway.Call) string {
+	s := call.Session
+	switch {
+	case s == nil:
+		return ""
+	case !s.ExpiresAt.IsZero() && time.Now().After(s.ExpiresAt):
+		return "the toolgate session expired while the call waited for its approval"
+	case s.Implied:
+		return ""
+	}
+	if _, err := h.app.Sessions().Get(ctx, s.ID); err != nil {
+		if errors.Is(err, gateway.ErrSessionNotFound) {
+			return "the toolgate session ended while the call waited for its approval"
+		}
+		h.logger.Warn("a held call cannot check its toolgate session", zap.Error(err))
+		return "toolgate cannot check the toolgate session right now (its storage is unavailable); send the call again"
+	}
+	return ""
 }
 
 // tellRunner says on the held call's stream where its approval is
