@@ -56,7 +56,9 @@ func Complete(method string, result []byte, private bool) []byte {
 
 // DiscoverResult is toolgate's answer to a runner's server/discover for a
 // service: the revisions toolgate speaks with runners, and the upstream's
-// capabilities, identity, instructions and caching hints.
+// capabilities, identity, instructions and caching hints (cacheScope
+// "private" for an upstream of an earlier revision, which toolgate
+// initialized for the caller).
 func DiscoverResult(d Discovery) []byte {
 	caps := d.Capabilities
 	if caps == nil {
@@ -84,8 +86,14 @@ func DiscoverResult(d Discovery) []byte {
 	if ttl == nil {
 		ttl = []byte("0")
 	}
-	if scope == nil {
+	switch {
+	case scope != nil:
+	case d.Stateless:
 		scope = []byte(`"public"`)
+	default:
+		// toolgate initialized an upstream session for the caller, with
+		// their credential: what it said is theirs.
+		scope = []byte(`"private"`)
 	}
 	b = append(b, `,"ttlMs":`...)
 	b = append(b, ttl...)

@@ -28,7 +28,7 @@ type Runtime struct {
 	mu       sync.Mutex
 	implied  map[string]*gateway.MCPSession
 	opener   Opener
-	discover map[string]Discovery // by service id
+	discover map[string]Discovery // by service and caller (discoveryKey)
 
 	holds   holds
 	eras    eras
@@ -141,20 +141,26 @@ func (rt *Runtime) Session(ctx context.Context, call *gateway.Call, svc *gateway
 	return ms, nil
 }
 
-// SetDiscovery records what a service's upstream said about itself.
-func (rt *Runtime) SetDiscovery(service string, d Discovery) {
+// SetDiscovery records what the call's service's upstream said about
+// itself to the call's caller. It is kept per caller: an upstream may
+// answer each caller with their own credential, and what it told one is
+// not another's to read.
+func (rt *Runtime) SetDiscovery(call *gateway.Call, d Discovery) {
 	rt.mu.Lock()
-	rt.discover[service] = d
+	rt.discover[discoveryKey(call)] = d
 	rt.mu.Unlock()
 }
 
-// Discovery returns what the service's upstream last said about itself.
-func (rt *Runtime) Discovery(service string) (Discovery, bool) {
+// Discovery returns what the call's service's upstream last said about
+// itself to the call's caller.
+func (rt *Runtime) Discovery(call *gateway.Call) (Discovery, bool) {
 	rt.mu.Lock()
 	defer rt.mu.Unlock()
-	d, ok := rt.discover[service]
+	d, ok := rt.discover[discoveryKey(call)]
 	return d, ok
 }
+
+func discoveryKey(call *gateway.Call) string { return call.Service.ID + "\n" + call.Caller.User }
 
 // Seal seals st, valid for ttl.
 func (rt *Runtime) Seal(st State, ttl time.Duration) (string, error) {

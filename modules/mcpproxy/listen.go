@@ -19,7 +19,7 @@ import (
 // stream the notifications the filter asked for, each tagged with the
 // subscription's id, until the runner closes the stream.
 func (h *Handler) listenLegacy(ctx context.Context, w http.ResponseWriter, r *http.Request, call *gateway.Call) {
-	d, _ := h.stateless.Discovery(call.Service.ID)
+	d, _ := h.stateless.Discovery(call)
 	caps := gjson.ParseBytes(d.Capabilities)
 	asked := gjson.GetBytes(call.Message.Params, "notifications")
 	filter := listenFilter{

@@ -56,7 +56,7 @@ func (h *Handler) serveStateless(w http.ResponseWriter, r *http.Request, call *g
 	modern := up.ProtocolVersion == mcp2026.Version
 	switch {
 	case call.Method == "server/discover":
-		d, _ := h.stateless.Discovery(call.Service.ID)
+		d, _ := h.stateless.Discovery(call)
 		h.answerOwn(ctx, w, call, gateway.RPCResult(call.Message.ID, mcp2026.DiscoverResult(d)))
 		return
 	case !modern && mcp2026.IsRemoved(call.Method):
@@ -214,7 +214,11 @@ func (h *Handler) finishStateless(ctx context.Context, call *gateway.Call, msg m
 				"the server needs client capabilities this request did not declare", mcp2026.MissingCapability(missing))
 		}
 	}
-	completed := mcp2026.Complete(call.Method, result, changed || call.Method == "tools/list")
+	// An upstream of an earlier revision answers in an MCP session toolgate
+	// initialized for the caller (with their credential): the answer is
+	// theirs, whatever cacheScope it claims.
+	private := changed || call.Method == "tools/list" || call.MCPSession.Upstream().ProtocolVersion != mcp2026.Version
+	completed := mcp2026.Complete(call.Method, result, private)
 	if !changed && len(completed) == len(result) {
 		return msg.Raw
 	}
@@ -314,7 +318,7 @@ func (h *Handler) initializeFor(ctx context.Context, call *gateway.Call) (gatewa
 		return gateway.Upstream{}, err
 	}
 	drain(ack)
-	h.stateless.SetDiscovery(call.Service.ID, mcp2026.Discovery{Capabilities: rawOrNil(res.Get("capabilities")),
+	h.stateless.SetDiscovery(call, mcp2026.Discovery{Capabilities: rawOrNil(res.Get("capabilities")),
 		ServerInfo: rawOrNil(res.Get("serverInfo")), Instructions: rawOrNil(res.Get("instructions"))})
 	return up, nil
 }

@@ -53,7 +53,7 @@ func (h *Handler) probeDiscover(ctx context.Context, call *gateway.Call) (res gj
 	res = gjson.ParseBytes(msg.Result)
 	for _, v := range res.Get("supportedVersions").Array() {
 		if v.String() == mcp2026.Version {
-			h.stateless.SetDiscovery(call.Service.ID, mcp2026.Discovery{Stateless: true,
+			h.stateless.SetDiscovery(call, mcp2026.Discovery{Stateless: true,
 				Capabilities: rawOrNil(res.Get("capabilities")), ServerInfo: rawOrNil(res.Get("_meta").Get(gjson.Escape(mcp2026.MetaServerInfo))),
 				Instructions: rawOrNil(res.Get("instructions")), TTLMs: rawOrNil(res.Get("ttlMs")), CacheScope: rawOrNil(res.Get("cacheScope"))})
 			return res, true, nil
@@ -91,7 +91,7 @@ func (h *Handler) modernOnly(ctx context.Context, call *gateway.Call) bool {
 // revision removed (resource subscriptions: the GET stream carries list
 // changes only), identity and instructions.
 func (h *Handler) initializeTranslated(ctx context.Context, w http.ResponseWriter, r *http.Request, call *gateway.Call, ms *gateway.MCPSession, replay []byte) {
-	d, _ := h.stateless.Discovery(call.Service.ID)
+	d, _ := h.stateless.Discovery(call)
 	if err := ms.SetUpstream(ctx, gateway.Upstream{ProtocolVersion: mcp2026.Version, InitializeParams: replay}); err != nil {
 		h.answerError(w, r, call, err)
 		return
@@ -371,7 +371,7 @@ func (h *Handler) streamTranslated(w http.ResponseWriter, r *http.Request, call 
 	defer cancel()
 	defer context.AfterFunc(call.MCPSession.Context(), cancel)()
 	up := call.MCPSession.Upstream()
-	d, _ := h.stateless.Discovery(call.Service.ID)
+	d, _ := h.stateless.Discovery(call)
 	caps := gjson.ParseBytes(d.Capabilities)
 	filter := []byte("{}")
 	for _, f := range [][2]string{{"tools", "toolsListChanged"}, {"prompts", "promptsListChanged"}, {"resources", "resourcesListChanged"}} {
