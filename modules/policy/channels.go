@@ -7,6 +7,7 @@ import (
 
 	"github.com/open-policy-agent/opa/v1/ast"
 	"github.com/tidwall/gjson"
+	"go.uber.org/zap"
 
 	"github.com/toolgate/toolgate/internal/mcpmsg"
 	"github.com/toolgate/toolgate/modules/gateway"
@@ -206,11 +207,20 @@ func (h *ResultHandler) result(ctx context.Context, call *gateway.Call, rq *aske
 	if empty(result) {
 		return nil, nil
 	}
+	var own []byte // a tasks/list cut to this MCP session's tasks
+	if call.Method == "tasks/list" {
+		if cut, changed := h.ownTasks(ctx, call, result); changed {
+			own, result = cut, cut
+		}
+	}
 	v := h.evaluate(ctx, call, s, result)
 	call.Decision = v.d
 	o := v.o
 	switch {
 	case o.Action == gateway.ActionAllow:
+		if v.out == nil && own != nil {
+			return gateway.Whole(own), nil
+		}
 		return v.out, nil
 	case o.Action == gateway.ActionAsk && s.channel == channelResult && call.Method != "initialize":
 		if h.approvals == nil {
@@ -232,6 +242,41 @@ func (h *ResultHandler) result(ctx context.Context, call *gateway.Call, rq *aske
 		return gateway.Whole(gateway.ToolError("the result was withheld by policy: "+o.Reason, v.d)), nil
 	}
 	return nil, withheldError(v.d, o.Reason)
+}
+
+// ownTasks is a tasks/list result with only the tasks created through
+// call's MCP session, and whether any was left out. An upstream lists the
+// tasks of its own caller or session, and toolgate may call it for many
+// people (with one service-wide credential, or one program's session):
+// only toolgate knows whose a task is, as it does for tasks/get.
+func (h *ResultHandler) ownTasks(ctx context.Context, call *gateway.Call, result []byte) ([]byte, bool) {
+	tasks := gjson.GetBytes(result, "tasks")
+	if !tasks.IsArray() {
+		return result, false
+	}
+	out, cut := []byte{'['}, false
+	tasks.ForEach(func(_, t gjson.Result) bool {
+		mine := false
+		if ms := call.MCPSession; ms != nil {
+			var err error
+			if _, mine, err = ms.Task(ctx, t.Get("taskId").String()); err != nil {
+				h.logger.Warn("cannot read a listed task; it is left out", zap.String("service", call.Service.ID), zap.Error(err))
+			}
+		}
+		if !mine {
+			cut = true
+			return true
+		}
+		if len(out) > 1 {
+			out = append(out, ',')
+		}
+		out = append(out, t.Raw...)
+		return true
+	})
+	if !cut {
+		return result, false
+	}
+	return mcpmsg.ReplaceMember(result, "tasks", append(out, ']')), true
 }
 
 // withheldError answers the runner's request when its answer is withheld.
