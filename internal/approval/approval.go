@@ -176,6 +176,11 @@ type Call struct {
 	Method    string
 	Tool      string
 	Arguments []byte // as they would go upstream
+	// Within, when set, narrows the call to a context its arguments do
+	// not name: for a request naming a task, the MCP session the task was
+	// created in (a task id is the upstream's, and may be unique only in
+	// that session).
+	Within string
 }
 
 // Keys returns the call's key (everything, arguments included), its tool
@@ -184,6 +189,9 @@ func (c Call) Keys() (callKey, toolKey, digest string) {
 	sum := sha256.Sum256(Canonical(c.Arguments))
 	digest = hex.EncodeToString(sum[:])
 	toolKey = hashOf(c.Requester, c.Session, c.Service, c.Method, c.Tool)
+	if c.Within != "" {
+		toolKey = hashOf(toolKey, c.Within)
+	}
 	return hashOf(toolKey, digest), toolKey, digest
 }
 

@@ -171,11 +171,16 @@ func urlElicitation(call *gateway.Call) bool {
 
 // resultApproval is the call a result-stage approval is about: the runner's
 // request as approvals match it (so that its identical retry is released
-// the answer), naming the task's tool for a request that names a task.
+// the answer), naming the task's tool for a request that names a task,
+// within the MCP session that created the task (another session's task of
+// the same id is another task).
 func resultApproval(call *gateway.Call, rq *asked) approval.Call {
 	ac := approvalCall(call)
 	if rq != nil && rq.task != "" {
 		ac.Tool = rq.view.Message.Name
+		if call.MCPSession != nil {
+			ac.Within = gateway.SessionRef(call.MCPSession.ID)
+		}
 	}
 	return ac
 }
