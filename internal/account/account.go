@@ -222,7 +222,7 @@ func StoreToken(ctx context.Context, app *gateway.App, caller *gateway.Caller, s
 		return refuse(http.StatusBadRequest, "invalid_token", "give the token: non-empty, one line, at most 8 KiB")
 	}
 	conn := &gateway.Connection{Kind: gateway.AuthBearer, AccessToken: token, TokenType: "Bearer", ConnectedAt: time.Now().UTC()}
-	if err := app.Connections().Connect(ctx, svc.ID, caller.User, conn); err != nil {
+	if err := app.Connect(ctx, svc.ID, caller.User, conn); err != nil {
 		app.Logger().Error("storing connection", zapService(svc, err)...)
 		return Unavailable("the credential could not be stored")
 	}
@@ -234,7 +234,7 @@ func Disconnect(ctx context.Context, app *gateway.App, caller *gateway.Caller, s
 	if svc.Auth.Kind != gateway.AuthBearer && svc.Auth.Kind != gateway.AuthOAuth {
 		return refuse(http.StatusBadRequest, "wrong_auth_kind", "service "+svc.ID+" has no personal credentials")
 	}
-	if err := app.Connections().Delete(ctx, svc.ID, caller.User); err != nil {
+	if err := app.Disconnect(ctx, svc.ID, caller.User); err != nil {
 		app.Logger().Error("deleting connection", zapService(svc, err)...)
 		return Unavailable("the credential could not be deleted")
 	}

@@ -400,7 +400,7 @@ func (a *App) CompleteAuthorization(ctx context.Context, svc *Service, state, co
 	}
 	conn := &Connection{Kind: AuthOAuth, ConnectedAt: now().UTC()}
 	conn.applyToken(tok, o.Scopes)
-	if err := a.connections.Connect(ctx, svc.ID, st.User, conn); err != nil {
+	if err := a.Connect(ctx, svc.ID, st.User, conn); err != nil {
 		countConnect(svc.ID, "failed")
 		a.logger.Error("storing a new oauth grant failed", zap.String("service", svc.ID), zap.Error(err))
 		return "", err
@@ -598,9 +598,34 @@ type refreshed struct {
 }
 
 // refreshLockName is the storage lock serializing refreshes of user's
-// grant for service, derived from the grant's storage key.
+// grant for service, derived from the grant's storage key. Connecting and
+// disconnecting take it too, so that a refresh on its way never writes
+// back a grant that was replaced or forgotten meanwhile.
 func refreshLockName(service, user string) string {
 	return "toolgate_refresh_" + hashKey(ConnectionKey(service, user))
+}
+
+// withGrantLock runs fn holding user's grant lock for service (see
+// refreshLockName).
+func (a *App) withGrantLock(ctx context.Context, service, user string, fn func() error) error {
+	lock := refreshLockName(service, user)
+	if err := a.storage.Lock(ctx, lock); err != nil {
+		return fmt.Errorf("%w: waiting for the credential's lock: %v", ErrStorageUnavailable, err)
+	}
+	defer a.unlock(lock)
+	return fn()
+}
+
+// Connect stores user's new credential for service (see
+// ConnectionStore.Connect), after any refresh of the old one on its way.
+func (a *App) Connect(ctx context.Context, service, user string, conn *Connection) error {
+	return a.withGrantLock(ctx, service, user, func() error { return a.connections.Connect(ctx, service, user, conn) })
+}
+
+// Disconnect forgets user's credential for service, after any refresh of
+// it on its way (which would otherwise store it again).
+func (a *App) Disconnect(ctx context.Context, service, user string) error {
+	return a.withGrantLock(ctx, service, user, func() error { return a.connections.Delete(ctx, service, user) })
 }
 
 // refresh renews user's grant for svc under the grant's storage lock, and
