@@ -89,6 +89,9 @@ func (h *Handler) callback(w http.ResponseWriter, r *http.Request) {
 		writePage(w, http.StatusForbidden, otherBrowserPage(name))
 	case errors.Is(err, gateway.ErrInvalidState):
 		writePage(w, http.StatusBadRequest, invalidStatePage(name))
+	case errors.Is(err, gateway.ErrTokenType):
+		writePage(w, http.StatusBadGateway, page{Title: name + " was not connected",
+			Message: "The provider issued a kind of token toolgate cannot use (it presents bearer tokens only). Nothing was connected. Tell the gateway's administrator."})
 	case errors.Is(err, gateway.ErrGrantRejected):
 		writePage(w, http.StatusBadRequest, page{Title: name + " was not connected",
 			Message: "The provider did not accept the sign-in (" + err.Error() + "). Start connecting again."})

@@ -65,7 +65,21 @@ var (
 	// ErrProviderUnavailable: the provider failed (5xx), timed out or could
 	// not be reached. Retrying later may succeed; the grant is kept.
 	ErrProviderUnavailable = errors.New("the OAuth provider is unavailable")
+	// ErrTokenType: the provider issued a token of a type toolgate does not
+	// present (it sends bearer tokens only; RFC 6749 section 7.1: a client
+	// must not use a token type it does not understand, and a DPoP-bound
+	// token sent as a bearer token loses its binding). Nothing is stored.
+	ErrTokenType = errors.New("the provider issued a token that is not a bearer token, which toolgate cannot present")
 )
+
+// checkBearer checks that tok is a bearer token (a missing token_type counts as
+// one, as golang.org/x/oauth2 takes it).
+func checkBearer(tok *oauth2.Token) error {
+	if tok.Type() != "Bearer" {
+		return fmt.Errorf("%w (token_type %q); the gateway's administrator must configure the provider to issue bearer tokens to toolgate", ErrTokenType, tok.TokenType)
+	}
+	return nil
+}
 
 // ProviderError describes a failed token request without its response
 // body, which may hold secrets: only the HTTP status and the RFC 6749 error
@@ -398,6 +412,11 @@ func (a *App) CompleteAuthorization(ctx context.Context, svc *Service, state, co
 			zap.Int("status", pe.Status), zap.String("error_code", pe.Code), zap.String("reason", pe.Reason))
 		return "", pe
 	}
+	if err := checkBearer(tok); err != nil {
+		countConnect(svc.ID, "failed")
+		a.logger.Warn("oauth code exchange gave a token toolgate cannot present; nothing connected", zap.String("service", svc.ID), zap.Error(err))
+		return "", err
+	}
 	conn := &Connection{Kind: AuthOAuth, ConnectedAt: now().UTC()}
 	conn.applyToken(tok, o.Scopes)
 	if err := a.Connect(ctx, svc.ID, st.User, conn); err != nil {
@@ -682,6 +701,11 @@ func (a *App) refresh(svc *Service, user, refused string) (*Connection, string, 
 		a.logger.Warn("oauth token refresh failed; the grant is kept", fields...)
 		return nil, "failed", pe
 	}
+	if err := checkBearer(tok); err != nil {
+		a.logger.Warn("oauth token refresh gave a token toolgate cannot present; the grant is kept", zap.String("service", svc.ID),
+			zap.String("user", user), zap.Error(err))
+		return nil, "failed", err
+	}
 	next := *cur
 	next.applyToken(tok, o.Scopes)
 	next.RefreshedAt = now().UTC()
@@ -759,6 +783,12 @@ func (a *App) CredentialRefused(ctx context.Context, svc *Service, user string, 
 	if svc.Auth.Kind != AuthOAuth || conn.RefreshToken == "" {
 		return nil, ErrGrantRejected
 	}
+	if !conn.RefreshedAt.IsZero() && now().Sub(conn.RefreshedAt) < refusedRefreshInterval {
+		// Refreshed a moment ago, and refused all the same: a new token
+		// would be refused too, and each refusal must not cost a token
+		// request (a runner could make every call one).
+		return nil, ErrGrantRejected
+	}
 	conn, err = a.refreshShared(ctx, svc, user, conn.AccessToken)
 	if err != nil {
 		return nil, err
@@ -768,6 +798,10 @@ func (a *App) CredentialRefused(ctx context.Context, svc *Service, user string, 
 	}
 	return fresh, nil
 }
+
+// refusedRefreshInterval is how long after a refresh an upstream's refusal
+// of the token makes no new refresh: the person is asked to connect again.
+const refusedRefreshInterval = time.Minute
 
 // IsSignInError reports whether err (from CredentialFor) means the user
 // must connect the service (again), as opposed to a failure worth retrying.

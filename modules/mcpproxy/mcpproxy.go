@@ -655,6 +655,14 @@ func isKind(err error, kind errorKind) bool {
 	return errors.As(err, &ue) && ue.kind == kind
 }
 
+// statusOf is the HTTP status of an upstream's refusal, 0 for other errors.
+func statusOf(err error) int {
+	if ue, ok := errors.AsType[*upstreamError](err); ok {
+		return ue.status
+	}
+	return 0
+}
+
 // gatewayRequestID is the id of a request toolgate itself sends upstream.
 func gatewayRequestID() []byte {
 	return mcpmsg.Quote("toolgate-" + gateway.NewID())

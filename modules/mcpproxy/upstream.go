@@ -80,7 +80,10 @@ func (h *Handler) exchange(ctx context.Context, call *gateway.Call, up gateway.U
 		}()
 	}
 	resp, err = h.attempt(ctx, call, up, method, body, lastEventID)
-	if !isKind(err, kindUnauthorized) || call.Credential == nil {
+	// Only a 401 says the token may be stale: a 403 (a missing scope,
+	// RFC 6750 section 3.1) is not mended by a new token, and refreshing
+	// on it would make every call a token request.
+	if !isKind(err, kindUnauthorized) || call.Credential == nil || statusOf(err) != http.StatusUnauthorized {
 		return resp, err
 	}
 	fresh, ferr := h.app.CredentialRefused(ctx, call.Service, call.Caller.User, call.Credential)
