@@ -47,6 +47,17 @@ func acceptsSSE(r *http.Request) bool {
 // decided or the wait ends. An approved call continues through the rest of
 // the pipeline on the same stream.
 func (h *RequestHandler) hold(w http.ResponseWriter, r *http.Request, call *gateway.Call, d *gateway.Decision, a *approval.Approval, next caddyhttp.Handler) error {
+	// A held call counts as a call in progress (max_streams_per_caller,
+	// max_streams). Past the limit it is not held: the runner is told
+	// where to approve at once, as without approval_wait.
+	done, err := h.app.OpenStream(call.Caller.User)
+	if err != nil {
+		status, msg := h.pending(call, d, a, h.app.BaseURL(r))
+		gateway.WriteRPC(w, status, msg)
+		h.completeWhenDecided(call, a)
+		return nil
+	}
+	defer done()
 	stream := newHeldStream(w)
 	page := approval.URL(h.app.BaseURL(r), a)
 	elicited := h.tellRunner(r.Context(), stream, call, a, page)
@@ -84,6 +95,7 @@ func (h *RequestHandler) hold(w http.ResponseWriter, r *http.Request, call *gate
 				stream.final(refusal(call, d, why))
 				return nil
 			}
+			done() // the call goes on, counted by the proxy
 			err := h.allow(stream, r, call, next)
 			stream.Flush()
 			return err
