@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"strconv"
+	"sync"
 	"time"
 
 	"go.uber.org/zap"
@@ -42,25 +43,35 @@ func Signature(secret string, timestamp int64, body []byte) string {
 }
 
 type delivery struct {
-	id   string
-	body []byte
+	id        string
+	body      []byte
+	requester string
 }
 
 // notifier delivers webhook bodies one after the other, retrying each with
 // backoff; a full queue drops new announcements (logged), never blocks a
-// call.
+// call. Each requester has a share of the queue: one that asks for
+// approvals without end fills their share, not everyone's, so that other
+// people's approvals are still announced.
 type notifier struct {
 	hook    *Webhook
 	client  *http.Client
 	logger  *zap.Logger
 	queue   chan delivery
 	backoff []time.Duration
+
+	mu     sync.Mutex
+	queued map[string]int // announcements waiting in queue, by requester
 }
 
-const hookQueue = 1024
+const (
+	hookQueue = 1024
+	// hookShare is how many of one requester's announcements may wait.
+	hookShare = 32
+)
 
 func newNotifier(w *Webhook, client *http.Client, logger *zap.Logger) *notifier {
-	return &notifier{hook: w, client: client, logger: logger, queue: make(chan delivery, hookQueue),
+	return &notifier{hook: w, client: client, logger: logger, queue: make(chan delivery, hookQueue), queued: map[string]int{},
 		backoff: []time.Duration{time.Second, 2 * time.Second, 4 * time.Second, 8 * time.Second, 16 * time.Second}}
 }
 
@@ -96,10 +107,27 @@ func (n *notifier) announce(a *Approval, pageURL string, withArguments bool, mas
 		body.Approval.Arguments = masked
 	}
 	data, _ := json.Marshal(body)
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.queued[a.Requester] >= hookShare {
+		n.logger.Warn("approval webhook: too many of this requester's announcements wait; one was dropped (the approval is on the console's queue)",
+			zap.String("approval_id", a.ID), zap.String("requester", a.Requester))
+		return
+	}
 	select {
-	case n.queue <- delivery{id: body.Delivery, body: data}:
+	case n.queue <- delivery{id: body.Delivery, body: data, requester: a.Requester}:
+		n.queued[a.Requester]++
 	default:
 		n.logger.Warn("approval webhook queue full: an announcement was dropped", zap.String("approval_id", a.ID))
+	}
+}
+
+// taken counts d out of its requester's share.
+func (n *notifier) taken(d delivery) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.queued[d.requester]--; n.queued[d.requester] <= 0 {
+		delete(n.queued, d.requester)
 	}
 }
 
@@ -109,6 +137,7 @@ func (n *notifier) run(done <-chan struct{}) {
 		case <-done:
 			return
 		case d := <-n.queue:
+			n.taken(d)
 			n.deliver(done, d)
 		}
 	}
