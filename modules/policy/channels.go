@@ -256,14 +256,7 @@ func (h *ResultHandler) ownTasks(ctx context.Context, call *gateway.Call, result
 	}
 	out, cut := []byte{'['}, false
 	tasks.ForEach(func(_, t gjson.Result) bool {
-		mine := false
-		if ms := call.MCPSession; ms != nil {
-			var err error
-			if _, mine, err = ms.Task(ctx, t.Get("taskId").String()); err != nil {
-				h.logger.Warn("cannot read a listed task; it is left out", zap.String("service", call.Service.ID), zap.Error(err))
-			}
-		}
-		if !mine {
+		if !h.ownTask(ctx, call, t.Get("taskId").String()) {
 			cut = true
 			return true
 		}
@@ -277,6 +270,21 @@ func (h *ResultHandler) ownTasks(ctx context.Context, call *gateway.Call, result
 		return result, false
 	}
 	return mcpmsg.ReplaceMember(result, "tasks", append(out, ']')), true
+}
+
+// ownTask reports whether the task id was created through call's MCP
+// session (false when that cannot be read: what is not known to be the
+// runner's is not shown to it).
+func (h *ResultHandler) ownTask(ctx context.Context, call *gateway.Call, id string) bool {
+	ms := call.MCPSession
+	if ms == nil || id == "" {
+		return false
+	}
+	_, mine, err := ms.Task(ctx, id)
+	if err != nil {
+		h.logger.Warn("cannot read a task of the MCP session; what names it is left out", zap.String("service", call.Service.ID), zap.Error(err))
+	}
+	return mine
 }
 
 // withheldError answers the runner's request when its answer is withheld.
@@ -294,6 +302,11 @@ func withheldError(d *gateway.Decision, reason string) error {
 func (h *ResultHandler) message(ctx context.Context, call *gateway.Call, rq *asked, msg gateway.UpstreamMessage) ([]byte, bool, error) {
 	if empty(msg.Payload) {
 		return nil, false, nil
+	}
+	if msg.Method == "notifications/tasks/status" && !h.ownTask(ctx, call, gjson.GetBytes(msg.Payload, "taskId").String()) {
+		// Another session's task (an upstream called for many people, or
+		// a program's one session shared): not this runner's to hear of.
+		return nil, true, nil
 	}
 	s := subject{channel: msg.Channel, method: msg.Method}
 	switch {
