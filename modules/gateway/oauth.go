@@ -69,7 +69,7 @@ var (
 	// present (it sends bearer tokens only; RFC 6749 section 7.1: a client
 	// must not use a token type it does not understand, and a DPoP-bound
 	// token sent as a bearer token loses its binding). Nothing is stored.
-	ErrTokenType = errors.New("the provider issued a token that is not a bearer token, which toolgate cannot present")
+	ErrTokenType = errors.New("the provider issued a token toolgate cannot present (it sends bearer tokens only)")
 )
 
 // checkBearer checks that tok is a bearer token (a missing token_type counts as
@@ -78,7 +78,29 @@ func checkBearer(tok *oauth2.Token) error {
 	if tok.Type() != "Bearer" {
 		return fmt.Errorf("%w (token_type %q); the gateway's administrator must configure the provider to issue bearer tokens to toolgate", ErrTokenType, tok.TokenType)
 	}
+	if !headerToken(tok.AccessToken) {
+		return fmt.Errorf("%w: its access token is empty, longer than %d bytes, or holds characters a header cannot carry", ErrTokenType, maxAccessToken)
+	}
 	return nil
+}
+
+// maxAccessToken bounds an access token toolgate keeps and sends.
+const maxAccessToken = 8192
+
+// headerToken reports whether a token can go in an Authorization header as
+// it is: not empty, at most maxAccessToken bytes, visible ASCII only (RFC
+// 6750's b64token is a subset). Any other would fail every call, each
+// time as a retryable error, instead of asking the person to connect again.
+func headerToken(t string) bool {
+	if t == "" || len(t) > maxAccessToken {
+		return false
+	}
+	for i := 0; i < len(t); i++ {
+		if t[i] <= ' ' || t[i] > '~' {
+			return false
+		}
+	}
+	return true
 }
 
 // ProviderError describes a failed token request without its response

@@ -448,3 +448,27 @@ func FuzzVerifyState(f *testing.F) {
 		}
 	})
 }
+
+// A token that cannot go in a header as it is connects nothing.
+func TestCheckBearer(t *testing.T) {
+	for _, c := range []struct {
+		typ, token string
+		ok         bool
+	}{
+		{"Bearer", "eyJhbGciOi.abc-_~+/=", true},
+		{"", "opaque", true},
+		{"bearer", "x", true},
+		{"DPoP", "x", false},
+		{"mac", "x", false},
+		{"Bearer", "", false},
+		{"Bearer", "two\r\nlines", false},
+		{"Bearer", "with space", false},
+		{"Bearer", "non-ascii-é", false},
+		{"Bearer", strings.Repeat("a", maxAccessToken+1), false},
+	} {
+		err := checkBearer(&oauth2.Token{TokenType: c.typ, AccessToken: c.token})
+		if (err == nil) != c.ok || err != nil && !errors.Is(err, ErrTokenType) {
+			t.Errorf("checkBearer(%q, %.20q) = %v, want ok %v", c.typ, c.token, err, c.ok)
+		}
+	}
+}
