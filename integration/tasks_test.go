@@ -259,3 +259,26 @@ func rawStrings(msgs []json.RawMessage) []string {
 	}
 	return out
 }
+
+// A task of a tool that left the allowlist since it began (a reload) does
+// not deliver its result: the call would not run now.
+func TestTaskResultOfAToolNoLongerAllowed(t *testing.T) {
+	upURL := startTasksUpstream(t)
+	port := freePort(t)
+	cfg := gatewayConfig{Upstream: upURL, Tools: "build"}
+	g := startGatewayOnPort(t, port, cfg)
+	cfg.DataDir = g.DataDir
+	m := g.raw(t, aliceKey, g.createSession(t, aliceKey, "svc"), "svc")
+	m.initialize()
+	created := m.rpc(`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"build","arguments":{"mode":"plain"},"task":{"ttl":60000}}}`)
+	id, _ := dig(created, "result", "task", "taskId").(string)
+	if id == "" {
+		t.Fatalf("no task: %v", created)
+	}
+	cfg.Tools = "echo"
+	startGatewayOnPort(t, port, cfg)
+	got := m.rpc(fmt.Sprintf(`{"jsonrpc":"2.0","id":2,"method":"tasks/result","params":{"taskId":%q}}`, id))
+	if dig(got, "error", "code") != float64(-32602) || !strings.Contains(fmt.Sprint(dig(got, "error", "message")), "no longer allows") {
+		t.Errorf("the result of a task of a tool no longer allowed: %v", got)
+	}
+}

@@ -89,6 +89,13 @@ func (h *ResultHandler) asked(ctx context.Context, w http.ResponseWriter, call *
 			" in this MCP session: it relays "+call.Method+" only for tasks created through it, so that what a task yields is checked like the result of the call that created it", nil)
 		return nil, false
 	}
+	if call.Method == "tasks/result" && !call.Service.AllowsTool(t.Tool) {
+		// The tool left the allowlist since the task began: what it
+		// yields is not delivered, as its call would not run now.
+		call.Fail(w, http.StatusOK, gateway.CodeInvalidParams, "task "+quoteText(id)+" is a call of "+quoteText(t.Tool)+
+			", which service "+call.Service.ID+" no longer allows: its result is not delivered", nil)
+		return nil, false
+	}
 	view := *call
 	view.Method, view.Message.Name, view.Arguments, view.Tool = "tools/call", t.Tool, t.Arguments, nil
 	rq.view, rq.task = &view, id
