@@ -114,8 +114,13 @@ func (m *Manager) clientAnswer(ctx context.Context, call *gateway.Call, answer m
 	return errors.New("the approval cannot be decided right now: " + err.Error())
 }
 
-// maxWatches bounds the decisions watched at once (WatchDecision).
-const maxWatches = 10000
+// maxWatches bounds the decisions watched at once (WatchDecision), and
+// maxWatchesPerRequester those of one requester's approvals, so that one
+// person's flood of asks cannot take every place.
+const (
+	maxWatches             = 10000
+	maxWatchesPerRequester = 100
+)
 
 // WatchDecision calls decided once the approval a is decided, approved or
 // denied, on any replica: it reads the approval again when a replica
@@ -123,14 +128,16 @@ const maxWatches = 10000
 // ctx ends, the app stops, or the approval expires or goes. key names the
 // watch: a second watch under a key already watched is not started (a
 // runner asking again about the same approval). Past maxWatches at once,
-// nothing more is watched; it reports whether a watch started.
+// or maxWatchesPerRequester of a's requester, nothing more is watched; it
+// reports whether a watch started.
 func (m *Manager) WatchDecision(ctx context.Context, key string, a *Approval, poll time.Duration, decided func(*Approval)) bool {
 	m.mu.Lock()
-	if _, dup := m.watches[key]; dup || len(m.watches) >= maxWatches {
+	if _, dup := m.watches[key]; dup || len(m.watches) >= maxWatches || m.watching[a.Requester] >= maxWatchesPerRequester {
 		m.mu.Unlock()
 		return false
 	}
 	m.watches[key] = struct{}{}
+	m.watching[a.Requester]++
 	m.mu.Unlock()
 	ctx, cancel := context.WithDeadline(ctx, a.ExpiresAt)
 	go func() {
@@ -138,6 +145,9 @@ func (m *Manager) WatchDecision(ctx context.Context, key string, a *Approval, po
 			cancel()
 			m.mu.Lock()
 			delete(m.watches, key)
+			if m.watching[a.Requester]--; m.watching[a.Requester] <= 0 {
+				delete(m.watching, a.Requester)
+			}
 			m.mu.Unlock()
 		}()
 		for ctx.Err() == nil {

@@ -108,8 +108,9 @@ type Manager struct {
 	// results: the sessions (requester and session ref) that had a result
 	// withheld through this replica, until when: only their calls look for
 	// a released result before going upstream.
-	results map[string]time.Time
-	watches map[string]struct{} // WatchDecision's keys
+	results  map[string]time.Time
+	watches  map[string]struct{} // WatchDecision's keys
+	watching map[string]int      // WatchDecision's watches by requester
 	// decisions hears of decisions made on other replicas (with a storage
 	// that announces changes), so that waiters wake at once instead of at
 	// their next poll.
@@ -134,7 +135,7 @@ func For(ctx caddy.Context, app *gateway.App) (*Manager, error) {
 
 func newManager(ctx caddy.Context, app *gateway.App) (*Manager, error) {
 	m := &Manager{app: app, audit: caddy.Log().Named("toolgate.audit"), logger: app.Logger().Named("approvals"),
-		waiting: map[string][]chan struct{}{}, results: map[string]time.Time{}, watches: map[string]struct{}{}}
+		waiting: map[string][]chan struct{}{}, results: map[string]time.Time{}, watches: map[string]struct{}{}, watching: map[string]int{}}
 	if raw := app.Extension("approvals"); raw != nil {
 		if err := jsonStrict(raw, &m.cfg); err != nil {
 			return nil, fmt.Errorf("approvals: %v", err)
