@@ -366,6 +366,25 @@ func (a *Approval) DecidedUnder(spec Spec) bool {
 	return asked.MayDecide(&gateway.Caller{User: a.DecidedBy, Groups: a.DecidedGroups})
 }
 
+// CoversUnder reports whether the approved a still covers an ask made with
+// spec by the policy of revision: its decider may decide it (DecidedUnder)
+// and, when the policy changed since a was asked for, a scope wider than
+// once is still one the policy offers and a is not older than the policy's
+// ttl now allows — so that a policy that narrows its approvals narrows
+// those already given.
+func (a *Approval) CoversUnder(spec Spec, revision string) bool {
+	if !a.DecidedUnder(spec) {
+		return false
+	}
+	if revision == a.Revision {
+		return true
+	}
+	if a.Scope != ScopeOnce && a.Scope != "" && !slices.Contains(spec.Scopes, a.Scope) {
+		return false
+	}
+	return spec.TTL <= 0 || now().Before(a.CreatedAt.Add(spec.TTL))
+}
+
 // AsksLike reports whether a pending a leaves its decision to exactly the
 // people spec does. Only then does an identical ask wait for a instead of
 // asking anew: a call the policy now leaves to admins must not run on an

@@ -107,3 +107,39 @@ func TestDecidedUnder(t *testing.T) {
 		}
 	}
 }
+
+// An approval given under a policy that changed since covers later asks
+// only on the policy's terms now: a scope it no longer offers, or an age
+// past its ttl now, does not cover them. Under the same policy, the scope
+// the approver chose holds.
+func TestCoversUnder(t *testing.T) {
+	created := now().Add(-30 * time.Minute)
+	session := &Approval{Requester: "alice", DecidedBy: "alice", Scope: ScopeSession, CreatedAt: created, Revision: "r1"}
+	tool := &Approval{Requester: "alice", DecidedBy: "alice", Scope: ScopeTool, CreatedAt: created, Revision: "r1"}
+	if !tool.CoversUnder(Spec{Scopes: []string{ScopeOnce}, TTL: time.Minute, RequesterMayApprove: true}, "r1") {
+		t.Error("under the same policy, a tool approval does not cover another call of the tool")
+	}
+	spec := func(js string) Spec {
+		s, err := ParseSpec([]byte(js))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	for _, c := range []struct {
+		a    *Approval
+		spec Spec
+		want bool
+	}{
+		{session, spec(`{"ttl":"1h","scopes":["once","session"]}`), true},
+		{session, spec(`{"ttl":"1h","scopes":["once"]}`), false},          // session scope no longer offered
+		{session, spec(`{"ttl":"10m","scopes":["once","session"]}`), false}, // older than the ttl now
+		{tool, spec(`{"ttl":"1h","scopes":["once","tool"]}`), true},
+		{tool, spec(`{"ttl":"1h","scopes":["once","session"]}`), false},
+		{session, spec(`{"ttl":"1h","scopes":["once","session"],"approvers":{"groups":["admins"]},"requester_may_approve":false}`), false},
+	} {
+		if got := c.a.CoversUnder(c.spec, "r2"); got != c.want {
+			t.Errorf("%s approval under %+v: covers %v, want %v", c.a.Scope, c.spec, got, c.want)
+		}
+	}
+}

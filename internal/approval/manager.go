@@ -318,8 +318,10 @@ func (m *Manager) Resolve(ctx context.Context, ask Ask) (res Resolution, err err
 			}
 		case StateApproved:
 			switch {
-			case !a.DecidedUnder(ask.Spec):
-				// Its decider may not decide this ask: it asks anew.
+			case !a.CoversUnder(ask.Spec, ask.Revision):
+				// Its decider may not decide this ask, or the policy changed
+				// and no longer gives approvals of its scope or age: it
+				// asks anew.
 			case a.Scope == ScopeTool && a.ToolKey == toolKey:
 				return Resolution{Kind: Allow, Approval: a}, nil
 			case !exact:
