@@ -132,7 +132,7 @@ func TestCoversUnder(t *testing.T) {
 		want bool
 	}{
 		{session, spec(`{"ttl":"1h","scopes":["once","session"]}`), true},
-		{session, spec(`{"ttl":"1h","scopes":["once"]}`), false},          // session scope no longer offered
+		{session, spec(`{"ttl":"1h","scopes":["once"]}`), false},            // session scope no longer offered
 		{session, spec(`{"ttl":"10m","scopes":["once","session"]}`), false}, // older than the ttl now
 		{tool, spec(`{"ttl":"1h","scopes":["once","tool"]}`), true},
 		{tool, spec(`{"ttl":"1h","scopes":["once","session"]}`), false},
