@@ -1,7 +1,6 @@
 package integration
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -10,7 +9,6 @@ import (
 	"net/http/httptest"
 	"net/url"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -19,8 +17,6 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/auth"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
-
-	"github.com/toolgate/toolgate/internal/testproc"
 )
 
 // Attacks on the per-user OAuth connect flow and credential injection
@@ -354,68 +350,17 @@ if (process.env.TASKS_TRANSPORT === 'stdio') {
 }
 `
 
-// attackTasksScriptFile writes attackTasksScript beside the cached TypeScript SDK
-// (installed from npm once, as startTasksUpstream does) and returns its
-// path.
+// attackTasksScriptFile writes attackTasksScript beside the cached
+// TypeScript SDK and returns its path.
 func attackTasksScriptFile(t *testing.T) string {
 	t.Helper()
-	if _, err := exec.LookPath("node"); err != nil {
-		requirePeer(t, "Node.js (node and npm) is needed for the tasks upstream, built with the MCP TypeScript SDK")
-	}
-	dir := filepath.Join(cacheDir(t), "tasks-upstream-sdk-"+tasksSDKVersion)
-	if _, err := os.Stat(filepath.Join(dir, "node_modules", "@modelcontextprotocol", "sdk", "package.json")); err != nil {
-		startTasksUpstream(t) // installs the SDK into dir
-	}
-	run, err := os.MkdirTemp(dir, "run-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(run) })
-	script := filepath.Join(run, "server.mjs")
-	if err := os.WriteFile(script, []byte(attackTasksScript), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	return script
+	return tasksScript(t, []byte(attackTasksScript))
 }
 
 // startAttackTasksUpstream runs attackTasksScript over HTTP in mode and returns its URL.
 func startAttackTasksUpstream(t *testing.T, mode string) string {
 	t.Helper()
-	script := attackTasksScriptFile(t)
-	cmd := exec.Command("node", script)
-	cmd.Env = append(os.Environ(), "TASKS_MODE="+mode)
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var logs testproc.Output
-	cmd.Stderr = &logs
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-		if t.Failed() {
-			t.Logf("tasks upstream output:\n%s", logs.String())
-		}
-	})
-	port := make(chan string, 1)
-	go func() {
-		sc := bufio.NewScanner(stdout)
-		for sc.Scan() {
-			if p, ok := strings.CutPrefix(sc.Text(), "listening "); ok {
-				port <- p
-			}
-		}
-	}()
-	select {
-	case p := <-port:
-		return "http://127.0.0.1:" + p + "/mcp"
-	case <-time.After(60 * time.Second):
-		t.Fatalf("the tasks upstream did not start listening:\n%s", logs.String())
-	}
-	return ""
+	return runTasksScript(t, attackTasksScriptFile(t), "TASKS_MODE="+mode)
 }
 
 // buildTask makes a task-augmented call of build and returns the task id.

@@ -27,6 +27,18 @@ const (
 // from npm once into the cache.
 func startTasksUpstream(t *testing.T) string {
 	t.Helper()
+	script, err := os.ReadFile(filepath.Join("tasksserver", "server.mjs"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return runTasksScript(t, tasksScript(t, script))
+}
+
+// tasksScript writes a script of the TypeScript SDK beside the SDK (which it
+// installs from npm once into the cache), where Node looks for what the
+// script imports, and returns its path.
+func tasksScript(t *testing.T, text []byte) string {
+	t.Helper()
 	if _, err := exec.LookPath("node"); err != nil {
 		requirePeer(t, "Node.js (node and npm) is needed for the tasks upstream, built with the MCP TypeScript SDK")
 	}
@@ -51,21 +63,24 @@ func startTasksUpstream(t *testing.T) string {
 			}
 		}
 	}
-	// The script runs from beside node_modules, where Node looks for what
-	// it imports.
 	run, err := os.MkdirTemp(dir, "run-")
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(run) })
-	script, err := os.ReadFile(filepath.Join("tasksserver", "server.mjs"))
-	if err != nil {
+	script := filepath.Join(run, "server.mjs")
+	if err := os.WriteFile(script, text, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(filepath.Join(run, "server.mjs"), script, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command("node", filepath.Join(run, "server.mjs"))
+	return script
+}
+
+// runTasksScript runs a tasks script over HTTP, with env added to its
+// environment, and returns its URL once it listens.
+func runTasksScript(t *testing.T, script string, env ...string) string {
+	t.Helper()
+	cmd := exec.Command("node", script)
+	cmd.Env = append(os.Environ(), env...)
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
