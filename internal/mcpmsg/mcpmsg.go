@@ -19,6 +19,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"unicode/utf16"
 	"unicode/utf8"
 )
@@ -840,31 +841,59 @@ func String(raw []byte) (string, bool) {
 func ReplaceStrings(data []byte, f func(s string) (string, bool)) ([]byte, bool) {
 	var out []byte
 	last := 0
-	for i := 0; i < len(data); i++ {
-		if data[i] != '"' {
-			continue
-		}
-		start := i
-		for i++; i < len(data) && data[i] != '"'; i++ {
-			if data[i] == '\\' {
-				i++
-			}
-		}
-		if i >= len(data) {
-			break // not valid JSON: nothing more to look at
-		}
-		s, ok := String(data[start : i+1])
+	eachString(data, func(start, end int, _ bool) bool {
+		s, ok := String(data[start:end])
 		if !ok {
-			continue
+			return true
 		}
 		if repl, replace := f(s); replace {
 			out = append(out, data[last:start]...)
 			out = AppendQuote(out, repl)
-			last = i + 1
+			last = end
 		}
-	}
+		return true
+	})
 	if out == nil {
 		return data, false
 	}
 	return append(out, data[last:]...), true
+}
+
+// ContainsString reports whether a string of data, a valid JSON text
+// (member names included), holds needle once decoded, however it is
+// escaped. Strings without escapes are searched as they are, without
+// decoding them.
+func ContainsString(data []byte, needle string) bool {
+	if bytes.Contains(data, []byte(needle)) {
+		return true
+	}
+	found := false
+	eachString(data, func(start, end int, escaped bool) bool {
+		if escaped {
+			s, ok := String(data[start:end])
+			found = ok && strings.Contains(s, needle)
+		}
+		return !found
+	})
+	return found
+}
+
+// eachString calls f with the bounds of each string of data (its quotes
+// included) and whether it holds an escape, until f returns false.
+func eachString(data []byte, f func(start, end int, escaped bool) bool) {
+	for i := 0; i < len(data); i++ {
+		if data[i] != '"' {
+			continue
+		}
+		start, escaped := i, false
+		for i++; i < len(data) && data[i] != '"'; i++ {
+			if data[i] == '\\' {
+				escaped = true
+				i++
+			}
+		}
+		if i >= len(data) || !f(start, i+1, escaped) {
+			return // not valid JSON, or done
+		}
+	}
 }

@@ -29,3 +29,20 @@ func TestReplaceStrings(t *testing.T) {
 		}
 	}
 }
+
+func TestContainsString(t *testing.T) {
+	for _, c := range []struct {
+		in   string
+		want bool
+	}{
+		{`{"a":"xx secret yy"}`, true},
+		{`{"a":"s\u0065cret"}`, true},
+		{`{"s\u0065cret":1}`, true},
+		{`{"a":"sec\"ret","b":"\n"}`, false},
+		{`{"a":"no","b":["s", "ecret"]}`, false},
+	} {
+		if got := ContainsString([]byte(c.in), "secret"); got != c.want {
+			t.Errorf("ContainsString(%s) = %v, want %v", c.in, got, c.want)
+		}
+	}
+}

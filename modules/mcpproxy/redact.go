@@ -1,7 +1,6 @@
 package mcpproxy
 
 import (
-	"bytes"
 	"strings"
 
 	"go.uber.org/zap"
@@ -39,11 +38,11 @@ func secretOf(c *gateway.Credential) string {
 // string it appears in, however the upstream escaped it: runners get
 // results, never the caller's credential, whether or not the result
 // policy knows its shape. A message without it is returned as it is, at
-// the cost of a byte search (and, when it holds escapes, a pass over its
-// strings).
+// the cost of a byte search (and the decoding of its strings that hold
+// escapes).
 func (h *Handler) redactCredential(call *gateway.Call, msg mcpmsg.Message) (mcpmsg.Message, error) {
 	secret := secretOf(call.Credential)
-	if secret == "" || !bytes.Contains(msg.Raw, []byte(secret)) && bytes.IndexByte(msg.Raw, '\\') < 0 {
+	if secret == "" || !mcpmsg.ContainsString(msg.Raw, secret) {
 		return msg, nil
 	}
 	raw, changed := mcpmsg.ReplaceStrings(msg.Raw, func(s string) (string, bool) {
