@@ -85,7 +85,7 @@ func checkBearer(tok *oauth2.Token) error {
 }
 
 // maxAccessToken bounds an access token toolgate keeps and sends.
-const maxAccessToken = 8192
+const maxAccessToken = 64 << 10
 
 // headerToken reports whether a token can go in an Authorization header as
 // it is: not empty, at most maxAccessToken bytes, visible ASCII only (RFC
