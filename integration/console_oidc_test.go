@@ -80,7 +80,7 @@ func startHostileIssuer(t *testing.T) *hostileIssuer {
 		delete(h.nonces, code)
 		now := time.Now()
 		claims := map[string]any{"iss": h.URL, "sub": "alice-id", "aud": "console-client", "nonce": nonce,
-			"iat": now.Unix(), "exp": now.Add(5 * time.Minute).Unix(), "email": alice}
+			"iat": now.Unix(), "exp": now.Add(5 * time.Minute).Unix(), "email": alice, "email_verified": true}
 		if h.claims != nil {
 			claims = h.claims(claims)
 		}
@@ -160,6 +160,8 @@ func TestConsoleOIDCRefusesWhatItCannotTrust(t *testing.T) {
 		{name: "groups as strings", claims: with(func(c map[string]any) { c["groups"] = []string{"admins"} }), in: true, admin: true},
 		{name: "groups as one string", claims: with(func(c map[string]any) { c["groups"] = "admins" })},
 		{name: "groups holding an object", claims: with(func(c map[string]any) { c["groups"] = []any{"eng", map[string]any{"name": "admins"}} })},
+		{name: "an email not verified", claims: with(func(c map[string]any) { c["email_verified"] = false })},
+		{name: "email_verified as text", claims: with(func(c map[string]any) { c["email_verified"] = "true" }), in: true},
 		{name: "another nonce", claims: with(func(c map[string]any) { c["nonce"] = "replayed" })},
 		{name: "no nonce", claims: with(func(c map[string]any) { delete(c, "nonce") })},
 		{name: "another client's token", claims: with(func(c map[string]any) { c["aud"] = "another-client" })},

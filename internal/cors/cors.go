@@ -65,16 +65,18 @@ func Preflight(w http.ResponseWriter, r *http.Request, methods string, extra ...
 
 // Allow marks the answer to a request from an allowed origin as readable
 // by that origin's page, with the headers an MCP client reads. Requests
-// without an Origin (not from a browser page) get nothing.
+// without an Origin (not from a browser page) get no CORS headers, but
+// every answer says it varies with Origin: a shared cache must not serve
+// the answer to a request without one to a page.
 func Allow(w http.ResponseWriter, r *http.Request) {
+	h := w.Header()
+	h.Add("Vary", "Origin")
 	origin := r.Header.Get("Origin")
 	if origin == "" {
 		return
 	}
-	h := w.Header()
 	h.Set("Access-Control-Allow-Origin", origin)
 	h.Set("Access-Control-Expose-Headers", exposed)
-	h.Add("Vary", "Origin")
 }
 
 // allowedHeaders is the comma-separated list of the requested headers

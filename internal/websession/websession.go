@@ -40,10 +40,13 @@ var now = time.Now
 // Session is a person's sign-in in one browser.
 type Session struct {
 	// ID is the cookie's value; storage holds only its hash.
-	ID        string        `json:"-"`
-	User      string        `json:"user"`
-	Groups    []string      `json:"groups,omitempty"`
-	Method    string        `json:"method"` // "oidc" or "api_key"
+	ID     string   `json:"-"`
+	User   string   `json:"user"`
+	Groups []string `json:"groups,omitempty"`
+	Method string   `json:"method"` // "oidc" or "api_key"
+	// Key is, for an API-key sign-in, the key's SHA-256 (hex): the sign-in
+	// lasts as long as the configuration has the key for that user.
+	Key       string        `json:"key,omitempty"`
 	CreatedAt time.Time     `json:"created_at"`
 	SeenAt    time.Time     `json:"seen_at"`
 	Idle      time.Duration `json:"idle"`       // the session ends when unused this long
@@ -87,6 +90,7 @@ var ErrNotSignedIn = errors.New("not signed in")
 type Store struct {
 	storage certmagic.Storage
 	perUser int
+	auth    *gateway.AuthConfig // the API keys API-key sign-ins are checked against; nil: none
 }
 
 const (
@@ -97,9 +101,11 @@ const (
 )
 
 // NewStore returns a store over storage that keeps at most perUser
-// sessions of one person (signing in again ends the oldest).
-func NewStore(storage certmagic.Storage, perUser int) *Store {
-	return &Store{storage: storage, perUser: perUser}
+// sessions of one person (signing in again ends the oldest). An API-key
+// sign-in lives only while auth has the key for its user, and has the
+// key's groups now.
+func NewStore(storage certmagic.Storage, perUser int, auth *gateway.AuthConfig) *Store {
+	return &Store{storage: storage, perUser: perUser, auth: auth}
 }
 
 func hashOf(s string) string {
@@ -112,14 +118,14 @@ func indexKey(user, ref string) string { return path.Join(byUserPrefix, hashOf(u
 
 // Create signs user in: a new session with groups, by method, that ends
 // when unused for idle and after lifetime at the latest.
-func (st *Store) Create(ctx context.Context, user string, groups []string, method string, idle, lifetime time.Duration) (*Session, error) {
+func (st *Store) Create(ctx context.Context, user string, groups []string, method, key string, idle, lifetime time.Duration) (*Session, error) {
 	if err := st.makeRoom(ctx, user); err != nil {
 		return nil, err
 	}
 	var b [32]byte
 	_, _ = rand.Read(b[:])
 	t := now().UTC()
-	s := &Session{ID: base64.RawURLEncoding.EncodeToString(b[:]), User: user, Groups: groups, Method: method,
+	s := &Session{ID: base64.RawURLEncoding.EncodeToString(b[:]), User: user, Groups: groups, Method: method, Key: key,
 		CreatedAt: t, SeenAt: t, Idle: idle, ExpiresAt: t.Add(lifetime)}
 	data, _ := json.Marshal(s)
 	ref := hashOf(s.ID)
@@ -307,8 +313,27 @@ func (st *Store) FromRequest(r *http.Request, secure bool) (*Session, error) {
 	if err != nil {
 		return nil, ErrNotSignedIn
 	}
-	return st.Get(r.Context(), c.Value)
+	s, err := st.Get(r.Context(), c.Value)
+	if err != nil || s.Method != MethodAPIKey {
+		return s, err
+	}
+	// An API-key sign-in ends with its key: revoked, or given to another
+	// user. Its groups are the key's now.
+	var caller *gateway.Caller
+	ok := st.auth != nil
+	if ok {
+		caller, ok = st.auth.CallerForAPIKeyDigest(s.Key)
+	}
+	if !ok || caller.User != s.User {
+		_ = st.Delete(r.Context(), s)
+		return nil, ErrNotSignedIn
+	}
+	s.Groups = caller.Groups
+	return s, nil
 }
+
+// MethodAPIKey is the Method of a sign-in with an API key.
+const MethodAPIKey = "api_key"
 
 // SetCookie gives the browser s's cookie. It lives as long as the session
 // may; the server decides when it ends.

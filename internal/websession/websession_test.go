@@ -49,8 +49,8 @@ func TestSessionLifecycle(t *testing.T) {
 	ctx := context.Background()
 	clock := setClock(t, time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC))
 	storage, dir := fileStorage(t)
-	st := NewStore(storage, 0)
-	s, err := st.Create(ctx, "alice@example.com", []string{"eng"}, "oidc", 30*time.Minute, 8*time.Hour)
+	st := NewStore(storage, 0, nil)
+	s, err := st.Create(ctx, "alice@example.com", []string{"eng"}, "oidc", "", 30*time.Minute, 8*time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -69,7 +69,7 @@ func TestSessionLifecycle(t *testing.T) {
 	if got.CSRF() != s.CSRF() || !got.CheckCSRF(s.CSRF()) || got.CheckCSRF("") || got.CheckCSRF(s.CSRF()+"x") {
 		t.Error("the CSRF token is not stable per session or checks wrongly")
 	}
-	other, _ := st.Create(ctx, "alice@example.com", nil, "oidc", time.Hour, time.Hour)
+	other, _ := st.Create(ctx, "alice@example.com", nil, "oidc", "", time.Hour, time.Hour)
 	if other.CSRF() == s.CSRF() || other.Ref() == s.Ref() {
 		t.Error("two sessions share a CSRF token or a ref")
 	}
@@ -87,7 +87,7 @@ func TestSessionLifecycle(t *testing.T) {
 	}
 
 	// The absolute lifetime ends a session however much it is used.
-	s, _ = st.Create(ctx, "bob", nil, "api_key", time.Hour, 2*time.Hour)
+	s, _ = st.Create(ctx, "bob", nil, "api_key", "", time.Hour, 2*time.Hour)
 	for range 5 {
 		*clock = clock.Add(25 * time.Minute)
 		_, err = st.Get(ctx, s.ID)
@@ -108,10 +108,10 @@ func TestSignOutAndSignOutEverywhere(t *testing.T) {
 	ctx := context.Background()
 	setClock(t, time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC))
 	storage, dir := fileStorage(t)
-	st := NewStore(storage, 0)
-	a1, _ := st.Create(ctx, "alice", nil, "oidc", time.Hour, time.Hour)
-	a2, _ := st.Create(ctx, "alice", nil, "oidc", time.Hour, time.Hour)
-	b1, _ := st.Create(ctx, "bob", nil, "oidc", time.Hour, time.Hour)
+	st := NewStore(storage, 0, nil)
+	a1, _ := st.Create(ctx, "alice", nil, "oidc", "", time.Hour, time.Hour)
+	a2, _ := st.Create(ctx, "alice", nil, "oidc", "", time.Hour, time.Hour)
+	b1, _ := st.Create(ctx, "bob", nil, "oidc", "", time.Hour, time.Hour)
 	if err := st.Delete(ctx, a1); err != nil {
 		t.Fatal(err)
 	}
@@ -121,7 +121,7 @@ func TestSignOutAndSignOutEverywhere(t *testing.T) {
 	if _, err := st.Get(ctx, a2.ID); err != nil {
 		t.Fatalf("signing out one browser ended another: %v", err)
 	}
-	a3, _ := st.Create(ctx, "alice", nil, "oidc", time.Hour, time.Hour)
+	a3, _ := st.Create(ctx, "alice", nil, "oidc", "", time.Hour, time.Hour)
 	if n, err := st.DeleteAll(ctx, "alice"); err != nil || n != 2 {
 		t.Fatalf("DeleteAll = %d, %v; want 2", n, err)
 	}
@@ -142,10 +142,10 @@ func TestSessionsPerPersonAreBounded(t *testing.T) {
 	ctx := context.Background()
 	clock := setClock(t, time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC))
 	storage, _ := fileStorage(t)
-	st := NewStore(storage, 3)
+	st := NewStore(storage, 3, nil)
 	var made []*Session
 	for range 5 {
-		s, err := st.Create(ctx, "alice", nil, "oidc", time.Hour, time.Hour)
+		s, err := st.Create(ctx, "alice", nil, "oidc", "", time.Hour, time.Hour)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -164,9 +164,9 @@ func TestSweep(t *testing.T) {
 	ctx := context.Background()
 	clock := setClock(t, time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC))
 	storage, dir := fileStorage(t)
-	st := NewStore(storage, 0)
-	_, _ = st.Create(ctx, "alice", nil, "oidc", time.Minute, time.Hour)
-	keep, _ := st.Create(ctx, "bob", nil, "oidc", time.Hour, time.Hour)
+	st := NewStore(storage, 0, nil)
+	_, _ = st.Create(ctx, "alice", nil, "oidc", "", time.Minute, time.Hour)
+	keep, _ := st.Create(ctx, "bob", nil, "oidc", "", time.Hour, time.Hour)
 	*clock = clock.Add(2 * time.Minute)
 	if n, err := st.Sweep(ctx); n != 1 || err != nil {
 		t.Fatalf("Sweep = %d, %v; want 1", n, err)
@@ -183,8 +183,8 @@ func TestCookies(t *testing.T) {
 	ctx := context.Background()
 	setClock(t, time.Now())
 	storage, _ := fileStorage(t)
-	st := NewStore(storage, 0)
-	s, _ := st.Create(ctx, "alice", nil, "oidc", time.Hour, time.Hour)
+	st := NewStore(storage, 0, nil)
+	s, _ := st.Create(ctx, "alice", nil, "oidc", "", time.Hour, time.Hour)
 	for _, secure := range []bool{true, false} {
 		w := httptest.NewRecorder()
 		SetCookie(w, s, secure)
@@ -230,8 +230,8 @@ func TestSignOutWinsOverARecordedUse(t *testing.T) {
 	clock := setClock(t, time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC))
 	files, _ := fileStorage(t)
 	storage := &hookedStorage{Storage: files}
-	st := NewStore(storage, 0)
-	stolen, _ := st.Create(ctx, "alice", nil, "oidc", time.Hour, 8*time.Hour)
+	st := NewStore(storage, 0, nil)
+	stolen, _ := st.Create(ctx, "alice", nil, "oidc", "", time.Hour, 8*time.Hour)
 	*clock = clock.Add(2 * time.Minute) // the next use is written back
 	storage.key = recordKey(stolen.ID)
 	storage.beforeStore = func() {
@@ -258,8 +258,8 @@ func TestSweepKeepsTheIndexOfLiveSessions(t *testing.T) {
 	ctx := context.Background()
 	clock := setClock(t, time.Now())
 	files, _ := fileStorage(t)
-	st := NewStore(blindExists{files}, 0)
-	s, err := st.Create(ctx, "alice", nil, "oidc", time.Hour, time.Hour)
+	st := NewStore(blindExists{files}, 0, nil)
+	s, err := st.Create(ctx, "alice", nil, "oidc", "", time.Hour, time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -273,7 +273,7 @@ func TestSweepKeepsTheIndexOfLiveSessions(t *testing.T) {
 	if err := files.Store(ctx, indexKey("bob", hashOf("being created")), []byte("x")); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := NewStore(files, 0).Sweep(ctx); err != nil {
+	if _, err := NewStore(files, 0, nil).Sweep(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if !files.Exists(ctx, indexKey("bob", hashOf("being created"))) {
@@ -281,7 +281,7 @@ func TestSweepKeepsTheIndexOfLiveSessions(t *testing.T) {
 	}
 	// Minutes later, with still no record, it is an orphan.
 	*clock = clock.Add(2 * time.Minute)
-	if _, err := NewStore(files, 0).Sweep(ctx); err != nil {
+	if _, err := NewStore(files, 0, nil).Sweep(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if files.Exists(ctx, indexKey("bob", hashOf("being created"))) {

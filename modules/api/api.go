@@ -60,7 +60,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return err
 	}
 	h.app = app.(*gateway.App)
-	h.browsers = websession.NewStore(h.app.Storage(), 0)
+	h.browsers = websession.NewStore(h.app.Storage(), 0, h.app.Auth)
 	if h.pins, err = toolpin.For(h.app); err != nil {
 		return err
 	}

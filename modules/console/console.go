@@ -131,7 +131,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if err != nil {
 		return fmt.Errorf("console templates: %v", err)
 	}
-	h.browsers = websession.NewStore(h.app.Storage(), maxBrowserSessions)
+	h.browsers = websession.NewStore(h.app.Storage(), maxBrowserSessions, h.app.Auth)
 	if h.pins, err = toolpin.For(h.app); err != nil {
 		return err
 	}

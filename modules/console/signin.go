@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"path"
 	"strconv"
 	"strings"
 	"sync"
@@ -145,7 +146,8 @@ func (h *Handler) signInPage(w http.ResponseWriter, r *http.Request) {
 // safeReturn keeps a return path only if it is a console page of this
 // gateway: never another site (open redirect).
 func safeReturn(p string) string {
-	if !strings.HasPrefix(p, gateway.ConsolePath) || strings.HasPrefix(p, "//") || strings.ContainsAny(p, "\\\r\n") {
+	if !strings.HasPrefix(p, gateway.ConsolePath) || !strings.HasPrefix(path.Clean(p), gateway.ConsolePath) ||
+		strings.HasPrefix(p, "//") || strings.ContainsAny(p, "\\\r\n") {
 		return gateway.ConsolePath + "services"
 	}
 	return p
@@ -172,12 +174,13 @@ func (h *Handler) apiKeySignIn(w http.ResponseWriter, r *http.Request) {
 		h.render(w, http.StatusUnauthorized, "signin", v)
 		return
 	}
-	h.startSession(w, r, caller.User, caller.Groups, "api_key", back)
+	h.startSession(w, r, caller.User, caller.Groups, websession.MethodAPIKey, gateway.KeyDigest(key), back)
 }
 
-// startSession signs user in in this browser and goes to back.
-func (h *Handler) startSession(w http.ResponseWriter, r *http.Request, user string, groups []string, method, back string) {
-	s, err := h.browsers.Create(r.Context(), user, groups, method, time.Duration(h.SessionIdle), time.Duration(h.SessionLifetime))
+// startSession signs user in in this browser (by method; with an API key,
+// key is its digest) and goes to back.
+func (h *Handler) startSession(w http.ResponseWriter, r *http.Request, user string, groups []string, method, key, back string) {
+	s, err := h.browsers.Create(r.Context(), user, groups, method, key, time.Duration(h.SessionIdle), time.Duration(h.SessionLifetime))
 	if err != nil {
 		h.logger.Error("storing a browser session", zap.Error(err))
 		h.refuse(w, r, http.StatusServiceUnavailable, "Unavailable", "toolgate could not sign you in because its storage is unavailable. Try again in a moment.")
@@ -323,7 +326,7 @@ func (h *Handler) oidcCallback(w http.ResponseWriter, r *http.Request) {
 		h.refuse(w, r, http.StatusUnauthorized, "Not signed in", "toolgate could not verify your sign-in: "+err.Error()+". Start again from the sign-in page.")
 		return
 	}
-	h.startSession(w, r, user, groups, "oidc", st.Return)
+	h.startSession(w, r, user, groups, "oidc", "", st.Return)
 }
 
 // verifySignIn exchanges the code and reads the person from the verified
@@ -376,11 +379,28 @@ func (h *Handler) verifySignIn(r *http.Request, o *OIDCIssuer, st signInState, c
 	if user == "" {
 		return "", nil, fmt.Errorf("the identity provider did not say who you are (no %q claim)", o.UserClaim)
 	}
+	if o.UserClaim == "email" && !emailVerified(claims["email_verified"]) {
+		// Anyone who can put an address on an account at the provider
+		// (sign-up, an editable profile) would sign in as its owner.
+		return "", nil, errors.New("the identity provider has not verified your email address, which names you here; verify it there, or ask the administrator to name users by another claim (such as sub)")
+	}
 	groups, err := gateway.GroupsClaim(claims, o.GroupsClaim)
 	if err != nil {
 		return "", nil, fmt.Errorf("the %q claim is not a list of group names", o.GroupsClaim)
 	}
 	return user, groups, nil
+}
+
+// emailVerified reads an email_verified claim: true, or "true" as some
+// providers write it.
+func emailVerified(v any) bool {
+	switch v := v.(type) {
+	case bool:
+		return v
+	case string:
+		return v == "true"
+	}
+	return false
 }
 
 // safeCode keeps an OAuth error code printable and short.

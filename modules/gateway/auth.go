@@ -312,6 +312,27 @@ func (a *AuthConfig) CallerForAPIKey(key string) (*Caller, bool) {
 	return k.caller, true
 }
 
+// KeyDigest is the SHA-256 (hex) of an API key, as CallerForAPIKeyDigest
+// takes it.
+func KeyDigest(key string) string {
+	sum := sha256.Sum256([]byte(key))
+	return hex.EncodeToString(sum[:])
+}
+
+// CallerForAPIKeyDigest returns the caller the API key with that digest
+// (KeyDigest) authenticates now.
+func (a *AuthConfig) CallerForAPIKeyDigest(digest string) (*Caller, bool) {
+	b, err := hex.DecodeString(digest)
+	if err != nil || len(b) != sha256.Size {
+		return nil, false
+	}
+	k := a.keys[[sha256.Size]byte(b)]
+	if k == nil {
+		return nil, false
+	}
+	return k.caller, true
+}
+
 // verifyJWT checks a JWT's signature and claims, and says until when the
 // verdict holds (its exp, plus the leeway). Its audience must be one of
 // its issuer's, or resource when that is not "".
