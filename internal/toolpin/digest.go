@@ -20,15 +20,17 @@ var pinnedMembers = []string{"name", "title", "description", "inputSchema", "out
 // a tools/list result): "sha256:" and the hex SHA-256 of its pinned
 // members, re-encoded canonically (object keys sorted, no insignificant
 // space), so that spelling the same definition differently (key order,
-// escapes, spacing) keeps its digest.
+// escapes, spacing) keeps its digest. A member named like a pinned one in
+// another case ("Title") counts too, under its own name: runners that
+// decode JSON without regard to case (Go's encoding/json) read it as the
+// pinned member, so adding one is a change of the definition.
 func Digest(raw []byte) string {
-	obj := gjson.ParseBytes(raw)
 	b := make([]byte, 0, len(raw)+2)
 	b = append(b, '{')
-	for _, key := range pinnedMembers {
-		v := obj.Get(key)
-		if !v.Exists() {
-			continue
+	gjson.ParseBytes(raw).ForEach(func(k, v gjson.Result) bool {
+		key := k.String()
+		if !pinned(key) {
+			return true
 		}
 		if len(b) > 1 {
 			b = append(b, ',')
@@ -36,10 +38,22 @@ func Digest(raw []byte) string {
 		b = mcpmsg.AppendQuote(b, key)
 		b = append(b, ':')
 		b = append(b, v.Raw...)
-	}
+		return true
+	})
 	b = append(b, '}')
 	sum := sha256.Sum256(approval.Canonical(b))
 	return "sha256:" + hex.EncodeToString(sum[:])
+}
+
+// pinned reports whether a member of a tool definition is pinned: one of
+// pinnedMembers, in any case.
+func pinned(key string) bool {
+	for _, m := range pinnedMembers {
+		if key == m || mcpmsg.SameFold(key, m) {
+			return true
+		}
+	}
+	return false
 }
 
 // digests remembers the digests of definitions seen, by their text, so
