@@ -447,6 +447,12 @@ func (l *Link) serverRequest(msg mcpmsg.Message) {
 		l.sendLater(gateway.RPCResult(msg.ID, []byte("{}")))
 		return
 	}
+	if msg.Method == "roots/list" && l.cfg.Owned {
+		// toolgate does not offer roots to a server it initialized: what a
+		// program may reach is its operator's choice, not a runner's.
+		l.sendLater(gateway.RPCError(msg.ID, gateway.CodeMethodNotFound, "toolgate offers no roots to this server", nil))
+		return
+	}
 	l.mu.Lock()
 	s, out, why := l.routeLocked(msg.Method, msg.Params)
 	if s != nil {
