@@ -27,14 +27,14 @@ import (
 // process is one running program: its stdin takes toolgate's messages, its
 // stdout gives the server's, its stderr goes to the log.
 type process struct {
-	cmd    *exec.Cmd
-	pid    int // also its process group's id
-	spec   *spec
-	stdin  *os.File
-	stdout *os.File
-	stderr *os.File
-	logger *zap.Logger
-	redact *strings.Replacer
+	cmd     *exec.Cmd
+	pid     int // also its process group's id
+	spec    *spec
+	stdin   *os.File
+	stdout  *os.File
+	stderr  *os.File
+	logger  *zap.Logger
+	secrets []string // redacted from what is logged
 	// longest is the length of the longest secret: a line cut for the log
 	// is redacted with that much more of it, so that no secret is cut in
 	// two with its first part unredacted.
@@ -91,8 +91,8 @@ func startProcess(s *spec, cred string, logger *zap.Logger) (*process, error) {
 		return nil, err
 	}
 	p := &process{cmd: cmd, pid: cmd.Process.Pid, spec: s, stdin: ourIn, stdout: ourOut, stderr: ourErr,
-		logger: logger.With(zap.String("service", s.Service), zap.Int("pid", cmd.Process.Pid)),
-		redact: redactor(secrets), done: make(chan struct{})}
+		logger:  logger.With(zap.String("service", s.Service), zap.Int("pid", cmd.Process.Pid)),
+		secrets: nonEmpty(secrets), done: make(chan struct{})}
 	for _, secret := range secrets {
 		p.longest = max(p.longest, len(secret))
 	}
@@ -113,15 +113,15 @@ func closeAll(files []*os.File) {
 	}
 }
 
-func redactor(secrets []string) *strings.Replacer {
-	if len(secrets) == 0 {
-		return nil
-	}
-	pairs := make([]string, 0, 2*len(secrets))
+// nonEmpty is secrets without the empty ones.
+func nonEmpty(secrets []string) []string {
+	var out []string
 	for _, s := range secrets {
-		pairs = append(pairs, s, "[redacted]")
+		if s != "" {
+			out = append(out, s)
+		}
 	}
-	return strings.NewReplacer(pairs...)
+	return out
 }
 
 // serve reads the program's output until it exits, hands its messages to
@@ -262,22 +262,52 @@ func (p *process) readStderr() {
 	}
 }
 
-// logLine logs one line of the program's output, redacted, then cut to
-// maxLogLine (in that order: a secret cut first would escape redaction).
-// line must hold at least p.longest bytes past maxLogLine when there are
-// that many.
+// logLine logs one line of the program's output, cut to maxLogLine and
+// redacted. line must hold at least p.longest bytes past maxLogLine when
+// there are that many, so that a secret that begins within what is logged
+// is found whole.
 func (p *process) logLine(msg string, line []byte) {
-	if len(line) > maxLogLine+p.longest {
-		line = line[:maxLogLine+p.longest]
+	p.logger.Info(msg, zap.String("line", redactLine(line, p.secrets, maxLogLine)))
+}
+
+// redactLine is line cut to its first cut bytes, with every part of it
+// that belongs to an occurrence of a secret in line replaced by
+// "[redacted]". The cut is made in line's own bytes, where the secrets are
+// found (cutting the redacted text instead would let a redaction pull the
+// rest of a later copy of a secret into what is kept), and overlapping
+// occurrences of several secrets are redacted as one.
+func redactLine(line []byte, secrets []string, cut int) string {
+	kept := line[:min(len(line), cut)]
+	masked := make([]bool, len(kept))
+	for _, s := range secrets {
+		for from := 0; from < len(kept); {
+			i := bytes.Index(line[from:], []byte(s))
+			if i < 0 || from+i >= len(kept) {
+				break
+			}
+			for k := from + i; k < min(from+i+len(s), len(kept)); k++ {
+				masked[k] = true
+			}
+			from += i + 1
+		}
 	}
-	text := string(line)
-	if p.redact != nil {
-		text = p.redact.Replace(text)
+	var out strings.Builder
+	for i := 0; i < len(kept); {
+		j := i
+		for j < len(kept) && masked[j] == masked[i] {
+			j++
+		}
+		if masked[i] {
+			out.WriteString("[redacted]")
+		} else {
+			out.Write(kept[i:j])
+		}
+		i = j
 	}
-	if len(text) > maxLogLine {
-		text = text[:maxLogLine] + " […]"
+	if len(line) > cut {
+		out.WriteString(" […]")
 	}
-	p.logger.Info(msg, zap.String("line", text))
+	return out.String()
 }
 
 // send writes one message to the program's stdin, on one line.
