@@ -187,6 +187,7 @@ func exitText(ps *os.ProcessState, err error) string {
 func (p *process) readMessages(link *mcpbridge.Link) {
 	defer p.stdout.Close()
 	br := bufio.NewReaderSize(p.stdout, 64<<10)
+	budget := logBudget{logger: p.logger, dropMsg: "program wrote more lines that are not JSON-RPC messages to its stdout than are logged"}
 	var line []byte
 	for {
 		chunk, err := br.ReadSlice('\n')
@@ -203,7 +204,7 @@ func (p *process) readMessages(link *mcpbridge.Link) {
 		if msg := bytes.TrimSpace(line); len(msg) > 0 {
 			if msg[0] == '{' {
 				link.Receive(bytes.Clone(msg))
-			} else {
+			} else if budget.take() {
 				p.logLine("program wrote a line that is not a JSON-RPC message to its stdout", msg)
 			}
 		}
@@ -217,12 +218,38 @@ func (p *process) readMessages(link *mcpbridge.Link) {
 // maxLogLine bounds one line of a program's output in the log.
 const maxLogLine = 2 << 10
 
-// stderrBudget is how many stderr lines a process may log per
-// stderrWindow; more are counted, not logged.
+// stderrBudget is how many lines of each of a process's outputs (stderr,
+// and stdout lines that are not messages) it may log per stderrWindow;
+// more are counted, not logged.
 const (
 	stderrBudget = 200
 	stderrWindow = 10 * time.Second
 )
+
+// logBudget lets one output of a program log at most stderrBudget lines
+// per stderrWindow; more are counted, and the count is logged.
+type logBudget struct {
+	logger          *zap.Logger
+	dropMsg         string // logged with the count of lines dropped
+	start           time.Time
+	logged, dropped int
+}
+
+// take reports whether one more line may be logged.
+func (b *logBudget) take() bool {
+	if t := now(); t.Sub(b.start) >= stderrWindow {
+		if b.dropped > 0 {
+			b.logger.Warn(b.dropMsg, zap.Int("lines_dropped", b.dropped))
+		}
+		b.start, b.logged, b.dropped = t, 0, 0
+	}
+	if b.logged < stderrBudget {
+		b.logged++
+		return true
+	}
+	b.dropped++
+	return false
+}
 
 // readStderr logs what the program writes to stderr, line by line, each
 // line bounded and with the service's secrets redacted, at most
@@ -232,22 +259,13 @@ const (
 func (p *process) readStderr() {
 	defer p.stderr.Close()
 	br := bufio.NewReaderSize(p.stderr, maxLogLine+p.longest)
-	windowStart, logged, dropped := now(), 0, 0
+	budget := logBudget{logger: p.logger, dropMsg: "program wrote more to stderr than is logged"}
 	for {
 		chunk, err := br.ReadSlice('\n')
 		if len(chunk) > 0 {
 			p.stderrLines.Add(1)
-			if t := now(); t.Sub(windowStart) >= stderrWindow {
-				if dropped > 0 {
-					p.logger.Warn("program wrote more to stderr than is logged", zap.Int("lines_dropped", dropped))
-				}
-				windowStart, logged, dropped = t, 0, 0
-			}
-			if logged < stderrBudget {
+			if budget.take() {
 				p.logLine("program stderr", bytes.TrimRight(chunk, "\r\n"))
-				logged++
-			} else {
-				dropped++
 			}
 		}
 		if errors.Is(err, bufio.ErrBufferFull) {
