@@ -141,7 +141,7 @@ func (p *process) serve(link *mcpbridge.Link, ended func(why, reason string)) {
 	// with it.
 	_ = syscall.Kill(-p.pid, syscall.SIGKILL)
 	p.stdin.Close()
-	readers.Wait()
+	p.drain(&readers)
 	p.mu.Lock()
 	p.exitStatus = exitText(p.cmd.ProcessState, err)
 	why, reason := p.why, p.reason
@@ -153,6 +153,32 @@ func (p *process) serve(link *mcpbridge.Link, ended func(why, reason string)) {
 	close(p.done)
 	p.logger.Info("program ended", zap.String("how", p.exitStatus))
 	ended(why, reason)
+}
+
+// drainTimeout is how long the program's outputs are read after it and
+// its process group are gone.
+const drainTimeout = time.Second
+
+// drain waits for the readers of the program's outputs to read them to
+// their end, for at most drainTimeout: a process that left the program's
+// group (setsid, as a detached child does) may hold them open, and must
+// not keep the program from being restarted or stopped.
+func (p *process) drain(readers *sync.WaitGroup) {
+	done := make(chan struct{})
+	go func() {
+		readers.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+		return
+	case <-time.After(drainTimeout):
+	}
+	p.logger.Warn("a process that left the program's group keeps its output open; toolgate stops reading it")
+	t := time.Now()
+	_ = p.stdout.SetReadDeadline(t)
+	_ = p.stderr.SetReadDeadline(t)
+	<-done
 }
 
 // exitedByItself reports an exit with a status, rather than by a signal
