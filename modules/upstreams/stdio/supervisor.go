@@ -57,6 +57,10 @@ type runtime struct {
 	closed   bool
 	janitor  chan struct{} // closed to stop the idle sweep
 	restarts []restart     // the restart schedule, for tests and logs
+
+	// procs counts the service's processes alive now, those retiring after
+	// a credential change included.
+	procs atomic.Int64
 }
 
 // restart is one scheduled restart.
@@ -327,11 +331,18 @@ func (w *worker) startLocked(cred string) {
 }
 
 // retireLocked sets the running process aside: it takes no new sessions
-// and stops once its requests in progress are answered.
+// and stops once its requests in progress are answered — or at once, its
+// calls in progress failing, when the service has no room for it beside
+// the process that replaces it (max_processes counts retiring processes:
+// a user who stores new credentials does not get a process for each).
 func (w *worker) retireLocked() {
 	p, link := w.proc, w.link
 	w.proc, w.link = nil, nil
 	w.retiring[p] = struct{}{}
+	if w.rt.procs.Load() >= int64(w.rt.spec.MaxProcs) {
+		go p.stop(w.rt.spec.Stop)
+		return
+	}
 	go link.Retire(func() { p.stop(w.rt.spec.Stop) })
 }
 
@@ -344,6 +355,7 @@ func (w *worker) run(cred string, started chan struct{}) {
 		w.ended(nil, started, "could not be started ("+err.Error()+")", "start_failed")
 		return
 	}
+	w.rt.procs.Add(1)
 	cfg := mcpbridge.LinkConfig{Send: p.send, Owned: true}
 	if s.CredEnv != "" {
 		// A request with another credential (a refreshed token) is for a
@@ -352,6 +364,7 @@ func (w *worker) run(cred string, started chan struct{}) {
 	}
 	link := w.rt.bridge.NewLink(cfg)
 	go p.serve(link, func(why, reason string) {
+		w.rt.procs.Add(-1)
 		// The worker knows first, so that a request finding its session
 		// gone is told the program is restarting.
 		w.ended(p, started, why, reason)
