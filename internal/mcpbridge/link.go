@@ -305,9 +305,32 @@ func (l *Link) dropLocked(p *pending) {
 	if p.token != nil {
 		delete(l.tokens, p.key)
 	}
-	if p.session != nil {
+	if p.session != nil && p.session.requests[mcpmsg.IDKey(p.runnerID)] == p {
 		delete(p.session.requests, mcpmsg.IDKey(p.runnerID))
 	}
+}
+
+// abandonGrace is how long a call whose runner stopped waiting still
+// counts as its user's call in progress (see abandon).
+const abandonGrace = time.Minute
+
+// abandon handles a request whose runner stopped waiting for its answer
+// (its stream went away): the server is told to cancel it, and until it
+// answers, or abandonGrace passes, the call still counts as its user's
+// call in progress, so that a request the server sends about it (sampling,
+// elicitation) is not taken for another user's call.
+func (l *Link) abandon(p *pending) {
+	l.mu.Lock()
+	if l.pending[p.key] != p {
+		l.mu.Unlock()
+		return
+	}
+	if p.session != nil && p.session.requests[mcpmsg.IDKey(p.runnerID)] == p {
+		delete(p.session.requests, mcpmsg.IDKey(p.runnerID)) // the runner may use the id again
+	}
+	l.mu.Unlock()
+	l.sendLater(cancelled(p.linkID, "the client stopped waiting for the answer"))
+	time.AfterFunc(abandonGrace, func() { l.forget(p) })
 }
 
 // idleLocked returns the function Retire left to call, once no runner
@@ -480,10 +503,15 @@ func (l *Link) routeLocked(method string, params []byte) (*Session, *stream, str
 	users := map[string]bool{}
 	capable, incapableCaller := false, false
 	for _, p := range l.pending {
-		if p.session == nil || !p.out.open() {
+		if p.session == nil {
 			continue
 		}
+		// A call whose runner went away may still run in the server: its
+		// user counts, though nothing can be relayed to them.
 		users[p.session.User] = true
+		if !p.out.open() {
+			continue
+		}
 		if !p.session.caps.allows(method, params) {
 			incapableCaller = true
 			continue

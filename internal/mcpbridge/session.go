@@ -56,7 +56,7 @@ func (s *Session) request(r *http.Request, msg mcpmsg.Message) (*http.Response, 
 			"a request with this id is in progress already", nil), nil), nil
 	}
 	p := &pending{session: s, runnerID: msg.ID}
-	out := newStream(r.Context(), l.bridge.maxQueue, func() { l.forget(p) })
+	out := newStream(r.Context(), l.bridge.maxQueue, func() { l.abandon(p) })
 	p.out = out
 	body := l.registerLocked(p, msg.Method, nil) // for the id; the body is rebuilt below
 	body = mcpmsg.ReplaceMember(msg.Raw, "id", p.linkID)
