@@ -18,10 +18,12 @@ import (
 	"time"
 
 	"github.com/dustin/go-humanize"
+	"github.com/tidwall/gjson"
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 
 	"github.com/toolgate/toolgate/internal/mcpbridge"
+	"github.com/toolgate/toolgate/modules/gateway"
 )
 
 // process is one running program: its stdin takes toolgate's messages, its
@@ -208,8 +210,10 @@ func exitText(ps *os.ProcessState, err error) string {
 }
 
 // readMessages reads the program's stdout, one JSON-RPC message per line,
-// each at most the gateway's max_response_size. A longer line ends the
-// program; a line that is not JSON is logged and skipped.
+// each at most the gateway's max_response_size. A longer line is skipped,
+// the request whose answer it begins told so (other people's calls may be
+// in the program); one past maxSkipped times that ends the program. A line
+// that is not JSON is logged and skipped.
 func (p *process) readMessages(link *mcpbridge.Link) {
 	defer p.stdout.Close()
 	br := bufio.NewReaderSize(p.stdout, 64<<10)
@@ -218,10 +222,27 @@ func (p *process) readMessages(link *mcpbridge.Link) {
 	for {
 		chunk, err := br.ReadSlice('\n')
 		if int64(len(line)+len(chunk)) > p.spec.MaxMessage+2 { // +CR LF
-			p.kill("line_too_long", "wrote a line longer than max_response_size ("+
-				humanize.IBytes(uint64(p.spec.MaxMessage))+") to its stdout")
-			_, _ = io.Copy(io.Discard, br) // until it is gone
-			return
+			// The program goes on (other people's calls may be in it): the
+			// line is skipped, and the request whose answer it begins gets
+			// an error.
+			skipped := int64(len(line) + len(chunk))
+			line = append(line, chunk[:min(len(chunk), 4096)]...)
+			p.tooLong(link, line)
+			for errors.Is(err, bufio.ErrBufferFull) {
+				chunk, err = br.ReadSlice('\n')
+				if skipped += int64(len(chunk)); skipped > maxSkipped*p.spec.MaxMessage {
+					// No end in sight: the program is broken.
+					p.kill("line_too_long", "wrote a line longer than max_response_size ("+
+						humanize.IBytes(uint64(p.spec.MaxMessage))+") to its stdout")
+					_, _ = io.Copy(io.Discard, br) // until it is gone
+					return
+				}
+			}
+			line = line[:0]
+			if err != nil {
+				return
+			}
+			continue
 		}
 		line = append(line, chunk...)
 		if errors.Is(err, bufio.ErrBufferFull) {
@@ -239,6 +260,23 @@ func (p *process) readMessages(link *mcpbridge.Link) {
 			return // the program closed stdout: it is ending
 		}
 	}
+}
+
+// maxSkipped bounds, in max_response_size, how long a line is skipped
+// before the program is taken for broken and ended.
+const maxSkipped = 4
+
+// tooLong answers the request whose answer begins the overlong line, as
+// far as its id can be read from that beginning, with an error.
+func (p *process) tooLong(link *mcpbridge.Link, begin []byte) {
+	why := "the program of service " + p.spec.Service + " wrote an answer longer than max_response_size (" +
+		humanize.IBytes(uint64(p.spec.MaxMessage)) + "); it was not relayed"
+	p.logger.Warn("program wrote a line longer than max_response_size to its stdout; it is skipped")
+	id := gjson.GetBytes(begin, "id")
+	if id.Type != gjson.Number && id.Type != gjson.String || gjson.GetBytes(begin, "method").Exists() {
+		return // not the answer to a request that can be named
+	}
+	link.Receive(gateway.RPCError([]byte(id.Raw), gateway.CodeUnavailable, why, gateway.Retryable))
 }
 
 // maxLogLine bounds one line of a program's output in the log.
