@@ -46,3 +46,14 @@ func TestContainsString(t *testing.T) {
 		}
 	}
 }
+
+func BenchmarkContainsString(b *testing.B) {
+	text := strings.Repeat(`a line of a result\n`, 1<<16) // 1.2 MiB with escapes
+	data := []byte(`{"jsonrpc":"2.0","id":1,"result":{"content":[{"type":"text","text":"` + text + `"}]}}`)
+	b.SetBytes(int64(len(data)))
+	for b.Loop() {
+		if ContainsString(data, "tok-ABCdef/123") {
+			b.Fatal("found")
+		}
+	}
+}

@@ -1,6 +1,7 @@
 package mcpproxy
 
 import (
+	"bytes"
 	"strings"
 
 	"go.uber.org/zap"
@@ -34,6 +35,18 @@ func secretOf(c *gateway.Credential) string {
 	return v
 }
 
+// mayHide reports whether raw, a JSON text that does not hold secret as
+// it is, might hold it escaped. A secret without control characters,
+// quotes or backslashes (a header value has none) can be hidden only by
+// \uXXXX or \/ escapes: without those, the byte search said it all — and
+// a megabyte of text with line breaks (\n) is not decoded for nothing.
+func mayHide(raw []byte, secret string) bool {
+	if strings.ContainsAny(secret, "\"\\") || strings.ContainsFunc(secret, func(r rune) bool { return r < 0x20 }) {
+		return true
+	}
+	return bytes.Contains(raw, []byte(`\u`)) || bytes.Contains(raw, []byte(`\/`))
+}
+
 // redactCredential is msg with the call's credential replaced in every
 // string it appears in, however the upstream escaped it: runners get
 // results, never the caller's credential, whether or not the result
@@ -42,7 +55,10 @@ func secretOf(c *gateway.Credential) string {
 // escapes).
 func (h *Handler) redactCredential(call *gateway.Call, msg mcpmsg.Message) (mcpmsg.Message, error) {
 	secret := secretOf(call.Credential)
-	if secret == "" || !mcpmsg.ContainsString(msg.Raw, secret) {
+	if secret == "" || !bytes.Contains(msg.Raw, []byte(secret)) && !mayHide(msg.Raw, secret) {
+		return msg, nil
+	}
+	if !mcpmsg.ContainsString(msg.Raw, secret) {
 		return msg, nil
 	}
 	raw, changed := mcpmsg.ReplaceStrings(msg.Raw, func(s string) (string, bool) {
