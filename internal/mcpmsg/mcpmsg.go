@@ -100,10 +100,24 @@ var (
 type SyntaxError struct {
 	Offset int
 	Msg    string
+	// Quoted is the message's own text that Msg quotes (a key), "" when
+	// none.
+	Quoted string
 }
 
 func (e *SyntaxError) Error() string {
 	return fmt.Sprintf("invalid JSON-RPC message at byte %d: %s", e.Offset, e.Msg)
+}
+
+// Redacted is Error without the message's own text: what may be told to
+// someone other than the message's author (an upstream's key, shown to a
+// runner, would be words of the upstream's that no policy inspected).
+func (e *SyntaxError) Redacted() string {
+	msg := e.Msg
+	if e.Quoted != "" {
+		msg = strings.ReplaceAll(msg, e.Quoted, `"…"`)
+	}
+	return fmt.Sprintf("invalid JSON-RPC message at byte %d: %s", e.Offset, msg)
 }
 
 func (e *SyntaxError) Unwrap() error { return ErrInvalid }
@@ -328,7 +342,7 @@ var (
 func (p *parser) checkSpelling(key []byte, off int, members [][]byte) error {
 	for _, m := range members {
 		if bytes.EqualFold(key, m) {
-			return p.failAt(off, fmt.Sprintf("key %q must be spelled %q", key, m))
+			return &SyntaxError{Offset: off, Msg: fmt.Sprintf("key %q must be spelled %q", key, m), Quoted: strconv.Quote(string(key))}
 		}
 	}
 	return nil
@@ -365,6 +379,12 @@ const smallObject = 16
 func (p *parser) fail(msg string) error { return &SyntaxError{Offset: p.pos, Msg: msg} }
 
 func (p *parser) failAt(off int, msg string) error { return &SyntaxError{Offset: off, Msg: msg} }
+
+// duplicate refuses a key that repeats one of its object's.
+func (p *parser) duplicate(off int, key []byte) error {
+	q := strconv.Quote(string(key))
+	return &SyntaxError{Offset: off, Msg: "duplicate key " + q + " (keys may not repeat, even in another case)", Quoted: q}
+}
 
 func (p *parser) skipSpace() {
 	for p.pos < len(p.data) {
@@ -440,7 +460,7 @@ func (p *parser) object(depth int, member func(key []byte, valueStart int) error
 		if many == nil {
 			for _, k := range keys {
 				if bytes.EqualFold(k, key) {
-					return p.failAt(keyStart, fmt.Sprintf("duplicate key %q (keys may not repeat, even in another case)", key))
+					return p.duplicate(keyStart, key)
 				}
 			}
 			if len(keys) < smallObject {
@@ -455,7 +475,7 @@ func (p *parser) object(depth int, member func(key []byte, valueStart int) error
 		if many != nil {
 			f := FoldKey(string(key))
 			if _, dup := many[f]; dup {
-				return p.failAt(keyStart, fmt.Sprintf("duplicate key %q (keys may not repeat, even in another case)", key))
+				return p.duplicate(keyStart, key)
 			}
 			many[f] = struct{}{}
 		}

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
+	"go.uber.org/zap"
 
 	"github.com/toolgate/toolgate/internal/mcpmsg"
 	"github.com/toolgate/toolgate/modules/gateway"
@@ -280,7 +281,14 @@ func (r *response) next() (mcpmsg.Message, error) {
 		msg, err = r.h.redactCredential(r.call, msg)
 	}
 	if err != nil {
-		return msg, unavailable("the upstream sent a malformed message (%v)", err)
+		r.h.logger.Warn("an upstream sent a malformed message", zap.String("service", r.call.Service.ID), zap.Error(err))
+		// The runner is told why without the upstream's own words (a key
+		// it quotes), which no policy inspected.
+		why := err.Error()
+		if se, ok := errors.AsType[*mcpmsg.SyntaxError](err); ok {
+			why = se.Redacted()
+		}
+		return msg, unavailable("the upstream sent a malformed message (%s)", why)
 	}
 	return msg, nil
 }
