@@ -478,19 +478,8 @@ func TestStdioAttackSecretPrefixEscapesRedaction(t *testing.T) {
 func TestStdioAttackOneRunnerKillsSharedProgram(t *testing.T) {
 	g := startGateway(t, gatewayConfig{Upstream: "http://127.0.0.1:9/unused", Extra: "max_request_size 64KiB\n\t\tmax_response_size 256KiB",
 		Services: advService(t, "shared", "echo wait", "")})
-	a := g.raw(t, aliceKey, g.createSession(t, aliceKey, "shared"), "shared")
-	a.initialize()
-	b := g.raw(t, bobKey, g.createSession(t, bobKey, "shared"), "shared")
-	b.initialize()
-	bobs := make(chan json.RawMessage, 1)
-	go func() {
-		_, _, msgs := b.post(`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"wait","arguments":{"ms":3000}}}`)
-		if len(msgs) == 0 {
-			bobs <- nil
-			return
-		}
-		bobs <- msgs[len(msgs)-1]
-	}()
+	a, b := sharedRunners(t, g)
+	bobs := b.waitCall(1, 3000)
 	time.Sleep(500 * time.Millisecond) // bob's call reaches the program
 	a.call(1, "echo", `{"text":"`+strings.Repeat("<", 60<<10)+`"}`)
 	answer := <-bobs
@@ -534,19 +523,8 @@ func TestStdioAttackStdoutJunkBypassesLogBudget(t *testing.T) {
 func TestStdioAttackHoldsSharedProgramKeepsUsersApart(t *testing.T) {
 	g := startGateway(t, gatewayConfig{Upstream: "http://127.0.0.1:9/unused",
 		Services: advService(t, "shared", "echo wait", "") + "\n" + advService(t, "mine", "echo", "per_user")})
-	a := g.raw(t, aliceKey, g.createSession(t, aliceKey, "shared"), "shared")
-	a.initialize()
-	b := g.raw(t, bobKey, g.createSession(t, bobKey, "shared"), "shared")
-	b.initialize()
-	bobs := make(chan json.RawMessage, 1)
-	go func() {
-		_, _, msgs := b.post(`{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"wait","arguments":{"ms":1500}}}`)
-		if len(msgs) == 0 {
-			bobs <- nil
-			return
-		}
-		bobs <- msgs[len(msgs)-1]
-	}()
+	a, b := sharedRunners(t, g)
+	bobs := b.waitCall(7, 1500)
 	time.Sleep(300 * time.Millisecond)
 	if got := mustSucceed(t, a.call(7, "echo", `{"text":"alice"}`)); got != "alice" {
 		t.Errorf("alice's call with bob's id got %q", got)
@@ -789,4 +767,30 @@ func TestPinAttackHoldsConcurrentFirstSight(t *testing.T) {
 	if len(shown) != 1 {
 		t.Errorf("runners were shown %d definitions: %v", len(shown), shown)
 	}
+}
+
+// sharedRunners are alice's and bob's runners, initialized, on the service
+// "shared" of g.
+func sharedRunners(t *testing.T, g *gateway) (alice, bob *rawMCP) {
+	t.Helper()
+	alice = g.raw(t, aliceKey, g.createSession(t, aliceKey, "shared"), "shared")
+	alice.initialize()
+	bob = g.raw(t, bobKey, g.createSession(t, bobKey, "shared"), "shared")
+	bob.initialize()
+	return alice, bob
+}
+
+// waitCall calls the wait tool for ms in the background, with id; the
+// channel gets the answer's last message (nil for none).
+func (m *rawMCP) waitCall(id, ms int) <-chan json.RawMessage {
+	out := make(chan json.RawMessage, 1)
+	go func() {
+		_, _, msgs := m.post(fmt.Sprintf(`{"jsonrpc":"2.0","id":%d,"method":"tools/call","params":{"name":"wait","arguments":{"ms":%d}}}`, id, ms))
+		if len(msgs) == 0 {
+			out <- nil
+			return
+		}
+		out <- msgs[len(msgs)-1]
+	}()
+	return out
 }
