@@ -302,7 +302,7 @@ func (s *Session) TaskCreated(ctx context.Context, id string, t Task) {
 	}
 	st := s.m.state()
 	if added {
-		if err := st.TaskCreated(ctx, s.Ref, id, mcpstate.TaskCall{Tool: t.Tool, Arguments: t.Arguments}); err != nil {
+		if err := st.TaskCreated(ctx, s.m.cfg().Keys, s.Ref, id, mcpstate.TaskCall{Tool: t.Tool, Arguments: t.Arguments}); err != nil {
 			s.m.logger().Warn("cannot record a task in storage; other replicas will refuse its requests",
 				zap.String("service", s.Service), zap.Error(err))
 		}
@@ -351,7 +351,7 @@ func (s *Session) Task(ctx context.Context, id string) (Task, bool, error) {
 	if ok || closed || s.local {
 		return t, ok, nil
 	}
-	call, ok, err := s.m.state().Task(ctx, s.Ref, id)
+	call, ok, err := s.m.state().Task(ctx, s.m.cfg().Keys, s.Ref, id)
 	if err != nil {
 		return Task{}, false, fmt.Errorf("%w: %v", ErrStorageUnavailable, err)
 	}

@@ -38,7 +38,7 @@
 //
 //	toolgate/mcp/sessions/<ref>/state           the session's Record (JSON)
 //	toolgate/mcp/sessions/<ref>/requests/<id>   a pending server→client request: its method
-//	toolgate/mcp/sessions/<ref>/tasks/<id>      the call a task was created by (TaskCall, JSON)
+//	toolgate/mcp/sessions/<ref>/tasks/<id>      the call a task was created by (TaskCall, JSON, sealed)
 //	toolgate/mcp/catalogs/<sha256>              a tool catalog
 //	toolgate/mcp/active/<window>/<ref>          the session was used in that window
 //	toolgate/mcp/users/<sha256 of user>/<ref>   the caller's sessions
@@ -67,6 +67,7 @@
 package mcpstate
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -80,6 +81,7 @@ import (
 
 	"github.com/caddyserver/certmagic"
 
+	"github.com/toolgate/toolgate/internal/seal"
 	"github.com/toolgate/toolgate/internal/storecache"
 )
 
@@ -415,13 +417,27 @@ type TaskCall struct {
 	Arguments json.RawMessage `json:"arguments,omitempty"`
 }
 
+// sealedTask marks a task record sealed under the session keys; a record
+// without it is the clear JSON that versions before sealing wrote.
+const sealedTask = "sealed:"
+
+// taskAD binds a sealed task record to its session and task id, so that a
+// record copied elsewhere in storage does not open there.
+func taskAD(ref, id string) []byte {
+	return []byte("toolgate mcp task\x00" + ref + "\x00" + id)
+}
+
 // TaskCreated records the call that created the task id, so that what the
-// task yields is decided as that call's result on any replica.
-func (s *Store) TaskCreated(ctx context.Context, ref, id string, t TaskCall) error {
+// task yields is decided as that call's result on any replica. The record
+// is sealed with keys (the keys of the session ids: every replica that can
+// open the session can read it), as a call's arguments are the runner's
+// data and storage is not the place to read them.
+func (s *Store) TaskCreated(ctx context.Context, keys *seal.Keyring, ref, id string, t TaskCall) error {
 	data, err := json.Marshal(t)
 	if err != nil {
 		return fmt.Errorf("recording the task: %v", err)
 	}
+	data = append([]byte(sealedTask), keys.Seal(data, taskAD(ref, id))...)
 	if err := s.storage.Store(ctx, taskKey(ref, id), data); err != nil {
 		return fmt.Errorf("recording the task: %w", err)
 	}
@@ -429,14 +445,20 @@ func (s *Store) TaskCreated(ctx context.Context, ref, id string, t TaskCall) err
 }
 
 // Task returns the call that created the task id; ok is false when no
-// replica recorded it.
-func (s *Store) Task(ctx context.Context, ref, id string) (t TaskCall, ok bool, err error) {
+// replica recorded it. A record that does not open with keys (sealed
+// under a secret no longer configured, or not this task's) is an error.
+func (s *Store) Task(ctx context.Context, keys *seal.Keyring, ref, id string) (t TaskCall, ok bool, err error) {
 	data, err := s.storage.Load(ctx, taskKey(ref, id))
 	if errors.Is(err, fs.ErrNotExist) {
 		return t, false, nil
 	}
 	if err != nil {
 		return t, false, fmt.Errorf("reading the task: %w", err)
+	}
+	if sealed, ok := bytes.CutPrefix(data, []byte(sealedTask)); ok {
+		if data, err = keys.Open(sealed, taskAD(ref, id)); err != nil {
+			return t, false, fmt.Errorf("reading the task: %w", err)
+		}
 	}
 	if err := json.Unmarshal(data, &t); err != nil {
 		return t, false, fmt.Errorf("reading the task: %v", err)

@@ -262,3 +262,52 @@ func TestParseChange(t *testing.T) {
 		}
 	}
 }
+
+// A task's call is stored sealed under the session keys, bound to its
+// session and task id: its arguments are not readable at rest, a record
+// copied to another session or task does not open there, and a record of
+// the clear form earlier versions wrote is still read.
+func TestTaskCallsAreSealedAtRest(t *testing.T) {
+	ctx := context.Background()
+	storage := &certmagic.FileStorage{Path: t.TempDir()}
+	var clock time.Time
+	s := New(storage, time.Hour, 12*time.Hour, func() time.Time { return clock })
+	keys := keyring(t, "task-secret-0123456789-0123456789-xx")
+	ref, other := NewRef(), NewRef()
+	call := TaskCall{Tool: "transfer", Arguments: []byte(`{"iban":"DE89370400440532013000"}`)}
+	if err := s.TaskCreated(ctx, keys, ref, "t1", call); err != nil {
+		t.Fatal(err)
+	}
+	raw, err := storage.Load(ctx, taskKey(ref, "t1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(raw), "DE89370400440532013000") || strings.Contains(string(raw), "transfer") {
+		t.Fatalf("the task's call is stored in clear: %q", raw)
+	}
+	if got, ok, err := s.Task(ctx, keys, ref, "t1"); err != nil || !ok || got.Tool != call.Tool || string(got.Arguments) != string(call.Arguments) {
+		t.Fatalf("Task = %+v, %v, %v", got, ok, err)
+	}
+	// Moved to another session or task id, the record does not open.
+	for _, to := range []string{taskKey(other, "t1"), taskKey(ref, "t2")} {
+		if err := storage.Store(ctx, to, raw); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, _, err := s.Task(ctx, keys, other, "t1"); err == nil {
+		t.Error("a task record copied to another session opened there")
+	}
+	if _, _, err := s.Task(ctx, keys, ref, "t2"); err == nil {
+		t.Error("a task record copied to another task id opened there")
+	}
+	if _, _, err := s.Task(ctx, keyring(t, "another-secret-0123456789-0123456789"), ref, "t1"); err == nil {
+		t.Error("a task record opened under another secret")
+	}
+	// What earlier versions stored in clear is read as it is.
+	if err := storage.Store(ctx, taskKey(ref, "old"), []byte(`{"tool":"build","arguments":{"q":1}}`)); err != nil {
+		t.Fatal(err)
+	}
+	if got, ok, err := s.Task(ctx, keys, ref, "old"); err != nil || !ok || got.Tool != "build" || string(got.Arguments) != `{"q":1}` {
+		t.Errorf("a clear record of an earlier version = %+v, %v, %v", got, ok, err)
+	}
+}
