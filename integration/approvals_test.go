@@ -412,6 +412,95 @@ func TestResultReview(t *testing.T) {
 	}
 }
 
+// A withheld result an approver released is judged again when the result
+// policy changed since it was withheld: what the policy in force denies
+// is not released, what it rewrites goes out rewritten, and an ask the
+// approval's decider may no longer decide asks anew. The upstream is
+// never called again.
+func TestReleasedResultIsJudgedByThePolicyInForce(t *testing.T) {
+	const match = "if {\n\tinput.tool.name == \"echo\"\n\tsome item in input.result.content\n\tcontains(item.text, \"review-me\")\n}\n"
+	for name, c := range map[string]struct {
+		rule string // the policy's decision on the result after the change
+		want func(t *testing.T, answer string)
+	}{
+		"now denied": {`{"action": "deny", "reason": "never shown now"}`, func(t *testing.T, answer string) {
+			if !strings.Contains(answer, "never shown now") || strings.Contains(answer, "review-me") {
+				t.Errorf("the released result under a policy that denies it: %s", answer)
+			}
+		}},
+		"now rewritten": {`{"action": "allow", "result": {"content": [{"type": "text", "text": "cleaned"}]}}`, func(t *testing.T, answer string) {
+			if !strings.Contains(answer, `"cleaned"`) || strings.Contains(answer, "review-me") {
+				t.Errorf("the released result under a policy that rewrites it: %s", answer)
+			}
+		}},
+		"now four eyes": {`{"action": "ask", "reason": "four eyes", "approval": {"approvers": {"groups": ["admins"]}, "requester_may_approve": false}}`, func(t *testing.T, answer string) {
+			if !strings.Contains(answer, "four eyes") || strings.Contains(answer, `"isError":false`) {
+				t.Errorf("the released result under a policy that leaves it to admins: %s", answer)
+			}
+		}},
+		"asked alike": {`{"action": "ask", "reason": "reviewed, reworded"}`, func(t *testing.T, answer string) {
+			if strings.Contains(answer, `"isError":true`) || !strings.Contains(answer, "review-me 1") {
+				t.Errorf("the released result under a policy that asks alike: %s", answer)
+			}
+		}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			dir := t.TempDir()
+			write := func(decision string) {
+				t.Helper()
+				src := "package toolgate.request\n\ndefault decision := {\"action\": \"allow\"}\n"
+				if err := os.WriteFile(filepath.Join(dir, "request.rego"), []byte(src), 0o644); err != nil {
+					t.Fatal(err)
+				}
+				src = "package toolgate.result\n\ndefault decision := {\"action\": \"allow\"}\n\ndecision := " + decision + " " + match
+				if err := os.WriteFile(filepath.Join(dir, "result.rego"), []byte(src), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			write(`{"action": "ask", "reason": "this result is reviewed"}`)
+			up := startUpstream(t)
+			g := startGateway(t, gatewayConfig{Upstream: up.URL, RequestPolicy: dir, PolicyOptions: "reload_interval 100ms"})
+			m := g.raw(t, aliceKey, g.createSession(t, aliceKey, "svc"), "svc")
+			m.initialize()
+			args := `{"text":"review-me 1"}`
+			var withheld struct {
+				Result struct {
+					Meta struct {
+						Approval struct{ ID string } `json:"toolgate/approval"`
+					} `json:"_meta"`
+				}
+			}
+			if answer := m.call(1, "echo", args); json.Unmarshal(answer, &withheld) != nil || withheld.Result.Meta.Approval.ID == "" {
+				t.Fatalf("the result was not withheld: %s", answer)
+			}
+			if r := g.decide(t, aliceKey, withheld.Result.Meta.Approval.ID, true, "", ""); r.StatusCode != http.StatusOK {
+				t.Fatalf("approving the result: %d %s", r.StatusCode, r.Body)
+			}
+			write(c.rule)
+			for i := 0; ; i++ { // until the changed policy decides a probe
+				answer := string(m.call(100+i, "echo", `{"text":"review-me probe `+strconv.Itoa(i)+`"}`))
+				if !strings.Contains(answer, "this result is reviewed") {
+					break
+				}
+				if i == 50 {
+					t.Fatalf("the changed policy was not loaded: %s", answer)
+				}
+				time.Sleep(100 * time.Millisecond)
+			}
+			c.want(t, string(m.call(2, "echo", args)))
+			n := 0
+			for _, r := range up.requestLog() {
+				if strings.Contains(r.Body, `"review-me 1"`) {
+					n++
+				}
+			}
+			if n != 1 {
+				t.Errorf("the upstream saw the approved call %d times, want 1", n)
+			}
+		})
+	}
+}
+
 // New pending approvals are announced to the webhook, signed, and without
 // the arguments unless include_arguments is set.
 func TestApprovalWebhook(t *testing.T) {

@@ -201,6 +201,9 @@ func (h *ResultHandler) withhold(ctx context.Context, call *gateway.Call, s subj
 	if err != nil {
 		return fail("the result was withheld: the policy asked for an approval it cannot have: " + err.Error())
 	}
+	if a := s.approved; a != nil && a.CoversUnder(spec, o.Revision) {
+		return result, nil // the approver's release stands under the changed policy
+	}
 	rq := &asked{view: s.view, task: s.task}
 	ac := resultApproval(call, rq)
 	shown := ac.Arguments
@@ -219,6 +222,9 @@ func (h *ResultHandler) withhold(ctx context.Context, call *gateway.Call, s subj
 				Message: "the upstream's answer is withheld pending an approval, and approvals are unavailable right now; retry later"}
 		}
 		return fail("the result is withheld pending an approval, and approvals are unavailable right now; retry later")
+	case res.Kind == approval.Release && res.Approval.Revision != o.Revision:
+		again := &asked{method: s.method, view: s.view, task: s.task}
+		return h.judgeReleased(ctx, call, again, res, base)
 	case res.Kind == approval.Release:
 		return res.Result, nil
 	case res.Kind == approval.Denied:
@@ -259,6 +265,41 @@ func (h *ResultHandler) released(w http.ResponseWriter, r *http.Request, call *g
 	if !ok {
 		return false
 	}
-	gateway.WriteRPC(w, http.StatusOK, gateway.RPCResult(call.Message.ID, res.Result))
+	answer := res.Result
+	if res.Approval.Revision != h.engine.Revision() {
+		var err error
+		if answer, err = h.judgeReleased(r.Context(), call, rq, res, h.app.BaseURL(r)); err != nil {
+			gateway.WriteRPC(w, http.StatusOK, h.answerFailed(call, err))
+			return true
+		}
+	}
+	gateway.WriteRPC(w, http.StatusOK, gateway.RPCResult(call.Message.ID, answer))
 	return true
+}
+
+// judgeReleased judges a withheld answer that res released again, when
+// the policy that withheld it is no longer the one in force: the approver
+// judged it under a policy that may since have learnt to deny or clean
+// it. What the policy in force allows goes out as it allows it, what it
+// denies is refused, and an ask is satisfied by the release only when its
+// decider may decide what the policy now asks (else it asks anew).
+func (h *ResultHandler) judgeReleased(ctx context.Context, call *gateway.Call, rq *asked, res approval.Resolution, base string) ([]byte, error) {
+	again := *rq
+	again.approved = res.Approval
+	out, err := h.result(ctx, call, &again, res.Result, base)
+	if err != nil || out == nil {
+		return res.Result, err
+	}
+	return out.Bytes(), nil
+}
+
+// answerFailed is the runner's answer when judging a result failed: the
+// hook's own error, or toolgate's.
+func (h *ResultHandler) answerFailed(call *gateway.Call, err error) []byte {
+	var answer *gateway.AnswerError
+	if errors.As(err, &answer) {
+		return gateway.RPCError(call.Message.ID, answer.Code, answer.Message, answer.Data)
+	}
+	h.logger.Error("cannot judge a released result; withholding it", zap.String("service", call.Service.ID), zap.Error(err))
+	return gateway.RPCError(call.Message.ID, gateway.CodeInternalError, "toolgate could not check the released result; it was withheld", nil)
 }

@@ -9,6 +9,7 @@ import (
 	"github.com/tidwall/gjson"
 	"go.uber.org/zap"
 
+	"github.com/toolgate/toolgate/internal/approval"
 	"github.com/toolgate/toolgate/internal/mcpmsg"
 	"github.com/toolgate/toolgate/modules/gateway"
 )
@@ -62,6 +63,9 @@ type asked struct {
 	method string        // input.method of the answer: tools/call for tasks/result
 	view   *gateway.Call // the call whose request input describes the answer
 	task   string        // the task the request names, if any
+	// approved is the approval that released the answer being judged
+	// again (see [ResultHandler.judgeReleased]).
+	approved *approval.Approval
 }
 
 // asked describes the runner's request call. A request naming a task
@@ -114,6 +118,10 @@ type subject struct {
 	// during is the runner's request on whose stream a notification or a
 	// server→client request came (nil on the standalone stream).
 	during *gateway.Call
+	// approved: the payload is a withheld answer this approval released,
+	// judged again by a policy that changed since; an ask it still covers
+	// releases the payload.
+	approved *approval.Approval
 }
 
 // toolResult: the payload is a CallToolResult.
@@ -186,7 +194,7 @@ func (s subject) complete(call *gateway.Call, own ...[2]*ast.Term) (ast.Object, 
 
 // result decides the result of the runner's request rq.
 func (h *ResultHandler) result(ctx context.Context, call *gateway.Call, rq *asked, result []byte, base string) (gateway.Result, error) {
-	s := subject{channel: channelResult, method: rq.method, view: rq.view, task: rq.task}
+	s := subject{channel: channelResult, method: rq.method, view: rq.view, task: rq.task, approved: rq.approved}
 	switch {
 	case call.Method == "tools/call" && call.Message.Task != nil:
 		if id := createdTask(result); id != "" {
