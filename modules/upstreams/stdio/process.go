@@ -22,6 +22,7 @@ import (
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 
+	"github.com/toolgate/toolgate/internal/limitexec"
 	"github.com/toolgate/toolgate/internal/mcpbridge"
 	"github.com/toolgate/toolgate/modules/gateway"
 )
@@ -82,7 +83,11 @@ func startProcess(s *spec, cred string, logger *zap.Logger) (*process, error) {
 		}
 	}
 	childIn, ourIn, ourOut, childOut, ourErr, childErr := pipes[0], pipes[1], pipes[2], pipes[3], pipes[4], pipes[5]
-	cmd := &exec.Cmd{Path: path, Args: s.Command, Env: env, Dir: s.Dir,
+	// The limits are set before the program's first instruction (see
+	// internal/limitexec), so that nothing it forks escapes them.
+	path, argv := limitexec.Command(path, s.Command, limitexec.Limits{Data: s.Limits.Memory,
+		OpenFiles: int64(s.Limits.OpenFiles), Processes: int64(s.Limits.Processes)})
+	cmd := &exec.Cmd{Path: path, Args: argv, Env: env, Dir: s.Dir,
 		Stdin: childIn, Stdout: childOut, Stderr: childErr, SysProcAttr: sysProcAttr(s.user)}
 	if err = closeOnExec(); err == nil {
 		err = cmd.Start()
@@ -97,12 +102,6 @@ func startProcess(s *spec, cred string, logger *zap.Logger) (*process, error) {
 		secrets: nonEmpty(secrets), done: make(chan struct{})}
 	for _, secret := range secrets {
 		p.longest = max(p.longest, len(secret))
-	}
-	if err := setLimits(p.pid, s.Limits); err != nil {
-		_ = syscall.Kill(-p.pid, syscall.SIGKILL)
-		_ = cmd.Wait()
-		closeAll([]*os.File{ourIn, ourOut, ourErr})
-		return nil, fmt.Errorf("setting resource limits: %v", err)
 	}
 	return p, nil
 }

@@ -22,24 +22,6 @@ func sysProcAttr(u *runUser) *syscall.SysProcAttr {
 	return a
 }
 
-// setLimits sets the process's resource limits (soft and hard alike, so
-// the program cannot raise them).
-func setLimits(pid int, l Limits) error {
-	for _, r := range []struct {
-		resource int
-		value    int64
-	}{{unix.RLIMIT_DATA, l.Memory}, {unix.RLIMIT_NOFILE, int64(l.OpenFiles)}, {unix.RLIMIT_NPROC, int64(l.Processes)}} {
-		if r.value <= 0 {
-			continue
-		}
-		lim := unix.Rlimit{Cur: uint64(r.value), Max: uint64(r.value)}
-		if err := unix.Prlimit(pid, r.resource, &lim, nil); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
 // closeOnExec marks every descriptor above stderr close-on-exec. Go opens
 // its own that way, but toolgate may have inherited others from whatever
 // started it, and a program must get none of them.

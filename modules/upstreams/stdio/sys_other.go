@@ -13,6 +13,5 @@ func supported() error {
 
 func sysProcAttr(*runUser) *syscall.SysProcAttr { return nil }
 
-func setLimits(int, Limits) error { return nil }
 
 func closeOnExec() error { return nil }
