@@ -13,5 +13,4 @@ func supported() error {
 
 func sysProcAttr(*runUser) *syscall.SysProcAttr { return nil }
 
-
 func closeOnExec() error { return nil }
