@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/tidwall/gjson"
@@ -59,6 +60,8 @@ type Link struct {
 	tokens         map[string]*pending // by the link's progress token
 	serverRequests map[string]*serverRequest
 	sessions       map[*Session]struct{}
+	ownSends       chan struct{}  // bounds sendLater
+	droppedOwn     atomic.Int64   // what sendLater dropped
 	subscriptions  map[string]int // resource URI → sessions subscribed
 	initResult     []byte
 	lastUsed       time.Time
@@ -135,7 +138,7 @@ func (c capabilities) allows(method string, params []byte) bool {
 
 // NewLink starts a link over a connection.
 func (b *Bridge) NewLink(cfg LinkConfig) *Link {
-	return &Link{bridge: b, cfg: cfg, done: make(chan struct{}),
+	return &Link{bridge: b, cfg: cfg, done: make(chan struct{}), ownSends: make(chan struct{}, maxOwnSends),
 		pending: map[string]*pending{}, tokens: map[string]*pending{}, serverRequests: map[string]*serverRequest{},
 		sessions: map[*Session]struct{}{}, subscriptions: map[string]int{}, lastUsed: now()}
 }
@@ -403,7 +406,14 @@ func (l *Link) Close(err error) {
 func (l *Link) Receive(data []byte) {
 	msg, err := mcpmsg.Parse(OneLine(data), l.bridge.limits)
 	if err != nil {
-		l.bridge.log().Warn("dropped a malformed message from the server", zap.String("service", l.bridge.service), zap.Error(err))
+		// Neither the log nor a runner gets the server's own words (a key
+		// it quotes could be a credential it was sent).
+		why := err.Error()
+		if se, ok := errors.AsType[*mcpmsg.SyntaxError](err); ok {
+			why = se.Redacted()
+		}
+		l.bridge.log().Warn("dropped a malformed message from the server", zap.String("service", l.bridge.service), zap.String("error", why))
+		l.malformedAnswer(data, why)
 		return
 	}
 	switch msg.Kind {
@@ -413,6 +423,28 @@ func (l *Link) Receive(data []byte) {
 		l.serverRequest(msg)
 	case mcpmsg.Notification:
 		l.notification(msg)
+	}
+}
+
+// malformedAnswer answers the pending request a malformed message names
+// by its id, if it names one, with a retryable error: its caller learns at
+// once that the server answered what toolgate cannot relay, rather than
+// waiting out its timeout.
+func (l *Link) malformedAnswer(data []byte, why string) {
+	id := gjson.GetBytes(data, "id")
+	if id.Type != gjson.Number && id.Type != gjson.String {
+		return
+	}
+	l.mu.Lock()
+	p := l.pending[mcpmsg.IDKey([]byte(id.Raw))]
+	l.mu.Unlock()
+	if p == nil || mcpmsg.IDKey([]byte(id.Raw)) == "" {
+		return
+	}
+	answer, err := mcpmsg.Parse(gateway.RPCError(p.linkID, gateway.CodeUnavailable,
+		"the upstream sent a malformed answer ("+why+")", gateway.Retryable), l.bridge.limits)
+	if err == nil {
+		l.response(answer)
 	}
 }
 
@@ -618,15 +650,32 @@ func (l *Link) broadcast(raw []byte, uri string) {
 	}
 }
 
-// sendLater sends a message of toolgate's own without holding up the
-// connection's reader.
+// sendLater sends a message of toolgate's own (an answer to a ping, a
+// refusal, a cancellation) without holding up the connection's reader. At
+// most maxOwnSends are on their way at once: a server that floods pings
+// while it stalls the answers gets the rest dropped, not one connection
+// and goroutine of toolgate's each.
 func (l *Link) sendLater(msg []byte) {
+	select {
+	case l.ownSends <- struct{}{}:
+	default:
+		if l.droppedOwn.Add(1) == 1 {
+			l.bridge.log().Warn("the server is sent toolgate's own messages slower than it asks for them; dropping those past the limit",
+				zap.String("service", l.bridge.service), zap.Int("limit", maxOwnSends))
+		}
+		return
+	}
 	go func() {
+		defer func() { <-l.ownSends }()
 		ctx, cancel := context.WithTimeout(context.Background(), answerTimeout)
 		defer cancel()
 		_ = l.cfg.Send(ctx, msg)
 	}()
 }
+
+// maxOwnSends bounds the messages of toolgate's own on their way to a
+// server at once (see sendLater).
+const maxOwnSends = 8
 
 // answerTimeout bounds sending a message of toolgate's own.
 const answerTimeout = 10 * time.Second

@@ -281,8 +281,14 @@ func (h *Handler) expired(e gateway.EndedMCPSession) {
 	defer cancel()
 	cred, err := h.app.CredentialFor(ctx, svc, e.User)
 	if err != nil {
-		h.logger.Info("cannot end an expired upstream session: no credential", zap.String("service", svc.ID), zap.Error(err))
-		return
+		if svc.Transport() == "" {
+			h.logger.Info("cannot end an expired upstream session: no credential", zap.String("service", svc.ID), zap.Error(err))
+			return
+		}
+		// A transport module (a program, a legacy SSE connection) ends
+		// its session without asking the server: the owner having
+		// disconnected must not keep it, and its connection, open.
+		cred = nil
 	}
 	call := &gateway.Call{Caller: &gateway.Caller{User: e.User}, Service: svc, Credential: cred}
 	h.endUpstream(ctx, call, e.Upstream)

@@ -281,13 +281,14 @@ func (r *response) next() (mcpmsg.Message, error) {
 		msg, err = r.h.redactCredential(r.call, msg)
 	}
 	if err != nil {
-		r.h.logger.Warn("an upstream sent a malformed message", zap.String("service", r.call.Service.ID), zap.Error(err))
-		// The runner is told why without the upstream's own words (a key
-		// it quotes), which no policy inspected.
+		// Neither the runner nor the log gets the upstream's own words (a
+		// key it quotes): no policy inspected them, and they can be the
+		// credential toolgate sent it.
 		why := err.Error()
 		if se, ok := errors.AsType[*mcpmsg.SyntaxError](err); ok {
 			why = se.Redacted()
 		}
+		r.h.logger.Warn("an upstream sent a malformed message", zap.String("service", r.call.Service.ID), zap.String("error", why))
 		return msg, unavailable("the upstream sent a malformed message (%s)", why)
 	}
 	return msg, nil
