@@ -23,6 +23,7 @@
 package activity
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
@@ -38,6 +39,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/caddyserver/certmagic"
 	"go.uber.org/zap"
@@ -96,6 +98,7 @@ var newest atomic.Pointer[Log]
 // the writer only when a batch is waiting. Once l stopped, d goes to the
 // newest running log.
 func (l *Log) RecordDecision(d gateway.DecisionRecord) {
+	d.Method, d.Tool, d.Reason = cut(d.Method, maxName), cut(d.Tool, maxName), cut(d.Reason, maxReason)
 	l.mu.RLock()
 	defer l.mu.RUnlock()
 	if l.stopped {
@@ -202,6 +205,28 @@ func (l *Log) drain(batch []gateway.DecisionRecord) {
 	}
 }
 
+// Bounds of what a decision's record keeps of the runner's method and
+// tool names (which a runner chooses, up to max_request_size) and of the
+// policy's reason: the record and its page are read by people, and the
+// audit log keeps the rest.
+const (
+	maxName   = 256
+	maxReason = 1024
+)
+
+// cut is text cut to at most max bytes on a character boundary, marked
+// with an ellipsis and the size it had.
+func cut(text string, max int) string {
+	if len(text) <= max {
+		return text
+	}
+	end := max
+	for end > 0 && !utf8.RuneStart(text[end]) {
+		end--
+	}
+	return fmt.Sprintf("%s… (%d bytes)", text[:end], len(text))
+}
+
 // Flush stores batch: one object per user. A failure is logged; those
 // decisions stay in the audit log only.
 func (l *Log) Flush(ctx context.Context, batch []gateway.DecisionRecord) {
@@ -211,10 +236,13 @@ func (l *Log) Flush(ctx context.Context, batch []gateway.DecisionRecord) {
 	}
 	stamp := fmt.Sprintf("%020d", now().UnixNano())
 	for user, records := range byUser {
-		data, err := json.Marshal(records)
-		if err != nil {
+		var buf bytes.Buffer
+		enc := json.NewEncoder(&buf)
+		enc.SetEscapeHTML(false) // a name of '<' is one byte, not six
+		if err := enc.Encode(records); err != nil {
 			continue
 		}
+		data := buf.Bytes()
 		var r [6]byte
 		_, _ = rand.Read(r[:])
 		key := path.Join(userPrefix(user), stamp+"-"+hex.EncodeToString(r[:]))

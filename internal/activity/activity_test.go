@@ -3,9 +3,11 @@ package activity
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/caddyserver/certmagic"
 	"go.uber.org/zap"
@@ -182,5 +184,18 @@ func TestDecisionsAfterStopGoToTheNewestLog(t *testing.T) {
 	old.RecordDecision(decision("alice", "orphan", time.Now()))
 	if old.Dropped() != 1 {
 		t.Errorf("a decision with no running log: dropped %d, want 1", old.Dropped())
+	}
+}
+
+// What a runner names is kept to a bound, cut on a character boundary and
+// marked with the size it had.
+func TestCutNames(t *testing.T) {
+	if got := cut("tools/call", maxName); got != "tools/call" {
+		t.Errorf("a short name was changed: %q", got)
+	}
+	long := strings.Repeat("é", 200) // 400 bytes
+	got := cut(long, maxName)
+	if !utf8.ValidString(got) || !strings.HasSuffix(got, "… (400 bytes)") || len(got) > maxName+len("… (400 bytes)") {
+		t.Errorf("cut(400 bytes of é) = %q", got)
 	}
 }

@@ -63,6 +63,9 @@ var funcs = template.FuncMap{
 		return s
 	},
 	"join": strings.Join,
+	// visible writes the invisible and direction-changing characters of a
+	// runner's or an upstream's text as \u escapes.
+	"visible": visible,
 	"until": func(t time.Time) string {
 		d := time.Until(t)
 		switch {

@@ -39,9 +39,15 @@ func EndSpan(span trace.Span, why string) {
 }
 
 // InjectTrace writes ctx's trace context into an upstream request's
-// headers (W3C traceparent), so the upstream's spans join the trace.
+// headers (W3C traceparent), so the upstream's spans join the trace. Only
+// the traceparent of toolgate's span: a tracestate is what whoever began
+// the trace wrote (a runner, when the route continues runners' traces),
+// and no header of a runner's reaches an upstream.
 func InjectTrace(ctx context.Context, h http.Header) {
-	if trace.SpanFromContext(ctx).SpanContext().IsValid() {
-		propagation.TraceContext{}.Inject(ctx, propagation.HeaderCarrier(h))
+	sc := trace.SpanContextFromContext(ctx)
+	if !sc.IsValid() {
+		return
 	}
+	ctx = trace.ContextWithSpanContext(ctx, sc.WithTraceState(trace.TraceState{}))
+	propagation.TraceContext{}.Inject(ctx, propagation.HeaderCarrier(h))
 }
