@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"net/url"
 	"path"
 	"slices"
@@ -115,6 +116,10 @@ type Manager struct {
 	// that announces changes), so that waiters wake at once instead of at
 	// their next poll.
 	decisions *storecache.Watch
+	// withheld follows the stored marks of sessions that had a result
+	// withheld through any replica (see MayRelease).
+	withheld      *storecache.Watch
+	withheldCache *storecache.Cache[time.Time]
 }
 
 // slowPoll is how often a waiter reads its approval again while decisions
@@ -154,6 +159,8 @@ func newManager(ctx caddy.Context, app *gateway.App) (*Manager, error) {
 			}
 			m.wake(path.Base(c.Key))
 		})
+		m.withheld = storecache.NewWatch(storage, withheldPrefix)
+		m.withheldCache = storecache.NewCache[time.Time](m.withheld, time.Duration(app.CacheTTL), func() time.Time { return now() })
 	}
 	if w := m.cfg.Webhook; w != nil {
 		repl := caddy.NewReplacer()
@@ -205,6 +212,16 @@ func (m *Manager) start() {
 			}()
 		}
 	}
+	if m.withheld != nil {
+		if err := m.withheld.Start(m.logger); err != nil {
+			m.logger.Warn("results withheld through other replicas are seen after cache_ttl", zap.Error(err))
+		} else {
+			go func() {
+				<-m.app.Done()
+				m.withheld.Stop()
+			}()
+		}
+	}
 	go func() {
 		tick := time.NewTicker(time.Minute)
 		defer tick.Stop()
@@ -220,6 +237,7 @@ func (m *Manager) start() {
 }
 
 func (m *Manager) sweep(ctx context.Context) {
+	m.sweepWithheld(ctx)
 	expired, err := m.Store.Sweep(ctx)
 	if err != nil {
 		m.logger.Warn("sweeping approvals", zap.Error(err))
@@ -375,7 +393,7 @@ func (m *Manager) Resolve(ctx context.Context, ask Ask) (res Resolution, err err
 	m.event(a, "requested", nil)
 	metrics.pending.Inc()
 	if a.Stage == StageResult {
-		m.noteResult(a)
+		m.noteResult(ctx, a)
 	}
 	if m.hook != nil {
 		m.hook.announce(a, URL(ask.Base, a), m.cfg.Webhook.IncludeArguments, ask.Masked)
@@ -441,7 +459,7 @@ func (m *Manager) Decide(ctx context.Context, id string, caller *gateway.Caller,
 	m.event(a, a.State, caller)
 	metrics.pending.Dec()
 	if a.Stage == StageResult {
-		m.noteResult(a)
+		m.noteResult(ctx, a)
 	}
 	m.wake(id)
 	if m.decisions != nil {
@@ -450,11 +468,18 @@ func (m *Manager) Decide(ctx context.Context, id string, caller *gateway.Caller,
 	return a, nil
 }
 
-// noteResult remembers that a's session had a result withheld.
-func (m *Manager) noteResult(a *Approval) {
+// withheldPrefix holds a mark per requester and toolgate session that had
+// a result withheld, through any replica: its expiry (RFC 3339).
+const withheldPrefix = "toolgate/approvals-withheld"
+
+func withheldKey(user, ref string) string { return path.Join(withheldPrefix, hashOf(user, ref)) }
+
+// noteResult remembers that a's session had a result withheld, here and,
+// so that a retry through another replica looks for the released result
+// too, in storage (announced).
+func (m *Manager) noteResult(ctx context.Context, a *Approval) {
 	key := a.Requester + "\x00" + a.Session
 	m.mu.Lock()
-	defer m.mu.Unlock()
 	if len(m.results) > 10000 {
 		for k, until := range m.results {
 			if now().After(until) {
@@ -462,22 +487,71 @@ func (m *Manager) noteResult(a *Approval) {
 			}
 		}
 	}
-	if a.ExpiresAt.After(m.results[key]) {
+	later := a.ExpiresAt.After(m.results[key])
+	if later {
 		m.results[key] = a.ExpiresAt
 	}
+	m.mu.Unlock()
+	if !later || m.withheldCache == nil {
+		return
+	}
+	stored := withheldKey(a.Requester, a.Session)
+	if err := m.Store.storage.Store(ctx, stored, []byte(a.ExpiresAt.UTC().Format(time.RFC3339))); err != nil {
+		m.logger.Warn("cannot mark a withheld result in storage; a retry through another replica calls the upstream again",
+			zap.String("approval", a.ID), zap.Error(err))
+		return
+	}
+	m.withheldCache.Wrote(ctx, stored, a.ExpiresAt)
 }
 
 // MayRelease reports whether calls of user in the toolgate session ref may
 // have a withheld result waiting: only then does the result step look one
-// up before the call goes upstream. (A result withheld through another
-// replica is found when the retried call's result is asked about again:
-// the approved result is released then, the upstream having been called
-// once more.)
-func (m *Manager) MayRelease(user, ref string) bool {
+// up before the call goes upstream. A session whose result was withheld
+// through another replica is known from its mark in storage, read once
+// per session and replica and again when a replica announces a new one
+// (with storages that announce nothing, after cache_ttl). When the mark
+// cannot be read, the result step looks.
+func (m *Manager) MayRelease(ctx context.Context, user, ref string) bool {
 	m.mu.Lock()
-	defer m.mu.Unlock()
 	until, ok := m.results[user+"\x00"+ref]
-	return ok && now().Before(until)
+	m.mu.Unlock()
+	if ok && now().Before(until) {
+		return true
+	}
+	if m.withheldCache == nil {
+		return false
+	}
+	key := withheldKey(user, ref)
+	until, err := m.withheldCache.Load(ctx, key, func(ctx context.Context) (time.Time, bool, error) {
+		data, err := m.Store.storage.Load(ctx, key)
+		if errors.Is(err, fs.ErrNotExist) {
+			return time.Time{}, true, nil
+		}
+		if err != nil {
+			return time.Time{}, false, err
+		}
+		t, err := time.Parse(time.RFC3339, string(data))
+		return t, err == nil, nil
+	})
+	return err != nil || now().Before(until)
+}
+
+// sweepWithheld deletes the marks of sessions whose withheld results all
+// expired.
+func (m *Manager) sweepWithheld(ctx context.Context) {
+	keys, err := m.Store.storage.List(ctx, withheldPrefix, false)
+	if err != nil {
+		return
+	}
+	for _, key := range keys {
+		data, err := m.Store.storage.Load(ctx, key)
+		if err != nil {
+			continue
+		}
+		if t, err := time.Parse(time.RFC3339, string(data)); err != nil || now().After(t.Add(keep)) {
+			_ = m.Store.storage.Delete(ctx, key)
+		}
+	}
 }
 
 // Decided reads the approval id again for a call held for it: Allow (an

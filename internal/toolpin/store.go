@@ -10,11 +10,11 @@ import (
 	"io/fs"
 	"path"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/caddyserver/certmagic"
 
+	"github.com/toolgate/toolgate/internal/storecache"
 	"github.com/toolgate/toolgate/modules/gateway"
 )
 
@@ -50,19 +50,23 @@ type Change struct {
 
 // store keeps records in the gateway's storage, one per service and tool
 // (under the SHA-256 of the tool's name, which may hold any character),
-// read through a cache that keeps what it read for cacheTTL: a change
-// accepted through another replica applies here within that time.
+// read through a cache that follows the changes other replicas announce
+// (internal/storecache): a change seen or accepted through one replica
+// applies on every other at once (with storages that announce nothing,
+// within cache_ttl).
 type store struct {
-	storage  certmagic.Storage
-	cacheTTL time.Duration
-
-	mu    sync.Mutex
-	cache map[pinKey]cached
+	storage certmagic.Storage
+	watch   *storecache.Watch
+	cache   *storecache.Cache[*Record] // nil: no record
 }
 
-// pinKey identifies a record in the cache: its service, and the SHA-256 of
-// its tool's name (bounded, whatever the name), from which its storage
-// key is made only when the storage is read or written.
+func newStore(storage certmagic.Storage, cacheTTL time.Duration) *store {
+	w := storecache.NewWatch(storage, prefix)
+	return &store{storage: storage, watch: w, cache: storecache.NewCache[*Record](w, cacheTTL, time.Now)}
+}
+
+// pinKey identifies a record: its service, and the SHA-256 of its tool's
+// name (bounded, whatever the name).
 type pinKey struct {
 	service string
 	tool    [sha256.Size]byte
@@ -77,30 +81,15 @@ func (k pinKey) storageKey() string {
 	return path.Join(prefix, k.service, hex.EncodeToString(k.tool[:]))
 }
 
-type cached struct {
-	rec    *Record // nil: no record
-	readAt time.Time
-}
-
 const prefix = "toolgate/tool-pins"
-
-const maxCached = 100_000
 
 // get returns the record of service's tool, nil when there is none.
 func (s *store) get(ctx context.Context, service, tool string) (*Record, error) {
-	key := keyOf(service, tool)
-	s.mu.Lock()
-	c, ok := s.cache[key]
-	s.mu.Unlock()
-	if ok && time.Since(c.readAt) < s.cacheTTL {
-		return c.rec, nil
-	}
-	rec, err := s.load(ctx, key.storageKey())
-	if err != nil {
-		return nil, err
-	}
-	s.remember(key, rec)
-	return rec, nil
+	stored := keyOf(service, tool).storageKey()
+	return s.cache.Load(ctx, stored, func(ctx context.Context) (*Record, bool, error) {
+		rec, err := s.load(ctx, stored)
+		return rec, err == nil, err // no record is kept too: its first sight is announced
+	})
 }
 
 func (s *store) load(ctx context.Context, key string) (*Record, error) {
@@ -116,15 +105,6 @@ func (s *store) load(ctx context.Context, key string) (*Record, error) {
 		return nil, fmt.Errorf("reading a tool pin: %v", err)
 	}
 	return rec, nil
-}
-
-func (s *store) remember(key pinKey, rec *Record) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.cache == nil || len(s.cache) >= maxCached {
-		s.cache = make(map[pinKey]cached)
-	}
-	s.cache[key] = cached{rec: rec, readAt: time.Now()}
 }
 
 // update changes the record of service's tool under the storage's lock,
@@ -144,7 +124,6 @@ func (s *store) update(ctx context.Context, service, tool string, change func(*R
 	}
 	next := change(cur)
 	if next == nil {
-		s.remember(key, cur)
 		return cur, nil
 	}
 	data, err := json.Marshal(next)
@@ -154,7 +133,7 @@ func (s *store) update(ctx context.Context, service, tool string, change func(*R
 	if err := s.storage.Store(ctx, stored, data); err != nil {
 		return nil, fmt.Errorf("%w: storing a tool pin: %v", gateway.ErrStorageUnavailable, err)
 	}
-	s.remember(key, next)
+	s.cache.Wrote(ctx, stored, next)
 	return next, nil
 }
 

@@ -94,7 +94,7 @@ type Pins struct {
 func For(app *gateway.App) (*Pins, error) {
 	v, err := app.Shared(option, func() (any, error) {
 		p := &Pins{audit: caddy.Log().Named("toolgate.audit"), logger: app.Logger().Named("tool_pins"),
-			store: &store{storage: app.Storage(), cacheTTL: time.Duration(app.CacheTTL)}}
+			store: newStore(app.Storage(), time.Duration(app.CacheTTL))}
 		if raw := app.Extension(option); raw != nil {
 			if err := json.Unmarshal(raw, &p.cfg); err != nil {
 				return nil, fmt.Errorf("tool_pins: %v", err)
@@ -103,6 +103,16 @@ func For(app *gateway.App) (*Pins, error) {
 		if len(p.cfg.AdminGroups) == 0 {
 			p.cfg.AdminGroups = []string{defaultAdminGroup}
 		}
+		app.OnStart(func() {
+			if err := p.store.watch.Start(p.logger); err != nil {
+				p.logger.Warn("pin changes through other replicas are seen after cache_ttl", zap.Error(err))
+				return
+			}
+			go func() {
+				<-app.Done()
+				p.store.watch.Stop()
+			}()
+		})
 		return p, nil
 	})
 	if err != nil {

@@ -104,6 +104,15 @@ type SessionSummary struct {
 // Create stores a new session for user, unless user already has as many
 // live sessions as allowed (ErrTooManySessions).
 func (s *SessionStore) Create(ctx context.Context, user string, services []string) (*Session, error) {
+	if s.perUser > 0 {
+		// Counted and stored under the user's lock, on every replica: two
+		// creations at once must not both see room for one.
+		lock := "toolgate_sessions_" + hashKey(user)
+		if err := s.storage.Lock(ctx, lock); err != nil {
+			return nil, fmt.Errorf("storing session: %w", err)
+		}
+		defer func() { _ = s.storage.Unlock(context.WithoutCancel(ctx), lock) }()
+	}
 	live, err := s.List(ctx, user)
 	if err != nil {
 		return nil, err

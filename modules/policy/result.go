@@ -62,7 +62,7 @@ func (h *ResultHandler) ServeHTTP(w http.ResponseWriter, r *http.Request, next c
 		if rq, ok = h.asked(r.Context(), w, call); !ok {
 			return nil
 		}
-		if h.approvals != nil && call.Method != "initialize" && h.approvals.MayRelease(call.Caller.User, gateway.SessionRef(call.Session.ID)) && h.released(w, r, call, rq) {
+		if h.approvals != nil && call.Method != "initialize" && h.approvals.MayRelease(r.Context(), call.Caller.User, gateway.SessionRef(call.Session.ID)) && h.released(w, r, call, rq) {
 			return nil
 		}
 		call.ResultDecided = call.Method == "tools/call"
