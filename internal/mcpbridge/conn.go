@@ -2,9 +2,12 @@ package mcpbridge
 
 import (
 	"context"
+	"errors"
+	"io"
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"go.uber.org/zap"
 )
 
 // ConnLink starts a link over conn, a connection of the MCP Go SDK (whose
@@ -29,11 +32,26 @@ func (b *Bridge) ConnLink(ctx context.Context, conn mcp.Connection, cfg LinkConf
 	link := b.NewLink(cfg)
 	go func() {
 		defer conn.Close()
+		skipped := 0
 		for {
 			m, err := conn.Read(ctx)
-			if err != nil {
+			// The SDK's connection answers io.EOF itself once its stream
+			// ended; a message it cannot decode is another error (which may
+			// wrap io.EOF: an event with empty data).
+			if err != nil && (ctx.Err() != nil || err == io.EOF || errors.Is(err, context.Canceled)) {
 				link.Close(endErr)
 				return
+			}
+			if err != nil {
+				// An event that holds no message (a heartbeat event some
+				// servers send, or another endpoint event, which is never
+				// followed): skipped, not the end of every call on the
+				// stream. Its text is not logged: it is the server's.
+				if skipped++; skipped == 1 {
+					b.log().Warn("skipped an event of the server's stream that holds no JSON-RPC message (logged once per stream)",
+						zap.String("service", b.service))
+				}
+				continue
 			}
 			if data, err := jsonrpc.EncodeMessage(m); err == nil {
 				link.Receive(data)
