@@ -295,16 +295,14 @@ func soLastAuth(up *smallUpstream) string {
 	return auths[len(auths)-1]
 }
 
-// Holds (narrowly): a person replaces a leaked personal token, or
-// disconnects it, through replica a; the API answers 204 as soon as a has
-// stored it and sent the NOTIFY, without waiting for the other replicas to
-// have heard it (an MCP session's DELETE waits for its notification to
-// come back; a grant's change and a toolgate session's end do not). A
-// runner on b calls in a loop; no call started after a's 204 may use what
-// a replaced or forgot. Seen once under load in an earlier version of
-// this test (a call sent to b right after the 204 carried the replaced
-// token); not reproduced in these rounds.
-func TestScaleoutHoldsGrantChangeOnOneReplicaNotStaleOnTheOther(t *testing.T) {
+// Attack: a person replaces a leaked personal token, or disconnects it,
+// through replica a, while a runner calls through replica b in a loop; no
+// call started after a's 204 may use what a replaced or forgot. Answered
+// as soon as a had stored the change and sent its announcement, the 204
+// came before b had heard it: calls through b up to 16 ms after it still
+// sent the old token. a answers once its own announcement came back, as
+// an MCP session's DELETE does: by then the storage sent it to b.
+func TestScaleoutGrantChangeOnOneReplicaNotStaleOnTheOther(t *testing.T) {
 	up, a, b := soBearerReplicas(t)
 	soPutToken(t, a, aliceKey, "scaleout-token-start")
 	sess := a.createSession(t, aliceKey, "svc")

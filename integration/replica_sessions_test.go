@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -181,5 +182,52 @@ func TestElicitationCompleteAcrossReplicas(t *testing.T) {
 		case <-ctx.Done():
 			t.Fatal("no notifications/elicitation/complete on b's stream within a minute")
 		}
+	}
+}
+
+// A program's MCP session (its upstream session lives in the replica that
+// runs the program) moving between replicas is continued on each with a
+// session of that replica's own, under one name: each replica initializes
+// the program's side once, not on every call that comes to it after one
+// went to the other (which stored its own session as the upstream's and
+// left the other's behind).
+func TestProgramSessionAcrossReplicas(t *testing.T) {
+	a, b, dsn := soReplicas(t, testdataPath(t, "policy"), func(storage, data string) string {
+		return fmt.Sprintf(`state_secret %s
+		%s
+		cipher local %s/cipher.key
+		auth {
+			api_key %s %s
+		}
+		%s`, testStateSecret, storage, data, hashKey(aliceKey), alice, goSDKStdioService(t, "svc", ""))
+	})
+	sess := a.createSession(t, aliceKey, "svc")
+	ma := a.raw(t, aliceKey, sess, "svc")
+	ma.initialize()
+	mb := b.raw(t, aliceKey, sess, "svc")
+	mb.sessionID = ma.sessionID
+	for i := range 8 {
+		m := ma
+		if i%2 == 1 {
+			m = mb
+		}
+		if got := mustSucceed(t, m.call(10+i, "echo", `{"text":"call `+strconv.Itoa(i)+`"}`)); got != "call "+strconv.Itoa(i) {
+			t.Fatalf("call %d: %s", i, got)
+		}
+	}
+	var generation int
+	for key, value := range soRows(t, dsn) {
+		if strings.HasSuffix(key, "/state") && strings.HasPrefix(key, "toolgate/mcp/sessions/") {
+			var rec struct {
+				Upstream struct{ Generation int } `json:"upstream"`
+			}
+			if err := json.Unmarshal(value, &rec); err != nil {
+				t.Fatal(err)
+			}
+			generation = rec.Upstream.Generation
+		}
+	}
+	if generation != 2 {
+		t.Errorf("8 calls alternating between two replicas initialized the program's session %d times, want 2 (once per replica)", generation)
 	}
 }

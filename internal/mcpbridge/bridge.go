@@ -80,6 +80,11 @@ type Bridge struct {
 
 	mu       sync.Mutex
 	sessions map[string]*Session
+
+	idle      atomic.Int64 // nanoseconds; 0: sessions do not expire here
+	sweeping  sync.Once
+	stopSweep chan struct{}
+	closeOnce sync.Once
 }
 
 // Config sets a Bridge up.
@@ -93,7 +98,7 @@ type Config struct {
 // New returns a bridge whose sessions opener makes.
 func New(cfg Config, opener Opener) *Bridge {
 	b := &Bridge{opener: opener, service: cfg.Service, limits: cfg.Limits, maxBody: cfg.MaxMessage,
-		maxQueue: max(2*cfg.MaxMessage, 4<<20), sessions: map[string]*Session{}}
+		maxQueue: max(2*cfg.MaxMessage, 4<<20), sessions: map[string]*Session{}, stopSweep: make(chan struct{})}
 	b.SetLogger(cfg.Logger)
 	return b
 }
@@ -118,8 +123,56 @@ func (b *Bridge) Sessions() int {
 	return len(b.sessions)
 }
 
+// SetIdle ends sessions unused (no request, no stream) for d, checked
+// about every d/4: those whose MCP session ended on another replica, or
+// moved to one, which nobody here would end. The MCP session's idle
+// timeout ends the rest first.
+func (b *Bridge) SetIdle(d time.Duration) {
+	b.idle.Store(int64(d))
+	if d <= 0 {
+		return
+	}
+	b.sweeping.Do(func() { go b.sweepLoop() })
+}
+
+func (b *Bridge) sweepLoop() {
+	for {
+		every := min(max(time.Duration(b.idle.Load())/4, time.Second), time.Minute)
+		select {
+		case <-b.stopSweep:
+			return
+		case <-time.After(every):
+			b.sweepIdle()
+		}
+	}
+}
+
+// sweepIdle ends the sessions unused for the idle time.
+func (b *Bridge) sweepIdle() {
+	idle := time.Duration(b.idle.Load())
+	if idle <= 0 {
+		return
+	}
+	cutoff := now().Add(-idle).UnixNano()
+	var old []*Session
+	b.mu.Lock()
+	for _, s := range b.sessions {
+		if s.lastUsed.Load() < cutoff {
+			old = append(old, s)
+		}
+	}
+	b.mu.Unlock()
+	for _, s := range old {
+		if !s.busy() && s.lastUsed.Load() < cutoff {
+			b.forgetSession(s)
+			s.end("unused for " + idle.String())
+		}
+	}
+}
+
 // Close ends every session the bridge holds.
 func (b *Bridge) Close() {
+	b.closeOnce.Do(func() { close(b.stopSweep) })
 	b.mu.Lock()
 	sessions := make([]*Session, 0, len(b.sessions))
 	for _, s := range b.sessions {
@@ -154,6 +207,7 @@ func (b *Bridge) RoundTrip(r *http.Request) (*http.Response, error) {
 		if s == nil || s.User != user {
 			return b.gone(r, nil)
 		}
+		s.used()
 	}
 	if s != nil && s.link.cfg.OnRequest != nil && !s.link.cfg.OnRequest(r) {
 		b.forgetSession(s)
@@ -279,8 +333,12 @@ func (b *Bridge) open(r *http.Request, msg mcpmsg.Message) (*http.Response, erro
 		return rpcResponse(r, http.StatusOK, answer, nil), nil
 	}
 	b.mu.Lock()
+	old := b.sessions[s.ID] // the same MCP session's, initialized again here
 	b.sessions[s.ID] = s
 	b.mu.Unlock()
+	if old != nil && old != s {
+		old.end("the client initialized its session again")
+	}
 	return rpcResponse(r, http.StatusOK, answer, http.Header{"Mcp-Session-Id": {s.ID}}), nil
 }
 
@@ -308,7 +366,7 @@ func statusResponse(r *http.Request, status int) *http.Response {
 // made for one runner) and returns the session and the server's answer,
 // with the runner's id; the session is nil when the server refused.
 func (l *Link) Open(ctx context.Context, user string, init mcpmsg.Message) (*Session, []byte, error) {
-	s := l.NewSession(user, init)
+	s := l.NewSession(ctx, user, init)
 	if s == nil {
 		return nil, nil, l.Err()
 	}

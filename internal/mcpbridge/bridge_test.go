@@ -33,7 +33,7 @@ func (o *sharedOpener) Open(r *http.Request, init mcpmsg.Message) (*Session, []b
 	o.mu.Lock()
 	l := o.link
 	o.mu.Unlock()
-	s := l.NewSession(gateway.UpstreamUser(r.Context()), init)
+	s := l.NewSession(r.Context(), gateway.UpstreamUser(r.Context()), init)
 	if s == nil {
 		return nil, nil, &Unavailable{Reason: "the link ended"}
 	}
@@ -423,5 +423,42 @@ func bobSamples(t *testing.T, bob *bridgetest.Runner, id int, alice <-chan strin
 		}
 	case <-time.After(20 * time.Second):
 		t.Fatal("bob's call got no answer within 20s")
+	}
+}
+
+// Sessions nobody used for the idle time end here (those whose MCP session
+// ended on, or moved to, another replica, which nobody here would end),
+// never one with a stream open; a runner of an ended one gets 404, and
+// toolgate_proxy initializes a new one.
+func TestIdleSessionsEnd(t *testing.T) {
+	f := newFixture(t)
+	alice, bob := f.runner("alice", noCapabilities), f.runner("bob", noCapabilities)
+	stream := bob.Send(http.MethodGet, "")
+	defer stream.Body.Close()
+	if stream.StatusCode != http.StatusOK {
+		t.Fatalf("bob's stream: %d", stream.StatusCode)
+	}
+	lastUsed := func(ago time.Duration) {
+		f.bridge.mu.Lock()
+		defer f.bridge.mu.Unlock()
+		for _, s := range f.bridge.sessions {
+			s.lastUsed.Store(time.Now().Add(-ago).UnixNano())
+		}
+	}
+	f.bridge.idle.Store(int64(time.Minute))
+	lastUsed(30 * time.Second)
+	f.bridge.sweepIdle()
+	if n := f.bridge.Sessions(); n != 2 {
+		t.Fatalf("%d sessions after half the idle time, want 2", n)
+	}
+	lastUsed(2 * time.Minute)
+	f.bridge.sweepIdle()
+	if n := f.bridge.Sessions(); n != 1 {
+		t.Fatalf("%d sessions after the idle time, want bob's (streaming) only", n)
+	}
+	resp := alice.Send(http.MethodPost, `{"jsonrpc":"2.0","id":1,"method":"tools/list"}`)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusNotFound {
+		t.Errorf("alice's ended session answered %d, want 404", resp.StatusCode)
 	}
 }

@@ -100,6 +100,19 @@ type Session struct {
 	getSeq        uint64
 	subscriptions map[string]bool
 	closed        bool
+
+	lastUsed atomic.Int64 // unix nanoseconds of the last request, stream or message of its runner
+}
+
+// used marks the session used now.
+func (s *Session) used() { s.lastUsed.Store(now().UnixNano()) }
+
+// busy reports whether the session has a request in progress or a stream
+// open.
+func (s *Session) busy() bool {
+	s.link.mu.Lock()
+	defer s.link.mu.Unlock()
+	return len(s.requests) > 0 || s.get != nil
 }
 
 // capabilities are what a runner declared it can do for a server.

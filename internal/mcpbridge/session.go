@@ -13,10 +13,18 @@ import (
 
 // NewSession adds a runner's MCP session to the link; init is the runner's
 // initialize request (its capabilities say which server→client requests it
-// may get). It returns nil when the link ended or was retired meanwhile.
-func (l *Link) NewSession(user string, init mcpmsg.Message) *Session {
-	s := &Session{ID: gateway.NewID(), User: user, link: l, caps: readCapabilities(init.Params),
+// may get), ctx that of toolgate_proxy's request: the session takes the
+// name it gives the MCP session (gateway.UpstreamSession), the same on
+// every replica, or a new one. It returns nil when the link ended or was
+// retired meanwhile.
+func (l *Link) NewSession(ctx context.Context, user string, init mcpmsg.Message) *Session {
+	id := gateway.UpstreamSession(ctx)
+	if id == "" {
+		id = gateway.NewID()
+	}
+	s := &Session{ID: id, User: user, link: l, caps: readCapabilities(init.Params),
 		requests: map[string]*pending{}, subscriptions: map[string]bool{}}
+	s.used()
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.err != nil || l.retired {

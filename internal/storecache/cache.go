@@ -175,6 +175,14 @@ func (c *Cache[V]) wrote(ctx context.Context, key string, v *V) {
 	c.watch.Changed(ctx, key)
 }
 
+// Settle announces key again and waits, at most max, until this process
+// heard its own announcement back: by then the storage has sent it to
+// every replica (see Watch.ChangedAndWait). For a change a person made and
+// is told is done, after Wrote or Deleted.
+func (c *Cache[V]) Settle(ctx context.Context, key string, max time.Duration) {
+	c.watch.ChangedAndWait(ctx, key, max)
+}
+
 // Len returns the number of entries.
 func (c *Cache[V]) Len() int {
 	c.mu.Lock()

@@ -133,6 +133,13 @@ func (s *ConnectionStore) Save(ctx context.Context, service, user string, conn *
 	return nil
 }
 
+// settle waits (a second at most) until every replica was sent the change
+// of user's connection to service: a person told that a token was replaced
+// or forgotten is told so once no replica will use the old one.
+func (s *ConnectionStore) settle(ctx context.Context, service, user string) {
+	s.cache.Settle(ctx, ConnectionKey(service, user), time.Second)
+}
+
 // Delete forgets user's connection to service.
 func (s *ConnectionStore) Delete(ctx context.Context, service, user string) error {
 	key := ConnectionKey(service, user)

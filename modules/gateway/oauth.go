@@ -660,13 +660,21 @@ func (a *App) withGrantLock(ctx context.Context, service, user string, fn func()
 // Connect stores user's new credential for service (see
 // ConnectionStore.Connect), after any refresh of the old one on its way.
 func (a *App) Connect(ctx context.Context, service, user string, conn *Connection) error {
-	return a.withGrantLock(ctx, service, user, func() error { return a.connections.Connect(ctx, service, user, conn) })
+	if err := a.withGrantLock(ctx, service, user, func() error { return a.connections.Connect(ctx, service, user, conn) }); err != nil {
+		return err
+	}
+	a.connections.settle(ctx, service, user)
+	return nil
 }
 
 // Disconnect forgets user's credential for service, after any refresh of
 // it on its way (which would otherwise store it again).
 func (a *App) Disconnect(ctx context.Context, service, user string) error {
-	return a.withGrantLock(ctx, service, user, func() error { return a.connections.Delete(ctx, service, user) })
+	if err := a.withGrantLock(ctx, service, user, func() error { return a.connections.Delete(ctx, service, user) }); err != nil {
+		return err
+	}
+	a.connections.settle(ctx, service, user)
+	return nil
 }
 
 // refresh renews user's grant for svc under the grant's storage lock, and

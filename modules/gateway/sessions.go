@@ -239,6 +239,7 @@ func (s *SessionStore) DeleteRef(ctx context.Context, user, ref string) error {
 		}
 	}
 	s.cache.Deleted(ctx, record)
+	s.cache.Settle(ctx, record, time.Second) // ended everywhere once the caller is told
 	return nil
 }
 

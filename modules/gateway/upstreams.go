@@ -62,6 +62,25 @@ func UpstreamUser(ctx context.Context) string {
 	return u
 }
 
+type upstreamSessionKey struct{}
+
+// WithUpstreamSession returns ctx naming the MCP session an upstream
+// request is made for, by its name in storage.
+func WithUpstreamSession(ctx context.Context, ref string) context.Context {
+	return context.WithValue(ctx, upstreamSessionKey{}, ref)
+}
+
+// UpstreamSession returns the storage name of the MCP session an upstream
+// request is made for, "" when none was named. A transport that keeps
+// upstream sessions in this process (a program, a legacy SSE stream) names
+// a session it opens for it the same on every replica, so that the
+// session's stored upstream id is one any replica can continue (each with
+// a session of its own) rather than one each replica replaces.
+func UpstreamSession(ctx context.Context) string {
+	ref, _ := ctx.Value(upstreamSessionKey{}).(string)
+	return ref
+}
+
 // UpstreamTransport is what reaches svc's upstream: the shared HTTP
 // transport, or the service's transport module. Callers make one round
 // trip with it, so redirects are never followed.

@@ -107,6 +107,9 @@ func (h *Handler) attempt(ctx context.Context, call *gateway.Call, up gateway.Up
 	if call.Caller != nil {
 		ctx = gateway.WithUpstreamUser(ctx, call.Caller.User) // for an upstream of the caller's own (stdio per_user)
 	}
+	if call.MCPSession != nil && svc.Transport() != "" {
+		ctx = gateway.WithUpstreamSession(ctx, call.MCPSession.Ref) // see gateway.UpstreamSession
+	}
 	ctx, cancel := context.WithCancel(ctx)
 	var rd io.Reader
 	if body != nil {

@@ -92,6 +92,7 @@ func (t *Transport) Attach(app *gateway.App, svc *gateway.Service) error {
 	}
 	t.rt = v.(*runtime)
 	t.rt.bridge.SetLogger(t.logger)
+	t.rt.bridge.SetIdle(time.Duration(app.MCPSessionIdleTimeout))
 	return nil
 }
 

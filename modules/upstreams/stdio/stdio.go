@@ -267,6 +267,7 @@ func (t *Transport) Attach(app *gateway.App, svc *gateway.Service) error {
 	}
 	t.rt = v.(*runtime)
 	t.rt.setLogger(t.logger)
+	t.rt.bridge.SetIdle(time.Duration(app.MCPSessionIdleTimeout))
 	return nil
 }
 

@@ -100,7 +100,7 @@ func (rt *runtime) Open(r *http.Request, init mcpmsg.Message) (*mcpbridge.Sessio
 		if err != nil {
 			return nil, nil, err
 		}
-		if s := link.NewSession(user, init); s != nil {
+		if s := link.NewSession(r.Context(), user, init); s != nil {
 			return s, gateway.RPCResult(init.ID, link.InitializeResult()), nil
 		}
 	}
