@@ -160,10 +160,14 @@ func (h *Handler) decideApproval(approve bool) func(http.ResponseWriter, *http.R
 		decided, err := h.approvals.Decide(r.Context(), a.ID, caller, approve, body.Scope, body.Note)
 		if err != nil {
 			status, code := decideError(err)
+			message := err.Error()
 			if status == http.StatusServiceUnavailable {
+				// The storage's or cipher's own words (hosts, ports) go to
+				// the log, not to the caller.
 				h.logger.Error("deciding an approval", zap.Error(err))
+				message = "approvals are unavailable right now; retry later"
 			}
-			gateway.WriteAPIError(w, status, code, err.Error())
+			gateway.WriteAPIError(w, status, code, message)
 			return
 		}
 		gateway.WriteJSON(w, http.StatusOK, viewApproval(decided, caller, h.app.BaseURL(r), nil))
