@@ -203,23 +203,11 @@ func (m *Manager) start() {
 		go m.hook.run(m.app.Done())
 	}
 	if m.decisions != nil {
-		if err := m.decisions.Start(m.logger); err != nil {
+		if err := m.decisions.Follow(m.app.Done(), m.logger); err != nil {
 			m.logger.Warn("decisions on other replicas are seen at the next poll", zap.Error(err))
-		} else {
-			go func() {
-				<-m.app.Done()
-				m.decisions.Stop()
-			}()
 		}
-	}
-	if m.withheld != nil {
-		if err := m.withheld.Start(m.logger); err != nil {
+		if err := m.withheld.Follow(m.app.Done(), m.logger); err != nil {
 			m.logger.Warn("results withheld through other replicas are seen after cache_ttl", zap.Error(err))
-		} else {
-			go func() {
-				<-m.app.Done()
-				m.withheld.Stop()
-			}()
 		}
 	}
 	go func() {

@@ -129,6 +129,20 @@ func (w *Watch) Start(logger *zap.Logger) error {
 	return nil
 }
 
+// Follow starts following the storage's announcements until done is
+// closed. An error says it cannot: copies are then trusted for the cache
+// TTL.
+func (w *Watch) Follow(done <-chan struct{}, logger *zap.Logger) error {
+	if err := w.Start(logger); err != nil {
+		return err
+	}
+	go func() {
+		<-done
+		w.Stop()
+	}()
+	return nil
+}
+
 // Stop unsubscribes; the watch is no longer live. Announcements still
 // being retried are given up.
 func (w *Watch) Stop() {

@@ -104,14 +104,9 @@ func For(app *gateway.App) (*Pins, error) {
 			p.cfg.AdminGroups = []string{defaultAdminGroup}
 		}
 		app.OnStart(func() {
-			if err := p.store.watch.Start(p.logger); err != nil {
+			if err := p.store.watch.Follow(app.Done(), p.logger); err != nil {
 				p.logger.Warn("pin changes through other replicas are seen after cache_ttl", zap.Error(err))
-				return
 			}
-			go func() {
-				<-app.Done()
-				p.store.watch.Stop()
-			}()
 		})
 		return p, nil
 	})

@@ -3,6 +3,7 @@ package gateway
 import (
 	"bytes"
 	"context"
+	"errors"
 	"net/http"
 	"time"
 
@@ -228,6 +229,17 @@ type AnswerError struct {
 }
 
 func (e *AnswerError) Error() string { return e.Message }
+
+// HookAnswer is the answer to the request id when a hook failed with err:
+// the hook's own (an *AnswerError), and true; false for any other error,
+// which the caller logs and answers with an error of its own.
+func HookAnswer(id []byte, err error) ([]byte, bool) {
+	var answer *AnswerError
+	if errors.As(err, &answer) {
+		return RPCError(id, answer.Code, answer.Message, answer.Data), true
+	}
+	return nil, false
+}
 
 type callKey struct{}
 

@@ -448,9 +448,8 @@ func (h *Handler) finish(ctx context.Context, call *gateway.Call, msg mcpmsg.Mes
 // hookFailed answers the runner's request when a result hook did not pass
 // the result: with the hook's own answer, or toolgate's error.
 func (h *Handler) hookFailed(call *gateway.Call, err error) []byte {
-	var answer *gateway.AnswerError
-	if errors.As(err, &answer) {
-		return gateway.RPCError(call.Message.ID, answer.Code, answer.Message, answer.Data)
+	if answer, ok := gateway.HookAnswer(call.Message.ID, err); ok {
+		return answer
 	}
 	h.logger.Error("result hook failed; withholding the result", zap.String("service", call.Service.ID), zap.Error(err))
 	return gateway.RPCError(call.Message.ID, gateway.CodeInternalError, "toolgate could not check the result; it was withheld", nil)

@@ -296,9 +296,8 @@ func (h *ResultHandler) judgeReleased(ctx context.Context, call *gateway.Call, r
 // answerFailed is the runner's answer when judging a result failed: the
 // hook's own error, or toolgate's.
 func (h *ResultHandler) answerFailed(call *gateway.Call, err error) []byte {
-	var answer *gateway.AnswerError
-	if errors.As(err, &answer) {
-		return gateway.RPCError(call.Message.ID, answer.Code, answer.Message, answer.Data)
+	if answer, ok := gateway.HookAnswer(call.Message.ID, err); ok {
+		return answer
 	}
 	h.logger.Error("cannot judge a released result; withholding it", zap.String("service", call.Service.ID), zap.Error(err))
 	return gateway.RPCError(call.Message.ID, gateway.CodeInternalError, "toolgate could not check the released result; it was withheld", nil)
