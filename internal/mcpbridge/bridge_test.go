@@ -462,3 +462,21 @@ func TestIdleSessionsEnd(t *testing.T) {
 		t.Errorf("alice's ended session answered %d, want 404", resp.StatusCode)
 	}
 }
+
+// A server's requests waiting for a runner that reads its stream and never
+// answers are kept up to a bound; past it they are refused at once.
+func TestServerRequestsWaitingAreBounded(t *testing.T) {
+	f := newFixture(t)
+	r := f.runner("alice", sampling)
+	stream := r.Send(http.MethodGet, "")
+	defer stream.Body.Close()
+	for i := range maxServerRequests + 50 {
+		f.link.Receive([]byte(`{"jsonrpc":"2.0","id":"s` + strconv.Itoa(i) + `","method":"sampling/createMessage","params":{"messages":[],"maxTokens":1}}`))
+	}
+	f.link.mu.Lock()
+	waiting := len(f.link.serverRequests)
+	f.link.mu.Unlock()
+	if waiting != maxServerRequests {
+		t.Errorf("%d server requests waiting, want %d", waiting, maxServerRequests)
+	}
+}

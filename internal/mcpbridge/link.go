@@ -523,6 +523,9 @@ func (l *Link) serverRequest(msg mcpmsg.Message) {
 	}
 	l.mu.Lock()
 	s, out, why := l.routeLocked(msg.Method, msg.Params)
+	if s != nil && len(l.serverRequests) >= maxServerRequests {
+		s, why = nil, "too many of its requests are waiting for their clients' answers"
+	}
 	if s != nil {
 		l.serverRequests[mcpmsg.IDKey(msg.ID)] = &serverRequest{session: s, out: out}
 		if !out.push(msg.Raw) {
@@ -685,6 +688,11 @@ func (l *Link) sendLater(msg []byte) {
 		_ = l.cfg.Send(ctx, msg)
 	}()
 }
+
+// maxServerRequests bounds the server's requests a link keeps waiting for
+// their runners' answers (a runner that reads its stream and never answers
+// would otherwise have them kept until its session ends).
+const maxServerRequests = 256
 
 // maxOwnSends bounds the messages of toolgate's own on their way to a
 // server at once (see sendLater).
