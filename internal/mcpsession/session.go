@@ -66,7 +66,8 @@ type Session struct {
 	reinit chan struct{} // held while re-initializing
 
 	mu             sync.Mutex
-	changes        uint64 // announcements received for this session
+	progress       map[string]int // progress tokens of the runner's requests in progress here, by mcpmsg.IDKey
+	changes        uint64         // announcements received for this session
 	closed         bool
 	stored         bool // the record exists in storage
 	upstream       Upstream
@@ -146,6 +147,41 @@ func (s *Session) Begin() (end func()) {
 			s.inUse.Add(-1)
 		})
 	}
+}
+
+// Requesting marks token, the progressToken of a runner's request, as that
+// of a request in progress here until end is called (see Progressing).
+func (s *Session) Requesting(token []byte) (end func()) {
+	key := mcpmsg.IDKey(token)
+	if key == "" {
+		return func() {}
+	}
+	s.mu.Lock()
+	if s.progress == nil {
+		s.progress = make(map[string]int)
+	}
+	s.progress[key]++
+	s.mu.Unlock()
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			s.mu.Lock()
+			if s.progress[key]--; s.progress[key] <= 0 {
+				delete(s.progress, key)
+			}
+			s.mu.Unlock()
+		})
+	}
+}
+
+// Progressing reports whether token is the progressToken of a runner's
+// request in progress here: an upstream's progress about any other token
+// is about nothing the runner asked for.
+func (s *Session) Progressing(token []byte) bool {
+	key := mcpmsg.IDKey(token)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return key != "" && s.progress[key] > 0
 }
 
 // Touch marks the session used now.

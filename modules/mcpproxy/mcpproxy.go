@@ -27,6 +27,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/tidwall/gjson"
 	"go.uber.org/zap"
 
 	"github.com/toolgate/toolgate/internal/mcp2026"
@@ -100,6 +101,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, _ caddyhttp.
 	}
 	if ms := call.MCPSession; ms != nil {
 		defer ms.Begin()()
+		if call.IsRequest() && call.Message.ProgressToken != nil {
+			defer ms.Requesting(call.Message.ProgressToken)()
+		}
 	}
 	translated := call.MCPSession != nil && call.Stateless == nil && call.MCPSession.Upstream().ProtocolVersion == mcp2026.Version
 	switch {
@@ -312,6 +316,12 @@ func (h *Handler) deliver(ctx context.Context, call *gateway.Call, msg mcpmsg.Me
 			return message{}
 		}
 		return message{out}
+	case msg.Kind == mcpmsg.Notification && msg.Method == "notifications/progress" && call.IsRequest() && call.MCPSession != nil &&
+		!call.MCPSession.Progressing([]byte(gjson.GetBytes(msg.Params, "progressToken").Raw)):
+		// On a request's stream, progress only about a request of the
+		// runner's in progress: any other token is nothing it asked about.
+		h.logger.Debug("dropped an upstream's progress on a token of no request in progress", zap.String("service", call.Service.ID))
+		return message{}
 	case msg.Kind == mcpmsg.Notification:
 		h.noted(call, msg)
 		out, ok := h.inspect(ctx, call, msg, gateway.ChannelNotification)

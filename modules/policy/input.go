@@ -11,6 +11,7 @@ import (
 
 	"github.com/open-policy-agent/opa/v1/ast"
 
+	"github.com/toolgate/toolgate/internal/mcpmsg"
 	"github.com/toolgate/toolgate/modules/gateway"
 )
 
@@ -35,6 +36,7 @@ var (
 	keyRequest   = ast.StringTerm("request")
 	keyTime      = ast.StringTerm("time")
 	keyResult    = ast.StringTerm("result")
+	keyError     = ast.StringTerm("error")
 	keyScan      = ast.StringTerm("scan")
 	keyUser      = ast.StringTerm("user")
 	keyGroups    = ast.StringTerm("groups")
@@ -172,6 +174,22 @@ func inputItems(common [][2]*ast.Term, call *gateway.Call, tool *ast.Term, listi
 				return nil, fmt.Errorf("params: %w", err)
 			}
 			items = append(items, ast.Item(keyParams, params))
+		}
+		// A runner's answer to a server→client request (method is the
+		// request's): what it hands the upstream — form values, roots,
+		// a sampled message — under result, or its error under error.
+		for _, m := range [...]struct {
+			key *ast.Term
+			raw []byte
+		}{{keyResult, call.Message.Result}, {keyError, call.Message.Error}} {
+			if call.Message.Kind != mcpmsg.Response || m.raw == nil {
+				continue
+			}
+			v, err := jsonTerm(m.raw)
+			if err != nil {
+				return nil, fmt.Errorf("the answer: %w", err)
+			}
+			items = append(items, ast.Item(m.key, v))
 		}
 	}
 	return items, nil

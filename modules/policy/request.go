@@ -95,7 +95,12 @@ func (h *RequestHandler) ServeHTTP(w http.ResponseWriter, r *http.Request, next 
 	}
 	if err == nil {
 		o = h.engine.decide(r.Context(), input, time.Duration(h.Timeout), "arguments")
-		if o.argsTerm != nil && call.Method == "tools/call" {
+		switch {
+		case (o.argsTerm != nil || o.Arguments != nil) && call.Method != "tools/call" && o.Action != gateway.ActionDeny:
+			// Kept, the rewrite would be ignored: the call would go upstream
+			// as the runner sent it, not as the policy decided.
+			o = o.deny(failMalformed, "the policy rewrote the arguments of "+call.Method+"; toolgate rewrites only those of tools/call")
+		case o.argsTerm != nil && call.Method == "tools/call":
 			if err := checkArgumentKeys(o.argsTerm, tool); err != nil {
 				o = o.deny(failMalformed, "the policy's rewritten arguments are refused: "+err.Error())
 			}
