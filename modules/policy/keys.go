@@ -48,27 +48,37 @@ func checkKeys(v, schema ast.Value, at string) error {
 			}
 		}
 		keys := x.Keys()
+		var seen map[string]string   // folded key → key, for objects past smallObject keys
+		var folded map[string]string // the schema's folded property names → names, built on first need
+		if len(keys) > smallObject {
+			seen = make(map[string]string, len(keys))
+		}
 		for i, k := range keys {
 			name, ok := k.Value.(ast.String)
 			if !ok {
-				continue
+				// A key a policy wrote as a number: it would go upstream as
+				// a string, maybe one of another key.
+				return fmt.Errorf("%s has a key that is not a string", at)
 			}
-			for _, other := range keys[:i] {
-				if o, ok := other.Value.(ast.String); ok && mcpmsg.SameFold(string(name), string(o)) {
-					return fmt.Errorf("%s has the keys %q and %q, which differ only in letter case; send one of them", at, string(o), string(name))
-				}
+			if other, dup := sameFoldKey(keys[:i], seen, string(name)); dup {
+				return fmt.Errorf("%s has the keys %q and %q, which differ only in letter case; send one of them", at, other, string(name))
 			}
 			var sub ast.Value
 			if props != nil {
 				if p := props.Get(k); p != nil {
 					sub = p.Value
-				} else if err := props.Iter(func(pk, _ *ast.Term) error {
-					if p, ok := pk.Value.(ast.String); ok && mcpmsg.SameFold(string(name), string(p)) {
-						return fmt.Errorf("%s.%s is not a parameter of the tool, but it differs from the parameter %q only in letter case; spell it exactly as the tool's inputSchema does", at, string(name), string(p))
+				} else {
+					if folded == nil {
+						folded = make(map[string]string, props.Len())
+						props.Foreach(func(pk, _ *ast.Term) {
+							if p, ok := pk.Value.(ast.String); ok {
+								folded[mcpmsg.FoldKey(string(p))] = string(p)
+							}
+						})
 					}
-					return nil
-				}); err != nil {
-					return err
+					if p, ok := folded[mcpmsg.FoldKey(string(name))]; ok {
+						return fmt.Errorf("%s.%s is not a parameter of the tool, but it differs from the parameter %q only in letter case; spell it exactly as the tool's inputSchema does", at, string(name), p)
+					}
 				}
 			}
 			if err := checkKeys(x.Get(k).Value, sub, at+"."+string(name)); err != nil {
@@ -89,4 +99,28 @@ func checkKeys(v, schema ast.Value, at string) error {
 		}
 	}
 	return nil
+}
+
+// smallObject is how many keys an object may have for its keys to be
+// compared pairwise; beyond, they are compared through a map of their
+// folded forms (an object of many keys must not cost their square).
+const smallObject = 16
+
+// sameFoldKey reports the key among earlier (or, past smallObject keys,
+// in seen, which it adds name to) that folds together with name.
+func sameFoldKey(earlier []*ast.Term, seen map[string]string, name string) (string, bool) {
+	if seen != nil {
+		f := mcpmsg.FoldKey(name)
+		if other, dup := seen[f]; dup {
+			return other, true
+		}
+		seen[f] = name
+		return "", false
+	}
+	for _, other := range earlier {
+		if o, ok := other.Value.(ast.String); ok && mcpmsg.SameFold(name, string(o)) {
+			return string(o), true
+		}
+	}
+	return "", false
 }
