@@ -21,6 +21,8 @@ package approval
 import (
 	"bytes"
 	"context"
+	"crypto/hmac"
+	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -30,9 +32,11 @@ import (
 	"io/fs"
 	"path"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/caddyserver/certmagic"
+	"go.uber.org/zap"
 
 	"github.com/toolgate/toolgate/modules/gateway"
 )
@@ -88,6 +92,10 @@ type Approval struct {
 	CallKey             string    `json:"call_key"`
 	ToolKey             string    `json:"tool_key"`
 	Sealed              []byte    `json:"sealed"`
+	// MAC authenticates every other field (see Store.sign): a record
+	// someone changed in storage — a pending approval made approved, a
+	// withheld result moved to another requester — is no approval.
+	MAC []byte `json:"mac,omitempty"`
 }
 
 // Status is the approval's state as people see it: expired when its time
@@ -120,14 +128,76 @@ var (
 )
 
 // Store keeps approvals in the gateway's storage, sealed by its cipher.
+// Each record is authenticated with an HMAC under a key of the approvals'
+// own, kept in storage sealed by the cipher: whoever can write the storage
+// but holds no key of the cipher can delete approvals, not decide them.
 type Store struct {
 	storage certmagic.Storage
 	cipher  gateway.Cipher
+	logger  *zap.Logger
+
+	keyMu  sync.Mutex
+	macKey []byte // nil until read (or made) through the cipher
 }
 
 // NewStore returns the approvals of app's storage.
 func NewStore(app *gateway.App) *Store {
-	return &Store{storage: app.Storage(), cipher: app.Cipher()}
+	return &Store{storage: app.Storage(), cipher: app.Cipher(), logger: app.Logger().Named("approvals")}
+}
+
+// macKeyName is where the records' HMAC key is kept, sealed by the cipher.
+const macKeyName = "toolgate/approvals-key"
+
+var macKeyContext = []byte("toolgate/v1/approvals-key")
+
+// key returns the records' HMAC key: read and opened once, or made (under
+// a lock, so that replicas agree on one) when there is none yet.
+func (s *Store) key(ctx context.Context) ([]byte, error) {
+	s.keyMu.Lock()
+	defer s.keyMu.Unlock()
+	if s.macKey != nil {
+		return s.macKey, nil
+	}
+	sealed, err := s.storage.Load(ctx, macKeyName)
+	if errors.Is(err, fs.ErrNotExist) {
+		unlock, lerr := s.lock(ctx, "toolgate_approvals_key")
+		if lerr != nil {
+			return nil, lerr
+		}
+		defer unlock()
+		if sealed, err = s.storage.Load(ctx, macKeyName); errors.Is(err, fs.ErrNotExist) {
+			fresh := make([]byte, 32)
+			_, _ = rand.Read(fresh)
+			if sealed, err = s.cipher.Encrypt(ctx, fresh, macKeyContext); err != nil {
+				return nil, fmt.Errorf("sealing the approvals' key: %w", err)
+			}
+			if err = s.storage.Store(ctx, macKeyName, sealed); err != nil {
+				return nil, fmt.Errorf("%w: storing the approvals' key: %v", gateway.ErrStorageUnavailable, err)
+			}
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%w: reading the approvals' key: %v", gateway.ErrStorageUnavailable, err)
+	}
+	key, err := s.cipher.Decrypt(ctx, sealed, macKeyContext)
+	if err != nil {
+		return nil, fmt.Errorf("opening the approvals' key: %w", err)
+	}
+	s.macKey = key
+	return key, nil
+}
+
+// sign is a's MAC: an HMAC-SHA256 of its JSON without the MAC.
+func sign(key []byte, a *Approval) ([]byte, error) {
+	unsigned := *a
+	unsigned.MAC = nil
+	data, err := json.Marshal(&unsigned)
+	if err != nil {
+		return nil, err
+	}
+	h := hmac.New(sha256.New, key)
+	h.Write(data)
+	return h.Sum(nil), nil
 }
 
 const (
@@ -242,6 +312,13 @@ func (s *Store) Create(ctx context.Context, a *Approval, c Contents) error {
 }
 
 func (s *Store) save(ctx context.Context, a *Approval) error {
+	key, err := s.key(ctx)
+	if err != nil {
+		return err
+	}
+	if a.MAC, err = sign(key, a); err != nil {
+		return err
+	}
 	data, err := json.Marshal(a)
 	if err != nil {
 		return err
@@ -256,6 +333,24 @@ func (s *Store) save(ctx context.Context, a *Approval) error {
 // an id's characters (such as "..", a directory of the storage) names no
 // approval.
 func (s *Store) Get(ctx context.Context, id string) (*Approval, error) {
+	a, err := s.read(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	key, err := s.key(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if want, err := sign(key, a); err != nil || !hmac.Equal(want, a.MAC) {
+		s.logger.Warn("an approval record in storage does not carry its MAC: it was changed outside toolgate (or written before records were signed), and is ignored",
+			zap.String("approval", id))
+		return nil, ErrNotFound
+	}
+	return a, nil
+}
+
+// read returns the record with id as stored, not checked.
+func (s *Store) read(ctx context.Context, id string) (*Approval, error) {
 	if !validID(id) {
 		return nil, ErrNotFound
 	}
@@ -508,7 +603,14 @@ func (s *Store) Sweep(ctx context.Context) ([]*Approval, error) {
 	cutoff := now().Add(-keep)
 	for _, key := range keys {
 		a, err := s.Get(ctx, path.Base(key))
-		if err != nil {
+		if errors.Is(err, ErrNotFound) {
+			// Not signed (changed outside toolgate, or older than signing):
+			// no approval; it goes, with the index entries it names.
+			if a, err = s.read(ctx, path.Base(key)); err == nil {
+				s.remove(ctx, a)
+			}
+			continue
+		} else if err != nil {
 			continue
 		}
 		last := a.ExpiresAt
@@ -534,12 +636,17 @@ func (s *Store) Sweep(ctx context.Context) ([]*Approval, error) {
 		if last.After(cutoff) {
 			continue
 		}
-		for _, k := range []string{recordKey(a.ID), path.Join(pendingPrefix, a.ID), path.Join(byCallPrefix, a.CallKey, a.ID),
-			path.Join(byToolPrefix, a.ToolKey, a.ID), path.Join(byRequesterPrefix, hashOf(a.Requester), a.ID)} {
-			_ = s.storage.Delete(ctx, k)
-		}
+		s.remove(ctx, a)
 	}
 	return gone, nil
+}
+
+// remove deletes a's record and index entries.
+func (s *Store) remove(ctx context.Context, a *Approval) {
+	for _, k := range []string{recordKey(a.ID), path.Join(pendingPrefix, a.ID), path.Join(byCallPrefix, a.CallKey, a.ID),
+		path.Join(byToolPrefix, a.ToolKey, a.ID), path.Join(byRequesterPrefix, hashOf(a.Requester), a.ID)} {
+		_ = s.storage.Delete(ctx, k)
+	}
 }
 
 func bytesReader(b []byte) io.Reader { return bytes.NewReader(b) }

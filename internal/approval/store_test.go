@@ -2,10 +2,16 @@ package approval
 
 import (
 	"context"
+	"errors"
+	"io/fs"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/caddyserver/certmagic"
+	"go.uber.org/zap"
+
+	"github.com/toolgate/toolgate/internal/seal"
 )
 
 // loadHook runs afterLoad (once) after the value under key was read, before
@@ -39,7 +45,7 @@ func TestSweepDoesNotUndoAConsumption(t *testing.T) {
 	t.Cleanup(func() { now = orig })
 
 	storage := &loadHook{Storage: &certmagic.FileStorage{Path: t.TempDir()}, key: recordKey("a1")}
-	s := &Store{storage: storage}
+	s := testStore(storage)
 	a := &Approval{ID: "a1", State: StateApproved, Scope: ScopeOnce, Scopes: []string{ScopeOnce},
 		CreatedAt: expiry.Add(-10 * time.Minute), ExpiresAt: expiry, Sealed: []byte("sealed")}
 	if err := s.save(ctx, a); err != nil {
@@ -64,5 +70,63 @@ func TestSweepDoesNotUndoAConsumption(t *testing.T) {
 	got, err := s.Get(ctx, "a1")
 	if err != nil || got.State != StateConsumed {
 		t.Fatalf("after the sweep: %+v, %v", got, err)
+	}
+}
+
+// sealCipher is a cipher for tests: AES-GCM under a key of its own, bound
+// to the context as additional data.
+type sealCipher struct{ ring *seal.Keyring }
+
+func (c sealCipher) Encrypt(_ context.Context, plain, context []byte) ([]byte, error) {
+	return c.ring.Seal(plain, context), nil
+}
+
+func (c sealCipher) Decrypt(_ context.Context, sealed, context []byte) ([]byte, error) {
+	return c.ring.Open(sealed, context)
+}
+
+func testStore(storage certmagic.Storage) *Store {
+	return &Store{storage: storage, cipher: sealCipher{seal.Random("approvals test")}, logger: zap.NewNop()}
+}
+
+// A record changed in storage is no approval: a pending one turned
+// approved by someone who can write the storage is not found, and the
+// sweep removes it; a record toolgate wrote reads back.
+func TestChangedRecordsAreNoApprovals(t *testing.T) {
+	ctx := context.Background()
+	storage := &certmagic.FileStorage{Path: t.TempDir()}
+	s := testStore(storage)
+	a := &Approval{ID: "a1", State: StatePending, Requester: "alice", Approvers: []string{"carol"}, Scopes: []string{ScopeOnce},
+		CreatedAt: now().UTC(), ExpiresAt: now().Add(time.Hour).UTC(), Sealed: []byte("sealed")}
+	if err := s.save(ctx, a); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := s.Get(ctx, "a1"); err != nil || got.State != StatePending {
+		t.Fatalf("Get = %+v, %v", got, err)
+	}
+	data, _ := storage.Load(ctx, recordKey("a1"))
+	forged := strings.Replace(string(data), `"state":"pending"`, `"state":"approved","scope":"once","decided_by":"carol"`, 1)
+	if err := storage.Store(ctx, recordKey("a1"), []byte(forged)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Get(ctx, "a1"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("a record changed in storage: %v, want ErrNotFound", err)
+	}
+	if _, err := s.Sweep(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := storage.Load(ctx, recordKey("a1")); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("the sweep left the changed record: %v", err)
+	}
+	// Another store of the same storage (a replica) shares the key.
+	b := &Approval{ID: "b1", State: StatePending, Requester: "bob", Scopes: []string{ScopeOnce},
+		CreatedAt: now().UTC(), ExpiresAt: now().Add(time.Hour).UTC()}
+	if err := s.save(ctx, b); err != nil {
+		t.Fatal(err)
+	}
+	other := testStore(storage)
+	other.cipher = s.cipher
+	if _, err := other.Get(ctx, "b1"); err != nil {
+		t.Errorf("another replica reads the record: %v", err)
 	}
 }

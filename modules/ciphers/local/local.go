@@ -94,19 +94,29 @@ func (c *Cipher) Start(context.Context) error {
 	if err := os.MkdirAll(filepath.Dir(c.KeyFile), 0o700); err != nil {
 		return fmt.Errorf("creating the key file's directory: %v", err)
 	}
-	f, err := os.OpenFile(c.KeyFile, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-	if errors.Is(err, fs.ErrExist) {
-		return c.load() // another process created it first
-	}
+	// Written whole to a file of its own first, then linked into place,
+	// which fails if the key file exists: a replica starting at the same
+	// moment never reads a key file half written, and a crash leaves no
+	// empty one.
+	f, err := os.CreateTemp(filepath.Dir(c.KeyFile), ".toolgate-key-*")
 	if err != nil {
 		return fmt.Errorf("creating key file: %v", err)
 	}
+	defer os.Remove(f.Name())
 	_, err = f.WriteString(base64.StdEncoding.EncodeToString(key) + "\n")
+	if err == nil {
+		err = f.Sync()
+	}
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}
 	if err != nil {
 		return fmt.Errorf("writing key file %s: %v", c.KeyFile, err)
+	}
+	if err := os.Link(f.Name(), c.KeyFile); errors.Is(err, fs.ErrExist) {
+		return c.load() // another process created it first
+	} else if err != nil {
+		return fmt.Errorf("creating key file %s: %v", c.KeyFile, err)
 	}
 	c.logger.Info("created a new local cipher key; back it up, or stored credentials are lost with it", zap.String("key_file", c.KeyFile))
 	return c.load()
@@ -116,6 +126,18 @@ func (c *Cipher) load() error {
 	data, err := os.ReadFile(c.KeyFile)
 	if err != nil {
 		return err
+	}
+	// Whoever reads the key decrypts every stored credential: a key file
+	// any user of the host may read is refused (as ssh refuses such a
+	// private key), one its group may read is used with a warning.
+	if info, err := os.Stat(c.KeyFile); err == nil {
+		switch mode := info.Mode().Perm(); {
+		case mode&0o007 != 0:
+			return fmt.Errorf("key file %s has mode %v: every user of the host may read it, and with it every stored credential; chmod 600 it (for a Kubernetes secret, defaultMode 0400)", c.KeyFile, mode)
+		case mode&0o070 != 0:
+			c.logger.Warn("the local cipher's key file can be read by its group; whoever reads it decrypts every stored credential",
+				zap.String("key_file", c.KeyFile), zap.Stringer("mode", mode))
+		}
 	}
 	key, err := base64.StdEncoding.DecodeString(string(bytes.TrimSpace(data)))
 	if err != nil || len(key) != 32 {

@@ -493,9 +493,6 @@ func (c *Cipher) prepareLocked(ctx context.Context) error {
 }
 
 func (c *Cipher) needsRefresh() bool {
-	if c.AppRole == nil {
-		return false
-	}
 	at := c.st.refreshAt.Load()
 	return at == 0 || time.Now().UnixNano() >= at
 }
@@ -555,6 +552,9 @@ func (c *Cipher) refreshTokenLocked(ctx context.Context) error {
 	if !c.needsRefresh() {
 		return nil // refreshed while we waited for the lock
 	}
+	if c.AppRole == nil {
+		return c.refreshStaticLocked(ctx)
+	}
 	if c.st.refreshAt.Load() != 0 && c.st.renewable {
 		ttl, err := c.renewSelf(ctx)
 		if err == nil && ttl >= c.st.loginTTL/2 {
@@ -571,6 +571,53 @@ func (c *Cipher) refreshTokenLocked(ctx context.Context) error {
 	err := c.login(ctx)
 	if err != nil && errors.Is(err, gateway.ErrCipherUnavailable) && c.st.refreshAt.Load() != 0 && c.stillValid() {
 		c.logger.Warn("could not log in to vault again; keeping the current token", zap.Error(err))
+		c.retryRefreshSoon()
+		return nil
+	}
+	return err
+}
+
+// refreshStaticLocked keeps a static token alive: at first use it looks up
+// the token's TTL, and a renewable token with one is renewed after two
+// thirds of it, as Vault lets it be until its max TTL. A token that
+// cannot be renewed, or whose TTL cannot be read (its policy lacks
+// auth/token/lookup-self), is used as it is, with a warning.
+func (c *Cipher) refreshStaticLocked(ctx context.Context) error {
+	if c.st.refreshAt.Load() == 0 {
+		secret, err := c.client.Auth().Token().LookupSelfWithContext(ctx)
+		if err != nil {
+			err = c.classifyAuth("look up its token", "auth/token/lookup-self", err)
+			if errors.Is(err, gateway.ErrCipherUnavailable) {
+				return err
+			}
+			c.logger.Warn("cannot read the vault token's TTL; it is not renewed, so replace it before it expires", zap.Error(err))
+			c.schedule(0)
+			return nil
+		}
+		ttl, _ := secret.TokenTTL()
+		renewable, _ := secret.TokenIsRenewable()
+		c.st.renewable, c.st.loginTTL = renewable, ttl
+		if ttl > 0 && !renewable {
+			c.logger.Warn("the vault token expires and cannot be renewed: replace it before then",
+				zap.Time("expires_at", time.Now().Add(ttl)))
+			c.schedule(0)
+			c.st.expiresAt = time.Now().Add(ttl)
+			return nil
+		}
+		c.schedule(ttl)
+		return nil
+	}
+	ttl, err := c.renewSelf(ctx)
+	switch {
+	case err == nil:
+		if ttl < c.st.loginTTL/2 {
+			c.logger.Warn("the vault token nears its max TTL and cannot be renewed much longer: replace it",
+				zap.Time("expires_at", time.Now().Add(ttl)))
+		}
+		c.schedule(ttl)
+		return nil
+	case errors.Is(err, gateway.ErrCipherUnavailable) && c.stillValid():
+		c.logger.Warn("could not renew vault token; keeping the current one", zap.Error(err))
 		c.retryRefreshSoon()
 		return nil
 	}
@@ -695,14 +742,14 @@ func (c *Cipher) classify(o op, err error, secrets ...string) error {
 
 // classifyAuth is classify for login and renewal requests.
 func (c *Cipher) classifyAuth(what, path string, err error) error {
-	if uerr := c.classifyTransport(what, err, []string{c.secretID}); uerr != nil {
+	if uerr := c.classifyTransport(what, err, []string{c.secretID, c.token}); uerr != nil {
 		return uerr
 	}
 	var re *api.ResponseError
 	if !errors.As(err, &re) {
-		return fmt.Errorf("vault at %s: could not %s: %s", c.address, what, redact(err.Error(), []string{c.secretID}))
+		return fmt.Errorf("vault at %s: could not %s: %s", c.address, what, redact(err.Error(), []string{c.secretID, c.token}))
 	}
-	vaultMsg := redact(strings.Join(re.Errors, "; "), []string{c.secretID})
+	vaultMsg := redact(strings.Join(re.Errors, "; "), []string{c.secretID, c.token})
 	switch re.StatusCode {
 	case http.StatusBadRequest, http.StatusForbidden:
 		if strings.HasPrefix(path, "auth/token/") {
