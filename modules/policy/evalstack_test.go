@@ -1,9 +1,13 @@
 package policy
 
 import (
+	"context"
 	"strings"
 	"sync"
 	"testing"
+	"time"
+
+	"github.com/open-policy-agent/opa/v1/ast"
 )
 
 // A panic in an evaluation is that evaluation's error; the evaluator
@@ -55,5 +59,33 @@ func TestEvaluatorsAreBounded(t *testing.T) {
 	wg.Wait()
 	if most != maxEvaluators || done != n || int(evaluators.Load()) > maxEvaluators {
 		t.Errorf("%d evaluations ran, at most %d at once on %d evaluators; want %d, at most %d", done, most, evaluators.Load(), n, maxEvaluators)
+	}
+}
+
+// An evaluation by OPA's evaluator that waits for a free evaluator (all of
+// them busy with others' evaluations) has its whole deadline once it
+// starts: one caller's slow evaluations must not make another's time out
+// and be denied.
+func TestWaitingForAnEvaluatorIsNotTheDeadline(t *testing.T) {
+	e := benchEngineWith(t, "data.toolgate.request.decision", stageRequest, evaluatorTopdown)
+	release := make(chan struct{})
+	var busy, wg sync.WaitGroup
+	busy.Add(maxEvaluators)
+	for range maxEvaluators {
+		wg.Go(func() {
+			_ = onEvaluator(func() { busy.Done(); <-release })
+		})
+	}
+	busy.Wait() // every evaluator is taken
+	decided := make(chan outcome, 1)
+	go func() {
+		input := ast.MustParseTerm(`{"method": "initialize", "caller": {"user": "bob", "groups": []}, "service": {"id": "svc"}}`).Value
+		decided <- e.decideWith(context.Background(), e.current.Load(), input, 50*time.Millisecond, "arguments")
+	}()
+	time.Sleep(200 * time.Millisecond) // longer than bob's deadline, waiting
+	close(release)
+	wg.Wait()
+	if o := <-decided; strings.Contains(o.Reason, "deadline") {
+		t.Errorf("an evaluation that waited for an evaluator was denied as a timeout: %+v", o)
 	}
 }

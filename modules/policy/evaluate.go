@@ -43,7 +43,9 @@ func planned(ctx context.Context, compiler *ast.Compiler, query string, data map
 }
 
 // evaluateBy evaluates the decision rule on input (see evaluate) with a
-// deadline, and reports whether the deadline stopped it.
+// deadline, and reports whether the deadline stopped it. started, given
+// to evaluate, is called as the evaluation starts (an evaluation by OPA's
+// evaluator may first wait for one).
 //
 // A pure plan (the default policies' case) is stopped by a deadline that
 // reads the clock when asked: the plan asks every few hundred steps, and
@@ -57,14 +59,17 @@ func planned(ctx context.Context, compiler *ast.Compiler, query string, data map
 func (c *compiled) evaluateBy(ctx context.Context, input ast.Value, by time.Time) (t *ast.Term, n int, timedOut bool, err error) {
 	if c.program != nil && !c.program.Impure() {
 		d := &deadline{at: by}
-		t, n, err = c.evaluate(ctx, input, d)
+		t, n, err = c.evaluate(ctx, input, d, func() {})
 		return t, n, d.expired.Load(), err
 	}
+	// The time an evaluation waited for an evaluator (others' evaluations
+	// running) is not its own: its deadline starts when it does.
 	ctx, cancel := context.WithCancel(ctx)
 	halt := topdown.NewCancel()
-	timer := time.AfterFunc(time.Until(by), func() { halt.Cancel(); cancel() })
-	t, n, err = c.evaluate(ctx, input, halt)
-	timedOut = !timer.Stop()
+	timeout := time.Until(by)
+	var timer *time.Timer
+	t, n, err = c.evaluate(ctx, input, halt, func() { timer = time.AfterFunc(timeout, func() { halt.Cancel(); cancel() }) })
+	timedOut = timer != nil && !timer.Stop()
 	cancel()
 	return t, n, timedOut, err
 }
@@ -99,13 +104,15 @@ func (d *deadline) Cancelled() bool {
 // A plan runs on the request's goroutine: it recurses only as deep as the
 // policy's blocks nest. topdown runs on an evaluator goroutine (see
 // evalstack.go).
-func (c *compiled) evaluate(ctx context.Context, input ast.Value, halt topdown.Cancel) (*ast.Term, int, error) {
+func (c *compiled) evaluate(ctx context.Context, input ast.Value, halt topdown.Cancel, started func()) (*ast.Term, int, error) {
 	if c.program != nil {
+		started()
 		return c.program.Value(ctx, ast.NewTerm(input), c.data, halt)
 	}
 	var rs rego.ResultSet
 	var err error
 	if perr := onEvaluator(func() {
+		started()
 		rules := getRuleCache()
 		rs, err = c.query.Eval(ctx, rego.EvalParsedInput(input), rego.EvalExternalCancel(halt), rego.EvalMetrics(noMetrics),
 			rego.EvalVirtualCache(rules))
