@@ -259,3 +259,18 @@ func TestCompleteAndUndeclared(t *testing.T) {
 		t.Error("declared capabilities reported missing")
 	}
 }
+
+// An upstream's input request under toolgate's key, in any case, poses as
+// toolgate's own.
+func TestReservedInput(t *testing.T) {
+	for body, want := range map[string]bool{
+		`{"inputRequests":{"io.toolgate/approval":{}}}`: true,
+		`{"inputRequests":{"IO.Toolgate/approval":{}}}`: true,
+		`{"inputRequests":{"io.toolgat":{}}}`:           false,
+		`{"inputRequests":{"github_login":{}}}`:         false,
+	} {
+		if got := ReservedInput([]byte(body)); got != want {
+			t.Errorf("ReservedInput(%s) = %v, want %v", body, got, want)
+		}
+	}
+}

@@ -211,7 +211,10 @@ const ownInputPrefix = "io.toolgate/"
 func ReservedInput(result []byte) bool {
 	reserved := false
 	gjson.GetBytes(result, "inputRequests").ForEach(func(k, _ gjson.Result) bool {
-		reserved = strings.HasPrefix(k.String(), ownInputPrefix)
+		key := k.String()
+		// In any case: a client that matches keys without regard to case
+		// would take "IO.Toolgate/approval" for toolgate's own.
+		reserved = len(key) >= len(ownInputPrefix) && strings.EqualFold(key[:len(ownInputPrefix)], ownInputPrefix)
 		return !reserved
 	})
 	return reserved

@@ -61,6 +61,13 @@ func skipSpace(b []byte, i int) int {
 // toolgate's (a "toolgate/approval" sending the person to another page).
 const ownMetaPrefix = "toolgate/"
 
+// ownMetaKey reports whether key starts with ownMetaPrefix in any case: a
+// runner that matches keys without regard to case would take
+// "Toolgate/approval" for toolgate's own.
+func ownMetaKey(key string) bool {
+	return len(key) >= len(ownMetaPrefix) && strings.EqualFold(key[:len(ownMetaPrefix)], ownMetaPrefix)
+}
+
 // withDecision returns the tools/call result res with
 // _meta["toolgate/decision"] set to {"id": id, "action": action}, so the
 // runner (and whoever reads its transcript) can find the decision in the
@@ -77,7 +84,7 @@ func withDecision(res *ast.Term, d *gateway.Decision) *ast.Term {
 	if t := obj.Get(keyMeta); t != nil {
 		if m, ok := t.Value.(ast.Object); ok {
 			m.Foreach(func(k, v *ast.Term) {
-				if s, ok := k.Value.(ast.String); !ok || !strings.HasPrefix(string(s), ownMetaPrefix) {
+				if s, ok := k.Value.(ast.String); !ok || !ownMetaKey(string(s)) {
 					meta.Insert(k, v)
 				}
 			})
