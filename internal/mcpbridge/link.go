@@ -457,7 +457,7 @@ func (l *Link) malformedAnswer(data []byte, why string) {
 	answer, err := mcpmsg.Parse(gateway.RPCError(p.linkID, gateway.CodeUnavailable,
 		"the upstream sent a malformed answer ("+why+")", gateway.Retryable), l.bridge.limits)
 	if err == nil {
-		l.response(answer)
+		l.deliver(answer, true)
 	}
 }
 
@@ -480,7 +480,12 @@ func OneLine(data []byte) []byte {
 	return data
 }
 
-func (l *Link) response(msg mcpmsg.Message) {
+func (l *Link) response(msg mcpmsg.Message) { l.deliver(msg, false) }
+
+// deliver hands a response to the pending request it answers; own: the
+// response is toolgate's, not the server's (whose errors with toolgate's
+// own codes are recoded).
+func (l *Link) deliver(msg mcpmsg.Message, own bool) {
 	l.mu.Lock()
 	p := l.pending[mcpmsg.IDKey(msg.ID)]
 	if p == nil {
@@ -501,7 +506,11 @@ func (l *Link) response(msg mcpmsg.Message) {
 		p.reply <- msg
 		return
 	}
-	p.out.push(mcpmsg.ReplaceMember(msg.Raw, "id", p.runnerID))
+	raw := msg.Raw
+	if recoded, ok := gateway.OwnCodeRecoded(msg.Error); ok && msg.Error != nil && !own {
+		raw = mcpmsg.ReplaceMember(raw, "error", recoded) // the server's, not toolgate's
+	}
+	p.out.push(mcpmsg.ReplaceMember(raw, "id", p.runnerID))
 	p.out.finish()
 }
 

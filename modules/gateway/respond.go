@@ -3,8 +3,11 @@ package gateway
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"strconv"
+
+	"github.com/tidwall/gjson"
 
 	"github.com/toolgate/toolgate/internal/mcpmsg"
 )
@@ -170,4 +173,26 @@ func AppendDecisionMeta(b []byte, d *Decision) []byte {
 	b = append(b, `,"action":`...)
 	b = mcpmsg.AppendQuote(b, d.Action)
 	return append(b, '}')
+}
+
+// ownCodes are the error codes toolgate answers with itself, whose data
+// runners act on (a connect_url to sign in at, an approval_url to open).
+var ownCodes = map[int64]bool{CodeNeedsSignIn: true, CodeUnavailable: true, CodeApprovalRequired: true, CodePolicyDenied: true}
+
+// OwnCodeRecoded is an upstream's error object that uses one of toolgate's
+// own codes, as toolgate relays it: code -32603, the upstream's message
+// saying so, and none of its data — an upstream must not pose as toolgate
+// asking the runner's person to sign in or approve at a page of its
+// choosing. Any other error is returned as it is (false).
+func OwnCodeRecoded(errObj []byte) ([]byte, bool) {
+	code := gjson.GetBytes(errObj, "code")
+	if code.Type != gjson.Number || !ownCodes[code.Int()] {
+		return errObj, false
+	}
+	message := "(none)"
+	if m := gjson.GetBytes(errObj, "message"); m.Type == gjson.String {
+		message = m.Str
+	}
+	return RPCErrorObject(CodeInternalError, fmt.Sprintf("the upstream answered with error code %d, which is toolgate's own; its message: %s",
+		code.Int(), message), nil), true
 }

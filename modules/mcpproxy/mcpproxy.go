@@ -20,7 +20,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"fmt"
 	"io"
 	"net/http"
 	"strings"
@@ -469,7 +468,10 @@ func (h *Handler) hookFailed(call *gateway.Call, err error) []byte {
 // finishError passes the upstream's error response through the message
 // hooks. A hook that refuses it leaves the runner toolgate's own error.
 func (h *Handler) finishError(ctx context.Context, call *gateway.Call, msg mcpmsg.Message) []byte {
-	payload, recoded := ownCodeRecoded(msg.Error)
+	payload, recoded := msg.Error, false
+	if call.Service.Transport() == "" { // a transport module recodes its server's errors itself
+		payload, recoded = gateway.OwnCodeRecoded(msg.Error)
+	}
 	if !call.HasMessageHooks() && !recoded {
 		return msg.Raw
 	}
@@ -493,33 +495,6 @@ func (h *Handler) finishError(ctx context.Context, call *gateway.Call, msg mcpms
 	b = append(b, `,"error":`...)
 	b = append(b, obj...)
 	return append(b, '}')
-}
-
-// ownCodes are the error codes toolgate answers with itself, whose data
-// runners act on (a connect_url to sign in at, an approval_url to open).
-var ownCodes = map[int64]bool{gateway.CodeNeedsSignIn: true, gateway.CodeUnavailable: true,
-	gateway.CodeApprovalRequired: true, gateway.CodePolicyDenied: true}
-
-// ownCodeRecoded is an upstream's error object that uses one of toolgate's
-// own codes, as toolgate relays it: code -32603, the upstream's message
-// saying so, and none of its data — an upstream must not pose as toolgate
-// asking the runner's person to sign in or approve at a page of its
-// choosing. Any other error is returned as it is (false).
-func ownCodeRecoded(errObj []byte) ([]byte, bool) {
-	code := gjson.GetBytes(errObj, "code")
-	if code.Type != gjson.Number || !ownCodes[code.Int()] {
-		return errObj, false
-	}
-	return gateway.RPCErrorObject(gateway.CodeInternalError, fmt.Sprintf("the upstream answered with error code %d, which is toolgate's own; its message: %s",
-		code.Int(), errorMessage(errObj)), nil), true
-}
-
-// errorMessage is an error object's message, or a note that it has none.
-func errorMessage(errObj []byte) string {
-	if m := gjson.GetBytes(errObj, "message"); m.Type == gjson.String {
-		return m.Str
-	}
-	return "(none)"
 }
 
 // rpcResultEnd closes a result response opened by gateway.RPCResultPrefix.
