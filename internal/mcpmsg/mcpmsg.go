@@ -83,6 +83,11 @@ type Limits struct {
 	// MaxDepth is the deepest nesting of objects and arrays accepted. The
 	// message object itself is depth 1.
 	MaxDepth int
+	// MaxValues, when positive, bounds how many JSON values (objects,
+	// arrays, strings, numbers, literals, the message itself included) a
+	// message may hold: what a policy evaluates is built from each of them
+	// (tens of bytes of memory per byte of "{}," in the message).
+	MaxValues int
 }
 
 // DefaultLimits are used when a Limits field is zero.
@@ -127,7 +132,7 @@ func Parse(body []byte, limits Limits) (Message, error) {
 	if limits.MaxDepth <= 0 {
 		limits.MaxDepth = DefaultLimits.MaxDepth
 	}
-	p := parser{data: body, maxDepth: limits.MaxDepth}
+	p := parser{data: body, maxDepth: limits.MaxDepth, maxValues: limits.MaxValues}
 	msg := Message{Raw: body}
 	p.skipSpace()
 	if p.pos < len(p.data) && p.data[p.pos] == '[' {
@@ -216,7 +221,7 @@ func Validate(data []byte, limits Limits) error {
 	if limits.MaxDepth <= 0 {
 		limits.MaxDepth = DefaultLimits.MaxDepth
 	}
-	p := parser{data: data, maxDepth: limits.MaxDepth}
+	p := parser{data: data, maxDepth: limits.MaxDepth, maxValues: limits.MaxValues}
 	if _, err := p.value(1); err != nil {
 		return err
 	}
@@ -369,9 +374,11 @@ func memberOf(obj []byte, key string) []byte {
 // parser validates JSON text strictly. It never allocates for ASCII keys
 // without escapes in objects of up to smallObject members.
 type parser struct {
-	data     []byte
-	pos      int
-	maxDepth int
+	data      []byte
+	pos       int
+	maxDepth  int
+	maxValues int // 0: no bound
+	values    int
 }
 
 const smallObject = 16
@@ -402,6 +409,9 @@ func (p *parser) value(depth int) (int, error) {
 	p.skipSpace()
 	if p.pos >= len(p.data) {
 		return 0, p.fail("unexpected end of input")
+	}
+	if p.values++; p.maxValues > 0 && p.values > p.maxValues {
+		return 0, p.fail(fmt.Sprintf("more than %d JSON values in one message", p.maxValues))
 	}
 	var err error
 	switch c := p.data[p.pos]; {

@@ -880,3 +880,19 @@ func TestIDKey(t *testing.T) {
 		}
 	}
 }
+
+// MaxValues bounds the JSON values of a message, its members' and
+// elements' included; a long string is one.
+func TestMaxValues(t *testing.T) {
+	msg := `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"x","arguments":{"a":[` +
+		strings.TrimSuffix(strings.Repeat("{},", 1000), ",") + `],"b":"` + strings.Repeat("y", 1<<16) + `"}}}`
+	if _, err := mcpmsg.Parse([]byte(msg), mcpmsg.Limits{MaxValues: 1010}); err != nil {
+		t.Errorf("about 1,005 values within a bound of 1,010: %v", err)
+	}
+	if _, err := mcpmsg.Parse([]byte(msg), mcpmsg.Limits{MaxValues: 999}); err == nil || !strings.Contains(err.Error(), "more than 999 JSON values") {
+		t.Errorf("over 1,000 values past a bound of 999: %v", err)
+	}
+	if err := mcpmsg.Validate([]byte(`[1,2,3]`), mcpmsg.Limits{MaxValues: 3}); err == nil {
+		t.Error("Validate: 4 values past a bound of 3")
+	}
+}

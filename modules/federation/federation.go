@@ -105,7 +105,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if h.Separator == "" {
 		h.Separator = defaultSeparator
 	}
-	h.limits = mcpmsg.Limits{MaxDepth: h.app.MaxJSONDepth}
+	h.limits = mcpmsg.Limits{MaxDepth: h.app.MaxJSONDepth, MaxValues: h.app.MaxRequestValues}
 	return nil
 }
 

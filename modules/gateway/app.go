@@ -150,6 +150,10 @@ type App struct {
 
 	// MaxJSONDepth bounds the nesting of a runner's message. Default 64.
 	MaxJSONDepth int `json:"max_json_depth,omitempty"`
+	// MaxRequestValues bounds the JSON values (objects, arrays, strings,
+	// numbers, literals) of a runner's message: the policy's input is
+	// built from each, at tens of bytes of memory apiece. Default 100000.
+	MaxRequestValues int `json:"max_request_values,omitempty"`
 
 	registry     *Registry
 	storage      certmagic.Storage
@@ -200,6 +204,7 @@ const (
 	defaultMaxRequestBytes         = 4 << 20
 	defaultMaxResponseBytes        = 16 << 20
 	defaultMaxJSONDepth            = 64
+	defaultMaxRequestValues        = 100_000
 	minStateSecretBytes            = 32
 )
 
@@ -277,6 +282,9 @@ func (a *App) Provision(ctx caddy.Context) error {
 	}
 	if a.MaxJSONDepth == 0 {
 		a.MaxJSONDepth = defaultMaxJSONDepth
+	}
+	if a.MaxRequestValues == 0 {
+		a.MaxRequestValues = defaultMaxRequestValues
 	}
 	if a.Auth == nil {
 		a.Auth = new(AuthConfig)
@@ -410,8 +418,8 @@ func (a *App) Validate() error {
 	if a.MaxSessionsPerUser < 0 {
 		return errors.New("max_sessions_per_user must be positive")
 	}
-	if a.MaxRequestBytes < 0 || a.MaxResponseBytes < 0 || a.MaxJSONDepth < 0 {
-		return errors.New("max_request_bytes, max_response_bytes and max_json_depth must be positive")
+	if a.MaxRequestBytes < 0 || a.MaxResponseBytes < 0 || a.MaxJSONDepth < 0 || a.MaxRequestValues < 0 {
+		return errors.New("max_request_bytes, max_response_bytes and max_json_depth must be positive, and max_request_values not negative")
 	}
 	return nil
 }

@@ -50,6 +50,7 @@ func parseGlobalOption(d *caddyfile.Dispenser, existing any) (any, error) {
 //		max_request_size  <size>
 //		max_response_size <size>
 //		max_json_depth    <n>
+//		max_request_values <n>
 //		auth {
 //			api_key  <sha256:hex> <user> [<group>...]
 //			api_keys <file>
@@ -166,6 +167,8 @@ func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			err = positiveInt(d, &a.MaxSessionsPerUser)
 		case "max_json_depth":
 			err = positiveInt(d, &a.MaxJSONDepth)
+		case "max_request_values":
+			err = positiveInt(d, &a.MaxRequestValues)
 		case "storage":
 			err = guestModule(d, "caddy.storage", "module", (*[]byte)(&a.StorageRaw))
 		case "cipher":

@@ -47,6 +47,7 @@ func TestUnmarshalCaddyfileFullOptionSet(t *testing.T) {
 		max_request_size  1MiB
 		max_response_size 32MB
 		max_json_depth    32
+		max_request_values 5000
 		auth {
 			api_key ` + hashA + ` alice@example.com eng ops
 			api_key ` + hashB + ` bob@example.com
@@ -150,8 +151,8 @@ func TestUnmarshalCaddyfileFullOptionSet(t *testing.T) {
 	if app.MaxStreams != 900 || app.MaxStreamsPerCaller != 90 {
 		t.Errorf("stream limits = %d, %d; want 900, 90", app.MaxStreams, app.MaxStreamsPerCaller)
 	}
-	if app.MaxRequestBytes != 1<<20 || app.MaxResponseBytes != 32_000_000 || app.MaxJSONDepth != 32 {
-		t.Errorf("sizes = %d, %d, %d; want %d, %d, 32", app.MaxRequestBytes, app.MaxResponseBytes, app.MaxJSONDepth, 1<<20, 32_000_000)
+	if app.MaxRequestBytes != 1<<20 || app.MaxResponseBytes != 32_000_000 || app.MaxJSONDepth != 32 || app.MaxRequestValues != 5000 {
+		t.Errorf("sizes = %d, %d, %d, %d; want %d, %d, 32, 5000", app.MaxRequestBytes, app.MaxResponseBytes, app.MaxJSONDepth, app.MaxRequestValues, 1<<20, 32_000_000)
 	}
 	assertJSON(t, "AllowedOrigins", app.AllowedOrigins, `["https://a.example.com","https://b.example.com:8443"]`)
 
@@ -277,6 +278,7 @@ func TestUnmarshalCaddyfileErrors(t *testing.T) {
 		{"zero sessions per user", "toolgate {\n max_sessions_per_user 0\n}", `max_sessions_per_user: "0" is not a positive integer`},
 		{"negative depth", "toolgate {\n max_json_depth -3\n}", `max_json_depth: "-3" is not a positive integer`},
 		{"word depth", "toolgate {\n max_json_depth deep\n}", `max_json_depth: "deep" is not a positive integer`},
+		{"zero values", "toolgate {\n max_request_values 0\n}", `max_request_values: "0" is not a positive integer`},
 		{"zero sessions", "toolgate {\n max_mcp_sessions 0\n}", `max_mcp_sessions: "0" is not a positive integer`},
 		{"per-caller sessions without a number", "toolgate {\n max_mcp_sessions_per_caller\n}", "wrong argument count"},
 		{"zero streams", "toolgate {\n max_streams_per_caller 0\n}", `max_streams_per_caller: "0" is not a positive integer`},

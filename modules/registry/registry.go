@@ -62,7 +62,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if h.pins, err = toolpin.For(h.app); err != nil {
 		return err
 	}
-	h.limits = mcpmsg.Limits{MaxDepth: h.app.MaxJSONDepth}
+	h.limits = mcpmsg.Limits{MaxDepth: h.app.MaxJSONDepth, MaxValues: h.app.MaxRequestValues}
 	if h.stateless, err = mcp2026.For(h.app); err != nil {
 		return err
 	}
