@@ -343,3 +343,20 @@ func TestPolicyAttackHoldsResultPolicyOnOtherMethods(t *testing.T) {
 		}
 	}
 }
+
+// Attack: a runner sends arguments of 150,000 empty objects (450 KB): the
+// policy's input is built from every value, at tens of bytes of memory
+// apiece (4 MiB of them took 208 MiB of heap), so a few such calls at once
+// took gigabytes. The message is refused before any policy or upstream
+// sees it (max_request_values).
+func TestPolicyAttackManyValuesAreRefused(t *testing.T) {
+	up, _, m := aliceSession(t, gatewayConfig{RequestPolicy: filepath.Join("..", "policies")})
+	args := `{"items":[` + strings.TrimSuffix(strings.Repeat("{},", 150_000), ",") + `]}`
+	status, _, msgs := m.post(`{"jsonrpc":"2.0","id":9,"method":"tools/call","params":{"name":"echo","arguments":` + args + `}}`)
+	if status != http.StatusBadRequest || len(msgs) != 1 || !strings.Contains(string(msgs[0]), "more than 100000 JSON values") {
+		t.Errorf("150,000 values: %d %s, want 400 saying the message holds too many values", status, msgs)
+	}
+	if sent := paUpstreamBodies(up, `"items"`); len(sent) != 0 {
+		t.Errorf("the upstream got the call: %d bodies", len(sent))
+	}
+}
