@@ -154,6 +154,9 @@ type App struct {
 	// numbers, literals) of a runner's message: the policy's input is
 	// built from each, at tens of bytes of memory apiece. Default 100000.
 	MaxRequestValues int `json:"max_request_values,omitempty"`
+	// MaxResponseValues bounds the JSON values of an upstream's message,
+	// for the same reason (the result policy's input). Default 1000000.
+	MaxResponseValues int `json:"max_response_values,omitempty"`
 
 	registry     *Registry
 	storage      certmagic.Storage
@@ -205,6 +208,7 @@ const (
 	defaultMaxResponseBytes        = 16 << 20
 	defaultMaxJSONDepth            = 64
 	defaultMaxRequestValues        = 100_000
+	defaultMaxResponseValues       = 1_000_000
 	minStateSecretBytes            = 32
 )
 
@@ -285,6 +289,9 @@ func (a *App) Provision(ctx caddy.Context) error {
 	}
 	if a.MaxRequestValues == 0 {
 		a.MaxRequestValues = defaultMaxRequestValues
+	}
+	if a.MaxResponseValues == 0 {
+		a.MaxResponseValues = defaultMaxResponseValues
 	}
 	if a.Auth == nil {
 		a.Auth = new(AuthConfig)
@@ -418,7 +425,7 @@ func (a *App) Validate() error {
 	if a.MaxSessionsPerUser < 0 {
 		return errors.New("max_sessions_per_user must be positive")
 	}
-	if a.MaxRequestBytes < 0 || a.MaxResponseBytes < 0 || a.MaxJSONDepth < 0 || a.MaxRequestValues < 0 {
+	if a.MaxRequestBytes < 0 || a.MaxResponseBytes < 0 || a.MaxJSONDepth < 0 || a.MaxRequestValues < 0 || a.MaxResponseValues < 0 {
 		return errors.New("max_request_bytes, max_response_bytes and max_json_depth must be positive, and max_request_values not negative")
 	}
 	return nil

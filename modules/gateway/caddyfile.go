@@ -51,6 +51,7 @@ func parseGlobalOption(d *caddyfile.Dispenser, existing any) (any, error) {
 //		max_response_size <size>
 //		max_json_depth    <n>
 //		max_request_values <n>
+//		max_response_values <n>
 //		auth {
 //			api_key  <sha256:hex> <user> [<group>...]
 //			api_keys <file>
@@ -169,6 +170,8 @@ func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			err = positiveInt(d, &a.MaxJSONDepth)
 		case "max_request_values":
 			err = positiveInt(d, &a.MaxRequestValues)
+		case "max_response_values":
+			err = positiveInt(d, &a.MaxResponseValues)
 		case "storage":
 			err = guestModule(d, "caddy.storage", "module", (*[]byte)(&a.StorageRaw))
 		case "cipher":

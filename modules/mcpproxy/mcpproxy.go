@@ -71,7 +71,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return err
 	}
 	h.maxMessage = h.app.MaxResponseBytes
-	h.limits = mcpmsg.Limits{MaxDepth: h.app.MaxJSONDepth}
+	h.limits = mcpmsg.Limits{MaxDepth: h.app.MaxJSONDepth, MaxValues: h.app.MaxResponseValues}
 	h.app.OnMCPSessionEnd(h.expired)
 	h.notices = notice.For(h.app) // in Provision: it follows other replicas from the app's start
 	if h.stateless, err = mcp2026.For(h.app); err != nil {

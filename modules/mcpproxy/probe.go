@@ -17,7 +17,7 @@ import (
 // no credential); IsRetryable tells a passing failure from a refusal.
 func Probe(ctx context.Context, app *gateway.App, svc *gateway.Service, user string, cred *gateway.Credential) error {
 	h := &Handler{app: app, maxMessage: app.MaxResponseBytes,
-		limits: mcpmsg.Limits{MaxDepth: app.MaxJSONDepth}, logger: app.Logger().Named("probe")}
+		limits: mcpmsg.Limits{MaxDepth: app.MaxJSONDepth, MaxValues: app.MaxResponseValues}, logger: app.Logger().Named("probe")}
 	call := &gateway.Call{Caller: &gateway.Caller{User: user}, Service: svc, Credential: cred}
 	id := gatewayRequestID()
 	params := []byte(`{"protocolVersion":"` + gateway.LatestProtocolVersion +

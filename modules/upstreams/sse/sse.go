@@ -79,12 +79,12 @@ func (t *Transport) Attach(app *gateway.App, svc *gateway.Service) error {
 		return fmt.Errorf("url: %v", err)
 	}
 	cfg := config{Service: svc.ID, URL: svc.URL, Header: header, MaxMessage: app.MaxResponseBytes,
-		Depth: app.MaxJSONDepth, DialTimeout: time.Duration(svc.DialTimeout), Timeout: time.Duration(svc.Timeout)}
+		Depth: app.MaxJSONDepth, Values: app.MaxResponseValues, DialTimeout: time.Duration(svc.DialTimeout), Timeout: time.Duration(svc.Timeout)}
 	t.key = fmt.Sprintf("sse/%+v", cfg)
 	v, _, err := runtimes.LoadOrNew(t.key, func() (caddy.Destructor, error) {
 		rt := &runtime{cfg: cfg, origin: u.Scheme + "://" + u.Host, base: app.HTTPClient().Transport}
 		rt.bridge = mcpbridge.New(mcpbridge.Config{Service: svc.ID, MaxMessage: cfg.MaxMessage,
-			Limits: mcpmsg.Limits{MaxDepth: cfg.Depth}, Logger: t.logger}, rt)
+			Limits: mcpmsg.Limits{MaxDepth: cfg.Depth, MaxValues: cfg.Values}, Logger: t.logger}, rt)
 		return rt, nil
 	})
 	if err != nil {
@@ -116,7 +116,7 @@ var runtimes = caddy.NewUsagePool()
 type config struct {
 	Service, URL, Header string
 	MaxMessage           int64
-	Depth                int
+	Depth, Values        int
 	DialTimeout, Timeout time.Duration
 }
 

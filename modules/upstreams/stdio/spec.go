@@ -32,6 +32,7 @@ type spec struct {
 	StartTimeout time.Duration
 	MaxMessage   int64
 	Depth        int
+	Values       int // JSON values of one message at most
 
 	user    *runUser
 	secrets []string // env values that must not reach the log

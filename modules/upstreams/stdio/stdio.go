@@ -257,7 +257,7 @@ func (t *Transport) Attach(app *gateway.App, svc *gateway.Service) error {
 	if err != nil {
 		return err
 	}
-	spec.MaxMessage, spec.Depth = app.MaxResponseBytes, app.MaxJSONDepth
+	spec.MaxMessage, spec.Depth, spec.Values = app.MaxResponseBytes, app.MaxJSONDepth, app.MaxResponseValues
 	t.service, t.key = svc.ID, spec.key()
 	v, _, err := runtimes.LoadOrNew(t.key, func() (caddy.Destructor, error) {
 		return newRuntime(spec, t.logger), nil

@@ -72,7 +72,7 @@ type restart struct {
 func newRuntime(s *spec, logger *zap.Logger) *runtime {
 	rt := &runtime{spec: s, workers: map[string]*worker{}}
 	rt.bridge = mcpbridge.New(mcpbridge.Config{Service: s.Service, MaxMessage: s.MaxMessage,
-		Limits: mcpmsg.Limits{MaxDepth: s.Depth}, Logger: logger}, rt)
+		Limits: mcpmsg.Limits{MaxDepth: s.Depth, MaxValues: s.Values}, Logger: logger}, rt)
 	rt.setLogger(logger)
 	return rt
 }
