@@ -316,6 +316,19 @@ func (s *Store) save(ctx context.Context, a *Approval) error {
 	if err != nil {
 		return err
 	}
+	// Signed as it will read back: JSON writes text that is not UTF-8 as
+	// U+FFFD, which reads back as that character, so the record is first
+	// made what a reader will see.
+	a.MAC = nil
+	raw, err := json.Marshal(a)
+	if err != nil {
+		return err
+	}
+	var canon Approval
+	if err := json.Unmarshal(raw, &canon); err != nil {
+		return err
+	}
+	*a = canon
 	if a.MAC, err = sign(key, a); err != nil {
 		return err
 	}

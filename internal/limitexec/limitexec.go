@@ -19,6 +19,7 @@
 package limitexec
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"strconv"
@@ -26,9 +27,9 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// argv0 marks the step in argv[0]; the arguments after it are the limits
-// (data, open files, processes: 0 for none), the program's path and its
-// argv.
+// argv0 marks the step in argv[0]; the arguments after it are the pid of
+// the process starting the program, the limits (data, open files,
+// processes: 0 for none), the program's path and its argv.
 const argv0 = "toolgate-limited-exec"
 
 // self is the running binary, whatever its path is now.
@@ -47,8 +48,8 @@ func Command(path string, argv []string, l Limits) (string, []string) {
 	if l.none() {
 		return path, argv
 	}
-	out := make([]string, 0, 5+len(argv))
-	out = append(out, argv0, strconv.FormatInt(max(l.Data, 0), 10), strconv.FormatInt(max(l.OpenFiles, 0), 10),
+	out := make([]string, 0, 6+len(argv))
+	out = append(out, argv0, strconv.Itoa(os.Getpid()), strconv.FormatInt(max(l.Data, 0), 10), strconv.FormatInt(max(l.OpenFiles, 0), 10),
 		strconv.FormatInt(max(l.Processes, 0), 10), path)
 	return self, append(out, argv...)
 }
@@ -65,8 +66,24 @@ func init() {
 // run sets the limits args name and execs the program; it returns only
 // when it cannot.
 func run(args []string) error {
-	if len(args) < 5 {
-		return fmt.Errorf("starting the program: %d arguments, want at least 5", len(args))
+	if len(args) < 6 {
+		return fmt.Errorf("starting the program: %d arguments, want at least 6", len(args))
+	}
+	parent, err := strconv.Atoi(args[0])
+	if err != nil || parent <= 0 {
+		return fmt.Errorf("starting the program: %q is not a process id", args[0])
+	}
+	args = args[1:]
+	// The program dies with toolgate, as one started directly would. The
+	// kernel clears the parent-death signal when this binary's exec is a
+	// secure one (toolgate given file capabilities, such as binding port
+	// 443 as another user than root), so it is set again here; and should
+	// toolgate have died meanwhile, nothing is started.
+	if err := unix.Prctl(unix.PR_SET_PDEATHSIG, uintptr(unix.SIGKILL), 0, 0, 0); err != nil {
+		return fmt.Errorf("starting the program: %v", err)
+	}
+	if unix.Getppid() != parent {
+		return errors.New("starting the program: toolgate, which started it, has ended")
 	}
 	for i, resource := range []int{unix.RLIMIT_DATA, unix.RLIMIT_NOFILE, unix.RLIMIT_NPROC} {
 		v, err := strconv.ParseInt(args[i], 10, 64)

@@ -3,8 +3,10 @@
 package limitexec
 
 import (
+	"os"
 	"os/exec"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -30,11 +32,14 @@ func TestCommand(t *testing.T) {
 	if path, argv := Command("/bin/true", []string{"true", "x"}, Limits{}); path != "/bin/true" || !slices.Equal(argv, []string{"true", "x"}) {
 		t.Errorf("without limits: %s %q", path, argv)
 	}
+	parent := strconv.Itoa(os.Getppid())
 	for _, args := range [][]string{
-		{"0", "0", "0", "/bin/true"},
-		{"x", "0", "0", "/bin/true", "true"},
-		{"-1", "0", "0", "/bin/true", "true"},
-		{"0", "0", "0", "/nonexistent/program", "program"},
+		{parent, "0", "0", "0", "/bin/true"},
+		{parent, "x", "0", "0", "/bin/true", "true"},
+		{parent, "-1", "0", "0", "/bin/true", "true"},
+		{"1", "0", "0", "0", "/bin/true", "true"}, // toolgate (its parent) has ended
+		{"x", "0", "0", "0", "/bin/true", "true"},
+		{parent, "0", "0", "0", "/nonexistent/program", "program"},
 	} {
 		if err := run(args); err == nil {
 			t.Errorf("run(%q) started something", args)

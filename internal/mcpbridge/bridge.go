@@ -377,7 +377,11 @@ func (l *Link) Open(ctx context.Context, user string, init mcpmsg.Message) (*Ses
 	}
 	if msg.Result == nil {
 		s.end("initialize refused")
-		return nil, mcpmsg.ReplaceMember(msg.Raw, "id", init.ID), nil
+		raw := msg.Raw
+		if recoded, ok := gateway.OwnCodeRecoded(msg.Error); ok && msg.Error != nil {
+			raw = mcpmsg.ReplaceMember(raw, "error", recoded) // the server's, not toolgate's
+		}
+		return nil, mcpmsg.ReplaceMember(raw, "id", init.ID), nil
 	}
 	result, _ := presentedResult(msg.Result)
 	return s, gateway.RPCResult(init.ID, result), nil

@@ -108,6 +108,9 @@ type SyntaxError struct {
 	// Quoted is the message's own text that Msg quotes (a key), "" when
 	// none.
 	Quoted string
+	// OverLimit: the message is well formed as far as it was read, but
+	// holds more values than Limits.MaxValues allows.
+	OverLimit bool
 }
 
 func (e *SyntaxError) Error() string {
@@ -411,7 +414,7 @@ func (p *parser) value(depth int) (int, error) {
 		return 0, p.fail("unexpected end of input")
 	}
 	if p.values++; p.maxValues > 0 && p.values > p.maxValues {
-		return 0, p.fail(fmt.Sprintf("more than %d JSON values in one message", p.maxValues))
+		return 0, &SyntaxError{Offset: p.pos, Msg: fmt.Sprintf("more than %d JSON values in one message", p.maxValues), OverLimit: true}
 	}
 	var err error
 	switch c := p.data[p.pos]; {

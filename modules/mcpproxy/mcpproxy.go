@@ -235,8 +235,8 @@ func (h *Handler) relay(runner context.Context, w http.ResponseWriter, call *gat
 			}
 			h.logger.Warn("upstream exchange failed", zap.String("service", call.Service.ID),
 				zap.String("method", call.Method), zap.String("error", why))
-			h.writeFinal(w, out, "", message{gateway.RPCError(call.Message.ID, gateway.CodeUnavailable,
-				why+"; the request may or may not have run upstream", gateway.Retryable)})
+			code, text, data := streamFailure(err, why)
+			h.writeFinal(w, out, "", message{gateway.RPCError(call.Message.ID, code, text, data)})
 			h.cancelUpstream(call, rs.up, why)
 			return
 		}
@@ -605,6 +605,16 @@ func (h *Handler) background(call *gateway.Call, up gateway.Upstream, body []byt
 	}()
 }
 
+// streamFailure is the runner's error for a request whose answer did not
+// come (why says why): retryable, as it may or may not have run, unless
+// the upstream answered past max_response_values (it ran).
+func streamFailure(err error, why string) (code int, text string, data any) {
+	if isKind(err, kindOverLimit) {
+		return gateway.CodeInternalError, why, nil
+	}
+	return gateway.CodeUnavailable, why + "; the request may or may not have run upstream", gateway.Retryable
+}
+
 // answerError tells the runner why the upstream exchange failed.
 func (h *Handler) answerError(w http.ResponseWriter, r *http.Request, call *gateway.Call, err error) {
 	var ue *upstreamError
@@ -634,6 +644,8 @@ func (h *Handler) answerError(w http.ResponseWriter, r *http.Request, call *gate
 		// The upstream's body is not relayed: what reaches the runner is
 		// read strictly and passes deliver, and this did not.
 		call.Fail(w, ue.status, gateway.CodeInvalidRequest, ue.msg, nil)
+	case kindOverLimit:
+		call.Fail(w, http.StatusBadGateway, gateway.CodeInternalError, ue.msg, nil)
 	default:
 		h.logger.Warn("upstream unavailable", zap.String("service", call.Service.ID), zap.String("error", ue.msg))
 		call.Unavailable(w, ue.msg)

@@ -103,8 +103,8 @@ func (h *Handler) rounds(w http.ResponseWriter, r *http.Request, cur *gateway.Ca
 			case errors.As(err, &ue):
 				why = ue.msg
 			}
-			h.finalStateless(w, out, message{gateway.RPCError(cur.Message.ID, gateway.CodeUnavailable,
-				why+"; the request may or may not have run upstream", gateway.Retryable)}, 0)
+			code, text, data := streamFailure(err, why)
+			h.finalStateless(w, out, message{gateway.RPCError(cur.Message.ID, code, text, data)}, 0)
 			h.cancelUpstream(hc.call, hc.up, why)
 			return
 		}

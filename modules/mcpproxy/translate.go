@@ -211,7 +211,8 @@ func (h *Handler) readAnswer(ctx context.Context, w http.ResponseWriter, call *g
 			if errors.As(err, &ue) {
 				why = ue.msg
 			}
-			h.finalTranslated(w, out, call, gateway.CodeUnavailable, why+"; the request may or may not have run upstream", gateway.Retryable)
+			code, text, data := streamFailure(err, why)
+			h.finalTranslated(w, out, call, code, text, data)
 			return msg, false
 		}
 		if isResponseTo(msg, id) {

@@ -48,6 +48,7 @@ const (
 	kindUnauthorized                  // 401/403: the credential was refused
 	kindRejected                      // another 4xx
 	kindClosed                        // the MCP session was ended meanwhile
+	kindOverLimit                     // an answer past max_response_values: the request ran, its answer is not relayed
 )
 
 func (e *upstreamError) Error() string { return e.msg }
@@ -288,10 +289,16 @@ func (r *response) next() (mcpmsg.Message, error) {
 		// key it quotes): no policy inspected them, and they can be the
 		// credential toolgate sent it.
 		why := err.Error()
-		if se, ok := errors.AsType[*mcpmsg.SyntaxError](err); ok {
+		se, ok := errors.AsType[*mcpmsg.SyntaxError](err)
+		if ok {
 			why = se.Redacted()
 		}
 		r.h.logger.Warn("an upstream sent a malformed message", zap.String("service", r.call.Service.ID), zap.String("error", why))
+		if ok && se.OverLimit {
+			// Retrying would run the request again: it ran.
+			return msg, &upstreamError{kind: kindOverLimit, sent: true,
+				msg: fmt.Sprintf("the upstream answered with %s (max_response_values); toolgate does not relay it, and the request did run upstream", se.Msg)}
+		}
 		return msg, unavailable("the upstream sent a malformed message (%s)", why)
 	}
 	return msg, nil
