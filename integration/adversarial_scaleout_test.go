@@ -238,19 +238,7 @@ func TestScaleoutWithheldResultRetriedOnOtherReplicaRunsTwice(t *testing.T) {
 	sess := a.createSession(t, aliceKey, "svc")
 	ma := a.raw(t, aliceKey, sess, "svc")
 	ma.initialize()
-	var withheld struct {
-		Result struct {
-			IsError bool `json:"isError"`
-			Meta    struct {
-				Approval struct{ ID string } `json:"toolgate/approval"`
-			} `json:"_meta"`
-		}
-	}
-	if got := ma.call(1, "echo", `{"text":"review-me: transfer 100"}`); json.Unmarshal(got, &withheld) != nil ||
-		!withheld.Result.IsError || withheld.Result.Meta.Approval.ID == "" {
-		t.Fatalf("the first call: %s, want the result withheld", got)
-	}
-	id := withheld.Result.Meta.Approval.ID
+	id := caWithheldID(t, ma.call(1, "echo", `{"text":"review-me: transfer 100"}`))
 	if n := up.upstreamCalls("echo"); n != 1 {
 		t.Fatalf("the upstream ran echo %d times before the approval, want 1", n)
 	}
