@@ -167,7 +167,15 @@ func (e *engine) reload(ctx context.Context) error {
 	return nil
 }
 
+// compiling serializes compilations in the process: OPA's type checker
+// writes type objects that two compilations at once share (a config
+// reload's engines compiling while the running ones reload a changed
+// policy raced there). Compilations are rare: at start, reload and change.
+var compiling sync.Mutex
+
 func (e *engine) compile(v *version) (*compiled, error) {
+	compiling.Lock()
+	defer compiling.Unlock()
 	compiler := ast.NewCompiler()
 	compiler.Compile(v.modules)
 	if compiler.Failed() {
