@@ -377,3 +377,28 @@ func TestPolicyAttackUpstreamManyValuesAreRefused(t *testing.T) {
 		t.Errorf("an answer of 1,100,000 values reached the runner as %.300s, want an error saying it holds too many (not retryable: it ran)", answer)
 	}
 }
+
+// Attack: a mask that depends on the arguments (mask the token argument
+// when there is one) was evaluated on the runner's input but applied to
+// the arguments the policy rewrote: a token the rewrite added was shown
+// to approvers in clear. The mask is evaluated on what goes upstream.
+func TestPolicyAttackMaskSeesTheRewrittenArguments(t *testing.T) {
+	dir := t.TempDir()
+	paWrite(t, dir, "request.rego", `package toolgate.request
+
+decision := {"action": "ask", "reason": "gated", "arguments": object.union(input.arguments, {"token": "s3cr3t-added-by-policy"})} if input.method == "tools/call"
+
+else := {"action": "allow"}
+`)
+	paWrite(t, dir, "result.rego", "package toolgate.result\n\ndecision := {\"action\": \"allow\"}\n")
+	paWrite(t, dir, "mask.rego", `package toolgate.log
+
+mask contains "/arguments/token" if input.arguments.token
+`)
+	_, g, m := aliceSession(t, gatewayConfig{RequestPolicy: dir})
+	pending := mustPend(t, m.call(3, "echo", `{"text":"x"}`))
+	r := g.api(t, http.MethodGet, "/v1/approvals/"+pending.ApprovalID, aliceKey, nil)
+	if r.StatusCode != http.StatusOK || strings.Contains(string(r.Body), "s3cr3t-added-by-policy") || !strings.Contains(string(r.Body), "[masked]") {
+		t.Errorf("the approval as approvers see it: %d %s, want the rewritten token masked", r.StatusCode, r.Body)
+	}
+}

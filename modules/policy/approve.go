@@ -52,7 +52,7 @@ func (h *RequestHandler) ask(w http.ResponseWriter, r *http.Request, call *gatew
 	}
 	ac := approvalCall(call)
 	res, err := h.approvals.Resolve(r.Context(), approval.Ask{Call: ac, Stage: approval.StageRequest, Spec: spec,
-		Decision: d, Revision: o.Revision, Masked: h.masked(r.Context(), input, ac.Arguments), Base: h.app.BaseURL(r)})
+		Decision: d, Revision: o.Revision, Masked: h.masked(r.Context(), withArguments(input, o.argsTerm), ac.Arguments), Base: h.app.BaseURL(r)})
 	if err != nil {
 		h.logger.Error("approvals unavailable", zap.String("service", call.Service.ID), zap.Error(err))
 		call.Unavailable(w, "this call needs an approval and approvals cannot be read or stored right now; retry later")
@@ -89,6 +89,19 @@ func (c *Config) completeWhenDecided(call *gateway.Call, a *approval.Approval) {
 	c.approvals.WatchDecision(ms.Context(), ms.ID+"\x00"+a.ID, a, holdPoll, func(*approval.Approval) {
 		board.Send(ms.ID, notification("notifications/elicitation/complete", map[string]any{"elicitationId": a.ID}))
 	})
+}
+
+// withArguments is input with the arguments the policy rewrote (args; nil:
+// none), so that a mask that depends on them is decided on what goes
+// upstream, which is what approvers see.
+func withArguments(input ast.Value, args *ast.Term) ast.Value {
+	obj, ok := input.(ast.Object)
+	if !ok || args == nil {
+		return input
+	}
+	out := obj.Copy()
+	out.Insert(keyArguments, args)
+	return out
 }
 
 // masked is payload as approvers see it: the policy's
