@@ -6,11 +6,14 @@ package integration
 // (each failed before its fix).
 
 import (
+	"context"
 	"fmt"
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/tidwall/gjson"
 )
 
@@ -79,5 +82,29 @@ func TestRegressionAttackBigResultRefusedAsRetryable(t *testing.T) {
 	}
 	if gjson.GetBytes(answer, "error.data.retryable").Bool() {
 		t.Errorf("the refusal of a result the upstream finished tells the runner to retry (the tool runs again): %s", answer)
+	}
+}
+
+// Attack: the federated endpoint read its services' answers with the
+// bound of a runner's message (max_request_values, 100,000), not the one
+// of an upstream's (max_response_values): a result of 150,000 numbers,
+// which the service's own endpoint relays, was refused there.
+func TestRegressionAttackFederatedAnswerHasTheResponseBound(t *testing.T) {
+	up := startSmallUpstream(t, "alpha")
+	numbers := make([]any, 150_000)
+	for i := range numbers {
+		numbers[i] = i % 10
+	}
+	up.Server.AddTool(&mcp.Tool{Name: "table", InputSchema: map[string]any{"type": "object"}, Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true}},
+		func(context.Context, *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+			return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "table"}}, StructuredContent: map[string]any{"n": numbers}}, nil
+		})
+	g := startGateway(t, gatewayConfig{Upstream: up.URL, Tools: "table", Federation: " "})
+	cs := g.connectWithToken(t, aliceKey, "/v1/mcp", nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "svc__table", Arguments: map[string]any{}})
+	if err != nil || res.IsError {
+		t.Fatalf("a result of 150,000 values through the federated endpoint: %+v, %v", res, err)
 	}
 }

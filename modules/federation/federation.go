@@ -62,9 +62,10 @@ type Handler struct {
 	// No service id may contain it. Default "__".
 	Separator string `json:"separator,omitempty"`
 
-	app    *gateway.App
-	limits mcpmsg.Limits
-	logger *zap.Logger
+	app     *gateway.App
+	limits  mcpmsg.Limits // of a runner's message
+	answers mcpmsg.Limits // of a service's answer to a sub-call
+	logger  *zap.Logger
 }
 
 // CaddyModule returns the Caddy module information.
@@ -106,6 +107,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		h.Separator = defaultSeparator
 	}
 	h.limits = mcpmsg.Limits{MaxDepth: h.app.MaxJSONDepth, MaxValues: h.app.MaxRequestValues}
+	h.answers = mcpmsg.Limits{MaxDepth: h.app.MaxJSONDepth, MaxValues: h.app.MaxResponseValues}
 	return nil
 }
 

@@ -69,10 +69,10 @@ func (h *Handler) subCall(ctx context.Context, r *http.Request, next caddyhttp.H
 	case <-ctx.Done():
 		_ = pr.CloseWithError(ctx.Err())
 		return &answer{status: http.StatusServiceUnavailable, header: http.Header{}, body: pr,
-			err: ctx.Err(), limit: h.app.MaxResponseBytes, limits: h.limits}
+			err: ctx.Err(), limit: h.app.MaxResponseBytes, limits: h.answers}
 	}
 	return &answer{status: cw.status, header: cw.header, body: pr, sse: isSSE(cw.header), err: cw.err,
-		limit: h.app.MaxResponseBytes, limits: h.limits}
+		limit: h.app.MaxResponseBytes, limits: h.answers}
 }
 
 // capture is the ResponseWriter of a sub-call: headers are kept, the body
