@@ -426,7 +426,7 @@ func (a *App) Validate() error {
 		return errors.New("max_sessions_per_user must be positive")
 	}
 	if a.MaxRequestBytes < 0 || a.MaxResponseBytes < 0 || a.MaxJSONDepth < 0 || a.MaxRequestValues < 0 || a.MaxResponseValues < 0 {
-		return errors.New("max_request_bytes, max_response_bytes and max_json_depth must be positive, and max_request_values not negative")
+		return errors.New("max_request_bytes, max_response_bytes, max_json_depth, max_request_values and max_response_values must not be negative")
 	}
 	return nil
 }

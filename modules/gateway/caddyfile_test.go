@@ -48,6 +48,7 @@ func TestUnmarshalCaddyfileFullOptionSet(t *testing.T) {
 		max_response_size 32MB
 		max_json_depth    32
 		max_request_values 5000
+		max_response_values 60000
 		auth {
 			api_key ` + hashA + ` alice@example.com eng ops
 			api_key ` + hashB + ` bob@example.com
@@ -151,8 +152,9 @@ func TestUnmarshalCaddyfileFullOptionSet(t *testing.T) {
 	if app.MaxStreams != 900 || app.MaxStreamsPerCaller != 90 {
 		t.Errorf("stream limits = %d, %d; want 900, 90", app.MaxStreams, app.MaxStreamsPerCaller)
 	}
-	if app.MaxRequestBytes != 1<<20 || app.MaxResponseBytes != 32_000_000 || app.MaxJSONDepth != 32 || app.MaxRequestValues != 5000 {
-		t.Errorf("sizes = %d, %d, %d, %d; want %d, %d, 32, 5000", app.MaxRequestBytes, app.MaxResponseBytes, app.MaxJSONDepth, app.MaxRequestValues, 1<<20, 32_000_000)
+	if app.MaxRequestBytes != 1<<20 || app.MaxResponseBytes != 32_000_000 || app.MaxJSONDepth != 32 || app.MaxRequestValues != 5000 || app.MaxResponseValues != 60000 {
+		t.Errorf("sizes = %d, %d, %d, %d, %d; want %d, %d, 32, 5000, 60000", app.MaxRequestBytes, app.MaxResponseBytes, app.MaxJSONDepth,
+			app.MaxRequestValues, app.MaxResponseValues, 1<<20, 32_000_000)
 	}
 	assertJSON(t, "AllowedOrigins", app.AllowedOrigins, `["https://a.example.com","https://b.example.com:8443"]`)
 

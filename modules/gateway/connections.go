@@ -135,7 +135,8 @@ func (s *ConnectionStore) Save(ctx context.Context, service, user string, conn *
 
 // settle waits (a second at most) until every replica was sent the change
 // of user's connection to service: a person told that a token was replaced
-// or forgotten is told so once no replica will use the old one.
+// or forgotten is told so once every replica is dropping its copy (as the
+// announcement arrives there).
 func (s *ConnectionStore) settle(ctx context.Context, service, user string) {
 	s.cache.Settle(ctx, ConnectionKey(service, user), time.Second)
 }
