@@ -1,7 +1,6 @@
 package integration
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"io"
@@ -233,31 +232,7 @@ func TestRelayAttackHoldsForeignLastEventID(t *testing.T) {
 	bobs := g.raw(t, bobKey, g.createSession(t, bobKey, "svc"), "svc")
 	bobs.initialize()
 
-	ctx, cancel := context.WithCancel(context.Background())
-	resp, err := m.send(ctx, http.MethodPost, "application/json, text/event-stream",
-		`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"progress","arguments":{"steps":10},"_meta":{"progressToken":"p"}}}`, "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	lines := bufio.NewReader(resp.Body)
-	lastID := ""
-	for range 200 {
-		line, err := lines.ReadString('\n')
-		if err != nil {
-			break
-		}
-		if id, ok := strings.CutPrefix(strings.TrimSuffix(line, "\n"), "id: "); ok {
-			lastID = id
-		}
-		if strings.Contains(line, `"progress":1`) {
-			break
-		}
-	}
-	cancel()
-	resp.Body.Close()
-	if lastID == "" {
-		t.Fatal("no event id")
-	}
+	lastID := droppedAfterProgress(t, m)
 	for name, r := range map[string]*rawMCP{"alice's other session": other, "bob's session": bobs} {
 		resp, err := r.send(context.Background(), http.MethodGet, "text/event-stream", "", lastID)
 		if err != nil {
@@ -272,7 +247,7 @@ func TestRelayAttackHoldsForeignLastEventID(t *testing.T) {
 	// Bob with alice's MCP session id: refused before anything.
 	stolen := g.raw(t, bobKey, g.createSession(t, bobKey, "svc"), "svc")
 	stolen.sessionID = m.sessionID
-	resp, err = stolen.send(context.Background(), http.MethodGet, "text/event-stream", "", lastID)
+	resp, err := stolen.send(context.Background(), http.MethodGet, "text/event-stream", "", lastID)
 	if err != nil {
 		t.Fatal(err)
 	}

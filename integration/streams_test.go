@@ -213,32 +213,7 @@ func TestRunnerStreamsHaveEventIDsAndKeepAlives(t *testing.T) {
 // Last-Event-ID, and gets the rest of it, answer included.
 func TestRunnerResumesADroppedStream(t *testing.T) {
 	_, _, m := aliceSession(t, gatewayConfig{})
-	ctx, cancel := context.WithCancel(context.Background())
-	resp, err := m.send(ctx, http.MethodPost, "application/json, text/event-stream",
-		`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"progress","arguments":{"steps":10},"_meta":{"progressToken":"p"}}}`, "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	// Read up to the first progress notification, then drop the stream.
-	lines := bufio.NewReader(resp.Body)
-	lastID := ""
-	for {
-		line, err := lines.ReadString('\n')
-		if err != nil {
-			t.Fatalf("the stream ended before any progress: %v", err)
-		}
-		if id, ok := strings.CutPrefix(strings.TrimSuffix(line, "\n"), "id: "); ok {
-			lastID = id
-		}
-		if strings.Contains(line, `"progress":1`) {
-			break
-		}
-	}
-	cancel()
-	resp.Body.Close()
-	if lastID == "" {
-		t.Fatal("the progress event had no id")
-	}
+	lastID := droppedAfterProgress(t, m)
 	// Only ids toolgate gave out resume anything.
 	token, _, _ := strings.Cut(lastID, ".")
 	for _, forged := range []string{token + ".999", "someone-else.1", "a_0"} {
@@ -440,4 +415,37 @@ func TestAskedAnswerReachesTheUpstreamAsAnError(t *testing.T) {
 			t.Fatalf("the answer reached the upstream: %s", r.Body)
 		}
 	}
+}
+
+// droppedAfterProgress calls the upstream's progress tool on m's session,
+// reads its stream up to the first progress notification, drops it, and
+// returns the id of the last event read (for Last-Event-ID).
+func droppedAfterProgress(t *testing.T, m *rawMCP) string {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	resp, err := m.send(ctx, http.MethodPost, "application/json, text/event-stream",
+		`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"progress","arguments":{"steps":10},"_meta":{"progressToken":"p"}}}`, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	lines := bufio.NewReader(resp.Body)
+	lastID := ""
+	for {
+		line, err := lines.ReadString('\n')
+		if err != nil {
+			t.Fatalf("the stream ended before any progress: %v", err)
+		}
+		if id, ok := strings.CutPrefix(strings.TrimSuffix(line, "\n"), "id: "); ok {
+			lastID = id
+		}
+		if strings.Contains(line, `"progress":1`) {
+			break
+		}
+	}
+	if lastID == "" {
+		t.Fatal("the progress event had no id")
+	}
+	return lastID
 }
