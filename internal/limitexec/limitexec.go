@@ -22,6 +22,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"runtime"
 	"strconv"
 
 	"golang.org/x/sys/unix"
@@ -74,6 +75,9 @@ func run(args []string) error {
 		return fmt.Errorf("starting the program: %q is not a process id", args[0])
 	}
 	args = args[1:]
+	// The parent-death signal belongs to a thread, and the program is the
+	// thread that calls execve: both on this one.
+	runtime.LockOSThread()
 	// The program dies with toolgate, as one started directly would. The
 	// kernel clears the parent-death signal when this binary's exec is a
 	// secure one (toolgate given file capabilities, such as binding port

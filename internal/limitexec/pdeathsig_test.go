@@ -106,13 +106,23 @@ func TestRegressionAttackZHelperProcess(t *testing.T) {
 		if err := cmd.Run(); err != nil {
 			t.Fatal(err)
 		}
-	case "report":
-		var sig int
-		if err := unix.Prctl(unix.PR_GET_PDEATHSIG, uintptr(unsafe.Pointer(&sig)), 0, 0, 0); err != nil {
-			t.Fatal(err)
-		}
-		fmt.Printf("PDEATHSIG=%d\n", sig)
 	}
+}
+
+// The report is read in init, on the program's first thread: the
+// parent-death signal belongs to the thread that exec'd (a thread the Go
+// runtime starts later has none), and a test runs on any thread.
+func init() {
+	if os.Getenv("LIMITEXEC_HELPER") != "report" {
+		return
+	}
+	var sig int
+	if err := unix.Prctl(unix.PR_GET_PDEATHSIG, uintptr(unsafe.Pointer(&sig)), 0, 0, 0); err != nil {
+		fmt.Println("PDEATHSIG error:", err)
+		os.Exit(1)
+	}
+	fmt.Printf("PDEATHSIG=%d\n", sig)
+	os.Exit(0)
 }
 
 func copyFile(from, to string) error {
