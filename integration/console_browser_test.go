@@ -283,6 +283,14 @@ func startOpenIDProvider(t *testing.T) (string, string) {
 // wrap makes of its own, and returns its issuer URL and alice's password.
 func startExampleProvider(t *testing.T, wrap func(*storage.Storage) exampleop.Storage) (string, string) {
 	t.Helper()
+	return startExampleProviderBehind(t, wrap, nil)
+}
+
+// startExampleProviderBehind is startExampleProvider with the provider's
+// handler passed through front (when not nil), to record what it is sent
+// and answers.
+func startExampleProviderBehind(t *testing.T, wrap func(*storage.Storage) exampleop.Storage, front func(http.Handler) http.Handler) (string, string) {
+	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -300,7 +308,11 @@ func startExampleProvider(t *testing.T, wrap func(*storage.Storage) exampleop.St
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := &http.Server{Handler: exampleop.SetupServer(issuer, wrap(storage.NewStorage(store)), nil, false), ReadHeaderTimeout: 10 * time.Second}
+	var h http.Handler = exampleop.SetupServer(issuer, wrap(storage.NewStorage(store)), nil, false)
+	if front != nil {
+		h = front(h)
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
 	go func() { _ = srv.Serve(l) }()
 	t.Cleanup(func() { _ = srv.Close() })
 	return issuer, password

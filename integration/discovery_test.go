@@ -135,6 +135,17 @@ func (jwtClient) AccessTokenType() op.AccessTokenType { return op.AccessTokenTyp
 // URL, signs in on the provider's login page, and returns what the
 // provider sends to the redirect URI.
 func signInAtProvider(ctx context.Context, authorizeURL, redirect, user, password string) (*auth.AuthorizationResult, error) {
+	arrived, err := signInAt(ctx, authorizeURL, redirect, user, password)
+	if err != nil {
+		return nil, err
+	}
+	q := arrived.Query()
+	return &auth.AuthorizationResult{Code: q.Get("code"), State: q.Get("state"), Iss: q.Get("iss")}, nil
+}
+
+// signInAt is signInAtProvider returning the URL the provider sends the
+// browser back to, unopened.
+func signInAt(ctx context.Context, authorizeURL, redirect, user, password string) (*url.URL, error) {
 	jar, _ := cookiejar.New(nil)
 	var arrived *url.URL
 	client := &http.Client{Jar: jar, CheckRedirect: func(req *http.Request, _ []*http.Request) error {
@@ -166,6 +177,5 @@ func signInAtProvider(ctx context.Context, authorizeURL, redirect, user, passwor
 	if arrived == nil {
 		return nil, errors.New("the provider did not send the browser back: " + resp.Status)
 	}
-	q := arrived.Query()
-	return &auth.AuthorizationResult{Code: q.Get("code"), State: q.Get("state"), Iss: q.Get("iss")}, nil
+	return arrived, nil
 }

@@ -229,14 +229,22 @@ func StoreToken(ctx context.Context, app *gateway.App, caller *gateway.Caller, s
 	return nil
 }
 
-// Disconnect forgets caller's credential for svc.
-func Disconnect(ctx context.Context, app *gateway.App, caller *gateway.Caller, svc *gateway.Service) error {
+// Disconnect forgets caller's credential for svc and, when svc's OAuth
+// provider has a revocation endpoint, revokes the grant there. notRevoked,
+// when not empty, tells the person that the provider did not confirm the
+// revocation and what to do; the credential is forgotten all the same.
+func Disconnect(ctx context.Context, app *gateway.App, caller *gateway.Caller, svc *gateway.Service) (notRevoked string, err error) {
 	if svc.Auth.Kind != gateway.AuthBearer && svc.Auth.Kind != gateway.AuthOAuth {
-		return refuse(http.StatusBadRequest, "wrong_auth_kind", "service "+svc.ID+" has no personal credentials")
+		return "", refuse(http.StatusBadRequest, "wrong_auth_kind", "service "+svc.ID+" has no personal credentials")
 	}
-	if err := app.Disconnect(ctx, svc.ID, caller.User); err != nil {
+	err = app.Disconnect(ctx, svc, caller.User)
+	if errors.Is(err, gateway.ErrNotRevoked) {
+		msg := err.Error()
+		return strings.ToUpper(msg[:1]) + msg[1:] + ": revoke toolgate's access in your account at the provider.", nil
+	}
+	if err != nil {
 		app.Logger().Error("deleting connection", zapService(svc, err)...)
-		return Unavailable("the credential could not be deleted")
+		return "", Unavailable("the credential could not be deleted")
 	}
-	return nil
+	return "", nil
 }

@@ -280,14 +280,21 @@ func (h *Handler) putConnection(w http.ResponseWriter, r *http.Request, caller *
 }
 
 // deleteConnection: DELETE /v1/connections/{service} forgets the caller's
-// credential for the service.
+// credential for the service (and revokes an OAuth grant at a provider
+// with a revocation endpoint): 204, or 200 with what to do when the
+// provider did not confirm the revocation.
 func (h *Handler) deleteConnection(w http.ResponseWriter, r *http.Request, caller *gateway.Caller) {
 	svc := h.service(w, r, caller)
 	if svc == nil {
 		return
 	}
-	if err := account.Disconnect(r.Context(), h.app, caller, svc); err != nil {
+	notRevoked, err := account.Disconnect(r.Context(), h.app, caller, svc)
+	if err != nil {
 		fail(w, err)
+		return
+	}
+	if notRevoked != "" {
+		gateway.WriteJSON(w, http.StatusOK, map[string]any{"forgotten": true, "revoked": false, "message": notRevoked})
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)

@@ -86,12 +86,17 @@ func (h *Handler) disconnect(w http.ResponseWriter, r *http.Request, s *websessi
 	if svc == nil {
 		return
 	}
-	if err := account.Disconnect(r.Context(), h.app, s.Caller(), svc); err != nil {
+	notRevoked, err := account.Disconnect(r.Context(), h.app, s.Caller(), svc)
+	if err != nil {
 		h.failed(w, r, s, err)
 		return
 	}
 	h.logger.Info("disconnected in the console", zap.String("service", svc.ID), zap.String("user", s.User))
-	h.showServices(w, r, s, ok(name(svc)+" is disconnected: toolgate no longer holds your credential for it."), servicesData{})
+	done := ok(name(svc) + " is disconnected: toolgate no longer holds your credential for it.")
+	if notRevoked != "" {
+		done = &notice{Kind: "warn", Text: done.Text, Detail: notRevoked}
+	}
+	h.showServices(w, r, s, done, servicesData{})
 }
 
 func (h *Handler) storeToken(w http.ResponseWriter, r *http.Request, s *websession.Session) {

@@ -84,6 +84,7 @@ func parseGlobalOption(d *caddyfile.Dispenser, existing any) (any, error) {
 //			auth none | bearer | header <name> <value> | oauth {
 //				authorization_url <url>
 //				token_url         <url>
+//				revocation_url    <url>
 //				client_id         <id>
 //				client_secret     <secret>
 //				scopes            <scope...>
@@ -434,6 +435,8 @@ func (u *UpstreamAuth) unmarshalCaddyfile(d *caddyfile.Dispenser, service string
 				err = caddyopt.String(d, &o.AuthorizationURL)
 			case "token_url":
 				err = caddyopt.String(d, &o.TokenURL)
+			case "revocation_url":
+				err = caddyopt.String(d, &o.RevocationURL)
 			case "client_id":
 				err = caddyopt.String(d, &o.ClientID)
 			case "client_secret":

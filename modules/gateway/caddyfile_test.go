@@ -87,6 +87,7 @@ func TestUnmarshalCaddyfileFullOptionSet(t *testing.T) {
 			auth oauth {
 				authorization_url https://auth.example.com/authorize
 				token_url         https://auth.example.com/token
+				revocation_url    https://auth.example.com/revoke
 				client_id         toolgate
 				client_secret     {env.TRACKER_CLIENT_SECRET}
 				scopes            tickets.read tickets.write
@@ -185,7 +186,7 @@ func TestUnmarshalCaddyfileFullOptionSet(t *testing.T) {
 		 "resume_attempts":3,"max_resume_delay":10000000000,"sse_keepalive":5000000000,
 		 "auth":{"kind":"oauth","oauth":{
 			"authorization_url":"https://auth.example.com/authorize","token_url":"https://auth.example.com/token",
-			"client_id":"toolgate","client_secret":"{env.TRACKER_CLIENT_SECRET}",
+			"revocation_url":"https://auth.example.com/revoke","client_id":"toolgate","client_secret":"{env.TRACKER_CLIENT_SECRET}",
 			"scopes":["tickets.read","tickets.write"],"resource":"https://tracker.example.com/mcp",
 			"refresh_skew":120000000000,"login_hint":true}}},
 		{"id":"search","url":"https://search.example.com/mcp","tools":["query"],"sse_keepalive":-1,"auth":{"kind":"bearer"}},

@@ -10,8 +10,9 @@ import (
 // registered with each config's registry. Labels are bounded: service and
 // outcome, never user.
 var oauthMetrics = struct {
-	refreshes *prometheus.CounterVec
-	connects  *prometheus.CounterVec
+	refreshes   *prometheus.CounterVec
+	connects    *prometheus.CounterVec
+	revocations *prometheus.CounterVec
 }{
 	refreshes: prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: "toolgate", Subsystem: "oauth", Name: "refreshes_total",
@@ -21,13 +22,17 @@ var oauthMetrics = struct {
 		Namespace: "toolgate", Subsystem: "oauth", Name: "connects_total",
 		Help: "OAuth sign-ins completed at the callback by service and outcome: connected, denied (the provider answered with an error), invalid_state, rejected (the provider refused the code), failed.",
 	}, []string{"service", "outcome"}),
+	revocations: prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "toolgate", Subsystem: "oauth", Name: "revocations_total",
+		Help: "Grants revoked at the provider (RFC 7009) when people disconnect, by service and outcome: revoked, failed (the provider did not confirm; the credential is forgotten all the same).",
+	}, []string{"service", "outcome"}),
 }
 
 func registerOAuthMetrics(reg prometheus.Registerer) error {
 	if reg == nil {
 		return nil
 	}
-	for _, c := range []prometheus.Collector{oauthMetrics.refreshes, oauthMetrics.connects} {
+	for _, c := range []prometheus.Collector{oauthMetrics.refreshes, oauthMetrics.connects, oauthMetrics.revocations} {
 		if err := reg.Register(c); err != nil {
 			var already prometheus.AlreadyRegisteredError
 			if !errors.As(err, &already) {

@@ -667,16 +667,6 @@ func (a *App) Connect(ctx context.Context, service, user string, conn *Connectio
 	return nil
 }
 
-// Disconnect forgets user's credential for service, after any refresh of
-// it on its way (which would otherwise store it again).
-func (a *App) Disconnect(ctx context.Context, service, user string) error {
-	if err := a.withGrantLock(ctx, service, user, func() error { return a.connections.Delete(ctx, service, user) }); err != nil {
-		return err
-	}
-	a.connections.settle(ctx, service, user)
-	return nil
-}
-
 // refresh renews user's grant for svc under the grant's storage lock, and
 // says how it went (the outcome toolgate_oauth_refreshes_total counts). It
 // re-reads the grant first: another replica may have refreshed it while

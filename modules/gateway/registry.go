@@ -156,6 +156,12 @@ type OAuthClient struct {
 	AuthorizationURL string `json:"authorization_url"`
 	// TokenURL is the provider's token endpoint.
 	TokenURL string `json:"token_url"`
+	// RevocationURL is the provider's RFC 7009 revocation endpoint. When
+	// set, a person disconnecting has their grant revoked there too (its
+	// refresh token, or its access token when there is none); without
+	// it, disconnecting only forgets the grant, which stays valid at the
+	// provider until it expires or the person revokes it there.
+	RevocationURL string `json:"revocation_url,omitempty"`
 	// ClientID is toolgate's client id at the provider.
 	ClientID string `json:"client_id"`
 	// ClientSecret is toolgate's client secret; empty for a public client.
@@ -335,7 +341,10 @@ func (s *Service) validateRest(fail func(field, format string, args ...any) erro
 		if o == nil {
 			return fail("auth", "oauth needs authorization_url, token_url and client_id")
 		}
-		for field, v := range map[string]string{"authorization_url": o.AuthorizationURL, "token_url": o.TokenURL} {
+		for field, v := range map[string]string{"authorization_url": o.AuthorizationURL, "token_url": o.TokenURL, "revocation_url": o.RevocationURL} {
+			if v == "" && field == "revocation_url" {
+				continue // optional
+			}
 			pu, err := url.Parse(v)
 			if v == "" || err != nil || pu.Host == "" {
 				return fail("auth oauth "+field, "required: an absolute URL")

@@ -139,6 +139,8 @@ func TestServiceValidate(t *testing.T) {
 		{"oauth token_url relative", oauthSvc(func(o *OAuthClient) { o.TokenURL = "/token" }), "auth oauth token_url", "absolute URL"},
 		{"oauth token_url over http", oauthSvc(func(o *OAuthClient) { o.TokenURL = "http://a.example.com/token" }), "auth oauth token_url", "must be https"},
 		{"oauth authorization_url over http", oauthSvc(func(o *OAuthClient) { o.AuthorizationURL = "http://a.example.com/auth" }), "auth oauth authorization_url", "must be https"},
+		{"oauth revocation_url over http", oauthSvc(func(o *OAuthClient) { o.RevocationURL = "http://a.example.com/revoke" }), "auth oauth revocation_url", "must be https"},
+		{"oauth revocation_url not absolute", oauthSvc(func(o *OAuthClient) { o.RevocationURL = "/revoke" }), "auth oauth revocation_url", "an absolute URL"},
 		{"oauth token_url with another scheme, even with allow_http", func(s *Service) {
 			s.AllowHTTP = true
 			oauthSvc(func(o *OAuthClient) { o.TokenURL = "ftp://a.example.com/token" })(s)
