@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
+	"strings"
 
 	"github.com/tidwall/gjson"
 
@@ -179,20 +180,58 @@ func AppendDecisionMeta(b []byte, d *Decision) []byte {
 // runners act on (a connect_url to sign in at, an approval_url to open).
 var ownCodes = map[int64]bool{CodeNeedsSignIn: true, CodeUnavailable: true, CodeApprovalRequired: true, CodePolicyDenied: true}
 
-// OwnCodeRecoded is an upstream's error object that uses one of toolgate's
-// own codes, as toolgate relays it: code -32603, the upstream's message
-// saying so, and none of its data — an upstream must not pose as toolgate
-// asking the runner's person to sign in or approve at a page of its
-// choosing. Any other error is returned as it is (false).
+// actionMembers are the members of toolgate's own errors' data that
+// runners act on (a page to open, a sign-in to start) or that name
+// toolgate's own records.
+var actionMembers = map[string]bool{"approval_url": true, "approval_id": true, "approval_required": true,
+	"decision_id": true, "connect_url": true, "needs_sign_in": true}
+
+// OwnCodeRecoded is an upstream's error object as toolgate relays it. One
+// that uses toolgate's own codes becomes code -32603, the upstream's
+// message saying so, and none of its data; any other keeps its code and
+// message, and its data loses the members toolgate's own errors carry for
+// runners to act on (approval_url, connect_url and the like: a protocol
+// code such as 2026-07-28's -32021 is the upstream's to use, its approval
+// page is not). An upstream must not pose as toolgate asking the runner's
+// person to sign in or approve at a page of its choosing. An error that
+// needs neither is returned as it is (false).
 func OwnCodeRecoded(errObj []byte) ([]byte, bool) {
 	code := gjson.GetBytes(errObj, "code")
-	if code.Type != gjson.Number || !ownCodes[code.Int()] {
+	if code.Type != gjson.Number {
 		return errObj, false
 	}
-	message := "(none)"
-	if m := gjson.GetBytes(errObj, "message"); m.Type == gjson.String {
-		message = m.Str
+	message := gjson.GetBytes(errObj, "message")
+	if ownCodes[code.Int()] {
+		text := "(none)"
+		if message.Type == gjson.String {
+			text = message.Str
+		}
+		return RPCErrorObject(CodeInternalError, fmt.Sprintf("the upstream answered with error code %d, which is toolgate's own; its message: %s",
+			code.Int(), text), nil), true
 	}
-	return RPCErrorObject(CodeInternalError, fmt.Sprintf("the upstream answered with error code %d, which is toolgate's own; its message: %s",
-		code.Int(), message), nil), true
+	data := gjson.GetBytes(errObj, "data")
+	if !data.IsObject() {
+		return errObj, false
+	}
+	kept, dropped := []byte{'{'}, false
+	data.ForEach(func(k, v gjson.Result) bool {
+		if actionMembers[strings.ToLower(k.String())] {
+			dropped = true
+			return true
+		}
+		if len(kept) > 1 {
+			kept = append(kept, ',')
+		}
+		kept = append(append(append(kept, k.Raw...), ':'), v.Raw...)
+		return true
+	})
+	if !dropped {
+		return errObj, false
+	}
+	b := append([]byte(`{"code":`), code.Raw...)
+	if message.Exists() {
+		b = append(append(b, `,"message":`...), message.Raw...)
+	}
+	b = append(append(b, `,"data":`...), kept...)
+	return append(b, "}}"...), true
 }
