@@ -831,13 +831,25 @@ func ReplaceMember(obj []byte, key string, value []byte) []byte {
 // RemoveMember returns a copy of the valid JSON object obj without key
 // (obj itself when it has no such member).
 func RemoveMember(obj []byte, key string) []byte {
+	return removeMember(obj, func(k []byte) bool { return string(k) == key })
+}
+
+// RemoveMemberFold is RemoveMember for a member whose key is key in any
+// case: what a decoder that ignores case (Go's encoding/json) reads as
+// key. A parsed message holds at most one such member (the parser refuses
+// case variants of a key).
+func RemoveMemberFold(obj []byte, key string) []byte {
+	return removeMember(obj, func(k []byte) bool { return bytes.EqualFold(k, []byte(key)) })
+}
+
+func removeMember(obj []byte, match func(key []byte) bool) []byte {
 	start, end, prev := -1, -1, -1
 	last := -1 // where the previous member's value ended
 	p := parser{data: obj, maxDepth: 1 << 30}
 	p.skipSpace()
 	_ = p.object(1, func(k []byte, s int) error {
 		e, err := p.value(2)
-		if err == nil && string(k) == key && start < 0 {
+		if err == nil && match(k) && start < 0 {
 			start, end, prev = s, e, last
 		}
 		last = e

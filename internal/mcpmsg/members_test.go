@@ -22,6 +22,19 @@ func TestRemoveMember(t *testing.T) {
 	}
 }
 
+func TestRemoveMemberFold(t *testing.T) {
+	for _, c := range [][3]string{
+		{`{"a":1,"InputResponses":2}`, "inputResponses", `{"a":1}`},
+		{`{"input\u0052esponses":2,"a":1}`, "inputResponses", `{"a":1}`},
+		{`{"a":1}`, "A", `{}`},
+		{`{"a":1}`, "b", `{"a":1}`},
+	} {
+		if got := RemoveMemberFold([]byte(c[0]), c[1]); string(got) != c[2] {
+			t.Errorf("%s without %s in any case = %s, want %s", c[0], c[1], got, c[2])
+		}
+	}
+}
+
 // The members a retried multi round-trip request carries are read, and
 // their case variants refused like those of every member Parse reads.
 func TestRoundMembers(t *testing.T) {

@@ -149,7 +149,16 @@ func (h *Handler) requestTranslated(w http.ResponseWriter, r *http.Request, call
 		defer h.keepAlive(out, call.Service)()
 	}
 	id := call.Message.ID
-	params := mcp2026.WithMeta(mcpmsg.MemberOf(requestBody(call), "params"), mcp2026.LegacyMeta(up.InitializeParams))
+	// inputResponses and requestState are members of the stateless
+	// revision, toolgate's to add in the rounds below: a runner of an
+	// earlier revision sending its own (in any case: the upstream's decoder
+	// may ignore case) would answer input requests the upstream never made
+	// through toolgate (nor past its policy).
+	params := mcpmsg.MemberOf(requestBody(call), "params")
+	if params != nil {
+		params = mcpmsg.RemoveMemberFold(mcpmsg.RemoveMemberFold(params, "inputResponses"), "requestState")
+	}
+	params = mcp2026.WithMeta(params, mcp2026.LegacyMeta(up.InitializeParams))
 	for round := 0; ; round++ {
 		body := translatedBody(call, id, params)
 		resp, err := h.exchange(withUpstreamHeaders(ctx, h.standardHeaders(call, body)), call, up, http.MethodPost, body, "")
