@@ -158,6 +158,11 @@ func (a *AuthConfig) provision(repl *caddy.Replacer) error {
 		if k.User == "" {
 			return fmt.Errorf("auth api key %s…: user is required", k.Hash[:15])
 		}
+		if prev, dup := a.keys[sum]; dup {
+			// One key is one identity: which line wins would decide who
+			// its holder is (and which groups they have).
+			return fmt.Errorf("auth api keys: the key %s… is given twice, for %q and %q: give each person their own key", k.Hash[:15], prev.User, k.User)
+		}
 		k.caller = &Caller{User: k.User, Groups: k.Groups, Method: "api_key"}
 		a.keys[sum] = k
 	}

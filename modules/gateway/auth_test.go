@@ -143,6 +143,18 @@ func TestAPIKeyHashValidation(t *testing.T) {
 	}
 }
 
+// A key listed twice is refused, whoever it names: otherwise the later
+// line would silently decide who its holder is.
+func TestAPIKeyGivenTwice(t *testing.T) {
+	good := HashAPIKey("k")
+	for _, second := range []APIKey{{Hash: good, User: "mallory", Groups: []string{"admins"}}, {Hash: good, User: "alice"}} {
+		err := (&AuthConfig{APIKeys: []APIKey{{Hash: good, User: "alice"}, second}}).provision(caddy.NewReplacer())
+		if err == nil || !strings.Contains(err.Error(), "given twice") || !strings.Contains(err.Error(), `"alice" and "`+second.User+`"`) {
+			t.Errorf("provision with the key for alice and %s = %v", second.User, err)
+		}
+	}
+}
+
 func TestAPIKeysFile(t *testing.T) {
 	ctx := context.Background()
 	dir := t.TempDir()
