@@ -185,7 +185,7 @@ func newManager(ctx caddy.Context, app *gateway.App) (*Manager, error) {
 func (w *Webhook) validate() error {
 	u, err := url.Parse(w.URL)
 	if err != nil || u.Host == "" || (u.Scheme != "https" && !(u.Scheme == "http" && isLoopbackHost(u.Hostname()))) {
-		return fmt.Errorf("approvals webhook %q: must be an https URL (http only on a loopback address)", w.URL)
+		return fmt.Errorf("approvals webhook %q: must be an https URL (http only on a loopback address)", caddyopt.RedactURL(w.URL))
 	}
 	if len(w.Secret) < 32 {
 		return errors.New("approvals webhook: secret must be at least 32 bytes (is its environment variable set?)")

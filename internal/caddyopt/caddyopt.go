@@ -5,6 +5,9 @@
 package caddyopt
 
 import (
+	"errors"
+	"net/url"
+	"strings"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -94,4 +97,33 @@ func Bare(d *caddyfile.Dispenser, hint string) error {
 		return d.Errf("%s takes no options; %s", name, hint)
 	}
 	return nil
+}
+
+// RedactURL is s, a configured URL quoted in a message, with the userinfo
+// of its authority (user:password@) replaced by "xxxxx". It works on text
+// that does not parse as a URL too: a message refusing a URL must not
+// repeat the password in it.
+func RedactURL(s string) string {
+	pre, rest := "", s
+	if i := strings.Index(s, "://"); i >= 0 {
+		pre, rest = s[:i+3], s[i+3:]
+	}
+	end := strings.IndexAny(rest, "/?#")
+	if end < 0 {
+		end = len(rest)
+	}
+	if at := strings.LastIndex(rest[:end], "@"); at >= 0 {
+		return pre + "xxxxx" + rest[at:]
+	}
+	return s
+}
+
+// URLError is what a url.Parse error says without the URL it quotes (which
+// may hold a password): "invalid URL escape "%zz"", say.
+func URLError(err error) error {
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		return ue.Err
+	}
+	return err
 }

@@ -1,6 +1,7 @@
 package caddyopt
 
 import (
+	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -64,5 +65,25 @@ func TestBare(t *testing.T) {
 	}
 	if err := Bare(caddyfile.NewTestDispenser("toolgate_x {\n a b\n}"), "see the docs"); err == nil || !strings.Contains(err.Error(), "toolgate_x takes no options; see the docs") {
 		t.Errorf("a block: err = %v", err)
+	}
+}
+
+func TestRedactURL(t *testing.T) {
+	for in, want := range map[string]string{
+		"https://svc:s3cret@host/%zz/mcp":   "https://xxxxx@host/%zz/mcp",
+		"https://host/a@b":                  "https://host/a@b",
+		"svc:s3cret@host/x":                 "xxxxx@host/x",
+		"https://u:p@w@host?q=@":            "https://xxxxx@host?q=@",
+		"http://127.0.0.1:8200":             "http://127.0.0.1:8200",
+		"unix:///run/vault.sock":            "unix:///run/vault.sock",
+		"https://tok@vault.example.com#x@y": "https://xxxxx@vault.example.com#x@y",
+	} {
+		if got := RedactURL(in); got != want {
+			t.Errorf("RedactURL(%q) = %q, want %q", in, got, want)
+		}
+	}
+	_, err := url.Parse("https://svc:s3cret@host/%zz")
+	if got := URLError(err).Error(); strings.Contains(got, "s3cret") || !strings.Contains(got, "invalid URL escape") {
+		t.Errorf("URLError = %q", got)
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/toolgate/toolgate/internal/caddyopt"
 	"net/http"
 	"net/url"
 	"path"
@@ -93,7 +94,7 @@ func (o *OIDCIssuer) provision(app *gateway.App) error {
 func (o *OIDCIssuer) validate() error {
 	u, err := url.Parse(o.Issuer)
 	if err != nil || u.Host == "" || (u.Scheme != "https" && u.Scheme != "http") {
-		return fmt.Errorf("toolgate_console: oidc issuer %q must be an absolute http(s) URL", o.Issuer)
+		return fmt.Errorf("toolgate_console: oidc issuer %q must be an absolute http(s) URL", caddyopt.RedactURL(o.Issuer))
 	}
 	if o.ClientID == "" {
 		return fmt.Errorf("toolgate_console: oidc %s: client_id is required", o.Issuer)

@@ -11,6 +11,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/toolgate/toolgate/internal/caddyopt"
 	"net"
 	"net/http"
 	"net/url"
@@ -379,7 +380,7 @@ func (a *App) Validate() error {
 	if a.PublicURL != "" {
 		u, err := url.Parse(a.PublicURL)
 		if err != nil || u.Host == "" || (u.Scheme != "https" && u.Scheme != "http") {
-			return fmt.Errorf("public_url %q: must be an absolute http(s) URL", a.PublicURL)
+			return fmt.Errorf("public_url %q: must be an absolute http(s) URL", caddyopt.RedactURL(a.PublicURL))
 		}
 	}
 	needsCipher, needsOAuth := "", ""

@@ -3,6 +3,7 @@ package gateway
 import (
 	"encoding/json"
 	"fmt"
+	"github.com/toolgate/toolgate/internal/caddyopt"
 	"maps"
 	"net/url"
 	"regexp"
@@ -280,9 +281,9 @@ func (s *Service) validateURL(fail func(field, format string, args ...any) error
 	case s.URL == "":
 		return fail("url", "required")
 	case err != nil:
-		return fail("url", "%v", err)
+		return fail("url", "%q: %v", caddyopt.RedactURL(s.URL), caddyopt.URLError(err))
 	case u.Host == "":
-		return fail("url", "%q has no host", s.URL)
+		return fail("url", "%q has no host", caddyopt.RedactURL(s.URL))
 	case u.User != nil:
 		return fail("url", "must not carry credentials; use auth instead")
 	case u.Scheme == "http" && !s.AllowHTTP:
@@ -350,7 +351,7 @@ func (s *Service) validateRest(fail func(field, format string, args ...any) erro
 				return fail("auth oauth "+field, "required: an absolute URL")
 			}
 			if pu.Scheme != "https" && !(pu.Scheme == "http" && s.AllowHTTP) {
-				return fail("auth oauth "+field, "%q must be https (or the service needs allow_http)", v)
+				return fail("auth oauth "+field, "%q must be https (or the service needs allow_http)", caddyopt.RedactURL(v))
 			}
 		}
 		if o.ClientID == "" {

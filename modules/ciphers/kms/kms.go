@@ -57,6 +57,7 @@ import (
 	"crypto/cipher"
 	"errors"
 	"fmt"
+	"github.com/toolgate/toolgate/internal/caddyopt"
 	"net"
 	"net/url"
 	"strings"
@@ -341,7 +342,7 @@ func (c *Cipher) Validate() error {
 func checkEndpoint(s string) error {
 	u, err := url.Parse(s)
 	if err != nil || u.Host == "" || u.User != nil || u.RawQuery != "" || u.Fragment != "" {
-		return fmt.Errorf("kms: endpoint %q must be a URL like https://kms.example.com", s)
+		return fmt.Errorf("kms: endpoint %q must be a URL like https://kms.example.com (without user or password)", caddyopt.RedactURL(s))
 	}
 	switch u.Scheme {
 	case "https":

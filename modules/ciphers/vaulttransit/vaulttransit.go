@@ -9,6 +9,7 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"github.com/toolgate/toolgate/internal/caddyopt"
 	"net/http"
 	"strings"
 	"sync"
@@ -282,7 +283,8 @@ func (c *Cipher) buildClients() error {
 func (c *Cipher) newClient(cfg *api.Config) (*api.Client, error) {
 	client, err := api.NewClient(cfg)
 	if err != nil {
-		return nil, fmt.Errorf("vault_transit: address %q: %v", c.address, err)
+		return nil, fmt.Errorf("vault_transit: address %q: %v", caddyopt.RedactURL(c.address),
+			strings.ReplaceAll(caddyopt.URLError(err).Error(), c.address, caddyopt.RedactURL(c.address)))
 	}
 	client.ClearToken() // set from VAULT_TOKEN by NewClient
 	client.ClearNamespace()
@@ -296,12 +298,12 @@ func (c *Cipher) newClient(cfg *api.Config) (*api.Client, error) {
 func (c *Cipher) Validate() error {
 	if c.address == "" {
 		if c.Address != "" {
-			return fmt.Errorf("vault_transit: address %q is empty once placeholders are replaced", c.Address)
+			return fmt.Errorf("vault_transit: address %q is empty once placeholders are replaced", caddyopt.RedactURL(c.Address))
 		}
 		return errors.New("vault_transit: address is required")
 	}
 	if !strings.HasPrefix(c.address, "https://") && !strings.HasPrefix(c.address, "http://") && !strings.HasPrefix(c.address, "unix://") {
-		return fmt.Errorf("vault_transit: address %q must start with https://, http:// or unix://", c.address)
+		return fmt.Errorf("vault_transit: address %q must start with https://, http:// or unix://", caddyopt.RedactURL(c.address))
 	}
 	if c.key == "" {
 		return errors.New("vault_transit: key is required")

@@ -15,6 +15,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/toolgate/toolgate/internal/caddyopt"
 	"net/http"
 	"net/url"
 	"sync"
@@ -76,7 +77,7 @@ func (t *Transport) Attach(app *gateway.App, svc *gateway.Service) error {
 	}
 	u, err := url.Parse(svc.URL)
 	if err != nil {
-		return fmt.Errorf("url: %v", err)
+		return fmt.Errorf("url: %v", caddyopt.URLError(err))
 	}
 	cfg := config{Service: svc.ID, URL: svc.URL, Header: header, MaxMessage: app.MaxResponseBytes,
 		Depth: app.MaxJSONDepth, Values: app.MaxResponseValues, DialTimeout: time.Duration(svc.DialTimeout), Timeout: time.Duration(svc.Timeout)}
