@@ -113,6 +113,23 @@ func (b *Bridge) SetLogger(l *zap.Logger) {
 
 func (b *Bridge) log() *zap.Logger { return b.logger.Load() }
 
+// Use makes l and idle (see SetIdle) the bridge's, for a config that
+// starts, and returns what gives the bridge back the ones it had — unless
+// a newer config's were set since — for when Caddy abandons that config's
+// load after it started.
+func (b *Bridge) Use(l *zap.Logger, idle time.Duration) (restore func()) {
+	if l == nil {
+		l = zap.NewNop()
+	}
+	prevLogger, prevIdle := b.logger.Swap(l), b.idle.Load()
+	b.SetIdle(idle)
+	return func() {
+		if b.logger.CompareAndSwap(l, prevLogger) {
+			b.idle.CompareAndSwap(int64(idle), prevIdle)
+		}
+	}
+}
+
 // now is the clock; tests replace it.
 var now = time.Now
 

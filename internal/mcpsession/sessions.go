@@ -91,6 +91,9 @@ type Config struct {
 	Logger *zap.Logger
 	// OnEnd ends the upstream session of a session that expired.
 	OnEnd func(Ended)
+
+	previous *Config    // in force before this one was attached
+	detached atomic.Bool // Detach was called: never in force again
 }
 
 // maxBackgroundReads bounds the reads of changed sessions in flight.
@@ -139,15 +142,30 @@ func (m *Sessions) Attach(c *Config) error {
 	}
 	m.mu.Unlock()
 	old := m.config.Swap(c)
+	c.previous = old
 	if old != nil && old.State != c.State {
 		m.changed(c, storecache.Change{Reset: true})
 	}
 	return w.Start(c.Logger)
 }
 
-// Detach stops following c's storage; c stays in force until another
-// configuration is attached.
-func (m *Sessions) Detach(c *Config) { c.State.Watch().Stop() }
+// Detach stops following c's storage. A configuration replaced by a newer
+// one is simply no longer followed. One still in force is either the
+// last one (it stays in force) or one whose load Caddy abandoned after it
+// started (another app failed to start): then the configuration that was
+// in force before it, still running, is in force again — with its keys,
+// storage and limits, so its sessions go on.
+func (m *Sessions) Detach(c *Config) {
+	c.detached.Store(true)
+	c.State.Watch().Stop()
+	prev := c.previous
+	if prev == nil || prev.detached.Load() || !m.config.CompareAndSwap(c, prev) {
+		return
+	}
+	if prev.State != c.State {
+		m.changed(prev, storecache.Change{Reset: true})
+	}
+}
 
 func (m *Sessions) cfg() *Config           { return m.config.Load() }
 func (m *Sessions) state() *mcpstate.Store { return m.cfg().State }

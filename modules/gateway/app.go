@@ -176,6 +176,7 @@ type App struct {
 	stopOnce     *sync.Once
 	releasePools []func()
 	startHooks   []func()
+	stopHooks    []func()
 	// Set while handlers are provisioned, read once serving: a
 	// toolgate_console serves this config, and who records decisions.
 	console  bool
@@ -504,6 +505,12 @@ func (a *App) endMCPSession(e EndedMCPSession) {
 // work, which Provision must not start (`caddy validate` runs Provision).
 func (a *App) OnStart(fn func()) { a.startHooks = append(a.startHooks, fn) }
 
+// OnStop registers fn to run when the app stops: after a newer config
+// started, or when Caddy abandons this config's load because another app
+// failed to start (then the config before it goes on running, and what
+// an OnStart hook made process-wide must be given back to it).
+func (a *App) OnStop(fn func()) { a.stopHooks = append(a.stopHooks, fn) }
+
 // housekeeping expires idle MCP sessions and sweeps expired sessions and
 // unfinished OAuth sign-ins from storage until the app stops.
 func (a *App) housekeeping() {
@@ -537,6 +544,9 @@ func (a *App) housekeeping() {
 // Stop stops background work.
 func (a *App) Stop() error {
 	a.stopOnce.Do(func() { close(a.stop) })
+	for i := len(a.stopHooks) - 1; i >= 0; i-- {
+		a.stopHooks[i]()
+	}
 	a.mcpSessions.Detach(a.mcpConfig)
 	a.sessions.stop()
 	if a.connections != nil {

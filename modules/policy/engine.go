@@ -85,8 +85,17 @@ func newEngine(src source, query, stage, evaluator string, interval time.Duratio
 // logger is the logger of the config that started the engine last.
 func (e *engine) logger() *zap.Logger { return e.log.Load() }
 
-// setLogger makes the engine log through logger from now on.
-func (e *engine) setLogger(logger *zap.Logger) { e.log.Store(logger) }
+// setLogger makes the engine log through logger from now on, and returns
+// a function that gives the engine back the logger it had, unless another
+// was set since (for a config whose load is abandoned after it started).
+func (e *engine) setLogger(logger *zap.Logger) (restore func()) {
+	prev := e.log.Swap(logger)
+	return func() {
+		if prev != nil {
+			e.log.CompareAndSwap(logger, prev)
+		}
+	}
+}
 
 // start begins watching the source (and fetches a remote bundle). It runs
 // from the toolgate app's Start, never from Provision; calling it again

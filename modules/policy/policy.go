@@ -191,7 +191,7 @@ func (c *Config) provision(ctx caddy.Context, stage, defaultQuery string) error 
 	}
 	logger := c.logger
 	c.app.OnStart(func() {
-		c.engine.setLogger(logger)
+		c.app.OnStop(c.engine.setLogger(logger))
 		c.engine.start()
 	})
 	return nil

@@ -92,8 +92,10 @@ func (t *Transport) Attach(app *gateway.App, svc *gateway.Service) error {
 		return err
 	}
 	t.rt = v.(*runtime)
-	t.rt.bridge.SetLogger(t.logger)
-	t.rt.bridge.SetIdle(time.Duration(app.MCPSessionIdleTimeout))
+	// The runtime outlives reloads: a config gives it its logger and idle
+	// time when it starts (not when it is provisioned, perhaps to be
+	// refused), and takes them back if its load is abandoned.
+	app.OnStart(func() { app.OnStop(t.rt.bridge.Use(t.logger, time.Duration(app.MCPSessionIdleTimeout))) })
 	return nil
 }
 

@@ -266,8 +266,10 @@ func (t *Transport) Attach(app *gateway.App, svc *gateway.Service) error {
 		return err
 	}
 	t.rt = v.(*runtime)
-	t.rt.setLogger(t.logger)
-	t.rt.bridge.SetIdle(time.Duration(app.MCPSessionIdleTimeout))
+	// The runtime outlives reloads: a config gives it its logger and idle
+	// time when it starts (not when it is provisioned, perhaps to be
+	// refused), and takes them back if its load is abandoned.
+	app.OnStart(func() { app.OnStop(t.rt.use(t.logger, time.Duration(app.MCPSessionIdleTimeout))) })
 	return nil
 }
 

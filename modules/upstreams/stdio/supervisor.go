@@ -73,13 +73,18 @@ func newRuntime(s *spec, logger *zap.Logger) *runtime {
 	rt := &runtime{spec: s, workers: map[string]*worker{}}
 	rt.bridge = mcpbridge.New(mcpbridge.Config{Service: s.Service, MaxMessage: s.MaxMessage,
 		Limits: mcpmsg.Limits{MaxDepth: s.Depth, MaxValues: s.Values}, Logger: logger}, rt)
-	rt.setLogger(logger)
+	rt.logger.Store(logger)
 	return rt
 }
 
-func (rt *runtime) setLogger(l *zap.Logger) {
-	rt.logger.Store(l)
-	rt.bridge.SetLogger(l)
+// use is Bridge.Use for the runtime's own logger too.
+func (rt *runtime) use(l *zap.Logger, idle time.Duration) (restore func()) {
+	prev := rt.logger.Swap(l)
+	restoreBridge := rt.bridge.Use(l, idle)
+	return func() {
+		rt.logger.CompareAndSwap(l, prev)
+		restoreBridge()
+	}
 }
 
 func (rt *runtime) log() *zap.Logger { return rt.logger.Load() }
