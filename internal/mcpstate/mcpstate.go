@@ -150,7 +150,7 @@ type Store struct {
 	window time.Duration // idle-tracking window: a quarter of the idle timeout
 	maxAge time.Duration // the longest a session lives (its id's expiry)
 
-	locks    sync.Map // ref → *sync.Mutex: local callers queue here, not on the storage lock
+	locks    keyedMutex // local callers queue here, not on the storage lock
 	catalogs *catalogCache
 }
 
@@ -256,6 +256,50 @@ func (s *Store) Load(ctx context.Context, ref string) (*Record, error) {
 	return &rec, nil
 }
 
+// keyedMutex is a mutex per key, held only while someone holds or waits
+// for it: a key nobody uses any more (a session that ended) leaves nothing
+// behind.
+type keyedMutex struct {
+	mu   sync.Mutex
+	keys map[string]*keyLock
+}
+
+type keyLock struct {
+	sync.Mutex
+	users int // holding or waiting; guarded by keyedMutex.mu
+}
+
+// lock locks key's mutex and returns its unlock.
+func (k *keyedMutex) lock(key string) (unlock func()) {
+	k.mu.Lock()
+	if k.keys == nil {
+		k.keys = map[string]*keyLock{}
+	}
+	l := k.keys[key]
+	if l == nil {
+		l = &keyLock{}
+		k.keys[key] = l
+	}
+	l.users++
+	k.mu.Unlock()
+	l.Lock()
+	return func() {
+		l.Unlock()
+		k.mu.Lock()
+		if l.users--; l.users == 0 {
+			delete(k.keys, key)
+		}
+		k.mu.Unlock()
+	}
+}
+
+// held is how many keys have a mutex now.
+func (k *keyedMutex) held() int {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return len(k.keys)
+}
+
 // lockTimeout bounds waiting for a session's storage lock: a replica
 // that died holding it releases it within the storage's lease.
 const lockTimeout = 30 * time.Second
@@ -263,9 +307,7 @@ const lockTimeout = 30 * time.Second
 // locked runs fn holding the session's lock: this process's callers queue
 // on a mutex, replicas on the storage lock.
 func (s *Store) locked(ctx context.Context, ref string, fn func() error) error {
-	mu, _ := s.locks.LoadOrStore(ref, new(sync.Mutex))
-	mu.(*sync.Mutex).Lock()
-	defer mu.(*sync.Mutex).Unlock()
+	defer s.locks.lock(ref)()
 	lctx, cancel := context.WithTimeout(ctx, lockTimeout)
 	defer cancel()
 	name := "toolgate_mcp_" + ref

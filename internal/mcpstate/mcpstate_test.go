@@ -5,6 +5,8 @@ import (
 	"encoding/base64"
 	"errors"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -131,6 +133,60 @@ func TestStoreLifecycleAcrossStores(t *testing.T) {
 	}
 	if n, _ := a.CountUser(ctx, "alice", 100); n != 0 {
 		t.Errorf("CountUser after End = %d", n)
+	}
+}
+
+// Sessions updated and ended leave no lock behind in the store (one per
+// session ever seen grew without bound), and one session's callers still
+// queue on its lock.
+func TestLocksOfEndedSessionsAreFreed(t *testing.T) {
+	clock := time.Now()
+	s := testStore(t, &certmagic.FileStorage{Path: t.TempDir()}, &clock)
+	ctx := context.Background()
+	for range 50 {
+		rec := record("alice")
+		if _, err := s.Create(ctx, rec); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.Update(ctx, rec.Ref, func(r *Record) error { r.Upstream.Generation++; return nil }); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.End(ctx, rec.Ref, false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := s.locks.held(); n != 0 {
+		t.Fatalf("50 ended sessions left %d locks", n)
+	}
+
+	rec := record("alice")
+	if _, err := s.Create(ctx, rec); err != nil {
+		t.Fatal(err)
+	}
+	var inside, most atomic.Int32
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() {
+			_, err := s.Update(ctx, rec.Ref, func(r *Record) error {
+				n := inside.Add(1)
+				if n > most.Load() {
+					most.Store(n)
+				}
+				r.Upstream.Generation++
+				inside.Add(-1)
+				return nil
+			})
+			if err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	wg.Wait()
+	if got, _ := s.Load(ctx, rec.Ref); most.Load() != 1 || got.Upstream.Generation != 9 {
+		t.Errorf("8 concurrent updates: at most %d at once, generation %d; want 1 and 9", most.Load(), got.Upstream.Generation)
+	}
+	if n := s.locks.held(); n != 0 {
+		t.Errorf("%d locks left after the updates", n)
 	}
 }
 
