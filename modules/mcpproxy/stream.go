@@ -202,7 +202,9 @@ func (s *runnerStream) finished() {
 }
 
 // release ends the relay writing the stream; a stream that cannot be
-// resumed is forgotten.
+// resumed is forgotten, and one that can is forgotten when its call's
+// deadline passes (it holds the runner's request: kept on, streams the
+// runner dropped would pin their requests until newer ones push them out).
 func (s *runnerStream) release() {
 	if s == nil {
 		return
@@ -211,8 +213,15 @@ func (s *runnerStream) release() {
 	s.mu.Lock()
 	close(s.active)
 	s.mu.Unlock()
-	if !resumable {
+	switch {
+	case !resumable:
 		s.session.ForgetStream(s.token)
+	case !s.deadline.IsZero():
+		time.AfterFunc(time.Until(s.deadline)+time.Millisecond, func() {
+			if !s.resumable() {
+				s.session.ForgetStream(s.token)
+			}
+		})
 	}
 }
 
