@@ -43,6 +43,18 @@ type heldCall struct {
 	detach func() bool
 	asked  []asked // the upstream's requests the runner has not answered
 	seq    int
+	// slot is the caller's stream place the held call keeps (its upstream
+	// stream stays open): held calls count against max_streams_per_caller
+	// and max_streams like the runner's open requests.
+	slot func()
+}
+
+// freeSlot gives the held call's stream place back.
+func (hc *heldCall) freeSlot() {
+	if hc.slot != nil {
+		hc.slot()
+		hc.slot = nil
+	}
 }
 
 // asked is an upstream request sent to the runner as an input request.
@@ -54,6 +66,7 @@ type asked struct {
 // Release gives the held call up: the stream is closed and the upstream
 // told to stop the call.
 func (hc *heldCall) Release(why string) {
+	hc.freeSlot()
 	hc.rs.close()
 	hc.cancel()
 	hc.h.cancelUpstream(hc.call, hc.up, why)
@@ -189,8 +202,14 @@ func (h *Handler) hold(w http.ResponseWriter, cur *gateway.Call, hc *heldCall, o
 		return false
 	}
 	owner := mcp2026.Owner(cur)
+	slot, err := h.app.OpenStream(cur.Caller.User)
+	if err != nil {
+		return fail(err.Error())
+	}
+	hc.slot = slot
 	id, err := h.stateless.Hold(owner, hc, deadline)
 	if err != nil {
+		hc.freeSlot()
 		return fail(err.Error())
 	}
 	held := mcp2026.StateOf(cur.Caller.User, gateway.SessionRef(cur.Session.ID), cur.Service.ID, cur.Message)
@@ -198,6 +217,7 @@ func (h *Handler) hold(w http.ResponseWriter, cur *gateway.Call, hc *heldCall, o
 	state, err := h.stateless.Seal(held, time.Until(deadline))
 	if err != nil {
 		h.stateless.Take(id, owner)
+		hc.freeSlot()
 		return fail("toolgate could not seal the requestState")
 	}
 	inputs := make([]mcp2026.InputRequest, len(hc.asked))
@@ -218,6 +238,7 @@ func (h *Handler) continueHeld(w http.ResponseWriter, r *http.Request, call *gat
 			"requestState refused: the call it continues is no longer held (it timed out, or another replica of the gateway holds it); send the call again without it", nil)
 		return
 	}
+	hc.freeSlot() // this retry holds a place of its own
 	hc.detach = context.AfterFunc(r.Context(), hc.cancel)
 	c := *hc.call
 	c.Credential = call.Credential // the current one: an OAuth token may have been refreshed
