@@ -91,12 +91,22 @@ type Approval struct {
 	ConsumedAt          time.Time `json:"consumed_at,omitzero"`
 	CallKey             string    `json:"call_key"`
 	ToolKey             string    `json:"tool_key"`
-	Sealed              []byte    `json:"sealed"`
+	// Sealed holds the sealed contents in records written before they were
+	// kept apart (ContentsSHA256); empty in newer ones.
+	Sealed []byte `json:"sealed"`
+	// ContentsSHA256 names the sealed contents kept under their own key
+	// (listings read records without them): the SHA-256 of the sealed
+	// bytes, so that other contents put there are not this approval's.
+	ContentsSHA256 string `json:"contents_sha256,omitempty"`
 	// MAC authenticates every other field (see Store.sign): a record
 	// someone changed in storage — a pending approval made approved, a
 	// withheld result moved to another requester — is no approval.
 	MAC []byte `json:"mac,omitempty"`
 }
+
+// HasContents reports whether the approval still holds what it is about
+// (the arguments, and a withheld result): an expired one loses them.
+func (a *Approval) HasContents() bool { return len(a.Sealed) > 0 || a.ContentsSHA256 != "" }
 
 // Status is the approval's state as people see it: expired when its time
 // is up before it was used.
@@ -206,6 +216,10 @@ const (
 	byToolPrefix      = "toolgate/approvals-by-tool"
 	pendingPrefix     = "toolgate/approvals-pending"
 	byRequesterPrefix = "toolgate/approvals-by-requester"
+	// pendingOfPrefix indexes each requester's pending approvals, which
+	// max_pending_per_user bounds.
+	pendingOfPrefix = "toolgate/approvals-pending-of"
+	contentsPrefix  = "toolgate/approvals-contents"
 	// keep is how long decided and expired approvals stay listed.
 	keep = 24 * time.Hour
 )
@@ -220,6 +234,8 @@ func hashOf(parts ...string) string {
 }
 
 func recordKey(id string) string { return path.Join(prefix, id) }
+
+func contentsKey(id string) string { return path.Join(contentsPrefix, id) }
 
 // validID reports whether id could be an approval's (gateway.NewID: at most
 // 64 characters of the base64url alphabet).
@@ -285,17 +301,25 @@ func Canonical(raw []byte) []byte {
 	return out
 }
 
-// Create stores a new pending approval with its sealed contents.
+// Create stores a new pending approval with its sealed contents, which
+// are kept under a key of their own: listings and lookups read the small
+// record, and only a page showing the approval (or a release) reads what
+// it is about.
 func (s *Store) Create(ctx context.Context, a *Approval, c Contents) error {
 	plain, err := json.Marshal(c)
 	if err != nil {
 		return err
 	}
-	a.Sealed, err = s.cipher.Encrypt(ctx, plain, cipherContext(a.ID))
+	sealed, err := s.cipher.Encrypt(ctx, plain, cipherContext(a.ID))
 	clear(plain)
 	if err != nil {
 		return fmt.Errorf("sealing the approval: %w", err)
 	}
+	if err := s.storage.Store(ctx, contentsKey(a.ID), sealed); err != nil {
+		return fmt.Errorf("%w: storing the approval: %v", gateway.ErrStorageUnavailable, err)
+	}
+	sum := sha256.Sum256(sealed)
+	a.Sealed, a.ContentsSHA256 = nil, hex.EncodeToString(sum[:])
 	if err := s.save(ctx, a); err != nil {
 		return err
 	}
@@ -303,6 +327,7 @@ func (s *Store) Create(ctx context.Context, a *Approval, c Contents) error {
 		path.Join(byCallPrefix, a.CallKey, a.ID),
 		path.Join(pendingPrefix, a.ID),
 		path.Join(byRequesterPrefix, hashOf(a.Requester), a.ID),
+		path.Join(pendingOfPrefix, hashOf(a.Requester), a.ID),
 	} {
 		if err := s.storage.Store(ctx, key, []byte(a.ExpiresAt.Format(time.RFC3339))); err != nil {
 			return fmt.Errorf("%w: indexing the approval: %v", gateway.ErrStorageUnavailable, err)
@@ -384,7 +409,20 @@ func (s *Store) read(ctx context.Context, id string) (*Approval, error) {
 // Open returns what a is sealed with.
 func (s *Store) Open(ctx context.Context, a *Approval) (Contents, error) {
 	var c Contents
-	plain, err := s.cipher.Decrypt(ctx, a.Sealed, cipherContext(a.ID))
+	sealed := a.Sealed
+	if len(sealed) == 0 {
+		if a.ContentsSHA256 == "" {
+			return c, errors.New("opening the approval: its contents are gone (it expired)")
+		}
+		var err error
+		if sealed, err = s.storage.Load(ctx, contentsKey(a.ID)); err != nil {
+			return c, fmt.Errorf("%w: reading the approval's contents: %v", gateway.ErrStorageUnavailable, err)
+		}
+		if sum := sha256.Sum256(sealed); hex.EncodeToString(sum[:]) != a.ContentsSHA256 {
+			return c, errors.New("opening the approval: its contents in storage are not the ones it was made with")
+		}
+	}
+	plain, err := s.cipher.Decrypt(ctx, sealed, cipherContext(a.ID))
 	if err != nil {
 		return c, fmt.Errorf("opening the approval: %w", err)
 	}
@@ -543,6 +581,7 @@ func (s *Store) Decide(ctx context.Context, id string, caller *gateway.Caller, a
 		return nil, err
 	}
 	_ = s.storage.Delete(ctx, path.Join(pendingPrefix, id))
+	_ = s.storage.Delete(ctx, path.Join(pendingOfPrefix, hashOf(out.Requester), id))
 	if out.State == StateApproved && out.Scope == ScopeTool {
 		if err := s.storage.Store(ctx, path.Join(byToolPrefix, out.ToolKey, id), []byte(out.ExpiresAt.Format(time.RFC3339))); err != nil {
 			return nil, fmt.Errorf("%w: indexing the approval: %v", gateway.ErrStorageUnavailable, err)
@@ -630,19 +669,20 @@ func (s *Store) Sweep(ctx context.Context) ([]*Approval, error) {
 		if a.DecidedAt.After(last) {
 			last = a.DecidedAt
 		}
-		if a.Status() == StateExpired && len(a.Sealed) > 0 {
+		if a.Status() == StateExpired && a.HasContents() {
 			// What was withheld or asked about is of no use any more. Under
 			// the lock, read again: a replica whose clock is behind may have
 			// used the approval since.
 			var cleared *Approval
-			_ = s.locked(ctx, a.ID, func(cur *Approval) (bool, error) {
-				if cur.Status() != StateExpired || len(cur.Sealed) == 0 {
+			err := s.locked(ctx, a.ID, func(cur *Approval) (bool, error) {
+				if cur.Status() != StateExpired || !cur.HasContents() {
 					return false, nil
 				}
-				cur.Sealed, cleared = nil, cur
+				cur.Sealed, cur.ContentsSHA256, cleared = nil, "", cur
 				return true, nil
 			})
-			if cleared != nil {
+			if err == nil && cleared != nil {
+				s.dropContents(ctx, cleared)
 				gone = append(gone, cleared)
 			}
 		}
@@ -656,10 +696,47 @@ func (s *Store) Sweep(ctx context.Context) ([]*Approval, error) {
 
 // remove deletes a's record and index entries.
 func (s *Store) remove(ctx context.Context, a *Approval) {
-	for _, k := range []string{recordKey(a.ID), path.Join(pendingPrefix, a.ID), path.Join(byCallPrefix, a.CallKey, a.ID),
-		path.Join(byToolPrefix, a.ToolKey, a.ID), path.Join(byRequesterPrefix, hashOf(a.Requester), a.ID)} {
+	for _, k := range []string{recordKey(a.ID), contentsKey(a.ID), path.Join(pendingPrefix, a.ID), path.Join(byCallPrefix, a.CallKey, a.ID),
+		path.Join(byToolPrefix, a.ToolKey, a.ID), path.Join(byRequesterPrefix, hashOf(a.Requester), a.ID),
+		path.Join(pendingOfPrefix, hashOf(a.Requester), a.ID)} {
 		_ = s.storage.Delete(ctx, k)
 	}
+}
+
+// dropContents deletes the sealed contents of a (expired) and its place
+// among its requester's pending approvals.
+func (s *Store) dropContents(ctx context.Context, a *Approval) {
+	_ = s.storage.Delete(ctx, contentsKey(a.ID))
+	_ = s.storage.Delete(ctx, path.Join(pendingOfPrefix, hashOf(a.Requester), a.ID))
+}
+
+// CountPending counts user's pending approvals that have not expired,
+// dropping the index entries of those that have (or are gone).
+func (s *Store) CountPending(ctx context.Context, user string) (int, error) {
+	dir := path.Join(pendingOfPrefix, hashOf(user))
+	keys, err := s.storage.List(ctx, dir, false)
+	if errors.Is(err, fs.ErrNotExist) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("%w: listing approvals: %v", gateway.ErrStorageUnavailable, err)
+	}
+	n := 0
+	for _, key := range keys {
+		raw, err := s.storage.Load(ctx, key)
+		if errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return 0, fmt.Errorf("%w: reading approvals: %v", gateway.ErrStorageUnavailable, err)
+		}
+		if expires, err := time.Parse(time.RFC3339, string(raw)); err != nil || !now().Before(expires) {
+			_ = s.storage.Delete(ctx, key)
+			continue
+		}
+		n++
+	}
+	return n, nil
 }
 
 func bytesReader(b []byte) io.Reader { return bytes.NewReader(b) }

@@ -8,6 +8,7 @@ import (
 	"net/url"
 	"path"
 	"slices"
+	"strconv"
 	"sync"
 	"time"
 
@@ -32,11 +33,28 @@ func init() {
 //			include_arguments              # add the arguments, masked as approvers see them
 //			timeout           <duration>   # per delivery attempt, default 10s
 //		}
+//		max_pending_per_user <n>                # default 100
 //	}
 type Config struct {
 	// Webhook announces new pending approvals, for chat tools to notify
 	// approvers.
 	Webhook *Webhook `json:"webhook,omitempty"`
+	// MaxPendingPerUser bounds the approvals one person's calls may have
+	// waiting for a decision at once (each keeps the call's arguments, up
+	// to max_request_size, until it is decided or expires). A call that
+	// would ask past it is refused with a retryable error. Default 100.
+	MaxPendingPerUser int `json:"max_pending_per_user,omitempty"`
+}
+
+// DefaultMaxPendingPerUser is max_pending_per_user's default.
+const DefaultMaxPendingPerUser = 100
+
+// ErrTooManyPending refuses an ask of a person who has
+// max_pending_per_user approvals waiting already.
+type ErrTooManyPending struct{ Max int }
+
+func (e *ErrTooManyPending) Error() string {
+	return fmt.Sprintf("you have %d approvals waiting for a decision (max_pending_per_user): retry once approvers have decided some, or they expired", e.Max)
 }
 
 // Webhook is where new pending approvals are announced: an HTTPS POST of a
@@ -87,6 +105,17 @@ func parseCaddyfile(d *caddyfile.Dispenser) (any, error) {
 				return err
 			}
 			cfg.Webhook = w
+			return nil
+		case "max_pending_per_user":
+			var v string
+			if err := caddyopt.String(d, &v); err != nil {
+				return err
+			}
+			n, err := strconv.Atoi(v)
+			if err != nil || n < 1 {
+				return d.Errf("approvals: max_pending_per_user must be a positive whole number, not %q", v)
+			}
+			cfg.MaxPendingPerUser = n
 			return nil
 		}
 		return caddyopt.Unknown(d, "approvals")
@@ -145,6 +174,12 @@ func newManager(ctx caddy.Context, app *gateway.App) (*Manager, error) {
 		if err := jsonStrict(raw, &m.cfg); err != nil {
 			return nil, fmt.Errorf("approvals: %v", err)
 		}
+	}
+	if m.cfg.MaxPendingPerUser < 0 {
+		return nil, errors.New("approvals: max_pending_per_user must be positive")
+	}
+	if m.cfg.MaxPendingPerUser == 0 {
+		m.cfg.MaxPendingPerUser = DefaultMaxPendingPerUser
 	}
 	if app.Cipher() == nil {
 		return nil, errors.New("approvals keep the arguments of the calls they are about, encrypted: configure a cipher (local, vault_transit or kms)")
@@ -319,7 +354,7 @@ func (m *Manager) Resolve(ctx context.Context, ask Ask) (res Resolution, err err
 		exact := a.CallKey == callKey
 		switch a.Status() {
 		case StateExpired:
-			if len(a.Sealed) > 0 {
+			if a.HasContents() {
 				m.expire(ctx, a)
 			}
 		case StateApproved:
@@ -374,6 +409,18 @@ func (m *Manager) Resolve(ctx context.Context, ask Ask) (res Resolution, err err
 		// A withheld result can only be released to the identical call once.
 		a.Scopes = []string{ScopeOnce}
 	}
+	// A person's pending approvals are counted and made one at a time (on
+	// every replica), under max_pending_per_user.
+	unlockRequester, err := m.Store.lock(ctx, "toolgate_approval_requester_"+hashOf(a.Requester))
+	if err != nil {
+		return Resolution{}, err
+	}
+	defer unlockRequester()
+	if n, err := m.Store.CountPending(ctx, a.Requester); err != nil {
+		return Resolution{}, err
+	} else if n >= m.cfg.MaxPendingPerUser {
+		return Resolution{}, &ErrTooManyPending{Max: m.cfg.MaxPendingPerUser}
+	}
 	contents := Contents{Arguments: Canonical(ask.Call.Arguments), Masked: ask.Masked, Result: ask.Result, MaskedResult: ask.MaskedResult}
 	if err := m.Store.Create(ctx, a, contents); err != nil {
 		return Resolution{}, err
@@ -424,13 +471,17 @@ func (m *Manager) release(ctx context.Context, a *Approval) (Resolution, bool, e
 // expire drops the sealed contents of an expired approval: what it was
 // about (and a withheld result) is of no use any more.
 func (m *Manager) expire(ctx context.Context, a *Approval) {
-	_ = m.Store.locked(ctx, a.ID, func(cur *Approval) (bool, error) {
-		if cur.Status() != StateExpired || len(cur.Sealed) == 0 {
+	cleared := false
+	err := m.Store.locked(ctx, a.ID, func(cur *Approval) (bool, error) {
+		if cur.Status() != StateExpired || !cur.HasContents() {
 			return false, nil
 		}
-		cur.Sealed = nil
+		cur.Sealed, cur.ContentsSHA256, cleared = nil, "", true
 		return true, nil
 	})
+	if err == nil && cleared {
+		m.Store.dropContents(ctx, a)
+	}
 	m.event(a, "expired", nil)
 }
 

@@ -126,7 +126,7 @@ func (h *Handler) getApproval(w http.ResponseWriter, r *http.Request, caller *ga
 		return
 	}
 	var contents *approval.Contents
-	if len(a.Sealed) > 0 {
+	if a.HasContents() {
 		c, err := h.approvals.Store.Open(r.Context(), a)
 		if err != nil {
 			h.logger.Error("opening an approval", zap.Error(err))

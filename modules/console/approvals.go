@@ -77,7 +77,7 @@ func (h *Handler) showApproval(w http.ResponseWriter, r *http.Request, s *webses
 		return
 	}
 	data := approvalData{A: a, MayDecide: a.Status() == approval.StatePending && a.MayDecide(s.Caller())}
-	if len(a.Sealed) > 0 {
+	if a.HasContents() {
 		c, err := h.approvals.Store.Open(r.Context(), a)
 		if err != nil {
 			h.logger.Error("opening an approval", zap.Error(err))

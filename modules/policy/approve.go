@@ -53,6 +53,11 @@ func (h *RequestHandler) ask(w http.ResponseWriter, r *http.Request, call *gatew
 	ac := approvalCall(call)
 	res, err := h.approvals.Resolve(r.Context(), approval.Ask{Call: ac, Stage: approval.StageRequest, Spec: spec,
 		Decision: d, Revision: o.Revision, Masked: h.masked(r.Context(), withArguments(input, o.argsTerm), ac.Arguments), Base: h.app.BaseURL(r)})
+	var tooMany *approval.ErrTooManyPending
+	if errors.As(err, &tooMany) {
+		call.Fail(w, http.StatusTooManyRequests, gateway.CodeUnavailable, "this call needs an approval, and "+err.Error(), gateway.Retryable)
+		return false, nil
+	}
 	if err != nil {
 		h.logger.Error("approvals unavailable", zap.String("service", call.Service.ID), zap.Error(err))
 		call.Unavailable(w, "this call needs an approval and approvals cannot be read or stored right now; retry later")
@@ -227,7 +232,14 @@ func (h *ResultHandler) withhold(ctx context.Context, call *gateway.Call, s subj
 	maskedArgs, _ := json.Marshal(h.engine.maskedPayload(ctx, v.input, stageRequest, shown))
 	res, err := h.approvals.Resolve(ctx, approval.Ask{Call: ac, Stage: approval.StageResult, Spec: spec,
 		Decision: d, Revision: o.Revision, Masked: maskedArgs, Result: result, MaskedResult: maskedResult, Base: base})
+	var tooMany *approval.ErrTooManyPending
 	switch {
+	case errors.As(err, &tooMany):
+		why := "the upstream's answer is withheld pending an approval, and " + err.Error()
+		if !toolForm {
+			return nil, &gateway.AnswerError{Code: gateway.CodeUnavailable, Data: gateway.Retryable, Message: why}
+		}
+		return fail(why)
 	case err != nil:
 		h.logger.Error("approvals unavailable; the result is withheld", zap.String("service", call.Service.ID), zap.Error(err))
 		if !toolForm {
