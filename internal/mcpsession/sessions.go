@@ -92,7 +92,7 @@ type Config struct {
 	// OnEnd ends the upstream session of a session that expired.
 	OnEnd func(Ended)
 
-	previous *Config    // in force before this one was attached
+	previous *Config     // in force before this one was attached
 	detached atomic.Bool // Detach was called: never in force again
 }
 
