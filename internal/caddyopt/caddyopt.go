@@ -99,20 +99,18 @@ func Bare(d *caddyfile.Dispenser, hint string) error {
 	return nil
 }
 
-// RedactURL is s, a configured URL quoted in a message, with the userinfo
-// of its authority (user:password@) replaced by "xxxxx". It works on text
-// that does not parse as a URL too: a message refusing a URL must not
-// repeat the password in it.
+// RedactURL is s, a configured URL quoted in a message, with everything
+// between the scheme and the last "@" replaced by "xxxxx": the userinfo
+// (user:password@) of a URL, and of text that does not parse as one (a
+// password may hold "/", "?" or "#", so no part of the text is taken for
+// the host). A URL with "@" in its path or query loses more than its
+// userinfo; a message refusing a URL must never repeat a password.
 func RedactURL(s string) string {
 	pre, rest := "", s
 	if i := strings.Index(s, "://"); i >= 0 {
 		pre, rest = s[:i+3], s[i+3:]
 	}
-	end := strings.IndexAny(rest, "/?#")
-	if end < 0 {
-		end = len(rest)
-	}
-	if at := strings.LastIndex(rest[:end], "@"); at >= 0 {
+	if at := strings.LastIndex(rest, "@"); at >= 0 {
 		return pre + "xxxxx" + rest[at:]
 	}
 	return s

@@ -71,12 +71,15 @@ func TestBare(t *testing.T) {
 func TestRedactURL(t *testing.T) {
 	for in, want := range map[string]string{
 		"https://svc:s3cret@host/%zz/mcp":   "https://xxxxx@host/%zz/mcp",
-		"https://host/a@b":                  "https://host/a@b",
+		"https://host/a@b":                  "https://xxxxx@b",
+		"https://svc:pa/ss-s3cr3t@host/mcp": "https://xxxxx@host/mcp",
+		"https://svc:pa?s#s@host":           "https://xxxxx@host",
+		"https://host/mcp":                  "https://host/mcp",
 		"svc:s3cret@host/x":                 "xxxxx@host/x",
-		"https://u:p@w@host?q=@":            "https://xxxxx@host?q=@",
+		"https://u:p@w@host?q=@":            "https://xxxxx@",
 		"http://127.0.0.1:8200":             "http://127.0.0.1:8200",
 		"unix:///run/vault.sock":            "unix:///run/vault.sock",
-		"https://tok@vault.example.com#x@y": "https://xxxxx@vault.example.com#x@y",
+		"https://tok@vault.example.com#x":   "https://xxxxx@vault.example.com#x",
 	} {
 		if got := RedactURL(in); got != want {
 			t.Errorf("RedactURL(%q) = %q, want %q", in, got, want)

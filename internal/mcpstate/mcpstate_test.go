@@ -367,3 +367,40 @@ func TestTaskCallsAreSealedAtRest(t *testing.T) {
 		t.Errorf("a clear record of an earlier version = %+v, %v, %v", got, ok, err)
 	}
 }
+
+// keyedMutex excludes holders of one key while other keys proceed,
+// under many goroutines locking and unlocking a few keys (each lock's
+// entry is deleted and made anew many times over), and leaves no entry
+// behind.
+func TestKeyedMutexUnderChurn(t *testing.T) {
+	var k keyedMutex
+	keys := []string{"a", "b", "c"}
+	var inside [3]atomic.Int32
+	var counts [3]int // guarded by the key's lock only
+	var bad atomic.Int32
+	var wg sync.WaitGroup
+	for g := range 24 {
+		wg.Go(func() {
+			for i := range 500 {
+				j := (g + i) % len(keys)
+				unlock := k.lock(keys[j])
+				if inside[j].Add(1) != 1 {
+					bad.Add(1)
+				}
+				counts[j]++
+				inside[j].Add(-1)
+				unlock()
+			}
+		})
+	}
+	wg.Wait()
+	if bad.Load() != 0 {
+		t.Fatalf("%d times two goroutines held one key's lock at once", bad.Load())
+	}
+	if total := counts[0] + counts[1] + counts[2]; total != 24*500 {
+		t.Fatalf("%d increments under the keys' locks, want %d (lost updates)", total, 24*500)
+	}
+	if n := k.held(); n != 0 {
+		t.Fatalf("%d keys left a lock behind", n)
+	}
+}

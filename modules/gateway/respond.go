@@ -197,10 +197,12 @@ var actionMembers = map[string]bool{"approval_url": true, "approval_id": true, "
 // needs neither is returned as it is (false).
 func OwnCodeRecoded(errObj []byte) ([]byte, bool) {
 	code := gjson.GetBytes(errObj, "code")
-	if code.Type != gjson.Number {
-		return errObj, false
-	}
 	message := gjson.GetBytes(errObj, "message")
+	if code.Type != gjson.Number || code.Float() != float64(code.Int()) {
+		// JSON-RPC codes are integers; lenient decoders read "-32012" as
+		// toolgate's own.
+		return RPCErrorObject(CodeInternalError, "the upstream answered with an error whose code is not an integer", nil), true
+	}
 	if ownCodes[code.Int()] {
 		text := "(none)"
 		if message.Type == gjson.String {

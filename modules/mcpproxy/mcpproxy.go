@@ -97,6 +97,13 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, _ caddyhttp.
 			h.refuseStream(w, call, err)
 			return nil
 		}
+		if call.Stateless != nil {
+			// A stateless call may be held between rounds: it then takes
+			// the request's place over (see heldCall.slot).
+			p := &streamPlace{done: done}
+			done = p.give
+			r = r.WithContext(context.WithValue(r.Context(), streamPlaceKey{}, p))
+		}
 		defer done()
 	}
 	if ms := call.MCPSession; ms != nil {

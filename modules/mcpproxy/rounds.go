@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/tidwall/gjson"
@@ -47,6 +48,40 @@ type heldCall struct {
 	// stream stays open): held calls count against max_streams_per_caller
 	// and max_streams like the runner's open requests.
 	slot func()
+}
+
+// streamPlace is the caller's stream place (gateway.App.OpenStream) a
+// stateless runner request holds, in its context: given back when the
+// request ends, unless a call held between rounds took it over.
+type streamPlace struct {
+	mu   sync.Mutex
+	done func()
+}
+
+type streamPlaceKey struct{}
+
+// take hands the place over (nil when it was handed over or given back).
+func (p *streamPlace) take() func() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	done := p.done
+	p.done = nil
+	return done
+}
+
+// give gives the place back, unless it was handed over.
+func (p *streamPlace) give() {
+	if done := p.take(); done != nil {
+		done()
+	}
+}
+
+// placeOf takes over the stream place of the request r.
+func placeOf(r *http.Request) func() {
+	if p, ok := r.Context().Value(streamPlaceKey{}).(*streamPlace); ok {
+		return p.take()
+	}
+	return nil
 }
 
 // freeSlot gives the held call's stream place back.
@@ -134,7 +169,7 @@ func (h *Handler) rounds(w http.ResponseWriter, r *http.Request, cur *gateway.Ca
 			return
 		case msg.Kind == mcpmsg.Request:
 			var done bool
-			if held, done = h.askRunner(w, cur, hc, msg, out); done {
+			if held, done = h.askRunner(w, r, cur, hc, msg, out); done {
 				return
 			}
 		case msg.Kind == mcpmsg.Notification && out == nil:
@@ -156,7 +191,7 @@ func (h *Handler) rounds(w http.ResponseWriter, r *http.Request, cur *gateway.Ca
 // (neither held nor done); one that needs a capability the runner did not
 // declare ends the call, and the runner gets MissingRequiredClientCapability
 // (done).
-func (h *Handler) askRunner(w http.ResponseWriter, cur *gateway.Call, hc *heldCall, msg mcpmsg.Message, out *sseWriter) (held, done bool) {
+func (h *Handler) askRunner(w http.ResponseWriter, r *http.Request, cur *gateway.Call, hc *heldCall, msg mcpmsg.Message, out *sseWriter) (held, done bool) {
 	if !slices.Contains(mcp2026.InputMethods, msg.Method) {
 		h.refuseServerRequest(hc.call, msg, "toolgate has no input request of protocol "+mcp2026.Version+" for "+msg.Method)
 		return false, false
@@ -185,12 +220,13 @@ func (h *Handler) askRunner(w http.ResponseWriter, cur *gateway.Call, hc *heldCa
 		h.cancelUpstream(hc.call, hc.up, "the client went away")
 		return false, true
 	}
-	return h.hold(w, cur, hc, out), true
+	return h.hold(w, r, cur, hc, out), true
 }
 
-// hold holds the call for the runner's retry and answers cur with the
-// input requests still unanswered. It reports whether the call is held.
-func (h *Handler) hold(w http.ResponseWriter, cur *gateway.Call, hc *heldCall, out *sseWriter) bool {
+// hold holds the call for the runner's retry and answers cur (the request
+// r) with the input requests still unanswered. It reports whether the call
+// is held. The held call takes r's stream place over.
+func (h *Handler) hold(w http.ResponseWriter, r *http.Request, cur *gateway.Call, hc *heldCall, out *sseWriter) bool {
 	deadline, _ := hc.rs.ctx.Deadline()
 	fail := func(why string) bool {
 		h.logger.Warn("cannot hold a call for its client's input", zap.String("service", cur.Service.ID), zap.String("reason", why))
@@ -202,11 +238,14 @@ func (h *Handler) hold(w http.ResponseWriter, cur *gateway.Call, hc *heldCall, o
 		return false
 	}
 	owner := mcp2026.Owner(cur)
-	slot, err := h.app.OpenStream(cur.Caller.User)
-	if err != nil {
-		return fail(err.Error())
+	hc.slot = placeOf(r)
+	if hc.slot == nil {
+		slot, err := h.app.OpenStream(cur.Caller.User)
+		if err != nil {
+			return fail(err.Error())
+		}
+		hc.slot = slot
 	}
-	hc.slot = slot
 	id, err := h.stateless.Hold(owner, hc, deadline)
 	if err != nil {
 		hc.freeSlot()
@@ -269,7 +308,7 @@ func (h *Handler) continueHeld(w http.ResponseWriter, r *http.Request, call *gat
 	if len(left) > 0 {
 		if !hc.detach() {
 			hc.Release("the client went away")
-		} else if !h.hold(w, call, hc, nil) {
+		} else if !h.hold(w, r, call, hc, nil) {
 			hc.rs.close()
 			hc.cancel()
 		}

@@ -305,6 +305,11 @@ func (c *Cipher) Validate() error {
 	if !strings.HasPrefix(c.address, "https://") && !strings.HasPrefix(c.address, "http://") && !strings.HasPrefix(c.address, "unix://") {
 		return fmt.Errorf("vault_transit: address %q must start with https://, http:// or unix://", caddyopt.RedactURL(c.address))
 	}
+	if caddyopt.RedactURL(c.address) != c.address {
+		// Vault authenticates with the token; a user and password in the
+		// address would reach every message that names it.
+		return fmt.Errorf("vault_transit: address %q must not carry a user or password (Vault is reached with the token)", caddyopt.RedactURL(c.address))
+	}
 	if c.key == "" {
 		return errors.New("vault_transit: key is required")
 	}

@@ -574,6 +574,7 @@ func TestProvisionAndValidate(t *testing.T) {
 		{"no address", Cipher{Token: "t", Key: "k"}, "address is required"},
 		{"address placeholder empty", Cipher{Address: "{env.TOOLGATE_TEST_EMPTY}", Token: "t", Key: "k"}, "empty once placeholders"},
 		{"bad scheme", Cipher{Address: "vault:8200", Token: "t", Key: "k"}, "must start with https://"},
+		{"userinfo in address", Cipher{Address: "http://toolgate:s3cret@vault:8200", Token: "t", Key: "k"}, `"http://xxxxx@vault:8200" must not carry a user or password`},
 		{"no key", Cipher{Address: "http://v", Token: "t"}, "key is required"},
 		{"no auth", Cipher{Address: "http://v", Key: "k"}, "one of token or approle"},
 		{"both auths", Cipher{Address: "http://v", Key: "k", Token: "t", AppRole: &AppRole{RoleID: "r"}}, "not both"},
