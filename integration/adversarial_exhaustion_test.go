@@ -14,7 +14,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"io/fs"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -392,4 +394,114 @@ func TestExhaustionHoldsToolgateSessionsPerUser(t *testing.T) {
 		t.Fatalf("DELETE session: %d %s", resp.StatusCode, resp.Body)
 	}
 	g.createSession(t, aliceKey, "svc")
+}
+
+// Attack: request bodies were bounded one at a time (max_request_size) but
+// not together: a caller holding many large requests open at once — a
+// Content-Length of max_request_size and the body sent slowly, or never
+// finished — made the gateway hold each body (up to max_streams_per_caller
+// of them, 1,000 by default: gigabytes) and could exhaust its memory for
+// everyone. Room for each body is now held before it is read, per caller
+// (max_request_bytes_in_flight_per_caller) and in all
+// (max_request_bytes_in_flight); past either the request gets a retryable
+// 503 naming the option, and room comes back as requests end.
+func TestExhaustionAttackConcurrentLargeRequests(t *testing.T) {
+	up := startUpstream(t)
+	g := startGateway(t, gatewayConfig{Upstream: up.URL, Extra: "max_request_size 1MiB\n" +
+		"max_request_bytes_in_flight_per_caller 2MiB\nmax_request_bytes_in_flight 3MiB"})
+	alice := g.raw(t, aliceKey, g.createSession(t, aliceKey, "svc"), "svc")
+	alice.initialize()
+	bob := g.raw(t, bobKey, g.createSession(t, bobKey, "svc"), "svc")
+	bob.initialize()
+
+	// stall opens a request of m's whose body never comes: with a
+	// Content-Length of 1 MiB, or without one (chunked, counted as
+	// max_request_size while it is read).
+	stall := func(m *rawMCP, key string, chunked bool) net.Conn {
+		conn := dialGateway(t, g)
+		length := "Content-Length: 1048576\r\n"
+		if chunked {
+			length = "Transfer-Encoding: chunked\r\n"
+		}
+		fmt.Fprintf(conn, "POST /v1/mcp/svc HTTP/1.1\r\nHost: %s\r\nAuthorization: Bearer %s\r\nX-Toolgate-Session: %s\r\n"+
+			"Mcp-Session-Id: %s\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\n%s\r\n",
+			strings.TrimPrefix(g.URL, "http://"), key, m.headers["X-Toolgate-Session"], m.sessionID, length)
+		const part = `{"jsonrpc":"2.0",`
+		if chunked {
+			fmt.Fprintf(conn, "%x\r\n%s\r\n", len(part), part)
+		} else {
+			fmt.Fprint(conn, part)
+		}
+		return conn
+	}
+	// until sends small calls of m until one is answered as want says (or
+	// 100 tries), and returns the last answer.
+	until := func(m *rawMCP, want func(status int, body string) bool) (int, string) {
+		var status int
+		var body string
+		for i := range 100 {
+			resp, err := m.send(context.Background(), http.MethodPost, "application/json, text/event-stream",
+				fmt.Sprintf(`{"jsonrpc":"2.0","id":%d,"method":"ping"}`, 1000+i), "")
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			status, body = resp.StatusCode, string(b)
+			if want(status, body) {
+				break
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		return status, body
+	}
+	refusedFor := func(option string) func(int, string) bool {
+		return func(status int, body string) bool {
+			return status == http.StatusServiceUnavailable && strings.Contains(body, `"limit":"`+option+`"`) && strings.Contains(body, `"retryable":true`)
+		}
+	}
+	served := func(status int, _ string) bool { return status == http.StatusOK }
+
+	// A stalled request is counted once the gateway has read its headers;
+	// a ping of the same caller in flight at that moment can take the room
+	// it needs (and it is refused, unseen, as the ping would be): each
+	// stall is given a moment, and made again if it was refused.
+	var a1, a2 net.Conn
+	for try := 0; ; try++ {
+		a1, a2 = stall(alice, aliceKey, false), stall(alice, aliceKey, true)
+		time.Sleep(200 * time.Millisecond)
+		status, body := until(alice, refusedFor("max_request_bytes_in_flight_per_caller"))
+		if refusedFor("max_request_bytes_in_flight_per_caller")(status, body) {
+			break
+		}
+		if try == 4 {
+			t.Fatalf("alice holding 2 MiB of bodies in flight, her next request: %d %s", status, body)
+		}
+		a1.Close()
+		a2.Close()
+	}
+	if status, body := until(bob, served); status != http.StatusOK {
+		t.Fatalf("bob, while alice is at her bound: %d %s", status, body)
+	}
+	for try := 0; ; try++ {
+		time.Sleep(200 * time.Millisecond) // bob's last ping may hold its room a moment after its answer
+		b1 := stall(bob, bobKey, false)
+		time.Sleep(200 * time.Millisecond)
+		status, body := until(bob, refusedFor("max_request_bytes_in_flight"))
+		if refusedFor("max_request_bytes_in_flight")(status, body) {
+			break
+		}
+		if try == 4 {
+			t.Fatalf("with 3 MiB of bodies in flight, bob's next request: %d %s", status, body)
+		}
+		b1.Close()
+	}
+	a1.Close()
+	a2.Close()
+	if status, body := until(alice, served); status != http.StatusOK {
+		t.Fatalf("alice, once her stalled requests ended: %d %s", status, body)
+	}
+	if n := up.upstreamCalls("echo"); n != 0 {
+		t.Errorf("the upstream saw %d calls from bodies never sent", n)
+	}
 }

@@ -170,7 +170,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			"method "+r.Method+" is not allowed on an MCP endpoint", nil)
 		return nil
 	}
-	msg, ok := registry.ReadMessage(w, r, h.app.MaxRequestBytes, h.limits)
+	msg, held, ok := registry.ReadMessage(w, r, h.app, call.Caller.User, h.limits)
+	defer held.Release() // the body is the call's until it is answered
 	if !ok {
 		return nil
 	}

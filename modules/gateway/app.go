@@ -145,6 +145,16 @@ type App struct {
 	// MaxRequestBytes bounds a runner's request body. Default 4 MiB.
 	MaxRequestBytes int64 `json:"max_request_bytes,omitempty"`
 
+	// MaxRequestBytesInFlight bounds the bytes of runners' request bodies
+	// this process holds at once (read, and not yet answered), all callers
+	// together; MaxRequestBytesInFlightPerCaller those of one caller. A
+	// request past either is answered with HTTP 503 and a retryable
+	// JSON-RPC error that names the option, before its body is read. A
+	// body without a Content-Length counts as max_request_size while it is
+	// read. Defaults 256 MiB and 64 MiB.
+	MaxRequestBytesInFlight          int64 `json:"max_request_bytes_in_flight,omitempty"`
+	MaxRequestBytesInFlightPerCaller int64 `json:"max_request_bytes_in_flight_per_caller,omitempty"`
+
 	// MaxResponseBytes bounds one upstream message (a JSON response or one
 	// SSE event). Default 16 MiB.
 	MaxResponseBytes int64 `json:"max_response_bytes,omitempty"`
@@ -207,11 +217,14 @@ const (
 	defaultMaxStreamsPerCaller     = 1000
 	defaultCacheTTL                = 10 * time.Second
 	defaultMaxRequestBytes         = 4 << 20
-	defaultMaxResponseBytes        = 16 << 20
-	defaultMaxJSONDepth            = 64
-	defaultMaxRequestValues        = 100_000
-	defaultMaxResponseValues       = 1_000_000
-	minStateSecretBytes            = 32
+
+	defaultMaxRequestBytesInFlight          = 256 << 20
+	defaultMaxRequestBytesInFlightPerCaller = 64 << 20
+	defaultMaxResponseBytes                 = 16 << 20
+	defaultMaxJSONDepth                     = 64
+	defaultMaxRequestValues                 = 100_000
+	defaultMaxResponseValues                = 1_000_000
+	minStateSecretBytes                     = 32
 )
 
 // Provision sets the app up. It does no network I/O.
@@ -282,6 +295,12 @@ func (a *App) Provision(ctx caddy.Context) error {
 	}
 	if a.MaxRequestBytes == 0 {
 		a.MaxRequestBytes = defaultMaxRequestBytes
+	}
+	if a.MaxRequestBytesInFlight == 0 {
+		a.MaxRequestBytesInFlight = max(defaultMaxRequestBytesInFlight, 4*a.MaxRequestBytes)
+	}
+	if a.MaxRequestBytesInFlightPerCaller == 0 {
+		a.MaxRequestBytesInFlightPerCaller = min(max(defaultMaxRequestBytesInFlightPerCaller, 4*a.MaxRequestBytes), a.MaxRequestBytesInFlight)
 	}
 	if a.MaxResponseBytes == 0 {
 		a.MaxResponseBytes = defaultMaxResponseBytes
@@ -429,6 +448,10 @@ func (a *App) Validate() error {
 	}
 	if a.MaxRequestBytes < 0 || a.MaxResponseBytes < 0 || a.MaxJSONDepth < 0 || a.MaxRequestValues < 0 || a.MaxResponseValues < 0 {
 		return errors.New("max_request_bytes, max_response_bytes, max_json_depth, max_request_values and max_response_values must not be negative")
+	}
+	if a.MaxRequestBytesInFlightPerCaller < a.MaxRequestBytes || a.MaxRequestBytesInFlight < a.MaxRequestBytesInFlightPerCaller {
+		return fmt.Errorf("max_request_bytes_in_flight_per_caller (%d) must be at least max_request_size (%d), and max_request_bytes_in_flight (%d) at least max_request_bytes_in_flight_per_caller: otherwise a request of the allowed size could never be read",
+			a.MaxRequestBytesInFlightPerCaller, a.MaxRequestBytes, a.MaxRequestBytesInFlight)
 	}
 	return nil
 }

@@ -45,6 +45,8 @@ func parseGlobalOption(d *caddyfile.Dispenser, existing any) (any, error) {
 //		max_mcp_sessions_per_caller <n>
 //		max_streams            <n>
 //		max_streams_per_caller <n>
+//		max_request_bytes_in_flight            <size>
+//		max_request_bytes_in_flight_per_caller <size>
 //		cache_ttl      <duration>
 //		allowed_origins <origin...>
 //		max_request_size  <size>
@@ -163,6 +165,10 @@ func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			}
 		case "max_request_size":
 			err = sizeArg(d, &a.MaxRequestBytes)
+		case "max_request_bytes_in_flight":
+			err = sizeArg(d, &a.MaxRequestBytesInFlight)
+		case "max_request_bytes_in_flight_per_caller":
+			err = sizeArg(d, &a.MaxRequestBytesInFlightPerCaller)
 		case "max_response_size":
 			err = sizeArg(d, &a.MaxResponseBytes)
 		case "max_sessions_per_user":

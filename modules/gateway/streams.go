@@ -57,3 +57,84 @@ func (a *App) OpenStream(user string) (done func(), err error) {
 		})
 	}, nil
 }
+
+// Runners' request bodies are held in memory from the moment they are read
+// until the request is answered. One message is bounded (max_request_size);
+// so are their bytes all together, per caller and in all, like streams:
+// many concurrent large requests cannot exhaust the gateway's memory, and
+// one caller's cannot take all of the room. The count is of this process
+// and outlives config reloads; each config applies its own limits to it.
+
+// RequestBytesLimitError reports a request refused because its caller, or
+// the gateway, holds as many request bytes as allowed.
+type RequestBytesLimitError struct {
+	Option string // the option that sets the limit
+	Limit  int64
+}
+
+func (e *RequestBytesLimitError) Error() string {
+	return fmt.Sprintf("too many request bytes in flight (%s is %d): wait for calls in progress to finish, or send smaller requests", e.Option, e.Limit)
+}
+
+// heldRequestBytes counts the request bytes of this process, in all and
+// per caller.
+var heldRequestBytes = struct {
+	sync.Mutex
+	all    int64
+	byUser map[string]int64
+}{byUser: make(map[string]int64)}
+
+// RequestBytes is room held for a request's body (HoldRequestBytes).
+type RequestBytes struct {
+	user string
+	mu   sync.Mutex
+	n    int64
+}
+
+// HoldRequestBytes holds room for n bytes of user's request body until
+// Release. It fails with a *RequestBytesLimitError, holding nothing, when
+// user's bodies or everyone's would pass max_request_bytes_in_flight_per_caller
+// or max_request_bytes_in_flight.
+func (a *App) HoldRequestBytes(user string, n int64) (*RequestBytes, error) {
+	h := &heldRequestBytes
+	h.Lock()
+	defer h.Unlock()
+	switch {
+	case h.byUser[user]+n > a.MaxRequestBytesInFlightPerCaller:
+		return nil, &RequestBytesLimitError{Option: "max_request_bytes_in_flight_per_caller", Limit: a.MaxRequestBytesInFlightPerCaller}
+	case h.all+n > a.MaxRequestBytesInFlight:
+		return nil, &RequestBytesLimitError{Option: "max_request_bytes_in_flight", Limit: a.MaxRequestBytesInFlight}
+	}
+	h.all += n
+	h.byUser[user] += n
+	return &RequestBytes{user: user, n: n}, nil
+}
+
+// Shrink lowers the room held to n bytes (a body shorter than the room
+// held for it while it was read).
+func (b *RequestBytes) Shrink(n int64) {
+	b.give(func(held int64) int64 { return min(held, max(n, 0)) })
+}
+
+// Release gives the room back. It may be called more than once.
+func (b *RequestBytes) Release() { b.give(func(int64) int64 { return 0 }) }
+
+func (b *RequestBytes) give(keep func(held int64) int64) {
+	if b == nil {
+		return
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	back := b.n - keep(b.n)
+	if back <= 0 {
+		return
+	}
+	b.n -= back
+	h := &heldRequestBytes
+	h.Lock()
+	defer h.Unlock()
+	h.all -= back
+	if h.byUser[b.user] -= back; h.byUser[b.user] <= 0 {
+		delete(h.byUser, b.user)
+	}
+}

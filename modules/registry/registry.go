@@ -97,7 +97,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 
 	switch r.Method {
 	case http.MethodPost:
-		if !h.readMessage(w, r, call, svc) {
+		held, ok := h.readMessage(w, r, call, svc)
+		defer held.Release() // the body is the call's until it is answered
+		if !ok {
 			return nil
 		}
 	case http.MethodGet, http.MethodDelete:
@@ -147,13 +149,17 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	return next.ServeHTTP(w, r)
 }
 
-// readMessage reads and parses the POST body into call.Message. It answers
-// the runner and returns false when the message is unacceptable.
-func (h *Handler) readMessage(w http.ResponseWriter, r *http.Request, call *gateway.Call, svc *gateway.Service) bool {
-	msg, ok := ReadMessage(w, r, h.app.MaxRequestBytes, h.limits)
-	if !ok {
-		return false
-	}
+// readMessage reads and parses the POST body into call.Message, and
+// returns the room held for it (see ReadMessage). It answers the runner and
+// returns false when the message is unacceptable.
+func (h *Handler) readMessage(w http.ResponseWriter, r *http.Request, call *gateway.Call, svc *gateway.Service) (*gateway.RequestBytes, bool) {
+	msg, held, ok := ReadMessage(w, r, h.app, call.Caller.User, h.limits)
+	return held, ok && h.takeMessage(w, r, call, svc, msg)
+}
+
+// takeMessage makes msg the call's message. It answers the runner and
+// returns false when the message is unacceptable.
+func (h *Handler) takeMessage(w http.ResponseWriter, r *http.Request, call *gateway.Call, svc *gateway.Service, msg mcpmsg.Message) bool {
 	call.Message = msg
 	call.Method = msg.Method
 	if call.MCPSession == nil && mcp2026.IsStateless(r, msg) {
@@ -208,14 +214,40 @@ func mediaType(ct string) string {
 }
 
 // ReadMessage reads and parses a runner's POST body, once and strictly: a
-// JSON body of at most max bytes holding one JSON-RPC message. It answers
-// the runner and returns false when the body is unacceptable.
-func ReadMessage(w http.ResponseWriter, r *http.Request, max int64, limits mcpmsg.Limits) (mcpmsg.Message, bool) {
+// JSON body of at most max_request_size bytes holding one JSON-RPC
+// message. Room for the body is held first under the request byte limits
+// (gateway.App.HoldRequestBytes: its Content-Length, or max_request_size
+// while a body without one is read): the caller releases it once the
+// request is answered (Release on nil does nothing). It answers the runner
+// and returns false when the body is unacceptable or there is no room.
+func ReadMessage(w http.ResponseWriter, r *http.Request, app *gateway.App, user string, limits mcpmsg.Limits) (mcpmsg.Message, *gateway.RequestBytes, bool) {
 	if ct := r.Header.Get("Content-Type"); ct != "application/json" && mediaType(ct) != "application/json" {
 		gateway.WriteRPCError(w, http.StatusUnsupportedMediaType, nil, gateway.CodeInvalidRequest,
 			"Content-Type must be application/json", nil)
-		return mcpmsg.Message{}, false
+		return mcpmsg.Message{}, nil, false
 	}
+	max := app.MaxRequestBytes
+	room := r.ContentLength
+	if room < 0 || room > max {
+		room = max // a longer body is refused once max bytes are read
+	}
+	held, err := app.HoldRequestBytes(user, room)
+	if err != nil {
+		var limit *gateway.RequestBytesLimitError
+		data := map[string]any{"retryable": true}
+		if errors.As(err, &limit) {
+			data["limit"], data["max"] = limit.Option, limit.Limit
+		}
+		w.Header().Set("Retry-After", "1")
+		gateway.WriteRPCError(w, http.StatusServiceUnavailable, nil, gateway.CodeUnavailable, err.Error(), data)
+		return mcpmsg.Message{}, nil, false
+	}
+	msg, ok := readMessage(w, r, max, limits)
+	held.Shrink(int64(len(msg.Raw)))
+	return msg, held, ok
+}
+
+func readMessage(w http.ResponseWriter, r *http.Request, max int64, limits mcpmsg.Limits) (mcpmsg.Message, bool) {
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, max))
 	if err != nil {
 		var tooBig *http.MaxBytesError
