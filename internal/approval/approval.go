@@ -222,6 +222,9 @@ const (
 	contentsPrefix  = "toolgate/approvals-contents"
 	// keep is how long decided and expired approvals stay listed.
 	keep = 24 * time.Hour
+	// writeTimeout bounds the writes that make or decide an approval,
+	// which go on after the request that started them ends.
+	writeTimeout = 30 * time.Second
 )
 
 func hashOf(parts ...string) string {
@@ -306,6 +309,16 @@ func Canonical(raw []byte) []byte {
 // record, and only a page showing the approval (or a release) reads what
 // it is about.
 func (s *Store) Create(ctx context.Context, a *Approval, c Contents) error {
+	// Written whole even if the runner gives up meanwhile: a half-made
+	// approval would be contents nobody sweeps, or one not counted.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), writeTimeout)
+	defer cancel()
+	// Counted first (max_pending_per_user): an entry whose record never
+	// came is dropped when counted (CountPending).
+	pendingOf := path.Join(pendingOfPrefix, hashOf(a.Requester), a.ID)
+	if err := s.storage.Store(ctx, pendingOf, []byte(a.ExpiresAt.Format(time.RFC3339))); err != nil {
+		return fmt.Errorf("%w: indexing the approval: %v", gateway.ErrStorageUnavailable, err)
+	}
 	plain, err := json.Marshal(c)
 	if err != nil {
 		return err
@@ -327,7 +340,6 @@ func (s *Store) Create(ctx context.Context, a *Approval, c Contents) error {
 		path.Join(byCallPrefix, a.CallKey, a.ID),
 		path.Join(pendingPrefix, a.ID),
 		path.Join(byRequesterPrefix, hashOf(a.Requester), a.ID),
-		path.Join(pendingOfPrefix, hashOf(a.Requester), a.ID),
 	} {
 		if err := s.storage.Store(ctx, key, []byte(a.ExpiresAt.Format(time.RFC3339))); err != nil {
 			return fmt.Errorf("%w: indexing the approval: %v", gateway.ErrStorageUnavailable, err)
@@ -580,6 +592,10 @@ func (s *Store) Decide(ctx context.Context, id string, caller *gateway.Caller, a
 	if err != nil {
 		return nil, err
 	}
+	// The decision is made: its indexes follow even if the decider gives
+	// up now (an entry left behind is dropped when counted or swept).
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), writeTimeout)
+	defer cancel()
 	_ = s.storage.Delete(ctx, path.Join(pendingPrefix, id))
 	_ = s.storage.Delete(ctx, path.Join(pendingOfPrefix, hashOf(out.Requester), id))
 	if out.State == StateApproved && out.Scope == ScopeTool {
@@ -651,6 +667,7 @@ func (s *Store) Sweep(ctx context.Context) ([]*Approval, error) {
 	if err != nil {
 		return nil, err
 	}
+	s.sweepContents(ctx)
 	var gone []*Approval
 	cutoff := now().Add(-keep)
 	for _, key := range keys {
@@ -703,6 +720,25 @@ func (s *Store) remove(ctx context.Context, a *Approval) {
 	}
 }
 
+// sweepContents deletes sealed contents whose record is gone (a creation
+// cut short, or a record removed by someone who can write the storage).
+func (s *Store) sweepContents(ctx context.Context) {
+	keys, err := s.storage.List(ctx, contentsPrefix, false)
+	if err != nil {
+		return
+	}
+	for _, key := range keys {
+		if s.storage.Exists(ctx, recordKey(path.Base(key))) {
+			continue
+		}
+		// Contents are written before their record: only those older than
+		// any creation can be are left over.
+		if info, err := s.storage.Stat(ctx, key); err == nil && now().Sub(info.Modified) > 2*writeTimeout {
+			_ = s.storage.Delete(ctx, key)
+		}
+	}
+}
+
 // dropContents deletes the sealed contents of a (expired) and its place
 // among its requester's pending approvals.
 func (s *Store) dropContents(ctx context.Context, a *Approval) {
@@ -734,7 +770,16 @@ func (s *Store) CountPending(ctx context.Context, user string) (int, error) {
 			_ = s.storage.Delete(ctx, key)
 			continue
 		}
-		n++
+		// Only an approval still waiting counts: an entry left by a
+		// decision or a creation cut short names none.
+		switch a, err := s.Get(ctx, path.Base(key)); {
+		case errors.Is(err, ErrNotFound) || (err == nil && a.Status() != StatePending):
+			_ = s.storage.Delete(ctx, key)
+		case err != nil:
+			return 0, err
+		default:
+			n++
+		}
 	}
 	return n, nil
 }

@@ -3,7 +3,9 @@ package approval
 import (
 	"context"
 	"errors"
+	"github.com/toolgate/toolgate/modules/gateway"
 	"io/fs"
+	"path"
 	"strings"
 	"testing"
 	"time"
@@ -128,5 +130,58 @@ func TestChangedRecordsAreNoApprovals(t *testing.T) {
 	other.cipher = s.cipher
 	if _, err := other.Get(ctx, "b1"); err != nil {
 		t.Errorf("another replica reads the record: %v", err)
+	}
+}
+
+// Sealed contents whose record is gone are swept once no creation can be
+// writing them any more, never those of a record or just written; a
+// requester's pending index counts only approvals still waiting.
+func TestSweepAndCountLeftovers(t *testing.T) {
+	ctx := context.Background()
+	clock := time.Now()
+	orig := now
+	now = func() time.Time { return clock }
+	t.Cleanup(func() { now = orig })
+	s := testStore(&certmagic.FileStorage{Path: t.TempDir()})
+
+	for _, id := range []string{"decided", "waiting"} {
+		a := &Approval{ID: id, State: StatePending, Requester: "alice", Approvers: []string{"bob"}, Scopes: []string{ScopeOnce},
+			CreatedAt: clock, ExpiresAt: clock.Add(time.Hour)}
+		if err := s.Create(ctx, a, Contents{Arguments: []byte(`{"x":1}`)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := s.Decide(ctx, "decided", &gateway.Caller{User: "bob"}, false, "", ""); err != nil {
+		t.Fatal(err)
+	}
+	// Entries a decision or a creation cut short left behind.
+	for _, id := range []string{"decided", "never-made"} {
+		_ = s.storage.Store(ctx, path.Join(pendingOfPrefix, hashOf("alice"), id), []byte(clock.Add(time.Hour).Format(time.RFC3339)))
+	}
+	if n, err := s.CountPending(ctx, "alice"); err != nil || n != 1 {
+		t.Fatalf("CountPending = %d, %v; want 1", n, err)
+	}
+	if keys, _ := s.storage.List(ctx, path.Join(pendingOfPrefix, hashOf("alice")), false); len(keys) != 1 {
+		t.Errorf("the count left %d index entries, want the waiting one", len(keys))
+	}
+
+	if err := s.storage.Store(ctx, contentsKey("orphan"), []byte("sealed")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Sweep(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if !s.storage.Exists(ctx, contentsKey("orphan")) {
+		t.Error("contents just written (their record may be on its way) were swept")
+	}
+	clock = clock.Add(3 * writeTimeout)
+	if _, err := s.Sweep(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if s.storage.Exists(ctx, contentsKey("orphan")) {
+		t.Error("contents without a record were kept")
+	}
+	if !s.storage.Exists(ctx, contentsKey("waiting")) {
+		t.Error("the contents of a pending approval were swept")
 	}
 }
