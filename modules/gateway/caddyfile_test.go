@@ -49,6 +49,8 @@ func TestUnmarshalCaddyfileFullOptionSet(t *testing.T) {
 		max_json_depth    32
 		max_request_values 5000
 		max_response_values 60000
+		max_request_bytes_in_flight 512MiB
+		max_request_bytes_in_flight_per_caller 8MiB
 		auth {
 			api_key ` + hashA + ` alice@example.com eng ops
 			api_key ` + hashB + ` bob@example.com
@@ -152,6 +154,9 @@ func TestUnmarshalCaddyfileFullOptionSet(t *testing.T) {
 	}
 	if app.MaxStreams != 900 || app.MaxStreamsPerCaller != 90 {
 		t.Errorf("stream limits = %d, %d; want 900, 90", app.MaxStreams, app.MaxStreamsPerCaller)
+	}
+	if app.MaxRequestBytesInFlight != 512<<20 || app.MaxRequestBytesInFlightPerCaller != 8<<20 {
+		t.Errorf("request bytes in flight = %d, %d per caller", app.MaxRequestBytesInFlight, app.MaxRequestBytesInFlightPerCaller)
 	}
 	if app.MaxRequestBytes != 1<<20 || app.MaxResponseBytes != 32_000_000 || app.MaxJSONDepth != 32 || app.MaxRequestValues != 5000 || app.MaxResponseValues != 60000 {
 		t.Errorf("sizes = %d, %d, %d, %d, %d; want %d, %d, 32, 5000, 60000", app.MaxRequestBytes, app.MaxResponseBytes, app.MaxJSONDepth,
