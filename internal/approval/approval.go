@@ -148,6 +148,9 @@ type Store struct {
 
 	keyMu  sync.Mutex
 	macKey []byte // nil until read (or made) through the cipher
+
+	orphanMu sync.Mutex
+	orphans  map[string]bool // contents without a record at the last sweep
 }
 
 // NewStore returns the approvals of app's storage.
@@ -722,21 +725,30 @@ func (s *Store) remove(ctx context.Context, a *Approval) {
 
 // sweepContents deletes sealed contents whose record is gone (a creation
 // cut short, or a record removed by someone who can write the storage).
+// Contents are written just before their record, so contents without one
+// are deleted only when the previous sweep (a minute earlier, longer than
+// a creation may take: writeTimeout) found them without one too — on this
+// replica's own observation, whatever the storage's clock or times.
 func (s *Store) sweepContents(ctx context.Context) {
 	keys, err := s.storage.List(ctx, contentsPrefix, false)
 	if err != nil {
 		return
 	}
+	s.orphanMu.Lock()
+	defer s.orphanMu.Unlock()
+	seen := map[string]bool{}
 	for _, key := range keys {
-		if s.storage.Exists(ctx, recordKey(path.Base(key))) {
+		id := path.Base(key)
+		if s.storage.Exists(ctx, recordKey(id)) {
 			continue
 		}
-		// Contents are written before their record: only those older than
-		// any creation can be are left over.
-		if info, err := s.storage.Stat(ctx, key); err == nil && now().Sub(info.Modified) > 2*writeTimeout {
+		if s.orphans[id] {
 			_ = s.storage.Delete(ctx, key)
+			continue
 		}
+		seen[id] = true
 	}
+	s.orphans = seen
 }
 
 // dropContents deletes the sealed contents of a (expired) and its place

@@ -32,7 +32,9 @@ import (
 // answer's body is read from the returned response, which must be closed.
 func (h *Handler) subCall(ctx context.Context, r *http.Request, next caddyhttp.Handler, call *gateway.Call,
 	svc *gateway.Service, ms *gateway.MCPSession, method string, body []byte, accept string) *answer {
-	sub := r.Clone(ctx)
+	// The federated message's room covers the body of its call of a
+	// service (the registry reads it again).
+	sub := r.Clone(gateway.WithRoomHeld(ctx))
 	sub.Method = method
 	// The caller was authenticated and the session resolved already (the
 	// call says who and which); nothing of the runner's headers is needed

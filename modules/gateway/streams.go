@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"context"
 	"fmt"
 	"sync"
 )
@@ -137,4 +138,55 @@ func (b *RequestBytes) give(keep func(held int64) int64) {
 	if h.byUser[b.user] -= back; h.byUser[b.user] <= 0 {
 		delete(h.byUser, b.user)
 	}
+}
+
+// Handover moves the room b holds to a new RequestBytes, for what keeps the
+// body beyond the request (a call held between rounds): b's Release then
+// gives back nothing. Nil when b holds nothing.
+func (b *RequestBytes) Handover() *RequestBytes {
+	if b == nil {
+		return nil
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.n == 0 {
+		return nil
+	}
+	moved := &RequestBytes{user: b.user, n: b.n}
+	b.n = 0
+	return moved
+}
+
+type requestRoomKey struct{}
+
+// roomHeld marks a request whose body's room an outer request holds.
+var roomHeld = new(RequestBytes)
+
+// WithRequestRoom returns ctx carrying b, the room held for its request's
+// body, for a later step to take over (RequestRoom, Handover).
+func WithRequestRoom(ctx context.Context, b *RequestBytes) context.Context {
+	return context.WithValue(ctx, requestRoomKey{}, b)
+}
+
+// WithRoomHeld returns ctx for a request made inside another whose body
+// room covers it (a federated message's call of a service): reading its
+// body holds no room again.
+func WithRoomHeld(ctx context.Context) context.Context {
+	return context.WithValue(ctx, requestRoomKey{}, roomHeld)
+}
+
+// RequestRoom is the room ctx carries (WithRequestRoom), or nil.
+func RequestRoom(ctx context.Context) *RequestBytes {
+	b, _ := ctx.Value(requestRoomKey{}).(*RequestBytes)
+	if b == roomHeld {
+		return nil
+	}
+	return b
+}
+
+// RoomHeld reports whether ctx is of a request whose body room an outer
+// request holds (WithRoomHeld).
+func RoomHeld(ctx context.Context) bool {
+	b, _ := ctx.Value(requestRoomKey{}).(*RequestBytes)
+	return b == roomHeld
 }

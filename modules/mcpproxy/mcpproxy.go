@@ -91,7 +91,13 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, _ caddyhttp.
 		return caddyhttp.Error(http.StatusInternalServerError,
 			errors.New("toolgate_proxy must come last in a route with toolgate_session and toolgate_registry"))
 	}
-	if r.Method != http.MethodDelete { // ending a session is always possible
+	if r.Method != http.MethodDelete && call.Stateless != nil && call.Stateless.Held != "" {
+		// A retry that continues a held call takes that call's stream
+		// place (continueHeld): it needs no other, even at the limit.
+		p := &streamPlace{}
+		defer p.give()
+		r = r.WithContext(context.WithValue(r.Context(), streamPlaceKey{}, p))
+	} else if r.Method != http.MethodDelete { // ending a session is always possible
 		done, err := h.app.OpenStream(call.Caller.User)
 		if err != nil {
 			h.refuseStream(w, call, err)

@@ -46,8 +46,10 @@ type heldCall struct {
 	seq    int
 	// slot is the caller's stream place the held call keeps (its upstream
 	// stream stays open): held calls count against max_streams_per_caller
-	// and max_streams like the runner's open requests.
+	// and max_streams like the runner's open requests. room is the room
+	// of the request bodies it keeps (max_request_bytes_in_flight).
 	slot func()
+	room *gateway.RequestBytes
 }
 
 // streamPlace is the caller's stream place (gateway.App.OpenStream) a
@@ -84,12 +86,35 @@ func placeOf(r *http.Request) func() {
 	return nil
 }
 
-// freeSlot gives the held call's stream place back.
+// freeSlot gives the held call's stream place and body room back.
 func (hc *heldCall) freeSlot() {
 	if hc.slot != nil {
 		hc.slot()
 		hc.slot = nil
 	}
+	hc.room.Release()
+	hc.room = nil
+}
+
+// handOver gives the held call's stream place and body room to the
+// request r that continues it: they are given back when r ends, unless
+// the call is held again.
+func (hc *heldCall) handOver(r *http.Request) {
+	p, ok := r.Context().Value(streamPlaceKey{}).(*streamPlace)
+	if !ok {
+		hc.freeSlot()
+		return
+	}
+	slot, room := hc.slot, hc.room
+	hc.slot, hc.room = nil, nil
+	p.mu.Lock()
+	p.done = func() {
+		if slot != nil {
+			slot()
+		}
+		room.Release()
+	}
+	p.mu.Unlock()
 }
 
 // asked is an upstream request sent to the runner as an input request.
@@ -239,9 +264,11 @@ func (h *Handler) hold(w http.ResponseWriter, r *http.Request, cur *gateway.Call
 	}
 	owner := mcp2026.Owner(cur)
 	hc.slot = placeOf(r)
+	hc.room = gateway.RequestRoom(r.Context()).Handover()
 	if hc.slot == nil {
 		slot, err := h.app.OpenStream(cur.Caller.User)
 		if err != nil {
+			hc.freeSlot()
 			return fail(err.Error())
 		}
 		hc.slot = slot
@@ -277,7 +304,7 @@ func (h *Handler) continueHeld(w http.ResponseWriter, r *http.Request, call *gat
 			"requestState refused: the call it continues is no longer held (it timed out, or another replica of the gateway holds it); send the call again without it", nil)
 		return
 	}
-	hc.freeSlot() // this retry holds a place of its own
+	hc.handOver(r) // the retry holds the call's place and room from now on
 	hc.detach = context.AfterFunc(r.Context(), hc.cancel)
 	c := *hc.call
 	c.Credential = call.Credential // the current one: an OAuth token may have been refreshed

@@ -95,9 +95,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	call.Service = svc
 	call.Session = impliedsession.Narrow(call.Session, svc.ID)
 
+	var held *gateway.RequestBytes
 	switch r.Method {
 	case http.MethodPost:
-		held, ok := h.readMessage(w, r, call, svc)
+		var ok bool
+		held, ok = h.readMessage(w, r, call, svc)
 		defer held.Release() // the body is the call's until it is answered
 		if !ok {
 			return nil
@@ -145,6 +147,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	if call.Method == "tools/list" {
 		call.OnResult(allowlistTools)
 		call.OnResult(h.pins.FilterList)
+	}
+	if held != nil && call.Stateless != nil {
+		// A stateless call held between rounds keeps its body: it takes
+		// the room over (gateway.RequestBytes.Handover).
+		r = r.WithContext(gateway.WithRequestRoom(r.Context(), held))
 	}
 	return next.ServeHTTP(w, r)
 }
@@ -227,6 +234,10 @@ func ReadMessage(w http.ResponseWriter, r *http.Request, app *gateway.App, user 
 		return mcpmsg.Message{}, nil, false
 	}
 	max := app.MaxRequestBytes
+	if gateway.RoomHeld(r.Context()) {
+		msg, ok := readMessage(w, r, max, limits)
+		return msg, nil, ok
+	}
 	room := r.ContentLength
 	if room < 0 || room > max {
 		room = max // a longer body is refused once max bytes are read
