@@ -9,7 +9,7 @@ SHELL := /bin/bash
 #   make fuzz   every fuzzer for FUZZTIME each (default 60s)
 #   make bench-compare
 #               toolgate side by side with a plain Caddy reverse_proxy
-#               against DESIGN.md's performance budget (not part of test)
+#               against the performance budget (README, "Performance") (not part of test)
 #   make reloads  config reloads under load, toolgate beside plain Caddy
 #   make soak   ten minutes of load with sessions coming and going; memory,
 #               goroutines and file descriptors every 30 s

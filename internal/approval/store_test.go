@@ -3,7 +3,6 @@ package approval
 import (
 	"context"
 	"errors"
-	"github.com/toolgate/toolgate/modules/gateway"
 	"io/fs"
 	"path"
 	"strings"
@@ -14,6 +13,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/toolgate/toolgate/internal/seal"
+	"github.com/toolgate/toolgate/modules/gateway"
 )
 
 // loadHook runs afterLoad (once) after the value under key was read, before

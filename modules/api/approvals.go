@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http"
+	"strconv"
 	"time"
 
 	"go.uber.org/zap"
@@ -74,6 +75,14 @@ func (h *Handler) listApprovals(w http.ResponseWriter, r *http.Request, caller *
 		return
 	}
 	q := r.URL.Query()
+	state := q.Get("state")
+	switch state {
+	case "", approval.StatePending, approval.StateApproved, approval.StateDenied, approval.StateConsumed, approval.StateExpired:
+	default:
+		gateway.WriteAPIError(w, http.StatusBadRequest, "invalid_state",
+			"state is pending, approved, denied, consumed or expired, not "+strconv.Quote(state))
+		return
+	}
 	var list []*approval.Approval
 	var err error
 	switch role := q.Get("role"); role {
@@ -82,7 +91,7 @@ func (h *Handler) listApprovals(w http.ResponseWriter, r *http.Request, caller *
 	case "requester":
 		list, err = h.approvals.Store.OfRequester(r.Context(), caller.User)
 	default:
-		gateway.WriteAPIError(w, http.StatusBadRequest, "invalid_role", "role is approver or requester, not "+role)
+		gateway.WriteAPIError(w, http.StatusBadRequest, "invalid_role", "role is approver or requester, not "+strconv.Quote(role))
 		return
 	}
 	if err != nil {
@@ -90,7 +99,6 @@ func (h *Handler) listApprovals(w http.ResponseWriter, r *http.Request, caller *
 		gateway.WriteAPIError(w, http.StatusServiceUnavailable, "unavailable", "approvals cannot be read right now; try again")
 		return
 	}
-	state := q.Get("state")
 	views := []approvalView{}
 	for _, a := range list {
 		if state == "" || a.Status() == state {

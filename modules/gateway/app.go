@@ -11,7 +11,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/toolgate/toolgate/internal/caddyopt"
 	"net"
 	"net/http"
 	"net/url"
@@ -21,8 +20,10 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/certmagic"
+	"github.com/dustin/go-humanize"
 	"go.uber.org/zap"
 
+	"github.com/toolgate/toolgate/internal/caddyopt"
 	"github.com/toolgate/toolgate/internal/mcpsession"
 	"github.com/toolgate/toolgate/internal/mcpstate"
 	"github.com/toolgate/toolgate/internal/seal"
@@ -151,7 +152,10 @@ type App struct {
 	// request past either is answered with HTTP 503 and a retryable
 	// JSON-RPC error that names the option, before its body is read. A
 	// body without a Content-Length counts as max_request_size while it is
-	// read. Defaults 256 MiB and 64 MiB.
+	// read. Defaults: 256 MiB in all (at least 4 × max_request_size), and
+	// 64 MiB per caller (at least 4 × max_request_size, at most the total).
+	// The share must be at least max_request_size, the total at least the
+	// share.
 	MaxRequestBytesInFlight          int64 `json:"max_request_bytes_in_flight,omitempty"`
 	MaxRequestBytesInFlightPerCaller int64 `json:"max_request_bytes_in_flight_per_caller,omitempty"`
 
@@ -449,9 +453,13 @@ func (a *App) Validate() error {
 	if a.MaxRequestBytes < 0 || a.MaxResponseBytes < 0 || a.MaxJSONDepth < 0 || a.MaxRequestValues < 0 || a.MaxResponseValues < 0 {
 		return errors.New("max_request_bytes, max_response_bytes, max_json_depth, max_request_values and max_response_values must not be negative")
 	}
-	if a.MaxRequestBytesInFlightPerCaller < a.MaxRequestBytes || a.MaxRequestBytesInFlight < a.MaxRequestBytesInFlightPerCaller {
-		return fmt.Errorf("max_request_bytes_in_flight_per_caller (%d) must be at least max_request_size (%d), and max_request_bytes_in_flight (%d) at least max_request_bytes_in_flight_per_caller: otherwise a request of the allowed size could never be read",
-			a.MaxRequestBytesInFlightPerCaller, a.MaxRequestBytes, a.MaxRequestBytesInFlight)
+	switch size := func(n int64) string { return humanize.IBytes(uint64(n)) }; {
+	case a.MaxRequestBytesInFlightPerCaller < a.MaxRequestBytes:
+		return fmt.Errorf("max_request_bytes_in_flight_per_caller (%s) must be at least max_request_size (%s): a request of the allowed size could never be read (set both, or max_request_bytes_in_flight_per_caller, which is at most max_request_bytes_in_flight)",
+			size(a.MaxRequestBytesInFlightPerCaller), size(a.MaxRequestBytes))
+	case a.MaxRequestBytesInFlight < a.MaxRequestBytesInFlightPerCaller:
+		return fmt.Errorf("max_request_bytes_in_flight (%s) must be at least max_request_bytes_in_flight_per_caller (%s)",
+			size(a.MaxRequestBytesInFlight), size(a.MaxRequestBytesInFlightPerCaller))
 	}
 	return nil
 }

@@ -489,13 +489,14 @@ func positiveInt(d *caddyfile.Dispenser, dst *int) error {
 }
 
 func sizeArg(d *caddyfile.Dispenser, dst *int64) error {
+	opt := d.Val()
 	var s string
 	if err := caddyopt.String(d, &s); err != nil {
 		return err
 	}
 	n, err := humanize.ParseBytes(s)
 	if err != nil || n == 0 || n > 1<<40 {
-		return d.Errf("invalid size %q (use e.g. 4MiB)", s)
+		return d.Errf("%s: invalid size %q (use e.g. 4MiB)", opt, s)
 	}
 	*dst = int64(n)
 	return nil

@@ -3,7 +3,6 @@ package gateway
 import (
 	"encoding/json"
 	"fmt"
-	"github.com/toolgate/toolgate/internal/caddyopt"
 	"maps"
 	"net/url"
 	"regexp"
@@ -13,6 +12,8 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"golang.org/x/oauth2"
+
+	"github.com/toolgate/toolgate/internal/caddyopt"
 )
 
 // Service is one upstream MCP server in the registry. Only administrators
@@ -347,10 +348,12 @@ func (s *Service) validateRest(fail func(field, format string, args ...any) erro
 				continue // optional
 			}
 			pu, err := url.Parse(v)
-			if v == "" || err != nil || pu.Host == "" {
+			switch {
+			case v == "":
 				return fail("auth oauth "+field, "required: an absolute URL")
-			}
-			if pu.Scheme != "https" && !(pu.Scheme == "http" && s.AllowHTTP) {
+			case err != nil || pu.Host == "" || (pu.Scheme != "https" && pu.Scheme != "http"):
+				return fail("auth oauth "+field, "%q must be an absolute https URL", caddyopt.RedactURL(v))
+			case pu.Scheme == "http" && !s.AllowHTTP:
 				return fail("auth oauth "+field, "%q must be https (or the service needs allow_http)", caddyopt.RedactURL(v))
 			}
 		}

@@ -136,15 +136,15 @@ func TestServiceValidate(t *testing.T) {
 		{"unknown auth kind", func(s *Service) { s.Auth = &UpstreamAuth{Kind: "basic"} }, "auth", `unknown kind "basic"`},
 		{"oauth without block", func(s *Service) { s.Auth = &UpstreamAuth{Kind: AuthOAuth} }, "auth", "authorization_url, token_url and client_id"},
 		{"oauth authorization_url missing", oauthSvc(func(o *OAuthClient) { o.AuthorizationURL = "" }), "auth oauth authorization_url", "absolute URL"},
-		{"oauth token_url relative", oauthSvc(func(o *OAuthClient) { o.TokenURL = "/token" }), "auth oauth token_url", "absolute URL"},
+		{"oauth token_url relative", oauthSvc(func(o *OAuthClient) { o.TokenURL = "/token" }), "auth oauth token_url", "must be an absolute https URL"},
 		{"oauth token_url over http", oauthSvc(func(o *OAuthClient) { o.TokenURL = "http://a.example.com/token" }), "auth oauth token_url", "must be https"},
 		{"oauth authorization_url over http", oauthSvc(func(o *OAuthClient) { o.AuthorizationURL = "http://a.example.com/auth" }), "auth oauth authorization_url", "must be https"},
 		{"oauth revocation_url over http", oauthSvc(func(o *OAuthClient) { o.RevocationURL = "http://a.example.com/revoke" }), "auth oauth revocation_url", "must be https"},
-		{"oauth revocation_url not absolute", oauthSvc(func(o *OAuthClient) { o.RevocationURL = "/revoke" }), "auth oauth revocation_url", "an absolute URL"},
+		{"oauth revocation_url not absolute", oauthSvc(func(o *OAuthClient) { o.RevocationURL = "/revoke" }), "auth oauth revocation_url", "must be an absolute https URL"},
 		{"oauth token_url with another scheme, even with allow_http", func(s *Service) {
 			s.AllowHTTP = true
 			oauthSvc(func(o *OAuthClient) { o.TokenURL = "ftp://a.example.com/token" })(s)
-		}, "auth oauth token_url", "must be https"},
+		}, "auth oauth token_url", "must be an absolute https URL"},
 		{"oauth client_id missing", oauthSvc(func(o *OAuthClient) { o.ClientID = "" }), "auth oauth client_id", "required"},
 	}
 	for _, tt := range tests {
@@ -229,9 +229,9 @@ func TestAppValidateCrossServiceRules(t *testing.T) {
 		{"negative depth", App{MaxJSONDepth: -1}, "max_json_depth, max_request_values and max_response_values must not be negative"},
 		{"negative values", App{MaxResponseValues: -1}, "max_response_values must not be negative"},
 		{"room per caller under max_request_size", App{MaxRequestBytes: 4 << 20, MaxRequestBytesInFlightPerCaller: 1 << 20, MaxRequestBytesInFlight: 8 << 20},
-			"max_request_bytes_in_flight_per_caller (1048576) must be at least max_request_size (4194304)"},
+			"max_request_bytes_in_flight_per_caller (1.0 MiB) must be at least max_request_size (4.0 MiB)"},
 		{"room in all under the caller's", App{MaxRequestBytes: 1, MaxRequestBytesInFlightPerCaller: 8 << 20, MaxRequestBytesInFlight: 4 << 20},
-			"max_request_bytes_in_flight (4194304) at least max_request_bytes_in_flight_per_caller"},
+			"max_request_bytes_in_flight (4.0 MiB) must be at least max_request_bytes_in_flight_per_caller (8.0 MiB)"},
 		{"previous state secrets without a current one", App{PreviousStateSecrets: []string{secret}}, "previous secrets are given, but no current one"},
 		{"a short previous state secret", App{StateSecret: secret, PreviousStateSecrets: []string{secret, "short"}}, "a previous secret is shorter than 32 bytes"},
 		{"valid", App{Services: []*Service{oauth, bearer}, cipher: testCipher(t), PublicURL: "https://gw", StateSecret: secret, PreviousStateSecrets: []string{strings.ToUpper(secret)}}, ""},

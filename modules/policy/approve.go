@@ -55,7 +55,8 @@ func (h *RequestHandler) ask(w http.ResponseWriter, r *http.Request, call *gatew
 		Decision: d, Revision: o.Revision, Masked: h.masked(r.Context(), withArguments(input, o.argsTerm), ac.Arguments), Base: h.app.BaseURL(r)})
 	var tooMany *approval.ErrTooManyPending
 	if errors.As(err, &tooMany) {
-		call.Fail(w, http.StatusTooManyRequests, gateway.CodeUnavailable, "this call needs an approval, and "+err.Error(), gateway.Retryable)
+		call.Fail(w, http.StatusTooManyRequests, gateway.CodeUnavailable, "this call needs an approval, and "+err.Error(),
+			map[string]any{"retryable": true, "limit": "max_pending_per_user", "max": tooMany.Max})
 		return false, nil
 	}
 	if err != nil {
@@ -237,7 +238,8 @@ func (h *ResultHandler) withhold(ctx context.Context, call *gateway.Call, s subj
 	case errors.As(err, &tooMany):
 		why := "the upstream's answer is withheld pending an approval, and " + err.Error()
 		if !toolForm {
-			return nil, &gateway.AnswerError{Code: gateway.CodeUnavailable, Data: gateway.Retryable, Message: why}
+			return nil, &gateway.AnswerError{Code: gateway.CodeUnavailable, Message: why,
+				Data: map[string]any{"retryable": true, "limit": "max_pending_per_user", "max": tooMany.Max}}
 		}
 		return fail(why)
 	case err != nil:

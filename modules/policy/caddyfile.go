@@ -114,7 +114,7 @@ func (c *Config) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		}
 	}
 	if c.Source == "" {
-		return d.Errf("%s: want a policy file or directory, as in: %s policies", directive, directive)
+		return d.Errf("%s: want a policy file or directory, as in: %s policies (Caddy reads a first argument starting with / as a request matcher: give an absolute path as `source <path>` inside the block)", directive, directive)
 	}
 	return nil
 }

@@ -57,7 +57,6 @@ import (
 	"crypto/cipher"
 	"errors"
 	"fmt"
-	"github.com/toolgate/toolgate/internal/caddyopt"
 	"net"
 	"net/url"
 	"strings"
@@ -72,6 +71,7 @@ import (
 	"go.uber.org/zap"
 	"golang.org/x/sync/singleflight"
 
+	"github.com/toolgate/toolgate/internal/caddyopt"
 	"github.com/toolgate/toolgate/modules/gateway"
 )
 

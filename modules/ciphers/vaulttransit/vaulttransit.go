@@ -9,7 +9,6 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
-	"github.com/toolgate/toolgate/internal/caddyopt"
 	"net/http"
 	"strings"
 	"sync"
@@ -20,6 +19,7 @@ import (
 	"github.com/hashicorp/vault/api"
 	"go.uber.org/zap"
 
+	"github.com/toolgate/toolgate/internal/caddyopt"
 	"github.com/toolgate/toolgate/modules/gateway"
 )
 

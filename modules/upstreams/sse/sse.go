@@ -15,7 +15,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/toolgate/toolgate/internal/caddyopt"
 	"net/http"
 	"net/url"
 	"sync"
@@ -26,6 +25,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"go.uber.org/zap"
 
+	"github.com/toolgate/toolgate/internal/caddyopt"
 	"github.com/toolgate/toolgate/internal/mcpbridge"
 	"github.com/toolgate/toolgate/internal/mcpmsg"
 	"github.com/toolgate/toolgate/modules/gateway"
