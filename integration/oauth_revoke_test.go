@@ -229,18 +229,8 @@ func TestOAuthDisconnectWithoutRevocationSaysSo(t *testing.T) {
 
 	p.connectAt(t, g)
 	tok := p.lastIssued(t)
-	r := g.api(t, http.MethodDelete, "/v1/connections/svc", aliceKey, nil)
-	var answer struct {
-		Forgotten bool   `json:"forgotten"`
-		Revoked   *bool  `json:"revoked"`
-		Message   string `json:"message"`
-	}
-	if r.StatusCode != http.StatusOK || json.Unmarshal(r.Body, &answer) != nil || !answer.Forgotten || answer.Revoked == nil || *answer.Revoked ||
-		!strings.Contains(answer.Message, "HTTP 503, temporarily_unavailable") || !strings.Contains(answer.Message, "revoke toolgate's access in your account at the provider") {
-		t.Fatalf("DELETE with the provider refusing the revocation: %d %s", r.StatusCode, r.Body)
-	}
-	if bytes.Contains(r.Body, []byte(tok.RefreshToken)) || bytes.Contains(r.Body, []byte(tok.AccessToken)) {
-		t.Fatalf("the answer holds a token: %s", r.Body)
+	if msg := disconnectNotRevoked(t, g, tok); !strings.Contains(msg, "HTTP 503, temporarily_unavailable") {
+		t.Fatalf("DELETE with the provider refusing the revocation: %s", msg)
 	}
 	if files := g.connectionFiles(t, "svc"); len(files) != 0 {
 		t.Fatalf("the credential was kept: %d connection records", len(files))
@@ -280,6 +270,27 @@ func TestOAuthDisconnectWithoutRevocationURLSendsNothing(t *testing.T) {
 	if status := p.userinfo(t, tok.AccessToken); status != http.StatusOK {
 		t.Fatalf("without revocation_url the grant is left at the provider, yet it answered %d", status)
 	}
+}
+
+// disconnectNotRevoked disconnects alice, expects the answer that the
+// credential is forgotten but not revoked (telling her what to do, and
+// holding neither of tok's tokens), and returns its message.
+func disconnectNotRevoked(t *testing.T, g *gateway, tok issuedTokens) string {
+	t.Helper()
+	r := g.api(t, http.MethodDelete, "/v1/connections/svc", aliceKey, nil)
+	var answer struct {
+		Forgotten bool   `json:"forgotten"`
+		Revoked   *bool  `json:"revoked"`
+		Message   string `json:"message"`
+	}
+	if r.StatusCode != http.StatusOK || json.Unmarshal(r.Body, &answer) != nil || !answer.Forgotten || answer.Revoked == nil || *answer.Revoked ||
+		!strings.Contains(answer.Message, "revoke toolgate's access in your account at the provider") {
+		t.Fatalf("DELETE without a confirmed revocation: %d %s", r.StatusCode, r.Body)
+	}
+	if bytes.Contains(r.Body, []byte(tok.RefreshToken)) || bytes.Contains(r.Body, []byte(tok.AccessToken)) {
+		t.Fatalf("the answer holds a token: %s", r.Body)
+	}
+	return answer.Message
 }
 
 func firstOr(v []url.Values) url.Values {
