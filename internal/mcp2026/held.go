@@ -118,6 +118,27 @@ func (hs *holds) take(id, owner string) *heldEntry {
 	return e
 }
 
+// releaseAll gives up every held exchange: the configuration holding them
+// stopped, and a retry reaches the next one, which holds none of them.
+// Their upstream calls end and their stream places come back now, not at
+// their deadlines.
+func (rt *Runtime) releaseAll() {
+	hs := &rt.holds
+	hs.mu.Lock()
+	all := make([]*heldEntry, 0, len(hs.byID))
+	for _, e := range hs.byID {
+		all = append(all, e)
+	}
+	clear(hs.byID)
+	clear(hs.byOwner)
+	clear(hs.byCaller)
+	hs.mu.Unlock()
+	for _, e := range all {
+		e.timer.Stop()
+		e.held.Release("the gateway's configuration was reloaded; send the call again")
+	}
+}
+
 // HeldCount is how many exchanges are held now.
 func (rt *Runtime) HeldCount() int {
 	rt.holds.mu.Lock()

@@ -80,6 +80,7 @@ func For(app *gateway.App) (*Runtime, error) {
 		}
 		rt := &Runtime{app: app, sealer: s, implied: map[string]*gateway.MCPSession{}, discover: map[string]Discovery{}}
 		app.OnStart(func() { go rt.housekeeping() })
+		app.OnStop(rt.releaseAll)
 		return rt, nil
 	})
 	if err != nil {

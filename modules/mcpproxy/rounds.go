@@ -87,13 +87,19 @@ func placeOf(r *http.Request) func() {
 }
 
 // freeSlot gives the held call's stream place and body room back.
-func (hc *heldCall) freeSlot() {
-	if hc.slot != nil {
-		hc.slot()
-		hc.slot = nil
+func (hc *heldCall) freeSlot() { hc.takePlace()() }
+
+// takePlace takes the held call's stream place and body room, and returns
+// what gives them back.
+func (hc *heldCall) takePlace() (giveBack func()) {
+	slot, room := hc.slot, hc.room
+	hc.slot, hc.room = nil, nil
+	return func() {
+		if slot != nil {
+			slot()
+		}
+		room.Release()
 	}
-	hc.room.Release()
-	hc.room = nil
 }
 
 // handOver gives the held call's stream place and body room to the
@@ -105,15 +111,8 @@ func (hc *heldCall) handOver(r *http.Request) {
 		hc.freeSlot()
 		return
 	}
-	slot, room := hc.slot, hc.room
-	hc.slot, hc.room = nil, nil
 	p.mu.Lock()
-	p.done = func() {
-		if slot != nil {
-			slot()
-		}
-		room.Release()
-	}
+	p.done = hc.takePlace()
 	p.mu.Unlock()
 }
 
