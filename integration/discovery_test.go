@@ -179,3 +179,21 @@ func signInAt(ctx context.Context, authorizeURL, redirect, user, password string
 	}
 	return arrived, nil
 }
+
+// The HTTP API answers a request without a valid token with its own
+// error body (not the MCP endpoint's JSON-RPC error) and the challenge
+// that names the gateway's protected-resource metadata.
+func TestAPIUnauthorizedAnswer(t *testing.T) {
+	g := startGateway(t, gatewayConfig{Upstream: startUpstream(t).URL})
+	for _, key := range []string{"", "not-a-key"} {
+		r := g.api(t, http.MethodGet, "/v1/catalog", key, nil)
+		var body struct {
+			Error struct{ Code, Message string }
+		}
+		if r.StatusCode != http.StatusUnauthorized || json.Unmarshal(r.Body, &body) != nil || body.Error.Code != "unauthorized" ||
+			body.Error.Message == "" || strings.Contains(string(r.Body), "jsonrpc") ||
+			!strings.Contains(r.Header.Get("WWW-Authenticate"), `resource_metadata="`+g.URL+"/.well-known/oauth-protected-resource") {
+			t.Errorf("GET /v1/catalog with key %q: %d %s, WWW-Authenticate %q", key, r.StatusCode, r.Body, r.Header.Get("WWW-Authenticate"))
+		}
+	}
+}

@@ -172,9 +172,10 @@ func Unauthorized(w http.ResponseWriter, r *http.Request, app *gateway.App, err 
 }
 
 // UnauthorizedAPI answers 401 for a request to the HTTP API, whose
-// resource is the gateway itself.
+// resource is the gateway itself, with the API's error body.
 func UnauthorizedAPI(w http.ResponseWriter, r *http.Request, app *gateway.App, err error) {
-	unauthorized(w, resourcemeta.Challenge(app, r, "", err), err)
+	w.Header().Set("WWW-Authenticate", resourcemeta.Challenge(app, r, "", err))
+	gateway.WriteAPIError(w, http.StatusUnauthorized, "unauthorized", err.Error())
 }
 
 func unauthorized(w http.ResponseWriter, challenge string, err error) {
