@@ -34,6 +34,9 @@ const (
 	maxHeldPerOwner  = 16
 )
 
+// ErrStopped is Hold's error once the configuration stopped.
+var ErrStopped = errors.New("the gateway's configuration was reloaded meanwhile; send the call again")
+
 // ErrHeldFull is Hold's error when too many exchanges are held already.
 var ErrHeldFull = errors.New("too many calls are waiting for their client's input")
 
@@ -47,6 +50,7 @@ type heldEntry struct {
 // in it from Hold until Take, or until its deadline, when it is released.
 type holds struct {
 	mu       sync.Mutex
+	stopped  bool // the configuration stopped: nothing is held any more
 	byID     map[string]*heldEntry
 	byOwner  map[string]int
 	byCaller map[string]int
@@ -68,6 +72,11 @@ func (rt *Runtime) Hold(owner string, x Held, deadline time.Time) (string, error
 	hs.mu.Lock()
 	defer hs.mu.Unlock()
 	caller := callerOf(owner)
+	if hs.stopped {
+		// A request of a configuration that stopped may still be running
+		// (a reload lets them finish): a retry reaches the next one.
+		return "", ErrStopped
+	}
 	if len(hs.byID) >= maxHeld || hs.byOwner[owner] >= maxHeldPerOwner || hs.byCaller[caller] >= maxHeldPerCaller {
 		return "", ErrHeldFull
 	}
@@ -125,6 +134,7 @@ func (hs *holds) take(id, owner string) *heldEntry {
 func (rt *Runtime) releaseAll() {
 	hs := &rt.holds
 	hs.mu.Lock()
+	hs.stopped = true
 	all := make([]*heldEntry, 0, len(hs.byID))
 	for _, e := range hs.byID {
 		all = append(all, e)

@@ -87,32 +87,30 @@ func placeOf(r *http.Request) func() {
 }
 
 // freeSlot gives the held call's stream place and body room back.
-func (hc *heldCall) freeSlot() { hc.takePlace()() }
-
-// takePlace takes the held call's stream place and body room, and returns
-// what gives them back.
-func (hc *heldCall) takePlace() (giveBack func()) {
-	slot, room := hc.slot, hc.room
-	hc.slot, hc.room = nil, nil
-	return func() {
-		if slot != nil {
-			slot()
-		}
-		room.Release()
+func (hc *heldCall) freeSlot() {
+	if hc.slot != nil {
+		hc.slot()
+		hc.slot = nil
 	}
+	hc.room.Release()
+	hc.room = nil
 }
 
-// handOver gives the held call's stream place and body room to the
-// request r that continues it: they are given back when r ends, unless
-// the call is held again.
+// handOver gives the held call's stream place to the request r that
+// continues it: given back when r ends, unless the call is held again.
+// The room of the first round's body stays with the call, which keeps
+// that body until it ends (a retry's own body is the retry's).
 func (hc *heldCall) handOver(r *http.Request) {
 	p, ok := r.Context().Value(streamPlaceKey{}).(*streamPlace)
 	if !ok {
-		hc.freeSlot()
+		if hc.slot != nil {
+			hc.slot()
+		}
+		hc.slot = nil
 		return
 	}
 	p.mu.Lock()
-	p.done = hc.takePlace()
+	p.done, hc.slot = hc.slot, nil
 	p.mu.Unlock()
 }
 
@@ -155,6 +153,8 @@ func (h *Handler) rounds(w http.ResponseWriter, r *http.Request, cur *gateway.Ca
 		if !held {
 			hc.rs.close()
 			hc.cancel()
+			hc.room.Release() // the first round's body, kept while the call was held
+			hc.room = nil
 		}
 	}()
 	var out *sseWriter
@@ -263,7 +263,9 @@ func (h *Handler) hold(w http.ResponseWriter, r *http.Request, cur *gateway.Call
 	}
 	owner := mcp2026.Owner(cur)
 	hc.slot = placeOf(r)
-	hc.room = gateway.RequestRoom(r.Context()).Handover()
+	if hc.room == nil { // the first round: the call keeps this body
+		hc.room = gateway.RequestRoom(r.Context()).Handover()
+	}
 	if hc.slot == nil {
 		slot, err := h.app.OpenStream(cur.Caller.User)
 		if err != nil {
@@ -303,7 +305,7 @@ func (h *Handler) continueHeld(w http.ResponseWriter, r *http.Request, call *gat
 			"requestState refused: the call it continues is no longer held (it timed out, or another replica of the gateway holds it); send the call again without it", nil)
 		return
 	}
-	hc.handOver(r) // the retry holds the call's place and room from now on
+	hc.handOver(r) // the retry holds the call's place from now on
 	hc.detach = context.AfterFunc(r.Context(), hc.cancel)
 	c := *hc.call
 	c.Credential = call.Credential // the current one: an OAuth token may have been refreshed
