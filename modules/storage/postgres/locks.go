@@ -92,6 +92,9 @@ func (s *Storage) Lock(ctx context.Context, name string) error {
 	}
 }
 
+// acquireTimeout bounds one acquisition's statement.
+const acquireTimeout = 10 * time.Second
+
 // TryLock acquires the lock name if it is free or expired, and reports
 // whether it did; it does not wait.
 func (s *Storage) TryLock(ctx context.Context, name string) (bool, error) {
@@ -108,7 +111,25 @@ func (s *Storage) TryLock(ctx context.Context, name string) (bool, error) {
 
 // acquire makes one attempt. When the lock is held by another owner, wait
 // is how long that owner's lease has left (0 if unknown).
+//
+// The statement runs to its end even if ctx ends meanwhile: cancelled
+// half way, PostgreSQL could give the lock to an attempt whose answer is
+// lost, which nobody would release before its lease ran out. A lock taken
+// for a ctx that ended meanwhile is released at once (and not taken).
 func (s *Storage) acquire(ctx context.Context, q *queries, name, token string) (ok bool, wait time.Duration, err error) {
+	ok, wait, err = s.acquireWhole(ctx, q, name, token)
+	if ok && ctx.Err() != nil {
+		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		_ = s.Unlock(uctx, name)
+		return false, 0, fmt.Errorf("postgres storage: locking %q: %w", name, ctx.Err())
+	}
+	return ok, wait, err
+}
+
+func (s *Storage) acquireWhole(ctx context.Context, q *queries, name, token string) (ok bool, wait time.Duration, err error) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), acquireTimeout)
+	defer cancel()
 	lease := s.lease()
 	var fence, left *int64
 	err = s.db.do(ctx, func(ctx context.Context) error {

@@ -310,3 +310,34 @@ func mustLoadPG(t *testing.T, s *Storage, k string) []byte {
 	}
 	return v
 }
+
+// TestCancelledLockHoldsNothing: a Lock whose context ends holds nothing
+// afterwards — its statement runs to its end and a lock it took is given
+// back — so the next owner does not wait out a lease nobody renews.
+func TestCancelledLockHoldsNothing(t *testing.T) {
+	dsn, table := sharedDSN(t, "cancel"), newTableName()
+	s := newStorage(t, dsn, table, time.Minute)
+	ctx := t.Context()
+	if err := s.Lock(ctx, "warm"); err != nil { // the table is made
+		t.Fatal(err)
+	}
+	for i := range 20 {
+		cctx, cancel := context.WithCancel(ctx)
+		go func() {
+			time.Sleep(time.Duration(i*50) * time.Microsecond)
+			cancel()
+		}()
+		if err := s.Lock(cctx, "raced"); err == nil {
+			if err := s.Unlock(ctx, "raced"); err != nil {
+				t.Fatal(err)
+			}
+		}
+		cancel()
+		if ok, err := s.TryLock(ctx, "raced"); err != nil || !ok {
+			t.Fatalf("round %d: TryLock after a cancelled Lock = %v, %v (the lock was left held)", i, ok, err)
+		}
+		if err := s.Unlock(ctx, "raced"); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
