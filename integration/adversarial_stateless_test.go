@@ -120,16 +120,7 @@ func saSend(t *testing.T, g *gateway, path, token, session, method, name, body s
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
-	data, _ := io.ReadAll(resp.Body)
-	if strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
-		lines := strings.Split(strings.TrimSpace(string(data)), "\n")
-		for i := len(lines) - 1; i >= 0; i-- {
-			if d, ok := strings.CutPrefix(lines[i], "data: "); ok {
-				data = []byte(d)
-				break
-			}
-		}
-	}
+	data := answerBody(resp)
 	var out map[string]any
 	_ = json.Unmarshal(data, &out)
 	if out == nil {

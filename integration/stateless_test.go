@@ -218,17 +218,7 @@ func statelessPost(t testing.TB, g *gateway, key, session, body string, hdr map[
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
-	data, _ := io.ReadAll(resp.Body)
-	if strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
-		// The answer is the last data line.
-		lines := strings.Split(strings.TrimSpace(string(data)), "\n")
-		for i := len(lines) - 1; i >= 0; i-- {
-			if d, ok := strings.CutPrefix(lines[i], "data: "); ok {
-				data = []byte(d)
-				break
-			}
-		}
-	}
+	data := answerBody(resp)
 	var out map[string]any
 	if err := json.Unmarshal(data, &out); err != nil {
 		t.Fatalf("answer %d is not JSON: %s", resp.StatusCode, data)
@@ -513,4 +503,19 @@ func TestStatelessRunnerWithoutSessionHeader(t *testing.T) {
 	if initializes != 1 {
 		t.Fatalf("the upstream initialized %d times, want 1", initializes)
 	}
+}
+
+// answerBody reads resp's body: a JSON answer as it is, or the last data
+// line of an SSE stream (the answer comes last).
+func answerBody(resp *http.Response) []byte {
+	data, _ := io.ReadAll(resp.Body)
+	if strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
+		lines := strings.Split(strings.TrimSpace(string(data)), "\n")
+		for i := len(lines) - 1; i >= 0; i-- {
+			if d, ok := strings.CutPrefix(lines[i], "data: "); ok {
+				return []byte(d)
+			}
+		}
+	}
+	return data
 }

@@ -293,13 +293,6 @@ func (k *keyedMutex) lock(key string) (unlock func()) {
 	}
 }
 
-// held is how many keys have a mutex now.
-func (k *keyedMutex) held() int {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	return len(k.keys)
-}
-
 // lockTimeout bounds waiting for a session's storage lock: a replica
 // that died holding it releases it within the storage's lease.
 const lockTimeout = 30 * time.Second

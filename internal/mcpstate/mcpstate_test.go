@@ -404,3 +404,10 @@ func TestKeyedMutexUnderChurn(t *testing.T) {
 		t.Fatalf("%d keys left a lock behind", n)
 	}
 }
+
+// held is how many keys have a mutex now.
+func (k *keyedMutex) held() int {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return len(k.keys)
+}
