@@ -505,3 +505,112 @@ func TestExhaustionAttackConcurrentLargeRequests(t *testing.T) {
 		t.Errorf("the upstream saw %d calls from bodies never sent", n)
 	}
 }
+
+// Attack: a stream the runner dropped is kept until its call's deadline so
+// that the runner can resume it, and it keeps the runner's request with
+// it; its body's room was given back as the request ended all the same. A
+// runner calling a tool whose stream can be resumed, with a body near
+// max_request_size each time, and dropping each stream at its first event,
+// made the gateway hold body after body past
+// max_request_bytes_in_flight_per_caller (every dropped call's, for as long
+// as its deadline). A kept stream now holds its request's room until it is
+// forgotten: resumed to its answer, or at its deadline.
+func TestExhaustionAttackDroppedStreamsKeepTheirRequests(t *testing.T) {
+	_, g, m := aliceSession(t, gatewayConfig{Timeout: "6s",
+		Extra: "max_request_size 1MiB\nmax_request_bytes_in_flight_per_caller 2MiB"})
+	pad := strings.Repeat("p", 900<<10)
+	// drop calls the progress tool with a 900 KiB body, reads its stream
+	// up to the first progress, drops it, and returns the id of the last
+	// event read.
+	drop := func(id int) string {
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		resp, err := m.send(ctx, http.MethodPost, "application/json, text/event-stream", fmt.Sprintf(
+			`{"jsonrpc":"2.0","id":%d,"method":"tools/call","params":{"name":"progress","arguments":{"steps":10},"_meta":{"progressToken":"p%d","pad":%q}}}`,
+			id, id, pad), "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			b, _ := io.ReadAll(resp.Body)
+			t.Fatalf("call %d: %d %s", id, resp.StatusCode, b)
+		}
+		lines := bufio.NewReader(resp.Body)
+		lastID := ""
+		for {
+			line, err := lines.ReadString('\n')
+			if err != nil {
+				t.Fatalf("call %d: the stream ended before any progress: %v", id, err)
+			}
+			if v, ok := strings.CutPrefix(strings.TrimSuffix(line, "\n"), "id: "); ok {
+				lastID = v
+			}
+			if strings.Contains(line, `"progress":1`) {
+				break
+			}
+		}
+		if lastID == "" {
+			t.Fatalf("call %d: the progress event had no id", id)
+		}
+		return lastID
+	}
+	// ping sends a ping with a 900 KiB body until one is answered as want
+	// says (or tries run out), and returns the last answer.
+	next := 100
+	ping := func(tries int, want func(status int, body string) bool) (int, string) {
+		var status int
+		var body string
+		for range tries {
+			next++
+			resp, err := m.send(context.Background(), http.MethodPost, "application/json, text/event-stream",
+				fmt.Sprintf(`{"jsonrpc":"2.0","id":%d,"method":"ping","params":{"_meta":{"pad":%q}}}`, next, pad), "")
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			status, body = resp.StatusCode, string(b)
+			if want(status, body) {
+				break
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		return status, body
+	}
+	refused := func(status int, body string) bool {
+		return status == http.StatusServiceUnavailable && strings.Contains(body, `"limit":"max_request_bytes_in_flight_per_caller"`)
+	}
+	served := func(status int, _ string) bool { return status == http.StatusOK }
+
+	a := drop(1)
+	drop(2)
+	// The gateway learns of each drop as it reads the connection's end: a
+	// ping is given a few tries.
+	if status, body := ping(40, refused); !refused(status, body) {
+		t.Fatalf("with two dropped streams of 900 KiB requests kept, a third 900 KiB request: %d %.300s, want 503 naming max_request_bytes_in_flight_per_caller", status, body)
+	}
+	// An operator sees the bound reached (and the dashboard charts it).
+	requireMetrics(t, g, refusalMetricName, "toolgate_request_bytes_in_flight", "toolgate_streams_open")
+	// Resumed to its answer, a stream gives its room back at once.
+	resumed, err := m.send(context.Background(), http.MethodGet, "text/event-stream", "", a)
+	if err != nil || resumed.StatusCode != http.StatusOK {
+		t.Fatalf("GET with Last-Event-ID %q: %v %v", a, err, resumed)
+	}
+	rest, _ := io.ReadAll(resumed.Body)
+	resumed.Body.Close()
+	if !strings.Contains(string(rest), `"text":"done"`) {
+		t.Fatalf("the resumed stream = %q, want the answer", rest)
+	}
+	if status, body := ping(10, served); status != http.StatusOK {
+		t.Fatalf("once one of the two was resumed to its answer, a 900 KiB request: %d %.300s", status, body)
+	}
+	// The other's room comes back at its deadline (6s after its call).
+	drop(3)
+	if status, body := ping(40, refused); !refused(status, body) {
+		t.Fatalf("with two dropped streams kept again, a 900 KiB request: %d %.300s, want 503", status, body)
+	}
+	if status, body := ping(200, served); status != http.StatusOK {
+		t.Fatalf("after the first kept stream's deadline, a 900 KiB request: %d %.300s", status, body)
+	}
+}

@@ -352,7 +352,7 @@ func (a *App) Provision(ctx caddy.Context) error {
 			a.buildOAuthConfig(s)
 		}
 	}
-	if err := registerOAuthMetrics(ctx.GetMetricsRegistry()); err != nil {
+	if err := registerMetrics(ctx.GetMetricsRegistry()); err != nil {
 		return fmt.Errorf("registering metrics: %v", err)
 	}
 

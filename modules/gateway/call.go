@@ -34,6 +34,13 @@ type Call struct {
 	// (2026-07-28); MCPSession is then the session toolgate implies for
 	// the caller, toolgate session, service and declared capabilities.
 	Stateless *Stateless
+	// Room is the room held for Message's body under the request byte
+	// limits, given back when the request ends. A step that keeps the body
+	// beyond its request (a call held between rounds, a stream kept for
+	// the runner to resume) takes the room over (RequestBytes.Handover).
+	// Nil for a request without a body, or one made inside another whose
+	// room covers it (WithRoomHeld).
+	Room *RequestBytes
 
 	// Set by toolgate_policy, then by toolgate_result_policy once it has
 	// decided the result.

@@ -40,8 +40,10 @@ func (a *App) OpenStream(user string) (done func(), err error) {
 	defer openStreams.Unlock()
 	switch {
 	case openStreams.byUser[user] >= a.MaxStreamsPerCaller:
+		countRefusal("max_streams_per_caller")
 		return nil, &StreamLimitError{Option: "max_streams_per_caller", Limit: a.MaxStreamsPerCaller}
 	case openStreams.all >= a.MaxStreams:
+		countRefusal("max_streams")
 		return nil, &StreamLimitError{Option: "max_streams", Limit: a.MaxStreams}
 	}
 	openStreams.all++
@@ -102,8 +104,10 @@ func (a *App) HoldRequestBytes(user string, n int64) (*RequestBytes, error) {
 	defer h.Unlock()
 	switch {
 	case h.byUser[user]+n > a.MaxRequestBytesInFlightPerCaller:
+		countRefusal("max_request_bytes_in_flight_per_caller")
 		return nil, &RequestBytesLimitError{Option: "max_request_bytes_in_flight_per_caller", Limit: a.MaxRequestBytesInFlightPerCaller}
 	case h.all+n > a.MaxRequestBytesInFlight:
+		countRefusal("max_request_bytes_in_flight")
 		return nil, &RequestBytesLimitError{Option: "max_request_bytes_in_flight", Limit: a.MaxRequestBytesInFlight}
 	}
 	h.all += n
@@ -157,36 +161,19 @@ func (b *RequestBytes) Handover() *RequestBytes {
 	return moved
 }
 
-type requestRoomKey struct{}
-
-// roomHeld marks a request whose body's room an outer request holds.
-var roomHeld = new(RequestBytes)
-
-// WithRequestRoom returns ctx carrying b, the room held for its request's
-// body, for a later step to take over (RequestRoom, Handover).
-func WithRequestRoom(ctx context.Context, b *RequestBytes) context.Context {
-	return context.WithValue(ctx, requestRoomKey{}, b)
-}
+// roomHeldKey marks a request whose body's room an outer request holds.
+type roomHeldKey struct{}
 
 // WithRoomHeld returns ctx for a request made inside another whose body
 // room covers it (a federated message's call of a service): reading its
 // body holds no room again.
 func WithRoomHeld(ctx context.Context) context.Context {
-	return context.WithValue(ctx, requestRoomKey{}, roomHeld)
-}
-
-// RequestRoom is the room ctx carries (WithRequestRoom), or nil.
-func RequestRoom(ctx context.Context) *RequestBytes {
-	b, _ := ctx.Value(requestRoomKey{}).(*RequestBytes)
-	if b == roomHeld {
-		return nil
-	}
-	return b
+	return context.WithValue(ctx, roomHeldKey{}, true)
 }
 
 // RoomHeld reports whether ctx is of a request whose body room an outer
 // request holds (WithRoomHeld).
 func RoomHeld(ctx context.Context) bool {
-	b, _ := ctx.Value(requestRoomKey{}).(*RequestBytes)
-	return b == roomHeld
+	held, _ := ctx.Value(roomHeldKey{}).(bool)
+	return held
 }

@@ -264,7 +264,7 @@ func (h *Handler) hold(w http.ResponseWriter, r *http.Request, cur *gateway.Call
 	owner := mcp2026.Owner(cur)
 	hc.slot = placeOf(r)
 	if hc.room == nil { // the first round: the call keeps this body
-		hc.room = gateway.RequestRoom(r.Context()).Handover()
+		hc.room = cur.Room.Handover()
 	}
 	if hc.slot == nil {
 		slot, err := h.app.OpenStream(cur.Caller.User)

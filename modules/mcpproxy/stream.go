@@ -119,6 +119,11 @@ type runnerStream struct {
 	owner   context.CancelFunc // stops the relay writing the stream now
 	active  chan struct{}      // closed when that relay ends
 	settled bool               // the answer was written: nothing to resume
+	// room is the room of the runner's request body while the stream is
+	// kept after its request ended: a kept stream keeps the request, so a
+	// runner dropping streams one after another stays within the bounds on
+	// request bytes in flight.
+	room *gateway.RequestBytes
 }
 
 // newRunnerStream starts numbering the events of out, the SSE stream of the
@@ -201,10 +206,11 @@ func (s *runnerStream) finished() {
 	s.mu.Unlock()
 }
 
-// release ends the relay writing the stream; a stream that cannot be
+// release ends the relay writing the stream. A stream that cannot be
 // resumed is forgotten, and one that can is forgotten when its call's
-// deadline passes (it holds the runner's request: kept on, streams the
-// runner dropped would pin their requests until newer ones push them out).
+// deadline passes, holding its request's body room until then (it holds
+// the runner's request: kept on, streams the runner dropped would pin
+// their requests until newer ones push them out, uncounted).
 func (s *runnerStream) release() {
 	if s == nil {
 		return
@@ -212,17 +218,30 @@ func (s *runnerStream) release() {
 	resumable := s.resumable()
 	s.mu.Lock()
 	close(s.active)
+	if resumable && !s.deadline.IsZero() && s.room == nil {
+		s.room = s.call.Room.Handover()
+	}
 	s.mu.Unlock()
 	switch {
 	case !resumable:
-		s.session.ForgetStream(s.token)
+		s.forget()
 	case !s.deadline.IsZero():
 		time.AfterFunc(time.Until(s.deadline)+time.Millisecond, func() {
 			if !s.resumable() {
-				s.session.ForgetStream(s.token)
+				s.forget()
 			}
 		})
 	}
+}
+
+// forget drops the stream from its MCP session and gives back the room it
+// held for its request.
+func (s *runnerStream) forget() {
+	s.session.ForgetStream(s.token)
+	s.mu.Lock()
+	room := s.room
+	s.mu.Unlock()
+	room.Release()
 }
 
 // takeOver stops the relay still writing the stream, if any, and makes out

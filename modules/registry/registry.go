@@ -148,11 +148,6 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		call.OnResult(allowlistTools)
 		call.OnResult(h.pins.FilterList)
 	}
-	if held != nil && call.Stateless != nil {
-		// A stateless call held between rounds keeps its body: it takes
-		// the room over (gateway.RequestBytes.Handover).
-		r = r.WithContext(gateway.WithRequestRoom(r.Context(), held))
-	}
 	return next.ServeHTTP(w, r)
 }
 
@@ -161,6 +156,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 // returns false when the message is unacceptable.
 func (h *Handler) readMessage(w http.ResponseWriter, r *http.Request, call *gateway.Call, svc *gateway.Service) (*gateway.RequestBytes, bool) {
 	msg, held, ok := ReadMessage(w, r, h.app, call.Caller.User, h.limits)
+	call.Room = held
 	return held, ok && h.takeMessage(w, r, call, svc, msg)
 }
 
