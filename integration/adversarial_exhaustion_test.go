@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"math"
 	"net"
 	"net/http"
 	"os"
@@ -409,6 +410,11 @@ func TestExhaustionAttackConcurrentLargeRequests(t *testing.T) {
 	up := startUpstream(t)
 	g := startGateway(t, gatewayConfig{Upstream: up.URL, Extra: "max_request_size 1MiB\n" +
 		"max_request_bytes_in_flight_per_caller 2MiB\nmax_request_bytes_in_flight 3MiB"})
+	// The bound in all is the process's: streams earlier tests' runners
+	// dropped hold their requests' room until their calls' deadlines.
+	if now, ok := settleBoundGauges(t, g, boundGauges{streams: math.Inf(1)}, 30*time.Second); !ok {
+		t.Fatalf("request bytes held by earlier tests never came back: %v", now)
+	}
 	alice := g.raw(t, aliceKey, g.createSession(t, aliceKey, "svc"), "svc")
 	alice.initialize()
 	bob := g.raw(t, bobKey, g.createSession(t, bobKey, "svc"), "svc")

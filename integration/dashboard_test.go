@@ -2,12 +2,14 @@ package integration
 
 import (
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -108,5 +110,66 @@ func TestDashboardChartsExportedMetrics(t *testing.T) {
 	}
 	if len(charted) < 7 {
 		t.Errorf("the dashboard charts only %v", charted)
+	}
+}
+
+// boundGauges are the values of the two gauges of the bounds.
+type boundGauges struct {
+	streams float64 // toolgate_streams_open
+	bytes   float64 // toolgate_request_bytes_in_flight
+}
+
+func (a boundGauges) String() string {
+	return fmt.Sprintf("streams_open %g, request_bytes_in_flight %g", a.streams, a.bytes)
+}
+
+// readBoundGauges reads the gauges from g's /metrics.
+func readBoundGauges(t testing.TB, g *gateway) boundGauges {
+	t.Helper()
+	resp, err := (&http.Client{Transport: g.transport(), Timeout: 10 * time.Second}).Get(g.URL + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	var out boundGauges
+	found := 0
+	for _, line := range strings.Split(string(body), "\n") {
+		name, value, ok := strings.Cut(line, " ")
+		if !ok {
+			continue
+		}
+		v, err := strconv.ParseFloat(strings.TrimSpace(value), 64)
+		if err != nil {
+			continue
+		}
+		switch name {
+		case "toolgate_streams_open":
+			out.streams, found = v, found+1
+		case "toolgate_request_bytes_in_flight":
+			out.bytes, found = v, found+1
+		}
+	}
+	if found != 2 {
+		t.Fatalf("/metrics lacks toolgate_streams_open or toolgate_request_bytes_in_flight:\n%.2000s", body)
+	}
+	return out
+}
+
+// settleBoundGauges polls the gauges until both are back at (or under) before,
+// for at most within, and returns the last reading and whether they came
+// back.
+func settleBoundGauges(t testing.TB, g *gateway, before boundGauges, within time.Duration) (boundGauges, bool) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		now := readBoundGauges(t, g)
+		if now.streams <= before.streams && now.bytes <= before.bytes {
+			return now, true
+		}
+		if time.Now().After(deadline) {
+			return now, false
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 }

@@ -241,6 +241,52 @@ func TestRunnerResumesADroppedStream(t *testing.T) {
 	}
 }
 
+// A runner that resumes its stream while its first request is still open
+// (a client that gave up on a stalled connection without closing it) gets
+// the rest of the call on the resumed stream: the first relay stops
+// quietly, and the upstream is not told to cancel the call.
+func TestRunnerResumesAStreamStillOpen(t *testing.T) {
+	up, _, m := aliceSession(t, gatewayConfig{})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	first, err := m.send(ctx, http.MethodPost, "application/json, text/event-stream",
+		`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"progress","arguments":{"steps":40},"_meta":{"progressToken":"p"}}}`, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer first.Body.Close()
+	lines := bufio.NewReader(first.Body)
+	lastID := ""
+	for !strings.Contains(lastID, ".") {
+		line, err := lines.ReadString('\n')
+		if err != nil {
+			t.Fatalf("the stream ended before any event with an id: %v", err)
+		}
+		if id, ok := strings.CutPrefix(strings.TrimSuffix(line, "\n"), "id: "); ok && strings.Contains(line, ".") {
+			lastID = id
+		}
+	}
+	resumed, err := m.send(context.Background(), http.MethodGet, "text/event-stream", "", lastID)
+	if err != nil || resumed.StatusCode != http.StatusOK {
+		t.Fatalf("GET with Last-Event-ID %q while the first request is open: %v %v", lastID, err, resumed)
+	}
+	body, _ := io.ReadAll(resumed.Body)
+	resumed.Body.Close()
+	stream := sseref.Parse(string(body))
+	if len(stream.Events) == 0 || !strings.Contains(stream.Events[len(stream.Events)-1].Data, `"text":"done"`) {
+		t.Fatalf("the resumed stream = %q, want the rest and the answer", body)
+	}
+	rest, _ := io.ReadAll(lines)
+	if strings.Contains(string(rest), `"error"`) {
+		t.Errorf("the first stream, taken over, ended with an error: %q", rest)
+	}
+	for _, r := range up.requestLog() {
+		if strings.Contains(r.Body, "notifications/cancelled") {
+			t.Errorf("the upstream was told to cancel the call: %s", r.Body)
+		}
+	}
+}
+
 // A bare CR in an upstream's SSE data cannot show the result
 // policy one message and a standard-conforming runner another.
 func TestBareCRCannotHideAResultFromThePolicy(t *testing.T) {

@@ -39,7 +39,7 @@ type Call struct {
 	// beyond its request (a call held between rounds, a stream kept for
 	// the runner to resume) takes the room over (RequestBytes.Handover).
 	// Nil for a request without a body, or one made inside another whose
-	// room covers it (WithRoomHeld).
+	// room covers it (WithOuterRequest).
 	Room *RequestBytes
 
 	// Set by toolgate_policy, then by toolgate_result_policy once it has

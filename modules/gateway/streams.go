@@ -161,19 +161,21 @@ func (b *RequestBytes) Handover() *RequestBytes {
 	return moved
 }
 
-// roomHeldKey marks a request whose body's room an outer request holds.
-type roomHeldKey struct{}
+// innerKey marks a request made inside another.
+type innerKey struct{}
 
-// WithRoomHeld returns ctx for a request made inside another whose body
-// room covers it (a federated message's call of a service): reading its
-// body holds no room again.
-func WithRoomHeld(ctx context.Context) context.Context {
-	return context.WithValue(ctx, roomHeldKey{}, true)
+// WithOuterRequest returns ctx for a request made inside another (a
+// federated message's call of a service). The outer request's body room
+// covers it: reading its body holds no room again. The runner sees the
+// outer request's answer, never the inner one's stream: nothing keeps
+// that stream for the runner to resume.
+func WithOuterRequest(ctx context.Context) context.Context {
+	return context.WithValue(ctx, innerKey{}, true)
 }
 
-// RoomHeld reports whether ctx is of a request whose body room an outer
-// request holds (WithRoomHeld).
-func RoomHeld(ctx context.Context) bool {
-	held, _ := ctx.Value(roomHeldKey{}).(bool)
-	return held
+// IsInnerRequest reports whether ctx is of a request made inside another
+// (WithOuterRequest).
+func IsInnerRequest(ctx context.Context) bool {
+	inner, _ := ctx.Value(innerKey{}).(bool)
+	return inner
 }

@@ -194,8 +194,14 @@ func (h *Handler) request(w http.ResponseWriter, r *http.Request, call *gateway.
 	if rs.sse != nil && acceptsSSE(r) {
 		out = newSSEWriter(w)
 	}
-	deadline, _ := ctx.Deadline()
-	h.relay(r.Context(), w, call, rs, out, newRunnerStream(call, deadline, out, cancel))
+	var st *runnerStream
+	if !gateway.IsInnerRequest(r.Context()) {
+		// (A federated message's call of a service: the runner has the
+		// federated message's stream, and nothing resumes this one.)
+		deadline, _ := ctx.Deadline()
+		st = newRunnerStream(call, deadline, out, cancel)
+	}
+	h.relay(r.Context(), w, call, rs, out, st)
 }
 
 // post sends body upstream in the call's MCP session, re-initializing the
@@ -225,12 +231,17 @@ func (h *Handler) relay(runner context.Context, w http.ResponseWriter, call *gat
 		defer h.keepAlive(out, call.Service)()
 		rs.onPrime = st.prime
 	}
+	takeovers := st.takeoverCount()
 	for {
 		msg, err := rs.next()
 		if err != nil {
 			switch {
 			case !call.IsRequest():
 				return // the standalone stream ended
+			case st.takeoverCount() != takeovers:
+				// The runner resumed the stream on another request (while
+				// this one was still open): the call goes on there.
+				return
 			case call.MCPSession.Closed():
 				h.writeFinal(w, out, "", message{gateway.RPCError(call.Message.ID, gateway.CodeSessionNotFound,
 					"the MCP session was ended while the request was in progress", nil)})

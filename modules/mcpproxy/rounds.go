@@ -129,6 +129,17 @@ func (hc *heldCall) Release(why string) {
 	hc.h.cancelUpstream(hc.call, hc.up, why)
 }
 
+// letGo stops the end of the runner's current request from ending the
+// exchange, and forgets that request: what watched it holds its context,
+// and so its call and body, whose room is given back as the request ends
+// (a retry holding the call again kept its body for as long as the call
+// was held, uncounted). It reports false when the runner went away already.
+func (hc *heldCall) letGo() bool {
+	detach := hc.detach
+	hc.detach = nil
+	return detach()
+}
+
 // roundsContext bounds a call that may be held between rounds: by the
 // service timeout and the MCP session's life, and by the runner's request
 // until the call is held (detach).
@@ -239,7 +250,7 @@ func (h *Handler) askRunner(w http.ResponseWriter, r *http.Request, cur *gateway
 	hc.seq++
 	hc.asked = append(hc.asked, asked{id: msg.ID,
 		input: mcp2026.InputRequest{Key: "upstream-" + strconv.Itoa(hc.seq), Method: msg.Method, Params: params}})
-	if !hc.detach() {
+	if !hc.letGo() {
 		h.refuseServerRequest(hc.call, msg, "the client went away")
 		h.cancelUpstream(hc.call, hc.up, "the client went away")
 		return false, true
@@ -334,7 +345,7 @@ func (h *Handler) continueHeld(w http.ResponseWriter, r *http.Request, call *gat
 	}
 	hc.asked = left
 	if len(left) > 0 {
-		if !hc.detach() {
+		if !hc.letGo() {
 			hc.Release("the client went away")
 		} else if !h.hold(w, r, call, hc, nil) {
 			hc.rs.close()

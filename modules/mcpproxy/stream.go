@@ -119,6 +119,10 @@ type runnerStream struct {
 	owner   context.CancelFunc // stops the relay writing the stream now
 	active  chan struct{}      // closed when that relay ends
 	settled bool               // the answer was written: nothing to resume
+	// takeovers counts the resumes that stopped the relay writing the
+	// stream (takeOver), so that a relay can tell being stopped for a
+	// resume from a failure (takenOver).
+	takeovers uint64
 	// room is the room of the runner's request body while the stream is
 	// kept after its request ended: a kept stream keeps the request, so a
 	// runner dropping streams one after another stays within the bounds on
@@ -217,7 +221,11 @@ func (s *runnerStream) release() {
 	}
 	resumable := s.resumable()
 	s.mu.Lock()
-	close(s.active)
+	select {
+	case <-s.active: // never closed twice (takeOver replaces it only once it is closed)
+	default:
+		close(s.active)
+	}
 	if resumable && !s.deadline.IsZero() && s.room == nil {
 		s.room = s.call.Room.Handover()
 	}
@@ -245,22 +253,53 @@ func (s *runnerStream) forget() {
 }
 
 // takeOver stops the relay still writing the stream, if any, and makes out
-// the stream's writer. It fails when ctx ends first.
+// the stream's writer. When several resumes race, the last one to ask gets
+// the stream: each stops the one before it. It fails when ctx ends first,
+// and with errNothingToResume when the answer was written or the call's
+// deadline passed meanwhile.
 func (s *runnerStream) takeOver(ctx context.Context, out *sseWriter, stop context.CancelFunc) error {
-	s.mu.Lock()
-	owner, active := s.owner, s.active
-	s.mu.Unlock()
-	owner()
-	select {
-	case <-active:
-	case <-ctx.Done():
-		return ctx.Err()
+	for {
+		s.mu.Lock()
+		owner, active := s.owner, s.active
+		s.takeovers++
+		s.mu.Unlock()
+		owner()
+		select {
+		case <-active:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		s.mu.Lock()
+		switch {
+		case s.active != active:
+			// Another resume took the stream over meanwhile.
+			s.mu.Unlock()
+			continue
+		case s.settled || (!s.deadline.IsZero() && !time.Now().Before(s.deadline)):
+			s.mu.Unlock()
+			return errNothingToResume
+		}
+		s.out, s.owner, s.active, s.primed = out, stop, make(chan struct{}), true
+		s.mu.Unlock()
+		return nil
+	}
+}
+
+// takeoverCount returns how many resumes have taken the stream over so far
+// (0 for no stream): a relay that started when it was n and ends with
+// more was stopped for a resume.
+func (s *runnerStream) takeoverCount() uint64 {
+	if s == nil {
+		return 0
 	}
 	s.mu.Lock()
-	s.out, s.owner, s.active, s.primed = out, stop, make(chan struct{}), true
-	s.mu.Unlock()
-	return nil
+	defer s.mu.Unlock()
+	return s.takeovers
 }
+
+// errNothingToResume: a resumed stream's answer was written, or its
+// call's deadline passed, while the resume waited for it.
+var errNothingToResume = errors.New("nothing to resume")
 
 // resumeForRunner continues a stream the runner lost, from the event id it
 // last received: toolgate resumes the upstream's stream where that event
@@ -276,9 +315,7 @@ func (h *Handler) resumeForRunner(w http.ResponseWriter, r *http.Request, call *
 		upstreamID, ok = st.upstreamID(seq)
 	}
 	if !ok || (!st.deadline.IsZero() && time.Now().After(st.deadline)) {
-		// 400, not 404: a 404 would tell the runner its session is gone.
-		gateway.WriteRPCError(w, http.StatusBadRequest, nil, gateway.CodeInvalidRequest,
-			"Last-Event-ID names no stream this MCP session can resume", nil)
+		refuseResume(w)
 		return
 	}
 	var ctx context.Context
@@ -292,6 +329,10 @@ func (h *Handler) resumeForRunner(w http.ResponseWriter, r *http.Request, call *
 	defer context.AfterFunc(ms.Context(), cancel)()
 	out := newSSEWriter(w)
 	if err := st.takeOver(ctx, out, cancel); err != nil {
+		if errors.Is(err, errNothingToResume) {
+			refuseResume(w)
+			return
+		}
 		h.answerError(w, r, call, unavailable("the stream is still in use; retry"))
 		return
 	}
@@ -314,6 +355,13 @@ func (h *Handler) resumeForRunner(w http.ResponseWriter, r *http.Request, call *
 	defer rs.close()
 	out.start(nil)
 	h.relay(r.Context(), w, &orig, rs, out, st)
+}
+
+// refuseResume answers a Last-Event-ID that resumes nothing: 400, not 404
+// (a 404 would tell the runner its session is gone).
+func refuseResume(w http.ResponseWriter) {
+	gateway.WriteRPCError(w, http.StatusBadRequest, nil, gateway.CodeInvalidRequest,
+		"Last-Event-ID names no stream this MCP session can resume", nil)
 }
 
 // keepAlive writes a comment on out whenever it was silent for the

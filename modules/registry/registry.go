@@ -230,7 +230,7 @@ func ReadMessage(w http.ResponseWriter, r *http.Request, app *gateway.App, user 
 		return mcpmsg.Message{}, nil, false
 	}
 	max := app.MaxRequestBytes
-	if gateway.RoomHeld(r.Context()) {
+	if gateway.IsInnerRequest(r.Context()) {
 		msg, ok := readMessage(w, r, max, limits)
 		return msg, nil, ok
 	}
@@ -250,12 +250,12 @@ func ReadMessage(w http.ResponseWriter, r *http.Request, app *gateway.App, user 
 		return mcpmsg.Message{}, nil, false
 	}
 	msg, ok := readMessage(w, r, max, limits)
-	held.Shrink(int64(len(msg.Raw)))
+	held.Shrink(int64(cap(msg.Raw))) // the memory the body holds
 	return msg, held, ok
 }
 
 func readMessage(w http.ResponseWriter, r *http.Request, max int64, limits mcpmsg.Limits) (mcpmsg.Message, bool) {
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, max))
+	body, err := readBody(w, r, max)
 	if err != nil {
 		var tooBig *http.MaxBytesError
 		if errors.As(err, &tooBig) {
@@ -276,6 +276,21 @@ func readMessage(w http.ResponseWriter, r *http.Request, max int64, limits mcpms
 		return msg, false
 	}
 	return msg, true
+}
+
+// readBody reads a request body of at most max bytes. A body whose length
+// is known is read into a buffer of that length (net/http ends the body
+// there): its room was held for that length, and a buffer grown as it is
+// read would copy the body over and hold up to twice its length.
+func readBody(w http.ResponseWriter, r *http.Request, max int64) ([]byte, error) {
+	if n := r.ContentLength; n >= 0 && n <= max {
+		body := make([]byte, n)
+		if _, err := io.ReadFull(r.Body, body); err != nil {
+			return nil, err
+		}
+		return body, nil
+	}
+	return io.ReadAll(http.MaxBytesReader(w, r.Body, max))
 }
 
 // checkProtocolVersion sets call.ProtocolVersion from the MCP-Protocol-Version
