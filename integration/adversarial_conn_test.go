@@ -185,6 +185,12 @@ func TestAdversarialSlowClients(t *testing.T) {
 		if _, _, msgs := m.post(`{"jsonrpc":"2.0","id":8,"method":"tools/call","params":{"name":"echo","arguments":{"text":"after"}}}`); !strings.Contains(string(lastMessage(t, msgs)), "after") {
 			t.Errorf("the next call: %s", msgs)
 		}
+		// The stream is kept for the runner to resume, with its request's
+		// body room, until the call's deadline (2 minutes) or the session's
+		// end: ended now, so that no later test finds the room held.
+		if status := m.delete(); status != http.StatusOK && status != http.StatusNoContent {
+			t.Errorf("ending the MCP session: %d", status)
+		}
 	})
 }
 

@@ -273,14 +273,14 @@ const MaxPendingServerRequests = 256
 const MaxResumableStreams = 8
 
 // KeepStream remembers a runner stream that the runner may resume, under
-// token. The proxy owns what v is. The oldest is forgotten beyond
-// MaxResumableStreams. Streams are this replica's: a runner resumes a
-// stream on the replica that wrote it.
-func (s *Session) KeepStream(token string, v any) {
+// token. The proxy owns what v is. The oldest are forgotten beyond
+// MaxResumableStreams, and returned. Streams are this replica's: a runner
+// resumes a stream on the replica that wrote it.
+func (s *Session) KeepStream(token string, v any) (evicted []any) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
-		return
+		return []any{v} // nothing is kept in an ended session
 	}
 	if s.streams == nil {
 		s.streams = make(map[string]any)
@@ -290,9 +290,11 @@ func (s *Session) KeepStream(token string, v any) {
 	}
 	s.streams[token] = v
 	for len(s.streamOrder) > MaxResumableStreams {
+		evicted = append(evicted, s.streams[s.streamOrder[0]])
 		delete(s.streams, s.streamOrder[0])
 		s.streamOrder = s.streamOrder[1:]
 	}
+	return evicted
 }
 
 // Stream returns the stream kept under token, or nil.

@@ -199,7 +199,7 @@ func (h *Handler) request(w http.ResponseWriter, r *http.Request, call *gateway.
 		// (A federated message's call of a service: the runner has the
 		// federated message's stream, and nothing resumes this one.)
 		deadline, _ := ctx.Deadline()
-		st = newRunnerStream(call, deadline, out, cancel)
+		st = newRunnerStream(call, deadline, out, cancel, func(why string) { h.cancelUpstream(call, up, why) })
 	}
 	h.relay(r.Context(), w, call, rs, out, st)
 }
@@ -231,14 +231,13 @@ func (h *Handler) relay(runner context.Context, w http.ResponseWriter, call *gat
 		defer h.keepAlive(out, call.Service)()
 		rs.onPrime = st.prime
 	}
-	takeovers := st.takeoverCount()
 	for {
 		msg, err := rs.next()
 		if err != nil {
 			switch {
 			case !call.IsRequest():
 				return // the standalone stream ended
-			case st.takeoverCount() != takeovers:
+			case st.stoppedForResume():
 				// The runner resumed the stream on another request (while
 				// this one was still open): the call goes on there.
 				return
@@ -304,6 +303,17 @@ func (h *Handler) relay(runner context.Context, w http.ResponseWriter, call *gat
 	}
 }
 
+// progressFor reports whether progress about token belongs on the stream
+// of the runner's request call: it is the request's own progressToken
+// (also on a stream the runner resumed after the request ended), or that
+// of another request of the runner's in progress.
+func progressFor(call *gateway.Call, token []byte) bool {
+	if key := mcpmsg.IDKey(token); key != "" && key == mcpmsg.IDKey(call.Message.ProgressToken) {
+		return true
+	}
+	return call.MCPSession.Progressing(token)
+}
+
 // deliver is the one place every upstream message passes on its way to the
 // runner: the answer to the runner's request, and the notifications and
 // server→client requests on a stream (canRequest reports whether the
@@ -341,9 +351,10 @@ func (h *Handler) deliver(ctx context.Context, call *gateway.Call, msg mcpmsg.Me
 		}
 		return message{out}
 	case msg.Kind == mcpmsg.Notification && msg.Method == "notifications/progress" && call.IsRequest() && call.MCPSession != nil &&
-		!call.MCPSession.Progressing([]byte(gjson.GetBytes(msg.Params, "progressToken").Raw)):
-		// On a request's stream, progress only about a request of the
-		// runner's in progress: any other token is nothing it asked about.
+		!progressFor(call, []byte(gjson.GetBytes(msg.Params, "progressToken").Raw)):
+		// On a request's stream, progress only about this request or
+		// another of the runner's in progress: any other token is nothing
+		// it asked about.
 		h.logger.Debug("dropped an upstream's progress on a token of no request in progress", zap.String("service", call.Service.ID))
 		return message{}
 	case msg.Kind == mcpmsg.Notification:

@@ -1,0 +1,370 @@
+package mcpproxy
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/toolgate/toolgate/modules/gateway"
+)
+
+// resumeWindow is how many of its latest event ids a runner stream can be
+// resumed from.
+const resumeWindow = 64
+
+// runnerStream numbers the events toolgate writes on one SSE stream to a
+// runner, so that a runner whose stream drops can resume it with GET and
+// Last-Event-ID, as the Streamable HTTP transport allows. An event gets an
+// id when the upstream event it carries had one: toolgate's id stands for
+// the upstream's, and resuming resumes the upstream stream there. The ids
+// are toolgate's own (a random token and a number), so a runner can only
+// resume where toolgate let it, on its own session, and the answer passes
+// the result hooks of the request it belongs to.
+//
+// A stream that may be resumed is kept in the MCP session, holding its
+// request (and that request's body room), until it is forgotten: when its
+// answer reached the runner, at its call's deadline, when newer streams
+// push it out of its session's few, or when its session ends. A call whose
+// stream is forgotten unanswered is cancelled upstream: nobody can have
+// its answer any more.
+type runnerStream struct {
+	session  *gateway.MCPSession
+	token    string
+	call     *gateway.Call // the runner's request, or its GET for the standalone stream
+	deadline time.Time     // zero for the standalone stream
+	// cancelCall tells the upstream to stop the call (nil for the
+	// standalone stream).
+	cancelCall func(why string)
+
+	mu     sync.Mutex
+	out    *sseWriter
+	primed bool
+	seq    uint64
+	ids    []string           // upstream event ids, by seq % resumeWindow; made at the first
+	owner  context.CancelFunc // stops the relay writing the stream now
+	active chan struct{}      // closed when that relay ends
+	// settled: the answer was written, nothing to resume; evicted: newer
+	// streams pushed it out of its session; forgotten: see forget.
+	settled, evicted, forgotten bool
+	// takeovers counts the resumes that stopped the relay writing the
+	// stream (takeOver); ownerSince is what it was when that relay took
+	// the stream over: a relay stopped for a resume ends quietly
+	// (stoppedForResume).
+	takeovers, ownerSince uint64
+	// room is the room of the runner's request body while the stream is
+	// kept after its request ended: a kept stream keeps the request, so a
+	// runner dropping streams one after another stays within the bounds on
+	// request bytes in flight.
+	room *gateway.RequestBytes
+	// expiry forgets the stream at its call's deadline; unwatch stops
+	// forgetting it when its session ends.
+	expiry  *time.Timer
+	unwatch func() bool
+}
+
+// newRunnerStream starts numbering the events of out, the SSE stream of the
+// runner's call (nil when the runner gets a JSON answer: nothing to
+// number). stop stops the relay that writes it; cancelCall (nil for the
+// standalone stream) tells the upstream to stop the call.
+func newRunnerStream(call *gateway.Call, deadline time.Time, out *sseWriter, stop context.CancelFunc, cancelCall func(why string)) *runnerStream {
+	if out == nil {
+		return nil
+	}
+	return &runnerStream{session: call.MCPSession, token: gateway.NewID()[:16], call: call, deadline: deadline,
+		cancelCall: cancelCall, out: out, owner: stop, active: make(chan struct{})}
+}
+
+// id returns the id of the event that carries the upstream event with the
+// id upstreamID, or "" when there is none.
+func (s *runnerStream) id(upstreamID string) string {
+	if s == nil || upstreamID == "" {
+		return ""
+	}
+	s.mu.Lock()
+	s.seq++
+	seq := s.seq
+	if s.ids == nil {
+		s.ids = make([]string, resumeWindow)
+	}
+	s.ids[seq%resumeWindow] = upstreamID
+	s.mu.Unlock()
+	if seq == 1 {
+		s.keep()
+	}
+	return s.token + "." + strconv.FormatUint(seq, 10)
+}
+
+// keep puts the stream in its session for the runner to resume, where it
+// may push an older one out, and forgets it when the session ends.
+func (s *runnerStream) keep() {
+	for _, v := range s.session.KeepStream(s.token, s) {
+		if old, ok := v.(*runnerStream); ok {
+			old.evict()
+		}
+	}
+	unwatch := context.AfterFunc(s.session.Context(), func() { s.forget("") })
+	s.mu.Lock()
+	s.unwatch = unwatch
+	s.mu.Unlock()
+}
+
+// prime tells a runner of 2025-11-25 or later that the stream can be
+// resumed before any message is written, when the upstream primed its own
+// stream (SEP-1699).
+func (s *runnerStream) prime(upstreamID string) {
+	if s == nil || s.call.ProtocolVersion < "2025-11-25" {
+		return
+	}
+	s.mu.Lock()
+	if s.primed {
+		s.mu.Unlock()
+		return
+	}
+	s.primed = true
+	out := s.out
+	s.mu.Unlock()
+	_ = out.prime(s.id(upstreamID))
+}
+
+// upstreamID returns the upstream event id that toolgate's event id seq
+// stood for, if it is still in the window.
+func (s *runnerStream) upstreamID(seq uint64) (string, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if seq == 0 || seq > s.seq || s.seq-seq >= resumeWindow {
+		return "", false
+	}
+	return s.ids[seq%resumeWindow], true
+}
+
+// resumable reports whether the runner could resume the stream.
+func (s *runnerStream) resumable() bool {
+	if s == nil {
+		return false
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.seq > 0 && !s.settled && !s.evicted && !s.forgotten && s.beforeDeadline()
+}
+
+// beforeDeadline reports whether the call's deadline is still ahead (always
+// for the standalone stream). s.mu is held.
+func (s *runnerStream) beforeDeadline() bool {
+	return s.deadline.IsZero() || time.Now().Before(s.deadline)
+}
+
+// finished records that the answer reached the runner.
+func (s *runnerStream) finished() {
+	if s == nil {
+		return
+	}
+	s.mu.Lock()
+	s.settled = true
+	s.mu.Unlock()
+}
+
+// relaying reports whether a relay writes the stream now. s.mu is held.
+func (s *runnerStream) relaying() bool {
+	select {
+	case <-s.active:
+		return false
+	default:
+		return true
+	}
+}
+
+// release ends the relay writing the stream. A stream that cannot be
+// resumed is forgotten; one that can is kept, with its request's body
+// room, until its call's deadline at the latest.
+func (s *runnerStream) release() {
+	if s == nil {
+		return
+	}
+	resumable := s.resumable()
+	s.mu.Lock()
+	if s.relaying() { // never closed twice (takeOver replaces it only once it is closed)
+		close(s.active)
+	}
+	if resumable && !s.deadline.IsZero() {
+		if s.room == nil {
+			s.room = s.call.Room.Handover()
+		}
+		if s.expiry == nil {
+			s.expiry = time.AfterFunc(time.Until(s.deadline)+time.Millisecond, s.expire)
+		}
+	}
+	s.mu.Unlock()
+	if !resumable {
+		s.forget("") // its relay told the upstream what it had to
+	}
+}
+
+// expire forgets the stream at its call's deadline, unless a relay still
+// writes it (which ends at the deadline too, and answers the runner).
+func (s *runnerStream) expire() {
+	s.mu.Lock()
+	relaying := s.relaying()
+	s.mu.Unlock()
+	if !relaying {
+		s.forget("the client did not resume its stream before the call's deadline")
+	}
+}
+
+// evict marks the stream pushed out of its session by newer ones: nothing
+// can resume it any more. One no relay writes is forgotten now.
+func (s *runnerStream) evict() {
+	s.mu.Lock()
+	s.evicted = true
+	relaying := s.relaying()
+	s.mu.Unlock()
+	if !relaying {
+		s.forget("the client dropped the stream, and too many newer ones of its session were kept for it to resume this one")
+	}
+}
+
+// forget drops the stream from its MCP session and gives back the room it
+// held for its request. When why is not "" and the call was not answered,
+// the upstream is told to stop it, for that reason. Only the first call
+// does anything.
+func (s *runnerStream) forget(why string) {
+	s.mu.Lock()
+	if s.forgotten {
+		s.mu.Unlock()
+		return
+	}
+	s.forgotten = true
+	room, settled, expiry, unwatch := s.room, s.settled, s.expiry, s.unwatch
+	s.mu.Unlock()
+	s.session.ForgetStream(s.token)
+	room.Release()
+	if expiry != nil {
+		expiry.Stop()
+	}
+	if unwatch != nil {
+		unwatch()
+	}
+	if why != "" && !settled && s.cancelCall != nil {
+		s.cancelCall(why)
+	}
+}
+
+// takeOver stops the relay still writing the stream, if any, and makes out
+// the stream's writer. When several resumes race, the last one to ask gets
+// the stream: each stops the one before it. It fails when ctx ends first,
+// and with errNothingToResume once the call's deadline passed. (A stream
+// whose answer was written meanwhile is resumed all the same: the runner
+// that resumes did not get it.)
+func (s *runnerStream) takeOver(ctx context.Context, out *sseWriter, stop context.CancelFunc) error {
+	for {
+		s.mu.Lock()
+		owner, active := s.owner, s.active
+		s.takeovers++
+		s.mu.Unlock()
+		owner()
+		select {
+		case <-active:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		s.mu.Lock()
+		switch {
+		case s.active != active:
+			// Another resume took the stream over meanwhile.
+			s.mu.Unlock()
+			continue
+		case !s.beforeDeadline():
+			s.mu.Unlock()
+			return errNothingToResume
+		}
+		s.out, s.owner, s.active, s.primed = out, stop, make(chan struct{}), true
+		s.ownerSince = s.takeovers
+		s.mu.Unlock()
+		return nil
+	}
+}
+
+// stoppedForResume reports whether a resume stopped the relay writing the
+// stream, before the call's deadline: the call goes on there.
+func (s *runnerStream) stoppedForResume() bool {
+	if s == nil {
+		return false
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.takeovers != s.ownerSince && s.beforeDeadline()
+}
+
+// errNothingToResume: a resumed stream's call's deadline passed while the
+// resume waited for it.
+var errNothingToResume = errors.New("nothing to resume")
+
+// resumeForRunner continues a stream the runner lost, from the event id it
+// last received: toolgate resumes the upstream's stream where that event
+// came from and relays the rest as it relayed the beginning — the answer to
+// the runner's request passes the same result hooks.
+func (h *Handler) resumeForRunner(w http.ResponseWriter, r *http.Request, call *gateway.Call, lastEventID string) {
+	ms := call.MCPSession
+	token, seqText, _ := strings.Cut(lastEventID, ".")
+	seq, _ := strconv.ParseUint(seqText, 10, 64)
+	st, _ := ms.Stream(token).(*runnerStream)
+	upstreamID, ok := "", false
+	if st != nil {
+		upstreamID, ok = st.upstreamID(seq)
+	}
+	if !ok || (!st.deadline.IsZero() && time.Now().After(st.deadline)) {
+		refuseResume(w, "Last-Event-ID names no stream this MCP session can resume")
+		return
+	}
+	var ctx context.Context
+	var cancel context.CancelFunc
+	if st.deadline.IsZero() {
+		ctx, cancel = context.WithCancel(r.Context())
+	} else {
+		ctx, cancel = context.WithDeadline(r.Context(), st.deadline)
+	}
+	defer cancel()
+	defer context.AfterFunc(ms.Context(), cancel)()
+	out := newSSEWriter(w)
+	if err := st.takeOver(ctx, out, cancel); err != nil {
+		if errors.Is(err, errNothingToResume) || errors.Is(err, context.DeadlineExceeded) {
+			refuseResume(w, "the request this Last-Event-ID belongs to reached its deadline")
+			return
+		}
+		h.answerError(w, r, call, unavailable("the stream is still in use; retry"))
+		return
+	}
+	orig := *st.call
+	orig.Credential = call.Credential // the current one: an OAuth token may have been refreshed
+	up := ms.Upstream()
+	resp, err := h.exchange(ctx, &orig, up, http.MethodGet, nil, upstreamID)
+	if err == nil && !isSSE(resp.Header) {
+		resp.Body.Close()
+		err = unavailable("the upstream did not resume its stream")
+	}
+	if err != nil {
+		superseded := st.stoppedForResume()
+		st.release()
+		if superseded {
+			refuseResume(w, "another request resumed this stream")
+			return
+		}
+		h.answerError(w, r, call, err)
+		return
+	}
+	sse := newSSEReader(resp.Body, h.maxMessage)
+	sse.lastID, sse.idBuffer = upstreamID, upstreamID
+	rs := &response{h: h, ctx: ctx, call: &orig, up: up, resp: resp, sse: sse}
+	defer rs.close()
+	out.start(nil)
+	h.relay(r.Context(), w, &orig, rs, out, st)
+}
+
+// refuseResume answers a Last-Event-ID that resumes nothing: 400, not 404
+// (a 404 would tell the runner its session is gone).
+func refuseResume(w http.ResponseWriter, why string) {
+	gateway.WriteRPCError(w, http.StatusBadRequest, nil, gateway.CodeInvalidRequest, why, nil)
+}
