@@ -226,7 +226,10 @@ func (h *Handler) post(ctx context.Context, call *gateway.Call, body []byte) (ga
 // come. runner is the runner's own request context: when it ends, the
 // runner went away.
 func (h *Handler) relay(runner context.Context, w http.ResponseWriter, call *gateway.Call, rs *response, out *sseWriter, st *runnerStream) {
-	defer st.release()
+	defer func() {
+		rs.close() // before a resume waiting for this relay's end opens the upstream stream again
+		st.release()
+	}()
 	if out != nil {
 		defer h.keepAlive(out, call.Service)()
 		rs.onPrime = st.prime

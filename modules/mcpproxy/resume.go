@@ -341,6 +341,16 @@ func (h *Handler) resumeForRunner(w http.ResponseWriter, r *http.Request, call *
 	orig.Credential = call.Credential // the current one: an OAuth token may have been refreshed
 	up := ms.Upstream()
 	resp, err := h.exchange(ctx, &orig, up, http.MethodGet, nil, upstreamID)
+	for try := 1; try < conflictTries && upstreamStatus(err) == http.StatusConflict; try++ {
+		// The upstream still holds the stream's previous connection (the
+		// relay this resume took over closed it a moment ago): it lets
+		// the stream go as soon as it notices.
+		select {
+		case <-time.After(time.Duration(try) * 10 * time.Millisecond):
+		case <-ctx.Done():
+		}
+		resp, err = h.exchange(ctx, &orig, up, http.MethodGet, nil, upstreamID)
+	}
 	if err == nil && !isSSE(resp.Header) {
 		resp.Body.Close()
 		err = unavailable("the upstream did not resume its stream")
@@ -361,6 +371,21 @@ func (h *Handler) resumeForRunner(w http.ResponseWriter, r *http.Request, call *
 	defer rs.close()
 	out.start(nil)
 	h.relay(r.Context(), w, &orig, rs, out, st)
+}
+
+// conflictTries is how often a resume is sent while the upstream answers
+// 409 (it still holds the stream's previous connection): about a second
+// in all.
+const conflictTries = 12
+
+// upstreamStatus is the HTTP status of the upstream's answer err reports,
+// or 0.
+func upstreamStatus(err error) int {
+	var ue *upstreamError
+	if errors.As(err, &ue) {
+		return ue.status
+	}
+	return 0
 }
 
 // refuseResume answers a Last-Event-ID that resumes nothing: 400, not 404
