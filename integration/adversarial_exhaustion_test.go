@@ -179,7 +179,7 @@ func TestExhaustionAttackApproverListReadsEveryonesSealedArguments(t *testing.T)
 // can be resumed. When a runner drops a call's SSE stream after the
 // upstream primed it (or sent any event with an id), the relay ends but
 // runnerStream.release (modules/mcpproxy/stream.go:206) keeps it in the
-// MCP session (Session.KeepStream, internal/mcpsession/session.go:279)
+// MCP session (Session.KeepStream)
 // with its *gateway.Call; once the call's deadline passes it is no longer
 // resumable, yet nothing calls ForgetStream: it stays until eight newer
 // ones push it out or the session ends. The stream holds no connection and

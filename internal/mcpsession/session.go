@@ -269,32 +269,60 @@ const catalogPoll = 50 * time.Millisecond
 const MaxPendingServerRequests = 256
 
 // MaxResumableStreams bounds the runner streams one MCP session keeps for
-// resumption.
+// resumption once their relay ended (the runner dropped them); streams
+// still being written are bounded by the stream places of their caller.
 const MaxResumableStreams = 8
 
-// KeepStream remembers a runner stream that the runner may resume, under
-// token. The proxy owns what v is. The oldest are forgotten beyond
-// MaxResumableStreams, and returned. Streams are this replica's: a runner
-// resumes a stream on the replica that wrote it.
-func (s *Session) KeepStream(token string, v any) (evicted []any) {
+// KeepStream makes a runner stream that the runner may resume findable
+// under token (Stream). The proxy owns what v is. Streams are this
+// replica's: a runner resumes a stream on the replica that wrote it. It
+// reports false, keeping nothing, when the session has ended.
+func (s *Session) KeepStream(token string, v any) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
-		return []any{v} // nothing is kept in an ended session
+		return false
 	}
 	if s.streams == nil {
 		s.streams = make(map[string]any)
 	}
-	if _, ok := s.streams[token]; !ok {
-		s.streamOrder = append(s.streamOrder, token)
-	}
 	s.streams[token] = v
+	return true
+}
+
+// StreamDropped records that nothing writes the stream kept under token
+// any more: of such streams the session keeps the latest
+// MaxResumableStreams, and returns those it forgot to make room.
+func (s *Session) StreamDropped(token string) (evicted []any) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.streams[token]; !ok {
+		return nil
+	}
+	s.streamOrder = append(removeToken(s.streamOrder, token), token)
 	for len(s.streamOrder) > MaxResumableStreams {
 		evicted = append(evicted, s.streams[s.streamOrder[0]])
 		delete(s.streams, s.streamOrder[0])
 		s.streamOrder = s.streamOrder[1:]
 	}
 	return evicted
+}
+
+// StreamResumed records that the stream kept under token is written again
+// (the runner resumed it): it no longer counts among the dropped ones.
+func (s *Session) StreamResumed(token string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.streamOrder = removeToken(s.streamOrder, token)
+}
+
+func removeToken(order []string, token string) []string {
+	for i, t := range order {
+		if t == token {
+			return append(order[:i], order[i+1:]...)
+		}
+	}
+	return order
 }
 
 // Stream returns the stream kept under token, or nil.
@@ -308,16 +336,8 @@ func (s *Session) Stream(token string) any {
 func (s *Session) ForgetStream(token string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if _, ok := s.streams[token]; !ok {
-		return
-	}
 	delete(s.streams, token)
-	for i, t := range s.streamOrder {
-		if t == token {
-			s.streamOrder = append(s.streamOrder[:i], s.streamOrder[i+1:]...)
-			break
-		}
-	}
+	s.streamOrder = removeToken(s.streamOrder, token)
 }
 
 // Bounds of the tasks one MCP session remembers: beyond either, the

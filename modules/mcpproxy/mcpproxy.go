@@ -228,7 +228,7 @@ func (h *Handler) post(ctx context.Context, call *gateway.Call, body []byte) (ga
 func (h *Handler) relay(runner context.Context, w http.ResponseWriter, call *gateway.Call, rs *response, out *sseWriter, st *runnerStream) {
 	defer func() {
 		rs.close() // before a resume waiting for this relay's end opens the upstream stream again
-		st.release()
+		st.release("")
 	}()
 	if out != nil {
 		defer h.keepAlive(out, call.Service)()
@@ -262,7 +262,9 @@ func (h *Handler) relay(runner context.Context, w http.ResponseWriter, call *gat
 			h.logger.Warn("upstream exchange failed", zap.String("service", call.Service.ID),
 				zap.String("method", call.Method), zap.String("error", why))
 			code, text, data := streamFailure(err, why)
-			h.writeFinal(w, out, "", message{gateway.RPCError(call.Message.ID, code, text, data)})
+			if h.writeFinal(w, out, "", message{gateway.RPCError(call.Message.ID, code, text, data)}) {
+				st.finished() // the runner has its answer: nothing to resume
+			}
 			h.cancelUpstream(call, rs.up, why)
 			return
 		}

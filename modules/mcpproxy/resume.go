@@ -78,10 +78,15 @@ func newRunnerStream(call *gateway.Call, deadline time.Time, out *sseWriter, sto
 		cancelCall: cancelCall, out: out, owner: stop, active: make(chan struct{})}
 }
 
+// maxUpstreamEventID bounds the upstream event ids a stream remembers
+// (resumeWindow of them): an event with a longer id is relayed without an
+// id of toolgate's, so it is not one to resume from.
+const maxUpstreamEventID = 256
+
 // id returns the id of the event that carries the upstream event with the
 // id upstreamID, or "" when there is none.
 func (s *runnerStream) id(upstreamID string) string {
-	if s == nil || upstreamID == "" {
+	if s == nil || upstreamID == "" || len(upstreamID) > maxUpstreamEventID {
 		return ""
 	}
 	s.mu.Lock()
@@ -98,13 +103,11 @@ func (s *runnerStream) id(upstreamID string) string {
 	return s.token + "." + strconv.FormatUint(seq, 10)
 }
 
-// keep puts the stream in its session for the runner to resume, where it
-// may push an older one out, and forgets it when the session ends.
+// keep puts the stream in its session for the runner to resume, and
+// forgets it when the session ends.
 func (s *runnerStream) keep() {
-	for _, v := range s.session.KeepStream(s.token, s) {
-		if old, ok := v.(*runnerStream); ok {
-			old.evict()
-		}
+	if !s.session.KeepStream(s.token, s) {
+		return
 	}
 	unwatch := context.AfterFunc(s.session.Context(), func() { s.forget("") })
 	s.mu.Lock()
@@ -148,6 +151,11 @@ func (s *runnerStream) resumable() bool {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	return s.resumableLocked()
+}
+
+// resumableLocked is resumable with s.mu held.
+func (s *runnerStream) resumableLocked() bool {
 	return s.seq > 0 && !s.settled && !s.evicted && !s.forgotten && s.beforeDeadline()
 }
 
@@ -178,17 +186,19 @@ func (s *runnerStream) relaying() bool {
 }
 
 // release ends the relay writing the stream. A stream that cannot be
-// resumed is forgotten; one that can is kept, with its request's body
-// room, until its call's deadline at the latest.
-func (s *runnerStream) release() {
+// resumed is forgotten, the upstream told to stop its unanswered call for
+// the reason why unless why is "" (the relay told it already); one that
+// can is kept, with its request's body room, until its call's deadline at
+// the latest, and may push older dropped ones out of its session.
+func (s *runnerStream) release(why string) {
 	if s == nil {
 		return
 	}
-	resumable := s.resumable()
 	s.mu.Lock()
 	if s.relaying() { // never closed twice (takeOver replaces it only once it is closed)
 		close(s.active)
 	}
+	resumable := s.resumableLocked()
 	if resumable && !s.deadline.IsZero() {
 		if s.room == nil {
 			s.room = s.call.Room.Handover()
@@ -199,7 +209,13 @@ func (s *runnerStream) release() {
 	}
 	s.mu.Unlock()
 	if !resumable {
-		s.forget("") // its relay told the upstream what it had to
+		s.forget(why)
+		return
+	}
+	for _, v := range s.session.StreamDropped(s.token) {
+		if old, ok := v.(*runnerStream); ok {
+			old.evict()
+		}
 	}
 }
 
@@ -283,6 +299,7 @@ func (s *runnerStream) takeOver(ctx context.Context, out *sseWriter, stop contex
 		s.out, s.owner, s.active, s.primed = out, stop, make(chan struct{}), true
 		s.ownerSince = s.takeovers
 		s.mu.Unlock()
+		s.session.StreamResumed(s.token)
 		return nil
 	}
 }
@@ -356,12 +373,14 @@ func (h *Handler) resumeForRunner(w http.ResponseWriter, r *http.Request, call *
 		err = unavailable("the upstream did not resume its stream")
 	}
 	if err != nil {
-		superseded := st.stoppedForResume()
-		st.release()
-		if superseded {
+		if st.stoppedForResume() {
+			st.release("")
 			refuseResume(w, "another request resumed this stream")
 			return
 		}
+		// Resumed no more, past its deadline or pushed out meanwhile, the
+		// call is given up.
+		st.release("toolgate could not resume the upstream's stream")
 		h.answerError(w, r, call, err)
 		return
 	}
@@ -370,6 +389,11 @@ func (h *Handler) resumeForRunner(w http.ResponseWriter, r *http.Request, call *
 	rs := &response{h: h, ctx: ctx, call: &orig, up: up, resp: resp, sse: sse}
 	defer rs.close()
 	out.start(nil)
+	if !orig.IsRequest() {
+		// The standalone stream: toolgate's own notifications to the
+		// runner go on it, as on a new one.
+		defer h.notices.Attach(ms.ID, func(msg []byte) error { return out.send("", msg) })()
+	}
 	h.relay(r.Context(), w, &orig, rs, out, st)
 }
 
