@@ -106,6 +106,58 @@ func acctOpenUntil(t *testing.T, m *rawMCP, body, until string) (lastID string, 
 	}
 }
 
+// floodingUpstream scripts up: a POST whose body holds marker gets events
+// with ids (prefix-1, prefix-2, …), a small one first, then events of size
+// bytes, until the gateway stops reading or events were written, and never
+// an answer; a resume (GET with Last-Event-ID) gets a stream that stays
+// silent. It returns the count of events written so far.
+func floodingUpstream(up *upstream, marker, prefix string, events, size int) *atomic.Int32 {
+	var written atomic.Int32
+	big := strings.Repeat("x", size)
+	up.setIntercept(func(w http.ResponseWriter, r *http.Request, body []byte) bool {
+		switch {
+		case r.Method == http.MethodGet && r.Header.Get("Last-Event-Id") != "":
+			w.Header().Set("Content-Type", "text/event-stream")
+			w.WriteHeader(http.StatusOK)
+			w.(http.Flusher).Flush()
+			<-r.Context().Done()
+			return true
+		case r.Method == http.MethodPost && strings.Contains(string(body), marker):
+			w.Header().Set("Content-Type", "text/event-stream")
+			w.WriteHeader(http.StatusOK)
+			for i := 1; i <= events; i++ {
+				data := "first"
+				if i > 1 {
+					data = big
+				}
+				if _, err := fmt.Fprintf(w, "id: %s-%d\ndata: {\"jsonrpc\":\"2.0\",\"method\":\"notifications/message\",\"params\":{\"level\":\"info\",\"data\":%q}}\n\n", prefix, i, data); err != nil {
+					return true
+				}
+				w.(http.Flusher).Flush()
+				written.Store(int32(i))
+			}
+			<-r.Context().Done()
+			return true
+		}
+		return false
+	})
+	return &written
+}
+
+// awaitStalled waits until a flooding upstream wrote nothing for quiet (the
+// gateway's relay blocked writing to a runner that stopped reading), and
+// returns how many events it wrote.
+func awaitStalled(written *atomic.Int32, quiet time.Duration) int32 {
+	last, still := written.Load(), time.Now()
+	for time.Since(still) < quiet {
+		time.Sleep(100 * time.Millisecond)
+		if n := written.Load(); n != last {
+			last, still = n, time.Now()
+		}
+	}
+	return last
+}
+
 // acctHeap is the heap in use by live objects, after two collections.
 func acctHeap() uint64 {
 	runtime.GC()
@@ -145,39 +197,7 @@ func acctHeap() uint64 {
 func TestAccountingAttackConcurrentResumesLeakRoomAndPlace(t *testing.T) {
 	key, _, auth := acctUser("resume")
 	up := startUpstream(t)
-	var written atomic.Int32
-	big := strings.Repeat("x", 512<<10)
-	up.setIntercept(func(w http.ResponseWriter, r *http.Request, body []byte) bool {
-		switch {
-		case r.Method == http.MethodGet && r.Header.Get("Last-Event-Id") != "":
-			// A resumption: the stream goes on, silent.
-			w.Header().Set("Content-Type", "text/event-stream")
-			w.WriteHeader(http.StatusOK)
-			w.(http.Flusher).Flush()
-			<-r.Context().Done()
-			return true
-		case r.Method == http.MethodPost && strings.Contains(string(body), "acct-flood"):
-			// Events with ids, a small one first, then large ones until
-			// the gateway stops reading (its runner stopped reading);
-			// never an answer.
-			w.Header().Set("Content-Type", "text/event-stream")
-			w.WriteHeader(http.StatusOK)
-			for i := 1; i <= 48; i++ {
-				data := "first"
-				if i > 1 {
-					data = big
-				}
-				if _, err := fmt.Fprintf(w, "id: up-%d\ndata: {\"jsonrpc\":\"2.0\",\"method\":\"notifications/message\",\"params\":{\"level\":\"info\",\"data\":%q}}\n\n", i, data); err != nil {
-					return true
-				}
-				w.(http.Flusher).Flush()
-				written.Store(int32(i))
-			}
-			<-r.Context().Done()
-			return true
-		}
-		return false
-	})
+	written := floodingUpstream(up, "acct-flood", "up", 48, 512<<10)
 	g := startGateway(t, gatewayConfig{Upstream: up.URL, Timeout: "8s", AuthExtra: auth,
 		Extra: "max_request_size 64KiB\nmax_request_bytes_in_flight_per_caller 64KiB"})
 	m := acctRunner(t, g, key)
@@ -214,14 +234,7 @@ func TestAccountingAttackConcurrentResumesLeakRoomAndPlace(t *testing.T) {
 	}
 	// The gateway's relay blocks writing to the runner once the buffers
 	// between them are full: the upstream's writes stop.
-	last, still := written.Load(), time.Now()
-	for time.Since(still) < time.Second {
-		time.Sleep(100 * time.Millisecond)
-		if n := written.Load(); n != last {
-			last, still = n, time.Now()
-		}
-	}
-	if last >= 48 {
+	if last := awaitStalled(written, time.Second); last >= 48 {
 		t.Fatalf("the gateway read all 48 events of the upstream while its runner did not read: the relay never blocked")
 	}
 
@@ -716,7 +729,5 @@ func TestAccountingHoldsConcurrentCallsAndDropsDoNotDrift(t *testing.T) {
 		t.Errorf("%d of three 900 KiB calls held open at once were refused under a 2 MiB share, want 1", refusals)
 	}
 	cancel()
-	if now, back := settleBoundGauges(t, g, before, 8*time.Second); !back {
-		t.Errorf("at the end, the gauges stay at %v (before: %v)", now, before)
-	}
+	gaugesBackWithin(t, g, before, 8*time.Second)
 }

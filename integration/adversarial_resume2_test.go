@@ -180,9 +180,7 @@ func TestResume2AttackResumeTimingOutUpstreamLeavesTheCallRunning(t *testing.T) 
 		t.Errorf("the call of wait is %v past its 3s timeout, its resume failed at the deadline, and the upstream was never told to cancel it (cancelled: %v)",
 			time.Since(sent.Add(3*time.Second)).Round(100*time.Millisecond), raCancelled(up))
 	}
-	if now, back := settleBoundGauges(t, g, before, 5*time.Second); !back {
-		t.Errorf("at the end, the gauges stay at %v (before: %v)", now, before)
-	}
+	gaugesBackWithin(t, g, before, 5*time.Second)
 }
 
 // Holds: a stream a resume is connecting upstream is not among its
@@ -255,12 +253,8 @@ func TestResume2HoldsStreamBeingResumedIsNotPushedOut(t *testing.T) {
 	if rrCancelledFor(up, "901") > 0 {
 		t.Errorf("the call whose resume failed was cancelled, though its stream may still be resumed (cancelled: %v)", raCancelled(up))
 	}
-	if status := m.delete(); status != http.StatusNoContent {
-		t.Errorf("DELETE: %d", status)
-	}
-	if now, back := settleBoundGauges(t, g, before, 5*time.Second); !back {
-		t.Errorf("at the end, the gauges stay at %v (before: %v)", now, before)
-	}
+	endMCPSession(t, m)
+	gaugesBackWithin(t, g, before, 5*time.Second)
 }
 
 // Attack: streams a runner is still reading count among the eight its
@@ -326,12 +320,8 @@ func TestResume2AttackLiveStreamsPushOutTheOnlyDroppedOne(t *testing.T) {
 	if n := answered.Load(); n != 8 {
 		t.Errorf("%d of the eight streams read to their end got their answer", n)
 	}
-	if status := m.delete(); status != http.StatusNoContent {
-		t.Errorf("DELETE: %d", status)
-	}
-	if now, back := settleBoundGauges(t, g, before, 5*time.Second); !back {
-		t.Errorf("at the end, the gauges stay at %v (before: %v)", now, before)
-	}
+	endMCPSession(t, m)
+	gaugesBackWithin(t, g, before, 5*time.Second)
 }
 
 // Attack: an MCP client (the official Go SDK) that makes eight tool calls
@@ -504,9 +494,7 @@ func TestResume2AttackErrorAnswerLeavesTheStreamResumable(t *testing.T) {
 	if n := rrCancelledFor(up, "2"); n != 1 {
 		t.Errorf("the upstream was told %d times to cancel request 2, want once (when toolgate gave up on it): %v", n, raCancelled(up))
 	}
-	if now, back := settleBoundGauges(t, g, before, 3*time.Second); !back {
-		t.Errorf("at the end, the gauges stay at %v (before: %v)", now, before)
-	}
+	gaugesBackWithin(t, g, before, 3*time.Second)
 }
 
 // Attack: a runner whose standalone stream drops and is resumed — as the
@@ -660,9 +648,7 @@ func TestResume2AttackUpstreamEventIDsHeldUncounted(t *testing.T) {
 				at.when, at.grown>>20, counted, at.g, g1)
 		}
 	}
-	if status := m.delete(); status != http.StatusNoContent {
-		t.Errorf("DELETE: %d", status)
-	}
+	endMCPSession(t, m)
 }
 
 // ---- holds -----------------------------------------------------------------
@@ -713,9 +699,7 @@ func TestResume2HoldsResumedStreamAnsweredOnceNothingLeaks(t *testing.T) {
 	if c := raCancelled(up); len(c) != 0 {
 		t.Errorf("the upstream was told to cancel %v", c)
 	}
-	if now, back := settleBoundGauges(t, g, before, 5*time.Second); !back {
-		t.Errorf("at the end, the gauges stay at %v (before: %v)", now, before)
-	}
+	gaugesBackWithin(t, g, before, 5*time.Second)
 	if n, back := rrGoroutinesBack(g, up, base); !back {
 		t.Errorf("%d goroutines run after three resumed calls ended, %d before", n, base)
 	}
@@ -846,9 +830,7 @@ func TestResume2HoldsSessionEndStopsRelayAndResume(t *testing.T) {
 	if c := raCancelled(up); len(c) != 0 {
 		t.Errorf("the upstream was told to cancel %v", c)
 	}
-	if now, back := settleBoundGauges(t, g, before, 5*time.Second); !back {
-		t.Errorf("at the end, the gauges stay at %v (before: %v)", now, before)
-	}
+	gaugesBackWithin(t, g, before, 5*time.Second)
 	if n, back := rrGoroutinesBack(g, up, base); !back {
 		t.Errorf("%d goroutines run after the session ended, %d before", n, base)
 	}
@@ -902,12 +884,8 @@ func TestResume2HoldsStandaloneStreamKeptAndForgotten(t *testing.T) {
 	if c := raCancelled(up); len(c) != 0 {
 		t.Errorf("the upstream was told to cancel %v", c)
 	}
-	if status := m.delete(); status != http.StatusNoContent {
-		t.Errorf("DELETE: %d", status)
-	}
-	if now, back := settleBoundGauges(t, g, before, 5*time.Second); !back {
-		t.Errorf("at the end, the gauges stay at %v (before: %v)", now, before)
-	}
+	endMCPSession(t, m)
+	gaugesBackWithin(t, g, before, 5*time.Second)
 	if n, back := rrGoroutinesBack(g, up, base); !back {
 		t.Errorf("%d goroutines run after the session ended, %d before", n, base)
 	}
@@ -967,9 +945,7 @@ func TestResume2HoldsResumeSupersededWhileConnecting(t *testing.T) {
 	if c := raCancelled(up); len(c) != 0 {
 		t.Errorf("the upstream was told to cancel %v", c)
 	}
-	if now, back := settleBoundGauges(t, g, before, 5*time.Second); !back {
-		t.Errorf("at the end, the gauges stay at %v (before: %v)", now, before)
-	}
+	gaugesBackWithin(t, g, before, 5*time.Second)
 }
 
 // Holds: a dropped stream pushed out by a ninth has its call cancelled
@@ -1003,12 +979,8 @@ func TestResume2HoldsEvictedDroppedStreamCancelledAtOnce(t *testing.T) {
 	if mid.bytes > before.bytes+8*(65<<10) || mid.bytes < before.bytes+8*(64<<10) {
 		t.Errorf("with eight dropped streams of 64 KiB requests kept and one pushed out: %v (before: %v)", mid, before)
 	}
-	if status := m.delete(); status != http.StatusNoContent {
-		t.Errorf("DELETE: %d", status)
-	}
-	if now, back := settleBoundGauges(t, g, before, 5*time.Second); !back {
-		t.Errorf("at the end, the gauges stay at %v (before: %v)", now, before)
-	}
+	endMCPSession(t, m)
+	gaugesBackWithin(t, g, before, 5*time.Second)
 }
 
 // Holds: a kept stream's call, cancelled at its deadline after its MCP
@@ -1052,7 +1024,5 @@ func TestResume2HoldsCancelGoesToTheCallsUpstreamSession(t *testing.T) {
 			}
 		}
 	}
-	if now, back := settleBoundGauges(t, g, before, 5*time.Second); !back {
-		t.Errorf("at the end, the gauges stay at %v (before: %v)", now, before)
-	}
+	gaugesBackWithin(t, g, before, 5*time.Second)
 }

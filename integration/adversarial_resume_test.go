@@ -328,9 +328,7 @@ func TestResumeAttackAnswerWrittenWhileAResumeWaitsIsLost(t *testing.T) {
 		t.Errorf("the resume of a stream that stalled mid-answer: %d %v %.300s; want the answer (replayed by the upstream): it reached nobody", res.status, res.err, res.body)
 	}
 	r0.Body.Close()
-	if now, back := settleBoundGauges(t, g, before, 5*time.Second); !back {
-		t.Errorf("at the end, the gauges stay at %v (before: %v)", now, before)
-	}
+	gaugesBackWithin(t, g, before, 5*time.Second)
 }
 
 // Attack: a resume sent just before the call's deadline silences the
@@ -351,36 +349,7 @@ func TestResumeAttackAnswerWrittenWhileAResumeWaitsIsLost(t *testing.T) {
 func TestResumeAttackResumeAtTheDeadlineSilencesTheTimeout(t *testing.T) {
 	key, _, auth := acctUser("resume-deadline")
 	up := startUpstream(t)
-	var written atomic.Int32
-	chunk := strings.Repeat("x", 256<<10)
-	up.setIntercept(func(w http.ResponseWriter, r *http.Request, body []byte) bool {
-		switch {
-		case r.Method == http.MethodGet && r.Header.Get("Last-Event-Id") != "":
-			w.Header().Set("Content-Type", "text/event-stream")
-			w.WriteHeader(http.StatusOK)
-			w.(http.Flusher).Flush()
-			<-r.Context().Done()
-			return true
-		case r.Method == http.MethodPost && strings.Contains(string(body), "resume-deadline"):
-			// Events with ids until the gateway stops reading; never an answer.
-			w.Header().Set("Content-Type", "text/event-stream")
-			w.WriteHeader(http.StatusOK)
-			for i := 1; i <= 160; i++ {
-				data := "first"
-				if i > 1 {
-					data = chunk
-				}
-				if _, err := fmt.Fprintf(w, "id: dl-%d\ndata: {\"jsonrpc\":\"2.0\",\"method\":\"notifications/message\",\"params\":{\"level\":\"info\",\"data\":%q}}\n\n", i, data); err != nil {
-					return true
-				}
-				w.(http.Flusher).Flush()
-				written.Store(int32(i))
-			}
-			<-r.Context().Done()
-			return true
-		}
-		return false
-	})
+	written := floodingUpstream(up, "resume-deadline", "dl", 160, 256<<10)
 	g := startGateway(t, gatewayConfig{Upstream: up.URL, Timeout: "5s", AuthExtra: auth})
 	m := acctRunner(t, g, key)
 	before := readBoundGauges(t, g)
@@ -401,13 +370,7 @@ func TestResumeAttackResumeAtTheDeadlineSilencesTheTimeout(t *testing.T) {
 	lastID := raLastID(raRead(t, r0.Body, "the first event", func(s string) bool { return strings.Contains(s, "first") && raHasID(s) }))
 	// The runner stops reading: the relay blocks writing to it, and the
 	// upstream's writes stop.
-	last, still := written.Load(), time.Now()
-	for time.Since(still) < 700*time.Millisecond {
-		time.Sleep(100 * time.Millisecond)
-		if n := written.Load(); n != last {
-			last, still = n, time.Now()
-		}
-	}
+	last := awaitStalled(written, 700*time.Millisecond)
 	if last >= 160 {
 		t.Fatal("the gateway read all of the upstream's events while its runner did not read: the relay never blocked")
 	}
@@ -436,9 +399,7 @@ func TestResumeAttackResumeAtTheDeadlineSilencesTheTimeout(t *testing.T) {
 		t.Errorf("the call timed out and the upstream was never told to cancel it: the resume at the deadline suppressed notifications/cancelled")
 	}
 	r0.Body.Close()
-	if now, back := settleBoundGauges(t, g, before, 5*time.Second); !back {
-		t.Errorf("at the end, the gauges stay at %v (before: %v)", now, before)
-	}
+	gaugesBackWithin(t, g, before, 5*time.Second)
 }
 
 // Attack: ending an MCP session (DELETE) does not give back the room of
@@ -540,9 +501,7 @@ func TestResumeHoldsForeignIDsStopNoOpenStream(t *testing.T) {
 	if c := raCancelled(up); len(c) != 0 {
 		t.Errorf("the upstream was told to cancel %v", c)
 	}
-	if now, back := settleBoundGauges(t, g, before, 5*time.Second); !back {
-		t.Errorf("at the end, the gauges stay at %v (before: %v)", now, before)
-	}
+	gaugesBackWithin(t, g, before, 5*time.Second)
 }
 
 // Holds: a runner resuming one dropped stream over and over — eight
@@ -587,9 +546,7 @@ func TestResumeHoldsResumeLoopLastOneWins(t *testing.T) {
 	if c := raCancelled(up); len(c) != 0 {
 		t.Errorf("the upstream was told to cancel %v", c)
 	}
-	if now, back := settleBoundGauges(t, g, before, 5*time.Second); !back {
-		t.Errorf("at the end, the gauges stay at %v (before: %v)", now, before)
-	}
+	gaugesBackWithin(t, g, before, 5*time.Second)
 }
 
 // Holds: an upstream that numbers events after its answer, and answers
@@ -652,9 +609,7 @@ func TestResumeHoldsNothingResumesAfterTheAnswer(t *testing.T) {
 	if n := raResumes(up); n != 0 {
 		t.Errorf("the upstream got %d resumptions after the answer", n)
 	}
-	if now, back := settleBoundGauges(t, g, before, 5*time.Second); !back {
-		t.Errorf("at the end, the gauges stay at %v (before: %v)", now, before)
-	}
+	gaugesBackWithin(t, g, before, 5*time.Second)
 }
 
 // Holds: a federated runner that goes away mid-call gets its service's
@@ -704,9 +659,7 @@ func TestResumeHoldsFederatedRunnerLeavingCancelsTheCall(t *testing.T) {
 	if len(cancelled) == 0 {
 		t.Errorf("the federated runner went away mid-call and the service's call was never cancelled")
 	}
-	if now, back := settleBoundGauges(t, g, before, 5*time.Second); !back {
-		t.Errorf("at the end, the gauges stay at %v (before: %v)", now, before)
-	}
+	gaugesBackWithin(t, g, before, 5*time.Second)
 }
 
 // Holds: request bodies whose Content-Length lies. One declaring 0 with a

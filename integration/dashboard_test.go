@@ -173,3 +173,12 @@ func settleBoundGauges(t testing.TB, g *gateway, before boundGauges, within time
 		time.Sleep(100 * time.Millisecond)
 	}
 }
+
+// gaugesBackWithin fails t unless the bounds' gauges come back to (or
+// under) before within the time given.
+func gaugesBackWithin(t testing.TB, g *gateway, before boundGauges, within time.Duration) {
+	t.Helper()
+	if now, back := settleBoundGauges(t, g, before, within); !back {
+		t.Errorf("at the end, the gauges stay at %v (before: %v)", now, before)
+	}
+}

@@ -463,6 +463,15 @@ func (m *rawMCP) delete() int {
 	return resp.StatusCode
 }
 
+// endMCPSession ends m's MCP session (DELETE), failing t unless it is
+// ended.
+func endMCPSession(t testing.TB, m *rawMCP) {
+	t.Helper()
+	if status := m.delete(); status != http.StatusNoContent {
+		t.Errorf("DELETE of the MCP session: %d", status)
+	}
+}
+
 // initialize performs the MCP handshake.
 func (m *rawMCP) initialize() {
 	m.t.Helper()
