@@ -23,6 +23,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -443,23 +444,7 @@ func TestExhaustionAttackConcurrentLargeRequests(t *testing.T) {
 	// until sends small calls of m until one is answered as want says (or
 	// 100 tries), and returns the last answer.
 	until := func(m *rawMCP, want func(status int, body string) bool) (int, string) {
-		var status int
-		var body string
-		for i := range 100 {
-			resp, err := m.send(context.Background(), http.MethodPost, "application/json, text/event-stream",
-				fmt.Sprintf(`{"jsonrpc":"2.0","id":%d,"method":"ping"}`, 1000+i), "")
-			if err != nil {
-				t.Fatal(err)
-			}
-			b, _ := io.ReadAll(resp.Body)
-			resp.Body.Close()
-			status, body = resp.StatusCode, string(b)
-			if want(status, body) {
-				break
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
-		return status, body
+		return pingUntil(t, m, 100, "", want)
 	}
 	refusedFor := func(option string) func(int, string) bool {
 		return func(status int, body string) bool {
@@ -510,6 +495,37 @@ func TestExhaustionAttackConcurrentLargeRequests(t *testing.T) {
 	if n := up.upstreamCalls("echo"); n != 0 {
 		t.Errorf("the upstream saw %d calls from bodies never sent", n)
 	}
+}
+
+// pingIDs numbers the pings of pingUntil: a session's request ids are
+// never used twice.
+var pingIDs atomic.Int64
+
+// pingUntil sends m's pings (with pad in their _meta when not "") until one
+// is answered as want says, or tries run out, and returns the last answer.
+func pingUntil(t *testing.T, m *rawMCP, tries int, pad string, want func(status int, body string) bool) (int, string) {
+	t.Helper()
+	meta := ""
+	if pad != "" {
+		meta = fmt.Sprintf(`,"params":{"_meta":{"pad":%q}}`, pad)
+	}
+	var status int
+	var body string
+	for range tries {
+		resp, err := m.send(context.Background(), http.MethodPost, "application/json, text/event-stream",
+			fmt.Sprintf(`{"jsonrpc":"2.0","id":"ping-%d","method":"ping"%s}`, pingIDs.Add(1), meta), "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		status, body = resp.StatusCode, string(b)
+		if want(status, body) {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return status, body
 }
 
 // Attack: a stream the runner dropped is kept until its call's deadline so
@@ -563,26 +579,8 @@ func TestExhaustionAttackDroppedStreamsKeepTheirRequests(t *testing.T) {
 	}
 	// ping sends a ping with a 900 KiB body until one is answered as want
 	// says (or tries run out), and returns the last answer.
-	next := 100
 	ping := func(tries int, want func(status int, body string) bool) (int, string) {
-		var status int
-		var body string
-		for range tries {
-			next++
-			resp, err := m.send(context.Background(), http.MethodPost, "application/json, text/event-stream",
-				fmt.Sprintf(`{"jsonrpc":"2.0","id":%d,"method":"ping","params":{"_meta":{"pad":%q}}}`, next, pad), "")
-			if err != nil {
-				t.Fatal(err)
-			}
-			b, _ := io.ReadAll(resp.Body)
-			resp.Body.Close()
-			status, body = resp.StatusCode, string(b)
-			if want(status, body) {
-				break
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
-		return status, body
+		return pingUntil(t, m, tries, pad, want)
 	}
 	refused := func(status int, body string) bool {
 		return status == http.StatusServiceUnavailable && strings.Contains(body, `"limit":"max_request_bytes_in_flight_per_caller"`)
