@@ -500,3 +500,42 @@ func TestOpenRefusesIDsNotSealedForTheCaller(t *testing.T) {
 		}
 	}
 }
+
+// Streams kept for resumption are findable while they are written; of
+// those dropped, the session keeps the latest MaxResumableStreams and
+// returns the ones it pushed out (never one written again since); an
+// ended session keeps nothing.
+func TestKeptStreamsCountOnlyWhenDropped(t *testing.T) {
+	m := newMCP(t)
+	s := started(t, m, aliceSession, "up-1")
+	name := func(i int) string { return fmt.Sprintf("s%d", i) }
+	for i := range MaxResumableStreams + 2 {
+		if !s.KeepStream(name(i), i) {
+			t.Fatalf("KeepStream(%s) refused in an open session", name(i))
+		}
+	}
+	s.StreamResumed(name(0)) // never dropped: nothing to resume it from
+	for i := 1; i <= MaxResumableStreams; i++ {
+		if evicted := s.StreamDropped(name(i)); len(evicted) != 0 {
+			t.Fatalf("dropping %s of %d pushed out %v", name(i), MaxResumableStreams, evicted)
+		}
+	}
+	s.StreamDropped(name(1)) // dropped again after a resume: the latest now
+	evicted := s.StreamDropped(name(MaxResumableStreams + 1))
+	if len(evicted) != 1 || evicted[0] != 2 {
+		t.Fatalf("the ninth dropped stream pushed out %v, want [2] (the oldest dropped)", evicted)
+	}
+	if s.Stream(name(0)) != 0 || s.Stream(name(1)) != 1 || s.Stream(name(2)) != nil {
+		t.Errorf("findable: s0 %v, s1 %v, s2 %v; want 0, 1 and nothing", s.Stream(name(0)), s.Stream(name(1)), s.Stream(name(2)))
+	}
+	s.ForgetStream(name(1))
+	if s.Stream(name(1)) != nil || len(s.StreamDropped(name(1))) != 0 {
+		t.Error("a forgotten stream is still kept")
+	}
+	if _, ok, _ := m.End(context.Background(), s); !ok {
+		t.Fatal("End failed")
+	}
+	if s.KeepStream("late", 1) || s.Stream(name(0)) != nil {
+		t.Error("an ended session keeps streams")
+	}
+}

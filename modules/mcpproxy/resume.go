@@ -107,6 +107,9 @@ func (s *runnerStream) id(upstreamID string) string {
 // forgets it when the session ends.
 func (s *runnerStream) keep() {
 	if !s.session.KeepStream(s.token, s) {
+		s.mu.Lock()
+		s.forgotten = true // the session ended: nothing resumes the stream
+		s.mu.Unlock()
 		return
 	}
 	unwatch := context.AfterFunc(s.session.Context(), func() { s.forget("") })
