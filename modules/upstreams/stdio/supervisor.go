@@ -196,12 +196,14 @@ func (rt *runtime) sweep(stop chan struct{}) {
 
 func (rt *runtime) recordRestart(delay time.Duration, reason string) {
 	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	// Counted with the record, so that whoever sees a restart recorded
+	// sees it counted.
+	stdioMetrics.restarts.WithLabelValues(rt.spec.Service, reason).Inc()
 	rt.restarts = append(rt.restarts, restart{Delay: delay, Reason: reason})
 	if len(rt.restarts) > 64 {
 		rt.restarts = rt.restarts[1:]
 	}
-	rt.mu.Unlock()
-	stdioMetrics.restarts.WithLabelValues(rt.spec.Service, reason).Inc()
 }
 
 // Destruct stops every process of the service: after their grace period,
