@@ -136,6 +136,9 @@ func (hc *heldCall) Release(why string) {
 // was held, uncounted). It reports false when the runner went away already.
 func (hc *heldCall) letGo() bool {
 	detach := hc.detach
+	if detach == nil {
+		return true // let go already
+	}
 	hc.detach = nil
 	return detach()
 }
