@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"bufio"
 	"context"
 	"fmt"
 	"io"
@@ -83,6 +84,17 @@ func newRelayServer(u *upstream) *mcp.Server {
 			}
 			return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "done"}}}, nil, nil
 		})
+	mcp.AddTool(s, &mcp.Tool{Name: "forge_standalone_progress", Description: "Reports progress on the standalone stream: on a token never issued, then on its own.", Annotations: readOnly},
+		func(ctx context.Context, req *mcp.CallToolRequest, _ struct{}) (*mcp.CallToolResult, any, error) {
+			// Sent outside the request's context, they go on the
+			// standalone stream, while the call is still in progress.
+			unrelated := context.WithoutCancel(context.Background())
+			_ = req.Session.NotifyProgress(unrelated, &mcp.ProgressNotificationParams{ProgressToken: "never-issued", Progress: 1, Message: "FORGED-STANDALONE"})
+			if token := req.Params.GetProgressToken(); token != nil {
+				_ = req.Session.NotifyProgress(unrelated, &mcp.ProgressNotificationParams{ProgressToken: token, Progress: 1, Message: "own standalone progress"})
+			}
+			return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "done"}}}, nil, nil
+		})
 	mcp.AddTool(s, &mcp.Tool{Name: "ask_password", Description: "Asks the user for a password.", Annotations: readOnly},
 		func(ctx context.Context, req *mcp.CallToolRequest, _ struct{}) (*mcp.CallToolResult, any, error) {
 			res, err := req.Session.Elicit(ctx, &mcp.ElicitParams{Message: "password?",
@@ -99,7 +111,7 @@ func relayGateway(t *testing.T) (*upstream, *gateway) {
 	t.Helper()
 	up := startUpstreamServer(t, nil, newRelayServer)
 	g := startGateway(t, gatewayConfig{Upstream: up.URL, RequestPolicy: relayPolicies(t),
-		Tools: "echo progress forge_progress ask_password"})
+		Tools: "echo progress forge_progress forge_standalone_progress ask_password"})
 	return up, g
 }
 
@@ -173,6 +185,36 @@ func TestRelayAttackProgressForTokenNeverIssued(t *testing.T) {
 	if !own {
 		t.Errorf("the runner's own progress did not arrive: %s", msgs)
 	}
+}
+
+// Attack: on the standalone stream, progress for a token no request of
+// the session carried reached the runner (it was dropped on requests'
+// streams only). Progress on the token of a request in progress passes.
+func TestRelayAttackStandaloneProgressForTokenNeverIssued(t *testing.T) {
+	_, g := relayGateway(t)
+	m := g.raw(t, aliceKey, g.createSession(t, aliceKey, "svc"), "svc")
+	m.initialize()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	stream, answer := m.openStream(t, ctx)
+	if stream.StatusCode != http.StatusOK {
+		t.Fatalf("the standalone stream: %d %s", stream.StatusCode, answer)
+	}
+	defer stream.Body.Close()
+	if status, _, msgs := m.post(`{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"forge_standalone_progress","arguments":{},"_meta":{"progressToken":"mine"}}}`); status != http.StatusOK || len(msgs) == 0 {
+		t.Fatalf("forge_standalone_progress: %d %s", status, msgs)
+	}
+	lines := bufio.NewScanner(stream.Body)
+	for lines.Scan() { // until the runner's own progress, which came after the forged one
+		line := lines.Text()
+		if strings.Contains(line, "FORGED-STANDALONE") {
+			t.Fatalf("progress on a token the runner never issued reached its standalone stream: %s", line)
+		}
+		if strings.Contains(line, "own standalone progress") {
+			return
+		}
+	}
+	t.Fatalf("the progress of the runner's call in progress did not arrive on the standalone stream: %v", lines.Err())
 }
 
 // Escaped and variant spellings of a denied resource URI: the policy sees

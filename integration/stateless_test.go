@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -8,6 +9,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -15,6 +17,7 @@ import (
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"github.com/tidwall/gjson"
 )
 
 // Runners of the stateless revision (2026-07-28) through toolgate, with the
@@ -518,4 +521,97 @@ func answerBody(resp *http.Response) []byte {
 		}
 	}
 	return data
+}
+
+// A rule written for resources/subscribe holds for a runner of protocol
+// 2026-07-28, whose subscriptions/listen names the resources in its filter
+// instead: each is decided as the resources/subscribe a runner of an
+// earlier revision would send, before anything goes upstream. A filter
+// that is not a list of URIs, or names more than toolgate decides, is
+// refused before the policy.
+func TestListenSubscriptionsAreDecidedAsSubscribes(t *testing.T) {
+	up := startUpstream(t)
+	policies := aaPolicies(t, `decision := {"action": "deny", "reason": "test://secret is off limits"} if {
+	input.method == "resources/subscribe"
+	input.params.uri == "test://secret"
+}
+
+decision := {"action": "ask", "reason": "watching test://gated needs an approval"} if {
+	input.method == "resources/subscribe"
+	input.params.uri == "test://gated"
+}
+`, "")
+	g := startGateway(t, gatewayConfig{Upstream: up.URL, RequestPolicy: policies})
+	session := g.createSession(t, aliceKey, "svc")
+	listen := func(uris string) (int, string) {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		resp := aaStatelessSend(t, ctx, g, aliceKey, session, "subscriptions/listen",
+			`{"jsonrpc":"2.0","id":1,"method":"subscriptions/listen","params":{"notifications":{"resourceSubscriptions":[`+uris+`]},`+aaStatelessMeta(`{}`)+`}}`)
+		defer resp.Body.Close()
+		if resp.StatusCode == http.StatusOK {
+			line, _ := bufio.NewReader(resp.Body).ReadString('\n') // the stream stays open: its first line
+			return resp.StatusCode, line
+		}
+		body, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(body)
+	}
+	subscribed := func() []string {
+		var uris []string
+		for _, r := range up.requestLog() {
+			if strings.Contains(r.Body, `"resources/subscribe"`) {
+				uris = append(uris, gjson.Get(r.Body, "params.uri").String())
+			}
+		}
+		return uris
+	}
+
+	status, body := listen(`"test://watched","test://secret"`)
+	if gjson.Get(body, "error.code").Int() != -32013 || !strings.Contains(body, `subscribing to \"test://secret\" is denied: test://secret is off limits`) {
+		t.Fatalf("a listen naming a resource the policy denies subscribing to: %d %s", status, body)
+	}
+	if got := subscribed(); len(got) != 0 {
+		t.Fatalf("a denied listen subscribed the upstream to %v", got)
+	}
+	var many []string // one more than toolgate takes
+	for i := range 65 {
+		many = append(many, `"test://r`+strconv.Itoa(i)+`"`)
+	}
+	for _, bad := range []string{`"test://watched",7`, strings.Join(many, ",")} {
+		status, body := listen(bad)
+		if status != http.StatusBadRequest || gjson.Get(body, "error.code").Int() != -32602 {
+			t.Errorf("a listen naming [%.60s…]: %d %s, want 400 with -32602", bad, status, body)
+		}
+	}
+	if got := subscribed(); len(got) != 0 {
+		t.Fatalf("refused listens subscribed the upstream to %v", got)
+	}
+
+	// A resource the policy asks about makes the listen ask; once
+	// approved, the same listen opens.
+	status, body = listen(`"test://watched","test://gated"`)
+	id := gjson.Get(body, "error.data.approval_id").String()
+	if id == "" || !strings.Contains(body, `subscribing to \"test://gated\": watching test://gated needs an approval`) {
+		t.Fatalf("a listen naming a resource the policy asks about: %d %s", status, body)
+	}
+	if got := subscribed(); len(got) != 0 {
+		t.Fatalf("a listen waiting for its approval subscribed the upstream to %v", got)
+	}
+	if r := g.decide(t, aliceKey, id, true, "once", ""); r.StatusCode != http.StatusOK {
+		t.Fatalf("approving the listen: %d %s", r.StatusCode, r.Body)
+	}
+	if status, line := listen(`"test://watched","test://gated"`); status != http.StatusOK || line == "" {
+		t.Fatalf("the approved listen: %d %q", status, line)
+	}
+	if got := subscribed(); !slices.Equal(got, []string{"test://watched", "test://gated"}) {
+		t.Fatalf("the approved listen subscribed the upstream to %v", got)
+	}
+
+	status, line := listen(`"test://watched","test://watched"`)
+	if status != http.StatusOK || line == "" {
+		t.Fatalf("a listen naming a resource the policy allows: %d %q", status, line)
+	}
+	if got := subscribed(); len(got) != 3 || got[2] != "test://watched" {
+		t.Fatalf("an allowed listen subscribed the upstream to %v, want test://watched once more", got)
+	}
 }

@@ -687,6 +687,8 @@ var exampleCases = map[string][]exampleCase{
 		{requestQuery, `{"method": "resources/read", "tool": null, "arguments": null, "params": {"uri": "file:///srv/shared/../../etc/passwd"}}`, `{"action": "deny"}`},
 		{requestQuery, `{"method": "resources/read", "tool": null, "arguments": null}`, `{"action": "deny"}`},
 		{requestQuery, `{"method": "resources/list", "tool": null, "arguments": null, "params": {}}`, `{"action": "allow"}`},
+		{requestQuery, `{"method": "resources/subscribe", "tool": null, "arguments": null, "params": {"uri": "file:///etc/passwd"}}`, `{"action": "deny", "reason": "outside file:///srv/shared/"}`},
+		{requestQuery, `{"method": "resources/subscribe", "tool": null, "arguments": null, "params": {"uri": "file:///srv/shared/plan.md"}}`, `{"action": "allow"}`},
 	},
 }
 

@@ -173,6 +173,11 @@ func Check(r *http.Request, msg mcpmsg.Message) (*gateway.Stateless, *Refusal) {
 	if ir := msg.InputResponses; ir != nil && ir[0] != '{' {
 		return nil, invalidParams("params.inputResponses must be an object")
 	}
+	if msg.Method == "subscriptions/listen" {
+		if _, rf := ListenSubscriptions(msg.Params); rf != nil {
+			return nil, rf
+		}
+	}
 	return &gateway.Stateless{Capabilities: caps, ClientInfo: info}, nil
 }
 

@@ -3,7 +3,6 @@ package mcpproxy
 import (
 	"context"
 	"errors"
-	"fmt"
 	"net/http"
 
 	"github.com/tidwall/gjson"
@@ -12,11 +11,6 @@ import (
 	"github.com/toolgate/toolgate/internal/mcpmsg"
 	"github.com/toolgate/toolgate/modules/gateway"
 )
-
-// maxListenSubscriptions bounds the resources one subscriptions/listen
-// names: with an upstream of an earlier revision, each is a
-// resources/subscribe toolgate sends it.
-const maxListenSubscriptions = 64
 
 // listenLegacy serves a stateless runner's subscriptions/listen with an
 // upstream of an earlier revision: toolgate acknowledges the part of the
@@ -34,17 +28,13 @@ func (h *Handler) listenLegacy(ctx context.Context, w http.ResponseWriter, r *ht
 		resources: asked.Get("resourcesListChanged").Bool() && caps.Get("resources.listChanged").Bool(),
 		uris:      map[string]bool{},
 	}
-	uris := map[string]bool{}
-	for _, u := range asked.Get("resourceSubscriptions").Array() {
-		uris[u.String()] = true
-	}
-	if len(uris) > maxListenSubscriptions {
-		gateway.WriteRPCError(w, http.StatusBadRequest, call.Message.ID, gateway.CodeInvalidParams,
-			fmt.Sprintf("subscriptions/listen names %d resources; toolgate subscribes to at most %d per listen", len(uris), maxListenSubscriptions), nil)
+	uris, refusal := mcp2026.ListenSubscriptions(call.Message.Params) // (checked before the policy: see mcp2026.Check)
+	if refusal != nil {
+		refusal.Write(w, call.Message.ID)
 		return
 	}
 	if caps.Get("resources.subscribe").Bool() {
-		for u := range uris {
+		for _, u := range uris {
 			if h.subscribeLegacy(ctx, call, u) {
 				filter.uris[u] = true
 			}

@@ -309,9 +309,9 @@ func (h *Handler) relay(runner context.Context, w http.ResponseWriter, call *gat
 }
 
 // progressFor reports whether progress about token belongs on the stream
-// of the runner's request call: it is the request's own progressToken
-// (also on a stream the runner resumed after the request ended), or that
-// of another request of the runner's in progress.
+// of call (a runner's request, or its standalone stream): it is the
+// request's own progressToken (also on a stream the runner resumed after
+// the request ended), or that of a request of the runner's in progress.
 func progressFor(call *gateway.Call, token []byte) bool {
 	if key := mcpmsg.IDKey(token); key != "" && key == mcpmsg.IDKey(call.Message.ProgressToken) {
 		return true
@@ -355,11 +355,11 @@ func (h *Handler) deliver(ctx context.Context, call *gateway.Call, msg mcpmsg.Me
 			return message{}
 		}
 		return message{out}
-	case msg.Kind == mcpmsg.Notification && msg.Method == "notifications/progress" && call.IsRequest() && call.MCPSession != nil &&
+	case msg.Kind == mcpmsg.Notification && msg.Method == "notifications/progress" && call.MCPSession != nil &&
 		!progressFor(call, []byte(gjson.GetBytes(msg.Params, "progressToken").Raw)):
-		// On a request's stream, progress only about this request or
-		// another of the runner's in progress: any other token is nothing
-		// it asked about.
+		// Progress only about this request or another of the runner's in
+		// progress (on the standalone stream, only the latter): any other
+		// token is nothing it asked about.
 		h.logger.Debug("dropped an upstream's progress on a token of no request in progress", zap.String("service", call.Service.ID))
 		return message{}
 	case msg.Kind == mcpmsg.Notification:

@@ -105,6 +105,7 @@ func (h *RequestHandler) ServeHTTP(w http.ResponseWriter, r *http.Request, next 
 				o = o.deny(failMalformed, "the policy's rewritten arguments are refused: "+err.Error())
 			}
 		}
+		o = h.decideSubscriptions(r.Context(), call, o)
 	} else {
 		h.logger.Warn("cannot build the policy input", zap.String("service", call.Service.ID), zap.Error(err))
 	}

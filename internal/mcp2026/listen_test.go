@@ -1,0 +1,48 @@
+package mcp2026
+
+import (
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+func TestListenSubscriptions(t *testing.T) {
+	var limit []string
+	for i := range MaxListenSubscriptions {
+		limit = append(limit, strconv.Quote("test://r"+strconv.Itoa(i)))
+	}
+	for _, c := range []struct {
+		params string
+		want   []string
+		refuse string // in the refusal's message; "" for none
+	}{
+		{params: `{}`},
+		{params: `{"notifications":{"toolsListChanged":true}}`},
+		{params: `{"notifications":{"resourceSubscriptions":[]}}`},
+		{params: `{"notifications":{"resourceSubscriptions":["b","a","b","a"]}}`, want: []string{"b", "a"}},
+		{params: `{"notifications":{"resourceSubscriptions":[` + strings.Join(limit, ",") + `,"test://r0"]}}`, want: func() []string {
+			var uris []string
+			for _, q := range limit {
+				u, _ := strconv.Unquote(q)
+				uris = append(uris, u)
+			}
+			return uris
+		}()},
+		{params: `{"notifications":{"resourceSubscriptions":[` + strings.Join(limit, ",") + `,"test://one-more"]}}`, refuse: "more than 64 resources"},
+		{params: `{"notifications":{"resourceSubscriptions":["a",7]}}`, refuse: "array of resource URIs"},
+		{params: `{"notifications":{"resourceSubscriptions":["a",null]}}`, refuse: "array of resource URIs"},
+		{params: `{"notifications":{"resourceSubscriptions":"a"}}`, refuse: "array of resource URIs"},
+		{params: `{"notifications":["a"]}`, refuse: "must be an object"},
+	} {
+		got, refusal := ListenSubscriptions([]byte(c.params))
+		switch {
+		case c.refuse != "" && (refusal == nil || !strings.Contains(refusal.Message, c.refuse) || refusal.Code != -32602):
+			t.Errorf("%.80s: %v, want a -32602 refusal saying %q", c.params, refusal, c.refuse)
+		case c.refuse == "" && refusal != nil:
+			t.Errorf("%.80s: refused: %s", c.params, refusal.Message)
+		case !slices.Equal(got, c.want):
+			t.Errorf("%.80s: %q, want %q", c.params, got, c.want)
+		}
+	}
+}

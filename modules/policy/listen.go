@@ -1,0 +1,76 @@
+package policy
+
+import (
+	"context"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/open-policy-agent/opa/v1/ast"
+
+	"github.com/toolgate/toolgate/internal/mcp2026"
+	"github.com/toolgate/toolgate/internal/mcpmsg"
+	"github.com/toolgate/toolgate/modules/gateway"
+)
+
+// A subscriptions/listen (protocol 2026-07-28) subscribes to resources by
+// naming them in its filter, where a runner of an earlier revision sends
+// one resources/subscribe per resource. Decided only as a listen, a rule
+// written for resources/subscribe would not hold for a runner that speaks
+// the new revision: so each resource it names is also decided as the
+// resources/subscribe an earlier revision would send, params {"uri": …},
+// each with its audit entry, before the listen goes on.
+
+// subscribeMethod is the method each resource of a listen is decided as.
+const subscribeMethod = "resources/subscribe"
+
+// decideSubscriptions completes o, the decision on a subscriptions/listen,
+// with the decisions on the resources it names: any deny denies the listen
+// (with that decision's reason), else any ask makes it ask. A listen the
+// policy denied itself is not looked into.
+func (h *RequestHandler) decideSubscriptions(ctx context.Context, call *gateway.Call, o outcome) outcome {
+	if call.Method != "subscriptions/listen" || !call.IsRequest() || o.Action == gateway.ActionDeny {
+		return o
+	}
+	uris, refusal := mcp2026.ListenSubscriptions(call.Message.Params)
+	if refusal != nil { // refused before the policy (mcp2026.Check): a listen in another route
+		return o.deny(failError, refusal.Message)
+	}
+	var common [][2]*ast.Term
+	var asks []string
+	for _, uri := range uris {
+		if common == nil {
+			common = commonItems(call)
+		}
+		sub := *call
+		sub.Method = subscribeMethod
+		sub.Message.Method, sub.Message.URI, sub.Message.Name = subscribeMethod, uri, ""
+		sub.Message.Params = mcpmsg.AppendQuote([]byte(`{"uri":`), uri)
+		sub.Message.Params = append(sub.Message.Params, '}')
+		so := outcome{}.deny(failError, "the gateway could not build the policy input")
+		input, err := inputFor(common, &sub, nil, false)
+		if err == nil {
+			so = h.engine.decide(ctx, input, time.Duration(h.Timeout), "arguments")
+			if (so.argsTerm != nil || so.Arguments != nil) && so.Action != gateway.ActionDeny {
+				so = so.deny(failMalformed, "the policy rewrote the arguments of "+subscribeMethod+"; toolgate rewrites only those of tools/call")
+			}
+		}
+		h.newDecision(ctx, &sub, so, stageRequest, sub.Message.Params, nil, input)
+		switch so.Action {
+		case gateway.ActionDeny:
+			return o.deny(so.Failure, "subscribing to "+strconv.Quote(uri)+" is denied: "+so.Reason)
+		case gateway.ActionAsk:
+			if o.Action != gateway.ActionAsk && len(asks) == 0 {
+				o.Approval = so.Approval // the first asking decision's, unless the listen asked itself
+			}
+			asks = append(asks, "subscribing to "+strconv.Quote(uri)+": "+so.Reason)
+		}
+	}
+	if len(asks) > 0 {
+		if o.Action == gateway.ActionAsk {
+			asks = append([]string{o.Reason}, asks...)
+		}
+		o.Action, o.Reason = gateway.ActionAsk, strings.Join(asks, "; ")
+	}
+	return o
+}
