@@ -274,7 +274,9 @@ func (s *runnerStream) forget(why string) {
 // takeOver stops the relay still writing the stream, if any, and makes out
 // the stream's writer. When several resumes race, the last one to ask gets
 // the stream: each stops the one before it. It fails when ctx ends first,
-// and with errNothingToResume once the call's deadline passed. (A stream
+// with errNothingToResume once the call's deadline passed, and with
+// errForgotten when the stream was forgotten after the resume found it
+// (pushed out of its session by newer dropped streams). (A stream
 // whose answer was written meanwhile is resumed all the same: the runner
 // that resumes did not get it.)
 func (s *runnerStream) takeOver(ctx context.Context, out *sseWriter, stop context.CancelFunc) error {
@@ -298,6 +300,9 @@ func (s *runnerStream) takeOver(ctx context.Context, out *sseWriter, stop contex
 		case !s.beforeDeadline():
 			s.mu.Unlock()
 			return errNothingToResume
+		case s.forgotten:
+			s.mu.Unlock()
+			return errForgotten
 		}
 		s.out, s.owner, s.active, s.primed = out, stop, make(chan struct{}), true
 		s.ownerSince = s.takeovers
@@ -321,6 +326,10 @@ func (s *runnerStream) stoppedForResume() bool {
 // errNothingToResume: a resumed stream's call's deadline passed while the
 // resume waited for it.
 var errNothingToResume = errors.New("nothing to resume")
+
+// errForgotten: a resumed stream was forgotten while the resume waited for
+// it.
+var errForgotten = errors.New("the stream was forgotten")
 
 // resumeForRunner continues a stream the runner lost, from the event id it
 // last received: toolgate resumes the upstream's stream where that event
@@ -350,6 +359,10 @@ func (h *Handler) resumeForRunner(w http.ResponseWriter, r *http.Request, call *
 	defer context.AfterFunc(ms.Context(), cancel)()
 	out := newSSEWriter(w)
 	if err := st.takeOver(ctx, out, cancel); err != nil {
+		if errors.Is(err, errForgotten) {
+			refuseResume(w, "Last-Event-ID names no stream this MCP session can resume")
+			return
+		}
 		if errors.Is(err, errNothingToResume) || errors.Is(err, context.DeadlineExceeded) {
 			refuseResume(w, "the request this Last-Event-ID belongs to reached its deadline")
 			return
