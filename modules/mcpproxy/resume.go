@@ -275,8 +275,8 @@ func (s *runnerStream) forget(why string) {
 // the stream's writer. When several resumes race, the last one to ask gets
 // the stream: each stops the one before it. It fails when ctx ends first,
 // with errNothingToResume once the call's deadline passed, and with
-// errForgotten when the stream was forgotten after the resume found it
-// (pushed out of its session by newer dropped streams). (A stream
+// errEvicted when newer dropped streams pushed the stream out of its
+// session after the resume found it (its call was cancelled). (A stream
 // whose answer was written meanwhile is resumed all the same: the runner
 // that resumes did not get it.)
 func (s *runnerStream) takeOver(ctx context.Context, out *sseWriter, stop context.CancelFunc) error {
@@ -300,9 +300,11 @@ func (s *runnerStream) takeOver(ctx context.Context, out *sseWriter, stop contex
 		case !s.beforeDeadline():
 			s.mu.Unlock()
 			return errNothingToResume
-		case s.forgotten:
+		case s.evicted:
+			// (Forgotten because its answer was written meanwhile, it is
+			// resumed all the same: see above.)
 			s.mu.Unlock()
-			return errForgotten
+			return errEvicted
 		}
 		s.out, s.owner, s.active, s.primed = out, stop, make(chan struct{}), true
 		s.ownerSince = s.takeovers
@@ -327,9 +329,9 @@ func (s *runnerStream) stoppedForResume() bool {
 // resume waited for it.
 var errNothingToResume = errors.New("nothing to resume")
 
-// errForgotten: a resumed stream was forgotten while the resume waited for
-// it.
-var errForgotten = errors.New("the stream was forgotten")
+// errEvicted: a resumed stream was pushed out of its session while the
+// resume waited for it.
+var errEvicted = errors.New("the stream was pushed out of its session")
 
 // resumeForRunner continues a stream the runner lost, from the event id it
 // last received: toolgate resumes the upstream's stream where that event
@@ -359,7 +361,7 @@ func (h *Handler) resumeForRunner(w http.ResponseWriter, r *http.Request, call *
 	defer context.AfterFunc(ms.Context(), cancel)()
 	out := newSSEWriter(w)
 	if err := st.takeOver(ctx, out, cancel); err != nil {
-		if errors.Is(err, errForgotten) {
+		if errors.Is(err, errEvicted) {
 			refuseResume(w, "Last-Event-ID names no stream this MCP session can resume")
 			return
 		}
