@@ -34,6 +34,12 @@ func TestListenSubscriptions(t *testing.T) {
 		{params: `{"notifications":{"resourceSubscriptions":["a",null]}}`, refuse: "array of resource URIs"},
 		{params: `{"notifications":{"resourceSubscriptions":"a"}}`, refuse: "array of resource URIs"},
 		{params: `{"notifications":["a"]}`, refuse: "must be an object"},
+		{params: `{"notifications":{"ResourceSubscriptions":["a"]}}`, refuse: `must be spelled "resourceSubscriptions"`},
+		{params: `{"notifications":{"re\u017fourceSubscriptions":["a"]}}`, refuse: `must be spelled "resourceSubscriptions"`},
+		{params: `{"notifications":{"resourceSubscriptions":["a"],"RESOURCESUBSCRIPTIONS":["b"]}}`, refuse: `must be spelled "resourceSubscriptions"`},
+		{params: `{"notifications":{"ToolsListChanged":true}}`, refuse: `must be spelled "toolsListChanged"`},
+		{params: `{"Notifications":{"resourceSubscriptions":["a"]}}`, refuse: `must be spelled "notifications"`},
+		{params: `{"notifications":{"resource\u0053ubscriptions":["a"]}}`, want: []string{"a"}},
 	} {
 		got, refusal := ListenSubscriptions([]byte(c.params))
 		switch {

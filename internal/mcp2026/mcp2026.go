@@ -124,6 +124,10 @@ func Check(r *http.Request, msg mcpmsg.Message) (*gateway.Stateless, *Refusal) {
 			return nil, &Refusal{Status: http.StatusBadRequest, Code: gateway.CodeInvalidRequest,
 				Message: "a client of protocol " + Version + " sends no responses: answer input requests in the retried request's inputResponses"}
 		}
+		if msg.Method == "subscriptions/listen" {
+			return nil, &Refusal{Status: http.StatusBadRequest, Code: gateway.CodeInvalidRequest,
+				Message: "subscriptions/listen is a request: send it with an id"}
+		}
 		caps := mcpmsg.MemberOf(msg.Meta, MetaClientCapabilities)
 		if caps == nil {
 			caps = []byte("{}")

@@ -224,16 +224,35 @@ func ReservedInput(result []byte) bool {
 // WithoutOwnState returns the body of a retried request without
 // toolgate's requestState and toolgate's input response, for the upstream.
 func WithoutOwnState(body, params []byte) []byte {
-	p := mcpmsg.RemoveMember(params, "requestState")
-	if ir := mcpmsg.MemberOf(p, "inputResponses"); ir != nil && ir[0] == '{' {
-		rest := mcpmsg.RemoveMember(ir, OwnInput)
-		if isEmptyObject(rest) {
-			p = mcpmsg.RemoveMember(p, "inputResponses")
-		} else {
-			p = mcpmsg.ReplaceMember(p, "inputResponses", rest)
-		}
+	return mcpmsg.ReplaceMember(body, "params", withoutOwnInput(mcpmsg.RemoveMember(params, "requestState")))
+}
+
+// withoutOwnInput returns params without toolgate's input response (and
+// without inputResponses when nothing else is left in it).
+func withoutOwnInput(params []byte) []byte {
+	ir := mcpmsg.MemberOf(params, "inputResponses")
+	if ir == nil || ir[0] != '{' {
+		return params
 	}
-	return mcpmsg.ReplaceMember(body, "params", p)
+	rest := mcpmsg.RemoveMember(ir, OwnInput)
+	if isEmptyObject(rest) {
+		return mcpmsg.RemoveMember(params, "inputResponses")
+	}
+	return mcpmsg.ReplaceMember(params, "inputResponses", rest)
+}
+
+// CallParams are the params that identify a request other than a
+// tools/call (whose arguments do), for its approvals and the requestStates
+// toolgate seals: its params without _meta (the request's metadata, which
+// a retry may renew) and without what a retry of toolgate's own round
+// adds (toolgate's requestState and input response). A retry the person
+// was asked about is then found to be the call they approved.
+func CallParams(params []byte) []byte {
+	p := mcpmsg.RemoveMember(params, "_meta")
+	if rs, ok := mcpmsg.String(mcpmsg.MemberOf(p, "requestState")); ok && IsOwnState(rs) {
+		p = mcpmsg.RemoveMember(p, "requestState")
+	}
+	return withoutOwnInput(p)
 }
 
 func isEmptyObject(b []byte) bool {

@@ -31,7 +31,7 @@ type State struct {
 	Method   string `json:"m"`
 	Tool     string `json:"t,omitempty"`
 	URI      string `json:"u,omitempty"` // what a resources/* call names
-	Args     string `json:"a"`           // hex SHA-256 of the arguments as they would go upstream
+	Args     string `json:"a"`           // hex SHA-256 of the arguments as they would go upstream (other methods: CallParams)
 	Approval string `json:"p,omitempty"`
 	Held     string `json:"h,omitempty"` // the upstream exchange toolgate holds for the retry (Hold)
 	Expires  int64  `json:"e"`           // unix seconds
@@ -132,8 +132,12 @@ func (s *sealer) Open(text string, now time.Time) (State, error) {
 // StateOf is the state of the call by caller in the toolgate session
 // sessionRef to service that msg makes: what a requestState is bound to.
 func StateOf(caller, sessionRef, service string, msg mcpmsg.Message) State {
+	args := msg.Arguments
+	if msg.Method != "tools/call" {
+		args = CallParams(msg.Params) // a subscriptions/listen's filter, a prompt's arguments, …
+	}
 	return State{Caller: caller, Session: sessionRef, Service: service, Method: msg.Method,
-		Tool: msg.Name, URI: msg.URI, Args: ArgsDigest(msg.Arguments)}
+		Tool: msg.Name, URI: msg.URI, Args: ArgsDigest(args)}
 }
 
 // Matches checks that st was issued for the call want describes (every

@@ -11,6 +11,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/toolgate/toolgate/internal/approval"
+	"github.com/toolgate/toolgate/internal/mcp2026"
 	"github.com/toolgate/toolgate/internal/mcpmsg"
 	"github.com/toolgate/toolgate/modules/gateway"
 )
@@ -21,14 +22,15 @@ import (
 const CodeURLElicitationRequired = -32042
 
 // approvalCall is the call as approvals match it, with the arguments as
-// they would go upstream.
+// they would go upstream (for a method other than tools/call, the params
+// that identify the call: mcp2026.CallParams).
 func approvalCall(call *gateway.Call) approval.Call {
 	args := call.Arguments
 	if args == nil {
 		if call.Method == "tools/call" {
 			args = call.Message.Arguments
 		} else {
-			args = call.Message.Params
+			args = mcp2026.CallParams(call.Message.Params)
 		}
 	}
 	return approval.Call{Requester: call.Caller.User, Session: gateway.SessionRef(call.Session.ID),

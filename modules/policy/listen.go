@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"bytes"
 	"context"
 	"strconv"
 	"strings"
@@ -8,6 +9,7 @@ import (
 
 	"github.com/open-policy-agent/opa/v1/ast"
 
+	"github.com/toolgate/toolgate/internal/approval"
 	"github.com/toolgate/toolgate/internal/mcp2026"
 	"github.com/toolgate/toolgate/internal/mcpmsg"
 	"github.com/toolgate/toolgate/modules/gateway"
@@ -28,16 +30,27 @@ const subscribeMethod = "resources/subscribe"
 // with the decisions on the resources it names: any deny denies the listen
 // (with that decision's reason), else any ask makes it ask. A listen the
 // policy denied itself is not looked into.
+//
+// One approval answers every ask of the listen, so they must ask for the
+// same one: asks with different approval objects (other deciders, scopes)
+// deny the listen, as an approval of one of them would grant what another
+// keeps for other approvers.
 func (h *RequestHandler) decideSubscriptions(ctx context.Context, call *gateway.Call, o outcome) outcome {
-	if call.Method != "subscriptions/listen" || !call.IsRequest() || o.Action == gateway.ActionDeny {
+	if call.Method != "subscriptions/listen" || o.Action == gateway.ActionDeny {
 		return o
 	}
+	if !call.IsRequest() {
+		// Sent as a notification it could not be acknowledged, and an
+		// upstream that reads the method alone would subscribe.
+		return o.deny(failMalformed, "subscriptions/listen is a request: send it with an id")
+	}
 	uris, refusal := mcp2026.ListenSubscriptions(call.Message.Params)
-	if refusal != nil { // refused before the policy (mcp2026.Check): a listen in another route
-		return o.deny(failError, refusal.Message)
+	if refusal != nil { // (a stateless runner's listen was refused before the policy: mcp2026.Check)
+		return o.deny(failMalformed, refusal.Message)
 	}
 	var common [][2]*ast.Term
 	var asks []string
+	asked := o.Action == gateway.ActionAsk
 	for _, uri := range uris {
 		if common == nil {
 			common = commonItems(call)
@@ -55,13 +68,20 @@ func (h *RequestHandler) decideSubscriptions(ctx context.Context, call *gateway.
 				so = so.deny(failMalformed, "the policy rewrote the arguments of "+subscribeMethod+"; toolgate rewrites only those of tools/call")
 			}
 		}
+		if so.Action == gateway.ActionAsk {
+			if _, err := approval.ParseSpec(so.Approval); err != nil {
+				so = so.deny(failMalformed, "the policy asked for an approval it cannot have: "+err.Error())
+			} else if asked && !bytes.Equal(so.Approval, o.Approval) {
+				so = so.deny(failMalformed, "the policy asks for another approval of this resource than of the rest of the subscriptions/listen; subscribe to it in a listen of its own")
+			}
+		}
 		h.newDecision(ctx, &sub, so, stageRequest, sub.Message.Params, nil, input)
 		switch so.Action {
 		case gateway.ActionDeny:
 			return o.deny(so.Failure, "subscribing to "+strconv.Quote(uri)+" is denied: "+so.Reason)
 		case gateway.ActionAsk:
-			if o.Action != gateway.ActionAsk && len(asks) == 0 {
-				o.Approval = so.Approval // the first asking decision's, unless the listen asked itself
+			if !asked {
+				asked, o.Approval = true, so.Approval
 			}
 			asks = append(asks, "subscribing to "+strconv.Quote(uri)+": "+so.Reason)
 		}
