@@ -202,6 +202,22 @@ func TestApprovalAttackHeldReadStateMovesToAnotherURI(t *testing.T) {
 	if status != 400 || errorCode(msg) != -32602 {
 		t.Fatalf("the requestState of test://private's read, sent with test://public: %d %s, want 400 -32602", status, aaJSON(msg))
 	}
+	// The read's own retry, which adds inputResponses and the
+	// requestState to its params, continues it.
+	status, msg = statelessPost(t, g, aliceKey, session, read(3, "test://public", ""), map[string]string{"Mcp-Name": "test://public"})
+	res = aaResult(msg)
+	state, _ = res["requestState"].(string)
+	if status != 200 || res["resultType"] != "input_required" || state == "" {
+		t.Fatalf("reading test://public: %d %v, want input_required", status, msg)
+	}
+	for k := range res["inputRequests"].(map[string]any) {
+		key = k
+	}
+	answer = retryWith(state, map[string]any{key: map[string]any{"action": "accept", "content": map[string]any{"ok": true}}})
+	status, msg = statelessPost(t, g, aliceKey, session, read(4, "test://public", answer), map[string]string{"Mcp-Name": "test://public"})
+	if status != 200 || !strings.Contains(aaJSON(msg), "public contents") {
+		t.Fatalf("the retry of test://public's read with its requestState: %d %s, want its contents", status, aaJSON(msg))
+	}
 }
 
 // A malicious upstream cannot pass its answer off as toolgate's approval

@@ -52,3 +52,16 @@ func TestListenSubscriptions(t *testing.T) {
 		}
 	}
 }
+
+// A retry adds _meta, inputResponses and requestState to a request's
+// params; what identifies the call stays the same.
+func TestCallParams(t *testing.T) {
+	first := `{"uri":"test://a","_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28"}}`
+	retry := `{"uri":"test://a","inputResponses":{"io.toolgate/approval":{"action":"accept"},"ask":{}},"requestState":"x","_meta":{"progressToken":7}}`
+	if a, b := string(CallParams([]byte(first))), string(CallParams([]byte(retry))); a != `{"uri":"test://a"}` || b != a {
+		t.Fatalf("CallParams: %s and %s, want both {\"uri\":\"test://a\"}", a, b)
+	}
+	if got := string(CallParams([]byte(`{"uri":"test://b"}`))); got != `{"uri":"test://b"}` {
+		t.Fatalf("CallParams of params without retry members: %s", got)
+	}
+}

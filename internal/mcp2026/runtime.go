@@ -242,17 +242,18 @@ func withoutOwnInput(params []byte) []byte {
 }
 
 // CallParams are the params that identify a request other than a
-// tools/call (whose arguments do), for its approvals and the requestStates
-// toolgate seals: its params without _meta (the request's metadata, which
-// a retry may renew) and without what a retry of toolgate's own round
-// adds (toolgate's requestState and input response). A retry the person
-// was asked about is then found to be the call they approved.
+// tools/call, for its approvals and the requestStates toolgate seals, as
+// a tools/call's arguments identify it: its params without _meta (the
+// request's metadata, which a retry may renew) and without what a retry
+// of a multi round-trip request adds (inputResponses, requestState). A
+// retry is then found to be the call its person approved, and a held
+// round's retry the call it continues.
 func CallParams(params []byte) []byte {
-	p := mcpmsg.RemoveMember(params, "_meta")
-	if rs, ok := mcpmsg.String(mcpmsg.MemberOf(p, "requestState")); ok && IsOwnState(rs) {
-		p = mcpmsg.RemoveMember(p, "requestState")
+	p := params
+	for _, k := range []string{"_meta", "inputResponses", "requestState"} {
+		p = mcpmsg.RemoveMember(p, k)
 	}
-	return withoutOwnInput(p)
+	return p
 }
 
 func isEmptyObject(b []byte) bool {
