@@ -673,7 +673,9 @@ func TestAccountingHoldsApprovalHoldGivesBack(t *testing.T) {
 func TestAccountingHoldsConcurrentCallsAndDropsDoNotDrift(t *testing.T) {
 	key, _, auth := acctUser("churn")
 	up := startUpstream(t)
-	g := startGateway(t, gatewayConfig{Upstream: up.URL, Timeout: "3s", AuthExtra: auth,
+	// The calls' deadline is long enough for a loaded machine to send
+	// all three 900 KiB bodies below while the first two are held.
+	g := startGateway(t, gatewayConfig{Upstream: up.URL, Timeout: "15s", AuthExtra: auth,
 		Extra: "max_request_size 1MiB\nmax_request_bytes_in_flight_per_caller 2MiB\nmax_streams_per_caller 40"})
 	m := acctRunner(t, g, key)
 	before := readBoundGauges(t, g)
@@ -692,9 +694,11 @@ func TestAccountingHoldsConcurrentCallsAndDropsDoNotDrift(t *testing.T) {
 		})
 	}
 	wg.Wait()
+	endMCPSession(t, m) // its dropped streams were kept for resumption until then
 	if now, back := settleBoundGauges(t, g, before, 8*time.Second); !back {
-		t.Errorf("after the calls and their deadlines, the gauges stay at %v (before: %v)", now, before)
+		t.Errorf("after the calls and the end of their session, the gauges stay at %v (before: %v)", now, before)
 	}
+	m = acctRunner(t, g, key)
 	// Nothing given back twice: of three 900 KiB calls held open at once
 	// (wait answers nothing), the 2 MiB share lets two in, and refuses one.
 	pad := strings.Repeat("p", 900<<10)
@@ -715,11 +719,16 @@ func TestAccountingHoldsConcurrentCallsAndDropsDoNotDrift(t *testing.T) {
 			}
 		}()
 	}
+	// The refusal, then a second's wait for another, which would be one
+	// too many.
 	refusals := 0
-	for deadline := time.After(2 * time.Second); ; {
+	for deadline := time.After(12 * time.Second); ; {
 		select {
 		case <-answers:
 			refusals++
+			if refusals == 1 {
+				deadline = time.After(time.Second)
+			}
 			continue
 		case <-deadline:
 		}
@@ -729,5 +738,6 @@ func TestAccountingHoldsConcurrentCallsAndDropsDoNotDrift(t *testing.T) {
 		t.Errorf("%d of three 900 KiB calls held open at once were refused under a 2 MiB share, want 1", refusals)
 	}
 	cancel()
+	endMCPSession(t, m) // the dropped calls' streams are kept for resumption until then
 	gaugesBackWithin(t, g, before, 8*time.Second)
 }
