@@ -102,7 +102,11 @@ func LegacyMeta(initParams []byte) [][2][]byte {
 }
 
 // WithMeta returns params (JSON text of an object, or nil) with the
-// members of meta set in its _meta.
+// members of meta set in its _meta, for a request toolgate sends for a
+// runner of an earlier revision. The runner's own members of the
+// revision's namespace (io.modelcontextprotocol/…, such as a logLevel,
+// which stands for a logging/setLevel the policy did not decide) are
+// left out: they are toolgate's to set.
 func WithMeta(params []byte, meta [][2][]byte) []byte {
 	if params == nil || params[0] != '{' {
 		params = []byte("{}")
@@ -111,6 +115,7 @@ func WithMeta(params []byte, meta [][2][]byte) []byte {
 	if m == nil || m[0] != '{' {
 		m = []byte("{}")
 	}
+	m = mcpmsg.RemoveMembersWithPrefix(m, metaNamespace)
 	for _, kv := range meta {
 		m = mcpmsg.ReplaceMember(m, string(kv[0]), kv[1])
 	}

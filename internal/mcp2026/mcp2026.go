@@ -37,6 +37,9 @@ import (
 // Version is the stateless revision.
 const Version = gateway.StatelessProtocolVersion
 
+// metaNamespace is the prefix of the revision's _meta keys.
+const metaNamespace = "io.modelcontextprotocol/"
+
 // The _meta keys of the revision.
 const (
 	MetaProtocolVersion    = "io.modelcontextprotocol/protocolVersion"

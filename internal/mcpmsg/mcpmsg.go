@@ -842,6 +842,20 @@ func RemoveMemberFold(obj []byte, key string) []byte {
 	return removeMember(obj, func(k []byte) bool { return bytes.EqualFold(k, []byte(key)) })
 }
 
+// RemoveMembersWithPrefix returns obj without every member whose key
+// starts with prefix, in any case (as a decoder that ignores case reads
+// it).
+func RemoveMembersWithPrefix(obj []byte, prefix string) []byte {
+	match := func(k []byte) bool { return len(k) >= len(prefix) && bytes.EqualFold(k[:len(prefix)], []byte(prefix)) }
+	for {
+		out := removeMember(obj, match)
+		if len(out) == len(obj) {
+			return out
+		}
+		obj = out
+	}
+}
+
 func removeMember(obj []byte, match func(key []byte) bool) []byte {
 	start, end, prev := -1, -1, -1
 	last := -1 // where the previous member's value ended

@@ -1,6 +1,7 @@
 package mcpproxy
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"net/http"
@@ -319,6 +320,16 @@ func (h *Handler) continueHeld(w http.ResponseWriter, r *http.Request, call *gat
 			"requestState refused: the call it continues is no longer held (it timed out, or another replica of the gateway holds it); send the call again without it", nil)
 		return
 	}
+	if !bytes.Equal(decidedArguments(call), decidedArguments(hc.call)) {
+		// The policy decides the retry otherwise than the call it would
+		// continue (its rewrite changed since, as after a reload): the
+		// upstream must not go on with arguments the policy no longer
+		// decides.
+		hc.Release("toolgate's policy now rewrites the call's arguments otherwise")
+		gateway.WriteRPCError(w, http.StatusBadRequest, call.Message.ID, gateway.CodeInvalidParams,
+			"requestState refused: toolgate's policy now decides other arguments for this call than those it was sent upstream with; send the call again without it", nil)
+		return
+	}
 	hc.handOver(r) // the retry holds the call's place from now on
 	hc.detach = context.AfterFunc(r.Context(), hc.cancel)
 	c := *hc.call
@@ -357,6 +368,15 @@ func (h *Handler) continueHeld(w http.ResponseWriter, r *http.Request, call *gat
 		return
 	}
 	h.rounds(w, r, call, hc)
+}
+
+// decidedArguments are the arguments of a tools/call as the request policy
+// decided them: its rewrite, or the runner's own.
+func decidedArguments(call *gateway.Call) []byte {
+	if call.Arguments != nil {
+		return call.Arguments
+	}
+	return call.Message.Arguments
 }
 
 // upstreamAnswer is the JSON-RPC response to the upstream's request id.

@@ -186,8 +186,8 @@ func (h *Handler) answerOwn(ctx context.Context, w http.ResponseWriter, call *ga
 
 // finishStateless is finish for a stateless request: the result hooks,
 // then the result made one of the revision for the runner — resultType
-// and caching hints (a tools/list is filtered per caller, and any result a
-// hook changed is the caller's own: cacheScope "private") — and an
+// and caching hints (cacheScope "private": the answer was decided for
+// this caller) — and an
 // input_required result whose input requests the runner did not declare
 // replaced by MissingRequiredClientCapability.
 func (h *Handler) finishStateless(ctx context.Context, call *gateway.Call, msg mcpmsg.Message) []byte {
@@ -214,11 +214,13 @@ func (h *Handler) finishStateless(ctx context.Context, call *gateway.Call, msg m
 				"the server needs client capabilities this request did not declare", mcp2026.MissingCapability(missing))
 		}
 	}
-	// An upstream of an earlier revision answers in an MCP session toolgate
-	// initialized for the caller (with their credential): the answer is
-	// theirs, whatever cacheScope it claims.
-	private := changed || call.Method == "tools/list" || call.MCPSession.Upstream().ProtocolVersion != mcp2026.Version
-	completed := mcp2026.Complete(call.Method, result, private)
+	// Whatever cacheScope the upstream claims, the answer is the caller's:
+	// the policies decided it for them (a tools/list is filtered, a read
+	// another caller may be denied), and an upstream of an earlier revision
+	// answered in an MCP session toolgate initialized with their
+	// credential. A cache shared between callers must not serve it to
+	// another.
+	completed := mcp2026.Complete(call.Method, result, true)
 	if !changed && len(completed) == len(result) {
 		return msg.Raw
 	}
