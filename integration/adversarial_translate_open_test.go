@@ -19,48 +19,6 @@ import (
 	"github.com/tidwall/gjson"
 )
 
-// Attack: a stateless runner's answer to an upstream's elicitation/create is
-// never decided as an answer. The test policy denies every answer to
-// elicitation/create (input.method "elicitation/create"): from a runner that
-// initialized, such an answer is withheld and the upstream gets -32013 in
-// its place. A stateless runner in front of the same go-sdk upstream (which
-// initializes) gets the elicitation as an input_required round; its retry
-// carries the answer in inputResponses, which the request policy decides
-// only as a tools/call (input_responses), and toolgate then posts it to the
-// held upstream request as the JSON-RPC answer to elicitation/create: the
-// "accept" the policy denies reaches the upstream (the upstream answers
-// "elicitation answered: accept"). Each input response a held call passes
-// upstream should be decided as the answer to its request (method
-// elicitation/create, sampling/createMessage or roots/list, result = the
-// input response), as each resource of a listen is decided as a
-// resources/subscribe, and one the policy does not allow should reach the
-// upstream as toolgate's -32013.
-func TestTranslateAttackStatelessAnswerSkipsAnswerRule(t *testing.T) {
-	up := startUpstream(t)
-	g := startGateway(t, gatewayConfig{Upstream: up.URL}) // testdata/policy: answers to elicitation/create are denied
-	session := g.createSession(t, aliceKey, "svc")
-	caps := `{"elicitation":{}}`
-	status, msg := statelessPost(t, g, aliceKey, session, saCall(1, "ask", `{}`, caps, ""), nil)
-	res := aaResult(msg)
-	state, _ := res["requestState"].(string)
-	if status != http.StatusOK || res["resultType"] != "input_required" || state == "" {
-		t.Fatalf("ask: %d %v, want input_required (the upstream elicits during the call)", status, msg)
-	}
-	key := trInputKey(t, res)
-	answer := retryWith(state, map[string]any{key: map[string]any{"action": "accept", "content": map[string]any{"ok": true}}})
-	status, msg = statelessPost(t, g, aliceKey, session, saCall(2, "ask", `{}`, caps, answer), nil)
-	reached := false
-	for _, r := range up.requestLog() {
-		if gjson.Get(r.Body, "result.action").String() == "accept" {
-			reached = true
-		}
-	}
-	if reached || strings.Contains(trToolText(msg), "elicitation answered: accept") {
-		t.Fatalf("a stateless runner's answer to elicitation/create reached the upstream past the rule that denies such answers "+
-			"(upstream got it: %v; runner got %d %s)", reached, status, aaJSON(msg))
-	}
-}
-
 // Attack: a runner that initializes answers an upstream's input request
 // without the retry it causes being decided. The site policy denies a
 // tools/call of "confirm" whose input_responses accept (the documented

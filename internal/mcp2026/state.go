@@ -34,8 +34,11 @@ type State struct {
 	Args     string `json:"a"`           // hex SHA-256 of the arguments as they would go upstream (other methods: CallParams)
 	Approval string `json:"p,omitempty"`
 	Held     string `json:"h,omitempty"` // the upstream exchange toolgate holds for the retry (Hold)
-	Expires  int64  `json:"e"`           // unix seconds
-	Nonce    string `json:"n"`
+	// Inputs are the methods of the held exchange's input requests, by
+	// key: what each of the retry's input responses answers.
+	Inputs  map[string]string `json:"i,omitempty"`
+	Expires int64             `json:"e"` // unix seconds
+	Nonce   string            `json:"n"`
 }
 
 // statePrefix marks a requestState sealed by toolgate; any other

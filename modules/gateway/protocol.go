@@ -50,4 +50,12 @@ type Stateless struct {
 	// server→client request (an upstream of an earlier revision asked the
 	// client something during the call); empty otherwise.
 	Held string
+	// Inputs are, for a retry of a held exchange, the methods of the
+	// upstream's requests its input responses answer, by key (from the
+	// sealed requestState).
+	Inputs map[string]string
+	// Withheld are the keys of the input responses the request policy
+	// withheld: their requests are answered upstream with toolgate's
+	// error instead.
+	Withheld map[string]bool
 }

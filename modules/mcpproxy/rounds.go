@@ -296,6 +296,10 @@ func (h *Handler) hold(w http.ResponseWriter, r *http.Request, cur *gateway.Call
 	}
 	held := mcp2026.StateOf(cur.Caller.User, gateway.SessionRef(cur.Session.ID), cur.Service.ID, cur.Message)
 	held.Held = id
+	held.Inputs = make(map[string]string, len(hc.asked))
+	for _, a := range hc.asked {
+		held.Inputs[a.input.Key] = a.input.Method
+	}
 	state, err := h.stateless.Seal(held, time.Until(deadline))
 	if err != nil {
 		h.stateless.Take(id, owner)
@@ -349,7 +353,13 @@ func (h *Handler) continueHeld(w http.ResponseWriter, r *http.Request, call *gat
 				"inputResponses."+a.input.Key+" must be the result of "+a.input.Method+" (an object)", nil)
 			return
 		}
-		resp, err := h.exchange(hc.rs.ctx, hc.call, hc.up, http.MethodPost, upstreamAnswer(a.id, answer), "")
+		msg := upstreamAnswer(a.id, answer)
+		if call.Stateless.Withheld[a.input.Key] {
+			// The request policy withheld this answer: the upstream learns
+			// so at once, and gets nothing of the runner's.
+			msg = gateway.RPCError(a.id, gateway.CodePolicyDenied, "the client's answer was withheld by toolgate's policy", nil)
+		}
+		resp, err := h.exchange(hc.rs.ctx, hc.call, hc.up, http.MethodPost, msg, "")
 		if err != nil {
 			hc.Release("toolgate could not pass the client's input on")
 			h.answerError(w, r, call, err)

@@ -208,6 +208,7 @@ func (d *discardResponse) WriteHeader(status int) {
 // allow sends the call on: a listing without the tools the policy would
 // deny, a call whose result carries its decision.
 func (h *RequestHandler) allow(w http.ResponseWriter, r *http.Request, call *gateway.Call, next caddyhttp.Handler) error {
+	h.decideInputResponses(r.Context(), call)
 	switch call.Method {
 	case "tools/list":
 		call.OnResult(h.hideTools)

@@ -48,7 +48,7 @@ func (h *Handler) readStateless(w http.ResponseWriter, r *http.Request, call *ga
 				"requestState refused: "+err.Error()+"; send the call again without it", nil)
 			return false
 		}
-		st.OwnState, st.Held = true, redeemed.Held
+		st.OwnState, st.Held, st.Inputs = true, redeemed.Held, redeemed.Inputs
 	}
 	return true
 }

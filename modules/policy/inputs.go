@@ -1,0 +1,67 @@
+package policy
+
+import (
+	"context"
+	"time"
+
+	"github.com/open-policy-agent/opa/v1/ast"
+	"github.com/tidwall/gjson"
+
+	"github.com/toolgate/toolgate/internal/mcpmsg"
+	"github.com/toolgate/toolgate/modules/gateway"
+)
+
+// A runner of an earlier revision answers an upstream's server→client
+// request (elicitation/create, sampling/createMessage, roots/list) with a
+// JSON-RPC response, which the request policy decides as that answer. A
+// runner of 2026-07-28 answers the same requests, when toolgate holds an
+// upstream's exchange for it, in the input responses of its retried
+// request. So that a rule about answers holds whichever revision the runner
+// speaks, each of those is decided as the answer it stands for, besides
+// the retried request itself.
+
+// decideInputResponses decides each input response of a retry that
+// continues a held exchange as the answer to the upstream request it
+// answers (method: that request's; result: the response), each with its
+// audit entry. Those the policy does not allow are withheld
+// (gateway.Stateless.Withheld): the upstream gets toolgate's error in
+// their place, nothing of the runner's. An ask withholds too: an answer
+// cannot wait for an approval.
+func (h *RequestHandler) decideInputResponses(ctx context.Context, call *gateway.Call) {
+	st := call.Stateless
+	if st == nil || len(st.Inputs) == 0 || call.Message.InputResponses == nil {
+		return
+	}
+	var common [][2]*ast.Term
+	gjson.ParseBytes(call.Message.InputResponses).ForEach(func(k, v gjson.Result) bool {
+		key := k.String()
+		method, ok := st.Inputs[key]
+		if !ok || !v.IsObject() { // (not an object: the proxy refuses the retry)
+			return true
+		}
+		if common == nil {
+			common = commonItems(call)
+		}
+		answer := *call
+		answer.Method = method
+		answer.Message.Kind, answer.Message.Method, answer.Message.Result = mcpmsg.Response, method, []byte(v.Raw)
+		answer.Message.Params, answer.Message.Error, answer.Message.Arguments = nil, nil, nil
+		answer.Message.Name, answer.Message.URI = "", ""
+		o := outcome{}.deny(failError, "the gateway could not build the policy input")
+		input, err := inputFor(common, &answer, nil, false)
+		if err == nil {
+			o = h.engine.decide(ctx, input, time.Duration(h.Timeout), "arguments")
+			if (o.argsTerm != nil || o.Arguments != nil) && o.Action != gateway.ActionDeny {
+				o = o.deny(failMalformed, "the policy rewrote the arguments of an answer to "+method+"; toolgate rewrites only those of tools/call")
+			}
+		}
+		h.newDecision(ctx, &answer, o, stageRequest, answer.Message.Result, nil, input)
+		if o.Action != gateway.ActionAllow {
+			if st.Withheld == nil {
+				st.Withheld = make(map[string]bool)
+			}
+			st.Withheld[key] = true
+		}
+		return true
+	})
+}
