@@ -19,43 +19,6 @@ import (
 	"github.com/tidwall/gjson"
 )
 
-// Attack: a runner that initializes answers an upstream's input request
-// without the retry it causes being decided. The site policy denies a
-// tools/call of "confirm" whose input_responses accept (the documented
-// input of a retried round): a stateless runner's retry is denied. A runner
-// of 2025-11-25 in front of the same upstream of 2026-07-28 gets the input
-// request as an elicitation/create on its stream; its answer is decided
-// only as an answer to elicitation/create (an input without the tool or its
-// arguments), and toolgate then sends the upstream the tools/call again
-// with inputResponses {"confirm": {"action": "accept"}} and the upstream's
-// requestState, a round the request policy never sees: the upstream
-// completes "confirmed: accept". toolgate should decide each retry it sends
-// as the tools/call round it is (input_responses as it will send them,
-// request_state) and end the runner's request with the denial, as it does
-// for a stateless runner.
-func TestTranslateAttackTranslatedRetrySkipsRoundRule(t *testing.T) {
-	up := startModernOnlyUpstream(t)
-	policies := aaPolicies(t, `decision := {"action": "deny", "reason": "a deploy is confirmed at the console, not by an agent"} if {
-	input.method == "tools/call"
-	input.tool.name == "confirm"
-	some answer in input.input_responses
-	answer.action == "accept"
-}
-`, "")
-	g := startGateway(t, gatewayConfig{Upstream: up.URL, Tools: "echo confirm", RequestPolicy: policies})
-	session := g.createSession(t, aliceKey, "svc")
-	accept := &mcp.ClientOptions{ElicitationHandler: func(context.Context, *mcp.ElicitRequest) (*mcp.ElicitResult, error) {
-		return &mcp.ElicitResult{Action: "accept", Content: map[string]any{"ok": true}}, nil
-	}}
-	if got := callTool(t, g.connectStateless(t, aliceKey, session, "svc", accept), "confirm", map[string]any{}); got == "confirmed: accept" {
-		t.Fatalf("control: the stateless runner's accepted round was not denied: %q", got)
-	}
-	got := callTool(t, g.connect(t, aliceKey, session, "svc", accept), "confirm", map[string]any{})
-	if retries := up.seen(`"inputResponses"`); got == "confirmed: accept" || len(retries) != 0 {
-		t.Fatalf("a runner of 2025-11-25 had the upstream sent a round the policy denies: it got %q; the upstream got %d retries", got, len(retries))
-	}
-}
-
 // Attack: an upstream of 2026-07-28 asks a stateless runner for sampling
 // without a decision on the server_request channel. The result policy
 // (example 12 of policies/README.md) refuses every sampling/createMessage

@@ -67,6 +67,7 @@ type Call struct {
 
 	resultHooks  []ResultHook
 	messageHooks []MessageHook
+	roundHooks   []RoundHook
 }
 
 // Decision is the outcome of a policy evaluation.
@@ -226,6 +227,29 @@ func (c *Call) RunMessageHooks(ctx context.Context, msg UpstreamMessage) (payloa
 // HasMessageHooks reports whether any step wants to see the upstream's
 // other messages.
 func (c *Call) HasMessageHooks() bool { return len(c.messageHooks) > 0 }
+
+// A RoundHook sees a round toolgate sends on the runner's behalf before it
+// goes upstream: the request sent again with inputResponses (the runner's
+// answers to the upstream's input requests) and the upstream's
+// requestState, when toolgate relays a request of a runner of an earlier
+// revision to an upstream of the stateless one. It returns why the round
+// must not be sent ("" to send it); the runner's request then ends with
+// that reason.
+type RoundHook func(ctx context.Context, call *Call, inputResponses, requestState []byte) (refused string)
+
+// OnRound registers a hook for the rounds toolgate sends for this call.
+func (c *Call) OnRound(h RoundHook) { c.roundHooks = append(c.roundHooks, h) }
+
+// RunRoundHooks passes a round through every registered hook, in order,
+// and returns the first refusal ("" when every hook lets it go).
+func (c *Call) RunRoundHooks(ctx context.Context, inputResponses, requestState []byte) string {
+	for _, h := range c.roundHooks {
+		if refused := h(ctx, c, inputResponses, requestState); refused != "" {
+			return refused
+		}
+	}
+	return ""
+}
 
 // AnswerError is what a result hook returns to answer the runner's request
 // with a JSON-RPC error of its own instead of the upstream's result.

@@ -198,8 +198,23 @@ func (h *Handler) requestTranslated(w http.ResponseWriter, r *http.Request, call
 		if !ok {
 			return
 		}
+		state := mcpmsg.MemberOf(msg.Result, "requestState")
+		if refused := call.RunRoundHooks(ctx, responses, state); refused != "" {
+			// The round is decided as the retry it is (a stateless
+			// runner's would be): refused, it is not sent.
+			answer := gateway.RPCError(call.Message.ID, gateway.CodePolicyDenied, "denied by policy: "+refused, nil)
+			if call.Method == "tools/call" {
+				answer = gateway.RPCResult(call.Message.ID, gateway.ToolError(refused, nil))
+			}
+			if out != nil && out.hasStarted() {
+				_ = out.send("", answer)
+			} else {
+				gateway.WriteRPC(w, http.StatusOK, answer)
+			}
+			return
+		}
 		params = mcpmsg.ReplaceMember(params, "inputResponses", responses)
-		if state := mcpmsg.MemberOf(msg.Result, "requestState"); state != nil {
+		if state != nil {
 			params = mcpmsg.ReplaceMember(params, "requestState", state) // byte for byte
 		} else {
 			params = mcpmsg.RemoveMember(params, "requestState")

@@ -217,6 +217,9 @@ func (h *RequestHandler) allow(w http.ResponseWriter, r *http.Request, call *gat
 			call.OnResult(func(ctx context.Context, call *gateway.Call, result []byte) (gateway.Result, error) {
 				return whole(markDecision(ctx, call, result))
 			})
+			if call.Stateless == nil {
+				call.OnRound(h.decideRound) // for an upstream of 2026-07-28
+			}
 		}
 	}
 	return next.ServeHTTP(w, r)
