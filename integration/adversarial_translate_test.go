@@ -145,6 +145,46 @@ func trStartModernReader(t *testing.T) string {
 
 // ---- attacks ---------------------------------------------------------------
 
+// Attack: an upstream of 2026-07-28 asks a stateless runner for sampling
+// without a decision on the server_request channel. The result policy
+// (example 12 of policies/README.md) refuses every sampling/createMessage
+// to the runner (input.channel "server_request"). A runner that initialized
+// in front of this upstream is held to it: toolgate turns each input
+// request into a server→client request and decides it on that channel. A
+// stateless runner gets the upstream's input_required result relayed, its
+// input requests decided only inside a tool result (channel "result",
+// method "tools/call"), so the sampling request, with its prompt, reaches
+// the runner. Each input request of a relayed input_required result should
+// be decided on the server_request channel with its own method (during the
+// runner's request), and one the policy does not allow withheld.
+func TestTranslateAttackModernInputRequestsSkipServerRequestChannel(t *testing.T) {
+	const prompt = "SAMPLED-FOR-THE-UPSTREAM"
+	up := saStartModern(t, `["2026-07-28"]`, `[{"name":"echo","inputSchema":{"type":"object"},"annotations":{"readOnlyHint":true}}]`,
+		func(params gjson.Result) (int, string) {
+			if params.Get("inputResponses").Exists() {
+				return http.StatusOK, `"result":{"resultType":"complete","content":[{"type":"text","text":"done"}]}`
+			}
+			return http.StatusOK, `"result":{"resultType":"input_required","inputRequests":{"draft":{"method":"sampling/createMessage",` +
+				`"params":{"maxTokens":50,"messages":[{"role":"user","content":{"type":"text","text":"` + prompt + `"}}]}}},"requestState":"s1"}`
+		})
+	policies := aaPolicies(t, "", `decision := {"action": "deny", "reason": "svc may not use the runner's model"} if {
+	input.channel == "server_request"
+	input.method == "sampling/createMessage"
+}
+`)
+	g := startGateway(t, gatewayConfig{Upstream: up.URL, Tools: "echo", RequestPolicy: policies})
+	session := g.createSession(t, aliceKey, "svc")
+	m := aaRunner(t, g, aliceKey, session, `{"sampling":{}}`)
+	_, _, msgs := m.post(`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"echo","arguments":{}}}`)
+	if all := trJoin(msgs); strings.Contains(all, prompt) || !strings.Contains(all, "withheld") {
+		t.Fatalf("control: the runner that initialized was not held to the policy that refuses sampling: %s", all)
+	}
+	status, msg := statelessPost(t, g, aliceKey, session, saCall(2, "echo", `{}`, `{"sampling":{}}`, ""), nil)
+	if strings.Contains(aaJSON(msg), prompt) {
+		t.Fatalf("a stateless runner was sent a sampling/createMessage the result policy refuses on the server_request channel: %d %s", status, aaJSON(msg))
+	}
+}
+
 // Attack: a runner that initializes answers an upstream's input request
 // without the retry it causes being decided. The site policy denies a
 // tools/call of "confirm" whose input_responses accept (the documented

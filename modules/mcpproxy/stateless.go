@@ -197,6 +197,17 @@ func (h *Handler) finishStateless(ctx context.Context, call *gateway.Call, msg m
 			"the upstream asked for input under a key toolgate reserves for its own requests (io.toolgate/); the call is refused", nil)
 	}
 	result, changed := msg.Result, false
+	if mcp2026.ResultType(result) == mcp2026.ResultInputRequired && call.HasMessageHooks() {
+		inspected, withheld, err := h.inspectInputRequests(ctx, call, result)
+		switch {
+		case err != nil:
+			return h.hookFailed(call, err)
+		case withheld != "":
+			return gateway.RPCError(call.Message.ID, gateway.CodePolicyDenied, "toolgate's policy withheld "+withheld+" from the client", nil)
+		case inspected != nil:
+			result, changed = inspected, true
+		}
+	}
 	if call.HasResultHooks() {
 		out, err := call.RunResultHooks(ctx, msg.Result)
 		if err != nil {
@@ -225,6 +236,41 @@ func (h *Handler) finishStateless(ctx context.Context, call *gateway.Call, msg m
 		return msg.Raw
 	}
 	return gateway.RPCResult(call.Message.ID, completed)
+}
+
+// inspectInputRequests passes each input request of an input_required
+// result (what server→client requests are in earlier revisions) through
+// the call's message hooks on the server_request channel, as the requests
+// of an upstream that initializes are: it returns the result with the
+// params the hooks replaced (nil when none did), or the method of one
+// that must not reach the runner.
+func (h *Handler) inspectInputRequests(ctx context.Context, call *gateway.Call, result []byte) (inspected []byte, withheld string, err error) {
+	requests := mcpmsg.MemberOf(result, "inputRequests")
+	if requests == nil || requests[0] != '{' {
+		return nil, "", nil
+	}
+	replaced := requests
+	gjson.ParseBytes(requests).ForEach(func(k, v gjson.Result) bool {
+		method := v.Get("method").String()
+		params := mcpmsg.MemberOf([]byte(v.Raw), "params")
+		out, changed, drop, herr := call.RunMessageHooks(ctx, gateway.UpstreamMessage{Channel: gateway.ChannelServerRequest, Method: method, Payload: params})
+		switch {
+		case herr != nil:
+			err = herr
+			return false
+		case drop:
+			withheld = method
+			return false
+		case changed:
+			entry := mcpmsg.ReplaceMember([]byte(v.Raw), "params", out)
+			replaced = mcpmsg.ReplaceMember(replaced, k.String(), entry)
+		}
+		return true
+	})
+	if err != nil || withheld != "" || len(replaced) == len(requests) && string(replaced) == string(requests) {
+		return nil, withheld, err
+	}
+	return mcpmsg.ReplaceMember(result, "inputRequests", replaced), "", nil
 }
 
 // openImplied opens the call's implied MCP session, once (concurrent
