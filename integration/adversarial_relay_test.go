@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -93,6 +94,15 @@ func newRelayServer(u *upstream) *mcp.Server {
 			if token := req.Params.GetProgressToken(); token != nil {
 				_ = req.Session.NotifyProgress(unrelated, &mcp.ProgressNotificationParams{ProgressToken: token, Progress: 1, Message: "own standalone progress"})
 			}
+			// The call stays in progress until the runner got its progress
+			// (progress about a call no longer in progress is dropped).
+			if seen, _ := standaloneProgressSeen.Load().(chan struct{}); seen != nil {
+				select {
+				case <-seen:
+				case <-ctx.Done():
+				case <-time.After(20 * time.Second):
+				}
+			}
 			return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "done"}}}, nil, nil
 		})
 	mcp.AddTool(s, &mcp.Tool{Name: "ask_password", Description: "Asks the user for a password.", Annotations: readOnly},
@@ -106,6 +116,10 @@ func newRelayServer(u *upstream) *mcp.Server {
 		})
 	return s
 }
+
+// standaloneProgressSeen, when set, is closed by the test once its runner
+// got forge_standalone_progress's own progress.
+var standaloneProgressSeen atomic.Value
 
 func relayGateway(t *testing.T) (*upstream, *gateway) {
 	t.Helper()
@@ -201,20 +215,30 @@ func TestRelayAttackStandaloneProgressForTokenNeverIssued(t *testing.T) {
 		t.Fatalf("the standalone stream: %d %s", stream.StatusCode, answer)
 	}
 	defer stream.Body.Close()
-	if status, _, msgs := m.post(`{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"forge_standalone_progress","arguments":{},"_meta":{"progressToken":"mine"}}}`); status != http.StatusOK || len(msgs) == 0 {
-		t.Fatalf("forge_standalone_progress: %d %s", status, msgs)
-	}
+	seen := make(chan struct{})
+	standaloneProgressSeen.Store(seen)
+	defer standaloneProgressSeen.Store((chan struct{})(nil))
+	called := make(chan string, 1)
+	go func() {
+		status, _, msgs := m.post(`{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"forge_standalone_progress","arguments":{},"_meta":{"progressToken":"mine"}}}`)
+		called <- fmt.Sprintf("%d %s", status, msgs)
+	}()
 	lines := bufio.NewScanner(stream.Body)
-	for lines.Scan() { // until the runner's own progress, which came after the forged one
+	own := false
+	for !own && lines.Scan() { // until the runner's own progress, which came after the forged one
 		line := lines.Text()
 		if strings.Contains(line, "FORGED-STANDALONE") {
-			t.Fatalf("progress on a token the runner never issued reached its standalone stream: %s", line)
+			t.Errorf("progress on a token the runner never issued reached its standalone stream: %s", line)
 		}
-		if strings.Contains(line, "own standalone progress") {
-			return
-		}
+		own = strings.Contains(line, "own standalone progress")
 	}
-	t.Fatalf("the progress of the runner's call in progress did not arrive on the standalone stream: %v", lines.Err())
+	close(seen)
+	if answer := <-called; !strings.HasPrefix(answer, "200 ") {
+		t.Errorf("forge_standalone_progress: %s", answer)
+	}
+	if !own {
+		t.Fatalf("the progress of the runner's call in progress did not arrive on the standalone stream: %v", lines.Err())
+	}
 }
 
 // Escaped and variant spellings of a denied resource URI: the policy sees
