@@ -49,14 +49,7 @@ func (h *RequestHandler) decideInputResponses(ctx context.Context, call *gateway
 		answer.Message.Kind, answer.Message.Method, answer.Message.Result = mcpmsg.Response, method, []byte(v.Raw)
 		answer.Message.Params, answer.Message.Error, answer.Message.Arguments = nil, nil, nil
 		answer.Message.Name, answer.Message.URI = "", ""
-		o := outcome{}.deny(failError, "the gateway could not build the policy input")
-		input, err := inputFor(common, &answer, nil, false)
-		if err == nil {
-			o = h.engine.decide(ctx, input, time.Duration(h.Timeout), "arguments")
-			if (o.argsTerm != nil || o.Arguments != nil) && o.Action != gateway.ActionDeny {
-				o = o.deny(failMalformed, "the policy rewrote the arguments of an answer to "+method+"; toolgate rewrites only those of tools/call")
-			}
-		}
+		o, input := h.decideStandIn(ctx, common, &answer, "an answer to "+method)
 		h.newDecision(ctx, &answer, o, stageRequest, answer.Message.Result, nil, input)
 		if o.Action != gateway.ActionAllow {
 			if st.Withheld == nil {
@@ -66,6 +59,23 @@ func (h *RequestHandler) decideInputResponses(ctx context.Context, call *gateway
 		}
 		return true
 	})
+}
+
+// decideStandIn decides m, a message toolgate makes up to stand for part
+// of the runner's (what) — a resource of a listen as a resources/subscribe,
+// an input response as an answer — on the common input members of the
+// runner's message. Its decision may not rewrite arguments: only a
+// tools/call's are.
+func (h *RequestHandler) decideStandIn(ctx context.Context, common [][2]*ast.Term, m *gateway.Call, what string) (outcome, ast.Value) {
+	input, err := inputFor(common, m, nil, false)
+	if err != nil {
+		return outcome{}.deny(failError, "the gateway could not build the policy input"), nil
+	}
+	o := h.engine.decide(ctx, input, time.Duration(h.Timeout), "arguments")
+	if (o.argsTerm != nil || o.Arguments != nil) && o.Action != gateway.ActionDeny {
+		o = o.deny(failMalformed, "the policy rewrote the arguments of "+what+"; toolgate rewrites only those of tools/call")
+	}
+	return o, input
 }
 
 // decideRound decides a round toolgate sends for a runner of an earlier

@@ -5,7 +5,6 @@ import (
 	"context"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/open-policy-agent/opa/v1/ast"
 
@@ -60,14 +59,7 @@ func (h *RequestHandler) decideSubscriptions(ctx context.Context, call *gateway.
 		sub.Message.Method, sub.Message.URI, sub.Message.Name = subscribeMethod, uri, ""
 		sub.Message.Params = mcpmsg.AppendQuote([]byte(`{"uri":`), uri)
 		sub.Message.Params = append(sub.Message.Params, '}')
-		so := outcome{}.deny(failError, "the gateway could not build the policy input")
-		input, err := inputFor(common, &sub, nil, false)
-		if err == nil {
-			so = h.engine.decide(ctx, input, time.Duration(h.Timeout), "arguments")
-			if (so.argsTerm != nil || so.Arguments != nil) && so.Action != gateway.ActionDeny {
-				so = so.deny(failMalformed, "the policy rewrote the arguments of "+subscribeMethod+"; toolgate rewrites only those of tools/call")
-			}
-		}
+		so, input := h.decideStandIn(ctx, common, &sub, subscribeMethod)
 		if so.Action == gateway.ActionAsk {
 			if _, err := approval.ParseSpec(so.Approval); err != nil {
 				so = so.deny(failMalformed, "the policy asked for an approval it cannot have: "+err.Error())
