@@ -181,4 +181,14 @@ func TestMixLegacyRunnerModernUpstreamUndeclared(t *testing.T) {
 	if retries := up.seen(`"requestState"`); len(retries) != 0 {
 		t.Fatalf("the upstream was retried: %v", retries)
 	}
+	// A second caller's initialize is answered from what the upstream told
+	// that caller: the service's era is known already, its discovery for
+	// Bob is not.
+	bcs := g.connect(t, bobKey, g.createSession(t, bobKey, "svc"), "svc", nil)
+	if info := bcs.InitializeResult().ServerInfo; info == nil || info.Name != "modern-upstream" || bcs.InitializeResult().Instructions != "modern only" {
+		t.Fatalf("a second caller's initialize result: %+v", bcs.InitializeResult())
+	}
+	if bcs.InitializeResult().Capabilities.Tools == nil {
+		t.Fatalf("a second caller's initialize result lists no tools capability: %+v", bcs.InitializeResult().Capabilities)
+	}
 }

@@ -65,10 +65,19 @@ func (h *Handler) probeDiscover(ctx context.Context, call *gateway.Call) (res gj
 // modernOnly reports whether the service's upstream speaks only the
 // stateless revision, probing it at the first initialize for the service.
 // An upstream that cannot be reached is taken for one that initializes
-// (the initialize reports the failure) and probed again next time.
+// (the initialize reports the failure) and probed again next time. When
+// it does, each later initialize asks its discovery again for the call's
+// caller, in place of the initialize that would have reached the
+// upstream: what the upstream tells one caller is not another's, and a
+// caller it does not answer with a discovery now gets what it answers an
+// initialize.
 func (h *Handler) modernOnly(ctx context.Context, call *gateway.Call) bool {
 	if only, known := h.stateless.Era(call.Service.ID); known {
-		return only
+		if !only {
+			return false
+		}
+		_, modern, err := h.probeDiscover(ctx, call)
+		return err == nil && modern
 	}
 	res, modern, err := h.probeDiscover(ctx, call)
 	if err != nil {
