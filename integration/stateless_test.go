@@ -607,11 +607,75 @@ decision := {"action": "ask", "reason": "watching test://gated needs an approval
 		t.Fatalf("the approved listen subscribed the upstream to %v", got)
 	}
 
-	status, line := listen(`"test://watched","test://watched"`)
-	if status != http.StatusOK || line == "" {
-		t.Fatalf("a listen naming a resource the policy allows: %d %q", status, line)
+	// A resource named twice is subscribed once. The acknowledgement names
+	// what the upstream is subscribed to: by this listen, or still by the
+	// one before it, whose end the gateway may not have seen yet
+	// (TestListenEndsItsUpstreamSubscriptions).
+	resp := aaStatelessSend(t, context.Background(), g, aliceKey, session, "subscriptions/listen",
+		`{"jsonrpc":"2.0","id":1,"method":"subscriptions/listen","params":{"notifications":{"resourceSubscriptions":["test://watched","test://watched"]},`+aaStatelessMeta(`{}`)+`}}`)
+	line := trReadUntil(bufio.NewReader(resp.Body), "acknowledged")
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || !strings.Contains(line, `"resourceSubscriptions":["test://watched"]`) {
+		t.Fatalf("a listen naming a resource the policy allows, twice: HTTP %d, acknowledged with %q", resp.StatusCode, line)
 	}
-	if got := subscribed(); len(got) != 3 || got[2] != "test://watched" {
-		t.Fatalf("an allowed listen subscribed the upstream to %v, want test://watched once more", got)
+}
+
+// The resources a stateless runner's listens name stay subscribed upstream
+// for as long as a listen of the implied MCP session names them: when a
+// listen ends, the resources no other listen names are unsubscribed, and
+// the other listens keep their updates.
+func TestListenEndsItsUpstreamSubscriptions(t *testing.T) {
+	up := startUpstream(t)
+	g := startGateway(t, gatewayConfig{Upstream: up.URL})
+	session := g.createSession(t, aliceKey, "svc")
+	before := readBoundGauges(t, g)
+	count := func(method string) int {
+		n := 0
+		for _, r := range up.requestLog() {
+			if strings.Contains(r.Body, `"`+method+`"`) && gjson.Get(r.Body, "params.uri").String() == "test://watched" {
+				n++
+			}
+		}
+		return n
+	}
+	listen := func() (*bufio.Reader, context.CancelFunc) {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		resp := aaStatelessSend(t, ctx, g, aliceKey, session, "subscriptions/listen",
+			`{"jsonrpc":"2.0","id":1,"method":"subscriptions/listen","params":{"notifications":{"resourceSubscriptions":["test://watched"]},`+aaStatelessMeta(`{}`)+`}}`)
+		br := bufio.NewReader(resp.Body)
+		if resp.StatusCode != http.StatusOK || trReadUntil(br, "notifications/subscriptions/acknowledged") == "" {
+			cancel()
+			t.Fatalf("the listen did not open: HTTP %d", resp.StatusCode)
+		}
+		return br, cancel
+	}
+	_, endFirst := listen()
+	second, endSecond := listen()
+	defer endSecond()
+	open := readBoundGauges(t, g)
+	endFirst()
+	if now, ended := settleBoundGauges(t, g, boundGauges{streams: open.streams - 1, bytes: open.bytes}, 10*time.Second); !ended {
+		t.Fatalf("the first listen did not end: %v (with both open: %v)", now, open)
+	}
+	if n := count("resources/unsubscribe"); n != 0 {
+		t.Fatalf("a listen ending unsubscribed the upstream from a resource another listen names (%d times)", n)
+	}
+	if status, msg := statelessPost(t, g, aliceKey, session,
+		`{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"touch_resource","arguments":{},`+aaStatelessMeta(`{}`)+`}}`, nil); status != http.StatusOK || msg["error"] != nil {
+		t.Fatalf("touch_resource: HTTP %d %v", status, msg)
+	}
+	if line := trReadUntil(second, "notifications/resources/updated"); !strings.Contains(line, "test://watched") {
+		t.Fatalf("the listen still open got no update of test://watched: %q", line)
+	}
+	endSecond()
+	gaugesBackWithin(t, g, before, 10*time.Second)
+	for i := 0; count("resources/unsubscribe") == 0; i++ {
+		if i > 100 {
+			t.Fatalf("the last listen naming test://watched ended and the upstream stays subscribed (%d subscribes)", count("resources/subscribe"))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if n := count("resources/unsubscribe"); n != 1 {
+		t.Fatalf("the upstream was unsubscribed %d times", n)
 	}
 }

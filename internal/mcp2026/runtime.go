@@ -33,6 +33,7 @@ type Runtime struct {
 	holds   holds
 	eras    eras
 	answers answers
+	listens listens
 }
 
 // An Opener prepares an implied MCP session for use, once: it learns which

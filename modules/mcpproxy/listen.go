@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"strconv"
+	"time"
 
 	"github.com/tidwall/gjson"
 
@@ -17,7 +19,10 @@ import (
 // filter the upstream's capabilities can honour, subscribes upstream to the
 // resources asked for, and relays from the upstream session's standalone
 // stream the notifications the filter asked for, each tagged with the
-// subscription's id, until the runner closes the stream.
+// subscription's id, until the runner closes the stream. The listens of
+// one implied MCP session share its standalone stream and its
+// subscriptions (mcp2026.Runtime.Listen, Subscribe): a resource no listen
+// names any more is unsubscribed.
 func (h *Handler) listenLegacy(ctx context.Context, w http.ResponseWriter, r *http.Request, call *gateway.Call) {
 	d, _ := h.stateless.Discovery(call)
 	caps := gjson.ParseBytes(d.Capabilities)
@@ -34,9 +39,20 @@ func (h *Handler) listenLegacy(ctx context.Context, w http.ResponseWriter, r *ht
 		return
 	}
 	if caps.Get("resources.subscribe").Bool() {
+		up := call.MCPSession.Upstream()
 		for _, u := range uris {
-			if h.subscribeLegacy(ctx, call, u) {
+			if filter.uris[u] {
+				continue
+			}
+			key := subscriptionKey(call.MCPSession, up, u)
+			if h.stateless.Subscribe(key, func() bool { return h.subscribeLegacy(ctx, call, up, "resources/subscribe", u) }) {
 				filter.uris[u] = true
+				defer h.stateless.Unsubscribe(key, func() {
+					// The runner has gone: the listen's context has ended.
+					uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Duration(call.Service.Timeout))
+					defer cancel()
+					h.subscribeLegacy(uctx, call, up, "resources/unsubscribe", u)
+				})
 			}
 		}
 	}
@@ -46,7 +62,9 @@ func (h *Handler) listenLegacy(ctx context.Context, w http.ResponseWriter, r *ht
 		return
 	}
 	defer h.keepAlive(out, call.Service)()
-	up, resp, err := h.openStream(ctx, call)
+	msgs, leave, err := h.stateless.Listen(ctx, call.MCPSession.ID, func(sctx context.Context) (func() (mcpmsg.Message, error), func(), error) {
+		return h.openShared(sctx, call)
+	})
 	if err != nil {
 		var ue *upstreamError
 		if errors.As(err, &ue) && ue.status == http.StatusMethodNotAllowed {
@@ -54,18 +72,18 @@ func (h *Handler) listenLegacy(ctx context.Context, w http.ResponseWriter, r *ht
 		}
 		return
 	}
-	if !isSSE(resp.Header) {
-		resp.Body.Close()
-		return
-	}
-	rs := &response{h: h, ctx: ctx, call: call, up: up, resp: resp, sse: newSSEReader(resp.Body, h.maxMessage)}
-	defer rs.close()
+	defer leave()
 	for {
-		msg, err := rs.next()
-		if err != nil {
+		var msg mcpmsg.Message
+		var open bool
+		select {
+		case msg, open = <-msgs:
+		case <-ctx.Done():
+		}
+		if !open {
 			return
 		}
-		data := h.deliver(ctx, call, msg, true) // a stream: notifications pass (server requests are refused for a stateless runner)
+		data := h.deliver(ctx, call, msg, true)
 		if data.none() || msg.Kind != mcpmsg.Notification || !filter.passes(msg) {
 			continue
 		}
@@ -75,15 +93,51 @@ func (h *Handler) listenLegacy(ctx context.Context, w http.ResponseWriter, r *ht
 	}
 }
 
-// subscribeLegacy subscribes the upstream session to a resource's updates.
-func (h *Handler) subscribeLegacy(ctx context.Context, call *gateway.Call, uri string) bool {
+// errNoEventStream reports an upstream that answered the GET of its
+// standalone stream with something other than an event stream.
+var errNoEventStream = errors.New("the upstream's standalone stream is not an event stream")
+
+// openShared opens the standalone stream of the call's upstream session
+// for the listens of its implied MCP session. Server requests on it are
+// refused once, here: a stateless runner takes none.
+func (h *Handler) openShared(ctx context.Context, call *gateway.Call) (func() (mcpmsg.Message, error), func(), error) {
+	up, resp, err := h.openStream(ctx, call)
+	if err != nil {
+		return nil, nil, err
+	}
+	if !isSSE(resp.Header) {
+		resp.Body.Close()
+		return nil, nil, errNoEventStream
+	}
+	rs := &response{h: h, ctx: ctx, call: call, up: up, resp: resp, sse: newSSEReader(resp.Body, h.maxMessage)}
+	next := func() (mcpmsg.Message, error) {
+		for {
+			msg, err := rs.next()
+			if err != nil || msg.Kind != mcpmsg.Request {
+				return msg, err
+			}
+			h.refuseServerRequest(call, msg, "the client speaks protocol "+mcp2026.Version+", which has no server requests on a stream")
+		}
+	}
+	return next, rs.close, nil
+}
+
+// subscriptionKey names a resource's subscription in an upstream session.
+func subscriptionKey(ms *gateway.MCPSession, up gateway.Upstream, uri string) string {
+	return ms.ID + "\x00" + strconv.FormatUint(up.Generation, 10) + "\x00" + uri
+}
+
+// subscribeLegacy subscribes the upstream session up to a resource's
+// updates (method resources/subscribe), or unsubscribes it
+// (resources/unsubscribe).
+func (h *Handler) subscribeLegacy(ctx context.Context, call *gateway.Call, up gateway.Upstream, method, uri string) bool {
 	id := gatewayRequestID()
 	body := []byte(`{"jsonrpc":"2.0","id":`)
 	body = append(body, id...)
-	body = append(body, `,"method":"resources/subscribe","params":{"uri":`...)
+	body = append(body, `,"method":"`+method+`","params":{"uri":`...)
 	body = mcpmsg.AppendQuote(body, uri)
 	body = append(body, `}}`...)
-	_, msg, err := h.roundTrip(ctx, call, call.MCPSession.Upstream(), id, body)
+	_, msg, err := h.roundTrip(ctx, call, up, id, body)
 	return err == nil && msg.Result != nil
 }
 
