@@ -39,7 +39,9 @@ func (f *fakeStream) open(ctx context.Context) (func() (mcpmsg.Message, error), 
 	return next, func() { close(f.stopped) }, nil
 }
 
-func note(method string) mcpmsg.Message { return mcpmsg.Message{Kind: mcpmsg.Notification, Method: method} }
+func note(method string) mcpmsg.Message {
+	return mcpmsg.Message{Kind: mcpmsg.Notification, Method: method}
+}
 
 func receive(t *testing.T, ch <-chan mcpmsg.Message) (mcpmsg.Message, bool) {
 	t.Helper()
