@@ -9,51 +9,11 @@ package integration
 
 import (
 	"context"
-	"io"
-	"net/http"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
-
-// Attack: a runner that initializes opens, with its GET stream, a
-// subscriptions/listen upstream that no policy decided. The site policy
-// denies subscriptions/listen on the service: a stateless runner's listen
-// is refused. A runner of 2025-11-25 in front of the same upstream of
-// 2026-07-28 opens its standalone stream (GET, which carries no message to
-// decide), and toolgate sends the upstream a subscriptions/listen of its
-// own for the list changes the upstream offers, and relays what comes on it
-// (here notifications/tools/list_changed): a method the policy denies
-// reaches the upstream. toolgate should decide the listen it sends for the
-// GET (method subscriptions/listen, params its filter, as if the runner
-// had sent it) and answer the GET with the refusal when it is denied.
-func TestTranslateAttackGetStreamListensUndecided(t *testing.T) {
-	up := lnStartModern(t)
-	policies := aaPolicies(t, `decision := {"action": "deny", "reason": "nobody listens to svc"} if {
-	input.method == "subscriptions/listen"
-}
-`, "")
-	g := startGateway(t, gatewayConfig{Upstream: up.URL, Tools: "echo", RequestPolicy: policies})
-	session := g.createSession(t, aliceKey, "svc")
-	if _, body := lnListen(t, g, session, "1", `"notifications":{"toolsListChanged":true},`, `{}`); !strings.Contains(body, "nobody listens") {
-		t.Fatalf("control: the stateless runner's listen was not denied: %s", body)
-	}
-	m := aaRunner(t, g, aliceKey, session, `{}`)
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	resp, _ := m.openStream(t, ctx)
-	stream := ""
-	if resp.StatusCode == http.StatusOK {
-		b, _ := io.ReadAll(resp.Body) // the upstream ends its listen after its events
-		resp.Body.Close()
-		stream = string(b)
-	}
-	if listens := up.listensNaming(`"subscriptions/listen"`); len(listens) != 0 || strings.Contains(stream, "notifications/tools/list_changed") {
-		t.Fatalf("the runner's GET opened subscriptions/listen upstream, which the policy denies: the upstream got %q; the runner's stream: %q", listens, stream)
-	}
-}
 
 // Attack: an upstream's instructions reach a stateless runner past a rule
 // written for initialize. The site's result policy keeps upstream

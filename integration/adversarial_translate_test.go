@@ -455,3 +455,40 @@ func TestTranslateHoldsForeignAnswerToTranslatedRequest(t *testing.T) {
 		t.Fatalf("alice's call: %q, want her own answer to reach the upstream", final)
 	}
 }
+
+// Attack: a runner that initializes opened, with its GET stream, a
+// subscriptions/listen upstream that no policy decided. The site policy
+// denies subscriptions/listen on the service: a stateless runner's listen
+// is refused. A runner of 2025-11-25 in front of the same upstream of
+// 2026-07-28 opens its standalone stream (GET, which carries no message to
+// decide), and toolgate sent the upstream a subscriptions/listen of its
+// own for the list changes the upstream offers: a method the policy denies
+// reached the upstream. The listen is now decided as the runner's own
+// (gateway.Call.OnStream); denied, the stream opens without it (it still
+// carries toolgate's own notifications).
+func TestTranslateAttackGetStreamListensUndecided(t *testing.T) {
+	up := lnStartModern(t)
+	policies := aaPolicies(t, `decision := {"action": "deny", "reason": "nobody listens to svc"} if {
+	input.method == "subscriptions/listen"
+}
+`, "")
+	g := startGateway(t, gatewayConfig{Upstream: up.URL, Tools: "echo", RequestPolicy: policies})
+	session := g.createSession(t, aliceKey, "svc")
+	if _, body := lnListen(t, g, session, "1", `"notifications":{"toolsListChanged":true},`, `{}`); !strings.Contains(body, "nobody listens") {
+		t.Fatalf("control: the stateless runner's listen was not denied: %s", body)
+	}
+	m := aaRunner(t, g, aliceKey, session, `{}`)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	// The stream's headers come after the decision, and after the listen
+	// upstream when one is sent.
+	resp, body := m.openStream(t, ctx)
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("the runner's stream was not opened: HTTP %d %s", resp.StatusCode, body)
+	}
+	defer resp.Body.Close()
+	if listens := up.listensNaming(`"subscriptions/listen"`); len(listens) != 0 {
+		t.Fatalf("the runner's GET opened subscriptions/listen upstream, which the policy denies: the upstream got %q", listens)
+	}
+	endMCPSession(t, m)
+}

@@ -68,6 +68,7 @@ type Call struct {
 	resultHooks  []ResultHook
 	messageHooks []MessageHook
 	roundHooks   []RoundHook
+	streamHooks  []StreamHook
 }
 
 // Decision is the outcome of a policy evaluation.
@@ -245,6 +246,29 @@ func (c *Call) OnRound(h RoundHook) { c.roundHooks = append(c.roundHooks, h) }
 func (c *Call) RunRoundHooks(ctx context.Context, inputResponses, requestState []byte) string {
 	for _, h := range c.roundHooks {
 		if refused := h(ctx, c, inputResponses, requestState); refused != "" {
+			return refused
+		}
+	}
+	return ""
+}
+
+// A StreamHook decides the request toolgate sends upstream to serve a
+// runner's standalone stream (a GET, which carries no message of its
+// own): toward an upstream of the stateless revision, a
+// subscriptions/listen with params. It is decided as if the runner had
+// sent it; it returns why the request must not be sent ("" to send it).
+type StreamHook func(ctx context.Context, call *Call, method string, params []byte) (refused string)
+
+// OnStream registers a hook for the request that serves this call's
+// standalone stream.
+func (c *Call) OnStream(h StreamHook) { c.streamHooks = append(c.streamHooks, h) }
+
+// RunStreamHooks passes the request that serves the call's standalone
+// stream through every registered hook, in order, and returns the first
+// refusal ("" when every hook lets it go).
+func (c *Call) RunStreamHooks(ctx context.Context, method string, params []byte) string {
+	for _, h := range c.streamHooks {
+		if refused := h(ctx, c, method, params); refused != "" {
 			return refused
 		}
 	}

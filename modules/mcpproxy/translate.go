@@ -413,8 +413,21 @@ func (h *Handler) streamTranslated(w http.ResponseWriter, r *http.Request, call 
 			filter = mcpmsg.ReplaceMember(filter, f[1], []byte("true"))
 		}
 	}
+	listen := []byte(`{"notifications":` + string(filter) + `}`)
+	if refused := call.RunStreamHooks(ctx, "subscriptions/listen", listen); refused != "" {
+		// The stream still carries toolgate's own notifications; the
+		// upstream gets no listen, and the runner no list changes.
+		h.logger.Info("the subscriptions/listen serving a client's stream was refused", zap.String("service", call.Service.ID),
+			zap.String("reason", refused))
+		out := newSSEWriter(w)
+		out.start(nil)
+		defer h.keepAlive(out, call.Service)()
+		defer notice.For(h.app).Attach(call.MCPSession.ID, func(msg []byte) error { return out.send("", msg) })()
+		<-ctx.Done()
+		return
+	}
 	id := gatewayRequestID()
-	params := mcp2026.WithMeta([]byte(`{"notifications":`+string(filter)+`}`), mcp2026.LegacyMeta(up.InitializeParams))
+	params := mcp2026.WithMeta(listen, mcp2026.LegacyMeta(up.InitializeParams))
 	body := []byte(`{"jsonrpc":"2.0","id":` + string(id) + `,"method":"subscriptions/listen","params":` + string(params) + `}`)
 	resp, err := h.exchange(withUpstreamHeaders(ctx, http.Header{mcp2026.HeaderMethod: {"subscriptions/listen"}}), call, up, http.MethodPost, body, "")
 	if err != nil {

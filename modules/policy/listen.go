@@ -86,3 +86,24 @@ func (h *RequestHandler) decideSubscriptions(ctx context.Context, call *gateway.
 	}
 	return o
 }
+
+// decideStream decides the request toolgate sends upstream to serve a
+// runner's standalone stream (toward an upstream of 2026-07-28, a
+// subscriptions/listen for the list changes the upstream offers) as the
+// runner's own request of that method and params, with its audit entry: a
+// rule about subscriptions/listen holds whichever revision the runner
+// speaks. An ask refuses it too: a stream cannot wait for an approval.
+func (h *RequestHandler) decideStream(ctx context.Context, call *gateway.Call, method string, params []byte) string {
+	m := *call
+	m.Method = method
+	m.Message = mcpmsg.Message{Kind: mcpmsg.Request, Method: method, Params: params, ID: []byte("0")}
+	o, input := h.decideStandIn(ctx, commonItems(&m), &m, method)
+	h.newDecision(ctx, &m, o, stageRequest, params, nil, input)
+	switch o.Action {
+	case gateway.ActionAllow:
+		return ""
+	case gateway.ActionAsk:
+		return "approval required, which a stream cannot wait for: " + o.Reason
+	}
+	return o.Reason
+}

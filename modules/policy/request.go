@@ -57,6 +57,9 @@ func (h *RequestHandler) ServeHTTP(w http.ResponseWriter, r *http.Request, next 
 			errors.New("toolgate_policy must come after toolgate_session and toolgate_registry in the route"))
 	}
 	if call.Message.Kind == 0 {
+		if r.Method == http.MethodGet {
+			call.OnStream(h.decideStream) // toward an upstream of 2026-07-28, a stream is a listen
+		}
 		return next.ServeHTTP(w, r) // GET (open a stream) and DELETE carry no message
 	}
 	if call.Stateless != nil && call.Stateless.Held != "" {
