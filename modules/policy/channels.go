@@ -232,6 +232,15 @@ func (h *ResultHandler) result(ctx context.Context, call *gateway.Call, rq *aske
 	call.Decision = v.d
 	o := v.o
 	switch {
+	case o.Action == gateway.ActionAllow && call.Method == "server/discover" && s.channel == channelResult:
+		if v.out == nil {
+			return h.discoverAsInitialize(ctx, call, result)
+		}
+		out, err := h.discoverAsInitialize(ctx, call, bytes.Join(v.out, nil))
+		if out == nil && err == nil {
+			out = v.out
+		}
+		return out, err
 	case o.Action == gateway.ActionAllow:
 		if v.out == nil && own != nil {
 			return gateway.Whole(own), nil
