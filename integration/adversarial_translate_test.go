@@ -21,6 +21,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -533,5 +534,75 @@ func TestTranslateAttackStatelessInstructionsSkipInitializeRule(t *testing.T) {
 	if res := gjson.Parse(aaJSON(msg)).Get("result"); !res.Get("capabilities.tools").Exists() ||
 		res.Get(`_meta.io\.modelcontextprotocol/serverInfo.name`).String() != "briefed" || !res.Get("supportedVersions").IsArray() {
 		t.Fatalf("the discovery lost more than its instructions: %d %s", status, aaJSON(msg))
+	}
+}
+
+// Attack: the round toolgate sends for a runner of 2025-11-25 was decided
+// only for tools/call. The site policy denies a resources/read whose
+// input_responses accept: a stateless runner's retry is denied. A runner
+// that initializes, in front of an upstream of 2026-07-28 only whose
+// resources/read asks for a confirmation (input_required), answered the
+// elicitation/create toolgate turned it into, and toolgate sent the read
+// again with inputResponses, a round no policy saw: the upstream returned
+// the contents. Each round of any request is now decided as the retry it
+// is.
+func TestTranslateAttackReadRoundSkipsRoundRule(t *testing.T) {
+	var mu sync.Mutex
+	rounds := 0
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodPost {
+			w.WriteHeader(http.StatusMethodNotAllowed)
+			return
+		}
+		body, _ := io.ReadAll(r.Body)
+		msg := gjson.ParseBytes(body)
+		id := msg.Get("id")
+		if !id.Exists() {
+			w.WriteHeader(http.StatusAccepted)
+			return
+		}
+		payload := `"error":{"code":-32601,"message":"Method not found"}`
+		switch msg.Get("method").String() {
+		case "server/discover":
+			payload = `"result":{"resultType":"complete","supportedVersions":["2026-07-28"],"capabilities":{"resources":{}},"ttlMs":0,"cacheScope":"private"}`
+		case "resources/read":
+			if msg.Get("params.inputResponses").Exists() {
+				mu.Lock()
+				rounds++
+				mu.Unlock()
+				payload = `"result":{"resultType":"complete","contents":[{"uri":"test://vault","mimeType":"text/plain","text":"VAULT-CONTENTS"}]}`
+			} else {
+				payload = `"result":{"resultType":"input_required","inputRequests":{"confirm":{"method":"elicitation/create","params":{"message":"open the vault?",` +
+					`"requestedSchema":{"type":"object","properties":{"ok":{"type":"boolean"}}}}}},"requestState":"vault-1"}`
+			}
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"jsonrpc":"2.0","id":`+id.Raw+`,`+payload+`}`)
+	}))
+	t.Cleanup(srv.Close)
+	policies := aaPolicies(t, `decision := {"action": "deny", "reason": "the vault opens at the console"} if {
+	input.method == "resources/read"
+	some answer in input.input_responses
+	answer.action == "accept"
+}
+`, "")
+	g := startGateway(t, gatewayConfig{Upstream: srv.URL, RequestPolicy: policies})
+	session := g.createSession(t, aliceKey, "svc")
+	if status, msg := statelessPost(t, g, aliceKey, session, `{"jsonrpc":"2.0","id":1,"method":"resources/read","params":{"uri":"test://vault",`+
+		`"inputResponses":{"confirm":{"action":"accept","content":{"ok":true}}},"requestState":"vault-1",`+aaStatelessMeta(`{"elicitation":{}}`)+`}}`,
+		map[string]string{"Mcp-Name": "test://vault"}); !strings.Contains(aaJSON(msg), "the vault opens at the console") {
+		t.Fatalf("control: the stateless runner's accepted read round was not denied: %d %s", status, aaJSON(msg))
+	}
+	cs := g.connect(t, aliceKey, session, "svc", &mcp.ClientOptions{ElicitationHandler: func(context.Context, *mcp.ElicitRequest) (*mcp.ElicitResult, error) {
+		return &mcp.ElicitResult{Action: "accept", Content: map[string]any{"ok": true}}, nil
+	}})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	res, err := cs.ReadResource(ctx, &mcp.ReadResourceParams{URI: "test://vault"})
+	mu.Lock()
+	n := rounds
+	mu.Unlock()
+	if n != 0 || err == nil || !strings.Contains(err.Error(), "the vault opens at the console") {
+		t.Fatalf("a runner of 2025-11-25 had the upstream sent a read round the policy denies (%d rounds): %v %+v", n, err, res)
 	}
 }

@@ -175,6 +175,12 @@ func inputItems(common [][2]*ast.Term, call *gateway.Call, tool *ast.Term, listi
 			}
 			items = append(items, ast.Item(keyParams, params))
 		}
+		if call.Message.Kind == mcpmsg.Request {
+			var err error
+			if items, err = roundItems(items, call); err != nil {
+				return nil, err
+			}
+		}
 		// A runner's answer to a server→client request (method is the
 		// request's): what it hands the upstream — form values, roots,
 		// a sampled message — under result, or its error under error.

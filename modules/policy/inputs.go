@@ -79,21 +79,28 @@ func (h *RequestHandler) decideStandIn(ctx context.Context, common [][2]*ast.Ter
 }
 
 // decideRound decides a round toolgate sends for a runner of an earlier
-// revision to an upstream of 2026-07-28 (the runner's tools/call sent
-// again with the answers it gave and the upstream's requestState) as the
-// retried tools/call it is, with input_responses and request_state, as a
-// stateless runner's own retry is decided. It returns why the round must
-// not be sent: a deny; an ask, which a round cannot wait for; or a rewrite
-// of other arguments than those the call was sent with.
+// revision to an upstream of 2026-07-28 (the runner's request sent again
+// with the answers it gave and the upstream's requestState) as the retried
+// request it is, with input_responses and request_state, as a stateless
+// runner's own retry is decided. It returns why the round must not be
+// sent: a deny; an ask, which a round cannot wait for; or a rewrite of
+// other arguments than those the call was sent with (only a tools/call's
+// are rewritten).
 func (h *RequestHandler) decideRound(ctx context.Context, call *gateway.Call, inputResponses, requestState []byte) string {
 	round := *call
 	round.Message.InputResponses, round.Message.RequestState = inputResponses, requestState
-	tool := toolTerm(call.ToolDefinition(), call.Message.Name, call.Service)
+	var tool *ast.Term
+	if call.Method == "tools/call" {
+		tool = toolTerm(call.ToolDefinition(), call.Message.Name, call.Service)
+	}
 	o := outcome{}.deny(failError, "the gateway could not build the policy input")
 	input, err := inputFor(commonItems(&round), &round, tool, false)
 	if err == nil {
 		o = h.engine.decide(ctx, input, time.Duration(h.Timeout), "arguments")
-		if o.Arguments != nil && o.Action != gateway.ActionDeny {
+		switch {
+		case (o.argsTerm != nil || o.Arguments != nil) && call.Method != "tools/call" && o.Action != gateway.ActionDeny:
+			o = o.deny(failMalformed, "the policy rewrote the arguments of "+call.Method+"; toolgate rewrites only those of tools/call")
+		case o.Arguments != nil && o.Action != gateway.ActionDeny:
 			if args, err := json.Marshal(o.Arguments); err != nil || !bytes.Equal(args, argumentsOf(call)) {
 				o = o.deny(failMalformed, "the policy rewrites this round's arguments otherwise than those the call was sent with; send the call again")
 			}

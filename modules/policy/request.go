@@ -14,6 +14,7 @@ import (
 	"github.com/tidwall/gjson"
 	"go.uber.org/zap"
 
+	"github.com/toolgate/toolgate/internal/mcp2026"
 	"github.com/toolgate/toolgate/internal/mcpmsg"
 	"github.com/toolgate/toolgate/internal/toolpin"
 	"github.com/toolgate/toolgate/modules/gateway"
@@ -220,10 +221,10 @@ func (h *RequestHandler) allow(w http.ResponseWriter, r *http.Request, call *gat
 			call.OnResult(func(ctx context.Context, call *gateway.Call, result []byte) (gateway.Result, error) {
 				return whole(markDecision(ctx, call, result))
 			})
-			if call.Stateless == nil {
-				call.OnRound(h.decideRound) // for an upstream of 2026-07-28
-			}
 		}
+	}
+	if call.IsRequest() && call.Stateless == nil && call.MCPSession != nil && call.MCPSession.Upstream().ProtocolVersion == mcp2026.Version {
+		call.OnRound(h.decideRound) // the rounds toolgate sends upstream for this request
 	}
 	return next.ServeHTTP(w, r)
 }

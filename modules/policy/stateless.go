@@ -71,8 +71,8 @@ var (
 	keyRequestState   = ast.StringTerm("request_state")
 )
 
-// roundItems adds what a retried round of a multi round-trip tools/call
-// (2026-07-28) carries besides its arguments: the client's
+// roundItems adds what a retried round of a multi round-trip request
+// (2026-07-28) carries besides its arguments or params: the client's
 // input_responses, and the request_state it echoes (opaque: the policy
 // sees that it is there and what it says, nothing it could verify).
 func roundItems(items [][2]*ast.Term, call *gateway.Call) ([][2]*ast.Term, error) {
