@@ -192,3 +192,32 @@ func TestMixLegacyRunnerModernUpstreamUndeclared(t *testing.T) {
 		t.Fatalf("a second caller's initialize result lists no tools capability: %+v", bcs.InitializeResult().Capabilities)
 	}
 }
+
+// A runner that initialized on one replica in front of an upstream of the
+// stateless revision only opens its GET stream on another: that replica
+// has not learned the upstream's discovery for the caller, and asks it, so
+// the listen it opens upstream asks for the list changes the upstream
+// offers (a listen with an empty filter would carry nothing).
+func TestMixModernUpstreamStreamOnAnotherReplica(t *testing.T) {
+	up := startModernOnlyUpstream(t)
+	a, b, _ := soReplicas(t, testdataPath(t, "policy"), func(storage, data string) string {
+		return soBlock(storage, data, up.URL, "echo add_tool late_tool", "", "")
+	})
+	session := a.createSession(t, aliceKey, "svc")
+	ma := a.raw(t, aliceKey, session, "svc")
+	ma.initialize()
+	mb := b.raw(t, aliceKey, session, "svc")
+	mb.sessionID = ma.sessionID
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	resp, body := mb.openStream(t, ctx)
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("the stream on the other replica: HTTP %d %s", resp.StatusCode, body)
+	}
+	defer resp.Body.Close()
+	listens := up.seen(`"subscriptions/listen"`)
+	if len(listens) != 1 || !strings.Contains(listens[0].Body, `"toolsListChanged":true`) {
+		t.Fatalf("the listen the other replica opened upstream: %v", listens)
+	}
+	endMCPSession(t, ma)
+}

@@ -405,7 +405,16 @@ func (h *Handler) streamTranslated(w http.ResponseWriter, r *http.Request, call 
 	defer cancel()
 	defer context.AfterFunc(call.MCPSession.Context(), cancel)()
 	up := call.MCPSession.Upstream()
-	d, _ := h.stateless.Discovery(call)
+	d, known := h.stateless.Discovery(call)
+	if !known {
+		// The runner initialized on another replica: ask what this one
+		// has not learned.
+		if _, _, err := h.probeDiscover(ctx, call); err != nil {
+			h.answerError(w, r, call, err)
+			return
+		}
+		d, _ = h.stateless.Discovery(call)
+	}
 	caps := gjson.ParseBytes(d.Capabilities)
 	filter := []byte("{}")
 	for _, f := range [][2]string{{"tools", "toolsListChanged"}, {"prompts", "promptsListChanged"}, {"resources", "resourcesListChanged"}} {
