@@ -705,8 +705,11 @@ func TestAccountingHoldsConcurrentCallsAndDropsDoNotDrift(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	answers := make(chan int, 3)
+	var seenMu sync.Mutex
+	var seen []string // every other answer, for the failure's message
 	for i := range 3 {
 		go func() {
+			start := time.Now()
 			resp, err := m.send(ctx, http.MethodPost, "application/json, text/event-stream", fmt.Sprintf(
 				`{"jsonrpc":"2.0","id":%d,"method":"tools/call","params":{"name":"wait","arguments":{},"_meta":{"pad":%q}}}`, 2000+i, pad), "")
 			if err != nil {
@@ -716,7 +719,11 @@ func TestAccountingHoldsConcurrentCallsAndDropsDoNotDrift(t *testing.T) {
 			resp.Body.Close()
 			if acctRefusedBytes(resp.StatusCode, string(b)) {
 				answers <- resp.StatusCode
+				return
 			}
+			seenMu.Lock()
+			seen = append(seen, fmt.Sprintf("call %d after %v: HTTP %d %.200s", i, time.Since(start).Round(time.Millisecond), resp.StatusCode, b))
+			seenMu.Unlock()
 		}()
 	}
 	// The refusal, then a second's wait for another, which would be one
@@ -735,7 +742,9 @@ func TestAccountingHoldsConcurrentCallsAndDropsDoNotDrift(t *testing.T) {
 		break
 	}
 	if refusals != 1 {
-		t.Errorf("%d of three 900 KiB calls held open at once were refused under a 2 MiB share, want 1", refusals)
+		seenMu.Lock()
+		t.Errorf("%d of three 900 KiB calls held open at once were refused under a 2 MiB share, want 1; the other answers: %q", refusals, seen)
+		seenMu.Unlock()
 	}
 	cancel()
 	endMCPSession(t, m) // the dropped calls' streams are kept for resumption until then
