@@ -107,11 +107,19 @@ func (h *RequestHandler) decideRound(ctx context.Context, call *gateway.Call, in
 		}
 	}
 	h.newDecision(ctx, &round, o, stageRequest, argumentsOf(call), nil, input)
+	return o.refusal("approval required for the answers given during this call, which cannot wait for one: ")
+}
+
+// refusal is why a message toolgate sends in the runner's place, decided
+// as o, must not be sent: "" when it is allowed, the reason when it is
+// denied, and for an ask the reason after asked (it cannot wait for an
+// approval).
+func (o outcome) refusal(asked string) string {
 	switch o.Action {
 	case gateway.ActionAllow:
 		return ""
 	case gateway.ActionAsk:
-		return "approval required for the answers given during this call, which cannot wait for one: " + o.Reason
+		return asked + o.Reason
 	}
 	return o.Reason
 }

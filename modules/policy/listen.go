@@ -99,11 +99,5 @@ func (h *RequestHandler) decideStream(ctx context.Context, call *gateway.Call, m
 	m.Message = mcpmsg.Message{Kind: mcpmsg.Request, Method: method, Params: params, ID: []byte("0")}
 	o, input := h.decideStandIn(ctx, commonItems(&m), &m, method)
 	h.newDecision(ctx, &m, o, stageRequest, params, nil, input)
-	switch o.Action {
-	case gateway.ActionAllow:
-		return ""
-	case gateway.ActionAsk:
-		return "approval required, which a stream cannot wait for: " + o.Reason
-	}
-	return o.Reason
+	return o.refusal("approval required, which a stream cannot wait for: ")
 }
