@@ -108,10 +108,10 @@ func trHeldServer(*upstream) *mcp.Server {
 	return s
 }
 
-// trStartModernReader is a hand-written upstream of 2026-07-28 only that
-// answers resources/read of any URI with a text and the caching hints of a
-// result anyone may be served: cacheScope "public", ttlMs a minute.
-func trStartModernReader(t *testing.T) string {
+// trStartModern is a hand-written upstream of 2026-07-28 only: answer
+// gives the member of its answer to each request ("result":… or
+// "error":…; "" for Method not found).
+func trStartModern(t *testing.T, answer func(msg gjson.Result) string) string {
 	t.Helper()
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method != http.MethodPost {
@@ -125,16 +125,8 @@ func trStartModernReader(t *testing.T) string {
 			w.WriteHeader(http.StatusAccepted)
 			return
 		}
-		payload := ""
-		switch msg.Get("method").String() {
-		case "server/discover":
-			payload = `"result":{"resultType":"complete","supportedVersions":["2026-07-28"],"capabilities":{"resources":{}},"ttlMs":0,"cacheScope":"public"}`
-		case "tools/list":
-			payload = `"result":{"resultType":"complete","tools":[],"ttlMs":0,"cacheScope":"public"}`
-		case "resources/read":
-			uri := msg.Get("params.uri").Raw
-			payload = `"result":{"resultType":"complete","contents":[{"uri":` + uri + `,"mimeType":"text/plain","text":"salaries: PAYROLL-2026"}],"ttlMs":60000,"cacheScope":"public"}`
-		default:
+		payload := answer(msg)
+		if payload == "" {
 			payload = `"error":{"code":-32601,"message":"Method not found"}`
 		}
 		w.Header().Set("Content-Type", "application/json")
@@ -142,6 +134,24 @@ func trStartModernReader(t *testing.T) string {
 	}))
 	t.Cleanup(srv.Close)
 	return srv.URL + "/mcp"
+}
+
+// trStartModernReader is a hand-written upstream of 2026-07-28 only that
+// answers resources/read of any URI with a text and the caching hints of a
+// result anyone may be served: cacheScope "public", ttlMs a minute.
+func trStartModernReader(t *testing.T) string {
+	return trStartModern(t, func(msg gjson.Result) string {
+		switch msg.Get("method").String() {
+		case "server/discover":
+			return `"result":{"resultType":"complete","supportedVersions":["2026-07-28"],"capabilities":{"resources":{}},"ttlMs":0,"cacheScope":"public"}`
+		case "tools/list":
+			return `"result":{"resultType":"complete","tools":[],"ttlMs":0,"cacheScope":"public"}`
+		case "resources/read":
+			uri := msg.Get("params.uri").Raw
+			return `"result":{"resultType":"complete","contents":[{"uri":` + uri + `,"mimeType":"text/plain","text":"salaries: PAYROLL-2026"}],"ttlMs":60000,"cacheScope":"public"}`
+		}
+		return ""
+	})
 }
 
 // ---- attacks ---------------------------------------------------------------
@@ -549,44 +559,29 @@ func TestTranslateAttackStatelessInstructionsSkipInitializeRule(t *testing.T) {
 func TestTranslateAttackReadRoundSkipsRoundRule(t *testing.T) {
 	var mu sync.Mutex
 	rounds := 0
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Method != http.MethodPost {
-			w.WriteHeader(http.StatusMethodNotAllowed)
-			return
-		}
-		body, _ := io.ReadAll(r.Body)
-		msg := gjson.ParseBytes(body)
-		id := msg.Get("id")
-		if !id.Exists() {
-			w.WriteHeader(http.StatusAccepted)
-			return
-		}
-		payload := `"error":{"code":-32601,"message":"Method not found"}`
+	upURL := trStartModern(t, func(msg gjson.Result) string {
 		switch msg.Get("method").String() {
 		case "server/discover":
-			payload = `"result":{"resultType":"complete","supportedVersions":["2026-07-28"],"capabilities":{"resources":{}},"ttlMs":0,"cacheScope":"private"}`
+			return `"result":{"resultType":"complete","supportedVersions":["2026-07-28"],"capabilities":{"resources":{}},"ttlMs":0,"cacheScope":"private"}`
 		case "resources/read":
 			if msg.Get("params.inputResponses").Exists() {
 				mu.Lock()
 				rounds++
 				mu.Unlock()
-				payload = `"result":{"resultType":"complete","contents":[{"uri":"test://vault","mimeType":"text/plain","text":"VAULT-CONTENTS"}]}`
-			} else {
-				payload = `"result":{"resultType":"input_required","inputRequests":{"confirm":{"method":"elicitation/create","params":{"message":"open the vault?",` +
-					`"requestedSchema":{"type":"object","properties":{"ok":{"type":"boolean"}}}}}},"requestState":"vault-1"}`
+				return `"result":{"resultType":"complete","contents":[{"uri":"test://vault","mimeType":"text/plain","text":"VAULT-CONTENTS"}]}`
 			}
+			return `"result":{"resultType":"input_required","inputRequests":{"confirm":{"method":"elicitation/create","params":{"message":"open the vault?",` +
+				`"requestedSchema":{"type":"object","properties":{"ok":{"type":"boolean"}}}}}},"requestState":"vault-1"}`
 		}
-		w.Header().Set("Content-Type", "application/json")
-		_, _ = io.WriteString(w, `{"jsonrpc":"2.0","id":`+id.Raw+`,`+payload+`}`)
-	}))
-	t.Cleanup(srv.Close)
+		return ""
+	})
 	policies := aaPolicies(t, `decision := {"action": "deny", "reason": "the vault opens at the console"} if {
 	input.method == "resources/read"
 	some answer in input.input_responses
 	answer.action == "accept"
 }
 `, "")
-	g := startGateway(t, gatewayConfig{Upstream: srv.URL, RequestPolicy: policies})
+	g := startGateway(t, gatewayConfig{Upstream: upURL, RequestPolicy: policies})
 	session := g.createSession(t, aliceKey, "svc")
 	if status, msg := statelessPost(t, g, aliceKey, session, `{"jsonrpc":"2.0","id":1,"method":"resources/read","params":{"uri":"test://vault",`+
 		`"inputResponses":{"confirm":{"action":"accept","content":{"ok":true}}},"requestState":"vault-1",`+aaStatelessMeta(`{"elicitation":{}}`)+`}}`,
