@@ -174,16 +174,19 @@ func (rt *Runtime) leave(key string, s *sharedStream, ch chan mcpmsg.Message) {
 // upstreamSubscription is one resource subscribed upstream for the
 // listens that name it.
 type upstreamSubscription struct {
-	mu   sync.Mutex // held while subscribing or unsubscribing upstream
-	n    int        // the listens that hold it, under listens.mu
-	live bool       // subscribed upstream, under mu
+	mu sync.Mutex // held while subscribing or unsubscribing upstream
+	n  int        // the listens that hold it, under listens.mu
+	// undo unsubscribes the upstream: set (under mu) by the subscribe that
+	// succeeded, nil while the upstream is not subscribed.
+	undo func()
 }
 
 // Subscribe counts one more listen of the resource key (an upstream
-// session and a URI), subscribing the upstream with subscribe when no
-// listen holds it. It reports whether the upstream is subscribed; each
+// session and a URI), subscribing the upstream with subscribe when it is
+// not subscribed; unsubscribe is how to undo that subscribe when the last
+// listen leaves. It reports whether the upstream is subscribed; each
 // Subscribe that reported true is undone by one Unsubscribe.
-func (rt *Runtime) Subscribe(key string, subscribe func() bool) bool {
+func (rt *Runtime) Subscribe(key string, subscribe func() bool, unsubscribe func()) bool {
 	l := &rt.listens
 	l.mu.Lock()
 	if l.subs == nil {
@@ -197,22 +200,22 @@ func (rt *Runtime) Subscribe(key string, subscribe func() bool) bool {
 	s.n++
 	l.mu.Unlock()
 	s.mu.Lock()
-	if !s.live {
-		s.live = subscribe()
+	if s.undo == nil && subscribe() {
+		s.undo = unsubscribe
 	}
-	live := s.live
+	live := s.undo != nil
 	s.mu.Unlock()
 	if !live {
-		rt.Unsubscribe(key, nil)
+		rt.Unsubscribe(key)
 	}
 	return live
 }
 
 // Unsubscribe ends one listen's hold of the resource key, unsubscribing
-// the upstream with unsubscribe when it was the last. A listen that
-// subscribes meanwhile waits for the unsubscribe and subscribes again, so
-// the upstream sees them in order.
-func (rt *Runtime) Unsubscribe(key string, unsubscribe func()) {
+// the upstream when it was the last (whichever listen subscribed it). A
+// listen that subscribes meanwhile waits for the unsubscribe and
+// subscribes again, so the upstream sees them in order.
+func (rt *Runtime) Unsubscribe(key string) {
 	l := &rt.listens
 	l.mu.Lock()
 	s := l.subs[key]
@@ -226,9 +229,9 @@ func (rt *Runtime) Unsubscribe(key string, unsubscribe func()) {
 	s.n--
 	last := s.n == 0
 	l.mu.Unlock()
-	if last && s.live && unsubscribe != nil {
-		unsubscribe()
-		s.live = false
+	if last && s.undo != nil {
+		s.undo()
+		s.undo = nil
 	}
 	l.mu.Lock()
 	if s.n == 0 && l.subs[key] == s {

@@ -174,24 +174,24 @@ func TestListensCountSubscriptions(t *testing.T) {
 	var subs, unsubs int
 	subscribe := func() bool { subs++; return true }
 	unsubscribe := func() { unsubs++ }
-	if !rt.Subscribe("k", subscribe) || !rt.Subscribe("k", subscribe) {
+	if !rt.Subscribe("k", subscribe, unsubscribe) || !rt.Subscribe("k", subscribe, unsubscribe) {
 		t.Fatal("subscribing failed")
 	}
-	rt.Unsubscribe("k", unsubscribe)
+	rt.Unsubscribe("k")
 	if subs != 1 || unsubs != 0 {
 		t.Fatalf("two holders, one left: %d subscribes, %d unsubscribes", subs, unsubs)
 	}
-	rt.Unsubscribe("k", unsubscribe)
+	rt.Unsubscribe("k")
 	if unsubs != 1 {
 		t.Fatalf("the last holder left: %d unsubscribes", unsubs)
 	}
-	if rt.Subscribe("k", func() bool { return false }) {
+	if rt.Subscribe("k", func() bool { return false }, unsubscribe) {
 		t.Fatal("a failed subscribe reported the resource subscribed")
 	}
-	if !rt.Subscribe("k", subscribe) || subs != 2 {
+	if !rt.Subscribe("k", subscribe, unsubscribe) || subs != 2 {
 		t.Fatalf("subscribing after a failure: %d subscribes", subs)
 	}
-	rt.Unsubscribe("k", unsubscribe)
+	rt.Unsubscribe("k")
 	if unsubs != 2 || len(rt.listens.subs) != 0 {
 		t.Fatalf("%d unsubscribes, %d entries left", unsubs, len(rt.listens.subs))
 	}

@@ -44,15 +44,17 @@ func (h *Handler) listenLegacy(ctx context.Context, w http.ResponseWriter, r *ht
 			if filter.uris[u] {
 				continue
 			}
-			key := subscriptionKey(call.MCPSession, up, u)
-			if h.stateless.Subscribe(key, func() bool { return h.subscribeLegacy(ctx, call, up, "resources/subscribe", u) }) {
+			key := upstreamKey(call.MCPSession, up) + "\x00" + u
+			subscribe := func() bool { return h.subscribeLegacy(ctx, call, up, "resources/subscribe", u) }
+			unsubscribe := func() {
+				// Run when the last listen naming u ends, its runner gone.
+				uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Duration(call.Service.Timeout))
+				defer cancel()
+				h.subscribeLegacy(uctx, call, up, "resources/unsubscribe", u)
+			}
+			if h.stateless.Subscribe(key, subscribe, unsubscribe) {
 				filter.uris[u] = true
-				defer h.stateless.Unsubscribe(key, func() {
-					// The runner has gone: the listen's context has ended.
-					uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Duration(call.Service.Timeout))
-					defer cancel()
-					h.subscribeLegacy(uctx, call, up, "resources/unsubscribe", u)
-				})
+				defer h.stateless.Unsubscribe(key)
 			}
 		}
 	}
@@ -62,7 +64,7 @@ func (h *Handler) listenLegacy(ctx context.Context, w http.ResponseWriter, r *ht
 		return
 	}
 	defer h.keepAlive(out, call.Service)()
-	msgs, leave, err := h.stateless.Listen(ctx, call.MCPSession.ID, func(sctx context.Context) (func() (mcpmsg.Message, error), func(), error) {
+	msgs, leave, err := h.stateless.Listen(ctx, upstreamKey(call.MCPSession, call.MCPSession.Upstream()), func(sctx context.Context) (func() (mcpmsg.Message, error), func(), error) {
 		return h.openShared(sctx, call)
 	})
 	if err != nil {
@@ -82,6 +84,12 @@ func (h *Handler) listenLegacy(ctx context.Context, w http.ResponseWriter, r *ht
 		}
 		if !open {
 			return
+		}
+		// The stream redacted the credential of the listen that opened it;
+		// this listen's call may carry another (a token rotated since).
+		msg, err := h.redactCredential(call, msg)
+		if err != nil {
+			continue
 		}
 		data := h.deliver(ctx, call, msg, true)
 		if data.none() || msg.Kind != mcpmsg.Notification || !filter.passes(msg) {
@@ -122,9 +130,11 @@ func (h *Handler) openShared(ctx context.Context, call *gateway.Call) (func() (m
 	return next, rs.close, nil
 }
 
-// subscriptionKey names a resource's subscription in an upstream session.
-func subscriptionKey(ms *gateway.MCPSession, up gateway.Upstream, uri string) string {
-	return ms.ID + "\x00" + strconv.FormatUint(up.Generation, 10) + "\x00" + uri
+// upstreamKey names the upstream session up of an implied MCP session: a
+// session initialized again (the upstream forgot the last) is another,
+// with its own stream and subscriptions.
+func upstreamKey(ms *gateway.MCPSession, up gateway.Upstream) string {
+	return ms.ID + "\x00" + strconv.FormatUint(up.Generation, 10)
 }
 
 // subscribeLegacy subscribes the upstream session up to a resource's
