@@ -48,16 +48,18 @@ type sharedStream struct {
 	err     error
 	stop    context.CancelFunc
 	ended   bool                             // the stream ended: no listen joins it
-	members map[chan mcpmsg.Message]struct{} // under listens.mu
+	members map[chan mcpmsg.Message]func(mcpmsg.Message) bool // each listen's and what it wants, under listens.mu
 	idle    *time.Timer
 }
 
-// Listen joins the upstream standalone stream of key (an implied MCP
-// session), opening it with open when none is open. The messages come on
-// the channel, which is closed when the stream ends or this listen fell
-// ListenBacklog messages behind; leave ends the listen. ctx bounds the
-// wait for a stream another listen is opening.
-func (rt *Runtime) Listen(ctx context.Context, key string, open StreamOpener) (<-chan mcpmsg.Message, func(), error) {
+// Listen joins the upstream standalone stream of key (an upstream session
+// of an implied MCP session), opening it with open when none is open. The
+// messages wants reports true for come on the channel (what it does not
+// want does not count against the backlog), which is closed when the
+// stream ends or this listen fell ListenBacklog messages behind; leave
+// ends the listen. ctx bounds the wait for a stream another listen is
+// opening.
+func (rt *Runtime) Listen(ctx context.Context, key string, wants func(mcpmsg.Message) bool, open StreamOpener) (<-chan mcpmsg.Message, func(), error) {
 	ch := make(chan mcpmsg.Message, ListenBacklog)
 	l := &rt.listens
 	l.mu.Lock()
@@ -68,11 +70,11 @@ func (rt *Runtime) Listen(ctx context.Context, key string, open StreamOpener) (<
 	first := s == nil
 	var sctx context.Context
 	if first {
-		s = &sharedStream{ready: make(chan struct{}), members: map[chan mcpmsg.Message]struct{}{}}
+		s = &sharedStream{ready: make(chan struct{}), members: map[chan mcpmsg.Message]func(mcpmsg.Message) bool{}}
 		sctx, s.stop = context.WithCancel(context.WithoutCancel(ctx))
 		l.streams[key] = s
 	}
-	s.members[ch] = struct{}{}
+	s.members[ch] = wants
 	l.mu.Unlock()
 	leave := sync.OnceFunc(func() { rt.leave(key, s, ch) })
 	if !first {
@@ -127,7 +129,10 @@ func (rt *Runtime) relayShared(key string, s *sharedStream, next func() (mcpmsg.
 			l.mu.Unlock()
 			return
 		}
-		for ch := range s.members {
+		for ch, wants := range s.members {
+			if !wants(msg) {
+				continue
+			}
 			select {
 			case ch <- msg:
 			default: // fell behind: its stream ends, the others go on

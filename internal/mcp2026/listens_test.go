@@ -39,6 +39,8 @@ func (f *fakeStream) open(ctx context.Context) (func() (mcpmsg.Message, error), 
 	return next, func() { close(f.stopped) }, nil
 }
 
+func all(mcpmsg.Message) bool { return true }
+
 func note(method string) mcpmsg.Message {
 	return mcpmsg.Message{Kind: mcpmsg.Notification, Method: method}
 }
@@ -61,11 +63,11 @@ func TestListensShareOneStream(t *testing.T) {
 	rt := &Runtime{}
 	f := newFakeStream()
 	ctx := context.Background()
-	a, leaveA, err := rt.Listen(ctx, "s1", f.open)
+	a, leaveA, err := rt.Listen(ctx, "s1", all, f.open)
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, leaveB, err := rt.Listen(ctx, "s1", f.open)
+	b, leaveB, err := rt.Listen(ctx, "s1", all, f.open)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -77,7 +79,7 @@ func TestListensShareOneStream(t *testing.T) {
 	}
 	leaveA()
 	leaveB()
-	c, leaveC, err := rt.Listen(ctx, "s1", f.open)
+	c, leaveC, err := rt.Listen(ctx, "s1", all, f.open)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -104,10 +106,13 @@ func TestListensShareOneStream(t *testing.T) {
 func TestListensSlowListenEnds(t *testing.T) {
 	rt := &Runtime{}
 	f := newFakeStream()
-	slow, leaveSlow, _ := rt.Listen(context.Background(), "s1", f.open)
+	slow, leaveSlow, _ := rt.Listen(context.Background(), "s1", all, f.open)
 	defer leaveSlow()
-	fast, leaveFast, _ := rt.Listen(context.Background(), "s1", f.open)
+	fast, leaveFast, _ := rt.Listen(context.Background(), "s1", all, f.open)
 	defer leaveFast()
+	// A listen that wants none of it is neither sent it nor ended.
+	other, leaveOther, _ := rt.Listen(context.Background(), "s1", func(m mcpmsg.Message) bool { return m.Method != "notifications/resources/updated" }, f.open)
+	defer leaveOther()
 	for range ListenBacklog + 1 {
 		f.msgs <- note("notifications/resources/updated")
 		if _, ok := receive(t, fast); !ok {
@@ -121,6 +126,13 @@ func TestListensSlowListenEnds(t *testing.T) {
 	}
 	if _, ok := receive(t, slow); ok {
 		t.Fatal("the slow listen was not ended")
+	}
+	f.msgs <- note("notifications/tools/list_changed")
+	if m, ok := receive(t, other); !ok || m.Method != "notifications/tools/list_changed" {
+		t.Fatalf("the listen that wanted none of the updates got %v %v", m, ok)
+	}
+	if _, ok := receive(t, fast); !ok {
+		t.Fatal("the listen that keeps up was ended")
 	}
 	close(f.msgs)
 	if _, ok := receive(t, fast); ok {
@@ -140,7 +152,7 @@ func TestListensFailedOpen(t *testing.T) {
 	}
 	errs := make(chan error, 1)
 	go func() {
-		_, _, err := rt.Listen(context.Background(), "s1", failing)
+		_, _, err := rt.Listen(context.Background(), "s1", all, failing)
 		errs <- err
 	}()
 	for { // wait until the first listen is opening the stream
@@ -153,14 +165,14 @@ func TestListensFailedOpen(t *testing.T) {
 		time.Sleep(time.Millisecond)
 	}
 	go func() { time.Sleep(10 * time.Millisecond); close(release) }()
-	if _, _, err := rt.Listen(context.Background(), "s1", failing); !errors.Is(err, refused) {
+	if _, _, err := rt.Listen(context.Background(), "s1", all, failing); !errors.Is(err, refused) {
 		t.Fatalf("a listen waiting for the opening: %v", err)
 	}
 	if err := <-errs; !errors.Is(err, refused) {
 		t.Fatalf("the listen that opened: %v", err)
 	}
 	f := newFakeStream()
-	if _, leave, err := rt.Listen(context.Background(), "s1", f.open); err != nil || f.opened.Load() != 1 {
+	if _, leave, err := rt.Listen(context.Background(), "s1", all, f.open); err != nil || f.opened.Load() != 1 {
 		t.Fatalf("the next listen: %v, opened %d", err, f.opened.Load())
 	} else {
 		leave()

@@ -64,7 +64,13 @@ func (h *Handler) listenLegacy(ctx context.Context, w http.ResponseWriter, r *ht
 		return
 	}
 	defer h.keepAlive(out, call.Service)()
-	msgs, leave, err := h.stateless.Listen(ctx, upstreamKey(call.MCPSession, call.MCPSession.Upstream()), func(sctx context.Context) (func() (mcpmsg.Message, error), func(), error) {
+	// What the filter does not ask for is not relayed, so a flood of it
+	// does not end the listen; a changed tool list is also toolgate's to
+	// learn (the policy's tool definitions).
+	wants := func(msg mcpmsg.Message) bool {
+		return msg.Kind == mcpmsg.Notification && (filter.passes(msg) || msg.Method == "notifications/tools/list_changed")
+	}
+	msgs, leave, err := h.stateless.Listen(ctx, upstreamKey(call.MCPSession, call.MCPSession.Upstream()), wants, func(sctx context.Context) (func() (mcpmsg.Message, error), func(), error) {
 		return h.openShared(sctx, call)
 	})
 	if err != nil {
