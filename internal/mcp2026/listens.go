@@ -47,7 +47,7 @@ type sharedStream struct {
 	ready   chan struct{} // closed when the stream is open, or failed to (err)
 	err     error
 	stop    context.CancelFunc
-	ended   bool                             // the stream ended: no listen joins it
+	ended   bool                                              // the stream ended: no listen joins it
 	members map[chan mcpmsg.Message]func(mcpmsg.Message) bool // each listen's and what it wants, under listens.mu
 	idle    *time.Timer
 }
