@@ -679,3 +679,77 @@ func TestListenEndsItsUpstreamSubscriptions(t *testing.T) {
 		t.Fatalf("the upstream was unsubscribed %d times", n)
 	}
 }
+
+// Holds: ending a toolgate session (DELETE /v1/sessions/{id}, say because
+// its runner misbehaves) ends the streams its runners hold open: the
+// standalone stream of a runner that initialized, and a stateless
+// runner's subscriptions/listen. Nothing more reaches them in the session.
+func TestEndedSessionEndsItsStreams(t *testing.T) {
+	up := startUpstream(t)
+	g := startGateway(t, gatewayConfig{Upstream: up.URL})
+	session := g.createSession(t, aliceKey, "svc")
+	m := g.raw(t, aliceKey, session, "svc")
+	m.initialize()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	get, body := m.openStream(t, ctx)
+	if get.StatusCode != http.StatusOK {
+		t.Fatalf("the standalone stream: HTTP %d %s", get.StatusCode, body)
+	}
+	listen := aaStatelessSend(t, ctx, g, aliceKey, session, "subscriptions/listen",
+		`{"jsonrpc":"2.0","id":1,"method":"subscriptions/listen","params":{"notifications":{"toolsListChanged":true},`+aaStatelessMeta(`{}`)+`}}`)
+	if listen.StatusCode != http.StatusOK || trReadUntil(bufio.NewReader(listen.Body), "acknowledged") == "" {
+		t.Fatalf("the listen: HTTP %d", listen.StatusCode)
+	}
+	ended := make(chan string, 2)
+	for name, r := range map[string]io.Reader{"the standalone stream": get.Body, "the listen": listen.Body} {
+		go func() {
+			_, _ = io.Copy(io.Discard, r)
+			ended <- name
+		}()
+	}
+	if r := g.api(t, http.MethodDelete, "/v1/sessions/"+session, aliceKey, nil); r.StatusCode != http.StatusNoContent {
+		t.Fatalf("ending the session: %d %s", r.StatusCode, r.Body)
+	}
+	for range 2 {
+		select {
+		case name := <-ended:
+			t.Logf("%s ended", name)
+		case <-ctx.Done():
+			t.Fatal("a stream of the ended session stays open")
+		}
+	}
+}
+
+// Holds: a session ended on one replica ends the streams its runner holds
+// open on another.
+func TestEndedSessionEndsItsStreamsOnEveryReplica(t *testing.T) {
+	up := startUpstream(t)
+	a, b, _ := soReplicas(t, testdataPath(t, "policy"), func(storage, data string) string {
+		return soBlock(storage, data, up.URL, "echo", "", "")
+	})
+	session := a.createSession(t, aliceKey, "svc")
+	ma := a.raw(t, aliceKey, session, "svc")
+	ma.initialize()
+	mb := b.raw(t, aliceKey, session, "svc")
+	mb.sessionID = ma.sessionID
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	get, body := mb.openStream(t, ctx)
+	if get.StatusCode != http.StatusOK {
+		t.Fatalf("the standalone stream on b: HTTP %d %s", get.StatusCode, body)
+	}
+	ended := make(chan struct{})
+	go func() {
+		_, _ = io.Copy(io.Discard, get.Body)
+		close(ended)
+	}()
+	if r := a.api(t, http.MethodDelete, "/v1/sessions/"+session, aliceKey, nil); r.StatusCode != http.StatusNoContent {
+		t.Fatalf("ending the session on a: %d %s", r.StatusCode, r.Body)
+	}
+	select {
+	case <-ended:
+	case <-ctx.Done():
+		t.Fatal("the stream on b of the session ended on a stays open")
+	}
+}

@@ -657,7 +657,7 @@ func (a *App) AnonymousSession(caller *Caller) *Session {
 		}
 	}
 	t := now()
-	return &Session{ID: "anonymous", User: caller.User, Services: ids, CreatedAt: t, ExpiresAt: t.Add(time.Duration(a.SessionTTL))}
+	return &Session{ID: anonymousSessionID, User: caller.User, Services: ids, CreatedAt: t, ExpiresAt: t.Add(time.Duration(a.SessionTTL))}
 }
 
 // SessionHeaderName is the header runners send their session id in.

@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"path"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/caddyserver/certmagic"
@@ -31,6 +32,15 @@ type Session struct {
 	// session, is never stored, and has no expiry of its own.
 	Implied bool `json:"-"`
 }
+
+// anonymousSessionID is the id of the session of an anonymous caller,
+// which is not stored.
+const anonymousSessionID = "anonymous"
+
+// Stored reports whether the session is one of the store's (created with
+// POST /v1/sessions), which its person can end: not implied, nor an
+// anonymous caller's.
+func (s *Session) Stored() bool { return !s.Implied && s.ID != anonymousSessionID }
 
 // Selected reports whether the session selected service.
 func (s *Session) Selected(service string) bool {
@@ -211,6 +221,51 @@ func (s *SessionStore) Get(ctx context.Context, id string) (*Session, error) {
 		return nil, ErrSessionNotFound
 	}
 	return sess, nil
+}
+
+// SessionCheckEvery is how often a stream that stays open checks that its
+// toolgate session still is (Watch).
+const SessionCheckEvery = 2 * time.Second
+
+// Watch calls ended, once, when the stored session id is found ended or
+// expired, checking every SessionCheckEvery until stop is called: a
+// runner's streams that stay open end with the session their person ended
+// (on any replica: the check reads what the store's cache knows, which a
+// deletion here changes at once and another replica's when its
+// notification arrives, or within the cache's ttl). A storage that cannot
+// be read ends nothing: the next check tries again.
+func (s *SessionStore) Watch(id string, ended func()) (stop func()) {
+	var mu sync.Mutex
+	stopped := false
+	var t *time.Timer
+	var check func()
+	check = func() {
+		ctx, cancel := context.WithTimeout(context.Background(), SessionCheckEvery)
+		_, err := s.Get(ctx, id)
+		cancel()
+		mu.Lock()
+		if stopped {
+			mu.Unlock()
+			return
+		}
+		if errors.Is(err, ErrSessionNotFound) {
+			stopped = true
+			mu.Unlock()
+			ended()
+			return
+		}
+		t = time.AfterFunc(SessionCheckEvery, check)
+		mu.Unlock()
+	}
+	mu.Lock()
+	t = time.AfterFunc(SessionCheckEvery, check)
+	mu.Unlock()
+	return func() {
+		mu.Lock()
+		stopped = true
+		t.Stop()
+		mu.Unlock()
+	}
 }
 
 // Delete ends sess.
