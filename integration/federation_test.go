@@ -255,3 +255,33 @@ func TestFederatedServerRequests(t *testing.T) {
 		t.Errorf("the runner was asked %q", msg)
 	}
 }
+
+// Holds: the federated endpoint's standalone stream ends with the toolgate
+// session its person ends, as a service's own does.
+func TestFederatedStreamEndsWithItsSession(t *testing.T) {
+	_, _, g := federatedGateway(t)
+	session := g.createSession(t, aliceKey, "beta")
+	m := g.raw(t, aliceKey, session, "svc")
+	m.url = g.URL + "/v1/mcp"
+	m.initialize()
+	listedTools(t, m) // the services' sessions start
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	get, body := m.openStream(t, ctx)
+	if get.StatusCode != http.StatusOK {
+		t.Fatalf("the federated stream: HTTP %d %s", get.StatusCode, body)
+	}
+	ended := make(chan struct{})
+	go func() {
+		_, _ = io.Copy(io.Discard, get.Body)
+		close(ended)
+	}()
+	if r := g.api(t, http.MethodDelete, "/v1/sessions/"+session, aliceKey, nil); r.StatusCode != http.StatusNoContent {
+		t.Fatalf("ending the session: %d %s", r.StatusCode, r.Body)
+	}
+	select {
+	case <-ended:
+	case <-ctx.Done():
+		t.Fatal("the federated stream of the ended session stays open")
+	}
+}
