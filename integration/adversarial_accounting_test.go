@@ -19,6 +19,7 @@ import (
 	"math"
 	"net/http"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -698,15 +699,37 @@ func TestAccountingHoldsConcurrentCallsAndDropsDoNotDrift(t *testing.T) {
 	if now, back := settleBoundGauges(t, g, before, 8*time.Second); !back {
 		t.Errorf("after the calls and the end of their session, the gauges stay at %v (before: %v)", now, before)
 	}
-	m = acctRunner(t, g, key)
 	// Nothing given back twice: of three 900 KiB calls held open at once
-	// (wait answers nothing), the 2 MiB share lets two in, and refuses one.
+	// (wait answers nothing for 10 s), the 2 MiB share lets two in, and
+	// refuses one. On a machine so loaded that a call the share let in
+	// was answered before the third arrived, they were not held at once:
+	// that round tells nothing, and is tried again.
 	pad := strings.Repeat("p", 900<<10)
+	for attempt := 1; ; attempt++ {
+		m = acctRunner(t, g, key)
+		refusals, answered := acctThreeHeld(m, pad)
+		endMCPSession(t, m) // the dropped calls' streams are kept for resumption until then
+		if refusals == 1 {
+			break
+		}
+		if refusals > 1 || len(answered) < 2 || attempt == 3 {
+			t.Fatalf("%d of three 900 KiB calls held open at once were refused under a 2 MiB share, want 1; the others were answered: %q", refusals, answered)
+		}
+		t.Logf("attempt %d: the calls did not overlap (%q); again", attempt, answered)
+		gaugesBackWithin(t, g, before, 8*time.Second)
+	}
+	gaugesBackWithin(t, g, before, 8*time.Second)
+}
+
+// acctThreeHeld sends three calls of "wait" padded with pad in m's session
+// at once, and returns how many were refused for the bytes in flight,
+// and what the others were answered (those answered within the time it
+// waits for a refusal: 12 s, then a second for another).
+func acctThreeHeld(m *rawMCP, pad string) (refusals int, answered []string) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	answers := make(chan int, 3)
-	var seenMu sync.Mutex
-	var seen []string // every other answer, for the failure's message
+	var mu sync.Mutex
 	for i := range 3 {
 		go func() {
 			start := time.Now()
@@ -721,14 +744,11 @@ func TestAccountingHoldsConcurrentCallsAndDropsDoNotDrift(t *testing.T) {
 				answers <- resp.StatusCode
 				return
 			}
-			seenMu.Lock()
-			seen = append(seen, fmt.Sprintf("call %d after %v: HTTP %d %.200s", i, time.Since(start).Round(time.Millisecond), resp.StatusCode, b))
-			seenMu.Unlock()
+			mu.Lock()
+			answered = append(answered, fmt.Sprintf("call %d after %v: HTTP %d %.200s", i, time.Since(start).Round(time.Millisecond), resp.StatusCode, b))
+			mu.Unlock()
 		}()
 	}
-	// The refusal, then a second's wait for another, which would be one
-	// too many.
-	refusals := 0
 	for deadline := time.After(12 * time.Second); ; {
 		select {
 		case <-answers:
@@ -741,12 +761,7 @@ func TestAccountingHoldsConcurrentCallsAndDropsDoNotDrift(t *testing.T) {
 		}
 		break
 	}
-	if refusals != 1 {
-		seenMu.Lock()
-		t.Errorf("%d of three 900 KiB calls held open at once were refused under a 2 MiB share, want 1; the other answers: %q", refusals, seen)
-		seenMu.Unlock()
-	}
-	cancel()
-	endMCPSession(t, m) // the dropped calls' streams are kept for resumption until then
-	gaugesBackWithin(t, g, before, 8*time.Second)
+	mu.Lock()
+	defer mu.Unlock()
+	return refusals, slices.Clone(answered)
 }
