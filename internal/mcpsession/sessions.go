@@ -712,6 +712,42 @@ func (s *Session) WaitCatalog(ctx context.Context, max time.Duration) bool {
 	}
 }
 
+// EndOrphans ends the sessions held here that were started in a toolgate
+// session for which ended reports true (its person ended it, or it
+// expired): everywhere for a stored session, and their upstream sessions
+// with the end hook. Ending one stops what it carries — its streams, its
+// exchanges in progress, the streams kept for resumption and the calls
+// held between rounds —, so nothing its runner started outlives the
+// toolgate session. ended is asked once per toolgate session.
+func (m *Sessions) EndOrphans(ctx context.Context, ended func(ctx context.Context, toolgateSession string) bool) {
+	c := m.cfg()
+	if c == nil {
+		return
+	}
+	verdicts := map[string]bool{}
+	for _, s := range m.snapshot() {
+		if s.Closed() || s.SessionID == "" {
+			continue
+		}
+		gone, asked := verdicts[s.SessionID]
+		if !asked {
+			gone = ended(ctx, s.SessionID)
+			verdicts[s.SessionID] = gone
+		}
+		if !gone {
+			continue
+		}
+		up, ok, err := m.End(ctx, s)
+		if err != nil {
+			c.Logger.Warn("ending an MCP session whose toolgate session ended", zap.Error(err))
+			continue
+		}
+		if ok && c.OnEnd != nil {
+			c.OnEnd(Ended{ID: s.ID, User: s.User, Service: s.Service, Upstream: up})
+		}
+	}
+}
+
 // Housekeep marks the sessions used since the last run (an open stream is
 // use) in the shared storage, re-reads in-use copies that may be stale,
 // forgets copies idle here, and sweeps sessions idle everywhere, handing

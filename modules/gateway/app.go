@@ -547,12 +547,16 @@ func (a *App) OnStop(fn func()) { a.stopHooks = append(a.stopHooks, fn) }
 func (a *App) housekeeping() {
 	mcpTick := time.NewTicker(time.Duration(a.MCPSessionSweepInterval))
 	sweepTick := time.NewTicker(15 * time.Minute)
+	orphanTick := time.NewTicker(SessionCheckEvery)
 	defer mcpTick.Stop()
 	defer sweepTick.Stop()
+	defer orphanTick.Stop()
 	for {
 		select {
 		case <-a.stop:
 			return
+		case <-orphanTick.C:
+			a.mcpSessions.EndOrphans(context.Background(), a.sessions.Ended)
 		case <-mcpTick.C:
 			a.mcpSessions.Housekeep(context.Background())
 		case <-sweepTick.C:

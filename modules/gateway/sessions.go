@@ -8,7 +8,7 @@ import (
 	"io/fs"
 	"path"
 	"slices"
-	"sync"
+	"strings"
 	"time"
 
 	"github.com/caddyserver/certmagic"
@@ -40,7 +40,25 @@ const anonymousSessionID = "anonymous"
 // Stored reports whether the session is one of the store's (created with
 // POST /v1/sessions), which its person can end: not implied, nor an
 // anonymous caller's.
-func (s *Session) Stored() bool { return !s.Implied && s.ID != anonymousSessionID }
+func (s *Session) Stored() bool { return !s.Implied && storedSessionID(s.ID) }
+
+// storedSessionID reports whether id can name a stored session: not an
+// anonymous caller's, nor an implied one (whose ids hold a ':', outside
+// the alphabet of stored ones).
+func storedSessionID(id string) bool {
+	return id != anonymousSessionID && !strings.Contains(id, ":")
+}
+
+// Ended reports whether the stored session id is known to have ended or
+// expired (false when the storage cannot tell now, and for an id no
+// stored session can have).
+func (s *SessionStore) Ended(ctx context.Context, id string) bool {
+	if !storedSessionID(id) {
+		return false
+	}
+	_, err := s.Get(ctx, id)
+	return errors.Is(err, ErrSessionNotFound)
+}
 
 // Selected reports whether the session selected service.
 func (s *Session) Selected(service string) bool {
@@ -223,50 +241,13 @@ func (s *SessionStore) Get(ctx context.Context, id string) (*Session, error) {
 	return sess, nil
 }
 
-// SessionCheckEvery is how often a stream that stays open checks that its
-// toolgate session still is (Watch).
-const SessionCheckEvery = 2 * time.Second
-
-// Watch calls ended, once, when the stored session id is found ended or
-// expired, checking every SessionCheckEvery until stop is called: a
-// runner's streams that stay open end with the session their person ended
+// SessionCheckEvery is how often the MCP sessions held here are checked
+// against their toolgate sessions: those of a session its person ended
 // (on any replica: the check reads what the store's cache knows, which a
 // deletion here changes at once and another replica's when its
-// notification arrives, or within the cache's ttl). A storage that cannot
-// be read ends nothing: the next check tries again.
-func (s *SessionStore) Watch(id string, ended func()) (stop func()) {
-	var mu sync.Mutex
-	stopped := false
-	var t *time.Timer
-	var check func()
-	check = func() {
-		ctx, cancel := context.WithTimeout(context.Background(), SessionCheckEvery)
-		_, err := s.Get(ctx, id)
-		cancel()
-		mu.Lock()
-		if stopped {
-			mu.Unlock()
-			return
-		}
-		if errors.Is(err, ErrSessionNotFound) {
-			stopped = true
-			mu.Unlock()
-			ended()
-			return
-		}
-		t = time.AfterFunc(SessionCheckEvery, check)
-		mu.Unlock()
-	}
-	mu.Lock()
-	t = time.AfterFunc(SessionCheckEvery, check)
-	mu.Unlock()
-	return func() {
-		mu.Lock()
-		stopped = true
-		t.Stop()
-		mu.Unlock()
-	}
-}
+// notification arrives, or within cache_ttl), or that expired, end, and
+// with them their runners' streams, calls in progress and calls held.
+const SessionCheckEvery = 2 * time.Second
 
 // Delete ends sess.
 func (s *SessionStore) Delete(ctx context.Context, sess *Session) error {

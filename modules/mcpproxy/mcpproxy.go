@@ -118,14 +118,6 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, _ caddyhttp.
 			defer ms.Requesting(call.Message.ProgressToken)()
 		}
 	}
-	if (r.Method == http.MethodGet || call.Stateless != nil && call.Method == "subscriptions/listen") && call.Session != nil && call.Session.Stored() {
-		// A stream that stays open ends with the toolgate session its
-		// person ends.
-		ctx, cancel := context.WithCancel(r.Context())
-		defer cancel()
-		defer h.app.Sessions().Watch(call.Session.ID, cancel)()
-		r = r.WithContext(ctx)
-	}
 	translated := call.MCPSession != nil && call.Stateless == nil && call.MCPSession.Upstream().ProtocolVersion == mcp2026.Version
 	switch {
 	case call.Stateless != nil:

@@ -51,6 +51,9 @@ type heldCall struct {
 	// of the request bodies it keeps (max_request_bytes_in_flight).
 	slot func()
 	room *gateway.RequestBytes
+	// unwatch stops giving the call up when its MCP session ends, once a
+	// retry took it.
+	unwatch func() bool
 }
 
 // streamPlace is the caller's stream place (gateway.App.OpenStream) a
@@ -294,6 +297,13 @@ func (h *Handler) hold(w http.ResponseWriter, r *http.Request, cur *gateway.Call
 		hc.freeSlot()
 		return fail(err.Error())
 	}
+	// Its MCP session ending (with the toolgate session it was made in)
+	// gives it up at once: no retry can continue it any more.
+	hc.unwatch = context.AfterFunc(hc.call.MCPSession.Context(), func() {
+		if x := h.stateless.Take(id, owner); x != nil {
+			x.Release("the client's session ended")
+		}
+	})
 	held := mcp2026.StateOf(cur.Caller.User, gateway.SessionRef(cur.Session.ID), cur.Service.ID, cur.Message)
 	held.Held = id
 	held.Inputs = make(map[string]string, len(hc.asked))
@@ -323,6 +333,10 @@ func (h *Handler) continueHeld(w http.ResponseWriter, r *http.Request, call *gat
 		gateway.WriteRPCError(w, http.StatusBadRequest, call.Message.ID, gateway.CodeInvalidParams,
 			"requestState refused: the call it continues is no longer held (it timed out, or another replica of the gateway holds it); send the call again without it", nil)
 		return
+	}
+	if hc.unwatch != nil {
+		hc.unwatch()
+		hc.unwatch = nil
 	}
 	if !bytes.Equal(decidedArguments(call), decidedArguments(hc.call)) {
 		// The policy decides the retry otherwise than the call it would

@@ -122,8 +122,8 @@ func (h *RequestHandler) sessionEnded(ctx context.Context, call *gateway.Call) s
 		return ""
 	case !s.ExpiresAt.IsZero() && time.Now().After(s.ExpiresAt):
 		return "the toolgate session expired while the call waited for its approval"
-	case s.Implied:
-		return ""
+	case !s.Stored():
+		return "" // implied, or an anonymous caller's: nothing ends it but its expiry
 	}
 	if _, err := h.app.Sessions().Get(ctx, s.ID); err != nil {
 		if errors.Is(err, gateway.ErrSessionNotFound) {
