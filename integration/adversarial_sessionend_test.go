@@ -222,8 +222,8 @@ const seDripCall = `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"nam
 // its GET stream is: the upstream's tool here reports progress every
 // 200 ms for as long as it runs, and the service's timeout is 120 s. The
 // runner's person ends its toolgate session (DELETE /v1/sessions/{id}).
-// Only GET streams and stateless listens watch their session
-// (mcpproxy.ServeHTTP), so the call's SSE answer stays open and goes on
+// Only GET streams and stateless listens ended with their session
+// (a watch in mcpproxy.ServeHTTP), so the call's SSE answer stays open and goes on
 // carrying the upstream's notifications, and the upstream call goes on,
 // until the service timeout. It should end within a few session checks
 // (15 s allowed here), and the upstream be told to stop the call.
@@ -256,7 +256,7 @@ func TestSessionEndAttackCallStreamOutlivesSession(t *testing.T) {
 }
 
 // Attack: a runner drops its call's stream and resumes it with GET and
-// Last-Event-ID (the resumed GET is watched: it ends with the session).
+// Last-Event-ID (the resumed GET ended with the session).
 // Once the person ended the toolgate session, nobody can resume the call
 // again (every request of the session gets 403), yet toolgate keeps the
 // call's stream for resumption and the upstream call running until the
@@ -352,7 +352,7 @@ func TestSessionEndAttackHeldStatelessCallOutlivesSession(t *testing.T) {
 }
 
 // Attack: an anonymous caller (auth anonymous, loopback only) has a
-// session that is not stored: its streams are rightly not watched
+// session that is not stored: its streams are rightly left open
 // (Session.Stored). But a call it holds for an approval (approval_wait)
 // checks its session as a stored one when the approval comes
 // (policy.sessionEnded reads Sessions().Get("anonymous")), finds none, and
@@ -475,18 +475,18 @@ func TestSessionEndHoldsTranslatedStreamAndMCPSession(t *testing.T) {
 	}
 }
 
-// Holds: the session watch cuts only stored sessions' streams. An
+// Holds: the session check ends only stored sessions' streams. An
 // anonymous caller's GET stream and an implied session's GET stream stay
 // open over several session checks (7 s), while a stored session's stream
 // beside them is ended with its session; and opening and closing 30
-// watched streams leaves no goroutines behind.
+// streams leaves no goroutines behind.
 func TestSessionEndHoldsUnstoredStreamsStayAndNothingLeaks(t *testing.T) {
 	up := startUpstream(t)
 	g := startGateway(t, gatewayConfig{Upstream: up.URL, AuthExtra: "anonymous " + bob})
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 
-	// Leaks: 30 watched streams opened and closed.
+	// Leaks: 30 streams opened and closed.
 	session := g.createSession(t, aliceKey, "svc")
 	m := g.raw(t, aliceKey, session, "svc")
 	m.initialize()
@@ -511,7 +511,7 @@ func TestSessionEndHoldsUnstoredStreamsStayAndNothingLeaks(t *testing.T) {
 		time.Sleep(200 * time.Millisecond)
 	}
 	if !settled {
-		t.Errorf("after 30 watched streams opened and closed, %d goroutines remain (%d before)", goroutinesAfter, goroutinesBefore)
+		t.Errorf("after 30 streams opened and closed, %d goroutines remain (%d before)", goroutinesAfter, goroutinesBefore)
 	}
 
 	// Unstored sessions' streams stay.
@@ -544,7 +544,7 @@ func TestSessionEndHoldsUnstoredStreamsStayAndNothingLeaks(t *testing.T) {
 	}
 	select {
 	case name := <-ended:
-		t.Fatalf("%s was ended by the session watch", name)
+		t.Fatalf("%s was ended by the session check", name)
 	case <-time.After(7 * time.Second):
 	}
 }
