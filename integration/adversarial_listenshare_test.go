@@ -161,21 +161,6 @@ func lsListenFor(t *testing.T, g *gateway, key, session, uris string, d time.Dur
 	return br, ack, cancel
 }
 
-// lsNext reads a listen's stream up to the next data line holding want,
-// bounded by the stream's own deadline; "" when the stream ended first.
-func lsNext(br *bufio.Reader, want string) string {
-	for range 256 {
-		line, err := br.ReadString('\n')
-		if d, ok := strings.CutPrefix(strings.TrimRight(line, "\r\n"), "data:"); ok && strings.Contains(d, want) {
-			return strings.TrimSpace(d)
-		}
-		if err != nil {
-			return ""
-		}
-	}
-	return ""
-}
-
 // lsLines reads a listen's data lines in the background; the channel is
 // closed when the stream ends.
 func lsLines(br *bufio.Reader) <-chan string {
@@ -337,7 +322,7 @@ func TestListenShareAttackStreamOutlivesItsUpstreamSession(t *testing.T) {
 	}
 	first, _, _ := lsListen(t, g, aliceKey, session, `["test://watched"]`)
 	touch("1")
-	if line := lsNext(first, "resources/updated"); line == "" {
+	if line := trReadUntil(first, "resources/updated"); line == "" {
 		t.Fatalf("the first listen got no update")
 	}
 	initializes := func() int {
@@ -499,7 +484,7 @@ func TestListenShareHoldsNoSharingAcrossUsersOrSessions(t *testing.T) {
 		}
 	}
 	for _, o := range all {
-		line := lsNext(o.br, "resources/updated")
+		line := trReadUntil(o.br, "resources/updated")
 		if !strings.Contains(line, `"for-`+o.name+`"`) {
 			t.Fatalf("%s's listen got another session's update first: %s", o.name, line)
 		}

@@ -391,26 +391,9 @@ func TestSessionEndHoldsExpiryEndsStreams(t *testing.T) {
 	up := startUpstream(t)
 	g := startGateway(t, gatewayConfig{Upstream: up.URL, Extra: "session_ttl 6s"})
 	session := g.createSession(t, aliceKey, "svc")
-	m := g.raw(t, aliceKey, session, "svc")
-	m.initialize()
 	ctx, cancel := context.WithTimeout(context.Background(), 25*time.Second)
 	defer cancel()
-	get, body := m.openStream(t, ctx)
-	if get.StatusCode != http.StatusOK {
-		t.Fatalf("the standalone stream: HTTP %d %s", get.StatusCode, body)
-	}
-	listen := aaStatelessSend(t, ctx, g, aliceKey, session, "subscriptions/listen",
-		`{"jsonrpc":"2.0","id":1,"method":"subscriptions/listen","params":{"notifications":{"toolsListChanged":true},`+aaStatelessMeta(`{}`)+`}}`)
-	if listen.StatusCode != http.StatusOK || trReadUntil(bufio.NewReader(listen.Body), "acknowledged") == "" {
-		t.Fatalf("the listen: HTTP %d", listen.StatusCode)
-	}
-	ended := make(chan string, 2)
-	for name, r := range map[string]io.Reader{"the standalone stream": get.Body, "the listen": listen.Body} {
-		go func() {
-			_, _ = io.Copy(io.Discard, r)
-			ended <- name
-		}()
-	}
+	ended := openSessionStreams(t, ctx, g, session)
 	for range 2 {
 		select {
 		case name := <-ended:

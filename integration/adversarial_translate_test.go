@@ -68,9 +68,10 @@ func trJoin(msgs []json.RawMessage) string {
 }
 
 // trReadUntil reads an SSE stream up to the first data line that holds
-// want (at most 64 lines) and returns that data.
+// want (at most 256 lines) and returns that data; "" when the stream ended
+// first.
 func trReadUntil(br *bufio.Reader, want string) string {
-	for range 64 {
+	for range 256 {
 		line, err := br.ReadString('\n')
 		if d, ok := strings.CutPrefix(strings.TrimRight(line, "\r\n"), "data:"); ok && strings.Contains(d, want) {
 			return strings.TrimSpace(d)

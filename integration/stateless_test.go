@@ -688,26 +688,9 @@ func TestEndedSessionEndsItsStreams(t *testing.T) {
 	up := startUpstream(t)
 	g := startGateway(t, gatewayConfig{Upstream: up.URL})
 	session := g.createSession(t, aliceKey, "svc")
-	m := g.raw(t, aliceKey, session, "svc")
-	m.initialize()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	get, body := m.openStream(t, ctx)
-	if get.StatusCode != http.StatusOK {
-		t.Fatalf("the standalone stream: HTTP %d %s", get.StatusCode, body)
-	}
-	listen := aaStatelessSend(t, ctx, g, aliceKey, session, "subscriptions/listen",
-		`{"jsonrpc":"2.0","id":1,"method":"subscriptions/listen","params":{"notifications":{"toolsListChanged":true},`+aaStatelessMeta(`{}`)+`}}`)
-	if listen.StatusCode != http.StatusOK || trReadUntil(bufio.NewReader(listen.Body), "acknowledged") == "" {
-		t.Fatalf("the listen: HTTP %d", listen.StatusCode)
-	}
-	ended := make(chan string, 2)
-	for name, r := range map[string]io.Reader{"the standalone stream": get.Body, "the listen": listen.Body} {
-		go func() {
-			_, _ = io.Copy(io.Discard, r)
-			ended <- name
-		}()
-	}
+	ended := openSessionStreams(t, ctx, g, session)
 	if r := g.api(t, http.MethodDelete, "/v1/sessions/"+session, aliceKey, nil); r.StatusCode != http.StatusNoContent {
 		t.Fatalf("ending the session: %d %s", r.StatusCode, r.Body)
 	}
@@ -752,4 +735,30 @@ func TestEndedSessionEndsItsStreamsOnEveryReplica(t *testing.T) {
 	case <-ctx.Done():
 		t.Fatal("the stream on b of the session ended on a stays open")
 	}
+}
+
+// openSessionStreams opens, in session, the standalone stream of a runner
+// that initializes and a stateless runner's subscriptions/listen, and
+// names each on the channel when it ends (both within ctx).
+func openSessionStreams(t *testing.T, ctx context.Context, g *gateway, session string) <-chan string {
+	t.Helper()
+	m := g.raw(t, aliceKey, session, "svc")
+	m.initialize()
+	get, body := m.openStream(t, ctx)
+	if get.StatusCode != http.StatusOK {
+		t.Fatalf("the standalone stream: HTTP %d %s", get.StatusCode, body)
+	}
+	listen := aaStatelessSend(t, ctx, g, aliceKey, session, "subscriptions/listen",
+		`{"jsonrpc":"2.0","id":1,"method":"subscriptions/listen","params":{"notifications":{"toolsListChanged":true},`+aaStatelessMeta(`{}`)+`}}`)
+	if listen.StatusCode != http.StatusOK || trReadUntil(bufio.NewReader(listen.Body), "acknowledged") == "" {
+		t.Fatalf("the listen: HTTP %d", listen.StatusCode)
+	}
+	ended := make(chan string, 2)
+	for name, r := range map[string]io.Reader{"the standalone stream": get.Body, "the listen": listen.Body} {
+		go func() {
+			_, _ = io.Copy(io.Discard, r)
+			ended <- name
+		}()
+	}
+	return ended
 }
