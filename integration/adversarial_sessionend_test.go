@@ -206,6 +206,31 @@ func seOpenStream(t *testing.T, r *rawMCP, ctx context.Context) (*http.Response,
 }
 
 // seEndSession ends the toolgate session through the API.
+// seStart starts the dripping upstream and a gateway in front of it
+// (service timeout 120 s, so nothing ends by timing out within a test),
+// with alice's toolgate session of it.
+func seStart(t *testing.T) (*seUpstream, *gateway, string) {
+	up := seStartUpstream(t)
+	g := startGateway(t, gatewayConfig{Upstream: up.URL, Tools: "drip ask", Timeout: "120s", RequestPolicy: aaPolicies(t, "", "")})
+	t.Cleanup(func() { close(up.quit) }) // first: the upstream's handlers return before the gateway stops
+	return up, g, g.createSession(t, aliceKey, "svc")
+}
+
+// seEndWhileDripping ends alice's toolgate session while the upstream drips
+// notifications on events (stream names it in the failure), and expects
+// the stream to end and the upstream to be told to stop, within 15 s each.
+func seEndWhileDripping(t *testing.T, up *seUpstream, g *gateway, session string, events <-chan seEvent, stream, notStopped string) {
+	t.Helper()
+	seWaitFor(t, events, "DRIP", 15*time.Second)
+	seEndSession(t, g, aliceKey, session)
+	if ended, carried := seEnds(events, "DRIP", 15*time.Second); !ended {
+		t.Fatalf("15 s after its toolgate session was ended, %s is still open and carried %d more upstream notifications", stream, carried)
+	}
+	if !up.toldToStop(15 * time.Second) {
+		t.Fatal(notStopped)
+	}
+}
+
 func seEndSession(t *testing.T, g *gateway, key, session string) {
 	t.Helper()
 	if r := g.api(t, http.MethodDelete, "/v1/sessions/"+session, key, nil); r.StatusCode != http.StatusNoContent {
@@ -228,10 +253,7 @@ const seDripCall = `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"nam
 // until the service timeout. It should end within a few session checks
 // (15 s allowed here), and the upstream be told to stop the call.
 func TestSessionEndAttackCallStreamOutlivesSession(t *testing.T) {
-	up := seStartUpstream(t)
-	g := startGateway(t, gatewayConfig{Upstream: up.URL, Tools: "drip ask", Timeout: "120s", RequestPolicy: aaPolicies(t, "", "")})
-	defer close(up.quit)
-	session := g.createSession(t, aliceKey, "svc")
+	up, g, session := seStart(t)
 	m := g.raw(t, aliceKey, session, "svc")
 	m.initialize()
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
@@ -245,14 +267,7 @@ func TestSessionEndAttackCallStreamOutlivesSession(t *testing.T) {
 		t.Fatalf("the call: HTTP %d %s", resp.StatusCode, resp.Header.Get("Content-Type"))
 	}
 	events := seEvents(resp.Body)
-	seWaitFor(t, events, "DRIP", 15*time.Second)
-	seEndSession(t, g, aliceKey, session)
-	if ended, carried := seEnds(events, "DRIP", 15*time.Second); !ended {
-		t.Fatalf("15 s after its toolgate session was ended, the call's stream is still open and carried %d more upstream notifications", carried)
-	}
-	if !up.toldToStop(15 * time.Second) {
-		t.Fatal("the call's stream ended, but the upstream call of the ended session was not told to stop")
-	}
+	seEndWhileDripping(t, up, g, session, events, "the call's stream", "the call's stream ended, but the upstream call of the ended session was not told to stop")
 }
 
 // Attack: a runner drops its call's stream and resumes it with GET and
@@ -266,10 +281,7 @@ func TestSessionEndAttackCallStreamOutlivesSession(t *testing.T) {
 // upstream should be told (notifications/cancelled, or a DELETE of its
 // session) to stop the call within a few session checks (15 s allowed).
 func TestSessionEndAttackResumedCallKeepsRunningUpstream(t *testing.T) {
-	up := seStartUpstream(t)
-	g := startGateway(t, gatewayConfig{Upstream: up.URL, Tools: "drip ask", Timeout: "120s", RequestPolicy: aaPolicies(t, "", "")})
-	defer close(up.quit)
-	session := g.createSession(t, aliceKey, "svc")
+	up, g, session := seStart(t)
 	m := g.raw(t, aliceKey, session, "svc")
 	m.initialize()
 	postCtx, dropPost := context.WithTimeout(context.Background(), 90*time.Second)
@@ -309,14 +321,7 @@ func TestSessionEndAttackResumedCallKeepsRunningUpstream(t *testing.T) {
 	}
 	defer get.Body.Close()
 	resumed := seEvents(get.Body)
-	seWaitFor(t, resumed, "DRIP", 15*time.Second)
-	seEndSession(t, g, aliceKey, session)
-	if ended, carried := seEnds(resumed, "DRIP", 15*time.Second); !ended {
-		t.Fatalf("15 s after its toolgate session was ended, the resumed stream is still open (%d more notifications)", carried)
-	}
-	if !up.toldToStop(15 * time.Second) {
-		t.Fatal("the resumed stream ended with its toolgate session, but 15 s later the upstream was not told to stop the call: toolgate keeps it for a resumption that the ended session can no longer make")
-	}
+	seEndWhileDripping(t, up, g, session, resumed, "the resumed stream", "the resumed stream ended with its toolgate session, but 15 s later the upstream was not told to stop the call: toolgate keeps it for a resumption that the ended session can no longer make")
 }
 
 // Attack: a stateless runner (2026-07-28) calls a tool that asks its
@@ -329,10 +334,7 @@ func TestSessionEndAttackResumedCallKeepsRunningUpstream(t *testing.T) {
 // does not come back. It should be given up (the upstream told to stop)
 // within a few session checks (15 s allowed).
 func TestSessionEndAttackHeldStatelessCallOutlivesSession(t *testing.T) {
-	up := seStartUpstream(t)
-	g := startGateway(t, gatewayConfig{Upstream: up.URL, Tools: "drip ask", Timeout: "120s", RequestPolicy: aaPolicies(t, "", "")})
-	defer close(up.quit)
-	session := g.createSession(t, aliceKey, "svc")
+	up, g, session := seStart(t)
 	before := readBoundGauges(t, g)
 	status, msg := saSend(t, g, "/v1/mcp/svc", aliceKey, session, "tools/call", "ask", saCall(1, "ask", `{}`, `{"elicitation":{}}`, ""), nil)
 	if res := aaResult(msg); status != http.StatusOK || res["resultType"] != "input_required" {
