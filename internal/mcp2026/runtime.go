@@ -114,14 +114,18 @@ func (rt *Runtime) Open(ctx context.Context, call *gateway.Call) error {
 const maxImplied = 1 << 16
 
 // Session returns the MCP session implied for a stateless request of call
-// (caller, toolgate session, service, and the capabilities it declared),
+// (caller, toolgate session, service, the caller's connection to it, and
+// the capabilities it declared),
 // creating it when there is none or the last one ended. Creating one counts
 // against the MCP session limits like an initialize. Implied sessions are
 // this replica's own (a stateless request carries all another replica
 // needs), so none is stored.
 func (rt *Runtime) Session(ctx context.Context, call *gateway.Call, svc *gateway.Service) (*gateway.MCPSession, error) {
 	sum := sha256.Sum256(call.Stateless.Capabilities)
-	key := call.Caller.User + "\x00" + call.Session.ID + "\x00" + svc.ID + "\x00" + hex.EncodeToString(sum[:])
+	// The caller's connection is part of the key: what the upstream said
+	// through the one they had before is not said to the one they have.
+	grant := rt.app.GrantFor(ctx, svc, call.Caller.User)
+	key := call.Caller.User + "\x00" + call.Session.ID + "\x00" + svc.ID + "\x00" + hex.EncodeToString(sum[:]) + "\x00" + grant
 	rt.mu.Lock()
 	defer rt.mu.Unlock()
 	if ms := rt.implied[key]; ms != nil && !ms.Closed() {

@@ -104,7 +104,20 @@ type Upstream struct {
 	InitializeParams []byte
 	// Generation counts (re-)initializations.
 	Generation uint64
+	// Endpoint names the upstream the session was initialized with (the
+	// service's gateway.Service.Endpoint then). It stays with the session
+	// through re-initializations: a session whose service names another
+	// upstream since (a reload changed its url or transport) is over, as
+	// its upstream session id, tool catalog and everything else the old
+	// upstream said belong to that upstream. "" for a session whose
+	// upstream is not one service's (a federated one), or stored by an
+	// older version.
+	Endpoint string
 }
+
+// From reports whether the session's upstream is the one endpoint names
+// (a service's Endpoint): true for a session that recorded none.
+func (u Upstream) From(endpoint string) bool { return u.Endpoint == "" || u.Endpoint == endpoint }
 
 // now is the clock; tests replace it.
 var now = time.Now
@@ -464,8 +477,7 @@ func (s *Session) apply(rec *mcpstate.Record, catalog *mcpstate.Catalog, changes
 	}
 	s.stored = true
 	if rec.Upstream.Generation >= s.upstream.Generation {
-		s.upstream = Upstream{SessionID: rec.Upstream.SessionID, ProtocolVersion: rec.Upstream.ProtocolVersion,
-			InitializeParams: rec.Initialize, Generation: rec.Upstream.Generation}
+		s.upstream = upstreamOf(rec)
 	}
 	s.links = rec.Links
 	switch {

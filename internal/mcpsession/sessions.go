@@ -457,7 +457,7 @@ func (s *Session) SetUpstream(ctx context.Context, u Upstream) error {
 		return ErrClosed
 	}
 	rec := &mcpstate.Record{Ref: s.Ref, User: s.User, Service: s.Service, Created: s.Created, Expires: s.Expires,
-		Upstream:   mcpstate.Upstream{SessionID: u.SessionID, ProtocolVersion: u.ProtocolVersion, Generation: 1},
+		Upstream:   mcpstate.Upstream{SessionID: u.SessionID, ProtocolVersion: u.ProtocolVersion, Generation: 1, Endpoint: u.Endpoint},
 		Initialize: u.InitializeParams}
 	window, err := s.m.state().Create(ctx, rec)
 	if err != nil {
@@ -484,6 +484,9 @@ func (s *Session) setLocalUpstream(u Upstream) error {
 	u.Generation = s.upstream.Generation + 1
 	if u.InitializeParams == nil {
 		u.InitializeParams = s.upstream.InitializeParams
+	}
+	if s.upstream.Generation > 0 {
+		u.Endpoint = s.upstream.Endpoint // the same upstream, initialized again
 	}
 	s.upstream = u
 	return nil
@@ -521,7 +524,7 @@ func (m *Sessions) End(ctx context.Context, s *Session) (Upstream, bool, error) 
 
 func upstreamOf(rec *mcpstate.Record) Upstream {
 	return Upstream{SessionID: rec.Upstream.SessionID, ProtocolVersion: rec.Upstream.ProtocolVersion,
-		InitializeParams: rec.Initialize, Generation: rec.Upstream.Generation}
+		InitializeParams: rec.Initialize, Generation: rec.Upstream.Generation, Endpoint: rec.Upstream.Endpoint}
 }
 
 // closeLocal closes this replica's copy of s and forgets it.
@@ -600,7 +603,7 @@ func (s *Session) Reinitialize(ctx context.Context, gen uint64, init func(Upstre
 		if r.Upstream.Generation != gen {
 			return errGenerationMoved
 		}
-		r.Upstream = mcpstate.Upstream{SessionID: next.SessionID, ProtocolVersion: next.ProtocolVersion, Generation: gen + 1}
+		r.Upstream = mcpstate.Upstream{SessionID: next.SessionID, ProtocolVersion: next.ProtocolVersion, Generation: gen + 1, Endpoint: r.Upstream.Endpoint}
 		return nil
 	})
 	if err != nil {
@@ -623,6 +626,7 @@ func (s *Session) Reinitialize(ctx context.Context, gen uint64, init func(Upstre
 	}
 	next.InitializeParams = cur.InitializeParams
 	next.Generation = gen + 1
+	next.Endpoint = rec.Upstream.Endpoint
 	s.upstream = next
 	return next, nil
 }

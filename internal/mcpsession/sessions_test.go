@@ -539,3 +539,36 @@ func TestKeptStreamsCountOnlyWhenDropped(t *testing.T) {
 		t.Error("an ended session keeps streams")
 	}
 }
+
+// The upstream a session was initialized with stays its upstream: a
+// re-initialization (here or on another replica) keeps the endpoint the
+// first initialize recorded, whatever init returns, and a replica that
+// reads the session from storage sees it too.
+func TestMCPSessionKeepsItsEndpoint(t *testing.T) {
+	storage := &certmagic.FileStorage{Path: t.TempDir()}
+	a, _ := replicaOf(t, storage, time.Hour, 100, 100)
+	b, _ := replicaOf(t, storage, time.Hour, 100, 100)
+	s, err := a.Create(context.Background(), "alice", "s", time.Now().Add(time.Hour), "svc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.SetUpstream(context.Background(), Upstream{SessionID: "up-1", ProtocolVersion: "2025-11-25", InitializeParams: []byte(`{}`), Endpoint: "old"}); err != nil {
+		t.Fatal(err)
+	}
+	up, err := s.Reinitialize(context.Background(), s.Upstream().Generation, func(Upstream) (Upstream, error) {
+		return Upstream{SessionID: "up-2", ProtocolVersion: "2025-11-25", Endpoint: "new"}, nil
+	}, func(Upstream) {})
+	if err != nil || up.SessionID != "up-2" || up.Endpoint != "old" || s.Upstream().Endpoint != "old" {
+		t.Fatalf("after re-initializing: %+v (held %+v), %v; want the endpoint of the first initialize", up, s.Upstream(), err)
+	}
+	other, err := b.Open(context.Background(), s.ID, "alice", "s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := other.Upstream(); got.Endpoint != "old" || !got.From("old") || got.From("new") {
+		t.Errorf("another replica reads %+v: want endpoint old, from old and not from new", got)
+	}
+	if !(Upstream{}).From("any") {
+		t.Error("a session that recorded no endpoint (an older version's) is taken for another upstream's")
+	}
+}

@@ -104,6 +104,9 @@ type Upstream struct {
 	ProtocolVersion string `json:"protocol_version"`
 	// Generation counts (re-)initializations; the first is 1.
 	Generation uint64 `json:"generation"`
+	// Endpoint names the upstream that issued SessionID (see
+	// mcpsession.Upstream.Endpoint); "" in records of older versions.
+	Endpoint string `json:"endpoint,omitempty"`
 }
 
 // Record is a session's stored state.

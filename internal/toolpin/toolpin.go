@@ -156,6 +156,14 @@ func (p *Pins) CheckCall(ctx context.Context, svc *gateway.Service, name string,
 
 // check is Check, or CheckCall for a call: they differ only on the pinned
 // definition while another waits for an administrator.
+//
+// A service with per-user credentials (auth bearer, oauth) shows each
+// caller the upstream's definitions for that caller's account: another
+// definition seen through one caller's connection says nothing of what
+// the upstream shows the others. There, a waiting change hides and refuses
+// only the definition that differs — for whoever sees it —, never the
+// pinned one another caller sees, and that caller's listing does not
+// withdraw the change: no caller's view refuses another's calls.
 func (p *Pins) check(ctx context.Context, svc *gateway.Service, name string, raw []byte, call bool) (Verdict, error) {
 	if p.cfg.Off {
 		return Verdict{OK: true}, nil
@@ -170,6 +178,8 @@ func (p *Pins) check(ctx context.Context, svc *gateway.Service, name string, raw
 	case digest != pinned:
 		v := Verdict{Digest: digest, Pinned: pinned, Registry: svc.Pin(name) != ""}
 		return v, p.changed(ctx, svc.ID, name, v, raw)
+	case rec != nil && rec.Changed != nil && svc.PerUserCredentials():
+		// The pinned definition, as this caller's account shows it.
 	case rec != nil && rec.Changed != nil && call:
 		return Verdict{Digest: rec.Changed.Digest, Pinned: pinned, Registry: svc.Pin(name) != ""}, nil
 	case rec != nil && rec.Changed != nil:

@@ -29,6 +29,12 @@ type Connection struct {
 	RefreshCount int       `json:"refresh_count"`
 }
 
+// Grant names the connection: when it was made. Connecting again (maybe to
+// another account at the provider) makes another; refreshing keeps it.
+// What an upstream said through one connection (its tools, instructions,
+// sessions) is not taken for what it says through another.
+func (c *Connection) Grant() string { return c.ConnectedAt.UTC().Format(time.RFC3339Nano) }
+
 // String never shows the tokens, so a Connection is safe in logs and errors.
 func (c *Connection) String() string {
 	return fmt.Sprintf("connection{kind=%s expiry=%s refresh_count=%d}", c.Kind, c.Expiry.Format(time.RFC3339), c.RefreshCount)

@@ -770,15 +770,35 @@ func (a *App) CredentialFor(ctx context.Context, svc *Service, user string) (*Cr
 		if err != nil {
 			return nil, err
 		}
-		return &Credential{Header: "Authorization", Value: "Bearer " + conn.AccessToken}, nil
+		return credentialOf(conn), nil
 	case AuthOAuth:
 		conn, err := a.OAuthConnection(ctx, svc, user)
 		if err != nil {
 			return nil, err
 		}
-		return &Credential{Header: "Authorization", Value: "Bearer " + conn.AccessToken}, nil
+		return credentialOf(conn), nil
 	}
 	return nil, fmt.Errorf("service %s: unknown auth kind %q", svc.ID, svc.Auth.Kind)
+}
+
+// credentialOf is the credential of a per-user connection.
+func credentialOf(conn *Connection) *Credential {
+	return &Credential{Header: "Authorization", Value: "Bearer " + conn.AccessToken}
+}
+
+// GrantFor names user's connection to svc as it stands (Connection.Grant),
+// from the cache, without refreshing anything: "" for a service without
+// per-user credentials, or when the user has none (the credentials step
+// reports that).
+func (a *App) GrantFor(ctx context.Context, svc *Service, user string) string {
+	if !svc.PerUserCredentials() || a.connections == nil {
+		return ""
+	}
+	conn, err := a.connections.Load(ctx, svc.ID, user)
+	if err != nil {
+		return ""
+	}
+	return conn.Grant()
 }
 
 // CredentialRefused is called when the upstream answered 401 or 403 to a
@@ -796,7 +816,7 @@ func (a *App) CredentialRefused(ctx context.Context, svc *Service, user string, 
 	if err != nil {
 		return nil, err
 	}
-	fresh := &Credential{Header: "Authorization", Value: "Bearer " + conn.AccessToken}
+	fresh := credentialOf(conn)
 	if fresh.Value != refused.Value {
 		return fresh, nil
 	}
@@ -813,7 +833,7 @@ func (a *App) CredentialRefused(ctx context.Context, svc *Service, user string, 
 	if err != nil {
 		return nil, err
 	}
-	if fresh = (&Credential{Header: "Authorization", Value: "Bearer " + conn.AccessToken}); fresh.Value == refused.Value {
+	if fresh = credentialOf(conn); fresh.Value == refused.Value {
 		return nil, ErrGrantRejected
 	}
 	return fresh, nil

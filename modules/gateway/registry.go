@@ -1,6 +1,8 @@
 package gateway
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"maps"
@@ -118,6 +120,7 @@ type Service struct {
 	url           *url.URL
 	transport     UpstreamTransport
 	transportName string
+	endpoint      string
 }
 
 // The effects an administrator can declare for a tool (Service.ToolEffects).
@@ -252,8 +255,24 @@ func (s *Service) provision(repl *caddy.Replacer) error {
 	if u, err := url.Parse(s.URL); err == nil {
 		s.url = u
 	}
+	sum := sha256.Sum256([]byte(s.URL + "\x00" + string(s.TransportRaw)))
+	s.endpoint = hex.EncodeToString(sum[:16])
 	return nil
 }
+
+// PerUserCredentials reports whether each caller reaches the upstream with
+// a credential of their own (auth bearer or oauth), so that the upstream
+// may answer each according to their account.
+func (s *Service) PerUserCredentials() bool {
+	return s.Auth != nil && (s.Auth.Kind == AuthBearer || s.Auth.Kind == AuthOAuth)
+}
+
+// Endpoint names the service's upstream: a digest of its url and transport
+// (a program's command, say). An MCP session records it when it
+// initializes, and ends when a reload makes its service name another
+// upstream (see mcpsession.Upstream.Endpoint): what one upstream said and
+// the session ids it issued are never taken for another's.
+func (s *Service) Endpoint() string { return s.endpoint }
 
 // validate reports the first problem with the service, naming the field.
 func (s *Service) validate() error {

@@ -76,11 +76,11 @@ func (h *Handler) initialize(w http.ResponseWriter, r *http.Request, call *gatew
 		gateway.WriteRPC(w, http.StatusOK, answer.parts()...)
 		return
 	}
-	up := gateway.Upstream{
+	up := stamped(call, gateway.Upstream{
 		SessionID:        hdr.Get("Mcp-Session-Id"),
 		ProtocolVersion:  version.String(),
 		InitializeParams: replay,
-	}
+	})
 	if !gateway.SupportsProtocolVersion(up.ProtocolVersion) {
 		_, _, _ = sessions.End(ctx, ms)
 		h.endUpstream(ctx, call, up)
@@ -250,6 +250,14 @@ func (h *Handler) refreshCatalog(call *gateway.Call) {
 			h.logger.Warn("cannot list the upstream's changed tools", zap.String("service", call.Service.ID), zap.Error(err))
 		}
 	}()
+}
+
+// stamped is up, an upstream session the call initializes, marked with
+// the upstream it was initialized with: the registry ends the MCP session
+// when a reload makes the service name another (gateway.Upstream.Endpoint).
+func stamped(call *gateway.Call, up gateway.Upstream) gateway.Upstream {
+	up.Endpoint = call.Service.Endpoint()
+	return up
 }
 
 // endUpstream ends an upstream session toolgate no longer uses, with

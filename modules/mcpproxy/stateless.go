@@ -301,7 +301,7 @@ func (h *Handler) openImplied(ctx context.Context, call *gateway.Call) (gateway.
 		if err == nil {
 			ran = true
 		}
-		return up, err
+		return stamped(call, up), err
 	}
 	up, err := ms.Reinitialize(ctx, 0, init, func(up gateway.Upstream) { h.endUpstream(ictx, call, up) })
 	if err != nil || !ran {

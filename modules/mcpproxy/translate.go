@@ -37,14 +37,15 @@ const maxTranslatedRounds = 10
 // server/discover. modern reports an upstream of the stateless revision
 // (its discovery is recorded for the service); any answer that is not a
 // discovery listing the revision means an upstream of an earlier one. err
-// is set only when the upstream could not be reached.
+// is set when the upstream could not be reached, refused the caller or
+// failed (see revisionSignal): nothing was learned of its revision.
 func (h *Handler) probeDiscover(ctx context.Context, call *gateway.Call) (res gjson.Result, modern bool, err error) {
 	id := gatewayRequestID()
 	body := ownStatelessRequest(id, "server/discover", nil)
 	dctx := withUpstreamHeaders(ctx, http.Header{mcp2026.HeaderMethod: {"server/discover"}})
 	_, msg, err := h.roundTrip(dctx, call, gateway.Upstream{ProtocolVersion: mcp2026.Version}, id, body)
 	var ue *upstreamError
-	if err != nil && (!errors.As(err, &ue) || ue.status == 0) {
+	if err != nil && (!errors.As(err, &ue) || !revisionSignal(ue.status)) {
 		return res, false, err
 	}
 	if err != nil || msg.Result == nil {
@@ -60,6 +61,22 @@ func (h *Handler) probeDiscover(ctx context.Context, call *gateway.Call) (res gj
 		}
 	}
 	return res, false, nil
+}
+
+// revisionSignal reports whether an upstream's HTTP error status answering
+// server/discover says that it does not know the method (a server of an
+// earlier revision: 400, 404, 405, …), as opposed to refusing this caller
+// (401, 403, 407, its credential) or failing for now (408, 429, 5xx). Only
+// the former says anything of the upstream: what modernOnly learns from a
+// probe holds for every caller of the service, so one caller's refused
+// credential must not decide how the others are served.
+func revisionSignal(status int) bool {
+	switch status {
+	case 0, http.StatusUnauthorized, http.StatusForbidden, http.StatusProxyAuthRequired,
+		http.StatusRequestTimeout, http.StatusTooManyRequests:
+		return false
+	}
+	return status < 500
 }
 
 // modernOnly reports whether the service's upstream speaks only the
@@ -101,7 +118,7 @@ func (h *Handler) modernOnly(ctx context.Context, call *gateway.Call) bool {
 // changes only), identity and instructions.
 func (h *Handler) initializeTranslated(ctx context.Context, w http.ResponseWriter, r *http.Request, call *gateway.Call, ms *gateway.MCPSession, replay []byte) {
 	d, _ := h.stateless.Discovery(call)
-	if err := ms.SetUpstream(ctx, gateway.Upstream{ProtocolVersion: mcp2026.Version, InitializeParams: replay}); err != nil {
+	if err := ms.SetUpstream(ctx, stamped(call, gateway.Upstream{ProtocolVersion: mcp2026.Version, InitializeParams: replay})); err != nil {
 		h.answerError(w, r, call, err)
 		return
 	}

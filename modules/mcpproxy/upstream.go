@@ -131,6 +131,12 @@ func (h *Handler) attempt(ctx context.Context, call *gateway.Call, up gateway.Up
 		hdr["Accept"] = acceptSSE
 	}
 	if up.SessionID != "" {
+		if !up.From(svc.Endpoint()) {
+			// The id was issued by the upstream the service named before a
+			// reload: it is not another upstream's to see.
+			cancel()
+			return nil, unavailable("the service's upstream changed since this MCP session was initialized: initialize a new one")
+		}
 		hdr["Mcp-Session-Id"] = []string{up.SessionID}
 	}
 	if up.ProtocolVersion != "" {
