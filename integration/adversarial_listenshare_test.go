@@ -26,8 +26,6 @@ type lsStreams struct {
 	open   map[chan string]lsGet
 	opened []lsGet
 	posts  []string // the Authorization of each POST
-	// refuse makes GETs answer 409 (a second stream of a session).
-	refuse bool
 }
 
 type lsGet struct {

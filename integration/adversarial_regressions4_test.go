@@ -11,7 +11,6 @@ package integration
 
 import (
 	"bufio"
-	"context"
 	"encoding/json"
 	"io"
 	"net"
@@ -19,8 +18,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
 
 // Users of their own: stream places and request byte room are counted per
@@ -88,38 +85,6 @@ func r4State(t *testing.T, msg map[string]any) string {
 		t.Fatalf("not an input_required answer with a requestState: %s", aaJSON(msg))
 	}
 	return state
-}
-
-// r4SlowAskUpstream is the test upstream with one more tool, slow_ask: it
-// reports that it runs (entered), waits for gate, then asks the user
-// (elicitation/create) like ask.
-func r4SlowAskUpstream(t *testing.T, entered chan<- struct{}, gate <-chan struct{}) *upstream {
-	t.Helper()
-	return startUpstreamServer(t, nil, func(u *upstream) *mcp.Server {
-		s := newTestServer(u)
-		mcp.AddTool(s, &mcp.Tool{Name: "slow_ask", Description: "Waits, then asks the user.", Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true}},
-			func(ctx context.Context, req *mcp.CallToolRequest, _ struct{}) (*mcp.CallToolResult, any, error) {
-				select {
-				case entered <- struct{}{}:
-				default:
-				}
-				select {
-				case <-gate:
-				case <-ctx.Done():
-					return nil, nil, ctx.Err()
-				}
-				res, err := req.Session.Elicit(ctx, &mcp.ElicitParams{Message: "proceed?",
-					RequestedSchema: map[string]any{"type": "object", "properties": map[string]any{"ok": map[string]any{"type": "boolean"}}}})
-				text := ""
-				if err != nil {
-					text = "elicitation failed: " + err.Error()
-				} else {
-					text = "elicitation answered: " + res.Action
-				}
-				return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: text}}}, nil, nil
-			})
-		return s
-	})
 }
 
 // ---------------------------------------------------------------------------

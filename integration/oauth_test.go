@@ -122,19 +122,6 @@ func (g *gateway) connectURL(t testing.TB, key, service string) string {
 	return body.AuthorizeURL
 }
 
-// browse opens u in a browser nobody is signed in to (following
-// redirects) and returns the final status and page.
-func browse(t testing.TB, u string) (int, string) {
-	t.Helper()
-	resp, err := http.Get(u)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(b)
-}
-
 // providerRedirect opens u at the provider like a browser, up to the
 // provider's redirect back to the gateway's callback, and returns that
 // callback URL without opening it.

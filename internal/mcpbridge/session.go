@@ -66,8 +66,8 @@ func (s *Session) request(r *http.Request, msg mcpmsg.Message) (*http.Response, 
 	p := &pending{session: s, runnerID: msg.ID}
 	out := newStream(r.Context(), l.bridge.maxQueue, func() { l.abandon(p) })
 	p.out = out
-	body := l.registerLocked(p, msg.Method, nil) // for the id; the body is rebuilt below
-	body = mcpmsg.ReplaceMember(msg.Raw, "id", p.linkID)
+	l.registerLocked(p, msg.Method, nil) // for the id; the body is built here
+	body := mcpmsg.ReplaceMember(msg.Raw, "id", p.linkID)
 	if msg.ProgressToken != nil {
 		p.token = msg.ProgressToken
 		l.tokens[p.key] = p

@@ -360,17 +360,6 @@ func TestRefreshOutcomes(t *testing.T) {
 	}
 }
 
-// unavailableCipher fails like a sealed Vault.
-type unavailableCipher struct{}
-
-func (unavailableCipher) Encrypt(context.Context, []byte, []byte) ([]byte, error) {
-	return nil, ErrCipherUnavailable
-}
-
-func (unavailableCipher) Decrypt(context.Context, []byte, []byte) ([]byte, error) {
-	return nil, ErrCipherUnavailable
-}
-
 // A needs_sign_in answer points at the console's connect page for the
 // caller and stores nothing (each -32010 once stored a pending sign-in:
 // storage anyone could fill).

@@ -228,7 +228,6 @@ type heldStream struct {
 	header http.Header // what the rest of the pipeline sets
 	mode   int         // 0: not decided yet; 1: pass SSE through; 2: wrap JSON
 	body   bytes.Buffer
-	done   bool
 }
 
 func newHeldStream(w http.ResponseWriter) *heldStream {

@@ -3,7 +3,6 @@ package kms
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
 	"errors"
 	"net"
 	"regexp"
@@ -135,12 +134,6 @@ func toString(v any) string {
 		return e.Error()
 	}
 	return ""
-}
-
-func randomBytes(n int) []byte {
-	b := make([]byte, n)
-	_, _ = rand.Read(b)
-	return b
 }
 
 // secretText is a recognizable plaintext of n bytes.
