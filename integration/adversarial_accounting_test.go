@@ -729,7 +729,10 @@ func acctThreeHeld(m *rawMCP, pad string) (refusals int, answered []string) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	answers := make(chan int, 3)
-	var mu sync.Mutex
+	var (
+		mu  sync.Mutex
+		got []string // the goroutines' own: a call answered after the return must not write the result
+	)
 	for i := range 3 {
 		go func() {
 			start := time.Now()
@@ -745,7 +748,7 @@ func acctThreeHeld(m *rawMCP, pad string) (refusals int, answered []string) {
 				return
 			}
 			mu.Lock()
-			answered = append(answered, fmt.Sprintf("call %d after %v: HTTP %d %.200s", i, time.Since(start).Round(time.Millisecond), resp.StatusCode, b))
+			got = append(got, fmt.Sprintf("call %d after %v: HTTP %d %.200s", i, time.Since(start).Round(time.Millisecond), resp.StatusCode, b))
 			mu.Unlock()
 		}()
 	}
@@ -763,5 +766,5 @@ func acctThreeHeld(m *rawMCP, pad string) (refusals int, answered []string) {
 	}
 	mu.Lock()
 	defer mu.Unlock()
-	return refusals, slices.Clone(answered)
+	return refusals, slices.Clone(got)
 }
