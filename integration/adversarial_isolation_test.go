@@ -195,7 +195,9 @@ func isoPerAccountUpstream(t *testing.T) string {
 // it — were refused (until a listing of the pinned definition withdrew
 // the change, and bob's next listing recorded it again): any user could
 // switch a tool off for everyone else at will. What should happen: one
-// caller's view never refuses another caller's calls. Bob's definition,
+// caller's view never refuses another caller's calls of what their own
+// account shows (a session listed before the change lists again: it may
+// be a rug pull for everyone, TestIsolation2AttackRugPullCalledThroughStaleCatalog). Bob's definition,
 // which differs from the pin, stays hidden from bob and waits for an
 // administrator (pins are per service: an upstream that defines tools
 // per person needs tool_pins off, README "Tool pins"), and alice listing
@@ -216,11 +218,17 @@ func TestIsolationAttackToolPinPoisonedByAnotherAccount(t *testing.T) {
 	if ans := b.rpc(`{"jsonrpc":"2.0","id":1,"method":"tools/list"}`); dig(ans, "result", "tools", "0", "name") != nil {
 		t.Errorf("bob's tools/list shows his account's echo, which differs from the pinned one: %v", ans)
 	}
+	// Alice's session listed its tools before the change was seen: it may
+	// be a rug pull her catalog does not show yet, so she lists again, and
+	// her account shows the pinned definition: she calls it.
+	if ans := m.call(3, "echo", `{}`); !strings.Contains(string(ans), "list them again") {
+		t.Fatalf("alice's call on a catalog listed before the change: %s, want to be told to list the tools again", ans)
+	}
 	for i := range 2 {
-		if ans := m.call(3+i, "echo", `{}`); !strings.Contains(string(ans), "ok for ALICE") {
-			t.Fatalf("after bob listed the tools through his own account, alice's echo (the pinned definition) is refused: %s", ans)
-		}
 		m.rpc(`{"jsonrpc":"2.0","id":10,"method":"tools/list"}`)
+		if ans := m.call(4+i, "echo", `{}`); !strings.Contains(string(ans), "ok for ALICE") {
+			t.Fatalf("after bob listed the tools through his own account, alice's echo (the pinned definition, as her listing shows it) is refused: %s", ans)
+		}
 	}
 	if ans := b.call(2, "echo", `{}`); strings.Contains(string(ans), "ok for BOB") {
 		t.Errorf("bob's call of his account's echo, which differs from the pin, ran: %s", ans)

@@ -536,14 +536,7 @@ func TestResume2AttackResumedStandaloneStreamGetsNoNotices(t *testing.T) {
 	})
 	g := startGateway(t, gatewayConfig{Upstream: up.URL, RequestPolicy: testdataPath(t, "approvals")})
 	m := g.raw(t, aliceKey, g.createSession(t, aliceKey, "svc"), "svc")
-	status, hdr, msgs := m.post(`{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{"elicitation":{"url":{}}},"clientInfo":{"name":"raw","version":"1"}}}`)
-	if status != http.StatusOK || len(msgs) != 1 {
-		t.Fatalf("initialize: %d %s", status, msgs)
-	}
-	m.sessionID = hdr.Get("Mcp-Session-Id")
-	if status, _, _ := m.post(`{"jsonrpc":"2.0","method":"notifications/initialized"}`); status != http.StatusAccepted {
-		t.Fatalf("notifications/initialized: %d", status)
-	}
+	m.initializeWith(`{"elicitation":{"url":{}}}`)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	// The standalone stream, to its first event; then it drops.

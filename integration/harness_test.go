@@ -475,7 +475,14 @@ func endMCPSession(t testing.TB, m *rawMCP) {
 // initialize performs the MCP handshake.
 func (m *rawMCP) initialize() {
 	m.t.Helper()
-	status, hdr, msgs := m.post(`{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"raw","version":"1"}}}`)
+	m.initializeWith(`{}`)
+}
+
+// initializeWith initializes the MCP session declaring the client
+// capabilities caps (a JSON object).
+func (m *rawMCP) initializeWith(caps string) {
+	m.t.Helper()
+	status, hdr, msgs := m.post(`{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":` + caps + `,"clientInfo":{"name":"raw","version":"1"}}}`)
 	if status != http.StatusOK || len(msgs) != 1 || hdr.Get("Mcp-Session-Id") == "" {
 		m.t.Fatalf("initialize: %d %v %s", status, hdr, msgs)
 	}

@@ -9,8 +9,9 @@ import (
 // A runner of an earlier revision in front of an upstream of the stateless
 // revision only: toolgate speaks the stateless revision upstream for it.
 // The upstream's era is learned once per service (Era), as the revision
-// asks of clients that speak both: a server/discover probe, whose answer
-// is kept for the configuration's life. The upstream's input_required
+// asks of clients that speak both: from the first discovery a
+// server/discover probe gets (any other answer may be the upstream's to
+// one caller only, and is not kept), for the configuration's life. The upstream's input_required
 // results become server→client requests on the runner's stream, whose
 // answers (responses the runner posts in its MCP session) toolgate awaits
 // here (Expect, Answer) to retry the upstream request with them.

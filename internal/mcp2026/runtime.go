@@ -26,7 +26,7 @@ type Runtime struct {
 	sealer *sealer
 
 	mu       sync.Mutex
-	implied  map[string]*gateway.MCPSession
+	implied  map[string]implied
 	opener   Opener
 	discover map[string]Discovery // by service and caller (discoveryKey)
 
@@ -79,7 +79,7 @@ func For(app *gateway.App) (*Runtime, error) {
 		if err != nil {
 			return nil, err
 		}
-		rt := &Runtime{app: app, sealer: s, implied: map[string]*gateway.MCPSession{}, discover: map[string]Discovery{}}
+		rt := &Runtime{app: app, sealer: s, implied: map[string]implied{}, discover: map[string]Discovery{}}
 		app.OnStart(func() { go rt.housekeeping() })
 		app.OnStop(rt.releaseAll)
 		return rt, nil
@@ -113,28 +113,44 @@ func (rt *Runtime) Open(ctx context.Context, call *gateway.Call) error {
 // from it when it is full.
 const maxImplied = 1 << 16
 
+// implied is an implied MCP session, and the caller's connection it was
+// implied for (gateway.Connection.Grant).
+type implied struct {
+	ms    *gateway.MCPSession
+	grant string
+}
+
 // Session returns the MCP session implied for a stateless request of call
-// (caller, toolgate session, service, the caller's connection to it, and
-// the capabilities it declared),
+// (caller, toolgate session, service, and the capabilities it declared),
 // creating it when there is none or the last one ended. Creating one counts
 // against the MCP session limits like an initialize. Implied sessions are
 // this replica's own (a stateless request carries all another replica
 // needs), so none is stored.
+//
+// The session is also the caller's connection's to the service: once they
+// connect again or store another personal token, the next request gets a
+// new session, and the one of the old connection is ended (its upstream
+// session too, as an idle one's is), so that nothing the upstream said
+// through the old connection — its discovery, tools, upstream session,
+// listens — is served through the new, and rotated tokens do not pile up
+// sessions against the limits.
 func (rt *Runtime) Session(ctx context.Context, call *gateway.Call, svc *gateway.Service) (*gateway.MCPSession, error) {
 	sum := sha256.Sum256(call.Stateless.Capabilities)
-	// The caller's connection is part of the key: what the upstream said
-	// through the one they had before is not said to the one they have.
+	key := call.Caller.User + "\x00" + call.Session.ID + "\x00" + svc.ID + "\x00" + hex.EncodeToString(sum[:])
 	grant := rt.app.GrantFor(ctx, svc, call.Caller.User)
-	key := call.Caller.User + "\x00" + call.Session.ID + "\x00" + svc.ID + "\x00" + hex.EncodeToString(sum[:]) + "\x00" + grant
 	rt.mu.Lock()
 	defer rt.mu.Unlock()
-	if ms := rt.implied[key]; ms != nil && !ms.Closed() {
-		ms.Touch()
-		return ms, nil
+	cur, ok := rt.implied[key]
+	switch {
+	case ok && !cur.ms.Closed() && cur.grant == grant:
+		cur.ms.Touch()
+		return cur.ms, nil
+	case ok && !cur.ms.Closed():
+		rt.app.MCPSessions().Retire(cur.ms)
 	}
 	if len(rt.implied) >= maxImplied {
-		for k, ms := range rt.implied {
-			if ms.Closed() {
+		for k, im := range rt.implied {
+			if im.ms.Closed() {
 				delete(rt.implied, k)
 			}
 		}
@@ -143,7 +159,7 @@ func (rt *Runtime) Session(ctx context.Context, call *gateway.Call, svc *gateway
 	if err != nil {
 		return nil, err
 	}
-	rt.implied[key] = ms
+	rt.implied[key] = implied{ms: ms, grant: grant}
 	return ms, nil
 }
 

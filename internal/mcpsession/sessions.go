@@ -527,6 +527,17 @@ func upstreamOf(rec *mcpstate.Record) Upstream {
 		InitializeParams: rec.Initialize, Generation: rec.Upstream.Generation, Endpoint: rec.Upstream.Endpoint}
 }
 
+// Retire ends s, a session of this replica's own (CreateLocal) that is
+// replaced, as an idle one expires: closed here, and its upstream session
+// handed to OnEnd to be ended.
+func (m *Sessions) Retire(s *Session) {
+	if s.local && m.closeLocal(s) {
+		if c := m.cfg(); c.OnEnd != nil {
+			c.OnEnd(Ended{ID: s.ID, User: s.User, Service: s.Service, Upstream: s.Upstream()})
+		}
+	}
+}
+
 // closeLocal closes this replica's copy of s and forgets it.
 func (m *Sessions) closeLocal(s *Session) bool {
 	m.mu.Lock()
@@ -749,6 +760,36 @@ func (m *Sessions) EndOrphans(ctx context.Context, ended func(ctx context.Contex
 		if ok && c.OnEnd != nil {
 			c.OnEnd(Ended{ID: s.ID, User: s.User, Service: s.Service, Upstream: up})
 		}
+	}
+}
+
+// EndMoved ends the sessions held here whose service names another
+// upstream than the one they were initialized with, or no longer exists
+// (endpoint reports the service's Endpoint, and whether it exists): a
+// configuration that changed it started. Their streams and exchanges stop
+// with them, so that the old upstream no longer reaches runners through
+// them. Their upstream sessions are not ended (no end hook): a DELETE
+// would go to the new upstream with the old one's id. A session that
+// recorded no endpoint (a federated one, or stored by an older version)
+// is left alone.
+func (m *Sessions) EndMoved(ctx context.Context, endpoint func(service string) (string, bool)) {
+	c := m.cfg()
+	if c == nil {
+		return
+	}
+	for _, s := range m.snapshot() {
+		up := s.Upstream()
+		if s.Closed() || up.Endpoint == "" {
+			continue
+		}
+		if ep, ok := endpoint(s.Service); ok && up.From(ep) {
+			continue
+		}
+		if _, _, err := m.End(ctx, s); err != nil {
+			c.Logger.Warn("ending an MCP session whose service's upstream changed", zap.String("service", s.Service), zap.Error(err))
+			continue
+		}
+		c.Logger.Info("ended an MCP session: its service's upstream changed or the service is gone", zap.String("service", s.Service))
 	}
 }
 

@@ -23,6 +23,7 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -87,6 +88,37 @@ type Pins struct {
 	digests digests
 	audit   *zap.Logger
 	logger  *zap.Logger
+	shown   shown
+}
+
+// shown remembers, on services with per-user credentials, which callers'
+// own listings showed them a tool's pinned definition while a change of
+// it waited (see check): this replica's, bounded.
+type shown struct {
+	mu sync.Mutex
+	m  map[shownKey]struct{}
+}
+
+type shownKey struct{ service, tool, user, change string }
+
+// maxShown bounds shown; when it is full it starts again, and callers list
+// the tools again before calling a tool whose change waits.
+const maxShown = 1 << 16
+
+func (s *shown) add(k shownKey) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.m == nil || len(s.m) >= maxShown {
+		s.m = make(map[shownKey]struct{})
+	}
+	s.m[k] = struct{}{}
+}
+
+func (s *shown) has(k shownKey) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	_, ok := s.m[k]
+	return ok
 }
 
 // For returns the pins of app's config, made on first use. Handlers call
@@ -123,10 +155,17 @@ type Verdict struct {
 	Pinned string // the pinned digest, when it differs
 	// Registry reports that the registry pins the tool.
 	Registry bool
+	// Relist reports a call refused until the caller lists the tools
+	// again (see check).
+	Relist bool
 }
 
 // Reason says why a definition that differs is refused, and what to do.
 func (v Verdict) Reason(service, tool string) string {
+	if v.Relist {
+		return fmt.Sprintf("a changed definition of tool %s of service %s (%s) was seen since this session listed its tools; list them again (tools/list): the tool stays callable for those it still shows its pinned definition (%s)",
+			tool, service, v.Digest, v.Pinned)
+	}
 	fix := "an administrator accepts the change (GET /v1/tool-pins shows it, POST /v1/tool-pins/accept accepts it)"
 	if v.Registry {
 		fix = "an administrator changes its pin in the service's configuration"
@@ -141,8 +180,8 @@ func (v Verdict) Reason(service, tool string) string {
 // per digest) and audited; the pinned definition seen again ends a
 // change that was waiting (the upstream went back). Off, everything
 // passes.
-func (p *Pins) Check(ctx context.Context, svc *gateway.Service, name string, raw []byte) (Verdict, error) {
-	return p.check(ctx, svc, name, raw, false)
+func (p *Pins) Check(ctx context.Context, svc *gateway.Service, user, name string, raw []byte) (Verdict, error) {
+	return p.check(ctx, svc, user, name, raw, false)
 }
 
 // CheckCall checks the definition of a tool about to be called, raw (from
@@ -150,21 +189,23 @@ func (p *Pins) Check(ctx context.Context, svc *gateway.Service, name string, raw
 // and no other definition may be waiting for an administrator — the
 // upstream showed a runner another one since toolgate listed its tools.
 // A tool never seen is pinned now.
-func (p *Pins) CheckCall(ctx context.Context, svc *gateway.Service, name string, raw []byte) (Verdict, error) {
-	return p.check(ctx, svc, name, raw, true)
+func (p *Pins) CheckCall(ctx context.Context, svc *gateway.Service, user, name string, raw []byte) (Verdict, error) {
+	return p.check(ctx, svc, user, name, raw, true)
 }
 
 // check is Check, or CheckCall for a call: they differ only on the pinned
 // definition while another waits for an administrator.
 //
 // A service with per-user credentials (auth bearer, oauth) shows each
-// caller the upstream's definitions for that caller's account: another
-// definition seen through one caller's connection says nothing of what
-// the upstream shows the others. There, a waiting change hides and refuses
-// only the definition that differs — for whoever sees it —, never the
-// pinned one another caller sees, and that caller's listing does not
-// withdraw the change: no caller's view refuses another's calls.
-func (p *Pins) check(ctx context.Context, svc *gateway.Service, name string, raw []byte, call bool) (Verdict, error) {
+// caller (user) the upstream's definitions for that caller's account:
+// another definition seen through one caller's connection says nothing of
+// what the upstream shows the others, and their listings of the pinned
+// definition do not withdraw the change. But it may be a rug pull for
+// everyone that a caller's session, listed before it, does not show yet:
+// while a change waits, a caller calls the pinned definition once a
+// listing of theirs since the change showed it to them (shown), and is
+// told to list the tools again until then.
+func (p *Pins) check(ctx context.Context, svc *gateway.Service, user, name string, raw []byte, call bool) (Verdict, error) {
 	if p.cfg.Off {
 		return Verdict{OK: true}, nil
 	}
@@ -179,7 +220,13 @@ func (p *Pins) check(ctx context.Context, svc *gateway.Service, name string, raw
 		v := Verdict{Digest: digest, Pinned: pinned, Registry: svc.Pin(name) != ""}
 		return v, p.changed(ctx, svc.ID, name, v, raw)
 	case rec != nil && rec.Changed != nil && svc.PerUserCredentials():
-		// The pinned definition, as this caller's account shows it.
+		k := shownKey{svc.ID, name, user, rec.Changed.Digest}
+		switch {
+		case !call:
+			p.shown.add(k) // this caller's account shows the pinned definition now
+		case !p.shown.has(k):
+			return Verdict{Digest: rec.Changed.Digest, Pinned: pinned, Registry: svc.Pin(name) != "", Relist: true}, nil
+		}
 	case rec != nil && rec.Changed != nil && call:
 		return Verdict{Digest: rec.Changed.Digest, Pinned: pinned, Registry: svc.Pin(name) != ""}, nil
 	case rec != nil && rec.Changed != nil:
@@ -352,7 +399,7 @@ func (p *Pins) FilterList(ctx context.Context, call *gateway.Call, result []byte
 	}
 	var failed error
 	out := gateway.FilterTools(result, func(tool gjson.Result) bool {
-		v, err := p.Check(ctx, call.Service, tool.Get("name").String(), []byte(tool.Raw))
+		v, err := p.Check(ctx, call.Service, call.Caller.User, tool.Get("name").String(), []byte(tool.Raw))
 		if err != nil {
 			failed = err
 			return false
@@ -375,7 +422,7 @@ func (p *Pins) AllowCall(w http.ResponseWriter, r *http.Request, call *gateway.C
 	if p.cfg.Off || def == nil {
 		return true
 	}
-	v, err := p.CheckCall(r.Context(), call.Service, call.Message.Name, def.Raw)
+	v, err := p.CheckCall(r.Context(), call.Service, call.Caller.User, call.Message.Name, def.Raw)
 	switch {
 	case err != nil:
 		p.logger.Warn("cannot check a tool's pin", zap.String("service", call.Service.ID), zap.Error(err))

@@ -542,9 +542,18 @@ func (a *App) OnStart(fn func()) { a.startHooks = append(a.startHooks, fn) }
 // an OnStart hook made process-wide must be given back to it).
 func (a *App) OnStop(fn func()) { a.stopHooks = append(a.stopHooks, fn) }
 
-// housekeeping expires idle MCP sessions and sweeps expired sessions and
+// housekeeping ends the MCP sessions of services this configuration points
+// elsewhere, then expires idle MCP sessions and sweeps expired sessions and
 // unfinished OAuth sign-ins from storage until the app stops.
 func (a *App) housekeeping() {
+	// This configuration may point services at other upstreams, or have
+	// none of some: what the sessions of the old ones carry ends now.
+	a.mcpSessions.EndMoved(context.Background(), func(service string) (string, bool) {
+		if svc := a.registry.Lookup(service); svc != nil {
+			return svc.Endpoint(), true
+		}
+		return "", false
+	})
 	mcpTick := time.NewTicker(time.Duration(a.MCPSessionSweepInterval))
 	sweepTick := time.NewTicker(15 * time.Minute)
 	orphanTick := time.NewTicker(SessionCheckEvery)

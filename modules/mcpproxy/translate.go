@@ -80,10 +80,15 @@ func revisionSignal(status int) bool {
 }
 
 // modernOnly reports whether the service's upstream speaks only the
-// stateless revision, probing it at the first initialize for the service.
-// An upstream that cannot be reached is taken for one that initializes
-// (the initialize reports the failure) and probed again next time. When
-// it does, each later initialize asks its discovery again for the call's
+// stateless revision, probing it at each initialize for the service until
+// it answers a discovery. Only a discovery is learned for the service (the
+// revisions it lists); any other answer — an earlier revision's server,
+// which does not know the method, but also an upstream that refuses this
+// caller's credential in a way of its own (a 400 or 404 with a challenge,
+// a 402, a JSON-RPC error) — holds for this initialize alone, which then
+// goes upstream as it is, so that no caller decides how the others are
+// served. When the upstream speaks only the stateless revision, each later
+// initialize asks its discovery again for the call's
 // caller, in place of the initialize that would have reached the
 // upstream: what the upstream tells one caller is not another's, and a
 // caller it does not answer with a discovery now gets what it answers an
@@ -97,10 +102,10 @@ func (h *Handler) modernOnly(ctx context.Context, call *gateway.Call) bool {
 		return err == nil && modern
 	}
 	res, modern, err := h.probeDiscover(ctx, call)
-	if err != nil {
+	if err != nil || !modern {
 		return false
 	}
-	only := modern && !slices.ContainsFunc(res.Get("supportedVersions").Array(), func(v gjson.Result) bool {
+	only := !slices.ContainsFunc(res.Get("supportedVersions").Array(), func(v gjson.Result) bool {
 		return gateway.SupportsProtocolVersion(v.String())
 	})
 	h.stateless.SetEra(call.Service.ID, only)
