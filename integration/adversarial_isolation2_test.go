@@ -294,9 +294,11 @@ func TestIsolation2AttackRugPullCalledThroughStaleCatalog(t *testing.T) {
 // request — is refused with -32600 max_mcp_sessions_per_caller, with no
 // way out (a stateless runner cannot DELETE). What should happen: opening
 // the implied session of a new connection ends the one it replaces (same
-// caller, toolgate session, service and capabilities; its upstream session
-// ended with DELETE), so rotating tokens costs no sessions (mcp2026
-// Runtime.Session).
+// caller, toolgate session, service and capabilities), so rotating tokens
+// costs no sessions (mcp2026 Runtime.Session). Its upstream session is
+// left to the upstream's idle timeout: a DELETE would carry the new
+// connection's credential with the old one's session
+// (TestIsolation3AttackRetireSendsOldSessionWithNewToken).
 func TestIsolation2AttackRotatedTokensPileUpImpliedSessions(t *testing.T) {
 	up := startUpstream(t)
 	g := startGateway(t, gatewayConfig{Upstream: up.URL, Tools: "echo", Auth: "bearer", Extra: "max_mcp_sessions_per_caller 4"})
@@ -308,9 +310,6 @@ func TestIsolation2AttackRotatedTokensPileUpImpliedSessions(t *testing.T) {
 		if status != http.StatusOK || aaResult(msg) == nil {
 			t.Fatalf("the stateless call after token %d: %d %s", i, status, aaJSON(msg))
 		}
-	}
-	if n := len(up.openSessions()); n > 1 {
-		t.Errorf("after four tokens, %d upstream sessions of alice's stateless runner are open, want the current connection's only", n)
 	}
 	m := g.raw(t, aliceKey, g.createSession(t, aliceKey, "svc"), "svc")
 	status, _, msgs := m.post(`{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"raw","version":"1"}}}`)

@@ -52,6 +52,7 @@ type Session struct {
 	m        *Sessions
 	lastUsed atomic.Int64 // unix nanoseconds
 	inUse    atomic.Int32 // exchanges and streams in progress
+	retired  atomic.Bool  // replaced: ends when nothing uses it (Sessions.Retire)
 
 	// Bookkeeping of this copy against the shared state.
 	stale   atomic.Bool  // a change was announced since the record was read
@@ -157,7 +158,9 @@ func (s *Session) Begin() (end func()) {
 	return func() {
 		once.Do(func() {
 			s.Touch()
-			s.inUse.Add(-1)
+			if s.inUse.Add(-1) == 0 && s.retired.Load() {
+				s.m.retire(s)
+			}
 		})
 	}
 }

@@ -528,12 +528,27 @@ func upstreamOf(rec *mcpstate.Record) Upstream {
 }
 
 // Retire ends s, a session of this replica's own (CreateLocal) that is
-// replaced, as an idle one expires: closed here, and its upstream session
-// handed to OnEnd to be ended.
+// replaced: at once when nothing uses it, else as soon as what uses it
+// (a call in progress, a listen) ends — the replacement serves what comes
+// next. Its upstream session is not ended with it: it was opened through a
+// connection that is not the caller's any more, and a DELETE would carry
+// the new connection's credential with the old one's session. The
+// upstream forgets it at its own idle timeout.
 func (m *Sessions) Retire(s *Session) {
-	if s.local && m.closeLocal(s) {
+	if !s.local {
+		return
+	}
+	s.retired.Store(true)
+	if s.inUse.Load() == 0 {
+		m.retire(s)
+	}
+}
+
+// retire ends a retired session that nothing uses any more.
+func (m *Sessions) retire(s *Session) {
+	if m.closeLocal(s) {
 		if c := m.cfg(); c.OnEnd != nil {
-			c.OnEnd(Ended{ID: s.ID, User: s.User, Service: s.Service, Upstream: s.Upstream()})
+			c.OnEnd(Ended{ID: s.ID, User: s.User, Service: s.Service}) // no upstream session: see Retire
 		}
 	}
 }

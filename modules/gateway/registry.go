@@ -255,9 +255,15 @@ func (s *Service) provision(repl *caddy.Replacer) error {
 	if u, err := url.Parse(s.URL); err == nil {
 		s.url = u
 	}
-	sum := sha256.Sum256([]byte(s.URL + "\x00" + string(s.TransportRaw)))
-	s.endpoint = hex.EncodeToString(sum[:16])
+	s.endpoint = endpointOf(s.URL, "") // a transport module's own upstream name is added when it is attached
 	return nil
+}
+
+// endpointOf is the Endpoint of an upstream at url, reached through the
+// transport named ("" for Streamable HTTP) as its UpstreamName says.
+func endpointOf(url, transport string) string {
+	sum := sha256.Sum256([]byte(url + "\x00" + transport))
+	return hex.EncodeToString(sum[:16])
 }
 
 // PerUserCredentials reports whether each caller reaches the upstream with
@@ -268,7 +274,7 @@ func (s *Service) PerUserCredentials() bool {
 }
 
 // Endpoint names the service's upstream: a digest of its url and transport
-// (a program's command, say). An MCP session records it when it
+// (a program's command, say: see UpstreamNamer), placeholders expanded. An MCP session records it when it
 // initializes, and ends when a reload makes its service name another
 // upstream (see mcpsession.Upstream.Endpoint): what one upstream said and
 // the session ids it issued are never taken for another's.

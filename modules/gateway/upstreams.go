@@ -38,6 +38,16 @@ type UpstreamTransport interface {
 	Attach(app *App, svc *Service) error
 }
 
+// UpstreamNamer is implemented by upstream transport modules whose upstream
+// is named by more than the service's url (a program's command, its
+// environment, the user it runs as). UpstreamName returns what names it,
+// placeholders expanded, and nothing that only tunes how it is reached
+// (timeouts, limits): it goes into Service.Endpoint, and a reload that
+// changes it ends the service's MCP sessions.
+type UpstreamNamer interface {
+	UpstreamName() string
+}
+
 // ServiceOptionParser is implemented by upstream transport modules that
 // take options in the service block (command, env, … for stdio).
 type ServiceOptionParser interface {
@@ -112,6 +122,11 @@ func (s *Service) attachTransport(ctx caddy.Context, a *App) error {
 	if err := t.Attach(a, s); err != nil {
 		return fmt.Errorf("service %q: %v", s.ID, err)
 	}
+	name := s.transportName
+	if n, ok := t.(UpstreamNamer); ok {
+		name += "\x00" + n.UpstreamName()
+	}
+	s.endpoint = endpointOf(s.URL, name)
 	return nil
 }
 

@@ -16,6 +16,7 @@
 package stdio
 
 import (
+	"encoding/json"
 	"fmt"
 	"maps"
 	"net/http"
@@ -181,6 +182,22 @@ func (t *Transport) Provision(ctx caddy.Context) error {
 		t.MaxProcesses = defaultMaxProcesses
 	}
 	return nil
+}
+
+// UpstreamName names the program (gateway.UpstreamNamer): its command,
+// environment, working directory, user, whether each user gets their own,
+// and how it gets the caller's credential; not the options that tune its
+// processes.
+func (t *Transport) UpstreamName() string {
+	b, _ := json.Marshal(struct {
+		Command       []string
+		Env           map[string]string
+		WorkingDir    string
+		RunAs         string
+		PerUser       bool
+		CredentialEnv string
+	}{t.Command, t.Env, t.WorkingDir, t.RunAs, t.PerUser, t.CredentialEnv})
+	return string(b)
 }
 
 // Validate checks what does not depend on the rest of the service block.
