@@ -91,6 +91,10 @@ type Config struct {
 	Logger *zap.Logger
 	// OnEnd ends the upstream session of a session that expired.
 	OnEnd func(Ended)
+	// Endpoint names each service's upstream in this configuration (its
+	// gateway.Service.Endpoint), and reports whether the service exists:
+	// see EndMoved.
+	Endpoint func(service string) (string, bool)
 
 	previous *Config     // in force before this one was attached
 	detached atomic.Bool // Detach was called: never in force again
@@ -158,6 +162,13 @@ func (m *Sessions) Attach(c *Config) error {
 func (m *Sessions) Detach(c *Config) {
 	c.detached.Store(true)
 	c.State.Watch().Stop()
+	if cur := m.config.Load(); cur != c && cur != nil && cur.previous == c && cur.Endpoint != nil {
+		// c was replaced, and the configuration that replaced it is in
+		// force for good (Caddy stops the old one only once the new one
+		// started): the sessions of services it points elsewhere end now.
+		// Not when it starts: a load Caddy abandons must change nothing.
+		go m.EndMoved(context.Background(), cur.Endpoint)
+	}
 	prev := c.previous
 	if prev == nil || prev.detached.Load() || !m.config.CompareAndSwap(c, prev) {
 		return
@@ -781,7 +792,7 @@ func (m *Sessions) EndOrphans(ctx context.Context, ended func(ctx context.Contex
 // EndMoved ends the sessions held here whose service names another
 // upstream than the one they were initialized with, or no longer exists
 // (endpoint reports the service's Endpoint, and whether it exists): a
-// configuration that changed it started. Their streams and exchanges stop
+// configuration that changed it is in force (see Detach). Their streams and exchanges stop
 // with them, so that the old upstream no longer reaches runners through
 // them. Their upstream sessions are not ended (no end hook): a DELETE
 // would go to the new upstream with the old one's id. A session that

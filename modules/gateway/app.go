@@ -373,6 +373,12 @@ func (a *App) Provision(ctx caddy.Context) error {
 		Idle:      time.Duration(a.MCPSessionIdleTimeout),
 		Logger:    a.logger,
 		OnEnd:     a.endMCPSession,
+		Endpoint: func(service string) (string, bool) {
+			if svc := a.registry.Lookup(service); svc != nil {
+				return svc.Endpoint(), true
+			}
+			return "", false
+		},
 	}
 	if a.StateSecret != "" {
 		secrets := [][]byte{[]byte(a.StateSecret)}
@@ -542,18 +548,9 @@ func (a *App) OnStart(fn func()) { a.startHooks = append(a.startHooks, fn) }
 // an OnStart hook made process-wide must be given back to it).
 func (a *App) OnStop(fn func()) { a.stopHooks = append(a.stopHooks, fn) }
 
-// housekeeping ends the MCP sessions of services this configuration points
-// elsewhere, then expires idle MCP sessions and sweeps expired sessions and
+// housekeeping expires idle MCP sessions and sweeps expired sessions and
 // unfinished OAuth sign-ins from storage until the app stops.
 func (a *App) housekeeping() {
-	// This configuration may point services at other upstreams, or have
-	// none of some: what the sessions of the old ones carry ends now.
-	a.mcpSessions.EndMoved(context.Background(), func(service string) (string, bool) {
-		if svc := a.registry.Lookup(service); svc != nil {
-			return svc.Endpoint(), true
-		}
-		return "", false
-	})
 	mcpTick := time.NewTicker(time.Duration(a.MCPSessionSweepInterval))
 	sweepTick := time.NewTicker(15 * time.Minute)
 	orphanTick := time.NewTicker(SessionCheckEvery)
