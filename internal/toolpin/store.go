@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io/fs"
 	"path"
+	"slices"
 	"strings"
 	"time"
 
@@ -46,7 +47,25 @@ type Change struct {
 	// Definition is the tool as the upstream sent it, for the
 	// administrator to read before accepting it.
 	Definition json.RawMessage `json:"definition"`
+	// ShownTo are the callers whose own listing showed them the pinned
+	// definition since this one was seen, on a service with per-user
+	// credentials: they may go on calling the pinned definition (see
+	// Pins.check). Each is the SHA-256 of the caller's name, in hex,
+	// truncated to 128 bits; at most maxShownTo.
+	ShownTo []string `json:"shown_to,omitempty"`
 }
+
+// maxShownTo bounds Change.ShownTo; when it is full it starts again, and
+// the callers list the tools again before calling the tool.
+const maxShownTo = 1024
+
+// listerOf is how Change.ShownTo names user.
+func listerOf(user string) string {
+	sum := sha256.Sum256([]byte(user))
+	return hex.EncodeToString(sum[:16])
+}
+
+func (c *Change) shownTo(who string) bool { return slices.Contains(c.ShownTo, who) }
 
 // store keeps records in the gateway's storage, one per service and tool
 // (under the SHA-256 of the tool's name, which may hold any character),

@@ -23,7 +23,6 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
-	"sync"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -88,37 +87,6 @@ type Pins struct {
 	digests digests
 	audit   *zap.Logger
 	logger  *zap.Logger
-	shown   shown
-}
-
-// shown remembers, on services with per-user credentials, which callers'
-// own listings showed them a tool's pinned definition while a change of
-// it waited (see check): this replica's, bounded.
-type shown struct {
-	mu sync.Mutex
-	m  map[shownKey]struct{}
-}
-
-type shownKey struct{ service, tool, user, change string }
-
-// maxShown bounds shown; when it is full it starts again, and callers list
-// the tools again before calling a tool whose change waits.
-const maxShown = 1 << 16
-
-func (s *shown) add(k shownKey) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.m == nil || len(s.m) >= maxShown {
-		s.m = make(map[shownKey]struct{})
-	}
-	s.m[k] = struct{}{}
-}
-
-func (s *shown) has(k shownKey) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	_, ok := s.m[k]
-	return ok
 }
 
 // For returns the pins of app's config, made on first use. Handlers call
@@ -203,8 +171,9 @@ func (p *Pins) CheckCall(ctx context.Context, svc *gateway.Service, user, name s
 // definition do not withdraw the change. But it may be a rug pull for
 // everyone that a caller's session, listed before it, does not show yet:
 // while a change waits, a caller calls the pinned definition once a
-// listing of theirs since the change showed it to them (shown), and is
-// told to list the tools again until then.
+// listing of theirs since the change showed it to them (Change.ShownTo,
+// kept with the change so that every replica knows it), and is told to
+// list the tools again until then.
 func (p *Pins) check(ctx context.Context, svc *gateway.Service, user, name string, raw []byte, call bool) (Verdict, error) {
 	if p.cfg.Off {
 		return Verdict{OK: true}, nil
@@ -220,12 +189,16 @@ func (p *Pins) check(ctx context.Context, svc *gateway.Service, user, name strin
 		v := Verdict{Digest: digest, Pinned: pinned, Registry: svc.Pin(name) != ""}
 		return v, p.changed(ctx, svc.ID, name, v, raw)
 	case rec != nil && rec.Changed != nil && svc.PerUserCredentials():
-		k := shownKey{svc.ID, name, user, rec.Changed.Digest}
+		who := listerOf(user)
 		switch {
+		case rec.Changed.shownTo(who):
 		case !call:
-			p.shown.add(k) // this caller's account shows the pinned definition now
-		case !p.shown.has(k):
-			return Verdict{Digest: rec.Changed.Digest, Pinned: pinned, Registry: svc.Pin(name) != "", Relist: true}, nil
+			p.shownTo(ctx, svc.ID, name, rec.Changed.Digest, who) // this caller's account shows the pinned definition now
+		default:
+			shown, err := p.shownAfresh(ctx, svc.ID, name, rec.Changed.Digest, who)
+			if err != nil || !shown {
+				return Verdict{Digest: rec.Changed.Digest, Pinned: pinned, Registry: svc.Pin(name) != "", Relist: true}, err
+			}
 		}
 	case rec != nil && rec.Changed != nil && call:
 		return Verdict{Digest: rec.Changed.Digest, Pinned: pinned, Registry: svc.Pin(name) != ""}, nil
@@ -249,6 +222,41 @@ func (p *Pins) pinned(ctx context.Context, svc *gateway.Service, name string) (s
 		return "", nil, nil
 	}
 	return rec.Digest, rec, nil
+}
+
+// shownTo records that the caller who (see listerOf) was shown the pinned
+// definition of service's tool while change waited. It is kept with the
+// change, in the storage, for every replica; a failure to store it is
+// logged, and the caller is told to list again on the next call.
+func (p *Pins) shownTo(ctx context.Context, service, tool, change, who string) {
+	_, err := p.store.update(ctx, service, tool, func(cur *Record) *Record {
+		if cur == nil || cur.Changed == nil || cur.Changed.Digest != change || cur.Changed.shownTo(who) {
+			return nil
+		}
+		next, c := *cur, *cur.Changed
+		if len(c.ShownTo) >= maxShownTo {
+			c.ShownTo = nil // they list again
+		}
+		c.ShownTo = append(slices.Clip(c.ShownTo), who)
+		next.Changed = &c
+		return &next
+	})
+	if err != nil {
+		p.logger.Warn("cannot record that a caller's listing shows a tool's pinned definition; they are told to list again before calling it",
+			zap.String("service", service), zap.Error(err))
+	}
+}
+
+// shownAfresh reports, from the storage rather than the cache, whether who
+// was shown the pinned definition of service's tool while change waited:
+// a listing through another replica is known before its announcement
+// arrives here.
+func (p *Pins) shownAfresh(ctx context.Context, service, tool, change, who string) (bool, error) {
+	rec, err := p.store.load(ctx, keyOf(service, tool).storageKey())
+	if err != nil || rec == nil || rec.Changed == nil {
+		return false, err
+	}
+	return rec.Changed.Digest == change && rec.Changed.shownTo(who), nil
 }
 
 // reverted ends a waiting change: the upstream shows the pinned

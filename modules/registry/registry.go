@@ -364,42 +364,37 @@ func allowlistTools(_ context.Context, call *gateway.Call, result []byte) (gatew
 
 func quote(s string) string { return string(mcpmsg.Quote(s)) }
 
-// Interface guards
-var (
-	_ caddy.Provisioner           = (*Handler)(nil)
-	_ caddyhttp.MiddlewareHandler = (*Handler)(nil)
-)
-
 // current checks that the call's MCP session was initialized with the
 // upstream svc names now. A session that was not is over, and ended (the
 // runner is told to initialize again): its tool catalog, and whatever else
 // the old upstream said, would otherwise decide calls that run on another
-// upstream (a reload changed the service's url or transport).
+// upstream (a reload changed the service's url or transport). Its
+// upstream session is not ended with a DELETE: that would hand its id to
+// the new upstream, and the old one forgets it at its own idle timeout.
 func (h *Handler) current(w http.ResponseWriter, r *http.Request, call *gateway.Call, svc *gateway.Service) bool {
-	if call.MCPSession.Upstream().From(svc.Endpoint()) {
+	ms := call.MCPSession
+	if ms.Upstream().From(svc.Endpoint()) {
 		return true
 	}
-	why := "the service's upstream changed since this MCP session was initialized"
-	h.endOutdated(r.Context(), call.MCPSession, why)
-	gateway.WriteRPCError(w, http.StatusNotFound, nil, gateway.CodeSessionNotFound, why+": initialize a new one", nil)
-	return false
-}
-
-// endOutdated ends an MCP session that current found over. Its upstream
-// session is not ended with a DELETE: after a change of upstream that
-// would hand its id to the new upstream, and the old one forgets it at its
-// own idle timeout.
-func (h *Handler) endOutdated(ctx context.Context, ms *gateway.MCPSession, why string) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), endOutdatedTimeout)
+	const why = "the service's upstream changed since this MCP session was initialized"
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), endOutdatedTimeout)
 	defer cancel()
 	if _, _, err := h.app.MCPSessions().End(ctx, ms); err != nil {
 		// The runner is told to initialize again all the same, and the
 		// next request of the session comes here again.
 		h.logger.Warn("cannot end an outdated MCP session", zap.String("service", ms.Service), zap.String("reason", why), zap.Error(err))
-		return
+	} else {
+		h.logger.Info("ended an outdated MCP session", zap.String("service", ms.Service), zap.String("reason", why))
 	}
-	h.logger.Info("ended an outdated MCP session", zap.String("service", ms.Service), zap.String("reason", why))
+	gateway.WriteRPCError(w, http.StatusNotFound, nil, gateway.CodeSessionNotFound, why+": initialize a new one", nil)
+	return false
 }
 
-// endOutdatedTimeout bounds ending such a session in storage.
+// endOutdatedTimeout bounds ending an outdated MCP session in storage.
 const endOutdatedTimeout = 10 * time.Second
+
+// Interface guards
+var (
+	_ caddy.Provisioner           = (*Handler)(nil)
+	_ caddyhttp.MiddlewareHandler = (*Handler)(nil)
+)
