@@ -187,7 +187,15 @@ func (p *Pins) check(ctx context.Context, svc *gateway.Service, user, name strin
 		return p.firstSight(ctx, svc.ID, name, digest, raw)
 	case digest != pinned:
 		v := Verdict{Digest: digest, Pinned: pinned, Registry: svc.Pin(name) != ""}
+		if rec != nil && rec.Changed != nil && svc.PerUserCredentials() {
+			// This caller's account shows another definition now: what
+			// their listing showed before no longer counts.
+			p.notShownTo(ctx, svc.ID, name, rec.Changed.Digest, listerOf(user))
+		}
 		return v, p.changed(ctx, svc.ID, name, v, raw)
+	case rec != nil && rec.Changed != nil && rec.Changed.Digest == pinned:
+		// The registry's pin line names the change: it is accepted.
+		return Verdict{OK: true, Digest: digest}, p.ended(ctx, svc.ID, name, digest, rec.Changed.Digest, "registry_pinned")
 	case rec != nil && rec.Changed != nil && svc.PerUserCredentials():
 		who := listerOf(user)
 		switch {
@@ -203,7 +211,7 @@ func (p *Pins) check(ctx context.Context, svc *gateway.Service, user, name strin
 	case rec != nil && rec.Changed != nil && call:
 		return Verdict{Digest: rec.Changed.Digest, Pinned: pinned, Registry: svc.Pin(name) != ""}, nil
 	case rec != nil && rec.Changed != nil:
-		return Verdict{OK: true, Digest: digest}, p.reverted(ctx, svc.ID, name, digest)
+		return Verdict{OK: true, Digest: digest}, p.ended(ctx, svc.ID, name, digest, rec.Changed.Digest, "reverted")
 	}
 	return Verdict{OK: true, Digest: digest}, nil
 }
@@ -247,6 +255,30 @@ func (p *Pins) shownTo(ctx context.Context, service, tool, change, who string) {
 	}
 }
 
+// notShownTo drops who from the callers shown the pinned definition of
+// service's tool while change waits: their account shows another
+// definition now. The record is read afresh first (a listing through
+// another replica may have added who), and locked only to drop them. A
+// failure to store it is logged; the caller's next listing tries again.
+func (p *Pins) notShownTo(ctx context.Context, service, tool, change, who string) {
+	if shown, err := p.shownAfresh(ctx, service, tool, change, who); err == nil && !shown {
+		return
+	}
+	_, err := p.store.update(ctx, service, tool, func(cur *Record) *Record {
+		if cur == nil || cur.Changed == nil || cur.Changed.Digest != change || !cur.Changed.shownTo(who) {
+			return nil
+		}
+		next, c := *cur, *cur.Changed
+		c.ShownTo = slices.DeleteFunc(slices.Clone(c.ShownTo), func(s string) bool { return s == who })
+		next.Changed = &c
+		return &next
+	})
+	if err != nil {
+		p.logger.Warn("cannot record that a caller's account shows another definition of a tool",
+			zap.String("service", service), zap.Error(err))
+	}
+}
+
 // shownAfresh reports, from the storage rather than the cache, whether who
 // was shown the pinned definition of service's tool while change waited:
 // a listing through another replica is known before its announcement
@@ -259,12 +291,16 @@ func (p *Pins) shownAfresh(ctx context.Context, service, tool, change, who strin
 	return rec.Changed.Digest == change && rec.Changed.shownTo(who), nil
 }
 
-// reverted ends a waiting change: the upstream shows the pinned
-// definition again.
-func (p *Pins) reverted(ctx context.Context, service, tool, digest string) error {
+// ended ends the waiting change of service's tool with digest change
+// (the tool is pinned to digest),
+// unless another replaced it meanwhile, and audits it as event:
+// "reverted" (the upstream showed the pinned definition again, on a
+// service whose callers all see the same) or "registry_pinned" (a pin line
+// names the change's digest now).
+func (p *Pins) ended(ctx context.Context, service, tool, digest, change, event string) error {
 	var gone *Change
 	_, err := p.store.update(ctx, service, tool, func(cur *Record) *Record {
-		if cur == nil || cur.Changed == nil {
+		if cur == nil || cur.Changed == nil || cur.Changed.Digest != change {
 			return nil
 		}
 		next := *cur
@@ -272,7 +308,7 @@ func (p *Pins) reverted(ctx context.Context, service, tool, digest string) error
 		return &next
 	})
 	if gone != nil {
-		p.event("reverted", service, tool, zap.String("digest", digest), zap.String("withdrawn_digest", gone.Digest))
+		p.event(event, service, tool, zap.String("digest", digest), zap.String("withdrawn_digest", gone.Digest))
 	}
 	return err
 }
