@@ -137,7 +137,7 @@ type implied struct {
 func (rt *Runtime) Session(ctx context.Context, call *gateway.Call, svc *gateway.Service) (*gateway.MCPSession, error) {
 	sum := sha256.Sum256(call.Stateless.Capabilities)
 	key := call.Caller.User + "\x00" + call.Session.ID + "\x00" + svc.ID + "\x00" + hex.EncodeToString(sum[:])
-	grant := rt.app.GrantFor(ctx, svc, call.Caller.User)
+	grant, _ := rt.app.GrantFor(ctx, svc, call.Caller.User) // unreadable: the credentials step reports it
 	rt.mu.Lock()
 	defer rt.mu.Unlock()
 	cur, ok := rt.implied[key]

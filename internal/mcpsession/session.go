@@ -114,6 +114,15 @@ type Upstream struct {
 	// upstream is not one service's (a federated one), or stored by an
 	// older version.
 	Endpoint string
+	// Grant names the caller's connection whose credential initialized
+	// the upstream session (gateway.Connection.Grant). When the caller
+	// connects again (another personal token, another consent, maybe
+	// another account at the provider), the upstream session and what the
+	// upstream said through it are the old connection's: a new one is
+	// initialized through the new connection, and the tools listed again
+	// (gateway.UpstreamRenewer). "" for a service without per-user
+	// credentials.
+	Grant string
 }
 
 // From reports whether the session's upstream is the one endpoint names

@@ -468,7 +468,7 @@ func (s *Session) SetUpstream(ctx context.Context, u Upstream) error {
 		return ErrClosed
 	}
 	rec := &mcpstate.Record{Ref: s.Ref, User: s.User, Service: s.Service, Created: s.Created, Expires: s.Expires,
-		Upstream:   mcpstate.Upstream{SessionID: u.SessionID, ProtocolVersion: u.ProtocolVersion, Generation: 1, Endpoint: u.Endpoint},
+		Upstream:   mcpstate.Upstream{SessionID: u.SessionID, ProtocolVersion: u.ProtocolVersion, Generation: 1, Endpoint: u.Endpoint, Grant: u.Grant},
 		Initialize: u.InitializeParams}
 	window, err := s.m.state().Create(ctx, rec)
 	if err != nil {
@@ -497,7 +497,7 @@ func (s *Session) setLocalUpstream(u Upstream) error {
 		u.InitializeParams = s.upstream.InitializeParams
 	}
 	if s.upstream.Generation > 0 {
-		u.Endpoint = s.upstream.Endpoint // the same upstream, initialized again
+		u.Endpoint = s.upstream.Endpoint // the same upstream, initialized again (maybe through another connection)
 	}
 	s.upstream = u
 	return nil
@@ -535,7 +535,7 @@ func (m *Sessions) End(ctx context.Context, s *Session) (Upstream, bool, error) 
 
 func upstreamOf(rec *mcpstate.Record) Upstream {
 	return Upstream{SessionID: rec.Upstream.SessionID, ProtocolVersion: rec.Upstream.ProtocolVersion,
-		InitializeParams: rec.Initialize, Generation: rec.Upstream.Generation, Endpoint: rec.Upstream.Endpoint}
+		InitializeParams: rec.Initialize, Generation: rec.Upstream.Generation, Endpoint: rec.Upstream.Endpoint, Grant: rec.Upstream.Grant}
 }
 
 // Retire ends s, a session of this replica's own (CreateLocal) that is
@@ -640,7 +640,7 @@ func (s *Session) Reinitialize(ctx context.Context, gen uint64, init func(Upstre
 		if r.Upstream.Generation != gen {
 			return errGenerationMoved
 		}
-		r.Upstream = mcpstate.Upstream{SessionID: next.SessionID, ProtocolVersion: next.ProtocolVersion, Generation: gen + 1, Endpoint: r.Upstream.Endpoint}
+		r.Upstream = mcpstate.Upstream{SessionID: next.SessionID, ProtocolVersion: next.ProtocolVersion, Generation: gen + 1, Endpoint: r.Upstream.Endpoint, Grant: next.Grant}
 		return nil
 	})
 	if err != nil {

@@ -107,6 +107,9 @@ type Upstream struct {
 	// Endpoint names the upstream that issued SessionID (see
 	// mcpsession.Upstream.Endpoint); "" in records of older versions.
 	Endpoint string `json:"endpoint,omitempty"`
+	// Grant names the caller's connection whose credential initialized
+	// the upstream session (see mcpsession.Upstream.Grant).
+	Grant string `json:"grant,omitempty"`
 }
 
 // Record is a session's stored state.

@@ -89,6 +89,9 @@ const (
 type Credential struct {
 	Header string // e.g. "Authorization"
 	Value  string // e.g. "Bearer …"; never logged
+	// Grant names the per-user connection the credential is of
+	// (Connection.Grant); "" for a service-wide one.
+	Grant string
 }
 
 // String hides the value.

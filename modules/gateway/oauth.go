@@ -783,22 +783,25 @@ func (a *App) CredentialFor(ctx context.Context, svc *Service, user string) (*Cr
 
 // credentialOf is the credential of a per-user connection.
 func credentialOf(conn *Connection) *Credential {
-	return &Credential{Header: "Authorization", Value: "Bearer " + conn.AccessToken}
+	return &Credential{Header: "Authorization", Value: "Bearer " + conn.AccessToken, Grant: conn.Grant()}
 }
 
 // GrantFor names user's connection to svc as it stands (Connection.Grant),
 // from the cache, without refreshing anything: "" for a service without
 // per-user credentials, or when the user has none (the credentials step
-// reports that).
-func (a *App) GrantFor(ctx context.Context, svc *Service, user string) string {
+// reports that). An error says the connection could not be read.
+func (a *App) GrantFor(ctx context.Context, svc *Service, user string) (string, error) {
 	if !svc.PerUserCredentials() || a.connections == nil {
-		return ""
+		return "", nil
 	}
 	conn, err := a.connections.Load(ctx, svc.ID, user)
-	if err != nil {
-		return ""
+	switch {
+	case errors.Is(err, ErrNotConnected):
+		return "", nil
+	case err != nil:
+		return "", err
 	}
-	return conn.Grant()
+	return conn.Grant(), nil
 }
 
 // CredentialRefused is called when the upstream answered 401 or 403 to a

@@ -143,11 +143,11 @@ func (h *Handler) reinitialize(ctx context.Context, call *gateway.Call, seen gat
 			return cur, unavailable("the upstream did not re-create the session: %s", gjson.GetBytes(msg.Error, "message").String())
 		}
 		version := gjson.GetBytes(msg.Result, "protocolVersion").String()
-		next := gateway.Upstream{
+		next := stamped(call, gateway.Upstream{
 			SessionID:        hdr.Get("Mcp-Session-Id"),
 			ProtocolVersion:  version,
 			InitializeParams: cur.InitializeParams,
-		}
+		})
 		if version != cur.ProtocolVersion {
 			h.endUpstream(ctx, call, next)
 			if up, ok, err := h.app.MCPSessions().End(ctx, ms); err == nil && ok {
@@ -252,11 +252,34 @@ func (h *Handler) refreshCatalog(call *gateway.Call) {
 	}()
 }
 
+// renew opens a new upstream session for call's MCP session with the
+// caller's connection as it stands, and lists the upstream's tools through
+// it (gateway.UpstreamRenewer): the caller connected again since the one
+// the session has was opened. The old upstream session is not ended: a
+// DELETE would carry the new connection's credential with the old one's
+// session id; the upstream forgets it at its own idle timeout.
+func (h *Handler) renew(ctx context.Context, call *gateway.Call) error {
+	cred, err := h.app.CredentialFor(ctx, call.Service, call.Caller.User)
+	if err != nil {
+		return err
+	}
+	c := *call
+	c.Credential = cred
+	_, err = h.reinitialize(ctx, &c, call.MCPSession.Upstream())
+	return err
+}
+
 // stamped is up, an upstream session the call initializes, marked with
-// the upstream it was initialized with: the registry ends the MCP session
-// when a reload makes the service name another (gateway.Upstream.Endpoint).
+// the upstream and the caller's connection it was initialized with: the
+// registry ends the MCP session when a reload makes the service name
+// another, or the caller connects again (gateway.Upstream.Endpoint and
+// Grant), and attempt never sends its id with another connection's
+// credential.
 func stamped(call *gateway.Call, up gateway.Upstream) gateway.Upstream {
 	up.Endpoint = call.Service.Endpoint()
+	if call.Credential != nil {
+		up.Grant = call.Credential.Grant
+	}
 	return up
 }
 
@@ -297,6 +320,12 @@ func (h *Handler) expired(e gateway.EndedMCPSession) {
 		// its session without asking the server: the owner having
 		// disconnected must not keep it, and its connection, open.
 		cred = nil
+	}
+	if cred != nil && cred.Grant != e.Upstream.Grant {
+		// The owner connected again since: a DELETE would carry the new
+		// connection's credential with the old one's session. The
+		// upstream forgets it at its own idle timeout.
+		return
 	}
 	call := &gateway.Call{Caller: &gateway.Caller{User: e.User}, Service: svc, Credential: cred}
 	h.endUpstream(ctx, call, e.Upstream)

@@ -81,6 +81,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		_, err := h.openImplied(ctx, call)
 		return err
 	})
+	h.app.RenewUpstreamWith(h.renew)
 	return nil
 }
 

@@ -30,7 +30,7 @@ func Probe(ctx context.Context, app *gateway.App, svc *gateway.Service, user str
 	if !version.Exists() {
 		return &upstreamError{kind: kindRejected, msg: "the upstream refused to initialize an MCP session"}
 	}
-	h.endUpstream(ctx, call, gateway.Upstream{SessionID: hdr.Get("Mcp-Session-Id"), ProtocolVersion: version.String()})
+	h.endUpstream(ctx, call, stamped(call, gateway.Upstream{SessionID: hdr.Get("Mcp-Session-Id"), ProtocolVersion: version.String()}))
 	h.logger.Debug("connection test passed", zap.String("service", svc.ID))
 	return nil
 }

@@ -359,7 +359,7 @@ func (h *Handler) initializeFor(ctx context.Context, call *gateway.Call) (gatewa
 	if !gateway.SupportsProtocolVersion(version) {
 		return gateway.Upstream{}, unavailable("the upstream speaks neither protocol %s nor one toolgate initializes", mcp2026.Version)
 	}
-	up := gateway.Upstream{SessionID: hdr.Get("Mcp-Session-Id"), ProtocolVersion: version, InitializeParams: params}
+	up := stamped(call, gateway.Upstream{SessionID: hdr.Get("Mcp-Session-Id"), ProtocolVersion: version, InitializeParams: params})
 	ack, err := h.exchange(ctx, call, up, http.MethodPost, []byte(`{"jsonrpc":"2.0","method":"notifications/initialized"}`), "")
 	if err != nil {
 		h.endUpstream(ctx, call, up)

@@ -365,28 +365,54 @@ func allowlistTools(_ context.Context, call *gateway.Call, result []byte) (gatew
 func quote(s string) string { return string(mcpmsg.Quote(s)) }
 
 // current checks that the call's MCP session was initialized with the
-// upstream svc names now. A session that was not is over, and ended (the
-// runner is told to initialize again): its tool catalog, and whatever else
-// the old upstream said, would otherwise decide calls that run on another
-// upstream (a reload changed the service's url or transport). Its
+// upstream svc names now, and with the caller's connection to it as it
+// stands. A session whose service names another upstream since (a reload
+// changed its url or transport) is over, and ended (the runner is told to
+// initialize again): its tool catalog, and whatever else the old upstream
+// said, would otherwise decide calls that run on another upstream. Its
 // upstream session is not ended with a DELETE: that would hand its id to
-// the new upstream, and the old one forgets it at its own idle timeout.
+// the new upstream; the old one forgets it at its own idle timeout.
+//
+// A session whose caller connected again since (they stored another
+// personal token, or consented again, maybe as another account at the
+// provider) goes on with a new upstream session opened through the new
+// connection, and its tools listed through it, before anything is
+// decided (gateway.UpstreamRenewer). A caller with no connection (they
+// disconnected), or one that cannot be read, is left to the credentials
+// step, which says so.
 func (h *Handler) current(w http.ResponseWriter, r *http.Request, call *gateway.Call, svc *gateway.Service) bool {
 	ms := call.MCPSession
-	if ms.Upstream().From(svc.Endpoint()) {
+	up := ms.Upstream()
+	if !up.From(svc.Endpoint()) {
+		const why = "the service's upstream changed since this MCP session was initialized"
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), endOutdatedTimeout)
+		defer cancel()
+		if _, _, err := h.app.MCPSessions().End(ctx, ms); err != nil {
+			// The runner is told to initialize again all the same, and the
+			// next request of the session comes here again.
+			h.logger.Warn("cannot end an outdated MCP session", zap.String("service", ms.Service), zap.String("reason", why), zap.Error(err))
+		} else {
+			h.logger.Info("ended an outdated MCP session", zap.String("service", ms.Service), zap.String("reason", why))
+		}
+		gateway.WriteRPCError(w, http.StatusNotFound, nil, gateway.CodeSessionNotFound, why+": initialize a new one", nil)
+		return false
+	}
+	grant, err := h.app.GrantFor(r.Context(), svc, call.Caller.User)
+	if err != nil || grant == "" || grant == up.Grant {
 		return true
 	}
-	const why = "the service's upstream changed since this MCP session was initialized"
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), endOutdatedTimeout)
-	defer cancel()
-	if _, _, err := h.app.MCPSessions().End(ctx, ms); err != nil {
-		// The runner is told to initialize again all the same, and the
-		// next request of the session comes here again.
-		h.logger.Warn("cannot end an outdated MCP session", zap.String("service", ms.Service), zap.String("reason", why), zap.Error(err))
-	} else {
-		h.logger.Info("ended an outdated MCP session", zap.String("service", ms.Service), zap.String("reason", why))
+	c := *call
+	c.Service = svc
+	err = h.app.RenewUpstream(r.Context(), &c)
+	switch {
+	case err == nil:
+		h.logger.Info("opened a new upstream session through the caller's new connection", zap.String("service", svc.ID))
+		return true
+	case gateway.IsSignInError(err):
+		return true // the credentials step answers it
 	}
-	gateway.WriteRPCError(w, http.StatusNotFound, nil, gateway.CodeSessionNotFound, why+": initialize a new one", nil)
+	h.logger.Warn("cannot open an upstream session through the caller's new connection", zap.String("service", svc.ID), zap.Error(err))
+	call.Unavailable(w, "you connected to "+svc.ID+" again, and toolgate could not open an upstream session through the new connection yet; retry")
 	return false
 }
 
