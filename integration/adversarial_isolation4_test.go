@@ -39,8 +39,8 @@ import (
 // she stores the token of another account. What happened: her next call
 // on the same MCP session went upstream with the old upstream session id
 // and the new token. What should happen: the new token never travels with
-// the old session's id (nor in a DELETE of it); her call runs in a new
-// upstream session of the new account.
+// the old session's id (nor in a DELETE of it); the MCP session of the old
+// connection is over (404), and her runner's new one is the new account's.
 func TestIsolation4AttackStatefulSessionOutlivesReconnect(t *testing.T) {
 	up := startUpstream(t)
 	g := startGateway(t, gatewayConfig{Upstream: up.URL, Tools: "echo", Auth: "bearer"})
@@ -58,29 +58,32 @@ func TestIsolation4AttackStatefulSessionOutlivesReconnect(t *testing.T) {
 	old := open[0]
 
 	lsPutToken(t, g, aliceKey, "account-two-token")
-	if ans := m.call(2, "echo", `{"text":"two"}`); !strings.Contains(string(ans), `\"two\"`) {
-		t.Errorf("alice's call on her MCP session after she connected another account: %s, want it answered", ans)
+	status, _, msgs := m.post(`{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"echo","arguments":{"text":"two"}}}`)
+	if status != http.StatusNotFound || len(msgs) != 1 || !strings.Contains(string(msgs[0]), "connected to the service again") {
+		t.Errorf("a call on the MCP session after alice connected another account: %d %s, want 404 telling her to initialize a new one", status, msgs)
 	}
-	fresh := ""
+	fresh := g.raw(t, aliceKey, session, "svc")
+	fresh.initialize()
+	if ans := fresh.call(3, "echo", `{"text":"three"}`); !strings.Contains(string(ans), `\"three\"`) {
+		t.Errorf("the new session's call: %s", ans)
+	}
+	if status := m.delete(); status != http.StatusNotFound {
+		t.Errorf("DELETE of the old MCP session: %d, want 404 (it is over)", status)
+	}
+	opened := false
 	for _, r := range up.requestLog() {
 		switch {
 		case r.Header.Get("Mcp-Session-Id") == old && r.Header.Get("Authorization") == "Bearer account-two-token":
 			t.Errorf("the new token was sent with the old connection's upstream session (%s %s)", r.Method, r.Body)
 		case r.SessionID != "" && r.SessionID != old:
-			fresh = r.SessionID
+			opened = true
 			if got := r.Header.Get("Authorization"); got != "Bearer account-two-token" {
 				t.Errorf("the new upstream session was opened with %q", got)
 			}
 		}
 	}
-	if fresh == "" {
-		t.Errorf("no new upstream session was opened for the new connection")
-	}
-	if ans := m.call(3, "echo", `{"text":"three"}`); !strings.Contains(string(ans), `\"three\"`) {
-		t.Errorf("the next call: %s", ans)
-	}
-	if n := len(up.openSessions()); n != 2 {
-		t.Errorf("%d upstream sessions open, want 2 (the old one is left to the upstream's idle timeout, and one is opened once)", n)
+	if !opened {
+		t.Errorf("no upstream session was opened for the new connection")
 	}
 }
 
@@ -90,8 +93,8 @@ func TestIsolation4AttackStatefulSessionOutlivesReconnect(t *testing.T) {
 // lists and calls echo through account one; then she stores account two's
 // token. What happened: her next call was decided with account one's
 // definition (read-only: allowed) though it ran as account two, whose echo
-// the default policy sends for approval. What should happen: the tools are
-// listed through the new connection before the call is decided.
+// the default policy sends for approval. What should happen: that session
+// is over; a new one lists the tools through the new connection.
 func TestIsolation4AttackOldAccountsCatalogDecidesNewAccountsCall(t *testing.T) {
 	h := mcp.NewStreamableHTTPHandler(func(r *http.Request) *mcp.Server {
 		account := strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer token-")
@@ -116,8 +119,13 @@ func TestIsolation4AttackOldAccountsCatalogDecidesNewAccountsCall(t *testing.T) 
 		t.Fatalf("control: the read-only echo of account one: %s", ans)
 	}
 	lsPutToken(t, g, aliceKey, "token-two")
-	ans := m.call(3, "echo", `{}`)
-	if strings.Contains(string(ans), "ran as two") || !strings.Contains(string(ans), "approval") {
-		t.Errorf("alice's call of account two's echo (not read-only): %s, want it sent for approval", ans)
+	if ans := m.call(3, "echo", `{}`); strings.Contains(string(ans), "ran as two") || !strings.Contains(string(ans), "initialize a new one") {
+		t.Errorf("alice's call of account two's echo on the session listed through account one: %s, want it refused (initialize a new one)", ans)
+	}
+	fresh := g.raw(t, aliceKey, g.createSession(t, aliceKey, "svc"), "svc")
+	fresh.initialize()
+	fresh.rpc(`{"jsonrpc":"2.0","id":1,"method":"tools/list"}`)
+	if ans := fresh.call(4, "echo", `{}`); strings.Contains(string(ans), "ran as two") || !strings.Contains(string(ans), "approval") {
+		t.Errorf("alice's call of account two's echo (not read-only) in a new session: %s, want it sent for approval", ans)
 	}
 }

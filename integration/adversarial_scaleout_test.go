@@ -283,6 +283,34 @@ func soLastAuth(up *smallUpstream) string {
 	return auths[len(auths)-1]
 }
 
+// soRenew initializes a new MCP session for m after its old one ended (a
+// 404: the caller connected again), reporting whether it could; it never
+// fails the test, so a goroutine may call it.
+func soRenew(m *rawMCP) bool {
+	m.sessionID = ""
+	status, hdr, _ := m.post(`{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"raw","version":"1"}}}`)
+	if status != http.StatusOK || hdr.Get("Mcp-Session-Id") == "" {
+		return false
+	}
+	m.sessionID = hdr.Get("Mcp-Session-Id")
+	status, _, _ = m.post(`{"jsonrpc":"2.0","method":"notifications/initialized"}`)
+	return status == http.StatusAccepted
+}
+
+// soCallRenewing calls weather through m, in a new MCP session when the
+// old one is over (a 404: the caller connected again since it began).
+func soCallRenewing(m *rawMCP, id int) json.RawMessage {
+	body := fmt.Sprintf(`{"jsonrpc":"2.0","id":%d,"method":"tools/call","params":{"name":"weather","arguments":{"city":"Oslo"}}}`, id)
+	status, _, msgs := m.post(body)
+	if status == http.StatusNotFound && soRenew(m) {
+		_, _, msgs = m.post(body)
+	}
+	if len(msgs) == 0 {
+		return json.RawMessage(`null`)
+	}
+	return msgs[len(msgs)-1]
+}
+
 // Attack: a person replaces a leaked personal token, or disconnects it,
 // through replica a, while a runner calls through replica b in a loop.
 // Replica b keeps what it read until a change is announced: without the
@@ -320,7 +348,12 @@ func TestScaleoutGrantChangeOnOneReplicaNotStaleOnTheOther(t *testing.T) {
 				}
 				n := len(up.authorizations())
 				at := time.Now()
-				_, _, msgs := mb.post(fmt.Sprintf(`{"jsonrpc":"2.0","id":%d,"method":"tools/call","params":{"name":"weather","arguments":{"city":"Oslo"}}}`, 100+i))
+				status, _, msgs := mb.post(fmt.Sprintf(`{"jsonrpc":"2.0","id":%d,"method":"tools/call","params":{"name":"weather","arguments":{"city":"Oslo"}}}`, 100+i))
+				if status == http.StatusNotFound {
+					// The token was replaced: the MCP session of the old
+					// one is over. Its runner initializes a new one.
+					soRenew(mb)
+				}
 				c := sent{at: at}
 				if auths := up.authorizations(); len(auths) > n {
 					c.auth = auths[len(auths)-1]
@@ -343,7 +376,7 @@ func TestScaleoutGrantChangeOnOneReplicaNotStaleOnTheOther(t *testing.T) {
 		old := fmt.Sprintf("scaleout-token-%d-old", round)
 		soPutToken(t, a, aliceKey, old)
 		waitWithin(t, 5*time.Second, "b to use the token stored on a", func() bool {
-			mustSucceed(t, mb.call(2, "weather", `{"city":"Oslo"}`))
+			mustSucceed(t, soCallRenewing(mb, 2))
 			return soLastAuth(up) == "Bearer "+old
 		})
 		// Rotation on a while b is used.
@@ -387,7 +420,8 @@ func TestScaleoutGrantChangeOnOneReplicaNotStaleOnTheOther(t *testing.T) {
 // Holds: a personal token replaced or forgotten through replica a, and a
 // toolgate session ended there, are seen on replica b within a second
 // (the notification's delivery; see the test above for the window before
-// it); bob's disconnect on b forgets nothing of alice's.
+// it): a replaced token's MCP session is over there (404), and the next
+// one uses the new token; bob's disconnect on b forgets nothing of alice's.
 func TestScaleoutHoldsRevocationOnOneReplicaEndsItOnTheOther(t *testing.T) {
 	up, a, b := soBearerReplicas(t)
 	soPutToken(t, a, aliceKey, "scaleout-token-one")
@@ -400,7 +434,12 @@ func TestScaleoutHoldsRevocationOnOneReplicaEndsItOnTheOther(t *testing.T) {
 	}
 	soPutToken(t, a, aliceKey, "scaleout-token-two")
 	time.Sleep(time.Second)
-	mustSucceed(t, mb.call(2, "weather", `{"city":"Oslo"}`))
+	// The MCP session was token one's: it is over (404), and the runner
+	// initializes a new one.
+	if status, _, msgs := mb.post(`{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"weather","arguments":{"city":"Oslo"}}}`); status != http.StatusNotFound || len(msgs) != 1 || !strings.Contains(string(msgs[0]), "connected to the service again") {
+		t.Fatalf("a call on b of token one's MCP session a second after a stored token two: %d %s, want 404", status, msgs)
+	}
+	mustSucceed(t, soCallRenewing(mb, 2))
 	if got := soLastAuth(up); got != "Bearer scaleout-token-two" {
 		t.Fatalf("b sent %q a second after a stored token two", got)
 	}
@@ -428,7 +467,7 @@ func TestScaleoutHoldsRevocationOnOneReplicaEndsItOnTheOther(t *testing.T) {
 	// Ending the toolgate session on a.
 	soPutToken(t, a, aliceKey, "scaleout-token-again")
 	time.Sleep(time.Second)
-	mustSucceed(t, mb.call(5, "weather", `{"city":"Oslo"}`))
+	mustSucceed(t, soCallRenewing(mb, 5))
 	if r := a.api(t, http.MethodDelete, "/v1/sessions/"+sess, aliceKey, nil); r.StatusCode != http.StatusNoContent {
 		t.Fatalf("DELETE session on a: %d %s", r.StatusCode, r.Body)
 	}

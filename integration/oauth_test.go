@@ -606,6 +606,14 @@ func TestOAuthRejectedRefreshNeedsSignIn(t *testing.T) {
 	if s := g.catalogService(t, aliceKey, "svc"); s.Status != "connected" {
 		t.Fatalf("catalog after connecting again: %+v", s)
 	}
+	// Connecting again made another connection (maybe to another account
+	// at the provider): the MCP session of the old one is over, and the
+	// runner initializes a new one.
+	if status, _, msgs := m.post(`{"jsonrpc":"2.0","id":9,"method":"tools/call","params":{"name":"echo","arguments":{"text":"x"}}}`); status != http.StatusNotFound || len(msgs) != 1 || !strings.Contains(string(msgs[0]), "connected to the service again") {
+		t.Fatalf("a call on the session of the old connection: %d %s, want 404", status, msgs)
+	}
+	m.sessionID = ""
+	m.initialize()
 	m.mustEcho(t, "connected again")
 }
 

@@ -115,13 +115,12 @@ type Upstream struct {
 	// older version.
 	Endpoint string
 	// Grant names the caller's connection whose credential initialized
-	// the upstream session (gateway.Connection.Grant). When the caller
-	// connects again (another personal token, another consent, maybe
-	// another account at the provider), the upstream session and what the
-	// upstream said through it are the old connection's: a new one is
-	// initialized through the new connection, and the tools listed again
-	// (gateway.UpstreamRenewer). "" for a service without per-user
-	// credentials.
+	// the upstream session (gateway.Connection.Grant). It stays with the
+	// session: when the caller connects again (another personal token,
+	// another consent, maybe another account at the provider), the
+	// session is over, as its upstream session, tool catalog, streams and
+	// everything else the upstream said through it are the old
+	// connection's. "" for a service without per-user credentials.
 	Grant string
 }
 

@@ -497,7 +497,7 @@ func (s *Session) setLocalUpstream(u Upstream) error {
 		u.InitializeParams = s.upstream.InitializeParams
 	}
 	if s.upstream.Generation > 0 {
-		u.Endpoint = s.upstream.Endpoint // the same upstream, initialized again (maybe through another connection)
+		u.Endpoint, u.Grant = s.upstream.Endpoint, s.upstream.Grant // the same upstream and connection, initialized again
 	}
 	s.upstream = u
 	return nil
@@ -640,7 +640,7 @@ func (s *Session) Reinitialize(ctx context.Context, gen uint64, init func(Upstre
 		if r.Upstream.Generation != gen {
 			return errGenerationMoved
 		}
-		r.Upstream = mcpstate.Upstream{SessionID: next.SessionID, ProtocolVersion: next.ProtocolVersion, Generation: gen + 1, Endpoint: r.Upstream.Endpoint, Grant: next.Grant}
+		r.Upstream = mcpstate.Upstream{SessionID: next.SessionID, ProtocolVersion: next.ProtocolVersion, Generation: gen + 1, Endpoint: r.Upstream.Endpoint, Grant: r.Upstream.Grant}
 		return nil
 	})
 	if err != nil {
@@ -663,7 +663,7 @@ func (s *Session) Reinitialize(ctx context.Context, gen uint64, init func(Upstre
 	}
 	next.InitializeParams = cur.InitializeParams
 	next.Generation = gen + 1
-	next.Endpoint = rec.Upstream.Endpoint
+	next.Endpoint, next.Grant = rec.Upstream.Endpoint, rec.Upstream.Grant
 	s.upstream = next
 	return next, nil
 }

@@ -198,7 +198,6 @@ type App struct {
 	sharedMu *sync.Mutex
 	shared   map[string]any
 	answers  map[string]ClientAnswerFunc // by id prefix
-	renewer  UpstreamRenewer
 }
 
 // CaddyModule returns the Caddy module information.

@@ -252,23 +252,6 @@ func (h *Handler) refreshCatalog(call *gateway.Call) {
 	}()
 }
 
-// renew opens a new upstream session for call's MCP session with the
-// caller's connection as it stands, and lists the upstream's tools through
-// it (gateway.UpstreamRenewer): the caller connected again since the one
-// the session has was opened. The old upstream session is not ended: a
-// DELETE would carry the new connection's credential with the old one's
-// session id; the upstream forgets it at its own idle timeout.
-func (h *Handler) renew(ctx context.Context, call *gateway.Call) error {
-	cred, err := h.app.CredentialFor(ctx, call.Service, call.Caller.User)
-	if err != nil {
-		return err
-	}
-	c := *call
-	c.Credential = cred
-	_, err = h.reinitialize(ctx, &c, call.MCPSession.Upstream())
-	return err
-}
-
 // stamped is up, an upstream session the call initializes, marked with
 // the upstream and the caller's connection it was initialized with: the
 // registry ends the MCP session when a reload makes the service name

@@ -81,7 +81,6 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		_, err := h.openImplied(ctx, call)
 		return err
 	})
-	h.app.RenewUpstreamWith(h.renew)
 	return nil
 }
 

@@ -138,12 +138,12 @@ func (h *Handler) attempt(ctx context.Context, call *gateway.Call, up gateway.Up
 			return nil, unavailable("the service's upstream changed since this MCP session was initialized: initialize a new one")
 		}
 		if c := call.Credential; c != nil && c.Grant != up.Grant {
-			// The caller connected again since: the upstream session is
-			// the old connection's, not the new credential's to use. As
-			// for a session the upstream forgot, a new one is initialized
-			// (post, openStream).
+			// The caller connected again since (the registry ends such a
+			// session; this request passed it just before): the upstream
+			// session is the old connection's, not the new credential's
+			// to use, and the request was decided for the old one.
 			cancel()
-			return nil, &upstreamError{kind: kindSessionGone, msg: "the upstream session is of the connection you replaced since"}
+			return nil, unavailable("you connected to the service again since this MCP session was initialized: initialize a new one")
 		}
 		hdr["Mcp-Session-Id"] = []string{up.SessionID}
 	}

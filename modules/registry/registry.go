@@ -365,54 +365,47 @@ func allowlistTools(_ context.Context, call *gateway.Call, result []byte) (gatew
 func quote(s string) string { return string(mcpmsg.Quote(s)) }
 
 // current checks that the call's MCP session was initialized with the
-// upstream svc names now, and with the caller's connection to it as it
-// stands. A session whose service names another upstream since (a reload
-// changed its url or transport) is over, and ended (the runner is told to
-// initialize again): its tool catalog, and whatever else the old upstream
-// said, would otherwise decide calls that run on another upstream. Its
+// upstream svc names now, and through the caller's connection to it as it
+// stands. A session that was not is over, and ended (the runner is told
+// to initialize again, and a DELETE of it is answered as done): its tool
+// catalog, streams and whatever else the upstream said would otherwise
+// decide calls, or reach the runner, that run on another upstream (a
+// reload changed the service's url or transport) or through another
+// connection of the caller (they stored another personal token, or
+// consented again, maybe as another account at the provider). Its
 // upstream session is not ended with a DELETE: that would hand its id to
-// the new upstream; the old one forgets it at its own idle timeout.
-//
-// A session whose caller connected again since (they stored another
-// personal token, or consented again, maybe as another account at the
-// provider) goes on with a new upstream session opened through the new
-// connection, and its tools listed through it, before anything is
-// decided (gateway.UpstreamRenewer). A caller with no connection (they
-// disconnected), or one that cannot be read, is left to the credentials
-// step, which says so.
+// the new upstream, or carry the new connection's credential with the
+// old one's session; the upstream forgets it at its own idle timeout. A
+// caller with no connection (they disconnected), or one that cannot be
+// read, is left to the credentials step, which says so (sign in, or try
+// again); connecting again then ends the session.
 func (h *Handler) current(w http.ResponseWriter, r *http.Request, call *gateway.Call, svc *gateway.Service) bool {
 	ms := call.MCPSession
 	up := ms.Upstream()
-	if !up.From(svc.Endpoint()) {
-		const why = "the service's upstream changed since this MCP session was initialized"
-		ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), endOutdatedTimeout)
-		defer cancel()
-		if _, _, err := h.app.MCPSessions().End(ctx, ms); err != nil {
-			// The runner is told to initialize again all the same, and the
-			// next request of the session comes here again.
-			h.logger.Warn("cannot end an outdated MCP session", zap.String("service", ms.Service), zap.String("reason", why), zap.Error(err))
-		} else {
-			h.logger.Info("ended an outdated MCP session", zap.String("service", ms.Service), zap.String("reason", why))
-		}
-		gateway.WriteRPCError(w, http.StatusNotFound, nil, gateway.CodeSessionNotFound, why+": initialize a new one", nil)
+	var why string
+	switch grant, err := h.app.GrantFor(r.Context(), svc, call.Caller.User); {
+	case !up.From(svc.Endpoint()):
+		why = "the service's upstream changed since this MCP session was initialized"
+	case err == nil && grant != "" && grant != up.Grant:
+		why = "you connected to the service again since this MCP session was initialized"
+	default:
+		return true
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), endOutdatedTimeout)
+	defer cancel()
+	_, _, err := h.app.MCPSessions().End(ctx, ms)
+	if err != nil {
+		// The runner is told to initialize again all the same, and the
+		// next request of the session comes here again.
+		h.logger.Warn("cannot end an outdated MCP session", zap.String("service", ms.Service), zap.String("reason", why), zap.Error(err))
+	} else {
+		h.logger.Info("ended an outdated MCP session", zap.String("service", ms.Service), zap.String("reason", why))
+	}
+	if r.Method == http.MethodDelete && err == nil {
+		w.WriteHeader(http.StatusNoContent) // what the runner asked for
 		return false
 	}
-	grant, err := h.app.GrantFor(r.Context(), svc, call.Caller.User)
-	if err != nil || grant == "" || grant == up.Grant {
-		return true
-	}
-	c := *call
-	c.Service = svc
-	err = h.app.RenewUpstream(r.Context(), &c)
-	switch {
-	case err == nil:
-		h.logger.Info("opened a new upstream session through the caller's new connection", zap.String("service", svc.ID))
-		return true
-	case gateway.IsSignInError(err):
-		return true // the credentials step answers it
-	}
-	h.logger.Warn("cannot open an upstream session through the caller's new connection", zap.String("service", svc.ID), zap.Error(err))
-	call.Unavailable(w, "you connected to "+svc.ID+" again, and toolgate could not open an upstream session through the new connection yet; retry")
+	gateway.WriteRPCError(w, http.StatusNotFound, nil, gateway.CodeSessionNotFound, why+": initialize a new one", nil)
 	return false
 }
 
