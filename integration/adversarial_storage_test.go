@@ -183,6 +183,14 @@ func TestAdversarialStorage(t *testing.T) {
 				t.Errorf("PUT token after repair: %d %s", r.StatusCode, r.Body)
 			}
 			token = f.name + "-token"
+			// The new token is a new connection: the MCP session of the
+			// old one is over, and the runner initializes a new one
+			// (while the storage can record it).
+			personal.sessionID = ""
+			personal.initialize()
+			if got := echo(personal, "renewed"); !strings.Contains(got, `\"text\":\"renewed\"`) || lastToken() != "Bearer "+token {
+				t.Errorf("a call with the new token after repair: %s, %q", got, lastToken())
+			}
 			if r := g.api(t, http.MethodPost, "/v1/sessions", aliceKey, []byte(`{"services":["svc"]}`)); r.StatusCode != http.StatusCreated {
 				t.Errorf("a new session after repair: %d %s", r.StatusCode, r.Body)
 			}
