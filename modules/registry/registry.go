@@ -382,14 +382,13 @@ func quote(s string) string { return string(mcpmsg.Quote(s)) }
 func (h *Handler) current(w http.ResponseWriter, r *http.Request, call *gateway.Call, svc *gateway.Service) bool {
 	ms := call.MCPSession
 	up := ms.Upstream()
-	var why string
-	switch grant, err := h.app.GrantFor(r.Context(), svc, call.Caller.User); {
-	case !up.From(svc.Endpoint()):
-		why = "the service's upstream changed since this MCP session was initialized"
-	case err == nil && grant != "" && grant != up.Grant:
+	why := "the service's upstream changed since this MCP session was initialized"
+	if up.From(svc.Endpoint()) {
+		grant, err := h.app.GrantFor(r.Context(), svc, call.Caller.User)
+		if err != nil || grant == "" || grant == up.Grant {
+			return true
+		}
 		why = "you connected to the service again since this MCP session was initialized"
-	default:
-		return true
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), endOutdatedTimeout)
 	defer cancel()
