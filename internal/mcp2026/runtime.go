@@ -130,14 +130,15 @@ type implied struct {
 // The session is also the caller's connection's to the service: once they
 // connect again or store another personal token, the next request gets a
 // new session, and the one of the old connection is ended (its upstream
-// session too, as an idle one's is), so that nothing the upstream said
+// session where that sends the old one's id with no other credential: see
+// mcpsession.Sessions.Retire), so that nothing the upstream said
 // through the old connection — its discovery, tools, upstream session,
 // listens — is served through the new, and rotated tokens do not pile up
 // sessions against the limits.
 func (rt *Runtime) Session(ctx context.Context, call *gateway.Call, svc *gateway.Service) (*gateway.MCPSession, error) {
 	sum := sha256.Sum256(call.Stateless.Capabilities)
 	key := call.Caller.User + "\x00" + call.Session.ID + "\x00" + svc.ID + "\x00" + hex.EncodeToString(sum[:])
-	grant, _ := rt.app.GrantFor(ctx, svc, call.Caller.User) // unreadable: the credentials step reports it
+	grant, _ := rt.app.GrantFor(ctx, svc, call.Caller.User, false) // unreadable: the credentials step reports it
 	rt.mu.Lock()
 	defer rt.mu.Unlock()
 	cur, ok := rt.implied[key]

@@ -89,7 +89,9 @@ type Config struct {
 	Idle time.Duration
 	// Logger logs what goes wrong in the background.
 	Logger *zap.Logger
-	// OnEnd ends the upstream session of a session that expired.
+	// OnEnd ends the upstream session of a session that ended without
+	// its runner's DELETE (it expired, or was retired): see
+	// gateway.App.OnMCPSessionEnd.
 	OnEnd func(Ended)
 	// Endpoint names each service's upstream in this configuration (its
 	// gateway.Service.Endpoint), and reports whether the service exists:
@@ -541,10 +543,11 @@ func upstreamOf(rec *mcpstate.Record) Upstream {
 // Retire ends s, a session of this replica's own (CreateLocal) that is
 // replaced: at once when nothing uses it, else as soon as what uses it
 // (a call in progress, a listen) ends — the replacement serves what comes
-// next. Its upstream session is not ended with it: it was opened through a
-// connection that is not the caller's any more, and a DELETE would carry
-// the new connection's credential with the old one's session. The
-// upstream forgets it at its own idle timeout.
+// next. Its upstream session goes to the end hook (Config.OnEnd), which
+// knows that it was opened through a connection that is not the caller's
+// any more: a DELETE carrying the new connection's credential with the
+// old one's session is not sent (the upstream forgets it at its own idle
+// timeout), but a transport module's session ends.
 func (m *Sessions) Retire(s *Session) {
 	if !s.local {
 		return
@@ -559,7 +562,7 @@ func (m *Sessions) Retire(s *Session) {
 func (m *Sessions) retire(s *Session) {
 	if m.closeLocal(s) {
 		if c := m.cfg(); c.OnEnd != nil {
-			c.OnEnd(Ended{ID: s.ID, User: s.User, Service: s.Service}) // no upstream session: see Retire
+			c.OnEnd(Ended{ID: s.ID, User: s.User, Service: s.Service, Upstream: s.Upstream()})
 		}
 	}
 }

@@ -372,7 +372,7 @@ func (a *App) Provision(ctx caddy.Context) error {
 		CacheTTL:  time.Duration(a.CacheTTL),
 		Idle:      time.Duration(a.MCPSessionIdleTimeout),
 		Logger:    a.logger,
-		OnEnd:     a.endMCPSession,
+		OnEnd:     a.EndUpstream,
 		Endpoint: func(service string) (string, bool) {
 			if svc := a.registry.Lookup(service); svc != nil {
 				return svc.Endpoint(), true
@@ -514,19 +514,22 @@ func (a *App) Start() error {
 }
 
 // OnMCPSessionEnd registers fn to end the upstream session of an MCP
-// session that expired (the proxy sends DELETE upstream). It runs in the
-// background, never under a request.
+// session that ended without its runner's DELETE: it expired, its
+// toolgate session ended, or it was over (see EndUpstream). The proxy
+// sends DELETE upstream where that hands nothing to an upstream that is
+// not the session's, and no credential but the one the session was
+// opened with. It runs in the background, never under a request.
 func (a *App) OnMCPSessionEnd(fn func(EndedMCPSession)) { a.endMCP = fn }
 
-// endingConcurrency bounds the upstream DELETEs of expired sessions in
+// endingConcurrency bounds the upstream DELETEs of ended sessions in
 // flight at once.
 const endingConcurrency = 16
 
 var endingSlots = make(chan struct{}, endingConcurrency)
 
-// endMCPSession ends the upstream session of an expired MCP session, in
-// the background.
-func (a *App) endMCPSession(e EndedMCPSession) {
+// EndUpstream ends, in the background, the upstream session of e, an MCP
+// session ended without its runner's DELETE (see OnMCPSessionEnd).
+func (a *App) EndUpstream(e EndedMCPSession) {
 	if a.endMCP == nil {
 		return
 	}

@@ -97,6 +97,14 @@ type Credential struct {
 // String hides the value.
 func (c *Credential) String() string { return c.Header + ": [hidden]" }
 
+// GrantName is c's Grant; "" for no credential at all.
+func (c *Credential) GrantName() string {
+	if c == nil {
+		return ""
+	}
+	return c.Grant
+}
+
 // A ResultHook sees the result of a successful upstream response before the
 // runner does. It returns the result to send instead, or nil to keep it.
 // Hooks run in the order the steps registered them; each sees the result

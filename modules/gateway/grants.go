@@ -273,14 +273,20 @@ func credentialOf(conn *Connection) *Credential {
 }
 
 // GrantFor names user's connection to svc as it stands (Connection.Grant),
-// from the cache, without refreshing anything: "" for a service without
-// per-user credentials, or when the user has none (the credentials step
-// reports that). An error says the connection could not be read.
-func (a *App) GrantFor(ctx context.Context, svc *Service, user string) (string, error) {
+// without refreshing anything: "" for a service without per-user
+// credentials, or when the user has none (the credentials step reports
+// that). It is read from the cache, or with fresh from storage (and the
+// cache updated: the credential of the caller's next request is the one
+// read). An error says the connection could not be read.
+func (a *App) GrantFor(ctx context.Context, svc *Service, user string, fresh bool) (string, error) {
 	if !svc.PerUserCredentials() || a.connections == nil {
 		return "", nil
 	}
-	conn, err := a.connections.Load(ctx, svc.ID, user)
+	load := a.connections.Load
+	if fresh {
+		load = a.connections.LoadFresh
+	}
+	conn, err := load(ctx, svc.ID, user)
 	switch {
 	case errors.Is(err, ErrNotConnected):
 		return "", nil

@@ -281,33 +281,35 @@ func (h *Handler) endUpstream(ctx context.Context, call *gateway.Call, up gatewa
 	drain(resp)
 }
 
-// expired ends the upstream session of an MCP session that was idle for
-// the idle timeout, with the owner's current credential.
+// expired ends the upstream session of an MCP session that ended without
+// its runner's DELETE (it was idle for the idle timeout, or it was over:
+// see gateway.App.EndUpstream), with the owner's current credential. A
+// session whose service names another upstream since is left alone: its
+// id is not the new upstream's to see. One whose owner connected again
+// since is left alone too, where a server would see the DELETE: it would
+// carry the new connection's credential with the old one's session (the
+// upstream forgets it at its own idle timeout); a transport module (a
+// program, a legacy SSE connection) ends it itself, given no credential.
 func (h *Handler) expired(e gateway.EndedMCPSession) {
 	if e.ID != "" {
 		h.notices.Forget(e.ID) // nothing more waits for its stream
 	}
 	svc := h.app.Registry().Lookup(e.Service)
-	if svc == nil || e.Upstream.SessionID == "" {
+	if svc == nil || e.Upstream.SessionID == "" || !e.Upstream.From(svc.Endpoint()) {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Duration(svc.Timeout))
 	defer cancel()
 	cred, err := h.app.CredentialFor(ctx, svc, e.User)
-	if err != nil {
-		if svc.Transport() == "" {
-			h.logger.Info("cannot end an expired upstream session: no credential", zap.String("service", svc.ID), zap.Error(err))
-			return
-		}
-		// A transport module (a program, a legacy SSE connection) ends
-		// its session without asking the server: the owner having
-		// disconnected must not keep it, and its connection, open.
+	switch {
+	case svc.Transport() != "" && (err != nil || cred.GrantName() != e.Upstream.Grant):
+		// The owner disconnected or connected again: that must not keep
+		// the session, and its connection, open.
 		cred = nil
-	}
-	if cred != nil && cred.Grant != e.Upstream.Grant {
-		// The owner connected again since: a DELETE would carry the new
-		// connection's credential with the old one's session. The
-		// upstream forgets it at its own idle timeout.
+	case err != nil:
+		h.logger.Info("cannot end an expired upstream session: no credential", zap.String("service", svc.ID), zap.Error(err))
+		return
+	case cred.GrantName() != e.Upstream.Grant:
 		return
 	}
 	call := &gateway.Call{Caller: &gateway.Caller{User: e.User}, Service: svc, Credential: cred}

@@ -130,21 +130,27 @@ func (h *Handler) attempt(ctx context.Context, call *gateway.Call, up gateway.Up
 	case http.MethodGet:
 		hdr["Accept"] = acceptSSE
 	}
+	if up.SessionID != "" && !up.From(svc.Endpoint()) {
+		// The id was issued by the upstream the service named before a
+		// reload: it is not another upstream's to see.
+		cancel()
+		return nil, unavailable("the service's upstream changed since this MCP session was initialized: initialize a new one")
+	}
+	if (up.SessionID != "" || up.Grant != "") && call.Credential.GrantName() != up.Grant && !endsItself(call, method) {
+		// The session's upstream session (with an id, or what toolgate
+		// keeps of one, translated or implied) was opened through another
+		// credential of the caller's: they connected again since (the
+		// registry ends such a session; this request passed it just
+		// before). The request was decided with what the upstream said
+		// through the old one, and the old upstream session is not the
+		// new credential's to use.
+		cancel()
+		if call.Stateless != nil {
+			return nil, unavailable("you connected to the service again while this request was on its way: send it again")
+		}
+		return nil, unavailable("you connected to the service again since this MCP session was initialized: initialize a new one")
+	}
 	if up.SessionID != "" {
-		if !up.From(svc.Endpoint()) {
-			// The id was issued by the upstream the service named before a
-			// reload: it is not another upstream's to see.
-			cancel()
-			return nil, unavailable("the service's upstream changed since this MCP session was initialized: initialize a new one")
-		}
-		if c := call.Credential; c != nil && c.Grant != up.Grant {
-			// The caller connected again since (the registry ends such a
-			// session; this request passed it just before): the upstream
-			// session is the old connection's, not the new credential's
-			// to use, and the request was decided for the old one.
-			cancel()
-			return nil, unavailable("you connected to the service again since this MCP session was initialized: initialize a new one")
-		}
 		hdr["Mcp-Session-Id"] = []string{up.SessionID}
 	}
 	if up.ProtocolVersion != "" {
@@ -212,6 +218,14 @@ func (h *Handler) attempt(ctx context.Context, call *gateway.Call, up gateway.Up
 	}
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, drainLimit))
 	return nil, e
+}
+
+// endsItself reports whether the request is a DELETE that a transport
+// module (a program, a legacy SSE connection) answers itself, carrying no
+// credential: it ends the upstream session of a caller who connected
+// again since (see Handler.expired) with nothing reaching a server.
+func endsItself(call *gateway.Call, method string) bool {
+	return method == http.MethodDelete && call.Credential == nil && call.Service.Transport() != ""
 }
 
 // cancelOnClose ends a response's context when its body is closed.

@@ -365,40 +365,41 @@ func allowlistTools(_ context.Context, call *gateway.Call, result []byte) (gatew
 func quote(s string) string { return string(mcpmsg.Quote(s)) }
 
 // current checks that the call's MCP session was initialized with the
-// upstream svc names now, and through the caller's connection to it as it
-// stands. A session that was not is over, and ended (the runner is told
-// to initialize again, and a DELETE of it is answered as done): its tool
-// catalog, streams and whatever else the upstream said would otherwise
-// decide calls, or reach the runner, that run on another upstream (a
-// reload changed the service's url or transport) or through another
-// connection of the caller (they stored another personal token, or
-// consented again, maybe as another account at the provider). Its
-// upstream session is not ended with a DELETE: that would hand its id to
-// the new upstream, or carry the new connection's credential with the
-// old one's session; the upstream forgets it at its own idle timeout. A
-// caller with no connection (they disconnected), or one that cannot be
-// read, is left to the credentials step, which says so (sign in, or try
-// again); connecting again then ends the session.
+// upstream svc names now, and through the credential the caller reaches
+// it with as it stands. A session that was not is over, and ended (the
+// runner is told to initialize again, and a DELETE of it is answered as
+// done): its tool catalog, streams and whatever else the upstream said
+// would otherwise decide calls, or reach the runner, that run on another
+// upstream (a reload changed the service's url or transport), through
+// another connection of the caller (they stored another personal token,
+// or consented again, maybe as another account at the provider), or with
+// the service's own credential in place of the caller's (a reload). Its
+// upstream session is not ended with a DELETE where a server would see it:
+// that would hand its id to the new upstream, or carry the new
+// credential with the old one's session; the upstream forgets it at its
+// own idle timeout. A transport module's (a program, a legacy SSE
+// connection) ends without one (see gateway.App.EndUpstream). A caller
+// with no connection (they disconnected), or one that cannot be read, is
+// left to the credentials step, which says so (sign in, or try again);
+// connecting again then ends the session.
 func (h *Handler) current(w http.ResponseWriter, r *http.Request, call *gateway.Call, svc *gateway.Service) bool {
 	ms := call.MCPSession
-	up := ms.Upstream()
-	why := "the service's upstream changed since this MCP session was initialized"
-	if up.From(svc.Endpoint()) {
-		grant, err := h.app.GrantFor(r.Context(), svc, call.Caller.User)
-		if err != nil || grant == "" || grant == up.Grant {
-			return true
-		}
-		why = "you connected to the service again since this MCP session was initialized"
+	why := h.outdated(r.Context(), call, svc, ms.Upstream())
+	if why == "" {
+		return true
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), endOutdatedTimeout)
 	defer cancel()
-	_, _, err := h.app.MCPSessions().End(ctx, ms)
+	up, ended, err := h.app.MCPSessions().End(ctx, ms)
 	if err != nil {
 		// The runner is told to initialize again all the same, and the
 		// next request of the session comes here again.
 		h.logger.Warn("cannot end an outdated MCP session", zap.String("service", ms.Service), zap.String("reason", why), zap.Error(err))
 	} else {
 		h.logger.Info("ended an outdated MCP session", zap.String("service", ms.Service), zap.String("reason", why))
+		if ended {
+			h.app.EndUpstream(gateway.EndedMCPSession{ID: ms.ID, User: ms.User, Service: ms.Service, Upstream: up})
+		}
 	}
 	if r.Method == http.MethodDelete && err == nil {
 		w.WriteHeader(http.StatusNoContent) // what the runner asked for
@@ -406,6 +407,31 @@ func (h *Handler) current(w http.ResponseWriter, r *http.Request, call *gateway.
 	}
 	gateway.WriteRPCError(w, http.StatusNotFound, nil, gateway.CodeSessionNotFound, why+": initialize a new one", nil)
 	return false
+}
+
+// outdated says why up, the upstream session of the call's MCP session,
+// is over (see current), or "" when it is not.
+func (h *Handler) outdated(ctx context.Context, call *gateway.Call, svc *gateway.Service, up gateway.Upstream) string {
+	if !up.From(svc.Endpoint()) {
+		return "the service's upstream changed since this MCP session was initialized"
+	}
+	if !svc.PerUserCredentials() {
+		if up.Grant != "" {
+			return "the service's credential changed since this MCP session was initialized"
+		}
+		return ""
+	}
+	grant, err := h.app.GrantFor(ctx, svc, call.Caller.User, false)
+	if err == nil && grant != "" && grant != up.Grant {
+		// This replica's copy of the connection may be older than the
+		// session (the caller connected again through another replica,
+		// and initialized there): read it before ending anything.
+		grant, err = h.app.GrantFor(ctx, svc, call.Caller.User, true)
+	}
+	if err != nil || grant == "" || grant == up.Grant {
+		return ""
+	}
+	return "you connected to the service again since this MCP session was initialized"
 }
 
 // endOutdatedTimeout bounds ending an outdated MCP session in storage.
