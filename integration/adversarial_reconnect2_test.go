@@ -129,40 +129,22 @@ import (
 type rc2Modern struct {
 	URL string
 
-	mu      sync.Mutex
-	calls   []string                 // "tools/call <name> as <account>"
-	hold    map[string]chan struct{} // account → the next tools/list waits for close
-	arrived map[string]chan struct{}
+	mu    sync.Mutex
+	calls []string // "tools/call <name> as <account>"
+	listHolds
 }
 
 func startRC2Modern(t *testing.T) *rc2Modern {
 	t.Helper()
-	u := &rc2Modern{hold: map[string]chan struct{}{}, arrived: map[string]chan struct{}{}}
+	u := &rc2Modern{}
 	srv := httptest.NewServer(http.HandlerFunc(u.serve))
 	t.Cleanup(func() {
-		u.mu.Lock()
-		for _, c := range u.hold {
-			select {
-			case <-c:
-			default:
-				close(c)
-			}
-		}
-		u.mu.Unlock()
+		u.releaseAll()
 		srv.CloseClientConnections()
 		srv.Close()
 	})
 	u.URL = srv.URL + "/mcp"
 	return u
-}
-
-func (u *rc2Modern) holdList(account string) (<-chan struct{}, func()) {
-	u.mu.Lock()
-	defer u.mu.Unlock()
-	h, a := make(chan struct{}), make(chan struct{})
-	u.hold[account], u.arrived[account] = h, a
-	var once sync.Once
-	return a, func() { once.Do(func() { close(h) }) }
 }
 
 func (u *rc2Modern) callsSeen() []string {
@@ -190,18 +172,8 @@ func (u *rc2Modern) serve(w http.ResponseWriter, r *http.Request) {
 		payload = `"result":{"resultType":"complete","supportedVersions":["2026-07-28"],"capabilities":{"tools":{}},` +
 			`"_meta":{"io.modelcontextprotocol/serverInfo":{"name":"rc2-modern","version":"1"}},"ttlMs":0,"cacheScope":"private"}`
 	case "tools/list":
-		u.mu.Lock()
-		h, a := u.hold[account], u.arrived[account]
-		delete(u.hold, account)
-		delete(u.arrived, account)
-		u.mu.Unlock()
-		if h != nil {
-			close(a)
-			select {
-			case <-h:
-			case <-r.Context().Done():
-				return
-			}
+		if !u.waitList(r, account) {
+			return
 		}
 		echo := `{"name":"echo","description":"Echo.",`
 		if account == "one" {
@@ -354,23 +326,7 @@ func TestReconnect2AttackStaleReplicaEndsNewConnectionsSession(t *testing.T) {
 	block := soBlock("storage file_system "+t.TempDir(), data, up.URL, "echo change", "auth bearer", "tool_pins off")
 	a := startReplica(t, bin, block, data)
 	b := startReplica(t, bin, block, data)
-	lsPutToken(t, a.gateway, aliceKey, "token-one")
-	session := a.createSession(t, aliceKey, "svc")
-	ma := a.raw(t, aliceKey, session, "svc")
-	ma.initialize()
-	mb := b.raw(t, aliceKey, session, "svc")
-	mb.sessionID = ma.sessionID
-	if ans := rcCall(ma, 1, "echo"); !strings.Contains(ans, "ran as one") {
-		t.Fatalf("control through a: %s", ans)
-	}
-	if ans := rcCall(mb, 2, "echo"); !strings.Contains(ans, "ran as one") {
-		t.Fatalf("control through b: %s", ans)
-	}
-
-	lsPutToken(t, a.gateway, aliceKey, "token-two")
-	if ans := rcCall(ma, 3, "echo"); !strings.Contains(ans, "HTTP 404") {
-		t.Fatalf("the old session through a after alice connected again: %s, want 404", ans)
-	}
+	ma, mb := rcConnectedAgainThroughA(t, a, b)
 	ma.sessionID = ""
 	ma.initialize()
 	if ans := rcCall(ma, 4, "change"); !strings.Contains(ans, "ran as two") {

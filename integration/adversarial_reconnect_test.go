@@ -152,26 +152,17 @@ type rcUpstream struct {
 	sessions map[string]string      // upstream session id → account it was opened with
 	streams  map[string]chan string // session id → its open GET stream
 	log      []rcRequest
-	hold     map[string]chan struct{} // account → a tools/list of it waits for close
-	arrived  map[string]chan struct{} // account → closed when a held tools/list came
-	failInit map[string]bool          // account → initialize answers 500
+	failInit map[string]bool // account → initialize answers 500
+	listHolds
 }
 
 func startRC(t *testing.T) *rcUpstream {
 	t.Helper()
 	u := &rcUpstream{sessions: map[string]string{}, streams: map[string]chan string{},
-		hold: map[string]chan struct{}{}, arrived: map[string]chan struct{}{}, failInit: map[string]bool{}}
+		failInit: map[string]bool{}}
 	srv := httptest.NewServer(http.HandlerFunc(u.serve))
 	t.Cleanup(func() {
-		u.mu.Lock()
-		for _, c := range u.hold {
-			select {
-			case <-c:
-			default:
-				close(c)
-			}
-		}
-		u.mu.Unlock()
+		u.releaseAll()
 		srv.CloseClientConnections()
 		srv.Close()
 	})
@@ -183,15 +174,58 @@ func rcAccount(r *http.Request) string {
 	return strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer token-")
 }
 
+// listHolds makes an upstream's next tools/list of an account wait.
+type listHolds struct {
+	mu      sync.Mutex
+	hold    map[string]chan struct{} // account → a tools/list of it waits for close
+	arrived map[string]chan struct{} // account → closed when a held tools/list came
+}
+
 // holdList makes the next tools/list of account wait; it returns a
 // channel closed when one arrived, and the function letting it go.
-func (u *rcUpstream) holdList(account string) (arrived <-chan struct{}, release func()) {
-	u.mu.Lock()
-	defer u.mu.Unlock()
+func (l *listHolds) holdList(account string) (arrived <-chan struct{}, release func()) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.hold == nil {
+		l.hold, l.arrived = map[string]chan struct{}{}, map[string]chan struct{}{}
+	}
 	h, a := make(chan struct{}), make(chan struct{})
-	u.hold[account], u.arrived[account] = h, a
+	l.hold[account], l.arrived[account] = h, a
 	var once sync.Once
 	return a, func() { once.Do(func() { close(h) }) }
+}
+
+// waitList is where a tools/list of account waits when it is held; false
+// when the request ended meanwhile.
+func (l *listHolds) waitList(r *http.Request, account string) bool {
+	l.mu.Lock()
+	h, a := l.hold[account], l.arrived[account]
+	delete(l.hold, account)
+	delete(l.arrived, account)
+	l.mu.Unlock()
+	if h == nil {
+		return true
+	}
+	close(a)
+	select {
+	case <-h:
+		return true
+	case <-r.Context().Done():
+		return false
+	}
+}
+
+// releaseAll lets every held listing go.
+func (l *listHolds) releaseAll() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, c := range l.hold {
+		select {
+		case <-c:
+		default:
+			close(c)
+		}
+	}
 }
 
 func (u *rcUpstream) requests() []rcRequest {
@@ -312,18 +346,8 @@ func (u *rcUpstream) serve(w http.ResponseWriter, r *http.Request) {
 	}
 	switch rec.RPCMethod {
 	case "tools/list":
-		u.mu.Lock()
-		h, a := u.hold[account], u.arrived[account]
-		delete(u.hold, account)
-		delete(u.arrived, account)
-		u.mu.Unlock()
-		if h != nil {
-			close(a)
-			select {
-			case <-h:
-			case <-r.Context().Done():
-				return
-			}
+		if !u.waitList(r, account) {
+			return
 		}
 		ro := `"annotations":{"readOnlyHint":true},`
 		echo := `{"name":"echo","description":"Echo.",`
@@ -371,6 +395,31 @@ func rcCall(m *rawMCP, id int, tool string) string {
 		s = strings.TrimSpace(s[i+len("data: "):])
 	}
 	return fmt.Sprintf("HTTP %d %s", resp.StatusCode, s)
+}
+
+// rcConnectedAgainThroughA has alice initialize a session with svc through
+// replica a as account one and call echo through both replicas, then
+// store account two's token through a, whose next call ends the session
+// (404). It returns her session's clients of a and b.
+func rcConnectedAgainThroughA(t *testing.T, a, b *replica) (ma, mb *rawMCP) {
+	t.Helper()
+	lsPutToken(t, a.gateway, aliceKey, "token-one")
+	session := a.createSession(t, aliceKey, "svc")
+	ma = a.raw(t, aliceKey, session, "svc")
+	ma.initialize()
+	mb = b.raw(t, aliceKey, session, "svc")
+	mb.sessionID = ma.sessionID
+	if ans := rcCall(ma, 1, "echo"); !strings.Contains(ans, "ran as one") {
+		t.Fatalf("control through a: %s", ans)
+	}
+	if ans := rcCall(mb, 2, "echo"); !strings.Contains(ans, "ran as one") {
+		t.Fatalf("control through b: %s", ans)
+	}
+	lsPutToken(t, a.gateway, aliceKey, "token-two")
+	if ans := rcCall(ma, 3, "echo"); !strings.Contains(ans, "HTTP 404") {
+		t.Fatalf("alice's echo through a after she connected again: %s, want 404", ans)
+	}
+	return ma, mb
 }
 
 // rcStart is alice's MCP session on svc at an rcUpstream, connected as
@@ -699,22 +748,7 @@ func TestReconnectAttackReplicaDecidesWithOldCatalogDuringRenewal(t *testing.T) 
 	a, b, _ := soReplicas(t, testdataPath(t, "policy"), func(storage, data string) string {
 		return soBlock(storage, data, up.URL, "echo change", "auth bearer", "tool_pins off")
 	})
-	lsPutToken(t, a.gateway, aliceKey, "token-one")
-	session := a.createSession(t, aliceKey, "svc")
-	ma := a.raw(t, aliceKey, session, "svc")
-	ma.initialize()
-	mb := b.raw(t, aliceKey, session, "svc")
-	mb.sessionID = ma.sessionID
-	if ans := rcCall(ma, 1, "echo"); !strings.Contains(ans, "ran as one") {
-		t.Fatalf("control through a: %s", ans)
-	}
-	if ans := rcCall(mb, 2, "echo"); !strings.Contains(ans, "ran as one") {
-		t.Fatalf("control through b: %s", ans)
-	}
-	lsPutToken(t, a.gateway, aliceKey, "token-two")
-	if ans := rcCall(ma, 3, "echo"); !strings.Contains(ans, "HTTP 404") {
-		t.Fatalf("alice's echo through a after she connected again: %s, want 404", ans)
-	}
+	_, mb := rcConnectedAgainThroughA(t, a, b)
 	var ans string
 	for i := 0; i < 30; i++ {
 		ans = rcCall(mb, 10+i, "echo")
