@@ -230,6 +230,12 @@ const (
 	writeTimeout = 30 * time.Second
 )
 
+// stamp is an expiry as index entries and marks keep it: to the
+// nanosecond, since one truncated to the second would count an approval
+// of a short ttl as expired up to a second early (time.Parse with
+// time.RFC3339 reads both).
+func stamp(t time.Time) []byte { return []byte(t.UTC().Format(time.RFC3339Nano)) }
+
 func hashOf(parts ...string) string {
 	h := sha256.New()
 	for _, p := range parts {
@@ -319,7 +325,7 @@ func (s *Store) Create(ctx context.Context, a *Approval, c Contents) error {
 	// Counted first (max_pending_per_user): an entry whose record never
 	// came is dropped when counted (CountPending).
 	pendingOf := path.Join(pendingOfPrefix, hashOf(a.Requester), a.ID)
-	if err := s.storage.Store(ctx, pendingOf, []byte(a.ExpiresAt.Format(time.RFC3339))); err != nil {
+	if err := s.storage.Store(ctx, pendingOf, stamp(a.ExpiresAt)); err != nil {
 		return fmt.Errorf("%w: indexing the approval: %v", gateway.ErrStorageUnavailable, err)
 	}
 	plain, err := json.Marshal(c)
@@ -344,7 +350,7 @@ func (s *Store) Create(ctx context.Context, a *Approval, c Contents) error {
 		path.Join(pendingPrefix, a.ID),
 		path.Join(byRequesterPrefix, hashOf(a.Requester), a.ID),
 	} {
-		if err := s.storage.Store(ctx, key, []byte(a.ExpiresAt.Format(time.RFC3339))); err != nil {
+		if err := s.storage.Store(ctx, key, stamp(a.ExpiresAt)); err != nil {
 			return fmt.Errorf("%w: indexing the approval: %v", gateway.ErrStorageUnavailable, err)
 		}
 	}
@@ -602,7 +608,7 @@ func (s *Store) Decide(ctx context.Context, id string, caller *gateway.Caller, a
 	_ = s.storage.Delete(ctx, path.Join(pendingPrefix, id))
 	_ = s.storage.Delete(ctx, path.Join(pendingOfPrefix, hashOf(out.Requester), id))
 	if out.State == StateApproved && out.Scope == ScopeTool {
-		if err := s.storage.Store(ctx, path.Join(byToolPrefix, out.ToolKey, id), []byte(out.ExpiresAt.Format(time.RFC3339))); err != nil {
+		if err := s.storage.Store(ctx, path.Join(byToolPrefix, out.ToolKey, id), stamp(out.ExpiresAt)); err != nil {
 			return nil, fmt.Errorf("%w: indexing the approval: %v", gateway.ErrStorageUnavailable, err)
 		}
 	}

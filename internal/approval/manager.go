@@ -536,11 +536,11 @@ func (m *Manager) noteResult(ctx context.Context, a *Approval) {
 	}
 	stored := withheldKey(a.Requester, a.Session)
 	if data, err := m.Store.storage.Load(ctx, stored); err == nil {
-		if t, err := time.Parse(time.RFC3339, string(data)); err == nil && !t.Before(a.ExpiresAt.Truncate(time.Second)) {
+		if t, err := time.Parse(time.RFC3339, string(data)); err == nil && !t.Before(a.ExpiresAt) {
 			return // another replica marked a later expiry
 		}
 	}
-	if err := m.Store.storage.Store(ctx, stored, []byte(a.ExpiresAt.UTC().Format(time.RFC3339))); err != nil {
+	if err := m.Store.storage.Store(ctx, stored, stamp(a.ExpiresAt)); err != nil {
 		m.logger.Warn("cannot mark a withheld result in storage; a retry through another replica calls the upstream again",
 			zap.String("approval", a.ID), zap.Error(err))
 		return

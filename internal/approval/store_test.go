@@ -185,3 +185,29 @@ func TestSweepAndCountLeftovers(t *testing.T) {
 		t.Error("the contents of a pending approval were swept")
 	}
 }
+
+// An approval counts under max_pending_per_user until the instant it
+// expires, not until the whole second before: index entries keep the
+// expiry to the nanosecond (a one-second ttl was otherwise counted as gone
+// within its first second, letting a third ask past a limit of two).
+func TestCountPendingUntilTheExactExpiry(t *testing.T) {
+	ctx := context.Background()
+	clock := time.Date(2026, 12, 3, 1, 0, 10, 900_000_000, time.UTC)
+	orig := now
+	now = func() time.Time { return clock }
+	t.Cleanup(func() { now = orig })
+	s := testStore(&certmagic.FileStorage{Path: t.TempDir()})
+	a := &Approval{ID: "short", State: StatePending, Requester: "alice", Approvers: []string{"bob"}, Scopes: []string{ScopeOnce},
+		CreatedAt: clock, ExpiresAt: clock.Add(time.Second)}
+	if err := s.Create(ctx, a, Contents{Arguments: []byte(`{"x":1}`)}); err != nil {
+		t.Fatal(err)
+	}
+	clock = clock.Add(500 * time.Millisecond) // past 01:00:11, before 01:00:11.9
+	if n, err := s.CountPending(ctx, "alice"); err != nil || n != 1 {
+		t.Fatalf("CountPending half a second before the expiry = %d, %v; want 1", n, err)
+	}
+	clock = a.ExpiresAt
+	if n, err := s.CountPending(ctx, "alice"); err != nil || n != 0 {
+		t.Fatalf("CountPending at the expiry = %d, %v; want 0", n, err)
+	}
+}

@@ -649,8 +649,11 @@ func (h *Handler) background(call *gateway.Call, up gateway.Upstream, body []byt
 // come (why says why): retryable, as it may or may not have run, unless
 // the upstream answered past max_response_values (it ran).
 func streamFailure(err error, why string) (code int, text string, data any) {
-	if isKind(err, kindOverLimit) {
+	switch {
+	case isKind(err, kindOverLimit):
 		return gateway.CodeInternalError, why, nil
+	case isKind(err, kindClosed):
+		return gateway.CodeSessionNotFound, why + ": initialize a new one", nil
 	}
 	return gateway.CodeUnavailable, why + "; the request may or may not have run upstream", gateway.Retryable
 }

@@ -42,6 +42,10 @@ type upstreamError struct {
 
 type errorKind uint8
 
+// errSessionEnded is reading an upstream message of an MCP session that
+// was ended meanwhile.
+var errSessionEnded error = &upstreamError{kind: kindClosed, sent: true, msg: "the MCP session was ended while the request was in progress"}
+
 const (
 	kindUnavailable  errorKind = iota // network error, timeout, 5xx, malformed: retryable
 	kindSessionGone                   // 404 for a known session: re-initialize
@@ -262,6 +266,10 @@ type response struct {
 	// onPrime, when set, is called with the event id of an event without
 	// data (the upstream's priming event, SEP-1699).
 	onPrime func(id string)
+	// own marks the answer to a request toolgate makes itself (roundTrip):
+	// it is read to its end even if the MCP session ends meanwhile, so
+	// that an upstream session an initialize made is known, and ended.
+	own bool
 }
 
 func (h *Handler) newResponse(ctx context.Context, call *gateway.Call, up gateway.Upstream, resp *http.Response) (*response, error) {
@@ -307,6 +315,16 @@ func (r *response) next() (mcpmsg.Message, error) {
 	data, err := r.nextData()
 	if err != nil {
 		return mcpmsg.Message{}, err
+	}
+	if ms := r.call.MCPSession; ms != nil && !r.own && ms.Closed() {
+		// Ended while the message was on its way (connecting again, a
+		// DELETE, a reload): the cancellation that stops this exchange
+		// runs on a goroutine of its own and may come late, but once the
+		// session is ended nothing of it reaches the runner.
+		if r.resp != nil {
+			r.resp.Body.Close()
+		}
+		return mcpmsg.Message{}, errSessionEnded
 	}
 	msg, err := mcpmsg.Parse(normalizeCR(data), r.h.limits)
 	if err == nil {
@@ -522,6 +540,7 @@ func (h *Handler) roundTrip(ctx context.Context, call *gateway.Call, up gateway.
 	if err != nil {
 		return nil, mcpmsg.Message{}, err
 	}
+	r.own = true
 	defer r.close()
 	for {
 		msg, err := r.next()
