@@ -57,6 +57,15 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	ctx, span := gateway.StartSpan(r.Context(), "toolgate.credentials",
 		attribute.String("toolgate.service", call.Service.ID), attribute.String("toolgate.auth", string(call.Service.Auth.Kind)))
 	cred, err := h.app.CredentialFor(ctx, call.Service, call.Caller.User)
+	if err != nil && r.Method == http.MethodDelete && call.MCPSession != nil && gateway.IsSignInError(err) {
+		// Ending a session is always possible, connected or not: it goes
+		// on without a credential. The proxy ends the MCP session; a
+		// transport module (a program, a legacy SSE connection) ends its
+		// own session and stream, and a server is sent nothing (the
+		// upstream forgets the session at its own idle timeout).
+		span.End()
+		return next.ServeHTTP(w, r)
+	}
 	if err != nil {
 		gateway.EndSpan(span, errorKind(err))
 		h.fail(w, r, call, err)

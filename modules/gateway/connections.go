@@ -89,9 +89,18 @@ func (s *ConnectionStore) Load(ctx context.Context, service, user string) (*Conn
 	return s.cache.Load(ctx, ConnectionKey(service, user), s.loader(service, user))
 }
 
-// LoadFresh reads the connection from storage, bypassing the cache.
+// LoadFresh reads the connection from storage, bypassing the cache, and
+// leaves the cache as it read: with the connection read, or without one
+// when there is none (the caller disconnected through another replica,
+// which announced nothing) — a copy kept would go on serving a deleted
+// token.
 func (s *ConnectionStore) LoadFresh(ctx context.Context, service, user string) (*Connection, error) {
-	return s.cache.Reload(ctx, ConnectionKey(service, user), s.loader(service, user))
+	key := ConnectionKey(service, user)
+	conn, err := s.cache.Reload(ctx, key, s.loader(service, user))
+	if errors.Is(err, ErrNotConnected) {
+		s.cache.Forget(key)
+	}
+	return conn, err
 }
 
 // loader reads and decrypts user's connection to service. Absence is not
