@@ -60,3 +60,22 @@ func TestNoMessageOfAnEndedSession(t *testing.T) {
 		t.Errorf("the runner is told %d, want %d (initialize again)", code, gateway.CodeSessionNotFound)
 	}
 }
+
+// A request with no credential of the caller's never reaches a server of
+// a service of per-user credentials: the credentials step lets a DELETE
+// of a disconnected caller's session go on without one (a transport
+// module ends its own session), and a session recorded without a grant
+// (an older record) must not carry its id there unauthenticated.
+func TestNoUncredentialedRequestToAPerUserServer(t *testing.T) {
+	svc := &gateway.Service{ID: "svc", URL: "http://127.0.0.1:1/mcp", Auth: &gateway.UpstreamAuth{Kind: gateway.AuthOAuth}}
+	call := &gateway.Call{Caller: &gateway.Caller{User: "alice"}, Service: svc}
+	for _, method := range []string{http.MethodDelete, http.MethodPost, http.MethodGet} {
+		resp, err := (&Handler{}).attempt(context.Background(), call, gateway.Upstream{SessionID: "s-1"}, method, nil, "")
+		if err == nil {
+			resp.Body.Close()
+		}
+		if !isKind(err, kindUnavailable) || mayHaveRun(err) {
+			t.Errorf("%s without a credential: %v, want refused before it is sent", method, err)
+		}
+	}
+}

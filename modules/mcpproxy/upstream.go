@@ -140,6 +140,13 @@ func (h *Handler) attempt(ctx context.Context, call *gateway.Call, up gateway.Up
 		cancel()
 		return nil, unavailable("the service's upstream changed since this MCP session was initialized: initialize a new one")
 	}
+	if call.Credential == nil && svc.PerUserCredentials() && !endsItself(call, method) {
+		// Only a DELETE a transport module answers itself goes without the
+		// caller's credential (see endsItself); a server of a service of
+		// per-user credentials never sees a request without one.
+		cancel()
+		return nil, unavailable("toolgate has no credential of yours for the service: connect it, then retry")
+	}
 	if (up.SessionID != "" || up.Grant != "") && call.Credential.GrantName() != up.Grant && !endsItself(call, method) {
 		// The session's upstream session (with an id, or what toolgate
 		// keeps of one, translated or implied) was opened through another
