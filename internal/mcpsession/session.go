@@ -53,6 +53,7 @@ type Session struct {
 	lastUsed atomic.Int64 // unix nanoseconds
 	inUse    atomic.Int32 // exchanges and streams in progress
 	retired  atomic.Bool  // replaced: ends when nothing uses it (Sessions.Retire)
+	heldHere atomic.Bool  // a transport module of this replica holds an upstream session of it (HeldHere)
 
 	// Bookkeeping of this copy against the shared state.
 	stale   atomic.Bool  // a change was announced since the record was read
@@ -148,6 +149,17 @@ func (s *Session) Context() context.Context { return s.ctx }
 
 // Closed reports whether the session was ended.
 func (s *Session) Closed() bool { return s.ctx.Err() != nil }
+
+// HeldHere records that a transport module of this replica (a program, a
+// legacy SSE connection) holds an upstream session of s: when another
+// replica ends s, this one hears it (with storages that announce changes)
+// and hands s to the end hook marked Elsewhere, so the module ends what it
+// holds at once rather than at its idle timeout.
+func (s *Session) HeldHere() {
+	if !s.heldHere.Load() {
+		s.heldHere.Store(true)
+	}
+}
 
 // Upstream returns the current upstream state.
 func (s *Session) Upstream() Upstream {

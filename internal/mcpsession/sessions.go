@@ -41,6 +41,10 @@ type Ended struct {
 	User     string
 	Service  string
 	Upstream Upstream
+	// Elsewhere marks a session another replica ended (and ended its
+	// upstream session): only what this replica holds of it itself, a
+	// transport module's session (see Session.HeldHere), is to end.
+	Elsewhere bool
 }
 
 // Sessions holds the runners' MCP sessions as this replica knows them.
@@ -231,7 +235,10 @@ func (m *Sessions) Open(ctx context.Context, id, user, toolgateSession string) (
 	}
 	rec, catalog, err := m.read(ctx, c, claims.Ref)
 	if errors.Is(err, mcpstate.ErrNotFound) || err == nil && (rec.User != user || rec.Service != claims.Service) {
-		if s != nil {
+		switch {
+		case s != nil && err != nil:
+			m.endedElsewhere(c, s)
+		case s != nil:
 			m.closeLocal(s)
 		}
 		return nil, ErrNotFound
@@ -303,7 +310,7 @@ func (m *Sessions) reload(ctx context.Context, s *Session) error {
 	changes := s.changeCount()
 	rec, catalog, err := m.read(ctx, c, s.Ref)
 	if errors.Is(err, mcpstate.ErrNotFound) {
-		m.closeLocal(s)
+		m.endedElsewhere(c, s)
 		return ErrClosed
 	}
 	if err != nil {
@@ -311,6 +318,15 @@ func (m *Sessions) reload(ctx context.Context, s *Session) error {
 	}
 	s.apply(rec, catalog, changes, nil, now().Sub(rec.Created) < listingWait)
 	return nil
+}
+
+// endedElsewhere closes this replica's copy of s, which another replica
+// ended (its record is gone), handing s to the end hook when a transport
+// module here holds an upstream session of it.
+func (m *Sessions) endedElsewhere(c *Config, s *Session) {
+	if m.closeLocal(s) && s.heldHere.Load() && c.OnEnd != nil {
+		c.OnEnd(Ended{ID: s.ID, User: s.User, Service: s.Service, Upstream: s.Upstream(), Elsewhere: true})
+	}
 }
 
 // reloadLater reads s's record again in the background, unless too many
@@ -357,7 +373,9 @@ func (m *Sessions) changed(c *Config, ch storecache.Change) {
 			return
 		}
 		s.invalidate()
-		if s.inUse.Load() > 0 || s.awaitingListing() {
+		if s.inUse.Load() > 0 || s.awaitingListing() || s.heldHere.Load() {
+			// In use, or holding what only this replica can end (a
+			// transport module's session): an end elsewhere stops it now.
 			m.reloadLater(s)
 		}
 	case mcpstate.SessionMarked:

@@ -572,3 +572,39 @@ func TestMCPSessionKeepsItsEndpoint(t *testing.T) {
 		t.Error("a session that recorded no endpoint (an older version's) is taken for another upstream's")
 	}
 }
+
+// A session another replica ended goes to this replica's end hook,
+// marked Elsewhere, only when a transport module here holds an upstream
+// session of it (HeldHere): an HTTP upstream's session was ended by the
+// replica that ended it, and must not get a second DELETE from each
+// replica that served it.
+func TestEndedElsewhereReachesTheHookOnlyWhenHeldHere(t *testing.T) {
+	clock := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	withClock(t, &clock)
+	storage := &certmagic.FileStorage{Path: t.TempDir()}
+	a, _ := replicaOf(t, storage, time.Hour, 100, 100)
+	b, endedB := replicaOf(t, storage, time.Hour, 100, 100)
+	held := started(t, a, aliceSession, "up-held")
+	plain := started(t, a, aliceSession, "up-plain")
+	for _, s := range []*Session{held, plain} {
+		copyB, err := b.Open(context.Background(), s.ID, "alice", "s")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if s == held {
+			copyB.HeldHere()
+		}
+		if _, _, err := a.End(context.Background(), s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	clock = clock.Add(time.Minute) // past cache_ttl: b reads the records again (file storage announces nothing)
+	for _, s := range []*Session{held, plain} {
+		if _, err := b.Open(context.Background(), s.ID, "alice", "s"); !errors.Is(err, ErrNotFound) {
+			t.Fatalf("Open through b of a session ended through a: %v", err)
+		}
+	}
+	if len(*endedB) != 1 || !(*endedB)[0].Elsewhere || (*endedB)[0].Upstream.SessionID != "up-held" {
+		t.Errorf("b's end hook got %+v, want only the session held here, marked Elsewhere", *endedB)
+	}
+}

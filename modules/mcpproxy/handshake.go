@@ -290,6 +290,8 @@ func (h *Handler) endUpstream(ctx context.Context, call *gateway.Call, up gatewa
 // carry the new connection's credential with the old one's session (the
 // upstream forgets it at its own idle timeout); a transport module (a
 // program, a legacy SSE connection) ends it itself, given no credential.
+// One another replica ended (Elsewhere) only ends here what a transport
+// module of this replica holds of it.
 func (h *Handler) expired(e gateway.EndedMCPSession) {
 	if e.ID != "" {
 		h.notices.Forget(e.ID) // nothing more waits for its stream
@@ -298,8 +300,17 @@ func (h *Handler) expired(e gateway.EndedMCPSession) {
 	if svc == nil || e.Upstream.SessionID == "" || !e.Upstream.From(svc.Endpoint()) {
 		return
 	}
+	if e.Elsewhere && svc.Transport() == "" {
+		return // the replica that ended it ended its upstream session
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Duration(svc.Timeout))
 	defer cancel()
+	if e.Elsewhere {
+		// Another replica ended it: this replica's transport module ends
+		// its own session of it, given no credential (endsItself).
+		h.endUpstream(ctx, &gateway.Call{Caller: &gateway.Caller{User: e.User}, Service: svc}, e.Upstream)
+		return
+	}
 	cred, err := h.app.CredentialFor(ctx, svc, e.User)
 	switch {
 	case svc.Transport() != "" && (err != nil || cred.GrantName() != e.Upstream.Grant):

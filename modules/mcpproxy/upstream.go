@@ -114,6 +114,7 @@ func (h *Handler) attempt(ctx context.Context, call *gateway.Call, up gateway.Up
 	}
 	if call.MCPSession != nil && svc.Transport() != "" {
 		ctx = gateway.WithUpstreamSession(ctx, call.MCPSession.Ref) // see gateway.UpstreamSession
+		call.MCPSession.HeldHere()
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	var rd io.Reader
