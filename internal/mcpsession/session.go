@@ -65,6 +65,9 @@ type Session struct {
 
 	ctx    context.Context // done when the session closes
 	cancel context.CancelFunc
+	// retiring is done when the session is retired or closes (Retiring).
+	retiring  context.Context
+	retireNow context.CancelFunc
 	reinit chan struct{} // held while re-initializing
 
 	mu             sync.Mutex
@@ -149,6 +152,16 @@ func (s *Session) Context() context.Context { return s.ctx }
 
 // Closed reports whether the session was ended.
 func (s *Session) Closed() bool { return s.ctx.Err() != nil }
+
+// Retiring is done when the session closes or is retired (see
+// Sessions.Retire): what only ends when its runner lets go, a listen,
+// stops then, while a call in progress runs to its end.
+func (s *Session) Retiring() context.Context {
+	if s.retiring == nil {
+		return s.ctx // a copy of a stored session (adopt): it is never retired
+	}
+	return s.retiring
+}
 
 // HeldHere records that a transport module of this replica (a program, a
 // legacy SSE connection) holds an upstream session of s: when another

@@ -465,6 +465,10 @@ func (m *Sessions) create(ctx context.Context, user, toolgateSession string, exp
 	s := &Session{ID: mcpstate.Seal(c.Keys, claims), Ref: claims.Ref, User: user, SessionID: toolgateSession, Service: service, Created: now(),
 		Expires: claims.Expires, m: m, started: true, local: local, ctx: ctx2, cancel: cancel, reinit: make(chan struct{}, 1),
 		catalogPending: make(chan struct{})}
+	s.retiring, s.retireNow = ctx2, cancel
+	if local {
+		s.retiring, s.retireNow = context.WithCancel(ctx2)
+	}
 	s.checked.Store(now().UnixNano())
 	s.Touch()
 	m.mu.Lock()
@@ -559,9 +563,10 @@ func upstreamOf(rec *mcpstate.Record) Upstream {
 }
 
 // Retire ends s, a session of this replica's own (CreateLocal) that is
-// replaced: at once when nothing uses it, else as soon as what uses it
-// (a call in progress, a listen) ends — the replacement serves what comes
-// next. Its upstream session goes to the end hook (Config.OnEnd), which
+// replaced: at once when nothing uses it, else as soon as the calls in
+// progress on it end — the replacement serves what comes next. Its
+// listens, which would use it for as long as their runner keeps them
+// open, end at once (Session.Retiring). Its upstream session goes to the end hook (Config.OnEnd), which
 // knows that it was opened through a connection that is not the caller's
 // any more: a DELETE carrying the new connection's credential with the
 // old one's session is not sent (the upstream forgets it at its own idle
@@ -571,6 +576,7 @@ func (m *Sessions) Retire(s *Session) {
 		return
 	}
 	s.retired.Store(true)
+	s.retireNow() // its listens end now: they would use it for as long as the runner keeps them
 	if s.inUse.Load() == 0 {
 		m.retire(s)
 	}

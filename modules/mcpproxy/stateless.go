@@ -35,9 +35,11 @@ func (h *Handler) serveStateless(w http.ResponseWriter, r *http.Request, call *g
 	var ctx context.Context
 	var cancel context.CancelFunc
 	if listen {
-		// A subscription lasts until either side closes it.
+		// A subscription lasts until either side closes it, or the
+		// session is retired (the caller connected again: nothing of the
+		// old connection's upstream session reaches them any more).
 		ctx, cancel = context.WithCancel(r.Context())
-		defer context.AfterFunc(call.MCPSession.Context(), cancel)()
+		defer context.AfterFunc(call.MCPSession.Retiring(), cancel)()
 	} else {
 		ctx, cancel = exchangeContext(r, call)
 	}

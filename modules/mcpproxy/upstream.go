@@ -324,7 +324,7 @@ func (r *response) next() (mcpmsg.Message, error) {
 	if err != nil {
 		return mcpmsg.Message{}, err
 	}
-	if ms := r.call.MCPSession; ms != nil && !r.own && ms.Closed() {
+	if r.sessionOver() {
 		// Ended while the message was on its way (connecting again, a
 		// DELETE, a reload): the cancellation that stops this exchange
 		// runs on a goroutine of its own and may come late, but once the
@@ -356,6 +356,22 @@ func (r *response) next() (mcpmsg.Message, error) {
 		return msg, unavailable("the upstream sent a malformed message (%s)", why)
 	}
 	return msg, nil
+}
+
+// sessionOver reports whether the exchange's MCP session ended, or, for
+// a stateless runner's subscriptions/listen, was retired (the caller
+// connected again: a call in progress runs to its end, a listen would
+// relay the old connection's upstream session for as long as the runner
+// keeps it). Toolgate's own requests read on (own).
+func (r *response) sessionOver() bool {
+	ms := r.call.MCPSession
+	if ms == nil || r.own {
+		return false
+	}
+	if r.call.Stateless != nil && r.call.Method == "subscriptions/listen" {
+		return ms.Retiring().Err() != nil
+	}
+	return ms.Closed()
 }
 
 // normalizeCR turns each CR of a JSON text into a space. In a JSON text a
