@@ -68,7 +68,7 @@ type Session struct {
 	// retiring is done when the session is retired or closes (Retiring).
 	retiring  context.Context
 	retireNow context.CancelFunc
-	reinit chan struct{} // held while re-initializing
+	reinit    chan struct{} // held while re-initializing
 
 	mu             sync.Mutex
 	progress       map[string]int // progress tokens of the runner's requests in progress here, by mcpmsg.IDKey
