@@ -568,3 +568,31 @@ func waitProgress(t *testing.T, mu *sync.Mutex, progress *[]float64, n int) []fl
 	defer mu.Unlock()
 	return slices.Clone(*progress)
 }
+
+// per_user with credential_env: a process holds its user's token in its
+// environment, so when they disconnect the service it stops then, not
+// at its idle timeout (10 minutes here); another user's goes on.
+func TestStdioPerUserProcessStopsWhenItsUserDisconnects(t *testing.T) {
+	procs := map[string]processInfo{}
+	t.Cleanup(func() { // after the gateway stopped
+		if p, ok := procs[bobKey]; ok {
+			assertProcessGone(t, p.PID)
+		}
+	})
+	g := startGateway(t, gatewayConfig{Upstream: "http://127.0.0.1:9/unused",
+		Services: goSDKStdioService(t, "mine", "per_user\n\t\t\tcredential_env TOKEN\n\t\t\tauth bearer\n\t\t\tidle_timeout 10m")})
+	for key, token := range map[string]string{aliceKey: "alice-upstream-token", bobKey: "bob-upstream-token"} {
+		body, _ := json.Marshal(map[string]string{"token": token})
+		if r := g.api(t, http.MethodPut, "/v1/connections/mine", key, body); r.StatusCode/100 != 2 {
+			t.Fatalf("storing a token: %d %s", r.StatusCode, r.Body)
+		}
+		procs[key] = whoIs(t, g.connect(t, key, g.createSession(t, key, "mine"), "mine", nil))
+	}
+	if r := g.api(t, http.MethodDelete, "/v1/connections/mine", aliceKey, nil); r.StatusCode/100 != 2 {
+		t.Fatalf("disconnecting: %d %s", r.StatusCode, r.Body)
+	}
+	assertProcessGone(t, procs[aliceKey].PID)
+	if errors.Is(syscall.Kill(procs[bobKey].PID, 0), syscall.ESRCH) {
+		t.Error("bob's process stopped when alice disconnected")
+	}
+}

@@ -521,6 +521,22 @@ func (a *App) Start() error {
 // opened with. It runs in the background, never under a request.
 func (a *App) OnMCPSessionEnd(fn func(EndedMCPSession)) { a.endMCP = fn }
 
+// OnConnectionGone registers fn, called with the storage key of a
+// caller's connection to a service (ConnectionKey) when it may be gone:
+// deleted through this replica (the caller disconnected, or the provider
+// refused the grant), or changed through another (with a storage that
+// announces changes; GrantFor with fresh tells whether it is gone). What
+// holds a caller's credential itself — a program per user that got it in
+// its environment — lets go of it then, not at its idle timeout. fn must
+// return quickly (it runs on the storage's listener goroutine). Register
+// it while provisioning; services without per-user credentials have no
+// connections to lose.
+func (a *App) OnConnectionGone(fn func(key string)) {
+	if a.connections != nil {
+		a.connections.onGone(fn)
+	}
+}
+
 // endingConcurrency bounds the upstream DELETEs of ended sessions in
 // flight at once.
 const endingConcurrency = 16

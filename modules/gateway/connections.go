@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io/fs"
 	"path"
+	"sync"
 	"time"
 
 	"github.com/caddyserver/certmagic"
@@ -63,14 +64,41 @@ type ConnectionStore struct {
 
 	watch *storecache.Watch
 	cache *storecache.Cache[*Connection]
+
+	// gone are called with the key of a connection deleted here, or
+	// changed on another replica (see App.OnConnectionGone).
+	goneMu sync.Mutex
+	gone   []func(key string)
 }
 
 const connectionPrefix = "toolgate/connections"
 
 func newConnectionStore(storage certmagic.Storage, cipher Cipher, cacheTTL time.Duration) *ConnectionStore {
 	w := storecache.NewWatch(storage, connectionPrefix)
-	return &ConnectionStore{storage: storage, cipher: cipher,
+	s := &ConnectionStore{storage: storage, cipher: cipher,
 		watch: w, cache: storecache.NewCache[*Connection](w, cacheTTL, func() time.Time { return now() })}
+	w.OnChange(func(ch storecache.Change) {
+		if !ch.Reset && !ch.Local { // a local delete told them already
+			s.maybeGone(ch.Key)
+		}
+	})
+	return s
+}
+
+// onGone adds fn to what is told of connections that may be gone.
+func (s *ConnectionStore) onGone(fn func(key string)) {
+	s.goneMu.Lock()
+	s.gone = append(s.gone, fn)
+	s.goneMu.Unlock()
+}
+
+func (s *ConnectionStore) maybeGone(key string) {
+	s.goneMu.Lock()
+	fns := s.gone
+	s.goneMu.Unlock()
+	for _, fn := range fns {
+		fn(key)
+	}
 }
 
 // start follows changes made by other replicas; stop ends that.
@@ -167,6 +195,7 @@ func (s *ConnectionStore) Delete(ctx context.Context, service, user string) erro
 		}
 	}
 	s.cache.Deleted(ctx, key)
+	s.maybeGone(key)
 	return nil
 }
 
@@ -191,6 +220,7 @@ func (s *ConnectionStore) Reject(ctx context.Context, service, user string) erro
 		return fmt.Errorf("%w: deleting from storage: %v", ErrStorageUnavailable, err)
 	}
 	s.cache.Deleted(ctx, key)
+	s.maybeGone(key)
 	mark, _ := json.Marshal(map[string]time.Time{"rejected_at": now().UTC()})
 	if err := s.storage.Store(ctx, rejectedKey(service, user), mark); err != nil {
 		return fmt.Errorf("%w: writing storage: %v", ErrStorageUnavailable, err)

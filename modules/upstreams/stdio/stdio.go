@@ -98,7 +98,10 @@ type Transport struct {
 	// (bearer, oauth) needs PerUser, so that a process only ever holds its
 	// own user's. When the credential changes (an OAuth token refreshed),
 	// new requests go to a new process that has the new one, and the old
-	// process stops once its requests in progress are answered.
+	// process stops once its requests in progress are answered. When the
+	// user disconnects the service (or the provider refuses their grant),
+	// their process stops then: on other replicas as the change is
+	// announced, with a storage that announces changes.
 	CredentialEnv string `json:"credential_env,omitempty"`
 
 	// IdleTimeout stops a process that had no request in progress and no
@@ -287,6 +290,12 @@ func (t *Transport) Attach(app *gateway.App, svc *gateway.Service) error {
 	// time when it starts (not when it is provisioned, perhaps to be
 	// refused), and takes them back if its load is abandoned.
 	app.OnStart(func() { app.OnStop(t.rt.use(t.logger, time.Duration(app.MCPSessionIdleTimeout))) })
+	if t.PerUser && t.CredentialEnv != "" && svc.PerUserCredentials() {
+		// A process holds its user's credential in its environment: when
+		// they disconnect, it stops then, not at its idle timeout.
+		rt := t.rt
+		app.OnConnectionGone(func(key string) { rt.connectionGone(app, svc, key) })
+	}
 	return nil
 }
 
