@@ -45,3 +45,21 @@ func TestTransportSessionOnAnotherReplicaEndsWithTheSession(t *testing.T) {
 		t.Errorf("ping through b after the session ended: %d %s, want 404", status, msgs)
 	}
 }
+
+// A per_user program holding its user's token (credential_env) on one
+// replica stops when they disconnect through another: the replicas share
+// PostgreSQL, whose announcement tells the one that runs it.
+func TestStdioPerUserProcessOnAnotherReplicaStopsWhenItsUserDisconnects(t *testing.T) {
+	a, b, _ := soReplicas(t, testdataPath(t, "policy"), func(storage, data string) string {
+		return soBlock(storage, data, "http://127.0.0.1:9/unused", "echo", "",
+			goSDKStdioService(t, "mine", "per_user\n\t\t\tcredential_env TOKEN\n\t\t\tauth bearer\n\t\t\tidle_timeout 10m"))
+	})
+	if r := a.api(t, http.MethodPut, "/v1/connections/mine", aliceKey, []byte(`{"token":"alice-upstream-token"}`)); r.StatusCode/100 != 2 {
+		t.Fatalf("storing a token through a: %d %s", r.StatusCode, r.Body)
+	}
+	proc := whoIs(t, b.connect(t, aliceKey, b.createSession(t, aliceKey, "mine"), "mine", nil))
+	if r := a.api(t, http.MethodDelete, "/v1/connections/mine", aliceKey, nil); r.StatusCode/100 != 2 {
+		t.Fatalf("disconnecting through a: %d %s", r.StatusCode, r.Body)
+	}
+	assertProcessGone(t, proc.PID)
+}
