@@ -114,10 +114,12 @@ func (rt *Runtime) Open(ctx context.Context, call *gateway.Call) error {
 const maxImplied = 1 << 16
 
 // implied is an implied MCP session, and the caller's connection it was
-// implied for (gateway.Connection.Grant).
+// implied for (gateway.Connection.Grant), unless that could not be read
+// (known false).
 type implied struct {
 	ms    *gateway.MCPSession
 	grant string
+	known bool
 }
 
 // Session returns the MCP session implied for a stateless request of call
@@ -138,15 +140,30 @@ type implied struct {
 func (rt *Runtime) Session(ctx context.Context, call *gateway.Call, svc *gateway.Service) (*gateway.MCPSession, error) {
 	sum := sha256.Sum256(call.Stateless.Capabilities)
 	key := call.Caller.User + "\x00" + call.Session.ID + "\x00" + svc.ID + "\x00" + hex.EncodeToString(sum[:])
-	grant, _ := rt.app.GrantFor(ctx, svc, call.Caller.User, false) // unreadable: the credentials step reports it
+	grant, gerr := rt.app.GrantFor(ctx, svc, call.Caller.User, false) // unreadable: the credentials step reports it
 	rt.mu.Lock()
 	defer rt.mu.Unlock()
 	cur, ok := rt.implied[key]
-	switch {
-	case ok && !cur.ms.Closed() && cur.grant == grant:
-		cur.ms.Touch()
-		return cur.ms, nil
-	case ok && !cur.ms.Closed():
+	if ok && !cur.ms.Closed() {
+		keep := cur.grant == grant
+		switch {
+		case gerr != nil:
+			// A connection that cannot be read now is no new one: the
+			// session, and its listens, go on.
+			keep = true
+		case !cur.known:
+			// Implied while the connection could not be read: it is the
+			// one read now, unless its upstream session was opened
+			// through another.
+			if up := cur.ms.Upstream().Grant; up == "" || up == grant {
+				cur.grant, cur.known, keep = grant, true, true
+				rt.implied[key] = cur
+			}
+		}
+		if keep {
+			cur.ms.Touch()
+			return cur.ms, nil
+		}
 		rt.app.MCPSessions().Retire(cur.ms)
 	}
 	if len(rt.implied) >= maxImplied {
@@ -160,7 +177,7 @@ func (rt *Runtime) Session(ctx context.Context, call *gateway.Call, svc *gateway
 	if err != nil {
 		return nil, err
 	}
-	rt.implied[key] = implied{ms: ms, grant: grant}
+	rt.implied[key] = implied{ms: ms, grant: grant, known: gerr == nil}
 	return ms, nil
 }
 

@@ -354,8 +354,8 @@ func (m *Sessions) changed(c *Config, ch storecache.Change) {
 		m.seq.Add(1)
 		for _, s := range m.snapshot() {
 			s.invalidate()
-			if s.inUse.Load() > 0 || s.awaitingListing() {
-				m.reloadLater(s)
+			if s.inUse.Load() > 0 || s.awaitingListing() || s.heldHere.Load() {
+				m.reloadLater(s) // what is not read now, Housekeep reads
 			}
 		}
 		return
@@ -883,8 +883,12 @@ func (m *Sessions) Housekeep(ctx context.Context) {
 			if !inUse && t.Sub(last) > c.Idle && m.closeLocal(s) && c.OnEnd != nil {
 				c.OnEnd(Ended{ID: s.ID, User: s.User, Service: s.Service, Upstream: s.Upstream()})
 			}
-		case inUse && !m.fresh(c, s):
-			_ = m.reload(ctx, s) // an end elsewhere stops its streams here
+		case (inUse || s.heldHere.Load() && t.Sub(last) <= c.Idle) && !m.fresh(c, s):
+			// An end elsewhere stops its streams here, and ends what a
+			// transport module here holds of it (an announcement whose
+			// read reloadLater had no room for, or that a lost listening
+			// connection missed, is caught here).
+			_ = m.reload(ctx, s)
 		case !inUse && t.Sub(last) > c.Idle:
 			m.closeLocal(s) // idle here; what is shared stays
 		}

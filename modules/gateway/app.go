@@ -525,7 +525,9 @@ func (a *App) OnMCPSessionEnd(fn func(EndedMCPSession)) { a.endMCP = fn }
 // caller's connection to a service (ConnectionKey) when it may be gone:
 // deleted through this replica (the caller disconnected, or the provider
 // refused the grant), or changed through another (with a storage that
-// announces changes; GrantFor with fresh tells whether it is gone). What
+// announces changes; GrantFor with fresh tells whether it is gone), or
+// with "" when any may be gone (the listening connection to the storage
+// was lost, and changes announced meanwhile with it). What
 // holds a caller's credential itself — a program per user that got it in
 // its environment — lets go of it then, not at its idle timeout. fn must
 // return quickly (it runs on the storage's listener goroutine). Register

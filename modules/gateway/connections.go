@@ -78,7 +78,10 @@ func newConnectionStore(storage certmagic.Storage, cipher Cipher, cacheTTL time.
 	s := &ConnectionStore{storage: storage, cipher: cipher,
 		watch: w, cache: storecache.NewCache[*Connection](w, cacheTTL, func() time.Time { return now() })}
 	w.OnChange(func(ch storecache.Change) {
-		if !ch.Reset && !ch.Local { // a local delete told them already
+		switch {
+		case ch.Reset:
+			s.maybeGone("") // the listening connection was lost: anything may be gone
+		case !ch.Local: // a local delete told them already
 			s.maybeGone(ch.Key)
 		}
 	})

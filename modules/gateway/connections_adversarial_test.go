@@ -22,11 +22,14 @@ package gateway
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/caddyserver/certmagic"
+
+	"github.com/toolgate/toolgate/modules/storage/postgres"
 )
 
 // gateStorage holds the next Load of key after it read storage, until
@@ -129,5 +132,60 @@ func TestLoadFreshForgetBeatsSlowLoadOfDeletedConnection(t *testing.T) {
 	if got, err := a.Load(ctx, "svc", "alice"); !errors.Is(err, ErrNotConnected) {
 		t.Errorf("a load that read the connection before the disconnect finished after a fresh read found none: "+
 			"Load now = %v, %v; want ErrNotConnected (the deleted token must not come back into the cache)", got, err)
+	}
+}
+
+// announcingStorage is a storage that announces changes, whose
+// announcements the test makes (notify).
+type announcingStorage struct {
+	certmagic.Storage
+	mu sync.Mutex
+	fn func(postgres.Change)
+}
+
+func (s *announcingStorage) Publish(context.Context, string) error { return nil }
+
+func (s *announcingStorage) Subscribe(_ string, fn func(postgres.Change)) (func(), error) {
+	s.mu.Lock()
+	s.fn = fn
+	s.mu.Unlock()
+	return func() {}, nil
+}
+
+func (s *announcingStorage) notify(c postgres.Change) {
+	s.mu.Lock()
+	fn := s.fn
+	s.mu.Unlock()
+	fn(c)
+}
+
+// What holds a caller's credential itself (OnConnectionGone) hears of a
+// connection deleted here at once, of one changed on another replica when
+// it is announced, and of "anything may be gone" ("") when the listening
+// connection was lost (announcements missed meanwhile); never of its own
+// replica's echo twice.
+func TestConnectionGoneHooks(t *testing.T) {
+	ctx := context.Background()
+	fs, _ := fileStorage(t)
+	st := &announcingStorage{Storage: fs}
+	s := newConnectionStore(st, testCipher(t), time.Hour)
+	var got []string
+	s.onGone(func(key string) { got = append(got, key) })
+	if err := s.start(nil); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.stop)
+	if err := s.Save(ctx, "svc", "alice", &Connection{Kind: AuthBearer, AccessToken: "one", ConnectedAt: time.Unix(1, 0)}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Delete(ctx, "svc", "alice"); err != nil {
+		t.Fatal(err)
+	}
+	alice, bob := ConnectionKey("svc", "alice"), ConnectionKey("svc", "bob")
+	st.notify(postgres.Change{Key: alice, Local: true}) // this replica's own announcement, back
+	st.notify(postgres.Change{Key: bob})                // another replica's
+	st.notify(postgres.Change{Reset: true})             // listening again after a loss
+	if want := []string{alice, bob, ""}; !slices.Equal(got, want) {
+		t.Errorf("the hooks heard %q, want %q", got, want)
 	}
 }

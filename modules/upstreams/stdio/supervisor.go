@@ -168,37 +168,39 @@ func (rt *runtime) worker(user string) (*worker, error) {
 }
 
 // connectionGone stops the process of the user whose connection to svc
-// key names (gateway.ConnectionKey), once storage confirms that the
-// connection is gone (they disconnected, or the provider refused the
-// grant): the process holds its credential in its environment. A user
-// connected again keeps theirs (their next request replaces it); one whose
-// connection cannot be read keeps it until their next request or the idle
-// timeout.
+// key names (gateway.ConnectionKey; "" names every user's), once storage
+// confirms that the connection is gone (they disconnected, or the
+// provider refused the grant): the process holds its credential in its
+// environment. A user connected again keeps theirs (their next request
+// replaces it); one whose connection cannot be read keeps it until their
+// next request or the idle timeout.
 func (rt *runtime) connectionGone(app *gateway.App, svc *gateway.Service, key string) {
 	rt.mu.Lock()
-	user, found := "", false
+	var users []string
 	for u := range rt.workers {
-		if gateway.ConnectionKey(svc.ID, u) == key {
-			user, found = u, true
-			break
+		if key == "" || gateway.ConnectionKey(svc.ID, u) == key {
+			users = append(users, u)
 		}
 	}
 	rt.mu.Unlock()
-	if !found {
+	if len(users) == 0 {
 		return
 	}
 	go func() {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Duration(svc.Timeout))
-		defer cancel()
-		if grant, err := app.GrantFor(ctx, svc, user, true); err != nil || grant != "" {
-			return
-		}
-		rt.mu.Lock()
-		w := rt.workers[user]
-		delete(rt.workers, user)
-		rt.mu.Unlock()
-		if w != nil {
-			w.stop("its user disconnected the service")
+		for _, user := range users {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Duration(svc.Timeout))
+			grant, err := app.GrantFor(ctx, svc, user, true)
+			cancel()
+			if err != nil || grant != "" {
+				continue
+			}
+			rt.mu.Lock()
+			w := rt.workers[user]
+			delete(rt.workers, user)
+			rt.mu.Unlock()
+			if w != nil {
+				w.stop("its user disconnected the service")
+			}
 		}
 	}()
 }
