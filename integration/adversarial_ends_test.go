@@ -81,34 +81,7 @@ import (
 
 // TestEndsAttackTransientGrantReadEndsStatelessListen: see the header.
 func TestEndsAttackTransientGrantReadEndsStatelessListen(t *testing.T) {
-	up := startRC(t)
-	g := startGateway(t, gatewayConfig{Upstream: up.URL, Tools: "echo change", Auth: "bearer", Extra: "tool_pins off\n\tcache_ttl 50ms"})
-	lsPutToken(t, g, aliceKey, "token-one")
-	session := g.createSession(t, aliceKey, "svc")
-	if ans := rc2Stateless(g, aliceKey, session, 1, "change"); !strings.Contains(ans, "ran as one") {
-		t.Fatalf("control, a stateless call as account one: %s", ans)
-	}
-	listen, stop := r4Listen(t, g, session)
-	defer stop()
-	if ack, ok := rcNext(listen, "listen-1", 10*time.Second); !ok || ack == "" {
-		t.Fatalf("the listen's acknowledgement did not come: %q", ack)
-	}
-	var old string
-	waitWithin(t, 10*time.Second, "a GET stream of account one's upstream session for the listen", func() bool {
-		for _, s := range up.sessionsOf("one") {
-			if up.hasStream(s) {
-				old = s
-				return true
-			}
-		}
-		return false
-	})
-	if !up.push(old, `{"jsonrpc":"2.0","method":"notifications/tools/list_changed","params":{"_meta":{"mark":"control"}}}`) {
-		t.Fatal("control: cannot push on account one's stream")
-	}
-	if msg, ok := rcNext(listen, "control", 5*time.Second); !ok || msg == "" {
-		t.Fatalf("control: account one's notification did not reach the listen: %q", msg)
-	}
+	up, g, session, listen, old := r4ListeningAsOne(t, "\n\tcache_ttl 50ms")
 
 	// One read of alice's connection fails (the record does not decrypt
 	// for a moment: a cipher or storage hiccup) while her runner sends a
@@ -183,10 +156,7 @@ func TestEndsHoldsDisconnectOfAnotherServiceKeepsPrograms(t *testing.T) {
 
 // TestEndsHoldsHTTPSessionEndedElsewhereGetsOneDelete: see the header.
 func TestEndsHoldsHTTPSessionEndedElsewhereGetsOneDelete(t *testing.T) {
-	up := startRC(t)
-	a, b, _ := soReplicas(t, testdataPath(t, "policy"), func(storage, data string) string {
-		return soBlock(storage, data, up.URL, "echo change", "auth bearer", "tool_pins off")
-	})
+	up, a, b := rcReplicas(t, "")
 	lsPutToken(t, a.gateway, aliceKey, "token-one")
 	session := a.createSession(t, aliceKey, "svc")
 	ma := a.raw(t, aliceKey, session, "svc")

@@ -317,15 +317,7 @@ func TestReconnect2AttackStatelessCallDecidedForOldAccountRunsAsNewOne(t *testin
 // because a replica has not seen that connection yet (read it afresh
 // before ending).
 func TestReconnect2AttackStaleReplicaEndsNewConnectionsSession(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds and runs the toolgate binary")
-	}
-	up := startRC(t)
-	bin := toolgateBinary(t)
-	data := t.TempDir()
-	block := soBlock("storage file_system "+t.TempDir(), data, up.URL, "echo change", "auth bearer", "tool_pins off")
-	a := startReplica(t, bin, block, data)
-	b := startReplica(t, bin, block, data)
+	up, a, b := rcReplicas(t, "file_system")
 	ma, mb := rcConnectedAgainThroughA(t, a, b)
 	ma.sessionID = ""
 	ma.initialize()
@@ -657,10 +649,7 @@ func TestReconnect2HoldsDisconnectWindowNoMix(t *testing.T) {
 // its upstream GET is closed, and nothing account one's upstream session
 // sends afterwards reaches the runner.
 func TestReconnect2HoldsStreamOnOtherReplicaEnds(t *testing.T) {
-	up := startRC(t)
-	a, b, _ := soReplicas(t, testdataPath(t, "policy"), func(storage, data string) string {
-		return soBlock(storage, data, up.URL, "echo change", "auth bearer", "tool_pins off")
-	})
+	up, a, b := rcReplicas(t, "")
 	lsPutToken(t, a.gateway, aliceKey, "token-one")
 	session := a.createSession(t, aliceKey, "svc")
 	ma := a.raw(t, aliceKey, session, "svc")

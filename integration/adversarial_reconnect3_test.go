@@ -59,15 +59,7 @@ import (
 // TestReconnect3AttackFreshReadOfDisconnectKeepsStaleToken: see the
 // header.
 func TestReconnect3AttackFreshReadOfDisconnectKeepsStaleToken(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds and runs the toolgate binary")
-	}
-	up := startRC(t)
-	bin := toolgateBinary(t)
-	data := t.TempDir()
-	block := soBlock("storage file_system "+t.TempDir(), data, up.URL, "echo change", "auth bearer", "tool_pins off")
-	a := startReplica(t, bin, block, data)
-	b := startReplica(t, bin, block, data)
+	up, a, b := rcReplicas(t, "file_system")
 
 	lsPutToken(t, a.gateway, aliceKey, "token-one")
 	session := a.createSession(t, aliceKey, "svc")

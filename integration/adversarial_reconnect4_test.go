@@ -63,7 +63,6 @@ package integration
 // (TestReconnect4HoldsForeignDeleteOfDisconnectedSession)
 
 import (
-	"bufio"
 	"context"
 	"net/http"
 	"strings"
@@ -97,59 +96,49 @@ func r4Listen(t *testing.T, g *gateway, session string) (<-chan string, context.
 		cancel()
 		t.Fatalf("subscriptions/listen: HTTP %d %s", resp.StatusCode, b)
 	}
-	out := make(chan string, 64)
-	go func() {
-		defer close(out)
-		defer resp.Body.Close()
-		sc := bufio.NewScanner(resp.Body)
-		sc.Buffer(make([]byte, 64<<10), 1<<20)
-		for sc.Scan() {
-			if line := sc.Text(); strings.HasPrefix(line, "data:") {
-				out <- strings.TrimSpace(strings.TrimPrefix(line, "data:"))
+	t.Cleanup(cancel)
+	return sseData(resp), cancel
+}
+
+// r4ListeningAsOne starts a gateway (with extra options) in front of an
+// rc upstream, where alice is connected as account one and her stateless
+// runner holds a subscriptions/listen: it returns them, her toolgate
+// session, the listen's messages and the upstream session whose stream
+// the listen relays (checked with a control notification).
+func r4ListeningAsOne(t *testing.T, extra string) (up *rcUpstream, g *gateway, session string, listen <-chan string, old string) {
+	t.Helper()
+	up = startRC(t)
+	g = startGateway(t, gatewayConfig{Upstream: up.URL, Tools: "echo change", Auth: "bearer", Extra: "tool_pins off" + extra})
+	lsPutToken(t, g, aliceKey, "token-one")
+	session = g.createSession(t, aliceKey, "svc")
+	if ans := rc2Stateless(g, aliceKey, session, 1, "change"); !strings.Contains(ans, "ran as one") {
+		t.Fatalf("control, a stateless call as account one: %s", ans)
+	}
+	listen, _ = r4Listen(t, g, session)
+	if ack, ok := rcNext(listen, "listen-1", 10*time.Second); !ok || ack == "" {
+		t.Fatalf("the listen's acknowledgement did not come: %q", ack)
+	}
+	waitWithin(t, 10*time.Second, "a GET stream of account one's upstream session for the listen", func() bool {
+		for _, s := range up.sessionsOf("one") {
+			if up.hasStream(s) {
+				old = s
+				return true
 			}
 		}
-	}()
-	t.Cleanup(cancel)
-	return out, cancel
+		return false
+	})
+	if !up.push(old, `{"jsonrpc":"2.0","method":"notifications/tools/list_changed","params":{"_meta":{"mark":"control"}}}`) {
+		t.Fatal("control: cannot push on account one's stream")
+	}
+	if msg, ok := rcNext(listen, "control", 5*time.Second); !ok || msg == "" {
+		t.Fatalf("control: account one's notification did not reach the listen: %q", msg)
+	}
+	return up, g, session, listen, old
 }
 
 // TestReconnect4AttackStatelessListenOutlivesReconnect: see the header.
 func TestReconnect4AttackStatelessListenOutlivesReconnect(t *testing.T) {
-	up := startRC(t)
-	g := startGateway(t, gatewayConfig{Upstream: up.URL, Tools: "echo change", Auth: "bearer", Extra: "tool_pins off"})
-	lsPutToken(t, g, aliceKey, "token-one")
-	session := g.createSession(t, aliceKey, "svc")
-	if ans := rc2Stateless(g, aliceKey, session, 1, "change"); !strings.Contains(ans, "ran as one") {
-		t.Fatalf("control, a stateless call as account one: %s", ans)
-	}
-	listen, stop := r4Listen(t, g, session)
-	defer stop()
-	if ack, ok := rcNext(listen, "listen-1", 10*time.Second); !ok || ack == "" {
-		t.Fatalf("the listen's acknowledgement did not come: %q", ack)
-	}
-	var old string
-	deadline := time.Now().Add(10 * time.Second)
-	for old == "" && time.Now().Before(deadline) {
-		for _, s := range up.sessionsOf("one") {
-			if up.hasStream(s) {
-				old = s
-			}
-		}
-		if old == "" {
-			time.Sleep(50 * time.Millisecond)
-		}
-	}
-	if old == "" {
-		t.Fatalf("no GET stream of account one's upstream session for the listen (sessions %v)", up.sessionsOf("one"))
-	}
-	// Control: account one's notification reaches the listen.
-	if !up.push(old, `{"jsonrpc":"2.0","method":"notifications/tools/list_changed","params":{"_meta":{"mark":"before-reconnect"}}}`) {
-		t.Fatal("control: cannot push on account one's stream")
-	}
-	if msg, ok := rcNext(listen, "before-reconnect", 5*time.Second); !ok || msg == "" {
-		t.Fatalf("control: account one's notification did not reach the listen before the reconnect: %q", msg)
-	}
-
+	up, g, session, listen, old := r4ListeningAsOne(t, "")
 	lsPutToken(t, g, aliceKey, "token-two")
 	if ans := rc2Stateless(g, aliceKey, session, 2, "change"); !strings.Contains(ans, "ran as two") {
 		t.Fatalf("the stateless call after connecting account two: %s, want it to run as account two", ans)

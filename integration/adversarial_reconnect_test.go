@@ -397,6 +397,29 @@ func rcCall(m *rawMCP, id int, tool string) string {
 	return fmt.Sprintf("HTTP %d %s", resp.StatusCode, s)
 }
 
+// rcReplicas starts an rc upstream and two replicas of the toolgate binary
+// whose svc is it with auth bearer (tool_pins off: the accounts'
+// definitions differ): on a fresh PostgreSQL database (storage ""), which
+// announces changes, or on one file_system directory, which announces
+// nothing.
+func rcReplicas(t *testing.T, storage string) (up *rcUpstream, a, b *replica) {
+	t.Helper()
+	up = startRC(t)
+	if storage == "" {
+		a, b, _ = soReplicas(t, testdataPath(t, "policy"), func(storage, data string) string {
+			return soBlock(storage, data, up.URL, "echo change", "auth bearer", "tool_pins off")
+		})
+		return up, a, b
+	}
+	if testing.Short() {
+		t.Skip("builds and runs the toolgate binary")
+	}
+	bin := toolgateBinary(t)
+	data := t.TempDir()
+	block := soBlock("storage file_system "+t.TempDir(), data, up.URL, "echo change", "auth bearer", "tool_pins off")
+	return up, startReplica(t, bin, block, data), startReplica(t, bin, block, data)
+}
+
 // rcConnectedAgainThroughA has alice initialize a session with svc through
 // replica a as account one and call echo through both replicas, then
 // store account two's token through a, whose next call ends the session
@@ -579,6 +602,12 @@ func rcStream(t *testing.T, m *rawMCP) (<-chan string, context.CancelFunc) {
 		cancel()
 		t.Fatalf("GET stream: %d %s", resp.StatusCode, data)
 	}
+	return sseData(resp), cancel
+}
+
+// sseData reads the data lines of an event stream into a channel, closed
+// (and the body with it) when the stream ends.
+func sseData(resp *http.Response) <-chan string {
 	out := make(chan string, 64)
 	go func() {
 		defer close(out)
@@ -591,7 +620,7 @@ func rcStream(t *testing.T, m *rawMCP) (<-chan string, context.CancelFunc) {
 			}
 		}
 	}()
-	return out, cancel
+	return out
 }
 
 // rcNext waits for a message containing want on c; "" when the stream
@@ -744,10 +773,7 @@ func TestReconnectAttackDeleteOpensUpstreamSessionToEndIt(t *testing.T) {
 // account one's read-only definition. What should happen: b waits for the
 // listing (or decides without a definition: approval).
 func TestReconnectAttackReplicaDecidesWithOldCatalogDuringRenewal(t *testing.T) {
-	up := startRC(t)
-	a, b, _ := soReplicas(t, testdataPath(t, "policy"), func(storage, data string) string {
-		return soBlock(storage, data, up.URL, "echo change", "auth bearer", "tool_pins off")
-	})
+	up, a, b := rcReplicas(t, "")
 	_, mb := rcConnectedAgainThroughA(t, a, b)
 	var ans string
 	for i := 0; i < 30; i++ {
