@@ -566,11 +566,12 @@ func upstreamOf(rec *mcpstate.Record) Upstream {
 // replaced: at once when nothing uses it, else as soon as the calls in
 // progress on it end — the replacement serves what comes next. Its
 // listens, which would use it for as long as their runner keeps them
-// open, end at once (Session.Retiring). Its upstream session goes to the end hook (Config.OnEnd), which
-// knows that it was opened through a connection that is not the caller's
-// any more: a DELETE carrying the new connection's credential with the
-// old one's session is not sent (the upstream forgets it at its own idle
-// timeout), but a transport module's session ends.
+// open, end at once (Session.Retiring). Its upstream session goes to the
+// end hook (Config.OnEnd), which knows that it was opened through a
+// connection that is not the caller's any more: a DELETE carrying the
+// new connection's credential with the old one's session is not sent (the
+// upstream forgets it at its own idle timeout), but a transport module's
+// session ends.
 func (m *Sessions) Retire(s *Session) {
 	if !s.local {
 		return

@@ -42,10 +42,6 @@ type upstreamError struct {
 
 type errorKind uint8
 
-// errSessionEnded is reading an upstream message of an MCP session that
-// was ended meanwhile.
-var errSessionEnded error = &upstreamError{kind: kindClosed, sent: true, msg: "the MCP session was ended while the request was in progress"}
-
 const (
 	kindUnavailable  errorKind = iota // network error, timeout, 5xx, malformed: retryable
 	kindSessionGone                   // 404 for a known session: re-initialize
@@ -54,6 +50,10 @@ const (
 	kindClosed                        // the MCP session was ended meanwhile
 	kindOverLimit                     // an answer past max_response_values: the request ran, its answer is not relayed
 )
+
+// errSessionEnded is reading an upstream message of an MCP session that
+// was ended meanwhile.
+var errSessionEnded error = &upstreamError{kind: kindClosed, sent: true, msg: "the MCP session was ended while the request was in progress"}
 
 func (e *upstreamError) Error() string { return e.msg }
 
