@@ -67,14 +67,20 @@ func (s *gateStorage) Load(ctx context.Context, key string) ([]byte, error) {
 	return data, err
 }
 
-func TestLoadFreshForgetRacingSaveLosesNothing(t *testing.T) {
-	ctx := context.Background()
+// gatedReplicas is two replicas' connection stores on one directory, a
+// reading through a gateStorage.
+func gatedReplicas(t *testing.T) (gs *gateStorage, a, other *ConnectionStore) {
+	t.Helper()
 	setClock(t, time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
 	fs, _ := fileStorage(t)
-	gs := &gateStorage{Storage: fs}
+	gs = &gateStorage{Storage: fs}
 	c := testCipher(t)
-	a := newConnectionStore(gs, c, time.Hour)
-	other := newConnectionStore(fs, c, time.Hour) // another replica, same directory
+	return gs, newConnectionStore(gs, c, time.Hour), newConnectionStore(fs, c, time.Hour)
+}
+
+func TestLoadFreshForgetRacingSaveLosesNothing(t *testing.T) {
+	ctx := context.Background()
+	gs, a, other := gatedReplicas(t)
 	if err := a.Save(ctx, "svc", "alice", &Connection{Kind: AuthBearer, AccessToken: "one", ConnectedAt: time.Unix(1, 0)}); err != nil {
 		t.Fatal(err)
 	}
@@ -103,12 +109,7 @@ func TestLoadFreshForgetRacingSaveLosesNothing(t *testing.T) {
 
 func TestLoadFreshForgetBeatsSlowLoadOfDeletedConnection(t *testing.T) {
 	ctx := context.Background()
-	setClock(t, time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
-	fs, _ := fileStorage(t)
-	gs := &gateStorage{Storage: fs}
-	c := testCipher(t)
-	a := newConnectionStore(gs, c, time.Hour)
-	other := newConnectionStore(fs, c, time.Hour)
+	gs, a, other := gatedReplicas(t)
 	if err := other.Save(ctx, "svc", "alice", &Connection{Kind: AuthBearer, AccessToken: "one", ConnectedAt: time.Unix(1, 0)}); err != nil {
 		t.Fatal(err)
 	}
