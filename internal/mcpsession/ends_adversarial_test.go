@@ -145,6 +145,16 @@ func gatedReplica(t *testing.T, storage certmagic.Storage) (*Sessions, *endsLog)
 	return m, log
 }
 
+// gatedPair is two replicas on one directory, b reading it through gs.
+func gatedPair(t *testing.T) (a, b *Sessions, gs *gatedStorage, endedB *endsLog) {
+	t.Helper()
+	fs := &certmagic.FileStorage{Path: t.TempDir()}
+	gs = &gatedStorage{FileStorage: fs}
+	a, _ = gatedReplica(t, fs)
+	b, endedB = gatedReplica(t, gs)
+	return a, b, gs, endedB
+}
+
 // heldCopy starts a session through a (with its tools listed), opens b's
 // copy and marks it held by a transport module of b.
 func heldCopy(t *testing.T, a, b *Sessions, upstreamID string) (*Session, *Session) {
@@ -183,10 +193,7 @@ func waitReads(t *testing.T, m *Sessions) {
 // TestEndsAdversarialBurstOfEndsLeavesHeldSessions: see the header.
 func TestEndsAdversarialBurstOfEndsLeavesHeldSessions(t *testing.T) {
 	ctx := context.Background()
-	fs := &certmagic.FileStorage{Path: t.TempDir()}
-	gs := &gatedStorage{FileStorage: fs}
-	a, _ := gatedReplica(t, fs)
-	b, endedB := gatedReplica(t, gs)
+	a, b, gs, endedB := gatedPair(t)
 	const n = 3 * maxBackgroundReads
 	var copies []*Session
 	for i := range n {
@@ -246,10 +253,7 @@ func TestEndsAdversarialResetForgetsHeldSessions(t *testing.T) {
 // TestEndsAdversarialHoldsTransientReadFailure: see the header.
 func TestEndsAdversarialHoldsTransientReadFailure(t *testing.T) {
 	ctx := context.Background()
-	fs := &certmagic.FileStorage{Path: t.TempDir()}
-	gs := &gatedStorage{FileStorage: fs}
-	a, _ := gatedReplica(t, fs)
-	b, endedB := gatedReplica(t, gs)
+	a, b, gs, endedB := gatedPair(t)
 	s, c := heldCopy(t, a, b, "up-held")
 	gs.setFail(true)
 	announce(b, s.Ref) // a change (not an end): the read fails

@@ -65,7 +65,8 @@ type Session struct {
 
 	ctx    context.Context // done when the session closes
 	cancel context.CancelFunc
-	// retiring is done when the session is retired or closes (Retiring).
+	// retiring is done when a session of this replica's own (local) is
+	// retired or closes (Retiring); nil for a stored one.
 	retiring  context.Context
 	retireNow context.CancelFunc
 	reinit    chan struct{} // held while re-initializing
@@ -158,7 +159,7 @@ func (s *Session) Closed() bool { return s.ctx.Err() != nil }
 // stops then, while a call in progress runs to its end.
 func (s *Session) Retiring() context.Context {
 	if s.retiring == nil {
-		return s.ctx // a copy of a stored session (adopt): it is never retired
+		return s.ctx // a stored session: it is never retired
 	}
 	return s.retiring
 }

@@ -465,8 +465,7 @@ func (m *Sessions) create(ctx context.Context, user, toolgateSession string, exp
 	s := &Session{ID: mcpstate.Seal(c.Keys, claims), Ref: claims.Ref, User: user, SessionID: toolgateSession, Service: service, Created: now(),
 		Expires: claims.Expires, m: m, started: true, local: local, ctx: ctx2, cancel: cancel, reinit: make(chan struct{}, 1),
 		catalogPending: make(chan struct{})}
-	s.retiring, s.retireNow = ctx2, cancel
-	if local {
+	if local { // only this replica's own sessions are retired (Retire)
 		s.retiring, s.retireNow = context.WithCancel(ctx2)
 	}
 	s.checked.Store(now().UnixNano())
