@@ -665,3 +665,57 @@ func TestRunAs(t *testing.T) {
 		t.Fatalf("the program runs as uid %d, want nobody's %d", w.UID, u.uid)
 	}
 }
+
+// A user's process stops when their connection is found gone, unless they
+// connected again and a request of theirs gave their worker the new
+// credential between that read and the stop: the new process goes on.
+func TestConnectionGoneSparesAProcessOfANewConnection(t *testing.T) {
+	s := testSpec(t, stdioserver.ModeServe)
+	s.PerUser, s.CredEnv, s.CredHeader = true, "TOKEN", "Authorization"
+	rt := start(t, s, nil)
+	runner := func(user, token string) *bridgetest.Runner {
+		r := &bridgetest.Runner{T: t, RT: rt.bridge, User: user, Header: http.Header{"Authorization": {"Bearer " + token}}}
+		r.Initialize(bridgetest.NoCapabilities)
+		return r
+	}
+	alice, bob := runner("alice", "alice-token-1"), runner("bob", "bob-token-1")
+	alicePID, bobPID := who(t, alice).PID, who(t, bob).PID
+	everyone := func(string) bool { return true }
+
+	// alice's connection is read as gone; before the stop, she connected
+	// again and her next request started a process with the new token.
+	var newPID int
+	rt.stopGone(rt.holding(everyone), func(user string) (string, error) {
+		if user == "alice" {
+			alice.Header.Set("Authorization", "Bearer alice-token-2")
+			alice.Initialize(bridgetest.NoCapabilities)
+			newPID = who(t, alice).PID
+			return "", nil
+		}
+		return "bob-token-1", nil // bob is still connected
+	})
+	if newPID == alicePID {
+		t.Fatal("alice's new token did not start a new process")
+	}
+	if pid := who(t, alice).PID; pid != newPID {
+		t.Fatalf("alice's process with her new token was stopped: now %d, was %d", pid, newPID)
+	}
+	if env := envOf(t, alice); !slices.Contains(env, "TOKEN=alice-token-2") {
+		t.Fatalf("alice's process has %q", env)
+	}
+	if who(t, bob).PID != bobPID {
+		t.Fatal("bob's process changed")
+	}
+
+	// Read as gone with nothing in between, a process stops.
+	rt.stopGone(rt.holding(func(user string) bool { return user == "alice" }), func(string) (string, error) { return "", nil })
+	waitFor(t, "alice's process stops", func() bool { return errors.Is(syscall.Kill(newPID, 0), syscall.ESRCH) })
+	if st := rt.workerState("alice"); st != stateClosed {
+		t.Fatalf("alice's worker is still listed (state %d)", st)
+	}
+	// A storage that cannot be read stops nothing.
+	rt.stopGone(rt.holding(everyone), func(string) (string, error) { return "", errors.New("storage unreachable") })
+	if who(t, bob).PID != bobPID {
+		t.Fatal("bob's process changed on a failed read")
+	}
+}

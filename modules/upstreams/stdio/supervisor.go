@@ -175,34 +175,61 @@ func (rt *runtime) worker(user string) (*worker, error) {
 // replaces it); one whose connection cannot be read keeps it until their
 // next request or the idle timeout.
 func (rt *runtime) connectionGone(app *gateway.App, svc *gateway.Service, key string) {
-	rt.mu.Lock()
-	var users []string
-	for u := range rt.workers {
-		if key == "" || gateway.ConnectionKey(svc.ID, u) == key {
-			users = append(users, u)
-		}
-	}
-	rt.mu.Unlock()
-	if len(users) == 0 {
+	gone := rt.holding(func(user string) bool { return key == "" || gateway.ConnectionKey(svc.ID, user) == key })
+	if len(gone) == 0 {
 		return
 	}
-	go func() {
-		for _, user := range users {
-			ctx, cancel := context.WithTimeout(context.Background(), time.Duration(svc.Timeout))
-			grant, err := app.GrantFor(ctx, svc, user, true)
-			cancel()
-			if err != nil || grant != "" {
-				continue
-			}
-			rt.mu.Lock()
-			w := rt.workers[user]
-			delete(rt.workers, user)
-			rt.mu.Unlock()
-			if w != nil {
-				w.stop("its user disconnected the service")
-			}
+	go rt.stopGone(gone, func(user string) (string, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Duration(svc.Timeout))
+		defer cancel()
+		return app.GrantFor(ctx, svc, user, true)
+	})
+}
+
+// held is a user's worker and the credential its process held when their
+// connection was reported gone.
+type held struct {
+	w    *worker
+	cred string
+}
+
+// holding lists the workers of the users match selects, with the
+// credential each holds now.
+func (rt *runtime) holding(match func(user string) bool) map[string]held {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	gone := map[string]held{}
+	for user, w := range rt.workers {
+		if match(user) {
+			w.mu.Lock()
+			gone[user] = held{w, w.cred}
+			w.mu.Unlock()
 		}
-	}()
+	}
+	return gone
+}
+
+// stopGone stops each worker of gone whose user grantFor finds without a
+// connection. A worker that took another credential since it was listed
+// (the user connected again, and a request of theirs came in between the
+// read and now) holds the new one and goes on; a request that finds its
+// worker stopped gets a new one.
+func (rt *runtime) stopGone(gone map[string]held, grantFor func(user string) (string, error)) {
+	for user, h := range gone {
+		if grant, err := grantFor(user); err != nil || grant != "" {
+			continue
+		}
+		rt.mu.Lock()
+		w := rt.workers[user]
+		stale := w == h.w && w.holds(h.cred)
+		if stale {
+			delete(rt.workers, user)
+		}
+		rt.mu.Unlock()
+		if stale {
+			w.stop("its user disconnected the service")
+		}
+	}
 }
 
 // sweep stops idle processes until the runtime is destroyed.
@@ -330,6 +357,14 @@ func (w *worker) ready(ctx context.Context, cred string) (*mcpbridge.Link, error
 			return nil, &mcpbridge.Unavailable{Reason: "the program of service " + w.rt.spec.Service + " did not start in time"}
 		}
 	}
+}
+
+// holds reports whether the worker's process (running, starting or to be
+// restarted) holds cred.
+func (w *worker) holds(cred string) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.cred == cred
 }
 
 // down reports why no session can be made now: the process is waiting to
