@@ -7,11 +7,15 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 	"unicode/utf8"
 
 	"github.com/open-policy-agent/opa/v1/ast"
 	"github.com/open-policy-agent/opa/v1/rego"
 	"go.uber.org/zap"
+
+	"github.com/toolgate/toolgate/internal/mcpmsg"
+	"github.com/toolgate/toolgate/modules/gateway"
 )
 
 // scanStrings are strings the gateway's scan must judge exactly as the
@@ -301,4 +305,76 @@ func TestIsASCII(t *testing.T) {
 	if isASCII("é") || !utf8.ValidString("é") {
 		t.Error("é")
 	}
+}
+
+// FuzzScanDecidesAsThePolicy decides random payloads of every channel with
+// the shipped result policy twice: with the gateway's scan in the input,
+// as the gateway decides, and without it, the policy's own long way (as
+// under opa test). The scan may only spare the policy work: a scan that
+// calls a payload clean, or leaves out a string, where the long way cleans
+// something would let a secret or a hidden character through. flags picks
+// the channel and method, and whether the settings cut text at 300 bytes.
+func FuzzScanDecidesAsThePolicy(f *testing.F) {
+	kinds := []struct{ channel, method string }{
+		{channelResult, "tools/call"}, {channelTask, "tools/call"}, {channelResult, "prompts/get"}, {channelResult, "resources/read"},
+		{channelResult, "tools/list"}, {gateway.ChannelNotification, "notifications/message"},
+		{gateway.ChannelNotification, "notifications/progress"}, {gateway.ChannelError, "tools/call"},
+		{gateway.ChannelServerRequest, "sampling/createMessage"}, {gateway.ChannelServerRequest, "elicitation/create"},
+	}
+	var engines [2]*engine
+	for i, settings := range []string{`{}`, `{"toolgate": {"settings": {"max_result_bytes": 300, "max_listing_bytes": 300}}}`} {
+		e, err := newEngine(newSource(shippedPolicies(f, map[string]string{"data.json": settings})), "data.toolgate.result.decision",
+			stageResult, evaluatorPlan, 0, zap.NewNop(), policyMetrics)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Cleanup(func() { _ = e.Destruct() })
+		engines[i] = e
+	}
+	blob := func(s string) string { return base64.StdEncoding.EncodeToString([]byte(s)) }
+	for i, s := range scanStrings() {
+		if len(s) < 200 {
+			f.Add(uint8(i), `{"content":[{"type":"text","text":`+string(mcpmsg.Quote(s))+`}],"structuredContent":{"k":`+string(mcpmsg.Quote(s))+`}}`)
+		}
+	}
+	f.Add(uint8(0), `{"content":[{"type":"text","text":"split AK"},{"type":"text","text":"IAIOSFODNN7EXAMPLE"}]}`)
+	f.Add(uint8(0), `{"content":[{"type":"text","text":"\u0041KIAIOSFODNN7EXAMPLE"}],"_meta":{"eyJ":1}}`)
+	f.Add(uint8(3), `{"contents":[{"uri":"b","blob":"`+blob("token: ghp_16C7e42F292c6912E7710c838347Ae178B4a")+`"},{"uri":"a","text":"x"}]}`)
+	f.Add(uint8(4), `{"tools":[{"name":"t","description":"Reads.\u2062","inputSchema":{"type":"object","properties":{"id":{"description":"bearer x"}}}}]}`)
+	f.Add(uint8(7), `{"code":-32000,"message":"failed","data":{"ghp_":1}}`)
+	f.Add(uint8(8), `{"messages":[{"role":"user","content":[{"type":"image","data":"AKIA"},{"type":"text","text":"ok\u200b"}]}],"maxTokens":9}`)
+	f.Add(uint8(11), `{"content":[{"type":"text","text":"`+strings.Repeat("plain text, ", 40)+`"}]}`)
+	call, err := callOf(`{"name":"read_ticket"}`, `{"id":1}`)
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Fuzz(func(t *testing.T, flags uint8, payload string) {
+		if mcpmsg.Validate([]byte(payload), mcpmsg.Limits{}) != nil {
+			return // refused before any policy sees it
+		}
+		k := kinds[int(flags)%len(kinds)]
+		e := engines[int(flags/128)]
+		c := e.current.Load()
+		s := subject{channel: k.channel, method: k.method, view: call}
+		h := &ResultHandler{Config{engine: e}}
+		spans := map[*ast.Term]string{}
+		scanned, err := h.input(c, call, s, []byte(payload), spans)
+		if err != nil {
+			return // not a payload the gateway would decide
+		}
+		if scanned.Get(keyScan) == nil {
+			t.Fatal("the shipped policy gives the scan no settings")
+		}
+		long := ast.NewObject()
+		scanned.Foreach(func(key, v *ast.Term) {
+			if !key.Equal(keyScan) {
+				long.Insert(key, v)
+			}
+		})
+		ctx := context.Background()
+		fast, slow := e.decideWith(ctx, c, scanned, time.Minute, "result"), e.decideWith(ctx, c, long, time.Minute, "result")
+		if a, b := decisionText(fast), decisionText(slow); a != b {
+			t.Fatalf("%s %s %.300s:\nwith the gateway's scan %.500s\nthe policy's long way   %.500s", k.channel, k.method, payload, a, b)
+		}
+	})
 }
