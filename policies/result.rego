@@ -562,12 +562,19 @@ scan_entry(path, s, key) := {
 any_marker(s) if {
 	some markers in secret_markers
 	some marker in markers
-	holds_marker(s, lower(s), marker)
+	holds_marker(s, folded(s), marker)
 }
 
-# holds_marker(s, ls, marker): s (whose lower case is ls) holds marker: a
-# marker written in lower case ignoring ASCII case (a pattern matching its
-# field names in any case), any other exactly.
+# folded(s): s in lower case, with the long s (U+017F) written s. A pattern
+# that matches in any case (RE2's (?i)) matches the long s as s and the
+# Kelvin sign (U+212A) as k; lower() writes the Kelvin sign k (and the
+# dotted capital I, U+0130, i), but keeps the long s. The gateway's scan
+# folds the same three characters.
+folded(s) := replace(lower(s), "\u017f", "s")
+
+# holds_marker(s, ls, marker): s (whose folded form is ls) holds marker: a
+# marker written in lower case ignoring case (a pattern matching its field
+# names in any case), any other exactly.
 holds_marker(_, ls, marker) if {
 	marker == lower(marker)
 	contains(ls, marker)
@@ -755,7 +762,7 @@ all_patterns := object.union(secret_patterns, redact_patterns)
 # kinds_in(t): the kinds whose pattern may match in t: your own kinds
 # always, the built-in ones when t holds one of their markers.
 kinds_in(t) := {k |
-	lt := lower(t)
+	lt := folded(t)
 	some k in builtin_kinds
 	some marker in secret_markers[k]
 	holds_marker(t, lt, marker)
@@ -802,7 +809,7 @@ windows_in(t, n) := windows if {
 	ks := kinds_in(t)
 	count(ks & spanning_kinds) == 0
 	count(site_kinds) == 0
-	lt := lower(t)
+	lt := folded(t)
 	ps := sort({p | some k in ks; some m in secret_markers[k]; some p in marker_positions(t, lt, m)})
 	firsts := [i | some i, _ in ps; starts_window(t, n, ps, i)]
 	count(firsts) <= max_windows

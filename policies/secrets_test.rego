@@ -26,6 +26,11 @@ positives := [
 	["azure_sas_signature", concat("", ["https://acct.blob.core.windows.net/c/b.txt?sv=2022-11-02&sr=b&sig=", "Xy7%2BabcDEF0123456789ghijKLMNopqr%3D"]), "https://acct.blob.core.windows.net/c/b.txt?sv=2022-11-02&sr=b&sig=[REDACTED:azure_sas_signature]"],
 	["oauth_token", concat("", [`{"access_token": "`, "ya29.a0AfH6SMBxExampleTokenValue", `", "token_type": "Bearer"}`]), `{"access_token": "[REDACTED:oauth_token]", "token_type": "Bearer"}`],
 	["oauth_token", concat("", ["#refresh_token=", "1//0gExampleRefreshTokenValue", "&x=1"]), "#refresh_token=[REDACTED:oauth_token]&x=1"],
+	# Labels with the long s (U+017F) and the Kelvin sign (U+212A), which
+	# RE2 matches as s and k in any case: their markers are found too.
+	["oauth_token", concat("", ["acce\u017fs_token=", "ya29.a0AfH6SMBxExampleTokenValue"]), "acce\u017fs_token=[REDACTED:oauth_token]"],
+	["oauth_token", concat("", ["{\"access_to\u212aen\": \"", "ya29.a0AfH6SMBxExampleTokenValue", "\"}"]), "{\"access_to\u212aen\": \"[REDACTED:oauth_token]\"}"],
+	["azure_storage_key", concat("", ["Account\u212aey=", "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq"]), "Account\u212aey=[REDACTED:azure_storage_key]"],
 	["basic_auth", concat("", ["Authorization: Basic ", "dXNlcjpwYXNzd29yZA=="]), "Authorization: [REDACTED:basic_auth]"],
 	["bearer_token", concat(" ", ["Bearer", "mF_9.B5f-4.1JqM-opaque-token"]), "[REDACTED:bearer_token]"],
 	["bearer_token", concat(" ", ["bEaReR", "abcdefghijklmnop0123=="]), "[REDACTED:bearer_token]"],

@@ -243,13 +243,21 @@ func isASCII(s string) bool {
 }
 
 // hasMarker reports whether s holds a secret marker: one written in lower
-// case ignoring ASCII case, any other exactly (as the policy's
-// holds_marker).
+// case ignoring case, any other exactly (as the policy's holds_marker,
+// which looks for the first kind in folded(s)).
 func (sc *scanner) hasMarker(s string) bool {
+	folded := s
+	if !isASCII(s) && strings.ContainsAny(s, "\u0130\u017f\u212a") {
+		folded = foldToASCII.Replace(s)
+	}
 	for _, g := range sc.anchors {
+		in := s
+		if g.fold {
+			in = folded
+		}
 		for _, anchor := range g.cases() {
 			for i := 0; ; i++ {
-				j := strings.IndexByte(s[i:], anchor)
+				j := strings.IndexByte(in[i:], anchor)
 				if j < 0 {
 					break
 				}
@@ -259,7 +267,7 @@ func (sc *scanner) hasMarker(s string) bool {
 					if start < 0 {
 						continue
 					}
-					if g.fold && hasPrefixFold(s[start:], m.text) || !g.fold && strings.HasPrefix(s[start:], m.text) {
+					if g.fold && hasPrefixFold(in[start:], m.text) || !g.fold && strings.HasPrefix(in[start:], m.text) {
 						return true
 					}
 				}
@@ -268,6 +276,15 @@ func (sc *scanner) hasMarker(s string) bool {
 	}
 	return false
 }
+
+// foldToASCII writes the three characters outside ASCII that fold to an
+// ASCII letter (in Go's lower case, or in RE2's case-insensitive matching)
+// as that letter: the dotted capital I, the long s and the Kelvin sign.
+// The policy's folded(s) does the same (its lower() maps the first and the
+// last, and it replaces the long s), so that "acce\u017fs_token" or
+// "access_to\u212aen", which a pattern matching in any case matches, count
+// as holding a marker on both sides.
+var foldToASCII = strings.NewReplacer("\u0130", "i", "\u017f", "s", "\u212a", "k")
 
 // hasPrefixFold reports whether s begins with prefix, ignoring ASCII case.
 func hasPrefixFold(s, prefix string) bool {

@@ -339,6 +339,7 @@ func FuzzScanDecidesAsThePolicy(f *testing.F) {
 	}
 	f.Add(uint8(0), `{"content":[{"type":"text","text":"split AK"},{"type":"text","text":"IAIOSFODNN7EXAMPLE"}]}`)
 	f.Add(uint8(0), `{"content":[{"type":"text","text":"\u0041KIAIOSFODNN7EXAMPLE"}],"_meta":{"eyJ":1}}`)
+	f.Add(uint8(0), `{"content":[{"type":"text","text":"access_to\u212aen=ya29.a0AfH6SMBxExampleTokenValue and acce\u017fs_token=ya29.a0AfH6SMBx"}]}`)
 	f.Add(uint8(3), `{"contents":[{"uri":"b","blob":"`+blob("token: ghp_16C7e42F292c6912E7710c838347Ae178B4a")+`"},{"uri":"a","text":"x"}]}`)
 	f.Add(uint8(4), `{"tools":[{"name":"t","description":"Reads.\u2062","inputSchema":{"type":"object","properties":{"id":{"description":"bearer x"}}}}]}`)
 	f.Add(uint8(7), `{"code":-32000,"message":"failed","data":{"ghp_":1}}`)
