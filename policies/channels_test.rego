@@ -223,6 +223,21 @@ test_an_input_required_result_is_inspected_like_server_requests if {
 	decide("result", "prompts/get", object.union(r, {"inputRequests": {}})).action == "allow"
 }
 
+test_what_else_an_input_required_result_holds_is_its_methods_result if {
+	# A runner of an earlier revision ignores resultType and reads the rest
+	# as the answer: content items of unknown type are withheld, blobs
+	# decoded and redacted, as in any tool result or resource contents.
+	ask := {"resultType": "input_required", "inputRequests": {}}
+	d := decide("result", "tools/call", object.union(ask, {"content": [{"type": "html", "html": "<b>x</b>"}]}))
+	d.action == "deny"
+	contains(d.reason, "not a content item of a type toolgate inspects")
+	blob := {"uri": "file:///k", "blob": b64(concat(" ", ["key", aws_key]))}
+	t := decide("result", "tools/call", object.union(ask, {"content": [{"type": "resource", "resource": blob}]}))
+	base64.decode(t.result.content[0].resource.blob) == "key [REDACTED:aws_access_key_id]"
+	r := decide("result", "resources/read", object.union(ask, {"contents": [blob]}))
+	base64.decode(r.result.contents[0].blob) == "key [REDACTED:aws_access_key_id]"
+}
+
 test_review_results_does_not_ask_about_input_requests if {
 	r := {"resultType": "input_required", "inputRequests": {"e": {"method": "elicitation/create", "params": {"message": "ok"}}}}
 	result.decision with input as on("result", "tools/call", r) with data.toolgate.settings as {"services": {"tracker": {"review_results": true}}} == {"action": "allow"}

@@ -226,15 +226,26 @@ channel := object.get(input, "channel", "result")
 
 # tool_result: input.result is a CallToolResult: the result of a tools/call,
 # or a task's deferred one (tasks/result, whose input is the task's call).
+# An input_required result is one only when it has content anyway: a runner
+# that does not know resultType reads that content as the answer.
 tool_result if {
 	channel == "result"
 	object.get(input, "method", "tools/call") == "tools/call"
 	not input_required
 }
 
+tool_result if {
+	channel == "result"
+	object.get(input, "method", "tools/call") == "tools/call"
+	input_required
+	"content" in object.keys(input.result)
+}
+
 # input_required: a result of the stateless revision (2026-07-28) that asks
 # the runner things (inputRequests) instead of answering, whatever the
-# method. Its input requests are inspected like server→client requests.
+# method. Its input requests are inspected like server→client requests; what
+# else it holds is inspected as the method's result (a runner of an earlier
+# revision ignores resultType).
 input_required if {
 	channel == "result"
 	input.result.resultType == "input_required"
@@ -317,7 +328,6 @@ sampling_inputs[k] := r.params.messages if {
 message_blocks if {
 	channel == "result"
 	input.method == "prompts/get"
-	not input_required
 }
 
 message_blocks if {
@@ -344,7 +354,6 @@ blob_strings[array.concat(p, ["resource", "blob"])] := b.resource.blob if {
 blob_strings[["contents", i, "blob"]] := c.blob if {
 	channel == "result"
 	input.method == "resources/read"
-	not input_required
 	some i, c in input.result.contents
 	is_string(c.blob)
 }

@@ -588,13 +588,14 @@ func resultTerms(raw []byte, sh shape, sc *scanner, spans map[*ast.Term]string) 
 	if err != nil || sc == nil {
 		return result, nil, err
 	}
-	// The blocks' binary data is left out, their blobs are checked.
-	if sh.result() && stringOf(termAt(result, []pathStep{{key: keyResultType}})) == "input_required" {
-		sh = shapeInputRequests
-	}
+	// The blocks' binary data is left out, their blobs are checked. An
+	// input_required result has the blocks of its input requests besides
+	// those of its method's result (which a runner of an earlier revision
+	// reads as the answer).
+	inputRequired := sh.result() && stringOf(termAt(result, []pathStep{{key: keyResultType}})) == "input_required"
 	blobsPlain := true
 	for _, ps := range l.pending {
-		if ps.input != (sh == shapeInputRequests) || ps.input && stringOf(termAt(result, append(ps.path[:2:2], pathStep{key: keyMethod}))) != "sampling/createMessage" {
+		if ps.input && (!inputRequired || stringOf(termAt(result, append(ps.path[:2:2], pathStep{key: keyMethod}))) != "sampling/createMessage") {
 			l.add(ps.path, ps.s, false) // not a block of this payload
 			continue
 		}
@@ -617,7 +618,7 @@ func resultTerms(raw []byte, sh shape, sc *scanner, spans map[*ast.Term]string) 
 	}
 	clean := !l.flagged && blobsPlain
 	var seams []*ast.Term
-	if sh == shapeToolResult {
+	if sh == shapeToolResult && (!inputRequired || termAt(result, []pathStep{{key: keyContent}}) != nil) {
 		var content *ast.Array
 		seams, content = sc.seams(result)
 		clean = clean && content != nil && len(seams) == 0

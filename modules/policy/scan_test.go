@@ -234,10 +234,16 @@ func TestScanOfOtherChannelsAgreesWithThePolicy(t *testing.T) {
 			`{"type":"text","text":"hi"}]}],"maxTokens":5}},"e":{"method":"elicitation/create","params":{"message":"ok","requestedSchema":{}}}},"requestState":"x"}`, true, 0},
 		{"result", "prompts/get", `{"resultType":"input_required","inputRequests":{"e":{"method":"elicitation/create","params":` +
 			`{"messages":[{"role":"user","content":{"type":"image","data":"AKIA"}}]}}}}`, false, 1},
-		{"result", "resources/read", `{"resultType":"input_required","inputRequests":{},"contents":[{"uri":"b","blob":"AKIA!"}]}`, false, 1},
+		// What else an input_required result holds is its method's result
+		// (a runner of an earlier revision reads it as the answer).
+		{"result", "resources/read", `{"resultType":"input_required","inputRequests":{},"contents":[{"uri":"b","blob":"AKIA!"}]}`, false, 0},
 		{"result", "tools/call", `{"resultType":"input_required","inputRequests":{"s":{"method":"sampling/createMessage","params":` +
 			`{"messages":[{"role":"user","content":{"type":"text","text":"AKIA"}}]}}}}`, false, 1},
-		{"result", "tools/call", `{"resultType":"input_required","content":[{"type":"image","data":"AKIA"}]}`, false, 1},
+		{"result", "tools/call", `{"resultType":"input_required","content":[{"type":"image","data":"AKIA"}]}`, true, 0},
+		{"result", "tools/call", `{"resultType":"input_required","content":[{"type":"html","html":"x"}]}`, false, 0},
+		{"result", "tools/call", `{"resultType":"input_required","content":[{"type":"resource","resource":{"uri":"a","blob":"` + blob("key AKIA") + `"}}]}`, false, 0},
+		{"result", "tools/call", `{"resultType":"input_required","content":[{"type":"text","text":"split AK"},{"type":"text","text":"IA"}]}`, false, 0},
+		{"result", "prompts/get", `{"resultType":"input_required","messages":[{"role":"user","content":{"type":"image","data":"AKIA"}}]}`, true, 0},
 	} {
 		res, scan, err := resultTerms([]byte(tc.payload), shapeOf(tc.channel, tc.method), c.scanner, nil)
 		if err != nil {
