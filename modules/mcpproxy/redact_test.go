@@ -1,9 +1,11 @@
 package mcpproxy
 
 import (
+	"encoding/base64"
 	"strings"
 	"testing"
 
+	"github.com/tidwall/gjson"
 	"go.uber.org/zap"
 
 	"github.com/toolgate/toolgate/internal/mcpmsg"
@@ -23,6 +25,12 @@ func TestRedactCredential(t *testing.T) {
 		{`"key tok-ABCdef\/123 is valid"`, `"key [REDACTED:credential] is valid"`},
 		{`"\u0074ok-ABCdef/123"`, `"[REDACTED:credential]"`},
 		{`"line\nbreak"`, `"line\nbreak"`},
+		// Broken up by characters the result policy removes, which would
+		// put it together again for the runner.
+		{"\"key tok-ABC\u200bdef/123 is valid\"", `"key [REDACTED:credential] is valid"`},
+		{`"key tok-\u2062ABCdef/1\u00ad23!"`, `"key [REDACTED:credential]!"`},
+		{"\"tok-ABCdef/123 and t\u200bok-ABCdef/123 é\"", `"[REDACTED:credential] and [REDACTED:credential] é"`},
+		{"\"plain \u200b text é\"", "\"plain \u200b text é\""},
 	} {
 		raw := `{"jsonrpc":"2.0","id":1,"result":{"content":[{"type":"text","text":` + c.text + `}]}}`
 		msg, err := mcpmsg.Parse([]byte(raw), mcpmsg.Limits{})
@@ -37,9 +45,32 @@ func TestRedactCredential(t *testing.T) {
 			t.Errorf("%s: got %s, want %s", c.text, got.Raw, want)
 		}
 	}
+	// Encoded in base64, at each offset, as a blob or any other string:
+	// encoded again without it; base64 that cannot be decoded goes whole.
+	for _, text := range []string{"tok-ABCdef/123", "a tok-ABCdef/123", "X-Key: tok-ABCdef/123\n", "ab tok-ABCdef/123 cd", strings.Repeat("x", 100) + "tok-ABCdef/123"} {
+		blob := base64.StdEncoding.EncodeToString([]byte(text))
+		raw := `{"jsonrpc":"2.0","id":1,"result":{"contents":[{"uri":"file:///k","blob":"` + blob + `"}]}}`
+		msg, err := mcpmsg.Parse([]byte(raw), mcpmsg.Limits{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := h.redactCredential(call, msg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		decoded, _ := base64.StdEncoding.DecodeString(gjson.GetBytes(got.Raw, "result.contents.0.blob").String())
+		if want := strings.ReplaceAll(text, "tok-ABCdef/123", credentialRedaction); string(decoded) != want {
+			t.Errorf("a blob of %q decodes to %q, want %q", text, decoded, want)
+		}
+	}
+	msg, _ := mcpmsg.Parse([]byte(`{"jsonrpc":"2.0","id":1,"result":{"t":"`+base64.StdEncoding.EncodeToString([]byte("a tok-ABCdef/123"))+`!"}}`), mcpmsg.Limits{})
+	if got, _ := h.redactCredential(call, msg); gjson.GetBytes(got.Raw, "result.t").String() != credentialRedaction {
+		t.Errorf("base64 that cannot be decoded, holding the credential: %s", got.Raw)
+	}
+
 	// Too short a value is not looked for (it would be found in ordinary text).
 	short := &gateway.Call{Credential: &gateway.Credential{Header: "X-Key", Value: "abc"}}
-	msg, _ := mcpmsg.Parse([]byte(`{"jsonrpc":"2.0","id":1,"result":{"t":"abc"}}`), mcpmsg.Limits{})
+	msg, _ = mcpmsg.Parse([]byte(`{"jsonrpc":"2.0","id":1,"result":{"t":"abc"}}`), mcpmsg.Limits{})
 	if got, _ := h.redactCredential(short, msg); string(got.Raw) != string(msg.Raw) {
 		t.Errorf("a short value was redacted: %s", got.Raw)
 	}
