@@ -405,6 +405,9 @@ type scanEntries struct {
 	// binary data or the blob of a content block (see shape), known only
 	// once the block is read.
 	pending []pendingString
+	// variant is the path of the first string that would be a block's
+	// data or blob if its members were read ignoring case (VariantError).
+	variant []pathStep
 }
 
 type pendingString struct {
@@ -426,6 +429,13 @@ func (l *scanEntries) look(path []pathStep, s string, key bool) {
 			if leaf, block := shapeInputRequests.leaf(path); leaf != notLeaf {
 				l.pending = append(l.pending, pendingString{path: slices.Clone(path), s: s, leaf: leaf, block: block, input: true})
 				return
+			}
+		}
+		if l.variant == nil {
+			if leaf, _ := l.shape.leafBy(path, isKeyFold); leaf != notLeaf {
+				l.variant = slices.Clone(path)
+			} else if leaf, _ := shapeInputRequests.leafBy(path, isKeyFold); leaf != notLeaf && l.shape.result() {
+				l.variant = slices.Clone(path)
 			}
 		}
 	}
@@ -493,7 +503,10 @@ const (
 
 // leaf says whether path may be a block's binary data or blob, and the
 // length of the block's path.
-func (sh shape) leaf(path []pathStep) (leafKind, int) {
+func (sh shape) leaf(path []pathStep) (leafKind, int) { return sh.leafBy(path, isKey) }
+
+// leafBy is leaf with the members of path compared to MCP's by isKey.
+func (sh shape) leafBy(path []pathStep, isKey func(pathStep, *ast.Term) bool) (leafKind, int) {
 	var blocks []int // the lengths a block's path may have
 	switch sh {
 	case shapeToolResult:
@@ -533,6 +546,27 @@ func (sh shape) leaf(path []pathStep) (leafKind, int) {
 
 func isKey(step pathStep, key *ast.Term) bool {
 	return step.key != nil && step.key.Value.Compare(key.Value) == 0
+}
+
+// isKeyFold is isKey ignoring case, as decoders that match members
+// without regard to case (Go's encoding/json) read them.
+func isKeyFold(step pathStep, key *ast.Term) bool {
+	if step.key == nil {
+		return false
+	}
+	a, ok := step.key.Value.(ast.String)
+	return ok && strings.EqualFold(string(a), string(key.Value.(ast.String)))
+}
+
+// VariantError refuses a payload in which a member that makes a string a
+// block's binary data or blob is spelled in another case: the policy
+// would inspect the string as text, and a runner that ignores case in
+// member names would decode it.
+type VariantError struct{ Path string }
+
+func (e *VariantError) Error() string {
+	return "the upstream's message holds a member of MCP's spelled in another case at " + e.Path +
+		" (clients that ignore case read it as that member, so toolgate cannot inspect it as they would read it); it was withheld"
 }
 
 // add counts s and lists it when the policy has to look at it.
@@ -599,7 +633,11 @@ func resultTerms(raw []byte, sh shape, sc *scanner, spans map[*ast.Term]string) 
 			l.add(ps.path, ps.s, false) // not a block of this payload
 			continue
 		}
-		switch stringOf(termAt(result, append(ps.path[:ps.block:ps.block], pathStep{key: keyType}))) {
+		typ := stringOf(termAt(result, append(ps.path[:ps.block:ps.block], pathStep{key: keyType})))
+		if typ == "" && l.variant == nil && hasKeyFold(termAt(result, ps.path[:ps.block]), keyType) {
+			l.variant = append(ps.path[:ps.block:ps.block], pathStep{key: keyType})
+		}
+		switch typ {
 		case "image", "audio":
 			if ps.leaf == leafData {
 				continue
@@ -615,6 +653,9 @@ func resultTerms(raw []byte, sh shape, sc *scanner, spans map[*ast.Term]string) 
 			continue
 		}
 		l.add(ps.path, ps.s, false)
+	}
+	if l.variant != nil {
+		return nil, nil, &VariantError{Path: pathTerm(l.variant).String()}
 	}
 	clean := !l.flagged && blobsPlain
 	var seams []*ast.Term
@@ -635,6 +676,20 @@ func resultTerms(raw []byte, sh shape, sc *scanner, spans map[*ast.Term]string) 
 		ast.Item(keySeams, ast.ArrayTerm(seams...)),
 	)
 	return result, scan, nil
+}
+
+// hasKeyFold reports whether t is an object with a member named key in
+// another case.
+func hasKeyFold(t *ast.Term, key *ast.Term) bool {
+	obj, ok := termValue(t).(ast.Object)
+	if !ok {
+		return false
+	}
+	found := false
+	obj.Foreach(func(k, _ *ast.Term) {
+		found = found || isKeyFold(pathStep{key: k}, key) && !isKey(pathStep{key: k}, key)
+	})
+	return found
 }
 
 // termAt is the value at path in result, nil when there is none.

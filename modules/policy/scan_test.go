@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"slices"
 	"strings"
 	"testing"
@@ -384,4 +385,35 @@ func FuzzScanDecidesAsThePolicy(f *testing.F) {
 			t.Fatalf("%s %s %.300s:\nwith the gateway's scan %.500s\nthe policy's long way   %.500s", k.channel, k.method, payload, a, b)
 		}
 	})
+}
+
+// A member that makes a string a block's data or blob, spelled in another
+// case, is refused: the policy would inspect the string as text, and a
+// runner that ignores case in member names would decode it. The same
+// names elsewhere (a tool's structured output) are anyone's.
+func TestScanRefusesCaseVariantsOfBlockMembers(t *testing.T) {
+	c := defaultScan(t)
+	blob := base64.StdEncoding.EncodeToString([]byte("key AKIAIOSFODNN7EXAMPLE"))
+	for _, tc := range []struct {
+		channel, method, payload string
+		refused                  bool
+	}{
+		{"result", "resources/read", `{"Contents":[{"uri":"b","blob":"` + blob + `"}]}`, true},
+		{"result", "resources/read", `{"contents":[{"uri":"b","BLOB":"` + blob + `"}]}`, true},
+		{"result", "tools/call", `{"content":[{"type":"resource","Resource":{"uri":"b","blob":"` + blob + `"}}]}`, true},
+		{"result", "tools/call", `{"content":[{"Type":"resource","resource":{"uri":"b","blob":"` + blob + `"}}]}`, true},
+		{"result", "tools/call", `{"Content":[{"type":"image","data":"x"}]}`, true},
+		{"result", "prompts/get", `{"messages":[{"role":"user","Content":{"type":"resource","resource":{"uri":"b","blob":"` + blob + `"}}}]}`, true},
+		{"server_request", "sampling/createMessage", `{"Messages":[{"role":"user","content":{"type":"image","data":"x"}}]}`, true},
+		{"result", "tools/call", `{"resultType":"input_required","InputRequests":{"s":{"method":"sampling/createMessage","params":{"messages":[{"role":"user","content":{"type":"image","data":"x"}}]}}}}`, true},
+		{"result", "tools/call", `{"content":[{"type":"text","text":"ok"}],"structuredContent":{"Type":"resource","Blob":"x","Contents":[{"Blob":"y"}]}}`, false},
+		{"result", "resources/read", `{"contents":[{"uri":"b","blob":"` + blob + `","Note":"x"}]}`, false},
+		{"notification", "notifications/message", `{"data":{"Contents":[{"blob":"x"}]}}`, false},
+	} {
+		_, _, err := resultTerms([]byte(tc.payload), shapeOf(tc.channel, tc.method), c.scanner, nil)
+		var variant *VariantError
+		if got := errors.As(err, &variant); got != tc.refused {
+			t.Errorf("%s %s %.120s: refused %v (%v), want %v", tc.channel, tc.method, tc.payload, got, err, tc.refused)
+		}
+	}
 }
