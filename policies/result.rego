@@ -920,6 +920,72 @@ seam_secrets contains {"a": a, "b": b, "tail": tail, "keep": keep, "head": head,
 
 cut_by_budget(i) if byte_len(input.result.content[i].text) > cap
 
+# --- secrets split across three text items or more
+#
+# The seams redact a secret split across two consecutive text items, piece
+# by piece. One that runs through a whole text item into the next cannot
+# be redacted that way: such a result is withheld. Two cases: a secret
+# whose match, in the window of a listed seam extended by the whole next
+# item and the start of the one after, covers that item; and a private key
+# whose BEGIN line is in one text item and END line in a later one, not
+# the next (the items between hold nothing but its body, which no pattern
+# recognises on its own).
+cannot_inspect contains msg if {
+	some [a, m] in scan.seams
+	not cut_by_budget(a)
+	some k, x in text_items
+	x == m
+	b := text_items[k + 1]
+	left := last_chars(text.clean(input.result.content[a].text), seam_window)
+	middle := text.clean(input.result.content[m].text)
+	right := first_chars(text.clean(first_chars(input.result.content[b].text, 2 * seam_window)), seam_window)
+	w := concat("", [left, middle, right])
+	ks := kinds_in_order(w)
+	count(ks) > 0
+	pattern := concat("|", [sprintf("(?:%s)", [all_patterns[k]]) | some k in ks])
+	matches := regex.find_all_string_submatch_n(pattern, w, -1)
+	pieces := regex.split(pattern, w)
+	some i, mt in matches
+	start := sum([n | some j in numbers.range(0, i - 1); j < i; n := count(pieces[j]) + count(matches[j][0])]) + count(pieces[i])
+	start < count(left)
+	start + count(mt[0]) > count(left) + count(middle)
+	msg := sprintf("a secret may run across three text items or more (content[%d] to content[%d]), which toolgate cannot redact piece by piece; the result was withheld", [a, b])
+}
+
+cannot_inspect contains msg if {
+	some k, a in text_items
+	key_opens(input.result.content[a].text)
+	some l, b in text_items
+	l > k + 1
+	key_closes(input.result.content[b].text)
+	every j in numbers.range(k + 1, l - 1) {
+		not regex.match(key_line, input.result.content[text_items[j]].text)
+	}
+	msg := sprintf("a private key runs from content[%d] to content[%d], across more than two text items, which toolgate cannot redact piece by piece; the result was withheld", [a, b])
+}
+
+key_begin := `-{4,5} ?BEGIN[A-Z0-9 ]*PRIVATE KEY`
+
+key_end := `-{4,5} ?END[A-Z0-9 ]*PRIVATE KEY`
+
+key_line := concat("|", [key_begin, key_end])
+
+# key_opens(t): t's last private key BEGIN line has no END line after it.
+key_opens(t) if {
+	contains(t, "PRIVATE KEY")
+	parts := regex.split(key_begin, t)
+	count(parts) > 1
+	not regex.match(key_end, parts[count(parts) - 1])
+}
+
+# key_closes(t): t's first private key END line has no BEGIN line before it.
+key_closes(t) if {
+	contains(t, "PRIVATE KEY")
+	parts := regex.split(key_end, t)
+	count(parts) > 1
+	not regex.match(key_begin, parts[0])
+}
+
 # redact_seams(t, path): redact(t), with the parts of secrets spanning a
 # seam (see seam_tails) replaced first.
 redact_seams(t, ["content", i, "text"]) := {"text": out, "kinds": kinds} if {

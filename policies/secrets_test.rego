@@ -171,6 +171,44 @@ test_text_and_structured_twin_redacted_alike if {
 	d.result.structuredContent.log == "token\n[REDACTED:github_token]"
 }
 
+texts_result(ts) := {"content": [{"type": "text", "text": t} | some t in ts]}
+
+test_secret_across_three_text_items_is_withheld if {
+	key := concat("", ["AKIA", "IOSFODNN7EXAMPLE"])
+	every ts in [
+		["key AK", "IAIOSFODNN7E", "XAMPLE done"],
+		[concat("", ["key ", substring(key, 0, 8)]), "", concat("", [substring(key, 8, 12), " done"])],
+		["token: ", "ghp_", "16C7e42F292c6912E7710c838347Ae178B4a"],
+	] {
+		d := decide(texts_result(ts))
+		d.action == "deny"
+		contains(d.reason, "three text items or more")
+	}
+
+	# A secret within one item, or across two, is redacted as before.
+	d := decide(texts_result([concat(" ", ["see", key]), "and", "more"]))
+	d.result.content[0].text == "see [REDACTED:aws_access_key_id]"
+	two := decide(texts_result(["key AKIAIOSF", "ODNN7EXAMPLE done", "more"]))
+	concat("", [c.text | some c in two.result.content]) == "key [REDACTED:aws_access_key_id] donemore"
+}
+
+test_private_key_across_three_text_items_is_withheld if {
+	body := concat("", ["MIIEowIBAAKCAQEA3Tz2mr7SZiAMfQyuvBjM9Oi" | some _ in numbers.range(1, 60)])
+	d := decide(texts_result([
+		concat("\n", ["chunk 1", "-----BEGIN RSA PRIVATE KEY-----", body]),
+		body,
+		concat("\n", [body, "-----END RSA PRIVATE KEY-----", "chunk 3"]),
+	]))
+	d.action == "deny"
+	contains(d.reason, "private key runs from content[0] to content[2]")
+
+	# Whole keys in separate items, with text between them, are redacted.
+	whole := concat("\n", ["-----BEGIN RSA PRIVATE KEY-----", body, "-----END RSA PRIVATE KEY-----"])
+	ok := decide(texts_result([whole, "between", whole]))
+	ok.action == "allow"
+	ok.result.content[2].text == "[REDACTED:pem_private_key]"
+}
+
 test_secret_split_across_text_items if {
 	every p in positives {
 		[_, secret, redacted] := p
