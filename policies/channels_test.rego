@@ -110,6 +110,24 @@ test_resource_contents_text_and_blob_are_inspected if {
 	d.result.contents[2].blob == b64("plain bytes")
 }
 
+test_text_blobs_lose_invisible_characters_and_are_bounded if {
+	spoof := concat("", ["invoice.", "\u202e", "fdp.exe"])
+	d := decide("result", "resources/read", {"contents": [
+		{"uri": "file:///a.txt", "mimeType": "text/plain", "blob": b64(spoof)},
+		{"uri": "file:///b", "blob": b64(spoof)},
+		{"uri": "file:///c.bin", "mimeType": "application/octet-stream", "blob": b64(spoof)},
+	]})
+	base64.decode(d.result.contents[0].blob) == "invoice.fdp.exe"
+	base64.decode(d.result.contents[1].blob) == "invoice.fdp.exe"
+	d.result.contents[2].blob == b64(spoof) # bytes of binary data
+	contains(d.reason, "removed invisible")
+	long := concat("", ["x" | some _ in numbers.range(1, 70000)])
+	w := decide("result", "resources/read", {"contents": [{"uri": "file:///l.txt", "mimeType": "text/plain", "blob": b64(long)}]})
+	w.action == "deny"
+	contains(w.reason, "blob of text")
+	decide("result", "resources/read", {"contents": [{"uri": "file:///l.bin", "mimeType": "application/octet-stream", "blob": b64(long)}]}) == {"action": "allow"}
+}
+
 test_resource_blob_that_is_not_base64_is_withheld if {
 	d := decide("result", "resources/read", {"contents": [{"uri": "file:///b", "blob": concat("", [aws_key, "!"])}]})
 	d.action == "deny"

@@ -1009,13 +1009,64 @@ seam_label(c) := sprintf("[REDACTED:%s]", [c.kind]) if c.n > 0
 # --- blobs
 
 # marked_blobs maps the path of every resource blob whose decoded bytes
-# hold a marker to those bytes.
+# hold a marker, or are text holding an invisible character, to those
+# bytes.
 marked_blobs[path] := b if {
 	some path, blob in blob_strings
 	base64.is_valid(blob)
 	b := base64.decode(blob)
 	any_marker(b)
 }
+
+marked_blobs[path] := b if {
+	some path, blob in blob_strings
+	base64.is_valid(blob)
+	b := base64.decode(blob)
+	text_blob(path, b)
+	text.has_invisible(b)
+}
+
+# A blob of text longer than long_blob bytes is looked at too: it may be
+# over the limit (see below). The gateway's scan uses the same length.
+marked_blobs[path] := b if {
+	some path, blob in blob_strings
+	base64.is_valid(blob)
+	b := base64.decode(blob)
+	byte_len(b) > long_blob
+	text_blob(path, b)
+}
+
+long_blob := 4096
+
+# A blob of text is bounded as text is, but not cut (a runner decodes it
+# whole): one over the limit is withheld.
+cannot_inspect contains msg if {
+	some path, b in marked_blobs
+	n := byte_len(b)
+	n > max_bytes
+	text_blob(path, b)
+	msg := sprintf("the upstream's %s holds a blob of text at %v of %d bytes, over the limit of %d bytes, so it was withheld; ask for less", [noun, path, n, max_bytes])
+}
+
+# text_blob(path, b): the blob at path decodes to b, text a runner may show
+# as such: valid UTF-8, of a resource with no mimeType or a text/ one. Its
+# invisible characters are removed as in any text (those of other blobs
+# are bytes of binary data).
+text_blob(path, b) if {
+	mime := object.get(input.result, array.concat(array.slice(path, 0, count(path) - 1), ["mimeType"]), "")
+	is_string(mime)
+	text_mime(lower(mime))
+	json.unmarshal(json.marshal(b)) == b # valid UTF-8: JSON writes other bytes as U+FFFD
+}
+
+text_mime("")
+
+text_mime(m) if startswith(m, "text/")
+
+# blob_plain(path, b): b without its invisible characters when it is text.
+blob_plain(path, b) := text.clean(b) if {
+	text_blob(path, b)
+} else := b
 
 # blob_looks maps the path of every resource blob whose decoded bytes may
 # hold a secret to those bytes: those with a marker, and with patterns of
@@ -1029,7 +1080,7 @@ blob_looks[path] := b if {
 	b := base64.decode(blob)
 }
 
-blob_attempted := {path: redact(b) | some path, b in blob_looks}
+blob_attempted := {path: redact(blob_plain(path, b)) | some path, b in blob_looks}
 
 blob_cleaned := {path: base64.encode(r.text) |
 	some path, r in blob_attempted
@@ -1172,6 +1223,11 @@ changes contains sprintf("redacted %s", [concat(", ", kinds)]) if {
 changes contains "removed invisible or bidirectional Unicode control characters" if {
 	some c in cleaned
 	c.stripped
+}
+
+changes contains "removed invisible or bidirectional Unicode control characters" if {
+	some path, b in blob_looks
+	blob_plain(path, b) != b
 }
 
 changes contains sprintf("cut texts to fit the limit of %d bytes", [max_bytes]) if {

@@ -61,6 +61,7 @@ var (
 	keyClean     = ast.StringTerm("clean")
 	keyMessages  = ast.StringTerm("messages")
 	keyContents  = ast.StringTerm("contents")
+	keyMimeType  = ast.StringTerm("mimeType")
 	// keyInputRequests and keyResultType: an input_required result
 	// (2026-07-28).
 	keyInputRequests = ast.StringTerm("inputRequests")
@@ -644,12 +645,12 @@ func resultTerms(raw []byte, sh shape, sc *scanner, spans map[*ast.Term]string) 
 			}
 		case "resource":
 			if ps.leaf == leafBlob {
-				blobsPlain = blobsPlain && sc.plainBlob(ps.s)
+				blobsPlain = blobsPlain && sc.plainBlob(ps.s, mimeAt(result, ps.path))
 				continue
 			}
 		}
 		if ps.leaf == leafContents {
-			blobsPlain = blobsPlain && sc.plainBlob(ps.s)
+			blobsPlain = blobsPlain && sc.plainBlob(ps.s, mimeAt(result, ps.path))
 			continue
 		}
 		l.add(ps.path, ps.s, false)
@@ -760,10 +761,40 @@ func (sc *scanner) seams(result *ast.Term) (seams []*ast.Term, content *ast.Arra
 }
 
 // plainBlob reports whether blob is valid base64 whose decoded bytes hold
-// no marker.
-func (sc *scanner) plainBlob(blob string) bool {
+// no marker and, when they are text (see textBlob), no invisible
+// character and at most longBlob bytes; mime is the resource's mimeType,
+// if it has one.
+func (sc *scanner) plainBlob(blob string, mime *ast.Term) bool {
 	b, err := base64.StdEncoding.DecodeString(blob)
-	return err == nil && !sc.hasMarker(unsafe.String(unsafe.SliceData(b), len(b)))
+	if err != nil {
+		return false
+	}
+	s := unsafe.String(unsafe.SliceData(b), len(b))
+	return !sc.hasMarker(s) && !(textBlob(mime, b) && (len(b) > longBlob || sc.hasInvisible(s)))
+}
+
+// longBlob is the length from which a blob of text may be over the
+// policy's limit, which it then withholds (its long_blob).
+const longBlob = 4096
+
+// textBlob reports whether a blob decoded to b is text a runner may show
+// as such (the policy's text_blob): valid UTF-8, of a resource with no
+// mimeType or a text/ one (in any case).
+func textBlob(mime *ast.Term, b []byte) bool {
+	m := ""
+	if mime != nil {
+		s, ok := mime.Value.(ast.String)
+		if !ok {
+			return false
+		}
+		m = string(s)
+	}
+	return (m == "" || strings.HasPrefix(strings.ToLower(m), "text/")) && utf8.Valid(b)
+}
+
+// mimeAt is the mimeType beside the blob at path, nil when there is none.
+func mimeAt(result *ast.Term, path []pathStep) *ast.Term {
+	return termAt(result, append(path[:len(path)-1:len(path)-1], pathStep{key: keyMimeType}))
 }
 
 // plainItem reports whether a content item is of a type of MCP's with the
@@ -792,7 +823,7 @@ func (sc *scanner) plainItem(v ast.Value) bool {
 		if !hasBlob {
 			return hasText
 		}
-		return sc.plainBlob(blob)
+		return sc.plainBlob(blob, res.Get(keyMimeType))
 	default:
 		return false
 	}

@@ -224,6 +224,18 @@ func TestScanOfOtherChannelsAgreesWithThePolicy(t *testing.T) {
 		{"result", "resources/read", `{"contents":[{"uri":"a","text":"fine"},{"uri":"b","blob":"` + blob("plain") + `"}]}`, true, 0},
 		{"result", "resources/read", `{"contents":[{"uri":"b","blob":"` + blob("x AKIA") + `"}]}`, false, 0},
 		{"result", "resources/read", `{"contents":[{"uri":"b","blob":"AKIA!"}]}`, false, 0},
+		// A blob of text loses its invisible characters, one of binary
+		// data keeps its bytes.
+		{"result", "resources/read", `{"contents":[{"uri":"b","mimeType":"text/plain","blob":"` + blob("a\u200bb") + `"}]}`, false, 0},
+		{"result", "resources/read", `{"contents":[{"uri":"b","blob":"` + blob("a\u202eb") + `"}]}`, false, 0},
+		{"result", "resources/read", `{"contents":[{"uri":"b","mimeType":"TEXT/markdown","blob":"` + blob("a\u200bb") + `"}]}`, false, 0},
+		{"result", "resources/read", `{"contents":[{"uri":"b","mimeType":"image/png","blob":"` + blob("a\u200bb") + `"}]}`, true, 0},
+		{"result", "resources/read", `{"contents":[{"uri":"b","mimeType":null,"blob":"` + blob("a\u200bb") + `"}]}`, true, 0},
+		{"result", "resources/read", `{"contents":[{"uri":"b","blob":"` + blob("\xff a\u200bb") + `"}]}`, true, 0},
+		{"result", "tools/call", `{"content":[{"type":"resource","resource":{"uri":"b","mimeType":"text/plain","blob":"` + blob("a\u200bb") + `"}}]}`, false, 0},
+		{"result", "resources/read", `{"contents":[{"uri":"b","mimeType":"text/plain","blob":"` + blob(strings.Repeat("x", 4097)) + `"}]}`, false, 0},
+		{"result", "resources/read", `{"contents":[{"uri":"b","mimeType":"text/plain","blob":"` + blob(strings.Repeat("x", 4096)) + `"}]}`, true, 0},
+		{"result", "resources/read", `{"contents":[{"uri":"b","mimeType":"application/pdf","blob":"` + blob(strings.Repeat("x", 9000)) + `"}]}`, true, 0},
 		{"result", "resources/read", `{"contents":[{"uri":"b","blob":"QUtJQQ=="}],"x":{"blob":"AKIA"}}`, false, 1},
 		{"result", "tools/list", `{"tools":[{"name":"t","description":"Reads.","inputSchema":{"type":"object"}}]}`, true, 0},
 		{"result", "tools/list", `{"tools":[{"name":"t","description":"Reads.\u2062"}]}`, false, 1},
@@ -348,6 +360,7 @@ func FuzzScanDecidesAsThePolicy(f *testing.F) {
 	f.Add(uint8(0), `{"content":[{"type":"text","text":"\u0041KIAIOSFODNN7EXAMPLE"}],"_meta":{"eyJ":1}}`)
 	f.Add(uint8(0), `{"content":[{"type":"text","text":"access_to\u212aen=ya29.a0AfH6SMBxExampleTokenValue and acce\u017fs_token=ya29.a0AfH6SMBx"}]}`)
 	f.Add(uint8(3), `{"contents":[{"uri":"b","blob":"`+blob("token: ghp_16C7e42F292c6912E7710c838347Ae178B4a")+`"},{"uri":"a","text":"x"}]}`)
+	f.Add(uint8(3), `{"contents":[{"uri":"b","mimeType":"text/plain","blob":"`+blob("invoice.\u202efdp.exe")+`"},{"uri":"c","blob":"`+blob("\xff\u200b")+`"}]}`)
 	f.Add(uint8(4), `{"tools":[{"name":"t","description":"Reads.\u2062","inputSchema":{"type":"object","properties":{"id":{"description":"bearer x"}}}}]}`)
 	f.Add(uint8(7), `{"code":-32000,"message":"failed","data":{"ghp_":1}}`)
 	f.Add(uint8(8), `{"messages":[{"role":"user","content":[{"type":"image","data":"AKIA"},{"type":"text","text":"ok\u200b"}]}],"maxTokens":9}`)
