@@ -3,8 +3,10 @@ package mcpproxy
 import (
 	"bytes"
 	"encoding/base64"
+	"strconv"
 	"strings"
 	"unicode"
+	"unicode/utf16"
 	"unicode/utf8"
 
 	"go.uber.org/zap"
@@ -53,9 +55,39 @@ func mayHide(raw []byte, secret string) bool {
 }
 
 // mayBreak reports whether raw may hold a character that ignorable
-// reports, as it is or escaped.
+// reports, as it is or escaped (\uXXXX, or a surrogate pair of them).
 func mayBreak(raw []byte) bool {
-	return !isASCII(raw) || bytes.Contains(raw, []byte(`\u`))
+	if !isASCII(raw) && bytes.ContainsFunc(raw, ignorable) {
+		return true
+	}
+	for i := 0; ; {
+		j := bytes.Index(raw[i:], []byte(`\u`))
+		if j < 0 {
+			return false
+		}
+		i += j + 2
+		r, ok := hex4(raw, i)
+		if !ok {
+			continue
+		}
+		if utf16.IsSurrogate(r) {
+			if lo, ok := hex4(raw, i+6); ok && bytes.HasPrefix(raw[i+4:], []byte(`\u`)) {
+				r = utf16.DecodeRune(r, lo)
+			}
+		}
+		if ignorable(r) {
+			return true
+		}
+	}
+}
+
+// hex4 is the code unit written in the four hexadecimal digits at b[i:].
+func hex4(b []byte, i int) (rune, bool) {
+	if i+4 > len(b) {
+		return 0, false
+	}
+	n, err := strconv.ParseUint(string(b[i:i+4]), 16, 16)
+	return rune(n), err == nil
 }
 
 func isASCII(b []byte) bool {

@@ -29,6 +29,8 @@ func TestRedactCredential(t *testing.T) {
 		// put it together again for the runner.
 		{"\"key tok-ABC\u200bdef/123 is valid\"", `"key [REDACTED:credential] is valid"`},
 		{`"key tok-\u2062ABCdef/1\u00ad23!"`, `"key [REDACTED:credential]!"`},
+		{`"tok-ABC\udb40\udc20def/123 \u00e9"`, `"[REDACTED:credential] é"`},
+		{`"tok-ABC\u00e9def/123 \u00e9"`, `"tok-ABC\u00e9def/123 \u00e9"`},
 		{"\"tok-ABCdef/123 and t\u200bok-ABCdef/123 é\"", `"[REDACTED:credential] and [REDACTED:credential] é"`},
 		{"\"plain \u200b text é\"", "\"plain \u200b text é\""},
 	} {

@@ -246,9 +246,12 @@ func isASCII(s string) bool {
 // hasMarker reports whether s holds a secret marker: one written in lower
 // case ignoring case, any other exactly (as the policy's holds_marker,
 // which looks for the first kind in folded(s)).
-func (sc *scanner) hasMarker(s string) bool {
+func (sc *scanner) hasMarker(s string) bool { return sc.hasMarkerIn(s, isASCII(s)) }
+
+// hasMarkerIn is hasMarker for s, which is ASCII or not as ascii says.
+func (sc *scanner) hasMarkerIn(s string, ascii bool) bool {
 	folded := s
-	if !isASCII(s) && strings.ContainsAny(s, "\u0130\u017f\u212a") {
+	if !ascii && (strings.Contains(s, "\u212a") || strings.Contains(s, "\u017f") || strings.Contains(s, "\u0130")) {
 		folded = foldToASCII.Replace(s)
 	}
 	for _, g := range sc.anchors {
@@ -582,7 +585,7 @@ func (l *scanEntries) add(path []pathStep, s string, key bool) {
 	}
 	ascii := isASCII(s)
 	invisible := (!ascii || l.sc.asciiInvisible) && l.sc.hasInvisible(s)
-	markers := l.sc.hasMarker(s)
+	markers := l.sc.hasMarkerIn(s, ascii)
 	l.flagged = l.flagged || invisible || markers
 	if !long && !invisible && !markers {
 		return
