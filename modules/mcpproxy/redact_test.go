@@ -12,6 +12,20 @@ import (
 	"github.com/toolgate/toolgate/modules/gateway"
 )
 
+// redacted is the message raw as redactCredential leaves it for call.
+func redacted(t *testing.T, h *Handler, call *gateway.Call, raw string) []byte {
+	t.Helper()
+	msg, err := mcpmsg.Parse([]byte(raw), mcpmsg.Limits{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := h.redactCredential(call, msg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return got.Raw
+}
+
 // An upstream that writes back the credential toolgate attached, however
 // it escapes it, hands the runner a message without it; one that does not
 // is left as it is.
@@ -35,44 +49,28 @@ func TestRedactCredential(t *testing.T) {
 		{"\"plain \u200b text é\"", "\"plain \u200b text é\""},
 	} {
 		raw := `{"jsonrpc":"2.0","id":1,"result":{"content":[{"type":"text","text":` + c.text + `}]}}`
-		msg, err := mcpmsg.Parse([]byte(raw), mcpmsg.Limits{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		got, err := h.redactCredential(call, msg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if want := strings.Replace(raw, c.text, c.want, 1); string(got.Raw) != want {
-			t.Errorf("%s: got %s, want %s", c.text, got.Raw, want)
+		if got, want := redacted(t, h, call, raw), strings.Replace(raw, c.text, c.want, 1); string(got) != want {
+			t.Errorf("%s: got %s, want %s", c.text, got, want)
 		}
 	}
 	// Encoded in base64, at each offset, as a blob or any other string:
 	// encoded again without it; base64 that cannot be decoded goes whole.
 	for _, text := range []string{"tok-ABCdef/123", "a tok-ABCdef/123", "X-Key: tok-ABCdef/123\n", "ab tok-ABCdef/123 cd", strings.Repeat("x", 100) + "tok-ABCdef/123"} {
 		blob := base64.StdEncoding.EncodeToString([]byte(text))
-		raw := `{"jsonrpc":"2.0","id":1,"result":{"contents":[{"uri":"file:///k","blob":"` + blob + `"}]}}`
-		msg, err := mcpmsg.Parse([]byte(raw), mcpmsg.Limits{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		got, err := h.redactCredential(call, msg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		decoded, _ := base64.StdEncoding.DecodeString(gjson.GetBytes(got.Raw, "result.contents.0.blob").String())
+		got := redacted(t, h, call, `{"jsonrpc":"2.0","id":1,"result":{"contents":[{"uri":"file:///k","blob":"`+blob+`"}]}}`)
+		decoded, _ := base64.StdEncoding.DecodeString(gjson.GetBytes(got, "result.contents.0.blob").String())
 		if want := strings.ReplaceAll(text, "tok-ABCdef/123", credentialRedaction); string(decoded) != want {
 			t.Errorf("a blob of %q decodes to %q, want %q", text, decoded, want)
 		}
 	}
-	msg, _ := mcpmsg.Parse([]byte(`{"jsonrpc":"2.0","id":1,"result":{"t":"`+base64.StdEncoding.EncodeToString([]byte("a tok-ABCdef/123"))+`!"}}`), mcpmsg.Limits{})
-	if got, _ := h.redactCredential(call, msg); gjson.GetBytes(got.Raw, "result.t").String() != credentialRedaction {
-		t.Errorf("base64 that cannot be decoded, holding the credential: %s", got.Raw)
+	undecodable := `{"jsonrpc":"2.0","id":1,"result":{"t":"` + base64.StdEncoding.EncodeToString([]byte("a tok-ABCdef/123")) + `!"}}`
+	if got := redacted(t, h, call, undecodable); gjson.GetBytes(got, "result.t").String() != credentialRedaction {
+		t.Errorf("base64 that cannot be decoded, holding the credential: %s", got)
 	}
 
 	// Too short a value is not looked for (it would be found in ordinary text).
 	short := &gateway.Call{Credential: &gateway.Credential{Header: "X-Key", Value: "abc"}}
-	msg, _ = mcpmsg.Parse([]byte(`{"jsonrpc":"2.0","id":1,"result":{"t":"abc"}}`), mcpmsg.Limits{})
+	msg, _ := mcpmsg.Parse([]byte(`{"jsonrpc":"2.0","id":1,"result":{"t":"abc"}}`), mcpmsg.Limits{})
 	if got, _ := h.redactCredential(short, msg); string(got.Raw) != string(msg.Raw) {
 		t.Errorf("a short value was redacted: %s", got.Raw)
 	}

@@ -484,19 +484,26 @@ func TestStopKillsAfterGracePeriod(t *testing.T) {
 	}
 }
 
-// per_user: each user's calls reach a process of their own, which holds
-// that user's credential only; a changed credential moves the user to a
-// new process, and the old one stops.
-func TestPerUserProcessesHoldTheirOwnCredential(t *testing.T) {
+// perUserPair runs a per_user program that gets each user's token in
+// TOKEN, and initializes a session of alice's (alice-token-1) and of bob's
+// (bob-token-1) on it.
+func perUserPair(t *testing.T) (rt *runtime, alice, bob *bridgetest.Runner) {
 	s := testSpec(t, stdioserver.ModeServe)
 	s.PerUser, s.CredEnv, s.CredHeader = true, "TOKEN", "Authorization"
-	rt := start(t, s, nil)
+	rt = start(t, s, nil)
 	runner := func(user, token string) *bridgetest.Runner {
 		r := &bridgetest.Runner{T: t, RT: rt.bridge, User: user, Header: http.Header{"Authorization": {"Bearer " + token}}}
 		r.Initialize(bridgetest.NoCapabilities)
 		return r
 	}
-	alice, bob := runner("alice", "alice-token-1"), runner("bob", "bob-token-1")
+	return rt, runner("alice", "alice-token-1"), runner("bob", "bob-token-1")
+}
+
+// per_user: each user's calls reach a process of their own, which holds
+// that user's credential only; a changed credential moves the user to a
+// new process, and the old one stops.
+func TestPerUserProcessesHoldTheirOwnCredential(t *testing.T) {
+	_, alice, bob := perUserPair(t)
 	alicePID, bobPID := who(t, alice).PID, who(t, bob).PID
 	if alicePID == bobPID {
 		t.Fatal("alice and bob share a process")
@@ -670,15 +677,7 @@ func TestRunAs(t *testing.T) {
 // connected again and a request of theirs gave their worker the new
 // credential between that read and the stop: the new process goes on.
 func TestConnectionGoneSparesAProcessOfANewConnection(t *testing.T) {
-	s := testSpec(t, stdioserver.ModeServe)
-	s.PerUser, s.CredEnv, s.CredHeader = true, "TOKEN", "Authorization"
-	rt := start(t, s, nil)
-	runner := func(user, token string) *bridgetest.Runner {
-		r := &bridgetest.Runner{T: t, RT: rt.bridge, User: user, Header: http.Header{"Authorization": {"Bearer " + token}}}
-		r.Initialize(bridgetest.NoCapabilities)
-		return r
-	}
-	alice, bob := runner("alice", "alice-token-1"), runner("bob", "bob-token-1")
+	rt, alice, bob := perUserPair(t)
 	alicePID, bobPID := who(t, alice).PID, who(t, bob).PID
 	everyone := func(string) bool { return true }
 
