@@ -422,8 +422,8 @@ secret_kinds := [
 
 # secret_markers holds, for each built-in kind, pieces of text of which every
 # match of its pattern contains one: a marker written in lower case is
-# compared ignoring ASCII case (for patterns that match in any case), any
-# other exactly (see holds_marker). Substring
+# compared ignoring case, in the text as folded(s) writes it (for patterns
+# that match in any case), any other exactly (see holds_marker). Substring
 # tests are much cheaper than regular expressions: a pattern is only run on
 # text holding one of its markers, and the gateway's quick pass (input.scan)
 # lists only strings holding one. Keep them in step with secret_patterns

@@ -327,7 +327,7 @@ func (g anchorGroup) cases() []byte {
 // long.
 type anchorGroup struct {
 	anchor    byte
-	fold      bool // the markers are compared ignoring ASCII case
+	fold      bool // the markers are compared ignoring case (see hasMarker)
 	markers   []anchoredMarker
 	maxOffset int // the largest offset of the anchor in a marker
 }
