@@ -111,21 +111,31 @@ test_resource_contents_text_and_blob_are_inspected if {
 }
 
 test_text_blobs_lose_invisible_characters_and_are_bounded if {
+	# Text is valid UTF-8 in a blob of any type but images, audio, video
+	# and fonts, whose bytes are binary data.
 	spoof := concat("", ["invoice.", "\u202e", "fdp.exe"])
 	d := decide("result", "resources/read", {"contents": [
 		{"uri": "file:///a.txt", "mimeType": "text/plain", "blob": b64(spoof)},
 		{"uri": "file:///b", "blob": b64(spoof)},
-		{"uri": "file:///c.bin", "mimeType": "application/octet-stream", "blob": b64(spoof)},
+		{"uri": "file:///c.json", "mimeType": "application/json", "blob": b64(spoof)},
+		{"uri": "file:///d.png", "mimeType": "image/png", "blob": b64(spoof)},
 	]})
 	base64.decode(d.result.contents[0].blob) == "invoice.fdp.exe"
 	base64.decode(d.result.contents[1].blob) == "invoice.fdp.exe"
-	d.result.contents[2].blob == b64(spoof) # bytes of binary data
+	base64.decode(d.result.contents[2].blob) == "invoice.fdp.exe"
+	d.result.contents[3].blob == b64(spoof) # bytes of binary data
 	contains(d.reason, "removed invisible")
-	long := concat("", ["x" | some _ in numbers.range(1, 70000)])
-	w := decide("result", "resources/read", {"contents": [{"uri": "file:///l.txt", "mimeType": "text/plain", "blob": b64(long)}]})
+
+	# Blobs of text count together against the limit, and are withheld
+	# over it rather than cut.
+	part := concat("", ["x" | some _ in numbers.range(1, 20000)])
+	blobs := [{"uri": sprintf("file:///%d.txt", [i]), "mimeType": "text/plain", "blob": b64(part)} | some i in numbers.range(1, 4)]
+	w := decide("result", "resources/read", {"contents": blobs})
 	w.action == "deny"
-	contains(w.reason, "blob of text")
-	decide("result", "resources/read", {"contents": [{"uri": "file:///l.bin", "mimeType": "application/octet-stream", "blob": b64(long)}]}) == {"action": "allow"}
+	contains(w.reason, "80000 bytes of text in blobs")
+	decide("result", "resources/read", {"contents": array.slice(blobs, 0, 3)}) == {"action": "allow"}
+	images := [{"uri": b.uri, "mimeType": "image/png", "blob": b.blob} | some b in blobs]
+	decide("result", "resources/read", {"contents": images}) == {"action": "allow"}
 }
 
 test_resource_blob_that_is_not_base64_is_withheld if {

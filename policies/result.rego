@@ -880,23 +880,29 @@ kind_of(m, ks) := k if {
 seam_tails[t.a] := {"n": t.tail, "kind": t.kind} if {
 	some t in seam_secrets
 	t.tail > 0
+	not cut_by_budget(t.a) # its end is cut off anyway
 }
 
-# The label goes where the secret begins.
+# The label goes where the secret begins, or after the cut of the item
+# it began in.
 seam_heads[t.b] := {"keep": t.keep, "n": t.head, "kind": kind} if {
 	some t in seam_secrets
-	kind := [t.kind | t.tail == 0]
+	kind := [t.kind | label_in_head(t)]
 }
+
+label_in_head(t) if t.tail == 0
+
+label_in_head(t) if cut_by_budget(t.a)
 
 seam_index(i) if seam_tails[i]
 
 seam_index(i) if seam_heads[i]
 
-# seam_secrets: a secret across a seam listed by the scan, unless the first
-# item is cut to fit the budget (its text then ends with a note).
+# seam_secrets: a secret across a seam listed by the scan (also when the
+# first item is cut to fit the budget: the secret's part in the next item
+# is redacted all the same).
 seam_secrets contains {"a": a, "b": b, "tail": tail, "keep": keep, "head": head, "kind": kind} if {
 	some [a, b] in scan.seams
-	not cut_by_budget(a)
 	left := last_chars(text.clean(input.result.content[a].text), seam_window)
 	right := first_chars(text.clean(first_chars(input.result.content[b].text, 2 * seam_window)), seam_window)
 	w := concat("", [left, right])
@@ -920,48 +926,24 @@ seam_secrets contains {"a": a, "b": b, "tail": tail, "keep": keep, "head": head,
 
 cut_by_budget(i) if byte_len(input.result.content[i].text) > cap
 
-# --- secrets split across three text items or more
+# --- private keys across more than two text items
 #
 # The seams redact a secret split across two consecutive text items, piece
-# by piece. One that runs through a whole text item into the next cannot
-# be redacted that way: such a result is withheld. Two cases: a secret
-# whose match, in the window of a listed seam extended by the whole next
-# item and the start of the one after, covers that item; and a private key
-# whose BEGIN line is in one text item and END line in a later one, not
-# the next (the items between hold nothing but its body, which no pattern
-# recognises on its own).
+# by piece; the gateway withholds a result whose joined text items hold a
+# secret running through a whole item (modules/policy/spans.go). A private
+# key can be longer than the gateway looks: one whose BEGIN line is in a
+# text item and whose END line is in a later one, not the next, with no
+# other key line between (the items between hold nothing but its body,
+# which no pattern recognises on its own), withholds the result.
 cannot_inspect contains msg if {
-	some [a, m] in scan.seams
-	not cut_by_budget(a)
-	some k, x in text_items
-	x == m
-	b := text_items[k + 1]
-	left := last_chars(text.clean(input.result.content[a].text), seam_window)
-	middle := text.clean(input.result.content[m].text)
-	right := first_chars(text.clean(first_chars(input.result.content[b].text, 2 * seam_window)), seam_window)
-	w := concat("", [left, middle, right])
-	ks := kinds_in_order(w)
-	count(ks) > 0
-	pattern := concat("|", [sprintf("(?:%s)", [all_patterns[k]]) | some k in ks])
-	matches := regex.find_all_string_submatch_n(pattern, w, -1)
-	pieces := regex.split(pattern, w)
-	some i, mt in matches
-	start := sum([n | some j in numbers.range(0, i - 1); j < i; n := count(pieces[j]) + count(matches[j][0])]) + count(pieces[i])
-	start < count(left)
-	start + count(mt[0]) > count(left) + count(middle)
-	msg := sprintf("a secret may run across three text items or more (content[%d] to content[%d]), which toolgate cannot redact piece by piece; the result was withheld", [a, b])
-}
-
-cannot_inspect contains msg if {
-	some k, a in text_items
-	key_opens(input.result.content[a].text)
-	some l, b in text_items
+	lines := [k | some k, i in text_items; regex.match(key_line, input.result.content[i].text)]
+	some n in numbers.range(0, count(lines) - 2)
+	k := lines[n]
+	l := lines[n + 1]
 	l > k + 1
-	key_closes(input.result.content[b].text)
-	every j in numbers.range(k + 1, l - 1) {
-		not regex.match(key_line, input.result.content[text_items[j]].text)
-	}
-	msg := sprintf("a private key runs from content[%d] to content[%d], across more than two text items, which toolgate cannot redact piece by piece; the result was withheld", [a, b])
+	key_opens(input.result.content[text_items[k]].text)
+	key_closes(input.result.content[text_items[l]].text)
+	msg := sprintf("a private key runs from content[%d] to content[%d], across more than two text items, which toolgate cannot redact piece by piece; the result was withheld", [text_items[k], text_items[l]])
 }
 
 key_begin := `-{4,5} ?BEGIN[A-Z0-9 ]*PRIVATE KEY`
@@ -1026,42 +1008,48 @@ marked_blobs[path] := b if {
 	text.has_invisible(b)
 }
 
-# A blob of text longer than long_blob bytes is looked at too: it may be
-# over the limit (see below). The gateway's scan uses the same length.
+# When the blobs of text hold more than long_blob bytes together, each is
+# looked at: they may be over the limit (see below). The gateway's scan
+# uses the same length.
 marked_blobs[path] := b if {
-	some path, blob in blob_strings
-	base64.is_valid(blob)
-	b := base64.decode(blob)
-	byte_len(b) > long_blob
-	text_blob(path, b)
+	blob_text_bytes > long_blob
+	some path, b in text_blobs
 }
 
 long_blob := 4096
 
-# A blob of text is bounded as text is, but not cut (a runner decodes it
-# whole): one over the limit is withheld.
-cannot_inspect contains msg if {
-	some path, b in marked_blobs
-	n := byte_len(b)
-	n > max_bytes
+# text_blobs maps the path of every blob of text to its decoded text.
+text_blobs[path] := b if {
+	some path, blob in blob_strings
+	base64.is_valid(blob)
+	b := base64.decode(blob)
 	text_blob(path, b)
-	msg := sprintf("the upstream's %s holds a blob of text at %v of %d bytes, over the limit of %d bytes, so it was withheld; ask for less", [noun, path, n, max_bytes])
+}
+
+blob_text_bytes := sum([byte_len(b) | some b in text_blobs])
+
+# Blobs of text are bounded as text is, together, but not cut (a runner
+# decodes a blob whole): blobs over the limit are withheld.
+cannot_inspect contains msg if {
+	blob_text_bytes > max_bytes
+	msg := sprintf("the upstream's %s holds %d bytes of text in blobs, over the limit of %d bytes, so it was withheld; ask for less", [noun, blob_text_bytes, max_bytes])
 }
 
 # text_blob(path, b): the blob at path decodes to b, text a runner may show
-# as such: valid UTF-8, of a resource with no mimeType or a text/ one. Its
-# invisible characters are removed as in any text (those of other blobs
-# are bytes of binary data).
+# as such: valid UTF-8, of a resource whose mimeType, if it has one, is not
+# of images, audio, video or fonts. Its invisible characters are removed
+# as in any text (those of other blobs are bytes of binary data).
 text_blob(path, b) if {
 	mime := object.get(input.result, array.concat(array.slice(path, 0, count(path) - 1), ["mimeType"]), "")
 	is_string(mime)
-	text_mime(lower(mime))
+	not binary_mime(lower(mime))
 	json.unmarshal(json.marshal(b)) == b # valid UTF-8: JSON writes other bytes as U+FFFD
 }
 
-text_mime("")
-
-text_mime(m) if startswith(m, "text/")
+binary_mime(m) if {
+	some prefix in ["image/", "audio/", "video/", "font/"]
+	startswith(m, prefix)
+}
 
 # blob_plain(path, b): b without its invisible characters when it is text.
 blob_plain(path, b) := text.clean(b) if {

@@ -173,23 +173,14 @@ test_text_and_structured_twin_redacted_alike if {
 
 texts_result(ts) := {"content": [{"type": "text", "text": t} | some t in ts]}
 
-test_secret_across_three_text_items_is_withheld if {
-	key := concat("", ["AKIA", "IOSFODNN7EXAMPLE"])
-	every ts in [
-		["key AK", "IAIOSFODNN7E", "XAMPLE done"],
-		[concat("", ["key ", substring(key, 0, 8)]), "", concat("", [substring(key, 8, 12), " done"])],
-		["token: ", "ghp_", "16C7e42F292c6912E7710c838347Ae178B4a"],
-	] {
-		d := decide(texts_result(ts))
-		d.action == "deny"
-		contains(d.reason, "three text items or more")
-	}
-
-	# A secret within one item, or across two, is redacted as before.
-	d := decide(texts_result([concat(" ", ["see", key]), "and", "more"]))
-	d.result.content[0].text == "see [REDACTED:aws_access_key_id]"
-	two := decide(texts_result(["key AKIAIOSF", "ODNN7EXAMPLE done", "more"]))
-	concat("", [c.text | some c in two.result.content]) == "key [REDACTED:aws_access_key_id] donemore"
+test_secret_after_a_cut_item_is_redacted if {
+	# The first item is cut to fit the limit, which drops the label; the
+	# secret's part in the next item is redacted all the same.
+	long := concat("", [concat("", ["x" | some _ in numbers.range(1, 70000)]), " Authorization: Bearer "])
+	d := decide(texts_result([long, "tok9Kp4Vx2Qm7Ws3Zn8Lr5TabcdEFGH done"]))
+	d.action == "allow"
+	d.result.content[1].text == "[REDACTED:bearer_token] done"
+	contains(d.result.content[0].text, "[truncated by toolgate")
 }
 
 test_private_key_across_three_text_items_is_withheld if {

@@ -402,7 +402,7 @@ func (h *Handler) inspect(ctx context.Context, call *gateway.Call, msg mcpmsg.Me
 	case !changed:
 		return msg.Raw, true
 	}
-	return rebuild(msg, params), true
+	return h.afterHooks(call, rebuild(msg, params))
 }
 
 // rebuild writes a notification or request again with other params.
@@ -492,7 +492,11 @@ func (h *Handler) finish(ctx context.Context, call *gateway.Call, msg mcpmsg.Mes
 	if out == nil {
 		return message{msg.Raw}
 	}
-	return resultMessage(call.Message.ID, out)
+	m := resultMessage(call.Message.ID, out)
+	if h.mayHoldCredential(call, m[:]...) {
+		return message{h.answerAfterHooks(call, bytes.Join(m[:], nil))}
+	}
+	return m
 }
 
 // hookFailed answers the runner's request when a result hook did not pass
@@ -534,7 +538,7 @@ func (h *Handler) finishError(ctx context.Context, call *gateway.Call, msg mcpms
 	b = append(b, call.Message.ID...)
 	b = append(b, `,"error":`...)
 	b = append(b, obj...)
-	return append(b, '}')
+	return h.answerAfterHooks(call, append(b, '}'))
 }
 
 // rpcResultEnd closes a result response opened by gateway.RPCResultPrefix.

@@ -3,12 +3,15 @@ package mcpproxy
 import (
 	"bytes"
 	"encoding/base64"
+	"errors"
+	"slices"
 	"strconv"
 	"strings"
 	"unicode"
 	"unicode/utf16"
 	"unicode/utf8"
 
+	"github.com/tidwall/gjson"
 	"go.uber.org/zap"
 
 	"github.com/toolgate/toolgate/internal/mcpmsg"
@@ -167,16 +170,23 @@ func (h *Handler) redactCredential(call *gateway.Call, msg mcpmsg.Message) (mcpm
 	if secret == "" {
 		return msg, nil
 	}
-	encoded := inBase64(secret)
-	if !bytes.Contains(msg.Raw, []byte(secret)) && !mayHide(msg.Raw, secret) && !containsAny(msg.Raw, encoded) {
+	if containsAnyOf(msg.Raw, chunks(secret)) {
+		if err := acrossTextItems(msg, secret); err != nil {
+			return msg, err
+		}
+	}
+	pieces := inBase64(secret)
+	if !bytes.Contains(msg.Raw, []byte(secret)) && !mayHide(msg.Raw, secret) && !pieces.in(msg.Raw) {
 		return msg, nil
 	}
-	if !mcpmsg.ContainsString(msg.Raw, secret) && !mayBreak(msg.Raw) && !containsAny(msg.Raw, encoded) {
+	if !mcpmsg.ContainsString(msg.Raw, secret) && !mayBreak(msg.Raw) && !pieces.in(msg.Raw) && !pieces.inStrings(msg.Raw) {
 		return msg, nil
 	}
 	raw, changed := mcpmsg.ReplaceStrings(msg.Raw, func(s string) (string, bool) {
-		if containsAny([]byte(s), encoded) {
-			return redactBase64(s, secret)
+		if pieces.in([]byte(s)) {
+			if out, ok := redactBase64(s, secret); ok {
+				return out, true
+			}
 		}
 		return redactIn(s, secret)
 	})
@@ -188,22 +198,22 @@ func (h *Handler) redactCredential(call *gateway.Call, msg mcpmsg.Message) (mcpm
 	return mcpmsg.Parse(raw, h.limits)
 }
 
-// inBase64 is what secret looks like inside base64 (standard encoding) at
-// each of the three offsets it can have in the bytes encoded: the
-// characters that encode its bytes alone. A blob (a resource's, or any
-// base64 an upstream sends) holding the credential holds one of them.
-func inBase64(secret string) [3]string {
-	var out [3]string
-	for k := range 3 {
-		enc := base64.StdEncoding.EncodeToString(append(make([]byte, k), secret...))
-		first := (8*k + 5) / 6              // the first character whose bits are all the secret's
-		last := (8*(k+len(secret)) - 6) / 6 // the last
-		out[k] = enc[first : last+1]
+// chunks are the pieces of eight bytes (four for a secret shorter than
+// sixteen) a secret is made of: a secret split in two keeps one of them
+// whole.
+func chunks(secret string) []string {
+	n := 8
+	if len(secret) < 16 {
+		n = 4
+	}
+	var out []string
+	for i := 0; i+n <= len(secret); i += n {
+		out = append(out, secret[i:i+n])
 	}
 	return out
 }
 
-func containsAny(b []byte, subs [3]string) bool {
+func containsAnyOf(b []byte, subs []string) bool {
 	for _, sub := range subs {
 		if bytes.Contains(b, []byte(sub)) {
 			return true
@@ -212,13 +222,164 @@ func containsAny(b []byte, subs [3]string) bool {
 	return false
 }
 
-// redactBase64 is s, base64 that holds secret in what it encodes, encoded
-// again with the secret replaced; s is replaced whole when it cannot be
-// decoded (a runner decoding leniently could still read the secret).
-func redactBase64(s, secret string) (string, bool) {
-	b, err := base64.StdEncoding.DecodeString(s)
-	if err != nil {
-		return credentialRedaction, true
+// acrossTextItems refuses a tool result whose text items, joined as
+// runners join them (without the characters a policy removes), hold the
+// credential across a boundary between two of them, which no one item
+// holds.
+func acrossTextItems(msg mcpmsg.Message, secret string) error {
+	items := gjson.GetBytes(msg.Result, "content")
+	if !items.IsArray() {
+		return nil
 	}
-	return base64.StdEncoding.EncodeToString(bytes.ReplaceAll(b, []byte(secret), []byte(credentialRedaction))), true
+	var joined strings.Builder
+	var ends []int
+	items.ForEach(func(_, item gjson.Result) bool {
+		if item.Get("type").String() == "text" && item.Get("text").Type == gjson.String {
+			joined.WriteString(strings.Map(func(r rune) rune {
+				if ignorable(r) {
+					return -1
+				}
+				return r
+			}, item.Get("text").String()))
+			ends = append(ends, joined.Len())
+		}
+		return true
+	})
+	if len(ends) < 2 {
+		return nil
+	}
+	text := joined.String()
+	for from := 0; ; {
+		i := strings.Index(text[from:], secret)
+		if i < 0 {
+			return nil
+		}
+		start, end := from+i, from+i+len(secret)
+		for _, e := range ends[:len(ends)-1] {
+			if start < e && e < end {
+				return errors.New("the upstream wrote the credential toolgate attached across text items of its result")
+			}
+		}
+		from = end
+	}
+}
+
+// base64Pieces is what a secret looks like inside base64: for each
+// alphabet (standard, URL-safe) and each of the three offsets it can have
+// in the bytes encoded, the characters that encode its bytes alone. A
+// blob (a resource's, or any base64 an upstream sends) holding the
+// credential holds one of them, unless line breaks cut it: the start of
+// each is also looked for in pieces of eight characters.
+type base64Pieces struct{ whole, eights []string }
+
+func inBase64(secret string) base64Pieces {
+	var p base64Pieces
+	for _, enc := range []*base64.Encoding{base64.StdEncoding, base64.URLEncoding} {
+		for k := range 3 {
+			e := enc.EncodeToString(append(make([]byte, k), secret...))
+			first := (8*k + 5) / 6              // the first character whose bits are all the secret's
+			last := (8*(k+len(secret)) - 6) / 6 // the last
+			w := e[first : last+1]
+			if slices.Contains(p.whole, w) {
+				continue
+			}
+			p.whole = append(p.whole, w)
+			// Three pieces (the first 24 characters): lines of twelve
+			// characters or more leave one whole, and the search is bounded.
+			for i := 0; i+8 <= len(w) && i < 24; i += 8 {
+				if !slices.Contains(p.eights, w[i:i+8]) {
+					p.eights = append(p.eights, w[i:i+8])
+				}
+			}
+		}
+	}
+	return p
+}
+
+// in reports whether b may hold the secret in base64 (a piece of it).
+func (p base64Pieces) in(b []byte) bool { return containsAnyOf(b, p.eights) }
+
+// inStrings is in for the strings of the JSON text raw, decoded (an escape
+// can hide a character of the base64).
+func (p base64Pieces) inStrings(raw []byte) bool {
+	if !bytes.Contains(raw, []byte(`\u`)) && !bytes.Contains(raw, []byte(`\/`)) {
+		return false
+	}
+	for _, sub := range p.eights {
+		if mcpmsg.ContainsString(raw, sub) {
+			return true
+		}
+	}
+	return false
+}
+
+// redactBase64 is s, base64 (standard or URL-safe, padded or not, perhaps
+// in lines) that holds secret in what it encodes, encoded again with the
+// secret replaced; s is replaced whole when it does not decode to the
+// secret's bytes but holds its base64 whole (a runner decoding leniently
+// could still read it). false: s is not base64 holding the secret.
+func redactBase64(s, secret string) (string, bool) {
+	compact := strings.Map(func(r rune) rune {
+		if r == '\n' || r == '\r' || r == ' ' || r == '\t' {
+			return -1
+		}
+		return r
+	}, s)
+	for _, enc := range []*base64.Encoding{base64.StdEncoding, base64.URLEncoding, base64.RawStdEncoding, base64.RawURLEncoding} {
+		b, err := enc.DecodeString(compact)
+		if err == nil && bytes.Contains(b, []byte(secret)) {
+			return enc.EncodeToString(bytes.ReplaceAll(b, []byte(secret), []byte(credentialRedaction))), true
+		}
+	}
+	for _, w := range inBase64(secret).whole {
+		if strings.Contains(compact, w) {
+			return credentialRedaction, true
+		}
+	}
+	return s, false
+}
+
+// mayHoldCredential reports whether a message the hooks wrote, in parts,
+// may hold the call's credential as it is or in base64: a policy that
+// removes invisible characters (from text, or from a blob of text) can
+// put together a credential that an upstream wrote broken up.
+func (h *Handler) mayHoldCredential(call *gateway.Call, parts ...[]byte) bool {
+	secret := secretOf(call.Credential)
+	if secret == "" {
+		return false
+	}
+	pieces := inBase64(secret)
+	for _, p := range parts {
+		if bytes.Contains(p, []byte(secret)) || pieces.in(p) || bytes.Contains(p, []byte(`\u`)) && mcpmsg.ContainsString(p, secret) {
+			return true
+		}
+	}
+	return false
+}
+
+// afterHooks is a message the hooks wrote with the call's credential
+// redacted again, should they have put it together (see
+// mayHoldCredential); false when it cannot be read, and must be withheld.
+func (h *Handler) afterHooks(call *gateway.Call, raw []byte) ([]byte, bool) {
+	if !h.mayHoldCredential(call, raw) {
+		return raw, true
+	}
+	msg, err := mcpmsg.Parse(raw, h.limits)
+	if err == nil {
+		msg, err = h.redactCredential(call, msg)
+	}
+	if err != nil {
+		h.logger.Error("a message the result policy wrote cannot be read; it was withheld", zap.String("service", call.Service.ID), zap.Error(err))
+		return nil, false
+	}
+	return msg.Raw, true
+}
+
+// answerAfterHooks is afterHooks for the answer to the runner's request,
+// which toolgate's error replaces when it must be withheld.
+func (h *Handler) answerAfterHooks(call *gateway.Call, raw []byte) []byte {
+	if out, ok := h.afterHooks(call, raw); ok {
+		return out
+	}
+	return gateway.RPCError(call.Message.ID, gateway.CodeInternalError, "toolgate could not check the answer for the credential it attached; it was withheld", nil)
 }

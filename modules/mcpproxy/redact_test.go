@@ -2,6 +2,7 @@ package mcpproxy
 
 import (
 	"encoding/base64"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -68,9 +69,32 @@ func TestRedactCredential(t *testing.T) {
 		t.Errorf("base64 that cannot be decoded, holding the credential: %s", got)
 	}
 
+	// In URL-safe base64, in lines, or with an escaped character.
+	url := base64.URLEncoding.EncodeToString([]byte("~~" + "tok-ABCdef/123"))
+	std := base64.StdEncoding.EncodeToString([]byte("key: tok-ABCdef/123 and more text"))
+	for _, blob := range []string{url, std[:20] + `\n` + std[20:40] + `\n` + std[40:], `\u00` + fmt.Sprintf("%x", std[0]) + std[1:]} {
+		got := redacted(t, h, call, `{"jsonrpc":"2.0","id":1,"result":{"contents":[{"uri":"file:///k","blob":"`+blob+`"}]}}`)
+		b := gjson.GetBytes(got, "result.contents.0.blob").String()
+		decoded, err := base64.StdEncoding.DecodeString(b)
+		if err != nil {
+			decoded, _ = base64.URLEncoding.DecodeString(b)
+		}
+		if strings.Contains(string(decoded), "tok-ABCdef/123") || !strings.Contains(string(decoded), credentialRedaction) {
+			t.Errorf("a blob %s: decodes to %q", blob, decoded)
+		}
+	}
+	// Split across text items, which runners join: refused.
+	msg, err := mcpmsg.Parse([]byte(`{"jsonrpc":"2.0","id":1,"result":{"content":[{"type":"text","text":"key tok-ABC"},{"type":"text","text":"def/123 end"}]}}`), mcpmsg.Limits{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.redactCredential(call, msg); err == nil {
+		t.Error("a credential split across two text items was not refused")
+	}
+
 	// Too short a value is not looked for (it would be found in ordinary text).
 	short := &gateway.Call{Credential: &gateway.Credential{Header: "X-Key", Value: "abc"}}
-	msg, _ := mcpmsg.Parse([]byte(`{"jsonrpc":"2.0","id":1,"result":{"t":"abc"}}`), mcpmsg.Limits{})
+	msg, _ = mcpmsg.Parse([]byte(`{"jsonrpc":"2.0","id":1,"result":{"t":"abc"}}`), mcpmsg.Limits{})
 	if got, _ := h.redactCredential(short, msg); string(got.Raw) != string(msg.Raw) {
 		t.Errorf("a short value was redacted: %s", got.Raw)
 	}

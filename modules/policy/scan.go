@@ -5,9 +5,11 @@ import (
 	"encoding/base64"
 	"encoding/binary"
 	"fmt"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
+	"unicode"
 	"unicode/utf8"
 	"unsafe"
 
@@ -77,6 +79,10 @@ type scanner struct {
 	asciiInvisible bool
 	leads          []byte    // the first UTF-8 bytes of the invisible characters
 	interesting    [256]bool // the leads and the anchors
+	// secrets is the policy's patterns as one expression, for secrets
+	// across text items (acrossItems); site: some have no markers.
+	secrets *regexp.Regexp
+	site    bool
 }
 
 type runeRange struct{ lo, hi rune }
@@ -103,6 +109,14 @@ func loadScanner(ctx context.Context, compiler *ast.Compiler, store storage.Stor
 	if markers == nil || ranges == nil {
 		return nil, nil
 	}
+	patterns, err := evalConstant(ctx, compiler, store, pkg+".all_patterns")
+	if err != nil {
+		return nil, err
+	}
+	order, err := evalConstant(ctx, compiler, store, pkg+".secret_kinds")
+	if err != nil {
+		return nil, err
+	}
 	sc := &scanner{}
 	var all []string
 	kinds, ok := markers.(map[string]any)
@@ -124,6 +138,7 @@ func loadScanner(ctx context.Context, compiler *ast.Compiler, store storage.Stor
 	}
 	slices.Sort(all)
 	sc.anchors = anchorGroups(slices.Compact(all))
+	sc.secrets, sc.site = loadPatterns(patterns, order, kinds)
 	list, ok := ranges.([]any)
 	if !ok {
 		return nil, fmt.Errorf("%s.invisible_ranges must be an array of [first, last] pairs", pkg)
@@ -410,7 +425,7 @@ type scanEntries struct {
 	// once the block is read.
 	pending []pendingString
 	// variant is the path of the first string that would be a block's
-	// data or blob if its members were read ignoring case (VariantError).
+	// data or blob if its members were read ignoring case (variantRefusal).
 	variant []pathStep
 }
 
@@ -559,18 +574,31 @@ func isKeyFold(step pathStep, key *ast.Term) bool {
 		return false
 	}
 	a, ok := step.key.Value.(ast.String)
-	return ok && strings.EqualFold(string(a), string(key.Value.(ast.String)))
+	return ok && strings.EqualFold(withoutIgnorable(string(a)), string(key.Value.(ast.String)))
 }
 
-// VariantError refuses a payload in which a member that makes a string a
-// block's binary data or blob is spelled in another case: the policy
+// withoutIgnorable is s without the characters that render as nothing
+// (format characters, default-ignorable code points, variation selectors:
+// a superset of what the policy removes from keys).
+func withoutIgnorable(s string) string {
+	if isASCII(s) {
+		return s
+	}
+	return strings.Map(func(r rune) rune {
+		if unicode.In(r, unicode.Cf, unicode.Other_Default_Ignorable_Code_Point, unicode.Variation_Selector) {
+			return -1
+		}
+		return r
+	}, s)
+}
+
+// variantRefusal refuses a payload in which a member that makes a string
+// a block's binary data or blob is spelled in another case: the policy
 // would inspect the string as text, and a runner that ignores case in
 // member names would decode it.
-type VariantError struct{ Path string }
-
-func (e *VariantError) Error() string {
-	return "the upstream's message holds a member of MCP's spelled in another case at " + e.Path +
-		" (clients that ignore case read it as that member, so toolgate cannot inspect it as they would read it); it was withheld"
+func variantRefusal(path string) *Refusal {
+	return &Refusal{Why: "the upstream's message holds a member of MCP's spelled in another case at " + path +
+		" (clients that ignore case read it as that member, so toolgate cannot inspect it as they would read it); it was withheld"}
 }
 
 // add counts s and lists it when the policy has to look at it.
@@ -631,7 +659,7 @@ func resultTerms(raw []byte, sh shape, sc *scanner, spans map[*ast.Term]string) 
 	// those of its method's result (which a runner of an earlier revision
 	// reads as the answer).
 	inputRequired := sh.result() && stringOf(termAt(result, []pathStep{{key: keyResultType}})) == "input_required"
-	blobsPlain := true
+	blobsPlain, blobText := true, 0
 	for _, ps := range l.pending {
 		if ps.input && (!inputRequired || stringOf(termAt(result, append(ps.path[:2:2], pathStep{key: keyMethod}))) != "sampling/createMessage") {
 			l.add(ps.path, ps.s, false) // not a block of this payload
@@ -648,22 +676,27 @@ func resultTerms(raw []byte, sh shape, sc *scanner, spans map[*ast.Term]string) 
 			}
 		case "resource":
 			if ps.leaf == leafBlob {
-				blobsPlain = blobsPlain && sc.plainBlob(ps.s, mimeAt(result, ps.path))
+				plain, n := sc.plainBlob(ps.s, mimeAt(result, ps.path))
+				blobsPlain, blobText = blobsPlain && plain, blobText+n
 				continue
 			}
 		}
 		if ps.leaf == leafContents {
-			blobsPlain = blobsPlain && sc.plainBlob(ps.s, mimeAt(result, ps.path))
+			plain, n := sc.plainBlob(ps.s, mimeAt(result, ps.path))
+			blobsPlain, blobText = blobsPlain && plain, blobText+n
 			continue
 		}
 		l.add(ps.path, ps.s, false)
 	}
 	if l.variant != nil {
-		return nil, nil, &VariantError{Path: pathTerm(l.variant).String()}
+		return nil, nil, variantRefusal(pathTerm(l.variant).String())
 	}
-	clean := !l.flagged && blobsPlain
+	clean := !l.flagged && blobsPlain && blobText <= longBlob
 	var seams []*ast.Term
 	if sh == shapeToolResult && (!inputRequired || termAt(result, []pathStep{{key: keyContent}}) != nil) {
+		if err := sc.acrossItems(result); err != nil {
+			return nil, nil, err
+		}
 		var content *ast.Array
 		seams, content = sc.seams(result)
 		clean = clean && content != nil && len(seams) == 0
@@ -765,34 +798,42 @@ func (sc *scanner) seams(result *ast.Term) (seams []*ast.Term, content *ast.Arra
 
 // plainBlob reports whether blob is valid base64 whose decoded bytes hold
 // no marker and, when they are text (see textBlob), no invisible
-// character and at most longBlob bytes; mime is the resource's mimeType,
-// if it has one.
-func (sc *scanner) plainBlob(blob string, mime *ast.Term) bool {
+// character; mime is the resource's mimeType, if it has one. text is how
+// many bytes of text the blob holds (0 unless it is text).
+func (sc *scanner) plainBlob(blob string, mime *ast.Term) (plain bool, text int) {
 	b, err := base64.StdEncoding.DecodeString(blob)
 	if err != nil {
-		return false
+		return false, 0
 	}
 	s := unsafe.String(unsafe.SliceData(b), len(b))
-	return !sc.hasMarker(s) && !(textBlob(mime, b) && (len(b) > longBlob || sc.hasInvisible(s)))
+	if textBlob(mime, b) {
+		text = len(b)
+	}
+	return !sc.hasMarker(s) && !(text > 0 && sc.hasInvisible(s)), text
 }
 
-// longBlob is the length from which a blob of text may be over the
-// policy's limit, which it then withholds (its long_blob).
+// longBlob is how many bytes of text a payload's blobs may hold together
+// before the policy looks at them (they may be over its limit, which it
+// then withholds; its long_blob).
 const longBlob = 4096
 
 // textBlob reports whether a blob decoded to b is text a runner may show
-// as such (the policy's text_blob): valid UTF-8, of a resource with no
-// mimeType or a text/ one (in any case).
+// as such (the policy's text_blob): valid UTF-8, of a resource whose
+// mimeType, if it has one, is not of images, audio, video or fonts.
 func textBlob(mime *ast.Term, b []byte) bool {
-	m := ""
 	if mime != nil {
 		s, ok := mime.Value.(ast.String)
 		if !ok {
 			return false
 		}
-		m = string(s)
+		m := strings.ToLower(string(s))
+		for _, binary := range []string{"image/", "audio/", "video/", "font/"} {
+			if strings.HasPrefix(m, binary) {
+				return false
+			}
+		}
 	}
-	return (m == "" || strings.HasPrefix(strings.ToLower(m), "text/")) && utf8.Valid(b)
+	return utf8.Valid(b)
 }
 
 // mimeAt is the mimeType beside the blob at path, nil when there is none.
@@ -826,7 +867,8 @@ func (sc *scanner) plainItem(v ast.Value) bool {
 		if !hasBlob {
 			return hasText
 		}
-		return sc.plainBlob(blob, res.Get(keyMimeType))
+		plain, _ := sc.plainBlob(blob, res.Get(keyMimeType))
+		return plain
 	default:
 		return false
 	}

@@ -230,12 +230,15 @@ func TestScanOfOtherChannelsAgreesWithThePolicy(t *testing.T) {
 		{"result", "resources/read", `{"contents":[{"uri":"b","blob":"` + blob("a\u202eb") + `"}]}`, false, 0},
 		{"result", "resources/read", `{"contents":[{"uri":"b","mimeType":"TEXT/markdown","blob":"` + blob("a\u200bb") + `"}]}`, false, 0},
 		{"result", "resources/read", `{"contents":[{"uri":"b","mimeType":"image/png","blob":"` + blob("a\u200bb") + `"}]}`, true, 0},
+		{"result", "resources/read", `{"contents":[{"uri":"b","mimeType":"application/json","blob":"` + blob("a\u200bb") + `"}]}`, false, 0},
 		{"result", "resources/read", `{"contents":[{"uri":"b","mimeType":null,"blob":"` + blob("a\u200bb") + `"}]}`, true, 0},
 		{"result", "resources/read", `{"contents":[{"uri":"b","blob":"` + blob("\xff a\u200bb") + `"}]}`, true, 0},
 		{"result", "tools/call", `{"content":[{"type":"resource","resource":{"uri":"b","mimeType":"text/plain","blob":"` + blob("a\u200bb") + `"}}]}`, false, 0},
 		{"result", "resources/read", `{"contents":[{"uri":"b","mimeType":"text/plain","blob":"` + blob(strings.Repeat("x", 4097)) + `"}]}`, false, 0},
 		{"result", "resources/read", `{"contents":[{"uri":"b","mimeType":"text/plain","blob":"` + blob(strings.Repeat("x", 4096)) + `"}]}`, true, 0},
-		{"result", "resources/read", `{"contents":[{"uri":"b","mimeType":"application/pdf","blob":"` + blob(strings.Repeat("x", 9000)) + `"}]}`, true, 0},
+		{"result", "resources/read", `{"contents":[{"uri":"b","mimeType":"image/png","blob":"` + blob(strings.Repeat("x", 9000)) + `"}]}`, true, 0},
+		{"result", "resources/read", `{"contents":[{"uri":"b","mimeType":"application/pdf","blob":"` + blob(strings.Repeat("x", 9000)) + `"}]}`, false, 0},
+		{"result", "resources/read", `{"contents":[{"uri":"b","blob":"` + blob(strings.Repeat("x", 3000)) + `"},{"uri":"c","blob":"` + blob(strings.Repeat("x", 3000)) + `"}]}`, false, 0},
 		{"result", "resources/read", `{"contents":[{"uri":"b","blob":"QUtJQQ=="}],"x":{"blob":"AKIA"}}`, false, 1},
 		{"result", "tools/list", `{"tools":[{"name":"t","description":"Reads.","inputSchema":{"type":"object"}}]}`, true, 0},
 		{"result", "tools/list", `{"tools":[{"name":"t","description":"Reads.\u2062"}]}`, false, 1},
@@ -412,6 +415,8 @@ func TestScanRefusesCaseVariantsOfBlockMembers(t *testing.T) {
 		refused                  bool
 	}{
 		{"result", "resources/read", `{"Contents":[{"uri":"b","blob":"` + blob + `"}]}`, true},
+		{"result", "resources/read", `{"con\u200btents":[{"uri":"b","blob":"` + blob + `"}]}`, true},
+		{"result", "prompts/get", `{"messages":[{"role":"user","con\u200btent":{"type":"resource","resource":{"uri":"b","blob":"` + blob + `"}}}]}`, true},
 		{"result", "resources/read", `{"contents":[{"uri":"b","BLOB":"` + blob + `"}]}`, true},
 		{"result", "tools/call", `{"content":[{"type":"resource","Resource":{"uri":"b","blob":"` + blob + `"}}]}`, true},
 		{"result", "tools/call", `{"content":[{"Type":"resource","resource":{"uri":"b","blob":"` + blob + `"}}]}`, true},
@@ -424,8 +429,8 @@ func TestScanRefusesCaseVariantsOfBlockMembers(t *testing.T) {
 		{"notification", "notifications/message", `{"data":{"Contents":[{"blob":"x"}]}}`, false},
 	} {
 		_, _, err := resultTerms([]byte(tc.payload), shapeOf(tc.channel, tc.method), c.scanner, nil)
-		var variant *VariantError
-		if got := errors.As(err, &variant); got != tc.refused {
+		var refused *Refusal
+		if got := errors.As(err, &refused); got != tc.refused {
 			t.Errorf("%s %s %.120s: refused %v (%v), want %v", tc.channel, tc.method, tc.payload, got, err, tc.refused)
 		}
 	}

@@ -1,0 +1,237 @@
+package policy
+
+import (
+	"fmt"
+	"regexp"
+	"slices"
+	"sort"
+	"strings"
+
+	"github.com/open-policy-agent/opa/v1/ast"
+)
+
+// A secret split across two consecutive text items of a tool result is
+// redacted by the policy piece by piece, at the seam (result.rego's
+// seam_secrets). One that runs through a whole text item into the next —
+// split across three items or more, or across two with empty ones between
+// them — has no seam that holds it, yet runners join the items and read
+// it. The gateway looks for such secrets in the joined text, with the
+// policy's own patterns, and withholds the result (a Refusal) before the
+// policy sees it.
+
+// Refusal is a payload the gateway withholds before the policy sees it,
+// with the reason the runner is told.
+type Refusal struct{ Why string }
+
+func (e *Refusal) Error() string { return e.Why }
+
+// How much of the joined text around a marker is matched against the
+// patterns: a match of a built-in pattern begins a few characters before
+// its marker and ends with a token; one longer than this (a private key:
+// result.rego withholds those whose BEGIN and END lines are in items that
+// are not consecutive) is not looked for here.
+const (
+	spanBefore = 128
+	spanAfter  = 4096
+	// spanMarkers is how many marker positions are matched around one by
+	// one; beyond, the whole joined text is matched.
+	spanMarkers = 256
+)
+
+// loadPatterns compiles the policy's patterns (its all_patterns: an object
+// of RE2 expressions; order is its secret_kinds) into one expression; nil
+// when there are none or one does not compile (the policy itself withholds
+// every result then). site reports kinds without markers, which are
+// matched over the whole text.
+func loadPatterns(patterns, order any, markers map[string]any) (re *regexp.Regexp, site bool) {
+	kinds, ok := patterns.(map[string]any)
+	if !ok || len(kinds) == 0 {
+		return nil, false
+	}
+	// The policy's order of kinds (secret_kinds: where two match at one
+	// place, the first), then the others by name.
+	var names []string
+	if list, ok := order.([]any); ok {
+		for _, k := range list {
+			if name, ok := k.(string); ok && kinds[name] != nil && !slices.Contains(names, name) {
+				names = append(names, name)
+			}
+		}
+	}
+	var rest []string
+	for k := range kinds {
+		if !slices.Contains(names, k) {
+			rest = append(rest, k)
+		}
+	}
+	sort.Strings(rest)
+	names = append(names, rest...)
+	var alt []string
+	for _, k := range names {
+		p, ok := kinds[k].(string)
+		if !ok {
+			return nil, false
+		}
+		if _, err := regexp.Compile(p); err != nil {
+			return nil, false
+		}
+		alt = append(alt, "(?:"+p+")")
+		if _, known := markers[k]; !known {
+			site = true
+		}
+	}
+	re, err := regexp.Compile(strings.Join(alt, "|"))
+	if err != nil {
+		return nil, false
+	}
+	return re, site
+}
+
+// acrossItems refuses a tool result whose joined text items hold a match
+// of the policy's patterns that runs across two boundaries between them.
+func (sc *scanner) acrossItems(result *ast.Term) error {
+	if sc.secrets == nil {
+		return nil
+	}
+	obj, ok := result.Value.(ast.Object)
+	if !ok {
+		return nil
+	}
+	content, _ := termValue(obj.Get(keyContent)).(*ast.Array)
+	var index []int
+	var texts []string
+	for i := range contentLen(content) {
+		item, ok := content.Elem(i).Value.(ast.Object)
+		if !ok {
+			continue
+		}
+		if typ, _ := stringAt(item, keyType); typ != "text" {
+			continue
+		}
+		if text, ok := stringAt(item, keyText); ok {
+			index, texts = append(index, i), append(texts, text)
+		}
+	}
+	if len(texts) < 3 {
+		return nil
+	}
+	// The text as runners read it once the policy removed the invisible
+	// characters, and where each item starts in it; nothing to look for
+	// without a marker in it (unless the policy has kinds without).
+	visible := make([]string, len(texts))
+	for k, t := range texts {
+		visible[k] = sc.visible(t)
+	}
+	if !sc.site && !sc.markerIn(visible) {
+		return nil
+	}
+	var b strings.Builder
+	starts := make([]int, len(texts))
+	for k, t := range visible {
+		starts[k] = b.Len()
+		b.WriteString(t)
+	}
+	joined := b.String()
+	for _, w := range sc.spanWindows(joined) {
+		for _, m := range sc.secrets.FindAllStringIndex(joined[w[0]:w[1]], -1) {
+			s, e := w[0]+m[0], w[0]+m[1]
+			// The boundaries strictly inside the match: starts[lo:hi].
+			lo := sort.SearchInts(starts, s+1)
+			hi := sort.SearchInts(starts, e)
+			if hi-lo >= 2 {
+				return &Refusal{Why: fmt.Sprintf("a secret may run across three text items or more (content[%d] to content[%d]), "+
+					"which toolgate cannot redact piece by piece; the result was withheld", index[lo-1], index[hi-1])}
+			}
+		}
+	}
+	return nil
+}
+
+// markerIn reports whether the joined texts hold a marker: in one of
+// them, or across the boundaries between them (the last bytes before a
+// boundary, however many texts they come from, and the first after it).
+func (sc *scanner) markerIn(texts []string) bool {
+	longest := 0
+	for _, g := range sc.anchors {
+		for _, m := range g.markers {
+			longest = max(longest, len(m.text))
+		}
+	}
+	tail := ""
+	for _, t := range texts {
+		if sc.hasMarker(t) || tail != "" && sc.hasMarker(tail+t[:min(len(t), longest-1)]) {
+			return true
+		}
+		tail += t
+		tail = tail[max(0, len(tail)-(longest-1)):]
+	}
+	return false
+}
+
+// visible is s without the policy's invisible characters.
+func (sc *scanner) visible(s string) string {
+	if isASCII(s) && !sc.asciiInvisible {
+		return s
+	}
+	return strings.Map(func(r rune) rune {
+		if sc.isInvisible(r) {
+			return -1
+		}
+		return r
+	}, s)
+}
+
+// spanWindows are the stretches of s to match the patterns in: around
+// each marker, or all of s when the policy has kinds without markers, s
+// folds outside ASCII, or it holds too many markers.
+func (sc *scanner) spanWindows(s string) [][2]int {
+	whole := [][2]int{{0, len(s)}}
+	if sc.site {
+		return whole
+	}
+	if !isASCII(s) && (strings.Contains(s, "\u212a") || strings.Contains(s, "\u017f") || strings.Contains(s, "\u0130")) {
+		return whole
+	}
+	at := sc.markerPositions(s, spanMarkers+1)
+	if len(at) > spanMarkers {
+		return whole
+	}
+	sort.Ints(at)
+	var out [][2]int
+	for _, p := range at {
+		from, to := max(0, p-spanBefore), min(len(s), p+spanAfter)
+		if n := len(out); n > 0 && from <= out[n-1][1] {
+			out[n-1][1] = max(out[n-1][1], to)
+			continue
+		}
+		out = append(out, [2]int{from, to})
+	}
+	return out
+}
+
+// markerPositions lists where s holds a marker (as hasMarker finds them in
+// ASCII text), at most limit of them.
+func (sc *scanner) markerPositions(s string, limit int) []int {
+	var at []int
+	for _, g := range sc.anchors {
+		for _, anchor := range g.cases() {
+			for i := 0; ; i++ {
+				j := strings.IndexByte(s[i:], anchor)
+				if j < 0 {
+					break
+				}
+				i += j
+				for _, m := range g.markers {
+					start := i - m.offset
+					if start >= 0 && (g.fold && hasPrefixFold(s[start:], m.text) || !g.fold && strings.HasPrefix(s[start:], m.text)) {
+						if at = append(at, start); len(at) >= limit {
+							return at
+						}
+						break
+					}
+				}
+			}
+		}
+	}
+	return at
+}
