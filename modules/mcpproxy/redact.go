@@ -5,7 +5,6 @@ import (
 	"encoding/base64"
 	"errors"
 	"slices"
-	"strconv"
 	"strings"
 	"unicode"
 	"unicode/utf16"
@@ -89,8 +88,20 @@ func hex4(b []byte, i int) (rune, bool) {
 	if i+4 > len(b) {
 		return 0, false
 	}
-	n, err := strconv.ParseUint(string(b[i:i+4]), 16, 16)
-	return rune(n), err == nil
+	var r rune
+	for _, c := range b[i : i+4] {
+		switch {
+		case '0' <= c && c <= '9':
+			r = r<<4 | rune(c-'0')
+		case 'a' <= c && c <= 'f':
+			r = r<<4 | rune(c-'a'+10)
+		case 'A' <= c && c <= 'F':
+			r = r<<4 | rune(c-'A'+10)
+		default:
+			return 0, false
+		}
+	}
+	return r, true
 }
 
 func isASCII(b []byte) bool {
@@ -124,18 +135,24 @@ func redactIn(s, secret string) (string, bool) {
 		return s, changed
 	}
 	// The text without ignorable characters, and where each of its bytes
-	// is in s.
-	var seen strings.Builder
-	at := make([]int, 0, len(s))
+	// is in s (worked out only when it holds the secret).
+	text := strings.Map(func(r rune) rune {
+		if ignorable(r) {
+			return -1
+		}
+		return r
+	}, s)
+	if !strings.Contains(text, secret) {
+		return s, changed
+	}
+	at := make([]int32, 0, len(text))
 	for i, r := range s {
 		if !ignorable(r) {
-			n, _ := seen.WriteRune(r)
-			for range n {
-				at = append(at, i)
+			for range utf8.RuneLen(r) {
+				at = append(at, int32(i))
 			}
 		}
 	}
-	text := seen.String()
 	var out strings.Builder
 	last := 0
 	for from := 0; ; {
@@ -146,7 +163,7 @@ func redactIn(s, secret string) (string, bool) {
 		start, end := from+i, from+i+len(secret)
 		spanEnd := len(s)
 		if end < len(text) {
-			spanEnd = at[end]
+			spanEnd = int(at[end])
 		}
 		out.WriteString(s[last:at[start]])
 		out.WriteString(credentialRedaction)
@@ -183,7 +200,7 @@ func (h *Handler) redactCredential(call *gateway.Call, msg mcpmsg.Message) (mcpm
 		return msg, nil
 	}
 	raw, changed := mcpmsg.ReplaceStrings(msg.Raw, func(s string) (string, bool) {
-		if pieces.in([]byte(s)) {
+		if pieces.inString(s) {
 			if out, ok := redactBase64(s, secret); ok {
 				return out, true
 			}
@@ -299,18 +316,29 @@ func inBase64(secret string) base64Pieces {
 // in reports whether b may hold the secret in base64 (a piece of it).
 func (p base64Pieces) in(b []byte) bool { return containsAnyOf(b, p.eights) }
 
+func (p base64Pieces) inString(s string) bool {
+	for _, sub := range p.eights {
+		if strings.Contains(s, sub) {
+			return true
+		}
+	}
+	return false
+}
+
 // inStrings is in for the strings of the JSON text raw, decoded (an escape
 // can hide a character of the base64).
 func (p base64Pieces) inStrings(raw []byte) bool {
 	if !bytes.Contains(raw, []byte(`\u`)) && !bytes.Contains(raw, []byte(`\/`)) {
 		return false
 	}
-	for _, sub := range p.eights {
-		if mcpmsg.ContainsString(raw, sub) {
-			return true
+	found := false
+	mcpmsg.ReplaceStrings(raw, func(s string) (string, bool) {
+		for _, sub := range p.eights {
+			found = found || strings.Contains(s, sub)
 		}
-	}
-	return false
+		return s, false
+	})
+	return found
 }
 
 // redactBase64 is s, base64 (standard or URL-safe, padded or not, perhaps
