@@ -138,11 +138,11 @@ func (h *ResultHandler) evaluate(ctx context.Context, call *gateway.Call, s subj
 	v := verdict{o: outcome{}.deny(failError, "the gateway could not build the policy input"), spans: make(map[*ast.Term]string)}
 	var err error
 	v.input, err = h.input(c, call, s, payload, v.spans)
-	var refused *Refusal
+	refused, isRefusal := errors.AsType[*Refusal](err) // no allocation, unlike errors.As: every result passes here
 	switch {
 	case err == nil:
 		v.o = h.engine.decideWith(ctx, c, v.input, time.Duration(h.Timeout), "result")
-	case errors.As(err, &refused):
+	case isRefusal:
 		v.o = v.o.deny(failMalformed, refused.Why)
 	default:
 		h.logger.Warn("cannot build the policy input", zap.String("service", call.Service.ID), zap.String("channel", s.channel), zap.Error(err))

@@ -269,6 +269,19 @@ func (sc *scanner) hasMarkerIn(s string, ascii bool) bool {
 	if !ascii && (strings.Contains(s, "\u212a") || strings.Contains(s, "\u017f") || strings.Contains(s, "\u0130")) {
 		folded = foldToASCII.Replace(s)
 	}
+	found := false
+	sc.eachMarker(s, folded, func(int) bool {
+		found = true
+		return false
+	})
+	return found
+}
+
+// eachMarker calls f with where each marker begins, until f returns false:
+// markers compared exactly are looked for in s, those compared ignoring
+// case in folded (s as hasMarker folds it; where it differs from s, the
+// positions of the two kinds are not comparable).
+func (sc *scanner) eachMarker(s, folded string, f func(at int) bool) {
 	for _, g := range sc.anchors {
 		in := s
 		if g.fold {
@@ -287,13 +300,15 @@ func (sc *scanner) hasMarkerIn(s string, ascii bool) bool {
 						continue
 					}
 					if g.fold && hasPrefixFold(in[start:], m.text) || !g.fold && strings.HasPrefix(in[start:], m.text) {
-						return true
+						if !f(start) {
+							return
+						}
+						break
 					}
 				}
 			}
 		}
 	}
-	return false
 }
 
 // foldToASCII writes the three characters outside ASCII that fold to an
@@ -767,12 +782,33 @@ func stringOf(t *ast.Term) string {
 // meeting point may hide a secret; content is the content array, if the
 // result has one.
 func (sc *scanner) seams(result *ast.Term) (seams []*ast.Term, content *ast.Array) {
-	if obj, ok := result.Value.(ast.Object); ok {
-		if t := obj.Get(keyContent); t != nil {
-			content, _ = t.Value.(*ast.Array)
-		}
-	}
+	content = contentOf(result)
 	prev, prevText := -1, ""
+	eachTextItem(content, func(i int, text string) {
+		if prev >= 0 {
+			w := lastRunes(prevText, seamWindow) + firstRunes(text, seamWindow)
+			if sc.hasMarker(w) || sc.hasInvisible(w) {
+				seams = append(seams, ast.ArrayTerm(ast.InternedTerm(prev), ast.InternedTerm(i)))
+			}
+		}
+		prev, prevText = i, text
+	})
+	return seams, content
+}
+
+// contentOf is a tool result's content array, nil when it has none.
+func contentOf(result *ast.Term) *ast.Array {
+	obj, ok := result.Value.(ast.Object)
+	if !ok {
+		return nil
+	}
+	content, _ := termValue(obj.Get(keyContent)).(*ast.Array)
+	return content
+}
+
+// eachTextItem calls f with the index and text of each text item of
+// content, in order.
+func eachTextItem(content *ast.Array, f func(i int, text string)) {
 	for i := range contentLen(content) {
 		item, ok := content.Elem(i).Value.(ast.Object)
 		if !ok {
@@ -781,19 +817,10 @@ func (sc *scanner) seams(result *ast.Term) (seams []*ast.Term, content *ast.Arra
 		if typ, _ := stringAt(item, keyType); typ != "text" {
 			continue
 		}
-		text, ok := stringAt(item, keyText)
-		if !ok {
-			continue
+		if text, ok := stringAt(item, keyText); ok {
+			f(i, text)
 		}
-		if prev >= 0 {
-			w := lastRunes(prevText, seamWindow) + firstRunes(text, seamWindow)
-			if sc.hasMarker(w) || sc.hasInvisible(w) {
-				seams = append(seams, ast.ArrayTerm(ast.InternedTerm(prev), ast.InternedTerm(i)))
-			}
-		}
-		prev, prevText = i, text
 	}
-	return seams, content
 }
 
 // plainBlob reports whether blob is valid base64 whose decoded bytes hold

@@ -93,28 +93,16 @@ func (sc *scanner) acrossItems(result *ast.Term) error {
 	if sc.secrets == nil {
 		return nil
 	}
-	obj, ok := result.Value.(ast.Object)
-	if !ok {
-		return nil
+	content := contentOf(result)
+	n := 0
+	eachTextItem(content, func(int, string) { n++ })
+	if n < 3 {
+		return nil // the commonest case: no allocation
 	}
-	content, _ := termValue(obj.Get(keyContent)).(*ast.Array)
-	var index []int
-	var texts []string
-	for i := range contentLen(content) {
-		item, ok := content.Elem(i).Value.(ast.Object)
-		if !ok {
-			continue
-		}
-		if typ, _ := stringAt(item, keyType); typ != "text" {
-			continue
-		}
-		if text, ok := stringAt(item, keyText); ok {
-			index, texts = append(index, i), append(texts, text)
-		}
-	}
-	if len(texts) < 3 {
-		return nil
-	}
+	index, texts := make([]int, 0, n), make([]string, 0, n)
+	eachTextItem(content, func(i int, text string) {
+		index, texts = append(index, i), append(texts, text)
+	})
 	// The text as runners read it once the policy removed the invisible
 	// characters, and where each item starts in it; nothing to look for
 	// without a marker in it (unless the policy has kinds without).
@@ -210,28 +198,12 @@ func (sc *scanner) spanWindows(s string) [][2]int {
 }
 
 // markerPositions lists where s holds a marker (as hasMarker finds them in
-// ASCII text), at most limit of them.
+// text it does not fold), at most limit of them.
 func (sc *scanner) markerPositions(s string, limit int) []int {
 	var at []int
-	for _, g := range sc.anchors {
-		for _, anchor := range g.cases() {
-			for i := 0; ; i++ {
-				j := strings.IndexByte(s[i:], anchor)
-				if j < 0 {
-					break
-				}
-				i += j
-				for _, m := range g.markers {
-					start := i - m.offset
-					if start >= 0 && (g.fold && hasPrefixFold(s[start:], m.text) || !g.fold && strings.HasPrefix(s[start:], m.text)) {
-						if at = append(at, start); len(at) >= limit {
-							return at
-						}
-						break
-					}
-				}
-			}
-		}
-	}
+	sc.eachMarker(s, s, func(p int) bool {
+		at = append(at, p)
+		return len(at) < limit
+	})
 	return at
 }
