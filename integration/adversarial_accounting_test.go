@@ -648,7 +648,7 @@ func TestAccountingHoldsApprovalHoldGivesBack(t *testing.T) {
 		status, body := acctStatus(t, m, call(2, "acct approve me"))
 		stream <- fmt.Sprint(status, " ", body)
 	}()
-	id := aaPendingOf(t, g, key, "acct approve me")
+	id := aaPendingBefore(t, g, key, "acct approve me", stream)
 	if r := g.decide(t, key, id, true, "once", ""); r.StatusCode/100 != 2 {
 		t.Fatalf("approving: %d %s", r.StatusCode, r.Body)
 	}

@@ -75,7 +75,21 @@ func aaItoa(i int) string {
 // arguments contain text, and returns its id.
 func aaPendingOf(t *testing.T, g *gateway, key, text string) string {
 	t.Helper()
-	for range 100 {
+	return aaPendingBefore(t, g, key, text, nil)
+}
+
+// aaPendingBefore is aaPendingOf for a call whose answer, should it come
+// first (the call was refused rather than held), arrives on answered.
+func aaPendingBefore(t *testing.T, g *gateway, key, text string, answered <-chan string) string {
+	t.Helper()
+	// Within 20 s: a loaded machine running the race detector has taken
+	// over 5 s to hold a call with a body of 200 KiB for its approval.
+	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		select {
+		case got := <-answered:
+			t.Fatalf("the call %q was answered before its approval was pending: %.300s", text, got)
+		default:
+		}
 		r := g.api(t, http.MethodGet, "/v1/approvals?role=requester&state=pending", key, nil)
 		var list struct{ Approvals []struct{ ID string } }
 		_ = json.Unmarshal(r.Body, &list)
@@ -84,7 +98,6 @@ func aaPendingOf(t *testing.T, g *gateway, key, text string) string {
 				return a.ID
 			}
 		}
-		time.Sleep(50 * time.Millisecond)
 	}
 	t.Fatalf("no pending approval for %q", text)
 	return ""
