@@ -159,7 +159,7 @@ func TestAdversarialUpstreams(t *testing.T) {
 		"unrequested encoding":        "malformed message",
 		"redirect":                    "does not follow redirects",
 		"HTML 500":                    "the upstream failed (HTTP 500)",
-		"HTML 200":                    `Content-Type \"text/html\"`,
+		"HTML 200":                    `a Content-Type that is neither application/json nor text/event-stream`,
 		"HTML 400":                    "the upstream rejected the request (HTTP 400)",
 		"answer to another id (JSON)": "ended its stream without answering",
 		"answers to other ids (SSE)":  "ended its stream without answering",

@@ -39,7 +39,7 @@ func TestRefusedReinitializeKeepsTheSession(t *testing.T) {
 		}
 		return handled
 	})
-	if msgs := call("during"); len(msgs) != 1 || !bytes.Contains(msgs[0], []byte(`the upstream did not re-create the session: busy restarting`)) ||
+	if msgs := call("during"); len(msgs) != 1 || !bytes.Contains(msgs[0], []byte(`the upstream did not re-create the session (it answered with error -32603)`)) ||
 		!bytes.Contains(msgs[0], []byte(`"retryable":true`)) {
 		t.Fatalf("a call while the upstream refuses to initialize: %s", msgs)
 	}

@@ -111,19 +111,21 @@ test_resource_contents_text_and_blob_are_inspected if {
 }
 
 test_text_blobs_lose_invisible_characters_and_are_bounded if {
-	# Text is valid UTF-8 in a blob of any type but images, audio, video
-	# and fonts, whose bytes are binary data.
+	# Text is valid UTF-8 in a blob without a mimeType or with one of text;
+	# the bytes of other blobs are binary data, even valid UTF-8.
 	spoof := concat("", ["invoice.", "\u202e", "fdp.exe"])
 	d := decide("result", "resources/read", {"contents": [
 		{"uri": "file:///a.txt", "mimeType": "text/plain", "blob": b64(spoof)},
 		{"uri": "file:///b", "blob": b64(spoof)},
 		{"uri": "file:///c.json", "mimeType": "application/json", "blob": b64(spoof)},
 		{"uri": "file:///d.png", "mimeType": "image/png", "blob": b64(spoof)},
+		{"uri": "file:///e.pb", "mimeType": "application/x-protobuf", "blob": b64(spoof)},
 	]})
 	base64.decode(d.result.contents[0].blob) == "invoice.fdp.exe"
 	base64.decode(d.result.contents[1].blob) == "invoice.fdp.exe"
 	base64.decode(d.result.contents[2].blob) == "invoice.fdp.exe"
 	d.result.contents[3].blob == b64(spoof) # bytes of binary data
+	d.result.contents[4].blob == b64(spoof)
 	contains(d.reason, "removed invisible")
 
 	# Blobs of text count together against the limit, and are withheld

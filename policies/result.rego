@@ -946,6 +946,31 @@ cannot_inspect contains msg if {
 	msg := sprintf("a private key runs from content[%d] to content[%d], across more than two text items, which toolgate cannot redact piece by piece; the result was withheld", [text_items[k], text_items[l]])
 }
 
+# A private key cut off in one text item whose body runs on in the next
+# (a BEGIN line without its END, then an item of base64 only), or whose
+# body began in the item before (an END line without its BEGIN, after an
+# item of base64 only): the item of body alone holds no marker, so it is
+# withheld with the key.
+cannot_inspect contains msg if {
+	some k, a in text_items
+	key_opens(input.result.content[a].text)
+	b := text_items[k + 1]
+	regex.match(key_body, input.result.content[b].text)
+	msg := sprintf("a private key runs from content[%d] into content[%d], which toolgate cannot redact piece by piece; the result was withheld", [a, b])
+}
+
+cannot_inspect contains msg if {
+	some k, b in text_items
+	key_closes(input.result.content[b].text)
+	k > 0
+	a := text_items[k - 1]
+	regex.match(key_body, input.result.content[a].text)
+	msg := sprintf("a private key runs from content[%d] into content[%d], which toolgate cannot redact piece by piece; the result was withheld", [a, b])
+}
+
+# key_body: text that is nothing but the base64 lines of a key's body.
+key_body := `\A[A-Za-z0-9+/=\s]{16,}\z`
+
 key_begin := `-{4,5} ?BEGIN[A-Z0-9 ]*PRIVATE KEY`
 
 key_end := `-{4,5} ?END[A-Z0-9 ]*PRIVATE KEY`
@@ -1036,19 +1061,35 @@ cannot_inspect contains msg if {
 }
 
 # text_blob(path, b): the blob at path decodes to b, text a runner may show
-# as such: valid UTF-8, of a resource whose mimeType, if it has one, is not
-# of images, audio, video or fonts. Its invisible characters are removed
-# as in any text (those of other blobs are bytes of binary data).
+# as such: valid UTF-8, of a resource without a mimeType or with one of
+# text (text_mime). Its invisible characters are removed as in any text;
+# those of other blobs are bytes of binary data, left as they are even when
+# they happen to be valid UTF-8 (a protocol buffer's).
 text_blob(path, b) if {
 	mime := object.get(input.result, array.concat(array.slice(path, 0, count(path) - 1), ["mimeType"]), "")
 	is_string(mime)
-	not binary_mime(lower(mime))
+	text_mime(trim_space(split(lower(mime), ";")[0]))
 	json.unmarshal(json.marshal(b)) == b # valid UTF-8: JSON writes other bytes as U+FFFD
 }
 
-binary_mime(m) if {
-	some prefix in ["image/", "audio/", "video/", "font/"]
-	startswith(m, prefix)
+# text_mime(m): m (lower case, without parameters) is empty, text/*, JSON,
+# XML, YAML (also as a +json, +xml or +yaml suffix) or another language
+# written as text. The gateway's scan has the same list.
+text_mime("")
+
+text_mime(m) if startswith(m, "text/")
+
+text_mime(m) if m in text_applications
+
+text_mime(m) if {
+	some suffix in ["+json", "+xml", "+yaml"]
+	endswith(m, suffix)
+}
+
+text_applications := {
+	"application/json", "application/xml", "application/yaml", "application/x-yaml",
+	"application/javascript", "application/ecmascript", "application/x-ndjson", "application/toml", "application/sql",
+	"application/graphql", "application/x-sh",
 }
 
 # blob_plain(path, b): b without its invisible characters when it is text.

@@ -193,6 +193,15 @@ test_private_key_across_three_text_items_is_withheld if {
 	d.action == "deny"
 	contains(d.reason, "private key runs from content[0] to content[2]")
 
+	# Cut off after its BEGIN line, the body running on in the next item;
+	# or its END line after an item of body.
+	cut := decide(texts_result([concat("\n", ["-----BEGIN RSA PRIVATE KEY-----", body]), body]))
+	cut.action == "deny"
+	contains(cut.reason, "private key runs from content[0] into content[1]")
+	ends := decide(texts_result(["log", body, concat("\n", [body, "-----END RSA PRIVATE KEY-----"])]))
+	ends.action == "deny"
+	contains(ends.reason, "private key runs from content[1] into content[2]")
+
 	# Whole keys in separate items, with text between them, are redacted.
 	whole := concat("\n", ["-----BEGIN RSA PRIVATE KEY-----", body, "-----END RSA PRIVATE KEY-----"])
 	ok := decide(texts_result([whole, "between", whole]))

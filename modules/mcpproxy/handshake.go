@@ -140,7 +140,9 @@ func (h *Handler) reinitialize(ctx context.Context, call *gateway.Call, seen gat
 			return cur, err
 		}
 		if msg.Result == nil { // refused for now (a program restarting, say): the session stays
-			return cur, unavailable("the upstream did not re-create the session: %s", gjson.GetBytes(msg.Error, "message").String())
+			// The upstream's own words are not quoted: no policy inspected
+			// them, and they can hold what it should not pass on.
+			return cur, unavailable("the upstream did not re-create the session (it answered with error %d)", gjson.GetBytes(msg.Error, "code").Int())
 		}
 		version := gjson.GetBytes(msg.Result, "protocolVersion").String()
 		next := stamped(call, gateway.Upstream{
@@ -210,7 +212,7 @@ func (h *Handler) fetchCatalog(ctx context.Context, call *gateway.Call, up gatew
 			return err
 		}
 		if msg.Result == nil {
-			return unavailable("tools/list failed: %s", gjson.GetBytes(msg.Error, "message").String())
+			return unavailable("tools/list failed (the upstream answered with error %d)", gjson.GetBytes(msg.Error, "code").Int())
 		}
 		res := gjson.ParseBytes(msg.Result)
 		res.Get("tools").ForEach(func(_, t gjson.Result) bool {

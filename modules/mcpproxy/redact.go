@@ -343,10 +343,48 @@ func (p base64Pieces) inStrings(raw []byte) bool {
 
 // redactBase64 is s, base64 (standard or URL-safe, padded or not, perhaps
 // in lines) that holds secret in what it encodes, encoded again with the
-// secret replaced; s is replaced whole when it does not decode to the
-// secret's bytes but holds its base64 whole (a runner decoding leniently
-// could still read it). false: s is not base64 holding the secret.
+// secret replaced. In a longer text (a log line with an Authorization
+// header), each run of base64 characters that holds the secret's base64 is
+// replaced so, or by the redaction when it does not decode (a runner
+// decoding leniently could still read it). false: s holds no such run.
 func redactBase64(s, secret string) (string, bool) {
+	if out, ok := decodedWithout(s, secret); ok {
+		return out, true
+	}
+	whole := inBase64(secret).whole
+	var out strings.Builder
+	last, changed := 0, false
+	for i := 0; i < len(s); {
+		if !isBase64Char(s[i]) {
+			i++
+			continue
+		}
+		j := i
+		for j < len(s) && isBase64Char(s[j]) {
+			j++
+		}
+		if run := s[i:j]; slices.ContainsFunc(whole, func(w string) bool { return strings.Contains(run, w) }) {
+			out.WriteString(s[last:i])
+			if enc, ok := decodedWithout(run, secret); ok {
+				out.WriteString(enc)
+			} else {
+				out.WriteString(credentialRedaction)
+			}
+			last, changed = j, true
+		}
+		i = j
+	}
+	if !changed {
+		return s, false
+	}
+	out.WriteString(s[last:])
+	return out.String(), true
+}
+
+// decodedWithout is s, base64 of one of the encodings (ignoring line
+// breaks and blanks) whose bytes hold secret, encoded again with the
+// secret replaced; false when it is not such base64.
+func decodedWithout(s, secret string) (string, bool) {
 	compact := strings.Map(func(r rune) rune {
 		if r == '\n' || r == '\r' || r == ' ' || r == '\t' {
 			return -1
@@ -359,12 +397,11 @@ func redactBase64(s, secret string) (string, bool) {
 			return enc.EncodeToString(bytes.ReplaceAll(b, []byte(secret), []byte(credentialRedaction))), true
 		}
 	}
-	for _, w := range inBase64(secret).whole {
-		if strings.Contains(compact, w) {
-			return credentialRedaction, true
-		}
-	}
-	return s, false
+	return "", false
+}
+
+func isBase64Char(c byte) bool {
+	return 'A' <= c && c <= 'Z' || 'a' <= c && c <= 'z' || '0' <= c && c <= '9' || c == '+' || c == '/' || c == '-' || c == '_' || c == '='
 }
 
 // mayHoldCredential reports whether a message the hooks wrote, in parts,

@@ -64,9 +64,17 @@ func TestRedactCredential(t *testing.T) {
 			t.Errorf("a blob of %q decodes to %q, want %q", text, decoded, want)
 		}
 	}
-	undecodable := `{"jsonrpc":"2.0","id":1,"result":{"t":"` + base64.StdEncoding.EncodeToString([]byte("a tok-ABCdef/123")) + `!"}}`
-	if got := redacted(t, h, call, undecodable); gjson.GetBytes(got, "result.t").String() != credentialRedaction {
-		t.Errorf("base64 that cannot be decoded, holding the credential: %s", got)
+	// In a longer text, the run of base64 is encoded again; one that does
+	// not decode is replaced; the rest of the text stays.
+	for _, c := range []struct{ text, want string }{
+		{"Authorization: Basic " + base64.StdEncoding.EncodeToString([]byte("alice:tok-ABCdef/123")) + " (line 2 of 50)",
+			"Authorization: Basic " + base64.StdEncoding.EncodeToString([]byte("alice:"+credentialRedaction)) + " (line 2 of 50)"},
+		{"x " + base64.StdEncoding.EncodeToString([]byte("a tok-ABCdef/123")) + "YSB y", "x " + credentialRedaction + " y"},
+	} {
+		got := redacted(t, h, call, `{"jsonrpc":"2.0","id":1,"result":{"t":`+string(mcpmsg.Quote(c.text))+`}}`)
+		if s := gjson.GetBytes(got, "result.t").String(); s != c.want {
+			t.Errorf("%q: got %q, want %q", c.text, s, c.want)
+		}
 	}
 
 	// In URL-safe base64, in lines, or with an escaped character.

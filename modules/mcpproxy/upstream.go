@@ -291,8 +291,10 @@ func (h *Handler) newResponse(ctx context.Context, call *gateway.Call, up gatewa
 	case isJSON(resp.Header):
 	default:
 		resp.Body.Close()
+		// Its Content-Type is not quoted: the upstream writes it, and no
+		// policy inspects it.
 		return nil, &upstreamError{kind: kindUnavailable, sent: true,
-			msg: fmt.Sprintf("the upstream answered with Content-Type %q", resp.Header.Get("Content-Type"))}
+			msg: "the upstream answered with a Content-Type that is neither application/json nor text/event-stream"}
 	}
 	return r, nil
 }

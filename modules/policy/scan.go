@@ -845,23 +845,37 @@ func (sc *scanner) plainBlob(blob string, mime *ast.Term) (plain bool, text int)
 const longBlob = 4096
 
 // textBlob reports whether a blob decoded to b is text a runner may show
-// as such (the policy's text_blob): valid UTF-8, of a resource whose
-// mimeType, if it has one, is not of images, audio, video or fonts.
+// as such (the policy's text_blob): valid UTF-8, of a resource without a
+// mimeType or with one of text (see textMIME).
 func textBlob(mime *ast.Term, b []byte) bool {
 	if mime != nil {
 		s, ok := mime.Value.(ast.String)
-		if !ok {
+		if !ok || !textMIME(string(s)) {
 			return false
-		}
-		m := strings.ToLower(string(s))
-		for _, binary := range []string{"image/", "audio/", "video/", "font/"} {
-			if strings.HasPrefix(m, binary) {
-				return false
-			}
 		}
 	}
 	return utf8.Valid(b)
 }
+
+// textMIME reports whether a mimeType is of text (the policy's
+// text_mime): empty, text/*, JSON, XML, YAML (also as a +json, +xml or
+// +yaml suffix) or another language written as text. Other types are
+// binary data, whose bytes are not touched even when they happen to be
+// valid UTF-8 (a protocol buffer's).
+func textMIME(m string) bool {
+	base, _, _ := strings.Cut(strings.ToLower(m), ";")
+	base = strings.TrimSpace(base)
+	if base == "" || strings.HasPrefix(base, "text/") || slices.Contains(textApplications, base) {
+		return true
+	}
+	return strings.HasSuffix(base, "+json") || strings.HasSuffix(base, "+xml") || strings.HasSuffix(base, "+yaml")
+}
+
+// textApplications are the application/ types of text (the policy's
+// text_applications).
+var textApplications = []string{"application/json", "application/xml", "application/yaml", "application/x-yaml",
+	"application/javascript", "application/ecmascript", "application/x-ndjson", "application/toml", "application/sql",
+	"application/graphql", "application/x-sh"}
 
 // mimeAt is the mimeType beside the blob at path, nil when there is none.
 func mimeAt(result *ast.Term, path []pathStep) *ast.Term {

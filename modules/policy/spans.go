@@ -104,17 +104,30 @@ func (sc *scanner) acrossItems(result *ast.Term) error {
 		index, texts = append(index, i), append(texts, text)
 	})
 	// The text as runners read it once the policy removed the invisible
-	// characters, and where each item starts in it; nothing to look for
-	// without a marker in it (unless the policy has kinds without).
+	// characters.
 	visible := make([]string, len(texts))
 	for k, t := range texts {
 		visible[k] = sc.visible(t)
 	}
+	if span := sc.crossing(visible, false); span != nil {
+		return &Refusal{Why: fmt.Sprintf("a secret may run across three text items or more (content[%d] to content[%d]), "+
+			"which toolgate cannot redact piece by piece; the result was withheld", index[span[0]], index[span[1]])}
+	}
+	return nil
+}
+
+// crossing is the first and last of texts that a match of the policy's
+// patterns in their joined text touches when it crosses two boundaries
+// between them, nil when none does; redacted says texts are already
+// without their own matches (see crossesOnceRedacted).
+func (sc *scanner) crossing(visible []string, redacted bool) []int {
+	// Nothing to look for without a marker (unless the policy has kinds
+	// without markers).
 	if !sc.site && !sc.markerIn(visible) {
 		return nil
 	}
 	var b strings.Builder
-	starts := make([]int, len(texts))
+	starts := make([]int, len(visible))
 	for k, t := range visible {
 		starts[k] = b.Len()
 		b.WriteString(t)
@@ -126,13 +139,58 @@ func (sc *scanner) acrossItems(result *ast.Term) error {
 			// The boundaries strictly inside the match: starts[lo:hi].
 			lo := sort.SearchInts(starts, s+1)
 			hi := sort.SearchInts(starts, e)
-			if hi-lo >= 2 {
-				return &Refusal{Why: fmt.Sprintf("a secret may run across three text items or more (content[%d] to content[%d]), "+
-					"which toolgate cannot redact piece by piece; the result was withheld", index[lo-1], index[hi-1])}
+			if hi-lo >= 2 && (redacted || sc.crossesOnceRedacted(visible)) {
+				return []int{lo - 1, hi - 1}
 			}
 		}
 	}
 	return nil
+}
+
+// crossesOnceRedacted reports whether texts still hold a match across
+// two boundaries once each text's own matches are replaced, as the policy
+// replaces them: a token that runs on into the next item's first word, or
+// a BEGIN line quoted in a log, is the policy's to redact where it is.
+func (sc *scanner) crossesOnceRedacted(texts []string) bool {
+	// What the policy replaces: each text's own matches, and the parts of
+	// the matches across the seam of two consecutive texts.
+	masks := make([][]bool, len(texts))
+	for k, t := range texts {
+		masks[k] = make([]bool, len(t))
+		for _, m := range sc.secrets.FindAllStringIndex(t, -1) {
+			for i := m[0]; i < m[1]; i++ {
+				masks[k][i] = true
+			}
+		}
+	}
+	for k := 0; k+1 < len(texts); k++ {
+		a := len(texts[k])
+		for _, m := range sc.secrets.FindAllStringIndex(texts[k]+texts[k+1], -1) {
+			if m[0] < a && m[1] > a {
+				for i := m[0]; i < m[1]; i++ {
+					if i < a {
+						masks[k][i] = true
+					} else {
+						masks[k+1][i-a] = true
+					}
+				}
+			}
+		}
+	}
+	left := make([]string, len(texts))
+	for k, t := range texts {
+		var b strings.Builder
+		for i := 0; i < len(t); i++ {
+			switch {
+			case !masks[k][i]:
+				b.WriteByte(t[i])
+			case i == 0 || !masks[k][i-1]:
+				b.WriteByte(0)
+			}
+		}
+		left[k] = b.String()
+	}
+	return sc.crossing(left, true) != nil
 }
 
 // markerIn reports whether the joined texts hold a marker: in one of

@@ -72,3 +72,32 @@ func TestWholeKeyAmongTextItemsIsNotRefused(t *testing.T) {
 		}
 	}
 }
+
+// A secret within one item whose match, in the joined text, runs on into
+// its neighbours (the character before it, the next item's first word)
+// is the policy's to redact there; one split across items beside it is
+// still refused.
+func TestSecretInOneItemRunningOnIsNotRefused(t *testing.T) {
+	c := defaultScan(t)
+	jwt := "eyJhbGciOiJIUzI1NiIsInR5cCI6IkpXVCJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.SflKxwRJSMeKKF2QT4fwpMeJf36POk6yJV_adQssw5c"
+	for _, tc := range []struct {
+		texts   []string
+		refused bool
+	}{
+		{[]string{"Your session token:", jwt, "Expires in 3600 seconds."}, false},
+		{[]string{"access_token:", "ya29.a0AfH6SMBxExampleTokenValue", "expires_in:", "3599"}, false},
+		{[]string{"Header:", "Bearer abcdefghijklmnop0123456789", "OK"}, false},
+		{[]string{"log 1", "expected -----BEGIN RSA PRIVATE KEY-----, found a certificate", "log 3", "log 4"}, false},
+		{[]string{"key AK", "IAIOSFODNN7E", "XAMPLE done, also AKIAIOSFODNN7EXAMPL2"}, true},
+	} {
+		content := make([]string, len(tc.texts))
+		for i, s := range tc.texts {
+			content[i] = `{"type":"text","text":` + string(mcpmsg.Quote(s)) + `}`
+		}
+		_, _, err := resultTerms([]byte(`{"content":[`+strings.Join(content, ",")+`]}`), shapeToolResult, c.scanner, nil)
+		var refused *Refusal
+		if got := errors.As(err, &refused); got != tc.refused {
+			t.Errorf("%q: refused %v (%v), want %v", tc.texts, got, err, tc.refused)
+		}
+	}
+}
