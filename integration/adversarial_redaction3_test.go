@@ -270,8 +270,6 @@ func TestRedaction3AttackPemKeyEndOnlyAcrossItems(t *testing.T) {
 	}
 }
 
-
-
 // Holds: ordinary chunked results are relayed, redacted in place where
 // they hold a secret.
 func TestRedaction3HoldsOrdinaryChunkedResults(t *testing.T) {
