@@ -223,9 +223,20 @@ func TestRedaction3AttackPemKeyCutOffAcrossItems(t *testing.T) {
 		// The middle item is longer than spans.go's window after the marker.
 		{"three items", []string{begin + lines(0, 20), lines(20, 90), lines(90, 100)}},
 	}
+	rd3KeyAcrossItems(t, body, begin+lines(0, 100), cases)
+}
+
+// rd3KeyAcrossItems answers a tool call with whole, a private key's text
+// in one item (the control: no line of body relayed), then with each
+// case's parts as text items, and wants no line of body relayed (a
+// withheld result relays none).
+func rd3KeyAcrossItems(t *testing.T, body []string, whole string, cases []struct {
+	name  string
+	parts []string
+}) {
+	t.Helper()
 	up, m := rdSession(t, gatewayConfig{})
-	// Control: in one item, every line of the body is redacted.
-	rdAnswer(up, "tools/call", false, rd2TextItems(begin+lines(0, 100)))
+	rdAnswer(up, "tools/call", false, rd2TextItems(whole))
 	if ans := rdCall(t, m, 9); rd3Withheld(ans) || len(rd3Leaked(rdJoinedText(ans), body)) > 0 {
 		t.Fatalf("control: the key in one item was not redacted: %.400s", ans)
 	}
@@ -253,21 +264,7 @@ func TestRedaction3AttackPemKeyEndOnlyAcrossItems(t *testing.T) {
 		{"two items", []string{lines(0, 40), lines(40, 60) + end}},
 		{"three items", []string{lines(0, 20), lines(20, 40), lines(40, 60) + end}},
 	}
-	up, m := rdSession(t, gatewayConfig{})
-	rdAnswer(up, "tools/call", false, rd2TextItems(lines(0, 60)+end))
-	if ans := rdCall(t, m, 9); rd3Withheld(ans) || len(rd3Leaked(rdJoinedText(ans), body)) > 0 {
-		t.Fatalf("control: the key body in one item was not redacted: %.400s", ans)
-	}
-	for i, tc := range cases {
-		rdAnswer(up, "tools/call", i%2 == 1, rd2TextItems(tc.parts...))
-		ans := rdCall(t, m, 10+i)
-		if rd3Withheld(ans) {
-			continue
-		}
-		if leaked := rd3Leaked(rdJoinedText(ans), body); len(leaked) > 0 {
-			t.Errorf("%s: the runner reads %d lines of the private key's body (lines %d to %d)", tc.name, len(leaked), leaked[0], leaked[len(leaked)-1])
-		}
-	}
+	rd3KeyAcrossItems(t, body, lines(0, 60)+end, cases)
 }
 
 // Holds: ordinary chunked results are relayed, redacted in place where
