@@ -177,11 +177,13 @@ func redactIn(s, secret string) (string, bool) {
 }
 
 // redactCredential is msg with the call's credential replaced in every
-// string it appears in, however the upstream escaped it: runners get
-// results, never the caller's credential, whether or not the result
-// policy knows its shape. A message without it is returned as it is, at
-// the cost of a byte search (and the decoding of its strings that hold
-// escapes).
+// string it appears in, however the upstream escaped it, broke it up with
+// invisible characters or encoded it in base64: runners get results,
+// never the caller's credential, whether or not the result policy knows
+// its shape. A tool result whose text items hold it only once joined is
+// refused (an error). A message without it is returned as it is, at the
+// cost of a few byte searches (and the decoding of its strings when they
+// hold escapes or characters outside ASCII).
 func (h *Handler) redactCredential(call *gateway.Call, msg mcpmsg.Message) (mcpmsg.Message, error) {
 	secret := secretOf(call.Credential)
 	if secret == "" {
