@@ -553,6 +553,7 @@ clean_of(entries, listed_seams) if {
 	}
 	count(listed_seams) == 0
 	count(marked_blobs) == 0
+	blob_text_bytes <= long_blob
 }
 
 default clean_of(_, _) := false
@@ -936,7 +937,11 @@ cut_by_budget(i) if byte_len(input.result.content[i].text) > cap
 # other key line between (the items between hold nothing but its body,
 # which no pattern recognises on its own), withholds the result.
 cannot_inspect contains msg if {
-	lines := [k | some k, i in text_items; regex.match(key_line, input.result.content[i].text)]
+	lines := [k |
+		some k, i in text_items
+		contains(input.result.content[i].text, "PRIVATE KEY")
+		regex.match(key_line, input.result.content[i].text)
+	]
 	some n in numbers.range(0, count(lines) - 2)
 	k := lines[n]
 	l := lines[n + 1]
@@ -1019,35 +1024,32 @@ seam_label(c) := sprintf("[REDACTED:%s]", [c.kind]) if c.n > 0
 # hold a marker, or are text holding an invisible character, to those
 # bytes.
 marked_blobs[path] := b if {
-	some path, blob in blob_strings
-	base64.is_valid(blob)
-	b := base64.decode(blob)
+	some path, b in decoded_blobs
 	any_marker(b)
 }
 
 marked_blobs[path] := b if {
-	some path, blob in blob_strings
-	base64.is_valid(blob)
-	b := base64.decode(blob)
-	text_blob(path, b)
+	some path, b in text_blobs
 	text.has_invisible(b)
 }
 
-# When the blobs of text hold more than long_blob bytes together, each is
-# looked at: they may be over the limit (see below). The gateway's scan
-# uses the same length.
-marked_blobs[path] := b if {
-	blob_text_bytes > long_blob
-	some path, b in text_blobs
+# decoded_blobs maps the path of every resource blob that is base64 to its
+# decoded bytes (decoded once: a blob may be megabytes).
+decoded_blobs[path] := base64.decode(blob) if {
+	some path, blob in blob_strings
+	base64.is_valid(blob)
 }
 
+# long_blob: when the blobs of text hold more than this many bytes
+# together, the payload is not clean (clean_of): they may be over the limit
+# (see below). They are not redacted for it: a blob with no marker and no
+# invisible character holds nothing redact would change. The gateway's
+# scan uses the same length.
 long_blob := 4096
 
 # text_blobs maps the path of every blob of text to its decoded text.
 text_blobs[path] := b if {
-	some path, blob in blob_strings
-	base64.is_valid(blob)
-	b := base64.decode(blob)
+	some path, b in decoded_blobs
 	text_blob(path, b)
 }
 
@@ -1094,7 +1096,7 @@ text_applications := {
 
 # blob_plain(path, b): b without its invisible characters when it is text.
 blob_plain(path, b) := text.clean(b) if {
-	text_blob(path, b)
+	text_blobs[path]
 } else := b
 
 # blob_looks maps the path of every resource blob whose decoded bytes may
@@ -1104,9 +1106,7 @@ blob_looks[path] := b if some path, b in marked_blobs
 
 blob_looks[path] := b if {
 	count(redact_patterns) > 0
-	some path, blob in blob_strings
-	base64.is_valid(blob)
-	b := base64.decode(blob)
+	some path, b in decoded_blobs
 }
 
 blob_attempted := {path: redact(blob_plain(path, b)) | some path, b in blob_looks}

@@ -43,7 +43,16 @@ invisible_ranges := [
 invisible_pattern := concat("", ["[", concat("", [sprintf(`\x{%s}-\x{%s}`, r) | some r in invisible_ranges]), "]"])
 
 # clean(s) is s without its invisible characters.
-clean(s) := regex.replace(s, invisible_pattern, "")
+clean(s) := s if {
+	not has_invisible(s)
+} else := regex.replace(s, invisible_pattern, "")
 
-# has_invisible(s) is true when s holds an invisible character.
-has_invisible(s) := regex.match(invisible_pattern, s)
+# has_invisible(s) is true when s holds an invisible character. Every
+# invisible character is outside ASCII, so only the part of s from its
+# first character outside ASCII to its last is matched: trim is a quick
+# loop, where a regular expression without a literal reads a few tens of
+# MB/s, and most text is ASCII.
+has_invisible(s) := regex.match(invisible_pattern, trim(s, ascii))
+
+# ascii holds every ASCII character, U+0000 to U+007F.
+ascii := "\u0000\u0001\u0002\u0003\u0004\u0005\u0006\u0007\u0008\u0009\u000a\u000b\u000c\u000d\u000e\u000f\u0010\u0011\u0012\u0013\u0014\u0015\u0016\u0017\u0018\u0019\u001a\u001b\u001c\u001d\u001e\u001f !\u0022#$%&'()*+,-./0123456789:;<=>?@ABCDEFGHIJKLMNOPQRSTUVWXYZ[\u005c]^_`abcdefghijklmnopqrstuvwxyz{|}~\u007f"
