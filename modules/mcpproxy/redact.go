@@ -3,6 +3,7 @@ package mcpproxy
 import (
 	"bytes"
 	"encoding/base64"
+	"encoding/binary"
 	"errors"
 	"slices"
 	"strings"
@@ -50,17 +51,38 @@ func secretOf(c *gateway.Credential) string {
 // the byte search said it all — and a megabyte of text with line breaks
 // (\n) is not decoded for nothing.
 func mayHide(raw []byte, secret string) bool {
+	return mayEscape(raw, secret) || !isASCII(raw)
+}
+
+// mayEscape reports whether raw may hold secret escaped: it has \uXXXX or
+// \/ escapes, or secret has a character JSON escapes otherwise.
+func mayEscape(raw []byte, secret string) bool {
 	if strings.ContainsAny(secret, "\"\\") || strings.ContainsFunc(secret, func(r rune) bool { return r < 0x20 }) {
 		return true
 	}
-	return bytes.Contains(raw, []byte(`\u`)) || bytes.Contains(raw, []byte(`\/`)) || !isASCII(raw)
+	return bytes.Contains(raw, []byte(`\u`)) || bytes.Contains(raw, []byte(`\/`))
+}
+
+// decodedHolds reports whether a string of the JSON text raw holds secret
+// once decoded. Without escapes that may hide it (mayEscape), what the
+// strings hold is in raw as it is.
+func decodedHolds(raw []byte, secret string) bool {
+	if !mayEscape(raw, secret) {
+		return bytes.Contains(raw, []byte(secret))
+	}
+	return mcpmsg.ContainsString(raw, secret)
 }
 
 // mayBreak reports whether raw may hold a character that ignorable
 // reports, as it is or escaped (\uXXXX, or a surrogate pair of them).
 func mayBreak(raw []byte) bool {
-	if !isASCII(raw) && bytes.ContainsFunc(raw, ignorable) {
-		return true
+	for i := nextNonASCII(raw); i < len(raw); {
+		r, n := utf8.DecodeRune(raw[i:])
+		if ignorable(r) {
+			return true
+		}
+		i += n
+		i += nextNonASCII(raw[i:])
 	}
 	for i := 0; ; {
 		j := bytes.Index(raw[i:], []byte(`\u`))
@@ -104,13 +126,26 @@ func hex4(b []byte, i int) (rune, bool) {
 	return r, true
 }
 
+// isASCII reports whether b is ASCII, eight bytes at a time.
 func isASCII(b []byte) bool {
-	for _, c := range b {
-		if c >= utf8.RuneSelf {
-			return false
+	return nextNonASCII(b) == len(b)
+}
+
+// nextNonASCII is the index of b's first byte outside ASCII, len(b) when
+// there is none.
+func nextNonASCII(b []byte) int {
+	i := 0
+	for ; i+8 <= len(b); i += 8 {
+		if binary.LittleEndian.Uint64(b[i:])&0x8080808080808080 != 0 {
+			break
 		}
 	}
-	return true
+	for ; i < len(b); i++ {
+		if b[i] >= utf8.RuneSelf {
+			return i
+		}
+	}
+	return i
 }
 
 // ignorable reports whether r renders as nothing: a format character
@@ -189,16 +224,20 @@ func (h *Handler) redactCredential(call *gateway.Call, msg mcpmsg.Message) (mcpm
 	if secret == "" {
 		return msg, nil
 	}
-	if containsAnyOf(msg.Raw, chunks(secret)) {
+	needles := needlesOf(secret)
+	found := needles.set.groupsIn(msg.Raw)
+	if found&inPieces != 0 {
 		if err := acrossTextItems(msg, secret); err != nil {
 			return msg, err
 		}
 	}
-	pieces := inBase64(secret)
-	if !bytes.Contains(msg.Raw, []byte(secret)) && !mayHide(msg.Raw, secret) && !pieces.in(msg.Raw) {
+	// The whole secret holds its first piece; its base64, a base64 piece.
+	inBase64 := found&inBase64Pieces != 0
+	if found == 0 && !mayHide(msg.Raw, secret) {
 		return msg, nil
 	}
-	if !mcpmsg.ContainsString(msg.Raw, secret) && !mayBreak(msg.Raw) && !pieces.in(msg.Raw) && !pieces.inStrings(msg.Raw) {
+	pieces := needles.pieces
+	if !inBase64 && !decodedHolds(msg.Raw, secret) && !mayBreak(msg.Raw) && !pieces.inStrings(msg.Raw) {
 		return msg, nil
 	}
 	raw, changed := mcpmsg.ReplaceStrings(msg.Raw, func(s string) (string, bool) {
@@ -230,15 +269,6 @@ func chunks(secret string) []string {
 		out = append(out, secret[i:i+n])
 	}
 	return out
-}
-
-func containsAnyOf(b []byte, subs []string) bool {
-	for _, sub := range subs {
-		if bytes.Contains(b, []byte(sub)) {
-			return true
-		}
-	}
-	return false
 }
 
 // acrossTextItems refuses a tool result whose text items, joined as
@@ -314,9 +344,6 @@ func inBase64(secret string) base64Pieces {
 	}
 	return p
 }
-
-// in reports whether b may hold the secret in base64 (a piece of it).
-func (p base64Pieces) in(b []byte) bool { return containsAnyOf(b, p.eights) }
 
 func (p base64Pieces) inString(s string) bool {
 	for _, sub := range p.eights {
@@ -415,9 +442,11 @@ func (h *Handler) mayHoldCredential(call *gateway.Call, parts ...[]byte) bool {
 	if secret == "" {
 		return false
 	}
-	pieces := inBase64(secret)
+	set := needlesOf(secret).set
 	for _, p := range parts {
-		if bytes.Contains(p, []byte(secret)) || pieces.in(p) || bytes.Contains(p, []byte(`\u`)) && mcpmsg.ContainsString(p, secret) {
+		found := set.groupsIn(p)
+		if found&inBase64Pieces != 0 || found&inPieces != 0 && bytes.Contains(p, []byte(secret)) ||
+			bytes.Contains(p, []byte(`\u`)) && mcpmsg.ContainsString(p, secret) {
 			return true
 		}
 	}

@@ -1,0 +1,55 @@
+package mcpproxy
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+
+	"go.uber.org/zap"
+
+	"github.com/toolgate/toolgate/internal/mcpmsg"
+	"github.com/toolgate/toolgate/modules/gateway"
+)
+
+// BenchmarkRedactCredential is the search for the call's credential in
+// what an upstream answers, on a message that does not hold it (nearly
+// every one): a small result and a log of a megabyte, in ASCII and not,
+// before the result policy (redactCredential) and after it (afterHooks).
+func BenchmarkRedactCredential(b *testing.B) {
+	h := &Handler{logger: zap.NewNop()}
+	call := &gateway.Call{Service: &gateway.Service{ID: "svc"}, Caller: &gateway.Caller{User: "alice"},
+		Credential: &gateway.Credential{Header: "Authorization", Value: "Bearer gho_16C7e42F292c6912E7710c838347Ae178B4a"}}
+	var log strings.Builder
+	for i := 0; log.Len() < 1<<20; i++ {
+		fmt.Fprintf(&log, "2026-11-30T10:%02d:%02dZ INFO ticket TEST-%d updated by bob: status open, printer on fire in room %d\n", i/60%60, i%60, i, i%500)
+	}
+	for _, c := range []struct{ name, text string }{
+		{"small", "TEST-123: printer on fire, assigned to bob"},
+		{"1MiB", log.String()},
+		{"1MiB_not_ascii", strings.ReplaceAll(log.String(), "room", "salle n°")},
+	} {
+		raw := []byte(`{"jsonrpc":"2.0","id":1,"result":{"content":[{"type":"text","text":` + string(mcpmsg.Quote(c.text)) + `}],"isError":false}}`)
+		msg, err := mcpmsg.Parse(raw, mcpmsg.Limits{})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Run(c.name+"/before", func(b *testing.B) {
+			b.SetBytes(int64(len(raw)))
+			b.ReportAllocs()
+			for b.Loop() {
+				if out, err := h.redactCredential(call, msg); err != nil || len(out.Raw) != len(raw) {
+					b.Fatal(err)
+				}
+			}
+		})
+		b.Run(c.name+"/after", func(b *testing.B) {
+			b.SetBytes(int64(len(raw)))
+			b.ReportAllocs()
+			for b.Loop() {
+				if out, ok := h.afterHooks(call, raw); !ok || len(out) != len(raw) {
+					b.Fatal("changed")
+				}
+			}
+		})
+	}
+}
