@@ -235,6 +235,7 @@ func (b *bench) start() error {
 	for _, party := range parties[1:] {
 		cfg := proxyConfig{Dir: filepath.Join(b.dir, party), Upstreams: upstreams, APIKeyHash: apiKeyHash(apiKey),
 			Caller: caller, Policies: policies, NoAuditLog: !b.opts.AuditLog, Console: b.opts.Console,
+			Credential:  b.opts.Credential,
 			MaxSessions: max(10000, b.opts.IdleSessions+1000)}
 		if cfg.Port, err = testproc.FreePort(); err != nil {
 			return err

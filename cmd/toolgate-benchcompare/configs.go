@@ -36,6 +36,10 @@ type proxyConfig struct {
 	Caller      string // the API key's user
 	NoAuditLog  bool   // exclude toolgate.audit from the logs
 	Console     bool   // serve the console, whose activity record keeps every decision
+	// Credential: each service carries a bearer token (auth header), which
+	// toolgate attaches to the upstream requests and looks for in every
+	// answer (see modules/mcpproxy/redact.go); the upstream ignores it.
+	Credential bool
 }
 
 // plainCaddyfile is a plain Caddy reverse_proxy: /<kind>/... goes to the
@@ -81,7 +85,7 @@ var toolgateCaddyfile = template.Must(template.New("toolgate").Parse(`{
 			url {{$url}}/mcp
 			allow_http
 			tools echo big
-			auth none
+			auth {{if $.Credential}}header Authorization "Bearer gho_16C7e42F292c6912E7710c838347Ae178B4a"{{else}}none{{end}}
 		}
 {{- end}}
 	}

@@ -122,6 +122,14 @@ func TestCaddyfiles(t *testing.T) {
 	if gw := render(toolgateCaddyfile, cfg); !strings.Contains(gw, "exclude toolgate.audit") {
 		t.Errorf("NoAuditLog does not exclude the audit log:\n%s", gw)
 	}
+	if !strings.Contains(gw, "auth none") || strings.Contains(gw, "Bearer") {
+		t.Errorf("a service carries a credential without Credential:\n%s", gw)
+	}
+	cfg.Credential = true
+	if gw := render(toolgateCaddyfile, cfg); strings.Count(gw, `auth header Authorization "Bearer gho_`) != 2 {
+		t.Errorf("Credential does not give each service a credential:\n%s", gw)
+	}
+	cfg.Credential = false
 	if strings.Contains(gw, "toolgate_console") {
 		t.Errorf("the console is served by default:\n%s", gw)
 	}

@@ -92,6 +92,7 @@ type options struct {
 	ProfileRate  int           // calls per second while profiling; 0 skips
 	AuditLog     bool          // toolgate writes its audit log
 	Console      bool          // toolgate serves the console (and keeps its activity record)
+	Credential   bool          // each service carries a header credential
 	Timeout      time.Duration // of one call
 }
 
@@ -112,6 +113,7 @@ func parseOptions(args []string) (options, error) {
 	fs.IntVar(&o.IdleSessions, "idle-sessions", 10000, "idle MCP sessions to open through toolgate for the memory measure (0: skip)")
 	fs.IntVar(&o.ProfileRate, "profile-rate", 400, "calls per second while both proxies are profiled under small calls, for -duration (0: no profiles); they are profiled under the 1 MiB result at -big-rate too")
 	fs.BoolVar(&o.AuditLog, "audit-log", true, "toolgate writes its audit log (one entry per policy decision) to its output file, as deployed")
+	fs.BoolVar(&o.Credential, "credential", true, "each toolgate service carries a credential (auth header), as nearly every deployed one does, so toolgate looks for it in every answer of the upstream")
 	fs.BoolVar(&o.Console, "console", false, "toolgate also serves the console, as the README's deployment does, and so keeps its activity record of every decision in its storage")
 	fs.DurationVar(&o.Timeout, "timeout", 10*time.Second, "a call without an answer after this long is an error")
 	if err := fs.Parse(args); err != nil {
