@@ -140,6 +140,17 @@ test_text_blobs_lose_invisible_characters_and_are_bounded if {
 	decide("result", "resources/read", {"contents": images}) == {"action": "allow"}
 }
 
+# A limit smaller than the blobs the gateway's scan calls clean
+# (long_blob) still holds for blobs of text.
+test_blobs_of_text_are_held_to_a_limit_below_long_blob if {
+	part := concat("", ["x" | some _ in numbers.range(1, 3000)])
+	blobs := [{"uri": "file:///a.txt", "mimeType": "text/plain", "blob": b64(part)}]
+	w := decide("result", "resources/read", {"contents": blobs}) with data.toolgate.settings.max_result_bytes as 1000
+	w.action == "deny"
+	contains(w.reason, "3000 bytes of text in blobs")
+	decide("result", "resources/read", {"contents": blobs}) == {"action": "allow"}
+}
+
 test_resource_blob_that_is_not_base64_is_withheld if {
 	d := decide("result", "resources/read", {"contents": [{"uri": "file:///b", "blob": concat("", [aws_key, "!"])}]})
 	d.action == "deny"

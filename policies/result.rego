@@ -62,6 +62,7 @@ untouched if {
 	input.scan.clean == true
 	count(redact_patterns) == 0
 	input.scan.bytes <= max_result_bytes
+	long_blob <= max_result_bytes # else clean blobs of text may be over it
 	not input.method in {"tools/list", "prompts/list", "resources/list", "resources/templates/list"}
 }
 
