@@ -11,7 +11,6 @@ import (
 	"unicode/utf16"
 	"unicode/utf8"
 
-	"github.com/tidwall/gjson"
 	"go.uber.org/zap"
 
 	"github.com/toolgate/toolgate/internal/mcpmsg"
@@ -215,22 +214,22 @@ func redactIn(s, secret string) (string, bool) {
 // string it appears in, however the upstream escaped it, broke it up with
 // invisible characters or encoded it in base64: runners get results,
 // never the caller's credential, whether or not the result policy knows
-// its shape. A tool result whose text items hold it only once joined is
-// refused (an error). A message without it is returned as it is, at the
-// cost of a few byte searches (and the decoding of its strings when they
-// hold escapes or characters outside ASCII).
+// its shape. A tool result whose text items hold it, or its base64, only
+// once decoded and joined is refused (an error; see acrossTextItems). A
+// message without it is returned as it is, at the cost of one pass over
+// it for all the credential's pieces (needleSet) and a walk over the ends
+// of its text items (and the decoding of its strings when they hold
+// escapes or characters outside ASCII).
 func (h *Handler) redactCredential(call *gateway.Call, msg mcpmsg.Message) (mcpmsg.Message, error) {
 	secret := secretOf(call.Credential)
 	if secret == "" {
 		return msg, nil
 	}
 	needles := needlesOf(secret)
-	found := needles.set.groupsIn(msg.Raw)
-	if found&inPieces != 0 {
-		if err := acrossTextItems(msg, secret); err != nil {
-			return msg, err
-		}
+	if err := acrossTextItems(msg, secret, needles.pieces.whole); err != nil {
+		return msg, err
 	}
+	found := needles.set.groupsIn(msg.Raw)
 	// The whole secret holds its first piece; its base64, a base64 piece.
 	inBase64 := found&inBase64Pieces != 0
 	if found == 0 && !mayHide(msg.Raw, secret) {
@@ -271,46 +270,114 @@ func chunks(secret string) []string {
 	return out
 }
 
-// acrossTextItems refuses a tool result whose text items, joined as
-// runners join them (without the characters a policy removes), hold the
-// credential across a boundary between two of them, which no one item
-// holds.
-func acrossTextItems(msg mcpmsg.Message, secret string) error {
-	items := gjson.GetBytes(msg.Result, "content")
-	if !items.IsArray() {
-		return nil
-	}
-	var joined strings.Builder
-	var ends []int
-	items.ForEach(func(_, item gjson.Result) bool {
-		if item.Get("type").String() == "text" && item.Get("text").Type == gjson.String {
-			joined.WriteString(strings.Map(func(r rune) rune {
-				if ignorable(r) {
-					return -1
-				}
-				return r
-			}, item.Get("text").String()))
-			ends = append(ends, joined.Len())
+// acrossTextItems refuses a tool result whose text items, decoded and
+// joined as runners join them (without the characters a policy removes),
+// hold the credential, or its base64, across a boundary between two of
+// them, which no one item holds: split in two or more, escaped, broken up
+// by invisible characters. Only the ends of long items are looked at: a
+// secret across a boundary lies within its own length of it, its base64
+// within twice that (blanks and line breaks aside, which base64 decoders
+// skip).
+func acrossTextItems(msg mcpmsg.Message, secret string, wholes []string) error {
+	var content []byte
+	mcpmsg.Members(msg.Result, func(k, v []byte) {
+		if string(k) == "content" {
+			content = v
+		}
+	})
+	var few [4][]byte
+	texts := few[:0] // each text item's text, as JSON
+	mcpmsg.Elements(content, func(item []byte) bool {
+		var typ, text []byte
+		mcpmsg.Members(item, func(k, v []byte) {
+			switch string(k) {
+			case "type":
+				typ = v
+			case "text":
+				text = v
+			}
+		})
+		if isText(typ) && len(text) > 0 && text[0] == '"' {
+			texts = append(texts, text)
 		}
 		return true
 	})
-	if len(ends) < 2 {
+	if len(texts) < 2 {
 		return nil
 	}
-	text := joined.String()
-	for from := 0; ; {
-		i := strings.Index(text[from:], secret)
-		if i < 0 {
-			return nil
+	w := 2*len(secret) + 8
+	var plain, compact itemEnds
+	for _, t := range texts {
+		head, tail, whole := mcpmsg.StringEnds(t, w, ignorable)
+		plain.add(head, tail, whole)
+		compact.add(stripBlanks(head), stripBlanks(tail), whole)
+	}
+	if plain.crosses(secret) {
+		return errors.New("the upstream wrote the credential toolgate attached across text items of its result")
+	}
+	for _, b64 := range wholes {
+		if compact.crosses(b64) {
+			return errors.New("the upstream wrote the credential toolgate attached, in base64, across text items of its result")
 		}
-		start, end := from+i, from+i+len(secret)
-		for _, e := range ends[:len(ends)-1] {
-			if start < e && e < end {
-				return errors.New("the upstream wrote the credential toolgate attached across text items of its result")
+	}
+	return nil
+}
+
+// isText reports whether typ, the JSON text of an item's type, is "text",
+// however it is escaped.
+func isText(typ []byte) bool {
+	if string(typ) == `"text"` {
+		return true
+	}
+	t, ok := mcpmsg.String(typ)
+	return ok && t == "text" && bytes.IndexByte(typ, '\\') >= 0
+}
+
+// itemEnds is the text items of a result joined, each whole or its ends
+// only (with a NUL, which no credential holds, where its middle is), and
+// where each item ends.
+type itemEnds struct {
+	b    strings.Builder
+	ends []int
+}
+
+func (e *itemEnds) add(head, tail string, whole bool) {
+	e.b.WriteString(head)
+	if !whole {
+		e.b.WriteByte(0)
+		e.b.WriteString(tail)
+	}
+	e.ends = append(e.ends, e.b.Len())
+}
+
+// crosses reports whether s is in the joined text across the end of an
+// item.
+func (e *itemEnds) crosses(s string) bool {
+	text := e.b.String()
+	for from := 0; ; {
+		i := strings.Index(text[from:], s)
+		if i < 0 {
+			return false
+		}
+		start, end := from+i, from+i+len(s)
+		for _, at := range e.ends[:len(e.ends)-1] {
+			if start < at && at < end {
+				return true
 			}
 		}
-		from = end
+		from = start + 1
 	}
+}
+
+// stripBlanks is s without the blanks and line breaks a base64 decoder
+// skips.
+func stripBlanks(s string) string {
+	return strings.Map(func(r rune) rune {
+		if r == '\n' || r == '\r' || r == ' ' || r == '\t' {
+			return -1
+		}
+		return r
+	}, s)
 }
 
 // base64Pieces is what a secret looks like inside base64: for each

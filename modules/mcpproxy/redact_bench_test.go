@@ -14,7 +14,8 @@ import (
 // BenchmarkRedactCredential is the search for the call's credential in
 // what an upstream answers, on a message that does not hold it (nearly
 // every one): a small result and a log of a megabyte, in ASCII and not,
-// before the result policy (redactCredential) and after it (afterHooks).
+// in one text item or two (whose ends are looked at together), before the
+// result policy (redactCredential) and after it (afterHooks).
 func BenchmarkRedactCredential(b *testing.B) {
 	h := &Handler{logger: zap.NewNop()}
 	call := &gateway.Call{Service: &gateway.Service{ID: "svc"}, Caller: &gateway.Caller{User: "alice"},
@@ -23,12 +24,22 @@ func BenchmarkRedactCredential(b *testing.B) {
 	for i := 0; log.Len() < 1<<20; i++ {
 		fmt.Fprintf(&log, "2026-11-30T10:%02d:%02dZ INFO ticket TEST-%d updated by bob: status open, printer on fire in room %d\n", i/60%60, i%60, i, i%500)
 	}
-	for _, c := range []struct{ name, text string }{
-		{"small", "TEST-123: printer on fire, assigned to bob"},
-		{"1MiB", log.String()},
-		{"1MiB_not_ascii", strings.ReplaceAll(log.String(), "room", "salle n°")},
+	for _, c := range []struct {
+		name, text string
+		items      int
+	}{
+		{"small", "TEST-123: printer on fire, assigned to bob", 1},
+		{"small_two_items", "TEST-123: printer on fire, assigned to bob", 2},
+		{"1MiB", log.String(), 1},
+		{"1MiB_two_items", log.String(), 2},
+		{"1MiB_not_ascii", strings.ReplaceAll(log.String(), "room", "salle n°"), 1},
 	} {
-		raw := []byte(`{"jsonrpc":"2.0","id":1,"result":{"content":[{"type":"text","text":` + string(mcpmsg.Quote(c.text)) + `}],"isError":false}}`)
+		item := `{"type":"text","text":` + string(mcpmsg.Quote(c.text)) + `}`
+		if c.items == 2 {
+			half := len(c.text) / 2
+			item = `{"type":"text","text":` + string(mcpmsg.Quote(c.text[:half])) + `},{"type":"text","text":` + string(mcpmsg.Quote(c.text[half:])) + `}`
+		}
+		raw := []byte(`{"jsonrpc":"2.0","id":1,"result":{"content":[` + item + `],"isError":false}}`)
 		msg, err := mcpmsg.Parse(raw, mcpmsg.Limits{})
 		if err != nil {
 			b.Fatal(err)

@@ -2,7 +2,6 @@ package policy
 
 import (
 	"context"
-	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"net/http/httptest"
@@ -461,25 +460,3 @@ func BenchmarkChannelPolicy(b *testing.B) {
 
 // bytesOf is a hook's answer in one slice.
 func bytesOf(r gateway.Result, err error) ([]byte, error) { return r.Bytes(), err }
-
-// A limit smaller than the blobs of text the gateway's scan calls clean
-// (longBlob) still holds for them: the scan's verdict alone does not let
-// 3,000 bytes of text through a limit of 1,000.
-func TestBlobsOfTextHeldToALimitBelowLongBlob(t *testing.T) {
-	dir := shippedPolicies(t, map[string]string{"data.json": `{"toolgate": {"settings": {"max_result_bytes": 1000}}}`})
-	e, err := newEngine(newSource(dir), "data.toolgate.result.decision", stageResult, evaluatorPlan, 0, zap.NewNop(), policyMetrics)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = e.Destruct() })
-	h := &ResultHandler{Config{Timeout: caddy.Duration(benchTimeout), engine: e, audit: benchAudit(), logger: zap.NewNop()}}
-	blob := base64.StdEncoding.EncodeToString([]byte(strings.Repeat("x", 3000)))
-	result := `{"content":[{"type":"resource","resource":{"uri":"file:///a.txt","mimeType":"text/plain","blob":"` + blob + `"}}],"isError":false}`
-	out, err := h.check(context.Background(), benchCall(t, benchTool, `{"ticket_id":"TEST-123"}`), []byte(result), "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got := string(out.Bytes()); !strings.Contains(got, "3000 bytes of text in blobs") {
-		t.Errorf("3000 bytes of text in a blob under a limit of 1000: %.300s", got)
-	}
-}
