@@ -281,7 +281,7 @@ func chunks(secret string) []string {
 func acrossTextItems(msg mcpmsg.Message, secret string, wholes []string) error {
 	var content []byte
 	mcpmsg.Members(msg.Result, func(k, v []byte) {
-		if string(k) == "content" {
+		if isKey(k, "content") {
 			content = v
 		}
 	})
@@ -290,10 +290,10 @@ func acrossTextItems(msg mcpmsg.Message, secret string, wholes []string) error {
 	mcpmsg.Elements(content, func(item []byte) bool {
 		var typ, text []byte
 		mcpmsg.Members(item, func(k, v []byte) {
-			switch string(k) {
-			case "type":
+			switch {
+			case isKey(k, "type"):
 				typ = v
-			case "text":
+			case isKey(k, "text"):
 				text = v
 			}
 		})
@@ -308,9 +308,10 @@ func acrossTextItems(msg mcpmsg.Message, secret string, wholes []string) error {
 	w := 2*len(secret) + 8
 	var plain, compact itemEnds
 	for _, t := range texts {
-		head, tail, whole := mcpmsg.StringEnds(t, w, ignorable)
-		plain.add(head, tail, whole)
-		compact.add(stripBlanks(head), stripBlanks(tail), whole)
+		plain.add(mcpmsg.StringEnds(t, w, ignorable))
+		// The window of the base64 is counted without the blanks and
+		// line breaks a decoder skips: they could fill it.
+		compact.add(mcpmsg.StringEnds(t, w, ignorableOrBlank))
 	}
 	if plain.crosses(secret) {
 		return errors.New("the upstream wrote the credential toolgate attached across text items of its result")
@@ -322,6 +323,17 @@ func acrossTextItems(msg mcpmsg.Message, secret string, wholes []string) error {
 	}
 	return nil
 }
+
+// isKey reports whether k is the key name, or a spelling of it a
+// decoder that ignores case (Go's encoding/json) reads as name: Parse
+// refuses two keys of one object that fold together, so there is one.
+func isKey(k []byte, name string) bool {
+	return string(k) == name || len(k) <= 3*len(name) && mcpmsg.SameFold(string(k), name)
+}
+
+func ignorableOrBlank(r rune) bool { return isBlank(r) || ignorable(r) }
+
+func isBlank(r rune) bool { return r == '\n' || r == '\r' || r == ' ' || r == '\t' }
 
 // isText reports whether typ, the JSON text of an item's type, is "text",
 // however it is escaped.
@@ -354,30 +366,20 @@ func (e *itemEnds) add(head, tail string, whole bool) {
 // item.
 func (e *itemEnds) crosses(s string) bool {
 	text := e.b.String()
+	inner := e.ends[:len(e.ends)-1]
 	for from := 0; ; {
 		i := strings.Index(text[from:], s)
 		if i < 0 {
 			return false
 		}
 		start, end := from+i, from+i+len(s)
-		for _, at := range e.ends[:len(e.ends)-1] {
-			if start < at && at < end {
-				return true
-			}
+		// The first end past start (the ends are in order): a search,
+		// since an upstream can write many items that hold s whole.
+		if k, _ := slices.BinarySearch(inner, start+1); k < len(inner) && inner[k] < end {
+			return true
 		}
 		from = start + 1
 	}
-}
-
-// stripBlanks is s without the blanks and line breaks a base64 decoder
-// skips.
-func stripBlanks(s string) string {
-	return strings.Map(func(r rune) rune {
-		if r == '\n' || r == '\r' || r == ' ' || r == '\t' {
-			return -1
-		}
-		return r
-	}, s)
 }
 
 // base64Pieces is what a secret looks like inside base64: for each
@@ -440,9 +442,10 @@ func (p base64Pieces) inStrings(raw []byte) bool {
 // redactBase64 is s, base64 (standard or URL-safe, padded or not, perhaps
 // in lines) that holds secret in what it encodes, encoded again with the
 // secret replaced. In a longer text (a log line with an Authorization
-// header), each run of base64 characters that holds the secret's base64 is
-// replaced so, or by the redaction when it does not decode (a runner
-// decoding leniently could still read it). false: s holds no such run.
+// header, a MIME part), each run of base64 characters and line breaks that
+// holds the secret's base64 is replaced so (the lines of it that decode),
+// or by the redaction when none do (a runner decoding leniently could
+// still read it). false: s holds no such run.
 func redactBase64(s, secret string) (string, bool) {
 	if out, ok := decodedWithout(s, secret); ok {
 		return out, true
@@ -455,14 +458,13 @@ func redactBase64(s, secret string) (string, bool) {
 			i++
 			continue
 		}
-		j := i
-		for j < len(s) && isBase64Char(s[j]) {
-			j++
-		}
-		if run := s[i:j]; slices.ContainsFunc(whole, func(w string) bool { return strings.Contains(run, w) }) {
+		j := base64RunEnd(s, i)
+		if holdsBase64(s[i:j], whole) {
 			out.WriteString(s[last:i])
-			if enc, ok := decodedWithout(run, secret); ok {
+			if a, b, enc, ok := decodedLines(s, i, j, secret); ok && !holdsBase64(s[i:a], whole) && !holdsBase64(s[b:j], whole) {
+				out.WriteString(s[i:a])
 				out.WriteString(enc)
+				out.WriteString(s[b:j])
 			} else {
 				out.WriteString(credentialRedaction)
 			}
@@ -477,12 +479,70 @@ func redactBase64(s, secret string) (string, bool) {
 	return out.String(), true
 }
 
+// holdsBase64 reports whether run, base64 perhaps in lines, holds one of
+// the secret's base64 forms (whole).
+func holdsBase64(run string, whole []string) bool {
+	if strings.ContainsAny(run, "\r\n") {
+		run = strings.NewReplacer("\r", "", "\n", "").Replace(run)
+	}
+	return slices.ContainsFunc(whole, func(w string) bool { return strings.Contains(run, w) })
+}
+
+// base64RunEnd is where the run of base64 characters at s[i] ends, line
+// breaks between them included.
+func base64RunEnd(s string, i int) int {
+	j := i
+	for {
+		for j < len(s) && isBase64Char(s[j]) {
+			j++
+		}
+		k := j
+		for k < len(s) && (s[k] == '\r' || s[k] == '\n') {
+			k++
+		}
+		if k == j || k == len(s) || !isBase64Char(s[k]) {
+			return j
+		}
+		j = k
+	}
+}
+
+// decodedLines finds, in the run s[i:j] of base64 in lines, the lines
+// s[a:b] that decode to bytes holding secret (the run may begin and end
+// with lines of other text: a MIME part's headers, a boundary), and that
+// base64 encoded again without it. It tries the first and last eight line
+// boundaries, the longest span first.
+func decodedLines(s string, i, j int, secret string) (a, b int, enc string, ok bool) {
+	starts, ends := []int{i}, []int{j}
+	for k := i; k < j; k++ {
+		if s[k] != '\r' && s[k] != '\n' {
+			continue
+		}
+		ends = append(ends, k)
+		for k < j && (s[k] == '\r' || s[k] == '\n') {
+			k++
+		}
+		starts = append(starts, k)
+	}
+	slices.Sort(ends)
+	starts = starts[:min(len(starts), 8)]
+	ends = ends[max(0, len(ends)-8):]
+	for _, a := range starts {
+		for k := len(ends) - 1; k >= 0 && ends[k] > a; k-- {
+			if enc, ok := decodedWithout(s[a:ends[k]], secret); ok {
+				return a, ends[k], enc, true
+			}
+		}
+	}
+	return 0, 0, "", false
+}
+
 // decodedWithout is s, base64 of one of the encodings (ignoring line
 // breaks and blanks) whose bytes hold secret, encoded again with the
 // secret replaced; false when it is not such base64.
 func decodedWithout(s, secret string) (string, bool) {
 	compact := strings.Map(func(r rune) rune {
-		if r == '\n' || r == '\r' || r == ' ' || r == '\t' {
+		if isBlank(r) {
 			return -1
 		}
 		return r
