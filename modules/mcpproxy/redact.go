@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"slices"
+	"sort"
 	"strings"
 	"unicode"
 	"unicode/utf16"
@@ -461,7 +462,7 @@ func redactBase64(s, secret string) (string, bool) {
 		j := base64RunEnd(s, i)
 		if holdsBase64(s[i:j], whole) {
 			out.WriteString(s[last:i])
-			if a, b, enc, ok := decodedLines(s, i, j, secret); ok && !holdsBase64(s[i:a], whole) && !holdsBase64(s[b:j], whole) {
+			if a, b, enc, ok := decodedLines(s, i, j, secret, whole); ok && !holdsBase64(s[i:a], whole) && !holdsBase64(s[b:j], whole) {
 				out.WriteString(s[i:a])
 				out.WriteString(enc)
 				out.WriteString(s[b:j])
@@ -509,11 +510,14 @@ func base64RunEnd(s string, i int) int {
 
 // decodedLines finds, in the run s[i:j] of base64 in lines, the lines
 // s[a:b] that decode to bytes holding secret (the run may begin and end
-// with lines of other text: a MIME part's headers, a boundary), and that
-// base64 encoded again without it. It tries the first and last eight line
-// boundaries, the longest span first.
-func decodedLines(s string, i, j int, secret string) (a, b int, enc string, ok bool) {
-	starts, ends := []int{i}, []int{j}
+// with lines of other text: a MIME part's headers, a boundary, the next
+// line of a log), and that base64 encoded again without it. It tries the
+// first eight line starts, and from each the shortest spans holding one of
+// the secret's base64 forms (whole) first, five of them: a longer span
+// would take the next line of text into a lenient decoding.
+func decodedLines(s string, i, j int, secret string, whole []string) (a, b int, enc string, ok bool) {
+	var starts, ends []int
+	starts = append(starts, i)
 	for k := i; k < j; k++ {
 		if s[k] != '\r' && s[k] != '\n' {
 			continue
@@ -524,13 +528,14 @@ func decodedLines(s string, i, j int, secret string) (a, b int, enc string, ok b
 		}
 		starts = append(starts, k)
 	}
-	slices.Sort(ends)
-	starts = starts[:min(len(starts), 8)]
-	ends = ends[max(0, len(ends)-8):]
-	for _, a := range starts {
-		for k := len(ends) - 1; k >= 0 && ends[k] > a; k-- {
-			if enc, ok := decodedWithout(s[a:ends[k]], secret); ok {
-				return a, ends[k], enc, true
+	ends = append(ends, j)
+	for _, a := range starts[:min(len(starts), 8)] {
+		// The shortest span from a that holds a form (spans that hold one
+		// only grow): a search, since a blob can have thousands of lines.
+		first := sort.Search(len(ends), func(k int) bool { return ends[k] > a && holdsBase64(s[a:ends[k]], whole) })
+		for _, b := range ends[first:min(len(ends), first+5)] {
+			if enc, ok := decodedWithout(s[a:b], secret); ok {
+				return a, b, enc, true
 			}
 		}
 	}

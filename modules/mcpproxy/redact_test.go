@@ -107,3 +107,39 @@ func TestRedactCredential(t *testing.T) {
 		t.Errorf("a short value was redacted: %s", got.Raw)
 	}
 }
+
+// Base64 of the credential in a longer text: on a log line, the next
+// line's date is not taken into the decoding (a lenient decoder would
+// read "2026-12-03" as base64 too); in a MIME part of thousands of lines,
+// the lines holding it are re-encoded and the rest stays.
+func TestRedactBase64InLinesOfText(t *testing.T) {
+	h := &Handler{logger: zap.NewNop()}
+	secret := "tgcred-9Kp4Vx2Qm7Ws3Zn8Lr5T"
+	call := &gateway.Call{Service: &gateway.Service{ID: "svc"}, Caller: &gateway.Caller{User: "alice"},
+		Credential: &gateway.Credential{Header: "Authorization", Value: "Bearer " + secret}}
+	basic := base64.StdEncoding.EncodeToString([]byte("alice:" + secret))
+	log := "07:25:30 outgoing Authorization: Basic " + basic + "\n2026-12-03 07:26:00 request 26 served\n"
+	got := redacted(t, h, call, `{"jsonrpc":"2.0","id":1,"result":{"content":[{"type":"text","text":`+string(mcpmsg.Quote(log))+`}]}}`)
+	text := gjson.GetBytes(got, "result.content.0.text").String()
+	if strings.Contains(text, basic) || !strings.Contains(text, "\n2026-12-03 07:26:00 request 26 served\n") {
+		t.Errorf("log line: %q", text)
+	}
+	payload := strings.Repeat("x", 300000) + "Authorization: Bearer " + secret + "\n"
+	b64 := base64.StdEncoding.EncodeToString([]byte(payload))
+	var lines []string
+	for i := 0; i < len(b64); i += 76 {
+		lines = append(lines, b64[i:min(len(b64), i+76)])
+	}
+	mime := "Content-Type: text/plain\r\nContent-Transfer-Encoding: base64\r\n\r\n" + strings.Join(lines, "\r\n") + "\r\n--b--\r\n"
+	got = redacted(t, h, call, `{"jsonrpc":"2.0","id":1,"result":{"content":[{"type":"text","text":`+string(mcpmsg.Quote(mime))+`}]}}`)
+	text = gjson.GetBytes(got, "result.content.0.text").String()
+	compact := strings.NewReplacer("\r", "", "\n", "").Replace(text)
+	for _, w := range inBase64(secret).whole {
+		if strings.Contains(compact, w) {
+			t.Fatalf("the credential's base64 is still in the MIME part")
+		}
+	}
+	if !strings.HasPrefix(text, "Content-Type: text/plain\r\nContent-Transfer-Encoding: base64\r\n\r\n"+lines[0]) {
+		t.Errorf("the MIME part's head was not kept: %.200q", text)
+	}
+}
