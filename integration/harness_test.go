@@ -8,8 +8,10 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"net"
 	"net/http"
 	"os"
@@ -115,7 +117,50 @@ func startGatewayOnPort(t testing.TB, port int, cfg gatewayConfig) *gateway {
 	t.Cleanup(pool.CloseIdleConnections)
 	g := &gateway{URL: fmt.Sprintf("http://127.0.0.1:%d", port), DataDir: data, pool: pool}
 	waitListening(t, g.URL)
+	waitOneListener(t, port)
 	return g
+}
+
+// waitOneListener waits until one socket listens on port. Caddy's reload
+// returns once the old server's shutdown has begun, not once its listening
+// socket is closed; until it is, the kernel (SO_REUSEPORT) hands some new
+// connections to that socket, and resets them when it closes: a test's
+// first request after a reload failed with "connection reset by peer".
+func waitOneListener(t testing.TB, port int) {
+	t.Helper()
+	n := 0
+	for range 250 {
+		if n = listeners(t, port); n == 1 {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatalf("%d sockets listen on port %d five seconds after the gateway started (want one)", n, port)
+}
+
+// listeners is how many TCP sockets listen on port (from /proc/net/tcp and
+// tcp6).
+func listeners(t testing.TB, port int) int {
+	t.Helper()
+	suffix := fmt.Sprintf(":%04X", port)
+	n := 0
+	for _, table := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
+		data, err := os.ReadFile(table)
+		if err != nil {
+			if errors.Is(err, fs.ErrNotExist) {
+				continue
+			}
+			t.Fatal(err)
+		}
+		for _, line := range strings.Split(string(data), "\n")[1:] {
+			// sl local_address rem_address st ...; 0A is LISTEN.
+			f := strings.Fields(line)
+			if len(f) > 3 && strings.HasSuffix(f[1], suffix) && f[3] == "0A" {
+				n++
+			}
+		}
+	}
+	return n
 }
 
 // gatewayCaddyfile is the Caddyfile of a test gateway on port, and its

@@ -242,7 +242,7 @@ func (h *Handler) redactCredential(call *gateway.Call, msg mcpmsg.Message) (mcpm
 	}
 	raw, changed := mcpmsg.ReplaceStrings(msg.Raw, func(s string) (string, bool) {
 		if pieces.inString(s) {
-			if out, ok := redactBase64(s, secret); ok {
+			if out, ok := redactBase64(s, secret, pieces.whole); ok {
 				return out, true
 			}
 		}
@@ -343,7 +343,7 @@ func isText(typ []byte) bool {
 		return true
 	}
 	t, ok := mcpmsg.String(typ)
-	return ok && t == "text" && bytes.IndexByte(typ, '\\') >= 0
+	return ok && t == "text"
 }
 
 // itemEnds is the text items of a result joined, each whole or its ends
@@ -446,12 +446,12 @@ func (p base64Pieces) inStrings(raw []byte) bool {
 // header, a MIME part), each run of base64 characters and line breaks that
 // holds the secret's base64 is replaced so (the lines of it that decode),
 // or by the redaction when none do (a runner decoding leniently could
-// still read it). false: s holds no such run.
-func redactBase64(s, secret string) (string, bool) {
+// still read it). whole is the secret's base64 (inBase64(secret).whole).
+// false: s holds no such run.
+func redactBase64(s, secret string, whole []string) (string, bool) {
 	if out, ok := decodedWithout(s, secret); ok {
 		return out, true
 	}
-	whole := inBase64(secret).whole
 	var out strings.Builder
 	last, changed := 0, false
 	for i := 0; i < len(s); {

@@ -150,7 +150,7 @@ func old3Redact(h *Handler, call *gateway.Call, msg mcpmsg.Message) (mcpmsg.Mess
 	}
 	raw, changed := mcpmsg.ReplaceStrings(msg.Raw, func(s string) (string, bool) {
 		if pieces.inString(s) {
-			if out, ok := redactBase64(s, secret); ok {
+			if out, ok := redactBase64(s, secret, inBase64(secret).whole); ok {
 				return out, true
 			}
 		}
