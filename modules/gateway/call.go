@@ -108,7 +108,9 @@ func (c *Credential) GrantName() string {
 // A ResultHook sees the result of a successful upstream response before the
 // runner does. It returns the result to send instead, or nil to keep it.
 // Hooks run in the order the steps registered them; each sees the result
-// as the hooks before it left it, in one slice.
+// as the hooks before it left it, in one slice. A hook does not write into
+// result: the pieces it returns may be slices of it, which the proxy knows
+// to be the upstream's bytes as it checked them.
 type ResultHook func(ctx context.Context, call *Call, result []byte) (Result, error)
 
 // Result is the JSON text of a result a hook sends instead, in pieces

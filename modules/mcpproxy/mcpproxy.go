@@ -324,7 +324,7 @@ func progressFor(call *gateway.Call, token []byte) bool {
 // server→client requests on a stream (canRequest reports whether the
 // runner's stream can carry a request). It returns the message to send,
 // or none for a message the runner must not get. Any inspection of what
-// upstreams send belongs here.
+// upstreams send belongs here. msg has been through redactCredential.
 func (h *Handler) deliver(ctx context.Context, call *gateway.Call, msg mcpmsg.Message, canRequest bool) message {
 	switch {
 	case call.IsRequest() && isResponseTo(msg, call.Message.ID):
@@ -493,10 +493,25 @@ func (h *Handler) finish(ctx context.Context, call *gateway.Call, msg mcpmsg.Mes
 		return message{msg.Raw}
 	}
 	m := resultMessage(call.Message.ID, out)
-	if h.mayHoldCredential(call, m[:]...) {
+	if h.mayHoldCredential(call, written(m.parts(), msg.Result)...) {
 		return message{h.answerAfterHooks(call, bytes.Join(m[:], nil))}
 	}
 	return m
+}
+
+// written is the pieces of parts (a message or a result) that the result
+// hooks wrote: all but a tail of result, which is the upstream's own bytes
+// as redactCredential left them (a hook does not write into the result it
+// is given, gateway.ResultHook) — for a large result with the decision put
+// in front of it, the megabyte is not searched for the credential a second
+// time.
+func written(parts [][]byte, result []byte) [][]byte {
+	for i, p := range parts {
+		if k := len(result) - len(p); len(p) > 0 && k >= 0 && &result[k] == &p[0] {
+			return append(parts[:i:i], parts[i+1:]...)
+		}
+	}
+	return parts
 }
 
 // hookFailed answers the runner's request when a result hook did not pass

@@ -178,6 +178,11 @@ func (h *Handler) statelessNotification(w http.ResponseWriter, r *http.Request, 
 // what the upstream said, through deliver like any upstream answer.
 func (h *Handler) answerOwn(ctx context.Context, w http.ResponseWriter, call *gateway.Call, raw []byte) {
 	msg, err := mcpmsg.Parse(raw, h.limits)
+	if err == nil {
+		// What toolgate learned from the upstream is redacted like what
+		// the upstream sends (deliver expects it).
+		msg, err = h.redactCredential(call, msg)
+	}
 	if err != nil {
 		call.Unavailable(w, "toolgate could not build the answer: "+err.Error())
 		return
@@ -198,7 +203,9 @@ func (h *Handler) finishStateless(ctx context.Context, call *gateway.Call, msg m
 		return gateway.RPCError(call.Message.ID, gateway.CodeUnavailable,
 			"the upstream asked for input under a key toolgate reserves for its own requests (io.toolgate/); the call is refused", nil)
 	}
-	result, changed := msg.Result, false
+	// wrote is what the hooks wrote, which may have put the call's
+	// credential together (see finish).
+	result, changed, wrote := msg.Result, false, [][]byte(nil)
 	if mcp2026.ResultType(result) == mcp2026.ResultInputRequired && call.HasMessageHooks() {
 		inspected, withheld, err := h.inspectInputRequests(ctx, call, result)
 		switch {
@@ -207,17 +214,19 @@ func (h *Handler) finishStateless(ctx context.Context, call *gateway.Call, msg m
 		case withheld != "":
 			return gateway.RPCError(call.Message.ID, gateway.CodePolicyDenied, "toolgate's policy withheld "+withheld+" from the client", nil)
 		case inspected != nil:
-			result, changed = inspected, true
+			result, changed, wrote = inspected, true, [][]byte{inspected}
 		}
 	}
 	if call.HasResultHooks() {
-		out, err := call.RunResultHooks(ctx, msg.Result)
+		// The result hooks see the input requests as the message hooks
+		// left them.
+		out, err := call.RunResultHooks(ctx, result)
 		if err != nil {
 			return h.hookFailed(call, err)
 		}
 		if out != nil {
 			// The revision's members are added to the result: one slice.
-			result, changed = out.Bytes(), true
+			result, changed, wrote = out.Bytes(), true, written(out, msg.Result)
 		}
 	}
 	if mcp2026.ResultType(result) == mcp2026.ResultInputRequired {
@@ -237,7 +246,11 @@ func (h *Handler) finishStateless(ctx context.Context, call *gateway.Call, msg m
 	if !changed && len(completed) == len(result) {
 		return msg.Raw
 	}
-	return gateway.RPCResult(call.Message.ID, completed)
+	answer := gateway.RPCResult(call.Message.ID, completed)
+	if h.mayHoldCredential(call, wrote...) {
+		return h.answerAfterHooks(call, answer)
+	}
+	return answer
 }
 
 // inspectInputRequests passes each input request of an input_required
