@@ -493,32 +493,19 @@ func (h *Handler) finish(ctx context.Context, call *gateway.Call, msg mcpmsg.Mes
 		return message{msg.Raw}
 	}
 	m := resultMessage(call.Message.ID, out)
-	if h.mayHoldCredential(call, written(m.parts(), msg.Result)...) {
+	if h.mayHoldCredential(call, out, msg.Result) {
 		return message{h.answerAfterHooks(call, bytes.Join(m[:], nil))}
 	}
 	return m
-}
-
-// written is the pieces of parts (a message or a result) that the result
-// hooks wrote: all but a tail of result, which is the upstream's own bytes
-// as redactCredential left them (a hook does not write into the result it
-// is given, gateway.ResultHook) — for a large result with the decision put
-// in front of it, the megabyte is not searched for the credential a second
-// time.
-func written(parts [][]byte, result []byte) [][]byte {
-	for i, p := range parts {
-		if k := len(result) - len(p); len(p) > 0 && k >= 0 && &result[k] == &p[0] {
-			return append(parts[:i:i], parts[i+1:]...)
-		}
-	}
-	return parts
 }
 
 // hookFailed answers the runner's request when a result hook did not pass
 // the result: with the hook's own answer, or toolgate's error.
 func (h *Handler) hookFailed(call *gateway.Call, err error) []byte {
 	if answer, ok := gateway.HookAnswer(call.Message.ID, err); ok {
-		return answer
+		// The hook's own words (a policy's reason quoting what it read)
+		// are searched like anything else it writes.
+		return h.answerAfterHooks(call, answer)
 	}
 	h.logger.Error("result hook failed; withholding the result", zap.String("service", call.Service.ID), zap.Error(err))
 	return gateway.RPCError(call.Message.ID, gateway.CodeInternalError, "toolgate could not check the result; it was withheld", nil)

@@ -222,23 +222,34 @@ func redactIn(s, secret string) (string, bool) {
 // of its text items (and the decoding of its strings when they hold
 // escapes or characters outside ASCII).
 func (h *Handler) redactCredential(call *gateway.Call, msg mcpmsg.Message) (mcpmsg.Message, error) {
+	out, changed, err := h.redacted(call, msg)
+	if changed {
+		h.logger.Warn("an upstream sent back the credential toolgate attached to the call; it is redacted",
+			zap.String("service", call.Service.ID), zap.String("user", call.Caller.User), zap.String("method", msg.Method))
+	}
+	return out, err
+}
+
+// redacted is redactCredential without its log line, and whether it
+// changed msg.
+func (h *Handler) redacted(call *gateway.Call, msg mcpmsg.Message) (mcpmsg.Message, bool, error) {
 	secret := secretOf(call.Credential)
 	if secret == "" {
-		return msg, nil
+		return msg, false, nil
 	}
 	needles := needlesOf(secret)
 	if err := acrossTextItems(msg, secret, needles.pieces.whole); err != nil {
-		return msg, err
+		return msg, false, err
 	}
 	found := needles.set.groupsIn(msg.Raw)
 	// The whole secret holds its first piece; its base64, a base64 piece.
 	inBase64 := found&inBase64Pieces != 0
 	if found == 0 && !mayHide(msg.Raw, secret) {
-		return msg, nil
+		return msg, false, nil
 	}
 	pieces := needles.pieces
 	if !inBase64 && !decodedHolds(msg.Raw, secret) && !mayBreak(msg.Raw) && !pieces.inStrings(msg.Raw) {
-		return msg, nil
+		return msg, false, nil
 	}
 	raw, changed := mcpmsg.ReplaceStrings(msg.Raw, func(s string) (string, bool) {
 		if pieces.inString(s) {
@@ -249,11 +260,10 @@ func (h *Handler) redactCredential(call *gateway.Call, msg mcpmsg.Message) (mcpm
 		return redactIn(s, secret)
 	})
 	if !changed {
-		return msg, nil
+		return msg, false, nil
 	}
-	h.logger.Warn("an upstream sent back the credential toolgate attached to the call; it is redacted",
-		zap.String("service", call.Service.ID), zap.String("user", call.Caller.User), zap.String("method", msg.Method))
-	return mcpmsg.Parse(raw, h.limits)
+	out, err := mcpmsg.Parse(raw, h.limits)
+	return out, true, err
 }
 
 // chunks are the pieces of eight bytes (four for a secret shorter than
@@ -565,31 +575,67 @@ func isBase64Char(c byte) bool {
 	return 'A' <= c && c <= 'Z' || 'a' <= c && c <= 'z' || '0' <= c && c <= '9' || c == '+' || c == '/' || c == '-' || c == '_' || c == '='
 }
 
-// mayHoldCredential reports whether a message the hooks wrote, in parts,
-// may hold the call's credential as it is or in base64: a policy that
-// removes invisible characters (from text, or from a blob of text) can
-// put together a credential that an upstream wrote broken up.
-func (h *Handler) mayHoldCredential(call *gateway.Call, parts ...[]byte) bool {
-	secret := secretOf(call.Credential)
-	if secret == "" {
+// mayHoldCredential reports whether what the result hooks returned (out,
+// for the result they were given) may hold the call's credential: a policy
+// that removes invisible characters (from text, or from a blob of text)
+// can put together a credential that an upstream wrote broken up. It is
+// searched in full, as an upstream's message is; when out keeps the
+// upstream's own members (see probe), only what the hooks wrote around
+// them is, so that a megabyte the policy let through is not searched
+// twice.
+func (h *Handler) mayHoldCredential(call *gateway.Call, out gateway.Result, given []byte) bool {
+	if secretOf(call.Credential) == "" {
 		return false
 	}
-	set := needlesOf(secret).set
-	for _, p := range parts {
-		found := set.groupsIn(p)
-		if found&inBase64Pieces != 0 || found&inPieces != 0 && bytes.Contains(p, []byte(secret)) ||
-			bytes.Contains(p, []byte(`\u`)) && mcpmsg.ContainsString(p, secret) {
-			return true
-		}
+	res, ok := probe(out, given)
+	if !ok {
+		res = out.Bytes()
 	}
-	return false
+	msg, err := mcpmsg.Parse(gateway.RPCResult(call.Message.ID, res), h.limits)
+	if err != nil {
+		return true // answerAfterHooks withholds what cannot be read
+	}
+	_, changed, err := h.redacted(call, msg)
+	return changed || err != nil
+}
+
+// probe is out, what the result hooks returned for the result given, with
+// the upstream's own members it keeps replaced by a placeholder member:
+// what the hooks wrote, as a result of its own. The members are kept when
+// a piece of out is a tail of given (a hook does not write into what it is
+// given, gateway.ResultHook) that starts right after given's opening
+// brace, so that no string of it began in what the hooks wrote: given was
+// searched by redactCredential before the hooks ran. false: out keeps no
+// such tail.
+func probe(out gateway.Result, given []byte) ([]byte, bool) {
+	for i, p := range out {
+		k := len(given) - len(p)
+		if len(p) == 0 || k < 0 || &given[k] != &p[0] || string(bytes.TrimSpace(given[:k])) != "{" {
+			continue
+		}
+		placeholder := `"":0}`
+		if t := bytes.TrimLeft(p, " \t\r\n"); len(t) > 0 && t[0] == '}' {
+			placeholder = "}"
+		}
+		var b []byte
+		for _, q := range out[:i] {
+			b = append(b, q...)
+		}
+		b = append(b, placeholder...)
+		for _, q := range out[i+1:] {
+			b = append(b, q...)
+		}
+		return b, true
+	}
+	return nil, false
 }
 
 // afterHooks is a message the hooks wrote with the call's credential
 // redacted again, should they have put it together (see
 // mayHoldCredential); false when it cannot be read, and must be withheld.
+// It is read in full, as an upstream's message is.
 func (h *Handler) afterHooks(call *gateway.Call, raw []byte) ([]byte, bool) {
-	if !h.mayHoldCredential(call, raw) {
+	if secretOf(call.Credential) == "" {
 		return raw, true
 	}
 	msg, err := mcpmsg.Parse(raw, h.limits)

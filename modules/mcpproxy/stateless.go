@@ -203,9 +203,9 @@ func (h *Handler) finishStateless(ctx context.Context, call *gateway.Call, msg m
 		return gateway.RPCError(call.Message.ID, gateway.CodeUnavailable,
 			"the upstream asked for input under a key toolgate reserves for its own requests (io.toolgate/); the call is refused", nil)
 	}
-	// wrote is what the hooks wrote, which may have put the call's
-	// credential together (see finish).
-	result, changed, wrote := msg.Result, false, [][]byte(nil)
+	// check: the hooks wrote what may have put the call's credential
+	// together (see finish).
+	result, changed, check := msg.Result, false, false
 	if mcp2026.ResultType(result) == mcp2026.ResultInputRequired && call.HasMessageHooks() {
 		inspected, withheld, err := h.inspectInputRequests(ctx, call, result)
 		switch {
@@ -214,7 +214,7 @@ func (h *Handler) finishStateless(ctx context.Context, call *gateway.Call, msg m
 		case withheld != "":
 			return gateway.RPCError(call.Message.ID, gateway.CodePolicyDenied, "toolgate's policy withheld "+withheld+" from the client", nil)
 		case inspected != nil:
-			result, changed, wrote = inspected, true, [][]byte{inspected}
+			result, changed, check = inspected, true, true
 		}
 	}
 	if call.HasResultHooks() {
@@ -225,8 +225,10 @@ func (h *Handler) finishStateless(ctx context.Context, call *gateway.Call, msg m
 			return h.hookFailed(call, err)
 		}
 		if out != nil {
+			// out holds what the message hooks wrote, if anything.
+			check = h.mayHoldCredential(call, out, msg.Result)
 			// The revision's members are added to the result: one slice.
-			result, changed, wrote = out.Bytes(), true, written(out, msg.Result)
+			result, changed = out.Bytes(), true
 		}
 	}
 	if mcp2026.ResultType(result) == mcp2026.ResultInputRequired {
@@ -247,7 +249,7 @@ func (h *Handler) finishStateless(ctx context.Context, call *gateway.Call, msg m
 		return msg.Raw
 	}
 	answer := gateway.RPCResult(call.Message.ID, completed)
-	if h.mayHoldCredential(call, wrote...) {
+	if check {
 		return h.answerAfterHooks(call, answer)
 	}
 	return answer
