@@ -210,7 +210,11 @@ func (h *Handler) requestTranslated(w http.ResponseWriter, r *http.Request, call
 		}
 		if msg.Result == nil || mcp2026.ResultType(msg.Result) != mcp2026.ResultInputRequired {
 			if round > 0 || mcpmsg.IDKey(id) != mcpmsg.IDKey(call.Message.ID) {
-				msg, _ = mcpmsg.Parse(mcpmsg.ReplaceMember(msg.Raw, "id", call.Message.ID), h.limits)
+				var err error
+				if msg, err = mcpmsg.Parse(mcpmsg.ReplaceMember(msg.Raw, "id", call.Message.ID), h.limits); err != nil {
+					h.finalTranslated(w, out, call, gateway.CodeInternalError, "toolgate could not renumber the upstream's answer", nil)
+					return
+				}
 			}
 			data := h.deliver(ctx, call, msg, false)
 			if out != nil && out.hasStarted() {
