@@ -404,7 +404,7 @@ func (h *Handler) resumeForRunner(w http.ResponseWriter, r *http.Request, call *
 	}
 	sse := newSSEReader(resp.Body, h.maxMessage)
 	sse.lastID, sse.idBuffer = upstreamID, upstreamID
-	rs := &response{h: h, ctx: ctx, call: &orig, up: up, resp: resp, sse: sse}
+	rs := &response{h: h, ctx: ctx, call: &orig, up: up, resp: resp, sse: sse, sent: []*gateway.Credential{st.call.Credential}}
 	defer rs.close()
 	out.start(nil)
 	if !orig.IsRequest() {

@@ -353,6 +353,7 @@ func (h *Handler) continueHeld(w http.ResponseWriter, r *http.Request, call *gat
 	c := *hc.call
 	c.Credential = call.Credential // the current one: an OAuth token may have been refreshed
 	hc.call = &c
+	hc.rs.sent = append(hc.rs.sent, call.Credential) // the runner's input goes upstream with it
 	responses := call.Message.InputResponses
 	left := hc.asked[:0]
 	for _, a := range hc.asked {

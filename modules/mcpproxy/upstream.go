@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptrace"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -274,6 +275,12 @@ type response struct {
 	// onPrime, when set, is called with the event id of an event without
 	// data (the upstream's priming event, SEP-1699).
 	onPrime func(id string)
+	// sent is the other credentials the exchange sent upstream besides
+	// call's (the first round's of a call held between rounds, the
+	// original request's of a resumed stream: an OAuth access token may
+	// have been refreshed since): what the upstream sends is searched for
+	// them too.
+	sent []*gateway.Credential
 	// own marks the answer to a request toolgate makes itself (roundTrip):
 	// it is read to its end even if the MCP session ends meanwhile, so
 	// that an upstream session an initialize made is known, and ended.
@@ -339,6 +346,17 @@ func (r *response) next() (mcpmsg.Message, error) {
 	msg, err := mcpmsg.Parse(normalizeCR(data), r.h.limits)
 	if err == nil {
 		msg, err = r.h.redactCredential(r.call, msg)
+	}
+	for i, c := range r.sent {
+		if err != nil {
+			break
+		}
+		if secret := secretOf(c); secret != "" && secret != secretOf(r.call.Credential) &&
+			!slices.ContainsFunc(r.sent[:i], func(o *gateway.Credential) bool { return secretOf(o) == secret }) {
+			other := *r.call
+			other.Credential = c
+			msg, err = r.h.redactCredential(&other, msg)
+		}
 	}
 	if err != nil {
 		// Neither the runner nor the log gets the upstream's own words (a
