@@ -2,6 +2,8 @@ package mcpproxy
 
 import (
 	"bytes"
+	"slices"
+	"strings"
 
 	"go.uber.org/zap"
 
@@ -27,47 +29,68 @@ func (h *Handler) mayHoldCredential(call *gateway.Call, out gateway.Result, give
 	if secretOf(call.Credential) == "" {
 		return false
 	}
-	res, ok := probe(out, given)
+	msg, ok := h.probe(call, out, given)
 	if !ok {
-		res = out.Bytes()
-	}
-	msg, err := mcpmsg.Parse(gateway.RPCResult(call.Message.ID, res), h.limits)
-	if err != nil {
-		return true // answerAfterHooks withholds what cannot be read
+		var err error
+		if msg, err = mcpmsg.Parse(gateway.RPCResult(call.Message.ID, out.Bytes()), h.limits); err != nil {
+			return true // answerAfterHooks withholds what cannot be read
+		}
 	}
 	_, changed, err := h.redacted(call, msg)
 	return changed || err != nil
 }
 
-// probe is out, what the result hooks returned for the result given, with
-// the upstream's own members it keeps replaced by a placeholder member:
-// what the hooks wrote, as a result of its own. The members are kept when
-// a piece of out is a tail of given (a hook does not write into what it is
-// given, gateway.ResultHook) that starts right after given's opening
-// brace, so that no string of it began in what the hooks wrote: given was
-// searched by redactCredential before the hooks ran. false: out keeps no
-// such tail.
-func probe(out gateway.Result, given []byte) ([]byte, bool) {
-	for i, p := range out {
-		k := len(given) - len(p)
-		if len(p) == 0 || k < 0 || &given[k] != &p[0] || string(bytes.TrimSpace(given[:k])) != "{" {
-			continue
-		}
-		placeholder := `"":0}`
-		if t := bytes.TrimLeft(p, " \t\r\n"); len(t) > 0 && t[0] == '}' {
-			placeholder = "}"
-		}
-		var b []byte
-		for _, q := range out[:i] {
-			b = append(b, q...)
-		}
-		b = append(b, placeholder...)
-		for _, q := range out[i+1:] {
-			b = append(b, q...)
-		}
-		return b, true
+// keptMember names the placeholder member that stands for the upstream's
+// members in a probe.
+const keptMember = "toolgate/kept"
+
+// probe is the answer of what the result hooks returned (out, for the
+// result given) with the upstream's own members it keeps replaced by a
+// placeholder member, parsed: what the hooks wrote, as a result of its
+// own, to search instead of the whole — given was searched by
+// redactCredential before the hooks ran, and a hook does not write into
+// what it is given (gateway.ResultHook). The members count as kept only
+// when out ends with a tail of given that starts right after its opening
+// brace and holds members, the placeholder stands in the probe as a member
+// of the result itself (not inside a key or a value the hooks opened, nor
+// in an item of their own), and no key of the probe's result repeats one
+// of given's, even in another case. The whole answer is then the probe's
+// text with given's members in the placeholder's place, read by a runner
+// as the probe is. false: search the whole.
+func (h *Handler) probe(call *gateway.Call, out gateway.Result, given []byte) (mcpmsg.Message, bool) {
+	n := len(out)
+	for n > 0 && len(out[n-1]) == 0 {
+		n--
 	}
-	return nil, false
+	if n == 0 {
+		return mcpmsg.Message{}, false
+	}
+	tail := out[n-1]
+	k := len(given) - len(tail)
+	if k < 0 || &given[k] != &tail[0] || string(bytes.TrimSpace(given[:k])) != "{" {
+		return mcpmsg.Message{}, false
+	}
+	members := bytes.TrimLeft(tail, " \t\r\n")
+	if len(members) == 0 || members[0] == '}' {
+		return mcpmsg.Message{}, false // nothing kept: the whole is small
+	}
+	var b []byte
+	for _, p := range out[:n-1] {
+		b = append(b, p...)
+	}
+	b = append(b, tail[:len(tail)-len(members)]...) // the blanks before the members
+	b = append(b, `"`+keptMember+`":0}`...)
+	msg, err := mcpmsg.Parse(gateway.RPCResult(call.Message.ID, b), h.limits)
+	if err != nil || string(mcpmsg.MemberOf(msg.Result, keptMember)) != "0" {
+		return mcpmsg.Message{}, false
+	}
+	var keys []string
+	mcpmsg.Members(msg.Result, func(key, _ []byte) { keys = append(keys, string(key)) })
+	repeated := false
+	mcpmsg.Members(given, func(key, _ []byte) {
+		repeated = repeated || slices.ContainsFunc(keys, func(k string) bool { return strings.EqualFold(k, string(key)) })
+	})
+	return msg, !repeated
 }
 
 // afterHooks is a message the hooks wrote with the call's credential
