@@ -276,10 +276,10 @@ type response struct {
 	// data (the upstream's priming event, SEP-1699).
 	onPrime func(id string)
 	// sent is the other credentials the exchange sent upstream besides
-	// call's (the first round's of a call held between rounds, the
-	// original request's of a resumed stream: an OAuth access token may
-	// have been refreshed since): what the upstream sends is searched for
-	// them too.
+	// call's (those of the retries that continued a call held between
+	// rounds, the original request's of a resumed stream: an OAuth access
+	// token may have been refreshed meanwhile): what the upstream sends is
+	// searched for them too.
 	sent []*gateway.Credential
 	// own marks the answer to a request toolgate makes itself (roundTrip):
 	// it is read to its end even if the MCP session ends meanwhile, so
