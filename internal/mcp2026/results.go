@@ -2,6 +2,7 @@ package mcp2026
 
 import (
 	"slices"
+	"strings"
 
 	"github.com/tidwall/gjson"
 
@@ -26,6 +27,48 @@ func ResultType(result []byte) string {
 		return t.Str
 	}
 	return ResultComplete
+}
+
+// InputRequestsProblem says why the input requests of an upstream's result
+// cannot reach a runner as toolgate inspects them, "" when they can (or the
+// result has none). Runners read what toolgate does not: the go-sdk's
+// fulfils inputRequests whatever the resultType, and clients decoding with
+// encoding/json read member names in any case. So inputRequests is
+// refused in a result that is not input_required, spelled in another case,
+// when it is not an object, and when an input request is not an object or
+// spells method or params in another case. The problem is said in
+// toolgate's words: nothing of the upstream's is quoted.
+func InputRequestsProblem(result []byte) string {
+	problem := ""
+	mcpmsg.Members(result, func(key, value []byte) {
+		switch {
+		case problem != "" || !strings.EqualFold(string(key), "inputRequests"):
+		case string(key) != "inputRequests":
+			problem = "its input requests are under a key spelled in another case than inputRequests"
+		case ResultType(result) != ResultInputRequired:
+			problem = "it carries input requests, but its resultType is not input_required"
+		case len(value) == 0 || value[0] != '{':
+			problem = "its inputRequests is not an object"
+		default:
+			mcpmsg.Members(value, func(_, req []byte) {
+				if problem != "" {
+					return
+				}
+				if len(req) == 0 || req[0] != '{' {
+					problem = "one of its input requests is not an object"
+					return
+				}
+				mcpmsg.Members(req, func(k, _ []byte) {
+					for _, m := range []string{"method", "params"} {
+						if problem == "" && strings.EqualFold(string(k), m) && string(k) != m {
+							problem = "one of its input requests spells " + m + " in another case"
+						}
+					}
+				})
+			})
+		}
+	})
+	return problem
 }
 
 // Complete makes an upstream's result one of the stateless revision for the
@@ -208,3 +251,13 @@ var RoundMethods = []string{"tools/call", "prompts/get", "resources/read"}
 
 // InputMethods are the server→client requests that may be input requests.
 var InputMethods = []string{"elicitation/create", "sampling/createMessage", "roots/list"}
+
+// InputMethodName is method, one of an upstream's input requests, for
+// toolgate's words to a runner: the method when it is one of InputMethods,
+// else no text of the upstream's (what no policy saw, or one withheld).
+func InputMethodName(method string) string {
+	if slices.Contains(InputMethods, method) {
+		return method
+	}
+	return "an input request of another method"
+}

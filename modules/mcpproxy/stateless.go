@@ -198,6 +198,10 @@ func (h *Handler) answerOwn(ctx context.Context, w http.ResponseWriter, call *ga
 // input_required result whose input requests the runner did not declare
 // replaced by MissingRequiredClientCapability.
 func (h *Handler) finishStateless(ctx context.Context, call *gateway.Call, msg mcpmsg.Message) []byte {
+	if why := mcp2026.InputRequestsProblem(msg.Result); why != "" {
+		h.logger.Warn("refused an upstream's answer whose input requests toolgate cannot inspect", zap.String("service", call.Service.ID), zap.String("reason", why))
+		return gateway.RPCError(call.Message.ID, gateway.CodeUnavailable, "the upstream's answer was withheld: "+why, nil)
+	}
 	if mcp2026.ResultType(msg.Result) == mcp2026.ResultInputRequired && mcp2026.ReservedInput(msg.Result) {
 		h.logger.Warn("refused an upstream's input request under a key toolgate reserves", zap.String("service", call.Service.ID))
 		return gateway.RPCError(call.Message.ID, gateway.CodeUnavailable,
@@ -212,7 +216,7 @@ func (h *Handler) finishStateless(ctx context.Context, call *gateway.Call, msg m
 		case err != nil:
 			return h.hookFailed(call, err)
 		case withheld != "":
-			return gateway.RPCError(call.Message.ID, gateway.CodePolicyDenied, "toolgate's policy withheld "+withheld+" from the client", nil)
+			return gateway.RPCError(call.Message.ID, gateway.CodePolicyDenied, "toolgate's policy withheld "+mcp2026.InputMethodName(withheld)+" from the client", nil)
 		case inspected != nil:
 			result, changed, check = inspected, true, true
 		}

@@ -314,11 +314,11 @@ func (h *Handler) askTranslated(ctx context.Context, w http.ResponseWriter, call
 	gjson.GetBytes(result, "inputRequests").ForEach(func(key, req gjson.Result) bool {
 		method := req.Get("method").String()
 		if need, declared := mcp2026.RequiredCapability(caps, method, req.Get("params")); !declared {
-			fail = "the upstream needs " + method + ", which this client did not declare (capabilities: " + capabilityNames(need) + ")"
+			fail = "the upstream needs " + mcp2026.InputMethodName(method) + ", which this client did not declare (capabilities: " + capabilityNames(need) + ")"
 			return false
 		}
 		if out == nil {
-			fail = "the upstream needs " + method + ", and this request does not accept an SSE stream to carry it"
+			fail = "the upstream needs " + mcp2026.InputMethodName(method) + ", and this request does not accept an SSE stream to carry it"
 			return false
 		}
 		id := gatewayRequestID()
@@ -338,7 +338,7 @@ func (h *Handler) askTranslated(ctx context.Context, w http.ResponseWriter, call
 		}
 		relayed, ok := h.inspect(ctx, call, msg, gateway.ChannelServerRequest)
 		if !ok {
-			fail = "toolgate's policy withheld " + method + " from the client"
+			fail = "toolgate's policy withheld " + mcp2026.InputMethodName(method) + " from the client"
 			return false
 		}
 		if !ms.ServerRequestSent(ctx, id, method) {
