@@ -23,21 +23,7 @@ import (
 // goroutine of its own) has stopped the read: a call of an account the
 // caller connected away from delivered its result in that window.
 func TestNoMessageOfAnEndedSession(t *testing.T) {
-	keys, err := seal.New(mcpstate.Purpose, []byte("test-state-secret-0123456789-0123456789"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	m := mcpsession.New()
-	c := &mcpsession.Config{State: mcpstate.New(&certmagic.FileStorage{Path: t.TempDir()}, time.Hour, 12*time.Hour, time.Now),
-		Keys: keys, Max: 10, PerCaller: 10, CacheTTL: time.Second, Idle: time.Hour, Logger: zap.NewNop()}
-	if err := m.Attach(c); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { m.Detach(c); _ = m.Destruct() })
-	ms, err := m.CreateLocal(context.Background(), "alice", "ts", time.Now().Add(time.Hour), "svc")
-	if err != nil {
-		t.Fatal(err)
-	}
+	m, ms := localSession(t)
 	result := `{"jsonrpc":"2.0","id":7,"result":{"content":[{"type":"text","text":"done as one"}]}}`
 	read := func() (string, error) {
 		rs := &response{h: &Handler{maxMessage: 1 << 20, logger: zap.NewNop()}, ctx: context.Background(),
@@ -78,4 +64,26 @@ func TestNoUncredentialedRequestToAPerUserServer(t *testing.T) {
 			t.Errorf("%s without a credential: %v, want refused before it is sent", method, err)
 		}
 	}
+}
+
+// localSession is a local MCP session of alice's, and the sessions it is
+// one of.
+func localSession(t *testing.T) (*mcpsession.Sessions, *gateway.MCPSession) {
+	t.Helper()
+	keys, err := seal.New(mcpstate.Purpose, []byte("test-state-secret-0123456789-0123456789"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := mcpsession.New()
+	c := &mcpsession.Config{State: mcpstate.New(&certmagic.FileStorage{Path: t.TempDir()}, time.Hour, 12*time.Hour, time.Now),
+		Keys: keys, Max: 10, PerCaller: 10, CacheTTL: time.Second, Idle: time.Hour, Logger: zap.NewNop()}
+	if err := m.Attach(c); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Detach(c); _ = m.Destruct() })
+	ms, err := m.CreateLocal(context.Background(), "alice", "ts", time.Now().Add(time.Hour), "svc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m, ms
 }

@@ -95,16 +95,11 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
-	"time"
 
-	"github.com/caddyserver/certmagic"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"go.uber.org/zap"
 
 	"github.com/toolgate/toolgate/internal/mcpmsg"
-	"github.com/toolgate/toolgate/internal/mcpsession"
-	"github.com/toolgate/toolgate/internal/mcpstate"
-	"github.com/toolgate/toolgate/internal/seal"
 	"github.com/toolgate/toolgate/modules/gateway"
 )
 
@@ -285,31 +280,10 @@ func TestParityAttackWithheldInputRequestQuotesUpstreamText(t *testing.T) {
 	}
 }
 
-// parSession is a local MCP session of alice's.
-func parSession(t *testing.T) *gateway.MCPSession {
-	t.Helper()
-	keys, err := seal.New(mcpstate.Purpose, []byte("test-state-secret-0123456789-0123456789"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	m := mcpsession.New()
-	c := &mcpsession.Config{State: mcpstate.New(&certmagic.FileStorage{Path: t.TempDir()}, time.Hour, 12*time.Hour, time.Now),
-		Keys: keys, Max: 10, PerCaller: 10, CacheTTL: time.Second, Idle: time.Hour, Logger: zap.NewNop()}
-	if err := m.Attach(c); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { m.Detach(c); _ = m.Destruct() })
-	ms, err := m.CreateLocal(context.Background(), "alice", "ts", time.Now().Add(time.Hour), "svc")
-	if err != nil {
-		t.Fatal(err)
-	}
-	return ms
-}
-
 // TestParityAttackTranslatedInputRequestQuotesUpstreamText: see the sixth
 // Attack above.
 func TestParityAttackTranslatedInputRequestQuotesUpstreamText(t *testing.T) {
-	ms := parSession(t)
+	ms := aliceSession(t)
 	h := &Handler{logger: zap.NewNop()}
 	seen := 0
 	call := parCall(false, &seen)
@@ -393,7 +367,7 @@ func TestParityHoldsRoundsNotificationsPassDeliver(t *testing.T) {
 	var notes []string
 	first := &gateway.Call{Service: &gateway.Service{ID: "svc"}, Caller: &gateway.Caller{User: "alice"}, Method: "tools/call",
 		Message:   mcpmsg.Message{Kind: mcpmsg.Request, ID: []byte("1"), Method: "tools/call", ProgressToken: []byte(`"p1"`)},
-		Stateless: &gateway.Stateless{Capabilities: []byte(`{}`)}, MCPSession: parSession(t)}
+		Stateless: &gateway.Stateless{Capabilities: []byte(`{}`)}, MCPSession: aliceSession(t)}
 	first.OnMessage(func(_ context.Context, _ *gateway.Call, m gateway.UpstreamMessage) ([]byte, bool, error) {
 		notes = append(notes, m.Method)
 		return nil, m.Method == "notifications/message", nil
@@ -448,3 +422,9 @@ func TestParityHoldsRoundsRenumberedErrorPassesFinishError(t *testing.T) {
 type nopCloser struct{ *strings.Reader }
 
 func (nopCloser) Close() error { return nil }
+
+// aliceSession is a local MCP session of alice's.
+func aliceSession(t *testing.T) *gateway.MCPSession {
+	_, ms := localSession(t)
+	return ms
+}
