@@ -34,15 +34,15 @@ func ResultType(result []byte) string {
 // result has none). Runners read what toolgate does not: the go-sdk's
 // fulfils inputRequests whatever the resultType, and clients decoding with
 // encoding/json read member names in any case. So inputRequests is
-// refused in a result that is not input_required, spelled in another case,
-// when it is not an object, and when an input request is not an object or
-// spells method or params in another case. The problem is said in
+// refused (unless null) in a result that is not input_required, spelled
+// in another case, when it is not an object, and when an input request is
+// not an object or spells method or params in another case. The problem is said in
 // toolgate's words: nothing of the upstream's is quoted.
 func InputRequestsProblem(result []byte) string {
 	problem := ""
 	mcpmsg.Members(result, func(key, value []byte) {
 		switch {
-		case problem != "" || !strings.EqualFold(string(key), "inputRequests"):
+		case problem != "" || !strings.EqualFold(string(key), "inputRequests") || string(value) == "null":
 		case string(key) != "inputRequests":
 			problem = "its input requests are under a key spelled in another case than inputRequests"
 		case ResultType(result) != ResultInputRequired:
@@ -152,8 +152,7 @@ func RequiredCapability(caps []byte, method string, params gjson.Result) (map[st
 	c := gjson.ParseBytes(caps)
 	switch method {
 	case "elicitation/create":
-		mode := params.Get("mode").String()
-		if mode == "url" {
+		if memberFold(params, "mode").String() == "url" {
 			return map[string]any{"elicitation": map[string]any{"url": map[string]any{}}}, c.Get("elicitation.url").IsObject()
 		}
 		e := c.Get("elicitation")
@@ -161,11 +160,30 @@ func RequiredCapability(caps []byte, method string, params gjson.Result) (map[st
 		form := e.IsObject() && (e.Get("form").IsObject() || !e.Get("url").Exists())
 		return map[string]any{"elicitation": map[string]any{"form": map[string]any{}}}, form
 	case "sampling/createMessage":
+		if memberFold(params, "tools").Exists() {
+			// Tool use in sampling is a capability of its own.
+			return map[string]any{"sampling": map[string]any{"tools": map[string]any{}}}, c.Get("sampling.tools").IsObject()
+		}
 		return map[string]any{"sampling": map[string]any{}}, c.Get("sampling").IsObject()
 	case "roots/list":
 		return map[string]any{"roots": map[string]any{}}, c.Get("roots").IsObject()
 	}
 	return map[string]any{}, false
+}
+
+// memberFold is obj's member whose key is name in any case: clients decoding
+// with encoding/json read it so (a case-variant duplicate is refused when
+// the message is parsed).
+func memberFold(obj gjson.Result, name string) gjson.Result {
+	var found gjson.Result
+	obj.ForEach(func(k, v gjson.Result) bool {
+		if strings.EqualFold(k.String(), name) {
+			found = v
+			return false
+		}
+		return true
+	})
+	return found
 }
 
 // Undeclared returns the capabilities an input_required result's input

@@ -1,6 +1,10 @@
 package mcp2026
 
-import "testing"
+import (
+	"testing"
+
+	"github.com/tidwall/gjson"
+)
 
 func TestInputRequestsProblem(t *testing.T) {
 	for _, c := range []struct {
@@ -20,6 +24,30 @@ func TestInputRequestsProblem(t *testing.T) {
 	} {
 		if why := InputRequestsProblem([]byte(c.result)); (why == "") != c.ok {
 			t.Errorf("%s: problem %q, want ok %v", c.result, why, c.ok)
+		}
+	}
+}
+
+// TestRequiredCapabilityReadsParamsAsRunnersDo: the members of an input
+// request's params that decide the capability it needs are read in any
+// case, as clients decoding with encoding/json read them; sampling with
+// tools needs sampling.tools.
+func TestRequiredCapabilityReadsParamsAsRunnersDo(t *testing.T) {
+	for _, c := range []struct {
+		caps, method, params string
+		ok                   bool
+	}{
+		{`{"elicitation":{"form":{}}}`, "elicitation/create", `{"mode":"form","message":"m"}`, true},
+		{`{"elicitation":{"form":{}}}`, "elicitation/create", `{"mode":"url","url":"https://x"}`, false},
+		{`{"elicitation":{"form":{}}}`, "elicitation/create", `{"Mode":"url","url":"https://x"}`, false},
+		{`{"elicitation":{"form":{},"url":{}}}`, "elicitation/create", `{"MODE":"url","url":"https://x"}`, true},
+		{`{"sampling":{}}`, "sampling/createMessage", `{"messages":[],"maxTokens":1}`, true},
+		{`{"sampling":{}}`, "sampling/createMessage", `{"messages":[],"maxTokens":1,"tools":[]}`, false},
+		{`{"sampling":{}}`, "sampling/createMessage", `{"messages":[],"maxTokens":1,"Tools":[]}`, false},
+		{`{"sampling":{"tools":{}}}`, "sampling/createMessage", `{"messages":[],"maxTokens":1,"tools":[]}`, true},
+	} {
+		if _, ok := RequiredCapability([]byte(c.caps), c.method, gjson.Parse(c.params)); ok != c.ok {
+			t.Errorf("%s %s with %s: declared %v, want %v", c.method, c.params, c.caps, ok, c.ok)
 		}
 	}
 }
