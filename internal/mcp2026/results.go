@@ -36,39 +36,67 @@ func ResultType(result []byte) string {
 // encoding/json read member names in any case. So inputRequests is
 // refused (unless null) in a result that is not input_required, spelled
 // in another case, when it is not an object, and when an input request is
-// not an object or spells method or params in another case. The problem is said in
-// toolgate's words: nothing of the upstream's is quoted.
+// not an object or spells method or params in another case. The problem
+// is said in toolgate's words: nothing of the upstream's is quoted.
 func InputRequestsProblem(result []byte) string {
 	problem := ""
 	mcpmsg.Members(result, func(key, value []byte) {
 		switch {
-		case problem != "" || !strings.EqualFold(string(key), "inputRequests") || string(value) == "null":
+		case problem != "" || !isInputRequests(key, value):
 		case string(key) != "inputRequests":
 			problem = "its input requests are under a key spelled in another case than inputRequests"
 		case ResultType(result) != ResultInputRequired:
 			problem = "it carries input requests, but its resultType is not input_required"
-		case len(value) == 0 || value[0] != '{':
+		case value[0] != '{':
 			problem = "its inputRequests is not an object"
 		default:
 			mcpmsg.Members(value, func(_, req []byte) {
-				if problem != "" {
-					return
+				if problem == "" {
+					problem = inputRequestProblem(req)
 				}
-				if len(req) == 0 || req[0] != '{' {
-					problem = "one of its input requests is not an object"
-					return
-				}
-				mcpmsg.Members(req, func(k, _ []byte) {
-					for _, m := range []string{"method", "params"} {
-						if problem == "" && strings.EqualFold(string(k), m) && string(k) != m {
-							problem = "one of its input requests spells " + m + " in another case"
-						}
-					}
-				})
 			})
 		}
 	})
 	return problem
+}
+
+// isInputRequests reports whether a member of a result is its input
+// requests, as a runner reads them: inputRequests in any case, not null.
+func isInputRequests(key, value []byte) bool {
+	return strings.EqualFold(string(key), "inputRequests") && len(value) > 0 && string(value) != "null"
+}
+
+// inputRequestProblem is InputRequestsProblem for one input request.
+func inputRequestProblem(req []byte) string {
+	if len(req) == 0 || req[0] != '{' {
+		return "one of its input requests is not an object"
+	}
+	problem := ""
+	mcpmsg.Members(req, func(k, _ []byte) {
+		for _, m := range []string{"method", "params"} {
+			if problem == "" && strings.EqualFold(string(k), m) && string(k) != m {
+				problem = "one of its input requests spells " + m + " in another case"
+			}
+		}
+	})
+	return problem
+}
+
+// AsksInput reports whether an upstream's result asks the runner for
+// input: its resultType is input_required, or it carries input requests
+// (see InputRequestsProblem). One pass over the result's members.
+func AsksInput(result []byte) bool {
+	asks := false
+	mcpmsg.Members(result, func(key, value []byte) {
+		switch {
+		case isInputRequests(key, value):
+			asks = true
+		case string(key) == "resultType":
+			t, ok := mcpmsg.String(value)
+			asks = asks || ok && t == ResultInputRequired
+		}
+	})
+	return asks
 }
 
 // Complete makes an upstream's result one of the stateless revision for the

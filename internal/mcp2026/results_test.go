@@ -51,3 +51,23 @@ func TestRequiredCapabilityReadsParamsAsRunnersDo(t *testing.T) {
 		}
 	}
 }
+
+func TestAsksInput(t *testing.T) {
+	for _, c := range []struct {
+		result string
+		asks   bool
+	}{
+		{`{"content":[]}`, false},
+		{`{"content":[],"inputRequests":null}`, false},
+		{`{"content":[],"structuredContent":{"inputRequests":{}}}`, false},
+		{`{"resultType":"complete","content":[]}`, false},
+		{`{"resultType":"input_required"}`, true},
+		{`{"resultType":"input\u005frequired"}`, true},
+		{`{"content":[],"inputRequests":{}}`, true},
+		{`{"content":[],"InputRequests":{"a":{"method":"roots/list"}}}`, true},
+	} {
+		if got := AsksInput([]byte(c.result)); got != c.asks {
+			t.Errorf("%s: asks %v, want %v", c.result, got, c.asks)
+		}
+	}
+}

@@ -482,11 +482,11 @@ func (h *Handler) finish(ctx context.Context, call *gateway.Call, msg mcpmsg.Mes
 	if msg.Result == nil {
 		return message{h.finishError(ctx, call, msg)}
 	}
-	if why := mcp2026.InputRequestsProblem(msg.Result); why != "" || mcp2026.ResultType(msg.Result) == mcp2026.ResultInputRequired {
+	if mcp2026.AsksInput(msg.Result) {
 		// Input requests are asked of a runner of an earlier revision as
 		// server→client requests (askTranslated), never in a result: some
 		// clients fulfil them wherever they find them.
-		h.logger.Warn("refused an upstream's answer carrying input requests", zap.String("service", call.Service.ID), zap.String("reason", why))
+		h.logger.Warn("refused an upstream's answer carrying input requests", zap.String("service", call.Service.ID))
 		return message{gateway.RPCError(call.Message.ID, gateway.CodeUnavailable, "the upstream's answer was withheld: it carries input requests, which this client is not asked in a result", nil)}
 	}
 	if !call.HasResultHooks() {
