@@ -51,16 +51,39 @@ func secretOf(c *gateway.Credential) string {
 // the byte search said it all — and a megabyte of text with line breaks
 // (\n) is not decoded for nothing.
 func mayHide(raw []byte, secret string) bool {
-	return mayEscape(raw, secret) || !isASCII(raw)
+	return escapedOtherwise(secret) || hidingEscapeOrWide(raw, true)
 }
 
 // mayEscape reports whether raw may hold secret escaped: it has \uXXXX or
 // \/ escapes, or secret has a character JSON escapes otherwise.
 func mayEscape(raw []byte, secret string) bool {
-	if strings.ContainsAny(secret, "\"\\") || strings.ContainsFunc(secret, func(r rune) bool { return r < 0x20 }) {
-		return true
+	return escapedOtherwise(secret) || hidingEscapeOrWide(raw, false)
+}
+
+// escapedOtherwise reports whether JSON escapes a character of secret
+// with an escape other than \uXXXX and \/.
+func escapedOtherwise(secret string) bool {
+	return strings.ContainsAny(secret, "\"\\") || strings.ContainsFunc(secret, func(r rune) bool { return r < 0x20 })
+}
+
+// hidingEscapeOrWide reports whether raw holds a backslash followed by u
+// or / (as bytes.Contains of `\u` or `\/` would, even after an escaped
+// backslash), or, when wide, a byte outside ASCII. Text with a line break
+// (\n) every few dozen bytes made a search for each escape stop at every
+// backslash, twice: one search for backslashes is about three times as
+// fast (BenchmarkRedactCredential/1MiB_short_lines).
+func hidingEscapeOrWide(raw []byte, wide bool) bool {
+	for i := 0; ; {
+		j := bytes.IndexByte(raw[i:], '\\')
+		if j < 0 {
+			break
+		}
+		i += j + 1
+		if i < len(raw) && (raw[i] == 'u' || raw[i] == '/') {
+			return true
+		}
 	}
-	return bytes.Contains(raw, []byte(`\u`)) || bytes.Contains(raw, []byte(`\/`))
+	return wide && !isASCII(raw)
 }
 
 // decodedHolds reports whether a string of the JSON text raw holds secret
@@ -134,12 +157,18 @@ func isASCII(b []byte) bool {
 // nextNonASCII is the index of b's first byte outside ASCII, len(b) when
 // there is none.
 func nextNonASCII(b []byte) int {
-	i := 0
-	for ; i+8 <= len(b); i += 8 {
-		if binary.LittleEndian.Uint64(b[i:])&0x8080808080808080 != 0 {
+	// Four words at a time, the slice advanced rather than indexed: three
+	// times as fast as a word at a time through an index.
+	const highs = 0x8080808080808080
+	rest := b
+	for len(rest) >= 32 {
+		le := binary.LittleEndian
+		if (le.Uint64(rest[0:8])|le.Uint64(rest[8:16])|le.Uint64(rest[16:24])|le.Uint64(rest[24:32]))&highs != 0 {
 			break
 		}
+		rest = rest[32:]
 	}
+	i := len(b) - len(rest)
 	for ; i < len(b); i++ {
 		if b[i] >= utf8.RuneSelf {
 			return i

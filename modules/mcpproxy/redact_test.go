@@ -1,10 +1,12 @@
 package mcpproxy
 
 import (
+	"bytes"
 	"encoding/base64"
 	"fmt"
 	"strings"
 	"testing"
+	"unicode/utf8"
 
 	"github.com/tidwall/gjson"
 	"go.uber.org/zap"
@@ -141,5 +143,44 @@ func TestRedactBase64InLinesOfText(t *testing.T) {
 	}
 	if !strings.HasPrefix(text, "Content-Type: text/plain\r\nContent-Transfer-Encoding: base64\r\n\r\n"+lines[0]) {
 		t.Errorf("the MIME part's head was not kept: %.200q", text)
+	}
+}
+
+// TestHidingEscapeOrWideMatchesTheSearches checks the one-pass prefilter
+// of mayHide against what it stands for — bytes.Contains of `\u` or `\/`,
+// and a byte outside ASCII — on every string of up to six bytes of an
+// alphabet that holds those bytes and their neighbours (escaped
+// backslashes, a backslash last), after 0 to 8 bytes of padding so that
+// they cross the seam between two words at every offset.
+func TestHidingEscapeOrWideMatchesTheSearches(t *testing.T) {
+	alphabet := []byte{'\\', 'u', '/', 'n', 0xc3, '[' /* 0x5b: a borrow's neighbour of '\\' */, ']'}
+	var b []byte
+	var walk func(n int)
+	checked := 0
+	walk = func(n int) {
+		escape := bytes.Contains(b, []byte(`\u`)) || bytes.Contains(b, []byte(`\/`))
+		wide := bytes.ContainsFunc(b, func(r rune) bool { return r >= utf8.RuneSelf })
+		if got := hidingEscapeOrWide(b, false); got != escape {
+			t.Fatalf("hidingEscapeOrWide(%q, false) = %v, want %v", b, got, escape)
+		}
+		if got := hidingEscapeOrWide(b, true); got != (escape || wide) {
+			t.Fatalf("hidingEscapeOrWide(%q, true) = %v, want %v", b, got, escape || wide)
+		}
+		checked++
+		if n == 0 {
+			return
+		}
+		for _, c := range alphabet {
+			b = append(b, c)
+			walk(n - 1)
+			b = b[:len(b)-1]
+		}
+	}
+	for pad := range 9 {
+		b = bytes.Repeat([]byte{'a'}, pad)
+		walk(6)
+	}
+	if checked < 9*100000 {
+		t.Fatalf("checked only %d strings", checked)
 	}
 }
