@@ -18,6 +18,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math/bits"
 	"strconv"
 	"strings"
 	"unicode/utf16"
@@ -598,14 +599,7 @@ func (p *parser) str(decode bool) ([]byte, error) {
 	contentStart := p.pos
 	escaped := false
 	for p.pos < len(p.data) {
-		// Skip the common case, printable ASCII: eight bytes at a time,
-		// then byte by byte.
-		for p.pos+8 <= len(p.data) && plainWord(binary.LittleEndian.Uint64(p.data[p.pos:])) {
-			p.pos += 8
-		}
-		for p.pos < len(p.data) && plainASCII[p.data[p.pos]] {
-			p.pos++
-		}
+		p.pos = len(p.data) - len(plainPrefixRest(p.data[p.pos:]))
 		if p.pos >= len(p.data) {
 			break
 		}
@@ -641,6 +635,23 @@ func (p *parser) str(decode bool) ([]byte, error) {
 	return nil, p.failAt(start, "unterminated string")
 }
 
+// plainPrefixRest is b after its first bytes that are plainASCII: eight
+// at a time, the first byte that is not found in its word by the word's
+// mask (a word of text in short lines has a \n to stop at every few
+// dozen bytes: walking its last bytes one by one cost half the time).
+func plainPrefixRest(b []byte) []byte {
+	for len(b) >= 8 {
+		if m := unplainBytes(binary.LittleEndian.Uint64(b)); m != 0 {
+			return b[bits.TrailingZeros64(m)/8:]
+		}
+		b = b[8:]
+	}
+	for len(b) > 0 && plainASCII[b[0]] {
+		b = b[1:]
+	}
+	return b
+}
+
 // plainASCII marks the bytes a string may hold as they are: printable
 // ASCII except the quote and the backslash.
 var plainASCII = func() (t [256]bool) {
@@ -650,9 +661,11 @@ var plainASCII = func() (t [256]bool) {
 	return t
 }()
 
-// plainWord reports whether all eight bytes of w are plainASCII: none is
-// below 0x20, a quote, a backslash, or 0x80 and above.
-func plainWord(w uint64) bool {
+// unplainBytes has the high bit of a byte of w set where it is not
+// plainASCII (below 0x20, a quote, a backslash, or 0x80 and above), at least for the first such byte (in memory order, the
+// lowest): the tests borrow from a byte that matches into the next, so a
+// byte after one that matches may be marked too, never one before.
+func unplainBytes(w uint64) uint64 {
 	const (
 		ones  = 0x0101010101010101
 		highs = 0x8080808080808080
@@ -662,7 +675,7 @@ func plainWord(w uint64) bool {
 	quote = (quote - ones) & ^quote & highs
 	slash := w ^ (ones * '\\')
 	slash = (slash - ones) & ^slash & highs
-	return (below | quote | slash | w&highs) == 0
+	return below | quote | slash | w&highs
 }
 
 // escape checks the escape sequence at p.pos.

@@ -44,15 +44,49 @@ func BenchmarkValidateLargeResult(b *testing.B) {
 	}
 }
 
-// plainWord must agree with the byte table on every word.
-func TestPlainWordAgreesWithTheTable(t *testing.T) {
+// BenchmarkParseLargeResult parses a message with a 1 MiB tools/call
+// result of text in short lines, in ASCII and not (an escape, \n, every
+// 58 or 61 bytes).
+func BenchmarkParseLargeResult(b *testing.B) {
+	for _, c := range []struct{ name, line string }{
+		{"ascii", "lorem ipsum dolor sit amet, consectetur adipiscing elit\n"},
+		{"accents", "lorem ipsum dolor sit amet, consectetur adipiscing — élit\n"},
+	} {
+		text := strings.Repeat(c.line, 1<<20/len(c.line))
+		result, _ := json.Marshal(map[string]any{"content": []any{map[string]any{"type": "text", "text": text}}, "isError": false})
+		raw := []byte(`{"jsonrpc":"2.0","id":1,"result":` + string(result) + `}`)
+		b.Run(c.name, func(b *testing.B) {
+			b.SetBytes(int64(len(raw)))
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := Parse(raw, Limits{}); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// plainPrefixRest must stop where the byte table says, whatever follows
+// in the word (its mask may mark bytes after the first one that is not
+// plain, never one before).
+func TestPlainPrefixAgreesWithTheTable(t *testing.T) {
 	check := func(b [8]byte) {
-		want := true
-		for _, c := range b {
-			want = want && plainASCII[c]
+		want := 0
+		for want < len(b) && plainASCII[b[want]] {
+			want++
 		}
-		if got := plainWord(binary.LittleEndian.Uint64(b[:])); got != want {
-			t.Fatalf("plainWord(%q) = %v, want %v", b[:], got, want)
+		// Alone, and followed by a plain word (the word loop, then the
+		// bytes after it).
+		for _, in := range [][]byte{b[:], append(b[:], "abcdefgh"...)} {
+			rest := plainPrefixRest(in)
+			got := len(in) - len(rest)
+			if want == len(b) {
+				want = len(in)
+			}
+			if got != want {
+				t.Fatalf("plainPrefixRest(%q) stops at %d, want %d", in, got, want)
+			}
 		}
 	}
 	// Every byte value in every position, among plain neighbours.
@@ -61,6 +95,20 @@ func TestPlainWordAgreesWithTheTable(t *testing.T) {
 			b := [8]byte{'a', 'b', 'c', 'd', 'e', 'f', 'g', 'h'}
 			b[pos] = byte(c)
 			check(b)
+		}
+	}
+	// Two bytes at the edges of the tests, in every pair of positions:
+	// a borrow from the first must not hide or fake the second.
+	edges := []byte{0x00, 0x01, 0x1f, 0x20, 0x21, '"', '#', '[', '\\', ']', 0x7f, 0x80, 0xa0, 0xff}
+	for i := range 8 {
+		for j := i + 1; j < 8; j++ {
+			for _, c := range edges {
+				for _, d := range edges {
+					b := [8]byte{'a', 'b', 'c', 'd', 'e', 'f', 'g', 'h'}
+					b[i], b[j] = c, d
+					check(b)
+				}
+			}
 		}
 	}
 	// And random words.
