@@ -43,55 +43,42 @@ func secretOf(c *gateway.Credential) string {
 	return v
 }
 
-// mayHide reports whether raw, a JSON text that does not hold secret as
-// it is, might hold it escaped or broken up by invisible characters. A
-// secret without control characters, quotes or backslashes (a header
-// value has none) can be hidden only by \uXXXX or \/ escapes, or by
-// characters outside ASCII that the result policy removes: without those,
-// the byte search said it all — and a megabyte of text with line breaks
-// (\n) is not decoded for nothing.
-func mayHide(raw []byte, secret string) bool {
-	return escapedOtherwise(secret) || hidingEscapeOrWide(raw, true)
-}
-
-// mayEscape reports whether raw may hold secret escaped: it has \uXXXX or
-// \/ escapes, or secret has a character JSON escapes otherwise.
-func mayEscape(raw []byte, secret string) bool {
-	return escapedOtherwise(secret) || hidingEscapeOrWide(raw, false)
-}
-
 // escapedOtherwise reports whether JSON escapes a character of secret
 // with an escape other than \uXXXX and \/.
 func escapedOtherwise(secret string) bool {
 	return strings.ContainsAny(secret, "\"\\") || strings.ContainsFunc(secret, func(r rune) bool { return r < 0x20 })
 }
 
-// hidingEscapeOrWide reports whether raw holds a backslash followed by u
-// or / (as bytes.Contains of `\u` or `\/` would, even after an escaped
-// backslash), or, when wide, a byte outside ASCII. Text with a line break
-// (\n) every few dozen bytes made a search for each escape stop at every
-// backslash, twice: one search for backslashes is about three times as
-// fast (BenchmarkRedactCredential/1MiB_short_lines).
-func hidingEscapeOrWide(raw []byte, wide bool) bool {
+// hidingEscapes reports whether raw holds a backslash followed by u or /
+// (as bytes.Contains of `\u` or `\/` would, even after an escaped
+// backslash): escapes that can hide a credential's characters. Text with
+// a line break (\n) every few dozen bytes made a search for each escape
+// stop at every backslash, twice: one search for backslashes is about
+// three times as fast (BenchmarkRedactCredential/1MiB_short_lines).
+func hidingEscapes(raw []byte) bool {
 	for i := 0; ; {
 		j := bytes.IndexByte(raw[i:], '\\')
 		if j < 0 {
-			break
+			return false
 		}
 		i += j + 1
 		if i < len(raw) && (raw[i] == 'u' || raw[i] == '/') {
 			return true
 		}
 	}
-	return wide && !isASCII(raw)
 }
 
 // decodedHolds reports whether a string of the JSON text raw holds secret
-// once decoded. Without escapes that may hide it (mayEscape), what the
-// strings hold is in raw as it is.
-func decodedHolds(raw []byte, secret string) bool {
-	if !mayEscape(raw, secret) {
-		return bytes.Contains(raw, []byte(secret))
+// once decoded. escapes is whether raw may hold secret escaped (it has
+// hidingEscapes, or secret has a character JSON escapes otherwise
+// (escapedOtherwise)); pieceFound, whether raw
+// holds one of secret's pieces (chunks) as it is. Without escapes that
+// may hide it, what the strings hold is in raw as it is, and holds the
+// secret's pieces with it: a search of the whole secret would stop at
+// every byte of text that is its first (a frequent letter).
+func decodedHolds(raw []byte, secret string, escapes, pieceFound bool) bool {
+	if !escapes {
+		return pieceFound && bytes.Contains(raw, []byte(secret))
 	}
 	return mcpmsg.ContainsString(raw, secret)
 }
@@ -99,6 +86,11 @@ func decodedHolds(raw []byte, secret string) bool {
 // mayBreak reports whether raw may hold a character that ignorable
 // reports, as it is or escaped (\uXXXX, or a surrogate pair of them).
 func mayBreak(raw []byte) bool {
+	return wideBreak(raw) || escapedBreak(raw)
+}
+
+// wideBreak is mayBreak for the characters raw holds as they are.
+func wideBreak(raw []byte) bool {
 	for i := nextNonASCII(raw); i < len(raw); {
 		r, n := utf8.DecodeRune(raw[i:])
 		if ignorable(r) {
@@ -107,12 +99,20 @@ func mayBreak(raw []byte) bool {
 		i += n
 		i += nextNonASCII(raw[i:])
 	}
+	return false
+}
+
+// escapedBreak is mayBreak for the characters raw holds escaped.
+func escapedBreak(raw []byte) bool {
 	for i := 0; ; {
-		j := bytes.Index(raw[i:], []byte(`\u`))
+		j := bytes.IndexByte(raw[i:], '\\')
 		if j < 0 {
 			return false
 		}
-		i += j + 2
+		if i += j + 1; i >= len(raw) || raw[i] != 'u' {
+			continue // not \u, or the end
+		}
+		i++
 		r, ok := hex4(raw, i)
 		if !ok {
 			continue
@@ -273,11 +273,22 @@ func (h *Handler) redacted(call *gateway.Call, msg mcpmsg.Message) (mcpmsg.Messa
 	found := needles.set.groupsIn(msg.Raw)
 	// The whole secret holds its first piece; its base64, a base64 piece.
 	inBase64 := found&inBase64Pieces != 0
-	if found == 0 && !mayHide(msg.Raw, secret) {
+	// Raw, holding none of the secret's pieces as they are, can still
+	// hold it escaped or broken up by invisible characters. A secret
+	// without control characters, quotes or backslashes (a header value
+	// has none) can be hidden only by \uXXXX or \/ escapes, or by
+	// characters outside ASCII that the result policy removes: without
+	// those, the byte search said it all — and a megabyte of text with
+	// line breaks (\n) is not decoded for nothing. Each of these passes
+	// over raw runs once.
+	rawEscapes := hidingEscapes(msg.Raw)
+	escapes := rawEscapes || escapedOtherwise(secret)
+	if found == 0 && !escapes && isASCII(msg.Raw) {
 		return msg, false, nil
 	}
 	pieces := needles.pieces
-	if !inBase64 && !decodedHolds(msg.Raw, secret) && !mayBreak(msg.Raw) && !pieces.inStrings(msg.Raw) {
+	if !inBase64 && !decodedHolds(msg.Raw, secret, escapes, found&inPieces != 0) && !wideBreak(msg.Raw) &&
+		!(rawEscapes && (escapedBreak(msg.Raw) || pieces.inEscapedStrings(msg.Raw))) {
 		return msg, false, nil
 	}
 	raw, changed := mcpmsg.ReplaceStrings(msg.Raw, func(s string) (string, bool) {
@@ -466,9 +477,11 @@ func (p base64Pieces) inString(s string) bool {
 // inStrings is in for the strings of the JSON text raw, decoded (an escape
 // can hide a character of the base64).
 func (p base64Pieces) inStrings(raw []byte) bool {
-	if !bytes.Contains(raw, []byte(`\u`)) && !bytes.Contains(raw, []byte(`\/`)) {
-		return false
-	}
+	return hidingEscapes(raw) && p.inEscapedStrings(raw)
+}
+
+// inEscapedStrings is inStrings for a raw that has \u or \/ escapes.
+func (p base64Pieces) inEscapedStrings(raw []byte) bool {
 	found := false
 	mcpmsg.ReplaceStrings(raw, func(s string) (string, bool) {
 		for _, sub := range p.eights {
