@@ -84,14 +84,16 @@ func inputRequestProblem(req []byte) string {
 
 // AsksInput reports whether an upstream's result asks the runner for
 // input: its resultType is input_required, or it carries input requests
-// (see InputRequestsProblem). One pass over the result's members.
+// (see InputRequestsProblem). One pass over the result's members, whose
+// keys are read in any case, as runners decoding with encoding/json read
+// them (a ResultType of input_required is a result asking for input).
 func AsksInput(result []byte) bool {
 	asks := false
 	mcpmsg.Members(result, func(key, value []byte) {
 		switch {
 		case isInputRequests(key, value):
 			asks = true
-		case string(key) == "resultType":
+		case strings.EqualFold(string(key), "resultType"):
 			t, ok := mcpmsg.String(value)
 			asks = asks || ok && t == ResultInputRequired
 		}
@@ -188,7 +190,8 @@ func RequiredCapability(caps []byte, method string, params gjson.Result) (map[st
 		form := e.IsObject() && (e.Get("form").IsObject() || !e.Get("url").Exists())
 		return map[string]any{"elicitation": map[string]any{"form": map[string]any{}}}, form
 	case "sampling/createMessage":
-		if memberFold(params, "tools").Exists() {
+		if tools := memberFold(params, "tools"); tools.Exists() && tools.Type != gjson.Null {
+			// (A null tools is none, as runners decode it.)
 			// Tool use in sampling is a capability of its own.
 			return map[string]any{"sampling": map[string]any{"tools": map[string]any{}}}, c.Get("sampling.tools").IsObject()
 		}

@@ -296,6 +296,13 @@ func (h *Handler) readAnswer(ctx context.Context, w http.ResponseWriter, call *g
 // returns as inputResponses (JSON text). It answers the runner and reports
 // false when a request cannot be sent or is not answered.
 func (h *Handler) askTranslated(ctx context.Context, w http.ResponseWriter, call *gateway.Call, result []byte, out *sseWriter) ([]byte, bool) {
+	if why := mcp2026.InputRequestsProblem(result); why != "" {
+		// Read otherwise than the runner would (say, under a key in
+		// another case): asking nothing would send the call again, and
+		// again, with no responses.
+		h.finalTranslated(w, out, call, gateway.CodeUnavailable, "the upstream's answer was withheld: "+why, nil)
+		return nil, false
+	}
 	ms := call.MCPSession
 	caps := mcpmsg.MemberOf(ms.Upstream().InitializeParams, "capabilities")
 	type pending struct {
