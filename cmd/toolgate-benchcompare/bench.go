@@ -100,6 +100,9 @@ type run struct {
 	// Policy is how long toolgate's policy evaluations of the run took,
 	// by stage (toolgate and the baseline only).
 	Policy map[string]policyLatency `json:",omitempty"`
+	// Floor is what the machine did to short computations during the
+	// run (small calls only; see floorProbeRate).
+	Floor *noiseWindow `json:",omitempty"`
 }
 
 // idleResult is the idle-session phase: memory of toolgate (and of the
@@ -395,9 +398,21 @@ func (b *bench) measure(ctx context.Context, phase string, round int, r *route, 
 		}
 	}
 	load := loadAverage()
+	var probe *floorProbe
+	if c.name == smallCall.name {
+		if probe, err = startFloorProbe(ctx, b.opts.Duration); err != nil {
+			return err
+		}
+	}
 	lr := openLoop(ctx, r, c, rate, b.opts.Duration)
 	if err := ctx.Err(); err != nil {
 		return err
+	}
+	var floor *noiseWindow
+	if probe != nil {
+		if floor, err = probe.wait(); err != nil {
+			return err
+		}
 	}
 	cpu1, err := b.cpu()
 	if err != nil {
@@ -422,7 +437,7 @@ func (b *bench) measure(ctx context.Context, phase string, round int, r *route, 
 		Calls: lr.Calls, Errors: lr.Errors, FirstError: lr.FirstError,
 		P50: ms(percentile(lr.latencies, 0.50)), P90: ms(percentile(lr.latencies, 0.90)),
 		P99: ms(percentile(lr.latencies, 0.99)), Max: ms(percentile(lr.latencies, 1)), MaxLag: ms(lr.MaxLag),
-		Load: load, CPU: map[string]float64{}}
+		Load: load, CPU: map[string]float64{}, Floor: floor}
 	for _, l := range lr.Timeline {
 		x.Timeline = append(x.Timeline, ms(l))
 	}

@@ -55,6 +55,13 @@ import (
 )
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == "floor-probe" {
+		if err := runFloorProbe(os.Args[2:], os.Stdout); err != nil {
+			fmt.Fprintln(os.Stderr, "toolgate-benchcompare floor-probe:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	if len(os.Args) > 1 && os.Args[1] == "upstream" {
 		if err := runUpstream(os.Args[2:]); err != nil {
 			fmt.Fprintln(os.Stderr, "toolgate-benchcompare upstream:", err)

@@ -1,9 +1,14 @@
 package main
 
 import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"slices"
 	"time"
 )
@@ -17,6 +22,7 @@ import (
 type noiseWindow struct {
 	P50, P99 float64 // µs
 	Over50   float64 // share of runs that took more than 50 µs
+	Runs     int     `json:",omitempty"` // how many were timed (the floor probe's)
 }
 
 // noiseRuns is how many times each window is timed.
@@ -46,6 +52,82 @@ func machineNoise() []noiseWindow {
 		out = append(out, noiseWindow{P50: d[len(d)/2], P99: d[len(d)*99/100], Over50: float64(over) / float64(len(d))})
 	}
 	return out
+}
+
+// The floor under load. The windows above are timed on an idle machine;
+// a policy evaluation runs on one that serves the load. While each
+// small-call run goes, a process of this program's own (so that the
+// measure shares no scheduler with the proxies) times floorProbeUs of
+// computation floorProbeRate times a second, as often as toolgate
+// evaluates its two policies at 400 calls/s, each after an idle wait, as
+// an evaluation comes: how often the machine under that load stretches a
+// computation as short as an evaluation past 50 µs. It runs during every
+// party's run, so that each bears its 1–2 % of a core.
+const (
+	floorProbeRate = 800
+	floorProbeUs   = 15
+)
+
+// runFloorProbe is the probe process (`toolgate-benchcompare floor-probe
+// <duration>`): it writes the window it timed to out as JSON.
+func runFloorProbe(args []string, out io.Writer) error {
+	if len(args) != 1 {
+		return errors.New("usage: toolgate-benchcompare floor-probe <duration>")
+	}
+	d, err := time.ParseDuration(args[0])
+	if err != nil || d <= 0 {
+		return fmt.Errorf("floor-probe: %q is not a duration", args[0])
+	}
+	n := int(spinRate() * floorProbeUs)
+	tick := time.NewTicker(time.Second / floorProbeRate)
+	defer tick.Stop()
+	var times []float64
+	over := 0
+	for end := time.Now().Add(d); time.Now().Before(end); {
+		<-tick.C
+		start := time.Now()
+		spin(n)
+		us := float64(time.Since(start).Nanoseconds()) / 1e3
+		times = append(times, us)
+		if us > 50 {
+			over++
+		}
+	}
+	slices.Sort(times)
+	w := noiseWindow{P50: times[len(times)/2], P99: times[len(times)*99/100], Over50: float64(over) / float64(len(times)), Runs: len(times)}
+	return json.NewEncoder(out).Encode(w)
+}
+
+// floorProbe is a probe process running beside a run.
+type floorProbe struct {
+	cmd *exec.Cmd
+	out bytes.Buffer
+}
+
+// startFloorProbe starts this program as a probe for d.
+func startFloorProbe(ctx context.Context, d time.Duration) (*floorProbe, error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	p := &floorProbe{cmd: exec.CommandContext(ctx, exe, "floor-probe", d.String())}
+	p.cmd.Stdout, p.cmd.Stderr = &p.out, os.Stderr
+	if err := p.cmd.Start(); err != nil {
+		return nil, fmt.Errorf("floor probe: %w", err)
+	}
+	return p, nil
+}
+
+// wait returns what the probe timed.
+func (p *floorProbe) wait() (*noiseWindow, error) {
+	if err := p.cmd.Wait(); err != nil {
+		return nil, fmt.Errorf("floor probe: %w", err)
+	}
+	var w noiseWindow
+	if err := json.Unmarshal(p.out.Bytes(), &w); err != nil || w.Runs == 0 {
+		return nil, fmt.Errorf("floor probe: no window in %q", p.out.String())
+	}
+	return &w, nil
 }
 
 // spinRate is how many iterations of spin run in a microsecond: the best

@@ -201,6 +201,7 @@ func budgetRows(w io.Writer, kind string, rate int, runs []run) {
 	row(w, label+": CPU per call, toolgate ÷ Caddy", spread(cpu, "%.2f"), "≤ 1.3", verdictMedian(cpu, budgetCPU))
 	if rate == budgetRate {
 		policyRows(w, label, runs)
+		floorRow(w, label, runs)
 	}
 	baselineRows(w, label, runs)
 }
@@ -243,6 +244,28 @@ func policyRows(w io.Writer, label string, runs []run) {
 		row(w, fmt.Sprintf("%s: %s policy evaluations within 50 µs, %%", label, stage),
 			fmt.Sprintf("%s (%s)", spread(within, "%.1f"), p99), "≥ 99, i.e. p99 ≤ 50 µs", met)
 	}
+}
+
+// floorRow prints what the machine did, during toolgate's and plain
+// Caddy's runs, to computations as short and as frequent as toolgate's
+// policy evaluations (floorProbeRate): the share within 50 µs that the
+// evaluations' own can be held against.
+func floorRow(w io.Writer, label string, runs []run) {
+	var under map[string][]float64
+	for _, r := range runs {
+		if r.Floor == nil || r.Party != toolgate && r.Party != caddy {
+			continue
+		}
+		if under == nil {
+			under = map[string][]float64{}
+		}
+		under[r.Party] = append(under[r.Party], 100*(1-r.Floor.Over50))
+	}
+	if under == nil {
+		return
+	}
+	row(w, fmt.Sprintf("%s: the machine during the runs: %d µs computations, %d a second, within 50 µs, %% (under toolgate's load; plain Caddy's)", label, floorProbeUs, floorProbeRate),
+		spread(under[toolgate], "%.1f")+"; "+spread(under[caddy], "%.1f"), "—", "")
 }
 
 // baselineRows compares toolgate with the baseline binary (-baseline):

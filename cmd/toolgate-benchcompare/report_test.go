@@ -2,6 +2,8 @@ package main
 
 import (
 	"bytes"
+	"encoding/json"
+	"io"
 	"os"
 	"slices"
 	"strings"
@@ -145,5 +147,37 @@ func TestMachineNoise(t *testing.T) {
 		if !strings.Contains(out.String(), want) {
 			t.Fatalf("the report has no row %q:\n%s", want, out.String())
 		}
+	}
+}
+
+// TestFloorProbe: the probe times computations of floorProbeUs at
+// floorProbeRate for its duration and writes them as one window, which
+// the report sets beside the policy rows, for toolgate's and plain
+// Caddy's runs.
+func TestFloorProbe(t *testing.T) {
+	if err := runFloorProbe([]string{"nonsense"}, io.Discard); err == nil {
+		t.Fatal("a probe without a duration ran")
+	}
+	var out bytes.Buffer
+	if err := runFloorProbe([]string{"100ms"}, &out); err != nil {
+		t.Fatal(err)
+	}
+	var w noiseWindow
+	if err := json.Unmarshal(out.Bytes(), &w); err != nil {
+		t.Fatalf("%v: %s", err, out.String())
+	}
+	if w.Runs == 0 || w.P50 <= 0 || w.P99 < w.P50 || w.Over50 < 0 || w.Over50 > 1 {
+		t.Fatalf("window %+v", w)
+	}
+	runs := []run{
+		{Round: 1, Party: toolgate, Floor: &noiseWindow{Over50: 0.08}},
+		{Round: 2, Party: toolgate, Floor: &noiseWindow{Over50: 0.06}},
+		{Round: 1, Party: caddy, Floor: &noiseWindow{Over50: 0.02}},
+		{Round: 1, Party: direct, Floor: &noiseWindow{Over50: 0.5}},
+	}
+	var report bytes.Buffer
+	floorRow(&report, "sse, 400/s", runs)
+	if want := "| sse, 400/s: the machine during the runs: 15 µs computations, 800 a second, within 50 µs, % (under toolgate's load; plain Caddy's) | 93.0 [92.0–94.0]; 98.0 | — |  |"; !strings.Contains(report.String(), want) {
+		t.Fatalf("got %q, want %q", report.String(), want)
 	}
 }
