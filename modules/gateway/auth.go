@@ -19,6 +19,8 @@ import (
 	jose "github.com/go-jose/go-jose/v4"
 	"github.com/go-jose/go-jose/v4/jwt"
 	"go.uber.org/zap"
+
+	"github.com/toolgate/toolgate/internal/caddyopt"
 )
 
 // Caller is who sent a request, as the authenticator established it. One
@@ -255,7 +257,7 @@ func (a *AuthConfig) start(ctx context.Context, client *http.Client, logger *zap
 		}
 		if err := j.keys.refresh(ctx, client); err != nil {
 			logger.Warn("cannot fetch JWKS; JWTs from this issuer are rejected until it succeeds",
-				zap.String("issuer", j.Issuer), zap.String("jwks_url", j.JWKSURL), zap.Error(err))
+				zap.String("issuer", j.Issuer), zap.String("jwks_url", caddyopt.RedactURL(j.JWKSURL)), zap.Error(err))
 		}
 		j.keys.client = client
 		j.keys.shared.mu.Lock()
@@ -527,7 +529,7 @@ func (ks *keySet) startFetch(client *http.Client) <-chan struct{} {
 		ks.mu.Unlock()
 		close(done)
 		if err != nil && logger != nil {
-			logger.Warn("cannot refetch JWKS", zap.String("jwks_url", ks.url), zap.Error(err))
+			logger.Warn("cannot refetch JWKS", zap.String("jwks_url", caddyopt.RedactURL(ks.url)), zap.Error(err))
 		}
 	}()
 	return done
@@ -572,7 +574,7 @@ func (ks *keySet) fetch(ctx context.Context, client *http.Client) error {
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, ks.url, nil)
 	if err != nil {
-		return err
+		return caddyopt.URLError(err) // the URL may hold a password
 	}
 	resp, err := client.Do(req)
 	if err != nil {
@@ -580,7 +582,7 @@ func (ks *keySet) fetch(ctx context.Context, client *http.Client) error {
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("JWKS answered %s", resp.Status)
+		return fmt.Errorf("JWKS answered HTTP %d", resp.StatusCode) // the status's text is the server's
 	}
 	var set jose.JSONWebKeySet
 	if err := json.NewDecoder(http.MaxBytesReader(nil, resp.Body, 1<<20)).Decode(&set); err != nil {

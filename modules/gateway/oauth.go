@@ -72,12 +72,25 @@ var (
 // one, as golang.org/x/oauth2 takes it).
 func checkBearer(tok *oauth2.Token) error {
 	if tok.Type() != "Bearer" {
-		return fmt.Errorf("%w (token_type %q); the gateway's administrator must configure the provider to issue bearer tokens to toolgate", ErrTokenType, tok.TokenType)
+		return fmt.Errorf("%w (token_type %s); the gateway's administrator must configure the provider to issue bearer tokens to toolgate", ErrTokenType, tokenTypeName(tok.TokenType))
 	}
 	if !headerToken(tok.AccessToken) {
 		return fmt.Errorf("%w: its access token is empty, longer than %d bytes, or holds characters a header cannot carry", ErrTokenType, maxAccessToken)
 	}
 	return nil
+}
+
+// tokenTypeName names a token_type a provider gave for the log and the
+// caller's error: one of the types RFC 6749's registry and RFC 9449 know,
+// else none. The provider writes the member, so it can write anything
+// into it, the refresh token or the client secret it was sent included.
+func tokenTypeName(t string) string {
+	for _, known := range []string{"DPoP", "MAC", "N_A", "PoP"} {
+		if strings.EqualFold(t, known) {
+			return known
+		}
+	}
+	return "of another kind"
 }
 
 // maxAccessToken bounds an access token toolgate keeps and sends.

@@ -253,8 +253,9 @@ func redactIn(s, secret string) (string, bool) {
 func (h *Handler) redactCredential(call *gateway.Call, msg mcpmsg.Message) (mcpmsg.Message, error) {
 	out, changed, err := h.redacted(call, msg)
 	if changed {
+		// The method as redacted: the upstream's own may hold the secret.
 		h.logger.Warn("an upstream sent back the credential toolgate attached to the call; it is redacted",
-			zap.String("service", call.Service.ID), zap.String("user", call.Caller.User), zap.String("method", msg.Method))
+			zap.String("service", call.Service.ID), zap.String("user", call.Caller.User), zap.String("method", out.Method))
 	}
 	return out, err
 }
