@@ -545,9 +545,21 @@ func (l *Link) serverRequest(msg mcpmsg.Message) {
 	l.mu.Unlock()
 	if s == nil {
 		l.bridge.log().Info("refused a server request", zap.String("service", l.bridge.service),
-			zap.String("method", msg.Method), zap.String("reason", why))
+			zap.String("method", serverMethodName(msg.Method)), zap.String("reason", why))
 		l.sendLater(gateway.RPCError(msg.ID, gateway.CodeMethodNotFound, "toolgate cannot relay "+msg.Method+": "+why, nil))
 	}
+}
+
+// serverMethodName is a server request's method for the log: the method
+// when MCP defines it, else none of the server's text. The server has the
+// caller's credential (a program in its environment, a legacy SSE server
+// in its requests' headers), which the bridge never sees to redact.
+func serverMethodName(method string) string {
+	switch method {
+	case "sampling/createMessage", "elicitation/create", "roots/list", "ping":
+		return method
+	}
+	return "a method MCP does not define"
 }
 
 // routeLocked picks the session and stream for a server→client message.
