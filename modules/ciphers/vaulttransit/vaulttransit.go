@@ -719,6 +719,7 @@ func statusOf(err error) int {
 // messages as a precaution.
 func (c *Cipher) classify(o op, err error, secrets ...string) error {
 	path := c.pathOf(o)
+	secrets = c.secrets(secrets...)
 	if uerr := c.classifyTransport(o.name, err, secrets); uerr != nil {
 		return uerr
 	}
@@ -749,14 +750,15 @@ func (c *Cipher) classify(o op, err error, secrets ...string) error {
 
 // classifyAuth is classify for login and renewal requests.
 func (c *Cipher) classifyAuth(what, path string, err error) error {
-	if uerr := c.classifyTransport(what, err, []string{c.secretID, c.token}); uerr != nil {
+	secrets := c.secrets()
+	if uerr := c.classifyTransport(what, err, secrets); uerr != nil {
 		return uerr
 	}
 	var re *api.ResponseError
 	if !errors.As(err, &re) {
-		return fmt.Errorf("vault at %s: could not %s: %s", c.address, what, redact(err.Error(), []string{c.secretID, c.token}))
+		return fmt.Errorf("vault at %s: could not %s: %s", c.address, what, redact(err.Error(), secrets))
 	}
-	vaultMsg := redact(strings.Join(re.Errors, "; "), []string{c.secretID, c.token})
+	vaultMsg := redact(strings.Join(re.Errors, "; "), secrets)
 	switch re.StatusCode {
 	case http.StatusBadRequest, http.StatusForbidden:
 		if strings.HasPrefix(path, "auth/token/") {
@@ -805,6 +807,14 @@ func isTimeout(err error) bool {
 }
 
 // redact removes each non-empty secret from s.
+// secrets are what an error of Vault's must not repeat: the call's own
+// (plaintexts), the secret ID, the configured token, and the token the
+// client holds now (with AppRole, the one the last login gave, which a
+// proxy in front of Vault could quote).
+func (c *Cipher) secrets(call ...string) []string {
+	return append(call, c.secretID, c.token, c.client.Token())
+}
+
 func redact(s string, secrets []string) string {
 	for _, sec := range secrets {
 		if len(sec) >= 4 {
