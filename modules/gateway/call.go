@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/toolgate/toolgate/internal/mcpmsg"
@@ -96,6 +97,31 @@ type Credential struct {
 
 // String hides the value.
 func (c *Credential) String() string { return c.Header + ": [hidden]" }
+
+// Secret is the part of c that must never reach a runner or a log: the
+// token after the scheme of an Authorization-style value ("Bearer
+// <token>"), else the whole value; "" for none, or one shorter than
+// MinSecret (it would be found in ordinary text).
+func (c *Credential) Secret() string {
+	if c == nil {
+		return ""
+	}
+	v := c.Value
+	if scheme, token, ok := strings.Cut(v, " "); ok && scheme != "" && !strings.ContainsAny(scheme, "\"'") {
+		v = strings.TrimSpace(token)
+	}
+	if len(v) < MinSecret {
+		return ""
+	}
+	return v
+}
+
+// MinSecret is the length of the shortest Secret.
+const MinSecret = 8
+
+// CredentialRedaction stands for a call's credential wherever toolgate
+// removed it.
+const CredentialRedaction = "[REDACTED:credential]"
 
 // GrantName is c's Grant; "" for no credential at all.
 func (c *Credential) GrantName() string {

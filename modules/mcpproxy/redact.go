@@ -20,28 +20,11 @@ import (
 
 // credentialRedaction replaces the credential toolgate attached to a
 // call's upstream requests wherever the upstream writes it back.
-const credentialRedaction = "[REDACTED:credential]"
+const credentialRedaction = gateway.CredentialRedaction
 
-// minSecret is the shortest credential looked for in what an upstream
-// sends: shorter values would be found in ordinary text.
-const minSecret = 8
-
-// secretOf is the part of a credential that must never reach a runner:
-// the token after the scheme of an Authorization-style value ("Bearer
-// <token>"), else the whole value; "" when too short to look for.
-func secretOf(c *gateway.Credential) string {
-	if c == nil {
-		return ""
-	}
-	v := c.Value
-	if scheme, token, ok := strings.Cut(v, " "); ok && scheme != "" && !strings.ContainsAny(scheme, "\"'") {
-		v = strings.TrimSpace(token)
-	}
-	if len(v) < minSecret {
-		return ""
-	}
-	return v
-}
+// secretOf is the part of a credential that must never reach a runner
+// (gateway.Credential.Secret): "" when too short to look for.
+func secretOf(c *gateway.Credential) string { return c.Secret() }
 
 // escapedOtherwise reports whether JSON escapes a character of secret
 // with an escape other than \uXXXX and \/.

@@ -444,7 +444,8 @@ func TestLogInput(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c.newDecision(context.Background(), call, e.decide(context.Background(), input, time.Minute, "arguments"), stageRequest, nil, nil, input)
+	o := e.decide(context.Background(), input, time.Minute, "arguments")
+	c.newDecision(context.Background(), call, &o, stageRequest, nil, nil, input)
 	entries := logs.All()
 	if len(entries) != 1 {
 		t.Fatalf("%d audit entries", len(entries))
@@ -482,7 +483,7 @@ func TestAuditEntriesNameTheSessionByItsReference(t *testing.T) {
 		for _, s := range []*gateway.Session{benchSession, other} {
 			call := benchCall(t, benchTool, `{"ticket_id":"TEST-123"}`)
 			call.Session = s
-			c.newDecision(context.Background(), call, outcome{Action: gateway.ActionAllow}, stageRequest, nil, nil, nil)
+			c.newDecision(context.Background(), call, &outcome{Action: gateway.ActionAllow}, stageRequest, nil, nil, nil)
 			entries := logs.TakeAll()
 			if len(entries) != 1 {
 				t.Fatalf("%d audit entries", len(entries))

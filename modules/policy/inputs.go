@@ -50,7 +50,7 @@ func (h *RequestHandler) decideInputResponses(ctx context.Context, call *gateway
 		answer.Message.Params, answer.Message.Error, answer.Message.Arguments = nil, nil, nil
 		answer.Message.Name, answer.Message.URI = "", ""
 		o, input := h.decideStandIn(ctx, common, &answer, "an answer to "+method)
-		h.newDecision(ctx, &answer, o, stageRequest, answer.Message.Result, nil, input)
+		h.newDecision(ctx, &answer, &o, stageRequest, answer.Message.Result, nil, input)
 		if o.Action != gateway.ActionAllow {
 			if st.Withheld == nil {
 				st.Withheld = make(map[string]bool)
@@ -106,7 +106,7 @@ func (h *RequestHandler) decideRound(ctx context.Context, call *gateway.Call, in
 			}
 		}
 	}
-	h.newDecision(ctx, &round, o, stageRequest, argumentsOf(call), nil, input)
+	h.newDecision(ctx, &round, &o, stageRequest, argumentsOf(call), nil, input)
 	return o.refusal("approval required for the answers given during this call, which cannot wait for one: ")
 }
 

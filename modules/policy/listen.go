@@ -67,7 +67,7 @@ func (h *RequestHandler) decideSubscriptions(ctx context.Context, call *gateway.
 				so = so.deny(failMalformed, "the policy asks for another approval of this resource than of the rest of the subscriptions/listen; subscribe to it in a listen of its own")
 			}
 		}
-		h.newDecision(ctx, &sub, so, stageRequest, sub.Message.Params, nil, input)
+		h.newDecision(ctx, &sub, &so, stageRequest, sub.Message.Params, nil, input)
 		switch so.Action {
 		case gateway.ActionDeny:
 			return o.deny(so.Failure, "subscribing to "+strconv.Quote(uri)+" is denied: "+so.Reason)
@@ -98,6 +98,6 @@ func (h *RequestHandler) decideStream(ctx context.Context, call *gateway.Call, m
 	m.Method = method
 	m.Message = mcpmsg.Message{Kind: mcpmsg.Request, Method: method, Params: params, ID: []byte("0")}
 	o, input := h.decideStandIn(ctx, commonItems(&m), &m, method)
-	h.newDecision(ctx, &m, o, stageRequest, params, nil, input)
+	h.newDecision(ctx, &m, &o, stageRequest, params, nil, input)
 	return o.refusal("approval required, which a stream cannot wait for: ")
 }

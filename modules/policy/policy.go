@@ -237,14 +237,22 @@ const asyncDigestMin = 64 << 10
 
 // newDecision turns an outcome into the call's decision, counts it and
 // writes the audit entry. sum, when not nil, is subject's digest.
-func (c *Config) newDecision(ctx context.Context, call *gateway.Call, o outcome, stage string, subject []byte, sum func() [sha256.Size]byte, input ast.Value) *gateway.Decision {
+func (c *Config) newDecision(ctx context.Context, call *gateway.Call, o *outcome, stage string, subject []byte, sum func() [sha256.Size]byte, input ast.Value) *gateway.Decision {
 	return c.newDecisionWithID(ctx, gateway.NewID(), call, o, stage, subject, sum, input, "")
 }
 
 // newDecisionWithID is newDecision for a decision whose id was drawn
 // before (the result stage writes it into the result it returns), on the
 // result stage's channel ("" for the request stage).
-func (c *Config) newDecisionWithID(ctx context.Context, id string, call *gateway.Call, o outcome, stage string, subject []byte, sum func() [sha256.Size]byte, input ast.Value, channel string) *gateway.Decision {
+func (c *Config) newDecisionWithID(ctx context.Context, id string, call *gateway.Call, o *outcome, stage string, subject []byte, sum func() [sha256.Size]byte, input ast.Value, channel string) *gateway.Decision {
+	// The reason is the policy's text, which it may have made of the
+	// upstream's: joined from pieces, the credential the upstream wrote
+	// back split so that no search of its message found it is whole. It is
+	// taken out of o itself, whose reason the caller goes on to give the
+	// runner, an approval or a refusal.
+	if secret := call.Credential.Secret(); secret != "" && strings.Contains(o.Reason, secret) {
+		o.Reason = strings.ReplaceAll(o.Reason, secret, gateway.CredentialRedaction)
+	}
 	d := &gateway.Decision{ID: id, Action: o.Action, Reason: o.Reason}
 	policyMetrics.decided(stage, call.Service.ID, o.Action, o.Duration)
 	if c.app != nil {

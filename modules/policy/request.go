@@ -113,7 +113,7 @@ func (h *RequestHandler) ServeHTTP(w http.ResponseWriter, r *http.Request, next 
 	} else {
 		h.logger.Warn("cannot build the policy input", zap.String("service", call.Service.ID), zap.Error(err))
 	}
-	d := h.newDecision(r.Context(), call, o, stageRequest, call.Message.Arguments, nil, input)
+	d := h.newDecision(r.Context(), call, &o, stageRequest, call.Message.Arguments, nil, input)
 	call.Decision = d
 	endDecisionSpan(span, d, o)
 	if o.Arguments != nil && call.Method == "tools/call" && o.Action != gateway.ActionDeny {
@@ -268,7 +268,7 @@ func (h *RequestHandler) hideTools(ctx context.Context, call *gateway.Call, resu
 		if o.Action != gateway.ActionDeny {
 			return true
 		}
-		h.newDecision(ctx, call, o, stageListing, []byte(tool.Get("name").Raw), nil, input)
+		h.newDecision(ctx, call, &o, stageListing, []byte(tool.Get("name").Raw), nil, input)
 		return false
 	})), nil
 }

@@ -153,7 +153,7 @@ func (h *ResultHandler) evaluate(ctx context.Context, call *gateway.Call, s subj
 			v.o = v.o.deny(failMalformed, err.Error())
 		}
 	}
-	v.d = h.newDecisionWithID(ctx, id, audited, v.o, stageResult, payload, sum, v.input, s.channel)
+	v.d = h.newDecisionWithID(ctx, id, audited, &v.o, stageResult, payload, sum, v.input, s.channel)
 	endDecisionSpan(span, v.d, v.o)
 	return v
 }
