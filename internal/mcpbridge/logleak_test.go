@@ -2,8 +2,6 @@ package mcpbridge
 
 import (
 	"context"
-	"fmt"
-	"strings"
 	"testing"
 	"time"
 
@@ -12,6 +10,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
 
+	"github.com/toolgate/toolgate/internal/logtest"
 	"github.com/toolgate/toolgate/internal/mcpmsg"
 )
 
@@ -79,19 +78,10 @@ func TestRefusedServerRequestLogsNoMethodOfTheServers(t *testing.T) {
 			}
 		}
 	}
-	refused := 0
-	for _, e := range logs.All() {
-		line := e.Message
-		for k, v := range e.ContextMap() {
-			line += " " + k + "=" + fmt.Sprint(v)
-		}
-		if strings.Contains(line, secret) {
-			t.Errorf("the log holds what the server wrote into a method: %s", line)
-		}
-		if e.Message == "refused a server request" {
-			refused++
-		}
+	for _, line := range logtest.Leaked(t, logs, secret) {
+		t.Errorf("the log holds what the server wrote into a method: %s", line)
 	}
+	refused := len(logs.FilterMessage("refused a server request").All())
 	if refused != 2 {
 		t.Errorf("%d refusals logged, want 2: %v", refused, logs.All())
 	}

@@ -18,6 +18,8 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/toolgate/toolgate/internal/logtest"
 )
 
 const (
@@ -31,29 +33,6 @@ const (
 func leakLogger() (*zap.Logger, *observer.ObservedLogs) {
 	core, logs := observer.New(zapcore.DebugLevel)
 	return zap.New(core), logs
-}
-
-// leakedLines is every log line (encoded as the JSON encoder writes it)
-// holding one of secrets.
-func leakedLines(t *testing.T, logs *observer.ObservedLogs, secrets ...string) []string {
-	t.Helper()
-	var out []string
-	enc := zapcore.NewJSONEncoder(zap.NewProductionEncoderConfig())
-	for _, e := range logs.All() {
-		buf, err := enc.EncodeEntry(e.Entry, e.Context)
-		if err != nil {
-			t.Fatal(err)
-		}
-		line := buf.String()
-		buf.Free()
-		for _, s := range secrets {
-			if strings.Contains(line, s) || strings.Contains(e.Message, s) {
-				out = append(out, strings.TrimSpace(line))
-				break
-			}
-		}
-	}
-	return out
 }
 
 // reflectingProvider is a token endpoint that answers status with body,
@@ -113,7 +92,7 @@ func TestLogLeakAttackRefreshTokenTypeReflected(t *testing.T) {
 	if err == nil {
 		t.Fatal("control: the refresh with a token_type other than Bearer succeeded")
 	}
-	if leaked := leakedLines(t, logs, leakRefreshToken, leakClientSecret); len(leaked) > 0 {
+	if leaked := logtest.Leaked(t, logs, leakRefreshToken, leakClientSecret); len(leaked) > 0 {
 		t.Errorf("the log holds the refresh token or the client secret the provider wrote back:\n%s", strings.Join(leaked, "\n"))
 	}
 }
@@ -140,7 +119,7 @@ func TestLogLeakAttackCodeExchangeTokenTypeReflected(t *testing.T) {
 	if _, err := a.CompleteAuthorization(ctx, svc, u.Query().Get("state"), leakCode, browser); err == nil {
 		t.Fatal("control: the code exchange with a token_type other than Bearer connected")
 	}
-	if leaked := leakedLines(t, logs, leakCode, leakClientSecret); len(leaked) > 0 {
+	if leaked := logtest.Leaked(t, logs, leakCode, leakClientSecret); len(leaked) > 0 {
 		t.Errorf("the log holds the authorization code or the client secret the provider wrote back:\n%s", strings.Join(leaked, "\n"))
 	}
 }
@@ -176,7 +155,7 @@ func TestLogLeakHoldsProviderErrorBodies(t *testing.T) {
 			if _, err := a.CompleteAuthorization(ctx, svc, u.Query().Get("state"), leakCode, browser); err == nil {
 				t.Fatal("control: the code exchange succeeded")
 			}
-			if leaked := leakedLines(t, logs, leakRefreshToken, leakClientSecret, leakCode); len(leaked) > 0 {
+			if leaked := logtest.Leaked(t, logs, leakRefreshToken, leakClientSecret, leakCode); len(leaked) > 0 {
 				t.Errorf("HTTP %d, error %q: the log holds a secret:\n%s", status, code, strings.Join(leaked, "\n"))
 			}
 		}
@@ -196,7 +175,7 @@ func TestLogLeakHoldsRevocationErrorBody(t *testing.T) {
 	if err := a.Disconnect(context.Background(), svc, "alice"); err == nil {
 		t.Fatal("control: the revocation was confirmed")
 	}
-	if leaked := leakedLines(t, logs, leakRefreshToken, leakClientSecret); len(leaked) > 0 {
+	if leaked := logtest.Leaked(t, logs, leakRefreshToken, leakClientSecret); len(leaked) > 0 {
 		t.Errorf("the log holds a secret:\n%s", strings.Join(leaked, "\n"))
 	}
 }
@@ -233,7 +212,7 @@ func TestLogLeakAttackJWKSURLPasswordLogged(t *testing.T) {
 	if n := srv.fetches.Load(); n != 2 || len(logs.All()) != 2 {
 		t.Fatalf("control: %d fetches and %d log lines, want 2 of each", n, len(logs.All()))
 	}
-	if leaked := leakedLines(t, logs, leakJWKSPassword); len(leaked) > 0 {
+	if leaked := logtest.Leaked(t, logs, leakJWKSPassword); len(leaked) > 0 {
 		t.Errorf("the log holds the password of jwks_url:\n%s", strings.Join(leaked, "\n"))
 	}
 }

@@ -16,6 +16,7 @@ import (
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
 
+	"github.com/toolgate/toolgate/internal/logtest"
 	"github.com/toolgate/toolgate/internal/mcpmsg"
 	"github.com/toolgate/toolgate/modules/gateway"
 )
@@ -45,25 +46,6 @@ func leakRead(h *Handler, call *gateway.Call, body string) (mcpmsg.Message, erro
 	return rs.next()
 }
 
-// leakedIn reports every log line (message or field, encoded as the JSON
-// encoder would write it) that holds secret.
-func leakedIn(t *testing.T, logs *observer.ObservedLogs, secret string) []string {
-	t.Helper()
-	var out []string
-	enc := zapcore.NewJSONEncoder(zap.NewProductionEncoderConfig())
-	for _, e := range logs.All() {
-		buf, err := enc.EncodeEntry(e.Entry, e.Context)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if line := buf.String(); strings.Contains(line, secret) || strings.Contains(e.Message, secret) {
-			out = append(out, strings.TrimSpace(line))
-		}
-		buf.Free()
-	}
-	return out
-}
-
 // Attack (fixed): the upstream sends a notification (or a server→client request)
 // whose method holds the credential toolgate sent it:
 // {"method":"notifications/<token>"}. redactCredential redacts it from
@@ -85,7 +67,7 @@ func TestLogLeakAttackRedactionLogQuotesTheUpstreamMethod(t *testing.T) {
 		if strings.Contains(string(msg.Raw), leakSecret) || strings.Contains(msg.Method, leakSecret) {
 			t.Fatalf("control: the runner's message holds the credential: %s", msg.Raw)
 		}
-		if leaked := leakedIn(t, logs, leakSecret); len(leaked) > 0 {
+		if leaked := logtest.Leaked(t, logs, leakSecret); len(leaked) > 0 {
 			t.Errorf("the log holds the credential the upstream wrote back in a method name:\n%s", strings.Join(leaked, "\n"))
 		}
 	}
@@ -117,7 +99,7 @@ func TestLogLeakHoldsReflectedCredentialInAnswers(t *testing.T) {
 		if err != nil && strings.Contains(err.Error(), leakSecret) {
 			t.Errorf("the error (the runner's message, and the relay's log) holds the credential: %v", err)
 		}
-		if leaked := leakedIn(t, logs, leakSecret); len(leaked) > 0 {
+		if leaked := logtest.Leaked(t, logs, leakSecret); len(leaked) > 0 {
 			t.Errorf("%s:\nthe log holds the credential:\n%s", body, strings.Join(leaked, "\n"))
 		}
 	}
@@ -135,7 +117,7 @@ func TestLogLeakHoldsRejectedAnswer(t *testing.T) {
 	if !ok || strings.Contains(string(msg.Raw), leakSecret) {
 		t.Fatalf("control: %v %s", ok, msg.Raw)
 	}
-	if leaked := leakedIn(t, logs, leakSecret); len(leaked) > 0 {
+	if leaked := logtest.Leaked(t, logs, leakSecret); len(leaked) > 0 {
 		t.Errorf("the log holds the credential:\n%s", strings.Join(leaked, "\n"))
 	}
 }
@@ -179,7 +161,7 @@ func TestLogLeakHoldsHooksSeeTheRedactedMessage(t *testing.T) {
 			t.Errorf("a hook (the audit entry's payload) was given the credential: %s", s)
 		}
 	}
-	if leaked := leakedIn(t, logs, leakSecret); len(leaked) > 0 {
+	if leaked := logtest.Leaked(t, logs, leakSecret); len(leaked) > 0 {
 		t.Errorf("the log holds the credential:\n%s", strings.Join(leaked, "\n"))
 	}
 }
