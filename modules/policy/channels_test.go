@@ -80,6 +80,13 @@ func channelHandler(t *testing.T) (*ResultHandler, *observer.ObservedLogs) {
 // (package toolgate.result).
 func ruleHandler(t *testing.T, rules string) *ResultHandler {
 	t.Helper()
+	h, _ := observedRuleHandler(t, rules)
+	return h
+}
+
+// observedRuleHandler is ruleHandler with its audit entries observed.
+func observedRuleHandler(t *testing.T, rules string) (*ResultHandler, *observer.ObservedLogs) {
+	t.Helper()
 	dir := t.TempDir()
 	if err := os.WriteFile(filepath.Join(dir, "result.rego"), []byte("package toolgate.result\n\n"+rules+"\n"), 0o644); err != nil {
 		t.Fatal(err)
@@ -89,7 +96,8 @@ func ruleHandler(t *testing.T, rules string) *ResultHandler {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = e.Destruct() })
-	return &ResultHandler{Config{Timeout: caddy.Duration(10 * time.Second), engine: e, audit: zap.NewNop(), logger: zap.NewNop()}}
+	core, logs := observer.New(zap.InfoLevel)
+	return &ResultHandler{Config{Timeout: caddy.Duration(10 * time.Second), engine: e, audit: zap.New(core), logger: zap.NewNop()}}, logs
 }
 
 // messageCall is a runner request of method with params.

@@ -2,15 +2,8 @@ package policy
 
 import (
 	"context"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
-	"time"
-
-	"github.com/caddyserver/caddy/v2"
-	"go.uber.org/zap"
-	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/toolgate/toolgate/modules/gateway"
 )
@@ -23,21 +16,7 @@ import (
 // log, the console's activity record and the runner get, never holds it.
 func TestReasonHoldsNoCredential(t *testing.T) {
 	const secret = "ghp_ReasonJoinedFromTheUpstreamsPieces"
-	dir := t.TempDir()
-	rules := `package toolgate.result
-
-decision := {"action": "deny", "reason": concat("", ["quoting the upstream: ", input.result.a, input.result.b])}
-`
-	if err := os.WriteFile(filepath.Join(dir, "result.rego"), []byte(rules), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	e, err := newEngine(newSource(dir), "data.toolgate.result.decision", stageResult, evaluatorPlan, 0, zap.NewNop(), policyMetrics)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = e.Destruct() })
-	core, logs := observer.New(zap.InfoLevel)
-	h := &ResultHandler{Config{Timeout: caddy.Duration(10 * time.Second), engine: e, audit: zap.New(core), logger: zap.NewNop()}}
+	h, logs := observedRuleHandler(t, `decision := {"action": "deny", "reason": concat("", ["quoting the upstream: ", input.result.a, input.result.b])}`)
 	for _, value := range []string{"Bearer " + secret, secret} {
 		call := benchCall(t, benchTool, `{"ticket_id":"TEST-123"}`)
 		call.Credential = &gateway.Credential{Header: "Authorization", Value: value}
