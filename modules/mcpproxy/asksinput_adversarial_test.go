@@ -160,8 +160,9 @@ func TestAsksInputHoldsStatelessEscapesReachMessagePolicy(t *testing.T) {
 // case ({"InputRequests":{…}}). askTranslated read them with gjson's exact
 // key, found none, and sent the call again with no responses, up to
 // maxTranslatedRounds times, running the upstream's tool each time.
-// Fixed: askTranslated refuses at once an answer whose input requests
-// toolgate cannot inspect as the runner reads them
+// An input request whose params are spelled Params was sent to the
+// runner without them. Fixed: askTranslated refuses at once an answer
+// whose input requests toolgate cannot inspect as the runner reads them
 // (mcp2026.InputRequestsProblem), as the stateless path does.
 func TestAsksInputAttackTranslatedVariantKeyRefusedAtOnce(t *testing.T) {
 	ms := aliceSession(t)
@@ -169,8 +170,15 @@ func TestAsksInputAttackTranslatedVariantKeyRefusedAtOnce(t *testing.T) {
 	seen := 0
 	call := parCall(false, &seen)
 	call.MCPSession = ms
-	for _, key := range []string{"InputRequests", "inputrequests", "inputRequeſts"} {
-		msg := parUpstream(t, h, call, `{"jsonrpc":"2.0","id":1,"result":{"resultType":"input_required","`+key+`":{"s1":{"method":"roots/list"}}}}`)
+	for key, requests := range map[string]string{
+		"InputRequests": `"InputRequests":{"s1":{"method":"roots/list"}}`,
+		"inputrequests": `"inputrequests":{"s1":{"method":"roots/list"}}`,
+		"inputRequeſts": `"inputRequeſts":{"s1":{"method":"roots/list"}}`,
+		// Its params under Params: sent without them, where the
+		// stateless path refuses the answer.
+		"Params": `"inputRequests":{"s1":{"method":"sampling/createMessage","Params":{"messages":[],"maxTokens":5}}}`,
+	} {
+		msg := parUpstream(t, h, call, `{"jsonrpc":"2.0","id":1,"result":{"resultType":"input_required",`+requests+`}}`)
 		w := httptest.NewRecorder()
 		out := newSSEWriter(w)
 		if responses, ok := h.askTranslated(context.Background(), w, call, msg.Result, out); ok {
