@@ -15,7 +15,9 @@ import (
 
 // approvalView is an approval as the API shows it: the arguments (and a
 // withheld result) masked by the policy's data.toolgate.log.mask, never
-// raw.
+// raw — and not their digest either, which an approver could match
+// against guesses of a masked value (a PIN, a short password) to unmask
+// it. The digest stays in the record and the audit log.
 type approvalView struct {
 	ID                  string          `json:"id"`
 	URL                 string          `json:"url"`
@@ -26,7 +28,6 @@ type approvalView struct {
 	Method              string          `json:"method"`
 	Tool                string          `json:"tool,omitempty"`
 	Arguments           json.RawMessage `json:"arguments,omitempty"`
-	ArgumentsSHA256     string          `json:"arguments_sha256"`
 	Result              json.RawMessage `json:"result,omitempty"`
 	Reason              string          `json:"reason,omitempty"`
 	DecisionID          string          `json:"decision_id"`
@@ -47,7 +48,7 @@ type approvalView struct {
 
 func viewApproval(a *approval.Approval, caller *gateway.Caller, base string, c *approval.Contents) approvalView {
 	v := approvalView{ID: a.ID, URL: approval.URL(base, a), State: a.Status(), Stage: a.Stage, Requester: a.Requester,
-		Service: a.Service, Method: a.Method, Tool: a.Tool, ArgumentsSHA256: a.ArgumentsSHA256, Reason: a.Reason,
+		Service: a.Service, Method: a.Method, Tool: a.Tool, Reason: a.Reason,
 		DecisionID: a.DecisionID, Revision: a.Revision, Approvers: a.Approvers, ApproverGroups: a.ApproverGroups,
 		RequesterMayApprove: a.RequesterMayApprove, Scopes: a.Scopes, CreatedAt: a.CreatedAt, ExpiresAt: a.ExpiresAt,
 		Scope: a.Scope, DecidedBy: a.DecidedBy, DecidedAt: a.DecidedAt, Note: a.Note, ConsumedAt: a.ConsumedAt,
