@@ -3,6 +3,7 @@ package gateway
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
 	"errors"
 	"net/http"
 	"strings"
@@ -98,22 +99,68 @@ type Credential struct {
 // String hides the value.
 func (c *Credential) String() string { return c.Header + ": [hidden]" }
 
-// Secret is the part of c that must never reach a runner or a log: the
-// token after the scheme of an Authorization-style value ("Bearer
-// <token>"), else the whole value; "" for none, or one shorter than
-// MinSecret (it would be found in ordinary text).
+// Secret is the part of c that must never reach a runner or a log, as
+// one string: the token after the scheme of an Authorization or
+// Proxy-Authorization value ("Bearer <token>"), else the first of
+// EachSecret's pieces; "" when there is none, or none of MinSecret bytes
+// (it would be found in ordinary text).
 func (c *Credential) Secret() string {
+	s := ""
+	c.EachSecret(func(v string) bool { s = v; return false })
+	return s
+}
+
+// EachSecret calls f with each part of c that an upstream may quote on
+// its own and that must never reach a runner or a log, until f returns
+// false: for an Authorization or Proxy-Authorization value, the token
+// after its scheme and, for HTTP Basic, the password it encodes (a server
+// quoting the credentials it refused decodes them); for any other header,
+// each piece of a value of several (cookies, words: split at ';', ','
+// and blanks), a cookie's value without its name. Pieces shorter than
+// MinSecret are left out.
+func (c *Credential) EachSecret(f func(string) bool) {
 	if c == nil {
-		return ""
+		return
 	}
-	v := c.Value
-	if scheme, token, ok := strings.Cut(v, " "); ok && scheme != "" && !strings.ContainsAny(scheme, "\"'") {
-		v = strings.TrimSpace(token)
+	v := strings.TrimSpace(c.Value)
+	if strings.EqualFold(c.Header, "Authorization") || strings.EqualFold(c.Header, "Proxy-Authorization") {
+		scheme, token, ok := strings.Cut(v, " ")
+		if !ok || scheme == "" || strings.ContainsAny(scheme, "\"'") {
+			token = v
+		}
+		token = strings.TrimSpace(token)
+		if len(token) < MinSecret || !f(token) {
+			return
+		}
+		if strings.EqualFold(scheme, "Basic") {
+			if pw := basicPassword(token); len(pw) >= MinSecret {
+				f(pw)
+			}
+		}
+		return
 	}
-	if len(v) < MinSecret {
-		return ""
+	for piece := range strings.FieldsFuncSeq(v, func(r rune) bool { return r == ';' || r == ',' || r == ' ' || r == '\t' }) {
+		if _, value, ok := strings.Cut(piece, "="); ok && len(value) >= MinSecret {
+			piece = value
+		}
+		if len(piece) >= MinSecret && !f(piece) {
+			return
+		}
 	}
-	return v
+}
+
+// basicPassword is the password of an HTTP Basic token (base64 of
+// user:password, padded or not); "" when it is not one.
+func basicPassword(token string) string {
+	for _, enc := range []*base64.Encoding{base64.StdEncoding, base64.RawStdEncoding} {
+		if b, err := enc.DecodeString(token); err == nil {
+			if _, pw, ok := strings.Cut(string(b), ":"); ok {
+				return pw
+			}
+			return ""
+		}
+	}
+	return ""
 }
 
 // MinSecret is the length of the shortest Secret.

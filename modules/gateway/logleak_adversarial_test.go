@@ -7,10 +7,12 @@ package gateway
 
 import (
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -214,5 +216,49 @@ func TestLogLeakAttackJWKSURLPasswordLogged(t *testing.T) {
 	}
 	if leaked := logtest.Leaked(t, logs, leakJWKSPassword); len(leaked) > 0 {
 		t.Errorf("the log holds the password of jwks_url:\n%s", strings.Join(leaked, "\n"))
+	}
+}
+
+// EachSecret gives every part of a credential an upstream may quote on
+// its own: the token after an Authorization scheme and the password a
+// Basic one encodes, and each piece of another header's value (a
+// cookie's value without its name), none shorter than MinSecret.
+func TestEachSecret(t *testing.T) {
+	basic := func(pair string) string { return "Basic " + base64.StdEncoding.EncodeToString([]byte(pair)) }
+	for _, c := range []struct {
+		header, value string
+		want          []string
+	}{
+		{"Authorization", "Bearer gho_16C7e42F292c6912E7710c838347Ae178B4a", []string{"gho_16C7e42F292c6912E7710c838347Ae178B4a"}},
+		{"authorization", "  Bearer   gho_16C7e42F292c6912  ", []string{"gho_16C7e42F292c6912"}},
+		{"Authorization", basic("robot:s3cr3t-pw!"), []string{base64.StdEncoding.EncodeToString([]byte("robot:s3cr3t-pw!")), "s3cr3t-pw!"}},
+		{"Authorization", basic("robot:short"), []string{base64.StdEncoding.EncodeToString([]byte("robot:short"))}},
+		{"Authorization", "Basic not-base64-at-all", []string{"not-base64-at-all"}},
+		{"Proxy-Authorization", "Bearer proxy-token-123", []string{"proxy-token-123"}},
+		{"Authorization", "\"quoted\" value-12345", []string{"\"quoted\" value-12345"}},
+		{"Authorization", "Bearer short", nil},
+		{"X-Api-Key", "tgcred-9Kp4Vx2Qm7Ws3Zn8Lr5T", []string{"tgcred-9Kp4Vx2Qm7Ws3Zn8Lr5T"}},
+		{"X-Api-Key", "tgcred-9Kp4Vx2Qm7 v2", []string{"tgcred-9Kp4Vx2Qm7"}},
+		{"X-Api-Key", "Token tgcred-9Kp4Vx2Qm7", []string{"tgcred-9Kp4Vx2Qm7"}},
+		{"Cookie", "sid=0123456789abcdef; lang=en; theme=dark-high-contrast", []string{"0123456789abcdef", "dark-high-contrast"}},
+		{"Cookie", "sid=short; session=whole-piece", []string{"sid=short", "whole-piece"}},
+		{"X-Key", "abc", nil},
+	} {
+		var got []string
+		(&Credential{Header: c.header, Value: c.value}).EachSecret(func(s string) bool { got = append(got, s); return true })
+		if !slices.Equal(got, c.want) {
+			t.Errorf("%s: %q: secrets %q, want %q", c.header, c.value, got, c.want)
+		}
+		first := ""
+		if len(c.want) > 0 {
+			first = c.want[0]
+		}
+		if s := (&Credential{Header: c.header, Value: c.value}).Secret(); s != first {
+			t.Errorf("%s: %q: Secret %q, want %q", c.header, c.value, s, first)
+		}
+	}
+	var none *Credential
+	if none.Secret() != "" {
+		t.Error("no credential has a secret")
 	}
 }

@@ -244,12 +244,22 @@ func (h *Handler) redactCredential(call *gateway.Call, msg mcpmsg.Message) (mcpm
 }
 
 // redacted is redactCredential without its log line, and whether it
-// changed msg.
+// changed msg: each of the credential's secrets (gateway.Credential.
+// EachSecret) redacted in turn.
 func (h *Handler) redacted(call *gateway.Call, msg mcpmsg.Message) (mcpmsg.Message, bool, error) {
-	secret := secretOf(call.Credential)
-	if secret == "" {
-		return msg, false, nil
-	}
+	changed := false
+	var err error
+	call.Credential.EachSecret(func(secret string) bool {
+		var ch bool
+		msg, ch, err = h.redactedSecret(secret, msg)
+		changed = changed || ch
+		return err == nil
+	})
+	return msg, changed, err
+}
+
+// redactedSecret is redacted for one secret.
+func (h *Handler) redactedSecret(secret string, msg mcpmsg.Message) (mcpmsg.Message, bool, error) {
 	needles := needlesOf(secret)
 	if err := acrossTextItems(msg, secret, needles.pieces.whole); err != nil {
 		return msg, false, err

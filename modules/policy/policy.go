@@ -250,9 +250,12 @@ func (c *Config) newDecisionWithID(ctx context.Context, id string, call *gateway
 	// back split so that no search of its message found it is whole. It is
 	// taken out of o itself, whose reason the caller goes on to give the
 	// runner, an approval or a refusal.
-	if secret := call.Credential.Secret(); secret != "" && strings.Contains(o.Reason, secret) {
-		o.Reason = strings.ReplaceAll(o.Reason, secret, gateway.CredentialRedaction)
-	}
+	call.Credential.EachSecret(func(secret string) bool {
+		if strings.Contains(o.Reason, secret) {
+			o.Reason = strings.ReplaceAll(o.Reason, secret, gateway.CredentialRedaction)
+		}
+		return true
+	})
 	d := &gateway.Decision{ID: id, Action: o.Action, Reason: o.Reason}
 	policyMetrics.decided(stage, call.Service.ID, o.Action, o.Duration)
 	if c.app != nil {
