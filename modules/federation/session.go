@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/tidwall/gjson"
+	"go.uber.org/zap"
 
 	"github.com/toolgate/toolgate/internal/mcpmsg"
 	"github.com/toolgate/toolgate/internal/mcpstate"
@@ -56,7 +57,7 @@ func (x *exchange) initialize() {
 				map[string]any{"limit": limit.Option, "max": limit.Limit})
 			return
 		}
-		gateway.WriteRPCError(x.w, http.StatusOK, x.msg.ID, gateway.CodeUnavailable, err.Error(), gateway.Retryable)
+		gateway.WriteRPCError(x.w, http.StatusOK, x.msg.ID, gateway.CodeUnavailable, x.h.runnerText(err), gateway.Retryable)
 		return
 	}
 	_ = ms.CatalogListed(ctx, nil) // a federated session lists no upstream of its own
@@ -66,7 +67,7 @@ func (x *exchange) initialize() {
 			gateway.WriteRPCError(x.w, http.StatusNotFound, x.msg.ID, gateway.CodeSessionNotFound, "the MCP session was ended: initialize a new one", nil)
 			return
 		}
-		gateway.WriteRPCError(x.w, http.StatusOK, x.msg.ID, gateway.CodeUnavailable, err.Error(), gateway.Retryable)
+		gateway.WriteRPCError(x.w, http.StatusOK, x.msg.ID, gateway.CodeUnavailable, x.h.runnerText(err), gateway.Retryable)
 		return
 	}
 	remember(ms, replay)
@@ -111,8 +112,17 @@ func (a *answer) response(service string) (mcpmsg.Message, *gap) {
 }
 
 func unreachable(service string, err error) *gap {
-	return &gap{Service: service, Code: gateway.CodeUnavailable, Message: "the service could not be reached: " + err.Error(),
+	return &gap{Service: service, Code: gateway.CodeUnavailable, Message: "the service could not be reached: " + gateway.RunnerText(err),
 		Data: gateway.Retryable}
+}
+
+// runnerText is gateway.RunnerText of err, a storage failure's own words
+// logged.
+func (h *Handler) runnerText(err error) string {
+	if errors.Is(err, gateway.ErrStorageUnavailable) {
+		h.logger.Warn("storage unavailable", zap.Error(err))
+	}
+	return gateway.RunnerText(err)
 }
 
 // childSession returns the federated session's MCP session with svc: the
@@ -217,7 +227,7 @@ func (x *exchange) end() {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(x.r.Context()), 30*time.Second)
 	defer cancel()
 	if _, _, err := x.h.app.MCPSessions().End(ctx, x.call.MCPSession); err != nil {
-		gateway.WriteRPCError(x.w, http.StatusServiceUnavailable, nil, gateway.CodeUnavailable, err.Error(), gateway.Retryable)
+		gateway.WriteRPCError(x.w, http.StatusServiceUnavailable, nil, gateway.CodeUnavailable, x.h.runnerText(err), gateway.Retryable)
 		return
 	}
 	x.w.WriteHeader(http.StatusNoContent)

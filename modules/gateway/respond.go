@@ -3,6 +3,7 @@ package gateway
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"strconv"
@@ -142,6 +143,20 @@ func WriteRPC(w http.ResponseWriter, status int, msg ...[]byte) {
 	for _, p := range msg {
 		_, _ = w.Write(p)
 	}
+}
+
+// StorageUnavailableText is what a runner is told when toolgate's storage
+// fails: the storage's own words (its host, its user, the keys it was
+// asked for) stay in the log.
+const StorageUnavailableText = "toolgate's storage is unavailable; retry later"
+
+// RunnerText is err as a runner may read it: a storage failure as
+// StorageUnavailableText, anything else as its text.
+func RunnerText(err error) string {
+	if errors.Is(err, ErrStorageUnavailable) {
+		return StorageUnavailableText
+	}
+	return err.Error()
 }
 
 // WriteRPCError writes a JSON-RPC error response with an HTTP status.

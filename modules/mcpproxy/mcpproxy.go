@@ -679,7 +679,7 @@ func (h *Handler) answerError(w http.ResponseWriter, r *http.Request, call *gate
 		ue = &upstreamError{kind: kindClosed}
 	case errors.Is(err, gateway.ErrStorageUnavailable):
 		h.logger.Warn("storage unavailable", zap.String("service", call.Service.ID), zap.Error(err))
-		ue = unavailable("toolgate's storage is unavailable; retry later")
+		ue = unavailable("%s", gateway.StorageUnavailableText)
 	case !errors.As(err, &ue):
 		ue = unavailable("%v", err)
 	}
