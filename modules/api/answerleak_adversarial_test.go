@@ -108,3 +108,35 @@ func TestAnswerLeakHoldsApprovalViewShowsMaskedContentsOnly(t *testing.T) {
 		t.Errorf("a listing's entry holds the arguments: %s", raw)
 	}
 }
+
+// Attack (fixed): a result the result policy withheld for review, read by
+// its requester through GET /v1/approvals/{id} before anyone decided: the
+// requester is the runner's user, and the runner holds the same key, so
+// the runner read what was withheld from it (masked, but whole but for
+// the mask). Fixed: the withheld result is shown to those who may decide
+// it only.
+func TestAnswerLeakAttackRequesterReadsTheWithheldResult(t *testing.T) {
+	const text = "the quarterly numbers before their release"
+	a, c := answerLeakApproval(`{"report":"q3"}`, `{"report":"q3"}`)
+	a.Stage = approval.StageResult
+	c.Result = json.RawMessage(`{"content":[{"type":"text","text":"` + text + `"}]}`)
+	c.MaskedResult = c.Result
+	alice := &gateway.Caller{User: "alice@example.com"}
+	if !a.Visible(alice) || a.MayDecide(alice) {
+		t.Fatal("control: alice is the requester, not an approver")
+	}
+	raw, err := json.Marshal(viewApproval(a, alice, "https://gateway.example.com", c))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(raw), text) {
+		t.Errorf("the requester (and the runner with her key) reads the withheld result: %s", raw)
+	}
+	if _, _, raw := answerLeakGet(t, a, c); !strings.Contains(string(raw), text) {
+		t.Errorf("control: the approver does not see the result to review: %s", raw)
+	}
+	a.RequesterMayApprove = true
+	if raw, _ := json.Marshal(viewApproval(a, alice, "https://gateway.example.com", c)); !strings.Contains(string(raw), text) {
+		t.Errorf("a requester who may approve does not see the result: %s", raw)
+	}
+}

@@ -54,7 +54,14 @@ func viewApproval(a *approval.Approval, caller *gateway.Caller, base string, c *
 		Scope: a.Scope, DecidedBy: a.DecidedBy, DecidedAt: a.DecidedAt, Note: a.Note, ConsumedAt: a.ConsumedAt,
 		MayDecide: a.Status() == approval.StatePending && a.MayDecide(caller)}
 	if c != nil {
-		v.Arguments, v.Result = c.Masked, c.MaskedResult
+		v.Arguments = c.Masked
+		if a.MayDecide(caller) {
+			// A withheld result is for those who review it: its
+			// requester is the runner's user, whose key the runner holds,
+			// so showing it to them would hand the runner what the
+			// policy withheld from it.
+			v.Result = c.MaskedResult
+		}
 	}
 	return v
 }

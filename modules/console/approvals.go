@@ -84,7 +84,10 @@ func (h *Handler) showApproval(w http.ResponseWriter, r *http.Request, s *webses
 			n = problem("toolgate cannot decrypt this approval's arguments right now (its cipher is unavailable).", "Try again in a moment; decide only once you can see what you approve.")
 			data.MayDecide = false
 		} else {
-			data.Arguments, data.Result = indent(c.Masked), indent(c.MaskedResult)
+			data.Arguments = indent(c.Masked)
+			if a.MayDecide(s.Caller()) { // a withheld result is for its reviewers (see toolgate_api)
+				data.Result = indent(c.MaskedResult)
+			}
 		}
 	}
 	v := h.page(s, "Approval", "approvals", data)
