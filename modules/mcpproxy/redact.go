@@ -66,13 +66,8 @@ func decodedHolds(raw []byte, secret string, escapes, pieceFound bool) bool {
 	return mcpmsg.ContainsString(raw, secret)
 }
 
-// mayBreak reports whether raw may hold a character that ignorable
-// reports, as it is or escaped (\uXXXX, or a surrogate pair of them).
-func mayBreak(raw []byte) bool {
-	return wideBreak(raw) || escapedBreak(raw)
-}
-
-// wideBreak is mayBreak for the characters raw holds as they are.
+// wideBreak reports whether raw may hold a character that ignorable
+// reports as it is.
 func wideBreak(raw []byte) bool {
 	for i := nextNonASCII(raw); i < len(raw); {
 		r, n := utf8.DecodeRune(raw[i:])
@@ -85,7 +80,8 @@ func wideBreak(raw []byte) bool {
 	return false
 }
 
-// escapedBreak is mayBreak for the characters raw holds escaped.
+// escapedBreak is wideBreak for the characters raw holds escaped
+// (\uXXXX, or a surrogate pair of them).
 func escapedBreak(raw []byte) bool {
 	for i := 0; ; {
 		j := bytes.IndexByte(raw[i:], '\\')
@@ -468,13 +464,9 @@ func (p base64Pieces) inString(s string) bool {
 	return false
 }
 
-// inStrings is in for the strings of the JSON text raw, decoded (an escape
-// can hide a character of the base64).
-func (p base64Pieces) inStrings(raw []byte) bool {
-	return hidingEscapes(raw) && p.inEscapedStrings(raw)
-}
-
-// inEscapedStrings is inStrings for a raw that has \u or \/ escapes.
+// inEscapedStrings is in for the strings of the JSON text raw, which has
+// \u or \/ escapes, decoded (an escape can hide a character of the
+// base64).
 func (p base64Pieces) inEscapedStrings(raw []byte) bool {
 	found := false
 	mcpmsg.ReplaceStrings(raw, func(s string) (string, bool) {

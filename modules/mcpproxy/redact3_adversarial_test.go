@@ -563,3 +563,13 @@ func TestRedaction3Base64AcrossTwoTextItems(t *testing.T) {
 		}
 	}
 }
+
+// mayBreak is what the search asks of raw (redactedSecret): a character
+// that ignorable reports, as it is or escaped.
+func mayBreak(raw []byte) bool { return wideBreak(raw) || escapedBreak(raw) }
+
+// inStrings is what the search asks of raw's strings (redactedSecret):
+// the base64 pieces in them, decoded, when raw has escapes.
+func (p base64Pieces) inStrings(raw []byte) bool {
+	return hidingEscapes(raw) && p.inEscapedStrings(raw)
+}
