@@ -649,6 +649,26 @@ func readSSE(r io.Reader) []json.RawMessage {
 	return msgs
 }
 
+// pendingApprovalID is the id of the pending approval key's user asked
+// whose contents hold text, waiting up to 5 s for it to be asked.
+func pendingApprovalID(t testing.TB, g *gateway, key, text string) string {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		r := g.api(t, http.MethodGet, "/v1/approvals?role=requester&state=pending", key, nil)
+		var list struct {
+			Approvals []struct{ ID string }
+		}
+		_ = json.Unmarshal(r.Body, &list)
+		for _, a := range list.Approvals {
+			if ga := g.api(t, http.MethodGet, "/v1/approvals/"+a.ID, key, nil); strings.Contains(string(ga.Body), text) {
+				return a.ID
+			}
+		}
+	}
+	t.Fatalf("no pending approval for %q", text)
+	return ""
+}
+
 // With approval_wait, a call that needs an approval is held open on its SSE
 // answer: approved during the hold, its result arrives on the same request;
 // denied, the denial does; not decided in time, the pending answer does.
@@ -657,28 +677,9 @@ func TestApprovalHold(t *testing.T) {
 	g := startGateway(t, gatewayConfig{Upstream: up.URL, RequestPolicy: testdataPath(t, "approvals"), PolicyOptions: "approval_wait 3s"})
 	m := g.raw(t, aliceKey, g.createSession(t, aliceKey, "svc"), "svc")
 	m.initialize()
-	pendingID := func(text string) string {
-		t.Helper()
-		for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
-			r := g.api(t, http.MethodGet, "/v1/approvals?role=requester&state=pending", aliceKey, nil)
-			var list struct {
-				Approvals []struct{ ID, ArgumentsSHA256 string }
-			}
-			_ = json.Unmarshal(r.Body, &list)
-			for _, a := range list.Approvals {
-				ga := g.api(t, http.MethodGet, "/v1/approvals/"+a.ID, aliceKey, nil)
-				if strings.Contains(string(ga.Body), text) {
-					return a.ID
-				}
-			}
-		}
-		t.Fatalf("no pending approval for %q", text)
-		return ""
-	}
-
 	// Approved during the hold: the result on the same request.
 	stream := m.sseCall(1, "gated_tool", `{"text":"hold 1"}`)
-	if r := g.decide(t, aliceKey, pendingID("hold 1"), true, "once", ""); r.StatusCode != http.StatusOK {
+	if r := g.decide(t, aliceKey, pendingApprovalID(t, g, aliceKey, "hold 1"), true, "once", ""); r.StatusCode != http.StatusOK {
 		t.Fatalf("approving: %d %s", r.StatusCode, r.Body)
 	}
 	var msgs []json.RawMessage
@@ -697,7 +698,7 @@ func TestApprovalHold(t *testing.T) {
 
 	// Denied during the hold: the denial.
 	stream = m.sseCall(2, "gated_tool", `{"text":"hold 2"}`)
-	g.decide(t, aliceKey, pendingID("hold 2"), false, "", "not now")
+	g.decide(t, aliceKey, pendingApprovalID(t, g, aliceKey, "hold 2"), false, "", "not now")
 	msgs = nil
 	for msg := range stream {
 		msgs = append(msgs, msg)
@@ -944,5 +945,71 @@ func TestHeldCallNeedsTheApprovalItsPolicyAsks(t *testing.T) {
 	}
 	if n := up.upstreamCalls("gated_tool"); n != 0 {
 		t.Fatalf("the upstream saw %d calls: alice's own approval let a four-eyes call through", n)
+	}
+}
+
+// A call held for an approval (approval_wait) and approved after the
+// policy was reloaded is decided again by the policy in force, as its
+// retry would be: approved under a policy that asked, it runs if the
+// policy still asks, and not once the policy denies it.
+func TestHeldCallApprovedAfterAReloadIsDecidedAgain(t *testing.T) {
+	dir := t.TempDir()
+	write := func(src string) {
+		t.Helper()
+		if err := os.WriteFile(filepath.Join(dir, "request.rego"), []byte("package toolgate.request\n\n"+src), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	const asks = "decision := {\"action\": \"ask\", \"reason\": \"gated\"} if input.tool.name == \"gated_tool\"\n"
+	write("default decision := {\"action\": \"allow\"}\n\n" + asks)
+	up := startUpstream(t)
+	g := startGateway(t, gatewayConfig{Upstream: up.URL, RequestPolicy: dir, ResultPolicy: testdataPath(t, "approvals"),
+		PolicyOptions: "approval_wait 20s\n\t\t\treload_interval 100ms"})
+	m := g.raw(t, aliceKey, g.createSession(t, aliceKey, "svc"), "svc")
+	m.initialize()
+	id := 0
+	reload := func(src, probeAnswer string) {
+		t.Helper()
+		write(src)
+		for i := 0; !strings.Contains(string(m.call(100+id, "echo", `{"text":"probe"}`)), probeAnswer); i++ {
+			if i == 100 {
+				t.Fatalf("the policy was not reloaded: %s", src)
+			}
+			id++
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	heldAcross := func(text, src, probeAnswer string) []json.RawMessage {
+		t.Helper()
+		id++
+		stream := m.sseCall(id, "gated_tool", `{"text":"`+text+`"}`)
+		approval := pendingApprovalID(t, g, aliceKey, text)
+		reload(src, probeAnswer)
+		if r := g.decide(t, aliceKey, approval, true, "once", ""); r.StatusCode != http.StatusOK {
+			t.Fatalf("approving: %d %s", r.StatusCode, r.Body)
+		}
+		var msgs []json.RawMessage
+		for msg := range stream {
+			msgs = append(msgs, msg)
+		}
+		if len(msgs) == 0 {
+			t.Fatal("the held call got no answer")
+		}
+		return msgs
+	}
+
+	// Still asked for under the new policy: the approval stands.
+	msgs := heldAcross("across an edit", "default decision := {\"action\": \"allow\"}\n\n"+asks+
+		"decision := {\"action\": \"deny\", \"reason\": \"echo retired\"} if input.tool.name == \"echo\"\n", "echo retired")
+	if last := string(msgs[len(msgs)-1]); !strings.Contains(last, `across an edit`) || strings.Contains(last, `"isError":true`) {
+		t.Fatalf("the held call approved across an edit that still asks: %s", msgs)
+	}
+	// Denied by the new policy: refused, never sent.
+	msgs = heldAcross("across a denial", "default decision := {\"action\": \"deny\", \"reason\": \"every tool is retired\"}\n", "every tool is retired")
+	if last := string(msgs[len(msgs)-1]); !strings.Contains(last, "every tool is retired") {
+		t.Errorf("the held call approved across a denial: %s", msgs)
+	}
+	if n := up.upstreamCalls("gated_tool"); n != 1 {
+		t.Fatalf("the upstream saw %d calls, want the one still asked for: an approval given under an old policy ran a call the policy in force denies", n)
 	}
 }

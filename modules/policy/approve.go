@@ -40,8 +40,8 @@ func approvalCall(call *gateway.Call) approval.Call {
 // ask applies a request-stage ask: an approval of the identical call lets
 // it through (proceed), a denial answers it, and otherwise the runner is
 // told where the approval is decided — or, with approval_wait, the call is
-// held for the pending approval (held).
-func (h *RequestHandler) ask(w http.ResponseWriter, r *http.Request, call *gateway.Call, o outcome, d *gateway.Decision, input ast.Value) (proceed bool, held *approval.Approval) {
+// held for the pending approval (held), when mayHold.
+func (h *RequestHandler) ask(w http.ResponseWriter, r *http.Request, call *gateway.Call, o outcome, d *gateway.Decision, input ast.Value, mayHold bool) (proceed bool, held *approval.Approval) {
 	if !call.IsRequest() {
 		call.Fail(w, http.StatusForbidden, gateway.CodePolicyDenied,
 			"denied by policy: approval asked for a notification, which cannot wait for one ("+o.Reason+")", decisionData(d))
@@ -75,7 +75,7 @@ func (h *RequestHandler) ask(w http.ResponseWriter, r *http.Request, call *gatew
 	}
 	// A stateless call (2026-07-28) is not held: its runner takes no
 	// requests on a stream, and gets an input_required round instead.
-	if h.ApprovalWait > 0 && acceptsSSE(r) && call.Stateless == nil {
+	if mayHold && h.ApprovalWait > 0 && acceptsSSE(r) && call.Stateless == nil {
 		return false, res.Approval
 	}
 	status, msg := h.pending(call, d, res.Approval, h.app.BaseURL(r))

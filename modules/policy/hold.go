@@ -45,8 +45,11 @@ func acceptsSSE(r *http.Request) bool {
 
 // hold keeps a call with a pending approval open until the approval is
 // decided or the wait ends. An approved call continues through the rest of
-// the pipeline on the same stream.
-func (h *RequestHandler) hold(w http.ResponseWriter, r *http.Request, call *gateway.Call, d *gateway.Decision, a *approval.Approval, next caddyhttp.Handler) error {
+// the pipeline on the same stream — decided again first, as its retry
+// would be, when the policy that asked (revision) is no longer the one in
+// force: the approver judged the call under a policy that may since have
+// learnt to deny or rewrite it.
+func (h *RequestHandler) hold(w http.ResponseWriter, r *http.Request, call *gateway.Call, d *gateway.Decision, a *approval.Approval, revision string, next caddyhttp.Handler) error {
 	// A held call counts as a call in progress (max_streams_per_caller,
 	// max_streams). Past the limit it is not held: the runner is told
 	// where to approve at once, as without approval_wait.
@@ -96,7 +99,13 @@ func (h *RequestHandler) hold(w http.ResponseWriter, r *http.Request, call *gate
 				return nil
 			}
 			done() // the call goes on, counted by the proxy
-			err := h.allow(stream, r, call, next)
+			var err error
+			if h.engine.Revision() == revision {
+				err = h.allow(stream, r, call, next)
+			} else {
+				call.Arguments, call.RequestInput, call.Decision = nil, nil, nil // the runner's call, undecided
+				err = h.judge(stream, r, call, next, res.Approval)
+			}
 			stream.Flush()
 			return err
 		case res.Kind == approval.Denied:

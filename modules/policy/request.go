@@ -14,6 +14,7 @@ import (
 	"github.com/tidwall/gjson"
 	"go.uber.org/zap"
 
+	"github.com/toolgate/toolgate/internal/approval"
 	"github.com/toolgate/toolgate/internal/mcp2026"
 	"github.com/toolgate/toolgate/internal/mcpmsg"
 	"github.com/toolgate/toolgate/internal/toolpin"
@@ -78,6 +79,16 @@ func (h *RequestHandler) ServeHTTP(w http.ResponseWriter, r *http.Request, next 
 			}
 		}()
 	}
+	return h.judge(w, r, call, next, nil)
+}
+
+// judge decides call and applies the decision: it goes on through the
+// pipeline, is refused, or waits for an approval — held open on its stream
+// (approval_wait), or told where the approval is decided. approved is the
+// approval a held call was given under another revision of the policy (nil
+// for a call as it arrives): it satisfies an ask of the policy in force
+// only if its decider may decide that ask, and the call is held no more.
+func (h *RequestHandler) judge(w http.ResponseWriter, r *http.Request, call *gateway.Call, next caddyhttp.Handler, approved *approval.Approval) error {
 	var tool *ast.Term
 	if call.Method == "tools/call" {
 		tool = toolTerm(call.ToolDefinition(), call.Message.Name, call.Service)
@@ -141,10 +152,15 @@ func (h *RequestHandler) ServeHTTP(w http.ResponseWriter, r *http.Request, next 
 				"approval required: "+o.Reason+" (this gateway cannot take approvals: it has no cipher to keep them; an administrator must configure one)", data)
 			return nil
 		}
-		proceed, held := h.ask(w, r, call, o, d, input)
+		if approved != nil {
+			if spec, err := approval.ParseSpec(o.Approval); err == nil && approved.CoversUnder(spec, o.Revision) {
+				return h.allow(w, r, call, next)
+			}
+		}
+		proceed, held := h.ask(w, r, call, o, d, input, approved == nil)
 		switch {
 		case held != nil:
-			return h.hold(w, r, call, d, held, next)
+			return h.hold(w, r, call, d, held, o.Revision, next)
 		case proceed:
 			return h.allow(w, r, call, next)
 		}
