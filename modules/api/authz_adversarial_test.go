@@ -20,8 +20,9 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
-	"github.com/caddyserver/caddy/v2/caddyconfig"
 	_ "github.com/caddyserver/caddy/v2/modules/standard"
+
+	"github.com/toolgate/toolgate/internal/testcaddy"
 
 	"github.com/toolgate/toolgate/internal/approval"
 	_ "github.com/toolgate/toolgate/modules/ciphers/local"
@@ -78,25 +79,7 @@ func startAuthzGateway(t *testing.T) *authzGateway {
 	}
 }
 `, g.url, data, key("alice-key"), key("bob-key"), key("carol-key"), key("dave-key"), key("Carol-key"))
-	cfg, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(caddyfile), map[string]any{"filename": "Caddyfile"})
-	if err != nil {
-		t.Fatalf("adapting the Caddyfile: %v", err)
-	}
-	if err := caddy.Load(cfg, true); err != nil {
-		t.Fatalf("loading the config: %v", err)
-	}
-	t.Cleanup(func() { _ = caddy.Stop() })
-	for i := 0; ; i++ {
-		resp, err := g.client.Get(g.url + "/.well-known/oauth-protected-resource")
-		if err == nil {
-			resp.Body.Close()
-			break
-		}
-		if i == 100 {
-			t.Fatalf("the gateway does not answer: %v", err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	testcaddy.Load(t, caddyfile, g.url+"/.well-known/oauth-protected-resource", g.client)
 	app, err := caddy.ActiveContext().App("toolgate")
 	if err != nil {
 		t.Fatal(err)

@@ -18,10 +18,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/caddyserver/caddy/v2"
-	"github.com/caddyserver/caddy/v2/caddyconfig"
 	_ "github.com/caddyserver/caddy/v2/modules/standard"
 
+	"github.com/toolgate/toolgate/internal/testcaddy"
 	_ "github.com/toolgate/toolgate/modules/api"
 	_ "github.com/toolgate/toolgate/modules/ciphers/local"
 	_ "github.com/toolgate/toolgate/modules/console"
@@ -164,25 +163,7 @@ func startCallbackGateway(t testing.TB) *callbackGateway {
 	}
 }
 `, cb.url, cb.data, sha256.Sum256([]byte("alice-key")), provider.URL, callbackStateSecret)
-	cfg, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(caddyfile), map[string]any{"filename": "Caddyfile"})
-	if err != nil {
-		t.Fatalf("adapting the Caddyfile: %v", err)
-	}
-	if err := caddy.Load(cfg, true); err != nil {
-		t.Fatalf("loading the config: %v", err)
-	}
-	t.Cleanup(func() { _ = caddy.Stop() })
-	for i := 0; ; i++ {
-		resp, err := cb.client.Get(cb.url + "/.well-known/oauth-protected-resource")
-		if err == nil {
-			resp.Body.Close()
-			break
-		}
-		if i == 100 {
-			t.Fatalf("the gateway does not answer: %v", err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	testcaddy.Load(t, caddyfile, cb.url+"/.well-known/oauth-protected-resource", cb.client)
 	return cb
 }
 
