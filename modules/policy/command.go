@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"slices"
+	"strings"
 	"time"
 
 	caddycmd "github.com/caddyserver/caddy/v2/cmd"
@@ -149,7 +150,7 @@ func policyEval(inputFile, configFile, adapter, source, stage string, stdin io.R
 		}
 	}
 	o := e.decide(context.Background(), input.Value, time.Minute, replaceKey)
-	out := &evalOutput{Stage: stage, Source: source, Revision: o.Revision, Action: o.Action, Reason: o.Reason, Arguments: o.Arguments, Failure: o.Failure}
+	out := &evalOutput{Stage: stage, Source: e.source.String(), Revision: o.Revision, Action: o.Action, Reason: o.Reason, Arguments: o.Arguments, Failure: o.Failure}
 	if o.Result != nil {
 		if out.Result, err = ast.JSON(o.Result.Value); err != nil {
 			return nil, err
@@ -204,7 +205,11 @@ func configuredPolicy(configFile, adapter, stage, query string) (source, q strin
 	case len(all) == 0:
 		return "", "", fmt.Errorf("%s has no %s directive", configFile, handler)
 	case len(all) > 1:
-		return "", "", fmt.Errorf("%s has %s directives with different policies (%v); name one with --policy", configFile, handler, all)
+		names := make([]string, len(all))
+		for i, f := range all {
+			names[i] = newSource(f.source).String() + " " + f.query
+		}
+		return "", "", fmt.Errorf("%s has %s directives with different policies (%s); name one with --policy", configFile, handler, strings.Join(names, ", "))
 	}
 	return all[0].source, all[0].query, nil
 }

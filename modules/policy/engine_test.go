@@ -365,8 +365,8 @@ func TestBundleSource(t *testing.T) {
 	}
 	e.start()
 	waitFor(t, func() bool { return e.decide(ctx, someInput, time.Second, "arguments").Reason == "v1" })
-	if e.Revision() != "rev-v1" {
-		t.Errorf("revision = %q, want the manifest's", e.Revision())
+	if !strings.HasPrefix(e.Revision(), "rev-v1@") {
+		t.Errorf("revision = %q, want the manifest's and the digest", e.Revision())
 	}
 	waitFor(t, func() bool { return notModified.Load() > 0 })
 	version.Store("v2")

@@ -145,8 +145,11 @@ func (c *Config) provision(ctx caddy.Context, stage, defaultQuery string) error 
 	if err := policyMetrics.register(ctx.GetMetricsRegistry()); err != nil {
 		return err
 	}
+	if err := checkSource(c.Source); err != nil {
+		return fmt.Errorf("%s: %w", stage, err)
+	}
 	location := c.Source
-	remote := strings.HasPrefix(location, "http://") || strings.HasPrefix(location, "https://")
+	remote := newSource(location).remote()
 	if !remote {
 		abs, err := filepath.Abs(location)
 		if err != nil {
@@ -203,6 +206,12 @@ func (c *Config) validate() error {
 	}
 	if c.Evaluator != evaluatorPlan && c.Evaluator != evaluatorTopdown {
 		return fmt.Errorf("%s: evaluator must be %s or %s, not %q", c.stage, evaluatorPlan, evaluatorTopdown, c.Evaluator)
+	}
+	switch {
+	case c.ApprovalWait != 0 && c.stage == stageResult:
+		return fmt.Errorf("%s: approval_wait belongs to toolgate_policy (a withheld result is not held open)", c.stage)
+	case c.ApprovalWait < 0 || time.Duration(c.ApprovalWait) > maxApprovalWait:
+		return fmt.Errorf("%s: approval_wait must be between 0 (off) and %s", c.stage, maxApprovalWait)
 	}
 	return nil
 }

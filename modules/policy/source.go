@@ -2,12 +2,17 @@ package policy
 
 import (
 	"bytes"
+	"compress/gzip"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
+	"io/fs"
+	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
@@ -17,6 +22,8 @@ import (
 	"github.com/open-policy-agent/opa/v1/ast"
 	"github.com/open-policy-agent/opa/v1/bundle"
 	"github.com/open-policy-agent/opa/v1/loader"
+
+	"github.com/toolgate/toolgate/internal/caddyopt"
 )
 
 // source is where a policy comes from: local files, or an OPA bundle
@@ -39,13 +46,56 @@ type version struct {
 }
 
 func newSource(s string) source {
-	if strings.HasPrefix(s, "http://") || strings.HasPrefix(s, "https://") {
+	if scheme, _, ok := strings.Cut(s, "://"); ok && (strings.EqualFold(scheme, "http") || strings.EqualFold(scheme, "https")) {
 		return &bundleSource{url: s, client: &http.Client{
 			Timeout:       time.Minute,
 			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
 		}}
 	}
 	return &fileSource{path: s}
+}
+
+// checkSource refuses a source toolgate cannot load safely, before it is
+// used: a URL of a scheme other than https (http only to a loopback
+// address: on any other network path, whoever can answer in the server's
+// place writes the policy), or a file path that is a URL of another
+// scheme. Its errors never repeat the URL's userinfo or query.
+func checkSource(s string) error {
+	scheme, _, isURL := strings.Cut(s, "://")
+	switch {
+	case !isURL || strings.ContainsAny(scheme, "/\\"):
+		return nil // a file path
+	case strings.EqualFold(scheme, "https"):
+		return nil
+	case strings.EqualFold(scheme, "http"):
+		u, err := url.Parse(s)
+		if err != nil {
+			return fmt.Errorf("policy source %s: %v", redactedURL(s), caddyopt.URLError(err))
+		}
+		if !loopbackHost(u.Hostname()) {
+			return fmt.Errorf("policy source %s: a bundle URL must be https:// (http:// only to a loopback address: anyone on the network path could serve the policy)", redactedURL(s))
+		}
+		return nil
+	}
+	return fmt.Errorf("policy source %s: a bundle URL must be https:// (or http:// to a loopback address); a local policy is a file or directory path", redactedURL(s))
+}
+
+// loopbackHost reports whether host names this machine: localhost or a
+// loopback address.
+func loopbackHost(host string) bool {
+	ip := net.ParseIP(host)
+	return strings.EqualFold(host, "localhost") || ip != nil && ip.IsLoopback()
+}
+
+// redactedURL is a bundle URL as toolgate quotes it in logs and errors:
+// without its userinfo and its query, where bundle servers take
+// credentials.
+func redactedURL(s string) string {
+	s = caddyopt.RedactURL(s)
+	if i := strings.IndexAny(s, "?#"); i >= 0 {
+		return s[:i] + "?xxxxx"
+	}
+	return s
 }
 
 // fileSource is a .rego file (with data.json/data.yaml beside it) or a
@@ -55,35 +105,33 @@ func newSource(s string) source {
 // merged (objects key by key, at any depth; a value set in two files is a
 // load error).
 type fileSource struct {
-	path        string
-	fingerprint string // of the files' names, sizes and modification times
+	path     string
+	revision string // of the files last loaded
+	seen     string // of the files as the last poll read them
 }
 
 func (f *fileSource) String() string { return f.path }
 func (f *fileSource) remote() bool   { return false }
 
 func (f *fileSource) load(context.Context) (*version, error) {
-	paths, fp, err := f.files()
+	paths, err := f.files()
 	if err != nil {
 		return nil, err
 	}
-	if fp == f.fingerprint {
-		return nil, nil
-	}
-	f.fingerprint = fp
 	if len(paths) == 0 {
 		return nil, fmt.Errorf("policy %s: no .rego files", f.path)
 	}
-	result, err := loader.NewFileLoader().WithRegoVersion(ast.RegoV1).All(paths)
-	if err != nil {
-		return nil, err
-	}
+	// Each file is read once: the revision is the hash of the very bytes
+	// compiled, and a change is seen whatever it keeps (size, modification
+	// time: rsync -a, cp -p and images with fixed times keep both).
+	read := make(readFiles, len(paths))
 	h := sha256.New()
 	for _, p := range paths {
 		data, err := os.ReadFile(p)
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("policy %s: %w", f.path, err)
 		}
+		read[p] = data
 		name := filepath.Base(p)
 		if filepath.Base(filepath.Dir(p)) == siteDir {
 			name = siteDir + "/" + name
@@ -91,15 +139,78 @@ func (f *fileSource) load(context.Context) (*version, error) {
 		fmt.Fprintf(h, "%s\x00%d\x00", name, len(data))
 		h.Write(data)
 	}
-	return &version{modules: result.ParsedModules(), data: result.Documents, revision: hex.EncodeToString(h.Sum(nil))[:12]}, nil
+	revision := hex.EncodeToString(h.Sum(nil))[:12]
+	switch {
+	case revision == f.revision:
+		return nil, nil
+	case f.revision != "" && revision != f.seen:
+		// Changed since the last poll: loaded once it is seen unchanged
+		// on the next, so that files caught half-written (cut between two
+		// rules, which still compiles) are never in force.
+		f.seen = revision
+		return nil, nil
+	}
+	f.revision, f.seen = revision, revision
+	result, err := loader.NewFileLoader().WithFS(read).WithRegoVersion(ast.RegoV1).All(paths)
+	if err != nil {
+		return nil, err
+	}
+	return &version{modules: result.ParsedModules(), data: result.Documents, revision: revision}, nil
 }
 
-// files lists the policy's files; the fingerprint changes when any of them
-// does.
-func (f *fileSource) files() (paths []string, fingerprint string, err error) {
+// readFiles is a policy's files as read once, by path, served to OPA's
+// loader as a file system (io/fs), so that it parses what was hashed.
+type readFiles map[string][]byte
+
+func (r readFiles) Open(name string) (fs.File, error) {
+	data, ok := r[name]
+	if !ok {
+		return nil, &fs.PathError{Op: "open", Path: name, Err: fs.ErrNotExist}
+	}
+	return &readFile{Reader: bytes.NewReader(data), info: readInfo{name: filepath.Base(name), size: int64(len(data))}}, nil
+}
+
+func (r readFiles) ReadFile(name string) ([]byte, error) {
+	data, ok := r[name]
+	if !ok {
+		return nil, &fs.PathError{Op: "read", Path: name, Err: fs.ErrNotExist}
+	}
+	return data, nil
+}
+
+func (r readFiles) Stat(name string) (fs.FileInfo, error) {
+	data, ok := r[name]
+	if !ok {
+		return nil, &fs.PathError{Op: "stat", Path: name, Err: fs.ErrNotExist}
+	}
+	return readInfo{name: filepath.Base(name), size: int64(len(data))}, nil
+}
+
+type readFile struct {
+	*bytes.Reader
+	info readInfo
+}
+
+func (f *readFile) Stat() (fs.FileInfo, error) { return f.info, nil }
+func (f *readFile) Close() error               { return nil }
+
+type readInfo struct {
+	name string
+	size int64
+}
+
+func (i readInfo) Name() string       { return i.name }
+func (i readInfo) Size() int64        { return i.size }
+func (i readInfo) Mode() fs.FileMode  { return 0o444 }
+func (i readInfo) ModTime() time.Time { return time.Time{} }
+func (i readInfo) IsDir() bool        { return false }
+func (i readInfo) Sys() any           { return nil }
+
+// files lists the policy's files.
+func (f *fileSource) files() (paths []string, err error) {
 	info, err := os.Stat(f.path)
 	if err != nil {
-		return nil, "", fmt.Errorf("policy %s: %w", f.path, err)
+		return nil, fmt.Errorf("policy %s: %w", f.path, err)
 	}
 	dir := f.path
 	if !info.IsDir() {
@@ -115,7 +226,7 @@ func (f *fileSource) files() (paths []string, fingerprint string, err error) {
 	for _, dir := range dirs {
 		entries, err := os.ReadDir(dir)
 		if err != nil {
-			return nil, "", fmt.Errorf("policy %s: %w", f.path, err)
+			return nil, fmt.Errorf("policy %s: %w", f.path, err)
 		}
 		for _, ent := range entries {
 			name := ent.Name()
@@ -130,26 +241,22 @@ func (f *fileSource) files() (paths []string, fingerprint string, err error) {
 		}
 	}
 	slices.Sort(paths)
-	h := sha256.New()
-	for _, p := range paths {
-		st, err := os.Stat(p)
-		if err != nil {
-			return nil, "", err
-		}
-		fmt.Fprintf(h, "%s\x00%d\x00%d\x00", p, st.Size(), st.ModTime().UnixNano())
-	}
-	return paths, hex.EncodeToString(h.Sum(nil)), nil
+	return paths, nil
 }
 
 // siteDir is the subdirectory of a policy directory that is loaded with it.
 const siteDir = "site"
 
-// maxBundleBytes bounds a downloaded bundle.
+// maxBundleBytes bounds a bundle, downloaded and uncompressed alike (a
+// small download may expand a thousandfold).
 const maxBundleBytes = 64 << 20
 
 // bundleSource is an OPA bundle (a .tar.gz with .rego files, data.json and
 // an optional .manifest) served over HTTP, polled with If-None-Match. Its
-// revision is the manifest's revision, else the SHA-256 of the download.
+// revision is the SHA-256 of the download, after the manifest's revision
+// when it has one ("<manifest revision>@<digest>"): a bundle whose policy
+// changes under an unchanged manifest revision is another revision all
+// the same, so that approvals given under the old one are judged again.
 type bundleSource struct {
 	url    string
 	client *http.Client
@@ -157,24 +264,29 @@ type bundleSource struct {
 	digest string
 }
 
-func (b *bundleSource) String() string { return b.url }
+func (b *bundleSource) String() string { return redactedURL(b.url) }
 func (b *bundleSource) remote() bool   { return true }
 
 func (b *bundleSource) load(ctx context.Context) (*version, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, b.url, nil)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("policy source %s: %v", b, caddyopt.URLError(err))
 	}
 	if b.etag != "" {
 		req.Header.Set("If-None-Match", b.etag)
 	}
 	resp, err := b.client.Do(req)
 	if err != nil {
-		return nil, fmt.Errorf("fetching the policy bundle: %w", err)
+		// net/http's error quotes the URL with its query, where a bundle
+		// server may take a token.
+		return nil, fmt.Errorf("fetching the policy bundle: %w", caddyopt.URLError(err))
 	}
 	defer resp.Body.Close()
 	switch resp.StatusCode {
 	case http.StatusNotModified:
+		if b.etag == "" {
+			return nil, errors.New("fetching the policy bundle: the server answered 304 Not Modified to a request that named no version (no If-None-Match); it must send the bundle")
+		}
 		return nil, nil
 	case http.StatusOK:
 	default:
@@ -182,7 +294,7 @@ func (b *bundleSource) load(ctx context.Context) (*version, error) {
 	}
 	body, err := io.ReadAll(io.LimitReader(resp.Body, maxBundleBytes+1))
 	if err != nil {
-		return nil, fmt.Errorf("fetching the policy bundle: %w", err)
+		return nil, fmt.Errorf("fetching the policy bundle: %w", caddyopt.URLError(err))
 	}
 	if len(body) > maxBundleBytes {
 		return nil, fmt.Errorf("the policy bundle is larger than %d bytes", maxBundleBytes)
@@ -194,19 +306,42 @@ func (b *bundleSource) load(ctx context.Context) (*version, error) {
 		return nil, nil
 	}
 	b.digest = digest
-	bun, err := bundle.NewReader(bytes.NewReader(body)).WithRegoVersion(ast.RegoV1).Read()
+	if err := checkExpanded(body); err != nil {
+		return nil, err
+	}
+	// The size limit also bounds each file's buffer, which OPA's loader
+	// allocates at the size its tar header claims, before reading it.
+	loader := bundle.NewTarballLoaderWithBaseURL(bytes.NewReader(body), "").WithSizeLimitBytes(maxBundleBytes)
+	bun, err := bundle.NewCustomReader(loader).WithSizeLimitBytes(maxBundleBytes).WithRegoVersion(ast.RegoV1).Read()
 	if err != nil {
 		return nil, fmt.Errorf("reading the policy bundle: %w", err)
 	}
-	v := &version{modules: make(map[string]*ast.Module, len(bun.Modules)), data: bun.Data, revision: bun.Manifest.Revision}
+	v := &version{modules: make(map[string]*ast.Module, len(bun.Modules)), data: bun.Data, revision: digest[:12]}
 	for _, m := range bun.Modules {
 		v.modules[m.Path] = m.Parsed
 	}
-	if v.revision == "" {
-		v.revision = digest[:12]
+	if bun.Manifest.Revision != "" {
+		v.revision = bun.Manifest.Revision + "@" + v.revision
 	}
 	if v.data == nil {
 		v.data = map[string]any{}
 	}
 	return v, nil
+}
+
+// checkExpanded refuses a bundle (.tar.gz) that expands past
+// maxBundleBytes, reading no more than that of it.
+func checkExpanded(body []byte) error {
+	gz, err := gzip.NewReader(bytes.NewReader(body))
+	if err != nil {
+		return fmt.Errorf("reading the policy bundle: %w", err)
+	}
+	n, err := io.Copy(io.Discard, io.LimitReader(gz, maxBundleBytes+1))
+	switch {
+	case n > maxBundleBytes:
+		return fmt.Errorf("the policy bundle expands to more than %d bytes", maxBundleBytes)
+	case err != nil:
+		return fmt.Errorf("reading the policy bundle: %w", err)
+	}
+	return nil
 }
