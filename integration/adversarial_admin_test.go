@@ -282,3 +282,39 @@ func TestAdminHoldsPostgresDSNErrorsHidePassword(t *testing.T) {
 		}
 	}
 }
+
+// Attack (fixed): a route naming a service the registry does not define
+// (`toolgate_registry trackr`, a typo of tracker) passed toolgate validate
+// and answered every request with 404 "unknown service".
+// Fixed: toolgate_registry refuses, when provisioned, a literal service id
+// (not a placeholder) that the registry does not define.
+func TestAdminAttackRouteNamingAnUndefinedService(t *testing.T) {
+	caddyfile, _ := gatewayCaddyfile(t, freePort(t), gatewayConfig{Upstream: "http://127.0.0.1:1/mcp", DataDir: t.TempDir()})
+	if !strings.Contains(caddyfile, "toolgate_registry\n") {
+		t.Fatalf("the test gateway's route has no toolgate_registry line:\n%s", caddyfile)
+	}
+	validate := func(caddyfile string) error {
+		t.Helper()
+		cfgJSON, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(caddyfile), map[string]any{"filename": "Caddyfile"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var cfg caddy.Config
+		if err := json.Unmarshal(cfgJSON, &cfg); err != nil {
+			t.Fatal(err)
+		}
+		caddyMu.Lock()
+		defer caddyMu.Unlock()
+		return caddy.Validate(&cfg)
+	}
+	if err := validate(strings.Replace(caddyfile, "toolgate_registry\n", "toolgate_registry svc\n", 1)); err != nil {
+		t.Fatalf("a route naming a defined service: %v", err)
+	}
+	if err := validate(strings.Replace(caddyfile, "toolgate_registry\n", "toolgate_registry {http.request.uri.path.2}\n", 1)); err != nil {
+		t.Fatalf("a route naming its service with a placeholder: %v", err)
+	}
+	err := validate(strings.Replace(caddyfile, "toolgate_registry\n", "toolgate_registry trackr\n", 1))
+	if err == nil || !strings.Contains(err.Error(), `"trackr" is not defined`) {
+		t.Fatalf("a route naming an undefined service: %v", err)
+	}
+}

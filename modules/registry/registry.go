@@ -7,6 +7,7 @@ package registry
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"mime"
 	"net/http"
@@ -61,6 +62,10 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	h.app = app.(*gateway.App)
 	if h.pins, err = toolpin.For(h.app); err != nil {
 		return err
+	}
+	if h.Service != "" && !strings.Contains(h.Service, "{") && h.app.Registry().Lookup(h.Service) == nil {
+		// Found at once, not as a 404 on every request.
+		return fmt.Errorf("toolgate_registry: service %q is not defined in the toolgate global option's registry", h.Service)
 	}
 	h.limits = mcpmsg.Limits{MaxDepth: h.app.MaxJSONDepth, MaxValues: h.app.MaxRequestValues}
 	if h.stateless, err = mcp2026.For(h.app); err != nil {
