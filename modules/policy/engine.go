@@ -122,12 +122,30 @@ func (e *engine) Revision() string {
 	return ""
 }
 
+// firstLoadRetryMax bounds the wait between attempts at a bundle's first
+// load.
+const firstLoadRetryMax = 30 * time.Second
+
 // watch polls the source and recompiles when it changes. A version that
 // fails to load or compile is logged with its file and line, counted in the
 // load-failure metric, and the last good version stays in force.
+//
+// A bundle is fetched at once, and until it first loads, again and again
+// (1 s apart, doubling up to 30 s) even with reload_interval off, which
+// stops looking for changes, not the first load: with no policy every
+// call is denied, and a configuration reload keeps this engine.
 func (e *engine) watch() {
 	if e.source.remote() {
-		e.reloadAndReport()
+		for wait := time.Second; ; wait = min(2*wait, firstLoadRetryMax) {
+			if e.reloadAndReport(); e.current.Load() != nil {
+				break
+			}
+			select {
+			case <-e.stop:
+				return
+			case <-time.After(wait):
+			}
+		}
 	}
 	if e.interval <= 0 {
 		return

@@ -373,6 +373,40 @@ func TestBundleSource(t *testing.T) {
 	waitFor(t, func() bool { return e.decide(ctx, someInput, time.Second, "arguments").Reason == "v2" })
 }
 
+// A bundle whose server fails at first is fetched again until it loads,
+// with reload_interval off too: off stops looking for changes, not the
+// first load (without it every call is denied, and a configuration reload
+// keeps the engine).
+func TestBundleFirstLoadIsRetried(t *testing.T) {
+	var fetches atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if fetches.Add(1) <= 2 {
+			http.Error(w, "starting", http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = w.Write(bundleBytes(t, "package toolgate.request\n\ndecision := {\"action\": \"allow\", \"reason\": \"up\"}\n", "r1"))
+	}))
+	defer srv.Close()
+	core, _ := observer.New(zap.InfoLevel)
+	e, err := newEngine(newSource(srv.URL+"/bundle.tar.gz"), requestQuery, "test-first-load", evaluatorPlan, 0, zap.New(core), policyMetrics)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Destruct()
+	e.start()
+	deadline := time.Now().Add(10 * time.Second)
+	for e.decide(context.Background(), someInput, time.Second, "arguments").Reason != "up" {
+		if time.Now().After(deadline) {
+			t.Fatalf("not loaded after %d fetches", fetches.Load())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	time.Sleep(1500 * time.Millisecond)
+	if n := fetches.Load(); n != 3 {
+		t.Errorf("%d fetches: want none after the first load (reload_interval off)", n)
+	}
+}
+
 func bundleBytes(t *testing.T, module, revision string) []byte {
 	t.Helper()
 	b := bundle.Bundle{
