@@ -31,6 +31,7 @@ func init() {
 //		approval_wait   <duration>
 //		log_input
 //		evaluator       plan|topdown
+//		verification_key <public key file> [<algorithm>]
 //	}
 //
 // toolgate_result_policy takes the same form, without approval_wait. The source is given once,
@@ -61,6 +62,17 @@ func (c *Config) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				c.LogInput = true
 			} else {
 				c.LogPayloads = true
+			}
+			continue
+		}
+		if opt == "verification_key" {
+			args := d.RemainingArgs()
+			if len(args) < 1 || len(args) > 2 {
+				return d.Errf("%s: verification_key takes a public key file and, optionally, its algorithm (default %s)", directive, defaultVerificationAlgorithm)
+			}
+			c.VerificationKey = args[0]
+			if len(args) == 2 {
+				c.VerificationAlgorithm = args[1]
 			}
 			continue
 		}

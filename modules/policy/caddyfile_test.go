@@ -34,3 +34,25 @@ func TestUnmarshalCaddyfileEvaluator(t *testing.T) {
 		t.Errorf("validate: %v", err)
 	}
 }
+
+func TestUnmarshalCaddyfileVerificationKey(t *testing.T) {
+	for _, tc := range []struct {
+		input, key, alg, err string
+	}{
+		{"toolgate_policy https://b.example/t.tar.gz {\n verification_key /etc/k.pem\n}", "/etc/k.pem", "", ""},
+		{"toolgate_policy https://b.example/t.tar.gz {\n verification_key /etc/k.pem ES256\n}", "/etc/k.pem", "ES256", ""},
+		{"toolgate_policy https://b.example/t.tar.gz {\n verification_key\n}", "", "", "takes a public key file"},
+		{"toolgate_policy https://b.example/t.tar.gz {\n verification_key a b c\n}", "", "", "takes a public key file"},
+	} {
+		var c Config
+		err := c.UnmarshalCaddyfile(caddyfile.NewTestDispenser(tc.input))
+		switch {
+		case tc.err != "" && (err == nil || !strings.Contains(err.Error(), tc.err)):
+			t.Errorf("%q: error %v, want %q", tc.input, err, tc.err)
+		case tc.err == "" && err != nil:
+			t.Errorf("%q: %v", tc.input, err)
+		case tc.err == "" && (c.VerificationKey != tc.key || c.VerificationAlgorithm != tc.alg):
+			t.Errorf("%q: %q %q", tc.input, c.VerificationKey, c.VerificationAlgorithm)
+		}
+	}
+}

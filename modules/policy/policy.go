@@ -20,7 +20,10 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/pem"
+	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -28,6 +31,8 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/open-policy-agent/opa/v1/ast"
+	"github.com/open-policy-agent/opa/v1/bundle"
+	"github.com/open-policy-agent/opa/v1/keys"
 	"go.uber.org/zap"
 
 	"github.com/toolgate/toolgate/internal/approval"
@@ -98,6 +103,18 @@ type Config struct {
 	// log) for a policy whose plan uses what it cannot run; "topdown"
 	// always uses OPA's evaluator.
 	Evaluator string `json:"evaluator,omitempty"`
+
+	// VerificationKey (bundle sources only) is a file holding the PEM
+	// public key (or, for the HS algorithms, the shared secret) that signs
+	// the bundle: a bundle is loaded only if its .signatures.json verifies
+	// with it and covers every file (OPA's bundle signing, as `opa build
+	// --signing-key` makes it); an unsigned or altered bundle is a load
+	// failure. Without it, a bundle is trusted as served over https.
+	VerificationKey string `json:"verification_key,omitempty"`
+	// VerificationAlgorithm is the signature's algorithm: RS256 (the
+	// default), RS384, RS512, PS256, PS384, PS512, ES256, ES384, ES512,
+	// HS256, HS384 or HS512.
+	VerificationAlgorithm string `json:"verification_algorithm,omitempty"`
 
 	stage     string
 	engine    *engine
@@ -172,9 +189,17 @@ func (c *Config) provision(ctx caddy.Context, stage, defaultQuery string) error 
 	if err := c.validate(); err != nil {
 		return err // before a policy is compiled for nothing
 	}
-	c.poolKey = fmt.Sprintf("%s\x00%s\x00%s\x00%d\x00%s", stage, location, c.Query, interval, c.Evaluator)
+	verify, keyDigest, err := c.verification(remote)
+	if err != nil {
+		return fmt.Errorf("%s: %w", stage, err)
+	}
+	c.poolKey = fmt.Sprintf("%s\x00%s\x00%s\x00%d\x00%s\x00%s", stage, location, c.Query, interval, c.Evaluator, keyDigest)
 	v, _, err := enginePool.LoadOrNew(c.poolKey, func() (caddy.Destructor, error) {
-		return newEngine(newSource(location), c.Query, stage, c.Evaluator, interval, c.logger, policyMetrics)
+		src := newSource(location)
+		if b, ok := src.(*bundleSource); ok {
+			b.verify = verify
+		}
+		return newEngine(src, c.Query, stage, c.Evaluator, interval, c.logger, policyMetrics)
 	})
 	if err != nil {
 		return fmt.Errorf("%s: %w", stage, err)
@@ -198,6 +223,42 @@ func (c *Config) provision(ctx caddy.Context, stage, defaultQuery string) error 
 		c.engine.start()
 	})
 	return nil
+}
+
+// defaultVerificationAlgorithm is a bundle signature's algorithm when
+// verification_key names none (OPA's default).
+const defaultVerificationAlgorithm = "RS256"
+
+// verification reads verification_key: what verifies the bundle's
+// signature (nil without the option), and a digest of the key, which
+// tells pooled engines of different keys apart.
+func (c *Config) verification(remote bool) (*bundle.VerificationConfig, string, error) {
+	if c.VerificationKey == "" {
+		return nil, "", nil
+	}
+	if !remote {
+		return nil, "", errors.New("verification_key verifies bundles: the policy source is a local file or directory")
+	}
+	key, err := os.ReadFile(c.VerificationKey)
+	if err != nil {
+		return nil, "", fmt.Errorf("verification_key: %w", err)
+	}
+	alg := c.VerificationAlgorithm
+	if alg == "" {
+		alg = defaultVerificationAlgorithm
+	}
+	if !keys.IsSupportedAlgorithm(alg) {
+		return nil, "", fmt.Errorf("verification_key: unknown algorithm %q (RS256, RS384, RS512, PS256, PS384, PS512, ES256, ES384, ES512, HS256, HS384 or HS512)", alg)
+	}
+	if !strings.HasPrefix(alg, "HS") {
+		if block, _ := pem.Decode(key); block == nil {
+			return nil, "", fmt.Errorf("verification_key: %s holds no PEM public key", c.VerificationKey)
+		}
+	}
+	const id = "toolgate" // the one key verifies whatever key id a signature names
+	vc := bundle.NewVerificationConfig(map[string]*bundle.KeyConfig{id: {Key: string(key), Algorithm: alg}}, id, "", nil)
+	sum := sha256.Sum256(append([]byte(alg+"\x00"), key...))
+	return vc, hex.EncodeToString(sum[:]), nil
 }
 
 func (c *Config) validate() error {

@@ -260,6 +260,7 @@ const maxBundleBytes = 64 << 20
 type bundleSource struct {
 	url    string
 	client *http.Client
+	verify *bundle.VerificationConfig // nil: signatures are not required
 	etag   string
 	digest string
 }
@@ -312,7 +313,11 @@ func (b *bundleSource) load(ctx context.Context) (*version, error) {
 	// The size limit also bounds each file's buffer, which OPA's loader
 	// allocates at the size its tar header claims, before reading it.
 	loader := bundle.NewTarballLoaderWithBaseURL(bytes.NewReader(body), "").WithSizeLimitBytes(maxBundleBytes)
-	bun, err := bundle.NewCustomReader(loader).WithSizeLimitBytes(maxBundleBytes).WithRegoVersion(ast.RegoV1).Read()
+	reader := bundle.NewCustomReader(loader).WithSizeLimitBytes(maxBundleBytes).WithRegoVersion(ast.RegoV1)
+	if b.verify != nil {
+		reader = reader.WithBundleVerificationConfig(b.verify)
+	}
+	bun, err := reader.Read()
 	if err != nil {
 		return nil, fmt.Errorf("reading the policy bundle: %w", err)
 	}
