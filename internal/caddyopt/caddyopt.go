@@ -6,6 +6,8 @@ package caddyopt
 
 import (
 	"errors"
+	"fmt"
+	"net"
 	"net/url"
 	"strings"
 	"time"
@@ -124,4 +126,75 @@ func URLError(err error) error {
 		return ue.Err
 	}
 	return err
+}
+
+// LoopbackHost reports whether host (a URL's Hostname) is "localhost" or a
+// loopback IP address: a server on this machine, reached without crossing
+// a network.
+func LoopbackHost(host string) bool {
+	ip := net.ParseIP(host)
+	return host == "localhost" || (ip != nil && ip.IsLoopback())
+}
+
+// FetchURL checks s, the URL of a server toolgate fetches keys or secrets
+// from: https, or plain http only to a loopback address (a local test
+// server), because anyone on the path of plain http could answer in the
+// server's place. It needs a host and has no fragment; a user and
+// password (a server behind basic auth) are the caller's to allow. The
+// error quotes s without its password; the caller names the option.
+func FetchURL(s string) error {
+	u, err := url.Parse(s)
+	switch {
+	case err != nil:
+		return fmt.Errorf("%q: %v", RedactURL(s), URLError(err))
+	case u.Scheme != "https" && u.Scheme != "http":
+		return fmt.Errorf("%q must start with https://", RedactURL(s))
+	case u.Host == "":
+		return fmt.Errorf("%q has no host", RedactURL(s))
+	case strings.Contains(s, "#"):
+		return fmt.Errorf("%q must not have a fragment (#…): it is never sent", RedactURL(s))
+	case u.Scheme == "http" && !LoopbackHost(u.Hostname()):
+		return fmt.Errorf("%q: plain http is allowed only to a loopback address (a local test server); use https://", RedactURL(s))
+	}
+	return nil
+}
+
+// HeaderName reports whether s can name an HTTP header: one or more token
+// characters (RFC 9110, section 5.1), so no spaces, colons or controls.
+func HeaderName(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c >= 0x80 || !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0) {
+			return false
+		}
+	}
+	return true
+}
+
+// HeaderValue reports whether s can be an HTTP header's value: no control
+// characters but tab, so no line break that would end the header and
+// start another (RFC 9110, section 5.5).
+func HeaderValue(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; (c < 0x20 && c != '\t') || c == 0x7f {
+			return false
+		}
+	}
+	return true
+}
+
+// DurationText is d as an operator writes it in a Caddyfile: "5m" and
+// "1h", not Go's "5m0s" and "1h0m0s".
+func DurationText(d time.Duration) string {
+	s := d.String()
+	if strings.HasSuffix(s, "m0s") {
+		s = strings.TrimSuffix(s, "0s")
+	}
+	if strings.HasSuffix(s, "h0m") {
+		s = strings.TrimSuffix(s, "0m")
+	}
+	return s
 }

@@ -90,3 +90,60 @@ func TestRedactURL(t *testing.T) {
 		t.Errorf("URLError = %q", got)
 	}
 }
+
+func TestFetchURL(t *testing.T) {
+	for _, ok := range []string{
+		"https://idp.example.com/jwks.json",
+		"https://user:pw@idp.example.com/jwks.json",
+		"http://127.0.0.1:8080/keys",
+		"http://localhost/keys",
+		"http://[::1]:9000/keys",
+	} {
+		if err := FetchURL(ok); err != nil {
+			t.Errorf("FetchURL(%q) = %v, want nil", ok, err)
+		}
+	}
+	for in, want := range map[string]string{
+		"http://idp.example.com/jwks":        "plain http is allowed only to a loopback address",
+		"http://user:s3cret@idp.example.com": "plain http is allowed only to a loopback address",
+		"ftp://idp.example.com/jwks":         "must start with https://",
+		"file:///etc/jwks.json":              "must start with https://",
+		"idp.example.com/jwks":               "must start with https://",
+		"https:///jwks":                      "has no host",
+		"https://idp.example.com/jwks#k":     "must not have a fragment",
+		"https://user:s3cret@idp/%zz":        "invalid URL escape",
+	} {
+		err := FetchURL(in)
+		if err == nil || !strings.Contains(err.Error(), want) || strings.Contains(err.Error(), "s3cret") {
+			t.Errorf("FetchURL(%q) = %v, want an error saying %q without the password", in, err, want)
+		}
+	}
+}
+
+func TestHeaderNameAndValue(t *testing.T) {
+	for name, want := range map[string]bool{
+		"X-Api-Key": true, "x_key.1!": true, "": false, "X Key": false, "X-Key:": false, "X-Kéy": false, "X-Key\r\n": false,
+	} {
+		if got := HeaderName(name); got != want {
+			t.Errorf("HeaderName(%q) = %v, want %v", name, got, want)
+		}
+	}
+	for value, want := range map[string]bool{
+		"Bearer abc": true, "a\tb": true, "": true, "k1\r\nX-Injected: 1": false, "a\x00b": false, "a\x7fb": false,
+	} {
+		if got := HeaderValue(value); got != want {
+			t.Errorf("HeaderValue(%q) = %v, want %v", value, got, want)
+		}
+	}
+}
+
+func TestDurationText(t *testing.T) {
+	for d, want := range map[time.Duration]string{
+		time.Hour: "1h", 5 * time.Minute: "5m", 30 * time.Second: "30s", 90 * time.Second: "1m30s",
+		time.Hour + time.Minute: "1h1m", time.Nanosecond: "1ns", 8760 * time.Hour: "8760h",
+	} {
+		if got := DurationText(d); got != want {
+			t.Errorf("DurationText(%s) = %q, want %q", d, got, want)
+		}
+	}
+}

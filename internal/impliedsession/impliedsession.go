@@ -36,7 +36,7 @@ import (
 )
 
 func init() {
-	gateway.RegisterOption(requireOption, func(d *caddyfile.Dispenser) (any, error) {
+	gateway.RegisterOption(requireOption, func(d *caddyfile.Dispenser) (bool, error) {
 		return true, caddyopt.NoArgs(d)
 	})
 }

@@ -39,3 +39,29 @@ func TestSignInCookieOpensUnderAPreviousSecret(t *testing.T) {
 		t.Error("an expired sign-in opened")
 	}
 }
+
+// An OIDC issuer is https, or plain http to a loopback address only:
+// whoever answers for it serves the keys sign-ins are verified with. Its
+// errors never quote a password.
+func TestOIDCIssuerURL(t *testing.T) {
+	for issuer, want := range map[string]string{
+		"https://id.example.com":             "",
+		"http://127.0.0.1:9000/realms/x":     "",
+		"http://localhost:9000":              "",
+		"http://id.example.com":              "plain http is allowed only to a loopback address",
+		"http://u:pw-secret@id.example.com":  "plain http is allowed only to a loopback address",
+		"ftp://id.example.com":               "must be an absolute http(s) URL",
+		"id.example.com":                     "must be an absolute http(s) URL",
+		"https://u:pw-secret@id.example.com": "",
+	} {
+		err := (&OIDCIssuer{Issuer: issuer, ClientID: "toolgate"}).validate()
+		switch {
+		case want == "" && err != nil:
+			t.Errorf("%s: %v", issuer, err)
+		case want != "" && (err == nil || !strings.Contains(err.Error(), want)):
+			t.Errorf("%s: %v, want %q", issuer, err, want)
+		case err != nil && strings.Contains(err.Error(), "pw-secret"):
+			t.Errorf("%s: the error quotes the password: %v", issuer, err)
+		}
+	}
+}

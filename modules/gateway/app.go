@@ -14,6 +14,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -39,7 +40,9 @@ type App struct {
 	// PublicURL is the gateway's external base URL, such as
 	// https://gateway.example.com. It is used for OAuth redirect URIs and
 	// RFC 9728 metadata, and its origin is allowed to call the MCP
-	// endpoint from a browser. Required when a service uses oauth.
+	// endpoint from a browser: scheme://host[:port][/path] only, without
+	// user, password, query or fragment. Required when a service uses
+	// oauth.
 	PublicURL string `json:"public_url,omitempty"`
 
 	// StateSecret is the secret toolgate derives the keys of what it hands
@@ -49,7 +52,8 @@ type App struct {
 	// bytes. Required when a service uses oauth, and to run several
 	// replicas; without it, MCP session ids are sealed with a key of the
 	// process, which no other replica holds and a restart forgets. Use a
-	// placeholder such as {env.TOOLGATE_STATE_SECRET}; never commit it.
+	// placeholder such as {env.TOOLGATE_STATE_SECRET}; never commit it. One
+	// that is empty once placeholders are replaced is an error, not "none".
 	StateSecret string `json:"state_secret,omitempty"`
 
 	// PreviousStateSecrets are secrets StateSecret replaced: what was
@@ -74,14 +78,17 @@ type App struct {
 	Auth *AuthConfig `json:"auth,omitempty"`
 
 	// Extensions holds the configuration of capabilities outside the kernel,
-	// by option name (see RegisterOption): "approvals", for instance.
+	// by option name (see RegisterOption): "approvals", for instance. A
+	// name no capability of this build registers is refused.
 	Extensions map[string]json.RawMessage `json:"extensions,omitempty"`
 
 	// Services is the registry of upstream MCP servers.
 	Services []*Service `json:"services,omitempty"`
 
 	// SessionHeader is the request header carrying the toolgate session id.
-	// Default "X-Toolgate-Session".
+	// Default "X-Toolgate-Session". It must be a header name that HTTP,
+	// MCP and toolgate do not use already (not Authorization, Cookie,
+	// Origin, Accept, Mcp-…, Sec-…, say).
 	SessionHeader string `json:"session_header,omitempty"`
 
 	// SessionTTL is how long a toolgate session lasts. Default 12h.
@@ -101,7 +108,7 @@ type App struct {
 
 	// MCPSessionSweepInterval is how often idle MCP sessions are looked
 	// for; a session ends at most this long after its idle timeout.
-	// Default 1m.
+	// Default 1m, at least 10ms.
 	MCPSessionSweepInterval caddy.Duration `json:"mcp_session_sweep_interval,omitempty"`
 
 	// MaxMCPSessions bounds the MCP sessions initialized through this
@@ -133,14 +140,17 @@ type App struct {
 	// plugins): a session ended or a credential removed through another
 	// replica stops working here within this time. With a storage that
 	// announces changes (postgres) what was read is reused until it
-	// changes, whatever this is. Default 10s.
+	// changes, whatever this is. Default 10s, at most 1h.
 	CacheTTL caddy.Duration `json:"cache_ttl,omitempty"`
 
-	// AllowedOrigins are browser origins (scheme://host[:port]) allowed to
-	// call the MCP endpoint and the API, besides PublicURL's own: their
-	// pages' CORS preflights are answered and their answers readable.
-	// Requests with any other Origin header are refused (DNS-rebinding
-	// protection); requests without one (non-browser clients) are allowed.
+	// AllowedOrigins are browser origins allowed to call the MCP endpoint
+	// and the API, besides PublicURL's own: their pages' CORS preflights
+	// are answered and their answers readable. Each is written as browsers
+	// send it in the Origin header: scheme://host[:port] in lower case,
+	// scheme http or https, no path, no port when it is the scheme's
+	// default; null and * are refused. Requests with any other Origin
+	// header are refused (DNS-rebinding protection); requests without one
+	// (non-browser clients) are allowed.
 	AllowedOrigins []string `json:"allowed_origins,omitempty"`
 
 	// MaxRequestBytes bounds a runner's request body. Default 4 MiB.
@@ -215,11 +225,13 @@ const (
 	defaultSessionsPerUser         = 100
 	defaultMCPSessionIdle          = time.Hour
 	defaultMCPSessionSweep         = time.Minute
+	minMCPSessionSweep             = 10 * time.Millisecond
 	defaultMaxMCPSessions          = 10000
 	defaultMaxMCPSessionsPerCaller = 100
 	defaultMaxStreams              = 10000
 	defaultMaxStreamsPerCaller     = 1000
 	defaultCacheTTL                = 10 * time.Second
+	maxCacheTTL                    = time.Hour
 	defaultMaxRequestBytes         = 4 << 20
 
 	defaultMaxRequestBytesInFlight          = 256 << 20
@@ -263,7 +275,13 @@ func (a *App) Provision(ctx caddy.Context) error {
 
 	// Defaults.
 	a.PublicURL = strings.TrimSuffix(repl.ReplaceKnown(a.PublicURL, ""), "/")
-	a.StateSecret = repl.ReplaceKnown(a.StateSecret, "")
+	if given := a.StateSecret; given != "" {
+		// Going on without it would seal MCP session ids with a key of
+		// this process alone, which replicas and a restart do not share.
+		if a.StateSecret = repl.ReplaceKnown(given, ""); a.StateSecret == "" {
+			return errors.New("state_secret is empty once placeholders are replaced (is its environment variable set?)")
+		}
+	}
 	for i, p := range a.PreviousStateSecrets {
 		a.PreviousStateSecrets[i] = repl.ReplaceKnown(p, "")
 	}
@@ -408,10 +426,27 @@ const mcpSessionPoolKey = "mcp-sessions"
 // Validate checks the configuration. It changes nothing.
 func (a *App) Validate() error {
 	if a.PublicURL != "" {
+		// Redirect URIs and metadata URLs are public_url with a path
+		// appended, and the metadata shows it to anyone.
 		u, err := url.Parse(a.PublicURL)
-		if err != nil || u.Host == "" || (u.Scheme != "https" && u.Scheme != "http") {
-			return fmt.Errorf("public_url %q: must be an absolute http(s) URL", caddyopt.RedactURL(a.PublicURL))
+		if err != nil || u.Host == "" || (u.Scheme != "https" && u.Scheme != "http") ||
+			u.User != nil || u.RawQuery != "" || u.ForceQuery || strings.Contains(a.PublicURL, "#") {
+			return fmt.Errorf("public_url %q: must be an absolute http(s) URL, scheme://host[:port][/path] only: no user or password, query or fragment",
+				caddyopt.RedactURL(a.PublicURL))
 		}
+	}
+	for _, o := range a.AllowedOrigins {
+		if err := checkOrigin(o); err != nil {
+			return err
+		}
+	}
+	if a.SessionHeader != "" { // "" until Provision gives the default
+		if err := checkSessionHeader(a.SessionHeader); err != nil {
+			return err
+		}
+	}
+	if err := a.checkExtensions(); err != nil {
+		return err
 	}
 	needsCipher, needsOAuth := "", ""
 	for _, s := range a.Services {
@@ -436,6 +471,11 @@ func (a *App) Validate() error {
 			return fmt.Errorf("service %q uses oauth: state_secret must be at least %d bytes (is its environment variable set?)", needsOAuth, minStateSecretBytes)
 		}
 	}
+	if a.StateSecret != "" && len(a.StateSecret) < minStateSecretBytes {
+		// It keys the seals of Mcp-Session-Ids, tasks and OAuth states: a
+		// short one can be guessed offline and those forged.
+		return fmt.Errorf("state_secret: must be at least %d bytes (make one with: openssl rand -base64 32)", minStateSecretBytes)
+	}
 	for _, p := range a.PreviousStateSecrets {
 		switch {
 		case a.StateSecret == "":
@@ -446,6 +486,17 @@ func (a *App) Validate() error {
 	}
 	if a.SessionTTL < 0 || a.MCPSessionIdleTimeout < 0 || a.MCPSessionSweepInterval < 0 || a.CacheTTL < 0 {
 		return errors.New("session_ttl, mcp_session_idle_timeout, mcp_session_sweep_interval and cache_ttl must be positive")
+	}
+	if d := time.Duration(a.MCPSessionSweepInterval); d != 0 && d < minMCPSessionSweep {
+		// Below it the housekeeping loop spins. Above it a sweep costs
+		// little (a session's use is written once per window, not per
+		// sweep), and the integration tests sweep every 50ms.
+		return fmt.Errorf("mcp_session_sweep_interval: %s is too short: at least %s (default %s)",
+			caddyopt.DurationText(d), caddyopt.DurationText(minMCPSessionSweep), caddyopt.DurationText(defaultMCPSessionSweep))
+	}
+	if d := time.Duration(a.CacheTTL); d > maxCacheTTL {
+		return fmt.Errorf("cache_ttl: %s is too long: at most %s (default %s); a session ended or a credential removed through another replica keeps working here for that long",
+			caddyopt.DurationText(d), caddyopt.DurationText(maxCacheTTL), caddyopt.DurationText(defaultCacheTTL))
 	}
 	if a.MaxMCPSessions < 0 || a.MaxMCPSessionsPerCaller < 0 {
 		return errors.New("max_mcp_sessions and max_mcp_sessions_per_caller must be positive")
@@ -466,6 +517,84 @@ func (a *App) Validate() error {
 	case a.MaxRequestBytesInFlight < a.MaxRequestBytesInFlightPerCaller:
 		return fmt.Errorf("max_request_bytes_in_flight (%s) must be at least max_request_bytes_in_flight_per_caller (%s)",
 			size(a.MaxRequestBytesInFlight), size(a.MaxRequestBytesInFlightPerCaller))
+	}
+	return nil
+}
+
+// checkOrigin refuses o, an allowed_origins entry, unless it is an origin
+// as browsers send it in the Origin header (CheckOrigin compares the two
+// as they are): lower-case http(s)://host[:port], the port only when it
+// is not the scheme's default. An entry no browser sends would lock out
+// the page it was meant for without a word; null (sandboxed frames,
+// file: and data: pages, which anyone can make) and * would let every
+// page in.
+func checkOrigin(o string) error {
+	if o == "null" || o == "*" {
+		return fmt.Errorf("allowed_origins: %s would let in pages of any site; list each origin as scheme://host[:port]", o)
+	}
+	trimmed := strings.TrimSuffix(o, "/") // as Provision reads it
+	u, err := url.Parse(trimmed)
+	ok := err == nil && (u.Scheme == "https" || u.Scheme == "http") && u.Host != "" &&
+		trimmed == u.Scheme+"://"+u.Host && u.Host == strings.ToLower(u.Host) && isASCII(u.Host)
+	if ok {
+		switch port := u.Port(); {
+		case strings.HasSuffix(u.Host, ":"):
+			ok = false
+		case port == "":
+		case u.Scheme == "https" && port == "443", u.Scheme == "http" && port == "80":
+			ok = false
+		default:
+			n, err := strconv.Atoi(port)
+			ok = err == nil && n > 0 && n < 1<<16 && strconv.Itoa(n) == port
+		}
+	}
+	if !ok {
+		return fmt.Errorf("allowed_origins: %q is not an origin as browsers send it: write scheme://host[:port] in lower case, scheme http or https, "+
+			"without path, query or user, and without the port when it is the scheme's default (443, 80); an international name in its xn-- form",
+			caddyopt.RedactURL(o))
+	}
+	return nil
+}
+
+func isASCII(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] >= 0x80 {
+			return false
+		}
+	}
+	return true
+}
+
+// protocolHeaders are the request headers toolgate, MCP, HTTP or browsers
+// already give a meaning, by lower-case name: a session header among them
+// would be read as both.
+var protocolHeaders = map[string]bool{
+	"authorization": true, "proxy-authorization": true, "cookie": true, "origin": true, "host": true,
+	"content-type": true, "content-length": true, "content-encoding": true, "transfer-encoding": true,
+	"accept": true, "accept-encoding": true, "last-event-id": true, "connection": true, "upgrade": true,
+	"te": true, "trailer": true, "keep-alive": true, "expect": true, "referer": true, "user-agent": true,
+	"if-none-match": true, "forwarded": true, "x-forwarded-for": true, "x-forwarded-host": true,
+	"x-forwarded-proto": true, "traceparent": true, "tracestate": true, "baggage": true,
+}
+
+// protocolHeaderPrefixes start the names of whole families of such
+// headers: MCP's own (Mcp-Session-Id, Mcp-Protocol-Version, Mcp-Method,
+// Mcp-Param-…), and those a browser's script may not set.
+var protocolHeaderPrefixes = []string{"mcp-", "sec-", "proxy-", "access-control-"}
+
+// checkSessionHeader refuses a session_header a client cannot send, or
+// one that already means something else.
+func checkSessionHeader(h string) error {
+	if !caddyopt.HeaderName(h) {
+		return fmt.Errorf("session_header %q is not a header name: letters, digits and !#$%%&'*+-.^_`|~ only (default %s)", h, DefaultSessionHeader)
+	}
+	lower := strings.ToLower(h)
+	used := protocolHeaders[lower]
+	for _, p := range protocolHeaderPrefixes {
+		used = used || strings.HasPrefix(lower, p)
+	}
+	if used {
+		return fmt.Errorf("session_header %s: HTTP, MCP or toolgate uses this header already; choose another name (default %s)", h, DefaultSessionHeader)
 	}
 	return nil
 }

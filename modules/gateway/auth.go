@@ -91,10 +91,11 @@ type JWTIssuer struct {
 	Issuer string `json:"issuer"`
 	// Audience lists accepted "aud" values; the token must carry one.
 	Audience []string `json:"audience"`
-	// JWKSURL is where the issuer publishes its signing keys. Fetched when
-	// the gateway starts and again (at most once a minute) when a token
-	// names an unknown key id. A token verified once is remembered until it
-	// expires, so removing its key does not revoke it.
+	// JWKSURL is where the issuer publishes its signing keys: https, or
+	// plain http to a loopback address only (a local test server). Fetched
+	// when the gateway starts and again (at most once a minute) when a
+	// token names an unknown key id. A token verified once is remembered
+	// until it expires, so removing its key does not revoke it.
 	JWKSURL string `json:"jwks_url,omitempty"`
 	// KeyFiles are PEM files with static public keys (or a JWKS JSON file).
 	KeyFiles []string `json:"key_files,omitempty"`
@@ -105,11 +106,16 @@ type JWTIssuer struct {
 	// claim has another shape (a string, an array holding numbers) is
 	// refused. A token without it has no groups.
 	GroupsClaim string `json:"groups_claim,omitempty"`
-	// Leeway tolerates clock skew on exp and nbf. Default 30s.
+	// Leeway tolerates clock skew on exp and nbf. Default 30s, at most 5m.
 	Leeway caddy.Duration `json:"leeway,omitempty"`
 
 	keys *keySet
 }
+
+const (
+	defaultLeeway = 30 * time.Second
+	maxLeeway     = 5 * time.Minute
+)
 
 // HashAPIKey returns the stored form of an API key.
 func HashAPIKey(key string) string {
@@ -168,7 +174,14 @@ func (a *AuthConfig) provision(repl *caddy.Replacer) error {
 		k.caller = &Caller{User: k.User, Groups: k.Groups, Method: "api_key"}
 		a.keys[sum] = k
 	}
+	issuers := make(map[string]bool, len(a.JWT))
 	for _, j := range a.JWT {
+		if issuers[j.Issuer] {
+			// verifyJWT consults the first block of an issuer only: the
+			// second one's audience, keys and claims would never apply.
+			return fmt.Errorf("auth jwt %s: issuer given twice: merge the two blocks into one", j.Issuer)
+		}
+		issuers[j.Issuer] = true
 		if err := j.provision(repl); err != nil {
 			return err
 		}
@@ -206,6 +219,18 @@ func (j *JWTIssuer) provision(repl *caddy.Replacer) error {
 	if j.JWKSURL == "" && len(j.KeyFiles) == 0 {
 		return fmt.Errorf("auth jwt %s: give jwks_url or key_file", j.Issuer)
 	}
+	if j.JWKSURL != "" {
+		// Whoever serves the keys can sign a token for any user.
+		if err := caddyopt.FetchURL(j.JWKSURL); err != nil {
+			return fmt.Errorf("auth jwt %s: jwks_url %v", j.Issuer, err)
+		}
+	}
+	if j.Leeway < 0 || time.Duration(j.Leeway) > maxLeeway {
+		// A token expired longer ago than the leeway is refused: a long
+		// one keeps expired tokens working.
+		return fmt.Errorf("auth jwt %s: leeway %s is out of range: 0 to %s (it only absorbs clock skew; default %s)",
+			j.Issuer, caddyopt.DurationText(time.Duration(j.Leeway)), caddyopt.DurationText(maxLeeway), caddyopt.DurationText(defaultLeeway))
+	}
 	if j.UserClaim == "" {
 		j.UserClaim = "sub"
 	}
@@ -213,7 +238,7 @@ func (j *JWTIssuer) provision(repl *caddy.Replacer) error {
 		j.GroupsClaim = "groups"
 	}
 	if j.Leeway == 0 {
-		j.Leeway = caddy.Duration(30 * time.Second)
+		j.Leeway = caddy.Duration(defaultLeeway)
 	}
 	var static []jose.JSONWebKey
 	for _, f := range j.KeyFiles {

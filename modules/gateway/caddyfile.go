@@ -197,12 +197,12 @@ func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				a.Services = append(a.Services, s)
 			}
 		default:
-			parse := registeredOption(opt)
-			if parse == nil {
+			o, ok := registeredOption(opt)
+			if !ok {
 				return d.Errf("toolgate: unknown option %q", opt)
 			}
 			var v any
-			if v, err = parse(d); err == nil {
+			if v, err = o.parse(d); err == nil {
 				if a.Extensions == nil {
 					a.Extensions = map[string]json.RawMessage{}
 				}

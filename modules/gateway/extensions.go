@@ -1,9 +1,13 @@
 package gateway
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
+	"reflect"
+	"slices"
 	"strings"
 	"sync"
 
@@ -20,25 +24,66 @@ import (
 
 var (
 	optionsMu sync.Mutex
-	options   = map[string]func(d *caddyfile.Dispenser) (any, error){}
+	options   = map[string]option{}
 )
+
+// option is a registered sub-block of the toolgate global option.
+type option struct {
+	parse func(d *caddyfile.Dispenser) (any, error)
+	// form is the Go type the option's JSON decodes into, nil when the
+	// capability checks its JSON itself (its parser returns any).
+	form reflect.Type
+}
 
 // RegisterOption makes name a sub-block of the toolgate global option: parse
 // reads it (the dispenser on the option's name) and returns the value that
 // App.Extensions[name] holds as JSON. Call it from an init function.
-func RegisterOption(name string, parse func(d *caddyfile.Dispenser) (any, error)) {
+//
+// The type parse returns is the option's JSON form: when the config loads,
+// App.Extensions[name] must decode into it strictly (no unknown fields, no
+// value of the wrong type), so a JSON config cannot mistype an option the
+// Caddyfile would refuse. A parser returning any leaves the check to its
+// capability. An extension no capability registered is refused.
+func RegisterOption[T any](name string, parse func(d *caddyfile.Dispenser) (T, error)) {
 	optionsMu.Lock()
 	defer optionsMu.Unlock()
 	if _, dup := options[name]; dup {
 		panic("toolgate option " + name + " registered twice")
 	}
-	options[name] = parse
+	o := option{parse: func(d *caddyfile.Dispenser) (any, error) { return parse(d) }}
+	if form := reflect.TypeFor[T](); form.Kind() != reflect.Interface {
+		o.form = form
+	}
+	options[name] = o
 }
 
-func registeredOption(name string) func(d *caddyfile.Dispenser) (any, error) {
+func registeredOption(name string) (option, bool) {
 	optionsMu.Lock()
 	defer optionsMu.Unlock()
-	return options[name]
+	o, ok := options[name]
+	return o, ok
+}
+
+// checkExtensions refuses an extension no capability registered (a typo,
+// or a module this build lacks: what it was meant to turn on would be off
+// without a word), and one whose JSON does not decode strictly into the
+// form its capability declared.
+func (a *App) checkExtensions() error {
+	for _, name := range slices.Sorted(maps.Keys(a.Extensions)) {
+		o, ok := registeredOption(name)
+		if !ok {
+			return fmt.Errorf("extensions: unknown option %q: check its spelling, or build toolgate with the module that adds it", name)
+		}
+		if o.form == nil {
+			continue
+		}
+		dec := json.NewDecoder(bytes.NewReader(a.Extensions[name]))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(reflect.New(o.form).Interface()); err != nil {
+			return fmt.Errorf("extensions: %s: %v", name, err)
+		}
+	}
+	return nil
 }
 
 // Extension is the configuration of the registered option name, or nil.

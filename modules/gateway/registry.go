@@ -31,8 +31,8 @@ type Service struct {
 
 	// URL is the upstream's Streamable HTTP MCP endpoint (or, with
 	// transport sse, its 2024-11-05 SSE endpoint). It must be https unless
-	// AllowHTTP is set. A service whose transport runs a program (stdio)
-	// has none.
+	// AllowHTTP is set, and has no fragment (#…), which is never sent. A
+	// service whose transport runs a program (stdio) has none.
 	URL string `json:"url,omitempty"`
 
 	// AllowHTTP permits a plain http URL. Meant for local development only:
@@ -143,11 +143,13 @@ type UpstreamAuth struct {
 	// Kind is one of "none", "header", "bearer" or "oauth".
 	Kind string `json:"kind"`
 
-	// Header is the header name, for kind "header".
+	// Header is the header name, for kind "header": a valid HTTP header
+	// name (no spaces or colons).
 	Header string `json:"header,omitempty"`
 
 	// Value is the header value, for kind "header". Placeholders such as
-	// {env.WEATHER_KEY} are expanded when the config loads.
+	// {env.WEATHER_KEY} are expanded when the config loads; the value must
+	// hold no line break or other control character.
 	Value string `json:"value,omitempty"`
 
 	// OAuth configures kind "oauth".
@@ -312,6 +314,10 @@ func (s *Service) validateURL(fail func(field, format string, args ...any) error
 		return fail("url", "%q has no host", caddyopt.RedactURL(s.URL))
 	case u.User != nil:
 		return fail("url", "must not carry credentials; use auth instead")
+	case strings.Contains(s.URL, "#"):
+		// The fragment is never sent, and would make the Endpoint differ
+		// from the same URL without it (ending MCP sessions).
+		return fail("url", "must not have a fragment (#…): it is never sent to the upstream")
 	case u.Scheme == "http" && !s.AllowHTTP:
 		return fail("url", "%q is plain http; use https, or add allow_http for local development", s.URL)
 	case u.Scheme != "https" && u.Scheme != "http":
@@ -357,11 +363,17 @@ func (s *Service) validateRest(fail func(field, format string, args ...any) erro
 	switch a := s.Auth; a.Kind {
 	case AuthNone, AuthBearer:
 	case AuthHeader:
-		if a.Header == "" {
+		switch {
+		case a.Header == "":
 			return fail("auth", "header needs a header name and a value")
-		}
-		if a.Value == "" {
+		case !caddyopt.HeaderName(a.Header):
+			// Not quoted: a name like "X-Key: <key>" holds the credential.
+			return fail("auth", "header: the name is not a header name (letters, digits and !#$%%&'*+-.^_`|~ only: no spaces or colons)")
+		case a.Value == "":
 			return fail("auth", "header %s has an empty value (is its environment variable set?)", a.Header)
+		case !caddyopt.HeaderValue(a.Value):
+			// Never quoted: it is a credential.
+			return fail("auth", "header %s: the value holds a line break or another control character (check its environment variable)", a.Header)
 		}
 	case AuthOAuth:
 		o := a.OAuth

@@ -251,3 +251,31 @@ func TestAppValidateCrossServiceRules(t *testing.T) {
 		})
 	}
 }
+
+// What browsers send as Origin is accepted in allowed_origins (with the
+// trailing slash Provision strips), and session_header takes a header of
+// its own in any case.
+func TestOriginAndSessionHeaderAccepted(t *testing.T) {
+	for _, o := range []string{"https://app.example.com", "http://localhost:6274", "https://b.example.com:8443",
+		"http://127.0.0.1:8080", "http://[::1]:3000", "https://app.example.com/", "https://xn--bcher-kva.example"} {
+		if err := checkOrigin(o); err != nil {
+			t.Errorf("checkOrigin(%q) = %v", o, err)
+		}
+	}
+	for _, o := range []string{"https://app.example.com:", "https://app.example.com:0443", "http://app.example.com:80",
+		"https://bücher.example", "https://app.example.com?x=1", "https://app.example.com#x", "https://u@app.example.com"} {
+		if err := checkOrigin(o); err == nil {
+			t.Errorf("checkOrigin(%q) accepted", o)
+		}
+	}
+	for _, h := range []string{DefaultSessionHeader, "X-Run-Session", "x-toolgate-session"} {
+		if err := checkSessionHeader(h); err != nil {
+			t.Errorf("checkSessionHeader(%q) = %v", h, err)
+		}
+	}
+	for _, h := range []string{"authorization", "Mcp-Method", "Sec-Fetch-Site", "Last-Event-ID", "Cookie"} {
+		if err := checkSessionHeader(h); err == nil {
+			t.Errorf("checkSessionHeader(%q) accepted", h)
+		}
+	}
+}

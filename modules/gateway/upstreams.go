@@ -136,12 +136,17 @@ func (s *Service) attachTransport(ctx caddy.Context, a *App) error {
 type serviceTransport struct {
 	name   string
 	module caddy.Module
+	given  bool // `transport` was given
 }
 
 // parse handles the option the dispenser is on, reporting false when
 // neither `transport` nor any transport's own option.
 func (t *serviceTransport) parse(d *caddyfile.Dispenser, service string) (bool, error) {
 	if d.Val() == "transport" {
+		if t.given {
+			return true, d.Errf("service %q: transport given twice", service)
+		}
+		t.given = true
 		var name string
 		if !d.NextArg() {
 			return true, d.ArgErr()

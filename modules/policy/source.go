@@ -10,7 +10,6 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
-	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -72,19 +71,12 @@ func checkSource(s string) error {
 		if err != nil {
 			return fmt.Errorf("policy source %s: %v", redactedURL(s), caddyopt.URLError(err))
 		}
-		if !loopbackHost(u.Hostname()) {
+		if !caddyopt.LoopbackHost(u.Hostname()) {
 			return fmt.Errorf("policy source %s: a bundle URL must be https:// (http:// only to a loopback address: anyone on the network path could serve the policy)", redactedURL(s))
 		}
 		return nil
 	}
 	return fmt.Errorf("policy source %s: a bundle URL must be https:// (or http:// to a loopback address); a local policy is a file or directory path", redactedURL(s))
-}
-
-// loopbackHost reports whether host names this machine: localhost or a
-// loopback address.
-func loopbackHost(host string) bool {
-	ip := net.ParseIP(host)
-	return strings.EqualFold(host, "localhost") || ip != nil && ip.IsLoopback()
 }
 
 // redactedURL is a bundle URL as toolgate quotes it in logs and errors:

@@ -57,7 +57,6 @@ import (
 	"crypto/cipher"
 	"errors"
 	"fmt"
-	"net"
 	"net/url"
 	"strings"
 	"time"
@@ -348,8 +347,7 @@ func checkEndpoint(s string) error {
 	case "https":
 		return nil
 	case "http":
-		host := u.Hostname()
-		if ip := net.ParseIP(host); host == "localhost" || (ip != nil && ip.IsLoopback()) {
+		if caddyopt.LoopbackHost(u.Hostname()) {
 			return nil
 		}
 		return fmt.Errorf("kms: endpoint %q: http:// is allowed only on a loopback address (KMS answers carry data keys); use https://", s)

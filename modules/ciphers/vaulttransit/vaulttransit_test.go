@@ -574,13 +574,15 @@ func TestProvisionAndValidate(t *testing.T) {
 		{"no address", Cipher{Token: "t", Key: "k"}, "address is required"},
 		{"address placeholder empty", Cipher{Address: "{env.TOOLGATE_TEST_EMPTY}", Token: "t", Key: "k"}, "empty once placeholders"},
 		{"bad scheme", Cipher{Address: "vault:8200", Token: "t", Key: "k"}, "must start with https://"},
+		{"plain http to another host", Cipher{Address: "http://vault.example.com:8200", Token: "t", Key: "k"}, "plain http is allowed only to a loopback address"},
+		{"plain http to localhost", Cipher{Address: "http://localhost:8200", Token: "t", Key: "k"}, ""},
 		{"userinfo in address", Cipher{Address: "http://toolgate:s3cret@vault:8200", Token: "t", Key: "k"}, `"http://xxxxx@vault:8200" must not carry a user or password`},
-		{"no key", Cipher{Address: "http://v", Token: "t"}, "key is required"},
-		{"no auth", Cipher{Address: "http://v", Key: "k"}, "one of token or approle"},
-		{"both auths", Cipher{Address: "http://v", Key: "k", Token: "t", AppRole: &AppRole{RoleID: "r"}}, "not both"},
-		{"token placeholder empty", Cipher{Address: "http://v", Key: "k", Token: "{env.TOOLGATE_TEST_EMPTY}"}, `token "{env.TOOLGATE_TEST_EMPTY}" is empty`},
-		{"approle without role_id", Cipher{Address: "http://v", Key: "k", AppRole: &AppRole{SecretID: "s"}}, "role_id is required"},
-		{"key with slash", Cipher{Address: "http://v", Token: "t", Key: "a/b"}, "must not contain"},
+		{"no key", Cipher{Address: "https://v", Token: "t"}, "key is required"},
+		{"no auth", Cipher{Address: "https://v", Key: "k"}, "one of token or approle"},
+		{"both auths", Cipher{Address: "https://v", Key: "k", Token: "t", AppRole: &AppRole{RoleID: "r"}}, "not both"},
+		{"token placeholder empty", Cipher{Address: "https://v", Key: "k", Token: "{env.TOOLGATE_TEST_EMPTY}"}, `token "{env.TOOLGATE_TEST_EMPTY}" is empty`},
+		{"approle without role_id", Cipher{Address: "https://v", Key: "k", AppRole: &AppRole{SecretID: "s"}}, "role_id is required"},
+		{"key with slash", Cipher{Address: "https://v", Token: "t", Key: "a/b"}, "must not contain"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
