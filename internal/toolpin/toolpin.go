@@ -55,7 +55,7 @@ type Config struct {
 	AdminGroups []string `json:"admin_groups,omitempty"`
 }
 
-func parseOption(d *caddyfile.Dispenser) (any, error) {
+func parseOption(d *caddyfile.Dispenser) (*Config, error) {
 	cfg := new(Config)
 	if d.NextArg() {
 		if d.Val() != "off" || d.NextArg() {

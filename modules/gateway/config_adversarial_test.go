@@ -10,6 +10,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 
 	"github.com/toolgate/toolgate/internal/impliedsession"
+	_ "github.com/toolgate/toolgate/internal/toolpin"
 	"github.com/toolgate/toolgate/modules/gateway"
 	_ "github.com/toolgate/toolgate/modules/upstreams/sse"
 )
@@ -279,6 +280,7 @@ func TestAttackExtensionsNotValidated(t *testing.T) {
 	for name, ext := range map[string]string{
 		"misspelled key": `{"require_sesion": true}`,
 		"string value":   `{"require_session": "true"}`,
+		"tool_pins typo": `{"tool_pins": {"admin_group": ["secops"]}}`,
 	} {
 		t.Run(name, func(t *testing.T) {
 			app, err := loadJSON(t, `{"extensions": `+ext+`}`)
