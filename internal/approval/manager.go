@@ -199,7 +199,11 @@ func newManager(ctx caddy.Context, app *gateway.App) (*Manager, error) {
 	}
 	if w := m.cfg.Webhook; w != nil {
 		repl := caddy.NewReplacer()
-		w.URL, w.Secret = repl.ReplaceKnown(w.URL, ""), repl.ReplaceKnown(w.Secret, "")
+		w.URL = repl.ReplaceKnown(w.URL, "")
+		var err error
+		if w.Secret, err = caddyopt.Secret(repl, w.Secret); err != nil {
+			return nil, fmt.Errorf("approvals webhook: secret %w", err)
+		}
 		if err := w.validate(); err != nil {
 			return nil, err
 		}
@@ -219,7 +223,7 @@ func newManager(ctx caddy.Context, app *gateway.App) (*Manager, error) {
 
 func (w *Webhook) validate() error {
 	u, err := url.Parse(w.URL)
-	if err != nil || u.Host == "" || (u.Scheme != "https" && !(u.Scheme == "http" && isLoopbackHost(u.Hostname()))) {
+	if err != nil || u.Host == "" || (u.Scheme != "https" && !(u.Scheme == "http" && caddyopt.LoopbackHost(u.Hostname()))) {
 		return fmt.Errorf("approvals webhook %q: must be an https URL (http only on a loopback address)", caddyopt.RedactURL(w.URL))
 	}
 	if len(w.Secret) < 32 {

@@ -8,11 +8,12 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
-	"net"
 	"net/http"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"go.uber.org/zap"
 
@@ -25,7 +26,15 @@ import (
 //	  "id": …, "url": …, "state": "pending", "stage": "request", "requester": …,
 //	  "service": …, "method": …, "tool": …, "reason": …, "decision_id": …,
 //	  "scopes": […], "created_at": …, "expires_at": …,
+//	  "approvers": […], "approver_groups": […], "requester_may_approve": …, "in_band": …,
 //	  "arguments": {…}}}          (only with include_arguments; masked)
+//
+// approvers, approver_groups, requester_may_approve and in_band say who
+// may decide (and so see) the approval: a receiver posting to a channel
+// wider than them routes by them. The reason and the arguments are
+// written with format characters escaped (Visible), as the console shows
+// them, and each is cut past maxAnnounced bytes ("arguments_truncated":
+// true stands for arguments past it): the page has the rest.
 //
 // Headers: X-Toolgate-Timestamp (Unix seconds), X-Toolgate-Delivery (the
 // same id on every retry of one delivery) and X-Toolgate-Signature:
@@ -46,13 +55,18 @@ type delivery struct {
 	id        string
 	body      []byte
 	requester string
+	approval  string
+	attempts  int       // made so far
+	due       time.Time // of the next attempt, for a retry
 }
 
-// notifier delivers webhook bodies one after the other, retrying each with
-// backoff; a full queue drops new announcements (logged), never blocks a
-// call. Each requester has a share of the queue: one that asks for
-// approvals without end fills their share, not everyone's, so that other
-// people's approvals are still announced.
+// notifier delivers webhook bodies, retrying each with backoff; a full
+// queue drops new announcements (logged), never blocks a call. Each
+// requester has a share of the queue (counting their deliveries waiting
+// for a retry): one that asks for approvals without end fills their
+// share, not everyone's. A delivery waiting for its retry holds nothing
+// up: new announcements go first, so a receiver failing one person's
+// deliveries delays another's by one attempt each, not by their backoff.
 type notifier struct {
 	hook    *Webhook
 	client  *http.Client
@@ -61,13 +75,17 @@ type notifier struct {
 	backoff []time.Duration
 
 	mu     sync.Mutex
-	queued map[string]int // announcements waiting in queue, by requester
+	queued map[string]int // announcements waiting (queued or for a retry), by requester
 }
 
 const (
 	hookQueue = 1024
 	// hookShare is how many of one requester's announcements may wait.
 	hookShare = 32
+	// maxAnnounced bounds the reason and the arguments an announcement
+	// carries (a runner's arguments may be megabytes; chat tools refuse
+	// such bodies, and the queue would hold them all).
+	maxAnnounced = 16 << 10
 )
 
 func newNotifier(w *Webhook, client *http.Client, logger *zap.Logger) *notifier {
@@ -82,29 +100,39 @@ type announcement struct {
 }
 
 type announcedApp struct {
-	ID         string          `json:"id"`
-	URL        string          `json:"url"`
-	State      string          `json:"state"`
-	Stage      string          `json:"stage"`
-	Requester  string          `json:"requester"`
-	Service    string          `json:"service"`
-	Method     string          `json:"method"`
-	Tool       string          `json:"tool,omitempty"`
-	Reason     string          `json:"reason,omitempty"`
-	DecisionID string          `json:"decision_id"`
-	Scopes     []string        `json:"scopes"`
-	CreatedAt  time.Time       `json:"created_at"`
-	ExpiresAt  time.Time       `json:"expires_at"`
-	Arguments  json.RawMessage `json:"arguments,omitempty"`
+	ID                  string          `json:"id"`
+	URL                 string          `json:"url"`
+	State               string          `json:"state"`
+	Stage               string          `json:"stage"`
+	Requester           string          `json:"requester"`
+	Service             string          `json:"service"`
+	Method              string          `json:"method"`
+	Tool                string          `json:"tool,omitempty"`
+	Reason              string          `json:"reason,omitempty"`
+	DecisionID          string          `json:"decision_id"`
+	Scopes              []string        `json:"scopes"`
+	CreatedAt           time.Time       `json:"created_at"`
+	ExpiresAt           time.Time       `json:"expires_at"`
+	Approvers           []string        `json:"approvers"`
+	ApproverGroups      []string        `json:"approver_groups"`
+	RequesterMayApprove bool            `json:"requester_may_approve"`
+	InBand              bool            `json:"in_band"`
+	Arguments           json.RawMessage `json:"arguments,omitempty"`
+	ArgumentsTruncated  bool            `json:"arguments_truncated,omitempty"`
 }
 
 func (n *notifier) announce(a *Approval, pageURL string, withArguments bool, masked []byte) {
 	body := announcement{Type: "approval.requested", Delivery: gateway.NewID(), Approval: announcedApp{
 		ID: a.ID, URL: pageURL, State: a.State, Stage: a.Stage, Requester: a.Requester, Service: a.Service,
-		Method: a.Method, Tool: a.Tool, Reason: a.Reason, DecisionID: a.DecisionID, Scopes: a.Scopes,
-		CreatedAt: a.CreatedAt, ExpiresAt: a.ExpiresAt}}
-	if withArguments && json.Valid(masked) {
-		body.Approval.Arguments = masked
+		Method: a.Method, Tool: a.Tool, Reason: Visible(cut(a.Reason, maxAnnounced)), DecisionID: a.DecisionID, Scopes: a.Scopes,
+		CreatedAt: a.CreatedAt, ExpiresAt: a.ExpiresAt, Approvers: nonNil(a.Approvers), ApproverGroups: nonNil(a.ApproverGroups),
+		RequesterMayApprove: a.RequesterMayApprove, InBand: a.InBand}}
+	switch {
+	case !withArguments || !json.Valid(masked):
+	case len(masked) > maxAnnounced:
+		body.Approval.ArgumentsTruncated = true
+	default:
+		body.Approval.Arguments = json.RawMessage(Visible(string(masked)))
 	}
 	data, _ := json.Marshal(body)
 	n.mu.Lock()
@@ -115,15 +143,34 @@ func (n *notifier) announce(a *Approval, pageURL string, withArguments bool, mas
 		return
 	}
 	select {
-	case n.queue <- delivery{id: body.Delivery, body: data, requester: a.Requester}:
+	case n.queue <- delivery{id: body.Delivery, body: data, requester: a.Requester, approval: a.ID}:
 		n.queued[a.Requester]++
 	default:
 		n.logger.Warn("approval webhook queue full: an announcement was dropped", zap.String("approval_id", a.ID))
 	}
 }
 
-// taken counts d out of its requester's share.
-func (n *notifier) taken(d delivery) {
+// cut is s cut to at most n bytes, at a character's start, marked "…"
+// when cut.
+func cut(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n] + "…"
+}
+
+func nonNil(s []string) []string {
+	if s == nil {
+		return []string{}
+	}
+	return s
+}
+
+// finished counts d out of its requester's share.
+func (n *notifier) finished(d delivery) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if n.queued[d.requester]--; n.queued[d.requester] <= 0 {
@@ -131,36 +178,80 @@ func (n *notifier) taken(d delivery) {
 	}
 }
 
+// run delivers until done: new announcements first, then the retries
+// that are due. What is left when done closes (a configuration reload, the
+// gateway stopping) is logged, approval by approval: those approvals stay
+// on the console's queue, unannounced.
 func (n *notifier) run(done <-chan struct{}) {
+	var retries []delivery // by due time
 	for {
 		select {
+		case d := <-n.queue:
+			retries = n.attempt(d, retries)
+			continue
+		default:
+		}
+		var due <-chan time.Time
+		if len(retries) > 0 {
+			due = time.After(time.Until(retries[0].due))
+		}
+		select {
 		case <-done:
+			n.dropped(retries)
 			return
 		case d := <-n.queue:
-			n.taken(d)
-			n.deliver(done, d)
+			retries = n.attempt(d, retries)
+		case <-due:
+			d := retries[0]
+			retries = n.attempt(d, retries[1:])
 		}
 	}
 }
 
-// deliver posts d until the receiver accepts it (2xx), refuses it for good
-// (another 4xx than 408 or 429), or the attempts run out.
-func (n *notifier) deliver(done <-chan struct{}, d delivery) {
-	for attempt := 0; ; attempt++ {
-		err := n.post(d)
-		if err == nil {
-			return
-		}
-		var final *refusedError
-		if errors.As(err, &final) || attempt >= len(n.backoff) {
-			n.logger.Warn("approval webhook delivery failed", zap.String("delivery", d.id), zap.Int("attempts", attempt+1), zap.Error(err))
-			return
-		}
+// attempt posts d once; one to try again joins retries, in due order.
+func (n *notifier) attempt(d delivery, retries []delivery) []delivery {
+	err := n.post(d)
+	d.attempts++
+	if err == nil {
+		n.finished(d)
+		return retries
+	}
+	var final *refusedError
+	if errors.As(err, &final) || d.attempts > len(n.backoff) {
+		n.logger.Warn("approval webhook delivery failed", zap.String("delivery", d.id), zap.String("approval_id", d.approval),
+			zap.Int("attempts", d.attempts), zap.Error(err))
+		n.finished(d)
+		return retries
+	}
+	d.due = now().Add(n.backoff[d.attempts-1])
+	i, _ := slices.BinarySearchFunc(retries, d.due, func(r delivery, t time.Time) int { return r.due.Compare(t) })
+	return slices.Insert(retries, i+countDue(retries[i:], d.due), d)
+}
+
+// countDue counts the deliveries at the start of retries due at t (a new
+// one goes after them).
+func countDue(retries []delivery, t time.Time) int {
+	n := 0
+	for n < len(retries) && retries[n].due.Equal(t) {
+		n++
+	}
+	return n
+}
+
+// dropped logs the announcements left undelivered when the notifier stops.
+func (n *notifier) dropped(retries []delivery) {
+	for {
 		select {
-		case <-done:
-			return
-		case <-time.After(n.backoff[attempt]):
+		case d := <-n.queue:
+			retries = append(retries, d)
+			continue
+		default:
 		}
+		break
+	}
+	for _, d := range retries {
+		n.logger.Warn("approval webhook: the gateway stopped (or its configuration was reloaded) before this announcement was delivered; the approval is on the console's queue",
+			zap.String("approval_id", d.approval), zap.String("delivery", d.id))
 	}
 }
 
@@ -199,14 +290,6 @@ func (n *notifier) post(d delivery) error {
 		return &refusedError{status: s}
 	}
 	return errors.New("the receiver failed (HTTP " + strconv.Itoa(resp.StatusCode) + ")")
-}
-
-func isLoopbackHost(host string) bool {
-	if host == "localhost" {
-		return true
-	}
-	ip := net.ParseIP(host)
-	return ip != nil && ip.IsLoopback()
 }
 
 func jsonStrict(raw []byte, v any) error {

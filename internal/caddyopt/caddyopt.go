@@ -198,3 +198,15 @@ func DurationText(d time.Duration) string {
 	}
 	return s
 }
+
+// Secret is raw, a secret given in the configuration, with its
+// placeholders replaced. A placeholder Caddy does not know (a misspelt
+// {env.NAME}) is an error: left as text, it would be the secret — one that
+// everyone who reads the configuration knows. The error never quotes raw.
+func Secret(repl *caddy.Replacer, raw string) (string, error) {
+	v, err := repl.ReplaceOrErr(raw, false, true)
+	if err != nil {
+		return "", errors.New("holds a placeholder Caddy does not know (left as text, it would be the secret): check its spelling, as in {env.NAME}")
+	}
+	return v, nil
+}

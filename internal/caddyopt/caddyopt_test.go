@@ -147,3 +147,26 @@ func TestDurationText(t *testing.T) {
 		}
 	}
 }
+
+func TestSecret(t *testing.T) {
+	t.Setenv("TOOLGATE_TEST_SECRET", "from-the-environment")
+	repl := caddy.NewReplacer()
+	for raw, want := range map[string]string{
+		"{env.TOOLGATE_TEST_SECRET}":        "from-the-environment",
+		"literal-secret":                    "literal-secret",
+		"{env.TOOLGATE_TEST_UNSET_SECRET}":  "",
+		"prefix-{env.TOOLGATE_TEST_SECRET}": "prefix-from-the-environment",
+	} {
+		if got, err := Secret(repl, raw); err != nil || got != want {
+			t.Errorf("%s: %q, %v; want %q", raw, got, err, want)
+		}
+	}
+	for _, raw := range []string{"{environment.TOOLGATE_TEST_SECRET}", "{envTOOLGATE_TEST_SECRET}", "s3cret-{nope}"} {
+		got, err := Secret(repl, raw)
+		if err == nil {
+			t.Errorf("%s: taken as the secret %q", raw, got)
+		} else if strings.Contains(err.Error(), "TOOLGATE_TEST") || strings.Contains(err.Error(), "s3cret") {
+			t.Errorf("%s: the error quotes it: %v", raw, err)
+		}
+	}
+}

@@ -4,12 +4,9 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"net/http"
 	"strconv"
 	"strings"
-	"unicode"
-	"unicode/utf16"
 
 	"go.uber.org/zap"
 
@@ -107,33 +104,8 @@ func indent(raw json.RawMessage) string {
 	if json.Indent(&out, raw, "", "  ") != nil {
 		return string(raw)
 	}
-	return visible(out.String())
+	return approval.Visible(out.String())
 }
-
-// visible escapes the format characters of JSON text. Outside strings JSON
-// holds only ASCII, so every one is inside a string, where an escape means
-// the same character.
-func visible(text string) string {
-	if !strings.ContainsFunc(text, isFormat) {
-		return text
-	}
-	var b strings.Builder
-	for _, r := range text {
-		if !isFormat(r) {
-			b.WriteRune(r)
-			continue
-		}
-		if r > 0xFFFF {
-			hi, lo := utf16.EncodeRune(r)
-			fmt.Fprintf(&b, `\u%04x\u%04x`, hi, lo)
-			continue
-		}
-		fmt.Fprintf(&b, `\u%04x`, r)
-	}
-	return b.String()
-}
-
-func isFormat(r rune) bool { return unicode.Is(unicode.Cf, r) }
 
 // decide approves (with the scope chosen) or denies one approval.
 func (h *Handler) decide(approve bool) signedInHandler {

@@ -10,6 +10,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/toolgate/toolgate/internal/approval"
 	"github.com/toolgate/toolgate/internal/websession"
 	"github.com/toolgate/toolgate/modules/gateway"
 )
@@ -65,7 +66,7 @@ var funcs = template.FuncMap{
 	"join": strings.Join,
 	// visible writes the invisible and direction-changing characters of a
 	// runner's or an upstream's text as \u escapes.
-	"visible": visible,
+	"visible": approval.Visible,
 	"until": func(t time.Time) string {
 		d := time.Until(t)
 		switch {

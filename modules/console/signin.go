@@ -62,7 +62,10 @@ func (o *OIDCIssuer) provision(app *gateway.App) error {
 	repl := caddy.NewReplacer()
 	o.Issuer = strings.TrimSuffix(repl.ReplaceKnown(o.Issuer, ""), "/")
 	o.ClientID = repl.ReplaceKnown(o.ClientID, "")
-	o.ClientSecret = repl.ReplaceKnown(o.ClientSecret, "")
+	var err error
+	if o.ClientSecret, err = caddyopt.Secret(repl, o.ClientSecret); err != nil {
+		return fmt.Errorf("toolgate_console: oidc %s: client_secret %w", caddyopt.RedactURL(o.Issuer), err)
+	}
 	if len(o.Scopes) == 0 {
 		o.Scopes = []string{oidc.ScopeOpenID, "email", "profile"}
 	}

@@ -278,12 +278,19 @@ func (a *App) Provision(ctx caddy.Context) error {
 	if given := a.StateSecret; given != "" {
 		// Going on without it would seal MCP session ids with a key of
 		// this process alone, which replicas and a restart do not share.
-		if a.StateSecret = repl.ReplaceKnown(given, ""); a.StateSecret == "" {
+		var err error
+		if a.StateSecret, err = caddyopt.Secret(repl, given); err != nil {
+			return fmt.Errorf("state_secret: %w", err)
+		}
+		if a.StateSecret == "" {
 			return errors.New("state_secret is empty once placeholders are replaced (is its environment variable set?)")
 		}
 	}
 	for i, p := range a.PreviousStateSecrets {
-		a.PreviousStateSecrets[i] = repl.ReplaceKnown(p, "")
+		var err error
+		if a.PreviousStateSecrets[i], err = caddyopt.Secret(repl, p); err != nil {
+			return fmt.Errorf("state_secret (a previous one): %w", err)
+		}
 	}
 	if a.SessionHeader == "" {
 		a.SessionHeader = DefaultSessionHeader

@@ -233,10 +233,15 @@ func (s *Service) provision(repl *caddy.Replacer) error {
 	if s.Auth.Kind == "" {
 		s.Auth.Kind = AuthNone
 	}
-	s.Auth.Value = repl.ReplaceKnown(s.Auth.Value, "")
+	var err error
+	if s.Auth.Value, err = caddyopt.Secret(repl, s.Auth.Value); err != nil {
+		return fmt.Errorf("service %q: auth header value %w", s.ID, err)
+	}
 	if o := s.Auth.OAuth; o != nil {
 		o.ClientID = repl.ReplaceKnown(o.ClientID, "")
-		o.ClientSecret = repl.ReplaceKnown(o.ClientSecret, "")
+		if o.ClientSecret, err = caddyopt.Secret(repl, o.ClientSecret); err != nil {
+			return fmt.Errorf("service %q: oauth client_secret %w", s.ID, err)
+		}
 		if o.Resource == "" {
 			o.Resource = s.URL
 		}

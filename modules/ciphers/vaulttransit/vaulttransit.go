@@ -210,7 +210,17 @@ func (c *Cipher) Provision(ctx caddy.Context) error {
 	expand := func(s string) string { return strings.TrimSpace(repl.ReplaceKnown(s, "")) }
 
 	c.address = strings.TrimRight(expand(c.Address), "/")
-	c.token = expand(c.Token)
+	secret := func(what, raw string) (string, error) {
+		v, err := caddyopt.Secret(repl, raw)
+		if err != nil {
+			return "", fmt.Errorf("vault_transit: %s %w", what, err)
+		}
+		return strings.TrimSpace(v), nil
+	}
+	var err error
+	if c.token, err = secret("token", c.Token); err != nil {
+		return err
+	}
 	c.namespace = strings.Trim(expand(c.Namespace), "/")
 	c.mount = strings.Trim(expand(c.Mount), "/")
 	if c.mount == "" {
@@ -223,7 +233,9 @@ func (c *Cipher) Provision(ctx caddy.Context) error {
 	}
 	if c.AppRole != nil {
 		c.roleID = expand(c.AppRole.RoleID)
-		c.secretID = expand(c.AppRole.SecretID)
+		if c.secretID, err = secret("approle secret_id", c.AppRole.SecretID); err != nil {
+			return err
+		}
 		c.approleMount = strings.Trim(expand(c.AppRole.Mount), "/")
 		if c.approleMount == "" {
 			c.approleMount = DefaultAppRoleMount
