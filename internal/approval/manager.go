@@ -229,8 +229,10 @@ func (w *Webhook) validate() error {
 	if len(w.Secret) < 32 {
 		return errors.New("approvals webhook: secret must be at least 32 bytes (is its environment variable set?)")
 	}
-	if w.Timeout < 0 {
-		return errors.New("approvals webhook: timeout must be positive")
+	if w.Timeout < 0 || time.Duration(w.Timeout) > time.Minute {
+		// Deliveries are made one at a time: a longer wait for one
+		// receiver holds up every announcement behind it.
+		return errors.New("approvals webhook: timeout must be between 0 (the default, 10s) and 1m")
 	}
 	return nil
 }

@@ -425,6 +425,14 @@ func TestWebhookHoldsURLAndSecretValidation(t *testing.T) {
 	if err := (&Webhook{URL: "https://chat.example.com/", Secret: strings.Repeat("x", 31)}).validate(); err == nil {
 		t.Error("a 31-byte secret was accepted")
 	}
+	// A timeout past a minute would hold every announcement behind a
+	// silent receiver's.
+	for timeout, ok := range map[time.Duration]bool{0: true, time.Minute: true, time.Minute + time.Second: false, time.Hour: false, -time.Second: false} {
+		err := (&Webhook{URL: "https://chat.example.com/", Secret: hookSecret, Timeout: caddy.Duration(timeout)}).validate()
+		if (err == nil) != ok {
+			t.Errorf("timeout %s: %v", timeout, err)
+		}
+	}
 }
 
 // Holds: with the gateway's own client (a toolgate app loaded in Caddy),
