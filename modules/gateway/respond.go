@@ -46,8 +46,15 @@ func WriteJSON(w http.ResponseWriter, status int, v any) {
 		http.Error(w, "internal error", http.StatusInternalServerError)
 		return
 	}
-	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("Content-Length", strconv.Itoa(len(data)))
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("Content-Length", strconv.Itoa(len(data)))
+	if h.Get("Cache-Control") == "" {
+		// An API answer is one caller's (sessions, approvals and the
+		// results withheld for them, connections): no cache keeps it, a
+		// browser's included. What may be cached says so itself.
+		h.Set("Cache-Control", "no-store")
+	}
 	w.WriteHeader(status)
 	_, _ = w.Write(data)
 }

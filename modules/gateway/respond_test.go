@@ -20,3 +20,19 @@ func TestResultResponseInPieces(t *testing.T) {
 		t.Errorf("headers %v, status %d", rec.Header(), rec.Code)
 	}
 }
+
+// API answers are one caller's (their sessions, approvals and the results
+// withheld for them): no cache keeps them unless the handler said it may.
+func TestWriteJSONIsNotStored(t *testing.T) {
+	rec := httptest.NewRecorder()
+	WriteJSON(rec, http.StatusOK, map[string]string{"result": "withheld for review"})
+	if got := rec.Header().Get("Cache-Control"); got != "no-store" {
+		t.Errorf("Cache-Control %q, want no-store", got)
+	}
+	rec = httptest.NewRecorder()
+	rec.Header().Set("Cache-Control", "max-age=3600")
+	WriteJSON(rec, http.StatusOK, map[string]string{"resource": "https://gw.example.com"})
+	if got := rec.Header().Get("Cache-Control"); got != "max-age=3600" {
+		t.Errorf("Cache-Control %q: the handler's own was replaced", got)
+	}
+}
