@@ -9,7 +9,6 @@ package integration
 // design resists.
 
 import (
-	"encoding/json"
 	"net"
 	"net/http"
 	"os"
@@ -232,18 +231,7 @@ func TestAdminHoldsValidateWritesNothing(t *testing.T) {
 	keyFile := filepath.Join(dir, "keys", "cipher.key")
 	caddyfile, _ := gatewayCaddyfile(t, freePort(t), gatewayConfig{Upstream: "http://127.0.0.1:1/mcp",
 		DataDir: filepath.Join(dir, "data"), Cipher: "local " + keyFile})
-	cfgJSON, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(caddyfile), map[string]any{"filename": "Caddyfile"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var cfg caddy.Config
-	if err := json.Unmarshal(cfgJSON, &cfg); err != nil {
-		t.Fatal(err)
-	}
-	caddyMu.Lock()
-	err = caddy.Validate(&cfg)
-	caddyMu.Unlock()
-	if err != nil {
+	if err := validateCaddyfile(t, caddyfile); err != nil {
 		t.Fatalf("validate: %v", err)
 	}
 	entries, _ := os.ReadDir(dir)
@@ -293,20 +281,7 @@ func TestAdminAttackRouteNamingAnUndefinedService(t *testing.T) {
 	if !strings.Contains(caddyfile, "toolgate_registry\n") {
 		t.Fatalf("the test gateway's route has no toolgate_registry line:\n%s", caddyfile)
 	}
-	validate := func(caddyfile string) error {
-		t.Helper()
-		cfgJSON, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(caddyfile), map[string]any{"filename": "Caddyfile"})
-		if err != nil {
-			t.Fatal(err)
-		}
-		var cfg caddy.Config
-		if err := json.Unmarshal(cfgJSON, &cfg); err != nil {
-			t.Fatal(err)
-		}
-		caddyMu.Lock()
-		defer caddyMu.Unlock()
-		return caddy.Validate(&cfg)
-	}
+	validate := func(caddyfile string) error { return validateCaddyfile(t, caddyfile) }
 	if err := validate(strings.Replace(caddyfile, "toolgate_registry\n", "toolgate_registry svc\n", 1)); err != nil {
 		t.Fatalf("a route naming a defined service: %v", err)
 	}

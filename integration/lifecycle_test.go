@@ -374,6 +374,8 @@ func validateCaddyfile(t *testing.T, caddyfile string) error {
 	if err := json.Unmarshal(cfgJSON, &cfg); err != nil {
 		t.Fatal(err)
 	}
+	caddyMu.Lock()
+	defer caddyMu.Unlock()
 	return caddy.Validate(&cfg)
 }
 

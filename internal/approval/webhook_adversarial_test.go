@@ -21,14 +21,13 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
-	"github.com/caddyserver/caddy/v2/caddyconfig"
-	_ "github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile" // the Caddyfile adapter
 	_ "github.com/caddyserver/caddy/v2/modules/filestorage"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/toolgate/toolgate/internal/logtest"
+	"github.com/toolgate/toolgate/internal/testcaddy"
 	"github.com/toolgate/toolgate/modules/gateway"
 
 	_ "github.com/toolgate/toolgate/modules/ciphers/local"
@@ -508,14 +507,7 @@ func loadHookApp(t *testing.T, url, secret string) (caddy.Context, *gateway.App)
 	}
 }
 `, data, url, secret)
-	cfg, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(caddyfile), map[string]any{"filename": "Caddyfile"})
-	if err != nil {
-		t.Fatalf("adapting: %v", err)
-	}
-	if err := caddy.Load(cfg, true); err != nil {
-		t.Fatalf("loading: %v", err)
-	}
-	t.Cleanup(func() { _ = caddy.Stop() })
+	testcaddy.Load(t, caddyfile, "", nil)
 	ctx := caddy.ActiveContext()
 	v, err := ctx.App("toolgate")
 	if err != nil {
