@@ -286,14 +286,27 @@ func URL(base string, a *Approval) string {
 }
 
 // event audits and counts what happened to a.
-func (m *Manager) event(a *Approval, what string, by *gateway.Caller) {
+func (m *Manager) event(a *Approval, what string, by *gateway.Caller) { m.eventFor(a, what, by, "") }
+
+// eventFor is event for an approval that let a call through (consumed,
+// used): its decision_id is that call's decision (callDecision), so that
+// the trail ties the call that ran to the approval that let it run, and
+// requested_decision_id the decision that asked.
+func (m *Manager) eventFor(a *Approval, what string, by *gateway.Caller, callDecision string) {
 	metrics.total.WithLabelValues(a.Service, what).Inc()
 	if ce := m.audit.Check(zap.InfoLevel, "approval"); ce != nil {
+		decision := a.DecisionID
+		if callDecision != "" {
+			decision = callDecision
+		}
 		fields := []zap.Field{
 			zap.String("event", what), zap.String("approval_id", a.ID), zap.String("stage", a.Stage),
-			zap.String("decision_id", a.DecisionID), zap.String("user", a.Requester),
+			zap.String("decision_id", decision), zap.String("user", a.Requester),
 			zap.String("service", a.Service), zap.String("method", a.Method), zap.String("tool", a.Tool),
 			zap.String("arguments_sha256", a.ArgumentsSHA256),
+		}
+		if callDecision != "" && callDecision != a.DecisionID {
+			fields = append(fields, zap.String("requested_decision_id", a.DecisionID))
 		}
 		if by != nil {
 			fields = append(fields, zap.String("approver", by.User))
@@ -370,6 +383,7 @@ func (m *Manager) Resolve(ctx context.Context, ask Ask) (res Resolution, err err
 				// and no longer gives approvals of its scope or age: it
 				// asks anew.
 			case a.Scope == ScopeTool && a.ToolKey == toolKey:
+				m.eventFor(a, "used", nil, ask.Decision.ID)
 				return Resolution{Kind: Allow, Approval: a}, nil
 			case !exact:
 			case a.Stage == StageResult:
@@ -380,6 +394,7 @@ func (m *Manager) Resolve(ctx context.Context, ask Ask) (res Resolution, err err
 					return res, err
 				}
 			case a.Scope == ScopeSession:
+				m.eventFor(a, "used", nil, ask.Decision.ID)
 				return Resolution{Kind: Allow, Approval: a}, nil
 			case a.Scope == ScopeOnce:
 				got, ok, err := m.Store.Consume(ctx, a.ID)
@@ -387,7 +402,7 @@ func (m *Manager) Resolve(ctx context.Context, ask Ask) (res Resolution, err err
 					return Resolution{}, err
 				}
 				if ok {
-					m.event(got, "consumed", nil)
+					m.eventFor(got, "consumed", nil, ask.Decision.ID)
 					return Resolution{Kind: Allow, Approval: got}, nil
 				}
 			}
@@ -604,10 +619,11 @@ func (m *Manager) sweepWithheld(ctx context.Context) {
 	}
 }
 
-// Decided reads the approval id again for a call held for it: Allow (an
-// approval for once is consumed here), Denied, Pending, or, when it
-// expired or another retry used it, a Resolution with no Kind.
-func (m *Manager) Decided(ctx context.Context, id string) (Resolution, error) {
+// Decided reads the approval id again for the call held for it, whose
+// decision is callDecision: Allow (an approval for once is consumed here),
+// Denied, Pending, or, when it expired or another retry used it, a
+// Resolution with no Kind.
+func (m *Manager) Decided(ctx context.Context, id, callDecision string) (Resolution, error) {
 	a, err := m.Store.Get(ctx, id)
 	if err != nil {
 		return Resolution{}, err
@@ -619,13 +635,14 @@ func (m *Manager) Decided(ctx context.Context, id string) (Resolution, error) {
 		return Resolution{Kind: Denied, Approval: a}, nil
 	case StateApproved:
 		if a.Scope != ScopeOnce {
+			m.eventFor(a, "used", nil, callDecision)
 			return Resolution{Kind: Allow, Approval: a}, nil
 		}
 		got, ok, err := m.Store.Consume(ctx, id)
 		if err != nil || !ok {
 			return Resolution{}, err
 		}
-		m.event(got, "consumed", nil)
+		m.eventFor(got, "consumed", nil, callDecision)
 		return Resolution{Kind: Allow, Approval: got}, nil
 	}
 	return Resolution{Approval: a}, nil

@@ -470,10 +470,13 @@ func (p *Pins) AllowCall(w http.ResponseWriter, r *http.Request, call *gateway.C
 	switch {
 	case err != nil:
 		p.logger.Warn("cannot check a tool's pin", zap.String("service", call.Service.ID), zap.Error(err))
+		gateway.AuditRefused(call, gateway.StepRegistry, "the tool's pin could not be read")
 		call.Unavailable(w, "toolgate could not read the tool's pin; try again")
 		return false
 	case !v.OK:
-		gateway.WriteRPC(w, http.StatusOK, gateway.RPCResult(call.Message.ID, gateway.ToolError(v.Reason(call.Service.ID, call.Message.Name), nil)))
+		why := v.Reason(call.Service.ID, call.Message.Name)
+		gateway.AuditRefused(call, gateway.StepRegistry, why)
+		gateway.WriteRPC(w, http.StatusOK, gateway.RPCResult(call.Message.ID, gateway.ToolError(why, nil)))
 		return false
 	}
 	return true

@@ -89,11 +89,14 @@ func (h *Handler) fail(w http.ResponseWriter, r *http.Request, call *gateway.Cal
 		case errors.Is(err, gateway.ErrGrantExpired):
 			msg = "your " + svc.ID + " sign-in expired: connect it again, then retry"
 		}
+		gateway.AuditRefused(call, gateway.StepCredentials, msg)
 		call.Fail(w, http.StatusForbidden, gateway.CodeNeedsSignIn, msg, h.app.NeedsSignIn(r, svc))
 		return
 	}
 	h.logger.Error("cannot attach the upstream credential", zap.String("service", svc.ID), zap.Error(err))
-	call.Unavailable(w, "the credential for "+svc.ID+" is unavailable ("+errorKind(err)+"); retry later")
+	why := "the credential for " + svc.ID + " is unavailable (" + errorKind(err) + "); retry later"
+	gateway.AuditRefused(call, gateway.StepCredentials, why)
+	call.Unavailable(w, why)
 }
 
 func errorKind(err error) string {

@@ -152,6 +152,9 @@ func (h *Handler) refuseStream(w http.ResponseWriter, call *gateway.Call, err er
 	if c := h.logger.Check(zap.WarnLevel, "stream refused"); c != nil {
 		c.Write(zap.String("service", call.Service.ID), zap.Error(err))
 	}
+	if call.Message.Kind != 0 {
+		gateway.AuditRefused(call, gateway.StepProxy, err.Error())
+	}
 	w.Header().Set("Retry-After", "1")
 	var id []byte
 	if call.IsRequest() {

@@ -304,6 +304,10 @@ const (
 	failError     = "error"
 	failTimeout   = "timeout"
 	failNotLoaded = "not_loaded"
+	// failAmbiguous: toolgate refused a tools/call whose argument names
+	// fold onto one another or a parameter spelled otherwise, before the
+	// policy ran (checkArgumentKeys).
+	failAmbiguous = "ambiguous_arguments"
 )
 
 // keepAST makes a prepared query return its results as AST terms.
@@ -326,6 +330,9 @@ type outcome struct {
 	Failure  string
 	Revision string
 	Duration time.Duration
+	// upstream is the rewritten arguments' JSON text, which go upstream in
+	// place of the runner's, for the audit entry; nil without a rewrite.
+	upstream []byte
 }
 
 // decide evaluates the policy on input. It never fails: anything but a
@@ -473,7 +480,7 @@ func unknownField(d ast.Object, replace *ast.Term) string {
 
 func (o outcome) deny(failure, reason string) outcome {
 	o.Action, o.Reason, o.Failure = gateway.ActionDeny, reason, failure
-	o.Arguments, o.argsTerm, o.Result, o.Approval = nil, nil, nil, nil
+	o.Arguments, o.argsTerm, o.Result, o.Approval, o.upstream = nil, nil, nil, nil, nil
 	return o
 }
 

@@ -88,13 +88,14 @@ func (h *RequestHandler) hold(w http.ResponseWriter, r *http.Request, call *gate
 			stream.comment()
 		default:
 		}
-		res, err := h.approvals.Decided(ctx, a.ID)
+		res, err := h.approvals.Decided(ctx, a.ID, d.ID)
 		switch {
 		case err != nil:
 			h.logger.Warn("a held call cannot read its approval", zap.String("approval_id", a.ID), zap.Error(err))
 		case res.Kind == approval.Allow:
 			elicited()
 			if why := h.sessionEnded(ctx, call); why != "" {
+				gateway.AuditRefused(call, gateway.StepPolicy, why) // after its approval's consumed entry
 				stream.final(refusal(call, d, why))
 				return nil
 			}

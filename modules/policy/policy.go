@@ -33,6 +33,7 @@ import (
 	"github.com/open-policy-agent/opa/v1/ast"
 	"github.com/open-policy-agent/opa/v1/bundle"
 	"github.com/open-policy-agent/opa/v1/keys"
+	"github.com/tidwall/gjson"
 	"go.uber.org/zap"
 
 	"github.com/toolgate/toolgate/internal/approval"
@@ -328,9 +329,13 @@ func (c *Config) newDecisionWithID(ctx context.Context, id string, call *gateway
 	})
 	d := &gateway.Decision{ID: id, Action: o.Action, Reason: o.Reason}
 	policyMetrics.decided(stage, call.Service.ID, o.Action, o.Duration)
+	tool := call.Message.Name
+	if stage == stageListing {
+		tool = gjson.ParseBytes(subject).String() // the hidden tool, whose name is the subject
+	}
 	if c.app != nil {
 		c.app.RecordDecision(gateway.DecisionRecord{Time: time.Now().UTC(), User: call.Caller.User, Service: call.Service.ID,
-			Method: call.Method, Tool: call.Message.Name, Stage: stage, Channel: channel, Action: o.Action, Reason: o.Reason,
+			Method: call.Method, Tool: tool, Stage: stage, Channel: channel, Action: o.Action, Reason: o.Reason,
 			DecisionID: d.ID, Revision: o.Revision})
 	}
 	if ce := c.audit.Check(zap.InfoLevel, "policy decision"); ce != nil {
@@ -347,7 +352,7 @@ func (c *Config) newDecisionWithID(ctx context.Context, id string, call *gateway
 			zap.String("session", sessionRefs.get(call.Session, func(s *gateway.Session) string { return sessionRef(s.ID) })),
 			zap.String("service", call.Service.ID),
 			zap.String("method", call.Method),
-			zap.String("tool", call.Message.Name),
+			zap.String("tool", tool),
 			zap.String("action", o.Action),
 			zap.String("reason", o.Reason),
 			zap.String(subjectField(stage), hex.EncodeToString(sum[:])),
@@ -361,6 +366,14 @@ func (c *Config) newDecisionWithID(ctx context.Context, id string, call *gateway
 		}
 		if c.LogPayloads && stage != stageListing {
 			fields = append(fields, zap.Any(payloadField(stage), c.engine.maskedPayload(ctx, input, stage, subject)))
+		}
+		if o.upstream != nil {
+			// The policy rewrote the arguments: what went upstream.
+			up := sha256.Sum256(o.upstream)
+			fields = append(fields, zap.String("upstream_arguments_sha256", hex.EncodeToString(up[:])))
+			if c.LogPayloads {
+				fields = append(fields, zap.Any("upstream_arguments", c.engine.maskedPayload(ctx, withArguments(input, o.argsTerm), stage, o.upstream)))
+			}
 		}
 		if c.LogInput && input != nil {
 			fields = append(fields, zap.Any("input", c.engine.maskedInput(ctx, input)))

@@ -103,7 +103,12 @@ func (h *RequestHandler) judge(w http.ResponseWriter, r *http.Request, call *gat
 		if err := checkArgumentKeys(input.Get(keyArguments), tool); err != nil {
 			h.logger.Info("tools/call refused: ambiguous argument names", zap.String("service", call.Service.ID),
 				zap.String("tool", call.Message.Name), zap.Error(err))
-			gateway.WriteRPC(w, http.StatusOK, gateway.RPCResult(call.Message.ID, gateway.ToolError("toolgate refused the call: "+err.Error(), nil)))
+			// A deny of toolgate's own, audited as the policy's are: the
+			// attempt is the trail's to show.
+			o := outcome{Revision: h.engine.Revision()}.deny(failAmbiguous, "toolgate refused the call: "+err.Error())
+			d := h.newDecision(r.Context(), call, &o, stageRequest, auditSubject(call), nil, input)
+			call.Decision = d
+			gateway.WriteRPC(w, http.StatusOK, gateway.RPCResult(call.Message.ID, gateway.ToolError(o.Reason, d)))
 			gateway.EndSpan(span, "ambiguous argument names")
 			return nil
 		}
@@ -124,17 +129,21 @@ func (h *RequestHandler) judge(w http.ResponseWriter, r *http.Request, call *gat
 	} else {
 		h.logger.Warn("cannot build the policy input", zap.String("service", call.Service.ID), zap.Error(err))
 	}
-	d := h.newDecision(r.Context(), call, &o, stageRequest, call.Message.Arguments, nil, input)
+	var rewriteErr error
+	if o.Arguments != nil && call.Method == "tools/call" && o.Action != gateway.ActionDeny {
+		// What goes upstream, what an approval is about, and what the
+		// audit entry records beside the runner's.
+		o.upstream, rewriteErr = json.Marshal(o.Arguments)
+	}
+	d := h.newDecision(r.Context(), call, &o, stageRequest, auditSubject(call), nil, input)
 	call.Decision = d
 	endDecisionSpan(span, d, o)
-	if o.Arguments != nil && call.Method == "tools/call" && o.Action != gateway.ActionDeny {
-		// What goes upstream, and what an approval is about.
-		args, err := json.Marshal(o.Arguments)
-		if err != nil {
-			call.Fail(w, http.StatusForbidden, gateway.CodePolicyDenied, "denied: the policy's rewritten arguments cannot be encoded", decisionData(d))
-			return nil
-		}
-		call.Arguments = args
+	if rewriteErr != nil {
+		call.Fail(w, http.StatusForbidden, gateway.CodePolicyDenied, "denied: the policy's rewritten arguments cannot be encoded", decisionData(d))
+		return nil
+	}
+	if o.upstream != nil {
+		call.Arguments = o.upstream
 		call.RequestInput = nil // built from other arguments: of no use to the result stage
 	}
 	switch o.Action {
@@ -262,6 +271,23 @@ func markDecision(_ context.Context, call *gateway.Call, result []byte) ([]byte,
 		return nil, nil // the proxy relays only results it could parse; nothing to mark
 	}
 	return markResult(result, res, call.Decision, spans)
+}
+
+// auditSubject is what a request-stage audit entry digests
+// (arguments_sha256) and, with log_payloads, logs: a tools/call's
+// arguments, a runner's answer's result (or error), another message's
+// params — so that the entries of two reads of different resources, or of
+// an accept and a decline, differ.
+func auditSubject(call *gateway.Call) []byte {
+	switch {
+	case call.Method == "tools/call" && call.IsRequest():
+		return call.Message.Arguments
+	case call.Message.Kind == mcpmsg.Response && call.Message.Result != nil:
+		return call.Message.Result
+	case call.Message.Kind == mcpmsg.Response:
+		return call.Message.Error
+	}
+	return call.Message.Params
 }
 
 // hideTools removes from a tools/list result the tools the policy would

@@ -134,6 +134,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	if call.Method == "tools/call" {
 		if !svc.AllowsTool(call.Message.Name) {
 			// As if the tool did not exist: runners never learn what is hidden.
+			gateway.AuditRefused(call, gateway.StepRegistry, "the tool is not on the service's allowlist")
 			gateway.WriteRPCError(w, http.StatusOK, call.Message.ID, gateway.CodeInvalidParams,
 				"Unknown tool: "+call.Message.Name, nil)
 			return nil

@@ -88,7 +88,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 				"session storage is unavailable; try again", gateway.Retryable)
 			return nil
 		case sess.User != caller.User:
-			forbidden(w, "this toolgate session belongs to another caller")
+			foreign(w, call, "this toolgate session belongs to another caller")
 			return nil
 		}
 		call.Session = sess
@@ -115,7 +115,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 				"MCP session not found or expired: initialize a new one", nil)
 			return nil
 		case errors.Is(err, gateway.ErrMCPSessionForeign):
-			forbidden(w, "this MCP session belongs to another caller or toolgate session")
+			foreign(w, call, "this MCP session belongs to another caller or toolgate session")
 			return nil
 		case err != nil:
 			h.logger.Error("reading the MCP session", zap.Error(err))
@@ -133,7 +133,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			call.Session = sess
 		}
 		if ms.User != caller.User || ms.SessionID != call.Session.ID {
-			forbidden(w, "this MCP session belongs to another caller or toolgate session")
+			foreign(w, call, "this MCP session belongs to another caller or toolgate session")
 			return nil
 		}
 		call.MCPSession = ms
@@ -145,6 +145,13 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		call.Session = impliedsession.New(h.app, caller)
 	}
 	return next.ServeHTTP(w, gateway.WithCall(r, call))
+}
+
+// foreign refuses a request naming a session of another caller: an attempt
+// the audit trail records, with the caller who made it.
+func foreign(w http.ResponseWriter, call *gateway.Call, message string) {
+	gateway.AuditRefused(call, gateway.StepSession, message)
+	forbidden(w, message)
 }
 
 func forbidden(w http.ResponseWriter, message string) {
