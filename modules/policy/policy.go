@@ -399,12 +399,9 @@ var auditFields = sync.Pool{New: func() any {
 // lives (see weakCache): two audit entries per call would hash its id.
 var sessionRefs weakCache[gateway.Session, string]
 
-// sessionRef identifies a session in the audit log without revealing its id:
-// the first 16 hex digits of the id's SHA-256.
-func sessionRef(id string) string {
-	sum := sha256.Sum256([]byte(id))
-	return hex.EncodeToString(sum[:8])
-}
+// sessionRef identifies a session in the audit log without revealing its
+// id (gateway.AuditSessionRef).
+func sessionRef(id string) string { return gateway.AuditSessionRef(id) }
 
 func payloadField(stage string) string {
 	if stage == stageResult {
