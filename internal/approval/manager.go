@@ -65,12 +65,13 @@ type Webhook struct {
 	// URL receives the POSTs; https unless on a loopback address.
 	URL string `json:"url"`
 	// Secret signs each delivery (X-Toolgate-Signature). At least 32
-	// bytes; use a placeholder such as {env.APPROVAL_WEBHOOK_SECRET}.
+	// bytes; use a placeholder such as {env.APPROVAL_WEBHOOK_SECRET} (one
+	// Caddy does not know is refused: its text would be the secret).
 	Secret string `json:"secret"`
 	// IncludeArguments adds the call's arguments, masked by the policy's
 	// data.toolgate.log.mask as approvers see them. Off by default.
 	IncludeArguments bool `json:"include_arguments,omitempty"`
-	// Timeout bounds one delivery attempt. Default 10s.
+	// Timeout bounds one delivery attempt. Default 10s, at most 1m.
 	Timeout caddy.Duration `json:"timeout,omitempty"`
 }
 
@@ -222,9 +223,8 @@ func newManager(ctx caddy.Context, app *gateway.App) (*Manager, error) {
 }
 
 func (w *Webhook) validate() error {
-	u, err := url.Parse(w.URL)
-	if err != nil || u.Host == "" || (u.Scheme != "https" && !(u.Scheme == "http" && caddyopt.LoopbackHost(u.Hostname()))) {
-		return fmt.Errorf("approvals webhook %q: must be an https URL (http only on a loopback address)", caddyopt.RedactURL(w.URL))
+	if err := caddyopt.FetchURL(w.URL); err != nil {
+		return fmt.Errorf("approvals webhook %w", err)
 	}
 	if len(w.Secret) < 32 {
 		return errors.New("approvals webhook: secret must be at least 32 bytes (is its environment variable set?)")

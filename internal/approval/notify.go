@@ -74,8 +74,9 @@ type notifier struct {
 	queue   chan delivery
 	backoff []time.Duration
 
-	mu     sync.Mutex
-	queued map[string]int // announcements waiting (queued or for a retry), by requester
+	mu      sync.Mutex
+	queued  map[string]int // announcements waiting (queued or for a retry), by requester
+	waiting int            // all of them
 }
 
 const (
@@ -142,12 +143,15 @@ func (n *notifier) announce(a *Approval, pageURL string, withArguments bool, mas
 			zap.String("approval_id", a.ID), zap.String("requester", a.Requester))
 		return
 	}
-	select {
-	case n.queue <- delivery{id: body.Delivery, body: data, requester: a.Requester, approval: a.ID}:
-		n.queued[a.Requester]++
-	default:
+	if n.waiting >= hookQueue {
+		// Retries wait outside the queue: counted here, so that they too
+		// are bounded.
 		n.logger.Warn("approval webhook queue full: an announcement was dropped", zap.String("approval_id", a.ID))
+		return
 	}
+	n.queue <- delivery{id: body.Delivery, body: data, requester: a.Requester, approval: a.ID} // room: waiting < hookQueue
+	n.queued[a.Requester]++
+	n.waiting++
 }
 
 // cut is s cut to at most n bytes, at a character's start, marked "…"
@@ -176,6 +180,7 @@ func (n *notifier) finished(d delivery) {
 	if n.queued[d.requester]--; n.queued[d.requester] <= 0 {
 		delete(n.queued, d.requester)
 	}
+	n.waiting--
 }
 
 // run delivers until done: new announcements first, then the retries
@@ -224,30 +229,17 @@ func (n *notifier) attempt(d delivery, retries []delivery) []delivery {
 		return retries
 	}
 	d.due = now().Add(n.backoff[d.attempts-1])
-	i, _ := slices.BinarySearchFunc(retries, d.due, func(r delivery, t time.Time) int { return r.due.Compare(t) })
-	return slices.Insert(retries, i+countDue(retries[i:], d.due), d)
-}
-
-// countDue counts the deliveries at the start of retries due at t (a new
-// one goes after them).
-func countDue(retries []delivery, t time.Time) int {
-	n := 0
-	for n < len(retries) && retries[n].due.Equal(t) {
-		n++
+	i := slices.IndexFunc(retries, func(r delivery) bool { return r.due.After(d.due) })
+	if i < 0 {
+		return append(retries, d)
 	}
-	return n
+	return slices.Insert(retries, i, d)
 }
 
 // dropped logs the announcements left undelivered when the notifier stops.
 func (n *notifier) dropped(retries []delivery) {
-	for {
-		select {
-		case d := <-n.queue:
-			retries = append(retries, d)
-			continue
-		default:
-		}
-		break
+	for len(n.queue) > 0 { // this goroutine alone takes from the queue
+		retries = append(retries, <-n.queue)
 	}
 	for _, d := range retries {
 		n.logger.Warn("approval webhook: the gateway stopped (or its configuration was reloaded) before this announcement was delivered; the approval is on the console's queue",

@@ -592,3 +592,21 @@ func TestWebhookHoldsWithheldResultIsNotAnnounced(t *testing.T) {
 		t.Fatal("no delivery")
 	}
 }
+
+// Holds: announcements waiting for their retry count toward the queue's
+// bound, though they wait outside the queue: with as many waiting as the
+// queue holds, from requesters each under their share, a new one is
+// dropped (logged), not added.
+func TestWebhookHoldsRetriesCountTowardTheQueue(t *testing.T) {
+	m, logs := hookManager(t, "http://127.0.0.1:1/", false, nil) // deliveries not started
+	n := m.hook
+	for i := range hookQueue {
+		n.queued[fmt.Sprint("user", i)] = 1 // one each, waiting for a retry
+	}
+	n.waiting = hookQueue
+	n.announce(&Approval{ID: "one-more", Requester: "alice", Scopes: []string{ScopeOnce}, CreatedAt: now(), ExpiresAt: now().Add(time.Hour)},
+		"https://gw/x", false, nil)
+	if len(n.queue) != 0 || logs.FilterMessageSnippet("queue full").Len() != 1 {
+		t.Errorf("with %d announcements waiting for retries, a new one was queued (%d queued) or its drop not logged", hookQueue, len(n.queue))
+	}
+}

@@ -99,10 +99,10 @@ func (o *OIDCIssuer) validate() error {
 	if err != nil || u.Host == "" || (u.Scheme != "https" && u.Scheme != "http") {
 		return fmt.Errorf("toolgate_console: oidc issuer %q must be an absolute http(s) URL", caddyopt.RedactURL(o.Issuer))
 	}
-	if u.Scheme == "http" && !caddyopt.LoopbackHost(u.Hostname()) {
+	if err := caddyopt.FetchURL(o.Issuer); err != nil {
 		// Whoever answers for the issuer serves the keys sign-ins are
 		// verified with.
-		return fmt.Errorf("toolgate_console: oidc issuer %q: plain http is allowed only to a loopback address (whoever answers in its place could sign anyone in); use https://", caddyopt.RedactURL(o.Issuer))
+		return fmt.Errorf("toolgate_console: oidc issuer %w", err)
 	}
 	if o.ClientID == "" {
 		return fmt.Errorf("toolgate_console: oidc %s: client_id is required", o.Issuer)

@@ -47,10 +47,14 @@ type Config struct {
 	// same directory is loaded with it), a directory whose top-level .rego
 	// files (not *_test.rego) and data files are loaded, together with those
 	// of its subdirectory site (a site's own rules and settings, kept apart
-	// from the shipped ones), or the http(s) URL of an OPA bundle (.tar.gz),
-	// polled with If-None-Match. The data files of a directory are merged
-	// at the root of data, objects key by key; a value set in two files is a
-	// load error. Until a bundle is first fetched every decision denies.
+	// from the shipped ones), or the https URL of an OPA bundle (.tar.gz;
+	// http only to a loopback address), polled with If-None-Match, at most
+	// 64 MiB downloaded and uncompressed. The data files of a directory are
+	// merged at the root of data, objects key by key; a value set in two
+	// files is a load error. Until a bundle is first fetched every decision
+	// denies; a bundle is fetched again until it first loads. The policy's
+	// revision is the SHA-256 of its files or bundle (after the bundle
+	// manifest's revision: "<revision>@<digest>").
 	Source string `json:"source"`
 
 	// Query is the rule that holds the decision. Default
@@ -63,7 +67,9 @@ type Config struct {
 	Timeout caddy.Duration `json:"timeout,omitempty"`
 
 	// ReloadInterval is how often the source is checked for changes. A
-	// change takes effect without a restart or config reload; a broken
+	// change takes effect without a restart or config reload — a change to
+	// files once two checks in a row have read the same content, so that
+	// files caught half-written are never in force; a broken
 	// change is logged (with its file and line) and counted in
 	// toolgate_policy_load_failures_total, and the last good policy stays.
 	// Default 2s for files, 30s for bundles; a negative value turns

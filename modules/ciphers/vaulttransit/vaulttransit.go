@@ -10,7 +10,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"net/url"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -323,11 +322,11 @@ func (c *Cipher) Validate() error {
 		// address would reach every message that names it.
 		return fmt.Errorf("vault_transit: address %q must not carry a user or password (Vault is reached with the token)", caddyopt.RedactURL(c.address))
 	}
-	if strings.HasPrefix(c.address, "http://") {
+	if !strings.HasPrefix(c.address, "unix://") {
 		// The token, and every credential toolgate seals, cross the
 		// connection: in plain text only on this machine.
-		if u, err := url.Parse(c.address); err != nil || !caddyopt.LoopbackHost(u.Hostname()) {
-			return fmt.Errorf("vault_transit: address %q: plain http is allowed only to a loopback address (the Vault token and the credentials toolgate seals cross it); use https:// or unix://", caddyopt.RedactURL(c.address))
+		if err := caddyopt.FetchURL(c.address); err != nil {
+			return fmt.Errorf("vault_transit: address %w (or unix://)", err)
 		}
 	}
 	if c.key == "" {
