@@ -610,6 +610,66 @@ func TestAccountingHoldsHeldCallsGiveBack(t *testing.T) {
 	}
 }
 
+// slowBody is a request body that arrives in pieces of 64 KiB, 5 ms
+// apart, as a runner on a slow link uploads it.
+type slowBody struct{ rest string }
+
+func (b *slowBody) Read(p []byte) (int, error) {
+	if b.rest == "" {
+		return 0, io.EOF
+	}
+	time.Sleep(5 * time.Millisecond)
+	n := copy(p[:min(len(p), 64<<10)], b.rest)
+	b.rest = b.rest[n:]
+	return n, nil
+}
+
+// Holds: a call refused because its caller's share of request bytes is
+// taken is answered before its body is read, and a runner still uploading
+// the body gets the refusal and its Retry-After (not a reset connection).
+func TestAccountingHoldsRefusalReachesAnUploadingRunner(t *testing.T) {
+	key, _, auth := acctUser("upload")
+	up := startUpstream(t)
+	g := startGateway(t, gatewayConfig{Upstream: up.URL, Timeout: "20s", AuthExtra: auth,
+		Extra: "max_request_size 1MiB\nmax_request_bytes_in_flight_per_caller 1MiB"})
+	m := acctRunner(t, g, key)
+	before := readBoundGauges(t, g)
+	pad := strings.Repeat("p", 900<<10)
+	call := func(id int) string {
+		return fmt.Sprintf(`{"jsonrpc":"2.0","id":%d,"method":"tools/call","params":{"name":"wait","arguments":{},"_meta":{"pad":%q}}}`, id, pad)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	held, err := m.send(ctx, http.MethodPost, "application/json, text/event-stream", call(1), "")
+	if err != nil || held.StatusCode != http.StatusOK {
+		t.Fatalf("the call holding the share: %v %v", err, held)
+	}
+	defer held.Body.Close()
+	if now := readBoundGauges(t, g); now.bytes < before.bytes+900<<10 {
+		t.Fatalf("the held call holds %v (before: %v)", now, before)
+	}
+	for i := range 3 {
+		req, _ := http.NewRequest(http.MethodPost, m.url, &slowBody{call(10 + i)})
+		req.ContentLength = int64(len(call(10 + i)))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Accept", "application/json, text/event-stream")
+		req.Header.Set("Mcp-Session-Id", m.sessionID)
+		req.Header.Set("Mcp-Protocol-Version", "2025-11-25")
+		for k, v := range m.headers {
+			req.Header.Set(k, v)
+		}
+		resp, err := (&http.Client{Transport: m.transport}).Do(req)
+		if err != nil {
+			t.Fatalf("upload %d: the runner got %v, want the refusal", i, err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if !acctRefusedBytes(resp.StatusCode, string(b)) || resp.Header.Get("Retry-After") == "" {
+			t.Fatalf("upload %d: %d %v %.300s, want 503 for the share with Retry-After", i, resp.StatusCode, resp.Header, b)
+		}
+	}
+}
+
 // Holds: a call held for its approval (approval_wait) keeps one stream
 // place and its body's room while it waits, and gives both back when its
 // runner goes away, or when it is approved and runs to its answer.
@@ -743,6 +803,9 @@ func acctThreeHeld(m *rawMCP, pad string) (refusals int, answered []string) {
 			resp, err := m.send(ctx, http.MethodPost, "application/json, text/event-stream", fmt.Sprintf(
 				`{"jsonrpc":"2.0","id":%d,"method":"tools/call","params":{"name":"wait","arguments":{},"_meta":{"pad":%q}}}`, 2000+i, pad), "")
 			if err != nil {
+				mu.Lock()
+				got = append(got, fmt.Sprintf("call %d after %v: %v", i, time.Since(start).Round(time.Millisecond), err))
+				mu.Unlock()
 				return
 			}
 			b, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))

@@ -121,6 +121,25 @@ func startGatewayOnPort(t testing.TB, port int, cfg gatewayConfig) *gateway {
 	return g
 }
 
+// failureLog returns a file for the gateway's warnings and errors, which
+// are printed if t fails: a failure under the whole suite's load (a
+// storage or lock error answered as "retry later") says its cause.
+func failureLog(t testing.TB) string {
+	file := filepath.Join(t.TempDir(), "gateway.log")
+	t.Cleanup(func() {
+		if !t.Failed() {
+			return
+		}
+		data, err := os.ReadFile(file)
+		if err != nil {
+			return
+		}
+		lines := strings.Split(strings.TrimSpace(string(data)), "\n")
+		t.Logf("the gateway's last warnings and errors:\n%s", strings.Join(lines[max(0, len(lines)-30):], "\n"))
+	})
+	return file
+}
+
 // waitOneListener waits until one socket listens on port. Caddy's reload
 // returns once the old server's shutdown has begun, not once its listening
 // socket is closed; until it is, the kernel (SO_REUSEPORT) hands some new
@@ -183,7 +202,7 @@ func gatewayCaddyfile(t testing.TB, port int, cfg gatewayConfig) (caddyfile, dat
 		cfg.Console = "api_key_login"
 	}
 	if cfg.Log == "" {
-		cfg.Log = "output discard"
+		cfg.Log = "output file " + failureLog(t) + "\n\t\tlevel WARN"
 	}
 	if cfg.RequestPolicy == "" {
 		cfg.RequestPolicy = "testdata/policy"
