@@ -265,7 +265,7 @@ func (a *App) Provision(ctx caddy.Context) error {
 	} else {
 		a.storage = ctx.Storage()
 	}
-	a.storage = safeListing(a.storage)
+	a.storage = SafeListing(a.storage)
 	if a.CipherRaw != nil {
 		mod, err := ctx.LoadModule(a, "CipherRaw")
 		if err != nil {

@@ -89,10 +89,12 @@ func inFlightName(name string) bool {
 	return true
 }
 
-// safeListing returns storage with listings that writes in flight cannot
+// SafeListing returns storage with listings that writes in flight cannot
 // break (fileSystemStorage) when it is the file_system storage, and
-// storage itself otherwise.
-func safeListing(storage certmagic.Storage) certmagic.Storage {
+// storage itself otherwise. The App's storage always goes through it; a
+// test of a store over the file_system storage uses it to see what the
+// App's stores see.
+func SafeListing(storage certmagic.Storage) certmagic.Storage {
 	if fsys, ok := storage.(*certmagic.FileStorage); ok {
 		return fileSystemStorage{fsys}
 	}

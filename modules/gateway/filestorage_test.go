@@ -18,7 +18,7 @@ import (
 // deleting what it could not read made the write fail) or failed with "no
 // such file or directory" (read as an empty listing).
 func TestFileSystemListingsHoldWhileValuesAreWritten(t *testing.T) {
-	storage := safeListing(&certmagic.FileStorage{Path: t.TempDir()})
+	storage := SafeListing(&certmagic.FileStorage{Path: t.TempDir()})
 	ctx := context.Background()
 	if err := storage.Store(ctx, "dir/seed", []byte("v")); err != nil {
 		t.Fatal(err)
@@ -65,7 +65,7 @@ func TestFileSystemListingsHoldWhileValuesAreWritten(t *testing.T) {
 // a missing prefix an fs.ErrNotExist and a value's prefix no keys.
 func TestFileSystemListingsAreFileStorages(t *testing.T) {
 	plain := &certmagic.FileStorage{Path: t.TempDir()}
-	storage := safeListing(plain)
+	storage := SafeListing(plain)
 	ctx := context.Background()
 	for _, key := range []string{"a/b/c", "a/b/d", "a/e", "a/1/f", "g"} {
 		if err := storage.Store(ctx, key, []byte("v")); err != nil {
