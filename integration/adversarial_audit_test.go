@@ -220,6 +220,42 @@ func TestAuditAttackSessionScopeApprovalUsesUnaudited(t *testing.T) {
 	}
 }
 
+// Attack (fixed): a denied approval refuses every identical retry, but the
+// retry's trail is its own decision entry with the policy's action "ask"
+// and nothing more: no entry says a denial refused it, so the trail reads
+// as a call asked about again and left pending.
+// Fixed: a denial refusing a retry writes a refused approval event with
+// that call's decision (requested_decision_id: the ask's).
+func TestAuditAttackDenialRefusingARetryUnaudited(t *testing.T) {
+	logCfg, audit := auditLog(t)
+	up := startUpstream(t)
+	g := startGateway(t, gatewayConfig{Upstream: up.URL, RequestPolicy: testdataPath(t, "approvals"), Log: logCfg})
+	m := g.raw(t, aliceKey, g.createSession(t, aliceKey, "svc"), "svc")
+	m.initialize()
+	args := `{"text":"deny me"}`
+	p := mustPend(t, m.call(1, "gated_tool", args))
+	if r := g.decide(t, aliceKey, p.ApprovalID, false, "", ""); r.StatusCode != http.StatusOK {
+		t.Fatalf("denying: %d %s", r.StatusCode, r.Body)
+	}
+	if got := string(m.call(2, "gated_tool", args)); !strings.Contains(got, "denied") {
+		t.Fatalf("the retry of a denied call: %s", got)
+	}
+	if n := up.upstreamCalls("gated_tool"); n != 0 {
+		t.Fatalf("the upstream saw %d calls of a denied one", n)
+	}
+	entries := audit()
+	reqs := requestEntries(entries, "gated_tool")
+	if len(reqs) != 2 {
+		t.Fatalf("request entries of gated_tool: %d, want 2: %v", len(reqs), reqs)
+	}
+	refused := approvalEvents(entries, "refused")
+	if len(refused) != 1 || refused[0]["decision_id"] != reqs[1]["decision_id"] ||
+		refused[0]["requested_decision_id"] != reqs[0]["decision_id"] || refused[0]["approval_id"] != p.ApprovalID {
+		t.Errorf("the retry refused by denial %s (decision %v): refused events %v; approval events %v",
+			p.ApprovalID, reqs[1]["decision_id"], refused, eventsOf(approvalEvents(entries, "")))
+	}
+}
+
 func eventsOf(entries []map[string]any) []string {
 	var out []string
 	for _, e := range entries {

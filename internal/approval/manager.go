@@ -289,9 +289,10 @@ func URL(base string, a *Approval) string {
 func (m *Manager) event(a *Approval, what string, by *gateway.Caller) { m.eventFor(a, what, by, "") }
 
 // eventFor is event for an approval that let a call through (consumed,
-// used): its decision_id is that call's decision (callDecision), so that
-// the trail ties the call that ran to the approval that let it run, and
-// requested_decision_id the decision that asked.
+// used) or a denial that refused one (refused): its decision_id is that
+// call's decision (callDecision), so that the trail ties the call to the
+// approval that decided it, and requested_decision_id the decision that
+// asked.
 func (m *Manager) eventFor(a *Approval, what string, by *gateway.Caller, callDecision string) {
 	metrics.total.WithLabelValues(a.Service, what).Inc()
 	if ce := m.audit.Check(zap.InfoLevel, "approval"); ce != nil {
@@ -408,6 +409,7 @@ func (m *Manager) Resolve(ctx context.Context, ask Ask) (res Resolution, err err
 			}
 		case StateDenied:
 			if exact {
+				m.eventFor(a, "refused", nil, ask.Decision.ID)
 				return Resolution{Kind: Denied, Approval: a}, nil
 			}
 		case StatePending:
