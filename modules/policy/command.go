@@ -33,7 +33,7 @@ decision that is undefined, malformed or over the deadline is a deny).
 `,
 		CobraFunc: func(cmd *cobra.Command) {
 			eval := &cobra.Command{
-				Use:   "eval --input <file> (--config <file> [--adapter <name>] | --policy <source>) [--stage request|result]",
+				Use:   "eval --input <file> (--config <file> [--adapter <name>] | --policy <source> [--verification-key <file>]) [--stage request|result]",
 				Short: "Prints the decision the gateway would make for a policy input",
 				Long: `
 Evaluates a policy input and prints the decision as the gateway reads it:
@@ -42,8 +42,10 @@ Evaluates a policy input and prints the decision as the gateway reads it:
 --input is a JSON file (- for stdin): the input as log_input logs it, or one
 you wrote. --config (with --adapter, as for toolgate run) names the
 configuration whose toolgate_policy and toolgate_result_policy sources are
-used; relative paths there are relative to the current directory, as for the
-gateway. --policy names a source directly instead. --stage is request or
+used (a bundle is verified with its verification_key, as by the gateway);
+relative paths there are relative to the current directory, as for the
+gateway. --policy names a source directly instead, with --verification-key
+(and --verification-algorithm) for a signed bundle. --stage is request or
 result; by default result when the input holds a result, else request.
 
 Exits with status 0 after allow, 3 after deny or ask, and 1 when the input
@@ -63,6 +65,8 @@ or the policy cannot be read.
 			eval.Flags().StringP("adapter", "a", "", "the configuration's adapter (as for toolgate run)")
 			eval.Flags().StringP("policy", "p", "", "a policy source (a .rego file, a directory or a bundle URL) instead of --config")
 			eval.Flags().String("stage", "", "request or result (default: result when the input holds a result)")
+			eval.Flags().String("verification-key", "", "with --policy naming a signed bundle: the public key file that signs it (as verification_key)")
+			eval.Flags().String("verification-algorithm", "", "the signature's algorithm (as for verification_key; default RS256)")
 			cmd.AddCommand(eval)
 		},
 	})
@@ -84,7 +88,8 @@ type evalOutput struct {
 // cmdPolicyEval runs toolgate policy eval, writing the decision to w; it
 // reports whether the decision is an allow.
 func cmdPolicyEval(fl caddycmd.Flags, w io.Writer) (allowed bool, err error) {
-	out, err := policyEval(fl.String("input"), fl.String("config"), fl.String("adapter"), fl.String("policy"), fl.String("stage"), os.Stdin)
+	policy := Config{Source: fl.String("policy"), VerificationKey: fl.String("verification-key"), VerificationAlgorithm: fl.String("verification-algorithm")}
+	out, err := policyEval(fl.String("input"), fl.String("config"), fl.String("adapter"), policy, fl.String("stage"), os.Stdin)
 	if err != nil {
 		return false, err
 	}
@@ -97,7 +102,10 @@ func cmdPolicyEval(fl caddycmd.Flags, w io.Writer) (allowed bool, err error) {
 	return out.Action == "allow", nil
 }
 
-func policyEval(inputFile, configFile, adapter, source, stage string, stdin io.Reader) (*evalOutput, error) {
+// policyEval evaluates the input in inputFile (stdin for "-") with the
+// policy named by policy (its source, and the key verifying a bundle) or,
+// without a source, by the configuration in configFile.
+func policyEval(inputFile, configFile, adapter string, policy Config, stage string, stdin io.Reader) (*evalOutput, error) {
 	if inputFile == "" {
 		return nil, errors.New("--input is required: the policy input as JSON (- for stdin)")
 	}
@@ -130,15 +138,29 @@ func policyEval(inputFile, configFile, adapter, source, stage string, stdin io.R
 	default:
 		return nil, fmt.Errorf("--stage %q: use request or result", stage)
 	}
-	if source == "" {
-		if configFile == "" {
-			return nil, errors.New("name the policy: --config <file> (the gateway's configuration) or --policy <source>")
-		}
-		if source, query, err = configuredPolicy(configFile, adapter, stage, query); err != nil {
+	switch {
+	case policy.Source == "" && configFile == "":
+		return nil, errors.New("name the policy: --config <file> (the gateway's configuration) or --policy <source>")
+	case policy.Source == "" && policy.VerificationKey != "":
+		return nil, errors.New("--verification-key goes with --policy: with --config, the configuration's verification_key is used")
+	case policy.Source == "":
+		if policy, err = configuredPolicy(configFile, adapter, stage, query); err != nil {
 			return nil, err
 		}
+		query = policy.Query
 	}
-	e, err := newEngine(newSource(source), query, stage, evaluatorPlan, 0, zap.NewNop(), policyMetrics)
+	src := newSource(policy.Source)
+	// A bundle the gateway would refuse (unsigned, or not signed with its
+	// verification_key) is refused here too: a decision printed from it
+	// would be one the gateway never makes.
+	verify, _, err := policy.verification(src.remote())
+	if err != nil {
+		return nil, err
+	}
+	if b, ok := src.(*bundleSource); ok {
+		b.verify = verify
+	}
+	e, err := newEngine(src, query, stage, evaluatorPlan, 0, zap.NewNop(), policyMetrics)
 	if err != nil {
 		return nil, fmt.Errorf("loading the policy: %w", err)
 	}
@@ -159,34 +181,36 @@ func policyEval(inputFile, configFile, adapter, source, stage string, stdin io.R
 	return out, nil
 }
 
-// configuredPolicy finds the source (and query) of the stage's policy
-// directive in a configuration: every toolgate_policy (request) or
-// toolgate_result_policy (result) handler must name the same one.
-func configuredPolicy(configFile, adapter, stage, query string) (source, q string, err error) {
+// configuredPolicy finds the source, query and verification key of the
+// stage's policy directive in a configuration: every toolgate_policy
+// (request) or toolgate_result_policy (result) handler must name the same
+// ones.
+func configuredPolicy(configFile, adapter, stage, query string) (Config, error) {
 	cfg, _, _, err := caddycmd.LoadConfig(configFile, adapter)
 	if err != nil {
-		return "", "", err
+		return Config{}, err
 	}
 	var doc any
 	if err := json.Unmarshal(cfg, &doc); err != nil {
-		return "", "", err
+		return Config{}, err
 	}
 	handler := "toolgate_policy"
 	if stage == stageResult {
 		handler = "toolgate_result_policy"
 	}
-	type found struct{ source, query string }
-	var all []found
+	var all []Config
 	var walk func(v any)
 	walk = func(v any) {
 		switch x := v.(type) {
 		case map[string]any:
 			if x["handler"] == handler {
-				f := found{query: query}
-				f.source, _ = x["source"].(string)
+				f := Config{Query: query}
+				f.Source, _ = x["source"].(string)
 				if q, ok := x["query"].(string); ok && q != "" {
-					f.query = q
+					f.Query = q
 				}
+				f.VerificationKey, _ = x["verification_key"].(string)
+				f.VerificationAlgorithm, _ = x["verification_algorithm"].(string)
 				all = append(all, f)
 			}
 			for _, c := range x {
@@ -199,17 +223,23 @@ func configuredPolicy(configFile, adapter, stage, query string) (source, q strin
 		}
 	}
 	walk(doc)
-	slices.SortFunc(all, func(a, b found) int { return cmp.Compare(a.source+"\x00"+a.query, b.source+"\x00"+b.query) })
-	all = slices.Compact(all)
+	name := func(c Config) string {
+		return c.Source + "\x00" + c.Query + "\x00" + c.VerificationKey + "\x00" + c.VerificationAlgorithm
+	}
+	slices.SortFunc(all, func(a, b Config) int { return cmp.Compare(name(a), name(b)) })
+	all = slices.CompactFunc(all, func(a, b Config) bool { return name(a) == name(b) })
 	switch {
 	case len(all) == 0:
-		return "", "", fmt.Errorf("%s has no %s directive", configFile, handler)
+		return Config{}, fmt.Errorf("%s has no %s directive", configFile, handler)
 	case len(all) > 1:
 		names := make([]string, len(all))
 		for i, f := range all {
-			names[i] = newSource(f.source).String() + " " + f.query
+			names[i] = newSource(f.Source).String() + " " + f.Query
+			if f.VerificationKey != "" {
+				names[i] += " verified with " + f.VerificationKey
+			}
 		}
-		return "", "", fmt.Errorf("%s has %s directives with different policies (%s); name one with --policy", configFile, handler, strings.Join(names, ", "))
+		return Config{}, fmt.Errorf("%s has %s directives with different policies (%s); name one with --policy", configFile, handler, strings.Join(names, ", "))
 	}
-	return all[0].source, all[0].query, nil
+	return all[0], nil
 }

@@ -68,7 +68,7 @@ func TestPolicyEvalCommand(t *testing.T) {
 		{"no policy directive", readOnly, write("None", ":8080 {\n\trespond ok\n}\n"), "", "", nil, "has no toolgate_policy directive"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			out, err := policyEval(tc.input, tc.config, "caddyfile", tc.source, tc.stage, nil)
+			out, err := policyEval(tc.input, tc.config, "caddyfile", Config{Source: tc.source}, tc.stage, nil)
 			if tc.err != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.err) {
 					t.Fatalf("err = %v, want %q", err, tc.err)

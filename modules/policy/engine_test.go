@@ -500,7 +500,7 @@ func TestLogInput(t *testing.T) {
 	if err := os.WriteFile(file, logged, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	out, err := policyEval(file, "", "", dir, "", nil)
+	out, err := policyEval(file, "", "", Config{Source: dir}, "", nil)
 	if err != nil || out.Action != "allow" || out.Reason != "ok" || out.Stage != stageRequest {
 		t.Errorf("policy eval of the logged input: %+v, %v", out, err)
 	}

@@ -133,3 +133,52 @@ func TestSignedBundles(t *testing.T) {
 		}
 	}
 }
+
+// Attack (fixed): toolgate policy eval --config loaded the configured
+// bundle without its verification_key, and printed decisions of an
+// unsigned (or foreign-signed) bundle the gateway refuses to load.
+// Fixed: eval verifies the bundle with the configured key, as the gateway does.
+func TestPolicyEvalVerifiesAsTheGatewayDoes(t *testing.T) {
+	private, publicFile := signingKey(t)
+	other, _ := signingKey(t)
+	const deny = "package toolgate.request\n\ndecision := {\"action\": \"deny\", \"reason\": \"signed\"}\n"
+	var serve atomic.Value
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = w.Write(serve.Load().([]byte))
+	}))
+	defer srv.Close()
+	dir := t.TempDir()
+	input := filepath.Join(dir, "input.json")
+	caddyfile := filepath.Join(dir, "Caddyfile")
+	if err := os.WriteFile(input, []byte(`{"method": "tools/call", "arguments": {}}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(caddyfile, []byte(":8080 {\n\troute {\n\t\ttoolgate_policy {\n\t\t\tsource "+srv.URL+
+		"/bundle.tar.gz\n\t\t\tverification_key "+publicFile+"\n\t\t}\n\t}\n}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	serve.Store(signedBundle(t, deny, private, false))
+	if out, err := policyEval(input, caddyfile, "caddyfile", Config{}, "", nil); err != nil || out.Reason != "signed" {
+		t.Fatalf("a bundle signed with the configured key: %+v %v", out, err)
+	}
+	for name, b := range map[string][]byte{
+		"unsigned":            signedBundle(t, strings.Replace(deny, "signed", "unsigned", 1), "", false),
+		"signed with another": signedBundle(t, strings.Replace(deny, "signed", "other key", 1), other, false),
+	} {
+		serve.Store(b)
+		if out, err := policyEval(input, caddyfile, "caddyfile", Config{}, "", nil); err == nil {
+			t.Errorf("%s: evaluated, %+v, where the gateway refuses the bundle", name, out)
+		}
+		if out, err := policyEval(input, "", "", Config{Source: srv.URL + "/bundle.tar.gz", VerificationKey: publicFile}, "", nil); err == nil {
+			t.Errorf("%s, with --policy and --verification-key: evaluated, %+v", name, out)
+		}
+	}
+	// --policy names a signed bundle with its key.
+	serve.Store(signedBundle(t, deny, private, false))
+	if out, err := policyEval(input, "", "", Config{Source: srv.URL + "/bundle.tar.gz", VerificationKey: publicFile}, "", nil); err != nil || out.Reason != "signed" {
+		t.Errorf("--policy with --verification-key: %+v %v", out, err)
+	}
+	if _, err := policyEval(input, caddyfile, "caddyfile", Config{VerificationKey: publicFile}, "", nil); err == nil {
+		t.Error("--verification-key with --config: accepted")
+	}
+}

@@ -385,7 +385,7 @@ func TestSourceAdvBundleURLSecretsReachPolicyEval(t *testing.T) {
 	if err := os.WriteFile(input, []byte(`{"method": "tools/call", "arguments": {}}`), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	out, err := policyEval(input, "", "", url, "", nil)
+	out, err := policyEval(input, "", "", Config{Source: url}, "", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -399,13 +399,13 @@ func TestSourceAdvBundleURLSecretsReachPolicyEval(t *testing.T) {
 		"\n\t\t}\n\t}\n}\n:8081 {\n\troute {\n\t\ttoolgate_policy {\n\t\t\tsource /elsewhere\n\t\t}\n\t}\n}\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := policyEval(input, caddyfile, "caddyfile", "", "", nil); err == nil || !strings.Contains(err.Error(), "different policies") {
+	if _, err := policyEval(input, caddyfile, "caddyfile", Config{}, "", nil); err == nil || !strings.Contains(err.Error(), "different policies") {
 		t.Fatalf("two policies: %v", err)
 	} else if strings.Contains(err.Error(), password) || strings.Contains(err.Error(), token) {
 		t.Errorf("the error about two policies repeats the URL's secrets: %v", err)
 	}
 	module = "package toolgate.other\n\nx := 1\n"
-	_, err = policyEval(input, "", "", url, "", nil)
+	_, err = policyEval(input, "", "", Config{Source: url}, "", nil)
 	if err == nil {
 		t.Fatal("a bundle without the decision rule loaded")
 	}
@@ -443,7 +443,7 @@ func TestSourceAdvBundle304WithoutETagIsSilent(t *testing.T) {
 	if err := os.WriteFile(input, []byte(`{"method": "tools/call", "arguments": {}}`), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if out, err := policyEval(input, "", "", srv.URL+"/bundle.tar.gz", "", nil); err == nil {
+	if out, err := policyEval(input, "", "", Config{Source: srv.URL + "/bundle.tar.gz"}, "", nil); err == nil {
 		t.Errorf("toolgate policy eval on a bundle never received: %+v, want an error", out)
 	}
 }

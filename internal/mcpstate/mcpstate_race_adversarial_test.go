@@ -1,0 +1,167 @@
+package mcpstate_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/certmagic"
+
+	"github.com/toolgate/toolgate/internal/mcpstate"
+	"github.com/toolgate/toolgate/modules/gateway"
+)
+
+// raceGate is a storage that holds the first Store of a key match
+// accepts until open is called: the moment a replica is between two of
+// its writes, made to last.
+type raceGate struct {
+	certmagic.Storage
+	mu      sync.Mutex
+	match   func(key string) bool
+	paused  chan struct{}
+	release chan struct{}
+}
+
+func newRaceGate(s certmagic.Storage, match func(string) bool) *raceGate {
+	return &raceGate{Storage: s, match: match, paused: make(chan struct{}), release: make(chan struct{})}
+}
+
+func (g *raceGate) Store(ctx context.Context, key string, value []byte) error {
+	g.mu.Lock()
+	hold := g.match != nil && g.match(key)
+	if hold {
+		g.match = nil
+	}
+	g.mu.Unlock()
+	if hold {
+		close(g.paused)
+		select {
+		case <-g.release:
+		case <-time.After(5 * time.Second):
+		}
+	}
+	return g.Storage.Store(ctx, key, value)
+}
+
+func (g *raceGate) wait(t *testing.T) {
+	t.Helper()
+	select {
+	case <-g.paused:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the gated write never came")
+	}
+}
+
+func (g *raceGate) open() { close(g.release) }
+
+func raceRecord(user string) *mcpstate.Record {
+	return &mcpstate.Record{Ref: mcpstate.NewRef(), User: user, Service: "svc", Created: time.Now(), Expires: time.Now().Add(time.Hour),
+		Upstream: mcpstate.Upstream{SessionID: "up", ProtocolVersion: "2025-11-25", Generation: 1}, Initialize: []byte(`{}`)}
+}
+
+// Attack: a caller at max_mcp_sessions_per_caller opens sessions through
+// two replicas at once: CountUser at the limit deletes every index entry
+// whose state it cannot Stat, which includes a session another replica is
+// creating (Create writes the entry, a mark, then the state). That
+// session lives on with no index entry, so it is never counted again: the
+// caller holds 2 sessions while the count says 1, and a third passes a
+// limit of 2.
+func TestRaceCountUserDropsIndexOfSessionBeingCreated(t *testing.T) {
+	ctx := context.Background()
+	base := gateway.SafeListing(&certmagic.FileStorage{Path: t.TempDir()})
+	gate := newRaceGate(base, func(key string) bool {
+		return strings.HasPrefix(key, mcpstate.Prefix+"/sessions/") && strings.HasSuffix(key, "/state")
+	})
+	now := time.Now
+	a := mcpstate.New(base, time.Hour, 12*time.Hour, now) // replica A
+	b := mcpstate.New(base, time.Hour, 12*time.Hour, now) // replica B
+	slow := mcpstate.New(gate, time.Hour, 12*time.Hour, now)
+	const limit = 2
+	if _, err := a.Create(ctx, raceRecord("alice")); err != nil {
+		t.Fatal(err)
+	}
+	second := raceRecord("alice")
+	done := make(chan error, 1)
+	go func() { _, err := slow.Create(ctx, second); done <- err }()
+	gate.wait(t) // the second session's index entry and mark are stored, its state is on its way
+	if _, err := b.CountUser(ctx, "alice", limit); err != nil {
+		t.Fatal(err)
+	}
+	gate.open()
+	if err := <-done; err != nil {
+		t.Fatalf("Create: %v", err)
+	}
+	if _, err := b.Load(ctx, second.Ref); err != nil {
+		t.Fatalf("the second session does not exist: %v", err)
+	}
+	n, err := b.CountUser(ctx, "alice", limit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n != 2 {
+		t.Errorf("alice holds 2 MCP sessions, CountUser says %d: one more passes max_mcp_sessions_per_caller %d", n, limit)
+	}
+}
+
+// Attack: a session ended (DELETE, or the idle sweep) while a
+// server→client request of it is being recorded (another replica relays
+// an elicitation or sampling request): End's RemoveAll of the session's
+// directory races the write into it. End then fails ("directory not
+// empty") after it already deleted the state — the caller is told the
+// session could not be ended, the index entry stays, nothing is
+// announced (other replicas with a live cache keep the record), and the
+// idle sweep stops at that error — or the write resurrects the directory
+// without a state. Counts how often in a bounded loop.
+func TestRaceEndRacesWritesIntoTheSessionDirectory(t *testing.T) {
+	ctx := context.Background()
+	base := gateway.SafeListing(&certmagic.FileStorage{Path: t.TempDir()})
+	a := mcpstate.New(base, time.Hour, 12*time.Hour, time.Now)
+	b := mcpstate.New(base, time.Hour, 12*time.Hour, time.Now)
+	deadline := time.Now().Add(3 * time.Second)
+	tries, endFailed, stateGoneButFailed := 0, 0, 0
+	var firstErr error
+	for time.Now().Before(deadline) && endFailed == 0 {
+		tries++
+		rec := raceRecord("alice")
+		if _, err := a.Create(ctx, rec); err != nil {
+			t.Fatal(err)
+		}
+		stop := make(chan struct{})
+		var wg sync.WaitGroup
+		for w := range 4 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := 0; ; i++ {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					_ = b.ServerRequestSent(ctx, rec.Ref, fmt.Sprintf("%d-%d", w, i), "elicitation/create")
+				}
+			}()
+		}
+		time.Sleep(time.Millisecond)
+		_, err := a.End(ctx, rec.Ref, false)
+		close(stop)
+		wg.Wait()
+		if err != nil && !errors.Is(err, mcpstate.ErrNotFound) {
+			endFailed++
+			if firstErr == nil {
+				firstErr = err
+			}
+			if _, lerr := b.Load(ctx, rec.Ref); errors.Is(lerr, mcpstate.ErrNotFound) {
+				stateGoneButFailed++
+			}
+		}
+	}
+	t.Logf("%d tries, End failed %d times (state already deleted in %d)", tries, endFailed, stateGoneButFailed)
+	if endFailed > 0 {
+		t.Errorf("End failed while a write went into the session's directory: %v", firstErr)
+	}
+}
