@@ -185,11 +185,17 @@ func (n *notifier) finished(d delivery) {
 
 // run delivers until done: new announcements first, then the retries
 // that are due. What is left when done closes (a configuration reload, the
-// gateway stopping) is logged, approval by approval: those approvals stay
-// on the console's queue, unannounced.
+// gateway stopping) is handed over to the notifier of the next
+// configuration with the same webhook URL (handOver), and logged approval
+// by approval: if the gateway stops instead, those approvals stay on the
+// console's queue, unannounced.
 func (n *notifier) run(done <-chan struct{}) {
 	var retries []delivery // by due time
 	for {
+		left, more := takeOver(n.hook.URL)
+		for _, d := range left {
+			retries = n.adopt(d, retries)
+		}
 		select {
 		case d := <-n.queue:
 			retries = n.attempt(d, retries)
@@ -202,8 +208,9 @@ func (n *notifier) run(done <-chan struct{}) {
 		}
 		select {
 		case <-done:
-			n.dropped(retries)
+			n.handOff(retries)
 			return
+		case <-more:
 		case d := <-n.queue:
 			retries = n.attempt(d, retries)
 		case <-due:
@@ -211,6 +218,53 @@ func (n *notifier) run(done <-chan struct{}) {
 			retries = n.attempt(d, retries[1:])
 		}
 	}
+}
+
+// handedOver holds what notifiers left undelivered when they stopped, by
+// webhook URL, for the notifier of the next configuration: Caddy starts
+// the new configuration before it stops the old one, so the new notifier
+// runs already and is woken (ready) to take them.
+var handedOver = struct {
+	sync.Mutex
+	byURL map[string][]delivery
+	ready chan struct{} // closed, and replaced, when some are handed over
+}{byURL: map[string][]delivery{}, ready: make(chan struct{})}
+
+// handOver leaves left for the next notifier of url, at most hookQueue of
+// them waiting in all; it returns how many it kept.
+func handOver(url string, left []delivery) int {
+	h := &handedOver
+	h.Lock()
+	defer h.Unlock()
+	kept := min(max(hookQueue-len(h.byURL[url]), 0), len(left))
+	if kept > 0 {
+		h.byURL[url] = append(h.byURL[url], left[:kept]...)
+		close(h.ready)
+		h.ready = make(chan struct{})
+	}
+	return kept
+}
+
+// takeOver takes what was handed over for url, and returns a channel
+// closed when more is.
+func takeOver(url string) ([]delivery, <-chan struct{}) {
+	h := &handedOver
+	h.Lock()
+	defer h.Unlock()
+	left := h.byURL[url]
+	delete(h.byURL, url)
+	return left, h.ready
+}
+
+// adopt counts d, handed over by the previous configuration's notifier,
+// as this one's, due now (its attempts so far count toward its last).
+func (n *notifier) adopt(d delivery, retries []delivery) []delivery {
+	n.mu.Lock()
+	n.queued[d.requester]++
+	n.waiting++
+	n.mu.Unlock()
+	d.due = now()
+	return slices.Insert(retries, 0, d)
 }
 
 // attempt posts d once; one to try again joins retries, in due order.
@@ -236,13 +290,20 @@ func (n *notifier) attempt(d delivery, retries []delivery) []delivery {
 	return slices.Insert(retries, i, d)
 }
 
-// dropped logs the announcements left undelivered when the notifier stops.
-func (n *notifier) dropped(retries []delivery) {
+// handOff hands the announcements left undelivered when the notifier
+// stops to the next configuration's (handOver), and logs each.
+func (n *notifier) handOff(retries []delivery) {
 	for len(n.queue) > 0 { // this goroutine alone takes from the queue
 		retries = append(retries, <-n.queue)
 	}
-	for _, d := range retries {
-		n.logger.Warn("approval webhook: the gateway stopped (or its configuration was reloaded) before this announcement was delivered; the approval is on the console's queue",
+	kept := handOver(n.hook.URL, retries)
+	for i, d := range retries {
+		if i < kept {
+			n.logger.Info("approval webhook: an announcement not yet delivered is handed to the next configuration's webhook of the same URL (if the gateway stops instead, the approval is on the console's queue, unannounced)",
+				zap.String("approval_id", d.approval), zap.String("delivery", d.id))
+			continue
+		}
+		n.logger.Warn("approval webhook: too many announcements wait for the next configuration; one was dropped (the approval is on the console's queue)",
 			zap.String("approval_id", d.approval), zap.String("delivery", d.id))
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -292,7 +293,9 @@ func TestWebhookAttackOneRequestersFailingDeliveriesDelayOthersPastTTL(t *testin
 // hand the queue to the next config's notifier (a caddy.UsagePool like
 // the shared transport), or mark announced approvals in their record and
 // let the sweep announce pending ones that were not.
-// Fixed: what is left when the notifier stops is logged, approval by approval.
+// Fixed: what is left when the notifier stops is logged, approval by
+// approval, and handed to the next configuration's notifier of the same
+// URL (TestWebhookHandsOverAtAReload).
 func TestWebhookAttackReloadDropsAnnouncementsSilently(t *testing.T) {
 	attempted := make(chan struct{}, 8)
 	receiver := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -318,6 +321,70 @@ func TestWebhookAttackReloadDropsAnnouncementsSilently(t *testing.T) {
 		if logs.FilterField(zap.String("approval_id", id)).Len() == 0 && logs.FilterMessageSnippet(id).Len() == 0 {
 			t.Errorf("the announcement of approval %s was dropped at the reload, and nothing says so", id)
 		}
+	}
+}
+
+// Attack (fixed): announcements still queued, or waiting for a retry, when
+// the configuration was reloaded were only logged: the new configuration's
+// webhook, the same receiver, never got them, and approvers never heard
+// of approvals asked moments before a reload.
+// Fixed: the stopping notifier hands them over; the next configuration's
+// notifier of the same URL (running already: Caddy starts it first)
+// delivers them.
+func TestWebhookHandsOverAtAReload(t *testing.T) {
+	var (
+		mu        sync.Mutex
+		failed    bool
+		delivered []string
+	)
+	attempted := make(chan struct{}, 8)
+	receiver := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var body announcement
+		_ = json.NewDecoder(r.Body).Decode(&body)
+		mu.Lock()
+		defer mu.Unlock()
+		if !failed { // the first attempt fails: its announcement waits for a retry
+			failed = true
+			w.WriteHeader(http.StatusServiceUnavailable)
+			attempted <- struct{}{}
+			return
+		}
+		delivered = append(delivered, body.Approval.ID)
+	}))
+	t.Cleanup(receiver.Close)
+	old, _ := hookManager(t, receiver.URL, false, []time.Duration{time.Hour})
+	ids := []string{"h1", "h2", "h3"}
+	for _, id := range ids {
+		old.hook.announce(&Approval{ID: id, State: StatePending, Requester: "alice", Scopes: []string{ScopeOnce},
+			CreatedAt: now(), ExpiresAt: now().Add(time.Hour)}, "https://gw/x", false, nil)
+	}
+	stopOld := runHook(t, old)
+	select {
+	case <-attempted:
+	case <-time.After(5 * time.Second):
+		t.Fatal("no attempt")
+	}
+	next, _ := hookManager(t, receiver.URL, false, nil) // the reloaded configuration, started first
+	runHook(t, next)
+	stopOld()
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		mu.Lock()
+		n := len(delivered)
+		mu.Unlock()
+		if n >= len(ids) {
+			break
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	slices.Sort(delivered)
+	if !slices.Equal(delivered, ids) {
+		t.Errorf("delivered after the reload: %q, want %q", delivered, ids)
+	}
+	next.hook.mu.Lock()
+	defer next.hook.mu.Unlock()
+	if next.hook.waiting != 0 || len(next.hook.queued) != 0 {
+		t.Errorf("the next notifier counts %d waiting (%v) once all were delivered", next.hook.waiting, next.hook.queued)
 	}
 }
 
