@@ -31,6 +31,7 @@ import (
 
 	"github.com/caddyserver/certmagic"
 
+	"github.com/toolgate/toolgate/internal/written"
 	"github.com/toolgate/toolgate/modules/gateway"
 )
 
@@ -156,6 +157,12 @@ func (st *Store) makeRoom(ctx context.Context, user string) error {
 	for _, key := range keys {
 		ref := path.Base(key)
 		data, err := st.storage.Load(ctx, path.Join(prefix, ref))
+		switch {
+		case errors.Is(err, fs.ErrNotExist) && written.Recently(ctx, st.storage, key):
+			continue // a sign-in under way (on any replica): Create stores the entry first
+		case err != nil && !errors.Is(err, fs.ErrNotExist):
+			return fmt.Errorf("reading browser sessions: %w", err)
+		}
 		var s Session
 		if err != nil || json.Unmarshal(data, &s) != nil || !s.alive() {
 			st.remove(ctx, user, ref)

@@ -15,6 +15,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/toolgate/toolgate/internal/storecache"
+	"github.com/toolgate/toolgate/internal/written"
 )
 
 // Session is a runner's toolgate session: which services a caller chose to
@@ -194,8 +195,14 @@ func (s *SessionStore) List(ctx context.Context, user string) ([]SessionSummary,
 		gone := json.Unmarshal(data, &sum) != nil || t.After(sum.ExpiresAt)
 		if !gone {
 			// Ended on another replica? Only a storage that says so counts:
-			// a failing one must not unlist a live session.
+			// a failing one must not unlist a live session. An entry written
+			// a moment ago names a session whose record another replica is
+			// still writing (Create writes the entry first): it is left, and
+			// not listed yet.
 			if _, err := s.storage.Stat(ctx, path.Join(sessionPrefix, sum.Ref)); errors.Is(err, fs.ErrNotExist) {
+				if written.Recently(ctx, s.storage, key) {
+					continue
+				}
 				gone = true
 			} else if err != nil {
 				return nil, fmt.Errorf("listing sessions: %w", err)
@@ -249,9 +256,10 @@ func (s *SessionStore) Get(ctx context.Context, id string) (*Session, error) {
 // with them their runners' streams, calls in progress and calls held.
 const SessionCheckEvery = 2 * time.Second
 
-// Delete ends sess.
+// Delete ends sess (read from this store: its record is its user's, with
+// or without an index entry naming it).
 func (s *SessionStore) Delete(ctx context.Context, sess *Session) error {
-	return s.DeleteRef(ctx, sess.User, hashKey(sess.ID))
+	return s.deleteRef(ctx, sess.User, hashKey(sess.ID))
 }
 
 // DeleteRef ends user's session named by ref (see SessionSummary); a ref
@@ -262,12 +270,16 @@ func (s *SessionStore) DeleteRef(ctx context.Context, user, ref string) error {
 	if !isHashKey(ref) {
 		return nil
 	}
-	index := sessionIndexKey(user, ref)
-	if _, err := s.storage.Stat(ctx, index); errors.Is(err, fs.ErrNotExist) {
+	if _, err := s.storage.Stat(ctx, sessionIndexKey(user, ref)); errors.Is(err, fs.ErrNotExist) {
 		return nil
 	} else if err != nil {
 		return err
 	}
+	return s.deleteRef(ctx, user, ref)
+}
+
+func (s *SessionStore) deleteRef(ctx context.Context, user, ref string) error {
+	index := sessionIndexKey(user, ref)
 	record := path.Join(sessionPrefix, ref)
 	for _, key := range []string{record, index} {
 		if err := s.storage.Delete(ctx, key); err != nil && !errors.Is(err, fs.ErrNotExist) {

@@ -54,7 +54,7 @@ func (g *raceGate) wait(t *testing.T) {
 
 func (g *raceGate) open() { close(g.release) }
 
-// Attack: a listing of alice's sessions (GET /v1/sessions, the console)
+// Attack (fixed): a listing of alice's sessions (GET /v1/sessions, the console)
 // on one replica while another replica creates a session for her deletes
 // the new session's index entry (written before its record; List takes
 // no lock and unlists an entry whose record it cannot Stat yet). The
@@ -62,6 +62,7 @@ func (g *raceGate) open() { close(g.release) }
 // (a second session passes a limit of 1), and neither its person nor its
 // own id can end it (DeleteRef finds no index entry and does nothing) —
 // it stays usable until it expires.
+// Fixed: an entry whose record is missing is deleted only once older than written.Grace (a creation may be under way).
 func TestRaceSessionListingDropsIndexOfSessionBeingCreated(t *testing.T) {
 	ctx := context.Background()
 	base := SafeListing(&certmagic.FileStorage{Path: t.TempDir()})
