@@ -9,50 +9,9 @@ import (
 	"time"
 
 	"github.com/caddyserver/certmagic"
+
+	"github.com/toolgate/toolgate/internal/storetest"
 )
-
-// raceGate is a storage that holds the first Store of a key match
-// accepts until open is called: the moment a replica is between two of
-// its writes, made to last.
-type raceGate struct {
-	certmagic.Storage
-	mu      sync.Mutex
-	match   func(key string) bool
-	paused  chan struct{}
-	release chan struct{}
-}
-
-func newRaceGate(s certmagic.Storage, match func(string) bool) *raceGate {
-	return &raceGate{Storage: s, match: match, paused: make(chan struct{}), release: make(chan struct{})}
-}
-
-func (g *raceGate) Store(ctx context.Context, key string, value []byte) error {
-	g.mu.Lock()
-	hold := g.match != nil && g.match(key)
-	if hold {
-		g.match = nil
-	}
-	g.mu.Unlock()
-	if hold {
-		close(g.paused)
-		select {
-		case <-g.release:
-		case <-time.After(5 * time.Second):
-		}
-	}
-	return g.Storage.Store(ctx, key, value)
-}
-
-func (g *raceGate) wait(t *testing.T) {
-	t.Helper()
-	select {
-	case <-g.paused:
-	case <-time.After(5 * time.Second):
-		t.Fatal("the gated write never came")
-	}
-}
-
-func (g *raceGate) open() { close(g.release) }
 
 // Attack (fixed): a listing of alice's sessions (GET /v1/sessions, the console)
 // on one replica while another replica creates a session for her deletes
@@ -66,7 +25,7 @@ func (g *raceGate) open() { close(g.release) }
 func TestRaceSessionListingDropsIndexOfSessionBeingCreated(t *testing.T) {
 	ctx := context.Background()
 	base := SafeListing(&certmagic.FileStorage{Path: t.TempDir()})
-	gate := newRaceGate(base, func(key string) bool { return strings.HasPrefix(key, sessionPrefix+"/") })
+	gate := storetest.NewGate(base, func(key string) bool { return strings.HasPrefix(key, sessionPrefix+"/") })
 	a := newSessionStore(gate, time.Hour, time.Minute, 1) // replica A
 	b := newSessionStore(base, time.Hour, time.Minute, 1) // replica B
 
@@ -79,11 +38,11 @@ func TestRaceSessionListingDropsIndexOfSessionBeingCreated(t *testing.T) {
 		sess, err := a.Create(ctx, "alice", []string{"svc"})
 		done <- made{sess, err}
 	}()
-	gate.wait(t) // A stored the index entry; its record is on its way
+	gate.Wait(t) // A stored the index entry; its record is on its way
 	if _, err := b.List(ctx, "alice"); err != nil {
 		t.Fatal(err)
 	}
-	gate.open()
+	gate.Open()
 	m := <-done
 	if m.err != nil {
 		t.Fatalf("Create: %v", m.err)
