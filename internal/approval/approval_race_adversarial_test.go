@@ -9,52 +9,12 @@ import (
 	"time"
 
 	"github.com/caddyserver/certmagic"
+	"go.uber.org/zap"
 
+	"github.com/toolgate/toolgate/internal/storecache"
+	"github.com/toolgate/toolgate/internal/storetest"
 	"github.com/toolgate/toolgate/modules/gateway"
 )
-
-// raceGate is a storage that holds the first Store of a key match
-// accepts until open is called: the moment a replica is between two of
-// its writes, made to last.
-type raceGate struct {
-	certmagic.Storage
-	mu      sync.Mutex
-	match   func(key string) bool
-	paused  chan struct{}
-	release chan struct{}
-}
-
-func newRaceGate(s certmagic.Storage, match func(string) bool) *raceGate {
-	return &raceGate{Storage: s, match: match, paused: make(chan struct{}), release: make(chan struct{})}
-}
-
-func (g *raceGate) Store(ctx context.Context, key string, value []byte) error {
-	g.mu.Lock()
-	hold := g.match != nil && g.match(key)
-	if hold {
-		g.match = nil
-	}
-	g.mu.Unlock()
-	if hold {
-		close(g.paused)
-		select {
-		case <-g.release:
-		case <-time.After(5 * time.Second):
-		}
-	}
-	return g.Storage.Store(ctx, key, value)
-}
-
-func (g *raceGate) wait(t *testing.T) {
-	t.Helper()
-	select {
-	case <-g.paused:
-	case <-time.After(5 * time.Second):
-		t.Fatal("the gated write never came")
-	}
-}
-
-func (g *raceGate) open() { close(g.release) }
 
 func racePending(id string) *Approval {
 	call := Call{Requester: "alice", Session: "s", Service: "svc", Method: "tools/call", Tool: "t", Arguments: []byte(`{"x":1}`)}
@@ -156,12 +116,12 @@ func TestRaceListingsDuringCreate(t *testing.T) {
 	}
 	for _, at := range []string{contentsPrefix + "/", prefix + "/", byCallPrefix + "/"} {
 		p := racePending("race-" + strings.ReplaceAll(strings.TrimPrefix(at, "toolgate/"), "/", ""))
-		gate := newRaceGate(base, func(key string) bool { return strings.HasPrefix(key, at) })
+		gate := storetest.NewGate(base, func(key string) bool { return strings.HasPrefix(key, at) })
 		slow := testStore(gate)
 		slow.cipher, slow.macKey = a.cipher, a.macKey
 		done := make(chan error, 1)
 		go func() { done <- slow.Create(ctx, p, Contents{Arguments: []byte(`{"x":1}`)}) }()
-		gate.wait(t)
+		gate.Wait(t)
 		if _, err := b.ForCall(ctx, p.CallKey, p.ToolKey); err != nil {
 			t.Errorf("held at %s: ForCall: %v", at, err)
 		}
@@ -174,7 +134,7 @@ func TestRaceListingsDuringCreate(t *testing.T) {
 		if _, err := b.Sweep(ctx); err != nil {
 			t.Errorf("held at %s: Sweep: %v", at, err)
 		}
-		gate.open()
+		gate.Open()
 		if err := <-done; err != nil {
 			t.Fatalf("held at %s: Create: %v", at, err)
 		}
@@ -205,4 +165,92 @@ func containsID(list []*Approval, id string) bool {
 		}
 	}
 	return false
+}
+
+// Holds: replicas starting on an empty storage at once make one
+// approvals' MAC key between them (made under a storage lock, read again
+// under it), so a record one signs is an approval to the others.
+func TestRaceReplicasAgreeOnTheMACKey(t *testing.T) {
+	ctx := context.Background()
+	base := gateway.SafeListing(&certmagic.FileStorage{Path: t.TempDir()})
+	first := testStore(base)
+	stores := []*Store{first, testStore(base), testStore(base)}
+	for _, s := range stores[1:] {
+		s.cipher = first.cipher
+	}
+	keys := make([][]byte, len(stores))
+	var wg sync.WaitGroup
+	for i, s := range stores {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			k, err := s.key(ctx)
+			if err != nil {
+				t.Error(err)
+			}
+			keys[i] = k
+		}()
+	}
+	wg.Wait()
+	for i := range keys[1:] {
+		if string(keys[i+1]) != string(keys[0]) {
+			t.Fatalf("replica %d made another MAC key", i+1)
+		}
+	}
+}
+
+// raceManager is a replica's Manager over storage, with its withheld
+// marks followed as NewManager sets them up (no announcements: the
+// file_system storage has none).
+func raceManager(storage certmagic.Storage, cipher gateway.Cipher) *Manager {
+	st := testStore(storage)
+	st.cipher = cipher
+	w := storecache.NewWatch(storage, withheldPrefix)
+	return &Manager{Store: st, app: &gateway.App{}, cfg: Config{MaxPendingPerUser: DefaultMaxPendingPerUser},
+		audit: zap.NewNop(), logger: zap.NewNop(), waiting: map[string][]chan struct{}{}, results: map[string]time.Time{},
+		watches: map[string]struct{}{}, watching: map[string]int{},
+		withheld: w, withheldCache: storecache.NewCache[time.Time](w, time.Minute, func() time.Time { return now() })}
+}
+
+// Attack (fixed): two results of one session withheld at once through two
+// replicas (one ask with a ttl of an hour, one of five minutes) leave the
+// session's withheld mark with the earlier expiry: noteResult reads the
+// mark, compares and writes it back without a lock, and the replica with
+// the earlier expiry writes last. Once that passes, a third replica's
+// MayRelease says no withheld result can be waiting, so the approved
+// hour-long result is never looked up there: the identical retry goes
+// upstream again (the tool runs a second time) instead of getting the
+// result the approver released.
+// Fixed: noteResult reads, compares and writes the mark under the mark's storage lock (markWithheld), so the later expiry stays.
+func TestRaceWithheldMarkLosesTheLaterExpiry(t *testing.T) {
+	ctx := context.Background()
+	clock := time.Now().UTC()
+	orig := now
+	now = func() time.Time { return clock }
+	t.Cleanup(func() { now = orig })
+	base := gateway.SafeListing(&certmagic.FileStorage{Path: t.TempDir()})
+	a := raceManager(base, testStore(base).cipher)
+	gate := storetest.NewGate(base, func(key string) bool { return strings.HasPrefix(key, withheldPrefix+"/") })
+	b := raceManager(gate, a.Store.cipher)
+	c := raceManager(base, a.Store.cipher)
+
+	long := &Approval{ID: "long", Stage: StageResult, Requester: "alice", Session: "s1", ExpiresAt: clock.Add(time.Hour)}
+	short := &Approval{ID: "short", Stage: StageResult, Requester: "alice", Session: "s1", ExpiresAt: clock.Add(5 * time.Minute)}
+	done := make(chan struct{})
+	go func() { b.noteResult(ctx, short); close(done) }()
+	gate.Wait(t) // B read no mark and is writing its five minutes
+	noted := make(chan struct{})
+	go func() { a.noteResult(ctx, long); close(noted) }()
+	select { // A writes meanwhile, unless a lock makes it wait for B
+	case <-noted:
+	case <-time.After(200 * time.Millisecond):
+	}
+	gate.Open()
+	<-done
+	<-noted
+
+	clock = clock.Add(10 * time.Minute) // the short one expired, the long one waits
+	if !c.MayRelease(ctx, "alice", "s1") {
+		t.Errorf("a result withheld until %s is waiting, but another replica's MayRelease says none may be", long.ExpiresAt.Format(time.TimeOnly))
+	}
 }

@@ -558,17 +558,37 @@ func (m *Manager) noteResult(ctx context.Context, a *Approval) {
 		return
 	}
 	stored := withheldKey(a.Requester, a.Session)
-	if data, err := m.Store.storage.Load(ctx, stored); err == nil {
-		if t, err := time.Parse(time.RFC3339, string(data)); err == nil && !t.Before(a.ExpiresAt) {
-			return // another replica marked a later expiry
-		}
-	}
-	if err := m.Store.storage.Store(ctx, stored, stamp(a.ExpiresAt)); err != nil {
+	wrote, err := m.markWithheld(ctx, stored, a)
+	if err != nil {
 		m.logger.Warn("cannot mark a withheld result in storage; a retry through another replica calls the upstream again",
 			zap.String("approval", a.ID), zap.Error(err))
 		return
 	}
-	m.withheldCache.Wrote(ctx, stored, a.ExpiresAt)
+	if wrote {
+		m.withheldCache.Wrote(ctx, stored, a.ExpiresAt)
+	}
+}
+
+// markWithheld stores a's expiry as the mark at key unless a later one is
+// there, reading and writing under the mark's lock: two replicas
+// withholding at once would otherwise leave the earlier expiry, and once
+// that passed, other replicas would not look for the later result.
+func (m *Manager) markWithheld(ctx context.Context, key string, a *Approval) (bool, error) {
+	unlock, err := m.Store.lock(ctx, "toolgate_approval_withheld_"+hashOf(a.Requester, a.Session))
+	if err != nil {
+		return false, err
+	}
+	defer unlock()
+	data, err := m.Store.storage.Load(ctx, key)
+	switch {
+	case err == nil:
+		if t, err := time.Parse(time.RFC3339, string(data)); err == nil && !t.Before(a.ExpiresAt) {
+			return false, nil // another replica marked a later expiry
+		}
+	case !errors.Is(err, fs.ErrNotExist):
+		return false, err // a later mark may be there
+	}
+	return true, m.Store.storage.Store(ctx, key, stamp(a.ExpiresAt))
 }
 
 // MayRelease reports whether calls of user in the toolgate session ref may

@@ -75,7 +75,8 @@ type Session struct {
 	progress       map[string]int // progress tokens of the runner's requests in progress here, by mcpmsg.IDKey
 	changes        uint64         // announcements received for this session
 	closed         bool
-	stored         bool // the record exists in storage
+	stored         bool            // the record exists in storage
+	reserved       *mcpstate.Store // where its initialize holds a slot of its caller's until stored (see initializingPrefix)
 	upstream       Upstream
 	catalog        *mcpstate.Catalog
 	catalogPending chan struct{} // closed when the listing awaited ends; nil when none is

@@ -67,6 +67,7 @@ type Sessions struct {
 	sessions  map[string]*Session // by ref
 	started   int
 	localUser map[string]int // local sessions by user
+	callers   keyedMutex     // counting and storing a caller's sessions (callerLocked)
 
 	// seq counts announced session changes, so that a copy made from a
 	// record read while a change was announced is not trusted.
@@ -416,8 +417,10 @@ func (m *Sessions) snapshot() []*Session {
 // toolgateSession (which expires at expires, and the MCP session with it),
 // or fails with an *LimitError (or, when the storage cannot
 // count the caller's sessions, an error wrapping ErrStorageUnavailable).
-// The session exists for other replicas once SetUpstream stored it. Its
-// first tool listing counts as pending (see WaitCatalog).
+// The session exists for other replicas once SetUpstream stored it; until
+// then it holds a slot of its caller's on every replica, which End frees
+// if the initialize fails. Its first tool listing counts as pending (see
+// WaitCatalog).
 func (m *Sessions) Create(ctx context.Context, user, toolgateSession string, expires time.Time, service string) (*Session, error) {
 	return m.create(ctx, user, toolgateSession, expires, service, false)
 }
@@ -445,26 +448,42 @@ func (m *Sessions) create(ctx context.Context, user, toolgateSession string, exp
 		m.started--
 		m.mu.Unlock()
 	}
-	n, err := c.State.CountUser(ctx, user, c.PerCaller)
+	// Counted and reserved under the caller's lock, on every replica:
+	// initializes in flight at once must not all see room for one.
+	ref := mcpstate.NewRef()
+	var reserved *mcpstate.Store
+	err := m.callerLocked(ctx, c, user, func() error {
+		n, err := m.countCaller(ctx, c, user, "")
+		if err != nil {
+			return err
+		}
+		if n >= c.PerCaller {
+			return &LimitError{Option: "max_mcp_sessions_per_caller", Limit: c.PerCaller}
+		}
+		if local { // counted here only, as it is held here only
+			m.mu.Lock()
+			m.localUser[user]++
+			m.mu.Unlock()
+			return nil
+		}
+		if err := reserve(ctx, c.State.Storage(), user, ref); err != nil {
+			return err
+		}
+		reserved = c.State
+		return nil
+	})
 	if err != nil {
 		release()
-		return nil, fmt.Errorf("%w: %v", ErrStorageUnavailable, err)
-	}
-	m.mu.Lock()
-	n += m.localUser[user]
-	m.mu.Unlock()
-	if n >= c.PerCaller {
-		release()
-		return nil, &LimitError{Option: "max_mcp_sessions_per_caller", Limit: c.PerCaller}
+		return nil, err
 	}
 	if longest := now().Add(c.State.MaxAge()); expires.IsZero() || expires.After(longest) {
 		expires = longest // an implied session has no expiry of its own
 	}
-	claims := mcpstate.ID{Ref: mcpstate.NewRef(), Expires: expires, Owner: mcpstate.Owner(user, toolgateSession), Service: service, Session: toolgateSession}
+	claims := mcpstate.ID{Ref: ref, Expires: expires, Owner: mcpstate.Owner(user, toolgateSession), Service: service, Session: toolgateSession}
 	ctx2, cancel := context.WithCancel(context.Background())
 	s := &Session{ID: mcpstate.Seal(c.Keys, claims), Ref: claims.Ref, User: user, SessionID: toolgateSession, Service: service, Created: now(),
 		Expires: claims.Expires, m: m, started: true, local: local, ctx: ctx2, cancel: cancel, reinit: make(chan struct{}, 1),
-		catalogPending: make(chan struct{})}
+		catalogPending: make(chan struct{}), reserved: reserved}
 	if local { // only this replica's own sessions are retired (Retire)
 		s.retiring, s.retireNow = context.WithCancel(ctx2)
 	}
@@ -472,17 +491,16 @@ func (m *Sessions) create(ctx context.Context, user, toolgateSession string, exp
 	s.Touch()
 	m.mu.Lock()
 	m.sessions[s.Ref] = s
-	if local {
-		m.localUser[user]++
-	}
 	m.mu.Unlock()
 	return s, nil
 }
 
 // SetUpstream records the upstream state of a session the runner just
 // initialized, in the shared storage: from then on any replica serves the
-// session. It fails when the session was closed meanwhile, or the storage
-// is unavailable; the caller then ends u upstream.
+// session. It fails when the session was closed meanwhile, the storage
+// is unavailable, or the initialize outlasted the slot Create reserved and
+// the caller has no room any more (*LimitError); the caller then ends u
+// upstream.
 func (s *Session) SetUpstream(ctx context.Context, u Upstream) error {
 	if s.local {
 		return s.setLocalUpstream(u)
@@ -493,9 +511,24 @@ func (s *Session) SetUpstream(ctx context.Context, u Upstream) error {
 	rec := &mcpstate.Record{Ref: s.Ref, User: s.User, Service: s.Service, Created: s.Created, Expires: s.Expires,
 		Upstream:   mcpstate.Upstream{SessionID: u.SessionID, ProtocolVersion: u.ProtocolVersion, Generation: 1, Endpoint: u.Endpoint, Grant: u.Grant},
 		Initialize: u.InitializeParams}
-	window, err := s.m.state().Create(ctx, rec)
+	c := s.m.cfg()
+	var window int64
+	// Stored under the caller's lock, and its reservation removed with it:
+	// no count sees the session half stored, or not at all.
+	err := s.m.callerLocked(ctx, c, s.User, func() error {
+		if err := s.m.reservedStill(ctx, c, s); err != nil {
+			return err
+		}
+		w, err := c.State.Create(ctx, rec)
+		if err != nil {
+			return fmt.Errorf("%w: %v", ErrStorageUnavailable, err)
+		}
+		window = w
+		s.unreserve(ctx)
+		return nil
+	})
 	if err != nil {
-		return fmt.Errorf("%w: %v", ErrStorageUnavailable, err)
+		return err
 	}
 	s.marked.Store(window)
 	s.mu.Lock()
@@ -606,6 +639,7 @@ func (m *Sessions) closeLocal(s *Session) bool {
 		}
 	}
 	m.mu.Unlock()
+	s.unreserve(context.Background()) // an initialize that failed or was abandoned frees its slot
 	return s.close()
 }
 

@@ -9,7 +9,7 @@ import (
 	"github.com/caddyserver/certmagic"
 )
 
-// Attack: a caller at max_mcp_sessions_per_caller opens any number of MCP
+// Attack (fixed): a caller at max_mcp_sessions_per_caller opens any number of MCP
 // sessions by sending their initializes at once: create counts the
 // sessions stored (CountUser) plus local ones, but a stored session is
 // written only by SetUpstream, after the upstream answered the
@@ -18,6 +18,9 @@ import (
 // counting again. (The storage here is the plain FileStorage:
 // modules/gateway imports this package, so its SafeListing is out of
 // reach of an internal test; the listing is not what this is about.)
+// Fixed: create reserves the caller's slot in storage under the caller's
+// storage lock (counted with the stored sessions), and SetUpstream stores
+// the session and drops the reservation under the same lock.
 func TestRacePerCallerLimitPassedByInitializesInFlight(t *testing.T) {
 	const perCaller = 2
 	storage := &certmagic.FileStorage{Path: t.TempDir()}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/toolgate/toolgate/internal/mcpstate"
 	"github.com/toolgate/toolgate/internal/seal"
+	"github.com/toolgate/toolgate/internal/written"
 )
 
 // withClock makes now return *t for the test's duration.
@@ -201,6 +202,47 @@ func TestPerCallerLimitCountsEveryReplica(t *testing.T) {
 	var limit *LimitError
 	if _, err := a.Create(context.Background(), "alice", aliceSession.ID, aliceSession.ExpiresAt, "svc"); !errors.As(err, &limit) {
 		t.Errorf("alice's third, on either replica: %v", err)
+	}
+}
+
+// An initialize holds its caller's slot on every replica until it is
+// stored; one that fails frees it at once, one abandoned at its deadline.
+func TestPerCallerSlotOfAnInitializeThatNeverStores(t *testing.T) {
+	clock := time.Now()
+	withClock(t, &clock)
+	storage := &certmagic.FileStorage{Path: t.TempDir()}
+	a, _ := replicaOf(t, storage, time.Hour, 100, 1)
+	b, _ := replicaOf(t, storage, time.Hour, 100, 1)
+	ctx, cancel := context.WithDeadline(context.Background(), clock.Add(time.Minute)) // the initialize's
+	defer cancel()
+	failed, err := a.Create(ctx, "alice", aliceSession.ID, aliceSession.ExpiresAt, "svc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var limit *LimitError
+	if _, err := b.Create(ctx, "alice", aliceSession.ID, aliceSession.ExpiresAt, "svc"); !errors.As(err, &limit) {
+		t.Errorf("a second initialize while the first is in flight: %v", err)
+	}
+	_, _, _ = a.End(ctx, failed) // the upstream refused it
+	abandoned, err := b.Create(ctx, "alice", aliceSession.ID, aliceSession.ExpiresAt, "svc")
+	if err != nil {
+		t.Fatalf("the slot of a failed initialize is still held: %v", err)
+	}
+	clock = clock.Add(time.Minute + written.Grace + time.Second) // b's initialize never came back
+	s, err := a.Create(context.Background(), "alice", aliceSession.ID, aliceSession.ExpiresAt, "svc")
+	if err != nil {
+		t.Fatalf("the slot of an abandoned initialize is still held: %v", err)
+	}
+	if err := s.SetUpstream(context.Background(), Upstream{SessionID: "up", ProtocolVersion: "2025-11-25", InitializeParams: []byte(`{}`)}); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range []*Session{failed, abandoned, s} {
+		if storage.Exists(ctx, reservationKey("alice", r.Ref)) {
+			t.Errorf("a reservation is left: %s", r.Ref)
+		}
+	}
+	if _, err := b.Create(ctx, "alice", aliceSession.ID, aliceSession.ExpiresAt, "svc"); !errors.As(err, &limit) {
+		t.Errorf("a second session, the first stored: %v", err)
 	}
 }
 

@@ -44,9 +44,14 @@
 //	toolgate/mcp/users/<sha256 of user>/<ref>   the caller's sessions
 //
 // A session exists exactly as long as its state record: ending it deletes
-// everything under toolgate/mcp/sessions/<ref> and announces the change,
-// so every replica refuses it at once. Index entries and marks without a
-// record are leftovers and are removed when found.
+// the record, announces the change, so every replica refuses it at once,
+// and removes everything else under toolgate/mcp/sessions/<ref>. What is
+// written there (pending requests, tasks) is written only while the record
+// exists, and removed again when the session turns out to have ended
+// meanwhile. Index entries without a record are leftovers and are removed
+// when found, once older than a minute (see internal/written): a younger
+// one is a session another replica is creating. Marks without a record go
+// with their window in the sweep.
 //
 // Changes to a record are made under the storage's lock for the session
 // (which expires when a replica dies holding it): read, change, write,
@@ -83,6 +88,7 @@ import (
 
 	"github.com/toolgate/toolgate/internal/seal"
 	"github.com/toolgate/toolgate/internal/storecache"
+	"github.com/toolgate/toolgate/internal/written"
 )
 
 // Prefix is where MCP session state lives in storage.
@@ -306,10 +312,14 @@ const lockTimeout = 30 * time.Second
 // locked runs fn holding the session's lock: this process's callers queue
 // on a mutex, replicas on the storage lock.
 func (s *Store) locked(ctx context.Context, ref string, fn func() error) error {
-	defer s.locks.lock(ref)()
+	return s.lockedAs(ctx, "toolgate_mcp_"+ref, fn)
+}
+
+// lockedAs runs fn holding the lock name, as locked does.
+func (s *Store) lockedAs(ctx context.Context, name string, fn func() error) error {
+	defer s.locks.lock(name)()
 	lctx, cancel := context.WithTimeout(ctx, lockTimeout)
 	defer cancel()
-	name := "toolgate_mcp_" + ref
 	if err := s.storage.Lock(lctx, name); err != nil {
 		return fmt.Errorf("locking the MCP session: %w", err)
 	}
@@ -343,12 +353,17 @@ func (s *Store) Update(ctx context.Context, ref string, fn func(*Record) error) 
 	return rec, nil
 }
 
-// End ends the session: its record and everything below it and its index
-// entry are deleted, under its lock, and every replica is told. With wait,
-// End returns only once this process heard its own announcement back, so
-// that every listening replica has been sent it (at most a second). It
-// returns the record as it was, or ErrNotFound when the session had ended
-// already.
+// End ends the session: its record and its index entry are deleted, under
+// its lock, every replica is told, and what is left below the record is
+// removed. With wait, End returns only once this process heard its own
+// announcement back, so that every listening replica has been sent it (at
+// most a second). It returns the record as it was, or ErrNotFound when the
+// session had ended already.
+//
+// The record goes first: the session has ended once it is gone, whatever
+// happens to the rest. Other replicas write below it without the lock
+// (ServerRequestSent, TaskCreated), so the directory may not go at once;
+// that does not fail End (see removeDir).
 func (s *Store) End(ctx context.Context, ref string, wait bool) (*Record, error) {
 	var rec *Record
 	err := s.locked(ctx, ref, func() error {
@@ -357,7 +372,7 @@ func (s *Store) End(ctx context.Context, ref string, wait bool) (*Record, error)
 		if err != nil && !errors.Is(err, ErrNotFound) {
 			return err
 		}
-		if err := s.storage.Delete(ctx, sessionDir(ref)); err != nil {
+		if err := s.storage.Delete(ctx, stateKey(ref)); err != nil {
 			return fmt.Errorf("ending the MCP session: %w", err)
 		}
 		if rec != nil {
@@ -368,20 +383,62 @@ func (s *Store) End(ctx context.Context, ref string, wait bool) (*Record, error)
 	if err != nil {
 		return nil, err
 	}
+	if rec != nil {
+		if wait {
+			s.watch.ChangedAndWait(ctx, stateKey(ref), time.Second)
+		} else {
+			s.watch.Changed(ctx, stateKey(ref))
+		}
+	}
+	s.removeDir(ctx, ref)
 	if rec == nil {
 		return nil, ErrNotFound
-	}
-	if wait {
-		s.watch.ChangedAndWait(ctx, stateKey(ref), time.Second)
-	} else {
-		s.watch.Changed(ctx, stateKey(ref))
 	}
 	return rec, nil
 }
 
+// removeDir removes what is left below an ended session's record. A write
+// in flight there keeps the directory ("directory not empty"), so it is
+// tried a few times; what a write puts there after the record went, its
+// writer removes (see storeBelow).
+func (s *Store) removeDir(ctx context.Context, ref string) {
+	for range 3 {
+		if s.storage.Delete(ctx, sessionDir(ref)) == nil {
+			return
+		}
+	}
+}
+
+// storeBelow stores value at key, below the session's record, only while
+// the session exists: End removes the session's directory without waiting
+// for such writes, and one that came after would recreate the directory of
+// an ended session, which nothing lists. A write the session turns out to
+// have ended during (End's removal may have come before it) is removed
+// again, with the directory. It returns ErrNotFound when the session ended.
+func (s *Store) storeBelow(ctx context.Context, ref, key string, value []byte) error {
+	switch _, err := s.storage.Stat(ctx, stateKey(ref)); {
+	case errors.Is(err, fs.ErrNotExist):
+		return ErrNotFound
+	case err != nil:
+		return err
+	}
+	if err := s.storage.Store(ctx, key, value); err != nil {
+		return err
+	}
+	if _, err := s.storage.Stat(ctx, stateKey(ref)); errors.Is(err, fs.ErrNotExist) {
+		s.removeDir(ctx, ref) // it existed a moment ago: it ended, for good
+		return ErrNotFound
+	}
+	return nil
+}
+
 // CountUser returns how many sessions user holds, all replicas together.
 // When the count reaches limit, entries of sessions that no longer exist
-// are removed and not counted.
+// are removed and not counted. An entry whose record is missing but that
+// was written within written.Grace names a session being created (Create
+// stores the entry first, on any replica): it is kept, and counted, or a
+// caller opening sessions through several replicas at once would pass the
+// limit.
 func (s *Store) CountUser(ctx context.Context, user string, limit int) (int, error) {
 	keys, err := s.storage.List(ctx, path.Join(usersPrefix, hashText(user)), false)
 	if errors.Is(err, fs.ErrNotExist) {
@@ -397,6 +454,8 @@ func (s *Store) CountUser(ctx context.Context, user string, limit int) (int, err
 	for _, k := range keys {
 		_, err := s.storage.Stat(ctx, stateKey(path.Base(k)))
 		switch {
+		case errors.Is(err, fs.ErrNotExist) && written.Recently(ctx, s.storage, k):
+			n++
 		case errors.Is(err, fs.ErrNotExist):
 			_ = s.storage.Delete(ctx, k)
 		case err != nil:
@@ -416,9 +475,9 @@ func requestKey(ref, idKey string) string {
 
 // ServerRequestSent records a server→client request relayed to the runner,
 // so that its answer is recognised on any replica. It is stored before the
-// request is relayed.
+// request is relayed; a session that ended is ErrNotFound.
 func (s *Store) ServerRequestSent(ctx context.Context, ref, idKey, method string) error {
-	if err := s.storage.Store(ctx, requestKey(ref, idKey), []byte(method)); err != nil {
+	if err := s.storeBelow(ctx, ref, requestKey(ref, idKey), []byte(method)); err != nil {
 		return fmt.Errorf("recording the server request: %w", err)
 	}
 	return nil
@@ -426,20 +485,30 @@ func (s *Store) ServerRequestSent(ctx context.Context, ref, idKey, method string
 
 // ServerRequestAnswered returns the method of the pending request the
 // runner's answer with id key idKey answers, and forgets the request. ok
-// is false when none is pending.
+// is false when none is pending. An answer sent to several replicas at
+// once is taken by one: the request is read and deleted under its own
+// storage lock (a Delete of a key gone already succeeds, so without it
+// each would relay the answer upstream).
 func (s *Store) ServerRequestAnswered(ctx context.Context, ref, idKey string) (method string, ok bool, err error) {
 	key := requestKey(ref, idKey)
-	data, err := s.storage.Load(ctx, key)
-	if errors.Is(err, fs.ErrNotExist) {
-		return "", false, nil
-	}
+	err = s.lockedAs(ctx, "toolgate_mcp_"+ref+"_request_"+path.Base(key), func() error {
+		data, err := s.storage.Load(ctx, key)
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("reading the server request: %w", err)
+		}
+		if err := s.storage.Delete(ctx, key); err != nil {
+			return fmt.Errorf("reading the server request: %w", err)
+		}
+		method, ok = string(data), true
+		return nil
+	})
 	if err != nil {
-		return "", false, fmt.Errorf("reading the server request: %w", err)
+		return "", false, err
 	}
-	if err := s.storage.Delete(ctx, key); err != nil {
-		return "", false, fmt.Errorf("reading the server request: %w", err)
-	}
-	return string(data), true, nil
+	return method, ok, nil
 }
 
 // ServerRequestForgotten forgets a pending request without an answer.
@@ -472,14 +541,15 @@ func taskAD(ref, id string) []byte {
 // task yields is decided as that call's result on any replica. The record
 // is sealed with keys (the keys of the session ids: every replica that can
 // open the session can read it), as a call's arguments are the runner's
-// data and storage is not the place to read them.
+// data and storage is not the place to read them. A session that ended is
+// ErrNotFound.
 func (s *Store) TaskCreated(ctx context.Context, keys *seal.Keyring, ref, id string, t TaskCall) error {
 	data, err := json.Marshal(t)
 	if err != nil {
 		return fmt.Errorf("recording the task: %v", err)
 	}
 	data = append([]byte(sealedTask), keys.Seal(data, taskAD(ref, id))...)
-	if err := s.storage.Store(ctx, taskKey(ref, id), data); err != nil {
+	if err := s.storeBelow(ctx, ref, taskKey(ref, id), data); err != nil {
 		return fmt.Errorf("recording the task: %w", err)
 	}
 	return nil

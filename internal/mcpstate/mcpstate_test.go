@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/base64"
 	"errors"
+	"io/fs"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -13,6 +15,7 @@ import (
 	"github.com/caddyserver/certmagic"
 
 	"github.com/toolgate/toolgate/internal/seal"
+	"github.com/toolgate/toolgate/internal/written"
 )
 
 func keyring(t *testing.T, secrets ...string) *seal.Keyring {
@@ -191,7 +194,9 @@ func TestLocksOfEndedSessionsAreFreed(t *testing.T) {
 }
 
 // Index entries left by a session whose record is gone (a replica died
-// part way) are not counted once the count reaches the limit.
+// part way) are not counted once the count reaches the limit, and are
+// removed; one younger than written.Grace is a session being created (its
+// record on its way) and is kept and counted.
 func TestCountUserDropsLeftovers(t *testing.T) {
 	clock := time.Now()
 	storage := &certmagic.FileStorage{Path: t.TempDir()}
@@ -201,7 +206,7 @@ func TestCountUserDropsLeftovers(t *testing.T) {
 	if _, err := s.Create(ctx, live); err != nil {
 		t.Fatal(err)
 	}
-	for range 2 {
+	for i := range 3 {
 		dead := record("alice")
 		if _, err := s.Create(ctx, dead); err != nil {
 			t.Fatal(err)
@@ -209,15 +214,22 @@ func TestCountUserDropsLeftovers(t *testing.T) {
 		if err := storage.Delete(ctx, stateKey(dead.Ref)); err != nil {
 			t.Fatal(err)
 		}
+		if i == 0 {
+			continue // young: a creation under way
+		}
+		old := time.Now().Add(-written.Grace - time.Minute)
+		if err := os.Chtimes(storage.Filename(userKey("alice", dead.Ref)), old, old); err != nil {
+			t.Fatal(err)
+		}
 	}
-	if n, _ := s.CountUser(ctx, "alice", 10); n != 3 {
-		t.Errorf("under the limit: %d, want the cheap count of 3 entries", n)
+	if n, _ := s.CountUser(ctx, "alice", 10); n != 4 {
+		t.Errorf("under the limit: %d, want the cheap count of 4 entries", n)
 	}
-	if n, err := s.CountUser(ctx, "alice", 3); err != nil || n != 1 {
-		t.Errorf("at the limit: %d, %v, want the 1 live session", n, err)
+	if n, err := s.CountUser(ctx, "alice", 4); err != nil || n != 2 {
+		t.Errorf("at the limit: %d, %v, want the live session and the one being created", n, err)
 	}
-	if n, _ := s.CountUser(ctx, "alice", 10); n != 1 {
-		t.Errorf("leftovers were not removed: %d", n)
+	if n, _ := s.CountUser(ctx, "alice", 10); n != 2 {
+		t.Errorf("old leftovers were not removed, or the young entry was: %d", n)
 	}
 }
 
@@ -329,7 +341,11 @@ func TestTaskCallsAreSealedAtRest(t *testing.T) {
 	var clock time.Time
 	s := New(storage, time.Hour, 12*time.Hour, func() time.Time { return clock })
 	keys := keyring(t, "task-secret-0123456789-0123456789-xx")
-	ref, other := NewRef(), NewRef()
+	rec := record("alice")
+	if _, err := s.Create(ctx, rec); err != nil {
+		t.Fatal(err)
+	}
+	ref, other := rec.Ref, NewRef()
 	call := TaskCall{Tool: "transfer", Arguments: []byte(`{"iban":"DE89370400440532013000"}`)}
 	if err := s.TaskCreated(ctx, keys, ref, "t1", call); err != nil {
 		t.Fatal(err)
@@ -410,4 +426,34 @@ func (k *keyedMutex) held() int {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	return len(k.keys)
+}
+
+// What is recorded below a session (a pending request, a task) is recorded
+// only while the session exists: after End it is ErrNotFound and recreates
+// nothing of the ended session's directory.
+func TestNothingIsWrittenBelowAnEndedSession(t *testing.T) {
+	ctx := context.Background()
+	storage := &certmagic.FileStorage{Path: t.TempDir()}
+	clock := time.Now()
+	s := testStore(t, storage, &clock)
+	keys := keyring(t, "task-secret-0123456789-0123456789-xx")
+	rec := record("alice")
+	if _, err := s.Create(ctx, rec); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.ServerRequestSent(ctx, rec.Ref, "1", "elicitation/create"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.End(ctx, rec.Ref, false); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.ServerRequestSent(ctx, rec.Ref, "2", "elicitation/create"); !errors.Is(err, ErrNotFound) {
+		t.Errorf("ServerRequestSent after End: %v", err)
+	}
+	if err := s.TaskCreated(ctx, keys, rec.Ref, "t1", TaskCall{Tool: "x"}); !errors.Is(err, ErrNotFound) {
+		t.Errorf("TaskCreated after End: %v", err)
+	}
+	if _, err := storage.Stat(ctx, sessionDir(rec.Ref)); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("the ended session's directory is there: %v", err)
+	}
 }
