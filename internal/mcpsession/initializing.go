@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"io/fs"
 	"path"
-	"sync"
 	"time"
 
 	"github.com/caddyserver/certmagic"
@@ -45,30 +44,21 @@ func reservationKey(user, ref string) string {
 	return path.Join(initializingPrefix, callerHash(user), ref)
 }
 
-// callerLockTimeout bounds waiting for a caller's storage lock: a replica
-// that died holding it releases it within the storage's lease.
-const callerLockTimeout = 30 * time.Second
-
-// callerLocked runs fn holding user's lock: this process's callers queue
-// on a mutex, replicas on the storage lock. Counting the caller's
-// sessions and storing one happen under it, so that no count sees a
-// session half stored (mcpstate.Store.CountUser removes an index entry
-// whose record is missing).
+// callerLocked runs fn holding user's lock (mcpstate.Store.LockedAs: this
+// process's callers queue on a mutex, replicas on the storage lock).
+// Counting the caller's sessions and storing one happen under it, so that
+// no count sees a session half stored (mcpstate.Store.CountUser removes an
+// index entry whose record is missing).
 func (m *Sessions) callerLocked(ctx context.Context, c *Config, user string, fn func() error) error {
-	defer m.callers.lock(user)()
-	storage := c.State.Storage()
-	lctx, cancel := context.WithTimeout(ctx, callerLockTimeout)
-	defer cancel()
-	name := "toolgate_mcp_caller_" + callerHash(user)
-	if err := storage.Lock(lctx, name); err != nil {
+	ran := false
+	err := c.State.LockedAs(ctx, "toolgate_mcp_caller_"+callerHash(user), func() error {
+		ran = true
+		return fn()
+	})
+	if err != nil && !ran {
 		return fmt.Errorf("%w: locking the caller's MCP sessions: %v", ErrStorageUnavailable, err)
 	}
-	defer func() {
-		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		defer cancel()
-		_ = storage.Unlock(uctx, name) // a lock not released expires with its lease
-	}()
-	return fn()
+	return err
 }
 
 // countCaller returns how many sessions user holds, all replicas
@@ -186,40 +176,4 @@ func (s *Session) unreserve(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
 	_ = st.Storage().Delete(ctx, reservationKey(s.User, s.Ref)) // one left runs out
-}
-
-// keyedMutex is a mutex per key, held only while someone holds or waits
-// for it: a caller with nothing in progress leaves nothing behind.
-type keyedMutex struct {
-	mu   sync.Mutex
-	keys map[string]*keyLock
-}
-
-type keyLock struct {
-	sync.Mutex
-	users int // holding or waiting; guarded by keyedMutex.mu
-}
-
-// lock locks key's mutex and returns its unlock.
-func (k *keyedMutex) lock(key string) (unlock func()) {
-	k.mu.Lock()
-	if k.keys == nil {
-		k.keys = map[string]*keyLock{}
-	}
-	l := k.keys[key]
-	if l == nil {
-		l = &keyLock{}
-		k.keys[key] = l
-	}
-	l.users++
-	k.mu.Unlock()
-	l.Lock()
-	return func() {
-		l.Unlock()
-		k.mu.Lock()
-		if l.users--; l.users == 0 {
-			delete(k.keys, key)
-		}
-		k.mu.Unlock()
-	}
 }

@@ -67,7 +67,6 @@ type Sessions struct {
 	sessions  map[string]*Session // by ref
 	started   int
 	localUser map[string]int // local sessions by user
-	callers   keyedMutex     // counting and storing a caller's sessions (callerLocked)
 
 	// seq counts announced session changes, so that a copy made from a
 	// record read while a change was announced is not trusted.

@@ -312,11 +312,12 @@ const lockTimeout = 30 * time.Second
 // locked runs fn holding the session's lock: this process's callers queue
 // on a mutex, replicas on the storage lock.
 func (s *Store) locked(ctx context.Context, ref string, fn func() error) error {
-	return s.lockedAs(ctx, "toolgate_mcp_"+ref, fn)
+	return s.LockedAs(ctx, "toolgate_mcp_"+ref, fn)
 }
 
-// lockedAs runs fn holding the lock name, as locked does.
-func (s *Store) lockedAs(ctx context.Context, name string, fn func() error) error {
+// LockedAs runs fn holding the lock name, as locked does (waiting at most
+// 30 seconds for it).
+func (s *Store) LockedAs(ctx context.Context, name string, fn func() error) error {
 	defer s.locks.lock(name)()
 	lctx, cancel := context.WithTimeout(ctx, lockTimeout)
 	defer cancel()
@@ -491,7 +492,7 @@ func (s *Store) ServerRequestSent(ctx context.Context, ref, idKey, method string
 // each would relay the answer upstream).
 func (s *Store) ServerRequestAnswered(ctx context.Context, ref, idKey string) (method string, ok bool, err error) {
 	key := requestKey(ref, idKey)
-	err = s.lockedAs(ctx, "toolgate_mcp_"+ref+"_request_"+path.Base(key), func() error {
+	err = s.LockedAs(ctx, "toolgate_mcp_"+ref+"_request_"+path.Base(key), func() error {
 		data, err := s.storage.Load(ctx, key)
 		if errors.Is(err, fs.ErrNotExist) {
 			return nil
