@@ -30,12 +30,17 @@ import (
 // digits is a write in flight and is left out (no toolgate value is named
 // so: values are named by ids, hashes and names; mcpstate's windows are
 // digits, but directories), and so is an entry gone meanwhile.
-type fileSystemStorage struct{ *certmagic.FileStorage }
+//
+// Its locks are its own too (see filelock.go).
+type fileSystemStorage struct {
+	*certmagic.FileStorage
+	locks fileLocks
+}
 
 // List returns the keys under prefix as FileStorage does (the children,
 // directories included, or with recursive every key below, in a
 // depth-first walk, names sorted), without the writes in flight.
-func (s fileSystemStorage) List(ctx context.Context, prefix string, recursive bool) ([]string, error) {
+func (s *fileSystemStorage) List(ctx context.Context, prefix string, recursive bool) ([]string, error) {
 	root := s.Filename(prefix)
 	info, err := os.Stat(root)
 	if err != nil {
@@ -96,7 +101,7 @@ func inFlightName(name string) bool {
 // App's stores see.
 func SafeListing(storage certmagic.Storage) certmagic.Storage {
 	if fsys, ok := storage.(*certmagic.FileStorage); ok {
-		return fileSystemStorage{fsys}
+		return &fileSystemStorage{FileStorage: fsys, locks: fileLocks{held: map[string]chan struct{}{}}}
 	}
 	return storage
 }
