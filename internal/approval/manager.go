@@ -241,7 +241,7 @@ func (w *Webhook) validate() error {
 // app stops.
 func (m *Manager) start() {
 	if m.hook != nil {
-		go m.hook.run(m.app.Done())
+		m.hook.start(m.app.Done())
 	}
 	if m.decisions != nil {
 		if err := m.decisions.Follow(m.app.Done(), m.logger); err != nil {

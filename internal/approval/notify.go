@@ -56,6 +56,8 @@ type delivery struct {
 	body      []byte
 	requester string
 	approval  string
+	expires   time.Time // the approval's: an announcement of one over is not sent
+	arguments bool      // the body carries arguments (or says they were cut)
 	attempts  int       // made so far
 	due       time.Time // of the next attempt, for a retry
 }
@@ -149,7 +151,8 @@ func (n *notifier) announce(a *Approval, pageURL string, withArguments bool, mas
 		n.logger.Warn("approval webhook queue full: an announcement was dropped", zap.String("approval_id", a.ID))
 		return
 	}
-	n.queue <- delivery{id: body.Delivery, body: data, requester: a.Requester, approval: a.ID} // room: waiting < hookQueue
+	n.queue <- delivery{id: body.Delivery, body: data, requester: a.Requester, approval: a.ID, expires: a.ExpiresAt, // room: waiting < hookQueue
+		arguments: body.Approval.Arguments != nil || body.Approval.ArgumentsTruncated}
 	n.queued[a.Requester]++
 	n.waiting++
 }
@@ -183,12 +186,19 @@ func (n *notifier) finished(d delivery) {
 	n.waiting--
 }
 
+// start registers the notifier as the one of its URL in the
+// configuration starting (see handOver) and delivers until done.
+func (n *notifier) start(done <-chan struct{}) {
+	handedOver.Lock()
+	handedOver.running[n.hook.URL]++
+	handedOver.Unlock()
+	go n.run(done)
+}
+
 // run delivers until done: new announcements first, then the retries
 // that are due. What is left when done closes (a configuration reload, the
-// gateway stopping) is handed over to the notifier of the next
-// configuration with the same webhook URL (handOver), and logged approval
-// by approval: if the gateway stops instead, those approvals stay on the
-// console's queue, unannounced.
+// gateway stopping) is handed over to a notifier of the same webhook URL
+// in the configuration in force, if there is one (handOff).
 func (n *notifier) run(done <-chan struct{}) {
 	var retries []delivery // by due time
 	for {
@@ -221,21 +231,29 @@ func (n *notifier) run(done <-chan struct{}) {
 }
 
 // handedOver holds what notifiers left undelivered when they stopped, by
-// webhook URL, for the notifier of the next configuration: Caddy starts
-// the new configuration before it stops the old one, so the new notifier
-// runs already and is woken (ready) to take them.
+// webhook URL, for a notifier of the same URL in the configuration in
+// force: Caddy starts the new configuration before it stops the old one,
+// so that notifier runs already (running counts them, from start) and is
+// woken (ready) to take them. What no running notifier posts to is
+// dropped at once: a URL a reload removed (a rotated URL) keeps nothing.
 var handedOver = struct {
 	sync.Mutex
-	byURL map[string][]delivery
-	ready chan struct{} // closed, and replaced, when some are handed over
-}{byURL: map[string][]delivery{}, ready: make(chan struct{})}
+	byURL   map[string][]delivery
+	running map[string]int
+	ready   chan struct{} // closed, and replaced, when some are handed over
+}{byURL: map[string][]delivery{}, running: map[string]int{}, ready: make(chan struct{})}
 
-// handOver leaves left for the next notifier of url, at most hookQueue of
-// them waiting in all; it returns how many it kept.
+// handOver stops counting a notifier of url as running and leaves left
+// for another of url that runs, at most hookQueue of them waiting in all;
+// it returns how many it kept.
 func handOver(url string, left []delivery) int {
 	h := &handedOver
 	h.Lock()
 	defer h.Unlock()
+	if h.running[url]--; h.running[url] <= 0 {
+		delete(h.running, url)
+		return 0
+	}
 	kept := min(max(hookQueue-len(h.byURL[url]), 0), len(left))
 	if kept > 0 {
 		h.byURL[url] = append(h.byURL[url], left[:kept]...)
@@ -257,8 +275,19 @@ func takeOver(url string) ([]delivery, <-chan struct{}) {
 }
 
 // adopt counts d, handed over by the previous configuration's notifier,
-// as this one's, due now (its attempts so far count toward its last).
+// as this one's, due now (its attempts so far count toward its last),
+// and written as this configuration says: without arguments unless it
+// includes them.
 func (n *notifier) adopt(d delivery, retries []delivery) []delivery {
+	if d.arguments && !n.hook.IncludeArguments {
+		var body announcement
+		if json.Unmarshal(d.body, &body) != nil {
+			return retries
+		}
+		body.Approval.Arguments, body.Approval.ArgumentsTruncated = nil, false
+		d.body, _ = json.Marshal(body)
+		d.arguments = false
+	}
 	n.mu.Lock()
 	n.queued[d.requester]++
 	n.waiting++
@@ -268,7 +297,12 @@ func (n *notifier) adopt(d delivery, retries []delivery) []delivery {
 }
 
 // attempt posts d once; one to try again joins retries, in due order.
+// An announcement of an approval that expired meanwhile is not sent.
 func (n *notifier) attempt(d delivery, retries []delivery) []delivery {
+	if !d.expires.IsZero() && !now().Before(d.expires) {
+		n.finished(d)
+		return retries
+	}
 	err := n.post(d)
 	d.attempts++
 	if err == nil {
@@ -291,19 +325,23 @@ func (n *notifier) attempt(d delivery, retries []delivery) []delivery {
 }
 
 // handOff hands the announcements left undelivered when the notifier
-// stops to the next configuration's (handOver), and logs each.
+// stops (its own, and any handed to it it had not taken yet) to a
+// notifier of the same URL in the configuration in force (handOver), and
+// logs each: handed over, or dropped.
 func (n *notifier) handOff(retries []delivery) {
 	for len(n.queue) > 0 { // this goroutine alone takes from the queue
 		retries = append(retries, <-n.queue)
 	}
+	left, _ := takeOver(n.hook.URL)
+	retries = append(retries, left...)
 	kept := handOver(n.hook.URL, retries)
 	for i, d := range retries {
 		if i < kept {
-			n.logger.Info("approval webhook: an announcement not yet delivered is handed to the next configuration's webhook of the same URL (if the gateway stops instead, the approval is on the console's queue, unannounced)",
+			n.logger.Info("approval webhook: an announcement not yet delivered is handed to the webhook of the configuration in force",
 				zap.String("approval_id", d.approval), zap.String("delivery", d.id))
 			continue
 		}
-		n.logger.Warn("approval webhook: too many announcements wait for the next configuration; one was dropped (the approval is on the console's queue)",
+		n.logger.Warn("approval webhook: the gateway stopped, or the configuration in force has no webhook of this URL, before this announcement was delivered; the approval is on the console's queue",
 			zap.String("approval_id", d.approval), zap.String("delivery", d.id))
 	}
 }

@@ -64,7 +64,7 @@ func runHook(t *testing.T, m *Manager) (stop func()) {
 	var once sync.Once
 	stop = func() { once.Do(func() { close(done) }) }
 	t.Cleanup(stop)
-	go m.hook.run(done)
+	m.hook.start(done)
 	return stop
 }
 
@@ -532,7 +532,7 @@ func TestWebhookHoldsRedirectsAreNotFollowed(t *testing.T) {
 	m.hook.backoff = []time.Duration{10 * time.Millisecond, 10 * time.Millisecond}
 	done := make(chan struct{})
 	t.Cleanup(func() { close(done) })
-	go m.hook.run(done)
+	m.hook.start(done)
 	m.hook.announce(&Approval{ID: "redir", Requester: "alice"}, "https://gw.example.com/console/approvals/redir", false, nil)
 	deadline := time.Now().Add(5 * time.Second)
 	for logs.FilterMessageSnippet("delivery failed").Len() == 0 && time.Now().Before(deadline) {
