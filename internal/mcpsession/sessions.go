@@ -304,8 +304,18 @@ func (m *Sessions) adopt(claims mcpstate.ID, id string, rec *mcpstate.Record) *S
 	return s
 }
 
-// reload reads s's record again; a session that ended is closed here.
+// reload reads s's record again; a session that ended is closed here. A
+// session initialized here and not stored yet (an initialize in flight,
+// or one of this replica's own, never stored) has no record to read: its
+// absence is no end, and a reset of the copies (a reload's new store, a
+// listening connection that reconnected) leaves it alone.
 func (m *Sessions) reload(ctx context.Context, s *Session) error {
+	s.mu.Lock()
+	unstored := s.started && !s.stored
+	s.mu.Unlock()
+	if unstored {
+		return nil
+	}
 	c := m.cfg()
 	changes := s.changeCount()
 	rec, catalog, err := m.read(ctx, c, s.Ref)
@@ -511,10 +521,10 @@ func (s *Session) SetUpstream(ctx context.Context, u Upstream) error {
 		Upstream:   mcpstate.Upstream{SessionID: u.SessionID, ProtocolVersion: u.ProtocolVersion, Generation: 1, Endpoint: u.Endpoint, Grant: u.Grant},
 		Initialize: u.InitializeParams}
 	c := s.m.cfg()
-	var window int64
+	u.Generation = 1
 	// Stored under the caller's lock, and its reservation removed with it:
 	// no count sees the session half stored, or not at all.
-	err := s.m.callerLocked(ctx, c, s.User, func() error {
+	return s.m.callerLocked(ctx, c, s.User, func() error {
 		if err := s.m.reservedStill(ctx, c, s); err != nil {
 			return err
 		}
@@ -522,22 +532,30 @@ func (s *Session) SetUpstream(ctx context.Context, u Upstream) error {
 		if err != nil {
 			return fmt.Errorf("%w: %v", ErrStorageUnavailable, err)
 		}
-		window = w
 		s.unreserve(ctx)
-		return nil
-	})
-	if err != nil {
-		return err
-	}
-	s.marked.Store(window)
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed {
+		s.marked.Store(w)
+		// Marked stored in the same step as the closed check: a session
+		// closed from now on is stored for End, which deletes its record.
+		s.mu.Lock()
+		closed := s.closed
+		if !closed {
+			s.upstream, s.stored = u, true
+		}
+		s.mu.Unlock()
+		if !closed {
+			return nil
+		}
+		// Closed while it was being stored (an End found nothing stored
+		// to delete): the record would be nobody's, yet counted in its
+		// caller's max_mcp_sessions_per_caller until the idle sweep.
+		// Ended before the caller's lock goes, so no count sees it.
+		ectx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		if _, err := c.State.End(ectx, s.Ref, false); err != nil && !errors.Is(err, mcpstate.ErrNotFound) {
+			c.Logger.Warn("ending an MCP session closed while it was stored; it is swept when idle", zap.Error(err))
+		}
 		return ErrClosed
-	}
-	u.Generation = 1
-	s.upstream, s.stored = u, true
-	return nil
+	})
 }
 
 // setLocalUpstream records u as the next generation of a local session.

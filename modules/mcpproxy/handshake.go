@@ -40,13 +40,7 @@ func (h *Handler) initialize(w http.ResponseWriter, r *http.Request, call *gatew
 	sessions := h.app.MCPSessions()
 	ms, err := sessions.Create(ctx, call.Caller.User, call.Session.ID, call.Session.ExpiresAt, call.Service.ID)
 	if err != nil {
-		var limit *gateway.MCPSessionLimitError
-		if errors.As(err, &limit) {
-			call.Fail(w, http.StatusTooManyRequests, gateway.CodeInvalidRequest, err.Error(),
-				map[string]any{"limit": limit.Option, "max": limit.Limit})
-			return
-		}
-		h.answerError(w, r, call, err)
+		h.refuseInitialize(w, r, call, err)
 		return
 	}
 	defer ms.Begin()()
@@ -89,15 +83,30 @@ func (h *Handler) initialize(w http.ResponseWriter, r *http.Request, call *gatew
 		return
 	}
 	if err := ms.SetUpstream(ctx, up); err != nil {
-		// Not stored: no replica could continue it.
+		// Not stored: no replica could continue it. Answered before the
+		// session ends, which would read as "ended meanwhile" (a 404 that
+		// tells the runner to initialize again).
+		h.refuseInitialize(w, r, call, err)
 		_, _, _ = sessions.End(ctx, ms)
 		h.endUpstream(ctx, call, up)
-		h.answerError(w, r, call, err)
 		return
 	}
 	w.Header().Set("Mcp-Session-Id", ms.ID)
 	answer := h.deliver(ctx, call, msg, false)
 	gateway.WriteRPC(w, http.StatusOK, answer.parts()...)
+}
+
+// refuseInitialize answers an initialize whose MCP session could not be
+// made or stored: past max_mcp_sessions_per_caller (or max_mcp_sessions),
+// 429 naming the option; otherwise as answerError says.
+func (h *Handler) refuseInitialize(w http.ResponseWriter, r *http.Request, call *gateway.Call, err error) {
+	var limit *gateway.MCPSessionLimitError
+	if errors.As(err, &limit) {
+		call.Fail(w, http.StatusTooManyRequests, gateway.CodeInvalidRequest, err.Error(),
+			map[string]any{"limit": limit.Option, "max": limit.Limit})
+		return
+	}
+	h.answerError(w, r, call, err)
 }
 
 // replayedParams copies what is replayed of an initialize's params: a new

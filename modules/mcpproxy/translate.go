@@ -124,7 +124,11 @@ func (h *Handler) modernOnly(ctx context.Context, call *gateway.Call) bool {
 func (h *Handler) initializeTranslated(ctx context.Context, w http.ResponseWriter, r *http.Request, call *gateway.Call, ms *gateway.MCPSession, replay []byte) {
 	d, _ := h.stateless.Discovery(call)
 	if err := ms.SetUpstream(ctx, stamped(call, gateway.Upstream{ProtocolVersion: mcp2026.Version, InitializeParams: replay})); err != nil {
-		h.answerError(w, r, call, err)
+		// Answered before the session ends, which would read as "ended
+		// meanwhile"; ended so that its reservation and its place in
+		// max_mcp_sessions go now, not when they run out.
+		h.refuseInitialize(w, r, call, err)
+		_, _, _ = h.app.MCPSessions().End(ctx, ms) // not stored: forgotten here
 		return
 	}
 	caps := d.Capabilities
