@@ -44,14 +44,16 @@
 //	toolgate/mcp/users/<sha256 of user>/<ref>   the caller's sessions
 //
 // A session exists exactly as long as its state record: ending it deletes
-// the record, announces the change, so every replica refuses it at once,
-// and removes everything else under toolgate/mcp/sessions/<ref>. What is
-// written there (pending requests, tasks) is written only while the record
-// exists, and removed again when the session turns out to have ended
-// meanwhile. Index entries without a record are leftovers and are removed
-// when found, once older than a minute (see internal/written): a younger
-// one is a session another replica is creating. Marks without a record go
-// with their window in the sweep.
+// the record, removes everything else under toolgate/mcp/sessions/<ref>
+// (best effort) and announces the change, so every replica refuses it at
+// once. What is written there (pending requests, tasks) is written only
+// while the record exists, and removed again when the session turns out
+// to have ended meanwhile; what is read there counts only while the record
+// exists, as the removal may come late or not at all. Index entries
+// without a record are leftovers and are removed when found, once older
+// than a minute (see internal/written): a younger one is a session another
+// replica is creating. Marks without a record go with their window in the
+// sweep.
 //
 // Changes to a record are made under the storage's lock for the session
 // (which expires when a replica dies holding it): read, change, write,
@@ -355,8 +357,8 @@ func (s *Store) Update(ctx context.Context, ref string, fn func(*Record) error) 
 }
 
 // End ends the session: its record and its index entry are deleted, under
-// its lock, every replica is told, and what is left below the record is
-// removed. With wait, End returns only once this process heard its own
+// its lock, what is left below the record is removed, and every replica is
+// told. With wait, End returns only once this process heard its own
 // announcement back, so that every listening replica has been sent it (at
 // most a second). It returns the record as it was, or ErrNotFound when the
 // session had ended already.
@@ -364,7 +366,10 @@ func (s *Store) Update(ctx context.Context, ref string, fn func(*Record) error) 
 // The record goes first: the session has ended once it is gone, whatever
 // happens to the rest. Other replicas write below it without the lock
 // (ServerRequestSent, TaskCreated), so the directory may not go at once;
-// that does not fail End (see removeDir).
+// that does not fail End (see removeDir), and whatever reads below the
+// record checks that it still exists (see ended). The directory goes
+// before the announcement, not after its wait of up to a second: what is
+// left there meanwhile is refused, but need not be kept that long.
 func (s *Store) End(ctx context.Context, ref string, wait bool) (*Record, error) {
 	var rec *Record
 	err := s.locked(ctx, ref, func() error {
@@ -384,6 +389,7 @@ func (s *Store) End(ctx context.Context, ref string, wait bool) (*Record, error)
 	if err != nil {
 		return nil, err
 	}
+	s.removeDir(ctx, ref)
 	if rec != nil {
 		if wait {
 			s.watch.ChangedAndWait(ctx, stateKey(ref), time.Second)
@@ -391,7 +397,6 @@ func (s *Store) End(ctx context.Context, ref string, wait bool) (*Record, error)
 			s.watch.Changed(ctx, stateKey(ref))
 		}
 	}
-	s.removeDir(ctx, ref)
 	if rec == nil {
 		return nil, ErrNotFound
 	}
@@ -431,6 +436,24 @@ func (s *Store) storeBelow(ctx context.Context, ref, key string, value []byte) e
 		return ErrNotFound
 	}
 	return nil
+}
+
+// ended tells whether the session ended, its record gone, for a reader of
+// what is below the record: End removes that only after the record, best
+// effort, so a pending request or a task found there may belong to a
+// session that has ended (for good, when End's removal gave up). What such
+// a reader found is then removed, with whatever else is left there (the
+// session's ref is never used again). It costs the reader one Stat, made
+// only when it found something.
+func (s *Store) ended(ctx context.Context, ref string) (bool, error) {
+	switch _, err := s.storage.Stat(ctx, stateKey(ref)); {
+	case errors.Is(err, fs.ErrNotExist):
+		s.removeDir(ctx, ref)
+		return true, nil
+	case err != nil:
+		return false, err
+	}
+	return false, nil
 }
 
 // CountUser returns how many sessions user holds, all replicas together.
@@ -486,7 +509,9 @@ func (s *Store) ServerRequestSent(ctx context.Context, ref, idKey, method string
 
 // ServerRequestAnswered returns the method of the pending request the
 // runner's answer with id key idKey answers, and forgets the request. ok
-// is false when none is pending. An answer sent to several replicas at
+// is false when none is pending, or when the session has ended: its
+// requests may outlive its record for a while (see ended), and an answer
+// taken would be relayed upstream. An answer sent to several replicas at
 // once is taken by one: the request is read and deleted under its own
 // storage lock (a Delete of a key gone already succeeds, so without it
 // each would relay the answer upstream).
@@ -499,6 +524,13 @@ func (s *Store) ServerRequestAnswered(ctx context.Context, ref, idKey string) (m
 		}
 		if err != nil {
 			return fmt.Errorf("reading the server request: %w", err)
+		}
+		switch ended, err := s.ended(ctx, ref); {
+		case err != nil:
+			return fmt.Errorf("reading the server request: %w", err)
+		case ended:
+			_ = s.storage.Delete(ctx, key) // should ended's removal have failed
+			return nil
 		}
 		if err := s.storage.Delete(ctx, key); err != nil {
 			return fmt.Errorf("reading the server request: %w", err)
@@ -557,8 +589,11 @@ func (s *Store) TaskCreated(ctx context.Context, keys *seal.Keyring, ref, id str
 }
 
 // Task returns the call that created the task id; ok is false when no
-// replica recorded it. A record that does not open with keys (sealed
-// under a secret no longer configured, or not this task's) is an error.
+// replica recorded it, or when the session has ended: its tasks may
+// outlive its record for a while (see ended), and what a task of an ended
+// session yields is no call's result. A record that does not open with
+// keys (sealed under a secret no longer configured, or not this task's) is
+// an error.
 func (s *Store) Task(ctx context.Context, keys *seal.Keyring, ref, id string) (t TaskCall, ok bool, err error) {
 	data, err := s.storage.Load(ctx, taskKey(ref, id))
 	if errors.Is(err, fs.ErrNotExist) {
@@ -574,6 +609,14 @@ func (s *Store) Task(ctx context.Context, keys *seal.Keyring, ref, id string) (t
 	}
 	if err := json.Unmarshal(data, &t); err != nil {
 		return t, false, fmt.Errorf("reading the task: %v", err)
+	}
+	// Checked last, so that a record that is not this task's is an error
+	// whether or not its session still exists.
+	switch ended, err := s.ended(ctx, ref); {
+	case err != nil:
+		return TaskCall{}, false, fmt.Errorf("reading the task: %w", err)
+	case ended:
+		return TaskCall{}, false, nil
 	}
 	return t, true, nil
 }
