@@ -70,9 +70,12 @@ type Sessions struct {
 
 	// seq counts announced session changes, so that a copy made from a
 	// record read while a change was announced is not trusted.
-	seq      atomic.Uint64
-	reloads  chan struct{} // bounds background reads
-	lastTick time.Time
+	seq     atomic.Uint64
+	reloads chan struct{} // bounds background reads
+	// background counts the reads and ends started in the background,
+	// so that Destruct returns only once none runs (each is bounded).
+	background sync.WaitGroup
+	lastTick   time.Time
 }
 
 // Config is what a configuration of the gateway gives Sessions.
@@ -133,6 +136,7 @@ func (m *Sessions) Destruct() error {
 	for _, s := range all {
 		s.close()
 	}
+	m.background.Wait()
 	return nil
 }
 
@@ -173,7 +177,7 @@ func (m *Sessions) Detach(c *Config) {
 		// force for good (Caddy stops the old one only once the new one
 		// started): the sessions of services it points elsewhere end now.
 		// Not when it starts: a load Caddy abandons must change nothing.
-		go m.EndMoved(context.Background(), cur.Endpoint)
+		m.background.Go(func() { m.EndMoved(context.Background(), cur.Endpoint) })
 	}
 	prev := c.previous
 	if prev == nil || prev.detached.Load() || !m.config.CompareAndSwap(c, prev) {
@@ -347,12 +351,12 @@ func (m *Sessions) reloadLater(s *Session) {
 	default:
 		return
 	}
-	go func() {
+	m.background.Go(func() {
 		defer func() { <-m.reloads }()
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		_ = m.reload(ctx, s)
-	}()
+	})
 }
 
 // changed takes an announced change under the MCP session prefix.
