@@ -2,11 +2,13 @@ package gateway
 
 import (
 	"context"
+	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
-	"math/rand/v2"
+	mrand "math/rand/v2"
 	"os"
 	"path/filepath"
 	"sync"
@@ -20,17 +22,32 @@ import (
 // "updated"}, refreshed every 5 s and stale after 10 s without a refresh),
 // so that processes locking with FileStorage itself and these exclude each
 // other. They differ in what FileStorage gets wrong for locks taken and
-// released many times a second (a caller's MCP sessions, approvals):
+// released many times a second (a caller's MCP sessions, approvals), and
+// for replicas taking over a stale lock at once:
 //   - its refresher outlives the lock: it stops only when it finds no lock
 //     file, so with the name locked again meanwhile it refreshed the next
 //     holder's file, and such refreshers piled up (thousands of goroutines,
-//     each rewriting and syncing the file every 5 s) and logged errors at
-//     each one they found being written;
+//     each rewriting and syncing the file every 5 s); one between its look
+//     and its write recreated a file just released;
+//   - its Unlock removes whatever file has the name: the next holder's,
+//     when this one's was taken over as stale;
+//   - replicas that found a lock stale each removed the file and created
+//     their own, so a later one removed an earlier one's fresh lock: two
+//     holders;
 //   - a waiter polled once a second: a lock held for a millisecond cost
 //     the next replica a second.
 //
-// Here a lock's refresher belongs to that lock and ends with it, and a
-// waiter polls from 10 ms, backing off to 250 ms.
+// Here each lock file also names its holder (a random token, which
+// FileStorage ignores); a lock's refresher belongs to that lock, writes
+// into the file it opened only while it names that holder, and ends
+// before Unlock returns; Unlock removes only its own file; a stale lock is
+// taken over by one replica at a time (the one that created
+// <name>.lock.takeover); and a waiter polls from 10 ms, backing off to
+// 250 ms.
+//
+// What no lease can rule out stays: a holder paused past 10 s (a stopped
+// process, a suspended machine) loses its lock to the next replica without
+// knowing it until its Unlock, which then reports the lock lost.
 const (
 	lockFresh = 5 * time.Second
 	lockStale = 2 * lockFresh
@@ -39,12 +56,23 @@ const (
 type lockMeta struct {
 	Created time.Time `json:"created,omitempty"`
 	Updated time.Time `json:"updated,omitempty"`
+	// Holder tells this lock apart from every other of its name.
+	Holder string `json:"holder,omitempty"`
 }
 
-// fileLocks are the locks one fileSystemStorage holds, by name.
+// fileLocks are the locks one fileSystemStorage holds, by name. Each name
+// is held at most once: the certmagic.Locker contract pairs each Lock with
+// one Unlock, which releases the name as this storage holds it.
 type fileLocks struct {
 	mu   sync.Mutex
-	held map[string]chan struct{} // closed to stop the lock's refresher
+	held map[string]*heldLock
+}
+
+type heldLock struct {
+	holder  string
+	created time.Time
+	stop    chan struct{} // closed by Unlock
+	done    chan struct{} // closed when the refresher ended
 }
 
 func (s *fileSystemStorage) lockFile(name string) string {
@@ -62,7 +90,7 @@ func (s *fileSystemStorage) Lock(ctx context.Context, name string) error {
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case <-time.After(wait + rand.N(wait/2)):
+		case <-time.After(wait + mrand.N(wait/2)):
 		}
 		wait = min(2*wait, 250*time.Millisecond)
 	}
@@ -73,30 +101,50 @@ func (s *fileSystemStorage) TryLock(_ context.Context, name string) (bool, error
 	return s.tryLock(name)
 }
 
-// Unlock releases the lock name.
+// Unlock releases the lock name this storage holds. It removes the lock
+// file only if it is still this holder's: one taken over meanwhile (this
+// process did not refresh it for 10 s) is the new holder's, and Unlock
+// reports the lock lost.
 func (s *fileSystemStorage) Unlock(_ context.Context, name string) error {
 	s.locks.mu.Lock()
-	if stop, ok := s.locks.held[name]; ok {
-		close(stop)
-		delete(s.locks.held, name)
-	}
+	h, ok := s.locks.held[name]
+	delete(s.locks.held, name)
 	s.locks.mu.Unlock()
-	return os.Remove(s.lockFile(name))
+	if !ok {
+		return fmt.Errorf("unlocking %q: not locked by this storage", name)
+	}
+	close(h.stop)
+	<-h.done
+	file := s.lockFile(name)
+	switch meta, err := readLock(file); {
+	case errors.Is(err, fs.ErrNotExist):
+		return fmt.Errorf("lock %q was lost: its file was removed while held", name)
+	case err != nil:
+		return fmt.Errorf("reading lock file: %w", err)
+	case meta.Holder != h.holder:
+		return fmt.Errorf("lock %q was lost: taken over as stale by another holder (not refreshed for %s)", name, lockStale)
+	}
+	if err := os.Remove(file); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("removing lock file: %w", err)
+	}
+	return nil
 }
 
 func (s *fileSystemStorage) tryLock(name string) (bool, error) {
+	s.locks.mu.Lock()
+	_, mine := s.locks.held[name]
+	s.locks.mu.Unlock()
+	if mine {
+		return false, nil // refreshed by its holder here, whose Unlock frees it
+	}
 	file := s.lockFile(name)
 	for range 3 { // a stale lock removed, or one released between the two looks
-		created, err := createLock(file)
+		h, err := createLock(file)
 		if err == nil {
-			stop := make(chan struct{})
 			s.locks.mu.Lock()
-			if old, ok := s.locks.held[name]; ok { // taken over from this process's own stale lock
-				close(old)
-			}
-			s.locks.held[name] = stop
+			s.locks.held[name] = h
 			s.locks.mu.Unlock()
-			go refreshLock(file, created, stop)
+			go h.refresh(file)
 			return true, nil
 		}
 		if !errors.Is(err, fs.ErrExist) {
@@ -110,16 +158,50 @@ func (s *fileSystemStorage) tryLock(name string) (bool, error) {
 		case !stale:
 			return false, nil
 		}
-		if err := os.Remove(file); err != nil && !errors.Is(err, fs.ErrNotExist) {
-			return false, fmt.Errorf("removing a stale lock file: %w", err)
+		if removed, err := takeOver(file); err != nil || !removed {
+			return false, err
 		}
 	}
 	return false, nil
 }
 
-// createLock creates the lock file, if there is none, and returns it as
-// created.
-func createLock(file string) (os.FileInfo, error) {
+// takeOver removes the stale lock file, as the one replica that created
+// its takeover file: another replica that found it stale too, a moment
+// later, would otherwise remove the fresh file of the replica that took it
+// over first. It reports false when another replica is taking it over, or
+// the lock is no longer stale.
+func takeOver(file string) (bool, error) {
+	marker := file + ".takeover"
+	f, err := os.OpenFile(marker, os.O_CREATE|os.O_WRONLY|os.O_EXCL, 0o644)
+	if errors.Is(err, fs.ErrExist) {
+		// A takeover file outliving its replica (which died within the
+		// microseconds it holds one) is removed once it is stale too.
+		if info, err := os.Stat(marker); err == nil && time.Since(info.ModTime()) > lockStale {
+			_ = os.Remove(marker)
+		}
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("creating lock takeover file: %w", err)
+	}
+	_ = f.Close()
+	defer os.Remove(marker)
+	switch stale, err := lockIsStale(file); { // again, as the only one taking it over
+	case errors.Is(err, fs.ErrNotExist):
+		return true, nil
+	case err != nil:
+		return false, fmt.Errorf("reading lock file: %w", err)
+	case !stale:
+		return false, nil
+	}
+	if err := os.Remove(file); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return false, fmt.Errorf("removing a stale lock file: %w", err)
+	}
+	return true, nil
+}
+
+// createLock creates the lock file, if there is none, for a new holder.
+func createLock(file string) (*heldLock, error) {
 	_ = os.MkdirAll(filepath.Dir(file), 0o700)
 	f, err := os.OpenFile(file, os.O_CREATE|os.O_WRONLY|os.O_EXCL, 0o644)
 	if err != nil {
@@ -127,11 +209,21 @@ func createLock(file string) (os.FileInfo, error) {
 	}
 	defer f.Close()
 	t := time.Now()
-	if err := json.NewEncoder(f).Encode(lockMeta{Created: t, Updated: t}); err != nil {
+	h := &heldLock{holder: rand.Text(), created: t, stop: make(chan struct{}), done: make(chan struct{})}
+	if err := json.NewEncoder(f).Encode(lockMeta{Created: t, Updated: t, Holder: h.holder}); err != nil {
 		_ = os.Remove(file)
 		return nil, err
 	}
-	return f.Stat()
+	return h, nil
+}
+
+func readLock(file string) (lockMeta, error) {
+	var meta lockMeta
+	data, err := os.ReadFile(file)
+	if err == nil {
+		err = json.Unmarshal(data, &meta)
+	}
+	return meta, err
 }
 
 // lockIsStale reports whether the lock file was last refreshed longer
@@ -157,24 +249,42 @@ func lockIsStale(file string) (bool, error) {
 	return time.Since(ref) > lockStale, nil
 }
 
-// refreshLock keeps the lock file created fresh until stop closes, or the
-// file is not that one any more (another process took it over as stale).
-func refreshLock(file string, created os.FileInfo, stop <-chan struct{}) {
+// refresh keeps the lock's file fresh until Unlock stops it, or the file
+// is not this holder's any more (another replica took it over as stale).
+func (h *heldLock) refresh(file string) {
+	defer close(h.done)
 	tick := time.NewTicker(lockFresh)
 	defer tick.Stop()
 	for {
 		select {
-		case <-stop:
+		case <-h.stop:
 			return
 		case <-tick.C:
 		}
-		info, err := os.Stat(file)
-		if err != nil || !os.SameFile(info, created) {
-			return
-		}
-		data, _ := json.Marshal(lockMeta{Created: created.ModTime(), Updated: time.Now()})
-		if err := os.WriteFile(file, append(data, '\n'), 0o644); err != nil {
+		if !h.refreshOnce(file) {
 			return
 		}
 	}
+}
+
+// refreshOnce rewrites the lock file with the time of now, in the file it
+// opened and found naming this holder: never a file created meanwhile
+// (it does not create one), nor another holder's.
+func (h *heldLock) refreshOnce(file string) bool {
+	f, err := os.OpenFile(file, os.O_RDWR, 0)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	data, err := io.ReadAll(f)
+	var meta lockMeta
+	if err != nil || json.Unmarshal(data, &meta) != nil || meta.Holder != h.holder {
+		return false
+	}
+	data, _ = json.Marshal(lockMeta{Created: h.created, Updated: time.Now(), Holder: h.holder})
+	data = append(data, '\n')
+	if _, err := f.WriteAt(data, 0); err != nil {
+		return false
+	}
+	return f.Truncate(int64(len(data))) == nil
 }

@@ -101,7 +101,7 @@ func inFlightName(name string) bool {
 // App's stores see.
 func SafeListing(storage certmagic.Storage) certmagic.Storage {
 	if fsys, ok := storage.(*certmagic.FileStorage); ok {
-		return &fileSystemStorage{FileStorage: fsys, locks: fileLocks{held: map[string]chan struct{}{}}}
+		return &fileSystemStorage{FileStorage: fsys, locks: fileLocks{held: map[string]*heldLock{}}}
 	}
 	return storage
 }
