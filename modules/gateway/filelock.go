@@ -3,6 +3,8 @@ package gateway
 import (
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -42,8 +44,8 @@ import (
 // into the file it opened only while it names that holder, and ends
 // before Unlock returns; Unlock removes only its own file; a stale lock is
 // taken over by one replica at a time (the one that created
-// <name>.lock.takeover); and a waiter polls from 10 ms, backing off to
-// 250 ms.
+// <name>.lock.takeover), and Unlock too looks and removes as the one
+// holding that file; and a waiter polls from 10 ms, backing off to 250 ms.
 //
 // What no lease can rule out stays: a holder paused past 10 s (a stopped
 // process, a suspended machine) loses its lock to the next replica without
@@ -75,6 +77,8 @@ type heldLock struct {
 	done    chan struct{} // closed when the refresher ended
 }
 
+// lockFile is the file of the lock name. Names alike once made safe
+// (case, spaces) share one, and are one lock.
 func (s *fileSystemStorage) lockFile(name string) string {
 	return filepath.Join(s.Path, "locks", certmagic.StorageKeys.Safe(name)+".lock")
 }
@@ -104,11 +108,13 @@ func (s *fileSystemStorage) TryLock(_ context.Context, name string) (bool, error
 // Unlock releases the lock name this storage holds. It removes the lock
 // file only if it is still this holder's: one taken over meanwhile (this
 // process did not refresh it for 10 s) is the new holder's, and Unlock
-// reports the lock lost.
+// reports the lock lost. It looks and removes as the one holding the
+// takeover file, so that no replica takes the lock over in between.
 func (s *fileSystemStorage) Unlock(_ context.Context, name string) error {
+	key := certmagic.StorageKeys.Safe(name)
 	s.locks.mu.Lock()
-	h, ok := s.locks.held[name]
-	delete(s.locks.held, name)
+	h, ok := s.locks.held[key]
+	delete(s.locks.held, key)
 	s.locks.mu.Unlock()
 	if !ok {
 		return fmt.Errorf("unlocking %q: not locked by this storage", name)
@@ -116,23 +122,30 @@ func (s *fileSystemStorage) Unlock(_ context.Context, name string) error {
 	close(h.stop)
 	<-h.done
 	file := s.lockFile(name)
-	switch meta, err := readLock(file); {
-	case errors.Is(err, fs.ErrNotExist):
-		return fmt.Errorf("lock %q was lost: its file was removed while held", name)
-	case err != nil:
-		return fmt.Errorf("reading lock file: %w", err)
-	case meta.Holder != h.holder:
-		return fmt.Errorf("lock %q was lost: taken over as stale by another holder (not refreshed for %s)", name, lockStale)
+	got, err := withTakeover(file, time.Second, func() error {
+		switch meta, err := readLock(file); {
+		case errors.Is(err, fs.ErrNotExist):
+			return fmt.Errorf("lock %q was lost: its file was removed while held", name)
+		case err != nil:
+			return fmt.Errorf("reading lock file: %w", err)
+		case !h.owns(meta):
+			return fmt.Errorf("lock %q was lost: taken over as stale by another holder (not refreshed for %s)", name, lockStale)
+		}
+		if err := os.Remove(file); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("removing lock file: %w", err)
+		}
+		return nil
+	})
+	if err == nil && !got {
+		return fmt.Errorf("unlocking %q: another replica kept taking the lock over for a second; its file stays, and is taken over as stale in %s", name, lockStale)
 	}
-	if err := os.Remove(file); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return fmt.Errorf("removing lock file: %w", err)
-	}
-	return nil
+	return err
 }
 
 func (s *fileSystemStorage) tryLock(name string) (bool, error) {
+	key := certmagic.StorageKeys.Safe(name) // names alike once safe share a file
 	s.locks.mu.Lock()
-	_, mine := s.locks.held[name]
+	_, mine := s.locks.held[key]
 	s.locks.mu.Unlock()
 	if mine {
 		return false, nil // refreshed by its holder here, whose Unlock frees it
@@ -142,7 +155,7 @@ func (s *fileSystemStorage) tryLock(name string) (bool, error) {
 		h, err := createLock(file)
 		if err == nil {
 			s.locks.mu.Lock()
-			s.locks.held[name] = h
+			s.locks.held[key] = h
 			s.locks.mu.Unlock()
 			go h.refresh(file)
 			return true, nil
@@ -165,39 +178,74 @@ func (s *fileSystemStorage) tryLock(name string) (bool, error) {
 	return false, nil
 }
 
-// takeOver removes the stale lock file, as the one replica that created
-// its takeover file: another replica that found it stale too, a moment
-// later, would otherwise remove the fresh file of the replica that took it
-// over first. It reports false when another replica is taking it over, or
-// the lock is no longer stale.
+// takeOver removes the stale lock file, as the one replica holding its
+// takeover file: another replica that found it stale too, a moment later,
+// would otherwise remove the fresh file of the replica that took it over
+// first. It reports false when another replica is taking it over, or the
+// lock is no longer stale.
 func takeOver(file string) (bool, error) {
-	marker := file + ".takeover"
-	f, err := os.OpenFile(marker, os.O_CREATE|os.O_WRONLY|os.O_EXCL, 0o644)
-	if errors.Is(err, fs.ErrExist) {
-		// A takeover file outliving its replica (which died within the
-		// microseconds it holds one) is removed once it is stale too.
-		if info, err := os.Stat(marker); err == nil && time.Since(info.ModTime()) > lockStale {
-			_ = os.Remove(marker)
+	removed := false
+	_, err := withTakeover(file, 0, func() error {
+		switch stale, err := lockIsStale(file); { // again, as the only one taking it over
+		case errors.Is(err, fs.ErrNotExist):
+			removed = true
+			return nil
+		case err != nil:
+			return fmt.Errorf("reading lock file: %w", err)
+		case !stale:
+			return nil
 		}
-		return false, nil
+		if err := os.Remove(file); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("removing a stale lock file: %w", err)
+		}
+		removed = true
+		return nil
+	})
+	return removed && err == nil, err
+}
+
+// withTakeover runs fn as the one replica holding the lock file's
+// takeover file, which it creates exclusively, waiting up to wait for it.
+// It reports false, without running fn, when another holds it longer.
+func withTakeover(file string, wait time.Duration, fn func() error) (bool, error) {
+	marker := takeoverFile(file)
+	deadline := time.Now().Add(wait)
+	for {
+		f, err := os.OpenFile(marker, os.O_CREATE|os.O_WRONLY|os.O_EXCL, 0o644)
+		if err == nil {
+			_ = f.Close()
+			defer os.Remove(marker)
+			return true, fn()
+		}
+		if !errors.Is(err, fs.ErrExist) {
+			return false, fmt.Errorf("creating lock takeover file: %w", err)
+		}
+		// One outliving its replica (which died within the microseconds it
+		// holds one) is removed once it is stale too, and then taken.
+		if info, err := os.Stat(marker); err == nil && time.Since(info.ModTime()) > lockStale {
+			if err := os.Remove(marker); err != nil && !errors.Is(err, fs.ErrNotExist) {
+				return false, fmt.Errorf("removing a stale lock takeover file: %w", err)
+			}
+			continue
+		}
+		if !time.Now().Before(deadline) {
+			return false, nil
+		}
+		time.Sleep(time.Millisecond)
 	}
-	if err != nil {
-		return false, fmt.Errorf("creating lock takeover file: %w", err)
+}
+
+// takeoverFile names the lock file's takeover file: <name>.lock.takeover,
+// or, where that would pass the file system's 255 bytes, a hash of the
+// lock file's name with .takeover (which no lock file ends with).
+func takeoverFile(file string) string {
+	base := filepath.Base(file)
+	name := base + ".takeover"
+	if len(name) > 255 {
+		sum := sha256.Sum256([]byte(base))
+		name = hex.EncodeToString(sum[:16]) + ".takeover"
 	}
-	_ = f.Close()
-	defer os.Remove(marker)
-	switch stale, err := lockIsStale(file); { // again, as the only one taking it over
-	case errors.Is(err, fs.ErrNotExist):
-		return true, nil
-	case err != nil:
-		return false, fmt.Errorf("reading lock file: %w", err)
-	case !stale:
-		return false, nil
-	}
-	if err := os.Remove(file); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return false, fmt.Errorf("removing a stale lock file: %w", err)
-	}
-	return true, nil
+	return filepath.Join(filepath.Dir(file), name)
 }
 
 // createLock creates the lock file, if there is none, for a new holder.
@@ -268,23 +316,38 @@ func (h *heldLock) refresh(file string) {
 }
 
 // refreshOnce rewrites the lock file with the time of now, in the file it
-// opened and found naming this holder: never a file created meanwhile
-// (it does not create one), nor another holder's.
+// opened and found this holder's: never a file created meanwhile (it does
+// not create one), nor another holder's. It reports false when the file is
+// gone or another holder's; a file it could not read or parse (being
+// written by FileStorage's refresher, see owns) is left for the next tick.
 func (h *heldLock) refreshOnce(file string) bool {
 	f, err := os.OpenFile(file, os.O_RDWR, 0)
 	if err != nil {
-		return false
+		return !errors.Is(err, fs.ErrNotExist)
 	}
 	defer f.Close()
 	data, err := io.ReadAll(f)
 	var meta lockMeta
-	if err != nil || json.Unmarshal(data, &meta) != nil || meta.Holder != h.holder {
+	if err != nil || json.Unmarshal(data, &meta) != nil {
+		return true
+	}
+	if !h.owns(meta) {
 		return false
 	}
 	data, _ = json.Marshal(lockMeta{Created: h.created, Updated: time.Now(), Holder: h.holder})
 	data = append(data, '\n')
 	if _, err := f.WriteAt(data, 0); err != nil {
-		return false
+		return true
 	}
-	return f.Truncate(int64(len(data))) == nil
+	_ = f.Truncate(int64(len(data)))
+	return true
+}
+
+// owns reports whether the lock file read is this holder's. A certmagic
+// FileStorage replica that held the name just before leaves a refresher
+// asleep for up to 5 s, which then rewrites the next holder's file with
+// only its "created" and "updated": a file naming no holder, created when
+// this one was, is this one's (and its next refresh names it again).
+func (h *heldLock) owns(meta lockMeta) bool {
+	return meta.Holder == h.holder || meta.Holder == "" && meta.Created.Equal(h.created)
 }
