@@ -36,7 +36,7 @@ func (h *Handler) mayHoldCredential(call *gateway.Call, out gateway.Result, give
 			return true // answerAfterHooks withholds what cannot be read
 		}
 	}
-	_, changed, err := h.redacted(call, msg)
+	_, changed, err := h.redacted(call, msg, nil)
 	return changed || err != nil
 }
 

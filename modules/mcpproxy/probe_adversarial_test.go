@@ -168,7 +168,7 @@ func TestProbeAdversarialTailNestedAsTextItem(t *testing.T) {
 					// Control: searched in full (as afterHooks does), the
 					// answer is refused.
 					if full, err := mcpmsg.Parse(out, mcpmsg.Limits{}); err == nil {
-						if _, _, err := h.redacted(call, full); err == nil && strings.Contains(probeJoinedText(t, out), advSecret) {
+						if _, _, err := h.redacted(call, full, nil); err == nil && strings.Contains(probeJoinedText(t, out), advSecret) {
 							t.Fatalf("control: the full search lets the answer pass: %s", out)
 						}
 					}
@@ -244,7 +244,7 @@ func TestProbeAdversarialKeyContinuesIntoTheTail(t *testing.T) {
 			// Control: searched in full (as afterHooks does), the key is
 			// redacted.
 			if full, err := mcpmsg.Parse(out, mcpmsg.Limits{}); err == nil {
-				if _, changed, err := h.redacted(call, full); err == nil && !changed && strings.Contains(runnerReads(t, out), secret) {
+				if _, changed, err := h.redacted(call, full, nil); err == nil && !changed && strings.Contains(runnerReads(t, out), secret) {
 					t.Fatalf("control: the full search lets the answer pass: %s", out)
 				}
 			}

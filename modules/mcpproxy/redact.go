@@ -12,8 +12,6 @@ import (
 	"unicode/utf16"
 	"unicode/utf8"
 
-	"go.uber.org/zap"
-
 	"github.com/toolgate/toolgate/internal/mcpmsg"
 	"github.com/toolgate/toolgate/modules/gateway"
 )
@@ -230,37 +228,39 @@ func redactIn(s, secret string) (string, bool) {
 // of its text items (and the decoding of its strings when they hold
 // escapes or characters outside ASCII).
 func (h *Handler) redactCredential(call *gateway.Call, msg mcpmsg.Message) (mcpmsg.Message, error) {
-	out, changed, err := h.redacted(call, msg)
-	if changed {
-		// The method as redacted: the upstream's own may hold the secret.
-		h.logger.Warn("an upstream sent back the credential toolgate attached to the call; it is redacted",
-			zap.String("service", call.Service.ID), zap.String("user", call.Caller.User), zap.String("method", out.Method))
-	}
+	out, changed, err := h.redacted(call, msg, nil)
+	h.logRedacted(call, out, changed)
 	return out, err
 }
 
 // redacted is redactCredential without its log line, and whether it
 // changed msg: each of the credential's secrets (gateway.Credential.
-// EachSecret) redacted in turn.
-func (h *Handler) redacted(call *gateway.Call, msg mcpmsg.Message) (mcpmsg.Message, bool, error) {
+// EachSecret) redacted in turn; pre, when not nil, has read msg's raw bytes
+// already (parseRedacted).
+func (h *Handler) redacted(call *gateway.Call, msg mcpmsg.Message, pre *prescan) (mcpmsg.Message, bool, error) {
 	changed := false
 	var err error
 	call.Credential.EachSecret(func(secret string) bool {
 		var ch bool
-		msg, ch, err = h.redactedSecret(secret, msg)
+		msg, ch, err = h.redactedSecret(secret, msg, pre.of(secret, msg.Raw))
 		changed = changed || ch
 		return err == nil
 	})
 	return msg, changed, err
 }
 
-// redactedSecret is redacted for one secret.
-func (h *Handler) redactedSecret(secret string, msg mcpmsg.Message) (mcpmsg.Message, bool, error) {
+// redactedSecret is redacted for one secret; facts, when not nil, are of
+// msg.Raw.
+func (h *Handler) redactedSecret(secret string, msg mcpmsg.Message, facts *rawFacts) (mcpmsg.Message, bool, error) {
 	needles := needlesOf(secret)
 	if err := acrossTextItems(msg, secret, needles.pieces.whole); err != nil {
 		return msg, false, err
 	}
-	found := needles.set.groupsIn(msg.Raw)
+	if facts == nil {
+		f := factsOf(needles, msg.Raw)
+		facts = &f
+	}
+	found := facts.found
 	// The whole secret holds its first piece; its base64, a base64 piece.
 	inBase64 := found&inBase64Pieces != 0
 	// Raw, holding none of the secret's pieces as they are, can still
@@ -271,9 +271,9 @@ func (h *Handler) redactedSecret(secret string, msg mcpmsg.Message) (mcpmsg.Mess
 	// those, the byte search said it all — and a megabyte of text with
 	// line breaks (\n) is not decoded for nothing. Each of these passes
 	// over raw runs once.
-	rawEscapes := hidingEscapes(msg.Raw)
+	rawEscapes := facts.rawEscapes
 	escapes := rawEscapes || escapedOtherwise(secret)
-	if found == 0 && !escapes && isASCII(msg.Raw) {
+	if found == 0 && !escapes && facts.isASCII(msg.Raw) {
 		return msg, false, nil
 	}
 	pieces := needles.pieces

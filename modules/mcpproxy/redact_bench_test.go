@@ -56,6 +56,29 @@ func BenchmarkRedactCredential(b *testing.B) {
 				}
 			}
 		})
+		// The upstream's message parsed and searched, as the runner waits
+		// for them: one after the other, and as parseRedacted does (a
+		// large message searched while it is parsed).
+		b.Run(c.name+"/parsed_then_searched", func(b *testing.B) {
+			b.SetBytes(int64(len(raw)))
+			for b.Loop() {
+				msg, err := mcpmsg.Parse(raw, h.limits)
+				if err == nil {
+					msg, err = h.redactCredential(call, msg)
+				}
+				if err != nil || len(msg.Raw) != len(raw) {
+					b.Fatal(err)
+				}
+			}
+		})
+		b.Run(c.name+"/parseRedacted", func(b *testing.B) {
+			b.SetBytes(int64(len(raw)))
+			for b.Loop() {
+				if msg, err := h.parseRedacted(call, raw); err != nil || len(msg.Raw) != len(raw) {
+					b.Fatal(err)
+				}
+			}
+		})
 		b.Run(c.name+"/after", func(b *testing.B) {
 			b.SetBytes(int64(len(raw)))
 			b.ReportAllocs()

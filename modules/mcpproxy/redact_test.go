@@ -14,7 +14,9 @@ import (
 	"github.com/toolgate/toolgate/modules/gateway"
 )
 
-// redacted is the message raw as redactCredential leaves it for call.
+// redacted is the message raw as redactCredential leaves it for call,
+// checked to be what it leaves when the raw bytes were searched while the
+// message was parsed (a large message's way, parseRedacted).
 func redacted(t *testing.T, h *Handler, call *gateway.Call, raw string) []byte {
 	t.Helper()
 	msg, err := mcpmsg.Parse([]byte(raw), mcpmsg.Limits{})
@@ -24,6 +26,11 @@ func redacted(t *testing.T, h *Handler, call *gateway.Call, raw string) []byte {
 	got, err := h.redactCredential(call, msg)
 	if err != nil {
 		t.Fatal(err)
+	}
+	pre := startPrescan(call.Credential, msg.Raw)
+	<-pre.done
+	if alike, _, err := h.redacted(call, msg, pre); err != nil || string(alike.Raw) != string(got.Raw) {
+		t.Errorf("searched while parsed: %s, %v; searched after: %s", alike.Raw, err, got.Raw)
 	}
 	return got.Raw
 }

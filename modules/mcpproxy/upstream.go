@@ -343,10 +343,7 @@ func (r *response) next() (mcpmsg.Message, error) {
 		}
 		return mcpmsg.Message{}, errSessionEnded
 	}
-	msg, err := mcpmsg.Parse(normalizeCR(data), r.h.limits)
-	if err == nil {
-		msg, err = r.h.redactCredential(r.call, msg)
-	}
+	msg, err := r.h.parseRedacted(r.call, normalizeCR(data))
 	for i, c := range r.sent {
 		if err != nil {
 			break
