@@ -105,21 +105,35 @@ func decodeCatalog(hash string, stored []storedTool) *Catalog {
 // older than the longest session life plus this) never deletes one in use.
 func (s *Store) catalogRefresh() time.Duration { return s.maxAge/2 + time.Minute }
 
+// catalogsLock is the storage lock the sweep deletes catalogs under, and
+// an old catalog is stored again under.
+const catalogsLock = "toolgate_mcp_catalogs"
+
 // PutCatalog stores tools as a catalog, unless the same catalog is stored
 // already (and recent), and returns it. The catalog is kept in memory.
+// An old one stored already is returned even when storing it again fails:
+// other replicas find it, and the next session using it tries again.
 func (s *Store) PutCatalog(ctx context.Context, tools map[string][]byte) (*Catalog, error) {
 	c, data := NewCatalog(tools)
 	if known := s.catalogs.get(c.Hash); known != nil {
 		c = known
 	}
-	info, err := s.storage.Stat(ctx, catalogKey(c.Hash))
-	if err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return nil, fmt.Errorf("storing the tool catalog: %w", err)
-	}
-	if err != nil || s.now().Sub(info.Modified) > s.catalogRefresh() {
-		if err := s.storage.Store(ctx, catalogKey(c.Hash), data); err != nil {
+	key := catalogKey(c.Hash)
+	info, err := s.storage.Stat(ctx, key)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		// No sweep can delete it once stored: it deletes only what it
+		// found old under the lock (see sweepCatalogs).
+		if err := s.storage.Store(ctx, key, data); err != nil {
 			return nil, fmt.Errorf("storing the tool catalog: %w", err)
 		}
+	case err != nil:
+		return nil, fmt.Errorf("storing the tool catalog: %w", err)
+	case s.now().Sub(info.Modified) > s.catalogRefresh():
+		// A sweep may have found it old and be about to delete it: stored
+		// again under the sweep's lock, it is either deleted before (and
+		// stored anew) or found recent.
+		_ = s.LockedAs(ctx, catalogsLock, func() error { return s.storage.Store(ctx, key, data) })
 	}
 	s.catalogs.put(c)
 	return c, nil
@@ -148,6 +162,9 @@ func (s *Store) Catalog(ctx context.Context, hash string) (*Catalog, error) {
 }
 
 // sweepCatalogs deletes catalogs that no live session can use any more.
+// Those that look old are looked at again under the lock PutCatalog
+// stores an old catalog again under, and deleted under it: one a session
+// started using meanwhile stays. Without the lock nothing is deleted.
 func (s *Store) sweepCatalogs(ctx context.Context) error {
 	keys, err := s.storage.List(ctx, catalogsPrefix, false)
 	if errors.Is(err, fs.ErrNotExist) {
@@ -156,16 +173,34 @@ func (s *Store) sweepCatalogs(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	var old []string
 	for _, k := range keys {
-		info, err := s.storage.Stat(ctx, k)
-		if err != nil {
-			continue
-		}
-		if s.now().Sub(info.Modified) > s.maxAge+s.catalogRefresh() {
-			_ = s.storage.Delete(ctx, k)
+		if s.catalogExpired(ctx, k) {
+			old = append(old, k)
 		}
 	}
+	if len(old) == 0 {
+		return nil
+	}
+	err = s.LockedAs(ctx, catalogsLock, func() error {
+		for _, k := range old {
+			if s.catalogExpired(ctx, k) {
+				_ = s.storage.Delete(ctx, k)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("sweeping tool catalogs: %w", err)
+	}
 	return nil
+}
+
+// catalogExpired tells whether the catalog at key is older than any live
+// session that uses it could have refreshed it.
+func (s *Store) catalogExpired(ctx context.Context, key string) bool {
+	info, err := s.storage.Stat(ctx, key)
+	return err == nil && s.now().Sub(info.Modified) > s.maxAge+s.catalogRefresh()
 }
 
 // catalogCache keeps catalogs read or made, at most maxCatalogs.

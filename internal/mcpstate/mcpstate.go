@@ -324,7 +324,7 @@ func (s *Store) LockedAs(ctx context.Context, name string, fn func() error) erro
 	lctx, cancel := context.WithTimeout(ctx, lockTimeout)
 	defer cancel()
 	if err := s.storage.Lock(lctx, name); err != nil {
-		return fmt.Errorf("locking the MCP session: %w", err)
+		return fmt.Errorf("taking a storage lock: %w", err)
 	}
 	defer func() {
 		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
