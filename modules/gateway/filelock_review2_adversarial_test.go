@@ -16,30 +16,6 @@ import (
 	"github.com/caddyserver/certmagic"
 )
 
-func adv2Storage(dir string) *fileSystemStorage {
-	return SafeListing(&certmagic.FileStorage{Path: dir}).(*fileSystemStorage)
-}
-
-// adv2Backdate rewrites a held lock's file in place as if its holder had
-// been paused for a minute, keeping its "holder".
-func adv2Backdate(t *testing.T, file string) {
-	t.Helper()
-	old := time.Now().Add(-time.Minute)
-	held, err := readLock(file)
-	if err != nil {
-		t.Fatal(err)
-	}
-	data, _ := json.Marshal(lockMeta{Created: old, Updated: old, Holder: held.Holder})
-	f, err := os.OpenFile(file, os.O_WRONLY|os.O_TRUNC, 0o644)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	if _, err := f.Write(data); err != nil {
-		t.Fatal(err)
-	}
-}
-
 // adv2WriteStale leaves the lock file of a crashed replica: valid JSON,
 // last refreshed a minute ago.
 func adv2WriteStale(t *testing.T, file string) {
@@ -95,7 +71,7 @@ func TestAdv2FileLockPlainRefresherErasesHolderLocksNameForever(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
 	plain := &certmagic.FileStorage{Path: dir}
-	s, other := adv2Storage(dir), adv2Storage(dir)
+	s, other := advStorage(dir), advStorage(dir)
 	ctx := context.Background()
 	file := s.lockFile("x")
 	// Ends FileStorage's leftover refresher (it stops once the file is gone).
@@ -145,7 +121,7 @@ func TestAdv2FileLockPlainRefresherErasesHolderLocksNameForever(t *testing.T) {
 // hash of the lock file's name (takeoverFile).
 func TestAdv2FileLockLongNameStaleLockNeverTakenOver(t *testing.T) {
 	dir := t.TempDir()
-	s := adv2Storage(dir)
+	s := advStorage(dir)
 	ctx := context.Background()
 	name := strings.Repeat("n", 245) // locks/nnn….lock: 250 bytes
 	if err := s.Lock(ctx, name); err != nil {
@@ -184,12 +160,12 @@ func TestAdv2FileLockLongNameStaleLockNeverTakenOver(t *testing.T) {
 // files are.
 func TestAdv2FileLockCollidingNameSameStorageTakesOverItsOwnLock(t *testing.T) {
 	dir := t.TempDir()
-	s := adv2Storage(dir)
+	s := advStorage(dir)
 	ctx := context.Background()
 	if err := s.Lock(ctx, "Job"); err != nil {
 		t.Fatal(err)
 	}
-	adv2Backdate(t, s.lockFile("Job"))
+	advMakeStale(t, s.lockFile("Job"))
 	ok, err := s.TryLock(ctx, "job")
 	errOld := s.Unlock(ctx, "Job")
 	if ok {
@@ -211,8 +187,8 @@ func TestAdv2FileLockCollidingNameSameStorageTakesOverItsOwnLock(t *testing.T) {
 // (withTakeover), as a replica taking the lock over does.
 func TestAdv2FileLockUnlockRemovesTakerOversFreshFile(t *testing.T) {
 	dir := t.TempDir()
-	s := adv2Storage(dir)
-	takers := []*fileSystemStorage{adv2Storage(dir), adv2Storage(dir)}
+	s := advStorage(dir)
+	takers := []*fileSystemStorage{advStorage(dir), advStorage(dir)}
 	ctx := context.Background()
 	file := s.lockFile("x")
 	deadline := time.Now().Add(3 * time.Second)
@@ -220,7 +196,7 @@ func TestAdv2FileLockUnlockRemovesTakerOversFreshFile(t *testing.T) {
 		if err := s.Lock(ctx, "x"); err != nil {
 			t.Fatal(err)
 		}
-		adv2Backdate(t, file) // paused past 10 s, resuming into Unlock
+		advMakeStale(t, file) // paused past 10 s, resuming into Unlock
 		var wg sync.WaitGroup
 		start := make(chan struct{})
 		won := make([]bool, len(takers))
@@ -262,7 +238,7 @@ func TestAdv2FileLockUnlockRemovesTakerOversFreshFile(t *testing.T) {
 // Fixed: a stale takeover file removed, withTakeover creates its own.
 func TestAdv2FileLockTryLockFalseOnStaleLockWithStaleMarker(t *testing.T) {
 	dir := t.TempDir()
-	s := adv2Storage(dir)
+	s := advStorage(dir)
 	ctx := context.Background()
 	file := s.lockFile("sweep")
 	adv2WriteStale(t, file)
@@ -290,7 +266,7 @@ func TestAdv2FileLockStaleMarkerRaceOneHolder(t *testing.T) {
 	const n = 6
 	stores := make([]*fileSystemStorage, n)
 	for i := range stores {
-		stores[i] = adv2Storage(dir)
+		stores[i] = advStorage(dir)
 	}
 	ctx := context.Background()
 	file := stores[0].lockFile("x")
@@ -350,7 +326,7 @@ func TestAdv2FileLockStaleMarkerRaceOneHolder(t *testing.T) {
 // of reading a lock file (json.Decoder, first value) never fails on it.
 func TestAdv2FileLockTornRefreshNeverStale(t *testing.T) {
 	dir := t.TempDir()
-	s, other := adv2Storage(dir), adv2Storage(dir)
+	s, other := advStorage(dir), advStorage(dir)
 	ctx := context.Background()
 	if err := s.Lock(ctx, "x"); err != nil {
 		t.Fatal(err)
@@ -403,7 +379,7 @@ func TestAdv2FileLockTornRefreshNeverStale(t *testing.T) {
 // colliding names on one storage exclude each other while fresh.
 func TestAdv2FileLockCancelAndCollidingNamesFresh(t *testing.T) {
 	dir := t.TempDir()
-	s, other := adv2Storage(dir), adv2Storage(dir)
+	s, other := advStorage(dir), advStorage(dir)
 	ctx := context.Background()
 	if err := other.Lock(ctx, "w"); err != nil {
 		t.Fatal(err)
