@@ -43,9 +43,9 @@ import (
 // FileStorage ignores); a lock's refresher belongs to that lock, writes
 // into the file it opened only while it names that holder, and ends
 // before Unlock returns; Unlock removes only its own file; a stale lock is
-// taken over by one replica at a time (the one that created
-// <name>.lock.takeover), and Unlock too looks and removes as the one
-// holding that file; and a waiter polls from 10 ms, backing off to 250 ms.
+// taken over by one replica at a time (the one holding
+// <name>.lock.takeover, see holdTakeover), and Unlock too looks and
+// removes as the one holding that file; and a waiter polls from 10 ms, backing off to 250 ms.
 //
 // What no lease can rule out stays: a holder paused past 10 s (a stopped
 // process, a suspended machine) loses its lock to the next replica without
@@ -205,28 +205,19 @@ func takeOver(file string) (bool, error) {
 }
 
 // withTakeover runs fn as the one replica holding the lock file's
-// takeover file, which it creates exclusively, waiting up to wait for it.
-// It reports false, without running fn, when another holds it longer.
+// takeover file (holdTakeover), waiting up to wait for it. It reports
+// false, without running fn, when another holds it longer.
 func withTakeover(file string, wait time.Duration, fn func() error) (bool, error) {
 	marker := takeoverFile(file)
 	deadline := time.Now().Add(wait)
 	for {
-		f, err := os.OpenFile(marker, os.O_CREATE|os.O_WRONLY|os.O_EXCL, 0o644)
-		if err == nil {
-			_ = f.Close()
-			defer os.Remove(marker)
+		release, ok, err := holdTakeover(marker)
+		if err != nil {
+			return false, fmt.Errorf("taking the lock takeover file: %w", err)
+		}
+		if ok {
+			defer release()
 			return true, fn()
-		}
-		if !errors.Is(err, fs.ErrExist) {
-			return false, fmt.Errorf("creating lock takeover file: %w", err)
-		}
-		// One outliving its replica (which died within the microseconds it
-		// holds one) is removed once it is stale too, and then taken.
-		if info, err := os.Stat(marker); err == nil && time.Since(info.ModTime()) > lockStale {
-			if err := os.Remove(marker); err != nil && !errors.Is(err, fs.ErrNotExist) {
-				return false, fmt.Errorf("removing a stale lock takeover file: %w", err)
-			}
-			continue
 		}
 		if !time.Now().Before(deadline) {
 			return false, nil

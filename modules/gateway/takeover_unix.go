@@ -1,0 +1,49 @@
+//go:build unix
+
+package gateway
+
+import (
+	"errors"
+	"os"
+	"syscall"
+)
+
+// holdTakeover takes the takeover file marker: an exclusive flock on it,
+// which the kernel releases when its process ends however it ends, so
+// that no takeover file is ever left held by a replica that died (a file
+// created exclusively and removed by its creator would be, and removing
+// one judged stale can remove the fresh one of a replica that took it
+// meanwhile: two replicas taking one lock over). The holder removes the
+// file before it unlocks it; a replica that locked a file removed
+// meanwhile finds another, or none, at its name, and tries again. On a
+// file system without flock it is created exclusively instead
+// (holdTakeoverExclusive). It reports false when another replica holds it.
+func holdTakeover(marker string) (release func(), ok bool, err error) {
+	for range 8 {
+		f, err := os.OpenFile(marker, os.O_CREATE|os.O_RDWR, 0o644)
+		if err != nil {
+			return nil, false, err
+		}
+		if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+			_ = f.Close()
+			switch {
+			case errors.Is(err, syscall.EWOULDBLOCK) || errors.Is(err, syscall.EINTR):
+				return nil, false, nil
+			case errors.Is(err, syscall.ENOLCK) || errors.Is(err, syscall.EOPNOTSUPP) || errors.Is(err, syscall.ENOSYS):
+				// A file system without flock (some network and FUSE ones).
+				return holdTakeoverExclusive(marker)
+			}
+			return nil, false, err
+		}
+		held, err1 := f.Stat()
+		named, err2 := os.Stat(marker)
+		if err1 == nil && err2 == nil && os.SameFile(held, named) {
+			return func() {
+				_ = os.Remove(marker)
+				_ = f.Close() // unlocks
+			}, true, nil
+		}
+		_ = f.Close()
+	}
+	return nil, false, nil // it changed hands eight times: held by others
+}
