@@ -4,9 +4,14 @@ package gateway
 
 import (
 	"errors"
+	"io/fs"
 	"os"
 	"syscall"
 )
+
+// flock locks a takeover file (a variable so that tests can be a file
+// system without flock).
+var flock = syscall.Flock
 
 // holdTakeover takes the takeover file marker: an exclusive flock on it,
 // which the kernel releases when its process ends however it ends, so
@@ -16,21 +21,32 @@ import (
 // meanwhile: two replicas taking one lock over). The holder removes the
 // file before it unlocks it; a replica that locked a file removed
 // meanwhile finds another, or none, at its name, and tries again. On a
-// file system without flock it is created exclusively instead
-// (holdTakeoverExclusive). It reports false when another replica holds it.
+// file system without flock the file it created exclusively is its hold,
+// and one it found is judged as holdTakeoverExclusive judges it. It
+// reports false when another replica holds it.
 func holdTakeover(marker string) (release func(), ok bool, err error) {
 	for range 8 {
-		f, err := os.OpenFile(marker, os.O_CREATE|os.O_RDWR, 0o644)
+		created := true
+		f, err := os.OpenFile(marker, os.O_CREATE|os.O_EXCL|os.O_RDWR, 0o644)
+		if errors.Is(err, fs.ErrExist) {
+			created = false
+			if f, err = os.OpenFile(marker, os.O_RDWR, 0); errors.Is(err, fs.ErrNotExist) {
+				continue // removed by its holder meanwhile
+			}
+		}
 		if err != nil {
 			return nil, false, err
 		}
-		if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		if err := flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
 			_ = f.Close()
 			switch {
 			case errors.Is(err, syscall.EWOULDBLOCK) || errors.Is(err, syscall.EINTR):
 				return nil, false, nil
 			case errors.Is(err, syscall.ENOLCK) || errors.Is(err, syscall.EOPNOTSUPP) || errors.Is(err, syscall.ENOSYS):
 				// A file system without flock (some network and FUSE ones).
+				if created {
+					return func() { _ = os.Remove(marker) }, true, nil
+				}
 				return holdTakeoverExclusive(marker)
 			}
 			return nil, false, err
