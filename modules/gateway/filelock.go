@@ -49,7 +49,11 @@ import (
 //
 // What no lease can rule out stays: a holder paused past 10 s (a stopped
 // process, a suspended machine) loses its lock to the next replica without
-// knowing it until its Unlock, which then reports the lock lost.
+// knowing it until its Unlock, which then reports the lock lost. And a
+// replica paused in the microseconds it holds a takeover file keeps that
+// one lock, once stale, from being taken over until it resumes or ends
+// (on NFSv4, until the file server ends its lease): breaking the flock of
+// a live replica is what let two replicas take one lock over.
 const (
 	lockFresh = 5 * time.Second
 	lockStale = 2 * lockFresh
@@ -126,6 +130,12 @@ func (s *fileSystemStorage) Unlock(_ context.Context, name string) error {
 		switch meta, err := readLock(file); {
 		case errors.Is(err, fs.ErrNotExist):
 			return fmt.Errorf("lock %q was lost: its file was removed while held", name)
+		case errors.As(err, new(*json.SyntaxError)):
+			// This holder's file is written whole before Lock returns, and
+			// its refresher has ended: a file cut short is another
+			// holder's, created after taking the lock over and not yet
+			// written. It stays.
+			return fmt.Errorf("lock %q was lost: taken over as stale by another holder (not refreshed for %s)", name, lockStale)
 		case err != nil:
 			return fmt.Errorf("reading lock file: %w", err)
 		case !h.owns(meta):
@@ -136,7 +146,12 @@ func (s *fileSystemStorage) Unlock(_ context.Context, name string) error {
 		}
 		return nil
 	})
-	if err == nil && !got {
+	switch {
+	case !got && errors.Is(err, fs.ErrNotExist):
+		// No takeover file can be made: the locks directory is gone, and
+		// the lock file with it.
+		return fmt.Errorf("lock %q was lost: its file was removed while held (no %s)", name, filepath.Dir(file))
+	case err == nil && !got:
 		return fmt.Errorf("unlocking %q: another replica kept taking the lock over for a second; its file stays, and is taken over as stale in %s", name, lockStale)
 	}
 	return err

@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"os"
 	"syscall"
+	"time"
 )
 
 // flock locks a takeover file (a variable so that tests can be a file
@@ -22,8 +23,14 @@ var flock = syscall.Flock
 // file before it unlocks it; a replica that locked a file removed
 // meanwhile finds another, or none, at its name, and tries again. On a
 // file system without flock the file it created exclusively is its hold,
-// and one it found is judged as holdTakeoverExclusive judges it. It
-// reports false when another replica holds it.
+// and one it found is judged as holdTakeoverExclusive judges it.
+//
+// Both ways meet on one file (a replica whose file system refuses flock,
+// or a rolling upgrade from a version without it), so the flock holder
+// writes one byte into the file it holds: its time is fresh to a replica
+// judging the file by its time, which then leaves it, and a file found
+// empty and fresh, flocked or not, is one created exclusively and held.
+// It reports false when another replica holds it.
 func holdTakeover(marker string) (release func(), ok bool, err error) {
 	for range 8 {
 		created := true
@@ -36,6 +43,16 @@ func holdTakeover(marker string) (release func(), ok bool, err error) {
 		}
 		if err != nil {
 			return nil, false, err
+		}
+		if !created {
+			// Created exclusively and not written: held by a replica
+			// without flock (or by the previous version's exclusive way,
+			// during a rolling upgrade), or by one between its create and
+			// its flock, which it would fail if this one flocked it now.
+			if info, err := f.Stat(); err == nil && info.Size() == 0 && time.Since(info.ModTime()) <= lockStale {
+				_ = f.Close()
+				return nil, false, nil
+			}
 		}
 		if err := flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
 			_ = f.Close()
@@ -53,13 +70,21 @@ func holdTakeover(marker string) (release func(), ok bool, err error) {
 		}
 		held, err1 := f.Stat()
 		named, err2 := os.Stat(marker)
-		if err1 == nil && err2 == nil && os.SameFile(held, named) {
-			return func() {
-				_ = os.Remove(marker)
-				_ = f.Close() // unlocks
-			}, true, nil
+		if err1 != nil || err2 != nil || !os.SameFile(held, named) {
+			_ = f.Close()
+			continue // removed by its holder meanwhile
 		}
-		_ = f.Close()
+		release := func() {
+			_ = os.Remove(marker)
+			_ = f.Close() // unlocks
+		}
+		// Written, the file is fresh to a replica judging it by its time
+		// (exclusive creation), and not empty to one that flocks it.
+		if _, err := f.WriteAt([]byte("f"), 0); err != nil {
+			release()
+			return nil, false, err
+		}
+		return release, true, nil
 	}
 	return nil, false, nil // it changed hands eight times: held by others
 }

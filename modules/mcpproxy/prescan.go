@@ -1,8 +1,6 @@
 package mcpproxy
 
 import (
-	"go.uber.org/zap"
-
 	"github.com/toolgate/toolgate/internal/mcpmsg"
 	"github.com/toolgate/toolgate/modules/gateway"
 )
@@ -59,12 +57,11 @@ func startPrescan(c *gateway.Credential, raw []byte) *prescan {
 	go func() {
 		defer close(p.done)
 		p.facts = make([]rawFacts, len(p.secrets))
-		escapes, ascii := hidingEscapes(raw), int8(0)
-		if isASCII(raw) {
-			ascii = 1
-		}
+		shared := rawFacts{rawEscapes: hidingEscapes(raw), ascii: -1}
+		shared.isASCII(raw) // here rather than after the parse
 		for i, s := range p.secrets {
-			p.facts[i] = rawFacts{found: needlesOf(s).set.groupsIn(raw), rawEscapes: escapes, ascii: ascii}
+			p.facts[i] = shared
+			p.facts[i].found = needlesOf(s).set.groupsIn(raw)
 		}
 	}()
 	return p
@@ -103,13 +100,4 @@ func (h *Handler) parseRedacted(call *gateway.Call, raw []byte) (mcpmsg.Message,
 	out, changed, err := h.redacted(call, msg, pre)
 	h.logRedacted(call, out, changed)
 	return out, err
-}
-
-// logRedacted says that an upstream sent back the call's credential.
-func (h *Handler) logRedacted(call *gateway.Call, out mcpmsg.Message, changed bool) {
-	if changed {
-		// The method as redacted: the upstream's own may hold the secret.
-		h.logger.Warn("an upstream sent back the credential toolgate attached to the call; it is redacted",
-			zap.String("service", call.Service.ID), zap.String("user", call.Caller.User), zap.String("method", out.Method))
-	}
 }

@@ -12,6 +12,8 @@ import (
 	"unicode/utf16"
 	"unicode/utf8"
 
+	"go.uber.org/zap"
+
 	"github.com/toolgate/toolgate/internal/mcpmsg"
 	"github.com/toolgate/toolgate/modules/gateway"
 )
@@ -601,4 +603,13 @@ func decodedWithout(s, secret string) (string, bool) {
 
 func isBase64Char(c byte) bool {
 	return 'A' <= c && c <= 'Z' || 'a' <= c && c <= 'z' || '0' <= c && c <= '9' || c == '+' || c == '/' || c == '-' || c == '_' || c == '='
+}
+
+// logRedacted says that an upstream sent back the call's credential.
+func (h *Handler) logRedacted(call *gateway.Call, out mcpmsg.Message, changed bool) {
+	if changed {
+		// The method as redacted: the upstream's own may hold the secret.
+		h.logger.Warn("an upstream sent back the credential toolgate attached to the call; it is redacted",
+			zap.String("service", call.Service.ID), zap.String("user", call.Caller.User), zap.String("method", out.Method))
+	}
 }
