@@ -127,15 +127,14 @@ func (s *fileSystemStorage) Unlock(_ context.Context, name string) error {
 	<-h.done
 	file := s.lockFile(name)
 	got, err := withTakeover(file, time.Second, func() error {
-		switch meta, err := readLock(file); {
+		switch meta, err := readLockWritten(file); {
 		case errors.Is(err, fs.ErrNotExist):
 			return fmt.Errorf("lock %q was lost: its file was removed while held", name)
 		case errors.As(err, new(*json.SyntaxError)):
-			// This holder's file is written whole before Lock returns, and
-			// its refresher has ended: a file cut short is another
-			// holder's, created after taking the lock over and not yet
-			// written. It stays.
-			return fmt.Errorf("lock %q was lost: taken over as stale by another holder (not refreshed for %s)", name, lockStale)
+			// This holder's file was written whole before Lock returned,
+			// and its refresher has ended: one still cut short is
+			// another's. It stays.
+			return fmt.Errorf("lock %q was lost: its file is another holder's, unreadable (%v); it stays, and is taken over as stale in %s", name, err, lockStale)
 		case err != nil:
 			return fmt.Errorf("reading lock file: %w", err)
 		case !h.owns(meta):
@@ -276,6 +275,20 @@ func readLock(file string) (lockMeta, error) {
 	data, err := os.ReadFile(file)
 	if err == nil {
 		err = json.Unmarshal(data, &meta)
+	}
+	return meta, err
+}
+
+// readLockWritten reads the lock file as readLock does, and again for a
+// few milliseconds while it is cut short: being written, by a new holder
+// that has just created it (taking the lock over) or by a certmagic
+// FileStorage refresher (see owns), which truncates it and writes it
+// again.
+func readLockWritten(file string) (lockMeta, error) {
+	meta, err := readLock(file)
+	for try := 0; try < 5 && errors.As(err, new(*json.SyntaxError)); try++ {
+		time.Sleep(time.Millisecond)
+		meta, err = readLock(file)
 	}
 	return meta, err
 }
