@@ -77,6 +77,7 @@ type fileLocks struct {
 type heldLock struct {
 	holder  string
 	created time.Time
+	file    *os.File      // the lock file created, open until Unlock
 	stop    chan struct{} // closed by Unlock
 	done    chan struct{} // closed when the refresher ended
 }
@@ -110,10 +111,13 @@ func (s *fileSystemStorage) TryLock(_ context.Context, name string) (bool, error
 }
 
 // Unlock releases the lock name this storage holds. It removes the lock
-// file only if it is still this holder's: one taken over meanwhile (this
-// process did not refresh it for 10 s) is the new holder's, and Unlock
-// reports the lock lost. It looks and removes as the one holding the
-// takeover file, so that no replica takes the lock over in between.
+// file only if it is still this holder's: the very file it created (kept
+// open while held, so that its inode is not reused; a FileStorage
+// refresher rewrites it in place, a takeover makes another). One taken
+// over meanwhile (this process did not refresh it for 10 s) is the new
+// holder's, and Unlock reports the lock lost. It looks and removes as the
+// one holding the takeover file, so that no replica takes the lock over
+// in between.
 func (s *fileSystemStorage) Unlock(_ context.Context, name string) error {
 	key := certmagic.StorageKeys.Safe(name)
 	s.locks.mu.Lock()
@@ -126,20 +130,19 @@ func (s *fileSystemStorage) Unlock(_ context.Context, name string) error {
 	close(h.stop)
 	<-h.done
 	file := s.lockFile(name)
+	defer h.file.Close()
 	got, err := withTakeover(file, time.Second, func() error {
-		switch meta, err := readLockWritten(file); {
+		named, err := os.Stat(file)
+		switch {
 		case errors.Is(err, fs.ErrNotExist):
 			return fmt.Errorf("lock %q was lost: its file was removed while held", name)
-		case errors.As(err, new(*json.SyntaxError)):
-			// This holder's file was written whole before Lock returned,
-			// and its refresher has ended: one still cut short is
-			// another's. It stays.
-			return fmt.Errorf("lock %q was lost: its file is another holder's, unreadable (%v); it stays, and is taken over as stale in %s", name, err, lockStale)
 		case err != nil:
 			return fmt.Errorf("reading lock file: %w", err)
-		case !h.owns(meta):
+		}
+		if held, err := h.file.Stat(); err != nil || !os.SameFile(held, named) {
 			return fmt.Errorf("lock %q was lost: taken over as stale by another holder (not refreshed for %s)", name, lockStale)
 		}
+		_ = h.file.Close() // before removing it, as some systems require
 		if err := os.Remove(file); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			return fmt.Errorf("removing lock file: %w", err)
 		}
@@ -260,10 +263,10 @@ func createLock(file string) (*heldLock, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer f.Close()
 	t := time.Now()
-	h := &heldLock{holder: rand.Text(), created: t, stop: make(chan struct{}), done: make(chan struct{})}
+	h := &heldLock{holder: rand.Text(), created: t, file: f, stop: make(chan struct{}), done: make(chan struct{})}
 	if err := json.NewEncoder(f).Encode(lockMeta{Created: t, Updated: t, Holder: h.holder}); err != nil {
+		_ = f.Close()
 		_ = os.Remove(file)
 		return nil, err
 	}
@@ -275,20 +278,6 @@ func readLock(file string) (lockMeta, error) {
 	data, err := os.ReadFile(file)
 	if err == nil {
 		err = json.Unmarshal(data, &meta)
-	}
-	return meta, err
-}
-
-// readLockWritten reads the lock file as readLock does, and again for a
-// few milliseconds while it is cut short: being written, by a new holder
-// that has just created it (taking the lock over) or by a certmagic
-// FileStorage refresher (see owns), which truncates it and writes it
-// again.
-func readLockWritten(file string) (lockMeta, error) {
-	meta, err := readLock(file)
-	for try := 0; try < 5 && errors.As(err, new(*json.SyntaxError)); try++ {
-		time.Sleep(time.Millisecond)
-		meta, err = readLock(file)
 	}
 	return meta, err
 }

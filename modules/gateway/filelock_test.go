@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"io/fs"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -130,39 +129,5 @@ func TestFileSystemLocksAreFileStorages(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(dir, "locks", "dead.lock")); err != nil {
 		t.Errorf("the lock taken over: %v", err)
-	}
-}
-
-// Unlock finding its lock file cut short, as a certmagic FileStorage
-// refresher leaves it between its truncate and its write (see owns),
-// reads it again once written: the lock is released, not reported lost.
-func TestUnlockReadsAgainAFileBeingWritten(t *testing.T) {
-	s := advStorage(t.TempDir())
-	ctx := context.Background()
-	if err := s.Lock(ctx, "x"); err != nil {
-		t.Fatal(err)
-	}
-	file := s.lockFile("x")
-	meta, err := readLock(file)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Truncate(file, 0); err != nil {
-		t.Fatal(err)
-	}
-	written := make(chan error, 1)
-	go func() {
-		time.Sleep(2 * time.Millisecond)
-		data, _ := json.Marshal(lockMeta{Created: meta.Created, Updated: time.Now()}) // FileStorage's: no holder
-		written <- os.WriteFile(file, data, 0o644)
-	}()
-	if err := s.Unlock(ctx, "x"); err != nil {
-		t.Errorf("Unlock of a lock file being rewritten by a FileStorage refresher: %v", err)
-	}
-	if err := <-written; err != nil {
-		t.Fatal(err)
-	}
-	if _, err := os.Stat(file); !errors.Is(err, fs.ErrNotExist) {
-		t.Errorf("the lock file stays: %v", err)
 	}
 }

@@ -99,7 +99,9 @@ func TestTakeoverAdvStoppedFlockHolderDelaysStaleLock(t *testing.T) {
 // other takes it over.
 // Fixed: the flock holder writes a byte into the file it holds (its time
 // fresh, its size not zero), and a flock replica leaves a file found empty
-// and fresh: one created exclusively, held.
+// and fresh: one created exclusively, held. (A file left by a replica that
+// died, found stale by both ways at once, stays the exclusive way's own
+// race: see takeover_review3_adversarial_test.go.)
 func TestTakeoverAdvFlockAndExclusiveBothHold(t *testing.T) {
 	t.Run("exclusive first", func(t *testing.T) {
 		marker := filepath.Join(t.TempDir(), "x.lock.takeover")

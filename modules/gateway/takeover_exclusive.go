@@ -10,8 +10,9 @@ import (
 // holdTakeoverExclusive takes the takeover file marker by creating it
 // exclusively, where there is no flock. One outliving its replica (which
 // died within the microseconds it holds one) is removed once it is stale,
-// and then taken; two replicas finding it stale at once can both take it,
-// which flock rules out. It reports false when another replica holds it.
+// and then taken; two replicas finding it stale at once can both take it
+// (also when the other holds it by flock), which flock alone rules out.
+// It reports false when another replica holds it.
 func holdTakeoverExclusive(marker string) (release func(), ok bool, err error) {
 	for range 2 {
 		f, err := os.OpenFile(marker, os.O_CREATE|os.O_WRONLY|os.O_EXCL, 0o644)

@@ -30,6 +30,10 @@ var flock = syscall.Flock
 // writes one byte into the file it holds: its time is fresh to a replica
 // judging the file by its time, which then leaves it, and a file found
 // empty and fresh, flocked or not, is one created exclusively and held.
+// What flock cannot close is the exclusive way's own window: a file left
+// by a replica that died, found stale by both ways at once, can be taken
+// by both (the replica without flock removes it by name after looking at
+// its time), as by two replicas without flock.
 // It reports false when another replica holds it.
 func holdTakeover(marker string) (release func(), ok bool, err error) {
 	for range 8 {
@@ -54,18 +58,31 @@ func holdTakeover(marker string) (release func(), ok bool, err error) {
 				return nil, false, nil
 			}
 		}
-		if err := flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
-			_ = f.Close()
+		err = flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
+		for try := 0; errors.Is(err, syscall.EINTR) && try < 3; try++ {
+			err = flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
+		}
+		if err != nil {
 			switch {
-			case errors.Is(err, syscall.EWOULDBLOCK) || errors.Is(err, syscall.EINTR):
+			case errors.Is(err, syscall.EWOULDBLOCK):
+				// Held by another (one that found the file this one
+				// created, in a version that flocked every file it found,
+				// removes it when done).
+				_ = f.Close()
 				return nil, false, nil
 			case errors.Is(err, syscall.ENOLCK) || errors.Is(err, syscall.EOPNOTSUPP) || errors.Is(err, syscall.ENOSYS):
 				// A file system without flock (some network and FUSE ones).
+				_ = f.Close()
 				if created {
 					return func() { _ = os.Remove(marker) }, true, nil
 				}
 				return holdTakeoverExclusive(marker)
 			}
+			if created {
+				// Left, it would be held for 10 s by no one.
+				removeIfSame(f, marker)
+			}
+			_ = f.Close()
 			return nil, false, err
 		}
 		held, err1 := f.Stat()
@@ -87,4 +104,13 @@ func holdTakeover(marker string) (release func(), ok bool, err error) {
 		return release, true, nil
 	}
 	return nil, false, nil // it changed hands eight times: held by others
+}
+
+// removeIfSame removes the file at name if it is still f's.
+func removeIfSame(f *os.File, name string) {
+	held, err1 := f.Stat()
+	named, err2 := os.Stat(name)
+	if err1 == nil && err2 == nil && os.SameFile(held, named) {
+		_ = os.Remove(name)
+	}
 }
