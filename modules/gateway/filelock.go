@@ -77,9 +77,12 @@ type fileLocks struct {
 type heldLock struct {
 	holder  string
 	created time.Time
-	file    *os.File      // the lock file created, open until Unlock
-	stop    chan struct{} // closed by Unlock
-	done    chan struct{} // closed when the refresher ended
+	// file is the lock file created, open until Unlock (on Windows,
+	// where an open file cannot be removed, a holder paused past 10 s
+	// keeps its lock from a takeover until it resumes).
+	file *os.File
+	stop chan struct{} // closed by Unlock
+	done chan struct{} // closed when the refresher ended
 }
 
 // lockFile is the file of the lock name. Names alike once made safe
