@@ -513,11 +513,47 @@ func (m *Sessions) create(ctx context.Context, user, toolgateSession string, exp
 // session. It fails when the session was closed meanwhile, the storage
 // is unavailable, or the initialize outlasted the slot Create reserved and
 // the caller has no room any more (*LimitError); the caller then ends u
-// upstream.
+// upstream. It also fails, with ErrClosed, ending the session, when the
+// configuration in force names another upstream for the session's service
+// than u's: one that moved it while the runner's initialize ran (its
+// EndMoved found the session without an upstream yet).
 func (s *Session) SetUpstream(ctx context.Context, u Upstream) error {
+	var err error
 	if s.local {
-		return s.setLocalUpstream(u)
+		err = s.setLocalUpstream(u)
+	} else {
+		err = s.storeUpstream(ctx, u)
 	}
+	if err == nil && s.m.moved(s) {
+		if _, _, err := s.m.End(ctx, s); err != nil {
+			return err
+		}
+		s.m.logger().Info("ended an MCP session initialized with its service's former upstream", zap.String("service", s.Service))
+		return ErrClosed
+	}
+	return err
+}
+
+// moved reports whether the configuration in force for good (not one
+// Caddy may still abandon, see Detach) names another upstream for s's
+// service than the one s recorded, or no such service. Checked after s
+// recorded its upstream: a Detach that saw no upstream recorded marked its
+// configuration detached before, so this sees it in force for good.
+func (m *Sessions) moved(s *Session) bool {
+	c := m.cfg()
+	if c == nil || c.Endpoint == nil || c.previous != nil && !c.previous.detached.Load() {
+		return false
+	}
+	up := s.Upstream()
+	if up.Endpoint == "" {
+		return false
+	}
+	ep, ok := c.Endpoint(s.Service)
+	return !ok || !up.From(ep)
+}
+
+// storeUpstream is SetUpstream for a session kept in the shared storage.
+func (s *Session) storeUpstream(ctx context.Context, u Upstream) error {
 	if s.Closed() {
 		return ErrClosed
 	}
