@@ -155,8 +155,11 @@ func (m *Sessions) Attach(c *Config) error {
 		m.lastTick = now()
 	}
 	m.mu.Unlock()
-	old := m.config.Swap(c)
+	// previous is set before c is published: requests read it (moved).
+	// Caddy attaches and detaches configurations one at a time.
+	old := m.config.Load()
 	c.previous = old
+	m.config.Store(c)
 	if old != nil && old.State != c.State {
 		m.changed(c, storecache.Change{Reset: true})
 	}
@@ -185,6 +188,12 @@ func (m *Sessions) Detach(c *Config) {
 	}
 	if prev.State != c.State {
 		m.changed(prev, storecache.Change{Reset: true})
+	}
+	if prev.Endpoint != nil {
+		// Sessions initialized through the abandoned configuration, with
+		// an upstream the one in force again does not name, end (their
+		// initialize's own look, moved, left them to this).
+		m.background.Go(func() { m.EndMoved(context.Background(), prev.Endpoint) })
 	}
 }
 
@@ -740,6 +749,11 @@ func (s *Session) Reinitialize(ctx context.Context, gen uint64, init func(Upstre
 		if err := s.setLocalUpstream(next); err != nil {
 			discard(next)
 			return cur, err
+		}
+		if gen == 0 && s.m.moved(s) { // its first upstream: as SetUpstream
+			_, _, _ = s.m.End(ctx, s)
+			discard(next)
+			return cur, ErrClosed
 		}
 		return s.Upstream(), nil
 	}
