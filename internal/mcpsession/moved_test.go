@@ -73,3 +73,50 @@ func TestInitializeAcrossAReloadThatMovedItsUpstream(t *testing.T) {
 	}
 	m.Detach(moved)
 }
+
+// A reload's look at its sessions (EndMoved), run in the background, ends
+// nothing once another configuration is in force: a reload that moved a
+// service back to the upstream its sessions were initialized with would
+// otherwise see them ended by the previous configuration's view.
+func TestEndMovedOnlyWhileItsConfigurationIsInForce(t *testing.T) {
+	ctx := context.Background()
+	storage := &certmagic.FileStorage{Path: t.TempDir()}
+	state := mcpstate.New(storage, time.Hour, 12*time.Hour, func() time.Time { return now() })
+	config := func(endpoint string) *Config {
+		return &Config{State: state, Keys: testKeys(t), Max: 100, PerCaller: 100, CacheTTL: 10 * time.Second, Idle: time.Hour,
+			Logger: zap.NewNop(), Endpoint: func(service string) (string, bool) { return endpoint, service == "svc" }}
+	}
+	m := New()
+	t.Cleanup(func() { _ = m.Destruct() })
+	away, back := config("http://new"), config("http://old")
+	if err := m.Attach(away); err != nil {
+		t.Fatal(err)
+	}
+	s, err := m.Create(ctx, "alice", "s", time.Now().Add(time.Hour), "svc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.SetUpstream(ctx, Upstream{SessionID: "up", ProtocolVersion: "2025-11-25", InitializeParams: []byte(`{}`), Endpoint: "http://old"}); !errors.Is(err, ErrClosed) {
+		t.Fatalf("initialized with an upstream the configuration in force does not name: %v", err)
+	}
+	s, err = m.Create(ctx, "alice", "s", time.Now().Add(time.Hour), "svc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Attach(back); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.SetUpstream(ctx, Upstream{SessionID: "up", ProtocolVersion: "2025-11-25", InitializeParams: []byte(`{}`), Endpoint: "http://old"}); err != nil {
+		t.Fatal(err)
+	}
+	m.endMovedIfInForce(away) // late, after the service moved back
+	if s.Closed() {
+		t.Error("a session of the upstream the configuration in force names was ended by the previous configuration's look")
+	}
+	m.endMovedIfInForce(back)
+	if s.Closed() {
+		t.Error("a session of the upstream the configuration in force names was ended")
+	}
+	m.Detach(away)
+	m.Detach(back)
+}

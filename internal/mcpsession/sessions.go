@@ -180,7 +180,7 @@ func (m *Sessions) Detach(c *Config) {
 		// force for good (Caddy stops the old one only once the new one
 		// started): the sessions of services it points elsewhere end now.
 		// Not when it starts: a load Caddy abandons must change nothing.
-		m.background.Go(func() { m.EndMoved(context.Background(), cur.Endpoint) })
+		m.background.Go(func() { m.endMovedIfInForce(cur) })
 	}
 	prev := c.previous
 	if prev == nil || prev.detached.Load() || !m.config.CompareAndSwap(c, prev) {
@@ -193,7 +193,17 @@ func (m *Sessions) Detach(c *Config) {
 		// Sessions initialized through the abandoned configuration, with
 		// an upstream the one in force again does not name, end (their
 		// initialize's own look, moved, left them to this).
-		m.background.Go(func() { m.EndMoved(context.Background(), prev.Endpoint) })
+		m.background.Go(func() { m.endMovedIfInForce(prev) })
+	}
+}
+
+// endMovedIfInForce runs EndMoved with c's upstreams while c is in force:
+// once another configuration is, its own Detach, or the Detach that
+// abandons it, judges the sessions (a reload that moved a service back
+// would otherwise see its sessions ended by c's view of it).
+func (m *Sessions) endMovedIfInForce(c *Config) {
+	if m.cfg() == c {
+		m.EndMoved(context.Background(), c.Endpoint)
 	}
 }
 
