@@ -51,6 +51,7 @@ conformance:
 # every fuzzer (package:Fuzzer); inputs that fail are kept by Go under the
 # package's testdata/fuzz as regression seeds, which every `go test` runs
 FUZZERS := internal/mcpmsg:FuzzParse internal/mcpmsg:FuzzEndsAdversarial modules/mcpproxy:FuzzSSEReader modules/mcpproxy:FuzzSSEWriter \
+	modules/mcpproxy:FuzzPrescanAdvDifferential \
 	modules/policy:FuzzJSONTerm modules/policy:FuzzPlanMatchesTopdown modules/policy:FuzzScanDecidesAsThePolicy \
 	modules/ciphers/kms:FuzzParseEnvelope \
 	modules/gateway:FuzzVerifyState modules/gateway:FuzzUnmarshalCaddyfile \
