@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/caddyserver/certmagic"
-	"go.uber.org/zap"
 
 	"github.com/toolgate/toolgate/internal/mcpstate"
 )
@@ -26,10 +25,7 @@ func TestInitializeAcrossAReloadThatMovedItsUpstream(t *testing.T) {
 	ctx := context.Background()
 	storage := &certmagic.FileStorage{Path: t.TempDir()}
 	state := mcpstate.New(storage, time.Hour, 12*time.Hour, func() time.Time { return now() })
-	config := func(endpoint string) *Config {
-		return &Config{State: state, Keys: testKeys(t), Max: 100, PerCaller: 100, CacheTTL: 10 * time.Second, Idle: time.Hour,
-			Logger: zap.NewNop(), Endpoint: func(service string) (string, bool) { return endpoint, service == "svc" }}
-	}
+	config := func(endpoint string) *Config { return movedConfig(t, storage, state, endpoint, 100, 100) }
 	m := New()
 	old := config("http://old")
 	if err := m.Attach(old); err != nil {
@@ -82,10 +78,7 @@ func TestEndMovedOnlyWhileItsConfigurationIsInForce(t *testing.T) {
 	ctx := context.Background()
 	storage := &certmagic.FileStorage{Path: t.TempDir()}
 	state := mcpstate.New(storage, time.Hour, 12*time.Hour, func() time.Time { return now() })
-	config := func(endpoint string) *Config {
-		return &Config{State: state, Keys: testKeys(t), Max: 100, PerCaller: 100, CacheTTL: 10 * time.Second, Idle: time.Hour,
-			Logger: zap.NewNop(), Endpoint: func(service string) (string, bool) { return endpoint, service == "svc" }}
-	}
+	config := func(endpoint string) *Config { return movedConfig(t, storage, state, endpoint, 100, 100) }
 	m := New()
 	t.Cleanup(func() { _ = m.Destruct() })
 	away, back := config("http://new"), config("http://old")
