@@ -543,14 +543,23 @@ func (s *Session) SetUpstream(ctx context.Context, u Upstream) error {
 	} else {
 		err = s.storeUpstream(ctx, u)
 	}
-	if err == nil && s.m.moved(s) {
-		if _, _, err := s.m.End(ctx, s); err != nil {
-			return err
-		}
-		s.m.logger().Info("ended an MCP session initialized with its service's former upstream", zap.String("service", s.Service))
-		return ErrClosed
+	if err != nil {
+		return err
 	}
-	return err
+	return s.m.endIfMoved(ctx, s)
+}
+
+// endIfMoved ends s, whose first upstream was just recorded, when moved
+// says so, and then returns ErrClosed (the runner initializes anew).
+func (m *Sessions) endIfMoved(ctx context.Context, s *Session) error {
+	if !m.moved(s) {
+		return nil
+	}
+	if _, _, err := m.End(ctx, s); err != nil {
+		return err
+	}
+	m.logger().Info("ended an MCP session initialized with its service's former upstream", zap.String("service", s.Service))
+	return ErrClosed
 }
 
 // moved reports whether the configuration in force for good (not one
@@ -760,10 +769,11 @@ func (s *Session) Reinitialize(ctx context.Context, gen uint64, init func(Upstre
 			discard(next)
 			return cur, err
 		}
-		if gen == 0 && s.m.moved(s) { // its first upstream: as SetUpstream
-			_, _, _ = s.m.End(ctx, s)
-			discard(next)
-			return cur, ErrClosed
+		if gen == 0 { // its first upstream: as SetUpstream
+			if err := s.m.endIfMoved(ctx, s); err != nil {
+				discard(next)
+				return cur, err
+			}
 		}
 		return s.Upstream(), nil
 	}

@@ -78,16 +78,13 @@ func holdTakeover(marker string) (release func(), ok bool, err error) {
 				}
 				return holdTakeoverExclusive(marker)
 			}
-			if created {
-				// Left, it would be held for 10 s by no one.
-				removeIfSame(f, marker)
+			if created && atName(f, marker) {
+				_ = os.Remove(marker) // left, it would be held for 10 s by no one
 			}
 			_ = f.Close()
 			return nil, false, err
 		}
-		held, err1 := f.Stat()
-		named, err2 := os.Stat(marker)
-		if err1 != nil || err2 != nil || !os.SameFile(held, named) {
+		if !atName(f, marker) {
 			_ = f.Close()
 			continue // removed by its holder meanwhile
 		}
@@ -106,11 +103,9 @@ func holdTakeover(marker string) (release func(), ok bool, err error) {
 	return nil, false, nil // it changed hands eight times: held by others
 }
 
-// removeIfSame removes the file at name if it is still f's.
-func removeIfSame(f *os.File, name string) {
+// atName reports whether the file at name is still f.
+func atName(f *os.File, name string) bool {
 	held, err1 := f.Stat()
 	named, err2 := os.Stat(name)
-	if err1 == nil && err2 == nil && os.SameFile(held, named) {
-		_ = os.Remove(name)
-	}
+	return err1 == nil && err2 == nil && os.SameFile(held, named)
 }
