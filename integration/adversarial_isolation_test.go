@@ -373,3 +373,34 @@ func TestIsolationHoldsStatelessDiscoveryPerCaller(t *testing.T) {
 		t.Errorf("alice's discovery after bob's: %q", got)
 	}
 }
+
+// TestReloadRespellingTheUpstreamURLKeepsMCPSessions: a reload whose
+// service url names the same upstream in other letters (its scheme in
+// capitals here) is no move: alice's MCP session goes on with the upstream
+// session it had, where a reload to another upstream ends it
+// (TestIsolationAttackReRegisteredServiceGetsOldUpstreamSessionID).
+func TestReloadRespellingTheUpstreamURLKeepsMCPSessions(t *testing.T) {
+	a := startUpstream(t)
+	respelled := &upstream{URL: "HTTP://" + strings.TrimPrefix(a.URL, "http://")}
+	if respelled.URL == a.URL {
+		t.Fatalf("upstream url %s is not http://", a.URL)
+	}
+	m, upSession := isoReRegister(t, a, respelled)
+
+	status, _, msgs := m.post(`{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"echo","arguments":{"text":"after the reload"}}}`)
+	if status != http.StatusOK || len(msgs) == 0 || !strings.Contains(string(msgs[len(msgs)-1]), "after the reload") {
+		t.Fatalf("a call in alice's MCP session after a reload that only respelled the service's url: status %d, %s; want the echo (the session goes on)", status, msgs)
+	}
+	initializes, last := 0, ""
+	for _, r := range a.requestLog() {
+		if strings.Contains(r.Body, `"method":"initialize"`) {
+			initializes++
+		}
+		if strings.Contains(r.Body, "after the reload") {
+			last = r.Header.Get("Mcp-Session-Id")
+		}
+	}
+	if initializes != 1 || last != upSession {
+		t.Errorf("after the respelling reload the upstream saw %d initializes (want 1) and the call came with session %q (want %q, the session's own)", initializes, last, upSession)
+	}
+}

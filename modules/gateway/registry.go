@@ -269,8 +269,55 @@ func (s *Service) provision(repl *caddy.Replacer) error {
 // endpointOf is the Endpoint of an upstream at url, reached through the
 // transport named ("" for Streamable HTTP) as its UpstreamName says.
 func endpointOf(url, transport string) string {
-	sum := sha256.Sum256([]byte(url + "\x00" + transport))
+	sum := sha256.Sum256([]byte(endpointURL(url) + "\x00" + transport))
 	return hex.EncodeToString(sum[:16])
+}
+
+// endpointURL is raw as its Endpoint digests it: the scheme and host in
+// lower case, and without the scheme's default port, which name the same
+// server however they are written (RFC 3986, 6.2.2.1 and 6.2.3), so that
+// a reload that only respells them ends no MCP session. The rest stays as
+// written: a path differing in case, or an empty path against "/", may be
+// another endpoint, and taking two endpoints for one would send one
+// upstream's session ids to the other. A url written that way already is
+// returned as it is, so its digest is the one earlier versions stored
+// with their sessions; one that does not parse (refused by validate) too.
+func endpointURL(raw string) string {
+	u, err := url.Parse(raw)
+	scheme, rest, ok := strings.Cut(raw, "://")
+	if err != nil || !ok || u.Host == "" || !strings.EqualFold(scheme, u.Scheme) {
+		return raw
+	}
+	end := strings.IndexAny(rest, "/?#")
+	if end < 0 {
+		end = len(rest)
+	}
+	host := rest[:end]
+	if strings.Contains(host, "@") {
+		return raw // credentials in the url, which validate refuses
+	}
+	if !strings.Contains(host, "%") { // an IPv6 zone (or an escape) is left as written
+		host = asciiLower(host)
+	}
+	switch port := u.Port(); {
+	case port == "":
+		host = strings.TrimSuffix(host, ":") // an empty port is the default
+	case u.Scheme == "https" && port == "443", u.Scheme == "http" && port == "80":
+		host = strings.TrimSuffix(host, ":"+port)
+	}
+	return u.Scheme + "://" + host + rest[end:]
+}
+
+// asciiLower is s with its ASCII letters in lower case (a host's other
+// characters are left as written: two spellings differing in them stay
+// two endpoints).
+func asciiLower(s string) string {
+	return strings.Map(func(r rune) rune {
+		if 'A' <= r && r <= 'Z' {
+			return r + ('a' - 'A')
+		}
+		return r
+	}, s)
 }
 
 // PerUserCredentials reports whether each caller reaches the upstream with

@@ -1,6 +1,8 @@
 package gateway
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"strings"
 	"testing"
 	"time"
@@ -276,6 +278,52 @@ func TestOriginAndSessionHeaderAccepted(t *testing.T) {
 	for _, h := range []string{"authorization", "Mcp-Method", "Sec-Fetch-Site", "Last-Event-ID", "Cookie"} {
 		if err := checkSessionHeader(h); err == nil {
 			t.Errorf("checkSessionHeader(%q) accepted", h)
+		}
+	}
+}
+
+// A reload that only respells a service's url — the scheme or host in
+// another case, the scheme's default port written out — names the same
+// upstream: its Endpoint is the same, so its MCP sessions go on. What can
+// name another server or endpoint stays another Endpoint.
+func TestEndpointOfRespelledURL(t *testing.T) {
+	endpoint := func(url string) string {
+		return provisioned(t, &Service{ID: "s", URL: url, Tools: []string{"t"}}).Endpoint()
+	}
+	for _, c := range []struct{ written, respelled string }{
+		{"https://tracker.example.com/mcp", "HTTPS://Tracker.Example.COM/mcp"},
+		{"https://tracker.example.com/mcp", "https://tracker.example.com:443/mcp"},
+		{"https://tracker.example.com/mcp?team=a", "https://TRACKER.example.com:443/mcp?team=a"},
+		{"https://tracker.example.com", "https://tracker.example.com:443"},
+		{"https://tracker.example.com/mcp", "https://tracker.example.com:/mcp"},
+		{"http://127.0.0.1:8080/mcp", "HTTP://127.0.0.1:8080/mcp"},
+		{"http://localhost/mcp", "http://LocalHost:80/mcp"},
+		{"https://[2001:db8::1]/mcp", "https://[2001:DB8::1]:443/mcp"},
+	} {
+		if a, b := endpoint(c.written), endpoint(c.respelled); a != b {
+			t.Errorf("%s and %s name one upstream, but their Endpoints differ (%s, %s): a reload respelling it would end its MCP sessions", c.written, c.respelled, a, b)
+		}
+	}
+	for _, c := range []struct{ a, b string }{
+		{"https://tracker.example.com/mcp", "https://tracker.example.com/MCP"},      // paths are case-sensitive
+		{"https://tracker.example.com/mcp", "https://tracker.example.com/mcp/"},     // another path
+		{"https://tracker.example.com", "https://tracker.example.com/"},             // kept apart: written differently
+		{"https://tracker.example.com/mcp", "https://tracker.example.com:8443/mcp"}, // another port
+		{"https://tracker.example.com/mcp", "http://tracker.example.com:443/mcp"},   // another scheme
+		{"http://tracker.example.com/mcp", "http://tracker.example.com:443/mcp"},    // 443 is not http's default
+		{"https://tracker.example.com/mcp?team=a", "https://tracker.example.com/mcp?Team=a"},
+		{"https://[fe80::1%25eth0]/mcp", "https://[fe80::1%25ETH0]/mcp"}, // interface names are case-sensitive
+	} {
+		if endpoint(c.a) == endpoint(c.b) {
+			t.Errorf("%s and %s may be different upstreams, but their Endpoints are the same: one's MCP sessions would go on with the other", c.a, c.b)
+		}
+	}
+	// A url written as it is digested keeps the Endpoint earlier versions
+	// stored with their sessions: an upgrade ends none of them.
+	for _, url := range []string{"https://tracker.example.com/mcp", "http://127.0.0.1:8080/mcp?x=1"} {
+		sum := sha256.Sum256([]byte(url + "\x00"))
+		if got, want := endpoint(url), hex.EncodeToString(sum[:16]); got != want {
+			t.Errorf("Endpoint of %s is %s, want the digest of the url as written, %s", url, got, want)
 		}
 	}
 }
