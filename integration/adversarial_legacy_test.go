@@ -15,6 +15,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -699,4 +700,37 @@ func TestLegacyAttackExpiredSessionEndsItsStream(t *testing.T) {
 		t.Fatalf("%d streams open at the server, want 1", n)
 	}
 	waitWithin(t, 4*time.Second, "the expired session's stream to close", func() bool { return l.openGET.Load() == 0 })
+}
+
+// Holds: a service url written with its host in capitals is kept as
+// gateway.CanonicalURL writes it (lower case, as its Endpoint digests it);
+// a server that names its message endpoint absolutely, in the spelling of
+// the url it was given or in another (its scheme in capitals too), names
+// the service's own origin still, and gets its messages with the
+// credential.
+func TestLegacyRespelledURLKeepsAbsoluteEndpointsOnItsOrigin(t *testing.T) {
+	var l *legacyServer
+	l = startLegacy(t, legacyHooks{endpoint: func(r *http.Request, sid string) string {
+		_, port, _ := net.SplitHostPort(strings.TrimPrefix(l.srv.URL, "http://"))
+		if r.URL.Query().Get("v") == "scheme" {
+			return "HTTP://LocalHost:" + port + "/message?sid=" + sid
+		}
+		return "http://LocalHost:" + port + "/message?sid=" + sid
+	}})
+	_, port, _ := net.SplitHostPort(strings.TrimPrefix(l.srv.URL, "http://"))
+	g := startGateway(t, gatewayConfig{Upstream: "http://127.0.0.1:9/unused",
+		Services: legacyService("spelled", "http://LocalHost:"+port+"/sse", "auth header X-Api-Key service-wide-secret") +
+			legacyService("scheme", "HTTP://LOCALHOST:"+port+"/sse?v=scheme", "auth header X-Api-Key service-wide-secret")})
+	for _, id := range []string{"spelled", "scheme"} {
+		_ = g.connect(t, aliceKey, g.createSession(t, aliceKey, id), id, nil)
+	}
+	posts := l.postsOf("initialize")
+	if len(posts) != 2 {
+		t.Fatalf("%d initializes reached the server, want 2", len(posts))
+	}
+	for _, p := range posts {
+		if p.Header.Get("X-Api-Key") != "service-wide-secret" {
+			t.Errorf("a message reached the server without the credential: %v", p.Header)
+		}
+	}
 }

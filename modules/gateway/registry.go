@@ -32,7 +32,9 @@ type Service struct {
 	// URL is the upstream's Streamable HTTP MCP endpoint (or, with
 	// transport sse, its 2024-11-05 SSE endpoint). It must be https unless
 	// AllowHTTP is set, and has no fragment (#…), which is never sent. A
-	// service whose transport runs a program (stdio) has none.
+	// service whose transport runs a program (stdio) has none. It is kept,
+	// and sent, as CanonicalURL writes it: scheme and host in lower case,
+	// without the scheme's default port.
 	URL string `json:"url,omitempty"`
 
 	// AllowHTTP permits a plain http URL. Meant for local development only:
@@ -259,6 +261,9 @@ func (s *Service) provision(repl *caddy.Replacer) error {
 			s.allowedUsers[u] = struct{}{}
 		}
 	}
+	// The OAuth resource above stays as written: an authorization server
+	// compares it as a string.
+	s.URL = CanonicalURL(s.URL)
 	if u, err := url.Parse(s.URL); err == nil {
 		s.url = u
 	}
@@ -269,20 +274,25 @@ func (s *Service) provision(repl *caddy.Replacer) error {
 // endpointOf is the Endpoint of an upstream at url, reached through the
 // transport named ("" for Streamable HTTP) as its UpstreamName says.
 func endpointOf(url, transport string) string {
-	sum := sha256.Sum256([]byte(endpointURL(url) + "\x00" + transport))
+	sum := sha256.Sum256([]byte(CanonicalURL(url) + "\x00" + transport))
 	return hex.EncodeToString(sum[:16])
 }
 
-// endpointURL is raw as its Endpoint digests it: the scheme and host in
-// lower case, and without the scheme's default port, which name the same
-// server however they are written (RFC 3986, 6.2.2.1 and 6.2.3), so that
-// a reload that only respells them ends no MCP session. The rest stays as
-// written: a path differing in case, or an empty path against "/", may be
-// another endpoint, and taking two endpoints for one would send one
-// upstream's session ids to the other. A url written that way already is
-// returned as it is, so its digest is the one earlier versions stored
-// with their sessions; one that does not parse (refused by validate) too.
-func endpointURL(raw string) string {
+// CanonicalURL is raw with its scheme and host in lower case and without
+// the scheme's default port, which name the same server however they are
+// written (RFC 3986, 6.2.2.1 and 6.2.3). A service's url is kept so
+// (provision): what toolgate sends — the request target, the Host header,
+// the TLS server name, the proxy it picks — and the Endpoint it digests
+// are one and the same for every spelling, so that a reload that only
+// respells the url ends no MCP session, and two urls of one Endpoint
+// never reach two places (Go's own ServeMux tells hosts apart by case, and
+// its proxy settings exempt "localhost" but not "LOCALHOST"). The rest
+// stays as written: a path differing in case, or an empty path against
+// "/", may be another endpoint. A url written so already is returned as it
+// is (its Endpoint is the one earlier versions stored with their
+// sessions); so is one that does not parse, or carries credentials (both
+// refused by validate).
+func CanonicalURL(raw string) string {
 	u, err := url.Parse(raw)
 	scheme, rest, ok := strings.Cut(raw, "://")
 	if err != nil || !ok || u.Host == "" || !strings.EqualFold(scheme, u.Scheme) {
@@ -294,7 +304,7 @@ func endpointURL(raw string) string {
 	}
 	host := rest[:end]
 	if strings.Contains(host, "@") {
-		return raw // credentials in the url, which validate refuses
+		return raw
 	}
 	if !strings.Contains(host, "%") { // an IPv6 zone (or an escape) is left as written
 		host = asciiLower(host)
