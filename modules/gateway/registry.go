@@ -120,6 +120,7 @@ type Service struct {
 	tools         map[string]struct{}
 	allowedUsers  map[string]struct{}
 	url           *url.URL
+	written       string // URL as configured, placeholders expanded (URL is canonical)
 	transport     UpstreamTransport
 	transportName string
 	endpoint      string
@@ -262,7 +263,8 @@ func (s *Service) provision(repl *caddy.Replacer) error {
 		}
 	}
 	// The OAuth resource above stays as written: an authorization server
-	// compares it as a string.
+	// compares it as a string; validate quotes the url as written.
+	s.written = s.URL
 	s.URL = CanonicalURL(s.URL)
 	if u, err := url.Parse(s.URL); err == nil {
 		s.url = u
@@ -303,8 +305,8 @@ func CanonicalURL(raw string) string {
 		end = len(rest)
 	}
 	host := rest[:end]
-	if strings.Contains(host, "@") {
-		return raw
+	if strings.Contains(host, "@") || u.Hostname() == "" {
+		return raw // credentials, or no host name: as written (a port alone would go)
 	}
 	if !strings.Contains(host, "%") { // an IPv6 zone (or an escape) is left as written
 		host = asciiLower(host)
@@ -366,22 +368,26 @@ func (s *Service) validate() error {
 }
 
 func (s *Service) validateURL(fail func(field, format string, args ...any) error) error {
-	u, err := url.Parse(s.URL)
+	written := s.URL
+	if s.written != "" {
+		written = s.written
+	}
+	u, err := url.Parse(written)
 	switch {
-	case s.URL == "":
+	case written == "":
 		return fail("url", "required")
 	case err != nil:
-		return fail("url", "%q: %v", caddyopt.RedactURL(s.URL), caddyopt.URLError(err))
-	case u.Host == "":
-		return fail("url", "%q has no host", caddyopt.RedactURL(s.URL))
+		return fail("url", "%q: %v", caddyopt.RedactURL(written), caddyopt.URLError(err))
+	case u.Hostname() == "": // a port alone (http://:80/) would reach this machine
+		return fail("url", "%q has no host", caddyopt.RedactURL(written))
 	case u.User != nil:
 		return fail("url", "must not carry credentials; use auth instead")
-	case strings.Contains(s.URL, "#"):
+	case strings.Contains(written, "#"):
 		// The fragment is never sent, and would make the Endpoint differ
 		// from the same URL without it (ending MCP sessions).
 		return fail("url", "must not have a fragment (#…): it is never sent to the upstream")
 	case u.Scheme == "http" && !s.AllowHTTP:
-		return fail("url", "%q is plain http; use https, or add allow_http for local development", s.URL)
+		return fail("url", "%q is plain http; use https, or add allow_http for local development", written)
 	case u.Scheme != "https" && u.Scheme != "http":
 		return fail("url", "scheme %q is not supported; use https", u.Scheme)
 	}

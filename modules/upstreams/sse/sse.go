@@ -17,6 +17,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -201,12 +202,16 @@ func (g *guard) setCredential(r *http.Request) bool {
 func (g *guard) RoundTrip(req *http.Request) (*http.Response, error) {
 	// The origin as gateway.CanonicalURL writes it (the service's url is
 	// kept so): an endpoint the server names absolutely, in the spelling
-	// the service's url had, is still its own.
+	// the service's url had, is still its own — and is sent in the
+	// service's spelling, since Go's proxy settings tell "LOCALHOST" from
+	// "localhost" (only the latter is never proxied).
 	if gateway.CanonicalURL(req.URL.Scheme+"://"+req.URL.Host) != g.origin {
 		g.other.Store(true)
 		return nil, errOtherHost
 	}
 	req = req.Clone(gateway.WithDialTimeout(req.Context(), g.dial))
+	req.URL.Scheme, req.URL.Host, _ = strings.Cut(g.origin, "://")
+	req.Host = ""
 	req.Header.Set("User-Agent", "toolgate")
 	if v := g.cred.Load(); v != nil && *v != "" {
 		req.Header.Set(g.header, *v)
