@@ -543,13 +543,19 @@ func TestPinsShownHoldsStorageFailureFailsClosed(t *testing.T) {
 	g := psGateway(t, up, gatewayConfig{})
 	stale := psRugPullForBob(t, g, up)
 	// The record's lock cannot be taken (a lock file that is not one):
-	// recording that alice was shown the pinned echo fails.
+	// recording that alice was shown the pinned echo fails. Its time is an
+	// hour ahead: a lock file is taken over as stale 10 s after its last
+	// write, which a loaded machine reached before the test's last call.
 	sum := sha256.Sum256([]byte("echo"))
 	lock := filepath.Join(g.DataDir, "locks", "toolgate-tool-pins-svc-"+hex.EncodeToString(sum[:])+".lock")
 	if err := os.MkdirAll(filepath.Dir(lock), 0o700); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.WriteFile(lock, []byte("not a lock"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ahead := time.Now().Add(time.Hour)
+	if err := os.Chtimes(lock, ahead, ahead); err != nil {
 		t.Fatal(err)
 	}
 	fresh := psSession(t, g, aliceKey)
