@@ -273,10 +273,11 @@ func (s *Service) provision(repl *caddy.Replacer) error {
 	return nil
 }
 
-// endpointOf is the Endpoint of an upstream at url, reached through the
-// transport named ("" for Streamable HTTP) as its UpstreamName says.
+// endpointOf is the Endpoint of an upstream at url (as provision keeps it:
+// CanonicalURL), reached through the transport named ("" for Streamable
+// HTTP) as its UpstreamName says.
 func endpointOf(url, transport string) string {
-	sum := sha256.Sum256([]byte(CanonicalURL(url) + "\x00" + transport))
+	sum := sha256.Sum256([]byte(url + "\x00" + transport))
 	return hex.EncodeToString(sum[:16])
 }
 
@@ -304,20 +305,41 @@ func CanonicalURL(raw string) string {
 	if end < 0 {
 		end = len(rest)
 	}
-	host := rest[:end]
-	if strings.Contains(host, "@") || u.Hostname() == "" {
-		return raw // credentials, or no host name: as written (a port alone would go)
+	host, ok := canonicalHost(u.Scheme, rest[:end])
+	if !ok {
+		return raw
+	}
+	return u.Scheme + "://" + host + rest[end:]
+}
+
+// CanonicalOrigin is the scheme://host of u as CanonicalURL writes it: the
+// legacy SSE transport's origin check, made on each request it sends.
+func CanonicalOrigin(u *url.URL) string {
+	host, ok := canonicalHost(u.Scheme, u.Host)
+	if !ok {
+		host = u.Host
+	}
+	return u.Scheme + "://" + host
+}
+
+// canonicalHost is host (an authority's host and port) as CanonicalURL
+// writes it, for a url of scheme (lower case); false when it is left as
+// written: credentials in it, or no host name (a port alone would go).
+func canonicalHost(scheme, host string) (string, bool) {
+	parts := url.URL{Host: host}
+	if strings.Contains(host, "@") || parts.Hostname() == "" {
+		return host, false
 	}
 	if !strings.Contains(host, "%") { // an IPv6 zone (or an escape) is left as written
 		host = asciiLower(host)
 	}
-	switch port := u.Port(); {
+	switch port := parts.Port(); {
 	case port == "":
 		host = strings.TrimSuffix(host, ":") // an empty port is the default
-	case u.Scheme == "https" && port == "443", u.Scheme == "http" && port == "80":
+	case scheme == "https" && port == "443", scheme == "http" && port == "80":
 		host = strings.TrimSuffix(host, ":"+port)
 	}
-	return u.Scheme + "://" + host + rest[end:]
+	return host, true
 }
 
 // asciiLower is s with its ASCII letters in lower case (a host's other

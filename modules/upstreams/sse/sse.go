@@ -84,7 +84,7 @@ func (t *Transport) Attach(app *gateway.App, svc *gateway.Service) error {
 		Depth: app.MaxJSONDepth, Values: app.MaxResponseValues, DialTimeout: time.Duration(svc.DialTimeout), Timeout: time.Duration(svc.Timeout)}
 	t.key = fmt.Sprintf("sse/%+v", cfg)
 	v, _, err := runtimes.LoadOrNew(t.key, func() (caddy.Destructor, error) {
-		rt := &runtime{cfg: cfg, origin: gateway.CanonicalURL(u.Scheme + "://" + u.Host), base: app.HTTPClient().Transport}
+		rt := &runtime{cfg: cfg, origin: gateway.CanonicalOrigin(u), base: app.HTTPClient().Transport}
 		rt.bridge = mcpbridge.New(mcpbridge.Config{Service: svc.ID, MaxMessage: cfg.MaxMessage,
 			Limits: mcpmsg.Limits{MaxDepth: cfg.Depth, MaxValues: cfg.Values}, Logger: t.logger}, rt)
 		return rt, nil
@@ -200,12 +200,12 @@ func (g *guard) setCredential(r *http.Request) bool {
 }
 
 func (g *guard) RoundTrip(req *http.Request) (*http.Response, error) {
-	// The origin as gateway.CanonicalURL writes it (the service's url is
-	// kept so): an endpoint the server names absolutely, in the spelling
+	// The origin as gateway.CanonicalOrigin writes it (the service's url
+	// is kept so): an endpoint the server names absolutely, in the spelling
 	// the service's url had, is still its own — and is sent in the
 	// service's spelling, since Go's proxy settings tell "LOCALHOST" from
 	// "localhost" (only the latter is never proxied).
-	if gateway.CanonicalURL(req.URL.Scheme+"://"+req.URL.Host) != g.origin {
+	if gateway.CanonicalOrigin(req.URL) != g.origin {
 		g.other.Store(true)
 		return nil, errOtherHost
 	}
