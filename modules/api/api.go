@@ -55,11 +55,11 @@ func (Handler) CaddyModule() caddy.ModuleInfo {
 // Provision finds the toolgate app and builds the routes.
 func (h *Handler) Provision(ctx caddy.Context) error {
 	h.logger = ctx.Logger()
-	app, err := ctx.App("toolgate")
+	app, err := gateway.AppFor(ctx)
 	if err != nil {
 		return err
 	}
-	h.app = app.(*gateway.App)
+	h.app = app
 	h.browsers = websession.NewStore(h.app.Storage(), 0, h.app.Auth)
 	if h.pins, err = toolpin.For(h.app); err != nil {
 		return err

@@ -105,11 +105,11 @@ var assetFiles embed.FS
 // Provision finds the toolgate app, prepares the pages and the sign-in.
 func (h *Handler) Provision(ctx caddy.Context) error {
 	h.logger = ctx.Logger()
-	app, err := ctx.App("toolgate")
+	app, err := gateway.AppFor(ctx)
 	if err != nil {
 		return err
 	}
-	h.app = app.(*gateway.App)
+	h.app = app
 	if len(h.AdminGroups) == 0 {
 		h.AdminGroups = []string{"admins"}
 	}

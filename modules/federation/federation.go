@@ -91,11 +91,11 @@ const Service = "*"
 // route and that the separator cannot be confused with a service id.
 func (h *Handler) Provision(ctx caddy.Context) error {
 	h.logger = ctx.Logger()
-	app, err := ctx.App("toolgate")
+	app, err := gateway.AppFor(ctx)
 	if err != nil {
 		return err
 	}
-	h.app = app.(*gateway.App)
+	h.app = app
 	if err := h.app.ProvisionStep(gateway.StepFederation); err != nil {
 		return err
 	}

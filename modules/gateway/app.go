@@ -3,7 +3,7 @@
 // stored credentials with their cipher, and the runners' MCP sessions — plus
 // the per-request Call that the pipeline's handlers share.
 //
-// Handlers reach the app with ctx.App("toolgate").
+// Handlers reach the app with AppFor.
 package gateway
 
 import (
@@ -242,6 +242,16 @@ const (
 	defaultMaxResponseValues                = 1_000_000
 	minStateSecretBytes                     = 32
 )
+
+// AppFor returns the toolgate app of the configuration ctx provisions,
+// loading it first if no module asked for it yet.
+func AppFor(ctx caddy.Context) (*App, error) {
+	app, err := ctx.App("toolgate")
+	if err != nil {
+		return nil, err
+	}
+	return app.(*App), nil
+}
 
 // Provision sets the app up. It does no network I/O.
 func (a *App) Provision(ctx caddy.Context) error {

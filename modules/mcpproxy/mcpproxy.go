@@ -62,11 +62,11 @@ func (Handler) CaddyModule() caddy.ModuleInfo {
 // route.
 func (h *Handler) Provision(ctx caddy.Context) error {
 	h.logger = ctx.Logger()
-	app, err := ctx.App("toolgate")
+	app, err := gateway.AppFor(ctx)
 	if err != nil {
 		return err
 	}
-	h.app = app.(*gateway.App)
+	h.app = app
 	if err := h.app.ProvisionStep(gateway.StepProxy); err != nil {
 		return err
 	}

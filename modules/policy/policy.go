@@ -146,7 +146,7 @@ func (c *Config) provision(ctx caddy.Context, stage, defaultQuery string) error 
 	c.logger = ctx.Logger()
 	c.stage = stage
 	c.audit = caddy.Log().Named("toolgate.audit")
-	app, err := ctx.App("toolgate")
+	app, err := gateway.AppFor(ctx)
 	if err != nil {
 		return err
 	}
@@ -154,7 +154,7 @@ func (c *Config) provision(ctx caddy.Context, stage, defaultQuery string) error 
 	if stage == stageResult {
 		step = gateway.StepResultPolicy
 	}
-	if err := app.(*gateway.App).ProvisionStep(step); err != nil {
+	if err := app.ProvisionStep(step); err != nil {
 		return err
 	}
 	if c.Source == "" {
@@ -217,7 +217,7 @@ func (c *Config) provision(ctx caddy.Context, stage, defaultQuery string) error 
 	// shared engine logs through the logger of the config that runs now:
 	// after a reload that changes log outputs, its messages go to the new
 	// ones.
-	c.app = app.(*gateway.App)
+	c.app = app
 	if c.app.Cipher() != nil {
 		if c.approvals, err = approval.For(ctx, c.app); err != nil {
 			return err

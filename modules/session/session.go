@@ -45,11 +45,11 @@ func (Handler) CaddyModule() caddy.ModuleInfo {
 // Provision finds the toolgate app.
 func (h *Handler) Provision(ctx caddy.Context) error {
 	h.logger = ctx.Logger()
-	app, err := ctx.App("toolgate")
+	app, err := gateway.AppFor(ctx)
 	if err != nil {
 		return err
 	}
-	h.app = app.(*gateway.App)
+	h.app = app
 	return h.app.ProvisionStep(gateway.StepSession)
 }
 
