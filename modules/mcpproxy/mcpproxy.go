@@ -174,23 +174,37 @@ func exchangeContext(r *http.Request, call *gateway.Call) (context.Context, cont
 	return ctx, cancel
 }
 
+// responseTo reads the upstream's response to the runner's request (resp
+// and err, from sending it to up): the upstream's own answer when it
+// rejected the request, else its response. false: the runner was answered
+// with toolgate's error instead, and the upstream told to cancel a request
+// that may have run.
+func (h *Handler) responseTo(ctx context.Context, w http.ResponseWriter, r *http.Request, call *gateway.Call, up gateway.Upstream, resp *http.Response, err error) (*response, bool) {
+	if rs, _, rejected := h.rejectedResponse(ctx, call, up, err, call.Message.ID); rejected {
+		return rs, true
+	}
+	var rs *response
+	if err == nil {
+		rs, err = h.newResponse(ctx, call, up, resp)
+	}
+	if err != nil {
+		h.answerError(w, r, call, err)
+		if mayHaveRun(err) {
+			h.cancelUpstream(call, up, err.Error())
+		}
+		return nil, false
+	}
+	return rs, true
+}
+
 // request relays a runner request and its response stream.
 func (h *Handler) request(w http.ResponseWriter, r *http.Request, call *gateway.Call) {
 	ctx, cancel := exchangeContext(r, call)
 	defer cancel()
 	up, resp, err := h.post(ctx, call, requestBody(call))
-	rs, _, rejected := h.rejectedResponse(ctx, call, up, err, call.Message.ID)
-	if !rejected {
-		if err == nil {
-			rs, err = h.newResponse(ctx, call, up, resp)
-		}
-		if err != nil {
-			h.answerError(w, r, call, err)
-			if mayHaveRun(err) {
-				h.cancelUpstream(call, up, err.Error())
-			}
-			return
-		}
+	rs, ok := h.responseTo(ctx, w, r, call, up, resp, err)
+	if !ok {
+		return
 	}
 	defer rs.close()
 	var out *sseWriter

@@ -90,18 +90,9 @@ func (h *Handler) serveStateless(w http.ResponseWriter, r *http.Request, call *g
 			resp, err = h.exchange(ctx, call, up, http.MethodPost, body, "")
 		}
 	}
-	rs, _, rejected := h.rejectedResponse(ctx, call, up, err, call.Message.ID)
-	if !rejected {
-		if err == nil {
-			rs, err = h.newResponse(ctx, call, up, resp)
-		}
-		if err != nil {
-			h.answerError(w, r, call, err)
-			if mayHaveRun(err) {
-				h.cancelUpstream(call, up, err.Error())
-			}
-			return
-		}
+	rs, ok := h.responseTo(ctx, w, r, call, up, resp, err)
+	if !ok {
+		return
 	}
 	if hc != nil {
 		hc.up, hc.rs = up, rs
