@@ -375,6 +375,28 @@ func memberOf(obj []byte, key string) []byte {
 	return found
 }
 
+// MemberFold is MemberOf for the member whose key is key in any case, as
+// a decoder that ignores case (Go's encoding/json) reads it: its key as
+// written (decoded) and its JSON text, "" and nil when obj has none. A
+// parsed message has at most one such member in an object (the parser
+// refuses case variants of a key).
+func MemberFold(obj []byte, key string) (string, []byte) {
+	var name string
+	var found []byte
+	p := parser{data: obj, maxDepth: 1 << 30}
+	if p.skipSpace(); p.pos >= len(obj) || obj[p.pos] != '{' {
+		return "", nil
+	}
+	_ = p.object(1, func(k []byte, start int) error {
+		end, err := p.value(2)
+		if err == nil && found == nil && bytes.EqualFold(k, []byte(key)) {
+			name, found = string(k), p.data[start:end]
+		}
+		return err
+	})
+	return name, found
+}
+
 // parser validates JSON text strictly. It never allocates for ASCII keys
 // without escapes in objects of up to smallObject members.
 type parser struct {

@@ -35,6 +35,28 @@ func TestRemoveMemberFold(t *testing.T) {
 	}
 }
 
+func TestMemberFold(t *testing.T) {
+	for _, c := range [][4]string{
+		{`{"a":1,"Uri":"x"}`, "uri", "Uri", `"x"`},
+		{` {"uri" : {"b":2} }`, "uri", "uri", `{"b":2}`},
+		{`{"\u0055ri":3}`, "uri", "Uri", `3`},
+		{`{"\u212Aey":4}`, "key", "\u212Aey", `4`}, // the Kelvin sign folds onto k
+		{`{"a":1}`, "uri", "", ""},
+		{`"uri"`, "uri", "", ""},
+		{`["uri"]`, "uri", "", ""},
+		{``, "uri", "", ""},
+	} {
+		want := c[2]
+		if s, ok := String([]byte(`"` + want + `"`)); ok {
+			want = s
+		}
+		name, v := MemberFold([]byte(c[0]), c[1])
+		if name != want || string(v) != c[3] {
+			t.Errorf("MemberFold(%s, %s) = %q, %s; want %q, %s", c[0], c[1], name, v, want, c[3])
+		}
+	}
+}
+
 // The members a retried multi round-trip request carries are read, and
 // their case variants refused like those of every member Parse reads.
 func TestRoundMembers(t *testing.T) {

@@ -228,11 +228,13 @@ func listCut(service, why string) *gap {
 	return &gap{Service: service, Code: gateway.CodeInternalError, Message: why}
 }
 
-// prefix puts svc's prefix before the string members of obj.
+// prefix puts svc's prefix before the string members of obj (their keys
+// in any case).
 func (x *exchange) prefix(svc *gateway.Service, obj []byte, members []string) []byte {
 	for _, m := range members {
-		if v := gjson.GetBytes(obj, m); v.Type == gjson.String {
-			obj = mcpmsg.ReplaceMember(obj, m, mcpmsg.Quote(svc.ID+x.h.Separator+v.Str))
+		name, v := mcpmsg.MemberFold(obj, m)
+		if s, ok := mcpmsg.String(v); ok {
+			obj = mcpmsg.ReplaceMember(obj, name, mcpmsg.Quote(svc.ID+x.h.Separator+s))
 		}
 	}
 	return obj

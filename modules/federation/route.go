@@ -99,20 +99,22 @@ func (x *exchange) prefixBlocks(svc *gateway.Service, method string, result []by
 		return result // no block names a resource (a type may be spelled with escapes)
 	}
 	block := func(b []byte) []byte {
-		switch gjson.GetBytes(b, "type").String() {
+		_, raw := mcpmsg.MemberFold(b, "type")
+		typ, _ := mcpmsg.String(raw)
+		switch typ {
 		case "resource_link":
 			return x.prefix(svc, b, []string{"uri"})
 		case "resource":
-			if r := gjson.GetBytes(b, "resource"); r.IsObject() {
-				return mcpmsg.ReplaceMember(b, "resource", x.prefix(svc, []byte(r.Raw), []string{"uri"}))
+			if name, r := mcpmsg.MemberFold(b, "resource"); isObject(r) {
+				return mcpmsg.ReplaceMember(b, name, x.prefix(svc, r, []string{"uri"}))
 			}
 		}
 		return b
 	}
 	if method == "prompts/get" {
 		return eachItem(result, "messages", func(m []byte) []byte {
-			if c := gjson.GetBytes(m, "content"); c.IsObject() {
-				return mcpmsg.ReplaceMember(m, "content", block([]byte(c.Raw)))
+			if name, c := mcpmsg.MemberFold(m, "content"); isObject(c) {
+				return mcpmsg.ReplaceMember(m, name, block(c))
 			}
 			return m
 		})
@@ -120,23 +122,31 @@ func (x *exchange) prefixBlocks(svc *gateway.Service, method string, result []by
 	return eachItem(result, "content", block)
 }
 
-// eachItem is obj with f applied to each item of its array member key (obj
-// itself when key is no array).
+// A service's members are found by their key in any case (mcpmsg.MemberFold)
+// wherever the federated endpoint rewrites them: a runner whose decoder
+// ignores case (Go's encoding/json) reads "Uri" as the uri, and a block
+// whose "Uri" kept another service's prefix would point it there.
+
+// eachItem is obj with f applied to each item of its array member key, in
+// any case (obj itself when it is no array).
 func eachItem(obj []byte, key string, f func(item []byte) []byte) []byte {
-	items := gjson.GetBytes(obj, key)
-	if !items.IsArray() {
+	name, items := mcpmsg.MemberFold(obj, key)
+	if len(items) == 0 || items[0] != '[' {
 		return obj
 	}
 	out := []byte{'['}
-	items.ForEach(func(_, item gjson.Result) bool {
+	mcpmsg.Elements(items, func(item []byte) bool {
 		if len(out) > 1 {
 			out = append(out, ',')
 		}
-		out = append(out, f([]byte(item.Raw))...)
+		out = append(out, f(item)...)
 		return true
 	})
-	return mcpmsg.ReplaceMember(obj, key, append(out, ']'))
+	return mcpmsg.ReplaceMember(obj, name, append(out, ']'))
 }
+
+// isObject reports whether the JSON text v is an object.
+func isObject(v []byte) bool { return len(v) > 0 && v[0] == '{' }
 
 // route sends the runner's request (body, as the service knows it) to svc
 // and relays the answer: the response (its result changed by rewrite, when
@@ -251,8 +261,8 @@ func (x *exchange) outgoing(svc *gateway.Service, ms *gateway.MCPSession, msg mc
 	case msg.Kind == mcpmsg.Notification && msg.Method == "notifications/cancelled":
 		// It names one of svc's own requests, as the runner knows it: a
 		// service cannot cancel another's.
-		if id := gjson.GetBytes(msg.Params, "requestId"); id.Exists() {
-			return withParam(msg, "requestId", serverRequestID(svc.ID, []byte(id.Raw)))
+		if name, id := mcpmsg.MemberFold(msg.Params, "requestId"); id != nil {
+			return withParam(msg, name, serverRequestID(svc.ID, id))
 		}
 	case msg.Kind == mcpmsg.Notification && msg.URI != "" && strings.HasPrefix(msg.Method, "notifications/resources/"):
 		return withParam(msg, "uri", mcpmsg.Quote(svc.ID+x.h.Separator+msg.URI))
