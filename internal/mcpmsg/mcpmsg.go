@@ -151,7 +151,11 @@ func Parse(body []byte, limits Limits) (Message, error) {
 		hasResult        bool
 	)
 	err := p.object(1, func(key []byte, start int) error {
+		if string(key) == "result" {
+			p.spelled = resultMembers
+		}
 		end, err := p.value(2)
+		p.spelled = nil
 		if err != nil {
 			return err
 		}
@@ -348,9 +352,28 @@ var (
 		[]byte("inputResponses"), []byte("requestState"), []byte("task"), []byte("taskId")}
 )
 
+// resultMembers are the members of MCP results (of every revision
+// toolgate speaks, server's and client's) that toolgate, its policies or
+// runners act on. A result's key that differs from one of them only in
+// case is refused: toolgate reads the member as spelled ("content" decides
+// whether an answer is a tool result, "tools" what a listing filters), and
+// a runner whose decoder ignores case would read the variant instead.
+var resultMembers = func() [][]byte {
+	var out [][]byte
+	for _, m := range strings.Fields(`content structuredContent isError tools prompts resources resourceTemplates
+		contents messages description nextCursor task tasks completion _meta resultType inputRequests requestState
+		cacheScope capabilities serverInfo protocolVersion instructions roots model role stopReason action
+		taskId status statusMessage ttl ttlMs pollInterval`) {
+		out = append(out, []byte(m))
+	}
+	return out
+}()
+
+// checkSpelling refuses key when it is one of members in another case (as
+// a decoder that ignores case reads it), spelled otherwise.
 func (p *parser) checkSpelling(key []byte, off int, members [][]byte) error {
 	for _, m := range members {
-		if bytes.EqualFold(key, m) {
+		if bytes.EqualFold(key, m) && !bytes.Equal(key, m) {
 			return &SyntaxError{Offset: off, Msg: fmt.Sprintf("key %q must be spelled %q", key, m), Quoted: strconv.Quote(string(key))}
 		}
 	}
@@ -405,6 +428,9 @@ type parser struct {
 	maxDepth  int
 	maxValues int // 0: no bound
 	values    int
+	// spelled, when not nil, are the members whose case variants the next
+	// object value read must not have (see checkSpelling).
+	spelled [][]byte
 }
 
 const smallObject = 16
@@ -445,7 +471,14 @@ func (p *parser) value(depth int) (int, error) {
 		if depth > p.maxDepth {
 			return 0, p.fail("nesting too deep")
 		}
-		err = p.object(depth, func(_ []byte, _ int) error {
+		spelled := p.spelled
+		p.spelled = nil
+		err = p.object(depth, func(key []byte, start int) error {
+			if spelled != nil {
+				if err := p.checkSpelling(key, start, spelled); err != nil {
+					return err
+				}
+			}
 			_, err := p.value(depth + 1)
 			return err
 		})

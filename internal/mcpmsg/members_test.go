@@ -73,3 +73,43 @@ func TestRoundMembers(t *testing.T) {
 		}
 	}
 }
+
+// A result's members are read as spelled (toolgate decides by "content"
+// whether an answer is a tool result, filters a listing's "tools"): their
+// case variants are refused, as a runner whose decoder ignores case would
+// read them instead. Deeper keys, and keys of no result member, are the
+// upstream's own.
+func TestResultMembersSpelled(t *testing.T) {
+	for _, bad := range []string{
+		`{"Tools":[{"name":"x"}]}`,
+		`{"task":{"taskId":"t"},"Content":[{"type":"text","text":"x"}]}`,
+		`{"content\u0053":1,"Content":[]}`,
+		`{"\u0043ontent":[]}`,
+		`{"ſtructuredContent":{}}`, // U+017F folds onto s
+		`{"_META":{}}`,
+		`{"inputrequests":{}}`,
+	} {
+		if _, err := Parse([]byte(`{"jsonrpc":"2.0","id":1,"result":`+bad+`}`), Limits{}); err == nil {
+			t.Errorf("accepted the result %s", bad)
+		}
+	}
+	for _, good := range []string{
+		`{"content":[{"Type":"text","Text":"x"}],"structuredContent":{"Content":1,"TOOLS":2}}`,
+		`{"tools":[],"Toolz":1,"x-Content":2}`,
+		`"Content"`,
+		`{}`,
+	} {
+		if _, err := Parse([]byte(`{"jsonrpc":"2.0","id":1,"result":`+good+`}`), Limits{}); err != nil {
+			t.Errorf("refused the result %s: %v", good, err)
+		}
+	}
+	// A request's params and an error are not results.
+	for _, good := range []string{
+		`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"t","arguments":{"Content":1}}}`,
+		`{"jsonrpc":"2.0","id":1,"error":{"code":1,"message":"m","data":{"Tools":1}}}`,
+	} {
+		if _, err := Parse([]byte(good), Limits{}); err != nil {
+			t.Errorf("refused %s: %v", good, err)
+		}
+	}
+}

@@ -242,13 +242,34 @@ func (h *Handler) redactCredential(call *gateway.Call, msg mcpmsg.Message) (mcpm
 func (h *Handler) redacted(call *gateway.Call, msg mcpmsg.Message, pre *prescan) (mcpmsg.Message, bool, error) {
 	changed := false
 	var err error
-	call.Credential.EachSecret(func(secret string) bool {
+	eachSecret(call, func(secret string) bool {
 		var ch bool
 		msg, ch, err = h.redactedSecret(secret, msg, pre.of(secret, msg.Raw))
 		changed = changed || ch
 		return err == nil
 	})
 	return msg, changed, err
+}
+
+// eachSecret calls f with each secret of the call's credential, then of
+// the credentials its upstream refused (gateway.Call.Refused), until f
+// returns false.
+func eachSecret(call *gateway.Call, f func(secret string) bool) {
+	more := true
+	call.Credential.EachSecret(func(secret string) bool { more = f(secret); return more })
+	for _, c := range call.Refused {
+		if !more {
+			return
+		}
+		c.EachSecret(func(secret string) bool { more = f(secret); return more })
+	}
+}
+
+// hasSecret reports whether the call has a credential to search for.
+func hasSecret(call *gateway.Call) bool {
+	found := false
+	eachSecret(call, func(string) bool { found = true; return false })
+	return found
 }
 
 // redactedSecret is redacted for one secret; facts, when not nil, are of
@@ -284,12 +305,14 @@ func (h *Handler) redactedSecret(secret string, msg mcpmsg.Message, facts *rawFa
 		return msg, false, nil
 	}
 	raw, changed := mcpmsg.ReplaceStrings(msg.Raw, func(s string) (string, bool) {
+		// A string can hold the secret both ways (an echo of a request's
+		// headers with its Basic authorization): each is redacted.
+		inB64 := false
 		if pieces.inString(s) {
-			if out, ok := redactBase64(s, secret, pieces.whole); ok {
-				return out, true
-			}
+			s, inB64 = redactBase64(s, secret, pieces.whole)
 		}
-		return redactIn(s, secret)
+		s, plain := redactIn(s, secret)
+		return s, inB64 || plain
 	})
 	if !changed {
 		return msg, false, nil

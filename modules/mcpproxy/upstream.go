@@ -97,6 +97,8 @@ func (h *Handler) exchange(ctx context.Context, call *gateway.Call, up gateway.U
 	if ferr != nil {
 		return resp, err
 	}
+	// The refused token went upstream: an upstream may quote it back.
+	call.Refused = append(call.Refused, call.Credential)
 	call.Credential = fresh
 	return h.attempt(ctx, call, up, method, body, lastEventID)
 }
