@@ -151,8 +151,11 @@ func Parse(body []byte, limits Limits) (Message, error) {
 		hasResult        bool
 	)
 	err := p.object(1, func(key []byte, start int) error {
-		if string(key) == "result" {
+		switch string(key) {
+		case "result":
 			p.spelled = resultMembers
+		case "error":
+			p.spelled = errorMembers
 		}
 		end, err := p.value(2)
 		p.spelled = nil
@@ -324,6 +327,19 @@ func (m *Message) readParams() error {
 			}
 		case "inputResponses":
 			m.InputResponses = raw
+			// Each response is a result (of the input request it answers),
+			// read by the policy and the upstream alike.
+			var err error
+			Members(raw, func(_, response []byte) {
+				Members(response, func(key, _ []byte) {
+					if err == nil {
+						err = p.checkSpelling(key, start, resultMembers)
+					}
+				})
+			})
+			if err != nil {
+				return err
+			}
 		case "requestState":
 			m.RequestState = raw
 		case "task":
@@ -342,15 +358,30 @@ func (m *Message) readParams() error {
 	})
 }
 
-// The members Parse reads. A key that differs from one of them only in case
-// is refused even without the member itself: a parser that matches keys
-// regardless of case (encoding/json decoding into a struct) would read it
-// as that member, and Parse would not.
+// The members of a message and of its params: those Parse reads, and the
+// other params members of MCP's requests and notifications (of every
+// revision toolgate speaks), which the request policy reads (input.params).
+// A key that differs from one of them only in case is refused even without
+// the member itself: a parser that matches keys regardless of case
+// (encoding/json decoding into a struct) would read it as that member, and
+// Parse and the policy would not.
 var (
 	messageMembers = [][]byte{[]byte("jsonrpc"), []byte("id"), []byte("method"), []byte("params"), []byte("result"), []byte("error")}
-	paramsMembers  = [][]byte{[]byte("name"), []byte("arguments"), []byte("uri"), []byte("protocolVersion"), []byte("_meta"),
-		[]byte("inputResponses"), []byte("requestState"), []byte("task"), []byte("taskId")}
+	paramsMembers  = membersOf(`name arguments uri protocolVersion _meta inputResponses requestState task taskId
+		capabilities clientInfo requestId reason progressToken progress total message cursor ref argument context
+		level logger data messages modelPreferences systemPrompt includeContext temperature maxTokens stopSequences
+		metadata tools toolChoice requestedSchema mode url elicitationId status statusMessage resourceSubscriptions`)
+	errorMembers = membersOf(`code message data`)
 )
+
+// membersOf is the member names of a space-separated list.
+func membersOf(names string) [][]byte {
+	var out [][]byte
+	for _, m := range strings.Fields(names) {
+		out = append(out, []byte(m))
+	}
+	return out
+}
 
 // resultMembers are the members of MCP results (of every revision
 // toolgate speaks, server's and client's) that toolgate, its policies or
@@ -358,16 +389,10 @@ var (
 // case is refused: toolgate reads the member as spelled ("content" decides
 // whether an answer is a tool result, "tools" what a listing filters), and
 // a runner whose decoder ignores case would read the variant instead.
-var resultMembers = func() [][]byte {
-	var out [][]byte
-	for _, m := range strings.Fields(`content structuredContent isError tools prompts resources resourceTemplates
-		contents messages description nextCursor task tasks completion _meta resultType inputRequests requestState
-		cacheScope capabilities serverInfo protocolVersion instructions roots model role stopReason action
-		taskId status statusMessage ttl ttlMs pollInterval`) {
-		out = append(out, []byte(m))
-	}
-	return out
-}()
+var resultMembers = membersOf(`content structuredContent isError tools prompts resources resourceTemplates
+	contents messages description nextCursor task tasks completion _meta resultType inputRequests requestState
+	cacheScope capabilities serverInfo protocolVersion instructions roots model role stopReason action
+	taskId status statusMessage ttl ttlMs pollInterval`)
 
 // checkSpelling refuses key when it is one of members in another case (as
 // a decoder that ignores case reads it), spelled otherwise.

@@ -113,3 +113,34 @@ func TestResultMembersSpelled(t *testing.T) {
 		}
 	}
 }
+
+// An error's members, each input response's (a result of the input
+// request it answers) and the params members of MCP's requests and
+// notifications (which the request policy reads) are refused spelled in
+// another case too; their exact spellings, and deeper keys, pass.
+func TestMembersSpelledBeyondResults(t *testing.T) {
+	for _, bad := range []string{
+		`{"jsonrpc":"2.0","id":1,"error":{"code":1,"message":"m","Data":{"approval_url":"https://x"}}}`,
+		`{"jsonrpc":"2.0","id":1,"error":{"Code":1,"message":"m"}}`,
+		`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"t","inputResponses":{"confirm":{"Action":"accept"}}}}`,
+		`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"t","inputResponses":{"s":{"role":"user","CONTENT":{}}}}}`,
+		`{"jsonrpc":"2.0","id":1,"method":"completion/complete","params":{"Ref":{"type":"ref/prompt","name":"p"},"argument":{"name":"a","value":""}}}`,
+		`{"jsonrpc":"2.0","id":1,"method":"logging/setLevel","params":{"LEVEL":"debug"}}`,
+		`{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"RequestId":1}}`,
+		`{"jsonrpc":"2.0","id":1,"method":"resources/list","params":{"curſor":"x"}}`,
+	} {
+		if _, err := Parse([]byte(bad), Limits{}); err == nil {
+			t.Errorf("accepted %s", bad)
+		}
+	}
+	for _, good := range []string{
+		`{"jsonrpc":"2.0","id":1,"error":{"code":1,"message":"m","data":{"Data":1,"Code":2}}}`,
+		`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"t","inputResponses":{"confirm":{"action":"accept","content":{"Action":1}}}}}`,
+		`{"jsonrpc":"2.0","id":1,"method":"completion/complete","params":{"ref":{"Type":"x"},"argument":{"name":"a","value":""},"context":{"arguments":{}}}}`,
+		`{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":1,"reason":"r","X-Vendor":1}}`,
+	} {
+		if _, err := Parse([]byte(good), Limits{}); err != nil {
+			t.Errorf("refused %s: %v", good, err)
+		}
+	}
+}

@@ -5,6 +5,15 @@ import (
 	"testing"
 )
 
+// combinators declares properties through anyOf, $ref, additionalProperties
+// and prefixItems.
+const combinators = `{"name":"publish","inputSchema":{"type":"object","properties":{` +
+	`"options":{"anyOf":[{"type":"object","properties":{"visibility":{"type":"string"}}},{"type":"null"}]},` +
+	`"ref":{"$ref":"#/$defs/ref"},` +
+	`"map":{"type":"object","additionalProperties":{"type":"object","properties":{"level":{"type":"integer"}}}},` +
+	`"tuple":{"type":"array","prefixItems":[{"type":"object","properties":{"depth":{"type":"integer"}}}]}},` +
+	`"$defs":{"ref":{"type":"object","properties":{"mode":{"type":"string"}}}}}}`
+
 func TestCheckArgumentKeys(t *testing.T) {
 	tool := `{"name":"update_ticket","inputSchema":{"type":"object","properties":{` +
 		`"ticket_id":{"type":"string"},"visibility":{"type":"string"},` +
@@ -24,6 +33,16 @@ func TestCheckArgumentKeys(t *testing.T) {
 		{`{"visibility":"private","viſibility":"public"}`, tool, "differ only in letter case"},
 		{`{"a":{"b":1,"B":2}}`, `{"name":"t"}`, `arguments.a has the keys`},
 		{`{"TICKET_ID":"x"}`, `{"name":"t"}`, ""}, // no definition: nothing declared to fold onto
+		// Properties declared through schema keywords other than
+		// properties and items: checked against every name the schema
+		// declares.
+		{`{"options":{"Visibility":"public"}}`, combinators, "arguments.options.Visibility"},
+		{`{"ref":{"Mode":"x"}}`, combinators, "arguments.ref.Mode"},
+		{`{"map":{"k":{"LEVEL":1}}}`, combinators, "arguments.map.k.LEVEL"},
+		{`{"tuple":[{"Depth":1}]}`, combinators, "arguments.tuple[0].Depth"},
+		{`{"Options":{}}`, combinators, `"options"`},
+		{`{"options":{"visibility":"public"},"ref":{"mode":"x"},"map":{"k":{"level":1}},"tuple":[{"depth":1}]}`, combinators, ""},
+		{`{"map":{"Anything":1,"mode":2}}`, combinators, ""}, // spelled like a declared name, or like none
 	} {
 		args, err := jsonTerm([]byte(c.args))
 		if err != nil {
