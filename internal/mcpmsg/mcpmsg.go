@@ -366,7 +366,7 @@ func (m *Message) readParams() error {
 // (encoding/json decoding into a struct) would read it as that member, and
 // Parse and the policy would not.
 var (
-	messageMembers = [][]byte{[]byte("jsonrpc"), []byte("id"), []byte("method"), []byte("params"), []byte("result"), []byte("error")}
+	messageMembers = membersOf(`jsonrpc id method params result error`)
 	paramsMembers  = membersOf(`name arguments uri protocolVersion _meta inputResponses requestState task taskId
 		capabilities clientInfo requestId reason progressToken progress total message cursor ref argument context
 		level logger data messages modelPreferences systemPrompt includeContext temperature maxTokens stopSequences
@@ -374,13 +374,50 @@ var (
 	errorMembers = membersOf(`code message data`)
 )
 
-// membersOf is the member names of a space-separated list.
-func membersOf(names string) [][]byte {
-	var out [][]byte
+// spelling is a set of member names whose case variants are refused.
+type spelling struct {
+	names [][]byte
+	lower map[string]string // each name with its ASCII letters in lower case → the name
+	max   int               // the longest name's length
+}
+
+// membersOf is the spelling of the member names of a space-separated list.
+func membersOf(names string) *spelling {
+	s := &spelling{lower: map[string]string{}}
 	for _, m := range strings.Fields(names) {
-		out = append(out, []byte(m))
+		s.names = append(s.names, []byte(m))
+		s.lower[strings.ToLower(m)] = m
+		s.max = max(s.max, len(m))
 	}
-	return out
+	return s
+}
+
+// variant returns the name key is a case variant of (spelled otherwise),
+// and whether there is one. An ASCII key is looked up in lower case; only
+// a key with other bytes is compared with each name (U+017F folds onto s
+// and U+212A onto k).
+func (s *spelling) variant(key []byte) (string, bool) {
+	if len(key) > 3*s.max { // no fold of a name is longer
+		return "", false
+	}
+	var buf [64]byte
+	lower := buf[:0]
+	for _, c := range key {
+		if c >= utf8.RuneSelf {
+			for _, n := range s.names {
+				if bytes.EqualFold(key, n) && !bytes.Equal(key, n) {
+					return string(n), true
+				}
+			}
+			return "", false
+		}
+		if 'A' <= c && c <= 'Z' {
+			c += 'a' - 'A'
+		}
+		lower = append(lower, c)
+	}
+	n, ok := s.lower[string(lower)]
+	return n, ok && n != string(key)
 }
 
 // resultMembers are the members of MCP results (of every revision
@@ -396,11 +433,9 @@ var resultMembers = membersOf(`content structuredContent isError tools prompts r
 
 // checkSpelling refuses key when it is one of members in another case (as
 // a decoder that ignores case reads it), spelled otherwise.
-func (p *parser) checkSpelling(key []byte, off int, members [][]byte) error {
-	for _, m := range members {
-		if bytes.EqualFold(key, m) && !bytes.Equal(key, m) {
-			return &SyntaxError{Offset: off, Msg: fmt.Sprintf("key %q must be spelled %q", key, m), Quoted: strconv.Quote(string(key))}
-		}
+func (p *parser) checkSpelling(key []byte, off int, members *spelling) error {
+	if m, ok := members.variant(key); ok {
+		return &SyntaxError{Offset: off, Msg: fmt.Sprintf("key %q must be spelled %q", key, m), Quoted: strconv.Quote(string(key))}
 	}
 	return nil
 }
@@ -455,7 +490,7 @@ type parser struct {
 	values    int
 	// spelled, when not nil, are the members whose case variants the next
 	// object value read must not have (see checkSpelling).
-	spelled [][]byte
+	spelled *spelling
 }
 
 const smallObject = 16

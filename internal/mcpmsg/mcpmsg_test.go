@@ -791,6 +791,18 @@ func FuzzParse(f *testing.F) {
 // benchBody is a realistic tools/call of about 300 bytes.
 var benchBody = []byte(`{"jsonrpc":"2.0","id":42,"method":"tools/call","params":{"name":"read_ticket","arguments":{"ticket_id":"TEST-123","include":["comments","history"],"limit":20,"fields":{"title":true,"body":true,"assignee":false}},"_meta":{"progressToken":"c2c4f8a0-8a7b-4b8e-9f6a-1d2e3f4a5b6c"}}}`)
 
+// BenchmarkParseSmallResult is an upstream's small tool result, whose
+// members are checked for their spelling (resultMembers).
+func BenchmarkParseSmallResult(b *testing.B) {
+	msg := []byte(`{"jsonrpc":"2.0","id":7,"result":{"content":[{"type":"text","text":"the ticket T-1 is open"}],"structuredContent":{"id":"T-1","state":"open"},"isError":false}}`)
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := mcpmsg.Parse(msg, mcpmsg.Limits{}); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
 func BenchmarkParse(b *testing.B) {
 	b.ReportAllocs()
 	b.SetBytes(int64(len(benchBody)))
