@@ -5,9 +5,9 @@ import (
 	"testing"
 )
 
-// combinators declares properties through anyOf, $ref, additionalProperties
+// combinatorTool declares properties through anyOf, $ref, additionalProperties
 // and prefixItems.
-const combinators = `{"name":"publish","inputSchema":{"type":"object","properties":{` +
+const combinatorTool = `{"name":"publish","inputSchema":{"type":"object","properties":{` +
 	`"options":{"anyOf":[{"type":"object","properties":{"visibility":{"type":"string"}}},{"type":"null"}]},` +
 	`"ref":{"$ref":"#/$defs/ref"},` +
 	`"map":{"type":"object","additionalProperties":{"type":"object","properties":{"level":{"type":"integer"}}}},` +
@@ -36,13 +36,13 @@ func TestCheckArgumentKeys(t *testing.T) {
 		// Properties declared through schema keywords other than
 		// properties and items: checked against every name the schema
 		// declares.
-		{`{"options":{"Visibility":"public"}}`, combinators, "arguments.options.Visibility"},
-		{`{"ref":{"Mode":"x"}}`, combinators, "arguments.ref.Mode"},
-		{`{"map":{"k":{"LEVEL":1}}}`, combinators, "arguments.map.k.LEVEL"},
-		{`{"tuple":[{"Depth":1}]}`, combinators, "arguments.tuple[0].Depth"},
-		{`{"Options":{}}`, combinators, `"options"`},
-		{`{"options":{"visibility":"public"},"ref":{"mode":"x"},"map":{"k":{"level":1}},"tuple":[{"depth":1}]}`, combinators, ""},
-		{`{"map":{"Anything":1,"mode":2}}`, combinators, ""}, // spelled like a declared name, or like none
+		{`{"options":{"Visibility":"public"}}`, combinatorTool, "arguments.options.Visibility"},
+		{`{"ref":{"Mode":"x"}}`, combinatorTool, "arguments.ref.Mode"},
+		{`{"map":{"k":{"LEVEL":1}}}`, combinatorTool, "arguments.map.k.LEVEL"},
+		{`{"tuple":[{"Depth":1}]}`, combinatorTool, "arguments.tuple[0].Depth"},
+		{`{"Options":{}}`, combinatorTool, `"options"`},
+		{`{"options":{"visibility":"public"},"ref":{"mode":"x"},"map":{"k":{"level":1}},"tuple":[{"depth":1}]}`, combinatorTool, ""},
+		{`{"map":{"Anything":1,"mode":2}}`, combinatorTool, ""}, // spelled like a declared name, or like none
 	} {
 		args, err := jsonTerm([]byte(c.args))
 		if err != nil {
