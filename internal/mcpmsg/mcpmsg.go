@@ -324,6 +324,17 @@ func (m *Message) readParams() error {
 			if raw[0] == '{' {
 				m.Meta = raw
 				m.ProgressToken = memberOf(raw, "progressToken")
+				// Decoders read it into a field (the SDKs' ProgressToken):
+				// a variant would be a token Parse did not see.
+				var err error
+				Members(raw, func(key, _ []byte) {
+					if err == nil {
+						err = p.checkSpelling(key, start, metaMembers)
+					}
+				})
+				if err != nil {
+					return err
+				}
 			}
 		case "inputResponses":
 			m.InputResponses = raw
@@ -372,6 +383,7 @@ var (
 		level logger data messages modelPreferences systemPrompt includeContext temperature maxTokens stopSequences
 		metadata tools toolChoice requestedSchema mode url elicitationId status statusMessage resourceSubscriptions`)
 	errorMembers = membersOf(`code message data`)
+	metaMembers  = membersOf(`progressToken`)
 )
 
 // spelling is a set of member names whose case variants are refused.

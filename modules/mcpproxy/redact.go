@@ -252,8 +252,8 @@ func (h *Handler) redacted(call *gateway.Call, msg mcpmsg.Message, pre *prescan)
 }
 
 // eachSecret calls f with each secret of the call's credential, then of
-// the credentials its upstream refused (gateway.Call.Refused), until f
-// returns false.
+// the credentials its upstream refused (gateway.Call.Refused, and those
+// its MCP session recorded), until f returns false.
 func eachSecret(call *gateway.Call, f func(secret string) bool) {
 	more := true
 	call.Credential.EachSecret(func(secret string) bool { more = f(secret); return more })
@@ -262,6 +262,14 @@ func eachSecret(call *gateway.Call, f func(secret string) bool) {
 			return
 		}
 		c.EachSecret(func(secret string) bool { more = f(secret); return more })
+	}
+	if call.MCPSession != nil {
+		for _, secret := range call.MCPSession.Refused() {
+			if !more {
+				return
+			}
+			more = f(secret)
+		}
 	}
 }
 

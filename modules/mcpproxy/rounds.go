@@ -375,6 +375,14 @@ func (h *Handler) continueHeld(w http.ResponseWriter, r *http.Request, call *gat
 			msg = gateway.RPCError(a.id, gateway.CodePolicyDenied, "the client's answer was withheld by toolgate's policy", nil)
 		}
 		resp, err := h.exchange(hc.rs.ctx, hc.call, hc.up, http.MethodPost, msg, "")
+		if hc.call.Credential != call.Credential {
+			// Refreshed after the upstream refused the token: what the
+			// upstream sends from now on is searched for both, on the
+			// call's stream and in what the retry answers.
+			hc.rs.sent = append(hc.rs.sent, hc.call.Credential)
+			hc.rs.sent = append(hc.rs.sent, hc.call.Refused...)
+			call.Credential, call.Refused = hc.call.Credential, hc.call.Refused
+		}
 		if err != nil {
 			hc.Release("toolgate could not pass the client's input on")
 			h.answerError(w, r, call, err)
