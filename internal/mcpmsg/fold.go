@@ -17,5 +17,22 @@ func FoldKey(k string) string { return strings.ToLower(strings.ToUpper(k)) }
 // SameFold reports whether a and b are different spellings of keys that a
 // case-insensitive decoder would take for one another.
 func SameFold(a, b string) bool {
-	return a != b && (strings.EqualFold(a, b) || FoldKey(a) == FoldKey(b))
+	switch {
+	case a == b:
+		return false
+	case strings.EqualFold(a, b):
+		return true
+	case isASCII(a) && isASCII(b):
+		return false // FoldKey joins no two ASCII strings EqualFold keeps apart
+	}
+	return FoldKey(a) == FoldKey(b)
+}
+
+func isASCII(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] >= 0x80 {
+			return false
+		}
+	}
+	return true
 }

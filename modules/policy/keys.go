@@ -2,6 +2,8 @@ package policy
 
 import (
 	"fmt"
+	"net/url"
+	"strconv"
 	"strings"
 
 	"github.com/open-policy-agent/opa/v1/ast"
@@ -16,21 +18,33 @@ import (
 // Unicode simple folding) onto another key of the same object, or onto a
 // property the tool's inputSchema declares at that place without being
 // spelled like it. The schema's place of each object and array of the
-// arguments is followed through properties, additionalProperties, items
-// and prefixItems, and its properties are gathered through anyOf, oneOf,
-// allOf and local $refs (an object behind a $ref, as Go and Python SDKs
-// describe nested structs, or an optional one behind anyOf). A place
-// whose schema declares no properties (a free-form map: an environment,
-// headers) has keys of its own.
+// arguments is followed through properties, additionalProperties,
+// patternProperties, unevaluatedProperties, items, prefixItems and
+// additionalItems (draft-07 tuples too), and its properties are gathered
+// through anyOf, oneOf, allOf, then, else, dependentSchemas, dependencies
+// and local $refs (an object behind a $ref, as Go and Python SDKs describe
+// nested structs, or an optional one behind anyOf). A place whose schema
+// declares no properties (a free-form map: an environment, headers) has
+// keys of its own; one that more than maxSchemas schemas lead to is
+// refused.
 
 var (
 	keyInputSchema = ast.StringTerm("inputSchema")
 	keyProperties  = ast.StringTerm("properties")
 	keyItems       = ast.StringTerm("items")
 	keyPrefixItems = ast.StringTerm("prefixItems")
+	keyAddItems    = ast.StringTerm("additionalItems")
 	keyAdditional  = ast.StringTerm("additionalProperties")
+	keyUnevaluated = ast.StringTerm("unevaluatedProperties")
+	keyPatterns    = ast.StringTerm("patternProperties")
 	keyRef         = ast.StringTerm("$ref")
-	combinators    = [...]*ast.Term{ast.StringTerm("anyOf"), ast.StringTerm("oneOf"), ast.StringTerm("allOf")}
+	// The members whose subschemas describe the same value as the schema
+	// holding them: as branches (arrays), as one schema, or as the values
+	// of an object. Gathering them all over-approximates what is declared
+	// at a place, as a refusal of a key that folds onto any of it should.
+	keysBranches = [...]*ast.Term{ast.StringTerm("anyOf"), ast.StringTerm("oneOf"), ast.StringTerm("allOf")}
+	keysSame     = [...]*ast.Term{ast.StringTerm("then"), ast.StringTerm("else")}
+	keysByName   = [...]*ast.Term{ast.StringTerm("dependentSchemas"), ast.StringTerm("dependencies")}
 )
 
 // checkArgumentKeys checks args (the arguments as an AST term) against the
@@ -51,65 +65,92 @@ func checkArgumentKeys(args, tool *ast.Term) error {
 }
 
 // A place is where a value of the arguments stands in the schema: the
-// schemas that describe it there (its own, and those its anyOf, oneOf,
-// allOf and local $refs lead to), and the places of its members and items,
-// found on first need.
+// schemas that describe it there (its own, and those its subschemas of
+// the same value and its local $refs lead to), and the places of its
+// members and items, found on first need: one per declared member and per
+// tuple position, one for every other member, one for every other item.
 type place struct {
-	root    ast.Object
-	schemas []ast.Object
-	names   map[string]string // declared names by folded form, built on first need
-	members map[string]*place
-	items   map[int]*place
+	root     ast.Object
+	schemas  []ast.Object
+	first    [4]ast.Object       // room for the schemas of most places
+	seen     map[ast.Object]bool // while gathering, past len(first) schemas
+	tooMany  bool                // more than maxSchemas lead here
+	names    map[string]string   // declared names by folded form, built on first need
+	members  map[string]*place   // declared members'
+	rest     *place              // any other member's
+	restDone bool
+	tuple    map[int]*place // tuple positions'
+	items    *place         // any other item's
+	itemDone bool
 }
 
-// maxSchemas bounds the schemas gathered for one place (a schema of
-// thousands of branches costs its size once, not once per key).
+// maxSchemas bounds the schemas gathered for one place; a place more
+// lead to is refused (a schema of thousands of branches costs its size
+// once, not once per key).
 const maxSchemas = 256
 
 // newPlace gathers the schemas of a place from those given (values that
 // are not objects describe no object).
 func newPlace(root ast.Object, given []ast.Value) *place {
 	p := &place{root: root}
-	var seen map[ast.Value]bool // made for a schema that leads to others
-	var add func(v ast.Value, depth int)
-	add = func(v ast.Value, depth int) {
-		s, ok := v.(ast.Object)
-		if !ok || depth > 32 || len(p.schemas) >= maxSchemas || seen[v] {
-			return
-		}
-		p.schemas = append(p.schemas, s)
-		ref, _ := getValue(s, keyRef).(ast.String)
-		var branches [len(combinators)]*ast.Array
-		leads := ref != ""
-		for i, k := range combinators {
-			branches[i], _ = getValue(s, k).(*ast.Array)
-			leads = leads || branches[i] != nil
-		}
-		if !leads {
-			return
-		}
-		if seen == nil {
-			seen = map[ast.Value]bool{}
-			for _, s := range p.schemas {
-				seen[s] = true
-			}
-		}
-		seen[v] = true
-		if ref != "" {
-			add(resolveRef(root, string(ref)), depth+1)
-		}
-		for _, arr := range branches {
-			if arr != nil {
-				for i := range arr.Len() {
-					add(arr.Elem(i).Value, depth+1)
-				}
-			}
-		}
-	}
+	p.schemas = p.first[:0]
 	for _, v := range given {
-		add(v, 0)
+		p.add(v)
 	}
+	p.seen = nil
 	return p
+}
+
+// add gathers the schema v (if it is one) and those it leads to.
+func (p *place) add(v ast.Value) {
+	s, ok := v.(ast.Object)
+	if !ok || p.has(s) {
+		return
+	}
+	if len(p.schemas) == maxSchemas {
+		p.tooMany = true
+		return
+	}
+	p.schemas = append(p.schemas, s)
+	if p.seen != nil {
+		p.seen[s] = true
+	} else if len(p.schemas) == len(p.first) {
+		p.seen = make(map[ast.Object]bool, 2*len(p.first))
+		for _, o := range p.schemas {
+			p.seen[o] = true
+		}
+	}
+	if ref, ok := getValue(s, keyRef).(ast.String); ok {
+		p.add(resolveRef(p.root, string(ref)))
+	}
+	for _, k := range keysBranches {
+		if arr, ok := getValue(s, k).(*ast.Array); ok {
+			for i := range arr.Len() {
+				p.add(arr.Elem(i).Value)
+			}
+		}
+	}
+	for _, k := range keysSame {
+		p.add(getValue(s, k))
+	}
+	for _, k := range keysByName {
+		if obj, ok := getValue(s, k).(ast.Object); ok {
+			obj.Foreach(func(_, v *ast.Term) { p.add(v.Value) })
+		}
+	}
+}
+
+// has reports whether s was gathered already.
+func (p *place) has(s ast.Object) bool {
+	if p.seen != nil {
+		return p.seen[s]
+	}
+	for _, o := range p.schemas {
+		if o == s {
+			return true
+		}
+	}
+	return false
 }
 
 // variant is the property p declares that key folds onto without being
@@ -142,23 +183,38 @@ func (p *place) variant(key *ast.Term) (string, bool) {
 }
 
 // resolveRef is the schema a local $ref ("#", "#/$defs/x", any JSON
-// pointer into the tool's inputSchema) names; nil for any other.
+// pointer into the tool's inputSchema, percent-encoded or not) names; nil
+// for any other.
 func resolveRef(root ast.Object, ref string) ast.Value {
 	ptr, ok := strings.CutPrefix(ref, "#")
 	if !ok {
 		return nil
 	}
+	if p, err := url.PathUnescape(ptr); err == nil {
+		ptr = p
+	}
+	if ptr == "" {
+		return root
+	}
+	if !strings.HasPrefix(ptr, "/") {
+		return nil // an anchor name
+	}
 	var v ast.Value = root
-	for seg := range strings.SplitSeq(strings.TrimPrefix(ptr, "/"), "/") {
-		if ptr == "" {
-			break
-		}
-		seg = strings.NewReplacer("~1", "/", "~0", "~").Replace(seg)
-		obj, ok := v.(ast.Object)
-		if !ok {
+	for seg := range strings.SplitSeq(ptr[1:], "/") {
+		seg = strings.ReplaceAll(strings.ReplaceAll(seg, "~1", "/"), "~0", "~")
+		switch x := v.(type) {
+		case ast.Object:
+			v = getValue(x, ast.StringTerm(seg))
+		case *ast.Array:
+			i, err := strconv.Atoi(seg)
+			if err != nil || i < 0 || i >= x.Len() || seg != strconv.Itoa(i) {
+				return nil
+			}
+			v = x.Elem(i).Value
+		default:
 			return nil
 		}
-		if v = getValue(obj, ast.StringTerm(seg)); v == nil {
+		if v == nil {
 			return nil
 		}
 	}
@@ -173,8 +229,10 @@ func getValue(obj ast.Object, k *ast.Term) ast.Value {
 	return nil
 }
 
-// member is the place of the member key of an object at p: its property
-// schemas where p declares key, else p's additionalProperties.
+// member is the place of the member k of an object at p: its property
+// schemas where p declares k; else the place of every other member, made
+// of p's additionalProperties, patternProperties (all of them: which
+// pattern matches is not worked out) and unevaluatedProperties.
 func (p *place) member(k *ast.Term) *place {
 	if p == nil {
 		return nil
@@ -183,17 +241,17 @@ func (p *place) member(k *ast.Term) *place {
 	if q, ok := p.members[key]; ok {
 		return q
 	}
-	var given []ast.Value
+	var buf [4]ast.Value
+	given := buf[:0]
 	for _, s := range p.schemas {
 		if props, ok := getValue(s, keyProperties).(ast.Object); ok {
 			if v := getValue(props, k); v != nil {
 				given = append(given, v)
-				continue
 			}
 		}
-		if v := getValue(s, keyAdditional); v != nil {
-			given = append(given, v)
-		}
+	}
+	if len(given) == 0 {
+		return p.other()
 	}
 	q := p.child(given)
 	if p.members == nil {
@@ -203,50 +261,75 @@ func (p *place) member(k *ast.Term) *place {
 	return q
 }
 
-// item is the place of the i-th item of an array at p: p's prefixItems[i],
-// else its items.
+// other is the place of the members p does not declare.
+func (p *place) other() *place {
+	if !p.restDone {
+		var given []ast.Value
+		for _, s := range p.schemas {
+			given = append(given, getValue(s, keyAdditional), getValue(s, keyUnevaluated))
+			if pats, ok := getValue(s, keyPatterns).(ast.Object); ok {
+				pats.Foreach(func(_, v *ast.Term) { given = append(given, v.Value) })
+			}
+		}
+		p.rest, p.restDone = p.child(given), true
+	}
+	return p.rest
+}
+
+// item is the place of the i-th item of an array at p: its tuple schemas
+// (prefixItems, or items as an array) where they reach i, else those of
+// every other item (items, additionalItems).
 func (p *place) item(i int) *place {
 	if p == nil {
 		return nil
 	}
-	prefixed := false
-	for _, s := range p.schemas {
-		if arr, ok := getValue(s, keyPrefixItems).(*ast.Array); ok && arr.Len() > 0 {
-			prefixed = true
-		}
-	}
-	if !prefixed {
-		i = -1 // every item has one place
-	}
-	if q, ok := p.items[i]; ok {
+	if q, ok := p.tuple[i]; ok {
 		return q
 	}
 	var given []ast.Value
 	for _, s := range p.schemas {
-		if arr, ok := getValue(s, keyPrefixItems).(*ast.Array); ok && i >= 0 && i < arr.Len() {
-			given = append(given, arr.Elem(i).Value)
-			continue
+		for _, k := range [...]*ast.Term{keyPrefixItems, keyItems} {
+			if arr, ok := getValue(s, k).(*ast.Array); ok && i < arr.Len() {
+				given = append(given, arr.Elem(i).Value)
+			}
 		}
-		if v := getValue(s, keyItems); v != nil {
-			given = append(given, v)
+	}
+	if len(given) == 0 {
+		if !p.itemDone {
+			var rest []ast.Value
+			for _, s := range p.schemas {
+				if items := getValue(s, keyItems); items != nil {
+					if _, tuple := items.(*ast.Array); !tuple {
+						rest = append(rest, items)
+					}
+				}
+				rest = append(rest, getValue(s, keyAddItems))
+			}
+			p.items, p.itemDone = p.child(rest), true
 		}
+		return p.items
 	}
 	q := p.child(given)
-	if p.items == nil {
-		p.items = map[int]*place{}
+	if p.tuple == nil {
+		p.tuple = map[int]*place{}
 	}
-	p.items[i] = q
+	p.tuple[i] = q
 	return q
 }
 
 func (p *place) child(given []ast.Value) *place {
-	if len(given) == 0 {
-		return nil
+	for _, v := range given {
+		if _, ok := v.(ast.Object); ok {
+			return newPlace(p.root, given)
+		}
 	}
-	return newPlace(p.root, given)
+	return nil
 }
 
 func checkKeys(v ast.Value, at *place, path string) error {
+	if at != nil && at.tooMany {
+		return fmt.Errorf("%s: the tool's inputSchema leads to more than %d schemas for it, too many to check the argument names against; the tool cannot be called through toolgate", path, maxSchemas)
+	}
 	switch x := v.(type) {
 	case ast.Object:
 		keys := x.Keys()
