@@ -182,9 +182,9 @@ func TestAnswers2AttackProgressTokenCaseVariantReachesAnotherUsersCall(t *testin
 // call again — … has it replaced by [REDACTED:credential] before any policy
 // or runner sees the message" (no word of "in the same call"); the same goes
 // for the standalone GET stream, a resumed stream, a task's tasks/result.
-// Fixed: the MCP session keeps the secrets its upstream refused (the
-// newest 16, on the replica that sent them), and every later answer of the
-// session is searched for them.
+// Fixed: the app keeps the secrets a service's upstream refused for a user
+// (the newest 16, on the replica that refreshed them), and every later
+// answer of that service to that user is searched for them.
 func TestAnswers2AttackRefusedTokenReflectedInALaterCall(t *testing.T) {
 	p := startOAuthProvider(t, providerConfig{AccessTTL: time.Hour})
 	server := newTestServer(nil)

@@ -12,7 +12,12 @@ import "strings"
 
 // FoldKey maps keys that bytes.EqualFold considers equal to one string. It
 // may merge a few more (it is at least as strict as EqualFold), never fewer.
-func FoldKey(k string) string { return strings.ToLower(strings.ToUpper(k)) }
+func FoldKey(k string) string {
+	if isASCII(k) {
+		return strings.ToLower(k) // the same, without a copy when k is in lower case already
+	}
+	return strings.ToLower(strings.ToUpper(k))
+}
 
 // SameFold reports whether a and b are different spellings of keys that a
 // case-insensitive decoder would take for one another.

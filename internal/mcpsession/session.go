@@ -54,7 +54,6 @@ type Session struct {
 	inUse    atomic.Int32 // exchanges and streams in progress
 	retired  atomic.Bool  // replaced: ends when nothing uses it (Sessions.Retire)
 	heldHere atomic.Bool  // a transport module of this replica holds an upstream session of it (HeldHere)
-	refused  atomic.Pointer[[]string]
 
 	// Bookkeeping of this copy against the shared state.
 	stale   atomic.Bool  // a change was announced since the record was read
@@ -165,42 +164,6 @@ func (s *Session) Retiring() context.Context {
 	}
 	return s.retiring
 }
-
-// AddRefused records the secrets of a credential the session's upstream
-// refused (an OAuth access token, before toolgate refreshed it and sent
-// the request again): the upstream had it, and may quote it in any later
-// answer, which is searched for it too (Refused). The newest maxRefused
-// credentials' are kept, on this replica.
-func (s *Session) AddRefused(secrets []string) {
-	if len(secrets) == 0 {
-		return
-	}
-	for {
-		old := s.refused.Load()
-		var next []string
-		if old != nil {
-			next = append(next, *old...)
-		}
-		next = append(next, secrets...)
-		if len(next) > maxRefused {
-			next = next[len(next)-maxRefused:]
-		}
-		if s.refused.CompareAndSwap(old, &next) {
-			return
-		}
-	}
-}
-
-// Refused are the secrets AddRefused recorded.
-func (s *Session) Refused() []string {
-	if r := s.refused.Load(); r != nil {
-		return *r
-	}
-	return nil
-}
-
-// maxRefused bounds the refused secrets a session keeps.
-const maxRefused = 16
 
 // HeldHere records that a transport module of this replica (a program, a
 // legacy SSE connection) holds an upstream session of s: when another

@@ -313,6 +313,7 @@ func (a *App) CredentialRefused(ctx context.Context, svc *Service, user string, 
 	}
 	fresh := credentialOf(conn)
 	if fresh.Value != refused.Value {
+		refusedTokensOf.add(svc.ID, user, refused)
 		return fresh, nil
 	}
 	if svc.Auth.Kind != AuthOAuth || conn.RefreshToken == "" {
@@ -331,6 +332,7 @@ func (a *App) CredentialRefused(ctx context.Context, svc *Service, user string, 
 	if fresh = credentialOf(conn); fresh.Value == refused.Value {
 		return nil, ErrGrantRejected
 	}
+	refusedTokensOf.add(svc.ID, user, refused)
 	return fresh, nil
 }
 

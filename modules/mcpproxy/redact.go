@@ -242,7 +242,7 @@ func (h *Handler) redactCredential(call *gateway.Call, msg mcpmsg.Message) (mcpm
 func (h *Handler) redacted(call *gateway.Call, msg mcpmsg.Message, pre *prescan) (mcpmsg.Message, bool, error) {
 	changed := false
 	var err error
-	eachSecret(call, func(secret string) bool {
+	h.eachSecret(call, func(secret string) bool {
 		var ch bool
 		msg, ch, err = h.redactedSecret(secret, msg, pre.of(secret, msg.Raw))
 		changed = changed || ch
@@ -253,8 +253,9 @@ func (h *Handler) redacted(call *gateway.Call, msg mcpmsg.Message, pre *prescan)
 
 // eachSecret calls f with each secret of the call's credential, then of
 // the credentials its upstream refused (gateway.Call.Refused, and those
-// its MCP session recorded), until f returns false.
-func eachSecret(call *gateway.Call, f func(secret string) bool) {
+// the app remembers for the service and the caller: App.RefusedSecrets),
+// until f returns false.
+func (h *Handler) eachSecret(call *gateway.Call, f func(secret string) bool) {
 	more := true
 	call.Credential.EachSecret(func(secret string) bool { more = f(secret); return more })
 	for _, c := range call.Refused {
@@ -263,20 +264,21 @@ func eachSecret(call *gateway.Call, f func(secret string) bool) {
 		}
 		c.EachSecret(func(secret string) bool { more = f(secret); return more })
 	}
-	if call.MCPSession != nil {
-		for _, secret := range call.MCPSession.Refused() {
-			if !more {
-				return
-			}
-			more = f(secret)
+	if call.Service == nil || call.Caller == nil || h.app == nil {
+		return
+	}
+	for _, secret := range h.app.RefusedSecrets(call.Service.ID, call.Caller.User) {
+		if !more {
+			return
 		}
+		more = f(secret)
 	}
 }
 
 // hasSecret reports whether the call has a credential to search for.
-func hasSecret(call *gateway.Call) bool {
+func (h *Handler) hasSecret(call *gateway.Call) bool {
 	found := false
-	eachSecret(call, func(string) bool { found = true; return false })
+	h.eachSecret(call, func(string) bool { found = true; return false })
 	return found
 }
 

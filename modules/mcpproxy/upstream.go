@@ -98,13 +98,8 @@ func (h *Handler) exchange(ctx context.Context, call *gateway.Call, up gateway.U
 		return resp, err
 	}
 	// The refused token went upstream: an upstream may quote it back, in
-	// this answer or a later one of the session.
+	// this answer or a later one (the app remembers it for those).
 	call.Refused = append(call.Refused, call.Credential)
-	if call.MCPSession != nil {
-		var secrets []string
-		call.Credential.EachSecret(func(s string) bool { secrets = append(secrets, s); return true })
-		call.MCPSession.AddRefused(secrets)
-	}
 	call.Credential = fresh
 	return h.attempt(ctx, call, up, method, body, lastEventID)
 }

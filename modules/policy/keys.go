@@ -22,8 +22,9 @@ import (
 // patternProperties, unevaluatedProperties, items, prefixItems and
 // additionalItems (draft-07 tuples too), and its properties are gathered
 // through anyOf, oneOf, allOf, then, else, dependentSchemas, dependencies
-// and local $refs (an object behind a $ref, as Go and Python SDKs describe
-// nested structs, or an optional one behind anyOf). A place whose schema
+// and what $ref, $dynamicRef and $recursiveRef name within the schema (a
+// JSON pointer, an anchor, an $id: an object behind a $ref, as Go and
+// Python SDKs describe nested structs, or an optional one behind anyOf). A place whose schema
 // declares no properties (a free-form map: an environment, headers) has
 // keys of its own; one that more than maxSchemas schemas lead to is
 // refused.
@@ -37,7 +38,9 @@ var (
 	keyAdditional  = ast.StringTerm("additionalProperties")
 	keyUnevaluated = ast.StringTerm("unevaluatedProperties")
 	keyPatterns    = ast.StringTerm("patternProperties")
-	keyRef         = ast.StringTerm("$ref")
+	keysRefs       = [...]*ast.Term{ast.StringTerm("$ref"), ast.StringTerm("$dynamicRef"), ast.StringTerm("$recursiveRef")}
+	keySchemaID    = ast.StringTerm("$id")
+	keysAnchors    = [...]*ast.Term{ast.StringTerm("$anchor"), ast.StringTerm("$dynamicAnchor")}
 	// The members whose subschemas describe the same value as the schema
 	// holding them: as branches (arrays), as one schema, or as the values
 	// of an object. Gathering them all over-approximates what is declared
@@ -56,7 +59,8 @@ func checkArgumentKeys(args, tool *ast.Term) error {
 		if obj, ok := tool.Value.(ast.Object); ok {
 			if s := obj.Get(keyInputSchema); s != nil {
 				if root, ok := s.Value.(ast.Object); ok {
-					top = newPlace(root, []ast.Value{root})
+					doc := &schemaDoc{root: root}
+					top = newPlace(doc, []ast.Value{root})
 				}
 			}
 		}
@@ -70,7 +74,7 @@ func checkArgumentKeys(args, tool *ast.Term) error {
 // members and items, found on first need: one per declared member and per
 // tuple position, one for every other member, one for every other item.
 type place struct {
-	root     ast.Object
+	doc      *schemaDoc
 	schemas  []ast.Object
 	first    [4]ast.Object       // room for the schemas of most places
 	seen     map[ast.Object]bool // while gathering, past len(first) schemas
@@ -91,8 +95,8 @@ const maxSchemas = 256
 
 // newPlace gathers the schemas of a place from those given (values that
 // are not objects describe no object).
-func newPlace(root ast.Object, given []ast.Value) *place {
-	p := &place{root: root}
+func newPlace(doc *schemaDoc, given []ast.Value) *place {
+	p := &place{doc: doc}
 	p.schemas = p.first[:0]
 	for _, v := range given {
 		p.add(v)
@@ -120,8 +124,10 @@ func (p *place) add(v ast.Value) {
 			p.seen[o] = true
 		}
 	}
-	if ref, ok := getValue(s, keyRef).(ast.String); ok {
-		p.add(resolveRef(p.root, string(ref)))
+	for _, k := range keysRefs {
+		if ref, ok := getValue(s, k).(ast.String); ok {
+			p.add(p.doc.resolve(string(ref)))
+		}
 	}
 	for _, k := range keysBranches {
 		if arr, ok := getValue(s, k).(*ast.Array); ok {
@@ -164,43 +170,171 @@ func (p *place) variant(key *ast.Term) (string, bool) {
 			return "", false // declared as spelled
 		}
 	}
-	if p.names == nil {
-		p.names = map[string]string{}
-		for _, s := range p.schemas {
-			if props, ok := getValue(s, keyProperties).(ast.Object); ok {
-				props.Foreach(func(k, _ *ast.Term) {
-					if name, ok := k.Value.(ast.String); ok {
-						if f := mcpmsg.FoldKey(string(name)); p.names[f] == "" {
-							p.names[f] = string(name)
-						}
-					}
-				})
+	f := mcpmsg.FoldKey(string(key.Value.(ast.String)))
+	for _, s := range p.schemas {
+		if name, ok := p.doc.names(s)[f]; ok {
+			return name, true
+		}
+	}
+	return "", false
+}
+
+// A schemaDoc is a tool's inputSchema as one call's check reads it: the
+// declared names of each schema folded once (however many places share
+// it), and the schemas its $ids and anchors name, found on first need.
+type schemaDoc struct {
+	root     ast.Object
+	resolved map[string]ast.Value // by reference
+	folded   map[ast.Object]map[string]string
+	ids      map[string]ast.Object // by $id as written, as resolved, and by its last path segment
+	anchors  map[string]ast.Object // by $anchor, $dynamicAnchor, and "#name" $ids
+}
+
+// names is the property names s declares, by folded form.
+func (d *schemaDoc) names(s ast.Object) map[string]string {
+	if n, ok := d.folded[s]; ok {
+		return n
+	}
+	var n map[string]string
+	if props, ok := getValue(s, keyProperties).(ast.Object); ok {
+		props.Foreach(func(k, _ *ast.Term) {
+			if name, ok := k.Value.(ast.String); ok {
+				if n == nil {
+					n = map[string]string{}
+				}
+				if f := mcpmsg.FoldKey(string(name)); n[f] == "" {
+					n[f] = string(name)
+				}
+			}
+		})
+	}
+	if d.folded == nil {
+		d.folded = map[ast.Object]map[string]string{}
+	}
+	d.folded[s] = n
+	return n
+}
+
+// resolve is the schema a $ref (or $dynamicRef, $recursiveRef) names
+// within the inputSchema: a JSON pointer ("#", "#/$defs/x", percent-encoded
+// or not) from the root or from a schema an $id names (as written,
+// resolved against the root's $id, or by its last path segment), or an
+// anchor ("#name"); nil for anything else (a schema elsewhere, which
+// describes nothing here).
+func (d *schemaDoc) resolve(ref string) ast.Value {
+	if v, ok := d.resolved[ref]; ok {
+		return v
+	}
+	v := d.resolveOnce(ref)
+	if d.resolved == nil {
+		d.resolved = map[string]ast.Value{}
+	}
+	d.resolved[ref] = v
+	return v
+}
+
+func (d *schemaDoc) resolveOnce(ref string) ast.Value {
+	target, frag, _ := strings.Cut(ref, "#")
+	var base ast.Value = d.root
+	if target != "" {
+		if base = d.byID(target); base == nil {
+			return nil
+		}
+	}
+	if f, err := url.PathUnescape(frag); err == nil {
+		frag = f
+	}
+	switch {
+	case frag == "":
+		return base
+	case strings.HasPrefix(frag, "/"):
+		return pointer(base, frag[1:])
+	}
+	d.index()
+	if a, ok := d.anchors[frag]; ok {
+		return a
+	}
+	return nil
+}
+
+// byID is the schema whose $id is target.
+func (d *schemaDoc) byID(target string) ast.Value {
+	d.index()
+	if s, ok := d.ids[target]; ok {
+		return s
+	}
+	if base, err := url.Parse(d.rootID()); err == nil {
+		if t, err := base.Parse(target); err == nil {
+			if s, ok := d.ids[t.String()]; ok {
+				return s
 			}
 		}
 	}
-	name, ok := p.names[mcpmsg.FoldKey(string(key.Value.(ast.String)))]
-	return name, ok
+	if s, ok := d.ids[lastSegment(target)]; ok {
+		return s
+	}
+	return nil
 }
 
-// resolveRef is the schema a local $ref ("#", "#/$defs/x", any JSON
-// pointer into the tool's inputSchema, percent-encoded or not) names; nil
-// for any other.
-func resolveRef(root ast.Object, ref string) ast.Value {
-	ptr, ok := strings.CutPrefix(ref, "#")
-	if !ok {
-		return nil
+func (d *schemaDoc) rootID() string {
+	id, _ := getValue(d.root, keySchemaID).(ast.String)
+	return string(id)
+}
+
+// index finds every $id and anchor of the inputSchema, once.
+func (d *schemaDoc) index() {
+	if d.ids != nil {
+		return
 	}
-	if p, err := url.PathUnescape(ptr); err == nil {
-		ptr = p
+	d.ids, d.anchors = map[string]ast.Object{}, map[string]ast.Object{}
+	base, _ := url.Parse(d.rootID())
+	var walk func(v ast.Value, base *url.URL, depth int)
+	walk = func(v ast.Value, base *url.URL, depth int) {
+		if depth > 1000 {
+			return
+		}
+		switch x := v.(type) {
+		case ast.Object:
+			if id, ok := getValue(x, keySchemaID).(ast.String); ok {
+				doc, name, _ := strings.Cut(string(id), "#")
+				if name != "" {
+					d.anchors[name] = x
+				}
+				if doc != "" {
+					d.ids[doc] = x
+					d.ids[lastSegment(doc)] = x
+					if base != nil {
+						if abs, err := base.Parse(doc); err == nil {
+							d.ids[abs.String()] = x
+							base = abs
+						}
+					}
+				}
+			}
+			for _, k := range keysAnchors {
+				if a, ok := getValue(x, k).(ast.String); ok {
+					d.anchors[string(a)] = x
+				}
+			}
+			x.Foreach(func(_, e *ast.Term) { walk(e.Value, base, depth+1) })
+		case *ast.Array:
+			for i := range x.Len() {
+				walk(x.Elem(i).Value, base, depth+1)
+			}
+		}
 	}
-	if ptr == "" {
-		return root
-	}
-	if !strings.HasPrefix(ptr, "/") {
-		return nil // an anchor name
-	}
-	var v ast.Value = root
-	for seg := range strings.SplitSeq(ptr[1:], "/") {
+	walk(d.root, base, 0)
+}
+
+// lastSegment is the last segment of a URI reference's path.
+func lastSegment(ref string) string {
+	return ref[strings.LastIndexByte(ref, '/')+1:]
+}
+
+// pointer is the value a JSON pointer (RFC 6901, without its leading
+// "/") names from v; nil when it names nothing.
+func pointer(v ast.Value, ptr string) ast.Value {
+	for seg := range strings.SplitSeq(ptr, "/") {
 		seg = strings.ReplaceAll(strings.ReplaceAll(seg, "~1", "/"), "~0", "~")
 		switch x := v.(type) {
 		case ast.Object:
@@ -320,7 +454,7 @@ func (p *place) item(i int) *place {
 func (p *place) child(given []ast.Value) *place {
 	for _, v := range given {
 		if _, ok := v.(ast.Object); ok {
-			return newPlace(p.root, given)
+			return newPlace(p.doc, given)
 		}
 	}
 	return nil
