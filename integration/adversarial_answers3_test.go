@@ -1,74 +1,10 @@
 package integration
 
 import (
-	"bytes"
-	"encoding/json"
-	"fmt"
-	"io"
 	"net/http"
-	"net/http/httptest"
 	"strings"
-	"sync"
 	"testing"
-	"time"
-
-	"github.com/modelcontextprotocol/go-sdk/mcp"
-	"github.com/tidwall/gjson"
 )
-
-// answers3RefusedThenQuoted starts an OAuth gateway before a go-sdk
-// upstream whose first tools/call is refused (401: toolgate refreshes
-// alice's grant and sends it again) and whose later tools/calls answer
-// with the token it refused. It returns the gateway, alice's toolgate
-// session, and a function giving the refused and retried tokens.
-func answers3RefusedThenQuoted(t *testing.T) (*gateway, string, func() (string, string)) {
-	p := startOAuthProvider(t, providerConfig{AccessTTL: time.Hour})
-	server := newTestServer(nil)
-	sdk := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return server },
-		&mcp.StreamableHTTPOptions{SessionTimeout: time.Minute})
-	var mu sync.Mutex
-	var refused, retried string
-	calls := 0
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		body, _ := io.ReadAll(r.Body)
-		r.Body = io.NopCloser(bytes.NewReader(body))
-		if r.Method != http.MethodPost || gjson.GetBytes(body, "method").String() != "tools/call" {
-			sdk.ServeHTTP(w, r)
-			return
-		}
-		token := strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer ")
-		mu.Lock()
-		calls++
-		n := calls
-		if n == 1 {
-			refused = token
-		} else if n == 2 {
-			retried = token
-		}
-		old := refused
-		mu.Unlock()
-		if n == 1 {
-			w.Header().Set("WWW-Authenticate", `Bearer error="invalid_token"`)
-			http.Error(w, "invalid token", http.StatusUnauthorized)
-			return
-		}
-		text := "ok"
-		if n > 2 {
-			text = "the token you sent me before: " + old
-		}
-		q, _ := json.Marshal(text)
-		w.Header().Set("Content-Type", "application/json")
-		fmt.Fprintf(w, `{"jsonrpc":"2.0","id":%s,"result":{"content":[{"type":"text","text":%s}]}}`, gjson.GetBytes(body, "id").Raw, q)
-	}))
-	t.Cleanup(srv.Close)
-	g := oauthGateway(t, p, &protectedUpstream{URL: srv.URL + "/mcp"}, gatewayConfig{})
-	g.connectOAuth(t, aliceKey)
-	return g, g.createSession(t, aliceKey, "svc"), func() (string, string) {
-		mu.Lock()
-		defer mu.Unlock()
-		return refused, retried
-	}
-}
 
 // answers3Stateless sends a stateless (2026-07-28) tools/call declaring
 // caps and returns the runner's answer as JSON.
@@ -100,7 +36,7 @@ func answers3Stateless(t *testing.T, g *gateway, session string, id int, caps st
 // Fixed: the app remembers refused tokens per service and user
 // (gateway.App.RefusedSecrets), not per MCP session.
 func TestAnswers3AttackStatelessRefusedTokenOtherCapabilities(t *testing.T) {
-	g, session, tokens := answers3RefusedThenQuoted(t)
+	g, session, tokens := refusedThenQuoted(t, 3)
 	first := answers3Stateless(t, g, session, 1, `{"elicitation":{}}`)
 	old, fresh := tokens()
 	if old == "" || fresh == "" || old == fresh {
@@ -116,7 +52,7 @@ func TestAnswers3AttackStatelessRefusedTokenOtherCapabilities(t *testing.T) {
 // Holds: the same stateless runner declaring the same capabilities on
 // both calls: the second answer's quote of the refused token is redacted.
 func TestAnswers3HoldsStatelessRefusedTokenSameCapabilities(t *testing.T) {
-	g, session, tokens := answers3RefusedThenQuoted(t)
+	g, session, tokens := refusedThenQuoted(t, 3)
 	first := answers3Stateless(t, g, session, 1, `{}`)
 	old, fresh := tokens()
 	if old == "" || fresh == "" || old == fresh {

@@ -130,6 +130,61 @@ func TestAnswersAttackTaskAnswerCaseVariantContentIsNotAToolResult(t *testing.T)
 	}
 }
 
+// refusedThenQuoted starts an OAuth gateway before a go-sdk
+// upstream whose first tools/call is refused (401: toolgate refreshes
+// alice's grant and sends it again) and whose tools/calls from the quote-th
+// on (the retry is the second) answer with the token it refused. It
+// returns the gateway, alice's toolgate session, and a function giving the
+// refused and retried tokens.
+func refusedThenQuoted(t *testing.T, quote int) (*gateway, string, func() (string, string)) {
+	p := startOAuthProvider(t, providerConfig{AccessTTL: time.Hour})
+	server := newTestServer(nil)
+	sdk := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return server },
+		&mcp.StreamableHTTPOptions{SessionTimeout: time.Minute})
+	var mu sync.Mutex
+	var refused, retried string
+	calls := 0
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		r.Body = io.NopCloser(bytes.NewReader(body))
+		if r.Method != http.MethodPost || gjson.GetBytes(body, "method").String() != "tools/call" {
+			sdk.ServeHTTP(w, r)
+			return
+		}
+		token := strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer ")
+		mu.Lock()
+		calls++
+		n := calls
+		if n == 1 {
+			refused = token
+		} else if n == 2 {
+			retried = token
+		}
+		old := refused
+		mu.Unlock()
+		if n == 1 {
+			w.Header().Set("WWW-Authenticate", `Bearer error="invalid_token"`)
+			http.Error(w, "invalid token", http.StatusUnauthorized)
+			return
+		}
+		text := "ok"
+		if n >= quote {
+			text = "the token you sent me before: " + old
+		}
+		q, _ := json.Marshal(text)
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprintf(w, `{"jsonrpc":"2.0","id":%s,"result":{"content":[{"type":"text","text":%s}]}}`, gjson.GetBytes(body, "id").Raw, q)
+	}))
+	t.Cleanup(srv.Close)
+	g := oauthGateway(t, p, &protectedUpstream{URL: srv.URL + "/mcp"}, gatewayConfig{})
+	g.connectOAuth(t, aliceKey)
+	return g, g.createSession(t, aliceKey, "svc"), func() (string, string) {
+		mu.Lock()
+		defer mu.Unlock()
+		return refused, retried
+	}
+}
+
 // Attack (fixed): the upstream of an OAuth service answers a runner's tools/call
 // with 401. exchange (modules/mcpproxy/upstream.go:89-101) asks
 // App.CredentialRefused for a fresh credential, which refreshes the grant
@@ -147,55 +202,13 @@ func TestAnswersAttackTaskAnswerCaseVariantContentIsNotAToolResult(t *testing.T)
 // the refused credential stays on the call (gateway.Call.Refused), and
 // everything the upstream sends is searched for it too.
 func TestAnswersAttackRefusedTokenReflectedAfterRefresh(t *testing.T) {
-	p := startOAuthProvider(t, providerConfig{AccessTTL: time.Hour})
-	server := newTestServer(nil)
-	sdk := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return server },
-		&mcp.StreamableHTTPOptions{SessionTimeout: time.Minute})
-	var mu sync.Mutex
-	var refused, retried string
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		body, _ := io.ReadAll(r.Body)
-		r.Body = io.NopCloser(bytes.NewReader(body))
-		if r.Method != http.MethodPost || gjson.GetBytes(body, "method").String() != "tools/call" {
-			sdk.ServeHTTP(w, r)
-			return
-		}
-		token := strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer ")
-		mu.Lock()
-		first := refused == ""
-		if first {
-			refused = token
-		} else {
-			retried = token
-		}
-		old := refused
-		mu.Unlock()
-		if first {
-			w.Header().Set("WWW-Authenticate", `Bearer error="invalid_token"`)
-			http.Error(w, "invalid token", http.StatusUnauthorized)
-			return
-		}
-		w.Header().Set("Content-Type", "application/json")
-		text, _ := json.Marshal("the token you sent me first: " + old)
-		fmt.Fprintf(w, `{"jsonrpc":"2.0","id":%s,"result":{"content":[{"type":"text","text":%s}]}}`, gjson.GetBytes(body, "id").Raw, text)
-	}))
-	t.Cleanup(srv.Close)
-	g := oauthGateway(t, p, &protectedUpstream{URL: srv.URL + "/mcp"}, gatewayConfig{})
-	g.connectOAuth(t, aliceKey)
-	m := g.raw(t, aliceKey, g.createSession(t, aliceKey, "svc"), "svc")
+	g, session, tokens := refusedThenQuoted(t, 2)
+	m := g.raw(t, aliceKey, session, "svc")
 	m.initialize()
 	ans := rdCall(t, m, 10)
-	mu.Lock()
-	old, fresh := refused, retried
-	mu.Unlock()
+	old, fresh := tokens()
 	if old == "" || fresh == "" || old == fresh {
 		t.Fatalf("premise: the call was not refused and retried with a refreshed token (first %q, retry %q): %s", old, fresh, ans)
-	}
-	t.Logf("runner got: %s", ans)
-	if user, err := p.userOf(t.Context(), "Bearer "+old); err == nil {
-		t.Logf("the provider still accepts the reflected token as %s's", user)
-	} else {
-		t.Logf("the provider no longer accepts the reflected token: %v", err)
 	}
 	if strings.Contains(rdDecoded(ans), old) {
 		t.Errorf("the runner got alice's access token that the upstream refused (toolgate refreshed it and retried): %s", ans)
