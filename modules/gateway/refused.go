@@ -1,6 +1,9 @@
 package gateway
 
-import "sync"
+import (
+	"slices"
+	"sync"
+)
 
 // refusedTokens remembers, for each service and user, the secrets of the
 // OAuth tokens the service's upstream refused before toolgate refreshed
@@ -33,7 +36,15 @@ func (r *refusedTokens) add(service, user string, c *Credential) {
 		r.byPair = map[[2]string][]string{}
 	}
 	k := [2]string{service, user}
-	next := append(append([]string(nil), r.byPair[k]...), secrets...) // readers keep the old slice
+	// A secret remembered already moves to the newest end: a burst of
+	// calls refused with one token must not push older tokens out.
+	next := make([]string, 0, len(r.byPair[k])+len(secrets)) // readers keep the old slice
+	for _, old := range r.byPair[k] {
+		if !slices.Contains(secrets, old) {
+			next = append(next, old)
+		}
+	}
+	next = append(next, secrets...)
 	if len(next) > maxRefused {
 		next = next[len(next)-maxRefused:]
 	}

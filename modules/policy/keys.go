@@ -40,7 +40,7 @@ var (
 	keyPatterns    = ast.StringTerm("patternProperties")
 	keysRefs       = [...]*ast.Term{ast.StringTerm("$ref"), ast.StringTerm("$dynamicRef"), ast.StringTerm("$recursiveRef")}
 	keySchemaID    = ast.StringTerm("$id")
-	keysAnchors    = [...]*ast.Term{ast.StringTerm("$anchor"), ast.StringTerm("$dynamicAnchor")}
+	keysAnchors    = [...]*ast.Term{ast.StringTerm("$anchor"), ast.StringTerm("$dynamicAnchor"), ast.StringTerm("$recursiveAnchor")}
 	// The members whose subschemas describe the same value as the schema
 	// holding them: as branches (arrays), as one schema, or as the values
 	// of an object. Gathering them all over-approximates what is declared
@@ -126,7 +126,9 @@ func (p *place) add(v ast.Value) {
 	}
 	for _, k := range keysRefs {
 		if ref, ok := getValue(s, k).(ast.String); ok {
-			p.add(p.doc.resolve(string(ref)))
+			for _, v := range p.doc.resolve(string(ref)) {
+				p.add(v)
+			}
 		}
 	}
 	for _, k := range keysBranches {
@@ -181,13 +183,20 @@ func (p *place) variant(key *ast.Term) (string, bool) {
 
 // A schemaDoc is a tool's inputSchema as one call's check reads it: the
 // declared names of each schema folded once (however many places share
-// it), and the schemas its $ids and anchors name, found on first need.
+// it), and the schemas its references name, found on first need. A
+// reference is resolved to every schema it may name — a pointer from the
+// root and from every embedded resource (a schema with an $id), an $id as
+// written, as resolved against the root's and by its last path segment,
+// an anchor wherever it is — so that scoping rules read otherwise can
+// only make a place declare more, and a check refuse more.
 type schemaDoc struct {
-	root     ast.Object
-	resolved map[string]ast.Value // by reference
-	folded   map[ast.Object]map[string]string
-	ids      map[string]ast.Object // by $id as written, as resolved, and by its last path segment
-	anchors  map[string]ast.Object // by $anchor, $dynamicAnchor, and "#name" $ids
+	root      ast.Object
+	resolved  map[string][]ast.Value // by reference
+	folded    map[ast.Object]map[string]string
+	indexed   bool
+	resources []ast.Object            // the embedded resources
+	ids       map[string][]ast.Object // by $id as written, as resolved, and by its last path segment
+	anchors   map[string][]ast.Object // by $anchor, $dynamicAnchor, and "#name" $ids
 }
 
 // names is the property names s declares, by folded form.
@@ -215,65 +224,65 @@ func (d *schemaDoc) names(s ast.Object) map[string]string {
 	return n
 }
 
-// resolve is the schema a $ref (or $dynamicRef, $recursiveRef) names
-// within the inputSchema: a JSON pointer ("#", "#/$defs/x", percent-encoded
-// or not) from the root or from a schema an $id names (as written,
-// resolved against the root's $id, or by its last path segment), or an
-// anchor ("#name"); nil for anything else (a schema elsewhere, which
-// describes nothing here).
-func (d *schemaDoc) resolve(ref string) ast.Value {
+// resolve is every schema a $ref (or $dynamicRef, $recursiveRef) may
+// name within the inputSchema (see schemaDoc); none for anything else (a
+// schema elsewhere, which describes nothing here).
+func (d *schemaDoc) resolve(ref string) []ast.Value {
 	if v, ok := d.resolved[ref]; ok {
 		return v
 	}
 	v := d.resolveOnce(ref)
 	if d.resolved == nil {
-		d.resolved = map[string]ast.Value{}
+		d.resolved = map[string][]ast.Value{}
 	}
 	d.resolved[ref] = v
 	return v
 }
 
-func (d *schemaDoc) resolveOnce(ref string) ast.Value {
+func (d *schemaDoc) resolveOnce(ref string) []ast.Value {
 	target, frag, _ := strings.Cut(ref, "#")
-	var base ast.Value = d.root
-	if target != "" {
-		if base = d.byID(target); base == nil {
-			return nil
-		}
-	}
 	if f, err := url.PathUnescape(frag); err == nil {
 		frag = f
 	}
+	d.index()
+	var bases []ast.Object
+	if target != "" {
+		bases = d.byID(target)
+	} else {
+		bases = append([]ast.Object{d.root}, d.resources...)
+	}
+	var out []ast.Value
 	switch {
 	case frag == "":
-		return base
+		for _, b := range bases {
+			out = append(out, b)
+		}
 	case strings.HasPrefix(frag, "/"):
-		return pointer(base, frag[1:])
-	}
-	d.index()
-	if a, ok := d.anchors[frag]; ok {
-		return a
-	}
-	return nil
-}
-
-// byID is the schema whose $id is target.
-func (d *schemaDoc) byID(target string) ast.Value {
-	d.index()
-	if s, ok := d.ids[target]; ok {
-		return s
-	}
-	if base, err := url.Parse(d.rootID()); err == nil {
-		if t, err := base.Parse(target); err == nil {
-			if s, ok := d.ids[t.String()]; ok {
-				return s
+		for _, b := range bases {
+			if v := pointer(b, frag[1:]); v != nil {
+				out = append(out, v)
 			}
 		}
+	default:
+		for _, a := range d.anchors[frag] {
+			out = append(out, a)
+		}
 	}
-	if s, ok := d.ids[lastSegment(target)]; ok {
-		return s
+	return out
+}
+
+// byID is every schema whose $id may be target.
+func (d *schemaDoc) byID(target string) []ast.Object {
+	out := append([]ast.Object(nil), d.ids[target]...)
+	if base, err := url.Parse(d.rootID()); err == nil {
+		if t, err := base.Parse(target); err == nil && t.String() != target {
+			out = append(out, d.ids[t.String()]...)
+		}
 	}
-	return nil
+	if last := lastSegment(target); last != target {
+		out = append(out, d.ids[last]...)
+	}
+	return out
 }
 
 func (d *schemaDoc) rootID() string {
@@ -283,10 +292,16 @@ func (d *schemaDoc) rootID() string {
 
 // index finds every $id and anchor of the inputSchema, once.
 func (d *schemaDoc) index() {
-	if d.ids != nil {
+	if d.indexed {
 		return
 	}
-	d.ids, d.anchors = map[string]ast.Object{}, map[string]ast.Object{}
+	d.indexed = true
+	d.ids, d.anchors = map[string][]ast.Object{}, map[string][]ast.Object{}
+	addTo := func(m map[string][]ast.Object, k string, s ast.Object) {
+		if len(m[k]) < maxSchemas {
+			m[k] = append(m[k], s)
+		}
+	}
 	base, _ := url.Parse(d.rootID())
 	var walk func(v ast.Value, base *url.URL, depth int)
 	walk = func(v ast.Value, base *url.URL, depth int) {
@@ -298,14 +313,21 @@ func (d *schemaDoc) index() {
 			if id, ok := getValue(x, keySchemaID).(ast.String); ok {
 				doc, name, _ := strings.Cut(string(id), "#")
 				if name != "" {
-					d.anchors[name] = x
+					addTo(d.anchors, name, x)
 				}
 				if doc != "" {
-					d.ids[doc] = x
-					d.ids[lastSegment(doc)] = x
+					if x != d.root && len(d.resources) < maxSchemas {
+						d.resources = append(d.resources, x)
+					}
+					addTo(d.ids, doc, x)
+					if last := lastSegment(doc); last != doc {
+						addTo(d.ids, last, x)
+					}
 					if base != nil {
 						if abs, err := base.Parse(doc); err == nil {
-							d.ids[abs.String()] = x
+							if abs.String() != doc {
+								addTo(d.ids, abs.String(), x)
+							}
 							base = abs
 						}
 					}
@@ -313,7 +335,7 @@ func (d *schemaDoc) index() {
 			}
 			for _, k := range keysAnchors {
 				if a, ok := getValue(x, k).(ast.String); ok {
-					d.anchors[string(a)] = x
+					addTo(d.anchors, string(a), x)
 				}
 			}
 			x.Foreach(func(_, e *ast.Term) { walk(e.Value, base, depth+1) })
