@@ -138,15 +138,38 @@ func FuzzJSONTerm(f *testing.F) {
 		if err != nil {
 			t.Fatalf("jsonTerm(%q): %v", doc, err)
 		}
-		if want := referenceValue(t, string(doc)); got.Value.Compare(want) != 0 {
-			t.Fatalf("jsonTerm(%q) = %v, want %v", doc, got, want)
-		}
 		out, err := appendJSON(nil, got, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if back := referenceValue(t, string(out)); back.Compare(got.Value) != 0 {
-			t.Fatalf("appendJSON(%v) = %s", got, out)
+		// The gateway keeps a number's text; OPA's own conversion refuses
+		// one past float64's range ("1e70000"), and the reference with it.
+		// Such a document is compared with itself written back instead.
+		if want, ok := referenceValueOf(string(doc)); ok {
+			if got.Value.Compare(want) != 0 {
+				t.Fatalf("jsonTerm(%q) = %v, want %v", doc, got, want)
+			}
+			if back := referenceValue(t, string(out)); back.Compare(got.Value) != 0 {
+				t.Fatalf("appendJSON(%v) = %s", got, out)
+			}
+			return
+		}
+		back, err := jsonTerm(out)
+		if err != nil || back.Value.Compare(got.Value) != 0 {
+			t.Fatalf("appendJSON(%v) = %s, read back as %v (%v)", got, out, back, err)
 		}
 	})
+}
+
+// referenceValueOf is referenceValue, false when OPA's conversion refuses
+// the document (a number past float64's range).
+func referenceValueOf(doc string) (ast.Value, bool) {
+	d := json.NewDecoder(strings.NewReader(doc))
+	d.UseNumber()
+	var v any
+	if err := d.Decode(&v); err != nil {
+		return nil, false
+	}
+	want, err := ast.InterfaceToValue(v)
+	return want, err == nil
 }
