@@ -152,14 +152,7 @@ func TestKeysAttackLongRefChain(t *testing.T) {
 // does not depend on the machine's speed).
 func keys2Work(t *testing.T, args, tool string) float64 {
 	t.Helper()
-	a, err := jsonTerm([]byte(args))
-	if err != nil {
-		t.Fatal(err)
-	}
-	d, err := jsonTerm([]byte(tool))
-	if err != nil {
-		t.Fatal(err)
-	}
+	a, d := keysTerms(t, args, tool)
 	if err := checkArgumentKeys(a, d); err != nil {
 		t.Fatalf("refused: %v", err)
 	}

@@ -10,15 +10,21 @@ import (
 
 func keysCheck(t *testing.T, args, tool string) error {
 	t.Helper()
+	return checkArgumentKeys(keysTerms(t, args, tool))
+}
+
+// keysTerms is args and tool as the check gets them.
+func keysTerms(tb testing.TB, args, tool string) (*ast.Term, *ast.Term) {
+	tb.Helper()
 	a, err := jsonTerm([]byte(args))
 	if err != nil {
-		t.Fatal(err)
+		tb.Fatal(err)
 	}
 	d, err := jsonTerm([]byte(tool))
 	if err != nil {
-		t.Fatal(err)
+		tb.Fatal(err)
 	}
-	return checkArgumentKeys(a, d)
+	return a, d
 }
 
 // Attack (fixed): a key its own level does not declare passed when it is spelled
