@@ -170,12 +170,11 @@ func TestAnswers2AttackProgressTokenCaseVariantReachesAnotherUsersCall(t *testin
 }
 
 // Attack (fixed): the fix of TestAnswersAttackRefusedTokenReflectedAfterRefresh
-// keeps a refused token on the call whose request the upstream refused
-// (gateway.Call.Refused, set in exchange, modules/mcpproxy/upstream.go:101)
-// and nowhere else. The upstream refuses alice's first tools/call (401),
-// toolgate refreshes her grant and sends it again; on her next call — a new
-// gateway.Call, whose Credential is the new token and whose Refused is
-// empty — the upstream writes back the token it refused. Nothing searches
+// first kept a refused token on the call whose request the upstream
+// refused, and nowhere else. The upstream refuses alice's first tools/call
+// (401), toolgate refreshes her grant and sends it again; on her next call
+// — a new gateway.Call, whose Credential is the new token — the upstream
+// writes back the token it refused. Nothing searches
 // for it: alice's runner gets her previous access token, which the provider
 // still honours. README: "An upstream that writes back the credential … —
 // or an OAuth token it refused, which toolgate then refreshed to send the

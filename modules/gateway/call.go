@@ -66,11 +66,6 @@ type Call struct {
 
 	// Set by toolgate_credentials.
 	Credential *Credential
-	// Refused are the credentials of this call that its upstream refused
-	// before Credential replaced them (an OAuth access token refreshed
-	// after a 401, the request sent again): what the upstream sends is
-	// searched for them as for Credential. Set by toolgate_proxy.
-	Refused []*Credential
 
 	resultHooks  []ResultHook
 	messageHooks []MessageHook

@@ -252,18 +252,11 @@ func (h *Handler) redacted(call *gateway.Call, msg mcpmsg.Message, pre *prescan)
 }
 
 // eachSecret calls f with each secret of the call's credential, then of
-// the credentials its upstream refused (gateway.Call.Refused, and those
-// the app remembers for the service and the caller: App.RefusedSecrets),
-// until f returns false.
+// the tokens its upstream refused before (those the app remembers for the
+// service and the caller: App.RefusedSecrets), until f returns false.
 func (h *Handler) eachSecret(call *gateway.Call, f func(secret string) bool) {
 	more := true
 	call.Credential.EachSecret(func(secret string) bool { more = f(secret); return more })
-	for _, c := range call.Refused {
-		if !more {
-			return
-		}
-		c.EachSecret(func(secret string) bool { more = f(secret); return more })
-	}
 	if call.Service == nil || call.Caller == nil || h.app == nil {
 		return
 	}

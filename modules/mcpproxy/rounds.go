@@ -377,11 +377,11 @@ func (h *Handler) continueHeld(w http.ResponseWriter, r *http.Request, call *gat
 		resp, err := h.exchange(hc.rs.ctx, hc.call, hc.up, http.MethodPost, msg, "")
 		if hc.call.Credential != call.Credential {
 			// Refreshed after the upstream refused the token: what the
-			// upstream sends from now on is searched for both, on the
-			// call's stream and in what the retry answers.
+			// upstream sends from now on is searched for the fresh one
+			// too, on the call's stream and in what the retry answers
+			// (the refused one the app remembers: App.RefusedSecrets).
 			hc.rs.sent = append(hc.rs.sent, hc.call.Credential)
-			hc.rs.sent = append(hc.rs.sent, hc.call.Refused...)
-			call.Credential, call.Refused = hc.call.Credential, hc.call.Refused
+			call.Credential = hc.call.Credential
 		}
 		if err != nil {
 			hc.Release("toolgate could not pass the client's input on")

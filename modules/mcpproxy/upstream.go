@@ -97,9 +97,10 @@ func (h *Handler) exchange(ctx context.Context, call *gateway.Call, up gateway.U
 	if ferr != nil {
 		return resp, err
 	}
-	// The refused token went upstream: an upstream may quote it back, in
-	// this answer or a later one (the app remembers it for those).
-	call.Refused = append(call.Refused, call.Credential)
+	// The refused token went upstream, and an upstream may quote it back,
+	// in this answer or a later one: CredentialRefused remembered it for
+	// the service and the caller (App.RefusedSecrets), searched for in
+	// everything the upstream sends.
 	call.Credential = fresh
 	return h.attempt(ctx, call, up, method, body, lastEventID)
 }
