@@ -181,9 +181,9 @@ func TestAnswers2AttackProgressTokenCaseVariantReachesAnotherUsersCall(t *testin
 // call again — … has it replaced by [REDACTED:credential] before any policy
 // or runner sees the message" (no word of "in the same call"); the same goes
 // for the standalone GET stream, a resumed stream, a task's tasks/result.
-// Fixed: the app keeps the secrets a service's upstream refused for a user
-// (the newest 16, on the replica that refreshed them), and every later
-// answer of that service to that user is searched for them.
+// Fixed: the user's connection keeps the tokens it sent before
+// (gateway.Connection.Retired: sealed with it in storage, for every
+// replica), and every later answer is searched for them.
 func TestAnswers2AttackRefusedTokenReflectedInALaterCall(t *testing.T) {
 	g, session, tokens := refusedThenQuoted(t, 3)
 	m := g.raw(t, aliceKey, session, "svc")

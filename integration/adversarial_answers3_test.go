@@ -33,8 +33,8 @@ func answers3Stateless(t *testing.T, g *gateway, session string, id int, caps st
 // replica that sent it"; for a stateless runner there is no other session
 // than the implied one, and the same runner, upstream and replica are
 // involved.
-// Fixed: the app remembers refused tokens per service and user
-// (gateway.App.RefusedSecrets), not per MCP session.
+// Fixed: the user's connection keeps the tokens it sent before
+// (gateway.Connection.Retired), not the MCP session.
 func TestAnswers3AttackStatelessRefusedTokenOtherCapabilities(t *testing.T) {
 	g, session, tokens := refusedThenQuoted(t, 3)
 	first := answers3Stateless(t, g, session, 1, `{"elicitation":{}}`)

@@ -199,9 +199,9 @@ func refusedThenQuoted(t *testing.T, quote int) (*gateway, string, func() (strin
 // the provider to decide) reaches the runner. DESIGN.md: "Credentials …
 // never appear in logs, errors, metrics, the catalog, or responses";
 // README: "runners get results, never the caller's credential". Fixed:
-// the app remembers the refused token for the service and the caller
-// (App.RefusedSecrets), and everything the upstream sends is searched for
-// it too.
+// the refreshed connection keeps the refused token as retired
+// (gateway.Connection.Retired), and everything the upstream sends is
+// searched for it too.
 func TestAnswersAttackRefusedTokenReflectedAfterRefresh(t *testing.T) {
 	g, session, tokens := refusedThenQuoted(t, 2)
 	m := g.raw(t, aliceKey, session, "svc")

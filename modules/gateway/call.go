@@ -94,20 +94,32 @@ type Credential struct {
 	// Grant names the per-user connection the credential is of
 	// (Connection.Grant); "" for a service-wide one.
 	Grant string
+	// retired are the tokens the connection sent before Value's
+	// (Connection.Retired): secrets as much as Value's.
+	retired []RetiredToken
 }
 
 // String hides the value.
 func (c *Credential) String() string { return c.Header + ": [hidden]" }
 
-// Secret is the part of c that must never reach a runner or a log, as
-// one string: the token after the scheme of an Authorization or
-// Proxy-Authorization value ("Bearer <token>"), else the first of
-// EachSecret's pieces; "" when there is none, or none of MinSecret bytes
+// Secret is the part of c's value that must never reach a runner or a
+// log, as one string: the token after the scheme of an Authorization or
+// Proxy-Authorization value ("Bearer <token>"), else the first of its
+// pieces (EachSecret); "" when there is none, or none of MinSecret bytes
 // (it would be found in ordinary text).
 func (c *Credential) Secret() string {
 	s := ""
-	c.EachSecret(func(v string) bool { s = v; return false })
+	if c != nil {
+		c.eachSecretOfValue(func(v string) bool { s = v; return false })
+	}
 	return s
+}
+
+// HasSecret reports whether EachSecret has anything to look for.
+func (c *Credential) HasSecret() bool {
+	found := false
+	c.EachSecret(func(string) bool { found = true; return false })
+	return found
 }
 
 // EachSecret calls f with each part of c that an upstream may quote on
@@ -116,12 +128,23 @@ func (c *Credential) Secret() string {
 // after its scheme and, for HTTP Basic, the password it encodes (a server
 // quoting the credentials it refused decodes them); for any other header,
 // each piece of a value of several (cookies, words: split at ';', ','
-// and blanks), a cookie's value without its name. Pieces shorter than
+// and blanks), a cookie's value without its name; then the tokens its
+// connection sent before (Connection.Retired). Pieces shorter than
 // MinSecret are left out.
 func (c *Credential) EachSecret(f func(string) bool) {
-	if c == nil {
+	if c == nil || !c.eachSecretOfValue(f) {
 		return
 	}
+	for _, r := range c.retired {
+		if token := strings.TrimSpace(r.Token); len(token) >= MinSecret && !f(token) {
+			return
+		}
+	}
+}
+
+// eachSecretOfValue is EachSecret for c.Value's own secrets; false when f
+// returned false.
+func (c *Credential) eachSecretOfValue(f func(string) bool) bool {
 	v := strings.TrimSpace(c.Value)
 	if strings.EqualFold(c.Header, "Authorization") || strings.EqualFold(c.Header, "Proxy-Authorization") {
 		scheme, token, ok := strings.Cut(v, " ")
@@ -129,24 +152,28 @@ func (c *Credential) EachSecret(f func(string) bool) {
 			token = v
 		}
 		token = strings.TrimSpace(token)
-		if len(token) < MinSecret || !f(token) {
-			return
+		if len(token) < MinSecret {
+			return true
+		}
+		if !f(token) {
+			return false
 		}
 		if strings.EqualFold(scheme, "Basic") {
 			if pw := basicPassword(token); len(pw) >= MinSecret {
-				f(pw)
+				return f(pw)
 			}
 		}
-		return
+		return true
 	}
 	for piece := range strings.FieldsFuncSeq(v, func(r rune) bool { return r == ';' || r == ',' || r == ' ' || r == '\t' }) {
 		if _, value, ok := strings.Cut(piece, "="); ok && len(value) >= MinSecret {
 			piece = value
 		}
 		if len(piece) >= MinSecret && !f(piece) {
-			return
+			return false
 		}
 	}
+	return true
 }
 
 // basicPassword is the password of an HTTP Basic token (base64 of

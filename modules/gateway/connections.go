@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io/fs"
 	"path"
+	"slices"
 	"sync"
 	"time"
 
@@ -28,6 +29,51 @@ type Connection struct {
 	ConnectedAt  time.Time `json:"connected_at"`
 	RefreshedAt  time.Time `json:"refreshed_at,omitzero"`
 	RefreshCount int       `json:"refresh_count"`
+	// Retired are the access tokens the connection carried before
+	// AccessToken (replaced by a refresh, after an upstream refused one or
+	// as it neared expiry, or by connecting again), each until it expires,
+	// the newest maxRetired: upstreams were sent them, and a hostile one
+	// may quote one in a later answer — through any replica, after a
+	// restart — while the provider still honours it. What an upstream sends
+	// is searched for them as for AccessToken (Credential.EachSecret).
+	Retired []RetiredToken `json:"retired,omitempty"`
+}
+
+// RetiredToken is an access token a connection no longer sends, and when
+// it expires (zero: not known).
+type RetiredToken struct {
+	Token  string    `json:"token"`
+	Expiry time.Time `json:"expiry,omitzero"`
+}
+
+// maxRetired bounds the retired tokens a connection keeps (a refresh the
+// upstream's refusal starts comes at most once per refusedRefreshInterval).
+const maxRetired = 8
+
+// retiring is c's retired tokens with the token of was added (the
+// connection c replaces; nil for none), without the expired ones and at
+// most maxRetired, the newest last. It is a new slice: a connection read
+// from the cache is shared.
+func (c *Connection) retiring(was *Connection) []RetiredToken {
+	if was == nil {
+		return c.Retired
+	}
+	all := append(slices.Clone(was.Retired), RetiredToken{Token: was.AccessToken, Expiry: was.Expiry})
+	var kept []RetiredToken
+	for i, r := range all {
+		switch {
+		case r.Token == "" || r.Token == c.AccessToken:
+		case !r.Expiry.IsZero() && !now().Before(r.Expiry):
+		case slices.ContainsFunc(all[i+1:], func(o RetiredToken) bool { return o.Token == r.Token }):
+			// kept once, where it was retired last
+		default:
+			kept = append(kept, r)
+		}
+	}
+	if len(kept) > maxRetired {
+		kept = kept[len(kept)-maxRetired:]
+	}
+	return kept
 }
 
 // Grant names the connection: when it was made. Connecting again (maybe to

@@ -145,8 +145,17 @@ func (a *App) withGrantLock(ctx context.Context, service, user string, fn func()
 
 // Connect stores user's new credential for service (see
 // ConnectionStore.Connect), after any refresh of the old one on its way.
+// The old one's tokens are kept as retired (Connection.Retired): its
+// upstreams had them.
 func (a *App) Connect(ctx context.Context, service, user string, conn *Connection) error {
-	if err := a.withGrantLock(ctx, service, user, func() error { return a.connections.Connect(ctx, service, user, conn) }); err != nil {
+	err := a.withGrantLock(ctx, service, user, func() error {
+		next := *conn
+		if old, err := a.connections.LoadFresh(ctx, service, user); err == nil {
+			next.Retired = next.retiring(old)
+		} // else nothing to keep, or a record that cannot be read: connecting again is its remedy
+		return a.connections.Connect(ctx, service, user, &next)
+	})
+	if err != nil {
 		return err
 	}
 	a.connections.settle(ctx, service, user)
@@ -214,6 +223,7 @@ func (a *App) refresh(svc *Service, user, refused string) (*Connection, string, 
 	}
 	next := *cur
 	next.applyToken(tok, o.Scopes)
+	next.Retired = next.retiring(cur)
 	next.RefreshedAt = now().UTC()
 	next.RefreshCount++
 	if err := a.connections.Save(ctx, svc.ID, user, &next); err != nil {
@@ -269,7 +279,7 @@ func (a *App) CredentialFor(ctx context.Context, svc *Service, user string) (*Cr
 
 // credentialOf is the credential of a per-user connection.
 func credentialOf(conn *Connection) *Credential {
-	return &Credential{Header: "Authorization", Value: "Bearer " + conn.AccessToken, Grant: conn.Grant()}
+	return &Credential{Header: "Authorization", Value: "Bearer " + conn.AccessToken, Grant: conn.Grant(), retired: conn.Retired}
 }
 
 // GrantFor names user's connection to svc as it stands (Connection.Grant),
@@ -313,8 +323,7 @@ func (a *App) CredentialRefused(ctx context.Context, svc *Service, user string, 
 	}
 	fresh := credentialOf(conn)
 	if fresh.Value != refused.Value {
-		refusedTokensOf.add(svc.ID, user, refused)
-		return fresh, nil
+		return fresh, nil // the refused one is retired (Connection.Retired)
 	}
 	if svc.Auth.Kind != AuthOAuth || conn.RefreshToken == "" {
 		return nil, ErrGrantRejected
@@ -332,7 +341,6 @@ func (a *App) CredentialRefused(ctx context.Context, svc *Service, user string, 
 	if fresh = credentialOf(conn); fresh.Value == refused.Value {
 		return nil, ErrGrantRejected
 	}
-	refusedTokensOf.add(svc.ID, user, refused)
 	return fresh, nil
 }
 

@@ -26,7 +26,7 @@ import (
 // them is, so that a megabyte the policy let through is not searched
 // twice.
 func (h *Handler) mayHoldCredential(call *gateway.Call, out gateway.Result, given []byte) bool {
-	if !h.hasSecret(call) {
+	if !call.Credential.HasSecret() {
 		return false
 	}
 	msg, ok := h.probe(call, out, given)
@@ -98,7 +98,7 @@ func (h *Handler) probe(call *gateway.Call, out gateway.Result, given []byte) (m
 // mayHoldCredential); false when it cannot be read, and must be withheld.
 // It is read in full, as an upstream's message is.
 func (h *Handler) afterHooks(call *gateway.Call, raw []byte) ([]byte, bool) {
-	if !h.hasSecret(call) {
+	if !call.Credential.HasSecret() {
 		return raw, true
 	}
 	msg, err := mcpmsg.Parse(raw, h.limits)

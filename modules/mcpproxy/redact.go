@@ -242,37 +242,13 @@ func (h *Handler) redactCredential(call *gateway.Call, msg mcpmsg.Message) (mcpm
 func (h *Handler) redacted(call *gateway.Call, msg mcpmsg.Message, pre *prescan) (mcpmsg.Message, bool, error) {
 	changed := false
 	var err error
-	h.eachSecret(call, func(secret string) bool {
+	call.Credential.EachSecret(func(secret string) bool {
 		var ch bool
 		msg, ch, err = h.redactedSecret(secret, msg, pre.of(secret, msg.Raw))
 		changed = changed || ch
 		return err == nil
 	})
 	return msg, changed, err
-}
-
-// eachSecret calls f with each secret of the call's credential, then of
-// the tokens its upstream refused before (those the app remembers for the
-// service and the caller: App.RefusedSecrets), until f returns false.
-func (h *Handler) eachSecret(call *gateway.Call, f func(secret string) bool) {
-	more := true
-	call.Credential.EachSecret(func(secret string) bool { more = f(secret); return more })
-	if call.Service == nil || call.Caller == nil || h.app == nil {
-		return
-	}
-	for _, secret := range h.app.RefusedSecrets(call.Service.ID, call.Caller.User) {
-		if !more {
-			return
-		}
-		more = f(secret)
-	}
-}
-
-// hasSecret reports whether the call has a credential to search for.
-func (h *Handler) hasSecret(call *gateway.Call) bool {
-	found := false
-	h.eachSecret(call, func(string) bool { found = true; return false })
-	return found
 }
 
 // redactedSecret is redacted for one secret; facts, when not nil, are of

@@ -379,7 +379,7 @@ func (h *Handler) continueHeld(w http.ResponseWriter, r *http.Request, call *gat
 			// Refreshed after the upstream refused the token: what the
 			// upstream sends from now on is searched for the fresh one
 			// too, on the call's stream and in what the retry answers
-			// (the refused one the app remembers: App.RefusedSecrets).
+			// (the refused one its connection keeps as retired).
 			hc.rs.sent = append(hc.rs.sent, hc.call.Credential)
 			call.Credential = hc.call.Credential
 		}

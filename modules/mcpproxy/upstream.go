@@ -98,9 +98,8 @@ func (h *Handler) exchange(ctx context.Context, call *gateway.Call, up gateway.U
 		return resp, err
 	}
 	// The refused token went upstream, and an upstream may quote it back,
-	// in this answer or a later one: CredentialRefused remembered it for
-	// the service and the caller (App.RefusedSecrets), searched for in
-	// everything the upstream sends.
+	// in this answer or a later one: fresh's connection keeps it as
+	// retired (gateway.Connection.Retired), and its EachSecret gives it.
 	call.Credential = fresh
 	return h.attempt(ctx, call, up, method, body, lastEventID)
 }

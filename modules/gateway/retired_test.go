@@ -1,0 +1,146 @@
+package gateway
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+)
+
+// retiredTokens is the tokens of rs, in order.
+func retiredTokens(rs []RetiredToken) []string {
+	var out []string
+	for _, r := range rs {
+		out = append(out, r.Token)
+	}
+	return out
+}
+
+// A replaced connection's token joins the retired ones: each once (where
+// it was retired last), never the token now sent, none expired, the
+// newest maxRetired; the replaced connection's own list is left as it was
+// (it may be the cache's shared copy).
+func TestRetiring(t *testing.T) {
+	clock := setClock(t, time.Date(2026, 12, 4, 12, 0, 0, 0, time.UTC))
+	later := clock.Add(time.Hour)
+	was := &Connection{AccessToken: "token-two", Expiry: later, Retired: []RetiredToken{
+		{Token: "token-expired", Expiry: clock.Add(-time.Second)},
+		{Token: "token-one", Expiry: later},
+		{Token: "token-three"}, // no expiry known: kept
+		{Token: "token-one", Expiry: later},
+		{Token: ""},
+	}}
+	shared := slices.Clone(was.Retired)
+	next := &Connection{AccessToken: "token-three"}
+	got := retiredTokens(next.retiring(was))
+	if want := []string{"token-one", "token-two"}; !slices.Equal(got, want) {
+		t.Fatalf("retired %q, want %q", got, want)
+	}
+	if !slices.Equal(was.Retired, shared) {
+		t.Fatalf("the replaced connection's list was changed: %v", retiredTokens(was.Retired))
+	}
+	if got := next.retiring(nil); got != nil {
+		t.Fatalf("nothing replaced, and %v retired", got)
+	}
+
+	c := &Connection{}
+	for i := range 3 * maxRetired {
+		n := &Connection{AccessToken: fmt.Sprintf("token-%02d", i)}
+		n.Retired = n.retiring(c)
+		c = n
+	}
+	got = retiredTokens(c.Retired)
+	if len(got) != maxRetired || got[len(got)-1] != fmt.Sprintf("token-%02d", 3*maxRetired-2) {
+		t.Fatalf("after many replacements %q, want the newest %d, the last replaced last", got, maxRetired)
+	}
+}
+
+// A credential's secrets are its value's, then its connection's retired
+// tokens; Secret is the value's alone.
+func TestCredentialEachSecretWithRetired(t *testing.T) {
+	conn := &Connection{AccessToken: "the-current-token", Retired: []RetiredToken{{Token: "the-previous-token"}, {Token: "short"}}}
+	c := credentialOf(conn)
+	var got []string
+	c.EachSecret(func(s string) bool { got = append(got, s); return true })
+	if want := []string{"the-current-token", "the-previous-token"}; !slices.Equal(got, want) {
+		t.Fatalf("EachSecret gave %q, want %q", got, want)
+	}
+	got = nil
+	c.EachSecret(func(s string) bool { got = append(got, s); return false })
+	if len(got) != 1 {
+		t.Fatalf("EachSecret went on after f returned false: %q", got)
+	}
+	if c.Secret() != "the-current-token" || !c.HasSecret() {
+		t.Fatalf("Secret = %q, HasSecret = %v", c.Secret(), c.HasSecret())
+	}
+	// A value too short to look for still has its retired tokens looked for.
+	c = credentialOf(&Connection{AccessToken: "x", Retired: []RetiredToken{{Token: "the-previous-token"}}})
+	if c.Secret() != "" || !c.HasSecret() {
+		t.Fatalf("short value: Secret = %q, HasSecret = %v", c.Secret(), c.HasSecret())
+	}
+	if s := fmt.Sprint(conn, c); strings.Contains(s, "the-previous-token") || strings.Contains(s, "the-current-token") {
+		t.Fatalf("a retired token in a printed connection or credential: %s", s)
+	}
+}
+
+// Every replacement of a stored connection keeps the token it replaced: a
+// refresh as the token nears expiry, a refresh after an upstream refused
+// it, and connecting again; the record read from storage (as another
+// replica reads it) has them, and the credential of the next call looks
+// for them.
+func TestStoredConnectionKeepsRetiredTokens(t *testing.T) {
+	ctx := context.Background()
+	p := startTestProvider(t)
+	a, svc := oauthApp(t, p.srv.URL)
+	conn := p.grant(t, "alice")
+	conn.Expiry = now().Add(30 * time.Second) // within the default refresh_skew, not expired
+	if err := a.connections.Save(ctx, "svc", "alice", conn); err != nil {
+		t.Fatal(err)
+	}
+	first, err := a.CredentialFor(ctx, svc, "alice")
+	if err != nil {
+		t.Fatal(err)
+	}
+	stored, err := a.connections.LoadFresh(ctx, "svc", "alice")
+	if err != nil || stored.AccessToken == conn.AccessToken || !slices.Equal(retiredTokens(stored.Retired), []string{conn.AccessToken}) {
+		t.Fatalf("after a refresh near expiry: %v, retired %d, %v; want the old token retired", stored, len(stored.Retired), err)
+	}
+	var secrets []string
+	first.EachSecret(func(s string) bool { secrets = append(secrets, s); return true })
+	if !slices.Equal(secrets, []string{stored.AccessToken, conn.AccessToken}) {
+		t.Fatalf("the refreshed credential looks for %d secrets, want the new token and the old", len(secrets))
+	}
+
+	// Refused by an upstream: refreshed again (a while after the last
+	// refresh), the refused token retired as well.
+	setClock(t, now().Add(2*refusedRefreshInterval))
+	fresh, err := a.CredentialRefused(ctx, svc, "alice", first)
+	if err != nil {
+		t.Fatal(err)
+	}
+	refused := stored.AccessToken
+	stored, err = a.connections.LoadFresh(ctx, "svc", "alice")
+	if err != nil || stored.AccessToken == refused || !slices.Contains(retiredTokens(stored.Retired), refused) {
+		t.Fatalf("after a refusal: retired %d, %v; want the refused token retired", len(stored.Retired), err)
+	}
+	if !strings.HasSuffix(fresh.Value, stored.AccessToken) {
+		t.Fatal("the credential after the refusal is not the stored one")
+	}
+
+	// Connecting again (another grant) keeps them all.
+	before := append(retiredTokens(stored.Retired), stored.AccessToken)
+	if err := a.Connect(ctx, "svc", "alice", p.grant(t, "alice")); err != nil {
+		t.Fatal(err)
+	}
+	stored, err = a.connections.LoadFresh(ctx, "svc", "alice")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tok := range before {
+		if tok != conn.AccessToken && !slices.Contains(retiredTokens(stored.Retired), tok) { // conn's has expired by the clock
+			t.Fatalf("connecting again dropped a retired token (%d kept)", len(stored.Retired))
+		}
+	}
+}
