@@ -260,9 +260,13 @@ func (s *ConnectionStore) Connect(ctx context.Context, service, user string, con
 	return nil
 }
 
-// Reject deletes a grant the provider refused, leaving a mark without any
-// secret (the time) so the catalog can tell the user it expired.
-func (s *ConnectionStore) Reject(ctx context.Context, service, user string) error {
+// Reject deletes a grant the provider refused, leaving a mark so the
+// catalog can tell the user it expired. was is the grant as it stood: its
+// tokens (the access token and the retired ones) may still be honoured
+// until they expire, and upstreams had them, so the mark keeps them
+// sealed for the next connection to keep as retired (Connect); a cipher
+// that cannot seal them leaves the mark without them.
+func (s *ConnectionStore) Reject(ctx context.Context, service, user string, was *Connection) error {
 	key := ConnectionKey(service, user)
 	s.cache.Forget(key)
 	if err := s.storage.Delete(ctx, key); err != nil && !errors.Is(err, fs.ErrNotExist) {
@@ -270,11 +274,57 @@ func (s *ConnectionStore) Reject(ctx context.Context, service, user string) erro
 	}
 	s.cache.Deleted(ctx, key)
 	s.maybeGone(key)
-	mark, _ := json.Marshal(map[string]time.Time{"rejected_at": now().UTC()})
+	m := rejectedMark{RejectedAt: now().UTC()}
+	if retired := (&Connection{}).retiring(was); len(retired) > 0 {
+		plain, _ := json.Marshal(retired)
+		m.Retired, _ = s.cipher.Encrypt(ctx, plain, retiredContext(service, user))
+		clear(plain)
+	}
+	mark, _ := json.Marshal(m)
 	if err := s.storage.Store(ctx, rejectedKey(service, user), mark); err != nil {
 		return fmt.Errorf("%w: writing storage: %v", ErrStorageUnavailable, err)
 	}
 	return nil
+}
+
+// rejectedMark is what Reject leaves of a grant.
+type rejectedMark struct {
+	RejectedAt time.Time `json:"rejected_at"`
+	// Retired is the cipher's output for the JSON of the grant's tokens
+	// ([]RetiredToken), under retiredContext.
+	Retired []byte `json:"retired,omitempty"`
+}
+
+// retiredContext is the cipher context of a rejected grant's tokens:
+// another than its record's (CipherContext), so that neither opens as the
+// other.
+func retiredContext(service, user string) []byte {
+	return []byte("toolgate/v1-retired/" + service + "/" + user)
+}
+
+// rejected is what the mark of user's rejected grant for service keeps of
+// its tokens, as a connection holding them as retired; nil when there is
+// no mark, it keeps none, or they cannot be read.
+func (s *ConnectionStore) rejected(ctx context.Context, service, user string) *Connection {
+	data, err := s.storage.Load(ctx, rejectedKey(service, user))
+	if err != nil {
+		return nil
+	}
+	var m rejectedMark
+	if json.Unmarshal(data, &m) != nil || len(m.Retired) == 0 {
+		return nil
+	}
+	plain, err := s.cipher.Decrypt(ctx, m.Retired, retiredContext(service, user))
+	if err != nil {
+		return nil
+	}
+	var retired []RetiredToken
+	err = json.Unmarshal(plain, &retired)
+	clear(plain)
+	if err != nil {
+		return nil
+	}
+	return &Connection{Retired: retired}
 }
 
 // WasRejected reports whether user's last grant for service was deleted

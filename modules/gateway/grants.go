@@ -145,14 +145,19 @@ func (a *App) withGrantLock(ctx context.Context, service, user string, fn func()
 
 // Connect stores user's new credential for service (see
 // ConnectionStore.Connect), after any refresh of the old one on its way.
-// The old one's tokens are kept as retired (Connection.Retired): its
+// The old one's tokens are kept as retired (Connection.Retired), and those
+// of a grant the provider rejected since (ConnectionStore.Reject): its
 // upstreams had them.
 func (a *App) Connect(ctx context.Context, service, user string, conn *Connection) error {
 	err := a.withGrantLock(ctx, service, user, func() error {
 		next := *conn
-		if old, err := a.connections.LoadFresh(ctx, service, user); err == nil {
+		old, err := a.connections.LoadFresh(ctx, service, user)
+		switch {
+		case err == nil:
 			next.Retired = next.retiring(old)
-		} // else nothing to keep, or a record that cannot be read: connecting again is its remedy
+		case errors.Is(err, ErrNotConnected):
+			next.Retired = next.retiring(a.connections.rejected(ctx, service, user))
+		} // else a record that cannot be read: connecting again is its remedy
 		return a.connections.Connect(ctx, service, user, &next)
 	})
 	if err != nil {
@@ -207,7 +212,7 @@ func (a *App) refresh(svc *Service, user, refused string) (*Connection, string, 
 		fields := []zap.Field{zap.String("service", svc.ID), zap.String("user", user),
 			zap.Int("status", pe.Status), zap.String("error_code", pe.Code), zap.String("reason", pe.Reason)}
 		if errors.Is(pe, ErrGrantRejected) {
-			if err := a.connections.Reject(ctx, svc.ID, user); err != nil {
+			if err := a.connections.Reject(ctx, svc.ID, user, cur); err != nil {
 				a.logger.Error("deleting a rejected oauth grant failed", zap.String("service", svc.ID), zap.Error(err))
 			}
 			a.logger.Warn("the provider rejected the refresh token; the grant is deleted and the user must connect again", fields...)
@@ -275,6 +280,21 @@ func (a *App) CredentialFor(ctx context.Context, svc *Service, user string) (*Cr
 		return credentialOf(conn), nil
 	}
 	return nil, fmt.Errorf("service %s: unknown auth kind %q", svc.ID, svc.Auth.Kind)
+}
+
+// CredentialNow is the credential of user's connection to svc as this
+// replica holds it now, from its cache alone (nil when it holds none):
+// newer than a long-lived stream's own when the token was refreshed or
+// replaced since the stream opened. It never reads storage.
+func (a *App) CredentialNow(svc *Service, user string) *Credential {
+	if a.connections == nil || !svc.PerUserCredentials() {
+		return nil
+	}
+	conn, ok := a.connections.cache.Get(ConnectionKey(svc.ID, user))
+	if !ok || conn == nil {
+		return nil
+	}
+	return credentialOf(conn)
 }
 
 // credentialOf is the credential of a per-user connection.

@@ -144,3 +144,82 @@ func TestStoredConnectionKeepsRetiredTokens(t *testing.T) {
 		}
 	}
 }
+
+// A grant the provider rejected leaves its tokens sealed in the rejection
+// mark (never in the clear), and the next connection keeps them as
+// retired; disconnecting forgets them with the mark.
+func TestRejectedGrantKeepsItsTokensForTheNextConnection(t *testing.T) {
+	ctx := context.Background()
+	storage, dir := fileStorage(t)
+	a, _ := oauthApp(t, "https://provider.example.com")
+	a.storage = storage
+	a.connections = newConnectionStore(storage, a.cipher, time.Minute)
+	was := &Connection{Kind: AuthOAuth, AccessToken: "the-rejected-grants-token", Expiry: now().Add(time.Hour),
+		Retired: []RetiredToken{{Token: "an-older-token-of-the-grant", Expiry: now().Add(time.Hour)}}}
+	if err := a.connections.Save(ctx, "svc", "alice", was); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.connections.Reject(ctx, "svc", "alice", was); err != nil {
+		t.Fatal(err)
+	}
+	for name, data := range storedFiles(t, dir) {
+		if strings.Contains(string(data), "rejected-grants-token") || strings.Contains(string(data), "older-token") {
+			t.Fatalf("%s holds a token in the clear", name)
+		}
+	}
+	if !a.connections.WasRejected(ctx, "svc", "alice") {
+		t.Fatal("no rejection mark")
+	}
+	if err := a.Connect(ctx, "svc", "alice", &Connection{Kind: AuthOAuth, AccessToken: "the-new-grants-token", ConnectedAt: now()}); err != nil {
+		t.Fatal(err)
+	}
+	stored, err := a.connections.LoadFresh(ctx, "svc", "alice")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := retiredTokens(stored.Retired); !slices.Equal(got, []string{"an-older-token-of-the-grant", "the-rejected-grants-token"}) {
+		t.Fatalf("the new connection retired %d tokens, want the rejected grant's two", len(got))
+	}
+	if a.connections.WasRejected(ctx, "svc", "alice") {
+		t.Fatal("the rejection mark outlived the new connection")
+	}
+
+	// A mark sealed under another user's context keeps nothing for alice.
+	if err := a.connections.Reject(ctx, "svc", "bob", was); err != nil {
+		t.Fatal(err)
+	}
+	mark, err := storage.Load(ctx, rejectedKey("svc", "bob"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := storage.Store(ctx, rejectedKey("svc", "carol"), mark); err != nil {
+		t.Fatal(err)
+	}
+	if c := a.connections.rejected(ctx, "svc", "carol"); c != nil {
+		t.Fatalf("bob's rejected tokens opened as carol's: %d", len(c.Retired))
+	}
+}
+
+// CredentialNow is the cached connection's credential, for per-user
+// services only, and never reads storage.
+func TestCredentialNow(t *testing.T) {
+	ctx := context.Background()
+	a, svc := oauthApp(t, "https://provider.example.com")
+	if c := a.CredentialNow(svc, "alice"); c != nil {
+		t.Fatal("a credential with nothing stored")
+	}
+	if err := a.connections.Save(ctx, "svc", "alice", &Connection{Kind: AuthOAuth, AccessToken: "the-current-token"}); err != nil {
+		t.Fatal(err)
+	}
+	if c := a.CredentialNow(svc, "alice"); c == nil || c.Secret() != "the-current-token" {
+		t.Fatalf("CredentialNow = %v", c)
+	}
+	a.connections.cache.Forget(ConnectionKey("svc", "alice"))
+	if c := a.CredentialNow(svc, "alice"); c != nil {
+		t.Fatal("CredentialNow read storage")
+	}
+	header := &Service{ID: "hdr", Auth: &UpstreamAuth{Kind: AuthHeader, Header: "X-Key", Value: "a-service-wide-key"}}
+	if c := a.CredentialNow(header, "alice"); c != nil {
+		t.Fatal("a credential now for a service-wide header")
+	}
+}

@@ -242,13 +242,45 @@ func (h *Handler) redactCredential(call *gateway.Call, msg mcpmsg.Message) (mcpm
 func (h *Handler) redacted(call *gateway.Call, msg mcpmsg.Message, pre *prescan) (mcpmsg.Message, bool, error) {
 	changed := false
 	var err error
-	call.Credential.EachSecret(func(secret string) bool {
+	search := func(secret string) bool {
 		var ch bool
 		msg, ch, err = h.redactedSecret(secret, msg, pre.of(secret, msg.Raw))
 		changed = changed || ch
 		return err == nil
-	})
+	}
+	call.Credential.EachSecret(search)
+	if now := h.credentialNow(call); err == nil && now != nil {
+		// A token refreshed or replaced since the call's credential was
+		// read (a stream open for hours, a listen) went upstream too.
+		now.EachSecret(func(secret string) bool {
+			if hasSecret(call.Credential, secret) {
+				return true
+			}
+			return search(secret)
+		})
+	}
 	return msg, changed, err
+}
+
+// credentialNow is the credential of the call's connection as the
+// replica holds it now when it is another than the call's (a per-user
+// one refreshed or replaced since); nil otherwise.
+func (h *Handler) credentialNow(call *gateway.Call) *gateway.Credential {
+	if call.Credential == nil || call.Credential.Grant == "" || h.app == nil || call.Service == nil || call.Caller == nil {
+		return nil
+	}
+	now := h.app.CredentialNow(call.Service, call.Caller.User)
+	if now == nil || now.Value == call.Credential.Value {
+		return nil
+	}
+	return now
+}
+
+// hasSecret reports whether secret is one of c's (EachSecret).
+func hasSecret(c *gateway.Credential, secret string) bool {
+	found := false
+	c.EachSecret(func(s string) bool { found = s == secret; return !found })
+	return found
 }
 
 // redactedSecret is redacted for one secret; facts, when not nil, are of
