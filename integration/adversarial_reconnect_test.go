@@ -457,16 +457,6 @@ func rcStart(t *testing.T, cfg gatewayConfig, caps string) (*rcUpstream, *gatewa
 	if cfg.Extra == "" {
 		cfg.Extra = "tool_pins off" // the accounts' definitions differ
 	}
-	if cfg.DataDir == "" {
-		// Background listings (after list_changed) may still write when
-		// the test ends; t.TempDir would fail its cleanup on them.
-		dir, err := os.MkdirTemp("", "toolgate-reconnect-")
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = os.RemoveAll(dir) })
-		cfg.DataDir = dir
-	}
 	g := startGateway(t, cfg)
 	lsPutToken(t, g, aliceKey, "token-one")
 	m := g.raw(t, aliceKey, g.createSession(t, aliceKey, "svc"), "svc")

@@ -121,6 +121,29 @@ func startGatewayOnPort(t testing.TB, port int, cfg gatewayConfig) *gateway {
 	return g
 }
 
+// gatewayDataDir is a new directory for a gateway's storage, removed when
+// t ends. Not t.TempDir: the gateway runs on until the next test loads
+// its own config, and its background work (a listing, an MCP session's
+// state) may still write there while the directory is removed — TempDir
+// fails the test on that ("directory not empty"). This removal tries a
+// few times, then leaves what is left to the system's temporary files.
+func gatewayDataDir(t testing.TB) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "toolgate-data-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		for range 20 {
+			if os.RemoveAll(dir) == nil {
+				return
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	})
+	return dir
+}
+
 // failureLog returns a file for the gateway's warnings and errors, which
 // are printed if t fails: a failure under the whole suite's load (a
 // storage or lock error answered as "retry later") says its cause.
@@ -216,7 +239,7 @@ func gatewayCaddyfile(t testing.TB, port int, cfg gatewayConfig) (caddyfile, dat
 	}
 	data := cfg.DataDir
 	if data == "" {
-		data = t.TempDir()
+		data = gatewayDataDir(t)
 	}
 	if cfg.Cipher == "" {
 		cfg.Cipher = "local " + data + "/cipher.key"

@@ -200,26 +200,56 @@ func TestRejectedGrantKeepsItsTokensForTheNextConnection(t *testing.T) {
 	}
 }
 
-// CredentialNow is the cached connection's credential, for per-user
-// services only, and never reads storage.
-func TestCredentialNow(t *testing.T) {
+// EachCallSecret gives the call's credential's secrets, then, for a
+// per-user one, those of the caller's connection as it stands now (read
+// from storage when the replica holds no copy) when its token is another;
+// a service-wide credential's alone; and fails when the connection cannot
+// be read.
+func TestEachCallSecret(t *testing.T) {
 	ctx := context.Background()
 	a, svc := oauthApp(t, "https://provider.example.com")
-	if c := a.CredentialNow(svc, "alice"); c != nil {
-		t.Fatal("a credential with nothing stored")
+	old := &Credential{Header: "Authorization", Value: "Bearer the-token-the-call-sent", Grant: "g"}
+	call := &Call{Service: svc, Caller: &Caller{User: "alice"}, Credential: old}
+	secrets := func() []string {
+		t.Helper()
+		var got []string
+		if err := a.EachCallSecret(call, func(s string) bool { got = append(got, s); return true }); err != nil {
+			t.Fatal(err)
+		}
+		return got
 	}
-	if err := a.connections.Save(ctx, "svc", "alice", &Connection{Kind: AuthOAuth, AccessToken: "the-current-token"}); err != nil {
+	if got := secrets(); !slices.Equal(got, []string{"the-token-the-call-sent"}) {
+		t.Fatalf("no connection stored: %q", got)
+	}
+	if err := a.connections.Save(ctx, "svc", "alice", &Connection{Kind: AuthOAuth, AccessToken: "the-token-refreshed-since",
+		Retired: []RetiredToken{{Token: "the-token-the-call-sent"}, {Token: "an-older-token"}}}); err != nil {
 		t.Fatal(err)
 	}
-	if c := a.CredentialNow(svc, "alice"); c == nil || c.Secret() != "the-current-token" {
-		t.Fatalf("CredentialNow = %v", c)
+	want := []string{"the-token-the-call-sent", "the-token-refreshed-since", "an-older-token"}
+	if got := secrets(); !slices.Equal(got, want) {
+		t.Fatalf("cached: %q, want %q", got, want)
 	}
 	a.connections.cache.Forget(ConnectionKey("svc", "alice"))
-	if c := a.CredentialNow(svc, "alice"); c != nil {
-		t.Fatal("CredentialNow read storage")
+	if got := secrets(); !slices.Equal(got, want) {
+		t.Fatalf("not cached (read from storage): %q, want %q", got, want)
 	}
-	header := &Service{ID: "hdr", Auth: &UpstreamAuth{Kind: AuthHeader, Header: "X-Key", Value: "a-service-wide-key"}}
-	if c := a.CredentialNow(header, "alice"); c != nil {
-		t.Fatal("a credential now for a service-wide header")
+	var first []string
+	if err := a.EachCallSecret(call, func(s string) bool { first = append(first, s); return false }); err != nil || len(first) != 1 {
+		t.Fatalf("went on after f returned false: %q, %v", first, err)
+	}
+
+	// Unreadable: an error, so that nothing is relayed unsearched.
+	if err := a.storage.Store(ctx, ConnectionKey("svc", "alice"), []byte("not sealed")); err != nil {
+		t.Fatal(err)
+	}
+	a.connections.cache.Forget(ConnectionKey("svc", "alice"))
+	if err := a.EachCallSecret(call, func(string) bool { return true }); err == nil {
+		t.Fatal("an unreadable connection, and no error")
+	}
+
+	header := &Call{Service: &Service{ID: "hdr"}, Caller: &Caller{User: "alice"}, Credential: &Credential{Header: "X-Key", Value: "a-service-wide-key"}}
+	var got []string
+	if err := a.EachCallSecret(header, func(s string) bool { got = append(got, s); return true }); err != nil || !slices.Equal(got, []string{"a-service-wide-key"}) {
+		t.Fatalf("a service-wide credential: %q, %v", got, err)
 	}
 }

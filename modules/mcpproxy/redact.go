@@ -5,6 +5,7 @@ import (
 	"encoding/base64"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"slices"
 	"sort"
 	"strings"
@@ -239,6 +240,10 @@ func (h *Handler) redactCredential(call *gateway.Call, msg mcpmsg.Message) (mcpm
 // changed msg: each of the credential's secrets (gateway.Credential.
 // EachSecret) redacted in turn; pre, when not nil, has read msg's raw bytes
 // already (parseRedacted).
+// errSecretsUnread: the caller's connection could not be read, so what
+// the upstream sent could not be searched for a token it may hold.
+var errSecretsUnread = errors.New("toolgate could not read the caller's credential to look for it in what the upstream sent")
+
 func (h *Handler) redacted(call *gateway.Call, msg mcpmsg.Message, pre *prescan) (mcpmsg.Message, bool, error) {
 	changed := false
 	var err error
@@ -248,39 +253,14 @@ func (h *Handler) redacted(call *gateway.Call, msg mcpmsg.Message, pre *prescan)
 		changed = changed || ch
 		return err == nil
 	}
-	call.Credential.EachSecret(search)
-	if now := h.credentialNow(call); err == nil && now != nil {
-		// A token refreshed or replaced since the call's credential was
-		// read (a stream open for hours, a listen) went upstream too.
-		now.EachSecret(func(secret string) bool {
-			if hasSecret(call.Credential, secret) {
-				return true
-			}
-			return search(secret)
-		})
+	if h.app == nil {
+		call.Credential.EachSecret(search)
+		return msg, changed, err
+	}
+	if rerr := h.app.EachCallSecret(call, search); rerr != nil && err == nil {
+		err = fmt.Errorf("%w: %w", errSecretsUnread, rerr)
 	}
 	return msg, changed, err
-}
-
-// credentialNow is the credential of the call's connection as the
-// replica holds it now when it is another than the call's (a per-user
-// one refreshed or replaced since); nil otherwise.
-func (h *Handler) credentialNow(call *gateway.Call) *gateway.Credential {
-	if call.Credential == nil || call.Credential.Grant == "" || h.app == nil || call.Service == nil || call.Caller == nil {
-		return nil
-	}
-	now := h.app.CredentialNow(call.Service, call.Caller.User)
-	if now == nil || now.Value == call.Credential.Value {
-		return nil
-	}
-	return now
-}
-
-// hasSecret reports whether secret is one of c's (EachSecret).
-func hasSecret(c *gateway.Credential, secret string) bool {
-	found := false
-	c.EachSecret(func(s string) bool { found = s == secret; return !found })
-	return found
 }
 
 // redactedSecret is redacted for one secret; facts, when not nil, are of

@@ -358,6 +358,10 @@ func (r *response) next() (mcpmsg.Message, error) {
 			msg, err = r.h.redactCredential(&other, msg)
 		}
 	}
+	if errors.Is(err, errSecretsUnread) {
+		r.h.logger.Warn("an upstream message was not relayed", zap.String("service", r.call.Service.ID), zap.Error(err))
+		return msg, &upstreamError{kind: kindUnavailable, sent: true, msg: err.Error() + "; try again once storage and the cipher answer"}
+	}
 	if err != nil {
 		// Neither the runner nor the log gets the upstream's own words (a
 		// key it quotes): no policy inspected them, and they can be the

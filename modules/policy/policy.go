@@ -318,6 +318,10 @@ func (c *Config) newDecision(ctx context.Context, call *gateway.Call, o *outcome
 	return c.newDecisionWithID(ctx, gateway.NewID(), call, o, stage, subject, sum, input, "")
 }
 
+// reasonUnsearched stands for a decision's reason that could not be
+// searched for the caller's credential (EachCallSecret failed).
+const reasonUnsearched = "the policy's reason is not shown: toolgate could not read the caller's credential to look for it there"
+
 // newDecisionWithID is newDecision for a decision whose id was drawn
 // before (the result stage writes it into the result it returns), on the
 // result stage's channel ("" for the request stage).
@@ -327,12 +331,17 @@ func (c *Config) newDecisionWithID(ctx context.Context, id string, call *gateway
 	// back split so that no search of its message found it is whole. It is
 	// taken out of o itself, whose reason the caller goes on to give the
 	// runner, an approval or a refusal.
-	call.Credential.EachSecret(func(secret string) bool {
+	redact := func(secret string) bool {
 		if strings.Contains(o.Reason, secret) {
 			o.Reason = strings.ReplaceAll(o.Reason, secret, gateway.CredentialRedaction)
 		}
 		return true
-	})
+	}
+	if c.app == nil {
+		call.Credential.EachSecret(redact)
+	} else if err := c.app.EachCallSecret(call, redact); err != nil && o.Reason != "" {
+		o.Reason = reasonUnsearched // it may hold a token toolgate could not read to look for
+	}
 	d := &gateway.Decision{ID: id, Action: o.Action, Reason: o.Reason}
 	policyMetrics.decided(stage, call.Service.ID, o.Action, o.Duration)
 	tool := call.Message.Name
