@@ -157,7 +157,10 @@ func (s *ConnectionStore) stop()                          { s.watch.Stop() }
 // ConnectionKey is the storage key of user's connection to service; it is
 // also the name of the storage lock that serializes its refreshes.
 func ConnectionKey(service, user string) string {
-	return path.Join(connectionPrefix, service, hashKey(user))
+	// Joined as path.Join would (a service id is one path segment:
+	// serviceIDPattern), without its cleaning: every search of an
+	// upstream's message asks for it (App.EachCallSecret).
+	return connectionPrefix + "/" + service + "/" + hashKey(user)
 }
 
 // Load returns user's connection to service, from the cache when fresh.

@@ -28,7 +28,7 @@ const testSecret = "a-state-secret-of-at-least-32-bytes!"
 
 // oauthApp is an App with one oauth service "svc" whose provider is at
 // providerURL, on file storage with the test cipher.
-func oauthApp(t *testing.T, providerURL string) (*App, *Service) {
+func oauthApp(t testing.TB, providerURL string) (*App, *Service) {
 	t.Helper()
 	storage, _ := fileStorage(t)
 	svc := &Service{ID: "svc", URL: "https://up.example.com/mcp", Tools: []string{"t"}, Auth: &UpstreamAuth{Kind: AuthOAuth, OAuth: &OAuthClient{

@@ -253,3 +253,23 @@ func TestEachCallSecret(t *testing.T) {
 		t.Fatalf("a service-wide credential: %q, %v", got, err)
 	}
 }
+
+// BenchmarkEachCallSecret is what every search of an upstream's message
+// costs to know what to look for, for a per-user credential whose
+// connection the replica holds (the steady state).
+func BenchmarkEachCallSecret(b *testing.B) {
+	ctx := context.Background()
+	a, svc := oauthApp(b, "https://provider.example.com")
+	conn := &Connection{Kind: AuthOAuth, AccessToken: "the-current-token-of-alice", Retired: []RetiredToken{{Token: "an-older-token"}}}
+	if err := a.connections.Save(ctx, "svc", "alice@example.com", conn); err != nil {
+		b.Fatal(err)
+	}
+	call := &Call{Service: svc, Caller: &Caller{User: "alice@example.com"}, Credential: credentialOf(conn)}
+	b.ReportAllocs()
+	for b.Loop() {
+		n := 0
+		if err := a.EachCallSecret(call, func(string) bool { n++; return true }); err != nil || n != 2 {
+			b.Fatal(n, err)
+		}
+	}
+}

@@ -75,7 +75,7 @@ func setClock(t *testing.T, start time.Time) *time.Time {
 	return &clock
 }
 
-func fileStorage(t *testing.T) (*certmagic.FileStorage, string) {
+func fileStorage(t testing.TB) (*certmagic.FileStorage, string) {
 	dir := t.TempDir()
 	return &certmagic.FileStorage{Path: dir}, dir
 }
