@@ -208,6 +208,9 @@ type App struct {
 	sharedMu *sync.Mutex
 	shared   map[string]any
 	answers  map[string]ClientAnswerFunc // by id prefix
+	// answerSearch is SearchAnswer's (SetAnswerSearch), set while
+	// handlers are provisioned.
+	answerSearch AnswerSearch
 }
 
 // CaddyModule returns the Caddy module information.

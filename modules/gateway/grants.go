@@ -282,60 +282,6 @@ func (a *App) CredentialFor(ctx context.Context, svc *Service, user string) (*Cr
 	return nil, fmt.Errorf("service %s: unknown auth kind %q", svc.ID, svc.Auth.Kind)
 }
 
-// EachCallSecret calls f with each secret an upstream may quote to the
-// call, until f returns false: its credential's (Credential.EachSecret:
-// the token sent, and those its connection sent before), then, for a
-// per-user credential, those of the caller's connection as it stands now
-// when its token is another — refreshed or replaced since the call's
-// credential was read (a stream open for hours, a listen, a call answered
-// on another replica than the one that refreshed it). The connection is
-// read as CredentialFor reads it (cached, else from storage within
-// secretsReadTimeout); an error says it could not be read, and then what
-// the upstream sent is not to be relayed: a newer token may be in it.
-func (a *App) EachCallSecret(call *Call, f func(secret string) bool) error {
-	more := true
-	call.Credential.EachSecret(func(s string) bool { more = f(s); return more })
-	if !more || a == nil || a.connections == nil || call.Credential.GrantName() == "" || call.Service == nil || call.Caller == nil {
-		return nil
-	}
-	key := ConnectionKey(call.Service.ID, call.Caller.User)
-	conn, ok := a.connections.cache.Get(key)
-	if !ok {
-		ctx, cancel := context.WithTimeout(context.Background(), secretsReadTimeout)
-		defer cancel()
-		var err error
-		conn, err = a.connections.Load(ctx, call.Service.ID, call.Caller.User)
-		switch {
-		case errors.Is(err, ErrNotConnected):
-			return nil // forgotten: nothing newer was sent
-		case err != nil:
-			return err
-		}
-	}
-	if conn == nil || strings.TrimPrefix(call.Credential.Value, "Bearer ") == conn.AccessToken {
-		return nil
-	}
-	credentialOf(conn).EachSecret(func(s string) bool {
-		if hasSecret(call.Credential, s) {
-			return true // looked for already
-		}
-		more = f(s)
-		return more
-	})
-	return nil
-}
-
-// secretsReadTimeout bounds the read of a connection EachCallSecret makes
-// when the replica holds no fresh copy of it.
-const secretsReadTimeout = 10 * time.Second
-
-// hasSecret reports whether secret is one of c's (EachSecret).
-func hasSecret(c *Credential, secret string) bool {
-	found := false
-	c.EachSecret(func(s string) bool { found = s == secret; return !found })
-	return found
-}
-
 // credentialOf is the credential of a per-user connection.
 func credentialOf(conn *Connection) *Credential {
 	return &Credential{Header: "Authorization", Value: "Bearer " + conn.AccessToken, Grant: conn.Grant(), retired: conn.Retired}

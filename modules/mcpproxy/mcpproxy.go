@@ -73,7 +73,8 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	h.maxMessage = h.app.MaxResponseBytes
 	h.limits = mcpmsg.Limits{MaxDepth: h.app.MaxJSONDepth, MaxValues: h.app.MaxResponseValues}
 	h.app.OnMCPSessionEnd(h.expired)
-	h.notices = notice.For(h.app) // in Provision: it follows other replicas from the app's start
+	h.app.SetAnswerSearch(h.afterHooks) // what other steps hand out without this relay
+	h.notices = notice.For(h.app)       // in Provision: it follows other replicas from the app's start
 	if h.stateless, err = mcp2026.For(h.app); err != nil {
 		return err
 	}

@@ -231,7 +231,17 @@ func (h *ResultHandler) withhold(ctx context.Context, call *gateway.Call, s subj
 	if s.task != "" {
 		shown = s.view.Arguments // what approvers judge is the task's call
 	}
+	// What the approval keeps is handed out later (released to the
+	// runner, shown to approvers) without this call's relay: searched for
+	// the call's secrets now, as the relay searches what the hooks write.
+	result, ok := searchedResult(h.app, call, result)
+	if !ok {
+		return fail("the result was withheld: toolgate could not check it for the credential it attached")
+	}
 	maskedResult, _ := json.Marshal(h.engine.maskedPayload(ctx, v.input, stageResult, result))
+	if maskedResult, ok = searchedResult(h.app, call, maskedResult); !ok {
+		return fail("the result was withheld: toolgate could not check it for the credential it attached")
+	}
 	maskedArgs, _ := json.Marshal(h.engine.maskedPayload(ctx, v.input, stageRequest, shown))
 	res, err := h.approvals.Resolve(ctx, approval.Ask{Call: ac, Stage: approval.StageResult, Spec: spec,
 		Decision: d, Revision: o.Revision, Masked: maskedArgs, Result: result, MaskedResult: maskedResult, Base: base})
@@ -302,8 +312,28 @@ func (h *ResultHandler) released(w http.ResponseWriter, r *http.Request, call *g
 			return true
 		}
 	}
-	gateway.WriteRPC(w, http.StatusOK, gateway.RPCResult(call.Message.ID, answer))
+	// Searched again with this call: the caller's token may have changed
+	// since the result was withheld (released answers skip the relay).
+	out, ok := h.app.SearchAnswer(call, gateway.RPCResult(call.Message.ID, answer))
+	if !ok {
+		out = gateway.RPCError(call.Message.ID, gateway.CodeInternalError, "toolgate could not check the released result for the credential it attached; it was withheld", nil)
+	}
+	gateway.WriteRPC(w, http.StatusOK, out)
 	return true
+}
+
+// searchedResult is result (an answer's result member, or a copy of it)
+// searched for call's secrets (App.SearchAnswer); false when it could not
+// be. "null" (no copy) passes as it is.
+func searchedResult(app *gateway.App, call *gateway.Call, result []byte) ([]byte, bool) {
+	if string(result) == "null" {
+		return result, true
+	}
+	out, ok := app.SearchAnswer(call, gateway.RPCResult(call.Message.ID, result))
+	if !ok {
+		return nil, false
+	}
+	return mcpmsg.MemberOf(out, "result"), true
 }
 
 // judgeReleased judges a withheld answer that res released again, when
