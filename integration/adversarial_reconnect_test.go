@@ -149,8 +149,8 @@ type rcUpstream struct {
 
 	mu       sync.Mutex
 	n        int
-	sessions map[string]string      // upstream session id → account it was opened with
-	streams  map[string]chan string // session id → its open GET stream
+	sessions map[string]string // upstream session id → account it was opened with
+	streams  getStreams        // by session id
 	log      []rcRequest
 	failInit map[string]bool // account → initialize answers 500
 	listHolds
@@ -158,8 +158,7 @@ type rcUpstream struct {
 
 func startRC(t *testing.T) *rcUpstream {
 	t.Helper()
-	u := &rcUpstream{sessions: map[string]string{}, streams: map[string]chan string{},
-		failInit: map[string]bool{}}
+	u := &rcUpstream{sessions: map[string]string{}, failInit: map[string]bool{}}
 	srv := httptest.NewServer(http.HandlerFunc(u.serve))
 	t.Cleanup(func() {
 		u.releaseAll()
@@ -248,26 +247,9 @@ func (u *rcUpstream) sessionsOf(account string) []string {
 }
 
 // push sends msg on session's open GET stream; false when it has none.
-func (u *rcUpstream) push(session, msg string) bool {
-	u.mu.Lock()
-	c := u.streams[session]
-	u.mu.Unlock()
-	if c == nil {
-		return false
-	}
-	select {
-	case c <- msg:
-		return true
-	case <-time.After(2 * time.Second):
-		return false
-	}
-}
+func (u *rcUpstream) push(session, msg string) bool { return u.streams.push(session, msg) }
 
-func (u *rcUpstream) hasStream(session string) bool {
-	u.mu.Lock()
-	defer u.mu.Unlock()
-	return u.streams[session] != nil
-}
+func (u *rcUpstream) hasStream(session string) bool { return u.streams.has(session) }
 
 func (u *rcUpstream) serve(w http.ResponseWriter, r *http.Request) {
 	body, _ := io.ReadAll(r.Body)
@@ -293,29 +275,8 @@ func (u *rcUpstream) serve(w http.ResponseWriter, r *http.Request) {
 			http.Error(w, "unknown session", http.StatusNotFound)
 			return
 		}
-		c := make(chan string, 16)
-		u.mu.Lock()
-		u.streams[session] = c
-		u.mu.Unlock()
-		defer func() {
-			u.mu.Lock()
-			if u.streams[session] == c {
-				delete(u.streams, session)
-			}
-			u.mu.Unlock()
-		}()
-		w.Header().Set("Content-Type", "text/event-stream")
-		w.WriteHeader(http.StatusOK)
-		w.(http.Flusher).Flush()
-		for {
-			select {
-			case m := <-c:
-				fmt.Fprintf(w, "event: message\ndata: %s\n\n", m)
-				w.(http.Flusher).Flush()
-			case <-r.Context().Done():
-				return
-			}
-		}
+		u.streams.serve(w, r, session)
+		return
 	}
 	if rec.RPCMethod == "initialize" {
 		if fail {

@@ -34,7 +34,7 @@ import (
 // r2Upstream while it is told to refuse (refuseNext).
 func startRT4(t *testing.T, hook func(msg gjson.Result, token string, seen []string) (int, string)) *r2Upstream {
 	t.Helper()
-	u := &r2Upstream{sessions: map[string]bool{}, streams: map[string]chan string{}}
+	u := &r2Upstream{sessions: map[string]bool{}}
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
 		r.Body = io.NopCloser(bytes.NewReader(body))
