@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -48,7 +49,8 @@ func (c *Connection) NeedsRefresh(skew time.Duration) bool {
 
 // applyToken copies what a token response holds into c. A response without
 // a refresh token keeps the current one; without a scope, the scopes stay
-// (or become the requested ones).
+// (or become the requested ones); with one, they are the requested scopes
+// it grants (grantedScopes).
 func (c *Connection) applyToken(tok *oauth2.Token, requested []string) {
 	c.AccessToken = tok.AccessToken
 	c.TokenType = tok.TokenType
@@ -60,10 +62,27 @@ func (c *Connection) applyToken(tok *oauth2.Token, requested []string) {
 		c.RefreshToken = tok.RefreshToken
 	}
 	if scope, _ := tok.Extra("scope").(string); scope != "" {
-		c.Scopes = strings.Fields(scope)
+		c.Scopes = grantedScopes(scope, requested)
 	} else if c.Scopes == nil {
 		c.Scopes = requested
 	}
+}
+
+// grantedScopes is the scopes of requested that a token response's scope
+// names, in requested's order: what the catalog and the console show of
+// a grant. Nothing else of it is kept — the provider, or what answers in
+// its place, writes that member, and it reaches every person's catalog
+// (a token endpoint writing the tokens and the client secret it was sent
+// into scope showed them there).
+func grantedScopes(scope string, requested []string) []string {
+	named := strings.Fields(scope)
+	granted := []string{}
+	for _, r := range requested {
+		if slices.Contains(named, r) {
+			granted = append(granted, r)
+		}
+	}
+	return granted
 }
 
 // OAuthConnection returns user's grant for the oauth service svc with an

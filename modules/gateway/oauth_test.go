@@ -231,9 +231,16 @@ func TestApplyTokenKeepsRefreshTokenAndScopes(t *testing.T) {
 	if c.RefreshToken != "old" || c.AccessToken != "at" || strings.Join(c.Scopes, " ") != "a" || !c.Expiry.IsZero() {
 		t.Fatalf("without refresh token or scope: %+v", c)
 	}
-	c.applyToken((&oauth2.Token{AccessToken: "at2", RefreshToken: "new"}).WithExtra(map[string]any{"scope": "x y"}), nil)
+	c.applyToken((&oauth2.Token{AccessToken: "at2", RefreshToken: "new"}).WithExtra(map[string]any{"scope": "y x"}), []string{"x", "y", "z"})
 	if c.RefreshToken != "new" || strings.Join(c.Scopes, " ") != "x y" {
 		t.Fatalf("with rotation and scope: %+v", c)
+	}
+	// Only requested scopes are kept of what the response names: a token
+	// endpoint can write anything there, the tokens and the client secret
+	// it was sent included, and the catalog shows the scopes.
+	c.applyToken((&oauth2.Token{AccessToken: "at3", RefreshToken: "newer"}).WithExtra(map[string]any{"scope": "x newer at3 the-client-secret offline_access"}), []string{"x", "y"})
+	if strings.Join(c.Scopes, " ") != "x" {
+		t.Fatalf("scopes kept of a response naming others: %q", c.Scopes)
 	}
 }
 
