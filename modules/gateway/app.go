@@ -630,6 +630,11 @@ func (a *App) Start() error {
 			return fmt.Errorf("service %q uses oauth: its users connect their accounts in the console; add toolgate_console to the site that serves public_url", s.ID)
 		}
 	}
+	for _, s := range a.Services {
+		if s.Auth.Kind == AuthHeader {
+			serviceHeaders.serve(s.ID, &Credential{Header: s.Auth.Header, Value: s.Auth.Value})
+		}
+	}
 	if s, ok := a.cipher.(CipherStarter); ok {
 		if err := s.Start(ctx); err != nil {
 			return fmt.Errorf("starting cipher: %w", err)

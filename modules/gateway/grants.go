@@ -281,7 +281,7 @@ func (a *App) CredentialFor(ctx context.Context, svc *Service, user string) (*Cr
 	case AuthNone:
 		return nil, nil
 	case AuthHeader:
-		return &Credential{Header: svc.Auth.Header, Value: svc.Auth.Value}, nil
+		return &Credential{Header: svc.Auth.Header, Value: svc.Auth.Value, retired: serviceHeaders.retired(svc.ID)}, nil
 	case AuthBearer:
 		if a.connections == nil {
 			return nil, errors.New("no cipher is configured")

@@ -273,3 +273,39 @@ func BenchmarkEachCallSecret(b *testing.B) {
 		}
 	}
 }
+
+// A service-wide header's replaced values are retired per service (the
+// newest maxRetired), each secret of the value as EachSecret gives it;
+// a value served again is not retired, and another service's are its own.
+func TestServiceHeadersRetireReplacedValues(t *testing.T) {
+	var h headerHistory
+	hdr := func(v string) *Credential { return &Credential{Header: "X-Api-Key", Value: v} }
+	h.serve("svc", hdr("key-one-0123456789"))
+	if got := h.retired("svc"); got != nil {
+		t.Fatalf("nothing replaced, and %v retired", retiredTokens(got))
+	}
+	h.serve("svc", hdr("key-one-0123456789")) // a reload that kept it
+	h.serve("svc", hdr("key-two-0123456789 v2"))
+	if got := retiredTokens(h.retired("svc")); !slices.Equal(got, []string{"key-one-0123456789"}) {
+		t.Fatalf("retired %q, want the first key", got)
+	}
+	h.serve("svc", hdr("key-one-0123456789")) // back to the first
+	if got := retiredTokens(h.retired("svc")); !slices.Equal(got, []string{"key-two-0123456789"}) {
+		t.Fatalf("retired %q, want the second key's secret only", got)
+	}
+	if h.retired("other") != nil {
+		t.Fatal("another service shares svc's retired values")
+	}
+	for i := range 3 * maxRetired {
+		h.serve("svc", hdr(fmt.Sprintf("key-%02d-0123456789", i)))
+	}
+	if got := retiredTokens(h.retired("svc")); len(got) != maxRetired || got[len(got)-1] != fmt.Sprintf("key-%02d-0123456789", 3*maxRetired-2) {
+		t.Fatalf("after many reloads %q", got)
+	}
+	c := &Credential{Header: "X-Api-Key", Value: "key-now-0123456789", retired: h.retired("svc")}
+	n := 0
+	c.EachSecret(func(string) bool { n++; return true })
+	if n != 1+maxRetired {
+		t.Fatalf("EachSecret gave %d secrets, want the value's and %d retired", n, maxRetired)
+	}
+}

@@ -3,7 +3,9 @@ package gateway
 import (
 	"context"
 	"errors"
+	"slices"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -84,4 +86,52 @@ func (a *App) SearchAnswer(call *Call, raw []byte) ([]byte, bool) {
 		return a.answerSearch(call, raw)
 	}
 	return raw, !call.Credential.HasSecret()
+}
+
+// serviceHeaders remembers, for each service with a service-wide header
+// (auth header), the secrets of the values a reload replaced: its upstream
+// was sent them, and may quote one after the reload, while it may still be
+// valid where it was issued. They are searched for as a per-user
+// connection's retired tokens are (Credential.EachSecret), the newest
+// maxRetired per service, on this replica, for as long as it runs.
+var serviceHeaders headerHistory
+
+type headerHistory struct {
+	mu      sync.Mutex
+	current map[string]string         // service id → the secrets of the value served, joined
+	old     map[string][]RetiredToken // service id → the secrets of values replaced
+}
+
+// serve records that c is the service's header now (a config that
+// started); the secrets of the one it replaces are retired.
+func (h *headerHistory) serve(service string, c *Credential) {
+	var secrets []string
+	c.eachSecretOfValue(func(s string) bool { secrets = append(secrets, s); return true })
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.current == nil {
+		h.current, h.old = map[string]string{}, map[string][]RetiredToken{}
+	}
+	joined := strings.Join(secrets, "\n")
+	if was, ok := h.current[service]; ok && was != joined {
+		next := slices.DeleteFunc(slices.Clone(h.old[service]), func(r RetiredToken) bool { return slices.Contains(secrets, r.Token) })
+		for _, s := range strings.Split(was, "\n") {
+			if s != "" && !slices.Contains(secrets, s) {
+				next = append(next, RetiredToken{Token: s})
+			}
+		}
+		if len(next) > maxRetired {
+			next = next[len(next)-maxRetired:]
+		}
+		h.old[service] = next
+	}
+	h.current[service] = joined
+}
+
+// retired is the secrets of the service's replaced header values; the
+// slice is not to be changed.
+func (h *headerHistory) retired(service string) []RetiredToken {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.old[service]
 }
