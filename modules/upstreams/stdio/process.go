@@ -61,10 +61,11 @@ type process struct {
 const writeTimeout = 30 * time.Second
 
 // startProcess starts the program in a process group of its own, with the
-// spec's environment (plus cred in CredEnv), working directory, user and
+// spec's environment (plus cred in CredEnv, whose log has cred and also
+// redacted), working directory, user and
 // limits, and nothing else of toolgate's: no environment, and no file
 // descriptors but its three pipes.
-func startProcess(s *spec, cred string, logger *zap.Logger) (*process, error) {
+func startProcess(s *spec, cred string, also []string, logger *zap.Logger) (*process, error) {
 	path, err := lookPath(s.Command[0], s.Path)
 	if err != nil {
 		return nil, err
@@ -73,7 +74,7 @@ func startProcess(s *spec, cred string, logger *zap.Logger) (*process, error) {
 	secrets := s.secrets
 	if s.CredEnv != "" && cred != "" {
 		env = append(append(make([]string, 0, len(env)+1), env...), s.CredEnv+"="+cred)
-		secrets = append(append(make([]string, 0, len(secrets)+1), secrets...), cred)
+		secrets = append(append(append(make([]string, 0, len(secrets)+1+len(also)), secrets...), cred), also...)
 	}
 	var pipes [6]*os.File // child stdin, our stdin; our stdout, child stdout; our stderr, child stderr
 	for i := 0; i < 6; i += 2 {

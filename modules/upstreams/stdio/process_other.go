@@ -15,7 +15,7 @@ import (
 // process is not available off Unix: supported reports it at config load.
 type process struct{ pid int }
 
-func startProcess(*spec, string, *zap.Logger) (*process, error) {
+func startProcess(*spec, string, []string, *zap.Logger) (*process, error) {
 	return nil, errors.New("programs run on Linux only")
 }
 

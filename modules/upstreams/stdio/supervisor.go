@@ -93,12 +93,24 @@ func (rt *runtime) log() *zap.Logger { return rt.logger.Load() }
 func (rt *runtime) Open(r *http.Request, init mcpmsg.Message) (*mcpbridge.Session, []byte, error) {
 	user := gateway.UpstreamUser(r.Context())
 	cred := rt.spec.credential(r.Header.Get(rt.spec.CredHeader))
+	// The tokens the caller's connection sent before (gateway.Connection.
+	// Retired) are kept out of the process's log too: a program may have
+	// cached one.
+	var also []string
+	if call := gateway.CallFrom(r); call != nil && cred != "" {
+		call.Credential.EachSecret(func(s string) bool {
+			if s != cred {
+				also = append(also, s)
+			}
+			return true
+		})
+	}
 	for range 3 { // a process retired or ended between ready and NewSession: take the next one
 		w, err := rt.worker(user)
 		if err != nil {
 			return nil, nil, err
 		}
-		link, err := w.ready(r.Context(), cred)
+		link, err := w.ready(r.Context(), cred, also)
 		if errors.Is(err, errWorkerClosed) {
 			continue // stopped (idle) just now: rt.worker makes a new one
 		}
@@ -310,7 +322,8 @@ type worker struct {
 
 	mu        sync.Mutex
 	state     state
-	cred      string // the credential the process got
+	cred      string   // the credential the process got
+	also      []string // more secrets kept out of its log (see Open)
 	proc      *process
 	link      *mcpbridge.Link
 	started   chan struct{} // closed when the start in progress ends
@@ -326,7 +339,7 @@ type worker struct {
 // ready returns the link to a running, initialized process that holds
 // cred, starting one (or a replacement, when the credential changed) and
 // waiting for it as long as ctx allows.
-func (w *worker) ready(ctx context.Context, cred string) (*mcpbridge.Link, error) {
+func (w *worker) ready(ctx context.Context, cred string, also []string) (*mcpbridge.Link, error) {
 	for {
 		w.mu.Lock()
 		w.lastUse = now()
@@ -338,9 +351,9 @@ func (w *worker) ready(ctx context.Context, cred string) (*mcpbridge.Link, error
 				return l, nil
 			}
 			w.retireLocked()
-			w.startLocked(cred)
+			w.startLocked(cred, also)
 		case stateStopped:
-			w.startLocked(cred)
+			w.startLocked(cred, also)
 		case stateBackoff:
 			err := w.downLocked()
 			w.mu.Unlock()
@@ -404,10 +417,10 @@ func (w *worker) busy() (bool, time.Time) {
 	return b, used
 }
 
-func (w *worker) startLocked(cred string) {
-	w.state, w.cred = stateStarting, cred
+func (w *worker) startLocked(cred string, also []string) {
+	w.state, w.cred, w.also = stateStarting, cred, also
 	w.started = make(chan struct{})
-	go w.run(cred, w.started)
+	go w.run(cred, also, w.started)
 }
 
 // retireLocked sets the running process aside: it takes no new sessions
@@ -427,9 +440,9 @@ func (w *worker) retireLocked() {
 }
 
 // run starts a process and initializes it.
-func (w *worker) run(cred string, started chan struct{}) {
+func (w *worker) run(cred string, also []string, started chan struct{}) {
 	s := w.rt.spec
-	p, err := startProcess(s, cred, w.rt.log())
+	p, err := startProcess(s, cred, also, w.rt.log())
 	if err != nil {
 		w.rt.log().Error("cannot start the program", zap.String("service", s.Service), zap.Error(err))
 		w.ended(nil, started, "could not be started ("+err.Error()+")", "start_failed")
@@ -524,7 +537,7 @@ func (w *worker) restart() {
 		w.state = stateStopped
 		return
 	}
-	w.startLocked(w.cred)
+	w.startLocked(w.cred, w.also)
 }
 
 // stop stops the worker's processes for good, each within its grace
