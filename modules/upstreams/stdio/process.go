@@ -102,7 +102,7 @@ func startProcess(s *spec, cred string, also []string, logger *zap.Logger) (*pro
 		logger:  logger.With(zap.String("service", s.Service), zap.Int("pid", cmd.Process.Pid)),
 		secrets: nonEmpty(secrets), done: make(chan struct{})}
 	for _, secret := range secrets {
-		p.longest = max(p.longest, len(secret))
+		p.longest = max(p.longest, encodedForms(len(secret)))
 	}
 	return p, nil
 }
@@ -353,8 +353,8 @@ func (p *process) logLine(msg string, line []byte) {
 }
 
 // redactLine is line cut to its first cut bytes, with every part of it
-// that belongs to an occurrence of a secret in line replaced by
-// "[redacted]". The cut is made in line's own bytes, where the secrets are
+// that belongs to an occurrence of a secret in line, and every word that
+// holds one encoded (maskEncoded), replaced by "[redacted]". The cut is made in line's own bytes, where the secrets are
 // found (cutting the redacted text instead would let a redaction pull the
 // rest of a later copy of a secret into what is kept), and overlapping
 // occurrences of several secrets are redacted as one.
@@ -373,6 +373,7 @@ func redactLine(line []byte, secrets []string, cut int) string {
 			from += i + 1
 		}
 	}
+	maskEncoded(line, masked, secrets)
 	var out strings.Builder
 	for i := 0; i < len(kept); {
 		j := i
