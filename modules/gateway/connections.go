@@ -51,29 +51,35 @@ type RetiredToken struct {
 const maxRetired = 8
 
 // retiring is c's retired tokens with the token of was added (the
-// connection c replaces; nil for none), without the expired ones and at
-// most maxRetired, the newest last. It is a new slice: a connection read
-// from the cache is shared.
+// connection c replaces; nil for none): retire's list.
 func (c *Connection) retiring(was *Connection) []RetiredToken {
 	if was == nil {
 		return c.Retired
 	}
-	all := append(slices.Clone(was.Retired), RetiredToken{Token: was.AccessToken, Expiry: was.Expiry})
-	var kept []RetiredToken
+	return retire(was.Retired, []RetiredToken{{Token: was.AccessToken, Expiry: was.Expiry}}, c.AccessToken)
+}
+
+// retire is the retired tokens kept with replaced added, the newest last:
+// without the ones sent now (current), the expired ones and repeats (each
+// kept where it was retired last), at most maxRetired. It is a new slice:
+// kept may be shared (a connection read from the cache).
+func retire(kept, replaced []RetiredToken, current ...string) []RetiredToken {
+	all := append(slices.Clone(kept), replaced...)
+	var out []RetiredToken
 	for i, r := range all {
 		switch {
-		case r.Token == "" || r.Token == c.AccessToken:
+		case r.Token == "" || slices.Contains(current, r.Token):
 		case !r.Expiry.IsZero() && !now().Before(r.Expiry):
 		case slices.ContainsFunc(all[i+1:], func(o RetiredToken) bool { return o.Token == r.Token }):
 			// kept once, where it was retired last
 		default:
-			kept = append(kept, r)
+			out = append(out, r)
 		}
 	}
-	if len(kept) > maxRetired {
-		kept = kept[len(kept)-maxRetired:]
+	if len(out) > maxRetired {
+		out = out[len(out)-maxRetired:]
 	}
-	return kept
+	return out
 }
 
 // Grant names the connection: when it was made. Connecting again (maybe to

@@ -98,7 +98,7 @@ var serviceHeaders headerHistory
 
 type headerHistory struct {
 	mu      sync.Mutex
-	current map[string]string         // service id → the secrets of the value served, joined
+	current map[string][]string       // service id → the secrets of the value served
 	old     map[string][]RetiredToken // service id → the secrets of values replaced
 }
 
@@ -110,22 +110,16 @@ func (h *headerHistory) serve(service string, c *Credential) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.current == nil {
-		h.current, h.old = map[string]string{}, map[string][]RetiredToken{}
+		h.current, h.old = map[string][]string{}, map[string][]RetiredToken{}
 	}
-	joined := strings.Join(secrets, "\n")
-	if was, ok := h.current[service]; ok && was != joined {
-		next := slices.DeleteFunc(slices.Clone(h.old[service]), func(r RetiredToken) bool { return slices.Contains(secrets, r.Token) })
-		for _, s := range strings.Split(was, "\n") {
-			if s != "" && !slices.Contains(secrets, s) {
-				next = append(next, RetiredToken{Token: s})
-			}
+	if was, ok := h.current[service]; ok && !slices.Equal(was, secrets) {
+		var replaced []RetiredToken
+		for _, s := range was {
+			replaced = append(replaced, RetiredToken{Token: s})
 		}
-		if len(next) > maxRetired {
-			next = next[len(next)-maxRetired:]
-		}
-		h.old[service] = next
+		h.old[service] = retire(h.old[service], replaced, secrets...)
 	}
-	h.current[service] = joined
+	h.current[service] = secrets
 }
 
 // retired is the secrets of the service's replaced header values; the
