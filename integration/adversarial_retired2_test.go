@@ -227,9 +227,8 @@ func TestRetired2AttackRejectedGrantForgetsItsLiveToken(t *testing.T) {
 // a stateless runner were fixed for this, TestListenShareAttackRotatedTokenReachesJoinedListen,
 // each listen searching its own call's credential; the stateful stream
 // has no later call.) Fixed: every search of what an upstream sends looks
-// for the connection's tokens as the replica holds them now too
-// (App.CredentialNow, from the cache: its current token and retired
-// ones), besides the call's own credential.
+// for the connection's tokens as they stand now too (App.EachCallSecret:
+// its current token and retired ones), besides the call's own credential.
 func TestRetired2AttackStandaloneStreamMissesTheRefreshedToken(t *testing.T) {
 	p := startOAuthProvider(t, providerConfig{AccessTTL: time.Hour})
 	up := startR2(t)

@@ -12,7 +12,7 @@ import (
 )
 
 // A third look at the rejection mark (ConnectionStore.Reject, rejected)
-// and App.CredentialNow, from a storage-write attacker's side (no cipher
+// and the connection App.EachCallSecret reads, from a storage-write attacker's side (no cipher
 // key) and a caller's.
 
 // r3Rejected stores was as user's connection to svc and rejects it: the
