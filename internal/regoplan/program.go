@@ -58,6 +58,7 @@ type Program struct {
 	// io.jwt.decode_verify, which checks expiry against the clock.
 	impure bool
 	pool   sync.Pool // *vm
+	recollection
 }
 
 // function is a planned function (a rule, or the query itself).
@@ -181,6 +182,7 @@ func Compile(p *ir.Policy) (*Program, error) {
 		return nil, err
 	}
 	prog.impure = c.impure
+	prog.recallable = !c.impure && !c.effects
 	bindResults(prog.plan)
 	fold(prog)
 	prog.pool.New = func() any { return newVM(prog) }
@@ -196,6 +198,7 @@ type compiler struct {
 	funcs    map[string]*function
 	fn       *function // the function being compiled
 	impure   bool
+	effects  bool // the plan prints (print, trace)
 }
 
 // note records that the current function uses local l.
@@ -309,6 +312,9 @@ func (c *compiler) stmt(s ir.Stmt) (instr, error) {
 		relation := bi != nil && bi.Relation
 		if bi == nil || bi.Nondeterministic || strings.HasPrefix(s.Func, "io.jwt.") {
 			c.impure = true
+		}
+		if s.Func == ast.InternalPrint.Name || s.Func == ast.Trace.Name {
+			c.effects = true // an evaluation recalled would not print
 		}
 		return &callBuiltin{name: s.Func, f: f, relation: relation, void: decl.Decl != nil && decl.Decl.Result() == nil,
 			args: args, result: c.local(s.Result)}, nil

@@ -114,14 +114,36 @@ func parseInput(t *testing.T, s string) ast.Value {
 }
 
 // compare evaluates data.p.r on each input with prog and with topdown and
-// wants the same outcome.
+// wants the same outcome; then, twice over, with prog's Value, which may
+// recall an evaluation of another input (see recall.go).
 func compare(t *testing.T, compiler *ast.Compiler, prog *Program, data map[string]any, inputs []string) {
 	t.Helper()
-	for _, in := range inputs {
+	wants := make([]string, len(inputs))
+	for i, in := range inputs {
 		input := parseInput(t, in)
-		want := topdownOutcome(t, compiler, data, "data.p.r", input)
-		if got := planOutcome(t, prog, data, input); got != want {
-			t.Errorf("input %s: plan gives %s, topdown %s", in, got, want)
+		wants[i] = topdownOutcome(t, compiler, data, "data.p.r", input)
+		if got := planOutcome(t, prog, data, input); got != wants[i] {
+			t.Errorf("input %s: plan gives %s, topdown %s", in, got, wants[i])
+		}
+	}
+	d, err := ast.InterfaceToValue(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dt := ast.NewTerm(d)
+	for range 2 {
+		for i, in := range inputs {
+			var input *ast.Term
+			if v := parseInput(t, in); v != nil {
+				input = ast.NewTerm(v)
+			}
+			got := valueOutcome(prog, input, dt)
+			if got == "undefined" && wants[i] == "undefined" || strings.HasSuffix(got, " results") {
+				continue // Value tells no more
+			}
+			if got != wants[i] {
+				t.Errorf("input %s: plan's Value gives %s, topdown %s", in, got, wants[i])
+			}
 		}
 	}
 }

@@ -136,6 +136,7 @@ const (
 type vm struct {
 	prog    *Program
 	stack   []*ast.Term // the frames of the calls in progress
+	tags    []int32     // beside stack: what each local holds of the input (see recorder)
 	sp      int
 	high    int         // the most of stack the evaluation used
 	scratch []*ast.Term // a built-in call's operands
@@ -159,6 +160,12 @@ type vm struct {
 	// takeValue keeps a binding's value in value (for Value).
 	takeValue func(_, v *ast.Term)
 	value     *ast.Term
+	// rec records what the evaluation reads of its input, for Program's
+	// recall; nil when it does not (or no longer can).
+	rec    *recorder
+	recBuf recorder
+	// rnodes and routs are a recall's scratch (see recalled).
+	rnodes, routs []*ast.Term
 }
 
 // result is one result of the query: obj, or the binding of key to v.
@@ -178,6 +185,7 @@ func (r result) object() ast.Object {
 // its last step ended with.
 type scanning struct {
 	frame []*ast.Term
+	ft    []int32
 	in    *scan
 	res   int
 }
@@ -188,7 +196,7 @@ type memoEntry struct {
 }
 
 func newVM(p *Program) *vm {
-	m := &vm{prog: p, stack: make([]*ast.Term, p.stack), scratch: make([]*ast.Term, p.scratch),
+	m := &vm{prog: p, stack: make([]*ast.Term, p.stack), tags: make([]int32, p.stack), scratch: make([]*ast.Term, p.scratch),
 		memo: make([]memoEntry, len(p.funcs))}
 	m.iterOne = func(t *ast.Term) error {
 		if !m.called {
@@ -201,9 +209,10 @@ func newVM(p *Program) *vm {
 		return nil
 	}
 	m.takeValue = func(_, v *ast.Term) { m.value = v }
+	m.recBuf.vm = m
 	m.scanObject = func(k, v *ast.Term) bool {
 		var stop bool
-		m.scanning.res, stop = m.scanStep(m.scanning.frame, m.scanning.in, k, v)
+		m.scanning.res, stop = m.scanStep(m.scanning.frame, m.scanning.ft, m.scanning.in, k, v)
 		return stop
 	}
 	return m
@@ -217,7 +226,7 @@ var ErrCancelled = errors.New("regoplan: evaluation cancelled")
 // reference, one binding: its value). cancel, if not nil, stops the
 // evaluation when cancelled; ctx is what built-ins such as http.send see.
 func (p *Program) Eval(ctx context.Context, input, data *ast.Term, cancel topdown.Cancel) ([]ast.Object, error) {
-	m, err := p.run(ctx, input, data, cancel)
+	m, err := p.run(ctx, input, data, cancel, false)
 	var out []ast.Object
 	if err == nil {
 		for _, r := range m.results {
@@ -232,8 +241,19 @@ func (p *Program) Eval(ctx context.Context, input, data *ast.Term, cancel topdow
 // result's one binding, and the number of results (the value is nil
 // unless there is one result of one binding). It allocates nothing for
 // the results.
+//
+// An evaluation of a pure program (see recall.go) may instead give the
+// value an earlier one gave for an input it read the same: the value is
+// then shared, and the caller must not change it (nor any value Value
+// returns).
 func (p *Program) Value(ctx context.Context, input, data *ast.Term, cancel topdown.Cancel) (v *ast.Term, n int, err error) {
-	m, err := p.run(ctx, input, data, cancel)
+	// (Without input, no member of it is looked up: nothing to record.)
+	if p.recallable && input != nil {
+		if v, n, ok := p.recall(ctx, input, data, cancel); ok {
+			return v, n, nil
+		}
+	}
+	m, err := p.run(ctx, input, data, cancel, input != nil && p.recording())
 	if err == nil {
 		n = len(m.results)
 		switch r := m.results; {
@@ -244,6 +264,7 @@ func (p *Program) Value(ctx context.Context, input, data *ast.Term, cancel topdo
 			r[0].obj.Foreach(m.takeValue)
 			v = m.value
 		}
+		p.remember(m, data, v, n)
 	}
 	p.release(m)
 	return v, n, err
@@ -251,7 +272,7 @@ func (p *Program) Value(ctx context.Context, input, data *ast.Term, cancel topdo
 
 // run evaluates the program on a vm of the pool, which holds the results
 // until it is released.
-func (p *Program) run(ctx context.Context, input, data *ast.Term, cancel topdown.Cancel) (m *vm, err error) {
+func (p *Program) run(ctx context.Context, input, data *ast.Term, cancel topdown.Cancel, record bool) (m *vm, err error) {
 	m = p.pool.Get().(*vm)
 	defer func() {
 		if r := recover(); r != nil {
@@ -262,11 +283,15 @@ func (p *Program) run(ctx context.Context, input, data *ast.Term, cancel topdown
 		}
 	}()
 	m.start(ctx, cancel)
-	frame := m.stack[:p.plan.locals]
+	frame, ft := m.stack[:p.plan.locals], m.tags[:p.plan.locals]
 	m.sp, m.high = p.plan.locals, p.plan.locals
 	frame[0], frame[1] = input, data
+	if record {
+		m.rec = m.recBuf.start(len(p.funcs))
+		ft[0] = 1 // node 0: the input
+	}
 	for _, b := range p.plan.blocks {
-		if m.exec(frame, b) == failed {
+		if m.exec(frame, ft, b) == failed {
 			return m, m.err
 		}
 	}
@@ -300,7 +325,10 @@ func (m *vm) start(ctx context.Context, cancel topdown.Cancel) {
 // no input alive.
 func (m *vm) finish() {
 	clear(m.stack[:m.high])
+	clear(m.tags[:m.high])
 	clear(m.scratch)
+	m.rec = nil
+	m.recBuf.reset()
 	clear(m.memo)
 	m.saved = m.saved[:0]
 	clear(m.results)
@@ -353,7 +381,7 @@ func (m *vm) halted() bool {
 
 // exec runs b in frame: completed, returned, failed, or the number of
 // enclosing blocks to leave after b (0: just b).
-func (m *vm) exec(frame []*ast.Term, b block) int {
+func (m *vm) exec(frame []*ast.Term, ft []int32, b block) int {
 	for _, in := range b {
 		switch in := in.(type) {
 		case *dot:
@@ -362,14 +390,20 @@ func (m *vm) exec(frame []*ast.Term, b block) int {
 				return 0
 			}
 			v := get(s, k)
+			if m.rec != nil {
+				m.rec.dot(ft, in, k, v)
+			}
 			if v == nil {
 				return 0
 			}
 			frame[in.dst] = v
 		case *assign:
 			frame[in.dst] = m.val(frame, in.src)
+			if m.rec != nil {
+				ft[in.dst] = tagOf(ft, in.src)
+			}
 		case *callFunc:
-			v, ok := m.call(frame, in.fn, in.args)
+			v, ok := m.call(frame, ft, in.fn, in.args)
 			if !ok {
 				return failed
 			}
@@ -377,8 +411,14 @@ func (m *vm) exec(frame []*ast.Term, b block) int {
 				return 0
 			}
 			frame[in.result] = v
+			if m.rec != nil {
+				ft[in.result] = m.rec.ret
+			}
 		case *callBuiltin:
 			v, r := m.builtin(frame, in)
+			if m.rec != nil && r != failed {
+				m.rec.called(frame, ft, in, v)
+			}
 			if r != completed {
 				return r
 			}
@@ -388,7 +428,11 @@ func (m *vm) exec(frame []*ast.Term, b block) int {
 			if a == nil || b == nil {
 				return 0
 			}
-			if (a == b || ast.Compare(a.Value, b.Value) == 0) == in.not {
+			eq := a == b || ast.Compare(a.Value, b.Value) == 0
+			if m.rec != nil {
+				m.rec.compared(frame, ft, in, eq)
+			}
+			if eq == in.not {
 				return 0
 			}
 		case *isDefined:
@@ -398,6 +442,9 @@ func (m *vm) exec(frame []*ast.Term, b block) int {
 		case *assignOnce:
 			v := m.val(frame, in.src)
 			if cur := frame[in.dst]; cur != nil {
+				if m.rec != nil && (ft[in.dst] != 0 || tagOf(ft, in.src) != 0) {
+					m.rec.giveUp() // two values of a rule, one of them read from the input
+				}
 				if v == nil || ast.Compare(cur.Value, v.Value) != 0 {
 					m.err = errors.New("regoplan: complete rules must not produce multiple outputs")
 					return failed
@@ -405,20 +452,34 @@ func (m *vm) exec(frame []*ast.Term, b block) int {
 				continue
 			}
 			frame[in.dst] = v
+			if m.rec != nil {
+				ft[in.dst] = tagOf(ft, in.src)
+			}
 		case *reset:
 			frame[in.dst] = nil
+			ft[in.dst] = 0
 		case *makeConst:
 			frame[in.dst] = in.v
+			ft[in.dst] = 0
 		case *makeArray:
 			frame[in.dst] = ast.NewTerm(ast.NewArrayWithCapacity(in.capacity))
+			ft[in.dst] = 0
 		case *makeObject:
 			frame[in.dst] = &ast.Term{Value: emptyObject}
+			ft[in.dst] = 0
 		case *makeSet:
 			frame[in.dst] = &ast.Term{Value: emptySet}
+			ft[in.dst] = 0
 		case *arrayAppend:
+			if m.rec != nil {
+				m.rec.stored(ft, in.arr, operand{local: -1}, in.v)
+			}
 			t := frame[in.arr]
 			t.Value = t.Value.(*ast.Array).Append(m.val(frame, in.v))
 		case *objectInsert:
+			if m.rec != nil {
+				m.rec.stored(ft, in.obj, in.k, in.v)
+			}
 			t := frame[in.obj]
 			if t.Value == emptyObject {
 				t.Value = ast.NewObject()
@@ -436,6 +497,9 @@ func (m *vm) exec(frame []*ast.Term, b block) int {
 			}
 			o.Insert(k, v)
 		case *setAdd:
+			if m.rec != nil {
+				m.rec.stored(ft, in.set, operand{local: -1}, in.v)
+			}
 			t := frame[in.set]
 			if t.Value == emptySet {
 				t.Value = ast.NewSet()
@@ -443,7 +507,7 @@ func (m *vm) exec(frame []*ast.Term, b block) int {
 			t.Value.(ast.Set).Add(m.val(frame, in.v))
 		case *blockStmt:
 			for _, b := range in.blocks {
-				switch r := m.exec(frame, b); {
+				switch r := m.exec(frame, ft, b); {
 				case r == returned || r == failed:
 					return r
 				case r > 0:
@@ -453,15 +517,21 @@ func (m *vm) exec(frame []*ast.Term, b block) int {
 		case *breakStmt:
 			return in.index
 		case *scan:
-			if r := m.scan(frame, in); r != completed {
+			if m.rec != nil && ft[in.src] != 0 {
+				m.rec.giveUp() // what it reads is every member
+			}
+			if r := m.scan(frame, ft, in); r != completed {
 				return r
 			}
 		case *relationScan:
-			if r := m.relationScan(frame, in); r != completed {
+			if m.rec != nil && anyTag(ft, in.call.args) {
+				m.rec.giveUp()
+			}
+			if r := m.relationScan(frame, ft, in); r != completed {
 				return r
 			}
 		case *not:
-			switch r := m.exec(frame, in.body); {
+			switch r := m.exec(frame, ft, in.body); {
 			case r == returned || r == failed:
 				return r
 			case r == completed:
@@ -475,6 +545,9 @@ func (m *vm) exec(frame []*ast.Term, b block) int {
 				return 0
 			}
 			frame[in.dst] = ast.InternedTerm(size(s.Value))
+			if m.rec != nil {
+				m.rec.measured(ft, in, s)
+			}
 		case *isKind:
 			s := m.val(frame, in.src)
 			if s == nil {
@@ -489,13 +562,22 @@ func (m *vm) exec(frame []*ast.Term, b block) int {
 			case kindSet:
 				_, ok = s.Value.(ast.Set)
 			}
+			if m.rec != nil {
+				m.rec.kinded(ft, in, ok)
+			}
 			if !ok {
 				return 0
 			}
 		case *returnLocal:
 			m.ret = frame[in.src]
+			if m.rec != nil {
+				m.rec.ret = ft[in.src]
+			}
 			return returned
 		case *resultAdd:
+			if m.rec != nil && ft[in.src] > 0 {
+				m.rec.giveUp() // a value of the input's own as the result
+			}
 			switch t := frame[in.src]; {
 			case t == nil:
 			case in.key != nil:
@@ -506,7 +588,10 @@ func (m *vm) exec(frame []*ast.Term, b block) int {
 				}
 			}
 		case *with:
-			if r := m.with(frame, in); r != completed {
+			if m.rec != nil {
+				m.rec.giveUp()
+			}
+			if r := m.with(frame, ft, in); r != completed {
 				return r
 			}
 		default:
@@ -518,10 +603,13 @@ func (m *vm) exec(frame []*ast.Term, b block) int {
 
 // call runs fn with args (operands of frame); nil when its value is
 // undefined, ok false when the evaluation failed.
-func (m *vm) call(frame []*ast.Term, fn *function, args []operand) (v *ast.Term, ok bool) {
+func (m *vm) call(frame []*ast.Term, ft []int32, fn *function, args []operand) (v *ast.Term, ok bool) {
 	if fn.memo {
 		switch e := m.memo[fn.index]; e.state {
 		case 1:
+			if m.rec != nil {
+				m.rec.ret = m.rec.memo[fn.index]
+			}
 			return e.v, true
 		case 2:
 			return nil, true
@@ -532,23 +620,36 @@ func (m *vm) call(frame []*ast.Term, fn *function, args []operand) (v *ast.Term,
 	}
 	base := m.sp
 	callee := m.stack[base : base+fn.locals]
+	ct := m.tags[base : base+fn.locals]
 	m.sp += fn.locals
 	m.high = max(m.high, m.sp)
 	for i, p := range fn.params {
 		callee[p] = m.val(frame, args[i])
+		ct[p] = tagOf(ft, args[i])
 	}
+	var tag int32
 	for _, b := range fn.blocks {
-		r := m.exec(callee, b)
+		r := m.exec(callee, ct, b)
 		if r == failed {
 			return nil, false
 		}
 		if r == returned {
 			v, m.ret = m.ret, nil
+			if m.rec != nil {
+				tag = m.rec.ret
+			}
 			break
 		}
 	}
 	clear(callee)
+	clear(ct)
 	m.sp = base
+	if m.rec != nil {
+		m.rec.ret = tag
+		if fn.memo {
+			m.rec.memo[fn.index] = tag
+		}
+	}
 	if fn.memo {
 		e := memoEntry{state: 2}
 		if v != nil {
@@ -572,6 +673,11 @@ func (m *vm) builtin(frame []*ast.Term, in *callBuiltin) (*ast.Term, int) {
 			return nil, 0
 		}
 	}
+	return m.invoke(in, ops)
+}
+
+// invoke calls in's built-in on ops (clearing them), as builtin does.
+func (m *vm) invoke(in *callBuiltin, ops []*ast.Term) (*ast.Term, int) {
 	m.called, m.out = false, nil
 	m.outs = m.outs[:0]
 	iter := m.iterOne
@@ -604,12 +710,13 @@ func (m *vm) builtin(frame []*ast.Term, in *callBuiltin) (*ast.Term, int) {
 
 // scanStep runs a scan's body for one element: whether the scan stops
 // there, and what it then ends with (completed, or what scan returns).
-func (m *vm) scanStep(frame []*ast.Term, in *scan, k, v *ast.Term) (int, bool) {
+func (m *vm) scanStep(frame []*ast.Term, ft []int32, in *scan, k, v *ast.Term) (int, bool) {
 	if m.halted() {
 		return failed, true
 	}
 	frame[in.key], frame[in.value] = k, v
-	switch r := m.exec(frame, in.body); {
+	ft[in.key], ft[in.value] = 0, 0
+	switch r := m.exec(frame, ft, in.body); {
 	case r == returned || r == failed:
 		return r, true
 	case r == 1:
@@ -626,7 +733,7 @@ var errStopRelation = errors.New("regoplan: enough outputs")
 // relationScan calls a relation's built-in and runs the scan's body on
 // each output as it comes (the scan's key is the output's index), with the
 // same endings as scan.
-func (m *vm) relationScan(frame []*ast.Term, in *relationScan) int {
+func (m *vm) relationScan(frame []*ast.Term, ft []int32, in *relationScan) int {
 	if m.halted() {
 		return failed
 	}
@@ -641,7 +748,7 @@ func (m *vm) relationScan(frame []*ast.Term, in *relationScan) int {
 	res, i := completed, 0
 	err := in.call.f(m.bctx, ops, func(t *ast.Term) error {
 		var stop bool
-		if res, stop = m.scanStep(frame, in.scan, ast.InternedTerm(i), t); stop {
+		if res, stop = m.scanStep(frame, ft, in.scan, ast.InternedTerm(i), t); stop {
 			return errStopRelation
 		}
 		i++
@@ -662,7 +769,7 @@ func (m *vm) relationScan(frame []*ast.Term, in *relationScan) int {
 // scan runs in.body for every element of a collection (nothing for a
 // scalar). Leaving the body continues with the next element; leaving it
 // and one more block ends the scan (as WebAssembly's br 1 out of its loop).
-func (m *vm) scan(frame []*ast.Term, in *scan) int {
+func (m *vm) scan(frame []*ast.Term, ft []int32, in *scan) int {
 	src := frame[in.src]
 	if src == nil {
 		return completed
@@ -672,14 +779,14 @@ func (m *vm) scan(frame []*ast.Term, in *scan) int {
 	case *ast.Array:
 		for i := range c.Len() {
 			var stop bool
-			if res, stop = m.scanStep(frame, in, ast.InternedTerm(i), c.Elem(i)); stop {
+			if res, stop = m.scanStep(frame, ft, in, ast.InternedTerm(i), c.Elem(i)); stop {
 				break
 			}
 		}
 	case ast.Set:
 		for _, t := range c.Slice() {
 			var stop bool
-			if res, stop = m.scanStep(frame, in, t, t); stop {
+			if res, stop = m.scanStep(frame, ft, in, t, t); stop {
 				break
 			}
 		}
@@ -687,7 +794,7 @@ func (m *vm) scan(frame []*ast.Term, in *scan) int {
 		// The object's callback is made once per vm (see newVM); what it
 		// needs is in the vm, kept aside for the scan it interrupts.
 		outer := m.scanning
-		m.scanning = scanning{frame: frame, in: in, res: completed}
+		m.scanning = scanning{frame: frame, ft: ft, in: in, res: completed}
 		c.Until(m.scanObject)
 		res = m.scanning.res
 		m.scanning = outer
@@ -697,7 +804,7 @@ func (m *vm) scan(frame []*ast.Term, in *scan) int {
 
 // with runs in.body with a local (input or data) replaced, or a value
 // put at a path inside it, and rule values computed afresh.
-func (m *vm) with(frame []*ast.Term, in *with) int {
+func (m *vm) with(frame []*ast.Term, ft []int32, in *with) int {
 	saved := frame[in.local]
 	v := m.val(frame, in.v)
 	if len(in.path) == 0 {
@@ -707,7 +814,7 @@ func (m *vm) with(frame []*ast.Term, in *with) int {
 	}
 	m.saved = append(m.saved, m.memo)
 	m.memo = make([]memoEntry, len(m.memo))
-	r := m.exec(frame, in.body)
+	r := m.exec(frame, ft, in.body)
 	m.memo = m.saved[len(m.saved)-1]
 	m.saved = m.saved[:len(m.saved)-1]
 	frame[in.local] = saved
