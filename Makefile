@@ -52,7 +52,7 @@ conformance:
 # package's testdata/fuzz as regression seeds, which every `go test` runs
 FUZZERS := internal/mcpmsg:FuzzParse internal/mcpmsg:FuzzEndsAdversarial modules/mcpproxy:FuzzSSEReader modules/mcpproxy:FuzzSSEWriter \
 	modules/mcpproxy:FuzzPrescanAdvDifferential \
-	modules/policy:FuzzJSONTerm modules/policy:FuzzPlanMatchesTopdown modules/policy:FuzzScanDecidesAsThePolicy \
+	modules/policy:FuzzJSONTerm modules/policy:FuzzPlanMatchesTopdown modules/policy:FuzzScanDecidesAsThePolicy internal/regoplan:FuzzRecall \
 	modules/ciphers/kms:FuzzParseEnvelope \
 	modules/gateway:FuzzVerifyState modules/gateway:FuzzUnmarshalCaddyfile \
 	modules/api:FuzzOAuthCallbackQuery

@@ -70,7 +70,7 @@ func planOutcome(t *testing.T, prog *Program, data map[string]any, input ast.Val
 	return string(b)
 }
 
-func compile(t *testing.T, modules map[string]string) *ast.Compiler {
+func compile(t testing.TB, modules map[string]string) *ast.Compiler {
 	t.Helper()
 	parsed := map[string]*ast.Module{}
 	for name, src := range modules {
