@@ -24,6 +24,9 @@
 // built-in this package does not run is refused when it is compiled, never
 // half run: the caller evaluates that policy with topdown instead.
 //
+// Value may not run the plan at all: an evaluation that reads its input
+// as an earlier one did is given that one's value (recall.go).
+//
 // Where the outcome can differ from topdown's (TestKnownDifferences): a
 // conflict (a rule with two values) that topdown never reaches, because it
 // stops a rule of constant value at its first success or its rule index
@@ -189,6 +192,17 @@ func Compile(p *ir.Policy) (*Program, error) {
 	return prog, nil
 }
 
+// readsClock reports whether built-in name reads the clock although OPA
+// does not mark it non-deterministic: a token's expiry
+// (io.jwt.decode_verify) and a certificate chain's validity, which Go's
+// verifier checks at the time of the call unless told another
+// (crypto.x509.parse_and_verify_certificates, and its _with_options
+// without CurrentTime). Such a call's outcome changes with no change of
+// its operands: the evaluation is impure, and never recalled.
+func readsClock(name string) bool {
+	return strings.HasPrefix(name, "io.jwt.") || strings.HasPrefix(name, "crypto.x509.parse_and_verify_certificates")
+}
+
 // compiler turns ir statements into the program's own, with every local,
 // constant and callee resolved.
 type compiler struct {
@@ -310,7 +324,7 @@ func (c *compiler) stmt(s ir.Stmt) (instr, error) {
 		}
 		bi := ast.BuiltinMap[s.Func]
 		relation := bi != nil && bi.Relation
-		if bi == nil || bi.Nondeterministic || strings.HasPrefix(s.Func, "io.jwt.") {
+		if bi == nil || bi.Nondeterministic || readsClock(s.Func) {
 			c.impure = true
 		}
 		if s.Func == ast.InternalPrint.Name || s.Func == ast.Trace.Name {

@@ -435,16 +435,7 @@ func (m *vm) recalled(e *recall, input *ast.Term) bool {
 				return false
 			}
 		case readKind:
-			var ok bool
-			switch a := at(rd.a); rd.parent {
-			case kindArray:
-				_, ok = a.Value.(*ast.Array)
-			case kindObject:
-				_, ok = a.Value.(ast.Object)
-			case kindSet:
-				_, ok = a.Value.(ast.Set)
-			}
-			if boolInt(ok) != rd.n {
+			if boolInt(ofKind(at(rd.a).Value, int(rd.parent))) != rd.n {
 				return false
 			}
 		case readLen:

@@ -245,7 +245,9 @@ func (p *Program) Eval(ctx context.Context, input, data *ast.Term, cancel topdow
 // An evaluation of a pure program (see recall.go) may instead give the
 // value an earlier one gave for an input it read the same: the value is
 // then shared, and the caller must not change it (nor any value Value
-// returns).
+// returns). A recall is kept for the data term it was made with, which
+// must not change while the program is used: new data is a new term.
+// (The policy engine builds one per policy version and never changes it.)
 func (p *Program) Value(ctx context.Context, input, data *ast.Term, cancel topdown.Cancel) (v *ast.Term, n int, err error) {
 	// (Without input, no member of it is looked up: nothing to record.)
 	if p.recallable && input != nil {
@@ -553,15 +555,7 @@ func (m *vm) exec(frame []*ast.Term, ft []int32, b block) int {
 			if s == nil {
 				return 0
 			}
-			var ok bool
-			switch in.kind {
-			case kindArray:
-				_, ok = s.Value.(*ast.Array)
-			case kindObject:
-				_, ok = s.Value.(ast.Object)
-			case kindSet:
-				_, ok = s.Value.(ast.Set)
-			}
+			ok := ofKind(s.Value, in.kind)
 			if m.rec != nil {
 				m.rec.kinded(ft, in, ok)
 			}
@@ -872,6 +866,20 @@ func get(s, k *ast.Term) *ast.Term {
 		}
 	}
 	return nil
+}
+
+// ofKind reports whether v is a collection of kind (kindArray, …).
+func ofKind(v ast.Value, kind int) bool {
+	var ok bool
+	switch kind {
+	case kindArray:
+		_, ok = v.(*ast.Array)
+	case kindObject:
+		_, ok = v.(ast.Object)
+	case kindSet:
+		_, ok = v.(ast.Set)
+	}
+	return ok
 }
 
 // size is a LenStmt's length: of a collection, or of a string in
