@@ -5,9 +5,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/tidwall/gjson"
 
@@ -151,6 +153,28 @@ func WriteRPC(w http.ResponseWriter, status int, msg ...[]byte) {
 		_, _ = w.Write(p)
 	}
 }
+
+// RefuseUnread answers a request whose body is not to be read (there is
+// no room for it) with what refuse writes, at once, and then reads and
+// discards what the runner still sends of the body: at most max bytes, for
+// at most refusalDrain. A server that closes a connection with a body
+// unread resets it, and a runner still writing its body then gets the
+// reset, not the refusal and its Retry-After. What is discarded is never
+// held: a 32 KiB buffer at a time.
+func RefuseUnread(w http.ResponseWriter, r *http.Request, max int64, refuse func()) {
+	rc := http.NewResponseController(w)
+	// Without it net/http would read (or give up on) the body before
+	// sending the answer. (HTTP/2 is always so: the call fails, harmlessly.)
+	_ = rc.EnableFullDuplex()
+	refuse()
+	_ = rc.Flush()
+	_ = rc.SetReadDeadline(time.Now().Add(refusalDrain))
+	_, _ = io.Copy(io.Discard, io.LimitReader(r.Body, max))
+	_ = rc.SetReadDeadline(time.Time{})
+}
+
+// refusalDrain bounds how long RefuseUnread reads a refused body.
+const refusalDrain = 2 * time.Second
 
 // StorageUnavailableText is what a runner is told when toolgate's storage
 // fails: the storage's own words (its host, its user, the keys it was
