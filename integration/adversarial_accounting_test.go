@@ -626,7 +626,13 @@ func (b *slowBody) Read(p []byte) (int, error) {
 
 // Holds: a call refused because its caller's share of request bytes is
 // taken is answered before its body is read, and a runner still uploading
-// the body gets the refusal and its Retry-After (not a reset connection).
+// the body gets the refusal and its Retry-After (not a reset connection),
+// whether it sends the body slowly or all at once.
+// Fixed (the latter): net/http closed the connection with the body
+// unread, and a runner sending its body at once got "connection reset by
+// peer" instead of the refusal (seen under load in
+// TestAccountingHoldsConcurrentCallsAndDropsDoNotDrift); the gateway now
+// reads and drops what the runner still sends (gateway.RefuseUnread).
 func TestAccountingHoldsRefusalReachesAnUploadingRunner(t *testing.T) {
 	key, _, auth := acctUser("upload")
 	up := startUpstream(t)
@@ -666,6 +672,17 @@ func TestAccountingHoldsRefusalReachesAnUploadingRunner(t *testing.T) {
 		resp.Body.Close()
 		if !acctRefusedBytes(resp.StatusCode, string(b)) || resp.Header.Get("Retry-After") == "" {
 			t.Fatalf("upload %d: %d %v %.300s, want 503 for the share with Retry-After", i, resp.StatusCode, resp.Header, b)
+		}
+	}
+	for i := range 24 { // all at once (a reset comes of one in a few)
+		resp, err := m.send(ctx, http.MethodPost, "application/json, text/event-stream", call(20+i), "")
+		if err != nil {
+			t.Fatalf("call %d sent at once: the runner got %v, want the refusal", i, err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if !acctRefusedBytes(resp.StatusCode, string(b)) || resp.Header.Get("Retry-After") == "" {
+			t.Fatalf("call %d sent at once: %d %v %.300s, want 503 for the share with Retry-After", i, resp.StatusCode, resp.Header, b)
 		}
 	}
 }

@@ -157,6 +157,11 @@ func valueOutcome(prog *Program, input, data *ast.Term) string {
 	case n > 1 || v == nil:
 		return fmt.Sprintf("%d results", n)
 	}
+	return jsonOutcome(v)
+}
+
+// jsonOutcome is v as JSON, or why it is not.
+func jsonOutcome(v *ast.Term) string {
 	j, err := ast.JSON(v.Value)
 	if err != nil {
 		return err.Error()

@@ -13,7 +13,6 @@ import (
 	"unsafe"
 
 	"github.com/open-policy-agent/opa/v1/ast"
-	"github.com/open-policy-agent/opa/v1/ir"
 	"github.com/open-policy-agent/opa/v1/util"
 )
 
@@ -274,36 +273,7 @@ func TestRecallAttackHeldPairs(t *testing.T) {
 	// make sset a set
 	dv.(ast.Object).Insert(ast.StringTerm("sset"), ast.SetTerm(ast.StringTerm("a"), ast.StringTerm("b"), ast.IntNumberTerm(1)))
 	data := ast.NewTerm(dv)
-	fails := 0
-	for pi, src := range probePolicies {
-		compiler := compile(t, map[string]string{"p.rego": src})
-		p, err := Plan(context.Background(), compiler, "data.p.r")
-		if err != nil {
-			t.Fatal(err)
-		}
-		var plans []*ir.Policy = []*ir.Policy{p}
-		for ia, a := range probeInputs {
-			for ib, b := range probeInputs {
-				if (ia*7+ib+pi)%6 != 0 {
-					continue // a sixth of the pairs, another sixth for each policy: make test stays short
-				}
-				prog, err := Compile(plans[0])
-				if err != nil {
-					t.Fatal(err)
-				}
-				ia, ib := ast.NewTerm(parseInput(t, a)), ast.NewTerm(parseInput(t, b))
-				valueOutcome(prog, ia, data)
-				got := valueOutcome(prog, ib, data)
-				want := evalOutcome(prog, ib, data)
-				if got != want {
-					fails++
-					if fails < 40 {
-						t.Errorf("policy %d after %s: %s gives %s, eval %s", pi, a, b, got, want)
-					}
-				}
-			}
-		}
-	}
+	pairsAgree(t, data, probeInputs, 6, func(s string) *ast.Term { return ast.NewTerm(parseInput(t, s)) })
 }
 
 func TestRecallAttackHeldNonJSONInputs(t *testing.T) {
@@ -313,13 +283,21 @@ func TestRecallAttackHeldNonJSONInputs(t *testing.T) {
 	}
 	dv, _ := ast.InterfaceToValue(d)
 	data := ast.NewTerm(dv)
-	mk := func(s string) *ast.Term { return ast.MustParseTerm(s) }
 	inputs := []string{
 		`{"a": {1, 2}}`, `{"a": {"x", 1}}`, `{"a": [1, 2]}`, `{"a": {1: 1, 2: 2}}`, `{"a": {1.0: 1}}`, `{"a": {"x"}, "b": "x"}`,
 		`{"a": {"x": 1}, "b": "x"}`, `{"a": ["x"], "b": 0}`, `{"a": {0: "x"}, "b": 0}`, `{"a": {0}, "b": 0}`, `{"a": set(), "b": 0}`,
 		`{"x": {1, 2}}`, `{"x": {0: 1, 1: 2}}`, `{"x": [1, 2]}`, `{"a": 1, "b": {1}}`, `{"a": {[1]: 1}}`, `{"a": {{"x": 1}}}`,
 		`{"a": "x", "b": {"c": {"x"}}}`, `{1: 2}`, `{"a": true, "b": true}`,
 	}
+	pairsAgree(t, data, inputs, 4, ast.MustParseTerm)
+}
+
+// pairsAgree evaluates, for every probe policy, input b after input a on a
+// new program, for a 1/stride of the ordered pairs of inputs (another for
+// each policy, so that make test stays short), and wants b's value to be
+// Eval's.
+func pairsAgree(t *testing.T, data *ast.Term, inputs []string, stride int, parse func(string) *ast.Term) {
+	t.Helper()
 	fails := 0
 	for pi, src := range probePolicies {
 		compiler := compile(t, map[string]string{"p.rego": src})
@@ -329,17 +307,16 @@ func TestRecallAttackHeldNonJSONInputs(t *testing.T) {
 		}
 		for ia, a := range inputs {
 			for ib, b := range inputs {
-				if (ia*7+ib+pi)%4 != 0 {
-					continue // a quarter of the pairs, another for each policy
+				if (ia*7+ib+pi)%stride != 0 {
+					continue
 				}
 				prog, err := Compile(p)
 				if err != nil {
 					t.Fatal(err)
 				}
-				valueOutcome(prog, mk(a), data)
-				got := valueOutcome(prog, mk(b), data)
-				want := evalOutcome(prog, mk(b), data)
-				if got != want {
+				valueOutcome(prog, parse(a), data)
+				got := valueOutcome(prog, parse(b), data)
+				if want := evalOutcome(prog, parse(b), data); got != want {
 					fails++
 					if fails < 40 {
 						t.Errorf("policy %d after %s: %s gives %s, eval %s", pi, a, b, got, want)

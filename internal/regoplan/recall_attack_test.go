@@ -1,68 +1,13 @@
 package regoplan
 
 import (
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
-	"math/big"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/open-policy-agent/opa/v1/ast"
-)
 
-// pemChain is a self-signed CA and a leaf it signed, both valid until
-// notAfter, in PEM (root first, as crypto.x509.parse_and_verify_certificates
-// wants them).
-func pemChain(t *testing.T, notAfter time.Time) string {
-	t.Helper()
-	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ca := &x509.Certificate{
-		SerialNumber:          big.NewInt(1),
-		Subject:               pkix.Name{CommonName: "recall attack CA"},
-		NotBefore:             time.Now().Add(-time.Hour),
-		NotAfter:              notAfter,
-		IsCA:                  true,
-		BasicConstraintsValid: true,
-		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
-	}
-	caDER, err := x509.CreateCertificate(rand.Reader, ca, ca, &caKey.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	caCert, err := x509.ParseCertificate(caDER)
-	if err != nil {
-		t.Fatal(err)
-	}
-	leafKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	leaf := &x509.Certificate{
-		SerialNumber: big.NewInt(2),
-		Subject:      pkix.Name{CommonName: "upstream.example"},
-		DNSNames:     []string{"upstream.example"},
-		NotBefore:    time.Now().Add(-time.Hour),
-		NotAfter:     notAfter,
-		KeyUsage:     x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-	}
-	leafDER, err := x509.CreateCertificate(rand.Reader, leaf, caCert, &leafKey.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var b strings.Builder
-	pem.Encode(&b, &pem.Block{Type: "CERTIFICATE", Bytes: caDER})
-	pem.Encode(&b, &pem.Block{Type: "CERTIFICATE", Bytes: leafDER})
-	return b.String()
-}
+	"github.com/toolgate/toolgate/internal/testpki"
+)
 
 // Attack (fixed): crypto.x509.parse_and_verify_certificates verifies the chain
 // against the clock (x509.VerifyOptions without CurrentTime is time.Now),
@@ -86,7 +31,7 @@ r := "allow" if {
 } else := "deny"
 `})
 	expiry := time.Now().Add(2 * time.Second)
-	d := map[string]any{"chain": pemChain(t, expiry)}
+	d := map[string]any{"chain": testpki.Chain(t, "upstream.example", expiry)}
 	dv, err := ast.InterfaceToValue(d)
 	if err != nil {
 		t.Fatal(err)

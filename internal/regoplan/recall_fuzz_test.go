@@ -144,13 +144,5 @@ func evalOutcome(prog *Program, input, data *ast.Term) string {
 	}
 	var v *ast.Term
 	rs[0].Foreach(func(_, t *ast.Term) { v = t })
-	j, err := ast.JSON(v.Value)
-	if err != nil {
-		return err.Error()
-	}
-	out, err := json.Marshal(j)
-	if err != nil {
-		return err.Error()
-	}
-	return string(out)
+	return jsonOutcome(v)
 }

@@ -2,55 +2,15 @@ package policy
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/json"
-	"encoding/pem"
-	"math/big"
-	"strings"
 	"testing"
 	"time"
 
 	"go.uber.org/zap"
 
+	"github.com/toolgate/toolgate/internal/testpki"
 	"github.com/toolgate/toolgate/modules/gateway"
 )
-
-// recallPEMChain is a self-signed CA and a leaf it signed, both valid
-// until notAfter, in PEM, root first.
-func recallPEMChain(t *testing.T, notAfter time.Time) string {
-	t.Helper()
-	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ca := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "pinned CA"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: notAfter, IsCA: true, BasicConstraintsValid: true,
-		KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature}
-	caDER, err := x509.CreateCertificate(rand.Reader, ca, ca, &caKey.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	caCert, _ := x509.ParseCertificate(caDER)
-	leafKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	leaf := &x509.Certificate{SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "tracker.example"},
-		DNSNames: []string{"tracker.example"}, NotBefore: time.Now().Add(-time.Hour), NotAfter: notAfter,
-		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
-	leafDER, err := x509.CreateCertificate(rand.Reader, leaf, caCert, &leafKey.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var b strings.Builder
-	pem.Encode(&b, &pem.Block{Type: "CERTIFICATE", Bytes: caDER})
-	pem.Encode(&b, &pem.Block{Type: "CERTIFICATE", Bytes: leafDER})
-	return b.String()
-}
 
 // Attack (fixed): a site rule extends the shipped request policy's deny set, as
 // policies/README.md says to: calls are denied once the upstream's pinned
@@ -65,7 +25,7 @@ func recallPEMChain(t *testing.T, notAfter time.Time) string {
 // Fixed: regoplan's readsClock — a plan calling it is never recalled.
 func TestRecallAttackShippedRequestAllowsAfterPinnedChainExpired(t *testing.T) {
 	expiry := time.Now().Add(2 * time.Second)
-	pins, err := json.Marshal(map[string]any{"upstream_pins": map[string]any{"chain": recallPEMChain(t, expiry)}})
+	pins, err := json.Marshal(map[string]any{"upstream_pins": map[string]any{"chain": testpki.Chain(t, "upstream.example", expiry)}})
 	if err != nil {
 		t.Fatal(err)
 	}
