@@ -238,7 +238,9 @@ func (r *recorder) member(parent int32, k, v *ast.Term) int32 {
 // means the built-in was not called: nothing is read.
 func (r *recorder) called(frame []*ast.Term, ft []int32, in *callBuiltin, v *ast.Term) {
 	if !anyTag(ft, in.args) {
-		ft[in.result] = 0
+		if v != nil {
+			ft[in.result] = 0
+		}
 		return
 	}
 	args := make([]ref, len(in.args))
@@ -254,7 +256,9 @@ func (r *recorder) called(frame []*ast.Term, ft []int32, in *callBuiltin, v *ast
 		return
 	}
 	i := r.add(reading{kind: readCall, call: in, args: args, out: v})
-	ft[in.result] = -1 - i
+	if v != nil { // else the result is not written: its local keeps its value and tag
+		ft[in.result] = -1 - i
+	}
 }
 
 // compared records an equality test that involves the input.
