@@ -172,13 +172,25 @@ func anyTag(ft []int32, os []operand) bool {
 	return false
 }
 
-// refOf is the reading operand for o, whose value is t.
-func refOf(ft []int32, o operand, t *ast.Term) ref {
+// refOf is the reading operand for o, whose value is t. A collection
+// given as a constant is copied at once: the plan may add to a collection
+// after a reading used it (no planned policy does), and the reading is of
+// the collection as it was.
+func (r *recorder) refOf(ft []int32, o operand, t *ast.Term) ref {
 	switch tag := tagOf(ft, o); {
 	case tag > 0:
 		return ref{from: refNode, i: tag - 1}
 	case tag < 0:
 		return ref{from: refOutcome, i: -tag - 1}
+	}
+	if t != nil && !scalar(t) {
+		budget := recallWeight
+		c, ok := clone(t, &budget)
+		if !ok {
+			r.giveUp()
+			return ref{}
+		}
+		t = c
 	}
 	return ref{from: refConst, t: t}
 }
@@ -249,7 +261,9 @@ func (r *recorder) called(frame []*ast.Term, ft []int32, in *callBuiltin, v *ast
 		if t == nil {
 			return
 		}
-		args[i] = refOf(ft, a, t)
+		if args[i] = r.refOf(ft, a, t); r.vm.rec == nil {
+			return
+		}
 	}
 	if v != nil && !smallScalar(v) {
 		r.giveUp()
@@ -266,7 +280,11 @@ func (r *recorder) compared(frame []*ast.Term, ft []int32, in *equal, eq bool) {
 	if tagOf(ft, in.a) == 0 && tagOf(ft, in.b) == 0 {
 		return
 	}
-	r.add(reading{kind: readEqual, a: refOf(ft, in.a, r.vm.val(frame, in.a)), b: refOf(ft, in.b, r.vm.val(frame, in.b)), n: boolInt(eq)})
+	a, b := r.refOf(ft, in.a, r.vm.val(frame, in.a)), r.refOf(ft, in.b, r.vm.val(frame, in.b))
+	if r.vm.rec == nil {
+		return
+	}
+	r.add(reading{kind: readEqual, a: a, b: b, n: boolInt(eq)})
 }
 
 // kinded records a test of a part of the input's kind.
@@ -274,16 +292,16 @@ func (r *recorder) kinded(ft []int32, in *isKind, ok bool) {
 	if tagOf(ft, in.src) == 0 {
 		return
 	}
-	r.add(reading{kind: readKind, a: refOf(ft, in.src, nil), parent: int32(in.kind), n: boolInt(ok)})
+	r.add(reading{kind: readKind, a: r.refOf(ft, in.src, nil), parent: int32(in.kind), n: boolInt(ok)})
 }
 
 // measured records the size of a part of the input, s.
 func (r *recorder) measured(ft []int32, in *length, s *ast.Term) {
+	a := r.refOf(ft, in.src, nil) // before the result's tag: it may be the same local
 	ft[in.dst] = 0
-	if tagOf(ft, in.src) == 0 {
-		return
+	if a.from != refConst {
+		r.add(reading{kind: readLen, a: a, n: size(s.Value)})
 	}
-	r.add(reading{kind: readLen, a: refOf(ft, in.src, nil), n: size(s.Value)})
 }
 
 // stored gives up when a part of the input is put into a collection (its
