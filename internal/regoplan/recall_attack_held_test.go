@@ -264,12 +264,22 @@ var probeInputs = []string{
 
 const probeData = `{"m":{"a":"A","b":"B","1":"one","A":"a"},"arr":[10,20,30],"s":["a",1],"sset":["a","b"]}`
 
-func TestRecallAttackHeldPairs(t *testing.T) {
+// probeDataValue is probeData as a value.
+func probeDataValue(t *testing.T) ast.Value {
+	t.Helper()
 	var d map[string]any
 	if err := util.UnmarshalJSON([]byte(probeData), &d); err != nil {
 		t.Fatal(err)
 	}
-	dv, _ := ast.InterfaceToValue(d)
+	dv, err := ast.InterfaceToValue(d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return dv
+}
+
+func TestRecallAttackHeldPairs(t *testing.T) {
+	dv := probeDataValue(t)
 	// make sset a set
 	dv.(ast.Object).Insert(ast.StringTerm("sset"), ast.SetTerm(ast.StringTerm("a"), ast.StringTerm("b"), ast.IntNumberTerm(1)))
 	data := ast.NewTerm(dv)
@@ -277,11 +287,7 @@ func TestRecallAttackHeldPairs(t *testing.T) {
 }
 
 func TestRecallAttackHeldNonJSONInputs(t *testing.T) {
-	var d map[string]any
-	if err := util.UnmarshalJSON([]byte(probeData), &d); err != nil {
-		t.Fatal(err)
-	}
-	dv, _ := ast.InterfaceToValue(d)
+	dv := probeDataValue(t)
 	data := ast.NewTerm(dv)
 	inputs := []string{
 		`{"a": {1, 2}}`, `{"a": {"x", 1}}`, `{"a": [1, 2]}`, `{"a": {1: 1, 2: 2}}`, `{"a": {1.0: 1}}`, `{"a": {"x"}, "b": "x"}`,
@@ -328,11 +334,7 @@ func pairsAgree(t *testing.T, data *ast.Term, inputs []string, stride int, parse
 }
 
 func TestRecallAttackHeldRandomSequences(t *testing.T) {
-	var d map[string]any
-	if err := util.UnmarshalJSON([]byte(probeData), &d); err != nil {
-		t.Fatal(err)
-	}
-	dv, _ := ast.InterfaceToValue(d)
+	dv := probeDataValue(t)
 	data := ast.NewTerm(dv)
 	vals := []string{`1`, `1.0`, `2`, `0`, `"1"`, `"a"`, `"b"`, `"A"`, `""`, `true`, `false`, `null`, `[1,2]`, `[1]`, `{"x":1}`, `{"x":"a"}`, `{"c":"a"}`, `{}`, `[]`, `"x"`, `" a "`, `"ab"`}
 	keys := []string{"a", "b", "x", "n", "k", "i"}

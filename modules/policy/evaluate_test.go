@@ -43,27 +43,35 @@ func decisionText(o outcome) string {
 	return fmt.Sprintf("%s|%s|%s|%s|%s|%s", o.Action, o.Reason, o.Failure, args, result, o.Approval)
 }
 
-// FuzzPlanMatchesTopdown decides random calls and results with the
-// shipped policies on both evaluators and wants the same decision:
-// action, reason, failure, rewritten arguments and replacement result.
-func FuzzPlanMatchesTopdown(f *testing.F) {
-	dir := shippedPolicies(f, map[string]string{"data.json": differentialSettings})
+// evaluatorPairs is, for the request and the result stage, an engine of
+// the policies in dir on each evaluator: the plan's (planned, or the test
+// fails) and topdown.
+func evaluatorPairs(t testing.TB, dir string) map[string][2]*engine {
+	t.Helper()
 	engines := map[string][2]*engine{}
 	for _, st := range []struct{ query, stage string }{{requestQuery, stageRequest}, {"data.toolgate.result.decision", stageResult}} {
 		var pair [2]*engine
 		for i, ev := range []string{evaluatorPlan, evaluatorTopdown} {
 			e, err := newEngine(newSource(dir), st.query, st.stage, ev, 0, zap.NewNop(), policyMetrics)
 			if err != nil {
-				f.Fatal(err)
+				t.Fatal(err)
 			}
-			f.Cleanup(func() { _ = e.Destruct() })
+			t.Cleanup(func() { _ = e.Destruct() })
 			pair[i] = e
 		}
 		if pair[0].current.Load().program == nil {
-			f.Fatalf("the shipped %s policy was not planned: %s", st.stage, pair[0].current.Load().planNote)
+			t.Fatalf("the %s policy was not planned: %s", st.stage, pair[0].current.Load().planNote)
 		}
 		engines[st.stage] = pair
 	}
+	return engines
+}
+
+// FuzzPlanMatchesTopdown decides random calls and results with the
+// shipped policies on both evaluators and wants the same decision:
+// action, reason, failure, rewritten arguments and replacement result.
+func FuzzPlanMatchesTopdown(f *testing.F) {
+	engines := evaluatorPairs(f, shippedPolicies(f, map[string]string{"data.json": differentialSettings}))
 	f.Add(uint8(0), "read_ticket", `{"ticket_id":"TEST-1"}`, `{"content":[{"type":"text","text":"ok"}]}`)
 	f.Add(uint8(1), "update_ticket", `{"ticket_id":"TEST-1","status":"closed"}`, `{"content":[{"type":"text","text":"EMP-123456 and AKIAIOSFODNN7EXAMPLE"}]}`)
 	f.Add(uint8(2), "create_ticket", `{"title":"x","project":"OPS"}`, `{"content":[{"type":"text","text":"`+strings.Repeat("long line of text ", 40)+`"}],"structuredContent":{"id":1}}`)

@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/open-policy-agent/opa/v1/ast"
-	"go.uber.org/zap"
 
 	"github.com/toolgate/toolgate/internal/mcpmsg"
 	"github.com/toolgate/toolgate/modules/gateway"
@@ -31,20 +30,7 @@ type recallStep struct {
 }
 
 func TestRecallAttackHeldShippedSequences(t *testing.T) {
-	dir := shippedPolicies(t, map[string]string{"data.json": recallAttackSettings})
-	engines := map[string][2]*engine{}
-	for _, st := range []struct{ query, stage string }{{requestQuery, stageRequest}, {"data.toolgate.result.decision", stageResult}} {
-		var pair [2]*engine
-		for i, ev := range []string{evaluatorPlan, evaluatorTopdown} {
-			e, err := newEngine(newSource(dir), st.query, st.stage, ev, 0, zap.NewNop(), policyMetrics)
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { _ = e.Destruct() })
-			pair[i] = e
-		}
-		engines[st.stage] = pair
-	}
+	engines := evaluatorPairs(t, shippedPolicies(t, map[string]string{"data.json": recallAttackSettings}))
 	blob := func(s string) string { return base64.StdEncoding.EncodeToString([]byte(s)) }
 	results := []string{
 		`{"content":[{"type":"text","text":"ok"}]}`,
