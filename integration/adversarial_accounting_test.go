@@ -632,7 +632,7 @@ func (b *slowBody) Read(p []byte) (int, error) {
 // unread, and a runner sending its body at once got "connection reset by
 // peer" instead of the refusal (seen under load in
 // TestAccountingHoldsConcurrentCallsAndDropsDoNotDrift); the gateway now
-// reads and drops what the runner still sends (gateway.RefuseUnread).
+// reads and drops what the runner still sends (gateway.AnswerBeforeBody).
 func TestAccountingHoldsRefusalReachesAnUploadingRunner(t *testing.T) {
 	key, _, auth := acctUser("upload")
 	up := startUpstream(t)

@@ -154,26 +154,65 @@ func WriteRPC(w http.ResponseWriter, status int, msg ...[]byte) {
 	}
 }
 
-// RefuseUnread answers a request whose body is not to be read (there is
-// no room for it) with what refuse writes, at once, and then reads and
-// discards what the runner still sends of the body: at most max bytes, for
-// at most refusalDrain. A server that closes a connection with a body
-// unread resets it, and a runner still writing its body then gets the
-// reset, not the refusal and its Retry-After. What is discarded is never
-// held: a 32 KiB buffer at a time.
-func RefuseUnread(w http.ResponseWriter, r *http.Request, max int64, refuse func()) {
+// AnswerBeforeBody readies a runner's request r to be answered by any step
+// before its body is read (a refusal: no credential, another caller's
+// session, an MCP session that ended, no room for the body), and returns
+// what to run once the steps are done with it: it sends the answer and then
+// reads and drops what the runner still sends of the body, at most max
+// bytes and for at most refusalDrain. A server that closes a connection
+// with a body unread resets it, and a runner still writing its body then
+// gets "connection reset by peer", not the 401 that makes it sign in again,
+// the 404 that makes it initialize, or the 503 and its Retry-After. What is
+// dropped is never held: 32 KiB at a time. A body read to its end (every
+// call that is not refused) costs nothing more.
+//
+// The first step of the runner's route calls it (toolgate_session), before
+// anything is written: the answer may then be written while the body is
+// unread (net/http's full duplex; HTTP/2 is always so).
+func AnswerBeforeBody(w http.ResponseWriter, r *http.Request, max int64) (done func()) {
+	if r.Body == nil || r.Body == http.NoBody {
+		return noDrain
+	}
 	rc := http.NewResponseController(w)
-	// Without it net/http would read (or give up on) the body before
-	// sending the answer. (HTTP/2 is always so: the call fails, harmlessly.)
 	_ = rc.EnableFullDuplex()
-	refuse()
-	_ = rc.Flush()
-	_ = rc.SetReadDeadline(time.Now().Add(refusalDrain))
-	_, _ = io.Copy(io.Discard, io.LimitReader(r.Body, max))
-	_ = rc.SetReadDeadline(time.Time{})
+	b := &endNotingBody{ReadCloser: r.Body}
+	r.Body = b
+	return func() {
+		if b.ended {
+			return
+		}
+		_ = rc.Flush()
+		_ = rc.SetReadDeadline(time.Now().Add(refusalDrain))
+		_, _ = io.Copy(io.Discard, io.LimitReader(b, max))
+		_ = rc.SetReadDeadline(time.Time{})
+		if !b.eof {
+			// The rest of the body would be read as the runner's next
+			// request (net/http does not see that it is unread once
+			// Caddy has wrapped it): the connection ends here.
+			if conn, _, err := rc.Hijack(); err == nil {
+				_ = conn.Close()
+			}
+		}
+	}
 }
 
-// refusalDrain bounds how long RefuseUnread reads a refused body.
+func noDrain() {}
+
+// endNotingBody notes that its body was read to its end (eof), or failed.
+type endNotingBody struct {
+	io.ReadCloser
+	ended, eof bool
+}
+
+func (b *endNotingBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if err != nil {
+		b.ended, b.eof = true, err == io.EOF
+	}
+	return n, err
+}
+
+// refusalDrain bounds how long AnswerBeforeBody reads a refused body.
 const refusalDrain = 2 * time.Second
 
 // StorageUnavailableText is what a runner is told when toolgate's storage

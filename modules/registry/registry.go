@@ -254,10 +254,10 @@ func ReadMessage(w http.ResponseWriter, r *http.Request, app *gateway.App, user 
 		if errors.As(err, &limit) {
 			data["limit"], data["max"] = limit.Option, limit.Limit
 		}
-		gateway.RefuseUnread(w, r, max, func() {
-			w.Header().Set("Retry-After", "1")
-			gateway.WriteRPCError(w, http.StatusServiceUnavailable, nil, gateway.CodeUnavailable, err.Error(), data)
-		})
+		// Answered with the body unread: toolgate_session has readied
+		// the request for it (gateway.AnswerBeforeBody).
+		w.Header().Set("Retry-After", "1")
+		gateway.WriteRPCError(w, http.StatusServiceUnavailable, nil, gateway.CodeUnavailable, err.Error(), data)
 		return mcpmsg.Message{}, nil, false
 	}
 	msg, ok := readMessage(w, r, max, limits)

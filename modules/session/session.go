@@ -55,8 +55,19 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 
 // ServeHTTP starts the call or answers 401/403/404. A browser's preflight
 // from an allowed origin is answered here, before authentication: it
-// carries no credentials.
+// carries no credentials. Whichever step refuses the call, the runner gets
+// the refusal even while it is still sending a large body
+// (gateway.AnswerBeforeBody).
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+	done := gateway.AnswerBeforeBody(w, r, h.app.MaxRequestBytes)
+	err := h.serve(w, r, next)
+	if err == nil { // else Caddy has yet to write the error: its body stays unread
+		done()
+	}
+	return err
+}
+
+func (h *Handler) serve(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
 	if !h.app.CheckOrigin(r) {
 		gateway.WriteRPCError(w, http.StatusForbidden, nil, gateway.CodeInvalidRequest,
 			"origin or host not allowed (DNS-rebinding protection): add the origin to allowed_origins", nil)
