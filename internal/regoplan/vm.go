@@ -249,10 +249,17 @@ func (p *Program) Eval(ctx context.Context, input, data *ast.Term, cancel topdow
 // must not change while the program is used: new data is a new term.
 // (The policy engine builds one per policy version and never changes it.)
 func (p *Program) Value(ctx context.Context, input, data *ast.Term, cancel topdown.Cancel) (v *ast.Term, n int, err error) {
+	v, n, _, err = p.Decide(ctx, input, data, cancel)
+	return v, n, err
+}
+
+// Decide is Value, and says whether the value was recalled rather than
+// evaluated.
+func (p *Program) Decide(ctx context.Context, input, data *ast.Term, cancel topdown.Cancel) (v *ast.Term, n int, recalled bool, err error) {
 	// (Without input, no member of it is looked up: nothing to record.)
 	if p.recallable && input != nil {
 		if v, n, ok := p.recall(ctx, input, data, cancel); ok {
-			return v, n, nil
+			return v, n, true, nil
 		}
 	}
 	m, err := p.run(ctx, input, data, cancel, input != nil && p.recording())
@@ -269,7 +276,7 @@ func (p *Program) Value(ctx context.Context, input, data *ast.Term, cancel topdo
 		p.remember(m, data, v, n)
 	}
 	p.release(m)
-	return v, n, err
+	return v, n, false, err
 }
 
 // run evaluates the program on a vm of the pool, which holds the results

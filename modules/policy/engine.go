@@ -330,6 +330,7 @@ type outcome struct {
 	Failure  string
 	Revision string
 	Duration time.Duration
+	recalled bool // the plan recalled the value of an earlier evaluation
 	// upstream is the rewritten arguments' JSON text, which go upstream in
 	// place of the runner's, for the audit entry; nil without a rewrite.
 	upstream []byte
@@ -350,10 +351,11 @@ func (e *engine) decideWith(ctx context.Context, c *compiled, input ast.Value, t
 		return outcome{}.deny(failNotLoaded, "the policy has not been loaded yet")
 	}
 	start := time.Now()
-	t, n, timedOut, err := c.evaluateBy(ctx, input, start.Add(timeout))
-	o := outcome{Revision: c.revision, Duration: time.Since(start)}
+	ev, err := c.evaluateBy(ctx, input, start.Add(timeout))
+	t, n := ev.value, ev.n
+	o := outcome{Revision: c.revision, Duration: time.Since(start), recalled: ev.recalled}
 	switch {
-	case err != nil && (timedOut || errors.Is(err, context.DeadlineExceeded)):
+	case err != nil && (ev.timedOut || errors.Is(err, context.DeadlineExceeded)):
 		return o.deny(failTimeout, "the policy took longer than its deadline")
 	case err != nil:
 		e.logger().Warn("policy evaluation failed", zap.String("stage", e.stage), zap.String("revision", c.revision), zap.Error(err))

@@ -56,11 +56,12 @@ func planned(ctx context.Context, compiler *ast.Compiler, query string, data map
 // cancels both the evaluation and the context the built-ins see. (Given a
 // context with a deadline, OPA would start a goroutine per evaluation to
 // watch it.)
-func (c *compiled) evaluateBy(ctx context.Context, input ast.Value, by time.Time) (t *ast.Term, n int, timedOut bool, err error) {
+func (c *compiled) evaluateBy(ctx context.Context, input ast.Value, by time.Time) (ev evaluation, err error) {
 	if c.program != nil && !c.program.Impure() {
 		d := &deadline{at: by}
-		t, n, err = c.evaluate(ctx, input, d, func() {})
-		return t, n, d.expired.Load(), err
+		ev, err = c.evaluate(ctx, input, d, func() {})
+		ev.timedOut = d.expired.Load()
+		return ev, err
 	}
 	// The time an evaluation waited for an evaluator (others' evaluations
 	// running) is not its own: its deadline starts when it does.
@@ -68,10 +69,21 @@ func (c *compiled) evaluateBy(ctx context.Context, input ast.Value, by time.Time
 	halt := topdown.NewCancel()
 	timeout := time.Until(by)
 	var timer *time.Timer
-	t, n, err = c.evaluate(ctx, input, halt, func() { timer = time.AfterFunc(timeout, func() { halt.Cancel(); cancel() }) })
-	timedOut = timer != nil && !timer.Stop()
+	ev, err = c.evaluate(ctx, input, halt, func() { timer = time.AfterFunc(timeout, func() { halt.Cancel(); cancel() }) })
+	ev.timedOut = timer != nil && !timer.Stop()
 	cancel()
-	return t, n, timedOut, err
+	return ev, err
+}
+
+// evaluation is what an evaluation gave: the decision rule's value (nil
+// when it is undefined or not a single value), how many results there
+// were, whether the plan recalled the value of an earlier evaluation (see
+// internal/regoplan's recall) and whether the deadline stopped it.
+type evaluation struct {
+	value    *ast.Term
+	n        int
+	recalled bool
+	timedOut bool
 }
 
 // deadline is a topdown.Cancel that is cancelled once its time has come,
@@ -97,17 +109,16 @@ func (d *deadline) Cancelled() bool {
 	return true
 }
 
-// evaluate evaluates the decision rule on input: its value (nil when the
-// rule is undefined or not a single value) and how many results there
-// were.
+// evaluate evaluates the decision rule on input (see evaluation).
 //
 // A plan runs on the request's goroutine: it recurses only as deep as the
 // policy's blocks nest. topdown runs on an evaluator goroutine (see
 // evalstack.go).
-func (c *compiled) evaluate(ctx context.Context, input ast.Value, halt topdown.Cancel, started func()) (*ast.Term, int, error) {
+func (c *compiled) evaluate(ctx context.Context, input ast.Value, halt topdown.Cancel, started func()) (evaluation, error) {
 	if c.program != nil {
 		started()
-		return c.program.Value(ctx, ast.NewTerm(input), c.data, halt)
+		t, n, recalled, err := c.program.Decide(ctx, ast.NewTerm(input), c.data, halt)
+		return evaluation{value: t, n: n, recalled: recalled}, err
 	}
 	var rs rego.ResultSet
 	var err error
@@ -121,11 +132,11 @@ func (c *compiled) evaluate(ctx context.Context, input ast.Value, halt topdown.C
 		err = perr
 	}
 	if err != nil || len(rs) != 1 {
-		return nil, len(rs), err
+		return evaluation{n: len(rs)}, err
 	}
 	if len(rs[0].Expressions) != 1 {
-		return nil, len(rs[0].Expressions), nil
+		return evaluation{n: len(rs[0].Expressions)}, nil
 	}
 	t, _ := rs[0].Expressions[0].Value.(*ast.Term)
-	return t, 1, nil
+	return evaluation{value: t, n: 1}, nil
 }

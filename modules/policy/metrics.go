@@ -14,6 +14,7 @@ import (
 type metrics struct {
 	decisions    *prometheus.CounterVec
 	duration     *prometheus.HistogramVec
+	recalled     *prometheus.CounterVec
 	loadFailures *prometheus.CounterVec
 
 	// The children of decisions (by decisionLabels) and duration (by
@@ -23,13 +24,14 @@ type metrics struct {
 	// small calls, its caches cold); a child is never deleted from its vector.
 	counters  sync.Map
 	observers sync.Map
+	recalls   sync.Map
 }
 
 type decisionLabels struct{ stage, service, action string }
 
-// decided counts a decision of stage on service, and the time its
-// evaluation took.
-func (m *metrics) decided(stage, service, action string, took time.Duration) {
+// decided counts a decision of stage on service, the time its evaluation
+// took, and whether its value was recalled.
+func (m *metrics) decided(stage, service, action string, took time.Duration, recalled bool) {
 	k := decisionLabels{stage, service, action}
 	c, ok := m.counters.Load(k)
 	if !ok {
@@ -41,6 +43,13 @@ func (m *metrics) decided(stage, service, action string, took time.Duration) {
 		o, _ = m.observers.LoadOrStore(stage, m.duration.WithLabelValues(stage))
 	}
 	o.(prometheus.Observer).Observe(took.Seconds())
+	if recalled {
+		r, ok := m.recalls.Load(stage)
+		if !ok {
+			r, _ = m.recalls.LoadOrStore(stage, m.recalled.WithLabelValues(stage))
+		}
+		r.(prometheus.Counter).Inc()
+	}
 }
 
 var policyMetrics = &metrics{
@@ -53,6 +62,10 @@ var policyMetrics = &metrics{
 		Help:    "Time to evaluate a policy decision.",
 		Buckets: []float64{5e-6, 10e-6, 25e-6, 50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 5e-3, 25e-3, 100e-3},
 	}, []string{"stage"}),
+	recalled: prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "toolgate", Subsystem: "policy", Name: "recalled_total",
+		Help: "Policy decisions given the value of an earlier evaluation whose input read the same, instead of being evaluated.",
+	}, []string{"stage"}),
 	loadFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: "toolgate", Subsystem: "policy", Name: "load_failures_total",
 		Help: "Policy (re)loads that failed; the last good policy stays in force.",
@@ -63,7 +76,7 @@ func (m *metrics) register(reg prometheus.Registerer) error {
 	if reg == nil {
 		return nil
 	}
-	for _, c := range []prometheus.Collector{m.decisions, m.duration, m.loadFailures} {
+	for _, c := range []prometheus.Collector{m.decisions, m.duration, m.recalled, m.loadFailures} {
 		if err := reg.Register(c); err != nil {
 			var already prometheus.AlreadyRegisteredError
 			if !errors.As(err, &already) {

@@ -26,11 +26,13 @@ func TestDecidedCountsInTheVectors(t *testing.T) {
 	// The vectors are the process's: another run of this test (-count)
 	// counted in them before, so what this one adds is compared.
 	allowBefore, denyBefore, before := count("allow"), count("deny"), observed()
-	for range 3 {
-		policyMetrics.decided(stageResult, service, "allow", 7*time.Microsecond)
+	recalled := func() float64 { return testutil.ToFloat64(policyMetrics.recalled.WithLabelValues(stageResult)) }
+	recalledBefore := recalled()
+	for i := range 3 {
+		policyMetrics.decided(stageResult, service, "allow", 7*time.Microsecond, i > 0)
 	}
-	policyMetrics.decided(stageResult, service, "deny", time.Millisecond)
-	policyMetrics.decided(stageListing, service, "allow", time.Microsecond)
+	policyMetrics.decided(stageResult, service, "deny", time.Millisecond, false)
+	policyMetrics.decided(stageListing, service, "allow", time.Microsecond, true)
 	if got := count("allow") - allowBefore; got != 3 {
 		t.Errorf("allow decisions counted: %v, want 3", got)
 	}
@@ -39,5 +41,8 @@ func TestDecidedCountsInTheVectors(t *testing.T) {
 	}
 	if got := observed() - before; got != 1 {
 		t.Errorf("listing evaluations observed: %d, want 1", got)
+	}
+	if got := recalled() - recalledBefore; got != 2 {
+		t.Errorf("recalled result decisions counted: %v, want 2", got)
 	}
 }

@@ -343,7 +343,7 @@ func (c *Config) newDecisionWithID(ctx context.Context, id string, call *gateway
 		o.Reason = reasonUnsearched // it may hold a token toolgate could not read to look for
 	}
 	d := &gateway.Decision{ID: id, Action: o.Action, Reason: o.Reason}
-	policyMetrics.decided(stage, call.Service.ID, o.Action, o.Duration)
+	policyMetrics.decided(stage, call.Service.ID, o.Action, o.Duration, o.recalled)
 	tool := call.Message.Name
 	if stage == stageListing {
 		tool = gjson.ParseBytes(subject).String() // the hidden tool, whose name is the subject

@@ -2,6 +2,7 @@ package policy
 
 import (
 	"context"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"testing"
 
 	"github.com/toolgate/toolgate/modules/gateway"
@@ -44,6 +45,10 @@ func TestShippedDecisionsAreRecalled(t *testing.T) {
 
 	h := &ResultHandler{Config{engine: benchEngine(t, "data.toolgate.result.decision", stageResult), audit: benchAudit()}}
 	prog := h.engine.current.Load().program
+	// The metric counts what the program recalled (this package's tests
+	// run one at a time).
+	counted := func() float64 { return testutil.ToFloat64(policyMetrics.recalled.WithLabelValues(stageResult)) }
+	countedBefore := counted()
 	call := benchCall(t, benchTool, `{"ticket_id":"TEST-123"}`)
 	for _, text := range []string{"TEST-1: printer on fire", "TEST-2: fixed, see the log", "a longer answer with more words in it than the others"} {
 		if _, err := h.check(ctx, call, []byte(textResult(text)), ""); err != nil || call.Decision.Action != gateway.ActionAllow {
@@ -59,5 +64,8 @@ func TestShippedDecisionsAreRecalled(t *testing.T) {
 	}
 	if got := prog.Recalled() - before; got != 0 {
 		t.Errorf("a result with a secret to redact was recalled (%d), not decided", got)
+	}
+	if got, want := counted()-countedBefore, float64(prog.Recalled()); got != want {
+		t.Errorf("toolgate_policy_recalled_total{stage=\"result\"} went up by %v, want %v", got, want)
 	}
 }
