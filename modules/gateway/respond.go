@@ -157,62 +157,67 @@ func WriteRPC(w http.ResponseWriter, status int, msg ...[]byte) {
 // AnswerBeforeBody readies a runner's request r to be answered by any step
 // before its body is read (a refusal: no credential, another caller's
 // session, an MCP session that ended, no room for the body), and returns
-// what to run once the steps are done with it: it sends the answer and then
-// reads and drops what the runner still sends of the body, at most max
-// bytes and for at most refusalDrain. A server that closes a connection
-// with a body unread resets it, and a runner still writing its body then
-// gets "connection reset by peer", not the 401 that makes it sign in again,
-// the 404 that makes it initialize, or the 503 and its Retry-After. What is
-// dropped is never held: 32 KiB at a time. A body read to its end (every
-// call that is not refused) costs nothing more.
+// what finishes it once the steps are done with it (nil, which finishes
+// nothing, when r has no body). A server that closes a connection with a
+// body unread resets it, and a runner still writing its body then gets
+// "connection reset by peer", not the 401 that makes it sign in again,
+// the 404 that makes it initialize, or the 503 and its Retry-After.
 //
 // The first step of the runner's route calls it (toolgate_session), before
 // anything is written: the answer may then be written while the body is
 // unread (net/http's full duplex; HTTP/2 is always so).
-func AnswerBeforeBody(w http.ResponseWriter, r *http.Request, max int64) (done func()) {
+func AnswerBeforeBody(w http.ResponseWriter, r *http.Request, max int64) *EarlyAnswer {
 	if r.Body == nil || r.Body == http.NoBody {
-		return noDrain
+		return nil
 	}
-	rc := http.NewResponseController(w)
-	_ = rc.EnableFullDuplex()
-	b := &endNotingBody{ReadCloser: r.Body}
-	r.Body = b
-	return func() {
-		if b.ended {
-			return
-		}
-		_ = rc.Flush()
-		_ = rc.SetReadDeadline(time.Now().Add(refusalDrain))
-		_, _ = io.Copy(io.Discard, io.LimitReader(b, max))
-		_ = rc.SetReadDeadline(time.Time{})
-		if !b.eof {
-			// The rest of the body would be read as the runner's next
-			// request (net/http does not see that it is unread once
-			// Caddy has wrapped it): the connection ends here.
-			if conn, _, err := rc.Hijack(); err == nil {
-				_ = conn.Close()
-			}
-		}
-	}
+	_ = http.NewResponseController(w).EnableFullDuplex()
+	a := &EarlyAnswer{ReadCloser: r.Body, w: w, max: max}
+	r.Body = a
+	return a
 }
 
-func noDrain() {}
-
-// endNotingBody notes that its body was read to its end (eof), or failed.
-type endNotingBody struct {
+// EarlyAnswer is a runner's request body readied by AnswerBeforeBody. It
+// notes whether the body was read to its end.
+type EarlyAnswer struct {
 	io.ReadCloser
-	ended, eof bool
+	w          http.ResponseWriter
+	max        int64
+	ended, eof bool // read to an error, which was EOF
 }
 
-func (b *endNotingBody) Read(p []byte) (int, error) {
-	n, err := b.ReadCloser.Read(p)
+func (a *EarlyAnswer) Read(p []byte) (int, error) {
+	n, err := a.ReadCloser.Read(p)
 	if err != nil {
-		b.ended, b.eof = true, err == io.EOF
+		a.ended, a.eof = true, err == io.EOF
 	}
 	return n, err
 }
 
-// refusalDrain bounds how long AnswerBeforeBody reads a refused body.
+// Finish sends the answer when the body was not read to its end, and then
+// reads and drops what the runner still sends of it, at most max bytes and
+// for at most refusalDrain; a connection whose body still did not end is
+// closed. What is dropped is never held: 32 KiB at a time. A body read to
+// its end (every call that is not refused) costs nothing more.
+func (a *EarlyAnswer) Finish() {
+	if a == nil || a.ended {
+		return
+	}
+	rc := http.NewResponseController(a.w)
+	_ = rc.Flush()
+	_ = rc.SetReadDeadline(time.Now().Add(refusalDrain))
+	_, _ = io.Copy(io.Discard, io.LimitReader(a, a.max))
+	_ = rc.SetReadDeadline(time.Time{})
+	if !a.eof {
+		// The rest of the body would be read as the runner's next
+		// request (net/http does not see that it is unread once Caddy
+		// has wrapped it): the connection ends here.
+		if conn, _, err := rc.Hijack(); err == nil {
+			_ = conn.Close()
+		}
+	}
+}
+
+// refusalDrain bounds how long EarlyAnswer.Finish reads a refused body.
 const refusalDrain = 2 * time.Second
 
 // StorageUnavailableText is what a runner is told when toolgate's storage

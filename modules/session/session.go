@@ -59,10 +59,10 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 // the refusal even while it is still sending a large body
 // (gateway.AnswerBeforeBody).
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
-	done := gateway.AnswerBeforeBody(w, r, h.app.MaxRequestBytes)
+	early := gateway.AnswerBeforeBody(w, r, h.app.MaxRequestBytes)
 	err := h.serve(w, r, next)
 	if err == nil { // else Caddy has yet to write the error: its body stays unread
-		done()
+		early.Finish()
 	}
 	return err
 }
