@@ -17,7 +17,7 @@ import (
 // another caller's session, an MCP session that ended) reaches a runner
 // that sent its large body at once as the refusal it is: the 401 with its
 // WWW-Authenticate, the 403, the 404 that tells an MCP client to
-// initialize again, the 404 and 415 of the registry's step. A server that answers and closes with the body
+// initialize again, the 404, 413 and 415 of the registry's step. A server that answers and closes with the body
 // unread resets the connection, and the runner then gets "connection
 // reset by peer" instead: it neither signs in again nor re-initializes.
 // Fixed: every case was answered with a reset, the first call or the
@@ -29,9 +29,8 @@ func TestRefusalBeforeTheBodyReachesAnUploadingRunner(t *testing.T) {
 	alice := g.raw(t, aliceKey, g.createSession(t, aliceKey, "svc"), "svc")
 	alice.transport = &http.Transport{DisableKeepAlives: true}
 	alice.initialize()
-	pad := strings.Repeat("p", 900<<10)
-	call := func(id int) string {
-		return fmt.Sprintf(`{"jsonrpc":"2.0","id":%d,"method":"tools/call","params":{"name":"echo","arguments":{"text":"hi"},"_meta":{"pad":%q}}}`, id, pad)
+	call := func(id, size int) string {
+		return fmt.Sprintf(`{"jsonrpc":"2.0","id":%d,"method":"tools/call","params":{"name":"echo","arguments":{"text":"hi"},"_meta":{"pad":%q}}}`, id, strings.Repeat("p", size))
 	}
 	with := func(change func(m *rawMCP)) *rawMCP {
 		m := *alice
@@ -55,10 +54,15 @@ func TestRefusalBeforeTheBodyReachesAnUploadingRunner(t *testing.T) {
 		{"an MCP session that ended", with(func(m *rawMCP) { m.sessionID = "ended-" + m.sessionID }), http.StatusNotFound, "initialize", ""},
 		{"a service not in the registry", with(func(m *rawMCP) { m.url = strings.TrimSuffix(m.url, "/svc") + "/nope" }), http.StatusNotFound, "unknown service", ""},
 		{"a body not JSON", with(func(m *rawMCP) { m.headers["Content-Type"] = "text/plain" }), http.StatusUnsupportedMediaType, "Content-Type", ""},
+		{"a body over max_request_size", alice, http.StatusRequestEntityTooLarge, "max_request_size", ""},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			for i := range 16 { // sent at once: a reset comes of one in a few
-				resp, err := c.m.send(context.Background(), http.MethodPost, "application/json, text/event-stream", call(100+i), "")
+				size := 900 << 10
+				if c.status == http.StatusRequestEntityTooLarge {
+					size = 1536 << 10
+				}
+				resp, err := c.m.send(context.Background(), http.MethodPost, "application/json, text/event-stream", call(100+i, size), "")
 				if err != nil {
 					t.Fatalf("call %d: the runner got %v, want the %d", i, err, c.status)
 				}
