@@ -165,13 +165,18 @@ func WriteRPC(w http.ResponseWriter, status int, msg ...[]byte) {
 //
 // The first step of the runner's route calls it (toolgate_session), before
 // anything is written: the answer may then be written while the body is
-// unread (net/http's full duplex; HTTP/2 is always so).
+// unread (net/http's full duplex; HTTP/2 is always so). Full duplex also
+// turns off net/http's own guard, which ends the connection after an
+// answer written with the body unread or broken (else what the runner
+// sends next would be read as its next request, one a proxy in front did
+// not send): EarlyAnswer keeps it (see Read and Finish).
 func AnswerBeforeBody(w http.ResponseWriter, r *http.Request, max int64) *EarlyAnswer {
 	if r.Body == nil || r.Body == http.NoBody {
 		return nil
 	}
 	_ = http.NewResponseController(w).EnableFullDuplex()
-	a := &EarlyAnswer{ReadCloser: r.Body, w: w, max: max}
+	// (HTTP/2 and 3 frame bodies in streams: nothing to guard.)
+	a := &EarlyAnswer{ReadCloser: r.Body, w: w, max: max, framed: r.ProtoMajor != 1}
 	r.Body = a
 	return a
 }
@@ -182,22 +187,43 @@ type EarlyAnswer struct {
 	io.ReadCloser
 	w          http.ResponseWriter
 	max        int64
+	framed     bool // HTTP/2 or 3
 	ended, eof bool // read to an error, which was EOF
 }
 
 func (a *EarlyAnswer) Read(p []byte) (int, error) {
 	n, err := a.ReadCloser.Read(p)
-	if err != nil {
+	if err != nil && !a.ended {
 		a.ended, a.eof = true, err == io.EOF
+		if !a.eof {
+			a.CloseAfterAnswer()
+		}
 	}
 	return n, err
 }
 
-// Finish sends the answer when the body was not read to its end, and then
-// reads and drops what the runner still sends of it, at most max bytes and
-// for at most refusalDrain; a connection whose body still did not end is
-// closed. What is dropped is never held: 32 KiB at a time. A body read to
-// its end (every call that is not refused) costs nothing more.
+// CloseAfterAnswer has the answer end its connection when the body was
+// not read to its end: a body that broke as it was read (a malformed
+// chunk, a runner that paused past read_body_idle), or one a step left
+// unread and Caddy answers for (a handler's error). The answer says
+// "Connection: close", and net/http closes the connection after it. Only
+// before the answer is written.
+func (a *EarlyAnswer) CloseAfterAnswer() {
+	if a != nil && !a.eof && !a.framed {
+		a.w.Header().Set("Connection", "close")
+	}
+}
+
+// Finish sends the answer when the steps answered without reading the body
+// (they refused the request first), and then reads and drops what the
+// runner still sends of it, at most max bytes and for at most
+// refusalDrain, so that a runner still uploading finishes and reads the
+// answer, and its connection serves its next request. A body that still
+// did not end ends its connection, as net/http ends one: half-closed, and
+// closed after rstAvoidance (else the rest of the body would be read as
+// the next request). What is dropped is never held: 32 KiB at a time. A
+// body read to its end (every call that is not refused) costs nothing
+// more.
 func (a *EarlyAnswer) Finish() {
 	if a == nil || a.ended {
 		return
@@ -207,15 +233,25 @@ func (a *EarlyAnswer) Finish() {
 	_ = rc.SetReadDeadline(time.Now().Add(refusalDrain))
 	_, _ = io.Copy(io.Discard, io.LimitReader(a, a.max))
 	_ = rc.SetReadDeadline(time.Time{})
-	if !a.eof {
-		// The rest of the body would be read as the runner's next
-		// request (net/http does not see that it is unread once Caddy
-		// has wrapped it): the connection ends here.
-		if conn, _, err := rc.Hijack(); err == nil {
-			_ = conn.Close()
-		}
+	if a.eof || a.framed {
+		return
 	}
+	conn, _, err := rc.Hijack()
+	if err != nil {
+		return
+	}
+	if cw, ok := conn.(interface{ CloseWrite() error }); ok {
+		_ = cw.CloseWrite()
+		time.Sleep(rstAvoidance)
+	}
+	_ = conn.Close()
 }
+
+// rstAvoidance is how long a connection closed with its request's body
+// unread stays half-closed first: net/http's own wait (rstAvoidanceDelay).
+// Closed with unread bytes, it is reset, and many TCP stacks then drop
+// what the runner had not read yet, the answer among it.
+const rstAvoidance = 500 * time.Millisecond
 
 // refusalDrain bounds how long EarlyAnswer.Finish reads a refused body.
 const refusalDrain = 2 * time.Second

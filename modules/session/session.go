@@ -61,10 +61,12 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
 	early := gateway.AnswerBeforeBody(w, r, h.app.MaxRequestBytes)
 	err := h.serve(w, r, next)
-	if err == nil { // else Caddy has yet to write the error: its body stays unread
-		early.Finish()
+	if err != nil { // Caddy has yet to write the error
+		early.CloseAfterAnswer()
+		return err
 	}
-	return err
+	early.Finish()
+	return nil
 }
 
 func (h *Handler) serve(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
