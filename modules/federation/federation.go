@@ -153,6 +153,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	switch r.Method {
 	case http.MethodPost:
 	case http.MethodGet, http.MethodDelete:
+		if !gateway.Bodyless(w, r) {
+			return nil
+		}
 		if fs == nil {
 			gateway.WriteRPCError(w, http.StatusBadRequest, nil, gateway.CodeInvalidRequest,
 				"missing Mcp-Session-Id header: initialize first", nil)

@@ -253,6 +253,36 @@ func (a *EarlyAnswer) Finish() {
 // what the runner had not read yet, the answer among it.
 const rstAvoidance = 500 * time.Millisecond
 
+// Bodyless reports whether r, a GET or DELETE of the MCP endpoint, carries
+// no body, and answers 400 when it does: MCP gives them none, and a body nothing
+// reads would hold the request (a GET's stream is noticed ending only
+// once its request's body was read, see AnswerBeforeBody). A body of
+// unknown length that is empty (some clients and proxies send an empty
+// chunked body) is read and let through.
+func Bodyless(w http.ResponseWriter, r *http.Request) bool {
+	empty := r.ContentLength == 0
+	if r.ContentLength < 0 && r.Body != nil {
+		// Its end comes with the head; a body that has not begun after
+		// bodylessWait is one (the read's error ends the connection after
+		// the answer, see EarlyAnswer.CloseAfterAnswer).
+		rc := http.NewResponseController(w)
+		_ = rc.SetReadDeadline(time.Now().Add(bodylessWait))
+		var one [1]byte
+		_, err := io.ReadFull(r.Body, one[:])
+		_ = rc.SetReadDeadline(time.Time{})
+		empty = err == io.EOF
+	}
+	if !empty {
+		WriteRPCError(w, http.StatusBadRequest, nil, CodeInvalidRequest,
+			"a "+r.Method+" of the MCP endpoint carries no body", nil)
+	}
+	return empty
+}
+
+// bodylessWait bounds how long Bodyless waits for the end of an empty body
+// of unknown length.
+const bodylessWait = time.Second
+
 // refusalDrain bounds how long EarlyAnswer.Finish reads a refused body.
 const refusalDrain = 2 * time.Second
 

@@ -113,6 +113,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			return nil
 		}
 	case http.MethodGet, http.MethodDelete:
+		if !gateway.Bodyless(w, r) {
+			return nil
+		}
 		if call.MCPSession == nil && mcp2026.ModernHeader(r) {
 			statelessGetOrDelete(w)
 			return nil
