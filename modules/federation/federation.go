@@ -153,7 +153,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	switch r.Method {
 	case http.MethodPost:
 	case http.MethodGet, http.MethodDelete:
-		if !gateway.Bodyless(w, r) {
+		if r.Method == http.MethodGet && !gateway.Bodyless(w, r) {
 			return nil
 		}
 		if fs == nil {

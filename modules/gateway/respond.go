@@ -253,12 +253,14 @@ func (a *EarlyAnswer) Finish() {
 // what the runner had not read yet, the answer among it.
 const rstAvoidance = 500 * time.Millisecond
 
-// Bodyless reports whether r, a GET or DELETE of the MCP endpoint, carries
-// no body, and answers 400 when it does: MCP gives them none, and a body nothing
-// reads would hold the request (a GET's stream is noticed ending only
-// once its request's body was read, see AnswerBeforeBody). A body of
-// unknown length that is empty (some clients and proxies send an empty
-// chunked body) is read and let through.
+// Bodyless reports whether r, a GET of the MCP endpoint (which opens the
+// runner's stream), carries no body, and answers 400 when it does: MCP
+// gives it none, and a body nothing reads would hold the stream (net/http
+// notices a runner that went away only once its request's body was read,
+// see AnswerBeforeBody). A body of unknown length that is empty (some
+// clients and proxies send an empty chunked body) is read and let
+// through. (A DELETE's body is read and dropped after its answer, as a
+// refused request's is.)
 func Bodyless(w http.ResponseWriter, r *http.Request) bool {
 	empty := r.ContentLength == 0
 	if r.ContentLength < 0 && r.Body != nil {

@@ -113,7 +113,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			return nil
 		}
 	case http.MethodGet, http.MethodDelete:
-		if !gateway.Bodyless(w, r) {
+		if r.Method == http.MethodGet && !gateway.Bodyless(w, r) {
 			return nil
 		}
 		if call.MCPSession == nil && mcp2026.ModernHeader(r) {
