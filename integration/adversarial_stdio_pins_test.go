@@ -618,6 +618,9 @@ func listedWeather(t *testing.T, m *rawMCP) []struct{ Name, Title, Description s
 	if err := json.Unmarshal(msgs[len(msgs)-1], &res); err != nil {
 		t.Fatalf("tools/list: %s", msgs[len(msgs)-1])
 	}
+	// Shown only if the test fails: what the runner was answered, to tell a
+	// listing refused from one that hid the tool.
+	t.Logf("tools/list answered %d message(s), the last: %.600s", len(msgs), msgs[len(msgs)-1])
 	var out []struct{ Name, Title, Description string }
 	for _, tool := range res.Result.Tools {
 		if tool.Name == "weather" {
