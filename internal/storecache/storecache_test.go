@@ -238,3 +238,43 @@ func TestCacheIsBounded(t *testing.T) {
 		t.Errorf("%d entries, want the bound 10", n)
 	}
 }
+
+// When the storage's listening connection is lost (a Reset marked Lost),
+// the watch is no longer live and every copy is dropped: until the
+// connection is back, copies are trusted for the TTL only, as with a
+// storage that announces nothing; its Reset makes the watch live again.
+func TestLostListenerFallsBackToTheTTL(t *testing.T) {
+	clock := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	now := func() time.Time { return clock }
+	w := NewWatch(&certmagic.FileStorage{Path: t.TempDir()}, "things")
+	c := NewCache[string](w, 10*time.Second, now)
+	w.dispatch(postgres.Change{Reset: true})
+	if !w.Live() {
+		t.Fatal("not live after the first Reset")
+	}
+	c.Put("things/k", "old")
+	clock = clock.Add(time.Hour)
+	if v, ok := c.Get("things/k"); !ok || v != "old" {
+		t.Fatalf("a live watch's copy, an hour on: %q %v", v, ok)
+	}
+	w.dispatch(postgres.Change{Reset: true, Lost: true})
+	if w.Live() {
+		t.Error("still live after the listening connection was lost")
+	}
+	if _, ok := c.Get("things/k"); ok {
+		t.Error("a copy kept across the lost connection")
+	}
+	c.Put("things/k", "new")
+	clock = clock.Add(9 * time.Second)
+	if _, ok := c.Get("things/k"); !ok {
+		t.Error("a copy dropped within the TTL")
+	}
+	clock = clock.Add(2 * time.Second)
+	if _, ok := c.Get("things/k"); ok {
+		t.Error("a copy trusted past the TTL while the connection is lost")
+	}
+	w.dispatch(postgres.Change{Reset: true})
+	if !w.Live() {
+		t.Error("not live once the connection is back")
+	}
+}

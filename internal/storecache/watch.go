@@ -19,14 +19,17 @@
 // A change is seen by another process as soon as its notification arrives
 // (PostgreSQL delivers it right after the announcing statement; typically
 // well under a millisecond on a LAN). A Watch is live once its subscription
-// listens (its first Reset); when the listening connection is lost,
-// notifications sent meanwhile are lost too, and the next Reset, once it is
-// back, drops everything. A process whose connection dies silently notices
-// within the storage's liveness check (30 s for caddy.storage.postgres),
-// so that is the longest a copy can outlive a change. Before the first
-// Reset, and with storages that offer no notifications (file_system,
-// Redis, S3 plugins), entries are trusted for the TTL given instead:
-// cache_ttl, a change made through another replica showing within it.
+// listens (its first Reset). When the listening connection is lost,
+// notifications sent meanwhile are lost too: the storage says so (a Reset
+// marked Lost), every copy is dropped, and until the connection is back
+// (its Reset drops everything again) copies are trusted for the TTL only.
+// A process whose connection dies silently notices within the storage's
+// liveness check (30 s for caddy.storage.postgres), so that is the
+// longest a copy can outlive a change. Before the first Reset, while the
+// connection is lost, and with storages that offer no notifications
+// (file_system, Redis, S3 plugins), entries are trusted for the TTL given
+// instead: cache_ttl, a change made through another replica showing
+// within it.
 //
 // # Storages with notifications
 //
@@ -164,7 +167,7 @@ func (w *Watch) Stop() {
 func (w *Watch) dispatch(c postgres.Change) {
 	change := Change{Key: c.Key, Reset: c.Reset, Local: c.Local}
 	if c.Reset {
-		w.live.Store(true)
+		w.live.Store(!c.Lost)
 	}
 	w.mu.Lock()
 	handlers := w.handlers

@@ -113,8 +113,11 @@ func TestFaults(t *testing.T) {
 	if got := mustLoadPG(t, s, "k"); string(got) != "v3" {
 		t.Fatalf("k = %q after storing v3", got)
 	}
-	if c := next(t, onS); !c.Reset {
-		t.Fatalf("after PostgreSQL came back: %+v, want Reset", c)
+	if c := next(t, onS); !c.Reset || !c.Lost {
+		t.Fatalf("after PostgreSQL stopped: %+v, want Reset and Lost", c)
+	}
+	if c := next(t, onS); !c.Reset || c.Lost {
+		t.Fatalf("after PostgreSQL came back: %+v, want Reset, not Lost", c)
 	}
 	if err := s.Publish(ctx, "after"); err != nil {
 		t.Fatal(err)

@@ -23,6 +23,11 @@ type Change struct {
 	// connection was (re)established. Treat everything under the prefix
 	// as changed.
 	Reset bool
+	// Lost (with Reset) reports that the listening connection was lost:
+	// changes are missed until the next Reset without it, which comes
+	// once it is back. Copies of what is stored are then to be trusted
+	// only for a time, as with a storage that announces nothing.
+	Lost bool
 }
 
 // Notification payloads are "<kind> <origin> <key or lock name>".
@@ -176,6 +181,7 @@ func (l *listener) run() {
 		if l.ctx.Err() != nil {
 			return
 		}
+		l.lost()
 		if !failing {
 			l.db.logger.Warn("storage notification listener disconnected; reconnecting",
 				zap.Error(wrapErr("listening", err)))
@@ -255,6 +261,36 @@ func (l *listener) session(connected func()) error {
 			continue
 		}
 		l.dispatch(n.Channel, n.Payload)
+	}
+}
+
+// lost tells the subscribers that had their Reset that the listening
+// connection is gone (Change.Lost): until it is back, a copy that an
+// announcement would have withdrawn is not known to be stale. (A
+// connection that cannot be made again, while the pool still reaches
+// the database — new connections refused at max_connections, a pooler
+// at its limit —, would otherwise leave them trusting their copies for
+// as long as it lasts.) Lock waiters are woken to look again. Each
+// subscriber gets its Reset again once the connection is back.
+func (l *listener) lost() {
+	l.mu.Lock()
+	var fns []func(Change)
+	for _, c := range l.channels {
+		for sub := range c.subs {
+			if !sub.pending {
+				sub.pending = true
+				fns = append(fns, sub.fn)
+			}
+		}
+		for _, ws := range c.waiters {
+			for w := range ws {
+				signal(w)
+			}
+		}
+	}
+	l.mu.Unlock()
+	for _, fn := range fns {
+		fn(Change{Reset: true, Lost: true})
 	}
 }
 

@@ -104,7 +104,8 @@ func TestNotifyAcrossPools(t *testing.T) {
 }
 
 // TestNotifyReconnect: when the listening connection is cut, subscribers
-// get a Reset once it is back, and later changes arrive again.
+// are told at once (a Reset marked Lost: until it is back they miss
+// changes), get a Reset once it is back, and later changes arrive again.
 func TestNotifyReconnect(t *testing.T) {
 	table := newTableName()
 	a := newStorage(t, sharedDSN(t, "reconnect_a"), table, DefaultLockLease)
@@ -120,8 +121,11 @@ func TestNotifyReconnect(t *testing.T) {
 	if killed != 1 {
 		t.Fatalf("terminated %d listener connections, want b's one", killed)
 	}
-	if c := next(t, onB); !c.Reset {
-		t.Fatalf("after the connection was cut: %+v, want Reset", c)
+	if c := next(t, onB); !c.Reset || !c.Lost {
+		t.Fatalf("after the connection was cut: %+v, want Reset and Lost", c)
+	}
+	if c := next(t, onB); !c.Reset || c.Lost {
+		t.Fatalf("once it is back: %+v, want Reset, not Lost", c)
 	}
 	if err := a.Publish(t.Context(), "k"); err != nil {
 		t.Fatal(err)
