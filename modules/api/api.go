@@ -106,6 +106,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		}
 		return next.ServeHTTP(w, r)
 	}
+	if gateway.InEarlyData(r) {
+		gateway.WriteAPIError(w, http.StatusTooEarly, "too_early", gateway.TooEarlyText)
+		return nil
+	}
 	if !h.app.CheckOrigin(r) {
 		gateway.WriteAPIError(w, http.StatusForbidden, "origin_not_allowed", "origin or host not allowed (DNS-rebinding protection): add the origin to allowed_origins")
 		return nil

@@ -245,6 +245,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		return next.ServeHTTP(w, r)
 	}
 	securityHeaders(w.Header())
+	if gateway.InEarlyData(r) {
+		h.refuse(w, r, http.StatusTooEarly, "Too early", "This request was sent in TLS early data, which can be replayed, so nothing was changed. Send it again.")
+		return nil
+	}
 	if !h.app.CheckOrigin(r) {
 		h.refuse(w, r, http.StatusForbidden, "Refused", "This request came from a page toolgate does not trust (its Origin or Host is not allowed), so nothing was changed.")
 		return nil

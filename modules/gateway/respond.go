@@ -216,8 +216,8 @@ func (a *EarlyAnswer) CloseAfterAnswer() {
 
 // Finish sends the answer when the steps answered without reading the body
 // (they refused the request first), and then reads and drops what the
-// runner still sends of it, at most max bytes and for at most
-// refusalDrain, so that a runner still uploading finishes and reads the
+// runner still sends of it, at most max bytes and, sending included, for
+// at most refusalDrain, so that a runner still uploading finishes and reads the
 // answer, and its connection serves its next request. A body that still
 // did not end ends its connection, as net/http ends one: half-closed, and
 // closed after rstAvoidance (else the rest of the body would be read as
@@ -229,8 +229,16 @@ func (a *EarlyAnswer) Finish() {
 		return
 	}
 	rc := http.NewResponseController(a.w)
+	// The answer's write is bounded too: over HTTP/2 a runner that grants
+	// no flow-control window would hold its flush (and the handler) until
+	// write_idle. The deadline is lifted once the answer is out: an
+	// HTTP/2 stream whose write deadline passes is reset, written to or
+	// not.
+	deadline := time.Now().Add(refusalDrain)
+	_ = rc.SetWriteDeadline(deadline)
 	_ = rc.Flush()
-	_ = rc.SetReadDeadline(time.Now().Add(refusalDrain))
+	_ = rc.SetWriteDeadline(time.Time{})
+	_ = rc.SetReadDeadline(deadline)
 	_, _ = io.Copy(io.Discard, io.LimitReader(a, a.max))
 	_ = rc.SetReadDeadline(time.Time{})
 	if a.eof || a.framed {
@@ -395,3 +403,18 @@ func OwnCodeRecoded(errObj []byte) ([]byte, bool) {
 	b = append(append(b, `,"data":`...), kept...)
 	return append(b, "}}"...), true
 }
+
+// InEarlyData reports whether r arrived in TLS early data (0-RTT), before
+// the handshake that authenticates its connection completed: Caddy's
+// HTTP/3 listener accepts it unless the server's allow_0rtt is off. Early
+// data has no replay protection: anyone on the path can send a client's
+// first flight again, and the requests in it, as often as the ticket
+// allows. So toolgate acts on none: its endpoints answer such a request
+// 425 Too Early (RFC 8470), which tells the client to send it again once
+// the handshake is done (browsers and HTTP/3 clients that send early data
+// do). Reads are refused too: a GET of the MCP endpoint takes the
+// session's stream, and the sign-in and OAuth callbacks are GETs that act.
+func InEarlyData(r *http.Request) bool { return r.TLS != nil && !r.TLS.HandshakeComplete }
+
+// TooEarlyText is what a request refused as early data is told.
+const TooEarlyText = "sent in TLS early data (0-RTT), which can be replayed: send it again once the TLS handshake is complete"

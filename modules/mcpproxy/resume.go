@@ -375,17 +375,7 @@ func (h *Handler) resumeForRunner(w http.ResponseWriter, r *http.Request, call *
 	orig := *st.call
 	orig.Credential = call.Credential // the current one: an OAuth token may have been refreshed
 	up := ms.Upstream()
-	resp, err := h.exchange(ctx, &orig, up, http.MethodGet, nil, upstreamID)
-	for try := 1; try < conflictTries && upstreamStatus(err) == http.StatusConflict; try++ {
-		// The upstream still holds the stream's previous connection (the
-		// relay this resume took over closed it a moment ago): it lets
-		// the stream go as soon as it notices.
-		select {
-		case <-time.After(time.Duration(try) * 10 * time.Millisecond):
-		case <-ctx.Done():
-		}
-		resp, err = h.exchange(ctx, &orig, up, http.MethodGet, nil, upstreamID)
-	}
+	resp, err := h.getStream(ctx, &orig, up, upstreamID)
 	if err == nil && !isSSE(resp.Header) {
 		resp.Body.Close()
 		err = unavailable("the upstream did not resume its stream")
@@ -415,9 +405,27 @@ func (h *Handler) resumeForRunner(w http.ResponseWriter, r *http.Request, call *
 	h.relay(r.Context(), w, &orig, rs, out, st)
 }
 
-// conflictTries is how often a resume is sent while the upstream answers
-// 409 (it still holds the stream's previous connection): about a second
-// in all.
+// getStream opens an upstream stream with a GET: the standalone stream,
+// or with lastEventID the one it resumes. While the upstream answers 409
+// it is asked again, for about a second in all: it still holds the
+// stream's previous connection, which toolgate closed a moment ago (the
+// relay a resume took over, or the relay of a runner's stream that the
+// runner reset before it opened another), and lets the stream go as soon
+// as it notices.
+func (h *Handler) getStream(ctx context.Context, call *gateway.Call, up gateway.Upstream, lastEventID string) (*http.Response, error) {
+	resp, err := h.exchange(ctx, call, up, http.MethodGet, nil, lastEventID)
+	for try := 1; try < conflictTries && upstreamStatus(err) == http.StatusConflict; try++ {
+		select {
+		case <-time.After(time.Duration(try) * 10 * time.Millisecond):
+		case <-ctx.Done():
+		}
+		resp, err = h.exchange(ctx, call, up, http.MethodGet, nil, lastEventID)
+	}
+	return resp, err
+}
+
+// conflictTries is how often a stream is asked for while the upstream
+// answers 409.
 const conflictTries = 12
 
 // upstreamStatus is the HTTP status of the upstream's answer err reports,

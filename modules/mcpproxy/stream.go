@@ -67,7 +67,7 @@ func (h *Handler) openStream(ctx context.Context, call *gateway.Call) (gateway.U
 	open := func(up gateway.Upstream) (*http.Response, error) {
 		hctx, cancel := context.WithCancel(ctx)
 		t := time.AfterFunc(timeout, cancel)
-		resp, err := h.exchange(hctx, call, up, http.MethodGet, nil, "")
+		resp, err := h.getStream(hctx, call, up, "")
 		if !t.Stop() {
 			if err == nil {
 				resp.Body.Close()

@@ -70,6 +70,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 }
 
 func (h *Handler) serve(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+	if gateway.InEarlyData(r) {
+		gateway.WriteRPCError(w, http.StatusTooEarly, nil, gateway.CodeInvalidRequest, gateway.TooEarlyText, nil)
+		return nil
+	}
 	if !h.app.CheckOrigin(r) {
 		gateway.WriteRPCError(w, http.StatusForbidden, nil, gateway.CodeInvalidRequest,
 			"origin or host not allowed (DNS-rebinding protection): add the origin to allowed_origins", nil)
