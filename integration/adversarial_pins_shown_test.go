@@ -483,11 +483,18 @@ func TestPinsShownHoldsNewChangeAndAcceptResetShownTo(t *testing.T) {
 	if r.StatusCode != http.StatusOK {
 		t.Fatalf("accept: %d %s", r.StatusCode, r.Body)
 	}
-	if ans := psCall(stale); strings.Contains(ans, "ok for") {
+	// Her session's catalog holds the definition the acceptance replaced:
+	// she is told to list again, and nothing is recorded from the catalog
+	// (a session listed before an acceptance would otherwise undo it for
+	// everyone, TestReplicaAttackStaleCatalogUndoesPinAcceptance).
+	if ans := psCall(stale); strings.Contains(ans, "ok for") || !strings.Contains(ans, "list the tools again") {
 		t.Errorf("after the accept, alice's session calls the old definition: %s", ans)
 	}
+	// Her listing shows what her account still shows, the old definition:
+	// a change now, nobody shown yet.
+	psList(stale)
 	if d, shown := psWaiting(t, g); d == "" || len(shown) != 0 {
-		t.Errorf("after the accept, alice's call of her old definition: waiting %s, shown_to %v", d, shown)
+		t.Errorf("after the accept, alice's listing of her old definition: waiting %s, shown_to %v", d, shown)
 	}
 }
 

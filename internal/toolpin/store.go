@@ -38,7 +38,15 @@ type Record struct {
 	// Changed is the latest other definition the upstream showed, hidden
 	// until accepted.
 	Changed *Change `json:"changed,omitempty"`
+	// Replaced are the digests of the definitions an administrator's
+	// acceptance replaced, the newest last (at most maxReplaced): what a
+	// session listed before the acceptance may still hold (see
+	// Pins.check).
+	Replaced []string `json:"replaced,omitempty"`
 }
+
+// maxReplaced bounds Record.Replaced.
+const maxReplaced = 8
 
 // Change is a definition that differs from the pinned one.
 type Change struct {

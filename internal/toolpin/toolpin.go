@@ -126,10 +126,17 @@ type Verdict struct {
 	// Relist reports a call refused until the caller lists the tools
 	// again (see check).
 	Relist bool
+	// Stale (with Relist) reports that the definition the session listed
+	// is one an acceptance replaced (Digest is the listed one's).
+	Stale bool
 }
 
 // Reason says why a definition that differs is refused, and what to do.
 func (v Verdict) Reason(service, tool string) string {
+	if v.Stale {
+		return fmt.Sprintf("the definition of tool %s of service %s that this session listed (%s) was replaced since by an administrator's acceptance (%s); list the tools again (tools/list)",
+			tool, service, v.Digest, v.Pinned)
+	}
 	if v.Relist {
 		return fmt.Sprintf("a changed definition of tool %s of service %s (%s) was seen since this session listed its tools; list them again (tools/list): the tool stays callable for those it still shows its pinned definition (%s)",
 			tool, service, v.Digest, v.Pinned)
@@ -185,6 +192,13 @@ func (p *Pins) check(ctx context.Context, svc *gateway.Service, user, name strin
 		return Verdict{}, err
 	case pinned == "":
 		return p.firstSight(ctx, svc.ID, name, digest, raw)
+	case digest != pinned && call && rec != nil && slices.Contains(rec.Replaced, digest):
+		// The session's catalog holds a definition an administrator's
+		// acceptance replaced: it was listed before the acceptance, and
+		// says nothing of what the upstream shows now. Recorded as a
+		// change, it would hide and refuse the accepted definition to
+		// everyone. The caller lists again.
+		return Verdict{Digest: digest, Pinned: pinned, Relist: true, Stale: true}, nil
 	case digest != pinned:
 		v := Verdict{Digest: digest, Pinned: pinned, Registry: svc.Pin(name) != ""}
 		if rec != nil && rec.Changed != nil && svc.PerUserCredentials() {
@@ -412,8 +426,13 @@ func (p *Pins) Accept(ctx context.Context, caller *gateway.Caller, svc *gateway.
 			refusal = ErrOtherDigest
 			return nil
 		}
+		replaced := cur.Replaced
+		if cur.Digest != "" {
+			replaced = append(slices.Clone(replaced), cur.Digest)
+			replaced = replaced[max(0, len(replaced)-maxReplaced):]
+		}
 		return &Record{Service: svc.ID, Tool: tool, Digest: digest, Since: time.Now().UTC(), AcceptedBy: caller.User,
-			Definition: cur.Changed.Definition}
+			Definition: cur.Changed.Definition, Replaced: replaced}
 	})
 	if err != nil {
 		return nil, err
