@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/caddyserver/certmagic"
+	"go.uber.org/zap"
 
 	"github.com/toolgate/toolgate/internal/mcpstate"
 	"github.com/toolgate/toolgate/internal/written"
@@ -29,10 +30,74 @@ import (
 // the session counts once or twice meanwhile, never not at all) or the
 // initialize fails (End); one that a replica which died, or an initialize
 // abandoned, left holds until its deadline.
+//
+// The sessions a replica holds for the caller and never stores (those it
+// implies for stateless requests, CreateLocal) count on every replica
+// too: each replica keeps one record of how many it holds, written when
+// the count changes (under the same lock) and renewed by Housekeep,
+//
+//	toolgate/mcp/initializing/<sha256 of user>/held-<replica>   until when it holds, and the count
+//
+// so that a caller cannot hold max_mcp_sessions_per_caller on each of N
+// replicas; a replica that died stops counting once its record runs out.
 const initializingPrefix = mcpstate.Prefix + "/initializing"
 
 type reservation struct {
 	Until time.Time `json:"until"`
+	// Count is how many sessions a replica's record of its local ones
+	// stands for (0: a reservation, one).
+	Count int `json:"count,omitempty"`
+}
+
+// heldName is the name of the record of this replica's local sessions
+// (under the caller's reservations).
+func (m *Sessions) heldName() string { return "held-" + m.holder }
+
+// heldLease is how long a record of local sessions holds unless renewed
+// (Housekeep renews it after a third of that): five minutes, or three
+// housekeeping rounds.
+func (c *Config) heldLease() time.Duration { return max(5*time.Minute, 3*c.Sweep) }
+
+// storeHeld writes the record of user's local sessions on this replica:
+// n of them (none: the record is removed). It runs under the caller's
+// lock.
+func (m *Sessions) storeHeld(ctx context.Context, c *Config, user string, n int) error {
+	key := path.Join(initializingPrefix, callerHash(user), m.heldName())
+	if n <= 0 {
+		if err := c.State.Storage().Delete(ctx, key); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("%w: recording the caller's MCP sessions: %v", ErrStorageUnavailable, err)
+		}
+		return nil
+	}
+	data, _ := json.Marshal(reservation{Until: now().Add(c.heldLease()), Count: n})
+	if err := c.State.Storage().Store(ctx, key, data); err != nil {
+		return fmt.Errorf("%w: recording the caller's MCP sessions: %v", ErrStorageUnavailable, err)
+	}
+	m.mu.Lock()
+	m.heldAt[user] = now()
+	m.mu.Unlock()
+	return nil
+}
+
+// releaseHeld records, in the background, that user holds fewer local
+// sessions here now (one ended).
+func (m *Sessions) releaseHeld(c *Config, user string) {
+	m.background.Go(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		err := m.callerLocked(ctx, c, user, func() error {
+			m.mu.Lock()
+			n := m.localUser[user]
+			if n == 0 {
+				delete(m.heldAt, user)
+			}
+			m.mu.Unlock()
+			return m.storeHeld(ctx, c, user, n)
+		})
+		if err != nil { // it counts a session too many until it runs out or is renewed
+			c.Logger.Debug("recording the end of a local MCP session failed", zap.Error(err))
+		}
+	})
 }
 
 func callerHash(user string) string {
@@ -69,8 +134,9 @@ func (m *Sessions) countCaller(ctx context.Context, c *Config, user, except stri
 	n := m.localUser[user]
 	m.mu.Unlock()
 	// Reservations before stored sessions: a session stored meanwhile
-	// wrote its index entry before its reservation went.
-	r, err := reservations(ctx, c.State.Storage(), user, except)
+	// wrote its index entry before its reservation went. (This replica's
+	// record of its local sessions is n.)
+	r, err := reservations(ctx, c.State.Storage(), user, except, m.heldName())
 	if err != nil {
 		return 0, fmt.Errorf("%w: counting MCP sessions: %v", ErrStorageUnavailable, err)
 	}
@@ -82,9 +148,10 @@ func (m *Sessions) countCaller(ctx context.Context, c *Config, user, except stri
 	return n + stored, nil
 }
 
-// reservations counts user's reservations that still hold, but except's,
-// and removes those past their deadline.
-func reservations(ctx context.Context, storage certmagic.Storage, user, except string) (int, error) {
+// reservations counts user's reservations that still hold (and the local
+// sessions other replicas hold), but except's and own's, and removes those
+// past their deadline.
+func reservations(ctx context.Context, storage certmagic.Storage, user, except, own string) (int, error) {
 	keys, err := storage.List(ctx, path.Join(initializingPrefix, callerHash(user)), false)
 	if errors.Is(err, fs.ErrNotExist) {
 		return 0, nil
@@ -94,7 +161,7 @@ func reservations(ctx context.Context, storage certmagic.Storage, user, except s
 	}
 	n, t := 0, now()
 	for _, key := range keys {
-		if path.Base(key) == except {
+		if base := path.Base(key); base == except || base == own {
 			continue
 		}
 		data, err := storage.Load(ctx, key)
@@ -117,7 +184,7 @@ func reservations(ctx context.Context, storage certmagic.Storage, user, except s
 			_ = storage.Delete(ctx, key) // abandoned
 			continue
 		}
-		n++
+		n += max(1, r.Count)
 	}
 	return n, nil
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -67,6 +69,10 @@ type Sessions struct {
 	sessions  map[string]*Session // by ref
 	started   int
 	localUser map[string]int // local sessions by user
+	// heldAt is when each user's record of local sessions was written
+	// (see storeHeld); holder names this replica's records.
+	heldAt map[string]time.Time
+	holder string
 
 	// seq counts announced session changes, so that a copy made from a
 	// record read while a change was announced is not trusted.
@@ -94,6 +100,8 @@ type Config struct {
 	CacheTTL time.Duration
 	// Idle is the idle timeout (mcp_session_idle_timeout).
 	Idle time.Duration
+	// Sweep is how often Housekeep runs (mcp_session_sweep_interval).
+	Sweep time.Duration
 	// Logger logs what goes wrong in the background.
 	Logger *zap.Logger
 	// OnEnd ends the upstream session of a session that ended without
@@ -119,7 +127,8 @@ const listingWait = time.Minute
 // New returns an empty set of sessions; Attach gives it a configuration.
 func New() *Sessions {
 	return &Sessions{process: seal.Random(mcpstate.Purpose), sessions: make(map[string]*Session),
-		localUser: make(map[string]int), reloads: make(chan struct{}, maxBackgroundReads)}
+		localUser: make(map[string]int), heldAt: make(map[string]time.Time), holder: mcpstate.NewRef(),
+		reloads: make(chan struct{}, maxBackgroundReads)}
 }
 
 // Destruct implements caddy.Destructor.
@@ -131,12 +140,23 @@ func (m *Sessions) Destruct() error {
 	}
 	clear(m.sessions)
 	clear(m.localUser)
+	held := slices.Collect(maps.Keys(m.heldAt))
+	clear(m.heldAt)
 	m.started = 0
 	m.mu.Unlock()
 	for _, s := range all {
 		s.close()
 	}
 	m.background.Wait()
+	if c := m.cfg(); c != nil && len(held) > 0 {
+		// This replica's local sessions count no more (a record left runs
+		// out within heldLease).
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		for _, user := range held {
+			_ = m.storeHeld(ctx, c, user, 0)
+		}
+		cancel()
+	}
 	return nil
 }
 
@@ -492,10 +512,19 @@ func (m *Sessions) create(ctx context.Context, user, toolgateSession string, exp
 		if n >= c.PerCaller {
 			return &LimitError{Option: "max_mcp_sessions_per_caller", Limit: c.PerCaller}
 		}
-		if local { // counted here only, as it is held here only
+		if local { // held here only, and counted on every replica through this replica's record
 			m.mu.Lock()
 			m.localUser[user]++
+			n := m.localUser[user]
 			m.mu.Unlock()
+			if err := m.storeHeld(ctx, c, user, n); err != nil {
+				m.mu.Lock()
+				if m.localUser[user]--; m.localUser[user] <= 0 {
+					delete(m.localUser, user)
+				}
+				m.mu.Unlock()
+				return err
+			}
 			return nil
 		}
 		if err := reserve(ctx, c.State.Storage(), user, ref); err != nil {
@@ -724,8 +753,31 @@ func (m *Sessions) closeLocal(s *Session) bool {
 		}
 	}
 	m.mu.Unlock()
+	if s.local && s.started {
+		if c := m.cfg(); c != nil {
+			m.releaseHeld(c, s.User)
+		}
+	}
 	s.unreserve(context.Background()) // an initialize that failed or was abandoned frees its slot
 	return s.close()
+}
+
+// renewHeld writes again the records of users' local sessions here.
+func (m *Sessions) renewHeld(ctx context.Context, c *Config, users []string) {
+	for _, user := range users {
+		err := m.callerLocked(ctx, c, user, func() error {
+			m.mu.Lock()
+			n := m.localUser[user]
+			if n == 0 {
+				delete(m.heldAt, user)
+			}
+			m.mu.Unlock()
+			return m.storeHeld(ctx, c, user, n)
+		})
+		if err != nil {
+			c.Logger.Warn("renewing the record of a caller's MCP sessions held here failed; other replicas may count them no more once it runs out", zap.Error(err))
+		}
+	}
 }
 
 // Len returns the number of sessions this replica holds.
@@ -985,7 +1037,14 @@ func (m *Sessions) Housekeep(ctx context.Context) {
 	m.mu.Lock()
 	since := m.lastTick
 	m.lastTick = t
+	var renew []string
+	for user, at := range m.heldAt {
+		if t.Sub(at) >= c.heldLease()/3 {
+			renew = append(renew, user)
+		}
+	}
 	m.mu.Unlock()
+	m.renewHeld(ctx, c, renew)
 	for _, s := range m.snapshot() {
 		if s.Closed() {
 			continue

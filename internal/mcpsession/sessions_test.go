@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"path"
+	"strings"
 	"testing"
 	"time"
 
@@ -353,8 +355,9 @@ func TestStoredCatalogDoesNotEndAListingHere(t *testing.T) {
 }
 
 // A session implied for stateless requests is this replica's: nothing of
-// it is stored, no id opens it, it counts against the caller's bound, and
-// idle here it ends, upstream too.
+// it is stored but the count of such sessions the replica holds for the
+// caller, no id opens it, it counts against the caller's bound on every
+// replica, and idle here it ends, upstream too.
 func TestLocalSessionsStayOnTheirReplica(t *testing.T) {
 	clock := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	withClock(t, &clock)
@@ -377,8 +380,11 @@ func TestLocalSessionsStayOnTheirReplica(t *testing.T) {
 	if err := s.CatalogListed(ctx, map[string][]byte{"echo": []byte(`{"name":"echo"}`)}); err != nil || s.Tool("echo") == nil {
 		t.Fatalf("CatalogListed: %v", err)
 	}
-	if keys, _ := storage.List(ctx, mcpstate.Prefix, true); len(keys) != 0 {
-		t.Errorf("a local session stored %v", keys)
+	keys, _ := storage.List(ctx, mcpstate.Prefix, true)
+	for _, k := range keys {
+		if !strings.HasPrefix(k, initializingPrefix) || strings.Count(k, "/") == 4 && !strings.HasPrefix(path.Base(k), "held-") {
+			t.Errorf("a local session stored %v", keys)
+		}
 	}
 	for _, r := range []*Sessions{m, other} {
 		if _, err := r.Open(ctx, s.ID, "alice", "s"); !errors.Is(err, ErrNotFound) {
@@ -389,6 +395,9 @@ func TestLocalSessionsStayOnTheirReplica(t *testing.T) {
 	var limit *LimitError
 	if _, err := m.CreateLocal(ctx, "alice", sess.ID, sess.ExpiresAt, "svc"); !errors.As(err, &limit) {
 		t.Errorf("a third session (one local, one stored) was allowed: %v", err)
+	}
+	if _, err := other.CreateLocal(ctx, "alice", sess.ID, sess.ExpiresAt, "svc"); !errors.As(err, &limit) {
+		t.Errorf("a third session (one local on another replica, one stored) was allowed: %v", err)
 	}
 	clock = clock.Add(2 * time.Hour)
 	m.Housekeep(ctx)

@@ -410,6 +410,7 @@ func (a *App) Provision(ctx caddy.Context) error {
 		PerCaller: a.MaxMCPSessionsPerCaller,
 		CacheTTL:  time.Duration(a.CacheTTL),
 		Idle:      time.Duration(a.MCPSessionIdleTimeout),
+		Sweep:     time.Duration(a.MCPSessionSweepInterval),
 		Logger:    a.logger,
 		OnEnd:     a.EndUpstream,
 		Endpoint: func(service string) (string, bool) {
