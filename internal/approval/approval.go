@@ -745,7 +745,10 @@ func (s *Store) sweepContents(ctx context.Context) {
 	seen := map[string]bool{}
 	for _, key := range keys {
 		id := path.Base(key)
-		if s.storage.Exists(ctx, recordKey(id)) {
+		// Stat, not Exists, which answers false when the storage fails:
+		// an approval's contents are deleted only when its record is
+		// known to be gone.
+		if _, err := s.storage.Stat(ctx, recordKey(id)); !errors.Is(err, fs.ErrNotExist) {
 			continue
 		}
 		if s.orphans[id] {

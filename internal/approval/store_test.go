@@ -184,7 +184,28 @@ func TestSweepAndCountLeftovers(t *testing.T) {
 	if !s.storage.Exists(ctx, contentsKey("waiting")) {
 		t.Error("the contents of a pending approval were swept")
 	}
+	// While the storage cannot say whether a record exists (Exists answers
+	// false then), contents are never taken for orphans: two sweeps in a
+	// row deleted a pending approval's arguments.
+	healthy := s.storage
+	s.storage = statFails{healthy}
+	for range 2 {
+		s.sweepContents(ctx)
+	}
+	s.storage = healthy
+	if !s.storage.Exists(ctx, contentsKey("waiting")) {
+		t.Error("the contents of a pending approval were swept while the storage failed")
+	}
 }
+
+// statFails is a storage whose Stat and Exists fail as a database that
+// went away does (certmagic's Exists cannot say so: it answers false).
+type statFails struct{ certmagic.Storage }
+
+func (statFails) Stat(context.Context, string) (certmagic.KeyInfo, error) {
+	return certmagic.KeyInfo{}, errors.New("connection refused")
+}
+func (statFails) Exists(context.Context, string) bool { return false }
 
 // An approval counts under max_pending_per_user until the instant it
 // expires, not until the whole second before: index entries keep the

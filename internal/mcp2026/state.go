@@ -167,8 +167,13 @@ func consume(ctx context.Context, storage certmagic.Storage, st State) error {
 		return err
 	}
 	defer func() { _ = storage.Unlock(context.WithoutCancel(ctx), name) }()
-	if storage.Exists(ctx, name) {
+	// Stat, not Exists: Exists answers false when the storage fails, and
+	// a state would then be used twice.
+	switch _, err := storage.Stat(ctx, name); {
+	case err == nil:
 		return ErrStateReplayed
+	case !errors.Is(err, fs.ErrNotExist):
+		return err
 	}
 	exp, _ := json.Marshal(st.Expires)
 	return storage.Store(ctx, name, exp)

@@ -56,3 +56,33 @@ func TestRaceRequestStateConsumedOnceAcrossReplicas(t *testing.T) {
 		t.Errorf("after the sweep, the state is usable again: %v", err)
 	}
 }
+
+// statFails is a storage whose Stat and Exists fail as a database that
+// went away does (certmagic's Exists cannot say so: it answers false).
+type statFails struct{ certmagic.Storage }
+
+func (statFails) Stat(context.Context, string) (certmagic.KeyInfo, error) {
+	return certmagic.KeyInfo{}, errors.New("connection refused")
+}
+func (statFails) Exists(context.Context, string) bool { return false }
+
+// Attack (fixed): a requestState used once, then again while the storage
+// cannot say whether its nonce was used: consume asked Exists, which
+// answers false on a storage error, and the state was used twice. Fixed:
+// it asks Stat, and an error is an error (the request is refused as
+// retryable), never "not used".
+func TestRaceRequestStateNotUsedTwiceWhileStorageFails(t *testing.T) {
+	ctx := context.Background()
+	base := gateway.SafeListing(&certmagic.FileStorage{Path: t.TempDir()})
+	st := State{Caller: "alice", Service: "svc", Method: "tools/call", Expires: time.Now().Add(time.Minute).Unix(), Nonce: "n0nce-STAT_1"}
+	if err := consume(ctx, base, st); err != nil {
+		t.Fatal(err)
+	}
+	err := consume(ctx, statFails{base}, st)
+	if err == nil {
+		t.Fatal("a used requestState was used again while the storage could not be read")
+	}
+	if errors.Is(err, ErrStateReplayed) {
+		t.Fatalf("the storage's failure reported as a replay: %v", err)
+	}
+}
