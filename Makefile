@@ -40,6 +40,9 @@ unit:
 	kms_bin=$$(integration/kmsserver/build.sh) && \
 	TOOLGATE_REQUIRE_PEERS=1 TOOLGATE_VAULT_BIN="$$vault_bin" TOOLGATE_KMS_BIN="$$kms_bin" \
 	$(GO) test -race -count=1 -timeout 45m -skip '^TestConformance$$' ./...
+	@# tests built without the race detector (//go:build !race): quic-go's
+	@# client races with itself in 0-RTT dials (integration/h2_attack_0rtt_norace_test.go)
+	TOOLGATE_REQUIRE_PEERS=1 $(GO) test -count=1 -timeout 10m -run '^TestH2AttackH3ZeroRTT' ./integration/
 
 # the MCP conformance suite (pinned, installed from npm once) against the Go
 # SDK's everything-server directly, through toolgate, and through three
