@@ -42,7 +42,7 @@ unit:
 	$(GO) test -race -count=1 -timeout 45m -skip '^TestConformance$$' ./...
 	@# tests built without the race detector (//go:build !race): quic-go's
 	@# client races with itself in 0-RTT dials (integration/h2_attack_0rtt_norace_test.go)
-	TOOLGATE_REQUIRE_PEERS=1 $(GO) test -count=1 -timeout 10m -run '^TestH2AttackH3ZeroRTT' ./integration/
+	TOOLGATE_REQUIRE_PEERS=1 $(GO) test -count=1 -timeout 10m -run '^(TestH2AttackH3ZeroRTT|TestFixAttackH3ZeroRTT)' ./integration/
 
 # the MCP conformance suite (pinned, installed from npm once) against the Go
 # SDK's everything-server directly, through toolgate, and through three

@@ -8,7 +8,9 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"path"
+	"slices"
 	"time"
 
 	"github.com/caddyserver/certmagic"
@@ -65,8 +67,14 @@ func (m *Sessions) storeHeld(ctx context.Context, c *Config, user string, n int)
 	key := path.Join(initializingPrefix, callerHash(user), m.heldName())
 	if n <= 0 {
 		if err := c.State.Storage().Delete(ctx, key); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			// Kept in heldAt: Housekeep tries again.
 			return fmt.Errorf("%w: recording the caller's MCP sessions: %v", ErrStorageUnavailable, err)
 		}
+		m.mu.Lock()
+		if m.localUser[user] == 0 {
+			delete(m.heldAt, user)
+		}
+		m.mu.Unlock()
 		return nil
 	}
 	data, _ := json.Marshal(reservation{Until: now().Add(c.heldLease()), Count: n})
@@ -79,6 +87,28 @@ func (m *Sessions) storeHeld(ctx context.Context, c *Config, user string, n int)
 	return nil
 }
 
+// Leaving removes this replica's records of its local sessions, as the
+// process exits (gateway.App.Stop, while the storage is still open: it
+// may be closed before Destruct runs): the other replicas stop counting
+// them at once, not once the records run out.
+func (m *Sessions) Leaving(ctx context.Context) {
+	c := m.cfg()
+	if c == nil {
+		return
+	}
+	m.mu.Lock()
+	users := slices.Collect(maps.Keys(m.heldAt))
+	m.mu.Unlock()
+	for _, user := range users {
+		m.mu.Lock()
+		m.localUser[user] = 0 // its sessions end with the process
+		m.mu.Unlock()
+		if err := m.storeHeld(ctx, c, user, 0); err != nil {
+			c.Logger.Warn("removing the record of a caller's MCP sessions held here failed; other replicas count them until it runs out", zap.Error(err))
+		}
+	}
+}
+
 // releaseHeld records, in the background, that user holds fewer local
 // sessions here now (one ended).
 func (m *Sessions) releaseHeld(c *Config, user string) {
@@ -88,13 +118,10 @@ func (m *Sessions) releaseHeld(c *Config, user string) {
 		err := m.callerLocked(ctx, c, user, func() error {
 			m.mu.Lock()
 			n := m.localUser[user]
-			if n == 0 {
-				delete(m.heldAt, user)
-			}
 			m.mu.Unlock()
 			return m.storeHeld(ctx, c, user, n)
 		})
-		if err != nil { // it counts a session too many until it runs out or is renewed
+		if err != nil { // it counts a session too many until Housekeep writes it again
 			c.Logger.Debug("recording the end of a local MCP session failed", zap.Error(err))
 		}
 	})

@@ -768,9 +768,6 @@ func (m *Sessions) renewHeld(ctx context.Context, c *Config, users []string) {
 		err := m.callerLocked(ctx, c, user, func() error {
 			m.mu.Lock()
 			n := m.localUser[user]
-			if n == 0 {
-				delete(m.heldAt, user)
-			}
 			m.mu.Unlock()
 			return m.storeHeld(ctx, c, user, n)
 		})

@@ -39,14 +39,16 @@ type Record struct {
 	// until accepted.
 	Changed *Change `json:"changed,omitempty"`
 	// Replaced are the digests of the definitions an administrator's
-	// acceptance replaced, the newest last (at most maxReplaced): what a
+	// acceptances replaced, the newest last (at most maxReplaced): what a
 	// session listed before the acceptance may still hold (see
 	// Pins.check).
 	Replaced []string `json:"replaced,omitempty"`
 }
 
-// maxReplaced bounds Record.Replaced.
-const maxReplaced = 8
+// maxReplaced bounds Record.Replaced: acceptances are an administrator's
+// rare acts, and a session listed before the oldest one kept would record
+// that definition as a change again.
+const maxReplaced = 64
 
 // Change is a definition that differs from the pinned one.
 type Change struct {

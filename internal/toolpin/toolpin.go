@@ -156,16 +156,17 @@ func (v Verdict) Reason(service, tool string) string {
 // change that was waiting (the upstream went back). Off, everything
 // passes.
 func (p *Pins) Check(ctx context.Context, svc *gateway.Service, user, name string, raw []byte) (Verdict, error) {
-	return p.check(ctx, svc, user, name, raw, false)
+	return p.check(ctx, svc, user, name, raw, false, time.Time{})
 }
 
 // CheckCall checks the definition of a tool about to be called, raw (from
 // the MCP session's catalog), against its pin: it must be the pinned one,
 // and no other definition may be waiting for an administrator — the
 // upstream showed a runner another one since toolgate listed its tools.
-// A tool never seen is pinned now.
-func (p *Pins) CheckCall(ctx context.Context, svc *gateway.Service, user, name string, raw []byte) (Verdict, error) {
-	return p.check(ctx, svc, user, name, raw, true)
+// A tool never seen is pinned now. listed is when the session's catalog
+// was listed at the earliest (the session's start).
+func (p *Pins) CheckCall(ctx context.Context, svc *gateway.Service, user, name string, raw []byte, listed time.Time) (Verdict, error) {
+	return p.check(ctx, svc, user, name, raw, true, listed)
 }
 
 // check is Check, or CheckCall for a call: they differ only on the pinned
@@ -181,7 +182,7 @@ func (p *Pins) CheckCall(ctx context.Context, svc *gateway.Service, user, name s
 // listing of theirs since the change showed it to them (Change.ShownTo,
 // kept with the change so that every replica knows it), and is told to
 // list the tools again until then.
-func (p *Pins) check(ctx context.Context, svc *gateway.Service, user, name string, raw []byte, call bool) (Verdict, error) {
+func (p *Pins) check(ctx context.Context, svc *gateway.Service, user, name string, raw []byte, call bool, listed time.Time) (Verdict, error) {
 	if p.cfg.Off {
 		return Verdict{OK: true}, nil
 	}
@@ -192,12 +193,16 @@ func (p *Pins) check(ctx context.Context, svc *gateway.Service, user, name strin
 		return Verdict{}, err
 	case pinned == "":
 		return p.firstSight(ctx, svc.ID, name, digest, raw)
-	case digest != pinned && call && rec != nil && slices.Contains(rec.Replaced, digest):
+	case digest != pinned && call && rec != nil && slices.Contains(rec.Replaced, digest) && listed.Before(rec.Since) &&
+		(rec.Changed == nil || rec.Changed.Digest != digest): // (a change recorded from a listing is refused as one, below)
 		// The session's catalog holds a definition an administrator's
-		// acceptance replaced: it was listed before the acceptance, and
-		// says nothing of what the upstream shows now. Recorded as a
-		// change, it would hide and refuse the accepted definition to
-		// everyone. The caller lists again.
+		// acceptance replaced, and may have been listed before the
+		// acceptance (the session is older): it may say nothing of what
+		// the upstream shows now. Recorded as a change, it would hide and
+		// refuse the accepted definition to everyone. The caller lists
+		// again, and a definition the upstream still shows is recorded by
+		// that listing. (A session started since listed what the upstream
+		// shows: the upstream went back, a change recorded below.)
 		return Verdict{Digest: digest, Pinned: pinned, Relist: true, Stale: true}, nil
 	case digest != pinned:
 		v := Verdict{Digest: digest, Pinned: pinned, Registry: svc.Pin(name) != ""}
@@ -485,7 +490,11 @@ func (p *Pins) AllowCall(w http.ResponseWriter, r *http.Request, call *gateway.C
 	if p.cfg.Off || def == nil {
 		return true
 	}
-	v, err := p.CheckCall(r.Context(), call.Service, call.Caller.User, call.Message.Name, def.Raw)
+	var listed time.Time
+	if call.MCPSession != nil {
+		listed = call.MCPSession.Created
+	}
+	v, err := p.CheckCall(r.Context(), call.Service, call.Caller.User, call.Message.Name, def.Raw, listed)
 	switch {
 	case err != nil:
 		p.logger.Warn("cannot check a tool's pin", zap.String("service", call.Service.ID), zap.Error(err))

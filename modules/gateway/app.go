@@ -765,6 +765,11 @@ func (a *App) Stop() error {
 	for i := len(a.stopHooks) - 1; i >= 0; i-- {
 		a.stopHooks[i]()
 	}
+	if caddy.Exiting() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		a.mcpSessions.Leaving(ctx)
+		cancel()
+	}
 	a.mcpSessions.Detach(a.mcpConfig)
 	a.sessions.stop()
 	if a.connections != nil {

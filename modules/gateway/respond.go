@@ -176,7 +176,7 @@ func AnswerBeforeBody(w http.ResponseWriter, r *http.Request, max int64) *EarlyA
 	}
 	_ = http.NewResponseController(w).EnableFullDuplex()
 	// (HTTP/2 and 3 frame bodies in streams: nothing to guard.)
-	a := &EarlyAnswer{ReadCloser: r.Body, w: w, max: max, framed: r.ProtoMajor != 1}
+	a := &EarlyAnswer{ReadCloser: r.Body, w: w, max: max, framed: r.ProtoMajor != 1, length: r.ContentLength}
 	r.Body = a
 	return a
 }
@@ -189,10 +189,19 @@ type EarlyAnswer struct {
 	max        int64
 	framed     bool // HTTP/2 or 3
 	ended, eof bool // read to an error, which was EOF
+	// length is the body's announced length (-1: unknown), read how much
+	// of it was read: a body read to its length has ended, though the
+	// read that would say EOF was never made (a step reads exactly
+	// Content-Length bytes), and its answer is an answer, not a refusal.
+	length, read int64
 }
 
 func (a *EarlyAnswer) Read(p []byte) (int, error) {
 	n, err := a.ReadCloser.Read(p)
+	a.read += int64(n)
+	if err == nil && !a.ended && a.length >= 0 && a.read >= a.length {
+		a.ended, a.eof = true, true
+	}
 	if err != nil && !a.ended {
 		a.ended, a.eof = true, err == io.EOF
 		if !a.eof {
