@@ -356,12 +356,27 @@ func unescape(s string) (string, bool) {
 	return out, true
 }
 
+// hex4 reads the four hexadecimal digits of a \u escape at s[at:].
 func hex4(s string, at int) (rune, bool) {
 	if at+4 > len(s) {
 		return 0, false
 	}
-	v, err := strconv.ParseUint(s[at:at+4], 16, 32)
-	return rune(v), err == nil
+	var r rune
+	for _, c := range []byte(s[at : at+4]) {
+		var d byte
+		switch {
+		case c >= '0' && c <= '9':
+			d = c - '0'
+		case c >= 'a' && c <= 'f':
+			d = c - 'a' + 10
+		case c >= 'A' && c <= 'F':
+			d = c - 'A' + 10
+		default:
+			return 0, false
+		}
+		r = r<<4 | rune(d)
+	}
+	return r, true
 }
 
 func (p *jsonParser) key() (*ast.Term, error) {

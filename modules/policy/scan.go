@@ -72,8 +72,8 @@ var (
 
 // scanner holds what the scan looks for.
 type scanner struct {
-	anchors   []anchorGroup // the markers of every kind, by anchor
-	invisible []runeRange   // sorted
+	markers   markerIndex // of every kind
+	invisible []runeRange // sorted
 	// asciiInvisible: some invisible character is ASCII (else a string of
 	// ASCII holds none).
 	asciiInvisible bool
@@ -137,7 +137,7 @@ func loadScanner(ctx context.Context, compiler *ast.Compiler, store storage.Stor
 		}
 	}
 	slices.Sort(all)
-	sc.anchors = anchorGroups(slices.Compact(all))
+	sc.markers = newMarkerIndex(slices.Compact(all))
 	sc.secrets, sc.site = loadPatterns(patterns, order, kinds)
 	list, ok := ranges.([]any)
 	if !ok {
@@ -171,10 +171,8 @@ func loadScanner(ctx context.Context, compiler *ast.Compiler, store storage.Stor
 			sc.interesting[b] = true
 		}
 	}
-	for _, g := range sc.anchors {
-		for _, c := range g.cases() {
-			sc.interesting[c] = true
-		}
+	for _, p := range sc.markers.passes {
+		sc.interesting[p.anchor] = true
 	}
 	return sc, nil
 }
@@ -256,175 +254,6 @@ func isASCII(s string) bool {
 		}
 	}
 	return true
-}
-
-// hasMarker reports whether s holds a secret marker: one written in lower
-// case ignoring case, any other exactly (as the policy's holds_marker,
-// which looks for the first kind in folded(s)).
-func (sc *scanner) hasMarker(s string) bool { return sc.hasMarkerIn(s, isASCII(s)) }
-
-// hasMarkerIn is hasMarker for s, which is ASCII or not as ascii says.
-func (sc *scanner) hasMarkerIn(s string, ascii bool) bool {
-	folded := s
-	if !ascii && (strings.Contains(s, "\u212a") || strings.Contains(s, "\u017f") || strings.Contains(s, "\u0130")) {
-		folded = foldToASCII.Replace(s)
-	}
-	found := false
-	sc.eachMarker(s, folded, func(int) bool {
-		found = true
-		return false
-	})
-	return found
-}
-
-// eachMarker calls f with where each marker begins, until f returns false:
-// markers compared exactly are looked for in s, those compared ignoring
-// case in folded (s as hasMarker folds it; where it differs from s, the
-// positions of the two kinds are not comparable).
-func (sc *scanner) eachMarker(s, folded string, f func(at int) bool) {
-	for _, g := range sc.anchors {
-		in := s
-		if g.fold {
-			in = folded
-		}
-		for _, anchor := range g.cases() {
-			for i := 0; ; i++ {
-				j := strings.IndexByte(in[i:], anchor)
-				if j < 0 {
-					break
-				}
-				i += j
-				for _, m := range g.markers {
-					start := i - m.offset
-					if start < 0 {
-						continue
-					}
-					if g.fold && hasPrefixFold(in[start:], m.text) || !g.fold && strings.HasPrefix(in[start:], m.text) {
-						if !f(start) {
-							return
-						}
-						break
-					}
-				}
-			}
-		}
-	}
-}
-
-// foldToASCII writes the three characters outside ASCII that fold to an
-// ASCII letter (in Go's lower case, or in RE2's case-insensitive matching)
-// as that letter: the dotted capital I, the long s and the Kelvin sign.
-// The policy's folded(s) does the same (its lower() maps the first and the
-// last, and it replaces the long s), so that "acce\u017fs_token" or
-// "access_to\u212aen", which a pattern matching in any case matches, count
-// as holding a marker on both sides.
-var foldToASCII = strings.NewReplacer("\u0130", "i", "\u017f", "s", "\u212a", "k")
-
-// hasPrefixFold reports whether s begins with prefix, ignoring ASCII case.
-func hasPrefixFold(s, prefix string) bool {
-	if len(s) < len(prefix) {
-		return false
-	}
-	for i := 0; i < len(prefix); i++ {
-		if lowerASCII(s[i]) != lowerASCII(prefix[i]) {
-			return false
-		}
-	}
-	return true
-}
-
-func lowerASCII(c byte) byte {
-	if c >= 'A' && c <= 'Z' {
-		return c + 'a' - 'A'
-	}
-	return c
-}
-
-// cases is the anchor in both cases when its markers are compared
-// ignoring case and it is a letter.
-func (g anchorGroup) cases() []byte {
-	if l := lowerASCII(g.anchor); g.fold && l >= 'a' && l <= 'z' {
-		return []byte{l, l - 'a' + 'A'}
-	}
-	return []byte{g.anchor}
-}
-
-// A marker is found by looking for its rarest byte (its anchor) with
-// IndexByte, which skips text many bytes at a time, and comparing the
-// marker where the anchor is. Markers sharing an anchor are looked for
-// together. This reads a megabyte of prose in about a tenth of a
-// millisecond, where a search for each marker in turn takes ten times as
-// long.
-type anchorGroup struct {
-	anchor    byte
-	fold      bool // the markers are compared ignoring case (see hasMarker)
-	markers   []anchoredMarker
-	maxOffset int // the largest offset of the anchor in a marker
-}
-
-type anchoredMarker struct {
-	text   string
-	offset int // of the anchor in text
-}
-
-func anchorGroups(markers []string) []anchorGroup {
-	var groups []anchorGroup
-	for _, m := range markers {
-		fold := !strings.ContainsFunc(m, func(r rune) bool { return r >= 'A' && r <= 'Z' })
-		rank := byteRank
-		if fold {
-			rank = foldRank
-		}
-		off := 0
-		for i := 1; i < len(m); i++ {
-			if rank(m[i]) < rank(m[off]) {
-				off = i
-			}
-		}
-		anchor := m[off]
-		if fold {
-			anchor = lowerASCII(anchor)
-		}
-		k := slices.IndexFunc(groups, func(g anchorGroup) bool { return g.anchor == anchor && g.fold == fold })
-		if k < 0 {
-			groups = append(groups, anchorGroup{anchor: anchor, fold: fold})
-			k = len(groups) - 1
-		}
-		groups[k].markers = append(groups[k].markers, anchoredMarker{text: m, offset: off})
-		groups[k].maxOffset = max(groups[k].maxOffset, off)
-	}
-	return groups
-}
-
-// foldRank is how common c is in either case (a marker compared ignoring
-// ASCII case has a letter anchor looked for in both).
-func foldRank(c byte) int {
-	l := lowerASCII(c)
-	if l >= 'a' && l <= 'z' {
-		return byteRank(l) + byteRank(l-'a'+'A')
-	}
-	return byteRank(c)
-}
-
-// byteRank estimates how common c is in the text of tool results (English
-// prose, code, JSON): higher is more common.
-func byteRank(c byte) int {
-	const lower = "zqjxkvbpygfwmucldrhsnioate" // rarest first (English letter frequencies)
-	switch {
-	case c == ' ' || c == '\n' || c == '\t' || c == '\r':
-		return 1000
-	case c >= 'a' && c <= 'z':
-		return 20 + 10*strings.IndexByte(lower, c)
-	case c >= 'A' && c <= 'Z':
-		return 2 + strings.IndexByte(lower, c+'a'-'A')
-	case c >= '0' && c <= '9':
-		return 100
-	case c == '.' || c == ',' || c == '"' || c == ':' || c == '/' || c == '-':
-		return 150
-	case c >= utf8.RuneSelf:
-		return 0
-	}
-	return 30
 }
 
 // scanEntries collects the scan's list and sizes.

@@ -297,7 +297,7 @@ func entries(t *testing.T, scan *ast.Term) []*ast.Term {
 }
 
 func TestScanFindsMarkersAnywhere(t *testing.T) {
-	sc := &scanner{anchors: anchorGroups([]string{"AKIA", "bearer", "ghp_", "github_pat_", "eyJ"})}
+	sc := &scanner{markers: newMarkerIndex([]string{"AKIA", "bearer", "ghp_", "github_pat_", "eyJ"})}
 	for _, m := range []string{"AKIA", "bearer", "ghp_", "github_pat_", "eyJ"} {
 		for _, filler := range []string{"", "x", strings.Repeat("by bob ", 2000), strings.Repeat("_", 3000), strings.Repeat("eyeyey", 1000)} {
 			for _, s := range []string{m + filler, filler + m, filler + m + filler, filler[:len(filler)/2] + m + filler[len(filler)/2:]} {

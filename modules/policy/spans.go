@@ -197,12 +197,7 @@ func (sc *scanner) crossesOnceRedacted(texts []string) bool {
 // them, or across the boundaries between them (the last bytes before a
 // boundary, however many texts they come from, and the first after it).
 func (sc *scanner) markerIn(texts []string) bool {
-	longest := 0
-	for _, g := range sc.anchors {
-		for _, m := range g.markers {
-			longest = max(longest, len(m.text))
-		}
-	}
+	longest := sc.markers.longest
 	tail := ""
 	for _, t := range texts {
 		if sc.hasMarker(t) || tail != "" && sc.hasMarker(tail+t[:min(len(t), longest-1)]) {
@@ -259,7 +254,7 @@ func (sc *scanner) spanWindows(s string) [][2]int {
 // text it does not fold), at most limit of them.
 func (sc *scanner) markerPositions(s string, limit int) []int {
 	var at []int
-	sc.eachMarker(s, s, func(p int) bool {
+	sc.markers.eachMarker(s, s, func(p int) bool {
 		at = append(at, p)
 		return len(at) < limit
 	})

@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"strconv"
 	"strings"
 	"testing"
 
@@ -55,5 +56,15 @@ func BenchmarkUnescape(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+func TestHex4(t *testing.T) {
+	for _, s := range []string{"0000", "00e9", "00E9", "ffff", "FFFF", "d83d", "12ab", "0x12", "+123", "12_3", "g000", "123", "00é"} {
+		want, err := strconv.ParseUint(s, 16, 32)
+		got, ok := hex4(s, 0)
+		if ok != (err == nil && len(s) == 4) || ok && got != rune(want) {
+			t.Errorf("hex4(%q) = %x %v, strconv reads %x %v", s, got, ok, want, err)
+		}
 	}
 }
