@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -279,5 +280,79 @@ func TestBrowserToolChange(t *testing.T) {
 	// Someone who is not an administrator of pins is refused the page.
 	if status, _ := g.signedIn(t, aliceKey).get(g.URL + "/console/tools"); status != http.StatusForbidden {
 		t.Errorf("alice opening the Tools page: %d, want 403", status)
+	}
+}
+
+// An administrator accepts a changed definition of a registry-pinned tool
+// the documented way: the pin line names the digest GET /v1/tool-pins
+// shows waiting, and the configuration is reloaded. A runner's MCP
+// session listed before the change still holds the old definition in its
+// catalog. Its call must not record the old definition as a new change
+// (which would hide and refuse the accepted definition to everyone, and
+// ask the administrators to pin the old one back): it is told to list the
+// tools again, whether it calls before anyone lists the accepted
+// definition after the reload or after.
+func TestRegistryPinLineAcceptanceHoldsAgainstStaleSessions(t *testing.T) {
+	for _, staleFirst := range []bool{true, false} {
+		t.Run(fmt.Sprintf("stale call first %v", staleFirst), func(t *testing.T) {
+			up := startSmallUpstream(t, "weather", weatherTool)
+			port := freePort(t)
+			cfg := gatewayConfig{Upstream: up.URL, Tools: "weather", DataDir: t.TempDir()}
+			g := startGatewayOnPort(t, port, cfg)
+			bob := g.raw(t, bobKey, g.createSession(t, bobKey, "svc"), "svc")
+			bob.initialize()
+			if names := listedTools(t, bob); len(names) != 1 {
+				t.Fatalf("bob's listing before the change: %v", names)
+			}
+			mustSucceed(t, bob.call(1, "weather", `{"city":"Oslo"}`))
+
+			up.addTool(&mcp.Tool{Name: "weather", Annotations: weatherTool.Annotations, Description: "Reports the weather for a city, in Celsius."})
+			carol := g.raw(t, carolKey, g.createSession(t, carolKey, "svc"), "svc")
+			carol.initialize()
+			if names := listedTools(t, carol); len(names) != 0 {
+				t.Fatalf("carol's listing after the change: %v, want weather hidden", names)
+			}
+			rec := fixWeatherPin(t, g)
+			if rec.Changed == nil {
+				t.Fatalf("no change waiting: %+v", rec)
+			}
+			accepted := rec.Changed.Digest
+
+			cfg.ServiceExtra = "pin weather " + accepted
+			g2 := startGatewayOnPort(t, port, cfg)
+			reopen := func(m *rawMCP, key string) *rawMCP {
+				n := g2.raw(t, key, m.headers["X-Toolgate-Session"], "svc")
+				n.sessionID = m.sessionID
+				return n
+			}
+			bob, carol = reopen(bob, bobKey), reopen(carol, carolKey)
+			staleCall := func() {
+				t.Helper()
+				ans := string(bob.call(2, "weather", `{"city":"Oslo"}`))
+				if !strings.Contains(ans, `"isError":true`) || !strings.Contains(ans, "list the tools again") {
+					t.Errorf("bob's call from his catalog listed before the change, after the pin line accepted it: %.400s, want to be told to list again", ans)
+				}
+			}
+			if staleFirst {
+				staleCall()
+			}
+			if names := listedTools(t, carol); len(names) != 1 {
+				t.Errorf("carol's listing after the pin line named the change: %v, want weather", names)
+			}
+			if !staleFirst {
+				staleCall()
+			}
+			if got := string(carol.call(3, "weather", `{"city":"Oslo"}`)); !strings.Contains(got, "weather {") {
+				t.Errorf("carol's call of the definition the pin line accepted, after bob's stale call: %.400s, want it to run", got)
+			}
+			if rec := fixWeatherPin(t, g2); rec.Changed != nil {
+				t.Errorf("a change waits after the pin line accepted one: %s (pinned %s)", rec.Changed.Digest, accepted)
+			}
+			// Bob lists, as told, and calls the accepted definition.
+			if names := listedTools(t, bob); len(names) != 1 {
+				t.Errorf("bob's listing after the reload: %v", names)
+			}
+			mustSucceed(t, bob.call(4, "weather", `{"city":"Oslo"}`))
+		})
 	}
 }

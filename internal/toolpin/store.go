@@ -52,7 +52,10 @@ const maxReplaced = 64
 
 // Change is a definition that differs from the pinned one.
 type Change struct {
-	Digest string    `json:"digest"`
+	Digest string `json:"digest"`
+	// Pinned is the digest the tool was pinned to when the change was
+	// seen: what a pin line naming the change replaces.
+	Pinned string    `json:"pinned,omitempty"`
 	SeenAt time.Time `json:"seen_at"`
 	// Definition is the tool as the upstream sent it, for the
 	// administrator to read before accepting it.

@@ -188,6 +188,12 @@ func (p *Pins) check(ctx context.Context, svc *gateway.Service, user, name strin
 	}
 	digest := p.digests.of(raw)
 	pinned, rec, err := p.pinned(ctx, svc, name)
+	if err == nil && rec != nil && rec.Changed != nil && rec.Changed.Digest == pinned {
+		// The registry's pin line names the change: it is accepted, and
+		// what it replaced is stale, as after an acceptance through the
+		// API, whatever this check is of.
+		rec, err = p.registryPinned(ctx, svc.ID, name, pinned)
+	}
 	switch {
 	case err != nil:
 		return Verdict{}, err
@@ -212,9 +218,6 @@ func (p *Pins) check(ctx context.Context, svc *gateway.Service, user, name strin
 			p.notShownTo(ctx, svc.ID, name, rec.Changed.Digest, listerOf(user))
 		}
 		return v, p.changed(ctx, svc.ID, name, v, raw)
-	case rec != nil && rec.Changed != nil && rec.Changed.Digest == pinned:
-		// The registry's pin line names the change: it is accepted.
-		return Verdict{OK: true, Digest: digest}, p.ended(ctx, svc.ID, name, digest, rec.Changed.Digest, "registry_pinned")
 	case rec != nil && rec.Changed != nil && svc.PerUserCredentials():
 		who := listerOf(user)
 		switch {
@@ -230,7 +233,7 @@ func (p *Pins) check(ctx context.Context, svc *gateway.Service, user, name strin
 	case rec != nil && rec.Changed != nil && call:
 		return Verdict{Digest: rec.Changed.Digest, Pinned: pinned, Registry: svc.Pin(name) != ""}, nil
 	case rec != nil && rec.Changed != nil:
-		return Verdict{OK: true, Digest: digest}, p.ended(ctx, svc.ID, name, digest, rec.Changed.Digest, "reverted")
+		return Verdict{OK: true, Digest: digest}, p.reverted(ctx, svc.ID, name, digest, rec.Changed.Digest)
 	}
 	return Verdict{OK: true, Digest: digest}, nil
 }
@@ -310,13 +313,11 @@ func (p *Pins) shownAfresh(ctx context.Context, service, tool, change, who strin
 	return rec.Changed.Digest == change && rec.Changed.shownTo(who), nil
 }
 
-// ended ends the waiting change of service's tool with digest change
-// (the tool is pinned to digest),
-// unless another replaced it meanwhile, and audits it as event:
-// "reverted" (the upstream showed the pinned definition again, on a
-// service whose callers all see the same) or "registry_pinned" (a pin line
-// names the change's digest now).
-func (p *Pins) ended(ctx context.Context, service, tool, digest, change, event string) error {
+// reverted ends the waiting change of service's tool with digest change
+// (the upstream showed the pinned definition, digest, again, on a service
+// whose callers all see the same), unless another replaced it meanwhile,
+// and audits it.
+func (p *Pins) reverted(ctx context.Context, service, tool, digest, change string) error {
 	var gone *Change
 	_, err := p.store.update(ctx, service, tool, func(cur *Record) *Record {
 		if cur == nil || cur.Changed == nil || cur.Changed.Digest != change {
@@ -327,9 +328,40 @@ func (p *Pins) ended(ctx context.Context, service, tool, digest, change, event s
 		return &next
 	})
 	if gone != nil {
-		p.event(event, service, tool, zap.String("digest", digest), zap.String("withdrawn_digest", gone.Digest))
+		p.event("reverted", service, tool, zap.String("digest", digest), zap.String("withdrawn_digest", gone.Digest))
 	}
 	return err
+}
+
+// registryPinned ends the waiting change of service's tool that the
+// registry's pin line names now (pin): the administrator accepted it
+// there. As an acceptance through the API does, it keeps the digest the
+// change replaced (Record.Replaced) and when (Since): a session listed
+// before holds it, and its calls are told to list again rather than
+// record it as a change (see check). It returns the record as stored.
+func (p *Pins) registryPinned(ctx context.Context, service, tool, pin string) (*Record, error) {
+	var gone *Change
+	rec, err := p.store.update(ctx, service, tool, func(cur *Record) *Record {
+		if cur == nil || cur.Changed == nil || cur.Changed.Digest != pin {
+			return nil
+		}
+		next := *cur
+		gone, next.Changed = cur.Changed, nil
+		old := cur.Changed.Pinned
+		if old == "" {
+			old = cur.Digest
+		}
+		if old != "" && old != pin {
+			next.Replaced = append(slices.Clone(cur.Replaced), old)
+			next.Replaced = next.Replaced[max(0, len(next.Replaced)-maxReplaced):]
+			next.Since = time.Now().UTC()
+		}
+		return &next
+	})
+	if gone != nil {
+		p.event("registry_pinned", service, tool, zap.String("digest", pin), zap.String("withdrawn_digest", gone.Digest))
+	}
+	return rec, err
 }
 
 // firstSight pins a definition seen for the first time, unless another
@@ -375,7 +407,7 @@ func (p *Pins) changed(ctx context.Context, service, tool string, v Verdict, raw
 		if v.Registry {
 			next.Digest, next.AcceptedBy, next.Definition = "", "", nil
 		}
-		next.Changed = &Change{Digest: v.Digest, SeenAt: time.Now().UTC(), Definition: json.RawMessage(slices.Clone(raw))}
+		next.Changed = &Change{Digest: v.Digest, Pinned: v.Pinned, SeenAt: time.Now().UTC(), Definition: json.RawMessage(slices.Clone(raw))}
 		recorded = true
 		return next
 	})
