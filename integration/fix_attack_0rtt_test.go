@@ -7,15 +7,10 @@ package integration
 
 import (
 	"context"
-	"crypto/tls"
-	"net"
 	"net/http"
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/quic-go/quic-go"
-	"github.com/quic-go/quic-go/http3"
 )
 
 // Attack (held): a request of the HTTP API that acts (DELETE
@@ -25,35 +20,11 @@ import (
 // what the runner reads, if anything, is the 425 too_early.
 func TestFixAttackH3ZeroRTTAPIActsNot(t *testing.T) {
 	_, g, m := h2AliceSession(t, "h1 h2 h3", "")
-	tlsConf := g.tlsConfig(http3.NextProtoH3)
-	tlsConf.ClientSessionCache = tls.NewLRUClientSessionCache(8)
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
-	first, err := quic.DialAddr(ctx, g.Addr, tlsConf, &quic.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	callEcho(t, m, (&http3.Transport{}).NewClientConn(first), 40, "first-connection")
-	time.Sleep(300 * time.Millisecond) // the NewSessionTicket arrives
-	_ = first.CloseWithError(0, "")
-
+	tlsConf := h3Ticket(t, ctx, g, m)
 	relay := startHandshakeBlocker(t, g.Addr)
-	pc, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pc.Close()
-	tr := &quic.Transport{Conn: pc}
-	defer tr.Close()
-	conn, err := tr.DialEarly(ctx, relay.ln.LocalAddr(), tlsConf, &quic.Config{})
-	if err != nil {
-		t.Fatalf("dialing with 0-RTT: %v", err)
-	}
-	defer conn.CloseWithError(0, "")
-	str, err := conn.OpenStreamSync(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, str := zeroRTTStream(t, ctx, relay, tlsConf)
 	sess := m.headers["X-Toolgate-Session"]
 	fields := [][2]string{
 		{":method", "DELETE"}, {":scheme", "https"}, {":authority", g.Addr}, {":path", "/v1/sessions/" + sess},

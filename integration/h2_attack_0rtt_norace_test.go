@@ -11,16 +11,11 @@ package integration
 
 import (
 	"context"
-	"crypto/tls"
-	"fmt"
 	"io"
 	"net"
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/quic-go/quic-go"
-	"github.com/quic-go/quic-go/http3"
 )
 
 // Attack (fixed): HTTP/3 0-RTT replay of a tool call. Caddy's QUIC listener
@@ -38,51 +33,13 @@ import (
 // every request received in early data 425 Too Early (gateway.InEarlyData).
 func TestH2AttackH3ZeroRTTToolCallIsReplayable(t *testing.T) {
 	up, g, m := h2AliceSession(t, "h1 h2 h3", "")
-	tlsConf := g.tlsConfig(http3.NextProtoH3)
-	tlsConf.ClientSessionCache = tls.NewLRUClientSessionCache(8)
-	qconf := &quic.Config{}
-
-	// A first connection: a call, and the session ticket it leaves.
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
-	first, err := quic.DialAddr(ctx, g.Addr, tlsConf, qconf)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cc := (&http3.Transport{}).NewClientConn(first)
-	callEcho(t, m, cc, 40, "first-connection")
-	time.Sleep(300 * time.Millisecond) // the NewSessionTicket arrives
-	_ = first.CloseWithError(0, "")
+	tlsConf := h3Ticket(t, ctx, g, m)
 
 	// The second, resumed: its call in 0-RTT, its handshake never done.
 	relay := startHandshakeBlocker(t, g.Addr)
-	pc, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pc.Close()
-	tr := &quic.Transport{Conn: pc}
-	defer tr.Close()
-	conn, err := tr.DialEarly(ctx, relay.ln.LocalAddr(), tlsConf, qconf)
-	if err != nil {
-		t.Fatalf("dialing with 0-RTT: %v", err)
-	}
-	defer conn.CloseWithError(0, "")
-	str, err := conn.OpenStreamSync(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	body := echoCall(41, "zero-rtt-call")
-	fields := [][2]string{
-		{":method", "POST"}, {":scheme", "https"}, {":authority", g.Addr}, {":path", "/v1/mcp/svc"},
-		{"content-type", "application/json"}, {"accept", "application/json, text/event-stream"},
-		{"authorization", "Bearer " + aliceKey}, {"x-toolgate-session", m.headers["X-Toolgate-Session"]},
-		{"mcp-session-id", m.sessionID}, {"mcp-protocol-version", "2025-11-25"},
-		{"content-length", fmt.Sprint(len(body))},
-	}
-	if err := h3Request(str, fields, body); err != nil {
-		t.Fatal(err)
-	}
+	_, str := zeroRTTCall(t, ctx, g, m, relay, tlsConf, "zero-rtt-call")
 	// What the gateway answers, if anything reaches the runner.
 	answer := make(chan string, 1)
 	go func() {
@@ -132,17 +89,9 @@ func TestH2AttackH3ZeroRTTToolCallIsReplayable(t *testing.T) {
 // handshake is done.
 func TestH2AttackH3ZeroRTTReplayRunsACallTwice(t *testing.T) {
 	up, g, m := h2AliceSession(t, "h1 h2 h3", "")
-	tlsConf := g.tlsConfig(http3.NextProtoH3)
-	tlsConf.ClientSessionCache = tls.NewLRUClientSessionCache(8)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	first, err := quic.DialAddr(ctx, g.Addr, tlsConf, &quic.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	callEcho(t, m, (&http3.Transport{}).NewClientConn(first), 40, "first-connection")
-	time.Sleep(300 * time.Millisecond) // the NewSessionTicket arrives
-	_ = first.CloseWithError(0, "")
+	tlsConf := h3Ticket(t, ctx, g, m)
 
 	// The runner's call, in 0-RTT, through a relay that records. It is
 	// answered, or refused as early data (425): either way it runs at

@@ -9,9 +9,11 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/quic-go/qpack"
 	"github.com/quic-go/quic-go"
+	"github.com/quic-go/quic-go/http3"
 )
 
 // quicVarint appends v as a QUIC variable-length integer.
@@ -202,11 +204,27 @@ func h3Request(str *quic.Stream, fields [][2]string, body string) error {
 	return str.Close()
 }
 
-// zeroRTTCall resumes a QUIC session with the gateway through relay
-// (its ticket from an earlier connection in tlsConf's cache) and sends a
-// tools/call of echo with text in 0-RTT; it returns the connection and
-// the stream.
-func zeroRTTCall(t *testing.T, ctx context.Context, g *h2Gateway, m *rawMCP, relay *handshakeBlocker, tlsConf *tls.Config, text string) (*quic.Conn, *quic.Stream) {
+// h3Ticket returns a TLS configuration for HTTP/3 to g holding a session
+// ticket: a first connection makes a call of alice's (m) and leaves it.
+func h3Ticket(t *testing.T, ctx context.Context, g *h2Gateway, m *rawMCP) *tls.Config {
+	t.Helper()
+	tlsConf := g.tlsConfig(http3.NextProtoH3)
+	tlsConf.ClientSessionCache = tls.NewLRUClientSessionCache(8)
+	first, err := quic.DialAddr(ctx, g.Addr, tlsConf, &quic.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	callEcho(t, m, (&http3.Transport{}).NewClientConn(first), 40, "first-connection")
+	time.Sleep(300 * time.Millisecond) // the NewSessionTicket arrives
+	_ = first.CloseWithError(0, "")
+	return tlsConf
+}
+
+// zeroRTTStream resumes a QUIC session with the gateway through relay
+// (its ticket in tlsConf's cache, see h3Ticket) and opens a stream in
+// 0-RTT; it returns the connection and the stream.
+func zeroRTTStream(t *testing.T, ctx context.Context, relay *handshakeBlocker, tlsConf *tls.Config) (*quic.Conn, *quic.Stream) {
+	t.Helper()
 	pc, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
 	if err != nil {
 		t.Fatal(err)
@@ -218,10 +236,19 @@ func zeroRTTCall(t *testing.T, ctx context.Context, g *h2Gateway, m *rawMCP, rel
 	if err != nil {
 		t.Fatalf("dialing with 0-RTT: %v", err)
 	}
+	t.Cleanup(func() { _ = conn.CloseWithError(0, "") })
 	str, err := conn.OpenStreamSync(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
+	return conn, str
+}
+
+// zeroRTTCall sends a tools/call of echo with text in 0-RTT (see
+// zeroRTTStream); it returns the connection and the stream.
+func zeroRTTCall(t *testing.T, ctx context.Context, g *h2Gateway, m *rawMCP, relay *handshakeBlocker, tlsConf *tls.Config, text string) (*quic.Conn, *quic.Stream) {
+	t.Helper()
+	conn, str := zeroRTTStream(t, ctx, relay, tlsConf)
 	body := echoCall(41, text)
 	fields := [][2]string{
 		{":method", "POST"}, {":scheme", "https"}, {":authority", g.Addr}, {":path", "/v1/mcp/svc"},
