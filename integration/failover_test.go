@@ -52,7 +52,7 @@ func TestReplicaKilledUnderLoad(t *testing.T) {
 	var replicas []*replica
 	var backends []string
 	for range 3 { // one after the other: the first creates the cipher key
-		r := startReplicaAt(t, bin, freePort(t), lb.URL, block, data, testdataPath(t, "policy"))
+		r := startReplicaAt(t, bin, freePort(t), lb.URL, block, data, testdataPath(t, "policy"), "")
 		replicas = append(replicas, r)
 		backends = append(backends, strings.TrimPrefix(r.URL, "http://"))
 	}

@@ -31,50 +31,7 @@ func rpaHoldReplicas(t *testing.T, wait string) (up *upstream, a, b *replica, ds
 	policies := testdataPath(t, "approvals")
 	start = func() *replica {
 		port := freePort(t)
-		base := fmt.Sprintf("http://127.0.0.1:%d", port)
-		caddyfile := fmt.Sprintf(`{
-	admin off
-	auto_https off
-	persist_config off
-	storage file_system %[3]s/caddy
-	log {
-		level WARN
-	}
-	toolgate {
-		public_url %[1]s
-		%[2]s
-	}
-}
-
-http://:%[5]d {
-	bind 127.0.0.1
-	@mcp path /v1/mcp /v1/mcp/*
-	route @mcp {
-		toolgate_session
-		toolgate_registry
-		toolgate_policy {
-			source %[4]s
-			timeout 30s
-			approval_wait %[6]s
-		}
-		toolgate_credentials
-		toolgate_result_policy {
-			source %[4]s
-			timeout 30s
-		}
-		toolgate_proxy
-	}
-	toolgate_api
-	toolgate_console {
-		api_key_login
-	}
-}
-`, base, block, data, policies, port, wait)
-		p := startProcess(t, bin, "toolgate at "+base, caddyfile, nil, func() bool {
-			status, err := httpStatus(base + "/.well-known/oauth-protected-resource")
-			return err == nil && status == http.StatusOK
-		})
-		return &replica{gateway: &gateway{URL: base, DataDir: data}, process: p}
+		return startReplicaAt(t, bin, port, fmt.Sprintf("http://127.0.0.1:%d", port), block, data, policies, "approval_wait "+wait)
 	}
 	a = start() // the first creates the cipher key
 	b = start()

@@ -60,6 +60,36 @@ func rpaKillListeners(t *testing.T, admin *pgx.Conn, db string) int {
 	return n
 }
 
+// rpaAlice is two replicas on PostgreSQL in front of an echo upstream,
+// and alice's MCP session through b.
+type rpaAlice struct {
+	up    *upstream
+	a, b  *replica
+	admin *pgx.Conn // on the replicas' database, db
+	db    string
+	sess  string  // alice's toolgate session, created through a
+	mb    *rawMCP // her MCP session, initialized through b, which made a call
+}
+
+// rpaAliceOnB starts an rpaAlice; extra are more lines of the replicas'
+// toolgate block.
+func rpaAliceOnB(t *testing.T, extra string) rpaAlice {
+	t.Helper()
+	x := rpaAlice{up: startUpstream(t)}
+	var dsn string
+	x.a, x.b, dsn = soReplicas(t, testdataPath(t, "policy"), func(storage, data string) string {
+		return soBlock(storage, data, x.up.URL, "echo", "", extra)
+	})
+	x.admin, x.db = rpaAdmin(t, dsn)
+	x.sess = x.a.createSession(t, aliceKey, "svc")
+	x.mb = x.b.raw(t, aliceKey, x.sess, "svc")
+	x.mb.initialize()
+	if ok, ans := rpaEcho(x.mb, 1, "before"); !ok {
+		t.Fatalf("alice's call through b: %s", ans)
+	}
+	return x
+}
+
 // rpaEcho is alice's echo through m, reporting whether it ran (a result
 // with the text, not an error).
 func rpaEcho(m *rawMCP, id int, text string) (bool, string) {
@@ -80,17 +110,8 @@ func rpaEcho(m *rawMCP, id int, text string) (bool, string) {
 // refuses the ended session within the README's two seconds, and the
 // upstream sees no call of it after that.
 func TestReplicaAttackListenerKilledSessionEndStillSeen(t *testing.T) {
-	up := startUpstream(t)
-	a, b, dsn := soReplicas(t, testdataPath(t, "policy"), func(storage, data string) string {
-		return soBlock(storage, data, up.URL, "echo", "", "")
-	})
-	admin, db := rpaAdmin(t, dsn)
-	sess := a.createSession(t, aliceKey, "svc")
-	mb := b.raw(t, aliceKey, sess, "svc")
-	mb.initialize()
-	if ok, ans := rpaEcho(mb, 1, "before"); !ok {
-		t.Fatalf("alice's call through b: %s", ans)
-	}
+	x := rpaAliceOnB(t, "")
+	up, a, admin, db, sess, mb := x.up, x.a, x.admin, x.db, x.sess, x.mb
 	if n := rpaKillListeners(t, admin, db); n < 2 {
 		t.Fatalf("ended %d listening connections, want both replicas'", n)
 	}
@@ -127,17 +148,8 @@ func TestReplicaAttackListenerKilledSessionEndStillSeen(t *testing.T) {
 // lost its connection, the copies are dropped and trusted for cache_ttl
 // only: b refuses (403, session not found).
 func TestReplicaAttackListenerCannotReconnectEndedSessionLivesOn(t *testing.T) {
-	up := startUpstream(t)
-	a, b, dsn := soReplicas(t, testdataPath(t, "policy"), func(storage, data string) string {
-		return soBlock(storage, data, up.URL, "echo", "", "cache_ttl 2s")
-	})
-	admin, db := rpaAdmin(t, dsn)
-	sess := a.createSession(t, aliceKey, "svc")
-	mb := b.raw(t, aliceKey, sess, "svc")
-	mb.initialize()
-	if ok, ans := rpaEcho(mb, 1, "before"); !ok {
-		t.Fatalf("alice's call through b: %s", ans)
-	}
+	x := rpaAliceOnB(t, "cache_ttl 2s")
+	up, a, b, admin, db, sess, mb := x.up, x.a, x.b, x.admin, x.db, x.sess, x.mb
 	// Warm a's and b's pools with a few connections each (they keep them).
 	for range 3 {
 		a.createSession(t, bobKey, "svc")

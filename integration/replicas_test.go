@@ -142,14 +142,15 @@ func startReplicaWith(t testing.TB, bin, toolgateBlock, dataDir, policyDir strin
 	t.Helper()
 	port := freePort(t)
 	base := fmt.Sprintf("http://127.0.0.1:%d", port)
-	return startReplicaAt(t, bin, port, base, toolgateBlock, dataDir, policyDir)
+	return startReplicaAt(t, bin, port, base, toolgateBlock, dataDir, policyDir, "")
 }
 
 // startReplicaAt is startReplicaWith on port, with publicURL as the
-// gateway's public_url (a load balancer's, for replicas behind one); its
-// site answers any host, like a replica behind a load balancer, and serves
-// the federated endpoint (/v1/mcp) besides the services' endpoints.
-func startReplicaAt(t testing.TB, bin string, port int, publicURL, toolgateBlock, dataDir, policyDir string) *replica {
+// gateway's public_url (a load balancer's, for replicas behind one) and
+// policyExtra in its toolgate_policy block; its site answers any host,
+// like a replica behind a load balancer, and serves the federated
+// endpoint (/v1/mcp) besides the services' endpoints.
+func startReplicaAt(t testing.TB, bin string, port int, publicURL, toolgateBlock, dataDir, policyDir, policyExtra string) *replica {
 	t.Helper()
 	base := fmt.Sprintf("http://127.0.0.1:%d", port)
 	caddyfile := fmt.Sprintf(`{
@@ -176,6 +177,7 @@ http://:%[5]d {
 		toolgate_policy {
 			source %[4]s
 			timeout 30s
+			%[6]s
 		}
 		toolgate_credentials
 		toolgate_result_policy {
@@ -189,7 +191,7 @@ http://:%[5]d {
 		api_key_login
 	}
 }
-`, publicURL, toolgateBlock, dataDir, policyDir, port)
+`, publicURL, toolgateBlock, dataDir, policyDir, port, policyExtra)
 	ready := func() bool {
 		status, err := httpStatus(base + "/.well-known/oauth-protected-resource")
 		return err == nil && status == http.StatusOK
