@@ -25,8 +25,11 @@ import (
 type Record struct {
 	Service string `json:"service"`
 	Tool    string `json:"tool"`
-	// Digest is the accepted definition's; "" when the registry pins the
-	// tool (its pin line is the accepted digest then).
+	// Digest is the accepted definition's: first seen, accepted by an
+	// administrator, or named by the registry's pin line when the tool was
+	// last checked (while there is a pin line, it is what counts; once it
+	// is removed, the tool stays pinned to the digest it named). Records
+	// of earlier versions have "" for a registry-pinned tool.
 	Digest string    `json:"digest,omitempty"`
 	Since  time.Time `json:"since"`
 	// AcceptedBy is the administrator who accepted Digest; "" for a
@@ -39,10 +42,20 @@ type Record struct {
 	// until accepted.
 	Changed *Change `json:"changed,omitempty"`
 	// Replaced are the digests of the definitions an administrator's
-	// acceptances replaced, the newest last (at most maxReplaced): what a
-	// session listed before the acceptance may still hold (see
-	// Pins.check).
+	// acceptances and the registry's pin lines replaced, the newest last
+	// (at most maxReplaced): what a session listed before Since may still
+	// hold (see Pins.check). "unknown" stands for a registry pin a record
+	// of an earlier version did not keep: any digest.
 	Replaced []string `json:"replaced,omitempty"`
+}
+
+// unknownReplaced in Record.Replaced is a replaced digest not known.
+const unknownReplaced = "unknown"
+
+// replaced reports whether digest is one that r's acceptances or pin lines
+// replaced.
+func (r *Record) replaced(digest string) bool {
+	return slices.Contains(r.Replaced, digest) || slices.Contains(r.Replaced, unknownReplaced)
 }
 
 // maxReplaced bounds Record.Replaced: acceptances are an administrator's
@@ -52,10 +65,7 @@ const maxReplaced = 64
 
 // Change is a definition that differs from the pinned one.
 type Change struct {
-	Digest string `json:"digest"`
-	// Pinned is the digest the tool was pinned to when the change was
-	// seen: what a pin line naming the change replaces.
-	Pinned string    `json:"pinned,omitempty"`
+	Digest string    `json:"digest"`
 	SeenAt time.Time `json:"seen_at"`
 	// Definition is the tool as the upstream sent it, for the
 	// administrator to read before accepting it.

@@ -188,18 +188,19 @@ func (p *Pins) check(ctx context.Context, svc *gateway.Service, user, name strin
 	}
 	digest := p.digests.of(raw)
 	pinned, rec, err := p.pinned(ctx, svc, name)
-	if err == nil && rec != nil && rec.Changed != nil && rec.Changed.Digest == pinned {
-		// The registry's pin line names the change: it is accepted, and
-		// what it replaced is stale, as after an acceptance through the
-		// API, whatever this check is of.
-		rec, err = p.registryPinned(ctx, svc.ID, name, pinned)
+	if pin := svc.Pin(name); err == nil && pin != "" && rec != nil && rec.Digest != pin {
+		// The registry's pin line is new, or names another digest than
+		// when the tool was last checked (a reload changed it): what it
+		// replaced is stale, as after an acceptance through the API,
+		// whatever this check is of.
+		rec, err = p.registryPinMoved(ctx, svc.ID, name, pin)
 	}
 	switch {
 	case err != nil:
 		return Verdict{}, err
 	case pinned == "":
 		return p.firstSight(ctx, svc.ID, name, digest, raw)
-	case digest != pinned && call && rec != nil && slices.Contains(rec.Replaced, digest) && listed.Before(rec.Since) &&
+	case digest != pinned && call && rec != nil && rec.replaced(digest) && listed.Before(rec.Since) &&
 		(rec.Changed == nil || rec.Changed.Digest != digest): // (a change recorded from a listing is refused as one, below)
 		// The session's catalog holds a definition an administrator's
 		// acceptance replaced, and may have been listed before the
@@ -333,28 +334,31 @@ func (p *Pins) reverted(ctx context.Context, service, tool, digest, change strin
 	return err
 }
 
-// registryPinned ends the waiting change of service's tool that the
-// registry's pin line names now (pin): the administrator accepted it
-// there. As an acceptance through the API does, it keeps the digest the
-// change replaced (Record.Replaced) and when (Since): a session listed
+// registryPinMoved records that the registry's pin line of service's tool
+// names pin now, another digest than the record's: the pin line is new,
+// or a reload changed it. As an acceptance through the API does, it keeps
+// the digest replaced (Record.Replaced) and when (Since): a session listed
 // before holds it, and its calls are told to list again rather than
-// record it as a change (see check). It returns the record as stored.
-func (p *Pins) registryPinned(ctx context.Context, service, tool, pin string) (*Record, error) {
+// record it as a change (see check). A waiting change that pin names
+// ends: the administrator accepted it there. Once the pin line is
+// removed, the tool stays pinned to the digest it named. It returns the
+// record as stored.
+func (p *Pins) registryPinMoved(ctx context.Context, service, tool, pin string) (*Record, error) {
 	var gone *Change
 	rec, err := p.store.update(ctx, service, tool, func(cur *Record) *Record {
-		if cur == nil || cur.Changed == nil || cur.Changed.Digest != pin {
+		if cur == nil || cur.Digest == pin {
 			return nil
 		}
 		next := *cur
-		gone, next.Changed = cur.Changed, nil
-		old := cur.Changed.Pinned
+		old := cur.Digest
 		if old == "" {
-			old = cur.Digest
+			old = unknownReplaced // a record of a version that kept no registry pin
 		}
-		if old != "" && old != pin {
-			next.Replaced = append(slices.Clone(cur.Replaced), old)
-			next.Replaced = next.Replaced[max(0, len(next.Replaced)-maxReplaced):]
-			next.Since = time.Now().UTC()
+		next.Replaced = append(slices.DeleteFunc(slices.Clone(cur.Replaced), func(d string) bool { return d == old }), old)
+		next.Replaced = next.Replaced[max(0, len(next.Replaced)-maxReplaced):]
+		next.Digest, next.Since, next.AcceptedBy, next.Definition = pin, time.Now().UTC(), "", nil
+		if cur.Changed != nil && cur.Changed.Digest == pin {
+			gone, next.Changed, next.Definition = cur.Changed, nil, cur.Changed.Definition
 		}
 		return &next
 	})
@@ -404,10 +408,10 @@ func (p *Pins) changed(ctx context.Context, service, tool string, v Verdict, raw
 			c := *cur
 			next = &c
 		}
-		if v.Registry {
-			next.Digest, next.AcceptedBy, next.Definition = "", "", nil
+		if v.Registry && next.Digest != v.Pinned {
+			next.Digest, next.AcceptedBy, next.Definition = v.Pinned, "", nil
 		}
-		next.Changed = &Change{Digest: v.Digest, Pinned: v.Pinned, SeenAt: time.Now().UTC(), Definition: json.RawMessage(slices.Clone(raw))}
+		next.Changed = &Change{Digest: v.Digest, SeenAt: time.Now().UTC(), Definition: json.RawMessage(slices.Clone(raw))}
 		recorded = true
 		return next
 	})

@@ -136,6 +136,12 @@ func loadScanner(ctx context.Context, compiler *ast.Compiler, store storage.Stor
 			all = append(all, s)
 		}
 	}
+	if slices.ContainsFunc(all, func(m string) bool { return !isASCII(m) }) {
+		// The scan compares markers byte by byte, ignoring ASCII case
+		// only; the policy lower-cases all of Unicode. Such a policy does
+		// without the scan rather than be told a string is clean.
+		return nil, nil
+	}
 	slices.Sort(all)
 	sc.markers = newMarkerIndex(slices.Compact(all))
 	sc.secrets, sc.site = loadPatterns(patterns, order, kinds)
@@ -173,6 +179,13 @@ func loadScanner(ctx context.Context, compiler *ast.Compiler, store storage.Stor
 	}
 	for _, p := range sc.markers.passes {
 		sc.interesting[p.anchor] = true
+	}
+	if slices.ContainsFunc(sc.markers.groups, func(g anchorGroup) bool { return g.fold }) {
+		// The first bytes of the characters foldToASCII writes as a
+		// letter: one may be an anchor, folded.
+		for _, c := range []string{"\u0130", "\u017f", "\u212a"} {
+			sc.interesting[c[0]] = true
+		}
 	}
 	return sc, nil
 }

@@ -197,14 +197,17 @@ func (sc *scanner) crossesOnceRedacted(texts []string) bool {
 // them, or across the boundaries between them (the last bytes before a
 // boundary, however many texts they come from, and the first after it).
 func (sc *scanner) markerIn(texts []string) bool {
-	longest := sc.markers.longest
+	// A marker's part on either side of a boundary is at most longest-1
+	// letters, each at most 3 bytes as sent (the Kelvin sign, which the
+	// fold writes k).
+	reach := 3 * (sc.markers.longest - 1)
 	tail := ""
 	for _, t := range texts {
-		if sc.hasMarker(t) || tail != "" && sc.hasMarker(tail+t[:min(len(t), longest-1)]) {
+		if sc.hasMarker(t) || tail != "" && sc.hasMarker(tail+t[:min(len(t), reach)]) {
 			return true
 		}
 		tail += t
-		tail = tail[max(0, len(tail)-(longest-1)):]
+		tail = tail[max(0, len(tail)-reach):]
 	}
 	return false
 }
