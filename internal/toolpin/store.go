@@ -30,8 +30,13 @@ type Record struct {
 	// last checked (while there is a pin line, it is what counts; once it
 	// is removed, the tool stays pinned to the digest it named). Records
 	// of earlier versions have "" for a registry-pinned tool.
-	Digest string    `json:"digest,omitempty"`
-	Since  time.Time `json:"since"`
+	Digest string `json:"digest,omitempty"`
+	// Registry is the digest the registry's pin line named when toolgate
+	// last saw one ("" if never): a pin line naming another one is a new
+	// acceptance (see Pins.registryPinMoved); one that still names it, on
+	// a replica whose configuration is older, is none.
+	Registry string    `json:"registry,omitempty"`
+	Since    time.Time `json:"since"`
 	// AcceptedBy is the administrator who accepted Digest; "" for a
 	// definition pinned at first sight.
 	AcceptedBy string `json:"accepted_by,omitempty"`

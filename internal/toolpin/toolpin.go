@@ -188,12 +188,14 @@ func (p *Pins) check(ctx context.Context, svc *gateway.Service, user, name strin
 	}
 	digest := p.digests.of(raw)
 	pinned, rec, err := p.pinned(ctx, svc, name)
-	if pin := svc.Pin(name); err == nil && pin != "" && rec != nil && rec.Digest != pin {
+	if pin := svc.Pin(name); err == nil && pin != "" && (rec == nil || rec.Registry != pin && !svc.Loaded().Before(rec.Since)) {
 		// The registry's pin line is new, or names another digest than
-		// when the tool was last checked (a reload changed it): what it
-		// replaced is stale, as after an acceptance through the API,
-		// whatever this check is of.
-		rec, err = p.registryPinMoved(ctx, svc.ID, name, pin)
+		// when the tool was last checked (a reload changed it), and this
+		// configuration is newer than the record's last acceptance (else
+		// it is an older one, still running on this replica during a
+		// rolling reload): what it replaced is stale, as after an
+		// acceptance through the API, whatever this check is of.
+		rec, err = p.registryPinMoved(ctx, svc, name, pin)
 	}
 	switch {
 	case err != nil:
@@ -334,36 +336,59 @@ func (p *Pins) reverted(ctx context.Context, service, tool, digest, change strin
 	return err
 }
 
-// registryPinMoved records that the registry's pin line of service's tool
-// names pin now, another digest than the record's: the pin line is new,
-// or a reload changed it. As an acceptance through the API does, it keeps
-// the digest replaced (Record.Replaced) and when (Since): a session listed
-// before holds it, and its calls are told to list again rather than
-// record it as a change (see check). A waiting change that pin names
-// ends: the administrator accepted it there. Once the pin line is
-// removed, the tool stays pinned to the digest it named. It returns the
-// record as stored.
-func (p *Pins) registryPinMoved(ctx context.Context, service, tool, pin string) (*Record, error) {
+// registryPinMoved records that the registry's pin line of svc's tool
+// names pin now, another digest than when toolgate last saw it
+// (Record.Registry): the pin line is new, or a reload changed it — unless
+// the record was accepted since this configuration was loaded. As an
+// acceptance through the API does, it keeps the digest replaced
+// (Record.Replaced) and when (Since: when this configuration was loaded):
+// a session listed before holds it, and its calls are told to list again
+// rather than record it as a change (see check). A waiting change that
+// pin names ends: the administrator accepted it there; one it does not
+// name stays, and who was shown the pinned definition since it was seen
+// no longer counts (they were shown the replaced one). Once the pin line
+// is removed, the tool stays pinned to the digest it named. It returns
+// the record as stored.
+func (p *Pins) registryPinMoved(ctx context.Context, svc *gateway.Service, tool, pin string) (*Record, error) {
+	loaded := svc.Loaded()
+	since := loaded
+	if now := time.Now().UTC(); since.IsZero() || since.After(now) {
+		since = now
+	}
 	var gone *Change
-	rec, err := p.store.update(ctx, service, tool, func(cur *Record) *Record {
-		if cur == nil || cur.Digest == pin {
+	rec, err := p.store.update(ctx, svc.ID, tool, func(cur *Record) *Record {
+		switch {
+		case cur == nil:
+			return &Record{Service: svc.ID, Tool: tool, Digest: pin, Registry: pin, Since: since}
+		case cur.Registry == pin, loaded.Before(cur.Since):
 			return nil
 		}
 		next := *cur
-		old := cur.Digest
+		old := cur.Registry // the pin line before
+		if old == "" {
+			old = cur.Digest // pinned at first sight or through the API
+		}
 		if old == "" {
 			old = unknownReplaced // a record of a version that kept no registry pin
 		}
-		next.Replaced = append(slices.DeleteFunc(slices.Clone(cur.Replaced), func(d string) bool { return d == old }), old)
-		next.Replaced = next.Replaced[max(0, len(next.Replaced)-maxReplaced):]
-		next.Digest, next.Since, next.AcceptedBy, next.Definition = pin, time.Now().UTC(), "", nil
+		if old != pin {
+			next.Replaced = append(slices.DeleteFunc(slices.Clone(cur.Replaced), func(d string) bool { return d == old }), old)
+			next.Replaced = next.Replaced[max(0, len(next.Replaced)-maxReplaced):]
+			next.Since, next.AcceptedBy, next.Definition = since, "", nil
+			if cur.Changed != nil && cur.Changed.Digest != pin && len(cur.Changed.ShownTo) > 0 {
+				c := *cur.Changed
+				c.ShownTo = nil
+				next.Changed = &c
+			}
+		}
+		next.Digest, next.Registry = pin, pin
 		if cur.Changed != nil && cur.Changed.Digest == pin {
 			gone, next.Changed, next.Definition = cur.Changed, nil, cur.Changed.Definition
 		}
 		return &next
 	})
 	if gone != nil {
-		p.event("registry_pinned", service, tool, zap.String("digest", pin), zap.String("withdrawn_digest", gone.Digest))
+		p.event("registry_pinned", svc.ID, tool, zap.String("digest", pin), zap.String("withdrawn_digest", gone.Digest))
 	}
 	return rec, err
 }
@@ -373,7 +398,10 @@ func (p *Pins) registryPinMoved(ctx context.Context, service, tool, pin string) 
 func (p *Pins) firstSight(ctx context.Context, service, tool, digest string, raw []byte) (Verdict, error) {
 	stored := false
 	rec, err := p.store.update(ctx, service, tool, func(cur *Record) *Record {
-		if cur != nil && cur.Digest != "" {
+		if cur != nil && (cur.Digest != "" || cur.Changed != nil) {
+			// Pinned already; or a record of an earlier version whose pin
+			// line was removed (it kept no digest): its waiting change
+			// stays hidden until an administrator accepts one.
 			return nil
 		}
 		stored = true
@@ -404,12 +432,14 @@ func (p *Pins) changed(ctx context.Context, service, tool string, v Verdict, raw
 			return nil
 		}
 		next := &Record{Service: service, Tool: tool, Since: time.Now().UTC()}
+		if v.Registry {
+			next.Digest, next.Registry = v.Pinned, v.Pinned
+		}
 		if cur != nil {
+			// A pin line's digest is kept by registryPinMoved, not here:
+			// this replica's configuration may be older than the record.
 			c := *cur
 			next = &c
-		}
-		if v.Registry && next.Digest != v.Pinned {
-			next.Digest, next.AcceptedBy, next.Definition = v.Pinned, "", nil
 		}
 		next.Changed = &Change{Digest: v.Digest, SeenAt: time.Now().UTC(), Definition: json.RawMessage(slices.Clone(raw))}
 		recorded = true

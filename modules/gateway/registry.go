@@ -124,6 +124,7 @@ type Service struct {
 	transport     UpstreamTransport
 	transportName string
 	endpoint      string
+	loaded        time.Time // when this configuration was provisioned
 }
 
 // The effects an administrator can declare for a tool (Service.ToolEffects).
@@ -214,6 +215,7 @@ var serviceIDPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$`)
 
 // provision expands placeholders, applies defaults and indexes the service.
 func (s *Service) provision(repl *caddy.Replacer) error {
+	s.loaded = time.Now().UTC()
 	s.URL = repl.ReplaceKnown(s.URL, "")
 	if s.Timeout == 0 {
 		s.Timeout = caddy.Duration(defaultServiceTimeout)
@@ -512,6 +514,10 @@ var pinPattern = regexp.MustCompile(`^sha256:[0-9a-f]{64}$`)
 
 // Pin returns the digest the registry pins tool's definition to, or "".
 func (s *Service) Pin(tool string) string { return s.Pins[tool] }
+
+// Loaded is when the service's configuration was provisioned (zero for a
+// Service not provisioned): a pin line took effect then.
+func (s *Service) Loaded() time.Time { return s.loaded }
 
 // AllowsUser reports whether user may use the service.
 func (s *Service) AllowsUser(user string) bool {

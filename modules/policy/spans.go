@@ -27,9 +27,10 @@ func (e *Refusal) Error() string { return e.Why }
 
 // How much of the joined text around a marker is matched against the
 // patterns: a match of a built-in pattern begins a few characters before
-// its marker and ends with a token; one longer than this (a private key:
-// result.rego withholds those whose BEGIN and END lines are in items that
-// are not consecutive) is not looked for here.
+// its marker and ends with a token (a window is stretched to the end of
+// a longer token, see spanWindows); a longer match of other characters
+// (a private key: result.rego withholds those whose BEGIN and END lines
+// are in items that are not consecutive) is not looked for here.
 const (
 	spanBefore = 128
 	spanAfter  = 4096
@@ -227,7 +228,10 @@ func (sc *scanner) visible(s string) string {
 
 // spanWindows are the stretches of s to match the patterns in: around
 // each marker, or all of s when the policy has kinds without markers, s
-// folds outside ASCII, or it holds too many markers.
+// folds outside ASCII, or it holds too many markers. A window that would
+// end (or begin) inside a run of token characters is stretched to the
+// run's end: a token longer than spanAfter (a JWT with a large payload)
+// is matched whole.
 func (sc *scanner) spanWindows(s string) [][2]int {
 	whole := [][2]int{{0, len(s)}}
 	if sc.site {
@@ -244,6 +248,12 @@ func (sc *scanner) spanWindows(s string) [][2]int {
 	var out [][2]int
 	for _, p := range at {
 		from, to := max(0, p-spanBefore), min(len(s), p+spanAfter)
+		for from > 0 && tokenByte(s[from-1]) {
+			from--
+		}
+		for to < len(s) && tokenByte(s[to]) {
+			to++
+		}
 		if n := len(out); n > 0 && from <= out[n-1][1] {
 			out[n-1][1] = max(out[n-1][1], to)
 			continue
@@ -262,4 +272,10 @@ func (sc *scanner) markerPositions(s string, limit int) []int {
 		return len(at) < limit
 	})
 	return at
+}
+
+// tokenByte reports whether c may be part of a token (base64, base64url,
+// hexadecimal, a JWT's dots).
+func tokenByte(c byte) bool {
+	return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || strings.IndexByte("+/=_-.", c) >= 0
 }
