@@ -54,6 +54,14 @@ type Record struct {
 	Replaced []string `json:"replaced,omitempty"`
 }
 
+// acceptedAfter reports whether r's pin was accepted after loaded (when a
+// configuration was loaded): by an administrator through the API, or by a
+// pin line of a newer configuration. A pin of first sight is no
+// acceptance: a pin line overrides it whenever it was loaded.
+func (r *Record) acceptedAfter(loaded time.Time) bool {
+	return (r.AcceptedBy != "" || r.Registry != "") && loaded.Before(r.Since)
+}
+
 // unknownReplaced in Record.Replaced is a replaced digest not known.
 const unknownReplaced = "unknown"
 

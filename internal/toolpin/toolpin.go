@@ -188,14 +188,16 @@ func (p *Pins) check(ctx context.Context, svc *gateway.Service, user, name strin
 	}
 	digest := p.digests.of(raw)
 	pinned, rec, err := p.pinned(ctx, svc, name)
-	if pin := svc.Pin(name); err == nil && pin != "" && (rec == nil || rec.Registry != pin && !svc.Loaded().Before(rec.Since)) {
+	if pin := svc.Pin(name); err == nil && pin != "" && (rec == nil || rec.Registry != pin && !rec.acceptedAfter(svc.Loaded())) {
 		// The registry's pin line is new, or names another digest than
-		// when the tool was last checked (a reload changed it), and this
-		// configuration is newer than the record's last acceptance (else
-		// it is an older one, still running on this replica during a
-		// rolling reload): what it replaced is stale, as after an
-		// acceptance through the API, whatever this check is of.
+		// when the tool was last checked (a reload changed it), and no
+		// acceptance came after this configuration was loaded (else it is
+		// an older one, still running on this replica during a rolling
+		// reload, and the record's pin is the newer: see pinned): what
+		// it replaced is stale, as after an acceptance through the API,
+		// whatever this check is of.
 		rec, err = p.registryPinMoved(ctx, svc, name, pin)
+		pinned = effectivePin(svc, name, rec)
 	}
 	switch {
 	case err != nil:
@@ -248,13 +250,22 @@ func (p *Pins) pinned(ctx context.Context, svc *gateway.Service, name string) (s
 	if err != nil {
 		return "", nil, err
 	}
-	if pin := svc.Pin(name); pin != "" {
-		return pin, rec, nil
+	return effectivePin(svc, name, rec), rec, nil
+}
+
+// effectivePin is the digest svc's tool is pinned to, rec its record:
+// the registry's pin line, else the record's digest ("" for none yet). A
+// pin line of a configuration older than the record's acceptance (on a
+// replica not reloaded yet) gives way to the record's: the replica
+// follows the newer acceptance rather than record it as a change.
+func effectivePin(svc *gateway.Service, name string, rec *Record) string {
+	if pin := svc.Pin(name); pin != "" && (rec == nil || rec.Registry == pin || !rec.acceptedAfter(svc.Loaded())) {
+		return pin
 	}
 	if rec == nil {
-		return "", nil, nil
+		return ""
 	}
-	return rec.Digest, rec, nil
+	return rec.Digest
 }
 
 // shownTo records that the caller who (see listerOf) was shown the pinned
@@ -360,7 +371,7 @@ func (p *Pins) registryPinMoved(ctx context.Context, svc *gateway.Service, tool,
 		switch {
 		case cur == nil:
 			return &Record{Service: svc.ID, Tool: tool, Digest: pin, Registry: pin, Since: since}
-		case cur.Registry == pin, loaded.Before(cur.Since):
+		case cur.Registry == pin, cur.acceptedAfter(loaded):
 			return nil
 		}
 		next := *cur
@@ -398,10 +409,11 @@ func (p *Pins) registryPinMoved(ctx context.Context, svc *gateway.Service, tool,
 func (p *Pins) firstSight(ctx context.Context, service, tool, digest string, raw []byte) (Verdict, error) {
 	stored := false
 	rec, err := p.store.update(ctx, service, tool, func(cur *Record) *Record {
-		if cur != nil && (cur.Digest != "" || cur.Changed != nil) {
+		if cur != nil {
 			// Pinned already; or a record of an earlier version whose pin
-			// line was removed (it kept no digest): its waiting change
-			// stays hidden until an administrator accepts one.
+			// line was removed (it kept no digest): what the upstream
+			// shows is a change, hidden until an administrator accepts
+			// it.
 			return nil
 		}
 		stored = true
