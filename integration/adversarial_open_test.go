@@ -34,7 +34,7 @@ func TestPinRegistry3AttackUnknownReplacedHidesRugPullInOlderSession(t *testing.
 	c := praDigest(t, first, praDescC)
 	up.addTool(fixWeather(praDescC))
 	bob := praSession(t, g, bobKey)
-	if n := pr3Downgrade(t, cfg.DataDir, "digest", "registry"); n != 1 {
+	if n := praDowngrade(t, cfg.DataDir, "digest", "registry"); n != 1 {
 		t.Fatalf("control: %d pin records rewritten, want 1", n)
 	}
 	g2 := startGatewayOnPort(t, port, cfg)

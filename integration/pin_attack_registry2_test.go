@@ -16,41 +16,11 @@ package integration
 
 import (
 	"net/http"
-	"os"
-	"path/filepath"
-	"regexp"
 	"strings"
 	"testing"
 
 	"github.com/toolgate/toolgate/internal/pgtest"
 )
-
-// pr2Upgrade rewrites the pin records under dataDir as the previous
-// version wrote a registry-pinned tool's (no digest: the pin line was the
-// pin), and returns how many it rewrote.
-func pr2Upgrade(t *testing.T, dataDir string) int {
-	t.Helper()
-	var files []string
-	_ = filepath.Walk(filepath.Join(dataDir, "toolgate", "tool-pins"), func(p string, info os.FileInfo, err error) error {
-		if err == nil && !info.IsDir() && !strings.HasSuffix(p, ".lock") {
-			files = append(files, p)
-		}
-		return nil
-	})
-	digestField := regexp.MustCompile(`^(\{"service":"[^"]*","tool":"[^"]*",)"digest":"[^"]*",`)
-	n := 0
-	for _, f := range files {
-		data, err := os.ReadFile(f)
-		if err != nil || !digestField.Match(data) {
-			continue
-		}
-		if err := os.WriteFile(f, digestField.ReplaceAll(data, []byte("$1")), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		n++
-	}
-	return n
-}
 
 // Attack (fixed): weather is pinned in the registry (pin line A). The hostile
 // upstream rug-pulls it to C: a listing hides it and records C, waiting
@@ -82,7 +52,7 @@ func TestPinRegistry2AttackUpgradeThenPinLineRemovedPinsRugPull(t *testing.T) {
 	if rec := fixWeatherPin(t, g); praWaiting(rec) != c {
 		t.Fatalf("control: the rug pull is not waiting: %+v", rec)
 	}
-	if n := pr2Upgrade(t, cfg.DataDir); n != 1 {
+	if n := praDowngrade(t, cfg.DataDir, "digest", "registry"); n != 1 {
 		t.Fatalf("control: %d pin records rewritten, want 1", n)
 	}
 
@@ -273,7 +243,7 @@ func TestPinRegistry2AttackOldReplicaPinLineUndoesAcceptance(t *testing.T) {
 func TestPinRegistry2AttackUnknownReplacedHidesRugPullFromRecording(t *testing.T) {
 	up := startSmallUpstream(t, "weather", fixWeather(praDescA))
 	cfg, port, _, _, first := praRegistryPinned(t, up, aliceKey)
-	if n := pr2Upgrade(t, cfg.DataDir); n != 1 {
+	if n := praDowngrade(t, cfg.DataDir, "digest", "registry"); n != 1 {
 		t.Fatalf("control: %d pin records rewritten, want 1", n)
 	}
 	c := praDigest(t, first, praDescC)

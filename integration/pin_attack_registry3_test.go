@@ -16,11 +16,7 @@ package integration
 // Held: TestPinRegistry3AttackApiAcceptanceThenOldPinLineReadded
 
 import (
-	"encoding/json"
 	"net/http"
-	"os"
-	"path/filepath"
-	"strings"
 	"testing"
 
 	"github.com/toolgate/toolgate/internal/pgtest"
@@ -265,40 +261,6 @@ func TestPinRegistry3AttackUnnamedPinLineAddedThenRemovedKeepsChange(t *testing.
 	}
 }
 
-// pr3Downgrade rewrites the pin records under dataDir as an earlier
-// toolgate wrote a registry-pinned tool's: without the fields it did not
-// know or left empty (keys), and returns how many it rewrote.
-func pr3Downgrade(t *testing.T, dataDir string, keys ...string) int {
-	t.Helper()
-	var files []string
-	_ = filepath.Walk(filepath.Join(dataDir, "toolgate", "tool-pins"), func(p string, info os.FileInfo, err error) error {
-		if err == nil && !info.IsDir() && !strings.HasSuffix(p, ".lock") {
-			files = append(files, p)
-		}
-		return nil
-	})
-	n := 0
-	for _, f := range files {
-		data, err := os.ReadFile(f)
-		if err != nil {
-			continue
-		}
-		var rec map[string]json.RawMessage
-		if json.Unmarshal(data, &rec) != nil || rec["tool"] == nil {
-			continue
-		}
-		for _, k := range keys {
-			delete(rec, k)
-		}
-		out, _ := json.Marshal(rec)
-		if err := os.WriteFile(f, out, 0o600); err != nil {
-			t.Fatal(err)
-		}
-		n++
-	}
-	return n
-}
-
 // Attack (fixed): weather is pinned in the registry (pin line A) by a record an
 // earlier toolgate wrote (no Digest, no Registry: "Records of earlier
 // versions have "" for a registry-pinned tool", store.go Record.Digest),
@@ -321,7 +283,7 @@ func TestPinRegistry3AttackUpgradeNoChangeThenPinLineRemovedPinsRugPull(t *testi
 	up := startSmallUpstream(t, "weather", fixWeather(praDescA))
 	cfg, port, _, _, first := praRegistryPinned(t, up, aliceKey)
 	c := praDigest(t, first, praDescC)
-	if n := pr3Downgrade(t, cfg.DataDir, "digest", "registry"); n != 1 {
+	if n := praDowngrade(t, cfg.DataDir, "digest", "registry"); n != 1 {
 		t.Fatalf("control: %d pin records rewritten, want 1", n)
 	}
 	up.addTool(fixWeather(praDescC))

@@ -16,7 +16,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"regexp"
 	"strings"
 	"testing"
 
@@ -333,29 +332,10 @@ func praUpgraded(t *testing.T, upgraded bool) {
 
 	// The record as the previous version wrote it for a registry-pinned
 	// tool: no Digest (the pin line was the pin, and was not kept).
-	var files []string
-	_ = filepath.Walk(filepath.Join(cfg.DataDir, "toolgate", "tool-pins"), func(p string, info os.FileInfo, err error) error {
-		if err == nil && !info.IsDir() && !strings.HasSuffix(p, ".lock") {
-			files = append(files, p)
+	if upgraded {
+		if n := praDowngrade(t, cfg.DataDir, "digest", "registry"); n != 1 {
+			t.Fatalf("control: %d pin records rewritten, want 1", n)
 		}
-		return nil
-	})
-	digestField := regexp.MustCompile(`^(\{"service":"[^"]*","tool":"[^"]*",)"digest":"[^"]*",`)
-	edited := 0
-	for _, f := range files {
-		data, err := os.ReadFile(f)
-		if err != nil || !digestField.Match(data) {
-			continue
-		}
-		if upgraded {
-			if err := os.WriteFile(f, digestField.ReplaceAll(data, []byte("$1")), 0o600); err != nil {
-				t.Fatal(err)
-			}
-		}
-		edited++
-	}
-	if edited != 1 {
-		t.Fatalf("control: %d pin records with a digest among %v", edited, files)
 	}
 
 	cfg.ServiceExtra = "pin weather " + b
@@ -490,4 +470,39 @@ func TestPinRegistryAttackPinLineChangedTwiceHoldsAgainstStaleSessions(t *testin
 			}
 		})
 	}
+}
+
+// praDowngrade rewrites the pin records under dataDir as an earlier
+// toolgate wrote a registry-pinned tool's: without the fields it did not
+// know or left empty (keys, say "digest" and "registry"), and returns how
+// many it rewrote.
+func praDowngrade(t *testing.T, dataDir string, keys ...string) int {
+	t.Helper()
+	var files []string
+	_ = filepath.Walk(filepath.Join(dataDir, "toolgate", "tool-pins"), func(p string, info os.FileInfo, err error) error {
+		if err == nil && !info.IsDir() && !strings.HasSuffix(p, ".lock") {
+			files = append(files, p)
+		}
+		return nil
+	})
+	n := 0
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		var rec map[string]json.RawMessage
+		if json.Unmarshal(data, &rec) != nil || rec["tool"] == nil {
+			continue
+		}
+		for _, k := range keys {
+			delete(rec, k)
+		}
+		out, _ := json.Marshal(rec)
+		if err := os.WriteFile(f, out, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		n++
+	}
+	return n
 }
