@@ -273,6 +273,13 @@ func readMessage(w http.ResponseWriter, r *http.Request, max int64, limits mcpms
 	if err != nil {
 		var tooBig *http.MaxBytesError
 		if errors.As(err, &tooBig) {
+			if r.ProtoMajor == 1 {
+				// The rest of the body is not read: the connection ends
+				// after the answer, and the runner must not send its next
+				// request on it (it would read EOF). Over HTTP/2 the
+				// stream alone ends.
+				w.Header().Set("Connection", "close")
+			}
 			gateway.WriteRPCError(w, http.StatusRequestEntityTooLarge, nil, gateway.CodeInvalidRequest,
 				"request body exceeds max_request_size", nil)
 			return mcpmsg.Message{}, false
