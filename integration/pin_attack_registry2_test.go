@@ -18,8 +18,6 @@ import (
 	"net/http"
 	"strings"
 	"testing"
-
-	"github.com/toolgate/toolgate/internal/pgtest"
 )
 
 // Attack (fixed): weather is pinned in the registry (pin line A). The hostile
@@ -174,19 +172,15 @@ func TestPinRegistry2AttackOldReplicaPinLineUndoesAcceptance(t *testing.T) {
 		t.Skip("builds and runs the toolgate binary")
 	}
 	up := startSmallUpstream(t, "weather", fixWeather(praDescA))
-	bin := toolgateBinary(t)
-	dsn := pgtest.Shared(t).CreateDatabase(t)
-	data := t.TempDir()
-	policy := testdataPath(t, "policy")
-	storage := "storage postgres " + dsn
-	b := startReplicaWith(t, bin, soBlock(storage, data, up.URL, "weather", "", ""), data, policy)
+	replica := praReplicas(t, up)
+	b := replica("")
 	carol := b.raw(t, carolKey, b.createSession(t, carolKey, "svc"), "svc")
 	carol.initialize()
 	if names := listedTools(t, carol); len(names) != 1 {
 		t.Fatalf("control: carol's first listing through b %v", names)
 	}
 	first := fixWeatherPin(t, b.gateway)
-	a := startReplicaWith(t, bin, soBlock(storage, data, up.URL, "weather", "pin weather "+first.Digest, ""), data, policy)
+	a := replica("pin weather " + first.Digest)
 
 	up.addTool(fixWeather(praDescB))
 	if names := listedTools(t, carol); len(names) != 0 {

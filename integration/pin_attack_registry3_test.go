@@ -19,7 +19,6 @@ import (
 	"net/http"
 	"testing"
 
-	"github.com/toolgate/toolgate/internal/pgtest"
 	"github.com/toolgate/toolgate/internal/toolpin"
 )
 
@@ -68,13 +67,9 @@ func TestPinRegistry3AttackOldReplicaFirstSightHidesPinLine(t *testing.T) {
 	first := pr3FirstRecord(t, up)
 	c := praDigest(t, first, praDescC)
 
-	bin := toolgateBinary(t)
-	dsn := pgtest.Shared(t).CreateDatabase(t)
-	data := t.TempDir()
-	policy := testdataPath(t, "policy")
-	storage := "storage postgres " + dsn
-	a := startReplicaWith(t, bin, soBlock(storage, data, up.URL, "weather", "pin weather "+first.Digest, ""), data, policy)
-	b := startReplicaWith(t, bin, soBlock(storage, data, up.URL, "weather", "", ""), data, policy)
+	replica := praReplicas(t, up)
+	a := replica("pin weather " + first.Digest)
+	b := replica("")
 
 	up.addTool(fixWeather(praDescC))
 	carol := b.raw(t, carolKey, b.createSession(t, carolKey, "svc"), "svc")
@@ -94,7 +89,7 @@ func TestPinRegistry3AttackOldReplicaFirstSightHidesPinLine(t *testing.T) {
 	a.kill(t)
 
 	// The pin line removed; a reloaded.
-	a2 := startReplicaWith(t, bin, soBlock(storage, data, up.URL, "weather", "", ""), data, policy)
+	a2 := replica("")
 	alice := a2.raw(t, aliceKey, a2.createSession(t, aliceKey, "svc"), "svc")
 	alice.initialize()
 	names := listedTools(t, alice)
@@ -130,19 +125,15 @@ func TestPinRegistry3AttackOldReplicaRefusesAcceptedToFreshSession(t *testing.T)
 		t.Skip("builds and runs the toolgate binary")
 	}
 	up := startSmallUpstream(t, "weather", fixWeather(praDescA))
-	bin := toolgateBinary(t)
-	dsn := pgtest.Shared(t).CreateDatabase(t)
-	data := t.TempDir()
-	policy := testdataPath(t, "policy")
-	storage := "storage postgres " + dsn
-	b := startReplicaWith(t, bin, soBlock(storage, data, up.URL, "weather", "", ""), data, policy)
+	replica := praReplicas(t, up)
+	b := replica("")
 	carol := b.raw(t, carolKey, b.createSession(t, carolKey, "svc"), "svc")
 	carol.initialize()
 	if names := listedTools(t, carol); len(names) != 1 {
 		t.Fatalf("control: carol's first listing through b %v", names)
 	}
 	first := fixWeatherPin(t, b.gateway)
-	a := startReplicaWith(t, bin, soBlock(storage, data, up.URL, "weather", "pin weather "+first.Digest, ""), data, policy)
+	a := replica("pin weather " + first.Digest)
 
 	up.addTool(fixWeather(praDescB))
 	if names := listedTools(t, carol); len(names) != 0 {
@@ -187,20 +178,16 @@ func TestPinRegistry3AttackOldReplicaOldPinLineRefusesNewPin(t *testing.T) {
 		t.Skip("builds and runs the toolgate binary")
 	}
 	up := startSmallUpstream(t, "weather", fixWeather(praDescA))
-	bin := toolgateBinary(t)
-	dsn := pgtest.Shared(t).CreateDatabase(t)
-	data := t.TempDir()
-	policy := testdataPath(t, "policy")
-	storage := "storage postgres " + dsn
-	b := startReplicaWith(t, bin, soBlock(storage, data, up.URL, "weather", "", ""), data, policy)
+	replica := praReplicas(t, up)
+	b := replica("")
 	if names := listedTools(t, praSession(t, b.gateway, carolKey)); len(names) != 1 {
 		t.Fatalf("control: carol's first listing through b %v", names)
 	}
 	first := fixWeatherPin(t, b.gateway)
 	bd := praDigest(t, first, praDescB)
-	a := startReplicaWith(t, bin, soBlock(storage, data, up.URL, "weather", "pin weather "+first.Digest, ""), data, policy)
+	a := replica("pin weather " + first.Digest)
 	up.addTool(fixWeather(praDescB))
-	c := startReplicaWith(t, bin, soBlock(storage, data, up.URL, "weather", "pin weather "+bd, ""), data, policy)
+	c := replica("pin weather " + bd)
 	b.kill(t)
 	if names := listedTools(t, praSession(t, c.gateway, carolKey)); len(names) != 1 {
 		t.Fatalf("control: carol's listing through c (pin line B) %v", names)

@@ -19,6 +19,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/toolgate/toolgate/internal/pgtest"
 	"github.com/toolgate/toolgate/internal/toolpin"
 )
 
@@ -505,4 +506,19 @@ func praDowngrade(t *testing.T, dataDir string, keys ...string) int {
 		n++
 	}
 	return n
+}
+
+// praReplicas returns what starts a replica of the toolgate binary in front
+// of up (tool weather), with pinLine ("" for none) in its service block;
+// every replica it starts shares one new PostgreSQL database and data
+// directory (a rolling reload: replicas on different configurations).
+func praReplicas(t *testing.T, up *smallUpstream) func(pinLine string) *replica {
+	t.Helper()
+	bin := toolgateBinary(t)
+	storage := "storage postgres " + pgtest.Shared(t).CreateDatabase(t)
+	data := t.TempDir()
+	policy := testdataPath(t, "policy")
+	return func(pinLine string) *replica {
+		return startReplicaWith(t, bin, soBlock(storage, data, up.URL, "weather", pinLine, ""), data, policy)
+	}
 }
