@@ -111,14 +111,38 @@ func startGatewayOnPort(t testing.TB, port int, cfg gatewayConfig) *gateway {
 	// old server closes its idle keep-alive connections as it shuts down,
 	// and a POST sent on one of them before the client noticed fails with
 	// EOF (Go resends only idempotent requests). Tests speak to the new
-	// server on new connections, from a pool of its own (see gateway.pool).
+	// server on new connections, from a pool of its own (see gateway.pool);
+	// a test that goes on with the old handle has its pool's idle
+	// connections closed, so its next request dials the new server too.
 	http.DefaultClient.CloseIdleConnections()
 	pool := http.DefaultTransport.(*http.Transport).Clone()
 	t.Cleanup(pool.CloseIdleConnections)
 	g := &gateway{URL: fmt.Sprintf("http://127.0.0.1:%d", port), DataDir: data, pool: pool}
+	for _, old := range portPools.add(port, pool) {
+		old.CloseIdleConnections()
+	}
 	waitListening(t, g.URL)
 	waitOneListener(t, port)
 	return g
+}
+
+// portPools holds the pools of the gateways started on each port, so that
+// a reload can close the idle connections the older handles keep to the
+// server that is shutting down.
+var portPools = &pools{byPort: map[int][]*http.Transport{}}
+
+type pools struct {
+	mu     sync.Mutex
+	byPort map[int][]*http.Transport
+}
+
+// add records pool for port and returns the pools recorded before it.
+func (p *pools) add(port int, pool *http.Transport) []*http.Transport {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	older := p.byPort[port]
+	p.byPort[port] = append(older[:len(older):len(older)], pool)
+	return older
 }
 
 // gatewayDataDir is a new directory for a gateway's storage, removed when

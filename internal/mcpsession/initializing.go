@@ -112,7 +112,7 @@ func (m *Sessions) Leaving(ctx context.Context) {
 // releaseHeld records, in the background, that user holds fewer local
 // sessions here now (one ended).
 func (m *Sessions) releaseHeld(c *Config, user string) {
-	m.background.Go(func() {
+	m.goBackground(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		err := m.callerLocked(ctx, c, user, func() error {

@@ -79,8 +79,11 @@ type Sessions struct {
 	seq     atomic.Uint64
 	reloads chan struct{} // bounds background reads
 	// background counts the reads and ends started in the background,
-	// so that Destruct returns only once none runs (each is bounded).
+	// so that Destruct returns only once none runs (each is bounded);
+	// stopped (under mu) is set by Destruct, and nothing starts after it
+	// (see goBackground).
 	background sync.WaitGroup
+	stopped    bool
 	lastTick   time.Time
 }
 
@@ -143,6 +146,7 @@ func (m *Sessions) Destruct() error {
 	held := slices.Collect(maps.Keys(m.heldAt))
 	clear(m.heldAt)
 	m.started = 0
+	m.stopped = true
 	m.mu.Unlock()
 	for _, s := range all {
 		s.close()
@@ -200,7 +204,7 @@ func (m *Sessions) Detach(c *Config) {
 		// force for good (Caddy stops the old one only once the new one
 		// started): the sessions of services it points elsewhere end now.
 		// Not when it starts: a load Caddy abandons must change nothing.
-		m.background.Go(func() { m.endMovedIfInForce(cur) })
+		m.goBackground(func() { m.endMovedIfInForce(cur) })
 	}
 	prev := c.previous
 	if prev == nil || prev.detached.Load() || !m.config.CompareAndSwap(c, prev) {
@@ -213,7 +217,7 @@ func (m *Sessions) Detach(c *Config) {
 		// Sessions initialized through the abandoned configuration, with
 		// an upstream the one in force again does not name, end (their
 		// initialize's own look, moved, left them to this).
-		m.background.Go(func() { m.endMovedIfInForce(prev) })
+		m.goBackground(func() { m.endMovedIfInForce(prev) })
 	}
 }
 
@@ -390,12 +394,30 @@ func (m *Sessions) reloadLater(s *Session) {
 	default:
 		return
 	}
-	m.background.Go(func() {
+	started := m.goBackground(func() {
 		defer func() { <-m.reloads }()
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		_ = m.reload(ctx, s)
 	})
+	if !started {
+		<-m.reloads
+	}
+}
+
+// goBackground runs fn on a goroutine of its own that Destruct waits for,
+// unless Destruct has begun: then it runs nothing and returns false. (A
+// call on a retired session that ends after Destruct would otherwise
+// start a storage write that outlives the configuration, and Add the
+// WaitGroup while Destruct waits on it.)
+func (m *Sessions) goBackground(fn func()) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.stopped {
+		return false
+	}
+	m.background.Go(fn)
+	return true
 }
 
 // changed takes an announced change under the MCP session prefix.
@@ -741,7 +763,8 @@ func (m *Sessions) retire(s *Session) {
 // closeLocal closes this replica's copy of s and forgets it.
 func (m *Sessions) closeLocal(s *Session) bool {
 	m.mu.Lock()
-	if m.sessions[s.Ref] == s {
+	held := m.sessions[s.Ref] == s
+	if held {
 		delete(m.sessions, s.Ref)
 		if s.started {
 			m.started--
@@ -753,7 +776,7 @@ func (m *Sessions) closeLocal(s *Session) bool {
 		}
 	}
 	m.mu.Unlock()
-	if s.local && s.started {
+	if held && s.local && s.started { // else whoever forgot s (Destruct) wrote the count
 		if c := m.cfg(); c != nil {
 			m.releaseHeld(c, s.User)
 		}
