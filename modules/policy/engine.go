@@ -57,6 +57,7 @@ type compiled struct {
 	program  *regoplan.Program
 	data     *ast.Term
 	planNote string // why there is no program
+	scanNote string // why the policy gets no result scan though it has the settings
 	// mask is data.toolgate.log.mask, when the policy defines it (it
 	// keeps the compiler too).
 	mask     *rego.PreparedEvalQuery
@@ -191,6 +192,10 @@ func (e *engine) reload(ctx context.Context) error {
 		e.logger().Warn("the policy runs on OPA's evaluator (slower): its plan cannot be run", zap.String("stage", e.stage),
 			zap.Stringer("source", e.source), zap.String("revision", c.revision), zap.String("why", c.planNote))
 	}
+	if c.scanNote != "" && (old == nil || old.scanNote != c.scanNote) {
+		e.logger().Warn("the result policy reads every string of a result (slower): it gets no result scan", zap.String("stage", e.stage),
+			zap.Stringer("source", e.source), zap.String("revision", c.revision), zap.String("why", c.scanNote))
+	}
 	return nil
 }
 
@@ -239,7 +244,7 @@ func (e *engine) compile(v *version) (*compiled, error) {
 	if c.program == nil {
 		c.query = &pq
 	}
-	if c.scanner, err = loadScanner(ctx, compiler, store, e.query); err != nil {
+	if c.scanner, c.scanNote, err = loadScanner(ctx, compiler, store, e.query); err != nil {
 		return nil, err
 	}
 	if len(compiler.GetRulesExact(ast.MustParseRef(maskQuery))) > 0 {

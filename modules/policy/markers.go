@@ -203,7 +203,7 @@ func (sc *scanner) hasMarker(s string) bool { return sc.hasMarkerIn(s, isASCII(s
 // hasMarkerIn is hasMarker for s, which is ASCII or not as ascii says.
 func (sc *scanner) hasMarkerIn(s string, ascii bool) bool {
 	folded := s
-	if !ascii && (strings.Contains(s, "\u212a") || strings.Contains(s, "\u017f") || strings.Contains(s, "\u0130")) {
+	if !ascii && holdsFoldedLetter(s) {
 		folded = foldToASCII.Replace(s)
 	}
 	found := false
@@ -214,14 +214,36 @@ func (sc *scanner) hasMarkerIn(s string, ascii bool) bool {
 	return found
 }
 
-// foldToASCII writes the three characters outside ASCII that fold to an
-// ASCII letter (in Go's lower case, or in RE2's case-insensitive matching)
-// as that letter: the dotted capital I, the long s and the Kelvin sign.
-// The policy's folded(s) does the same (its lower() maps the first and the
-// last, and it replaces the long s), so that "acce\u017fs_token" or
-// "access_to\u212aen", which a pattern matching in any case matches, count
-// as holding a marker on both sides.
-var foldToASCII = strings.NewReplacer("\u0130", "i", "\u017f", "s", "\u212a", "k")
+// foldedLetters are the three characters outside ASCII that fold to an
+// ASCII letter (in Go's lower case, or in RE2's case-insensitive
+// matching), each with that letter: the dotted capital I, the long s and
+// the Kelvin sign. The policy's folded(s) does the same (its lower() maps
+// the first and the last, and it replaces the long s), so that
+// "acce\u017fs_token" or "access_to\u212aen", which a pattern matching in
+// any case matches, count as holding a marker on both sides. Everything
+// in the scan that must see them reads this list: foldToASCII,
+// holdsFoldedLetter, and the scanner's interesting bytes.
+var foldedLetters = [...]struct{ char, letter string }{{"\u0130", "i"}, {"\u017f", "s"}, {"\u212a", "k"}}
+
+// foldToASCII writes each of foldedLetters as its letter.
+var foldToASCII = func() *strings.Replacer {
+	var pairs []string
+	for _, f := range foldedLetters {
+		pairs = append(pairs, f.char, f.letter)
+	}
+	return strings.NewReplacer(pairs...)
+}()
+
+// holdsFoldedLetter reports whether s, which is not ASCII, holds one of
+// foldedLetters: its folded form differs from it.
+func holdsFoldedLetter(s string) bool {
+	for _, f := range foldedLetters {
+		if strings.Contains(s, f.char) {
+			return true
+		}
+	}
+	return false
+}
 
 // hasPrefixFold reports whether s begins with prefix, ignoring ASCII case.
 func hasPrefixFold(s, prefix string) bool {

@@ -23,6 +23,7 @@ import (
 	"testing"
 
 	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/toolgate/toolgate/internal/mcpmsg"
 )
@@ -32,6 +33,12 @@ import (
 // label kept, as the built-in patterns have) and its markers, in
 // secret_patterns, secret_kinds and secret_markers.
 func maEngine(t *testing.T, kind, pattern string, markers ...string) *engine {
+	t.Helper()
+	return maEngineLogged(t, zap.NewNop(), kind, pattern, markers...)
+}
+
+// maEngineLogged is maEngine logging to logger.
+func maEngineLogged(t *testing.T, logger *zap.Logger, kind, pattern string, markers ...string) *engine {
 	t.Helper()
 	dir := shippedPolicies(t, map[string]string{"data.json": `{}`})
 	path := filepath.Join(dir, "result.rego")
@@ -54,7 +61,7 @@ func maEngine(t *testing.T, kind, pattern string, markers ...string) *engine {
 	if err := os.WriteFile(path, []byte(s), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	e, err := newEngine(newSource(dir), "data.toolgate.result.decision", stageResult, evaluatorPlan, 0, zap.NewNop(), policyMetrics)
+	e, err := newEngine(newSource(dir), "data.toolgate.result.decision", stageResult, evaluatorPlan, 0, logger, policyMetrics)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -231,11 +238,15 @@ func TestMarkersAttackHex4ReadsAsEncodingJSON(t *testing.T) {
 // and the gateway's decision passes the password that the long way
 // redacts. (The old search had the same blind spot.) Fixed: a policy
 // with a marker outside ASCII gets no scan (loadScanner), and the policy
-// takes its own long way.
+// takes its own long way; the gateway says so in a warning as it loads it.
 func TestMarkersAttackNonASCIIMarkerInAnotherCase(t *testing.T) {
-	e := maEngine(t, "ru_password", `((?i:пароль)[ \t]*[:=][ \t]*)[A-Za-z0-9]{8,}`, "пароль")
+	core, logs := observer.New(zap.WarnLevel)
+	e := maEngineLogged(t, zap.New(core), "ru_password", `((?i:пароль)[ \t]*[:=][ \t]*)[A-Za-z0-9]{8,}`, "пароль")
 	if e.current.Load().scanner != nil {
 		t.Error("a policy with a marker outside ASCII gets the scan, which folds ASCII only")
+	}
+	if got := logs.FilterMessageSnippet("no result scan").FilterFieldKey("why").All(); len(got) != 1 {
+		t.Errorf("loading a policy with a marker outside ASCII logged %d warnings that it gets no scan: %v", len(got), logs.All())
 	}
 	for _, text := range []string{"пароль: hunter2hunter2", "ПАРОЛЬ: hunter2hunter2", "Пароль: hunter2hunter2",
 		"log line " + strings.Repeat("ok ", 30) + "ПАРОЛЬ=hunter2hunter2"} {

@@ -91,47 +91,47 @@ type runeRange struct{ lo, hi rune }
 // rule: secret_markers ({"kind": ["marker", …]}) and invisible_ranges
 // ([["200B", "200F"], …], hexadecimal code points). It returns nil (no
 // scan) unless the package defines both, and an error when they are
-// malformed.
-func loadScanner(ctx context.Context, compiler *ast.Compiler, store storage.Store, decision string) (*scanner, error) {
+// malformed. note says why a policy that defines both gets no scan.
+func loadScanner(ctx context.Context, compiler *ast.Compiler, store storage.Store, decision string) (sc *scanner, note string, err error) {
 	ref, err := ast.ParseRef(decision)
 	if err != nil || len(ref) < 2 {
-		return nil, nil
+		return nil, "", nil
 	}
 	pkg := ref[:len(ref)-1].String()
 	markers, err := evalConstant(ctx, compiler, store, pkg+".secret_markers")
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	ranges, err := evalConstant(ctx, compiler, store, pkg+".invisible_ranges")
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	if markers == nil || ranges == nil {
-		return nil, nil
+		return nil, "", nil
 	}
 	patterns, err := evalConstant(ctx, compiler, store, pkg+".all_patterns")
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	order, err := evalConstant(ctx, compiler, store, pkg+".secret_kinds")
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
-	sc := &scanner{}
+	sc = &scanner{}
 	var all []string
 	kinds, ok := markers.(map[string]any)
 	if !ok {
-		return nil, fmt.Errorf("%s.secret_markers must be an object of arrays of strings", pkg)
+		return nil, "", fmt.Errorf("%s.secret_markers must be an object of arrays of strings", pkg)
 	}
 	for kind, list := range kinds {
 		ms, ok := list.([]any)
 		if !ok {
-			return nil, fmt.Errorf("%s.secret_markers[%q] must be an array of strings", pkg, kind)
+			return nil, "", fmt.Errorf("%s.secret_markers[%q] must be an array of strings", pkg, kind)
 		}
 		for _, m := range ms {
 			s, ok := m.(string)
 			if !ok || s == "" {
-				return nil, fmt.Errorf("%s.secret_markers[%q] must hold non-empty strings", pkg, kind)
+				return nil, "", fmt.Errorf("%s.secret_markers[%q] must hold non-empty strings", pkg, kind)
 			}
 			all = append(all, s)
 		}
@@ -140,24 +140,24 @@ func loadScanner(ctx context.Context, compiler *ast.Compiler, store storage.Stor
 		// The scan compares markers byte by byte, ignoring ASCII case
 		// only; the policy lower-cases all of Unicode. Such a policy does
 		// without the scan rather than be told a string is clean.
-		return nil, nil
+		return nil, "a secret marker is not ASCII: the scan compares markers ignoring ASCII case only", nil
 	}
 	slices.Sort(all)
 	sc.markers = newMarkerIndex(slices.Compact(all))
 	sc.secrets, sc.site = loadPatterns(patterns, order, kinds)
 	list, ok := ranges.([]any)
 	if !ok {
-		return nil, fmt.Errorf("%s.invisible_ranges must be an array of [first, last] pairs", pkg)
+		return nil, "", fmt.Errorf("%s.invisible_ranges must be an array of [first, last] pairs", pkg)
 	}
 	for _, r := range list {
 		pair, ok := r.([]any)
 		if !ok || len(pair) != 2 {
-			return nil, fmt.Errorf("%s.invisible_ranges must be an array of [first, last] pairs", pkg)
+			return nil, "", fmt.Errorf("%s.invisible_ranges must be an array of [first, last] pairs", pkg)
 		}
 		lo, okLo := codePoint(pair[0])
 		hi, okHi := codePoint(pair[1])
 		if !okLo || !okHi || hi < lo {
-			return nil, fmt.Errorf("%s.invisible_ranges: %v is not a range of hexadecimal code points", pkg, pair)
+			return nil, "", fmt.Errorf("%s.invisible_ranges: %v is not a range of hexadecimal code points", pkg, pair)
 		}
 		sc.invisible = append(sc.invisible, runeRange{lo, hi})
 	}
@@ -181,13 +181,12 @@ func loadScanner(ctx context.Context, compiler *ast.Compiler, store storage.Stor
 		sc.interesting[p.anchor] = true
 	}
 	if slices.ContainsFunc(sc.markers.groups, func(g anchorGroup) bool { return g.fold }) {
-		// The first bytes of the characters foldToASCII writes as a
-		// letter: one may be an anchor, folded.
-		for _, c := range []string{"\u0130", "\u017f", "\u212a"} {
-			sc.interesting[c[0]] = true
+		// The first bytes of foldedLetters: one may be an anchor, folded.
+		for _, f := range foldedLetters {
+			sc.interesting[f.char[0]] = true
 		}
 	}
-	return sc, nil
+	return sc, "", nil
 }
 
 func codePoint(v any) (rune, bool) {

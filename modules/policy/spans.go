@@ -237,7 +237,7 @@ func (sc *scanner) spanWindows(s string) [][2]int {
 	if sc.site {
 		return whole
 	}
-	if !isASCII(s) && (strings.Contains(s, "\u212a") || strings.Contains(s, "\u017f") || strings.Contains(s, "\u0130")) {
+	if !isASCII(s) && holdsFoldedLetter(s) {
 		return whole
 	}
 	at := sc.markerPositions(s, spanMarkers+1)
