@@ -227,8 +227,11 @@ func (b *Bridge) RoundTrip(r *http.Request) (*http.Response, error) {
 		s.used()
 	}
 	if s != nil && s.link.cfg.OnRequest != nil && !s.link.cfg.OnRequest(r) {
+		// The runner's next requests go to a session of a process holding
+		// the new credential; its calls in progress on this one are
+		// answered first (the old process stops once they are).
 		b.forgetSession(s)
-		s.end("the caller's credential changed")
+		s.retire("the caller's credential changed")
 		return b.gone(r, nil)
 	}
 	switch r.Method {

@@ -41,6 +41,12 @@ type LinkConfig struct {
 	// the one the link was made with (false: the session is treated as
 	// gone, and toolgate_proxy initializes a new one).
 	OnRequest func(r *http.Request) bool
+
+	// LogMalformed, when set, says whether a malformed message the server
+	// sent may be logged (the transport's budget for what a server puts in
+	// the log; it is called from the goroutine that calls Receive). Unset:
+	// each one is.
+	LogMalformed func() bool
 }
 
 // Link is one JSON-RPC connection to an MCP server and the runners' MCP
@@ -100,6 +106,7 @@ type Session struct {
 	getSeq        uint64
 	subscriptions map[string]bool
 	closed        bool
+	retiring      string // why it ends once its requests are answered (see retire)
 
 	lastUsed atomic.Int64 // unix nanoseconds of the last request, stream or message of its runner
 }
@@ -223,7 +230,10 @@ func (l *Link) Initialize(ctx context.Context, params []byte) (string, error) {
 		return "", err
 	}
 	if msg.Result == nil {
-		return "", fmt.Errorf("the server refused to initialize: %s", errorText(msg.Error))
+		// Its code only: the server's words may quote a credential it was
+		// started with (an API key it calls invalid), and this reason is
+		// logged and shown to every runner of the service.
+		return "", fmt.Errorf("the server refused to initialize (%s); its own log may say why", errorCode(msg.Error))
 	}
 	result, version := presentedResult(msg.Result)
 	if version == "" {
@@ -321,8 +331,11 @@ func (l *Link) dropLocked(p *pending) {
 	if p.token != nil {
 		delete(l.tokens, p.key)
 	}
-	if p.session != nil && p.session.requests[mcpmsg.IDKey(p.runnerID)] == p {
-		delete(p.session.requests, mcpmsg.IDKey(p.runnerID))
+	if s := p.session; s != nil && s.requests[mcpmsg.IDKey(p.runnerID)] == p {
+		delete(s.requests, mcpmsg.IDKey(p.runnerID))
+		if s.retiring != "" && len(s.requests) == 0 {
+			go s.end(s.retiring) // it takes the lock held here
+		}
 	}
 }
 
@@ -425,7 +438,9 @@ func (l *Link) Receive(data []byte) {
 		if se, ok := errors.AsType[*mcpmsg.SyntaxError](err); ok {
 			why = se.Redacted()
 		}
-		l.bridge.log().Warn("dropped a malformed message from the server", zap.String("service", l.bridge.service), zap.String("error", why))
+		if l.cfg.LogMalformed == nil || l.cfg.LogMalformed() {
+			l.bridge.log().Warn("dropped a malformed message from the server", zap.String("service", l.bridge.service), zap.String("error", why))
+		}
 		l.malformedAnswer(data, why)
 		return
 	}
@@ -564,9 +579,10 @@ func serverMethodName(method string) string {
 
 // routeLocked picks the session and stream for a server→client message.
 // A request in progress is the likely cause of it; without one, a
-// standalone stream. Every person with a request in progress counts,
-// whether or not their runner could take the message: their call may be
-// the one that caused it, so it must not go to someone else.
+// standalone stream. Every person with a request in progress, and
+// without one every person connected, counts, whether or not their runner
+// could take the message: their call may be the one that caused it, so it
+// must not go to someone else.
 func (l *Link) routeLocked(method string, params []byte) (*Session, *stream, string) {
 	var best *pending
 	users := map[string]bool{}
@@ -597,6 +613,11 @@ func (l *Link) routeLocked(method string, params []byte) (*Session, *stream, str
 	}
 	var target *Session
 	for s := range l.sessions {
+		// Every connected person counts, whether or not their runner could
+		// take the message: it may be about their data (a tool that
+		// answered and works on in the background), so it must not go to
+		// someone else's stream.
+		users[s.User] = true
 		if !s.caps.allows(method, params) {
 			continue
 		}
@@ -604,18 +625,17 @@ func (l *Link) routeLocked(method string, params []byte) (*Session, *stream, str
 		if s.get == nil || !s.get.open() {
 			continue
 		}
-		users[s.User] = true
 		if target == nil || s.getSeq > target.getSeq {
 			target = s
 		}
 	}
 	switch {
-	case len(users) > 1:
-		return nil, nil, "several users are connected to a server they share, and toolgate cannot tell whom it is for"
-	case target != nil:
+	case target != nil && len(users) == 1:
 		return target, target.get, ""
 	case incapableCaller:
 		return nil, nil, "the client whose call is in progress did not declare the capability it needs"
+	case len(users) > 1:
+		return nil, nil, "several users are connected to a server they share, and toolgate cannot tell whom it is for"
 	case !capable:
 		return nil, nil, "no connected client declared the capability it needs"
 	}
@@ -722,9 +742,10 @@ const maxOwnSends = 8
 // answerTimeout bounds sending a message of toolgate's own.
 const answerTimeout = 10 * time.Second
 
-func errorText(errObj []byte) string {
-	if m := gjson.GetBytes(errObj, "message"); m.Type == gjson.String {
-		return m.Str
+// errorCode names the code of a JSON-RPC error object.
+func errorCode(errObj []byte) string {
+	if c := gjson.GetBytes(errObj, "code"); c.Type == gjson.Number && c.Num == float64(int64(c.Num)) {
+		return "JSON-RPC error " + strconv.FormatInt(int64(c.Num), 10)
 	}
-	return "no reason given"
+	return "an error without a code"
 }

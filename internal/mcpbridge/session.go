@@ -35,6 +35,26 @@ func (l *Link) NewSession(ctx context.Context, user string, init mcpmsg.Message)
 	return s
 }
 
+// retire ends s once its requests in progress are answered (at once when
+// none is): a session its runner can no longer reach (the bridge forgot
+// it) whose calls still run. Its standalone stream ends now.
+func (s *Session) retire(reason string) {
+	l := s.link
+	l.mu.Lock()
+	busy := !s.closed && len(s.requests) > 0
+	if busy {
+		s.retiring = reason
+		if s.get != nil {
+			s.get.finish()
+			s.get = nil
+		}
+	}
+	l.mu.Unlock()
+	if !busy {
+		s.end(reason)
+	}
+}
+
 // usableLocked reports whether the session takes requests.
 func (s *Session) usableLocked() bool {
 	return !s.closed && s.link.err == nil && !s.link.retired

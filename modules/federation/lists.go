@@ -141,25 +141,39 @@ func (x *exchange) list(l listing) {
 // stops there, an item listed twice is kept once, and a list with an item
 // runners could not decode is left out whole — each named in the answer's
 // _meta, so that no service can make the merged list fail or grow without
-// bound.
+// bound. A service MCP session the pipeline no longer knows (the caller
+// connected again, or it expired while idle) is initialized again, once,
+// as route does.
 func (x *exchange) listOne(svc *gateway.Service, l listing) ([][]byte, *gap) {
+	out, g, gone := x.listPages(svc, l)
+	if gone {
+		out, g, gone = x.listPages(svc, l)
+	}
+	if gone {
+		return nil, unreachable(svc.ID, errSessionGone)
+	}
+	return out, g
+}
+
+// listPages is listOne with one service MCP session; gone reports that
+// the pipeline did not know it (it is forgotten, and nothing is listed).
+func (x *exchange) listPages(svc *gateway.Service, l listing) (out [][]byte, _ *gap, gone bool) {
 	c, g := x.childSession(x.r.Context(), svc)
 	if g != nil {
-		return nil, g
+		return nil, g, false
 	}
 	if !c.capabilities.Get(l.capability).Exists() {
-		return nil, nil
+		return nil, nil, false
 	}
 	ctx, cancel := context.WithTimeout(x.r.Context(), time.Duration(svc.Timeout))
 	defer cancel()
-	var out [][]byte
 	var cursor string
 	cursors := map[string]bool{}
 	names := map[string]bool{}
 	size, limit := 0, int(x.h.app.MaxResponseBytes)
 	for page := 0; ; page++ {
 		if page == maxPages {
-			return out, listCut(svc.ID, fmt.Sprintf("its list has more than %d pages: the rest is left out", maxPages))
+			return out, listCut(svc.ID, fmt.Sprintf("its list has more than %d pages: the rest is left out", maxPages)), false
 		}
 		// Each page its own id: lists of one session run at once.
 		body := []byte(`{"jsonrpc":"2.0","id":"toolgate-federation-list-` + gateway.NewID() + `","method":`)
@@ -174,16 +188,16 @@ func (x *exchange) listOne(svc *gateway.Service, l listing) ([][]byte, *gap) {
 		if a.status == http.StatusNotFound {
 			a.drain()
 			x.forget(svc, c.ms)
-			return nil, unreachable(svc.ID, errSessionGone)
+			return nil, nil, true
 		}
 		msg, g := a.response(svc.ID)
 		if g != nil {
-			return nil, g
+			return nil, g, false
 		}
 		res := gjson.ParseBytes(msg.Result)
 		items := res.Get(l.items)
 		if items.Exists() && !items.IsArray() {
-			return nil, listCut(svc.ID, "its list is malformed ("+l.items+" is not an array) and is left out")
+			return nil, listCut(svc.ID, "its list is malformed ("+l.items+" is not an array) and is left out"), false
 		}
 		var bad string
 		full := false
@@ -207,16 +221,16 @@ func (x *exchange) listOne(svc *gateway.Service, l listing) ([][]byte, *gap) {
 		})
 		switch {
 		case bad != "":
-			return nil, listCut(svc.ID, "its list is malformed ("+bad+") and is left out")
+			return nil, listCut(svc.ID, "its list is malformed ("+bad+") and is left out"), false
 		case full:
-			return out, listCut(svc.ID, "its list is longer than one message may be (max_response_size): the rest is left out")
+			return out, listCut(svc.ID, "its list is longer than one message may be (max_response_size): the rest is left out"), false
 		}
 		next := res.Get("nextCursor")
 		if next.Type != gjson.String || next.Str == "" {
-			return out, nil
+			return out, nil, false
 		}
 		if cursors[next.Raw] {
-			return out, listCut(svc.ID, "its list gave a cursor twice: the rest is left out")
+			return out, listCut(svc.ID, "its list gave a cursor twice: the rest is left out"), false
 		}
 		cursors[next.Raw] = true
 		cursor = next.Raw

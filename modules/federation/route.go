@@ -30,7 +30,10 @@ func (x *exchange) request() {
 	case "ping":
 		gateway.WriteRPC(x.w, http.StatusOK, gateway.RPCResult(m.ID, []byte(`{}`)))
 	case "logging/setLevel":
-		x.broadcast()
+		if g := x.broadcast(); g != nil {
+			gateway.WriteRPCError(x.w, http.StatusOK, m.ID, g.Code, "service "+g.Service+": "+g.Message, g.Data)
+			return
+		}
 		gateway.WriteRPC(x.w, http.StatusOK, gateway.RPCResult(m.ID, []byte(`{}`)))
 	case "tools/call", "prompts/get":
 		what := "tool"
@@ -329,9 +332,18 @@ func (x *exchange) notification() {
 }
 
 // broadcast sends the runner's message to every service whose MCP session
-// started, at once, and waits for them; what they answer is logged only.
-func (x *exchange) broadcast() {
-	var wg sync.WaitGroup
+// started, at once, and waits for them. What they answer a notification is
+// logged only; a request (logging/setLevel) refused by every one of them —
+// by the request policy, say — returns the refusal of the first service
+// by id, which the runner is answered with (nil: one accepted it, or none
+// started).
+func (x *exchange) broadcast() *gap {
+	var (
+		wg       sync.WaitGroup
+		mu       sync.Mutex
+		accepted bool
+		refusal  *gap
+	)
 	for id, ms := range x.started() {
 		svc := x.h.app.Registry().Lookup(id)
 		if svc == nil {
@@ -339,14 +351,33 @@ func (x *exchange) broadcast() {
 		}
 		wg.Go(func() {
 			a := x.h.subCall(x.r.Context(), x.r, x.next, x.call, svc, ms, http.MethodPost, x.msg.Raw, "application/json")
-			if a.status >= 300 {
-				x.h.logger.Info("a service refused a federated message", zap.String("service", id),
-					zap.String("method", x.msg.Method), zap.Int("status", a.status))
+			if x.msg.Kind != mcpmsg.Request {
+				if a.status >= 300 {
+					x.h.logger.Info("a service refused a federated message", zap.String("service", id),
+						zap.String("method", x.msg.Method), zap.Int("status", a.status))
+				}
+				a.drain()
+				return
 			}
-			a.drain()
+			_, g := a.response(id)
+			mu.Lock()
+			defer mu.Unlock()
+			if g == nil {
+				accepted = true
+				return
+			}
+			x.h.logger.Info("a service refused a federated request", zap.String("service", id),
+				zap.String("method", x.msg.Method), zap.Int("code", g.Code))
+			if refusal == nil || g.Service < refusal.Service {
+				refusal = g
+			}
 		})
 	}
 	wg.Wait()
+	if accepted {
+		return nil
+	}
+	return refusal
 }
 
 // passOn answers the runner with a service's answer to a message that

@@ -29,6 +29,12 @@ type Connection struct {
 	ConnectedAt  time.Time `json:"connected_at"`
 	RefreshedAt  time.Time `json:"refreshed_at,omitzero"`
 	RefreshCount int       `json:"refresh_count"`
+	// Issuer names the authorization server, client and resource an
+	// OAuth grant was issued under (OAuthClient.issuer): a grant of
+	// another (a reload pointed the service at another provider, client
+	// or upstream) is neither sent, refreshed nor revoked, and the person
+	// connects again. Empty in a grant an earlier version stored.
+	Issuer string `json:"issuer,omitempty"`
 	// Retired are the access tokens the connection carried before
 	// AccessToken (replaced by a refresh, after an upstream refused one or
 	// as it neared expiry, or by connecting again), each until it expires,

@@ -103,6 +103,9 @@ func (a *App) OAuthConnection(ctx context.Context, svc *Service, user string) (*
 	if err != nil {
 		return nil, err
 	}
+	if !conn.issuedBy(o) {
+		return nil, ErrGrantElsewhere
+	}
 	if !conn.NeedsRefresh(time.Duration(o.RefreshSkew)) {
 		return conn, nil
 	}
@@ -207,6 +210,9 @@ func (a *App) refresh(svc *Service, user, refused string) (*Connection, string, 
 			return nil, "", err
 		}
 		return nil, "failed", err
+	}
+	if !cur.issuedBy(o) {
+		return nil, "", ErrGrantElsewhere // its refresh token is not the current provider's to see
 	}
 	if !cur.NeedsRefresh(time.Duration(o.RefreshSkew)) && (refused == "" || cur.AccessToken != refused) {
 		return cur, "already_refreshed", nil
@@ -344,6 +350,9 @@ func (a *App) CredentialRefused(ctx context.Context, svc *Service, user string, 
 	conn, err := a.connections.LoadFresh(ctx, svc.ID, user)
 	if err != nil {
 		return nil, err
+	}
+	if svc.Auth.Kind == AuthOAuth && !conn.issuedBy(svc.Auth.OAuth) {
+		return nil, ErrGrantElsewhere
 	}
 	fresh := credentialOf(conn)
 	if fresh.Value != refused.Value {

@@ -5,6 +5,7 @@ import (
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/base64"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -290,6 +291,8 @@ func (a *App) oauthConfig(svc *Service) (*OAuthClient, error) {
 // none).
 func (a *App) buildOAuthConfig(svc *Service) {
 	o := svc.Auth.OAuth
+	sum := sha256.Sum256([]byte(o.TokenURL + "\x00" + o.ClientID + "\x00" + o.Resource))
+	o.issued = hex.EncodeToString(sum[:16])
 	o.config = &oauth2.Config{
 		ClientID:     o.ClientID,
 		ClientSecret: o.ClientSecret,
@@ -306,6 +309,20 @@ func (a *App) buildOAuthConfig(svc *Service) {
 		ClientSecret: o.ClientSecret,
 		Endpoint:     o.config.Endpoint,
 	}
+}
+
+// issuer names where o's grants come from: its token endpoint, client id
+// and resource (Connection.Issuer).
+func (o *OAuthClient) issuer() string { return o.issued }
+
+// ErrGrantElsewhere: the person's grant was issued under another
+// authorization server, client or resource than the service names now.
+var ErrGrantElsewhere = fmt.Errorf("%w: your connection was made with another OAuth provider or client than the service uses now; connect again", ErrNotConnected)
+
+// issuedBy reports whether c may be used with o: an OAuth grant issued
+// under o, or one of an earlier version that did not record its issuer.
+func (c *Connection) issuedBy(o *OAuthClient) bool {
+	return c.Issuer == "" || c.Issuer == o.issuer()
 }
 
 // RedirectURI is the callback URL registered at svc's provider.
@@ -420,6 +437,16 @@ func (a *App) CompleteAuthorization(ctx context.Context, svc *Service, state, co
 			zap.String("service", svc.ID), zap.String("user", st.User), zap.Bool("signed_in", browser.User != ""))
 		return "", ErrOtherBrowser
 	}
+	if !svc.AllowsUser(st.User) {
+		// A reload removed them from the service's allowed_users since
+		// the connect started: nothing is exchanged or stored, and the
+		// started connect goes.
+		_, _ = a.takePending(ctx, st)
+		countConnect(svc.ID, "invalid_state")
+		a.logger.Warn("oauth callback for a user the service no longer allows; nothing connected",
+			zap.String("service", svc.ID), zap.String("user", st.User))
+		return "", ErrInvalidState
+	}
 	pending, err := a.takePending(ctx, st)
 	if err != nil {
 		if errors.Is(err, ErrInvalidState) {
@@ -448,7 +475,7 @@ func (a *App) CompleteAuthorization(ctx context.Context, svc *Service, state, co
 		a.logger.Warn("oauth code exchange gave a token toolgate cannot present; nothing connected", zap.String("service", svc.ID), zap.Error(err))
 		return "", err
 	}
-	conn := &Connection{Kind: AuthOAuth, ConnectedAt: now().UTC()}
+	conn := &Connection{Kind: AuthOAuth, ConnectedAt: now().UTC(), Issuer: o.issuer()}
 	conn.applyToken(tok, o.Scopes)
 	if err := a.Connect(ctx, svc.ID, st.User, conn); err != nil {
 		countConnect(svc.ID, "failed")

@@ -194,6 +194,7 @@ type OAuthClient struct {
 	LoginHint bool `json:"login_hint,omitempty"`
 
 	// Built by App.Provision (the redirect URI needs public_url).
+	issued        string         // see issuer
 	config        *oauth2.Config // authorization and code exchange
 	refreshConfig *oauth2.Config // refresh: the same client, no redirect URI
 }

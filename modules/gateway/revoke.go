@@ -39,6 +39,11 @@ func (a *App) Disconnect(ctx context.Context, svc *Service, user string) error {
 			// as not revoked below).
 			conn, err := a.connections.LoadFresh(ctx, svc.ID, user)
 			switch {
+			case err == nil && svc.Auth.OAuth != nil && !conn.issuedBy(svc.Auth.OAuth):
+				// Issued by another provider than the service names now:
+				// its tokens are not this one's to see. Forgotten only.
+				a.logger.Warn("the credential was issued under another OAuth provider or client than the service uses now; it is forgotten without revocation",
+					zap.String("service", svc.ID), zap.String("user", user))
 			case err == nil:
 				held = conn
 			case !errors.Is(err, ErrNotConnected):

@@ -91,8 +91,22 @@ func (h *Handler) initialize(w http.ResponseWriter, r *http.Request, call *gatew
 		h.endUpstream(ctx, call, up)
 		return
 	}
-	w.Header().Set("Mcp-Session-Id", ms.ID)
-	answer := h.deliver(ctx, call, msg, false)
+	h.answerInitialize(ctx, w, call, ms, up, h.deliver(ctx, call, msg, false))
+}
+
+// answerInitialize writes answer, the upstream's initialize result as the
+// result policy passed it, with the new MCP session's id. A result the
+// policy withheld (answer is an error) leaves the runner nothing to use
+// the session with: it ends, with the upstream's, and the runner gets no
+// id (each such initialize would otherwise hold one of the caller's
+// max_mcp_sessions_per_caller until it expired).
+func (h *Handler) answerInitialize(ctx context.Context, w http.ResponseWriter, call *gateway.Call, ms *gateway.MCPSession, up gateway.Upstream, answer message) {
+	if gjson.GetBytes(answer.joined(), "error").Exists() {
+		_, _, _ = h.app.MCPSessions().End(ctx, ms)
+		h.endUpstream(ctx, call, up)
+	} else {
+		w.Header().Set("Mcp-Session-Id", ms.ID)
+	}
 	gateway.WriteRPC(w, http.StatusOK, answer.parts()...)
 }
 

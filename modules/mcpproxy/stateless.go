@@ -168,6 +168,16 @@ func (h *Handler) statelessNotification(w http.ResponseWriter, r *http.Request, 
 // answerOwn answers a stateless request with a response toolgate made from
 // what the upstream said, through deliver like any upstream answer.
 func (h *Handler) answerOwn(ctx context.Context, w http.ResponseWriter, call *gateway.Call, raw []byte) {
+	answer, err := h.ownAnswer(ctx, call, raw)
+	if err != nil {
+		call.Unavailable(w, "toolgate could not build the answer: "+err.Error())
+		return
+	}
+	gateway.WriteRPC(w, http.StatusOK, answer.parts()...)
+}
+
+// ownAnswer is what answerOwn writes.
+func (h *Handler) ownAnswer(ctx context.Context, call *gateway.Call, raw []byte) (message, error) {
 	msg, err := mcpmsg.Parse(raw, h.limits)
 	if err == nil {
 		// What toolgate learned from the upstream is redacted like what
@@ -175,11 +185,9 @@ func (h *Handler) answerOwn(ctx context.Context, w http.ResponseWriter, call *ga
 		msg, err = h.redactCredential(call, msg)
 	}
 	if err != nil {
-		call.Unavailable(w, "toolgate could not build the answer: "+err.Error())
-		return
+		return message{}, err
 	}
-	answer := h.deliver(ctx, call, msg, false)
-	gateway.WriteRPC(w, http.StatusOK, answer.parts()...)
+	return h.deliver(ctx, call, msg, false), nil
 }
 
 // finishStateless is finish for a stateless request: the result hooks,

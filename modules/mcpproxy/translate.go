@@ -153,8 +153,13 @@ func (h *Handler) initializeTranslated(ctx context.Context, w http.ResponseWrite
 		result = append(result, d.Instructions...)
 	}
 	result = append(result, '}')
-	w.Header().Set("Mcp-Session-Id", ms.ID)
-	h.answerOwn(ctx, w, call, gateway.RPCResult(call.Message.ID, result))
+	answer, err := h.ownAnswer(ctx, call, gateway.RPCResult(call.Message.ID, result))
+	if err != nil {
+		call.Unavailable(w, "toolgate could not build the answer: "+err.Error())
+		_, _, _ = h.app.MCPSessions().End(ctx, ms)
+		return
+	}
+	h.answerInitialize(ctx, w, call, ms, gateway.Upstream{}, answer)
 }
 
 // translatedBody is a runner's request with the given id and params.

@@ -48,6 +48,11 @@ type process struct {
 
 	stderrLines atomic.Int64 // lines read from stderr
 
+	// stdoutLog bounds what its stdout puts in the log: lines that are not
+	// JSON-RPC messages, and (through the link's LogMalformed) lines that
+	// begin like one and do not parse. Used by the stdout reader only.
+	stdoutLog logBudget
+
 	mu         sync.Mutex
 	why        string // why toolgate ended it, for runners ("" if it ended by itself)
 	reason     string // the same for metrics
@@ -101,6 +106,7 @@ func startProcess(s *spec, cred string, also []string, logger *zap.Logger) (*pro
 	p := &process{cmd: cmd, pid: cmd.Process.Pid, spec: s, stdin: ourIn, stdout: ourOut, stderr: ourErr,
 		logger:  logger.With(zap.String("service", s.Service), zap.Int("pid", cmd.Process.Pid)),
 		secrets: nonEmpty(secrets), done: make(chan struct{})}
+	p.stdoutLog = logBudget{logger: p.logger, dropMsg: "program wrote more lines that are not JSON-RPC messages to its stdout than are logged"}
 	for _, secret := range secrets {
 		p.longest = max(p.longest, encodedForms(len(secret)))
 	}
@@ -217,7 +223,7 @@ func exitText(ps *os.ProcessState, err error) string {
 func (p *process) readMessages(link *mcpbridge.Link) {
 	defer p.stdout.Close()
 	br := bufio.NewReaderSize(p.stdout, 64<<10)
-	budget := logBudget{logger: p.logger, dropMsg: "program wrote more lines that are not JSON-RPC messages to its stdout than are logged"}
+	budget := &p.stdoutLog
 	var line []byte
 	for {
 		chunk, err := br.ReadSlice('\n')

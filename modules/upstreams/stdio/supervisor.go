@@ -155,7 +155,7 @@ func (rt *runtime) worker(user string) (*worker, error) {
 	if w := rt.workers[key]; w != nil {
 		return w, nil
 	}
-	if len(rt.workers) >= rt.spec.MaxProcs {
+	if rt.placesLocked() >= rt.spec.MaxProcs {
 		var oldest *worker
 		var oldestUse time.Time
 		for _, w := range rt.workers {
@@ -177,6 +177,19 @@ func (rt *runtime) worker(user string) (*worker, error) {
 		go rt.sweep(rt.janitor)
 	}
 	return w, nil
+}
+
+// placesLocked counts what max_processes bounds: each worker (its process
+// running, starting or waiting to be restarted) and the processes retiring
+// beside them, which finish their requests in progress (retireLocked).
+func (rt *runtime) placesLocked() int {
+	n := len(rt.workers)
+	for _, w := range rt.workers {
+		w.mu.Lock()
+		n += len(w.retiring)
+		w.mu.Unlock()
+	}
+	return n
 }
 
 // connectionGone stops the process of the user whose connection to svc
@@ -355,6 +368,18 @@ func (w *worker) ready(ctx context.Context, cred string, also []string) (*mcpbri
 		case stateStopped:
 			w.startLocked(cred, also)
 		case stateBackoff:
+			if w.cred != cred {
+				// The process that keeps ending was started with a
+				// credential the caller has replaced since (a revoked
+				// token a program checks as it starts): the new one
+				// starts now, not after the old one's back-off.
+				if w.timer != nil {
+					w.timer.Stop()
+				}
+				w.failures = 0
+				w.startLocked(cred, also)
+				break
+			}
 			err := w.downLocked()
 			w.mu.Unlock()
 			return nil, err
@@ -449,7 +474,7 @@ func (w *worker) run(cred string, also []string, started chan struct{}) {
 		return
 	}
 	w.rt.procs.Add(1)
-	cfg := mcpbridge.LinkConfig{Send: p.send, Owned: true}
+	cfg := mcpbridge.LinkConfig{Send: p.send, Owned: true, LogMalformed: p.stdoutLog.take}
 	if s.CredEnv != "" {
 		// A request with another credential (a refreshed token) is for a
 		// process that holds that one.
