@@ -59,8 +59,10 @@ type runtime struct {
 	restarts []restart     // the restart schedule, for tests and logs
 
 	// procs counts the service's processes alive now, those retiring after
-	// a credential change included.
-	procs atomic.Int64
+	// a credential change included; retiring counts those alone (see
+	// placesLocked). Atomic, so that rt.mu is never held while a
+	// worker's lock is taken (worker.ended takes rt.mu under its own).
+	procs, retiring atomic.Int64
 }
 
 // restart is one scheduled restart.
@@ -183,13 +185,7 @@ func (rt *runtime) worker(user string) (*worker, error) {
 // running, starting or waiting to be restarted) and the processes retiring
 // beside them, which finish their requests in progress (retireLocked).
 func (rt *runtime) placesLocked() int {
-	n := len(rt.workers)
-	for _, w := range rt.workers {
-		w.mu.Lock()
-		n += len(w.retiring)
-		w.mu.Unlock()
-	}
-	return n
+	return len(rt.workers) + int(rt.retiring.Load())
 }
 
 // connectionGone stops the process of the user whose connection to svc
@@ -428,8 +424,9 @@ func (w *worker) busy() (bool, time.Time) {
 	w.mu.Lock()
 	link, used := w.link, w.lastUse
 	starting := w.state == stateStarting
+	retiring := len(w.retiring) > 0 // finishing calls in progress
 	w.mu.Unlock()
-	if starting {
+	if starting || retiring {
 		return true, used
 	}
 	if link == nil {
@@ -457,6 +454,7 @@ func (w *worker) retireLocked() {
 	p, link := w.proc, w.link
 	w.proc, w.link = nil, nil
 	w.retiring[p] = struct{}{}
+	w.rt.retiring.Add(1)
 	if w.rt.procs.Load() >= int64(w.rt.spec.MaxProcs) {
 		go p.stop(w.rt.spec.Stop)
 		return
@@ -517,18 +515,34 @@ func (w *worker) run(cred string, also []string, started chan struct{}) {
 // toolgate stopped on purpose is done with; any other is restarted after
 // the backoff delay.
 func (w *worker) ended(p *process, started chan struct{}, why, reason string) {
+	// The restart is recorded once w.mu is let go: recordRestart takes
+	// rt.mu, which is held while workers' locks are taken (runtime.worker,
+	// sweep), never the other way round.
+	delay, ok := w.endedLocked(p, started, why)
+	if !ok {
+		return
+	}
+	w.rt.log().Warn("program ended; restarting it", zap.String("service", w.rt.spec.Service),
+		zap.String("reason", why), zap.Duration("delay", delay))
+	w.rt.recordRestart(delay, reason)
+}
+
+// endedLocked is ended's part under w.mu: it reports whether a restart was
+// scheduled, and after how long.
+func (w *worker) endedLocked(p *process, started chan struct{}, why string) (time.Duration, bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if p != nil {
 		if _, ok := w.retiring[p]; ok {
 			delete(w.retiring, p)
-			return
+			w.rt.retiring.Add(-1)
+			return 0, false
 		}
 		if w.proc != p {
-			return // stopped on purpose
+			return 0, false // stopped on purpose
 		}
 	} else if w.started != started {
-		return
+		return 0, false
 	}
 	if w.state == stateRunning && now().Sub(w.startedAt) >= stablePeriod {
 		w.failures = 0
@@ -544,10 +558,8 @@ func (w *worker) ended(p *process, started chan struct{}, why, reason string) {
 			close(w.started)
 		}
 	}
-	w.rt.log().Warn("program ended; restarting it", zap.String("service", w.rt.spec.Service),
-		zap.String("reason", why), zap.Duration("delay", delay))
-	w.rt.recordRestart(delay, reason)
 	w.timer = afterFunc(delay, w.restart)
+	return delay, true
 }
 
 // restart starts a new process after the backoff delay, unless the
