@@ -199,6 +199,8 @@ func connectionStatus(ctx context.Context, app *gateway.App, svc *gateway.Servic
 		return StatusNeedsSignIn, nil
 	case err != nil:
 		return StatusUnavailable, nil
+	case !conn.UsableFor(svc):
+		return StatusNeedsSignIn, nil // of another kind or provider: never sent (gateway.ErrGrantElsewhere)
 	case conn.Expired(0) && conn.RefreshToken == "":
 		return StatusExpired, conn
 	}

@@ -344,6 +344,19 @@ func (x *exchange) broadcast() *gap {
 		accepted bool
 		refusal  *gap
 	)
+	answered := func(id string, g *gap) {
+		mu.Lock()
+		defer mu.Unlock()
+		if g == nil {
+			accepted = true
+			return
+		}
+		x.h.logger.Info("a service refused a federated request", zap.String("service", id),
+			zap.String("method", x.msg.Method), zap.Int("code", g.Code))
+		if refusal == nil || g.Service < refusal.Service {
+			refusal = g
+		}
+	}
 	for id, ms := range x.started() {
 		svc := x.h.app.Registry().Lookup(id)
 		if svc == nil {
@@ -359,18 +372,20 @@ func (x *exchange) broadcast() *gap {
 				a.drain()
 				return
 			}
+			if a.status == http.StatusNotFound {
+				// A service MCP session the pipeline no longer knows (its
+				// person connected again): a new one, once, as route does.
+				a.drain()
+				x.forget(svc, ms)
+				c, g := x.childSession(x.r.Context(), svc)
+				if g != nil {
+					answered(id, g)
+					return
+				}
+				a = x.h.subCall(x.r.Context(), x.r, x.next, x.call, svc, c.ms, http.MethodPost, x.msg.Raw, "application/json")
+			}
 			_, g := a.response(id)
-			mu.Lock()
-			defer mu.Unlock()
-			if g == nil {
-				accepted = true
-				return
-			}
-			x.h.logger.Info("a service refused a federated request", zap.String("service", id),
-				zap.String("method", x.msg.Method), zap.Int("code", g.Code))
-			if refusal == nil || g.Service < refusal.Service {
-				refusal = g
-			}
+			answered(id, g)
 		})
 	}
 	wg.Wait()

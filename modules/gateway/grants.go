@@ -252,6 +252,7 @@ func (a *App) refresh(svc *Service, user, refused string) (*Connection, string, 
 		return nil, "failed", err
 	}
 	next := *cur
+	next.Issuer = o.issuer() // a grant of an earlier version is bound from its first refresh
 	next.applyToken(tok, o.Scopes)
 	next.Retired = next.retiring(cur)
 	next.RefreshedAt = now().UTC()
@@ -295,6 +296,9 @@ func (a *App) CredentialFor(ctx context.Context, svc *Service, user string) (*Cr
 		conn, err := a.connections.Load(ctx, svc.ID, user)
 		if err != nil {
 			return nil, err
+		}
+		if !conn.UsableFor(svc) {
+			return nil, ErrGrantElsewhere
 		}
 		return credentialOf(conn), nil
 	case AuthOAuth:
@@ -351,7 +355,7 @@ func (a *App) CredentialRefused(ctx context.Context, svc *Service, user string, 
 	if err != nil {
 		return nil, err
 	}
-	if svc.Auth.Kind == AuthOAuth && !conn.issuedBy(svc.Auth.OAuth) {
+	if !conn.UsableFor(svc) {
 		return nil, ErrGrantElsewhere
 	}
 	fresh := credentialOf(conn)

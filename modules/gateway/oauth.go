@@ -256,6 +256,10 @@ type pendingSecret struct {
 	Verifier string `json:"verifier"`
 	User     string `json:"user"`
 	Service  string `json:"service"`
+	// Issuer is the service's OAuthClient.issuer when the connect started:
+	// a reload that moved the service since leaves the code and verifier
+	// unsent to the new provider.
+	Issuer string `json:"issuer,omitempty"`
 }
 
 // pendingKey is where user's started sign-in named by nonce waits for its
@@ -291,7 +295,7 @@ func (a *App) oauthConfig(svc *Service) (*OAuthClient, error) {
 // none).
 func (a *App) buildOAuthConfig(svc *Service) {
 	o := svc.Auth.OAuth
-	sum := sha256.Sum256([]byte(o.TokenURL + "\x00" + o.ClientID + "\x00" + o.Resource))
+	sum := sha256.Sum256([]byte(CanonicalURL(o.TokenURL) + "\x00" + o.ClientID + "\x00" + CanonicalURL(o.Resource)))
 	o.issued = hex.EncodeToString(sum[:16])
 	o.config = &oauth2.Config{
 		ClientID:     o.ClientID,
@@ -320,9 +324,24 @@ func (o *OAuthClient) issuer() string { return o.issued }
 var ErrGrantElsewhere = fmt.Errorf("%w: your connection was made with another OAuth provider or client than the service uses now; connect again", ErrNotConnected)
 
 // issuedBy reports whether c may be used with o: an OAuth grant issued
-// under o, or one of an earlier version that did not record its issuer.
+// under o, or one of an earlier version that did not record its issuer
+// (its first refresh records o's).
 func (c *Connection) issuedBy(o *OAuthClient) bool {
-	return c.Issuer == "" || c.Issuer == o.issuer()
+	return c.Kind == AuthOAuth && (c.Issuer == "" || c.Issuer == o.issuer())
+}
+
+// UsableFor reports whether c is a credential of the kind svc takes now:
+// a personal token for auth bearer, an OAuth grant issued under svc's
+// client for auth oauth (a reload may have changed the kind; the token
+// stored for the other is not sent).
+func (c *Connection) UsableFor(svc *Service) bool {
+	switch svc.Auth.Kind {
+	case AuthBearer:
+		return c.Kind == AuthBearer
+	case AuthOAuth:
+		return svc.Auth.OAuth != nil && c.issuedBy(svc.Auth.OAuth)
+	}
+	return false
 }
 
 // RedirectURI is the callback URL registered at svc's provider.
@@ -353,7 +372,7 @@ func (a *App) AuthorizeURL(ctx context.Context, svc *Service, browser Browser) (
 	}
 	nonce, verifier := NewID(), oauth2.GenerateVerifier()
 	expires := now().Add(authorizationTTL).Truncate(time.Second)
-	secret, _ := json.Marshal(pendingSecret{Verifier: verifier, User: user, Service: svc.ID})
+	secret, _ := json.Marshal(pendingSecret{Verifier: verifier, User: user, Service: svc.ID, Issuer: o.issuer()})
 	sealed, err := a.cipher.Encrypt(ctx, secret, pendingContext(svc.ID, user))
 	clear(secret)
 	if err != nil {
@@ -455,6 +474,14 @@ func (a *App) CompleteAuthorization(ctx context.Context, svc *Service, state, co
 			countConnect(svc.ID, "failed")
 		}
 		return "", err
+	}
+	if pending.Issuer != o.issuer() {
+		// Started under another provider, client or resource: the code is
+		// that one's, and the verifier is not the new provider's to see.
+		countConnect(svc.ID, "invalid_state")
+		a.logger.Warn("oauth callback of a connect started before a reload changed the service's provider; nothing connected",
+			zap.String("service", svc.ID), zap.String("user", st.User))
+		return "", ErrInvalidState
 	}
 	tctx, cancel := a.tokenContext(providerTimeout)
 	defer cancel()

@@ -32,6 +32,7 @@ const maxRevocationAnswer = 64 << 10
 // other error means nothing was forgotten.
 func (a *App) Disconnect(ctx context.Context, svc *Service, user string) error {
 	var held *Connection
+	elsewhere := false
 	err := a.withGrantLock(ctx, svc.ID, user, func() error {
 		if revocationURL(svc) != "" {
 			// What is revoked is read before it is forgotten; a record
@@ -39,11 +40,11 @@ func (a *App) Disconnect(ctx context.Context, svc *Service, user string) error {
 			// as not revoked below).
 			conn, err := a.connections.LoadFresh(ctx, svc.ID, user)
 			switch {
-			case err == nil && svc.Auth.OAuth != nil && !conn.issuedBy(svc.Auth.OAuth):
-				// Issued by another provider than the service names now:
-				// its tokens are not this one's to see. Forgotten only.
-				a.logger.Warn("the credential was issued under another OAuth provider or client than the service uses now; it is forgotten without revocation",
-					zap.String("service", svc.ID), zap.String("user", user))
+			case err == nil && !conn.UsableFor(svc):
+				// Issued by another provider than the service names now, or
+				// a personal token: its tokens are not this one's to see.
+				// Forgotten only, and reported as not revoked.
+				elsewhere = true
 			case err == nil:
 				held = conn
 			case !errors.Is(err, ErrNotConnected):
@@ -58,6 +59,12 @@ func (a *App) Disconnect(ctx context.Context, svc *Service, user string) error {
 		return err
 	}
 	a.connections.settle(ctx, svc.ID, user)
+	if elsewhere {
+		a.logger.Warn("the credential was not issued by the service's OAuth provider and client; it is forgotten without revocation",
+			zap.String("service", svc.ID), zap.String("user", user))
+		oauthMetrics.revocations.WithLabelValues(svc.ID, "failed").Inc()
+		return &ProviderError{kind: ErrNotRevoked, Reason: "the credential was issued under another provider or client than the service uses now; revoke it there"}
+	}
 	if held == nil {
 		return nil
 	}

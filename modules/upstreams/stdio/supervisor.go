@@ -367,14 +367,11 @@ func (w *worker) ready(ctx context.Context, cred string, also []string) (*mcpbri
 			if w.cred != cred {
 				// The process that keeps ending was started with a
 				// credential the caller has replaced since (a revoked
-				// token a program checks as it starts): the new one
-				// starts now, not after the old one's back-off.
-				if w.timer != nil {
-					w.timer.Stop()
-				}
-				w.failures = 0
-				w.startLocked(cred, also)
-				break
+				// token a program checks as it starts): the restart
+				// already scheduled starts it with the new one. Not
+				// sooner: a caller rotating bad tokens must not start a
+				// process per request.
+				w.cred, w.also = cred, also
 			}
 			err := w.downLocked()
 			w.mu.Unlock()
@@ -459,7 +456,9 @@ func (w *worker) retireLocked() {
 		go p.stop(w.rt.spec.Stop)
 		return
 	}
-	go link.Retire(func() { p.stop(w.rt.spec.Stop) })
+	// Its idle callback runs on the program's output reader, which p.stop
+	// waits for: it stops the process on a goroutine of its own.
+	go link.Retire(func() { go p.stop(w.rt.spec.Stop) })
 }
 
 // run starts a process and initializes it.
