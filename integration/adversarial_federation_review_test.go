@@ -308,25 +308,13 @@ func frvTitle(page string) string {
 // issued under (Connection.Issuer); one of another is neither sent,
 // refreshed nor revoked, and the person connects again.
 func TestFederationReviewAttackGrantFollowsTheServiceToAnotherProvider(t *testing.T) {
-	pA := startOAuthProvider(t, providerConfig{AccessTTL: time.Hour})
-	upA := startProtectedUpstream(t, pA)
-	pB := startOAuthProvider(t, providerConfig{AccessTTL: time.Hour})
-	upB := startProtectedUpstream(t, pB)
-	port := freePort(t)
-	cfg := gatewayConfig{Upstream: upA.URL, Tools: "echo", Auth: oauthBlock(pA, ""), DataDir: t.TempDir(),
-		Extra: "state_secret " + testStateSecret}
-	g := startGatewayOnPort(t, port, cfg)
-	pA.allowRedirect(g.URL + "/v1/connections/svc/callback")
-	g.connectOAuth(t, aliceKey)
-	issued := pA.calls()
+	mv := frvMoveProvider(t)
+	issued := mv.pA.calls()
 	if len(issued) != 1 || issued[0].IssuedRefresh == "" {
 		t.Fatalf("provider A's code exchange: %+v", issued)
 	}
 	refreshA := issued[0].IssuedRefresh
-
-	cfg.Upstream, cfg.Auth = upB.URL, oauthBlock(pB, "")
-	g2 := startGatewayOnPort(t, port, cfg)
-	pB.allowRedirect(g2.URL + "/v1/connections/svc/callback")
+	pB, upB, g2 := mv.pB, mv.upB, mv.g2
 	m := g2.raw(t, aliceKey, g2.createSession(t, aliceKey, "svc"), "svc")
 	_, _, _ = m.post(`{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"runner","version":"1"}}}`)
 
@@ -428,4 +416,32 @@ func TestFederationReviewAttackWithheldInitializeKeepsTheSession(t *testing.T) {
 	if status, sid, msgs := frvInitialize(t, g, "svc"); status != http.StatusOK || sid == "" {
 		t.Errorf("after five withheld initializes at /v1/mcp/beta, alice cannot open a session at /v1/mcp/svc: %d %s", status, msgs)
 	}
+}
+
+// frvMove is a service moved by a reload: alice connected svc at provider
+// A (its upstream upA), then the configuration names provider B and its
+// upstream upB; g2 is the gateway after the reload.
+type frvMove struct {
+	pA, pB *oauthProvider
+	upB    *protectedUpstream
+	g2     *gateway
+}
+
+func frvMoveProvider(t *testing.T) frvMove {
+	t.Helper()
+	pA := startOAuthProvider(t, providerConfig{AccessTTL: time.Hour})
+	upA := startProtectedUpstream(t, pA)
+	pB := startOAuthProvider(t, providerConfig{AccessTTL: time.Hour})
+	upB := startProtectedUpstream(t, pB)
+	port := freePort(t)
+	cfg := gatewayConfig{Upstream: upA.URL, Tools: "echo", Auth: oauthBlock(pA, ""), DataDir: t.TempDir(),
+		Extra: "state_secret " + testStateSecret}
+	g := startGatewayOnPort(t, port, cfg)
+	pA.allowRedirect(g.URL + "/v1/connections/svc/callback")
+	g.connectOAuth(t, aliceKey)
+
+	cfg.Upstream, cfg.Auth = upB.URL, oauthBlock(pB, "")
+	g2 := startGatewayOnPort(t, port, cfg)
+	pB.allowRedirect(g2.URL + "/v1/connections/svc/callback")
+	return frvMove{pA: pA, pB: pB, upB: upB, g2: g2}
 }

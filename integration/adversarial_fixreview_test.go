@@ -25,19 +25,7 @@ import (
 // Connection.IssuedFor(svc)) that applies issuedBy, and report
 // needs_sign_in in connectionStatus when it fails.
 func TestFixReviewCatalogSaysConnectedForGrantOfAnotherProvider(t *testing.T) {
-	pA := startOAuthProvider(t, providerConfig{AccessTTL: time.Hour})
-	upA := startProtectedUpstream(t, pA)
-	pB := startOAuthProvider(t, providerConfig{AccessTTL: time.Hour})
-	upB := startProtectedUpstream(t, pB)
-	port := freePort(t)
-	cfg := gatewayConfig{Upstream: upA.URL, Tools: "echo", Auth: oauthBlock(pA, ""), DataDir: t.TempDir(),
-		Extra: "state_secret " + testStateSecret}
-	g := startGatewayOnPort(t, port, cfg)
-	pA.allowRedirect(g.URL + "/v1/connections/svc/callback")
-	g.connectOAuth(t, aliceKey)
-
-	cfg.Upstream, cfg.Auth = upB.URL, oauthBlock(pB, "")
-	g2 := startGatewayOnPort(t, port, cfg)
+	g2 := frvMoveProvider(t).g2
 	// Control: a call says needs_sign_in.
 	m := g2.raw(t, aliceKey, g2.createSession(t, aliceKey, "svc"), "svc")
 	_, _, msgs := m.post(`{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"runner","version":"1"}}}`)

@@ -2,6 +2,7 @@ package federation
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"io"
 	"net/http"
@@ -173,21 +174,35 @@ func (x *exchange) route(svc *gateway.Service, body []byte, rewrite func(result 
 		}
 		x.fs.mu.Unlock()
 	}()
-	accept := strings.Join(x.r.Header.Values("Accept"), ", ")
-	for attempt := 0; ; attempt++ {
-		c, g := x.childSession(ctx, svc)
-		if g != nil {
-			gateway.WriteRPCError(x.w, http.StatusOK, x.msg.ID, g.Code, "service "+svc.ID+": "+g.Message, g.Data)
-			return
-		}
-		a := x.h.subCall(ctx, x.r, x.next, x.call, svc, c.ms, http.MethodPost, body, accept)
-		if a.status == http.StatusNotFound && attempt == 0 {
-			a.drain()
-			x.forget(svc, c.ms)
-			continue
-		}
-		x.relay(svc, c.ms, a, rewrite)
+	a, ms, g := x.post(ctx, svc, nil, body, strings.Join(x.r.Header.Values("Accept"), ", "))
+	if g != nil {
+		gateway.WriteRPCError(x.w, http.StatusOK, x.msg.ID, g.Code, "service "+svc.ID+": "+g.Message, g.Data)
 		return
+	}
+	x.relay(svc, ms, a, rewrite)
+}
+
+// post sends body to svc on the federated session's MCP session with it,
+// ms (nil: childSession's), and — when the pipeline no longer knows that
+// one (404: its person connected again, or it expired) — on a new one,
+// once. It returns the answer and the session it came on, or the gap that
+// kept the request from being sent.
+func (x *exchange) post(ctx context.Context, svc *gateway.Service, ms *gateway.MCPSession, body []byte, accept string) (*answer, *gateway.MCPSession, *gap) {
+	for attempt := 0; ; attempt++ {
+		if ms == nil {
+			c, g := x.childSession(ctx, svc)
+			if g != nil {
+				return nil, nil, g
+			}
+			ms = c.ms
+		}
+		a := x.h.subCall(ctx, x.r, x.next, x.call, svc, ms, http.MethodPost, body, accept)
+		if a.status != http.StatusNotFound || attempt > 0 {
+			return a, ms, nil
+		}
+		a.drain()
+		x.forget(svc, ms)
+		ms = nil
 	}
 }
 
@@ -363,8 +378,8 @@ func (x *exchange) broadcast() *gap {
 			continue
 		}
 		wg.Go(func() {
-			a := x.h.subCall(x.r.Context(), x.r, x.next, x.call, svc, ms, http.MethodPost, x.msg.Raw, "application/json")
 			if x.msg.Kind != mcpmsg.Request {
+				a := x.h.subCall(x.r.Context(), x.r, x.next, x.call, svc, ms, http.MethodPost, x.msg.Raw, "application/json")
 				if a.status >= 300 {
 					x.h.logger.Info("a service refused a federated message", zap.String("service", id),
 						zap.String("method", x.msg.Method), zap.Int("status", a.status))
@@ -372,19 +387,10 @@ func (x *exchange) broadcast() *gap {
 				a.drain()
 				return
 			}
-			if a.status == http.StatusNotFound {
-				// A service MCP session the pipeline no longer knows (its
-				// person connected again): a new one, once, as route does.
-				a.drain()
-				x.forget(svc, ms)
-				c, g := x.childSession(x.r.Context(), svc)
-				if g != nil {
-					answered(id, g)
-					return
-				}
-				a = x.h.subCall(x.r.Context(), x.r, x.next, x.call, svc, c.ms, http.MethodPost, x.msg.Raw, "application/json")
+			a, _, g := x.post(x.r.Context(), svc, ms, x.msg.Raw, "application/json")
+			if g == nil {
+				_, g = a.response(id)
 			}
-			_, g := a.response(id)
 			answered(id, g)
 		})
 	}
