@@ -228,11 +228,15 @@ func (b *Bridge) RoundTrip(r *http.Request) (*http.Response, error) {
 	}
 	if s != nil && s.link.cfg.OnRequest != nil && !s.link.cfg.OnRequest(r) {
 		// The runner's next requests go to a session of a process holding
-		// the new credential; its calls in progress on this one are
-		// answered first (the old process stops once they are).
-		b.forgetSession(s)
+		// the new credential. This one ends once its calls in progress are
+		// answered (the old process stops once they are); until then it
+		// takes what those calls wait for — the runner's answers to their
+		// requests, and cancellations — and refuses the rest as gone.
 		s.retire("the caller's credential changed")
-		return b.gone(r, nil)
+		if r.Method != http.MethodPost {
+			b.forgetSession(s)
+			return b.gone(r, nil)
+		}
 	}
 	switch r.Method {
 	case http.MethodPost:
@@ -290,7 +294,7 @@ func (b *Bridge) answered(r *http.Request, s *Session, msg *mcpmsg.Message) func
 		case err == nil:
 			return resp, nil
 		case errors.Is(err, errSessionGone):
-			if s != nil {
+			if s != nil && !s.winding() { // a winding session is still reachable for answers
 				b.forgetSession(s)
 			}
 			return b.gone(r, msg)

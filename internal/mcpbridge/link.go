@@ -42,11 +42,11 @@ type LinkConfig struct {
 	// gone, and toolgate_proxy initializes a new one).
 	OnRequest func(r *http.Request) bool
 
-	// LogMalformed, when set, says whether a malformed message the server
-	// sent may be logged (the transport's budget for what a server puts in
-	// the log; it is called from the goroutine that calls Receive). Unset:
-	// each one is.
-	LogMalformed func() bool
+	// MayLog, when set, says whether one more thing the server sent may be
+	// logged: a malformed message, or a request toolgate refused to relay
+	// (the transport's budget for what a server puts in the log; it is
+	// called from the goroutine that calls Receive). Unset: each one is.
+	MayLog func() bool
 }
 
 // Link is one JSON-RPC connection to an MCP server and the runners' MCP
@@ -438,7 +438,7 @@ func (l *Link) Receive(data []byte) {
 		if se, ok := errors.AsType[*mcpmsg.SyntaxError](err); ok {
 			why = se.Redacted()
 		}
-		if l.cfg.LogMalformed == nil || l.cfg.LogMalformed() {
+		if l.mayLog() {
 			l.bridge.log().Warn("dropped a malformed message from the server", zap.String("service", l.bridge.service), zap.String("error", why))
 		}
 		l.malformedAnswer(data, why)
@@ -559,11 +559,17 @@ func (l *Link) serverRequest(msg mcpmsg.Message) {
 	}
 	l.mu.Unlock()
 	if s == nil {
-		l.bridge.log().Info("refused a server request", zap.String("service", l.bridge.service),
-			zap.String("method", serverMethodName(msg.Method)), zap.String("reason", why))
+		if l.mayLog() {
+			l.bridge.log().Info("refused a server request", zap.String("service", l.bridge.service),
+				zap.String("method", serverMethodName(msg.Method)), zap.String("reason", why))
+		}
 		l.sendLater(gateway.RPCError(msg.ID, gateway.CodeMethodNotFound, "toolgate cannot relay "+msg.Method+": "+why, nil))
 	}
 }
+
+// mayLog reports whether one more thing the server sent may be logged
+// (LinkConfig.MayLog).
+func (l *Link) mayLog() bool { return l.cfg.MayLog == nil || l.cfg.MayLog() }
 
 // serverMethodName is a server request's method for the log: the method
 // when MCP defines it, else none of the server's text. The server has the

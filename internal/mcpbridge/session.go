@@ -57,7 +57,24 @@ func (s *Session) retire(reason string) {
 
 // usableLocked reports whether the session takes requests.
 func (s *Session) usableLocked() bool {
-	return !s.closed && s.link.err == nil && !s.link.retired
+	return s.reachableLocked() && s.retiring == "" && !s.link.retired
+}
+
+// reachableLocked reports whether what its runner sends about the work in
+// progress still reaches the session: answers to the server's requests and
+// cancellations, which its calls in progress wait for even when the
+// session or its link is retiring.
+func (s *Session) reachableLocked() bool {
+	return !s.closed && s.link.err == nil
+}
+
+// winding reports whether the session is retiring and not ended yet: its
+// runner can no longer start anything on it, and its calls in progress
+// still reach their answers through it.
+func (s *Session) winding() bool {
+	s.link.mu.Lock()
+	defer s.link.mu.Unlock()
+	return !s.closed && s.retiring != ""
 }
 
 // request relays a runner's request and returns the response: an SSE
@@ -149,7 +166,7 @@ func (s *Session) notify(r *http.Request, msg mcpmsg.Message) (*http.Response, e
 	l := s.link
 	body := msg.Raw
 	l.mu.Lock()
-	if !s.usableLocked() {
+	if usable := s.usableLocked() || msg.Method == "notifications/cancelled" && s.reachableLocked(); !usable {
 		l.mu.Unlock()
 		return nil, errSessionGone
 	}
@@ -181,7 +198,7 @@ func (s *Session) answer(r *http.Request, msg mcpmsg.Message) (*http.Response, e
 	l := s.link
 	key := mcpmsg.IDKey(msg.ID)
 	l.mu.Lock()
-	if !s.usableLocked() {
+	if !s.reachableLocked() {
 		l.mu.Unlock()
 		return nil, errSessionGone
 	}

@@ -301,7 +301,7 @@ func TestReviewBackoffKeepsRestartingWithReplacedCredential(t *testing.T) {
 // "dropped a malformed message from the server" for each: the log budget
 // that bounds other junk is bypassed, one entry per line, without bound.
 // Fixed: lines that begin like a message and do not parse take from the
-// stdout log budget (LinkConfig.LogMalformed).
+// stdout log budget (LinkConfig.MayLog).
 func TestReviewBraceJunkBypassesLogBudget(t *testing.T) {
 	core, logs := observer.New(zap.InfoLevel)
 	s := hostileSpec(t, "brace-junk")

@@ -49,8 +49,9 @@ type process struct {
 	stderrLines atomic.Int64 // lines read from stderr
 
 	// stdoutLog bounds what its stdout puts in the log: lines that are not
-	// JSON-RPC messages, and (through the link's LogMalformed) lines that
-	// begin like one and do not parse. Used by the stdout reader only.
+	// JSON-RPC messages, and (through the link's MayLog) lines that begin
+	// like one and do not parse and requests toolgate refuses to relay.
+	// Used by the stdout reader only.
 	stdoutLog logBudget
 
 	mu         sync.Mutex
@@ -106,7 +107,7 @@ func startProcess(s *spec, cred string, also []string, logger *zap.Logger) (*pro
 	p := &process{cmd: cmd, pid: cmd.Process.Pid, spec: s, stdin: ourIn, stdout: ourOut, stderr: ourErr,
 		logger:  logger.With(zap.String("service", s.Service), zap.Int("pid", cmd.Process.Pid)),
 		secrets: nonEmpty(secrets), done: make(chan struct{})}
-	p.stdoutLog = logBudget{logger: p.logger, dropMsg: "program wrote more lines that are not JSON-RPC messages to its stdout than are logged"}
+	p.stdoutLog = logBudget{logger: p.logger, dropMsg: "program wrote more to its stdout than is logged (lines that are not JSON-RPC messages, malformed messages, requests toolgate refused)"}
 	for _, secret := range secrets {
 		p.longest = max(p.longest, encodedForms(len(secret)))
 	}

@@ -58,9 +58,10 @@ type runtime struct {
 	janitor  chan struct{} // closed to stop the idle sweep
 	restarts []restart     // the restart schedule, for tests and logs
 
-	// procs counts the service's processes alive now, those retiring after
-	// a credential change included; retiring counts those alone (see
-	// placesLocked). Atomic, so that rt.mu is never held while a
+	// procs counts the service's processes alive or starting, those
+	// retiring after a credential change included (a start takes its place
+	// as it is decided: see replaceLocked); retiring counts those alone
+	// (see placesLocked). Atomic, so that rt.mu is never held while a
 	// worker's lock is taken (worker.ended takes rt.mu under its own).
 	procs, retiring atomic.Int64
 }
@@ -183,7 +184,7 @@ func (rt *runtime) worker(user string) (*worker, error) {
 
 // placesLocked counts what max_processes bounds: each worker (its process
 // running, starting or waiting to be restarted) and the processes retiring
-// beside them, which finish their requests in progress (retireLocked).
+// beside them, which finish their requests in progress (replaceLocked).
 func (rt *runtime) placesLocked() int {
 	return len(rt.workers) + int(rt.retiring.Load())
 }
@@ -359,8 +360,7 @@ func (w *worker) ready(ctx context.Context, cred string, also []string) (*mcpbri
 				w.mu.Unlock()
 				return l, nil
 			}
-			w.retireLocked()
-			w.startLocked(cred, also)
+			w.replaceLocked(cred, also)
 		case stateStopped:
 			w.startLocked(cred, also)
 		case stateBackoff:
@@ -436,23 +436,30 @@ func (w *worker) busy() (bool, time.Time) {
 	return b, used
 }
 
-func (w *worker) startLocked(cred string, also []string) {
+// startLocked starts a process with cred. It returns the count of the
+// service's processes with this one's place taken: taken as the start is
+// decided, not once the process runs, so that two starts at once never
+// both find the last place free.
+func (w *worker) startLocked(cred string, also []string) int64 {
+	n := w.rt.procs.Add(1)
 	w.state, w.cred, w.also = stateStarting, cred, also
 	w.started = make(chan struct{})
 	go w.run(cred, also, w.started)
+	return n
 }
 
-// retireLocked sets the running process aside: it takes no new sessions
-// and stops once its requests in progress are answered — or at once, its
-// calls in progress failing, when the service has no room for it beside
-// the process that replaces it (max_processes counts retiring processes:
-// a user who stores new credentials does not get a process for each).
-func (w *worker) retireLocked() {
+// replaceLocked sets the running process aside and starts one with cred.
+// The old one takes no new sessions and stops once its requests in
+// progress are answered — or at once, its calls in progress failing, when
+// the service has no room for it beside the one that replaces it
+// (max_processes counts retiring processes: a user who stores new
+// credentials does not get a process for each).
+func (w *worker) replaceLocked(cred string, also []string) {
 	p, link := w.proc, w.link
 	w.proc, w.link = nil, nil
 	w.retiring[p] = struct{}{}
 	w.rt.retiring.Add(1)
-	if w.rt.procs.Load() >= int64(w.rt.spec.MaxProcs) {
+	if w.startLocked(cred, also) > int64(w.rt.spec.MaxProcs) {
 		go p.stop(w.rt.spec.Stop)
 		return
 	}
@@ -466,12 +473,12 @@ func (w *worker) run(cred string, also []string, started chan struct{}) {
 	s := w.rt.spec
 	p, err := startProcess(s, cred, also, w.rt.log())
 	if err != nil {
+		w.rt.procs.Add(-1) // the place startLocked took
 		w.rt.log().Error("cannot start the program", zap.String("service", s.Service), zap.Error(err))
 		w.ended(nil, started, "could not be started ("+err.Error()+")", "start_failed")
 		return
 	}
-	w.rt.procs.Add(1)
-	cfg := mcpbridge.LinkConfig{Send: p.send, Owned: true, LogMalformed: p.stdoutLog.take}
+	cfg := mcpbridge.LinkConfig{Send: p.send, Owned: true, MayLog: p.stdoutLog.take}
 	if s.CredEnv != "" {
 		// A request with another credential (a refreshed token) is for a
 		// process that holds that one.
