@@ -499,8 +499,32 @@ else := max_result_bytes
 scan_margin := 16384
 
 # A secret split across two text items is looked for in a window of this
-# many characters on each side of the seam.
+# many characters on each side of the seam, stretched on each side through
+# the run of token characters (those of base64, base64url and JWTs) that
+# goes on beyond it, by at most seam_stretch more: a long token split far
+# from its middle is seen whole. (The gateway's scan, modules/policy,
+# takes the same windows.)
 seam_window := 1024
+
+seam_stretch := 16384
+
+# not_token matches a character that ends a token run.
+not_token := `[^A-Za-z0-9+/=_.\-]`
+
+# seam_left(t): the last seam_window characters of t, with the token run
+# that goes on before them.
+seam_left(t) := concat("", [parts[count(parts) - 1], last_chars(t, seam_window)]) if {
+	count(t) > seam_window
+	before := last_chars(t, seam_window + seam_stretch)
+	parts := regex.split(not_token, substring(before, 0, count(before) - seam_window))
+} else := t
+
+# seam_right(t): the first seam_window characters of t, with the token run
+# that goes on after them.
+seam_right(t) := concat("", [first_chars(t, seam_window), parts[0]]) if {
+	count(t) > seam_window
+	parts := regex.split(not_token, substring(first_chars(t, seam_window + seam_stretch), seam_window, -1))
+} else := t
 
 service_id := object.get(input, ["service", "id"], "")
 
@@ -618,7 +642,7 @@ seam_looks([a, b]) if {
 
 seam_looks([a, b]) if text.has_invisible(seam_text(a, b))
 
-seam_text(a, b) := concat("", [last_chars(input.result.content[a].text, seam_window), first_chars(input.result.content[b].text, seam_window)])
+seam_text(a, b) := concat("", [seam_left(input.result.content[a].text), seam_right(input.result.content[b].text)])
 
 # looks maps [path, key] of every inspected string or key that may need
 # cleaning to what the scan says about it.
@@ -905,8 +929,8 @@ seam_index(i) if seam_heads[i]
 # is redacted all the same).
 seam_secrets contains {"a": a, "b": b, "tail": tail, "keep": keep, "head": head, "kind": kind} if {
 	some [a, b] in scan.seams
-	left := last_chars(text.clean(input.result.content[a].text), seam_window)
-	right := first_chars(text.clean(first_chars(input.result.content[b].text, 2 * seam_window)), seam_window)
+	left := seam_left(text.clean(input.result.content[a].text))
+	right := seam_right(text.clean(first_chars(input.result.content[b].text, (2 * seam_window) + seam_stretch)))
 	w := concat("", [left, right])
 	ks := kinds_in_order(w)
 	count(ks) > 0

@@ -485,8 +485,42 @@ func (l *scanEntries) add(path []pathStep, s string, key bool) {
 }
 
 // seamWindow is how many characters on each side of the seam between two
-// text items are looked at for a secret split across them.
-const seamWindow = 1024
+// text items are looked at for a secret split across them, stretched on
+// each side through the run of token characters that goes on beyond it by
+// at most seamStretch more (the policy's seam_window, seam_stretch,
+// seam_left and seam_right).
+const (
+	seamWindow  = 1024
+	seamStretch = 16384
+)
+
+// isTokenChar reports whether c belongs to a token run (the policy's
+// not_token matches the others): the characters of base64, base64url and
+// JWTs, all ASCII.
+func isTokenChar(c byte) bool {
+	return 'A' <= c && c <= 'Z' || 'a' <= c && c <= 'z' || '0' <= c && c <= '9' ||
+		c == '+' || c == '/' || c == '=' || c == '_' || c == '.' || c == '-'
+}
+
+// seamLeft is the window before a seam: the last seamWindow characters of
+// s, with the token run before them.
+func seamLeft(s string) string {
+	i := len(s) - len(lastRunes(s, seamWindow))
+	for n := 0; i > 0 && n < seamStretch && isTokenChar(s[i-1]); n++ {
+		i--
+	}
+	return s[i:]
+}
+
+// seamRight is the window after a seam: the first seamWindow characters of
+// s, with the token run after them.
+func seamRight(s string) string {
+	i := len(firstRunes(s, seamWindow))
+	for n := 0; i < len(s) && n < seamStretch && isTokenChar(s[i]); n++ {
+		i++
+	}
+	return s[:i]
+}
 
 // resultTerms converts a payload of the given shape (JSON text) to
 // input.result and, with a scanner, input.scan (else scan is nil). With
@@ -627,7 +661,7 @@ func (sc *scanner) seams(result *ast.Term) (seams []*ast.Term, content *ast.Arra
 	prev, prevText := -1, ""
 	eachTextItem(content, func(i int, text string) {
 		if prev >= 0 {
-			w := lastRunes(prevText, seamWindow) + firstRunes(text, seamWindow)
+			w := seamLeft(prevText) + seamRight(text)
 			if sc.hasMarker(w) || sc.hasInvisible(w) {
 				seams = append(seams, ast.ArrayTerm(ast.InternedTerm(prev), ast.InternedTerm(i)))
 			}

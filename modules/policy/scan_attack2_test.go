@@ -11,8 +11,7 @@ package policy
 // rd2Decide).
 //
 // Fixed: TestScan2AttackLongJWTAcrossThreeItemsPastSpanAfter
-// Open:  TestScan2AttackLongJWTAcrossTwoItemsPastSeamWindow
-//        (scan_open_test.go, build tag open_findings)
+// Fixed: TestScan2AttackLongJWTAcrossTwoItemsPastSeamWindow
 // Held:  TestScan2AttackHasMarkerAgreesWithPolicyFold
 // Held:  TestScan2AttackMarkerInAgreesWithJoinedFold
 // Held:  TestScan2AttackFoldedMarkersDecideAsLongWay
@@ -259,3 +258,41 @@ func TestScan2AttackFoldedMarkersDecideAsLongWay(t *testing.T) {
 }
 
 func isRuneStart(s string, i int) bool { return i <= 0 || i >= len(s) || s[i]&0xC0 != 0x80 }
+
+// Attack (fixed): the same 5 KiB JWT split across two text items only, the
+// boundary in its header: "eyJhbGciOiJIUzI1NiJ9" | ".eyJ<5 KiB>.<sig>".
+// Runners join them. Expected: the token redacted (the policy redacts a
+// secret split across two consecutive text items piece by piece,
+// result.rego:878-931), or the result withheld. Happens: the policy
+// looks for it in seam_window = 1024 characters on each side of the seam
+// (result.rego:503, seam_secrets :906-909), which hold one of the two
+// dots; the second item alone has no "eyJ" with two dots after it; the
+// gateway's acrossItems does not look at two items (spans.go:99-101),
+// and for three it assumes the policy redacts whatever the pattern
+// matches across a pair's seam, at any length (crossesOnceRedacted,
+// spans.go:154-195). The whole token passes, with the scan and without
+// (a policy gap, not the scan's; older than 159cbe1). Fixed: the windows
+// around a seam stretch through the token run beyond them (seam_left,
+// seam_right; seamLeft, seamRight), see seam_stretch_test.go.
+func TestScan2AttackLongJWTAcrossTwoItemsPastSeamWindow(t *testing.T) {
+	e := rd2Engine(t)
+	sc := maScanner(t, e)
+	header := "eyJhbGciOiJIUzI1NiJ9"
+	sig := "SflKxwRJSMeKKF2QT4fwpMeJf36POk6yJV_adQssw5c"
+	payload := "eyJ" + strings.Repeat("Z3JvdXBz", 5000/8)
+	items := []string{header, "." + payload + "." + sig}
+	if !sc.secrets.MatchString(strings.Join(items, "")) {
+		t.Fatal("control: the policy's patterns do not match the joined token")
+	}
+	fast, slow, ok := rd2Decide(t, e, channelResult, "tools/call", maTextResult(items...))
+	if !ok {
+		return // withheld
+	}
+	for _, d := range []string{fast, slow} {
+		if strings.HasPrefix(d, "allow") && strings.Contains(d, sig) || d == "allow|||||" {
+			t.Errorf("a JWT (payload %d bytes) across two text items, the boundary in its header, passes: with the scan %.150s; the long way %.150s",
+				len(payload), fast, slow)
+			break
+		}
+	}
+}
