@@ -500,30 +500,30 @@ scan_margin := 16384
 
 # A secret split across two text items is looked for in a window of this
 # many characters on each side of the seam, stretched on each side through
-# the run of token characters (those of base64, base64url and JWTs) that
-# goes on beyond it, by at most seam_stretch more: a long token split far
-# from its middle is seen whole. (The gateway's scan, modules/policy,
-# takes the same windows.)
+# the run of token characters (token_chars) that goes on beyond it, by at
+# most seam_stretch more: a token of up to 10 KiB split anywhere is seen
+# whole. (The gateway's scan, modules/policy, takes the same windows; a
+# longer stretch costs the regular expressions of seam_secrets more than
+# it finds.)
 seam_window := 1024
 
-seam_stretch := 16384
-
-# not_token matches a character that ends a token run.
-not_token := `[^A-Za-z0-9+/=_.\-]`
+seam_stretch := 4096
 
 # seam_left(t): the last seam_window characters of t, with the token run
 # that goes on before them.
-seam_left(t) := concat("", [parts[count(parts) - 1], last_chars(t, seam_window)]) if {
+seam_left(t) := concat("", [run, last_chars(t, seam_window)]) if {
 	count(t) > seam_window
-	before := last_chars(t, seam_window + seam_stretch)
-	parts := regex.split(not_token, substring(before, 0, count(before) - seam_window))
+	stretched := last_chars(t, seam_window + seam_stretch)
+	before := substring(stretched, 0, count(stretched) - seam_window)
+	run := substring(before, count(trim_right(before, token_cutset)), -1)
 } else := t
 
 # seam_right(t): the first seam_window characters of t, with the token run
 # that goes on after them.
-seam_right(t) := concat("", [first_chars(t, seam_window), parts[0]]) if {
+seam_right(t) := concat("", [first_chars(t, seam_window), run]) if {
 	count(t) > seam_window
-	parts := regex.split(not_token, substring(first_chars(t, seam_window + seam_stretch), seam_window, -1))
+	after := substring(first_chars(t, seam_window + seam_stretch), seam_window, -1)
+	run := substring(after, 0, count(after) - count(trim_left(after, token_cutset)))
 } else := t
 
 service_id := object.get(input, ["service", "id"], "")
@@ -832,8 +832,11 @@ max_windows := 16
 
 token_limit := 1000
 
-# token_chars: every character that a token of a built-in kind may hold.
+# token_chars: every character that a token of a built-in kind may hold;
+# token_cutset, the same for trim_left and trim_right.
 token_chars := `[A-Za-z0-9\-._~+/%=]`
+
+token_cutset := "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~+/%="
 
 spanning_kinds := {"pem_private_key", "pgp_private_key", "ssh2_private_key", "putty_private_key", "private_key_base64"}
 

@@ -491,15 +491,15 @@ func (l *scanEntries) add(path []pathStep, s string, key bool) {
 // seam_left and seam_right).
 const (
 	seamWindow  = 1024
-	seamStretch = 16384
+	seamStretch = 4096
 )
 
-// isTokenChar reports whether c belongs to a token run (the policy's
-// not_token matches the others): the characters of base64, base64url and
-// JWTs, all ASCII.
+// isTokenChar reports whether c belongs to a token run: every character
+// that a token of a built-in kind may hold (the policy's token_chars and
+// token_cutset), all ASCII.
 func isTokenChar(c byte) bool {
 	return 'A' <= c && c <= 'Z' || 'a' <= c && c <= 'z' || '0' <= c && c <= '9' ||
-		c == '+' || c == '/' || c == '=' || c == '_' || c == '.' || c == '-'
+		strings.IndexByte("-._~+/%=", c) >= 0
 }
 
 // seamLeft is the window before a seam: the last seamWindow characters of
