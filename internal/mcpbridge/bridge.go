@@ -21,6 +21,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -80,6 +81,11 @@ type Bridge struct {
 
 	mu       sync.Mutex
 	sessions map[string]*Session
+	// winding holds, by id, sessions that were winding down (their
+	// runner's credential changed: see RoundTrip) when toolgate_proxy
+	// initialized their MCP session again under the same name: until they
+	// end, they take what their calls in progress wait for (ownerOf).
+	winding map[string][]*Session
 
 	idle      atomic.Int64 // nanoseconds; 0: sessions do not expire here
 	sweeping  sync.Once
@@ -98,7 +104,7 @@ type Config struct {
 // New returns a bridge whose sessions opener makes.
 func New(cfg Config, opener Opener) *Bridge {
 	b := &Bridge{opener: opener, service: cfg.Service, limits: cfg.Limits, maxBody: cfg.MaxMessage,
-		maxQueue: max(2*cfg.MaxMessage, 4<<20), sessions: map[string]*Session{}, stopSweep: make(chan struct{})}
+		maxQueue: max(2*cfg.MaxMessage, 4<<20), sessions: map[string]*Session{}, winding: map[string][]*Session{}, stopSweep: make(chan struct{})}
 	b.SetLogger(cfg.Logger)
 	return b
 }
@@ -178,6 +184,7 @@ func (b *Bridge) sweepIdle() {
 			old = append(old, s)
 		}
 	}
+	b.pruneWindingLocked("")
 	b.mu.Unlock()
 	for _, s := range old {
 		if !s.busy() && s.lastUsed.Load() < cutoff {
@@ -195,7 +202,11 @@ func (b *Bridge) Close() {
 	for _, s := range b.sessions {
 		sessions = append(sessions, s)
 	}
+	for _, ws := range b.winding {
+		sessions = append(sessions, ws...)
+	}
 	clear(b.sessions)
+	clear(b.winding)
 	b.mu.Unlock()
 	for _, s := range sessions {
 		s.end("toolgate stopped")
@@ -234,7 +245,9 @@ func (b *Bridge) RoundTrip(r *http.Request) (*http.Response, error) {
 		// requests, and cancellations — and refuses the rest as gone.
 		s.retire("the caller's credential changed")
 		if r.Method != http.MethodPost {
-			b.forgetSession(s)
+			if r.Method == http.MethodDelete || !s.winding() { // a GET opening the stream again keeps it
+				b.forgetSession(s)
+			}
 			return b.gone(r, nil)
 		}
 	}
@@ -279,9 +292,46 @@ func (b *Bridge) RoundTrip(r *http.Request) (*http.Response, error) {
 	case mcpmsg.Request:
 		return b.answered(r, s, &msg)(s.request(r, msg))
 	case mcpmsg.Notification:
-		return b.answered(r, s, nil)(s.notify(r, msg))
+		o := b.ownerOf(s, msg)
+		return b.answered(r, o, nil)(o.notify(r, msg))
 	default:
-		return b.answered(r, s, nil)(s.answer(r, msg))
+		o := b.ownerOf(s, msg)
+		return b.answered(r, o, nil)(o.answer(r, msg))
+	}
+}
+
+// ownerOf is the session a runner's answer or cancellation on s is for:
+// s, or a session of the same MCP session winding down beside it (see
+// winding) that has the server request it answers, or the request it
+// cancels.
+func (b *Bridge) ownerOf(s *Session, msg mcpmsg.Message) *Session {
+	if s.awaits(msg) {
+		return s
+	}
+	b.mu.Lock()
+	ws := slices.Clone(b.winding[s.ID])
+	b.mu.Unlock()
+	for _, w := range ws {
+		if w.User == s.User && w.awaits(msg) {
+			return w
+		}
+	}
+	return s
+}
+
+// pruneWindingLocked forgets the winding sessions that ended, of id (""
+// for every id).
+func (b *Bridge) pruneWindingLocked(id string) {
+	for key, ws := range b.winding {
+		if id != "" && key != id {
+			continue
+		}
+		ws = slices.DeleteFunc(ws, (*Session).ended)
+		if len(ws) == 0 {
+			delete(b.winding, key)
+		} else {
+			b.winding[key] = ws
+		}
 	}
 }
 
@@ -360,7 +410,14 @@ func (b *Bridge) open(r *http.Request, msg mcpmsg.Message) (*http.Response, erro
 	old := b.sessions[s.ID] // the same MCP session's, initialized again here
 	b.sessions[s.ID] = s
 	b.mu.Unlock()
-	if old != nil && old != s {
+	switch {
+	case old == nil || old == s:
+	case old.winding(): // its calls in progress still finish
+		b.mu.Lock()
+		b.pruneWindingLocked(old.ID)
+		b.winding[old.ID] = append(b.winding[old.ID], old)
+		b.mu.Unlock()
+	default:
 		old.end("the client initialized its session again")
 	}
 	return rpcResponse(r, http.StatusOK, answer, http.Header{"Mcp-Session-Id": {s.ID}}), nil

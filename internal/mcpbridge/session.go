@@ -68,6 +68,32 @@ func (s *Session) reachableLocked() bool {
 	return !s.closed && s.link.err == nil
 }
 
+// ended reports whether the session ended.
+func (s *Session) ended() bool {
+	s.link.mu.Lock()
+	defer s.link.mu.Unlock()
+	return s.closed
+}
+
+// awaits reports whether msg is something the session waits for from its
+// runner: the answer to a server request routed to it, or the
+// cancellation of a request of its in progress.
+func (s *Session) awaits(msg mcpmsg.Message) bool {
+	l := s.link
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	switch {
+	case s.closed:
+		return false
+	case msg.Kind == mcpmsg.Response:
+		sr := l.serverRequests[mcpmsg.IDKey(msg.ID)]
+		return sr != nil && sr.session == s
+	case msg.Method == "notifications/cancelled":
+		return s.requests[mcpmsg.IDKey([]byte(gjson.GetBytes(msg.Params, "requestId").Raw))] != nil
+	}
+	return false
+}
+
 // winding reports whether the session is retiring and not ended yet: its
 // runner can no longer start anything on it, and its calls in progress
 // still reach their answers through it.

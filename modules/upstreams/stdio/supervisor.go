@@ -58,12 +58,15 @@ type runtime struct {
 	janitor  chan struct{} // closed to stop the idle sweep
 	restarts []restart     // the restart schedule, for tests and logs
 
-	// procs counts the service's processes alive or starting, those
-	// retiring after a credential change included (a start takes its place
-	// as it is decided: see replaceLocked); retiring counts those alone
-	// (see placesLocked). Atomic, so that rt.mu is never held while a
-	// worker's lock is taken (worker.ended takes rt.mu under its own).
-	procs, retiring atomic.Int64
+	// places counts what max_processes bounds: each worker (its process
+	// running, starting or waiting to be restarted) and the processes
+	// retiring beside them, which finish their requests in progress
+	// (replaceLocked). A place is taken by adding to it and comparing
+	// what the addition returns, so that two takes at once never both
+	// find the last place free; atomic, so that replaceLocked can take
+	// one under a worker's lock without rt.mu (worker.ended takes rt.mu
+	// under its own). procs counts the processes alive or starting.
+	places, procs atomic.Int64
 }
 
 // restart is one scheduled restart.
@@ -158,7 +161,7 @@ func (rt *runtime) worker(user string) (*worker, error) {
 	if w := rt.workers[key]; w != nil {
 		return w, nil
 	}
-	if rt.placesLocked() >= rt.spec.MaxProcs {
+	if rt.places.Add(1) > int64(rt.spec.MaxProcs) { // the new worker's place
 		var oldest *worker
 		var oldestUse time.Time
 		for _, w := range rt.workers {
@@ -167,14 +170,15 @@ func (rt *runtime) worker(user string) (*worker, error) {
 			}
 		}
 		if oldest == nil {
+			rt.places.Add(-1)
 			return nil, &mcpbridge.Unavailable{Reason: fmt.Sprintf(
 				"service %s runs as many programs as its max_processes allows (%d), all busy; retry later", rt.spec.Service, rt.spec.MaxProcs)}
 		}
-		delete(rt.workers, oldest.key)
+		rt.dropLocked(oldest.key)
 		go oldest.stop("another user needed its place")
 	}
 	w := &worker{rt: rt, key: key, retiring: map[*process]struct{}{}}
-	rt.workers[key] = w
+	rt.workers[key] = w // its place is taken above
 	if rt.janitor == nil && rt.spec.Idle > 0 {
 		rt.janitor = make(chan struct{})
 		go rt.sweep(rt.janitor)
@@ -182,11 +186,13 @@ func (rt *runtime) worker(user string) (*worker, error) {
 	return w, nil
 }
 
-// placesLocked counts what max_processes bounds: each worker (its process
-// running, starting or waiting to be restarted) and the processes retiring
-// beside them, which finish their requests in progress (replaceLocked).
-func (rt *runtime) placesLocked() int {
-	return len(rt.workers) + int(rt.retiring.Load())
+// dropLocked forgets the worker of key and gives its place back (its
+// retiring processes keep theirs until they end).
+func (rt *runtime) dropLocked(key string) {
+	if _, ok := rt.workers[key]; ok {
+		delete(rt.workers, key)
+		rt.places.Add(-1)
+	}
 }
 
 // connectionGone stops the process of the user whose connection to svc
@@ -245,7 +251,7 @@ func (rt *runtime) stopGone(gone map[string]held, grantFor func(user string) (st
 		w := rt.workers[user]
 		stale := w == h.w && w.holds(h.cred)
 		if stale {
-			delete(rt.workers, user)
+			rt.dropLocked(user)
 		}
 		rt.mu.Unlock()
 		if stale {
@@ -271,7 +277,7 @@ func (rt *runtime) sweep(stop chan struct{}) {
 		for key, w := range rt.workers {
 			if busy, used := w.busy(); !busy && used.Before(cutoff) {
 				idle = append(idle, w)
-				delete(rt.workers, key)
+				rt.dropLocked(key)
 			}
 		}
 		rt.mu.Unlock()
@@ -300,6 +306,7 @@ func (rt *runtime) Destruct() error {
 	rt.closed = true
 	workers := rt.workers
 	rt.workers = map[string]*worker{}
+	rt.places.Add(-int64(len(workers)))
 	if rt.janitor != nil {
 		close(rt.janitor)
 	}
@@ -436,16 +443,12 @@ func (w *worker) busy() (bool, time.Time) {
 	return b, used
 }
 
-// startLocked starts a process with cred. It returns the count of the
-// service's processes with this one's place taken: taken as the start is
-// decided, not once the process runs, so that two starts at once never
-// both find the last place free.
-func (w *worker) startLocked(cred string, also []string) int64 {
-	n := w.rt.procs.Add(1)
+// startLocked starts a process with cred (counted in procs from now on).
+func (w *worker) startLocked(cred string, also []string) {
+	w.rt.procs.Add(1)
 	w.state, w.cred, w.also = stateStarting, cred, also
 	w.started = make(chan struct{})
 	go w.run(cred, also, w.started)
-	return n
 }
 
 // replaceLocked sets the running process aside and starts one with cred.
@@ -458,8 +461,9 @@ func (w *worker) replaceLocked(cred string, also []string) {
 	p, link := w.proc, w.link
 	w.proc, w.link = nil, nil
 	w.retiring[p] = struct{}{}
-	w.rt.retiring.Add(1)
-	if w.startLocked(cred, also) > int64(w.rt.spec.MaxProcs) {
+	room := w.rt.places.Add(1) <= int64(w.rt.spec.MaxProcs) // the old one's place, beside its worker's
+	w.startLocked(cred, also)
+	if !room {
 		go p.stop(w.rt.spec.Stop)
 		return
 	}
@@ -541,7 +545,7 @@ func (w *worker) endedLocked(p *process, started chan struct{}, why string) (tim
 	if p != nil {
 		if _, ok := w.retiring[p]; ok {
 			delete(w.retiring, p)
-			w.rt.retiring.Add(-1)
+			w.rt.places.Add(-1)
 			return 0, false
 		}
 		if w.proc != p {
@@ -549,6 +553,9 @@ func (w *worker) endedLocked(p *process, started chan struct{}, why string) (tim
 		}
 	} else if w.started != started {
 		return 0, false
+	}
+	if w.state == stateClosed {
+		return 0, false // stopped for good while its start failed
 	}
 	if w.state == stateRunning && now().Sub(w.startedAt) >= stablePeriod {
 		w.failures = 0
