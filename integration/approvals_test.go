@@ -266,7 +266,10 @@ func TestApprovalFourEyesToolScopeDenialAndExpiry(t *testing.T) {
 	}
 	mustSucceed(t, m.call(6, "gated_tool", `{"text":"tool-scope b"}`))
 	mustSucceed(t, m.call(7, "gated_tool", `{"text":"tool-scope c"}`))
-	mustSucceed(t, m.call(8, "gated_tool", `{"text":"any arguments at all"}`))
+	mustSucceed(t, m.call(8, "gated_tool", `{"text":"tool-scope, any arguments at all"}`))
+	// Not a call whose own ask offers no tool scope: the policy decides
+	// the terms of each call's approval.
+	mustPend(t, m.call(12, "gated_tool", `{"text":"any arguments at all"}`))
 	other := g.raw(t, aliceKey, g.createSession(t, aliceKey, "svc"), "svc")
 	other.initialize()
 	mustPend(t, other.call(1, "gated_tool", `{"text":"tool-scope b"}`)) // another session is not covered

@@ -533,18 +533,16 @@ func (a *Approval) DecidedUnder(spec Spec) bool {
 	return asked.MayDecide(&gateway.Caller{User: a.DecidedBy, Groups: a.DecidedGroups})
 }
 
-// CoversUnder reports whether the approved a still covers an ask made with
-// spec by the policy of revision: its decider may decide it (DecidedUnder)
-// and, when the policy changed since a was asked for, a scope wider than
-// once is still one the policy offers and a is not older than the policy's
-// ttl now allows — so that a policy that narrows its approvals narrows
-// those already given.
-func (a *Approval) CoversUnder(spec Spec, revision string) bool {
+// Covers reports whether the approved a covers an ask made with spec: its
+// decider may decide it (DecidedUnder), a scope wider than once is one the
+// ask offers too, and a is not older than the ask's ttl — whether or not
+// the policy changed since a was given: a policy whose approval object
+// depends on the call (a large payment offered only once, a small one for
+// the tool) is followed call by call, and a policy that narrows its
+// approvals narrows those already given.
+func (a *Approval) Covers(spec Spec) bool {
 	if !a.DecidedUnder(spec) {
 		return false
-	}
-	if revision == a.Revision {
-		return true
 	}
 	if a.Scope != ScopeOnce && a.Scope != "" && !slices.Contains(spec.Scopes, a.Scope) {
 		return false

@@ -108,16 +108,15 @@ func TestDecidedUnder(t *testing.T) {
 	}
 }
 
-// An approval given under a policy that changed since covers later asks
-// only on the policy's terms now: a scope it no longer offers, or an age
-// past its ttl now, does not cover them. Under the same policy, the scope
-// the approver chose holds.
-func TestCoversUnder(t *testing.T) {
+// An approval covers later asks only on the terms the policy gives each of
+// them: a scope the ask does not offer, or an age past its ttl, does not
+// cover it — under the same policy revision as under another.
+func TestCovers(t *testing.T) {
 	created := now().Add(-30 * time.Minute)
 	session := &Approval{Requester: "alice", DecidedBy: "alice", Scope: ScopeSession, CreatedAt: created, Revision: "r1"}
 	tool := &Approval{Requester: "alice", DecidedBy: "alice", Scope: ScopeTool, CreatedAt: created, Revision: "r1"}
-	if !tool.CoversUnder(Spec{Scopes: []string{ScopeOnce}, TTL: time.Minute, RequesterMayApprove: true}, "r1") {
-		t.Error("under the same policy, a tool approval does not cover another call of the tool")
+	if tool.Covers(Spec{Scopes: []string{ScopeOnce}, TTL: time.Hour, RequesterMayApprove: true}) {
+		t.Error("a tool approval covers a call whose ask offers only once")
 	}
 	spec := func(js string) Spec {
 		s, err := ParseSpec([]byte(js))
@@ -138,7 +137,7 @@ func TestCoversUnder(t *testing.T) {
 		{tool, spec(`{"ttl":"1h","scopes":["once","session"]}`), false},
 		{session, spec(`{"ttl":"1h","scopes":["once","session"],"approvers":{"groups":["admins"]},"requester_may_approve":false}`), false},
 	} {
-		if got := c.a.CoversUnder(c.spec, "r2"); got != c.want {
+		if got := c.a.Covers(c.spec); got != c.want {
 			t.Errorf("%s approval under %+v: covers %v, want %v", c.a.Scope, c.spec, got, c.want)
 		}
 	}

@@ -379,10 +379,9 @@ func (m *Manager) Resolve(ctx context.Context, ask Ask) (res Resolution, err err
 			}
 		case StateApproved:
 			switch {
-			case !a.CoversUnder(ask.Spec, ask.Revision):
-				// Its decider may not decide this ask, or the policy changed
-				// and no longer gives approvals of its scope or age: it
-				// asks anew.
+			case !a.Covers(ask.Spec):
+				// Its decider may not decide this ask, or the ask does not
+				// offer approvals of its scope or age: it asks anew.
 			case a.Scope == ScopeTool && a.ToolKey == toolKey:
 				m.eventFor(a, "used", nil, ask.Decision.ID)
 				return Resolution{Kind: Allow, Approval: a}, nil

@@ -32,7 +32,7 @@ import (
 // approvers, approver_groups, requester_may_approve and in_band say who
 // may decide (and so see) the approval: a receiver posting to a channel
 // wider than them routes by them. The reason and the arguments are
-// written with format characters escaped (Visible), as the console shows
+// written with invisible characters escaped (Visible), as the console shows
 // them, and each is cut past maxAnnounced bytes ("arguments_truncated":
 // true stands for arguments past it): the page has the rest.
 //

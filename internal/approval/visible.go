@@ -7,19 +7,24 @@ import (
 	"unicode/utf16"
 )
 
-// Visible is text with its format characters (Unicode's Cf: bidirectional
-// controls, zero-width spaces, …) written as \u escapes, so that no
-// argument or reason hides text or shows it reordered to a person judging
-// a call: on the console's pages and in webhook announcements. In JSON
-// text every such character is inside a string (outside strings JSON is
-// ASCII), where the escape means the same character.
+// Visible is text with its invisible characters written as \u escapes, so
+// that no argument or reason hides text or shows it reordered to a person
+// judging a call: on the console's pages, in webhook announcements and in
+// in-band questions. Invisible means every format character (Unicode's Cf:
+// bidirectional controls, zero-width spaces, …) and every other
+// Default_Ignorable_Code_Point (Other_Default_Ignorable_Code_Point, such as
+// the Hangul fillers U+115F, U+1160, U+3164 and U+FFA0 or the combining
+// grapheme joiner U+034F, and the variation selectors), which render as
+// nothing. Ordinary whitespace (space, tab, line breaks) is kept as it is.
+// In JSON text every such character is inside a string (outside strings
+// JSON is ASCII), where the escape means the same character.
 func Visible(text string) string {
-	if !strings.ContainsFunc(text, isFormat) {
+	if !strings.ContainsFunc(text, isInvisible) {
 		return text
 	}
 	var b strings.Builder
 	for _, r := range text {
-		if !isFormat(r) {
+		if !isInvisible(r) {
 			b.WriteRune(r)
 			continue
 		}
@@ -33,4 +38,8 @@ func Visible(text string) string {
 	return b.String()
 }
 
-func isFormat(r rune) bool { return unicode.Is(unicode.Cf, r) }
+// isInvisible reports whether Visible escapes r: a format character or
+// another default-ignorable code point (none of which is whitespace).
+func isInvisible(r rune) bool {
+	return unicode.In(r, unicode.Cf, unicode.Other_Default_Ignorable_Code_Point, unicode.Variation_Selector)
+}

@@ -247,6 +247,12 @@ func TestCompleteAndUndeclared(t *testing.T) {
 	if got := string(Complete("tools/list", []byte(`{"resultType":"complete","tools":[],"ttlMs":5,"cacheScope":"public"}`), true)); !strings.Contains(got, `"cacheScope":"private"`) || !strings.Contains(got, `"ttlMs":5`) {
 		t.Errorf("a listing filtered per caller stays public: %s", got)
 	}
+	for _, rt := range []string{`"Complete"`, `"Input_Required"`, `"done"`, `5`, `null`, `"input_required "`} {
+		got := string(Complete("resources/read", []byte(`{"resultType":`+rt+`,"contents":[],"ttlMs":5,"cacheScope":"public"}`), true))
+		if got != `{"resultType":"complete","contents":[],"ttlMs":5,"cacheScope":"private"}` {
+			t.Errorf("a resultType %s, which runners read as complete, kept its hints: %s", rt, got)
+		}
+	}
 	in := []byte(`{"resultType":"input_required","inputRequests":{"a":{"method":"sampling/createMessage","params":{}},"b":{"method":"elicitation/create","params":{"mode":"url","url":"https://x"}}}}`)
 	if got := Complete("tools/call", in, true); string(got) != string(in) {
 		t.Errorf("an input_required result got caching hints: %s", got)

@@ -102,20 +102,26 @@ func AsksInput(result []byte) bool {
 }
 
 // Complete makes an upstream's result one of the stateless revision for the
-// runner: resultType "complete" when the upstream (of an earlier revision)
-// gave none, and, on a complete result of a cacheable method, the caching
-// hints — ttlMs 0 when absent, and cacheScope "private" when private is set
-// (toolgate filtered or changed the result for this caller, so no shared
-// cache may serve it to another) or when absent. It returns result itself
-// when nothing changes.
+// runner: resultType "complete" unless it is exactly input_required (runners
+// read every other resultType — none, "Complete", a number — as a complete
+// result, so toolgate does too, and writes it so that runners and caches in
+// front of them all read the same), and, on a complete result of a
+// cacheable method, the caching hints — ttlMs 0 when absent, and cacheScope
+// "private" when private is set (toolgate filtered or changed the result
+// for this caller, so no shared cache may serve it to another) or when
+// absent. It returns result itself when nothing changes.
 func Complete(method string, result []byte, private bool) []byte {
 	if len(result) == 0 || result[0] != '{' {
 		return result
 	}
-	if !gjson.GetBytes(result, "resultType").Exists() {
+	t, isString := mcpmsg.String(mcpmsg.MemberOf(result, "resultType"))
+	switch {
+	case isString && t == ResultInputRequired:
+		return result
+	case !isString || t != ResultComplete:
 		result = mcpmsg.ReplaceMember(result, "resultType", []byte(`"complete"`))
 	}
-	if ResultType(result) != ResultComplete || !slices.Contains(CacheableMethods, method) {
+	if !slices.Contains(CacheableMethods, method) {
 		return result
 	}
 	if !gjson.GetBytes(result, "ttlMs").Exists() {

@@ -280,6 +280,18 @@ func withoutOwnInput(params []byte) []byte {
 	return mcpmsg.ReplaceMember(params, "inputResponses", rest)
 }
 
+// WithoutRetry returns params without what a retry of a multi round-trip
+// request adds (inputResponses, requestState; in any case, as an
+// upstream's decoder may read them): the revision's members, which only
+// toolgate may send to an upstream that initializes (to the exchange it
+// holds) and a runner of an earlier revision sends no upstream (toolgate
+// answers the input requests of an upstream of 2026-07-28 for it).
+// Otherwise a runner's own answers would reach the upstream as answers to
+// input requests never asked through toolgate, nor decided as answers.
+func WithoutRetry(params []byte) []byte {
+	return mcpmsg.RemoveMemberFold(mcpmsg.RemoveMemberFold(params, "inputResponses"), "requestState")
+}
+
 // CallParams are the params that identify a request other than a
 // tools/call, for its approvals and the requestStates toolgate seals, as
 // a tools/call's arguments identify it: its params without _meta (the

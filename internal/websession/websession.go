@@ -31,6 +31,7 @@ import (
 
 	"github.com/caddyserver/certmagic"
 
+	"github.com/toolgate/toolgate/internal/seal"
 	"github.com/toolgate/toolgate/internal/written"
 	"github.com/toolgate/toolgate/modules/gateway"
 )
@@ -52,6 +53,10 @@ type Session struct {
 	SeenAt    time.Time     `json:"seen_at"`
 	Idle      time.Duration `json:"idle"`       // the session ends when unused this long
 	ExpiresAt time.Time     `json:"expires_at"` // and at this time in any case
+	// MAC binds the record to its id and the person it signs in, under a
+	// key of toolgate's (see signed): a record written into storage by
+	// anyone else signs no one in.
+	MAC []byte `json:"mac"`
 }
 
 // Ref names the session without revealing anything usable: the OAuth
@@ -92,7 +97,15 @@ type Store struct {
 	storage certmagic.Storage
 	perUser int
 	auth    *gateway.AuthConfig // the API keys API-key sign-ins are checked against; nil: none
+	keys    *seal.Keyring       // sign the records (see signed)
 }
+
+// Purpose names the keys that sign browser sessions (gateway.App.Keyring).
+const Purpose = "toolgate/v1/browser-session"
+
+// processKeys sign the records of a store made without keys: they do not
+// open in another process.
+var processKeys = seal.Random(Purpose)
 
 const (
 	prefix       = "toolgate/browser-sessions"
@@ -104,9 +117,43 @@ const (
 // NewStore returns a store over storage that keeps at most perUser
 // sessions of one person (signing in again ends the oldest). An API-key
 // sign-in lives only while auth has the key for its user, and has the
-// key's groups now.
-func NewStore(storage certmagic.Storage, perUser int, auth *gateway.AuthConfig) *Store {
-	return &Store{storage: storage, perUser: perUser, auth: auth}
+// key's groups now. keys sign the records (nil: keys of this process).
+func NewStore(storage certmagic.Storage, perUser int, auth *gateway.AuthConfig, keys *seal.Keyring) *Store {
+	if keys == nil {
+		keys = processKeys
+	}
+	return &Store{storage: storage, perUser: perUser, auth: auth, keys: keys}
+}
+
+// signed is what a record's MAC covers: the hash of its id and everything
+// that says who it signs in and for how long (not SeenAt, which each use
+// writes back).
+func (s *Session) signed() []byte {
+	groups := s.Groups
+	if len(groups) == 0 {
+		groups = nil // as the record reads back: stored without them
+	}
+	b, _ := json.Marshal(struct {
+		Ref       string        `json:"ref"`
+		User      string        `json:"user"`
+		Groups    []string      `json:"groups"`
+		Method    string        `json:"method"`
+		Key       string        `json:"key"`
+		CreatedAt time.Time     `json:"created_at"`
+		Idle      time.Duration `json:"idle"`
+		ExpiresAt time.Time     `json:"expires_at"`
+	}{hashOf(s.ID), s.User, groups, s.Method, s.Key, s.CreatedAt, s.Idle, s.ExpiresAt})
+	return append([]byte("toolgate browser session record v1\x00"), b...)
+}
+
+// sign sets s's MAC: the keys' seal of nothing, with what signed returns
+// as its associated data.
+func (st *Store) sign(s *Session) { s.MAC = st.keys.Seal(nil, s.signed()) }
+
+// genuine reports whether s's MAC is one of the keys' for what it says.
+func (st *Store) genuine(s *Session) bool {
+	_, err := st.keys.Open(s.MAC, s.signed())
+	return err == nil
 }
 
 func hashOf(s string) string {
@@ -128,6 +175,7 @@ func (st *Store) Create(ctx context.Context, user string, groups []string, metho
 	t := now().UTC()
 	s := &Session{ID: base64.RawURLEncoding.EncodeToString(b[:]), User: user, Groups: groups, Method: method, Key: key,
 		CreatedAt: t, SeenAt: t, Idle: idle, ExpiresAt: t.Add(lifetime)}
+	st.sign(s)
 	data, _ := json.Marshal(s)
 	ref := hashOf(s.ID)
 	if err := st.storage.Store(ctx, indexKey(user, ref), []byte(s.ExpiresAt.Format(time.RFC3339))); err != nil {
@@ -200,6 +248,11 @@ func (st *Store) Get(ctx context.Context, id string) (*Session, error) {
 		return nil, ErrNotSignedIn
 	}
 	s.ID = id
+	if !st.genuine(&s) {
+		// Written by someone else than toolgate (or by a version before
+		// records were signed: its person signs in again).
+		return nil, ErrNotSignedIn
+	}
 	if !s.alive() {
 		st.remove(ctx, s.User, hashOf(id))
 		return nil, ErrNotSignedIn

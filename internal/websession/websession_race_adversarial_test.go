@@ -25,8 +25,8 @@ func TestRaceSignInOnAnotherReplicaEndsFreshSignIn(t *testing.T) {
 	ctx := context.Background()
 	base := gateway.SafeListing(&certmagic.FileStorage{Path: t.TempDir()})
 	gate := storetest.NewGate(base, func(key string) bool { return strings.HasPrefix(key, prefix+"/") })
-	a := NewStore(gate, 5, nil) // replica A
-	b := NewStore(base, 5, nil) // replica B
+	a := NewStore(gate, 5, nil, nil) // replica A
+	b := NewStore(base, 5, nil, nil) // replica B
 
 	type made struct {
 		s   *Session
@@ -65,14 +65,14 @@ func TestRaceSignOutWhileUseIsRecorded(t *testing.T) {
 	ctx := context.Background()
 	clock := setClock(t, time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC))
 	base := gateway.SafeListing(&certmagic.FileStorage{Path: t.TempDir()})
-	a := NewStore(base, 0, nil)
+	a := NewStore(base, 0, nil, nil)
 	s, err := a.Create(ctx, "alice", nil, "oidc", "", time.Hour, 8*time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}
 	*clock = clock.Add(2 * seenEvery) // the next Get writes SeenAt back
 	gate := storetest.NewGate(base, func(key string) bool { return strings.HasPrefix(key, prefix+"/") })
-	b := NewStore(gate, 0, nil)
+	b := NewStore(gate, 0, nil, nil)
 	done := make(chan error, 1)
 	go func() { _, err := b.Get(ctx, s.ID); done <- err }()
 	gate.Wait(t) // B checked the index and is writing SeenAt back

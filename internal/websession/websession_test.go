@@ -49,7 +49,7 @@ func TestSessionLifecycle(t *testing.T) {
 	ctx := context.Background()
 	clock := setClock(t, time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC))
 	storage, dir := fileStorage(t)
-	st := NewStore(storage, 0, nil)
+	st := NewStore(storage, 0, nil, nil)
 	s, err := st.Create(ctx, "alice@example.com", []string{"eng"}, "oidc", "", 30*time.Minute, 8*time.Hour)
 	if err != nil {
 		t.Fatal(err)
@@ -108,7 +108,7 @@ func TestSignOutAndSignOutEverywhere(t *testing.T) {
 	ctx := context.Background()
 	setClock(t, time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC))
 	storage, dir := fileStorage(t)
-	st := NewStore(storage, 0, nil)
+	st := NewStore(storage, 0, nil, nil)
 	a1, _ := st.Create(ctx, "alice", nil, "oidc", "", time.Hour, time.Hour)
 	a2, _ := st.Create(ctx, "alice", nil, "oidc", "", time.Hour, time.Hour)
 	b1, _ := st.Create(ctx, "bob", nil, "oidc", "", time.Hour, time.Hour)
@@ -142,7 +142,7 @@ func TestSessionsPerPersonAreBounded(t *testing.T) {
 	ctx := context.Background()
 	clock := setClock(t, time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC))
 	storage, _ := fileStorage(t)
-	st := NewStore(storage, 3, nil)
+	st := NewStore(storage, 3, nil, nil)
 	var made []*Session
 	for range 5 {
 		s, err := st.Create(ctx, "alice", nil, "oidc", "", time.Hour, time.Hour)
@@ -164,7 +164,7 @@ func TestSweep(t *testing.T) {
 	ctx := context.Background()
 	clock := setClock(t, time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC))
 	storage, dir := fileStorage(t)
-	st := NewStore(storage, 0, nil)
+	st := NewStore(storage, 0, nil, nil)
 	_, _ = st.Create(ctx, "alice", nil, "oidc", "", time.Minute, time.Hour)
 	keep, _ := st.Create(ctx, "bob", nil, "oidc", "", time.Hour, time.Hour)
 	*clock = clock.Add(2 * time.Minute)
@@ -183,7 +183,7 @@ func TestCookies(t *testing.T) {
 	ctx := context.Background()
 	setClock(t, time.Now())
 	storage, _ := fileStorage(t)
-	st := NewStore(storage, 0, nil)
+	st := NewStore(storage, 0, nil, nil)
 	s, _ := st.Create(ctx, "alice", nil, "oidc", "", time.Hour, time.Hour)
 	for _, secure := range []bool{true, false} {
 		w := httptest.NewRecorder()
@@ -230,7 +230,7 @@ func TestSignOutWinsOverARecordedUse(t *testing.T) {
 	clock := setClock(t, time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC))
 	files, _ := fileStorage(t)
 	storage := &hookedStorage{Storage: files}
-	st := NewStore(storage, 0, nil)
+	st := NewStore(storage, 0, nil, nil)
 	stolen, _ := st.Create(ctx, "alice", nil, "oidc", "", time.Hour, 8*time.Hour)
 	*clock = clock.Add(2 * time.Minute) // the next use is written back
 	storage.key = recordKey(stolen.ID)
@@ -258,7 +258,7 @@ func TestSweepKeepsTheIndexOfLiveSessions(t *testing.T) {
 	ctx := context.Background()
 	clock := setClock(t, time.Now())
 	files, _ := fileStorage(t)
-	st := NewStore(blindExists{files}, 0, nil)
+	st := NewStore(blindExists{files}, 0, nil, nil)
 	s, err := st.Create(ctx, "alice", nil, "oidc", "", time.Hour, time.Hour)
 	if err != nil {
 		t.Fatal(err)
@@ -273,7 +273,7 @@ func TestSweepKeepsTheIndexOfLiveSessions(t *testing.T) {
 	if err := files.Store(ctx, indexKey("bob", hashOf("being created")), []byte("x")); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := NewStore(files, 0, nil).Sweep(ctx); err != nil {
+	if _, err := NewStore(files, 0, nil, nil).Sweep(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if !files.Exists(ctx, indexKey("bob", hashOf("being created"))) {
@@ -281,7 +281,7 @@ func TestSweepKeepsTheIndexOfLiveSessions(t *testing.T) {
 	}
 	// Minutes later, with still no record, it is an orphan.
 	*clock = clock.Add(2 * time.Minute)
-	if _, err := NewStore(files, 0, nil).Sweep(ctx); err != nil {
+	if _, err := NewStore(files, 0, nil, nil).Sweep(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if files.Exists(ctx, indexKey("bob", hashOf("being created"))) {

@@ -60,7 +60,11 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return err
 	}
 	h.app = app
-	h.browsers = websession.NewStore(h.app.Storage(), 0, h.app.Auth)
+	keys, err := h.app.Keyring(websession.Purpose)
+	if err != nil {
+		return err
+	}
+	h.browsers = websession.NewStore(h.app.Storage(), 0, h.app.Auth, keys)
 	if h.pins, err = toolpin.For(h.app); err != nil {
 		return err
 	}

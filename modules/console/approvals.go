@@ -94,8 +94,9 @@ func (h *Handler) showApproval(w http.ResponseWriter, r *http.Request, s *webses
 
 // indent lays out JSON for reading, changing nothing of its values (a
 // number keeps every digit). Invisible and bidirectional control
-// characters (Unicode's format characters), which would hide text or show
-// it reordered, are written as \u escapes: the same JSON, shown as it is.
+// characters (every default-ignorable code point: approval.Visible), which
+// would hide text or show it reordered, are written as \u escapes: the
+// same JSON, shown as it is.
 func indent(raw json.RawMessage) string {
 	if len(raw) == 0 || string(raw) == "null" {
 		return ""

@@ -131,7 +131,11 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if err != nil {
 		return fmt.Errorf("console templates: %v", err)
 	}
-	h.browsers = websession.NewStore(h.app.Storage(), maxBrowserSessions, h.app.Auth)
+	keys, err := h.app.Keyring(websession.Purpose)
+	if err != nil {
+		return err
+	}
+	h.browsers = websession.NewStore(h.app.Storage(), maxBrowserSessions, h.app.Auth, keys)
 	if h.pins, err = toolpin.For(h.app); err != nil {
 		return err
 	}

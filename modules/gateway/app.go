@@ -882,6 +882,26 @@ func (a *App) CheckOrigin(r *http.Request) bool {
 	return ip != nil && ip.IsLoopback()
 }
 
+// Keyring returns the keys that seal or sign what toolgate keeps or hands
+// out for purpose: derived from state_secret (the previous ones open what
+// they sealed), or, without one, keys of this process, the same across
+// reloads — what they sealed opens on no other replica, and not after a
+// restart.
+func (a *App) Keyring(purpose string) (*seal.Keyring, error) {
+	if a.StateSecret == "" {
+		r, _ := processKeyrings.LoadOrStore(purpose, seal.Random(purpose))
+		return r.(*seal.Keyring), nil
+	}
+	secrets := [][]byte{[]byte(a.StateSecret)}
+	for _, p := range a.PreviousStateSecrets {
+		secrets = append(secrets, []byte(p))
+	}
+	return seal.New(purpose, secrets...)
+}
+
+// processKeyrings are the keyrings of this process, by purpose (Keyring).
+var processKeyrings sync.Map
+
 // BaseURL is PublicURL, or the URL the request arrived at.
 func (a *App) BaseURL(r *http.Request) string {
 	if a.PublicURL != "" {

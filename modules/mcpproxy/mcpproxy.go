@@ -202,7 +202,17 @@ func (h *Handler) responseTo(ctx context.Context, w http.ResponseWriter, r *http
 func (h *Handler) request(w http.ResponseWriter, r *http.Request, call *gateway.Call) {
 	ctx, cancel := exchangeContext(r, call)
 	defer cancel()
-	up, resp, err := h.post(ctx, call, requestBody(call))
+	body := requestBody(call)
+	if call.Message.InputResponses != nil || call.Message.RequestState != nil {
+		// Members of 2026-07-28 only: a runner of an earlier revision's own
+		// answers would reach an upstream that speaks both revisions as
+		// answers to input requests it never asked through toolgate, past
+		// the rules on answers (see mcp2026.WithoutRetry).
+		if params := mcpmsg.MemberOf(body, "params"); params != nil && params[0] == '{' {
+			body = mcpmsg.ReplaceMember(body, "params", mcp2026.WithoutRetry(params))
+		}
+	}
+	up, resp, err := h.post(ctx, call, body)
 	rs, ok := h.responseTo(ctx, w, r, call, up, resp, err)
 	if !ok {
 		return
@@ -493,9 +503,44 @@ func (m *message) joined() []byte {
 	return bytes.Join(m.parts(), nil)
 }
 
+// ownMetaPrefix starts the _meta keys toolgate writes into results (the
+// decision, an approval, a federated service that was unavailable).
+const ownMetaPrefix = "toolgate/"
+
+// withoutOwnMarks returns an upstream's result without the members of its
+// _meta whose keys start with ownMetaPrefix in any case (a runner matching
+// keys without regard to case would take "Toolgate/approval" for
+// toolgate's), and whether there were any: only toolgate writes such
+// marks, whatever the method, so that none an upstream forges (an approval
+// page of its choosing, a decision) reaches a runner as toolgate's.
+func withoutOwnMarks(result []byte) ([]byte, bool) {
+	meta := gjson.GetBytes(result, "_meta")
+	if !meta.IsObject() {
+		return result, false
+	}
+	own := false
+	meta.ForEach(func(k, _ gjson.Result) bool {
+		key := k.String()
+		own = len(key) >= len(ownMetaPrefix) && strings.EqualFold(key[:len(ownMetaPrefix)], ownMetaPrefix)
+		return !own
+	})
+	if !own {
+		return result, false
+	}
+	raw := []byte(meta.Raw)
+	if i := meta.Index; i > 0 && i+len(raw) <= len(result) && bytes.Equal(result[i:i+len(raw)], raw) {
+		out := make([]byte, 0, len(result))
+		out = append(out, result[:i]...)
+		out = append(out, mcpmsg.RemoveMembersWithPrefix(raw, ownMetaPrefix)...)
+		return append(out, result[i+len(raw):]...), true
+	}
+	return mcpmsg.ReplaceMember(result, "_meta", mcpmsg.RemoveMembersWithPrefix(raw, ownMetaPrefix)), true
+}
+
 // finish runs the result hooks on a successful response, and the message
 // hooks on an error response. The message was read strictly, so the hooks
-// inspect exactly what the runner will read.
+// inspect exactly what the runner will read. The upstream's own marks in
+// toolgate's _meta namespace are dropped first (see withoutOwnMarks).
 func (h *Handler) finish(ctx context.Context, call *gateway.Call, msg mcpmsg.Message) message {
 	if msg.Result == nil {
 		return message{h.finishError(ctx, call, msg)}
@@ -506,6 +551,11 @@ func (h *Handler) finish(ctx context.Context, call *gateway.Call, msg mcpmsg.Mes
 		// clients fulfil them wherever they find them.
 		h.logger.Warn("refused an upstream's answer carrying input requests", zap.String("service", call.Service.ID))
 		return message{gateway.RPCError(call.Message.ID, gateway.CodeUnavailable, "the upstream's answer was withheld: it carries input requests, which this client is not asked in a result", nil)}
+	}
+	result, stripped := withoutOwnMarks(msg.Result)
+	if stripped {
+		msg.Result = result
+		msg.Raw = gateway.RPCResult(call.Message.ID, result)
 	}
 	if !call.HasResultHooks() {
 		return message{msg.Raw}

@@ -111,7 +111,11 @@ func (h *Handler) serveStateless(w http.ResponseWriter, r *http.Request, call *g
 // statelessBody is the request as it goes upstream: with the arguments a
 // policy rewrote, without toolgate's own requestState and input response,
 // and, for an upstream of an earlier revision, without the stateless
-// revision's _meta members.
+// revision's _meta members and without inputResponses and requestState
+// altogether. Such an upstream asks with server→client requests, whose
+// answers reach it only through the exchange toolgate holds (continueHeld,
+// each decided as the answer it is): a runner's own answers in a request
+// that continues no held exchange would be answers no policy decided.
 func statelessBody(call *gateway.Call, modern bool) []byte {
 	body := requestBody(call)
 	if call.Stateless.OwnState {
@@ -119,7 +123,7 @@ func statelessBody(call *gateway.Call, modern bool) []byte {
 	}
 	if !modern {
 		if params := mcpmsg.MemberOf(body, "params"); params != nil && params[0] == '{' {
-			body = mcpmsg.ReplaceMember(body, "params", mcp2026.StripMeta(params))
+			body = mcpmsg.ReplaceMember(body, "params", mcp2026.StripMeta(mcp2026.WithoutRetry(params)))
 		}
 	}
 	return body
@@ -206,6 +210,11 @@ func (h *Handler) finishStateless(ctx context.Context, call *gateway.Call, msg m
 		return gateway.RPCError(call.Message.ID, gateway.CodeUnavailable,
 			"the upstream asked for input under a key toolgate reserves for its own requests (io.toolgate/); the call is refused", nil)
 	}
+	// The upstream's own marks in toolgate's _meta namespace are dropped,
+	// whatever the method (see withoutOwnMarks).
+	if result, stripped := withoutOwnMarks(msg.Result); stripped {
+		msg.Result, msg.Raw = result, gateway.RPCResult(call.Message.ID, result)
+	}
 	// check: the hooks wrote what may have put the call's credential
 	// together (see finish).
 	result, changed, check := msg.Result, false, false
@@ -248,7 +257,7 @@ func (h *Handler) finishStateless(ctx context.Context, call *gateway.Call, msg m
 	// credential. A cache shared between callers must not serve it to
 	// another.
 	completed := mcp2026.Complete(call.Method, result, true)
-	if !changed && len(completed) == len(result) {
+	if !changed && string(completed) == string(result) {
 		return msg.Raw
 	}
 	answer := gateway.RPCResult(call.Message.ID, completed)

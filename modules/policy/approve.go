@@ -222,7 +222,7 @@ func (h *ResultHandler) withhold(ctx context.Context, call *gateway.Call, s subj
 	if err != nil {
 		return fail("the result was withheld: the policy asked for an approval it cannot have: " + err.Error())
 	}
-	if a := s.approved; a != nil && a.CoversUnder(spec, o.Revision) {
+	if a := s.approved; a != nil && a.Covers(spec) {
 		return result, nil // the approver's release stands under the changed policy
 	}
 	rq := &asked{view: s.view, task: s.task}

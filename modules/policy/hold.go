@@ -163,7 +163,7 @@ func (h *RequestHandler) tellRunner(ctx context.Context, stream *heldStream, cal
 	case urlElicitation(call):
 		stream.event(request(approval.ElicitationID(a, approval.ModeURL), "elicitation/create", map[string]any{
 			"mode": approval.ModeURL, "elicitationId": a.ID, "url": page,
-			"message": "This call waits for an approval: " + a.Reason + ". Open the page to see it decided.",
+			"message": approval.Visible("This call waits for an approval: " + a.Reason + ". Open the page to see it decided."),
 		}))
 		decided = func() {
 			stream.event(notification("notifications/elicitation/complete", map[string]any{"elicitationId": a.ID}))
@@ -171,20 +171,23 @@ func (h *RequestHandler) tellRunner(ctx context.Context, stream *heldStream, cal
 	default:
 		stream.event(notification("notifications/message", map[string]any{
 			"level": "warning", "logger": "toolgate",
-			"data": "this call waits for an approval: " + a.Reason + " — approve it at " + page,
+			"data": approval.Visible("this call waits for an approval: "+a.Reason) + " — approve it at " + page,
 		}))
 	}
 	return decided
 }
 
 // inBandQuestion is what the client shows its person for an in-band
-// approval: the tool, the reason and the arguments as approvers see them.
+// approval: the tool, the reason and the arguments as approvers see them,
+// with invisible and bidirectional control characters written as \u
+// escapes (approval.Visible, as on the console and in the webhook), so that
+// none hides text or shows it reordered.
 func (h *RequestHandler) inBandQuestion(ctx context.Context, call *gateway.Call, a *approval.Approval) string {
 	q := "Approve " + a.Tool + " on " + a.Service + "? " + a.Reason
 	if c, err := h.approvals.Store.Open(ctx, a); err == nil && len(c.Masked) > 0 {
 		q += "\nArguments: " + string(c.Masked)
 	}
-	return q
+	return approval.Visible(q)
 }
 
 // formElicitation reports whether the runner declared form elicitation

@@ -162,7 +162,7 @@ func (h *RequestHandler) judge(w http.ResponseWriter, r *http.Request, call *gat
 			return nil
 		}
 		if approved != nil {
-			if spec, err := approval.ParseSpec(o.Approval); err == nil && approved.CoversUnder(spec, o.Revision) {
+			if spec, err := approval.ParseSpec(o.Approval); err == nil && approved.Covers(spec) {
 				return h.allow(w, r, call, next)
 			}
 		}
@@ -238,6 +238,7 @@ func (d *discardResponse) WriteHeader(status int) {
 // deny, a call whose result carries its decision.
 func (h *RequestHandler) allow(w http.ResponseWriter, r *http.Request, call *gateway.Call, next caddyhttp.Handler) error {
 	h.decideInputResponses(r.Context(), call)
+	h.decideLogLevel(r.Context(), call)
 	switch call.Method {
 	case "tools/list":
 		call.OnResult(h.hideTools)
