@@ -501,8 +501,8 @@ scan_margin := 16384
 # A secret split across two text items is looked for in a window of this
 # many characters on each side of the seam, stretched on each side through
 # the run of token characters (token_chars) that goes on beyond it, by at
-# most seam_stretch more: a token of up to 10 KiB split anywhere is seen
-# whole. (The gateway's scan, modules/policy, takes the same windows; a
+# most seam_stretch more: a token of up to 5 KiB split anywhere (10 KiB
+# split near its middle) is seen whole. (The gateway's scan, modules/policy, takes the same windows; a
 # longer stretch costs the regular expressions of seam_secrets more than
 # it finds.)
 seam_window := 1024
@@ -640,7 +640,12 @@ seam_looks([a, b]) if {
 	any_marker(w)
 }
 
-seam_looks([a, b]) if text.has_invisible(seam_text(a, b))
+# An invisible character anywhere in either item: the windows are
+# stretched on the text as it is, where one such character ends a token
+# run that the cleaned text continues.
+seam_looks([a, _]) if text.has_invisible(input.result.content[a].text)
+
+seam_looks([_, b]) if text.has_invisible(input.result.content[b].text)
 
 seam_text(a, b) := concat("", [seam_left(input.result.content[a].text), seam_right(input.result.content[b].text)])
 
@@ -931,9 +936,42 @@ seam_index(i) if seam_heads[i]
 # first item is cut to fit the budget: the secret's part in the next item
 # is redacted all the same).
 seam_secrets contains {"a": a, "b": b, "tail": tail, "keep": keep, "head": head, "kind": kind} if {
+	some [a, b], c in seam_cuts
+	left := c.left
+	some i, m in c.matches
+	start := sum([n | some j in numbers.range(0, i - 1); j < i; n := count(c.pieces[j]) + count(c.matches[j][0])]) + count(c.pieces[i])
+	secret := start + count(concat("", array.slice(m, 1, c.nb + 1)))
+	end := start + count(m[0])
+	start < count(left)
+	end > count(left)
+	tail := max([0, count(left) - secret])
+	keep := max([0, secret - count(left)])
+	head := (end - count(left)) - keep
+	kind := kind_of(m[0], c.ks)
+}
+
+# seam_cuts maps each listed seam to the matches of the policy's patterns
+# in its cleaned windows: stretched through token runs (seam_left,
+# seam_right), unless that puts more than seam_max_matches matches in
+# them — the offsets seam_secrets works out cost the square of the
+# matches —, then the windows of seam_window characters alone.
+seam_cuts[[a, b]] := c if {
 	some [a, b] in scan.seams
-	left := seam_left(text.clean(input.result.content[a].text))
-	right := seam_right(text.clean(first_chars(input.result.content[b].text, (2 * seam_window) + seam_stretch)))
+	lt := text.clean(input.result.content[a].text)
+	rt := text.clean(first_chars(input.result.content[b].text, (2 * seam_window) + seam_stretch))
+	c := seam_cut(seam_left(lt), seam_right(rt), last_chars(lt, seam_window), first_chars(rt, seam_window))
+}
+
+seam_max_matches := 64
+
+seam_cut(left, right, left0, right0) := c if {
+	c := seam_matches(left, right)
+	count(c.matches) <= seam_max_matches
+} else := seam_matches(left0, right0)
+
+# seam_matches(left, right): the matches of the patterns whose markers
+# left and right hold together, and the pieces between them.
+seam_matches(left, right) := {"left": left, "ks": ks, "nb": nb, "matches": matches, "pieces": pieces} if {
 	w := concat("", [left, right])
 	ks := kinds_in_order(w)
 	count(ks) > 0
@@ -941,16 +979,6 @@ seam_secrets contains {"a": a, "b": b, "tail": tail, "keep": keep, "head": head,
 	nb := count([k | some k in ks; not redact_patterns[k]])
 	matches := regex.find_all_string_submatch_n(pattern, w, -1)
 	pieces := regex.split(pattern, w)
-	some i, m in matches
-	start := sum([n | some j in numbers.range(0, i - 1); j < i; n := count(pieces[j]) + count(matches[j][0])]) + count(pieces[i])
-	secret := start + count(concat("", array.slice(m, 1, nb + 1)))
-	end := start + count(m[0])
-	start < count(left)
-	end > count(left)
-	tail := max([0, count(left) - secret])
-	keep := max([0, secret - count(left)])
-	head := (end - count(left)) - keep
-	kind := kind_of(m[0], ks)
 }
 
 cut_by_budget(i) if byte_len(input.result.content[i].text) > cap

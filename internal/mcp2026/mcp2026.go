@@ -293,7 +293,10 @@ func StripMeta(params []byte) []byte {
 	}
 	stripped := meta
 	for _, k := range []string{MetaProtocolVersion, MetaClientCapabilities, MetaClientInfo, MetaLogLevel} {
-		stripped = mcpmsg.RemoveMember(stripped, k)
+		stripped = mcpmsg.RemoveMemberFold(stripped, k) // in any case: an upstream's decoder may read a variant
+	}
+	if len(stripped) == len(meta) {
+		return params // none of them
 	}
 	if len(bytes.TrimSpace(stripped)) == 2 || string(bytes.Join(bytes.Fields(stripped), nil)) == "{}" {
 		return mcpmsg.RemoveMember(params, "_meta")

@@ -126,8 +126,8 @@ func NewStore(storage certmagic.Storage, perUser int, auth *gateway.AuthConfig, 
 }
 
 // signed is what a record's MAC covers: the hash of its id and everything
-// that says who it signs in and for how long (not SeenAt, which each use
-// writes back).
+// that says who it signs in and for how long, its last use included (each
+// use written back is signed again).
 func (s *Session) signed() []byte {
 	groups := s.Groups
 	if len(groups) == 0 {
@@ -140,9 +140,10 @@ func (s *Session) signed() []byte {
 		Method    string        `json:"method"`
 		Key       string        `json:"key"`
 		CreatedAt time.Time     `json:"created_at"`
+		SeenAt    time.Time     `json:"seen_at"`
 		Idle      time.Duration `json:"idle"`
 		ExpiresAt time.Time     `json:"expires_at"`
-	}{hashOf(s.ID), s.User, groups, s.Method, s.Key, s.CreatedAt, s.Idle, s.ExpiresAt})
+	}{hashOf(s.ID), s.User, groups, s.Method, s.Key, s.CreatedAt, s.SeenAt, s.Idle, s.ExpiresAt})
 	return append([]byte("toolgate browser session record v1\x00"), b...)
 }
 
@@ -268,6 +269,7 @@ func (st *Store) Get(ctx context.Context, id string) (*Session, error) {
 	}
 	if now().Sub(s.SeenAt) >= seenEvery {
 		s.SeenAt = now().UTC()
+		st.sign(&s)
 		if data, err := json.Marshal(&s); err == nil {
 			_ = st.storage.Store(ctx, recordKey(id), data) // best effort: idle expiry may come a minute early
 		}

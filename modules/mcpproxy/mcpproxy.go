@@ -203,13 +203,17 @@ func (h *Handler) request(w http.ResponseWriter, r *http.Request, call *gateway.
 	ctx, cancel := exchangeContext(r, call)
 	defer cancel()
 	body := requestBody(call)
-	if call.Message.InputResponses != nil || call.Message.RequestState != nil {
+	if call.Message.InputResponses != nil || call.Message.RequestState != nil || call.Message.Meta != nil {
 		// Members of 2026-07-28 only: a runner of an earlier revision's own
 		// answers would reach an upstream that speaks both revisions as
 		// answers to input requests it never asked through toolgate, past
-		// the rules on answers (see mcp2026.WithoutRetry).
+		// the rules on answers (see mcp2026.WithoutRetry), and its
+		// per-request log level past the rules on logging/setLevel (see
+		// mcp2026.StripMeta).
 		if params := mcpmsg.MemberOf(body, "params"); params != nil && params[0] == '{' {
-			body = mcpmsg.ReplaceMember(body, "params", mcp2026.WithoutRetry(params))
+			if own := mcp2026.StripMeta(mcp2026.WithoutRetry(params)); len(own) != len(params) {
+				body = mcpmsg.ReplaceMember(body, "params", own)
+			}
 		}
 	}
 	up, resp, err := h.post(ctx, call, body)

@@ -55,7 +55,7 @@ func rd2Decide(t *testing.T, e *engine, channel, method, payload string) (fast, 
 		decisionText(e.decideWith(ctx, c, long, time.Minute, "result")), true
 }
 
-func rd2Engine(t *testing.T) *engine {
+func rd2Engine(t testing.TB) *engine {
 	t.Helper()
 	e, err := newEngine(newSource(shippedPolicies(t, map[string]string{"data.json": `{}`})), "data.toolgate.result.decision",
 		stageResult, evaluatorPlan, 0, zap.NewNop(), policyMetrics)

@@ -661,8 +661,11 @@ func (sc *scanner) seams(result *ast.Term) (seams []*ast.Term, content *ast.Arra
 	prev, prevText := -1, ""
 	eachTextItem(content, func(i int, text string) {
 		if prev >= 0 {
+			// An invisible character anywhere in either item lists the
+			// seam: the windows are stretched on the text as it is, where
+			// one ends a token run that the policy's cleaned text continues.
 			w := seamLeft(prevText) + seamRight(text)
-			if sc.hasMarker(w) || sc.hasInvisible(w) {
+			if sc.hasMarker(w) || sc.hasInvisible(prevText) || sc.hasInvisible(text) {
 				seams = append(seams, ast.ArrayTerm(ast.InternedTerm(prev), ast.InternedTerm(i)))
 			}
 		}
