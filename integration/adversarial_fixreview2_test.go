@@ -27,7 +27,7 @@ func fr2UpstreamSaw(u *upstream, s string) []string {
 	return out
 }
 
-// Attack: a stateless runner spells the revision's logLevel in another
+// Attack (fixed): a stateless runner spells the revision's logLevel in another
 // case, and it reaches an upstream that initializes past the rule on
 // logging/setLevel. README ("Protocol 2026-07-28"): a logLevel "(the
 // revision's per-request log level, in any case)" is decided as
@@ -42,6 +42,8 @@ func fr2UpstreamSaw(u *upstream, s string) []string {
 // policy denies. Fix: StripMeta removes the revision's members in any
 // case (mcpmsg.RemoveMemberFold), or decideLogLevel decides the level
 // whatever the upstream's revision.
+//
+// Fixed: mcp2026.StripMeta removes the revision's members in any case.
 func TestFixReview2AttackStatelessLogLevelVariantReachesInitializingUpstream(t *testing.T) {
 	up := startUpstreamServer(t, nil, nil) // go-sdk: initializes
 	g := startGateway(t, gatewayConfig{Upstream: up.URL, Tools: "echo", RequestPolicy: aaPolicies(t, fr2DenySetLevel, "")})
@@ -65,7 +67,7 @@ func TestFixReview2AttackStatelessLogLevelVariantReachesInitializingUpstream(t *
 	}
 }
 
-// Attack: a runner of 2025-11-25 sets a dual-revision upstream's log level
+// Attack (fixed): a runner of 2025-11-25 sets a dual-revision upstream's log level
 // past the rule on logging/setLevel, by putting the stateless revision's
 // _meta members into its own tools/call. README (policies/README.md "Log
 // levels of protocol 2026-07-28"): the level is decided as
@@ -85,6 +87,8 @@ func TestFixReview2AttackStatelessLogLevelVariantReachesInitializingUpstream(t *
 // revision's _meta members (mcp2026.StripMeta, in any case) from the
 // requests of runners of earlier revisions whatever the upstream's
 // revision, as translate does toward a 2026-07-28 upstream.
+//
+// Fixed: the request path removes the revision's _meta members from every request of a runner of an earlier revision.
 func TestFixReview2AttackLegacyRunnerLogLevelReachesDualUpstream(t *testing.T) {
 	up := startUpstreamServer(t, nil, nil)
 	g := startGateway(t, gatewayConfig{Upstream: up.URL, Tools: "echo", RequestPolicy: aaPolicies(t, fr2DenySetLevel, "")})

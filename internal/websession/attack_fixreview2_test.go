@@ -10,7 +10,7 @@ import (
 	"github.com/toolgate/toolgate/internal/seal"
 )
 
-// Attack: someone who can write the storage keeps a browser sign-in alive
+// Attack (fixed): someone who can write the storage keeps a browser sign-in alive
 // past its idle time (and brings back a signed-out one that had gone idle).
 // README ("state_secret": "someone who can write the storage signs no one
 // in"; the package doc: "A session ends when unused for its idle time")
@@ -25,6 +25,8 @@ import (
 // by the MAC and sign the record again when Get writes a use back (one
 // AES-GCM operation a minute per browser); a restored record then carries
 // the SeenAt it had, and ends idle.
+//
+// Fixed: the MAC covers SeenAt, and Get signs the record again as it writes a use back.
 func TestFixReview2AttackSeenAtEditedOutlivesIdle(t *testing.T) {
 	ctx := context.Background()
 	clock := setClock(t, time.Date(2026, 12, 5, 9, 0, 0, 0, time.UTC))
