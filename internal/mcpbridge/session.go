@@ -36,8 +36,10 @@ func (l *Link) NewSession(ctx context.Context, user string, init mcpmsg.Message)
 }
 
 // retire ends s once its requests in progress are answered (at once when
-// none is): a session its runner can no longer reach (the bridge forgot
-// it) whose calls still run. Its standalone stream ends now.
+// none is): a session whose runner's credential changed, whose calls
+// still run. Until it ends it winds down: it starts nothing new, and takes
+// only what its calls wait for (reachableLocked; the bridge keeps it
+// reachable, see Bridge.winding). Its standalone stream ends now.
 func (s *Session) retire(reason string) {
 	l := s.link
 	l.mu.Lock()
