@@ -198,24 +198,32 @@ func (s *runnerStream) release(why string) {
 		return
 	}
 	s.mu.Lock()
+	resumable := s.resumableLocked()
+	var pushedOut []any
+	if resumable {
+		if !s.deadline.IsZero() {
+			if s.room == nil {
+				s.room = s.call.Room.Handover()
+			}
+			if s.expiry == nil {
+				s.expiry = time.AfterFunc(time.Until(s.deadline)+time.Millisecond, s.expire)
+			}
+		}
+		// Recorded dropped before the relay is seen to end: a resume
+		// waiting for that (takeOver) records the stream written again
+		// only after, so a stream being resumed never counts among the
+		// dropped ones that newer streams push out.
+		pushedOut = s.session.StreamDropped(s.token)
+	}
 	if s.relaying() { // never closed twice (takeOver replaces it only once it is closed)
 		close(s.active)
-	}
-	resumable := s.resumableLocked()
-	if resumable && !s.deadline.IsZero() {
-		if s.room == nil {
-			s.room = s.call.Room.Handover()
-		}
-		if s.expiry == nil {
-			s.expiry = time.AfterFunc(time.Until(s.deadline)+time.Millisecond, s.expire)
-		}
 	}
 	s.mu.Unlock()
 	if !resumable {
 		s.forget(why)
 		return
 	}
-	for _, v := range s.session.StreamDropped(s.token) {
+	for _, v := range pushedOut {
 		if old, ok := v.(*runnerStream); ok {
 			old.evict()
 		}
@@ -308,8 +316,8 @@ func (s *runnerStream) takeOver(ctx context.Context, out *sseWriter, stop contex
 		}
 		s.out, s.owner, s.active, s.primed = out, stop, make(chan struct{}), true
 		s.ownerSince = s.takeovers
+		s.session.StreamResumed(s.token) // under s.mu: ordered with release's StreamDropped
 		s.mu.Unlock()
-		s.session.StreamResumed(s.token)
 		return nil
 	}
 }
