@@ -11,8 +11,6 @@ import (
 	"net/http"
 	"strings"
 	"testing"
-
-	"github.com/tidwall/gjson"
 )
 
 // Attack: weather is pinned in the registry (pin line A) by a record an
@@ -99,49 +97,5 @@ func TestRev2026AttackModernUpstreamAnswersSkipAnswerRule(t *testing.T) {
 	if got := aaJSON(msg); strings.Contains(got, "confirmed: accept") || len(up.seen(`"accept"`)) > 0 {
 		t.Fatalf("a stateless runner's answer to the upstream's elicitation/create reached an upstream of 2026-07-28 past the rule "+
 			"that denies every such answer (the upstream got %d; the runner got %d %s)", len(up.seen(`"accept"`)), status, got)
-	}
-}
-
-// Attack: a request rule written for initialize does not hold for a
-// stateless runner. The site keeps clients that offer their model to
-// upstreams (the sampling capability) away: the request policy denies an
-// initialize whose params declare sampling, and a runner that initializes
-// so is refused before anything reaches the upstream. A runner of
-// 2026-07-28 declares the same capability in every request's
-// _meta (io.modelcontextprotocol/clientCapabilities); toolgate then
-// initializes the upstream session of the earlier revision itself, "with the
-// capabilities and clientInfo the runner declared" (README, "Protocol
-// 2026-07-28"; modules/mcpproxy/stateless.go openImplied), an initialize no
-// policy decides, and the call goes on: the upstream is told the client
-// samples and the runner's tools/call is served. toolgate decides a
-// discovery again as the initialize result it stands for
-// (policy/channels.go:235, discoverAsInitialize: "So a rule about what an
-// upstream says of itself, written for initialize, holds for both",
-// policies/README.md), but not the request side. Fix: decide the opening
-// of an implied MCP session for a stateless runner as the initialize it
-// stands for (method "initialize", params {protocolVersion, capabilities,
-// clientInfo} as declared), once per implied session, and refuse the
-// runner's request when that decision is not allow.
-func TestRev2026AttackInitializeRuleSkippedByStatelessRunner(t *testing.T) {
-	up := startUpstream(t)
-	policies := aaPolicies(t, `decision := {"action": "deny", "reason": "clients that offer sampling may not connect"} if {
-	input.method == "initialize"
-	input.params.capabilities.sampling
-}
-`, "")
-	g := startGateway(t, gatewayConfig{Upstream: up.URL, Tools: "echo", RequestPolicy: policies})
-	session := g.createSession(t, aliceKey, "svc")
-	// Control: a runner that initializes declaring sampling is refused.
-	m := g.raw(t, aliceKey, session, "svc")
-	_, _, msgs := m.post(`{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{"sampling":{}},"clientInfo":{"name":"r","version":"1"}}}`)
-	if len(msgs) != 1 || !gjson.GetBytes(msgs[0], "error").Exists() {
-		t.Fatalf("control: an initialize declaring sampling was not refused: %s", msgs)
-	}
-	before := len(paUpstreamBodies(up, `"sampling"`))
-	status, msg := statelessPost(t, g, aliceKey, session, saCall(1, "echo", `{"text":"hi"}`, `{"sampling":{}}`, ""), nil)
-	inits := paUpstreamBodies(up, `"sampling"`)
-	if status == 200 && aaResult(msg) != nil || len(inits) > before {
-		t.Fatalf("a stateless runner declaring sampling was served past the rule denying initialize to such clients "+
-			"(runner got %d %s; the upstream was initialized declaring sampling: %v)", status, aaJSON(msg), len(inits) > before)
 	}
 }

@@ -412,3 +412,94 @@ func TestRev2026AttackLegacyRunnerSmugglesAnswersToDualUpstream(t *testing.T) {
 		t.Fatalf("a runner of 2025-11-25 answered the upstream's elicitation/create in its own inputResponses, past the rule denying such answers: %s", got)
 	}
 }
+
+// Attack (fixed): a request rule written for initialize does not hold for a
+// stateless runner. The site keeps clients that offer their model to
+// upstreams (the sampling capability) away: the request policy denies an
+// initialize whose params declare sampling, and a runner that initializes
+// so is refused before anything reaches the upstream. A runner of
+// 2026-07-28 declares the same capability in every request's
+// _meta (io.modelcontextprotocol/clientCapabilities); toolgate then
+// initializes the upstream session of the earlier revision itself, "with the
+// capabilities and clientInfo the runner declared" (README, "Protocol
+// 2026-07-28"; modules/mcpproxy/stateless.go openImplied), an initialize no
+// policy decides, and the call goes on: the upstream is told the client
+// samples and the runner's tools/call is served. toolgate decides a
+// discovery again as the initialize result it stands for
+// (policy/channels.go:235, discoverAsInitialize: "So a rule about what an
+// upstream says of itself, written for initialize, holds for both",
+// policies/README.md), but not the request side. Fix: decide the opening
+// of an implied MCP session for a stateless runner as the initialize it
+// stands for (method "initialize", params {protocolVersion, capabilities,
+// clientInfo} as declared), once per implied session, and refuse the
+// runner's request when that decision is not allow.
+// Fixed: the route's toolgate_policy decides the initialize before it is
+// sent (gateway.Route.OpeningGate, modules/policy/opening.go), with its own
+// audit entry; a refusal answers the runner's request (any method) with the
+// decision's reason, and a runner declaring no sampling is served.
+func TestRev2026AttackInitializeRuleSkippedByStatelessRunner(t *testing.T) {
+	up := startUpstream(t)
+	policies := aaPolicies(t, `decision := {"action": "deny", "reason": "clients that offer sampling may not connect"} if {
+	input.method == "initialize"
+	input.params.capabilities.sampling
+}
+`, "")
+	g := startGateway(t, gatewayConfig{Upstream: up.URL, Tools: "echo", RequestPolicy: policies})
+	session := g.createSession(t, aliceKey, "svc")
+	// Control: a runner that initializes declaring sampling is refused.
+	m := g.raw(t, aliceKey, session, "svc")
+	_, _, msgs := m.post(`{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{"sampling":{}},"clientInfo":{"name":"r","version":"1"}}}`)
+	if len(msgs) != 1 || !gjson.GetBytes(msgs[0], "error").Exists() {
+		t.Fatalf("control: an initialize declaring sampling was not refused: %s", msgs)
+	}
+	before := len(paUpstreamBodies(up, `"sampling"`))
+	status, msg := statelessPost(t, g, aliceKey, session, saCall(1, "echo", `{"text":"hi"}`, `{"sampling":{}}`, ""), nil)
+	inits := paUpstreamBodies(up, `"sampling"`)
+	if status == 200 && aaResult(msg) != nil || len(inits) > before {
+		t.Fatalf("a stateless runner declaring sampling was served past the rule denying initialize to such clients "+
+			"(runner got %d %s; the upstream was initialized declaring sampling: %v)", status, aaJSON(msg), len(inits) > before)
+	}
+	if got := aaJSON(msg); gjson.Get(got, "error.code").Int() != -32013 || !strings.Contains(got, "clients that offer sampling may not connect") ||
+		gjson.Get(got, "error.data.decision_id").String() == "" {
+		t.Errorf("the refusal: %d %s; want the policy's denial (-32013) with its reason and decision", status, got)
+	}
+	// The same for another method: toolgate_proxy opens the session then.
+	list := `{"jsonrpc":"2.0","id":2,"method":"tools/list","params":{` + aaStatelessMeta(`{"sampling":{}}`) + `}}`
+	status, msg = statelessPost(t, g, aliceKey, session, list, nil)
+	if got := aaJSON(msg); gjson.Get(got, "error.code").Int() != -32013 || len(paUpstreamBodies(up, `"sampling"`)) > before {
+		t.Errorf("tools/list of a stateless runner declaring sampling: %d %s; want the policy's denial, nothing sent", status, got)
+	}
+	// Control: a runner that does not offer sampling is served.
+	status, msg = statelessPost(t, g, aliceKey, session, saCall(3, "echo", `{"text":"hi"}`, `{}`, ""), nil)
+	if status != http.StatusOK || aaResult(msg) == nil {
+		t.Errorf("a stateless runner declaring no sampling: %d %s, want its call served", status, aaJSON(msg))
+	}
+}
+
+// The initialize toolgate sends to open a stateless runner's implied
+// session is audited as a decision of its own (method initialize, the
+// params it was sent with), allowed or not.
+func TestRev2026OpeningIsAuditedAsInitialize(t *testing.T) {
+	logCfg, audit := auditLog(t)
+	up := startUpstream(t)
+	policies := aaPolicies(t, `decision := {"action": "deny", "reason": "clients that offer sampling may not connect"} if {
+	input.method == "initialize"
+	input.params.capabilities.sampling
+}
+`, "")
+	g := startGateway(t, gatewayConfig{Upstream: up.URL, Tools: "echo", RequestPolicy: policies, Log: logCfg})
+	session := g.createSession(t, aliceKey, "svc")
+	statelessPost(t, g, aliceKey, session, saCall(1, "echo", `{"text":"hi"}`, `{"sampling":{}}`, ""), nil)
+	if status, msg := statelessPost(t, g, aliceKey, session, saCall(2, "echo", `{"text":"hi"}`, `{}`, ""), nil); status != http.StatusOK || aaResult(msg) == nil {
+		t.Fatalf("a stateless runner declaring no sampling: %d %s", status, aaJSON(msg))
+	}
+	var actions []string
+	for _, e := range auditOf(audit(), "policy decision") {
+		if e["stage"] == "request" && e["method"] == "initialize" {
+			actions = append(actions, e["action"].(string))
+		}
+	}
+	if strings.Join(actions, " ") != "deny allow" {
+		t.Errorf("the initialize entries of two openings: %v, want [deny allow]", actions)
+	}
+}

@@ -1,7 +1,9 @@
 package gateway
 
 import (
+	"context"
 	"fmt"
+	"net/http"
 	"sync"
 )
 
@@ -33,6 +35,48 @@ func (s Step) String() string { return stepNames[s] }
 type pipelineTrail struct {
 	mu    sync.Mutex
 	steps []Step
+	route *Route // of the steps since the last toolgate_session
+}
+
+// Route is what the pipeline steps of one route share: set while they are
+// provisioned, read while they serve.
+type Route struct {
+	// OpeningGate is toolgate_policy's decision on the initialize toolgate
+	// sends an upstream of an earlier revision to open a stateless
+	// request's implied MCP session, with params as they will be sent
+	// (see Stateless.Gate); nil when the route has no toolgate_policy.
+	OpeningGate func(ctx context.Context, call *Call, params []byte) error
+}
+
+// OpeningRefused is the error of opening an implied MCP session whose
+// initialize the request policy did not allow: nothing was sent.
+type OpeningRefused struct {
+	Decision *Decision
+	Reason   string
+}
+
+func (e *OpeningRefused) Error() string { return "denied by policy: " + e.Reason }
+
+// Answer refuses the runner's request whose implied MCP session could not
+// be opened, as the refused initialize a runner of an earlier revision
+// would have got.
+func (e *OpeningRefused) Answer(w http.ResponseWriter, call *Call) {
+	call.Fail(w, http.StatusForbidden, CodePolicyDenied,
+		"denied by policy: the initialize toolgate sends the upstream for your client: "+e.Reason,
+		map[string]any{"decision_id": e.Decision.ID})
+}
+
+// ProvisioningRoute is the route whose steps are being provisioned (the
+// last toolgate_session's): a step keeps it in Provision, after
+// ProvisionStep, to share what the route's other steps set.
+func (a *App) ProvisioningRoute() *Route {
+	t := a.pipeline
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.route == nil {
+		t.route = new(Route)
+	}
+	return t.route
 }
 
 // ProvisionStep records that a pipeline handler is being provisioned and
@@ -51,7 +95,7 @@ func (a *App) ProvisionStep(step Step) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if step == StepSession {
-		t.steps = []Step{step}
+		t.steps, t.route = []Step{step}, new(Route)
 		return nil
 	}
 	var registry, proxy bool

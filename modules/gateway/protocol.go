@@ -1,6 +1,9 @@
 package gateway
 
-import "slices"
+import (
+	"context"
+	"slices"
+)
 
 // ProtocolVersions are the MCP protocol versions toolgate speaks with
 // runners, newest first. Upstreams may speak any of them; toolgate passes
@@ -58,4 +61,8 @@ type Stateless struct {
 	// withheld: their requests are answered upstream with toolgate's
 	// error instead.
 	Withheld map[string]bool
+	// Gate decides, before it is sent, the initialize toolgate sends an
+	// upstream of an earlier revision to open the implied MCP session
+	// (Route.OpeningGate, set by toolgate_registry); nil allows it.
+	Gate func(ctx context.Context, call *Call, params []byte) error
 }

@@ -746,7 +746,11 @@ func streamFailure(err error, why string) (code int, text string, data any) {
 // answerError tells the runner why the upstream exchange failed.
 func (h *Handler) answerError(w http.ResponseWriter, r *http.Request, call *gateway.Call, err error) {
 	var ue *upstreamError
+	var refused *gateway.OpeningRefused
 	switch {
+	case errors.As(err, &refused):
+		refused.Answer(w, call)
+		return
 	case errors.Is(err, gateway.ErrMCPSessionClosed) || call.MCPSession != nil && call.MCPSession.Closed():
 		ue = &upstreamError{kind: kindClosed}
 	case errors.Is(err, gateway.ErrStorageUnavailable):

@@ -378,6 +378,11 @@ func (h *Handler) initializeFor(ctx context.Context, call *gateway.Call) (gatewa
 		return gateway.Upstream{}, &upstreamError{kind: kindRejected, status: http.StatusBadRequest,
 			msg: "the declared capabilities and clientInfo are too large to initialize an upstream session"}
 	}
+	if gate := call.Stateless.Gate; gate != nil {
+		if err := gate(ctx, call, params); err != nil {
+			return gateway.Upstream{}, err
+		}
+	}
 	id := gatewayRequestID()
 	hdr, msg, err := h.roundTrip(ctx, call, gateway.Upstream{}, id, initializeRequest(id, params))
 	if err != nil {

@@ -42,7 +42,11 @@ func (RequestHandler) CaddyModule() caddy.ModuleInfo {
 
 // Provision compiles the policy (file I/O only).
 func (h *RequestHandler) Provision(ctx caddy.Context) error {
-	return h.provision(ctx, stageRequest, "data.toolgate.request.decision")
+	if err := h.provision(ctx, stageRequest, "data.toolgate.request.decision"); err != nil {
+		return err
+	}
+	h.app.ProvisioningRoute().OpeningGate = h.decideOpening
+	return nil
 }
 
 // Validate checks the configuration.

@@ -41,6 +41,7 @@ type Handler struct {
 	pins      *toolpin.Pins
 	limits    mcpmsg.Limits
 	stateless *mcp2026.Runtime
+	route     *gateway.Route
 	logger    *zap.Logger
 }
 
@@ -71,7 +72,11 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if h.stateless, err = mcp2026.For(h.app); err != nil {
 		return err
 	}
-	return h.app.ProvisionStep(gateway.StepRegistry)
+	if err := h.app.ProvisionStep(gateway.StepRegistry); err != nil {
+		return err
+	}
+	h.route = h.app.ProvisioningRoute()
+	return nil
 }
 
 // ServeHTTP resolves the service and reads the message.
@@ -142,8 +147,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 				"Unknown tool: "+call.Message.Name, nil)
 			return nil
 		}
-		if call.Stateless != nil {
-			h.openStateless(r, call)
+		if call.Stateless != nil && !h.openStateless(w, r, call) {
+			return nil
 		}
 		// A call racing the tool listing (the first one, after
 		// notifications/initialized, or a refresh after list_changed) is

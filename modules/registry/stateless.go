@@ -25,6 +25,7 @@ func (h *Handler) readStateless(w http.ResponseWriter, r *http.Request, call *ga
 		refusal.Write(w, msg.ID)
 		return false
 	}
+	st.Gate = h.route.OpeningGate
 	call.Stateless = st
 	call.ProtocolVersion = mcp2026.Version
 	ms, err := h.stateless.Session(r.Context(), call, svc)
@@ -55,15 +56,25 @@ func (h *Handler) readStateless(w http.ResponseWriter, r *http.Request, call *ga
 
 // openStateless prepares the implied MCP session of a stateless tools/call
 // so that the policy sees the tool's definition: toolgate_proxy learns the
-// upstream's revision and lists its tools. A failure is left to the later
-// steps, which report it (a missing credential, an unreachable upstream).
-func (h *Handler) openStateless(r *http.Request, call *gateway.Call) {
+// upstream's revision and lists its tools. The initialize it may send is
+// decided by the request policy first (gateway.Stateless.Gate): when that
+// refuses it, the runner is answered and openStateless returns false.
+// Another failure is left to the later steps, which report it (a missing
+// credential, an unreachable upstream).
+func (h *Handler) openStateless(w http.ResponseWriter, r *http.Request, call *gateway.Call) bool {
 	if call.MCPSession.HasCatalog() {
-		return
+		return true
 	}
-	if err := h.stateless.Open(r.Context(), call); err != nil {
+	err := h.stateless.Open(r.Context(), call)
+	var refused *gateway.OpeningRefused
+	if errors.As(err, &refused) {
+		refused.Answer(w, call)
+		return false
+	}
+	if err != nil {
 		h.logger.Debug("cannot open the implied MCP session before the policy", zap.String("service", call.Service.ID), zap.Error(err))
 	}
+	return true
 }
 
 // checkParamHeaders checks a stateless tools/call's Mcp-Param-* headers
