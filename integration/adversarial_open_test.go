@@ -8,8 +8,6 @@ package integration
 // `go test -tags open_findings -run 'Test.*Attack' ./integration/`.
 
 import (
-	"net/http"
-	"strings"
 	"testing"
 )
 
@@ -51,51 +49,5 @@ func TestPinRegistry3AttackUnknownReplacedHidesRugPullInOlderSession(t *testing.
 	if praWaiting(rec) != c {
 		t.Errorf("the rug pull C (%s), never seen, called from the catalog of a session started before the upgrade: told %.250s; "+
 			"change waiting %q, replaced %v: want C recorded as a change", c, ans, praWaiting(rec), rec.Replaced)
-	}
-}
-
-// Attack: a rule on answers to elicitation/create holds for every pairing
-// of revisions but one. The policy denies every answer to
-// elicitation/create (input.method "elicitation/create"). It holds for a
-// runner that initializes (answers are decided on their way,
-// registry.go:203-223), for a runner of 2025-11-25 in front of an upstream
-// of 2026-07-28 (README, "Runners that initialize, in front of an upstream
-// of 2026-07-28 only": "its answer passes the request policy as the answer
-// to that request (method elicitation/create, …)"), and for a stateless
-// runner in front of an upstream that initializes (README: "the request
-// policy judges each round, and each answer as the answer to its request";
-// TestTranslateAttackStatelessAnswerSkipsAnswerRule). A stateless runner in
-// front of an upstream of 2026-07-28 answers the upstream's input request
-// in its retry's inputResponses, and decideInputResponses
-// (modules/policy/inputs.go:34) decides answers only when the requestState
-// is toolgate's own (call.Stateless.Inputs, set in
-// registry/stateless.go:51): the upstream's requestState is opaque, the
-// answers go upstream undecided, and the upstream runs "confirm" with the
-// "accept" the policy denies. Fix: when an upstream's input_required
-// reaches a stateless runner, keep the methods of its input requests by key
-// (seal them with the upstream's requestState in a toolgate requestState,
-// restoring the upstream's byte for byte on the retry), and decide each
-// input response of the retry as the answer to its request, as for a held
-// exchange.
-func TestRev2026AttackModernUpstreamAnswersSkipAnswerRule(t *testing.T) {
-	up := startStatelessUpstream(t)
-	policies := aaPolicies(t, `decision := {"action": "deny", "reason": "answers to elicitation/create are denied"} if {
-	input.method == "elicitation/create"
-}
-`, "")
-	g := startGateway(t, gatewayConfig{Upstream: up.URL, Tools: "echo confirm", RequestPolicy: policies})
-	session := g.createSession(t, aliceKey, "svc")
-	caps := `{"elicitation":{"form":{}}}`
-	status, msg := statelessPost(t, g, aliceKey, session, saCall(1, "confirm", `{}`, caps, ""), nil)
-	res := aaResult(msg)
-	state, _ := res["requestState"].(string)
-	if status != http.StatusOK || res["resultType"] != "input_required" || state == "" {
-		t.Fatalf("confirm: %d %s, want input_required", status, aaJSON(msg))
-	}
-	answer := retryWith(state, map[string]any{"confirm": map[string]any{"action": "accept", "content": map[string]any{"ok": true}}})
-	status, msg = statelessPost(t, g, aliceKey, session, saCall(2, "confirm", `{}`, caps, answer), nil)
-	if got := aaJSON(msg); strings.Contains(got, "confirmed: accept") || len(up.seen(`"accept"`)) > 0 {
-		t.Fatalf("a stateless runner's answer to the upstream's elicitation/create reached an upstream of 2026-07-28 past the rule "+
-			"that denies every such answer (the upstream got %d; the runner got %d %s)", len(up.seen(`"accept"`)), status, got)
 	}
 }

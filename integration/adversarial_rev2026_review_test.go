@@ -8,6 +8,7 @@ package integration
 
 import (
 	"context"
+	"encoding/json"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -501,5 +502,96 @@ func TestRev2026OpeningIsAuditedAsInitialize(t *testing.T) {
 	}
 	if strings.Join(actions, " ") != "deny allow" {
 		t.Errorf("the initialize entries of two openings: %v, want [deny allow]", actions)
+	}
+}
+
+// Attack (fixed): a rule on answers to elicitation/create holds for every pairing
+// of revisions but one. The policy denies every answer to
+// elicitation/create (input.method "elicitation/create"). It holds for a
+// runner that initializes (answers are decided on their way,
+// registry.go:203-223), for a runner of 2025-11-25 in front of an upstream
+// of 2026-07-28 (README, "Runners that initialize, in front of an upstream
+// of 2026-07-28 only": "its answer passes the request policy as the answer
+// to that request (method elicitation/create, …)"), and for a stateless
+// runner in front of an upstream that initializes (README: "the request
+// policy judges each round, and each answer as the answer to its request";
+// TestTranslateAttackStatelessAnswerSkipsAnswerRule). A stateless runner in
+// front of an upstream of 2026-07-28 answers the upstream's input request
+// in its retry's inputResponses, and decideInputResponses
+// (modules/policy/inputs.go:34) decides answers only when the requestState
+// is toolgate's own (call.Stateless.Inputs, set in
+// registry/stateless.go:51): the upstream's requestState is opaque, the
+// answers go upstream undecided, and the upstream runs "confirm" with the
+// "accept" the policy denies. Fix: when an upstream's input_required
+// reaches a stateless runner, keep the methods of its input requests by key
+// (seal them with the upstream's requestState in a toolgate requestState,
+// restoring the upstream's byte for byte on the retry), and decide each
+// input response of the retry as the answer to its request, as for a held
+// exchange.
+// Fixed: the runner gets a requestState toolgate sealed in the upstream's
+// place, holding it and the input requests' methods (mcp2026.Relay); each
+// answer of the retry is decided as the answer it is, those withheld are
+// removed, and the upstream gets its own state back byte for byte. A retry
+// with a requestState toolgate did not seal is refused.
+func TestRev2026AttackModernUpstreamAnswersSkipAnswerRule(t *testing.T) {
+	up := startStatelessUpstream(t)
+	policies := aaPolicies(t, `decision := {"action": "deny", "reason": "answers to elicitation/create are denied"} if {
+	input.method == "elicitation/create"
+}
+`, "")
+	g := startGateway(t, gatewayConfig{Upstream: up.URL, Tools: "echo confirm", RequestPolicy: policies})
+	session := g.createSession(t, aliceKey, "svc")
+	caps := `{"elicitation":{"form":{}}}`
+	status, msg := statelessPost(t, g, aliceKey, session, saCall(1, "confirm", `{}`, caps, ""), nil)
+	res := aaResult(msg)
+	state, _ := res["requestState"].(string)
+	if status != http.StatusOK || res["resultType"] != "input_required" || state == "" {
+		t.Fatalf("confirm: %d %s, want input_required", status, aaJSON(msg))
+	}
+	accept := map[string]any{"confirm": map[string]any{"action": "accept", "content": map[string]any{"ok": true}}}
+	answer := retryWith(state, accept)
+	status, msg = statelessPost(t, g, aliceKey, session, saCall(2, "confirm", `{}`, caps, answer), nil)
+	if got := aaJSON(msg); strings.Contains(got, "confirmed: accept") || len(up.seen(`"accept"`)) > 0 {
+		t.Fatalf("a stateless runner's answer to the upstream's elicitation/create reached an upstream of 2026-07-28 past the rule "+
+			"that denies every such answer (the upstream got %d; the runner got %d %s)", len(up.seen(`"accept"`)), status, got)
+	}
+	// Nor with the upstream's own requestState (learnt elsewhere), nor
+	// given before anything was asked: an answer toolgate relayed no
+	// request for is decided as an answer to each method.
+	r, _ := json.Marshal(accept)
+	for i, extra := range []string{retryWith(confirmState, accept), `,"inputResponses":` + string(r)} {
+		status, msg = statelessPost(t, g, aliceKey, session, saCall(3+i, "confirm", `{}`, caps, extra), nil)
+		if got := aaJSON(msg); strings.Contains(got, "confirmed: accept") || len(up.seen(`"accept"`)) > 0 {
+			t.Errorf("answers not relayed by toolgate (%s) reached the upstream past the rule (the upstream got %d; the runner got %d %s)",
+				extra, len(up.seen(`"accept"`)), status, got)
+		}
+	}
+}
+
+// A relayed requestState: the runner never sees the upstream's; the retry
+// with toolgate's, its answer allowed, reaches the upstream with the
+// upstream's state byte for byte, and may be sent again (the upstream
+// decides what its state opens); another caller's is refused.
+func TestRev2026RelayedStateStandsForTheUpstreams(t *testing.T) {
+	up := startStatelessUpstream(t)
+	g := startGateway(t, gatewayConfig{Upstream: up.URL, Tools: "echo confirm"})
+	session := g.createSession(t, aliceKey, "svc")
+	caps := `{"elicitation":{"form":{}}}`
+	_, msg := statelessPost(t, g, aliceKey, session, saCall(1, "confirm", `{}`, caps, ""), nil)
+	state, _ := aaResult(msg)["requestState"].(string)
+	if !strings.HasPrefix(state, "toolgate.") || strings.Contains(aaJSON(msg), "opaque") {
+		t.Fatalf("the input_required answer's requestState: %q in %s; want toolgate's, never the upstream's", state, aaJSON(msg))
+	}
+	accept := map[string]any{"confirm": map[string]any{"action": "accept", "content": map[string]any{"ok": true}}}
+	for id := 3; id <= 4; id++ {
+		_, msg = statelessPost(t, g, aliceKey, session, saCall(id, "confirm", `{}`, caps, retryWith(state, accept)), nil)
+		if got := aaJSON(msg); !strings.Contains(got, "confirmed: accept") {
+			t.Fatalf("retry %d with toolgate's requestState: %s; want the upstream's answer to its own state", id-2, got)
+		}
+	}
+	// Another caller cannot use it.
+	other := g.createSession(t, bobKey, "svc")
+	if status, msg := statelessPost(t, g, bobKey, other, saCall(5, "confirm", `{}`, caps, retryWith(state, accept)), nil); status != http.StatusBadRequest {
+		t.Errorf("another caller's retry with alice's requestState: %d %s, want 400", status, aaJSON(msg))
 	}
 }

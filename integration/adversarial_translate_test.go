@@ -584,10 +584,15 @@ func TestTranslateAttackReadRoundSkipsRoundRule(t *testing.T) {
 `, "")
 	g := startGateway(t, gatewayConfig{Upstream: upURL, RequestPolicy: policies})
 	session := g.createSession(t, aliceKey, "svc")
+	// (The stateless runner's retry echoes the requestState toolgate sent
+	// in the upstream's place.)
+	_, asked := statelessPost(t, g, aliceKey, session, `{"jsonrpc":"2.0","id":1,"method":"resources/read","params":{"uri":"test://vault",`+
+		aaStatelessMeta(`{"elicitation":{}}`)+`}}`, map[string]string{"Mcp-Name": "test://vault"})
+	state := gjson.Get(aaJSON(asked), "result.requestState").String()
 	if status, msg := statelessPost(t, g, aliceKey, session, `{"jsonrpc":"2.0","id":1,"method":"resources/read","params":{"uri":"test://vault",`+
-		`"inputResponses":{"confirm":{"action":"accept","content":{"ok":true}}},"requestState":"vault-1",`+aaStatelessMeta(`{"elicitation":{}}`)+`}}`,
-		map[string]string{"Mcp-Name": "test://vault"}); !strings.Contains(aaJSON(msg), "the vault opens at the console") {
-		t.Fatalf("control: the stateless runner's accepted read round was not denied: %d %s", status, aaJSON(msg))
+		`"inputResponses":{"confirm":{"action":"accept","content":{"ok":true}}},"requestState":`+aaJSON(state)+`,`+aaStatelessMeta(`{"elicitation":{}}`)+`}}`,
+		map[string]string{"Mcp-Name": "test://vault"}); state == "" || !strings.Contains(aaJSON(msg), "the vault opens at the console") {
+		t.Fatalf("control: the stateless runner's accepted read round was not denied: %d %s (asked: %s)", status, aaJSON(msg), aaJSON(asked))
 	}
 	cs := g.connect(t, aliceKey, session, "svc", &mcp.ClientOptions{ElicitationHandler: func(context.Context, *mcp.ElicitRequest) (*mcp.ElicitResult, error) {
 		return &mcp.ElicitResult{Action: "accept", Content: map[string]any{"ok": true}}, nil

@@ -210,7 +210,9 @@ func (rt *Runtime) Seal(st State, ttl time.Duration) (string, error) {
 
 // Redeem verifies a requestState toolgate sealed (text is its decoded
 // string) against the call it comes back with, and uses it up: a state
-// opens one retry, on one replica.
+// opens one retry, on one replica. A state that only stands for an
+// upstream's (Relay) is not used up: the upstream decides what its own
+// state opens, and each retry's answers are decided again.
 func (rt *Runtime) Redeem(ctx context.Context, text string, want State) (State, error) {
 	st, err := rt.sealer.Open(text, time.Now())
 	if err != nil {
@@ -218,6 +220,9 @@ func (rt *Runtime) Redeem(ctx context.Context, text string, want State) (State, 
 	}
 	if err := st.Matches(want); err != nil {
 		return st, err
+	}
+	if st.Relayed && st.Approval == "" && st.Held == "" {
+		return st, nil
 	}
 	if err := consume(ctx, rt.app.Storage(), st); err != nil {
 		if errors.Is(err, ErrStateReplayed) {

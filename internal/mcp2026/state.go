@@ -36,9 +36,14 @@ type State struct {
 	Held     string `json:"h,omitempty"` // the upstream exchange toolgate holds for the retry (Hold)
 	// Inputs are the methods of the held exchange's input requests, by
 	// key: what each of the retry's input responses answers.
-	Inputs  map[string]string `json:"i,omitempty"`
-	Expires int64             `json:"e"` // unix seconds
-	Nonce   string            `json:"n"`
+	Inputs map[string]string `json:"i,omitempty"`
+	// Relayed is set for a state toolgate sealed in place of an
+	// upstream's (see Relay); Upstream is the JSON text of the upstream's
+	// requestState, "" when it sent none.
+	Relayed  bool   `json:"x,omitempty"`
+	Upstream string `json:"r,omitempty"`
+	Expires  int64  `json:"e"` // unix seconds
+	Nonce    string `json:"n"`
 }
 
 // statePrefix marks a requestState sealed by toolgate; any other

@@ -53,10 +53,16 @@ type Stateless struct {
 	// server→client request (an upstream of an earlier revision asked the
 	// client something during the call); empty otherwise.
 	Held string
-	// Inputs are, for a retry of a held exchange, the methods of the
-	// upstream's requests its input responses answer, by key (from the
-	// sealed requestState).
+	// Inputs are, for a retry of a held exchange or of an upstream's
+	// input_required result (Relayed), the methods of the upstream's
+	// requests its input responses answer, by key (from the sealed
+	// requestState).
 	Inputs map[string]string
+	// Relayed is set when the retry's requestState stands for an upstream
+	// of the stateless revision's (UpstreamState, its JSON text; "" when
+	// it sent none), which goes upstream in its place.
+	Relayed       bool
+	UpstreamState string
 	// Withheld are the keys of the input responses the request policy
 	// withheld: their requests are answered upstream with toolgate's
 	// error instead.

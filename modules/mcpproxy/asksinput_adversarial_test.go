@@ -14,8 +14,6 @@ import (
 	"strings"
 	"testing"
 
-	"go.uber.org/zap"
-
 	"github.com/toolgate/toolgate/internal/mcpmsg"
 	"github.com/toolgate/toolgate/modules/gateway"
 )
@@ -56,7 +54,7 @@ func finishJoined(h *Handler, call *gateway.Call, msg mcpmsg.Message) []byte {
 // Root cause: mcp2026.AsksInput, case string(key) == "resultType".
 // Fixed: AsksInput reads the key in any case; finish withholds the answer.
 func TestAsksInputAttackLegacyFinishRelaysResultTypeCaseVariant(t *testing.T) {
-	h := &Handler{logger: zap.NewNop()}
+	h := testHandler()
 	for _, key := range []string{"ResultType", "reſultType"} {
 		seen := 0
 		call := parCall(false, &seen)
@@ -80,7 +78,7 @@ func TestAsksInputAttackLegacyFinishRelaysResultTypeCaseVariant(t *testing.T) {
 // number), and an escaped resultType "input\u005frequired" alone; an
 // inputRequests of null (with whitespace) and a nested one pass.
 func TestAsksInputHoldsLegacyFinish(t *testing.T) {
-	h := &Handler{logger: zap.NewNop()}
+	h := testHandler()
 	for _, c := range []struct {
 		result   string
 		withheld bool
@@ -114,7 +112,7 @@ func TestAsksInputHoldsLegacyFinish(t *testing.T) {
 // complete result: Complete appends "resultType":"complete" after it, and
 // encoding/json keeps the last of the two members it reads as resultType.
 func TestAsksInputHoldsStatelessResultTypeCaseVariantCompleted(t *testing.T) {
-	h := &Handler{logger: zap.NewNop()}
+	h := testHandler()
 	seen := 0
 	call := parCall(true, &seen)
 	msg := parUpstream(t, h, call, `{"jsonrpc":"2.0","id":1,"result":{"content":[{"type":"text","text":"ok"}],"ResultType":"input_required"}}`)
@@ -130,7 +128,7 @@ func TestAsksInputHoldsStatelessResultTypeCaseVariantCompleted(t *testing.T) {
 // hooks as the runner reads them (withheld), and input requests beside a
 // resultType that is not the string input_required are refused.
 func TestAsksInputHoldsStatelessEscapesReachMessagePolicy(t *testing.T) {
-	h := &Handler{logger: zap.NewNop()}
+	h := testHandler()
 	for _, c := range []struct {
 		result string
 		hooks  int
@@ -166,7 +164,7 @@ func TestAsksInputHoldsStatelessEscapesReachMessagePolicy(t *testing.T) {
 // (mcp2026.InputRequestsProblem), as the stateless path does.
 func TestAsksInputAttackTranslatedVariantKeyRefusedAtOnce(t *testing.T) {
 	ms := aliceSession(t)
-	h := &Handler{logger: zap.NewNop()}
+	h := testHandler()
 	seen := 0
 	call := parCall(false, &seen)
 	call.MCPSession = ms

@@ -124,7 +124,7 @@ func preForms(secret string) []string {
 // no secret is left in a decoded string.
 func TestPrescanAdvEveryFormEveryCredential(t *testing.T) {
 	t.Parallel()
-	h := &Handler{logger: zap.NewNop()}
+	h := testHandler()
 	fillers := map[string]string{
 		"ascii": strings.Repeat("lorem ipsum dolor sit amet ", prescanMin/26+1),
 		"mixed": strings.Repeat(`line\nwith \"quotes\" \\ and \/ \u00e9 ünïcødé tok-ABCd pw-Secr csrf-012 `, prescanMin/75+1),
@@ -169,7 +169,7 @@ func TestPrescanAdvEveryFormEveryCredential(t *testing.T) {
 // first secret is absent (bytes kept) but the second present is searched
 // with the facts read for the second.
 func TestPrescanAdvSecondSecretAfterFirstRedacted(t *testing.T) {
-	h := &Handler{logger: zap.NewNop()}
+	h := testHandler()
 	call := preCalls()["basic"]
 	secrets := preSecrets(call.Credential)
 	if len(secrets) != 2 {
@@ -198,7 +198,7 @@ func TestPrescanAdvSecondSecretAfterFirstRedacted(t *testing.T) {
 // them (whitespace between tokens) decides as the sequential path does; a
 // CR inside a string makes both refuse the message alike.
 func TestPrescanAdvCR(t *testing.T) {
-	h := &Handler{logger: zap.NewNop()}
+	h := testHandler()
 	call := preCalls()["bearer"]
 	filler := strings.Repeat("abc ", prescanMin/4)
 	for i, raw := range [][]byte{
@@ -264,7 +264,7 @@ func TestPrescanAdvParseErrorsNoLeak(t *testing.T) {
 // needle cache cleared under them (more credentials than
 // maxCachedNeedles), each call's result as the sequential path's.
 func TestPrescanAdvConcurrentSharedBytesCacheChurn(t *testing.T) {
-	h := &Handler{logger: zap.NewNop()}
+	h := testHandler()
 	filler := strings.Repeat("z", prescanMin)
 	calls := preCalls()
 	raws := [][]byte{preMessage(filler, preSecret), preMessage(filler, ""), preMessage(filler, escapeAll(preSecret))}
@@ -316,7 +316,7 @@ func TestPrescanAdvFactsOfAnotherCredential(t *testing.T) {
 	if f := pre.of("other-token-9876543", raw); f != nil {
 		t.Errorf("facts of a secret not read for: %+v", *f)
 	}
-	h := &Handler{logger: zap.NewNop()}
+	h := testHandler()
 	other := preCalls()["bearer"]
 	other.Credential = &gateway.Credential{Header: "Authorization", Value: "Bearer other-token-9876543"}
 	msg, err := mcpmsg.Parse(raw, mcpmsg.Limits{})
@@ -366,7 +366,7 @@ func FuzzPrescanAdvDifferential(f *testing.F) {
 	f.Add([]byte(`{"jsonrpc":"2.0","id":1,"result":{"content":[{"type":"text","text":"tok-ABC"},{"type":"text","text":"def/123+xyz"}]}}`), uint8(0), uint8(0))
 	f.Add([]byte(`{"jsonrpc":"2.0","method":"x","params":{"data":"`+preSecret+`"}}`), uint8(2), uint8(0))
 	f.Add([]byte(`pw-Secret/4567 `+base64.StdEncoding.EncodeToString([]byte("alice:pw-Secret/4567"))+msgEnd), uint8(1), uint8(1))
-	h := &Handler{logger: zap.NewNop()}
+	h := testHandler()
 	calls := preCalls()
 	names := []string{"bearer", "basic", "cookies", "escaped", "wide"}
 	f.Fuzz(func(t *testing.T, tail []byte, which, filler uint8) {
@@ -385,7 +385,7 @@ func FuzzPrescanAdvDifferential(f *testing.F) {
 func TestPrescanAdvRandomEdits(t *testing.T) {
 	t.Parallel()
 	rng := rand.New(rand.NewPCG(1, 2))
-	h := &Handler{logger: zap.NewNop()}
+	h := testHandler()
 	calls := preCalls()
 	names := []string{"bearer", "basic", "cookies", "escaped", "wide"}
 	seeds := preSeeds()

@@ -5,8 +5,6 @@ import (
 	"strings"
 	"testing"
 
-	"go.uber.org/zap"
-
 	"github.com/toolgate/toolgate/internal/mcpmsg"
 	"github.com/toolgate/toolgate/modules/gateway"
 )
@@ -18,7 +16,7 @@ import (
 // password it encodes), where the first one's redaction makes new bytes
 // that the second is looked for in.
 func TestParseRedactedLargeAnswerAsSearchedAfterItsParse(t *testing.T) {
-	h := &Handler{logger: zap.NewNop()}
+	h := testHandler()
 	basic := "Basic " + base64.StdEncoding.EncodeToString([]byte("alice:pw-Secret/4567"))
 	calls := map[string]*gateway.Call{
 		"bearer": {Service: &gateway.Service{ID: "svc"}, Caller: &gateway.Caller{User: "alice"},

@@ -95,8 +95,6 @@ import (
 	"strings"
 	"testing"
 
-	"go.uber.org/zap"
-
 	"github.com/toolgate/toolgate/internal/mcpmsg"
 	"github.com/toolgate/toolgate/modules/gateway"
 )
@@ -158,7 +156,7 @@ func TestProbeAdversarialTailNestedAsTextItem(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			for _, stateless := range []bool{false, true} {
 				probeRun(t, stateless, func(t *testing.T, stateless bool) {
-					h := &Handler{logger: zap.NewNop()}
+					h := testHandler()
 					call := advCall("Bearer "+advSecret, stateless)
 					msg := advUpstream(t, h, call, c.raw)
 					call.OnResult(func(_ context.Context, _ *gateway.Call, result []byte) (gateway.Result, error) {
@@ -206,7 +204,7 @@ func TestProbeAdversarialUnreadableAnswerIsSent(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			for _, stateless := range []bool{false, true} {
 				probeRun(t, stateless, func(t *testing.T, stateless bool) {
-					h := &Handler{logger: zap.NewNop()}
+					h := testHandler()
 					call := advCall("Bearer "+advSecret, stateless)
 					msg := advUpstream(t, h, call, c.raw)
 					call.OnResult(func(_ context.Context, _ *gateway.Call, result []byte) (gateway.Result, error) {
@@ -231,7 +229,7 @@ func TestProbeAdversarialKeyContinuesIntoTheTail(t *testing.T) {
 	raw := `{"jsonrpc":"2.0","id":1,"result":{"` + rest + `":1,"content":[{"type":"text","text":"ok"}]}}`
 	for _, stateless := range []bool{false, true} {
 		probeRun(t, stateless, func(t *testing.T, stateless bool) {
-			h := &Handler{logger: zap.NewNop()}
+			h := testHandler()
 			call := advCall(secret, stateless)
 			call.Credential.Header = "X-Api-Key"
 			msg := advUpstream(t, h, call, raw)
@@ -259,7 +257,7 @@ func TestProbeAdversarialHoldsOpenStringPrefixIsWithheld(t *testing.T) {
 	raw := `{"jsonrpc":"2.0","id":1,"result":{"content":[{"type":"text","text":"292c6912E7710c838347Ae178B4a"}]}}`
 	for _, stateless := range []bool{false, true} {
 		probeRun(t, stateless, func(t *testing.T, stateless bool) {
-			h := &Handler{logger: zap.NewNop()}
+			h := testHandler()
 			call := advCall("Bearer "+advSecret, stateless)
 			msg := advUpstream(t, h, call, raw)
 			call.OnResult(func(_ context.Context, _ *gateway.Call, result []byte) (gateway.Result, error) {
@@ -278,7 +276,7 @@ func TestProbeAdversarialHoldsEmptyPiecesAroundTheTail(t *testing.T) {
 	raw := `{"jsonrpc":"2.0","id":1,"result":{"content":[{"type":"text","text":"ok"}],"structuredContent":{"t":"gho_16C7e42F\u00b7292c6912E7710c838347Ae178B4a"}}}`
 	for _, stateless := range []bool{false, true} {
 		probeRun(t, stateless, func(t *testing.T, stateless bool) {
-			h := &Handler{logger: zap.NewNop()}
+			h := testHandler()
 			call := advCall("Bearer "+advSecret, stateless)
 			msg := advUpstream(t, h, call, raw)
 			call.OnResult(func(_ context.Context, _ *gateway.Call, result []byte) (gateway.Result, error) {
@@ -298,7 +296,7 @@ func TestProbeAdversarialHoldsEmptyPiecesAroundTheTail(t *testing.T) {
 
 func TestProbeAdversarialHoldsEnvelopeMember(t *testing.T) {
 	raw := `{"jsonrpc":"2.0","id":1,"result":{"content":[{"type":"text","text":"gho_16C7e42F\u00b7292c6912E7710c838347Ae178B4a"}]}}`
-	h := &Handler{logger: zap.NewNop()}
+	h := testHandler()
 	call := advCall("Bearer "+advSecret, false)
 	msg := advUpstream(t, h, call, raw)
 	call.OnResult(func(_ context.Context, _ *gateway.Call, result []byte) (gateway.Result, error) {
@@ -318,7 +316,7 @@ func TestProbeAdversarialHoldsPiecesAfterTheTail(t *testing.T) {
 	raw := `{"jsonrpc":"2.0","id":1,"result":{"content":[{"type":"text","text":"gho_16C7e42F\u00b7292c6912E7710c838347Ae178B4a"}]}}`
 	for _, stateless := range []bool{false, true} {
 		probeRun(t, stateless, func(t *testing.T, stateless bool) {
-			h := &Handler{logger: zap.NewNop()}
+			h := testHandler()
 			call := advCall("Bearer "+advSecret, stateless)
 			msg := advUpstream(t, h, call, raw)
 			call.OnResult(func(_ context.Context, _ *gateway.Call, result []byte) (gateway.Result, error) {
@@ -346,7 +344,7 @@ func TestProbeAdversarialHoldsProbeIsSmall(t *testing.T) {
 		t.Fatal(err)
 	}
 	out := gateway.Result{[]byte(`{"_meta":{"toolgate/decision":{"id":"d1","action":"allow"}},`), msg.Result[1:]}
-	h := &Handler{logger: zap.NewNop()}
+	h := testHandler()
 	p, ok := h.probe(advCall("Bearer "+advSecret, false), out, msg.Result)
 	if !ok || len(p.Raw) > 200 {
 		t.Errorf("the probe of a kept megabyte is %d bytes (ok %v), want the few the hook wrote", len(p.Raw), ok)
@@ -354,7 +352,7 @@ func TestProbeAdversarialHoldsProbeIsSmall(t *testing.T) {
 }
 
 func BenchmarkProbeAdversarialMegabyteTail(b *testing.B) {
-	h := &Handler{logger: zap.NewNop()}
+	h := testHandler()
 	call := advCall("Bearer "+advSecret, false)
 	msg, err := mcpmsg.Parse([]byte(probeMegabyte()), mcpmsg.Limits{})
 	if err != nil {

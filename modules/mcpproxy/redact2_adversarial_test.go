@@ -24,8 +24,6 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/zap"
-
 	"github.com/toolgate/toolgate/internal/mcpmsg"
 	"github.com/toolgate/toolgate/modules/gateway"
 )
@@ -54,7 +52,7 @@ func TestRedaction2IgnorableCoversPolicyInvisibles(t *testing.T) {
 }
 
 func TestRedaction2RedactionCostOfALongString(t *testing.T) {
-	h := &Handler{logger: zap.NewNop()}
+	h := testHandler()
 	call := &gateway.Call{Service: &gateway.Service{ID: "svc"}, Caller: &gateway.Caller{User: "alice"},
 		Credential: &gateway.Credential{Header: "X-Key", Value: "tgcred-9Kp4Vx2Qm7Ws3Zn8Lr5T"}}
 	for _, tc := range []struct{ name, text string }{

@@ -72,7 +72,6 @@ import (
 	"unicode/utf8"
 
 	"github.com/tidwall/gjson"
-	"go.uber.org/zap"
 
 	"github.com/toolgate/toolgate/internal/mcpmsg"
 	"github.com/toolgate/toolgate/modules/gateway"
@@ -209,7 +208,7 @@ var ignorables3 = []rune{0x200B, 0x00AD, 0x2062, 0xFEFF, 0xFE0F, 0x180E, 0x034F,
 // --- holds
 
 func TestRedaction3NewSearchDecidesAsTheOld(t *testing.T) {
-	h := &Handler{logger: zap.NewNop()}
+	h := testHandler()
 	rng := rand.New(rand.NewPCG(3, 633))
 	alphabets := []string{
 		"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789",
@@ -480,7 +479,7 @@ func leaksAcross(t *testing.T, h *Handler, call *gateway.Call, raw string) bool 
 }
 
 func TestRedaction3EscapedAcrossTwoTextItems(t *testing.T) {
-	h := &Handler{logger: zap.NewNop()}
+	h := testHandler()
 	for _, secret := range []string{"tgcred-9Kp4Vx2Qm7Ws3Zn8Lr5T", "s3cr3t-Tok9"} {
 		call := call3("Bearer " + secret)
 		k := len(secret) / 2
@@ -513,7 +512,7 @@ func TestRedaction3EscapedAcrossTwoTextItems(t *testing.T) {
 }
 
 func TestRedaction3AcrossThreeTextItems(t *testing.T) {
-	h := &Handler{logger: zap.NewNop()}
+	h := testHandler()
 	for _, secret := range []string{"tgcred-9Kp4Vx2Qm7Ws3Zn8Lr5T", "s3cr3t-Tok9", "0123456789abcdefXYZ"} {
 		call := call3("Bearer " + secret)
 		n := 8
@@ -540,7 +539,7 @@ func TestRedaction3AcrossThreeTextItems(t *testing.T) {
 }
 
 func TestRedaction3Base64AcrossTwoTextItems(t *testing.T) {
-	h := &Handler{logger: zap.NewNop()}
+	h := testHandler()
 	secret := "tgcred-9Kp4Vx2Qm7Ws3Zn8Lr5T"
 	call := call3("Bearer " + secret)
 	e := base64.StdEncoding.EncodeToString([]byte("Authorization: Bearer " + secret + "\n"))

@@ -96,8 +96,6 @@ import (
 	"testing"
 	"unicode/utf8"
 
-	"go.uber.org/zap"
-
 	"github.com/toolgate/toolgate/internal/mcpmsg"
 	"github.com/toolgate/toolgate/modules/gateway"
 )
@@ -157,7 +155,7 @@ func stripBlanks(s string) string {
 // --- findings
 
 func TestRedaction4Base64AcrossItemsBehindLineBreaks(t *testing.T) {
-	h := &Handler{logger: zap.NewNop()}
+	h := testHandler()
 	secret := "tgcred-9Kp4Vx2Qm7Ws3Zn8Lr5T" // 27 bytes: its base64 is 36 characters, no padding
 	call := call3("Bearer " + secret)
 	e := base64.StdEncoding.EncodeToString([]byte(secret))
@@ -268,7 +266,7 @@ func r4CaseInsensitiveRunner(t *testing.T, raw []byte) string {
 }
 
 func TestRedaction4CaseVariantKeysAcrossTextItems(t *testing.T) {
-	h := &Handler{logger: zap.NewNop()}
+	h := testHandler()
 	secret := "tok-ABCdef/123"
 	call := call3("Bearer " + secret)
 	for _, raw := range []string{
@@ -330,7 +328,7 @@ func BenchmarkAcrossTextItemsHoldingTheCredential(b *testing.B) {
 }
 
 func TestRedaction4Base64InLinesInOneItem(t *testing.T) {
-	h := &Handler{logger: zap.NewNop()}
+	h := testHandler()
 	secret := "tgcred-9Kp4Vx2Qm7Ws3Zn8Lr5T"
 	call := call3("Bearer " + secret)
 	// A MIME part (an e-mail a tool read): headers, then base64 in lines
@@ -365,7 +363,7 @@ func TestRedaction4Base64InLinesInOneItem(t *testing.T) {
 // --- holds
 
 func TestRedaction4PlainAcrossItemsAtEveryWindowEdge(t *testing.T) {
-	h := &Handler{logger: zap.NewNop()}
+	h := testHandler()
 	rng := rand.New(rand.NewPCG(4, 231))
 	// Units a filler is made of (the inside of a JSON string).
 	units := [][]string{
@@ -426,7 +424,7 @@ func TestRedaction4PlainAcrossItemsAtEveryWindowEdge(t *testing.T) {
 }
 
 func TestRedaction4AcrossItemsWithEmptyAndOtherItems(t *testing.T) {
-	h := &Handler{logger: zap.NewNop()}
+	h := testHandler()
 	secret := "tok-ABCdef/123"
 	call := call3("Bearer " + secret)
 	long := r4Q(strings.Repeat("lorem ipsum ", 40))
@@ -461,7 +459,7 @@ func TestRedaction4DuplicateTextMemberRefused(t *testing.T) {
 }
 
 func TestRedaction4Base64AcrossItemsAtEveryOffset(t *testing.T) {
-	h := &Handler{logger: zap.NewNop()}
+	h := testHandler()
 	cases := 0
 	for _, secret := range []string{"a/b+c=d~", "tok-ABCdef/123", "~~>>??ÿ-token-ключ", "tgcred-9Kp4Vx2Qm7Ws3Zn8Lr5T"} {
 		call := call3("Bearer " + secret)
@@ -517,7 +515,7 @@ func TestRedaction4Base64AcrossItemsAtEveryOffset(t *testing.T) {
 }
 
 func TestRedaction4NoFalsePositives(t *testing.T) {
-	h := &Handler{logger: zap.NewNop()}
+	h := testHandler()
 	rng := rand.New(rand.NewPCG(42, 4))
 	secret := "tgcred-9Kp4Vx2Qm7Ws3Zn8Lr5T"
 	call := call3("Bearer " + secret)

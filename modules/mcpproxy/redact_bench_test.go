@@ -5,8 +5,6 @@ import (
 	"strings"
 	"testing"
 
-	"go.uber.org/zap"
-
 	"github.com/toolgate/toolgate/internal/mcpmsg"
 	"github.com/toolgate/toolgate/modules/gateway"
 )
@@ -17,7 +15,7 @@ import (
 // in one text item or two (whose ends are looked at together), before the
 // result policy (redactCredential) and after it (afterHooks).
 func BenchmarkRedactCredential(b *testing.B) {
-	h := &Handler{logger: zap.NewNop()}
+	h := testHandler()
 	call := &gateway.Call{Service: &gateway.Service{ID: "svc"}, Caller: &gateway.Caller{User: "alice"},
 		Credential: &gateway.Credential{Header: "Authorization", Value: "Bearer gho_16C7e42F292c6912E7710c838347Ae178B4a"}}
 	var log strings.Builder

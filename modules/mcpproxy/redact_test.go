@@ -8,7 +8,6 @@ import (
 	"testing"
 
 	"github.com/tidwall/gjson"
-	"go.uber.org/zap"
 
 	"github.com/toolgate/toolgate/internal/mcpmsg"
 	"github.com/toolgate/toolgate/modules/gateway"
@@ -39,7 +38,7 @@ func redacted(t *testing.T, h *Handler, call *gateway.Call, raw string) []byte {
 // it escapes it, hands the runner a message without it; one that does not
 // is left as it is.
 func TestRedactCredential(t *testing.T) {
-	h := &Handler{logger: zap.NewNop()}
+	h := testHandler()
 	call := &gateway.Call{Service: &gateway.Service{ID: "svc"}, Caller: &gateway.Caller{User: "alice"},
 		Credential: &gateway.Credential{Header: "Authorization", Value: "Bearer tok-ABCdef/123"}}
 	for _, c := range []struct{ text, want string }{
@@ -121,7 +120,7 @@ func TestRedactCredential(t *testing.T) {
 // read "2026-12-03" as base64 too); in a MIME part of thousands of lines,
 // the lines holding it are re-encoded and the rest stays.
 func TestRedactBase64InLinesOfText(t *testing.T) {
-	h := &Handler{logger: zap.NewNop()}
+	h := testHandler()
 	secret := "tgcred-9Kp4Vx2Qm7Ws3Zn8Lr5T"
 	call := &gateway.Call{Service: &gateway.Service{ID: "svc"}, Caller: &gateway.Caller{User: "alice"},
 		Credential: &gateway.Credential{Header: "Authorization", Value: "Bearer " + secret}}

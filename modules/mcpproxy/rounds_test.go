@@ -7,8 +7,6 @@ import (
 	"strings"
 	"testing"
 
-	"go.uber.org/zap"
-
 	"github.com/toolgate/toolgate/internal/mcpmsg"
 	"github.com/toolgate/toolgate/modules/gateway"
 )
@@ -23,10 +21,11 @@ import (
 func TestRoundsRedactEveryCredentialTheCallSent(t *testing.T) {
 	const first, refreshed = "gho_first16C7e42F292c6912E7710c838347", "gho_second9aB3d7E1f0c4A8b2D6e5F9a1C3b"
 	for _, echoed := range []string{first, refreshed} {
-		h := &Handler{logger: zap.NewNop()}
+		h := testHandler()
 		call := func(id, token string) *gateway.Call {
 			return &gateway.Call{Service: &gateway.Service{ID: "svc"}, Caller: &gateway.Caller{User: "alice"},
 				Message:    mcpmsg.Message{Kind: mcpmsg.Request, ID: []byte(id), Method: "tools/call"},
+				Session:    &gateway.Session{ID: "s"},
 				Stateless:  &gateway.Stateless{Capabilities: []byte(`{"elicitation":{}}`)},
 				Credential: &gateway.Credential{Header: "Authorization", Value: "Bearer " + token}}
 		}

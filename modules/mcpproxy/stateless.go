@@ -110,7 +110,9 @@ func (h *Handler) serveStateless(w http.ResponseWriter, r *http.Request, call *g
 
 // statelessBody is the request as it goes upstream: with the arguments a
 // policy rewrote, without toolgate's own requestState and input response,
-// and, for an upstream of an earlier revision, without the stateless
+// for an upstream of the stateless revision with its own requestState back
+// in place of the one toolgate relayed and without the answers the policy
+// withheld (mcp2026.Relay), and, for an upstream of an earlier revision, without the stateless
 // revision's _meta members and without inputResponses and requestState
 // altogether. Such an upstream asks with server→client requests, whose
 // answers reach it only through the exchange toolgate holds (continueHeld,
@@ -120,6 +122,13 @@ func statelessBody(call *gateway.Call, modern bool) []byte {
 	body := requestBody(call)
 	if call.Stateless.OwnState {
 		body = mcp2026.WithoutOwnState(body, mcpmsg.MemberOf(body, "params"))
+	}
+	if st := call.Stateless; modern && (st.Relayed || len(st.Withheld) > 0) {
+		params := mcpmsg.MemberOf(body, "params")
+		if st.Relayed {
+			params = mcp2026.RestoreUpstream(params, st.UpstreamState)
+		}
+		body = mcpmsg.ReplaceMember(body, "params", mcp2026.WithoutAnswers(params, st.Withheld))
 	}
 	if !modern {
 		if params := mcpmsg.MemberOf(body, "params"); params != nil && params[0] == '{' {
@@ -249,6 +258,14 @@ func (h *Handler) finishStateless(ctx context.Context, call *gateway.Call, msg m
 			return gateway.RPCError(call.Message.ID, mcp2026.CodeMissingRequiredClientCapability,
 				"the server needs client capabilities this request did not declare", mcp2026.MissingCapability(missing))
 		}
+		// The runner gets toolgate's requestState in the upstream's place,
+		// so that its answers are decided as answers (mcp2026.Relay).
+		relayed, err := h.stateless.Relay(mcp2026.StateOf(call.Caller.User, gateway.SessionRef(call.Session.ID), call.Service.ID, call.Message), result)
+		if err != nil {
+			h.logger.Error("cannot seal a requestState", zap.Error(err))
+			return gateway.RPCError(call.Message.ID, gateway.CodeUnavailable, "toolgate could not seal the requestState of the upstream's input requests", gateway.Retryable)
+		}
+		result, changed = relayed, true
 	}
 	// Whatever cacheScope the upstream claims, the answer is the caller's:
 	// the policies decided it for them (a tools/list is filtered, a read

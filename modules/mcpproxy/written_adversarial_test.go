@@ -85,8 +85,6 @@ import (
 	"strings"
 	"testing"
 
-	"go.uber.org/zap"
-
 	"github.com/toolgate/toolgate/internal/mcp2026"
 	"github.com/toolgate/toolgate/internal/mcpmsg"
 	"github.com/toolgate/toolgate/modules/gateway"
@@ -102,7 +100,7 @@ func advCall(value string, stateless bool) *gateway.Call {
 		Message:    mcpmsg.Message{Kind: mcpmsg.Request, ID: []byte("1"), Method: "tools/call"},
 		Credential: &gateway.Credential{Header: "Authorization", Value: value}}
 	if stateless {
-		call.Stateless = &gateway.Stateless{Capabilities: []byte(`{"sampling":{}}`)}
+		call.Stateless, call.Session = &gateway.Stateless{Capabilities: []byte(`{"sampling":{}}`)}, &gateway.Session{ID: "s"}
 	}
 	return call
 }
@@ -202,7 +200,7 @@ func TestWrittenAdversarialCredentialAcrossTheSeam(t *testing.T) {
 				name += ", stateless"
 			}
 			t.Run(name, func(t *testing.T) {
-				h := &Handler{logger: zap.NewNop()}
+				h := testHandler()
 				call := advCall("Bearer "+advSecret, stateless)
 				msg := advUpstream(t, h, call, raw)
 				call.OnResult(func(_ context.Context, _ *gateway.Call, result []byte) (gateway.Result, error) {
@@ -224,7 +222,7 @@ func TestWrittenAdversarialEscapedSlashInWhatTheHooksWrote(t *testing.T) {
 	raw := `{"jsonrpc":"2.0","id":1,"result":{"content":[{"type":"text","text":"wJalrXUtnFEMI\/K7MDENG\/bPxRfi\u00b7CYEXAMPLEKEY"}]}}`
 	for _, stateless := range []bool{false, true} {
 		t.Run(map[bool]string{false: "finish", true: "finishStateless"}[stateless], func(t *testing.T) {
-			h := &Handler{logger: zap.NewNop()}
+			h := testHandler()
 			call := advCall(secret, stateless)
 			call.Credential.Header = "X-Api-Key"
 			msg := advUpstream(t, h, call, raw)
@@ -255,7 +253,7 @@ func TestWrittenAdversarialIgnorableInWhatTheHooksWrote(t *testing.T) {
 				name += ", stateless"
 			}
 			t.Run(name, func(t *testing.T) {
-				h := &Handler{logger: zap.NewNop()}
+				h := testHandler()
 				call := advCall("Bearer "+advSecret, stateless)
 				msg := advUpstream(t, h, call, raw)
 				call.OnResult(func(_ context.Context, _ *gateway.Call, result []byte) (gateway.Result, error) {
@@ -279,7 +277,7 @@ func TestWrittenAdversarialPieceStartingInsideAString(t *testing.T) {
 	raw := `{"jsonrpc":"2.0","id":1,"result":{"content":[{"type":"text","text":"\u0067ho_16C7e42F\u00b7292c6912E7710c838347Ae178B4a"}]}}`
 	for _, stateless := range []bool{false, true} {
 		t.Run(map[bool]string{false: "finish", true: "finishStateless"}[stateless], func(t *testing.T) {
-			h := &Handler{logger: zap.NewNop()}
+			h := testHandler()
 			call := advCall("Bearer "+advSecret, stateless)
 			msg := advUpstream(t, h, call, raw)
 			call.OnResult(func(_ context.Context, _ *gateway.Call, result []byte) (gateway.Result, error) {
@@ -299,7 +297,7 @@ func TestWrittenAdversarialHookAnswerIsNotSearched(t *testing.T) {
 	raw := `{"jsonrpc":"2.0","id":1,"result":{"contents":[{"uri":"file:///notes","text":"gho_16C7e42F\u00b7292c6912E7710c838347Ae178B4a"}]}}`
 	for _, stateless := range []bool{false, true} {
 		t.Run(map[bool]string{false: "finish", true: "finishStateless"}[stateless], func(t *testing.T) {
-			h := &Handler{logger: zap.NewNop()}
+			h := testHandler()
 			call := advCall("Bearer "+advSecret, stateless)
 			msg := advUpstream(t, h, call, raw)
 			call.OnResult(func(_ context.Context, _ *gateway.Call, result []byte) (gateway.Result, error) {
@@ -328,7 +326,7 @@ func TestWrittenAdversarialHoldsTailIsOfTheRedactedMessage(t *testing.T) {
 	raw := []byte(`{"jsonrpc":"2.0","id":1,"result":{"content":[{"type":"text","text":"token: ` + advSecret + `"}]}}`)
 	for _, stateless := range []bool{false, true} {
 		t.Run(map[bool]string{false: "finish", true: "finishStateless"}[stateless], func(t *testing.T) {
-			h := &Handler{logger: zap.NewNop()}
+			h := testHandler()
 			call := advCall("Bearer "+advSecret, stateless)
 			msg, err := mcpmsg.Parse(raw, mcpmsg.Limits{})
 			if err != nil {
@@ -350,7 +348,7 @@ func TestWrittenAdversarialHoldsTailIsOfTheRedactedMessage(t *testing.T) {
 
 func TestWrittenAdversarialHoldsRenumberedAnswer(t *testing.T) {
 	raw := []byte(`{"jsonrpc":"2.0","id":"gw-7","result":{"content":[{"type":"text","text":"` + advSecret + `"}]}}`)
-	h := &Handler{logger: zap.NewNop()}
+	h := testHandler()
 	call := advCall("Bearer "+advSecret, true)
 	msg, err := mcpmsg.Parse(raw, mcpmsg.Limits{})
 	if err != nil {
@@ -381,7 +379,7 @@ func TestWrittenAdversarialHoldsChainedHooks(t *testing.T) {
 	raw := `{"jsonrpc":"2.0","id":1,"result":{"content":[{"type":"text","text":"gho_16C7e42F\u00b7292c6912E7710c838347Ae178B4a"}]}}`
 	for _, stateless := range []bool{false, true} {
 		t.Run(map[bool]string{false: "finish", true: "finishStateless"}[stateless], func(t *testing.T) {
-			h := &Handler{logger: zap.NewNop()}
+			h := testHandler()
 			call := advCall("Bearer "+advSecret, stateless)
 			msg := advUpstream(t, h, call, raw)
 			// The first hook puts the credential together, in one piece;
@@ -403,7 +401,7 @@ func TestWrittenAdversarialHoldsChainedHooks(t *testing.T) {
 
 func TestWrittenAdversarialHoldsStatelessTailOfInspected(t *testing.T) {
 	raw := `{"jsonrpc":"2.0","id":1,"result":{"resultType":"input_required","inputRequests":{"s1":{"method":"sampling/createMessage","params":{"messages":[{"role":"user","content":{"type":"text","text":"gho_16C7e42F\u00b7292c6912E7710c838347Ae178B4a"}}],"maxTokens":10}}}}}`
-	h := &Handler{logger: zap.NewNop()}
+	h := testHandler()
 	call := advCall("Bearer "+advSecret, true)
 	msg := advUpstream(t, h, call, raw)
 	call.OnMessage(func(_ context.Context, _ *gateway.Call, m gateway.UpstreamMessage) ([]byte, bool, error) {
@@ -422,7 +420,7 @@ func TestWrittenAdversarialHoldsStatelessTailOfInspected(t *testing.T) {
 }
 
 func TestWrittenAdversarialHoldsAnswerOwnRedacts(t *testing.T) {
-	h := &Handler{logger: zap.NewNop()}
+	h := testHandler()
 	call := advCall("Bearer "+advSecret, true)
 	call.Method, call.Message.Method = "server/discover", "server/discover"
 	call.OnResult(func(_ context.Context, _ *gateway.Call, result []byte) (gateway.Result, error) {

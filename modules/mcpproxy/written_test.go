@@ -5,8 +5,6 @@ import (
 	"context"
 	"testing"
 
-	"go.uber.org/zap"
-
 	"github.com/toolgate/toolgate/internal/mcpmsg"
 	"github.com/toolgate/toolgate/modules/gateway"
 )
@@ -40,7 +38,7 @@ func TestFinishSearchesOnlyWhatTheHooksWrote(t *testing.T) {
 		}, true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			h := &Handler{logger: zap.NewNop()}
+			h := testHandler()
 			call := &gateway.Call{Service: &gateway.Service{ID: "svc"}, Caller: &gateway.Caller{User: "alice"},
 				Message:    mcpmsg.Message{ID: []byte("1")},
 				Credential: &gateway.Credential{Header: "Authorization", Value: "Bearer " + secret}}
@@ -71,9 +69,9 @@ func TestFinishStatelessSearchesWhatTheHooksWrote(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := &Handler{logger: zap.NewNop()}
+	h := testHandler()
 	call := &gateway.Call{Service: &gateway.Service{ID: "svc"}, Caller: &gateway.Caller{User: "alice"},
-		Message: mcpmsg.Message{ID: []byte("1")}, Stateless: &gateway.Stateless{Capabilities: []byte("{}")},
+		Message: mcpmsg.Message{ID: []byte("1")}, Session: &gateway.Session{ID: "s"}, Stateless: &gateway.Stateless{Capabilities: []byte("{}")},
 		Credential: &gateway.Credential{Header: "Authorization", Value: "Bearer " + secret}}
 	if out, err := h.redactCredential(call, msg); err != nil || !bytes.Equal(out.Raw, raw) {
 		t.Fatalf("control: the search changed the upstream's answer: %s %v", out.Raw, err)
@@ -110,9 +108,10 @@ func TestFinishStatelessKeepsWhatTheMessageHooksWrote(t *testing.T) {
 		{"the credential put together, and a result hook", "gho_16C7e42F" + "292c6912E7710c838347Ae178B4a", true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			h := &Handler{logger: zap.NewNop()}
+			h := testHandler()
 			call := &gateway.Call{Service: &gateway.Service{ID: "svc"}, Caller: &gateway.Caller{User: "alice"},
 				Message:    mcpmsg.Message{ID: []byte("1")},
+				Session:    &gateway.Session{ID: "s"},
 				Stateless:  &gateway.Stateless{Capabilities: []byte(`{"sampling":{}}`)},
 				Credential: &gateway.Credential{Header: "Authorization", Value: "Bearer " + secret}}
 			call.OnMessage(func(_ context.Context, _ *gateway.Call, m gateway.UpstreamMessage) ([]byte, bool, error) {

@@ -9,6 +9,7 @@ import (
 	"github.com/open-policy-agent/opa/v1/ast"
 	"github.com/tidwall/gjson"
 
+	"github.com/toolgate/toolgate/internal/mcp2026"
 	"github.com/toolgate/toolgate/internal/mcpmsg"
 	"github.com/toolgate/toolgate/modules/gateway"
 )
@@ -22,40 +23,60 @@ import (
 // speaks, each of those is decided as the answer it stands for, besides
 // the retried request itself.
 
-// decideInputResponses decides each input response of a retry that
-// continues a held exchange as the answer to the upstream request it
-// answers (method: that request's; result: the response), each with its
-// audit entry. Those the policy does not allow are withheld
-// (gateway.Stateless.Withheld): the upstream gets toolgate's error in
-// their place, nothing of the runner's. An ask withholds too: an answer
-// cannot wait for an approval.
+// decideInputResponses decides each input response of a stateless
+// runner's retry as the answer to the upstream request it answers (method:
+// that request's; result: the response), each with its audit entry: for a
+// retry that continues a held exchange, or that echoes the requestState
+// toolgate sealed in place of an upstream's (mcp2026.Relay), the request
+// toolgate relayed under its key. An answer toolgate relayed no request
+// for goes to an upstream of 2026-07-28 all the same (a server that keeps
+// no state cannot tell it from the answer to its own request): it is
+// decided as the answer to each method an input request may have, and
+// allowed only when all are. Those the policy does not allow are withheld
+// (gateway.Stateless.Withheld): a held exchange's upstream gets toolgate's
+// error in their place, an upstream of 2026-07-28 the retry without them;
+// nothing of the runner's. An ask withholds too: an answer cannot wait for
+// an approval.
 func (h *RequestHandler) decideInputResponses(ctx context.Context, call *gateway.Call) {
 	st := call.Stateless
-	if st == nil || len(st.Inputs) == 0 || call.Message.InputResponses == nil {
+	if st == nil || call.Message.InputResponses == nil {
 		return
+	}
+	if ms := call.MCPSession; st.Held == "" && ms != nil {
+		if up := ms.Upstream(); up.Generation > 0 && up.ProtocolVersion != mcp2026.Version {
+			return // an upstream that initializes never gets them (mcp2026.WithoutRetry)
+		}
 	}
 	var common [][2]*ast.Term
 	gjson.ParseBytes(call.Message.InputResponses).ForEach(func(k, v gjson.Result) bool {
 		key := k.String()
-		method, ok := st.Inputs[key]
-		if !ok || !v.IsObject() { // (not an object: the proxy refuses the retry)
-			return true
+		methods := []string{st.Inputs[key]}
+		switch {
+		case st.OwnState && key == mcp2026.OwnInput:
+			return true // toolgate's own (an approval's), never sent upstream
+		case st.Held != "" && (methods[0] == "" || !v.IsObject()):
+			return true // the held exchange takes only answers to what it asked (the proxy refuses the rest)
+		case methods[0] == "":
+			methods = mcp2026.InputMethods
 		}
 		if common == nil {
 			common = commonItems(call)
 		}
-		answer := *call
-		answer.Method = method
-		answer.Message.Kind, answer.Message.Method, answer.Message.Result = mcpmsg.Response, method, []byte(v.Raw)
-		answer.Message.Params, answer.Message.Error, answer.Message.Arguments = nil, nil, nil
-		answer.Message.Name, answer.Message.URI = "", ""
-		o, input := h.decideStandIn(ctx, common, &answer, "an answer to "+method)
-		h.newDecision(ctx, &answer, &o, stageRequest, answer.Message.Result, nil, input)
-		if o.Action != gateway.ActionAllow {
-			if st.Withheld == nil {
-				st.Withheld = make(map[string]bool)
+		for _, method := range methods {
+			answer := *call
+			answer.Method = method
+			answer.Message.Kind, answer.Message.Method, answer.Message.Result = mcpmsg.Response, method, []byte(v.Raw)
+			answer.Message.Params, answer.Message.Error, answer.Message.Arguments = nil, nil, nil
+			answer.Message.Name, answer.Message.URI = "", ""
+			o, input := h.decideStandIn(ctx, common, &answer, "an answer to "+method)
+			h.newDecision(ctx, &answer, &o, stageRequest, answer.Message.Result, nil, input)
+			if o.Action != gateway.ActionAllow {
+				if st.Withheld == nil {
+					st.Withheld = make(map[string]bool)
+				}
+				st.Withheld[key] = true
+				break
 			}
-			st.Withheld[key] = true
 		}
 		return true
 	})

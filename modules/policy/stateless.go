@@ -46,6 +46,11 @@ func (h *RequestHandler) pending(call *gateway.Call, d *gateway.Decision, a *app
 	ttl := time.Until(a.ExpiresAt)
 	asked := mcp2026.StateOf(call.Caller.User, gateway.SessionRef(call.Session.ID), call.Service.ID, call.Message)
 	asked.Approval = a.ID
+	if st := call.Stateless; st.Relayed {
+		// The retry answers an upstream's input requests too: its
+		// requestState, and what its answers answer, go on in this one.
+		asked.Relayed, asked.Upstream, asked.Inputs = true, st.UpstreamState, st.Inputs
+	}
 	state, err := rt.Seal(asked, ttl)
 	if err != nil {
 		h.logger.Error("cannot seal a requestState", zap.Error(err))

@@ -50,6 +50,7 @@ func (h *Handler) readStateless(w http.ResponseWriter, r *http.Request, call *ga
 			return false
 		}
 		st.OwnState, st.Held, st.Inputs = true, redeemed.Held, redeemed.Inputs
+		st.Relayed, st.UpstreamState = redeemed.Relayed, redeemed.Upstream
 	}
 	return true
 }
