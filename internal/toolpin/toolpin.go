@@ -379,8 +379,13 @@ func (p *Pins) registryPinMoved(ctx context.Context, svc *gateway.Service, tool,
 		if old == "" {
 			old = cur.Digest // pinned at first sight or through the API
 		}
+		if old == "" && len(cur.Definition) > 0 {
+			// A record of a version that kept no registry pin: the
+			// definition it kept is the one that was pinned.
+			old = p.digests.of(cur.Definition)
+		}
 		if old == "" {
-			old = unknownReplaced // a record of a version that kept no registry pin
+			old = unknownReplaced // nor a definition: any digest
 		}
 		if old != pin {
 			next.Replaced = append(slices.DeleteFunc(slices.Clone(cur.Replaced), func(d string) bool { return d == old }), old)
