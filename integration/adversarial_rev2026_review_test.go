@@ -435,7 +435,7 @@ func TestRev2026AttackLegacyRunnerSmugglesAnswersToDualUpstream(t *testing.T) {
 // clientInfo} as declared), once per implied session, and refuse the
 // runner's request when that decision is not allow.
 // Fixed: the route's toolgate_policy decides the initialize before it is
-// sent (gateway.Route.OpeningGate, modules/policy/opening.go), with its own
+// sent (gateway.Route.DecideOpening, modules/policy/opening.go), with its own
 // audit entry; a refusal answers the runner's request (any method) with the
 // decision's reason, and a runner declaring no sampling is served.
 func TestRev2026AttackInitializeRuleSkippedByStatelessRunner(t *testing.T) {

@@ -179,6 +179,8 @@ func Check(r *http.Request, msg mcpmsg.Message) (*gateway.Stateless, *Refusal) {
 	}
 	if ir := msg.InputResponses; ir != nil && ir[0] != '{' {
 		return nil, invalidParams("params.inputResponses must be an object")
+	} else if n := countMembers(ir); n > MaxInputResponses {
+		return nil, invalidParams("params.inputResponses holds " + strconv.Itoa(n) + " answers; at most " + strconv.Itoa(MaxInputResponses) + " are taken")
 	}
 	if msg.Method == "subscriptions/listen" {
 		if _, rf := ListenSubscriptions(msg.Params); rf != nil {
@@ -311,3 +313,15 @@ var RemovedMethods = []string{"initialize", "ping", "logging/setLevel", "resourc
 
 // IsRemoved reports whether method is one of RemovedMethods.
 func IsRemoved(method string) bool { return slices.Contains(RemovedMethods, method) }
+
+// MaxInputResponses bounds the answers one retry may carry: each is decided
+// by the request policy (an answer toolgate cannot attribute, once per
+// input method), with an audit entry.
+const MaxInputResponses = 64
+
+// countMembers is the number of members of obj, a JSON object (0 for nil).
+func countMembers(obj []byte) int {
+	n := 0
+	mcpmsg.Members(obj, func(_, _ []byte) { n++ })
+	return n
+}

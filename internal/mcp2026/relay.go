@@ -1,6 +1,8 @@
 package mcp2026
 
 import (
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/tidwall/gjson"
@@ -78,4 +80,35 @@ func WithoutAnswers(params []byte, keys map[string]bool) []byte {
 		return mcpmsg.RemoveMember(params, "inputResponses")
 	}
 	return mcpmsg.ReplaceMember(params, "inputResponses", ir)
+}
+
+// shapes are the members by which a decoder may tell an input response's
+// type, and the method each stands for, in the order the go-sdk looks
+// (unmarshalInputResponse: roots, then action, then role).
+var shapes = [...]struct{ member, method string }{
+	{"roots", "roots/list"}, {"action", "elicitation/create"}, {"role", "sampling/createMessage"},
+}
+
+// AnswerMethods are the methods an answer, the result of a runner's
+// response to an input request of method (or "" when toolgate cannot tell
+// which request it answers), is decided as: that method, and each one its
+// shape may be read as. A server of 2026-07-28 that keeps no state tells an
+// input response's type by its members — the go-sdk reads any answer with
+// "action" as an elicitation's, whatever it asked under that key — so an
+// answer is decided as whatever it may be read as, and goes on only when
+// all are allowed. An answer whose request is not known is decided as each
+// input method.
+func AnswerMethods(method string, answer []byte) []string {
+	if method == "" {
+		return InputMethods
+	}
+	out := []string{method}
+	mcpmsg.Members(answer, func(key, _ []byte) {
+		for _, sh := range shapes {
+			if strings.EqualFold(string(key), sh.member) && !slices.Contains(out, sh.method) {
+				out = append(out, sh.method)
+			}
+		}
+	})
+	return out
 }

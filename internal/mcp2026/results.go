@@ -109,7 +109,9 @@ func AsksInput(result []byte) bool {
 // cacheable method, the caching hints — ttlMs 0 when absent, and cacheScope
 // "private" when private is set (toolgate filtered or changed the result
 // for this caller, so no shared cache may serve it to another) or when
-// absent. It returns result itself when nothing changes.
+// absent. A complete result carries no requestState (an upstream's would
+// reach the runner unsealed: see Relay). It returns result itself when
+// nothing changes.
 func Complete(method string, result []byte, private bool) []byte {
 	if len(result) == 0 || result[0] != '{' {
 		return result
@@ -120,6 +122,9 @@ func Complete(method string, result []byte, private bool) []byte {
 		return result
 	case !isString || t != ResultComplete:
 		result = mcpmsg.ReplaceMember(result, "resultType", []byte(`"complete"`))
+	}
+	if mcpmsg.MemberOf(result, "requestState") != nil {
+		result = mcpmsg.RemoveMember(result, "requestState")
 	}
 	if !slices.Contains(CacheableMethods, method) {
 		return result

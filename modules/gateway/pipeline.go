@@ -41,11 +41,33 @@ type pipelineTrail struct {
 // Route is what the pipeline steps of one route share: set while they are
 // provisioned, read while they serve.
 type Route struct {
-	// OpeningGate is toolgate_policy's decision on the initialize toolgate
-	// sends an upstream of an earlier revision to open a stateless
-	// request's implied MCP session, with params as they will be sent
-	// (see Stateless.Gate); nil when the route has no toolgate_policy.
-	OpeningGate func(ctx context.Context, call *Call, params []byte) error
+	// openingGates are the decisions of the route's toolgate_policy
+	// handlers on the initialize toolgate sends an upstream of an earlier
+	// revision to open a stateless request's implied MCP session.
+	openingGates []func(ctx context.Context, call *Call, params []byte) error
+}
+
+// AddOpeningGate adds a toolgate_policy's decision on the initialize that
+// opens an implied MCP session (see DecideOpening).
+func (r *Route) AddOpeningGate(gate func(ctx context.Context, call *Call, params []byte) error) {
+	r.openingGates = append(r.openingGates, gate)
+}
+
+// HasOpeningGates reports whether the route has a toolgate_policy.
+func (r *Route) HasOpeningGates() bool { return len(r.openingGates) > 0 }
+
+// DecideOpening decides the initialize, with params as they will be sent,
+// that opens call's implied MCP session (Stateless.Gate) under every
+// toolgate_policy of the route — each may have a matcher, which cannot be
+// evaluated before its step runs, and the session is opened before — and
+// returns the first refusal (an *OpeningRefused), or nil.
+func (r *Route) DecideOpening(ctx context.Context, call *Call, params []byte) error {
+	for _, gate := range r.openingGates {
+		if err := gate(ctx, call, params); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // OpeningRefused is the error of opening an implied MCP session whose

@@ -69,6 +69,6 @@ type Stateless struct {
 	Withheld map[string]bool
 	// Gate decides, before it is sent, the initialize toolgate sends an
 	// upstream of an earlier revision to open the implied MCP session
-	// (Route.OpeningGate, set by toolgate_registry); nil allows it.
+	// (Route.DecideOpening, set by toolgate_registry); nil allows it.
 	Gate func(ctx context.Context, call *Call, params []byte) error
 }

@@ -2,6 +2,7 @@ package mcpproxy
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"time"
 
@@ -350,6 +351,11 @@ func (h *Handler) openImplied(ctx context.Context, call *gateway.Call) (gateway.
 		return stamped(call, up), err
 	}
 	up, err := ms.Reinitialize(ctx, 0, init, func(up gateway.Upstream) { h.endUpstream(ictx, call, up) })
+	if refused := (*gateway.OpeningRefused)(nil); errors.As(err, &refused) {
+		// Nothing was opened: the session does not hold the caller's
+		// place among their MCP sessions any more.
+		h.app.MCPSessions().Retire(ms)
+	}
 	if err != nil || !ran {
 		return up, err
 	}

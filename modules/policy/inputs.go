@@ -50,27 +50,19 @@ func (h *RequestHandler) decideInputResponses(ctx context.Context, call *gateway
 	var common [][2]*ast.Term
 	gjson.ParseBytes(call.Message.InputResponses).ForEach(func(k, v gjson.Result) bool {
 		key := k.String()
-		methods := []string{st.Inputs[key]}
+		method := st.Inputs[key]
 		switch {
 		case st.OwnState && key == mcp2026.OwnInput:
 			return true // toolgate's own (an approval's), never sent upstream
-		case st.Held != "" && (methods[0] == "" || !v.IsObject()):
+		case st.Held != "" && (method == "" || !v.IsObject()):
 			return true // the held exchange takes only answers to what it asked (the proxy refuses the rest)
-		case methods[0] == "":
-			methods = mcp2026.InputMethods
 		}
+		methods := mcp2026.AnswerMethods(method, []byte(v.Raw))
 		if common == nil {
 			common = commonItems(call)
 		}
 		for _, method := range methods {
-			answer := *call
-			answer.Method = method
-			answer.Message.Kind, answer.Message.Method, answer.Message.Result = mcpmsg.Response, method, []byte(v.Raw)
-			answer.Message.Params, answer.Message.Error, answer.Message.Arguments = nil, nil, nil
-			answer.Message.Name, answer.Message.URI = "", ""
-			o, input := h.decideStandIn(ctx, common, &answer, "an answer to "+method)
-			h.newDecision(ctx, &answer, &o, stageRequest, answer.Message.Result, nil, input)
-			if o.Action != gateway.ActionAllow {
+			if o := h.decideAnswer(ctx, common, call, method, []byte(v.Raw)); o.Action != gateway.ActionAllow {
 				if st.Withheld == nil {
 					st.Withheld = make(map[string]bool)
 				}
@@ -80,6 +72,44 @@ func (h *RequestHandler) decideInputResponses(ctx context.Context, call *gateway
 		}
 		return true
 	})
+}
+
+// decideAnswer decides result as a runner's answer to a request of
+// method, on the common input members of call (the runner's message), with
+// its audit entry.
+func (h *RequestHandler) decideAnswer(ctx context.Context, common [][2]*ast.Term, call *gateway.Call, method string, result []byte) outcome {
+	answer := *call
+	answer.Method = method
+	answer.Message.Kind, answer.Message.Method, answer.Message.Result = mcpmsg.Response, method, result
+	answer.Message.Params, answer.Message.Error, answer.Message.Arguments = nil, nil, nil
+	answer.Message.Name, answer.Message.URI = "", ""
+	o, input := h.decideStandIn(ctx, common, &answer, "an answer to "+method)
+	h.newDecision(ctx, &answer, &o, stageRequest, result, nil, input)
+	return o
+}
+
+// decideAnswerShape decides a runner's answer to a server→client request,
+// allowed as the answer to that request (call.Method), also as each other
+// method its shape may be read as (mcp2026.AnswerMethods): toolgate hands
+// the answer to an upstream of 2026-07-28 in inputResponses, where a
+// server may tell its type by its members. It returns why the answer is
+// withheld, or "".
+func (h *RequestHandler) decideAnswerShape(ctx context.Context, call *gateway.Call) string {
+	if call.Message.Kind != mcpmsg.Response || call.Message.Result == nil {
+		return ""
+	}
+	methods := mcp2026.AnswerMethods(call.Method, call.Message.Result)
+	if len(methods) < 2 {
+		return ""
+	}
+	common := commonItems(call)
+	for _, method := range methods[1:] {
+		o := h.decideAnswer(ctx, common, call, method, call.Message.Result)
+		if why := o.refusal("an approval was asked for the client's answer, which cannot wait for one: "); why != "" {
+			return why
+		}
+	}
+	return ""
 }
 
 // decideStandIn decides m, a message toolgate makes up to stand for part

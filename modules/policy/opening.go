@@ -22,7 +22,8 @@ import (
 // as.
 const initializeMethod = "initialize"
 
-// decideOpening is the route's gateway.Route.OpeningGate: it decides the
+// decideOpening is this handler's gate of its route (gateway.Route.
+// DecideOpening, under every toolgate_policy of the route): it decides the
 // initialize with params that opens call's implied MCP session, and
 // returns a *gateway.OpeningRefused unless the decision allows it.
 func (h *RequestHandler) decideOpening(ctx context.Context, call *gateway.Call, params []byte) error {

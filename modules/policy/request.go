@@ -45,7 +45,7 @@ func (h *RequestHandler) Provision(ctx caddy.Context) error {
 	if err := h.provision(ctx, stageRequest, "data.toolgate.request.decision"); err != nil {
 		return err
 	}
-	h.app.ProvisioningRoute().OpeningGate = h.decideOpening
+	h.app.ProvisioningRoute().AddOpeningGate(h.decideOpening)
 	return nil
 }
 
@@ -152,6 +152,9 @@ func (h *RequestHandler) judge(w http.ResponseWriter, r *http.Request, call *gat
 	}
 	switch o.Action {
 	case gateway.ActionAllow:
+		if why := h.decideAnswerShape(r.Context(), call); why != "" {
+			return h.refuseAnswer(w, r, call, d, why, next)
+		}
 		return h.allow(w, r, call, next)
 	case gateway.ActionAsk:
 		if call.Message.Kind == mcpmsg.Response {

@@ -25,7 +25,9 @@ func (h *Handler) readStateless(w http.ResponseWriter, r *http.Request, call *ga
 		refusal.Write(w, msg.ID)
 		return false
 	}
-	st.Gate = h.route.OpeningGate
+	if h.route.HasOpeningGates() {
+		st.Gate = h.route.DecideOpening
+	}
 	call.Stateless = st
 	call.ProtocolVersion = mcp2026.Version
 	ms, err := h.stateless.Session(r.Context(), call, svc)
