@@ -1,6 +1,9 @@
 package mcp2026
 
-import "testing"
+import (
+	"strings"
+	"testing"
+)
 
 // The retry's params as they go upstream: the upstream's requestState in
 // place of toolgate's (removed when the upstream sent none), and without
@@ -22,6 +25,30 @@ func TestRestoreUpstream(t *testing.T) {
 	} {
 		if got := string(WithoutAnswers(RestoreUpstream([]byte(c.params), c.upstream), c.withheld)); got != c.want {
 			t.Errorf("RestoreUpstream(%s, %s, %v)\n got %s\nwant %s", c.params, c.upstream, c.withheld, got, c.want)
+		}
+	}
+}
+
+// An answer is decided as its request's method and as each method its
+// members may be read as (in any case, escaped or not); one whose request
+// is not known, as each input method.
+func TestAnswerMethods(t *testing.T) {
+	for _, c := range []struct {
+		method, answer string
+		want           []string
+	}{
+		{"elicitation/create", `{"action":"accept","content":{}}`, []string{"elicitation/create"}},
+		{"roots/list", `{"action":"accept"}`, []string{"roots/list", "elicitation/create"}},
+		{"roots/list", `{"\u0061ction":"accept"}`, []string{"roots/list", "elicitation/create"}},
+		{"elicitation/create", `{"action":"decline","ROOTS":[]}`, []string{"elicitation/create", "roots/list"}},
+		{"elicitation/create", `{"Role":"user","content":{}}`, []string{"elicitation/create", "sampling/createMessage"}},
+		{"roots/list", `{"roots":[]}`, []string{"roots/list"}},
+		{"roots/list", `{}`, []string{"roots/list"}},
+		{"", `{"roots":[]}`, InputMethods},
+	} {
+		got := AnswerMethods(c.method, []byte(c.answer))
+		if strings.Join(got, " ") != strings.Join(c.want, " ") {
+			t.Errorf("AnswerMethods(%q, %s) = %v, want %v", c.method, c.answer, got, c.want)
 		}
 	}
 }
