@@ -131,9 +131,17 @@ func Check(r *http.Request, msg mcpmsg.Message) (*gateway.Stateless, *Refusal) {
 			return nil, &Refusal{Status: http.StatusBadRequest, Code: gateway.CodeInvalidRequest,
 				Message: "subscriptions/listen is a request: send it with an id"}
 		}
+		if msg.InputResponses != nil || msg.RequestState != nil {
+			// Answers go in a retried request, where each is decided;
+			// a notification's would go upstream undecided.
+			return nil, invalidParams("a notification carries no inputResponses or requestState: answer input requests in the retried request")
+		}
 		caps := mcpmsg.MemberOf(msg.Meta, MetaClientCapabilities)
 		if caps == nil {
 			caps = []byte("{}")
+		}
+		if why := CapabilityVariant(caps); why != "" {
+			return nil, invalidParams(why)
 		}
 		return &gateway.Stateless{Capabilities: caps}, nil
 	}
@@ -157,6 +165,9 @@ func Check(r *http.Request, msg mcpmsg.Message) (*gateway.Stateless, *Refusal) {
 	caps := mcpmsg.MemberOf(msg.Meta, MetaClientCapabilities)
 	if len(caps) == 0 || caps[0] != '{' {
 		return nil, invalidParams("missing or invalid _meta field " + strconv.Quote(MetaClientCapabilities))
+	}
+	if why := CapabilityVariant(caps); why != "" {
+		return nil, invalidParams(why)
 	}
 	info := mcpmsg.MemberOf(msg.Meta, MetaClientInfo)
 	if info != nil && info[0] != '{' {
@@ -324,4 +335,46 @@ func countMembers(obj []byte) int {
 	n := 0
 	mcpmsg.Members(obj, func(_, _ []byte) { n++ })
 	return n
+}
+
+// clientCapabilities are the client capabilities of every revision
+// toolgate speaks, with the members of those that have any.
+var clientCapabilities = map[string][]string{
+	"sampling": {"context", "tools"}, "elicitation": {"form", "url"}, "roots": {"listChanged"},
+	"experimental": nil, "tasks": nil, "extensions": nil,
+}
+
+// CapabilityVariant says why a client's declared capabilities are refused
+// when one of their names, or of their members', is a known one spelled in
+// another case ("SAMPLING", "ſampling"): a rule reads the capabilities by
+// their exact names, and an upstream whose decoder ignores case would read
+// the variant as the capability. It returns "" when there is none.
+func CapabilityVariant(caps []byte) string {
+	why := ""
+	check := func(key string, known []string) bool {
+		for _, k := range known {
+			if mcpmsg.SameFold(key, k) {
+				why = "the client capability " + strconv.Quote(key) + " must be spelled " + strconv.Quote(k)
+				return false
+			}
+		}
+		return true
+	}
+	names := make([]string, 0, len(clientCapabilities))
+	for k := range clientCapabilities {
+		names = append(names, k)
+	}
+	mcpmsg.Members(caps, func(key, value []byte) {
+		if why != "" || !check(string(key), names) {
+			return
+		}
+		if members := clientCapabilities[string(key)]; members != nil {
+			mcpmsg.Members(value, func(k, _ []byte) {
+				if why == "" {
+					check(string(k), members)
+				}
+			})
+		}
+	})
+	return why
 }

@@ -52,3 +52,21 @@ func TestAnswerMethods(t *testing.T) {
 		}
 	}
 }
+
+// Capabilities under a known name spelled in another case are refused;
+// the exact names, and names toolgate does not know, pass.
+func TestCapabilityVariant(t *testing.T) {
+	for caps, refused := range map[string]bool{
+		`{"sampling":{},"elicitation":{"form":{},"url":{}},"roots":{"listChanged":true}}`: false,
+		`{"vendor.thing":{},"experimental":{"x":{}}}`:                                     false,
+		`{"SAMPLING":{}}`:                true,
+		`{"ſampling":{}}`:                true,
+		`{"elicitation":{"Form":{}}}`:    true,
+		`{"roots":{"listchanged":true}}`: true,
+		`{"\u0053ampling":{}}`:           true,
+	} {
+		if got := CapabilityVariant([]byte(caps)); (got != "") != refused {
+			t.Errorf("CapabilityVariant(%s) = %q, want refused %v", caps, got, refused)
+		}
+	}
+}

@@ -123,7 +123,8 @@ type implied struct {
 }
 
 // Session returns the MCP session implied for a stateless request of call
-// (caller, toolgate session, service, and the capabilities and clientInfo it declared),
+// (caller, toolgate session, service, the capabilities and clientInfo it
+// declared, and the client's address),
 // creating it when there is none or the last one ended. Creating one counts
 // against the MCP session limits like an initialize. Implied sessions are
 // this replica's own (a stateless request carries all another replica
@@ -138,13 +139,16 @@ type implied struct {
 // listens — is served through the new, and rotated tokens do not pile up
 // sessions against the limits.
 func (rt *Runtime) Session(ctx context.Context, call *gateway.Call, svc *gateway.Service) (*gateway.MCPSession, error) {
-	// The declared identity is part of the key as the capabilities are:
-	// each opens its own upstream session, whose initialize the request
-	// policy decides (a rule on clientInfo holds for every request).
+	// The declared identity and the client's address are part of the key
+	// as the capabilities are: each opens its own upstream session, whose
+	// initialize the request policy decides (a rule on clientInfo or on
+	// request.remote_ip holds for every request).
 	h := sha256.New()
 	h.Write(call.Stateless.Capabilities)
 	h.Write([]byte{0})
 	h.Write(call.Stateless.ClientInfo)
+	h.Write([]byte{0})
+	h.Write([]byte(call.RemoteIP))
 	key := call.Caller.User + "\x00" + call.Session.ID + "\x00" + svc.ID + "\x00" + hex.EncodeToString(h.Sum(nil))
 	grant, gerr := rt.app.GrantFor(ctx, svc, call.Caller.User, false) // unreadable: the credentials step reports it
 	rt.mu.Lock()

@@ -751,6 +751,16 @@ func (m *Sessions) Retire(s *Session) {
 	}
 }
 
+// RetireUnopened retires s, a local session, when it was never opened (no
+// upstream session) and nothing uses it: it would only hold its caller's
+// place among their MCP sessions. A session a request is using is left to
+// it.
+func (m *Sessions) RetireUnopened(s *Session) {
+	if s.local && s.inUse.Load() == 0 && s.Upstream().Generation == 0 {
+		m.Retire(s)
+	}
+}
+
 // retire ends a retired session that nothing uses any more.
 func (m *Sessions) retire(s *Session) {
 	if m.closeLocal(s) {

@@ -113,7 +113,21 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, _ caddyhttp.
 		}
 		defer done()
 	}
+	if call.Stateless != nil && call.MCPSession.Closed() {
+		// The implied session ended since this request was bound to it
+		// (another request's opening was refused and retired it, the
+		// caller connected again): a stateless runner has no session to
+		// initialize anew, so the request takes the one implied now.
+		if ms, err := h.stateless.Session(r.Context(), call, call.Service); err == nil {
+			call.MCPSession = ms
+		}
+	}
 	if ms := call.MCPSession; ms != nil {
+		if call.Stateless != nil {
+			// An implied session this request leaves unopened (its
+			// opening refused or failed) and unused is given back.
+			defer h.app.MCPSessions().RetireUnopened(ms)
+		}
 		defer ms.Begin()()
 		if call.IsRequest() && call.Message.ProgressToken != nil {
 			defer ms.Requesting(call.Message.ProgressToken)()

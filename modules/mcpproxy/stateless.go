@@ -352,9 +352,10 @@ func (h *Handler) openImplied(ctx context.Context, call *gateway.Call) (gateway.
 	}
 	up, err := ms.Reinitialize(ctx, 0, init, func(up gateway.Upstream) { h.endUpstream(ictx, call, up) })
 	if refused := (*gateway.OpeningRefused)(nil); errors.As(err, &refused) {
-		// Nothing was opened: the session does not hold the caller's
-		// place among their MCP sessions any more.
-		h.app.MCPSessions().Retire(ms)
+		// Nothing was opened: unless another request uses the session
+		// (and may open it), it does not hold the caller's place among
+		// their MCP sessions any more.
+		h.app.MCPSessions().RetireUnopened(ms)
 	}
 	if err != nil || !ran {
 		return up, err

@@ -186,7 +186,14 @@ func (h *Handler) takeMessage(w http.ResponseWriter, r *http.Request, call *gate
 		return h.readStateless(w, r, call, svc)
 	}
 	isInit := msg.Kind == mcpmsg.Request && msg.Method == "initialize"
+	variant := ""
+	if isInit {
+		variant = mcp2026.CapabilityVariant(mcpmsg.MemberOf(msg.Params, "capabilities"))
+	}
 	switch {
+	case variant != "":
+		gateway.WriteRPCError(w, http.StatusBadRequest, msg.ID, gateway.CodeInvalidParams, variant, nil)
+		return false
 	case isInit && call.MCPSession != nil:
 		gateway.WriteRPCError(w, http.StatusBadRequest, msg.ID, gateway.CodeInvalidRequest,
 			"initialize must not carry an Mcp-Session-Id", nil)
