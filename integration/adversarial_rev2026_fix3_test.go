@@ -92,8 +92,9 @@ func TestRev2026Fix3AttackClientInfoRuleSkippedOnceOpened(t *testing.T) {
 // Expected: the allowed request is served. Fix: end (discard) the implied
 // session when its opening is refused, or create it only once the opening
 // is allowed.
-// Fixed: a refused opening retires the implied session (openImplied): it
-// holds no place among the caller's MCP sessions.
+// Fixed: a refused opening retires the implied session unless another
+// request uses it (Sessions.RetireUnopened): it holds no place among the
+// caller's MCP sessions.
 func TestRev2026Fix3AttackDeniedOpeningCountsAgainstSessionLimit(t *testing.T) {
 	up := startUpstream(t)
 	policies := aaPolicies(t, `decision := {"action": "deny", "reason": "clients that offer sampling may not connect"} if {
