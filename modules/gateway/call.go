@@ -34,7 +34,8 @@ type Call struct {
 	ProtocolVersion string
 	// Stateless is set for a request of the stateless revision
 	// (2026-07-28); MCPSession is then the session toolgate implies for
-	// the caller, toolgate session, service and declared capabilities and clientInfo, and client address.
+	// the caller, toolgate session, service, declared capabilities and
+	// clientInfo, and client address.
 	Stateless *Stateless
 	// Room is the room held for Message's body under the request byte
 	// limits, given back when the request ends. A step that keeps the body

@@ -110,12 +110,12 @@ func (h *Handler) serveStateless(w http.ResponseWriter, r *http.Request, call *g
 }
 
 // statelessBody is the request as it goes upstream: with the arguments a
-// policy rewrote, without toolgate's own requestState and input response,
-// for an upstream of the stateless revision with its own requestState back
-// in place of the one toolgate relayed and without the answers the policy
-// withheld (mcp2026.Relay), and, for an upstream of an earlier revision, without the stateless
-// revision's _meta members and without inputResponses and requestState
-// altogether. Such an upstream asks with server→client requests, whose
+// policy rewrote and without toolgate's own requestState and input
+// response; for an upstream of the stateless revision, with its own
+// requestState back in place of the one toolgate relayed and without the
+// answers the policy withheld (mcp2026.Relay); for an upstream of an
+// earlier revision, without the stateless revision's _meta members and
+// without inputResponses and requestState altogether. Such an upstream asks with server→client requests, whose
 // answers reach it only through the exchange toolgate holds (continueHeld,
 // each decided as the answer it is): a runner's own answers in a request
 // that continues no held exchange would be answers no policy decided.
