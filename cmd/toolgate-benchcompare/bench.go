@@ -37,6 +37,21 @@ func inRound(round int) []string {
 	return append(slices.Clone(parties[k:]), parties[:k]...)
 }
 
+// inTurns returns the parties in the order the 1 MiB calls of round take
+// turns (call i goes to the party at i mod their number): inRound's order,
+// reversed every other round. A rotation alone keeps the cyclic order, so
+// every party's calls would follow the same other party's in every round;
+// reversed, they follow another one, and what one party's call leaves
+// behind on the machine (a collection, a buffer being freed) does not
+// always fall on the same next party.
+func inTurns(round int) []string {
+	order := inRound(round)
+	if round%2 == 0 {
+		slices.Reverse(order)
+	}
+	return order
+}
+
 // apiKey is the benchmark caller's API key at toolgate.
 const (
 	apiKey = "benchcompare-key"
@@ -103,6 +118,17 @@ type run struct {
 	// Floor is what the machine did to short computations during the
 	// run (small calls only; see floorProbeRate).
 	Floor *noiseWindow `json:",omitempty"`
+	// Turns are the parties whose calls took turns in the run this one is
+	// part of (the 1 MiB result), in the order of the turns; none for a
+	// run of one party alone. Rate is then the calls per second of all of
+	// them, the upstream's and the generator's CPU is per call of them
+	// all (the processes serve every party's calls in one stretch of
+	// time), and the proxy's own CPU and allocations are per call of its
+	// own.
+	Turns []string `json:",omitempty"`
+	// Latencies are the run's latencies, sorted, for the bootstrap
+	// interval of the differences between parties (runs in turns only).
+	Latencies []float64 `json:",omitempty"`
 }
 
 // idleResult is the idle-session phase: memory of toolgate (and of the
@@ -353,13 +379,25 @@ func (b *bench) warmUp(ctx context.Context) error {
 }
 
 // rounds runs, per round, every upstream kind at every rate on every
-// route in turn, then the 1 MiB result on every route.
+// route in turn, then the 1 MiB result on all routes at once, their calls
+// taking turns.
+//
+// The 1 MiB result is held to an absolute budget (toolgate's p50 at most
+// 2 ms over plain Caddy's) while the upstream alone spends 35 to 50 ms of
+// CPU on each such call, with an interquartile range of some 14 ms: routes
+// run one after another, each meeting the upstream of its own stretch of
+// time, differed by several ms from run to run. Taking turns, every route
+// meets the same upstream. The calls keep the rate of all routes together
+// at -big-rate, as low as when each route ran alone (on a small machine
+// four times the rate would queue the calls behind the upstream's CPU),
+// and the run lasts -duration per route, so each route still makes
+// -big-rate × -duration calls.
 func (b *bench) rounds(ctx context.Context) error {
 	for round := 1; round <= b.opts.Rounds; round++ {
 		for _, kind := range b.opts.Kinds {
 			for _, rate := range b.opts.Rates {
 				for _, p := range inRound(round) {
-					if err := b.measure(ctx, "rounds", round, b.routes[kind][p], smallCall, rate); err != nil {
+					if err := b.measure(ctx, "rounds", round, []*route{b.routes[kind][p]}, smallCall, rate, b.opts.Duration); err != nil {
 						return err
 					}
 				}
@@ -367,44 +405,63 @@ func (b *bench) rounds(ctx context.Context) error {
 			if b.opts.BigRate == 0 {
 				continue
 			}
-			for _, p := range inRound(round) {
-				if err := b.measure(ctx, "rounds", round, b.routes[kind][p], bigCall, b.opts.BigRate); err != nil {
-					return err
-				}
+			var turns []*route
+			for _, p := range inTurns(round) {
+				turns = append(turns, b.routes[kind][p])
+			}
+			d := time.Duration(len(turns)) * b.opts.Duration
+			if err := b.measure(ctx, "rounds", round, turns, bigCall, b.opts.BigRate, d); err != nil {
+				return err
 			}
 		}
 	}
 	return nil
 }
 
-// measure makes one recorded run and appends it to the results.
-func (b *bench) measure(ctx context.Context, phase string, round int, r *route, c call, rate int) error {
+// measure makes one recorded run of d, the calls taking turns across
+// routes (see openLoopTurns; most runs have one route), and appends a run
+// per route to the results. A proxy serves only its own route's calls,
+// so its CPU and allocations are per call of its own; every other
+// process's CPU (the upstream's, which serves all routes, the
+// generator's, and that of the proxies not in the run) is per call of all
+// routes together.
+func (b *bench) measure(ctx context.Context, phase string, round int, routes []*route, c call, rate int, d time.Duration) error {
 	cpu0, err := b.cpu()
 	if err != nil {
 		return err
 	}
-	admin := b.admin[r.party]
-	var mem0, mem1 memStats
-	var pol0, pol1 map[string]histogram
-	gateway := r.party == toolgate || r.party == baseline
-	if admin != "" {
-		if mem0, err = readMemStats(ctx, b.http, admin); err != nil {
-			return err
+	mem0, mem1 := map[string]memStats{}, map[string]memStats{}
+	pol0, pol1 := map[string]map[string]histogram{}, map[string]map[string]histogram{}
+	readAdmin := func(mem map[string]memStats, pol map[string]map[string]histogram) error {
+		for _, r := range routes {
+			admin := b.admin[r.party]
+			if admin == "" {
+				continue
+			}
+			m, err := readMemStats(ctx, b.http, admin)
+			if err != nil {
+				return err
+			}
+			mem[r.party] = m
+			if r.party == toolgate || r.party == baseline {
+				if pol[r.party], err = readPolicyHistograms(ctx, b.http, admin); err != nil {
+					return err
+				}
+			}
 		}
+		return nil
 	}
-	if gateway {
-		if pol0, err = readPolicyHistograms(ctx, b.http, admin); err != nil {
-			return err
-		}
+	if err := readAdmin(mem0, pol0); err != nil {
+		return err
 	}
 	load := loadAverage()
 	var probe *floorProbe
 	if c.name == smallCall.name {
-		if probe, err = startFloorProbe(ctx, b.opts.Duration); err != nil {
+		if probe, err = startFloorProbe(ctx, d); err != nil {
 			return err
 		}
 	}
-	lr := openLoop(ctx, r, c, rate, b.opts.Duration)
+	lrs := openLoopTurns(ctx, routes, c, rate, d)
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -418,57 +475,94 @@ func (b *bench) measure(ctx context.Context, phase string, round int, r *route, 
 	if err != nil {
 		return err
 	}
-	if admin != "" {
-		if mem1, err = readMemStats(ctx, b.http, admin); err != nil {
-			return err
-		}
-	}
-	if gateway {
-		if pol1, err = readPolicyHistograms(ctx, b.http, admin); err != nil {
-			return err
-		}
+	if err := readAdmin(mem1, pol1); err != nil {
+		return err
 	}
 	for _, s := range b.procs {
 		if err := s.alive(); err != nil {
 			return err
 		}
 	}
-	x := run{Phase: phase, Round: round, Kind: r.kind, Call: c.name, Rate: rate, Party: r.party,
-		Calls: lr.Calls, Errors: lr.Errors, FirstError: lr.FirstError,
-		P50: ms(percentile(lr.latencies, 0.50)), P90: ms(percentile(lr.latencies, 0.90)),
-		P99: ms(percentile(lr.latencies, 0.99)), Max: ms(percentile(lr.latencies, 1)), MaxLag: ms(lr.MaxLag),
-		Load: load, CPU: map[string]float64{}, Floor: floor}
-	for _, l := range lr.Timeline {
-		x.Timeline = append(x.Timeline, ms(l))
+	var turns, party []string
+	var calls []int
+	for k, r := range routes {
+		party, calls = append(party, r.party), append(calls, lrs[k].Calls)
 	}
-	for name, t := range cpu1 {
-		x.CPU[name] = (t - cpu0[name]) * 1000 / float64(lr.Calls)
+	if len(routes) > 1 {
+		turns = party
 	}
-	if admin != "" {
-		x.Allocs = float64(mem1.Mallocs-mem0.Mallocs) / float64(lr.Calls)
-		x.AllocKiB = float64(mem1.TotalAlloc-mem0.TotalAlloc) / 1024 / float64(lr.Calls)
-		x.GCs = mem1.NumGC - mem0.NumGC
-	}
-	for stage, h := range pol1 {
-		if l, ok := h.since(pol0[stage]); ok {
-			if x.Policy == nil {
-				x.Policy = map[string]policyLatency{}
-			}
-			x.Policy[stage] = l
+	for k, r := range routes {
+		lr := lrs[k]
+		x := run{Phase: phase, Round: round, Kind: r.kind, Call: c.name, Rate: rate, Party: r.party,
+			Calls: lr.Calls, Errors: lr.Errors, FirstError: lr.FirstError,
+			P50: ms(percentile(lr.latencies, 0.50)), P90: ms(percentile(lr.latencies, 0.90)),
+			P99: ms(percentile(lr.latencies, 0.99)), Max: ms(percentile(lr.latencies, 1)), MaxLag: ms(lr.MaxLag),
+			Load: load, CPU: cpuPerCall(cpu0, cpu1, party, k, calls), Floor: floor, Turns: turns}
+		for _, l := range lr.Timeline {
+			x.Timeline = append(x.Timeline, ms(l))
 		}
-	}
-	b.res.Runs = append(b.res.Runs, x)
-	logf("  %-13s round %d  %-4s %-5s %5d/s  %-8s  p50 %6.2f  p99 %7.2f  max %7.2f ms  errors %d  cpu %.3f ms/call  lag %.1f ms",
-		phase, round, r.kind, c.name, rate, r.party, x.P50, x.P99, x.Max, x.Errors, x.CPU[r.processName()], x.MaxLag)
-	if lr.FirstError != "" {
-		logf("    first error: %s", lr.FirstError)
+		if len(turns) > 0 {
+			for _, l := range lr.latencies {
+				x.Latencies = append(x.Latencies, ms(l))
+			}
+		}
+		if m0, ok := mem0[r.party]; ok {
+			m1 := mem1[r.party]
+			x.Allocs = float64(m1.Mallocs-m0.Mallocs) / float64(lr.Calls)
+			x.AllocKiB = float64(m1.TotalAlloc-m0.TotalAlloc) / 1024 / float64(lr.Calls)
+			x.GCs = m1.NumGC - m0.NumGC
+		}
+		for stage, h := range pol1[r.party] {
+			if l, ok := h.since(pol0[r.party][stage]); ok {
+				if x.Policy == nil {
+					x.Policy = map[string]policyLatency{}
+				}
+				x.Policy[stage] = l
+			}
+		}
+		b.res.Runs = append(b.res.Runs, x)
+		logf("  %-13s round %d  %-4s %-5s %5d/s  %-8s  p50 %6.2f  p99 %7.2f  max %7.2f ms  errors %d  cpu %.3f ms/call  lag %.1f ms",
+			phase, round, r.kind, c.name, rate, r.party, x.P50, x.P99, x.Max, x.Errors, x.CPU[r.processName()], x.MaxLag)
+		if lr.FirstError != "" {
+			logf("    first error: %s", lr.FirstError)
+		}
 	}
 	// Every run starts alike: without the idle connections a saturated run
 	// left behind (one per call that was in flight), and after calls that
 	// timed out on the client side have drained from the servers.
-	r.client.CloseIdleConnections()
+	for _, r := range routes {
+		r.client.CloseIdleConnections()
+	}
 	time.Sleep(250 * time.Millisecond)
 	return nil
+}
+
+// cpuPerCall is the CPU time per call, in ms, of each process (by name,
+// as b.cpu gives it at a run's start and end) for the run of parties[k],
+// the parties' calls having taken turns (calls are how many each made).
+// A proxy (named after its party) serves its own party's calls alone, so
+// parties[k]'s proxy's CPU is per call of its own, and the other proxies
+// of the run are left out; every other process, the upstream (which
+// serves all of them, and is direct's process), the generator and the
+// proxies not in the run, is per call of all parties together. With one
+// party, every process is per call of the run.
+func cpuPerCall(cpu0, cpu1 map[string]float64, parties []string, k int, calls []int) map[string]float64 {
+	all := 0
+	for _, n := range calls {
+		all += n
+	}
+	out := map[string]float64{}
+	for name, t := range cpu1 {
+		per := all
+		switch {
+		case name == parties[k]:
+			per = calls[k]
+		case slices.Contains(parties, name):
+			continue
+		}
+		out[name] = (t - cpu0[name]) * 1000 / float64(per)
+	}
+	return out
 }
 
 // processName is the process whose CPU a call on r pays for besides the
@@ -606,7 +700,7 @@ func (b *bench) idleSessions(ctx context.Context) error {
 		} else {
 			dumped <- nil
 		}
-		if err := b.measure(ctx, "idle-sessions", 1, b.routes[kind][p], smallCall, b.opts.Rates[0]); err != nil {
+		if err := b.measure(ctx, "idle-sessions", 1, []*route{b.routes[kind][p]}, smallCall, b.opts.Rates[0], b.opts.Duration); err != nil {
 			return err
 		}
 		if err := <-dumped; err != nil {

@@ -149,46 +149,78 @@ type loadResult struct {
 // counts from that scheduled instant, so a stall of the party shows in
 // every call scheduled during it instead of delaying the schedule.
 func openLoop(ctx context.Context, r *route, c call, rate int, d time.Duration) loadResult {
+	return openLoopTurns(ctx, []*route{r}, c, rate, d)[0]
+}
+
+// openLoopTurns is openLoop with the calls taking turns across routes:
+// call i, due at start + i/rate, goes to routes[i mod n]. rate is the
+// calls per second of all routes together, so each route gets rate/n
+// calls per second. Every route's calls are thus spread over the same
+// stretch of time and meet the upstream (which all routes share) in the
+// same conditions, whereas routes run one after another each meet the
+// upstream of their own stretch. It returns each route's result, in the
+// order of routes; a route's MaxLag and Timeline are of its own calls,
+// the Timeline by the second of the whole run.
+func openLoopTurns(ctx context.Context, routes []*route, c call, rate int, d time.Duration) []loadResult {
 	n := int(d.Seconds() * float64(rate))
-	res := loadResult{Calls: n, latencies: make([]time.Duration, n), Timeline: make([]time.Duration, (n+rate-1)/rate)}
+	seconds := (n + rate - 1) / rate
+	res := make([]loadResult, len(routes))
+	for k := range res {
+		calls := turnsOf(n, len(routes), k)
+		res[k] = loadResult{Calls: calls, latencies: make([]time.Duration, calls), Timeline: make([]time.Duration, seconds)}
+	}
 	var (
 		mu sync.Mutex
 		wg sync.WaitGroup
 	)
 	start := time.Now().Add(5 * time.Millisecond)
 	for i := range n {
+		k, j := i%len(routes), i/len(routes) // the route and its own call's number
+		r, rr := routes[k], &res[k]
 		scheduled := start.Add(scheduleOffset(i, rate))
 		if wait := time.Until(scheduled); wait > 0 {
 			time.Sleep(wait)
 		}
-		if lag := time.Since(scheduled); lag > res.MaxLag {
-			res.MaxLag = lag
+		if lag := time.Since(scheduled); lag > rr.MaxLag {
+			rr.MaxLag = lag
 		}
 		if ctx.Err() != nil {
-			res.latencies = res.latencies[:i]
-			res.Calls = i
+			for k := range res {
+				res[k].Calls = turnsOf(i, len(routes), k)
+				res[k].latencies = res[k].latencies[:res[k].Calls]
+			}
 			break
 		}
-		session := r.sessions[i%len(r.sessions)]
+		session, latencies := r.sessions[j%len(r.sessions)], rr.latencies // not rr's field: a cancelled run shortens it
 		wg.Go(func() {
 			err := r.send(ctx, c, session)
-			res.latencies[i] = time.Since(scheduled)
+			latencies[j] = time.Since(scheduled)
 			if err != nil {
 				mu.Lock()
-				res.Errors++
-				if res.FirstError == "" {
-					res.FirstError = err.Error()
+				rr.Errors++
+				if rr.FirstError == "" {
+					rr.FirstError = err.Error()
 				}
 				mu.Unlock()
 			}
 		})
 	}
 	wg.Wait()
-	for i, l := range res.latencies {
-		res.Timeline[i/rate] = max(res.Timeline[i/rate], l)
+	for k := range res {
+		rr := &res[k]
+		for j, l := range rr.latencies {
+			s := (j*len(routes) + k) / rate
+			rr.Timeline[s] = max(rr.Timeline[s], l)
+		}
+		slices.Sort(rr.latencies)
 	}
-	slices.Sort(res.latencies)
 	return res
+}
+
+// turnsOf is how many of the first n calls taking turns across routes go
+// to the route at index k.
+func turnsOf(n, routes, k int) int {
+	return (n + routes - 1 - k) / routes
 }
 
 // scheduleOffset is when call i of a run at rate calls per second is due,
@@ -199,7 +231,7 @@ func scheduleOffset(i, rate int) time.Duration {
 
 // percentile returns the q-quantile (0 < q ≤ 1) of sorted by the nearest-rank
 // method: the smallest value with at least q of the values at or below it.
-func percentile(sorted []time.Duration, q float64) time.Duration {
+func percentile[T time.Duration | float64](sorted []T, q float64) T {
 	if len(sorted) == 0 {
 		return 0
 	}

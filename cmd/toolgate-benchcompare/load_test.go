@@ -113,7 +113,7 @@ func TestPercentile(t *testing.T) {
 			t.Errorf("percentile(1..200, %v) = %d, want %d", tc.q, got, tc.want)
 		}
 	}
-	if got := percentile(nil, 0.5); got != 0 {
+	if got := percentile([]time.Duration(nil), 0.5); got != 0 {
 		t.Errorf("percentile of nothing = %d", got)
 	}
 }

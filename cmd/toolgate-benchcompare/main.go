@@ -17,10 +17,14 @@
 // and the allocations per call of the proxy in the path (the Go runtime's
 // memory statistics, from Caddy's admin endpoint).
 //
-// Then, in the same run: a 1 MiB result at a low rate; 10,000 idle MCP
-// sessions opened through toolgate (resident memory and live heap per
-// session, and the latency of calls while they are open); and CPU,
-// allocation and heap profiles of both proxies under load. It prints
+// Then, in the same run: a 1 MiB result at a low rate, in one run per
+// round in which the routes' calls take turns (call i goes to route
+// i mod n), so that all routes meet the upstream, whose own time for such
+// a call varies by several ms, alike; the differences of their p50 come
+// with a 95 % bootstrap interval. Then 10,000 idle MCP sessions opened
+// through toolgate (resident memory and live heap per session, and the
+// latency of calls while they are open); and CPU, allocation and heap
+// profiles of both proxies under load. It prints
 // Markdown tables with the median of the rounds and their spread, and the
 // budget ratios (toolgate's added latency over plain Caddy's, CPU per call
 // over plain Caddy's), and keeps everything — results.json, the
@@ -94,7 +98,7 @@ type options struct {
 	Warmup       time.Duration // of the unrecorded warm-up per route
 	Kinds        []string      // upstream kinds: sse, json
 	MCPSessions  int           // MCP sessions per route the calls take in turn
-	BigRate      int           // calls per second of the 1 MiB runs; 0 skips them
+	BigRate      int           // calls per second of the 1 MiB runs, of all routes taking turns; 0 skips them
 	IdleSessions int           // idle MCP sessions opened through toolgate; 0 skips
 	ProfileRate  int           // calls per second while profiling; 0 skips
 	AuditLog     bool          // toolgate writes its audit log
@@ -116,7 +120,7 @@ func parseOptions(args []string) (options, error) {
 	fs.DurationVar(&o.Warmup, "warmup", 2*time.Second, "unrecorded load on each route before the first round")
 	kinds := fs.String("upstreams", "sse,json", "upstream kinds, comma-separated: sse (answers over SSE), json (answers with JSON bodies)")
 	fs.IntVar(&o.MCPSessions, "mcp-sessions", 1, "MCP sessions per route; calls take them in turn")
-	fs.IntVar(&o.BigRate, "big-rate", 10, "calls per second of the 1 MiB-result runs (0: skip them)")
+	fs.IntVar(&o.BigRate, "big-rate", 10, "calls per second of the 1 MiB-result runs, in which the routes take turns: each route gets its share of the rate for routes × -duration (0: skip them)")
 	fs.IntVar(&o.IdleSessions, "idle-sessions", 10000, "idle MCP sessions to open through toolgate for the memory measure (0: skip)")
 	fs.IntVar(&o.ProfileRate, "profile-rate", 400, "calls per second while both proxies are profiled under small calls, for -duration (0: no profiles); they are profiled under the 1 MiB result at -big-rate too")
 	fs.BoolVar(&o.AuditLog, "audit-log", true, "toolgate writes its audit log (one entry per policy decision) to its output file, as deployed")

@@ -3,12 +3,15 @@ package main
 import (
 	"fmt"
 	"io"
+	"maps"
+	"math/rand/v2"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // The budget of DESIGN.md "Performance budget", as ratios against the
@@ -36,7 +39,7 @@ func report(w io.Writer, res *results) {
 	fmt.Fprintf(w, "\n## toolgate-benchcompare, %s\n\n", res.Date.Format("2006-01-02 15:04 MST"))
 	fmt.Fprintf(w, "Machine: %s, %s; load average %s at the start, %s at the end, 1-minute load %s over the runs. Revision %s.\n",
 		res.Machine, res.GoVersion, res.LoadBefore, res.LoadAfter, loadRange(res.Runs), res.Revision)
-	fmt.Fprintf(w, "%d rounds of %s runs, interleaved (each load runs direct, plain Caddy and toolgate in each round, in an order rotated from round to round), open loop; "+
+	fmt.Fprintf(w, "%d rounds of %s runs, interleaved (each load of small calls runs direct, plain Caddy and toolgate in each round, in an order rotated from round to round; the 1 MiB result's calls take turns across them in one run), open loop; "+
 		"%d MCP session(s) per route; toolgate audit log %s, console %s. Cells: median of the rounds [min–max]; "+
 		"latency in ms from each call's scheduled start; CPU in ms per call (utime+stime); allocations are the proxy's own, per call; "+
 		"late start is the most the generator started a call after its schedule (ms, worst round).\n",
@@ -46,8 +49,16 @@ func report(w io.Writer, res *results) {
 	for _, kind := range o.Kinds {
 		loads := loadsOf(rounds, kind)
 		for _, l := range loads {
-			fmt.Fprintf(w, "\n### %s, %s, %d calls/s\n\n", kindLabels[kind], callLabel(l.call), l.rate)
-			latencyTable(w, filterRuns(rounds, func(r run) bool { return r.Kind == kind && r.Call == l.call && r.Rate == l.rate }))
+			runs := filterRuns(rounds, func(r run) bool { return r.Kind == kind && r.Call == l.call && r.Rate == l.rate })
+			turns := len(runs[0].Turns)
+			if turns == 0 {
+				fmt.Fprintf(w, "\n### %s, %s, %d calls/s\n\n", kindLabels[kind], callLabel(l.call), l.rate)
+				latencyTable(w, runs)
+				continue
+			}
+			fmt.Fprintf(w, "\n### %s, %s, %d calls/s in all, the routes taking turns\n\n", kindLabels[kind], callLabel(l.call), l.rate)
+			latencyTable(w, runs)
+			turnsTable(w, runs, o.Duration)
 		}
 	}
 
@@ -301,22 +312,185 @@ func baselineRows(w io.Writer, label string, runs []run) {
 	row(w, label+": CPU per call, toolgate ÷ baseline", spread(cpu, "%.2f"), "—", "")
 }
 
-// bigRows prints what toolgate adds over Caddy to a 1 MiB result.
+// The bootstrap of the differences between parties' p50 in a run in
+// turns (the 1 MiB result).
+const (
+	bootstrapResamples = 2000
+	bootstrapSeed      = 1 // fixed, so that the same results give the same report
+)
+
+// comparisons are the differences between parties that runs in turns are
+// reported by, each the first party's minus the second's; those with the
+// baseline only with -baseline.
+var comparisons = [][2]string{{toolgate, caddy}, {baseline, caddy}, {toolgate, baseline}}
+
+// A difference is one party's p50 minus another's, of the calls of all
+// rounds pooled, in ms, with its 95 % bootstrap interval [Low, High].
+type difference struct {
+	Point, Low, High float64
+}
+
+// p50Difference returns the p50 of a's latencies minus b's, a and b being
+// each round's latencies of the two parties (the same rounds, in the same
+// order), with a 95 % percentile bootstrap interval: resamples times, each
+// round's latencies of each party are drawn again with replacement, as
+// many as there were, and the difference of the pooled draws' p50 is
+// taken; the interval runs from the 2.5th to the 97.5th percentile of
+// these differences. Drawing within each round keeps each round's share
+// of the calls, as the machine may differ from round to round. seed fixes
+// the draws. false when a party has no latencies.
+func p50Difference(a, b [][]float64, resamples int, seed uint64) (difference, bool) {
+	pooled := func(rounds [][]float64) []float64 {
+		all := slices.Concat(rounds...)
+		slices.Sort(all)
+		return all
+	}
+	pa, pb := pooled(a), pooled(b)
+	if len(pa) == 0 || len(pb) == 0 {
+		return difference{}, false
+	}
+	d := difference{Point: percentile(pa, 0.5) - percentile(pb, 0.5)}
+	rng := rand.New(rand.NewPCG(seed, seed))
+	draw := func(rounds [][]float64, into []float64) float64 {
+		into = into[:0]
+		for _, s := range rounds {
+			for range s {
+				into = append(into, s[rng.IntN(len(s))])
+			}
+		}
+		slices.Sort(into)
+		return percentile(into, 0.5)
+	}
+	diffs := make([]float64, resamples)
+	for i := range diffs {
+		diffs[i] = draw(a, pa) - draw(b, pb)
+	}
+	slices.Sort(diffs)
+	d.Low, d.High = percentile(diffs, 0.025), percentile(diffs, 0.975)
+	return d, true
+}
+
+// comparison is the difference of two parties in the runs of one load.
+type comparison struct {
+	a, b     string
+	p50      difference
+	ok       bool      // whether p50 is known: both parties have latencies
+	p50Round []float64 // a's p50 − b's in each round
+	p99Round []float64 // a's p99 − b's in each round
+}
+
+// compare computes the difference of a and b over the rounds in which
+// both ran; false when one of them did not run at all.
+func compare(runs []run, a, b string) (comparison, bool) {
+	c := comparison{a: a, b: b}
+	rounds := byRound(runs)
+	numbers := slices.Sorted(maps.Keys(rounds)) // in order: the draws depend on it
+	var la, lb [][]float64
+	for _, n := range numbers {
+		ra, okA := rounds[n][a]
+		rb, okB := rounds[n][b]
+		if !okA || !okB {
+			continue
+		}
+		c.p50Round = append(c.p50Round, ra.P50-rb.P50)
+		c.p99Round = append(c.p99Round, ra.P99-rb.P99)
+		la, lb = append(la, ra.Latencies), append(lb, rb.Latencies)
+	}
+	if len(c.p50Round) == 0 {
+		return c, false
+	}
+	c.p50, c.ok = p50Difference(la, lb, bootstrapResamples, bootstrapSeed)
+	return c, true
+}
+
+// comparisonsOf are the comparisons of runs, of the parties that ran.
+func comparisonsOf(runs []run) []comparison {
+	var out []comparison
+	for _, ab := range comparisons {
+		if c, ok := compare(runs, ab[0], ab[1]); ok {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// formatDifference is the point estimate with its interval beside it.
+func formatDifference(c comparison) string {
+	if !c.ok {
+		return "n/a"
+	}
+	return fmt.Sprintf("%+.2f (95 %%: %+.2f to %+.2f)", c.p50.Point, c.p50.Low, c.p50.High)
+}
+
+// turnsTable prints, under the latency table of a load whose calls took
+// turns across the routes, the differences between the routes, and how
+// to read them.
+func turnsTable(w io.Writer, runs []run, perRoute time.Duration) {
+	turns := runs[0].Turns
+	labels := make([]string, len(turns))
+	for i, p := range turns {
+		labels[i] = partyLabels[p]
+	}
+	fmt.Fprintf(w, "\n| difference, ms | p50, all rounds' calls | 95 %% bootstrap interval | p50, per round | p99, per round |\n")
+	fmt.Fprintln(w, "|---|---|---|---|---|")
+	for _, c := range comparisonsOf(runs) {
+		point, interval := "n/a", "n/a"
+		if c.ok {
+			point, interval = fmt.Sprintf("%+.2f", c.p50.Point), fmt.Sprintf("%+.2f to %+.2f", c.p50.Low, c.p50.High)
+		}
+		fmt.Fprintf(w, "| %s − %s | %s | %s | %s | %s |\n", partyLabels[c.a], partyLabels[c.b], point, interval,
+			spread(c.p50Round, "%+.2f"), spread(c.p99Round, "%+.2f"))
+	}
+	rate := runs[0].Rate
+	fmt.Fprintf(w, "\nThe routes' calls took turns in one run per round: call i went to route i mod %d (%s in the first round; "+
+		"the order rotated from round to round and reversed every other round), %d calls/s in all, %.3g per route, for %d × %s, "+
+		"so that every route met the upstream, whose own time for such a call varies by several ms, in the same conditions. "+
+		"The differences are of all rounds' calls pooled; the interval is a 95 %% bootstrap one (%d resamples of each route's "+
+		"latencies, drawn with replacement within each round, with a fixed seed, so the same results.json gives the same interval). "+
+		"Read it as where the difference is likely to be: one holding 0 cannot tell the two routes apart, and the budget "+
+		"(toolgate − plain Caddy ≤ +2 ms) is held against the point estimate, the interval beside it saying how far from it "+
+		"another run may land. Per round are the differences of each round alone, median [min–max]. "+
+		"Upstream CPU is the upstream's per call of all routes, the same in every row: /proc tells a process's CPU, not whose "+
+		"call it spent it on. Proxy CPU and allocations are each proxy's own (a process of its own that serves only its route), "+
+		"per call of its own.\n",
+		len(turns), strings.Join(labels, ", "), rate, float64(rate)/float64(len(turns)), len(turns), perRoute,
+		bootstrapResamples)
+}
+
+// bigRows prints what toolgate adds over Caddy to a 1 MiB result, and,
+// with -baseline, what the baseline adds and what toolgate adds over it.
 func bigRows(w io.Writer, kind string, runs []run) {
 	if len(runs) == 0 {
 		return
 	}
-	var d50, d99 []float64
-	for _, rd := range byRound(runs) {
-		if len(rd) != len(parties) {
+	label := fmt.Sprintf("%s, 1 MiB result at %d/s, the routes taking turns", kind, runs[0].Rate)
+	for _, c := range comparisonsOf(runs) {
+		name := fmt.Sprintf("%s: %s p50 − %s p50 (ms), all rounds' calls", label, partyLabels[c.a], partyLabels[c.b])
+		if c.a == toolgate && c.b == caddy {
+			row(w, name, formatDifference(c), "≤ +2 ms", bigVerdict(c))
+			row(w, fmt.Sprintf("%s: toolgate p99 − plain Caddy p99 (ms), per round", label), spread(c.p99Round, "%+.2f"), "—", "")
 			continue
 		}
-		d50 = append(d50, rd[toolgate].P50-rd[caddy].P50)
-		d99 = append(d99, rd[toolgate].P99-rd[caddy].P99)
+		row(w, name, formatDifference(c), "—", "")
 	}
-	label := fmt.Sprintf("%s, 1 MiB result at %d/s", kind, runs[0].Rate)
-	row(w, label+": toolgate p50 − Caddy p50 (ms)", spread(d50, "%+.2f"), "≤ +2 ms", verdictMedian(d50, budgetBigMs))
-	row(w, label+": toolgate p99 − Caddy p99 (ms)", spread(d99, "%+.2f"), "—", "")
+}
+
+// bigVerdict holds the point estimate of toolgate's p50 over Caddy's to
+// the budget, and says so when the interval reaches across it.
+func bigVerdict(c comparison) string {
+	d := c.p50
+	switch {
+	case !c.ok:
+		return "n/a"
+	case d.Point <= budgetBigMs && d.High > budgetBigMs:
+		return "yes (the interval reaches past it)"
+	case d.Point <= budgetBigMs:
+		return "yes"
+	case d.Low <= budgetBigMs:
+		return "**no** (the interval reaches below it)"
+	default:
+		return "**no**"
+	}
 }
 
 func row(w io.Writer, measure, value, budget, met string) {
