@@ -268,6 +268,14 @@ func TestBrowserToolChange(t *testing.T) {
 	if def := textOf(t, ctx, ".change code.before"); !strings.Contains(def, weatherTool.Description) {
 		t.Fatalf("the pinned definition on the page: %s", def)
 	}
+	// What changed is shown line by line: the old description removed,
+	// the new one added, the lines around them kept.
+	if del := textOf(t, ctx, ".change pre.diff del"); !strings.Contains(del, "- ") || !strings.Contains(del, weatherTool.Description) {
+		t.Fatalf("the removed line on the page: %q", del)
+	}
+	if ins := textOf(t, ctx, ".change pre.diff ins"); !strings.Contains(ins, "+ ") || !strings.Contains(ins, "~/.aws/credentials") {
+		t.Fatalf("the added line on the page: %q", ins)
+	}
 	shoot(t, ctx, "21-tool-change")
 	run(t, ctx, "accepting the new definition",
 		chromedp.Click(chromedp.CSS(`form[action="/console/tools/accept"] button`)),

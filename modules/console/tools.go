@@ -14,10 +14,11 @@ import (
 // toolChange is a changed tool definition as the Tools page shows it.
 type toolChange struct {
 	*toolpin.Record
-	Pinned     string // the digest the tool is pinned to
-	Registry   bool   // the registry pins it: only a new pin line accepts a change
-	Definition string // the new definition, indented, invisible characters escaped
-	Before     string // the pinned one, when known, the same way
+	Pinned     string     // the digest the tool is pinned to
+	Registry   bool       // the registry pins it: only a new pin line accepts a change
+	Definition string     // the new definition, indented, invisible characters escaped
+	Before     string     // the pinned one, when known, the same way
+	Diff       []diffLine // Before to Definition, line by line, when Before is known
 }
 
 // toolsPage lists, for members of tool_pins' admin_groups, the tools whose
@@ -49,6 +50,7 @@ func (h *Handler) showTools(w http.ResponseWriter, r *http.Request, s *websessio
 			c.Definition = indent(rec.Changed.Definition)
 			if rec.Definition != nil {
 				c.Before = indent(rec.Definition)
+				c.Diff = lineDiff(c.Before, c.Definition)
 			}
 			changes = append(changes, c)
 		}
