@@ -276,6 +276,10 @@ func TestBrowserToolChange(t *testing.T) {
 	if ins := textOf(t, ctx, ".change pre.diff ins"); !strings.Contains(ins, "+ ") || !strings.Contains(ins, "~/.aws/credentials") {
 		t.Fatalf("the added line on the page: %q", ins)
 	}
+	// Within the replaced line, only what differs is marked.
+	if mark := textOf(t, ctx, ".change pre.diff ins mark"); !strings.Contains(mark, "~/.aws/credentials") || strings.Contains(mark, "Reports") {
+		t.Fatalf("the added line's mark: %q, want only what the new description adds", mark)
+	}
 	shoot(t, ctx, "21-tool-change")
 	run(t, ctx, "accepting the new definition",
 		chromedp.Click(chromedp.CSS(`form[action="/console/tools/accept"] button`)),
