@@ -96,16 +96,23 @@ func (h *Handler) showApproval(w http.ResponseWriter, r *http.Request, s *webses
 // number keeps every digit). Invisible and bidirectional control
 // characters (every default-ignorable code point: approval.Visible), which
 // would hide text or show it reordered, are written as \u escapes: the
-// same JSON, shown as it is.
+// same JSON, shown as it is; bytes that are not UTF-8 as U+FFFD.
 func indent(raw json.RawMessage) string {
 	if len(raw) == 0 || string(raw) == "null" {
 		return ""
 	}
 	var out bytes.Buffer
-	if json.Indent(&out, raw, "", "  ") != nil {
-		return string(raw)
+	text := string(raw)
+	if json.Indent(&out, raw, "", "  ") == nil {
+		text = out.String()
+	} else {
+		// Not JSON (a damaged record): shown as it is, a carriage return
+		// written as \r (a browser would break the line at one).
+		text = strings.ReplaceAll(text, "\r", `\r`)
 	}
-	return approval.Visible(out.String())
+	// Bytes that are not UTF-8 are shown as U+FFFD, as the browser would
+	// show them, and compared as such (see lineDiff).
+	return approval.Visible(strings.ToValidUTF8(text, "\uFFFD"))
 }
 
 // decide approves (with the scope chosen) or denies one approval.

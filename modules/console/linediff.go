@@ -1,6 +1,7 @@
 package console
 
 import (
+	"slices"
 	"strconv"
 	"strings"
 	"unicode/utf8"
@@ -9,11 +10,14 @@ import (
 // A changed tool definition is shown whole, and above it what changed: a
 // rug pull hides in one sentence of a long description or one member of a
 // large schema, which two listings of a hundred lines side by side do not
-// show. The definitions are the upstream's, so the comparison is bounded:
-// the lines both share at their start and end are set aside first (a
-// change is usually a few lines), and only a middle of at most
-// maxDiffCells line pairs is compared line by line; a larger one is shown
-// as all its old lines removed and all its new ones added, still true.
+// show. The definitions are the upstream's, so the comparison is bounded
+// by the edits it finds, not by the definitions' size: the lines both
+// share at their start and end are set aside, the rest is compared by
+// Myers' algorithm (whose work grows with the lines times the edits), and
+// a comparison that needs more than maxDiffEdits edits, or more steps than
+// the page has left (diffBudget, for all its tools together), stops: the
+// page says it did not compare them rather than showing every line as
+// changed, where the one that matters would not stand out.
 
 // A diffLine is one line of the comparison: kept, removed or added, or a
 // run of kept lines left out.
@@ -45,18 +49,35 @@ func (l diffLine) Mark() string {
 }
 
 const (
-	// maxDiffCells bounds the line pairs compared (the table of their
-	// common subsequence holds one int32 per pair: 1 MiB at most, per
-	// changed tool on the page).
-	maxDiffCells = 1 << 18
+	// maxDiffEdits bounds the lines removed and added one comparison
+	// finds (its record of the search holds about maxDiffEdits² numbers).
+	maxDiffEdits = 512
+	// diffBudget bounds the steps of the comparisons of one page view,
+	// all its changed tools together: a step is a comparison of two
+	// lines' numbers or a number kept in the record of the search, so
+	// that a page spends at most a few milliseconds and 16 MiB on them
+	// however many tools changed, and however large their definitions.
+	diffBudget = 4_000_000
 	// diffContext is how many kept lines are shown around a change.
 	diffContext = 3
 )
 
-// lineDiff compares two texts line by line; nil when they are the same.
-func lineDiff(before, after string) []diffLine {
+// A differ compares the definitions of one page view within its budget.
+type differ struct {
+	steps int // left
+}
+
+func newDiffer() *differ { return &differ{steps: diffBudget} }
+
+// lineDiff compares two texts line by line: nil and true when they are
+// the same, nil and false when the comparison would take more edits or
+// steps than it may.
+func (df *differ) lineDiff(before, after string) ([]diffLine, bool) {
 	if before == after {
-		return nil
+		return nil, true
+	}
+	if df.steps <= 0 {
+		return nil, false
 	}
 	a, b := strings.Split(before, "\n"), strings.Split(after, "\n")
 	p := 0
@@ -67,16 +88,134 @@ func lineDiff(before, after string) []diffLine {
 	for s < len(a)-p && s < len(b)-p && a[len(a)-1-s] == b[len(b)-1-s] {
 		s++
 	}
+	middle, ok := df.myers(a[p:len(a)-s], b[p:len(b)-s])
+	if !ok {
+		return nil, false
+	}
 	var all []diffLine
 	for _, l := range a[:p] {
 		all = append(all, diffLine{Kind: "keep", Text: l})
 	}
-	all = append(all, middleDiff(a[p:len(a)-s], b[p:len(b)-s])...)
+	all = append(all, middle...)
 	for _, l := range a[len(a)-s:] {
 		all = append(all, diffLine{Kind: "keep", Text: l})
 	}
 	markChanges(all)
-	return withContext(all)
+	return withContext(all), true
+}
+
+// myers finds a shortest edit script from a to b (E. W. Myers, "An O(ND)
+// difference algorithm and its variations", 1986), with the removals of
+// each run of changes before its additions; false when it takes more than
+// maxDiffEdits edits or the steps the differ has left.
+func (df *differ) myers(a, b []string) ([]diffLine, bool) {
+	// Lines are compared by number: two lines are equal when their
+	// numbers are, whatever their length.
+	ids := map[string]int32{}
+	number := func(lines []string) []int32 {
+		out := make([]int32, len(lines))
+		for i, l := range lines {
+			id, ok := ids[l]
+			if !ok {
+				id = int32(len(ids))
+				ids[l] = id
+			}
+			out[i] = id
+		}
+		return out
+	}
+	x0, y0 := number(a), number(b)
+	n, m := len(a), len(b)
+	df.steps -= n + m
+	limit := min(n+m, maxDiffEdits)
+	// v[k+limit+1] is the furthest x reached on diagonal k (y = x - k);
+	// trace[d] is v after d edits, on diagonals -d to d.
+	v := make([]int32, 2*limit+3)
+	var trace [][]int32
+	end := -1
+	for d := 0; d <= limit && end < 0; d++ {
+		for k := -d; k <= d; k += 2 {
+			i := k + limit + 1
+			var x int32
+			if k == -d || (k != d && v[i-1] < v[i+1]) {
+				x = v[i+1] // down: b's next line added
+			} else {
+				x = v[i-1] + 1 // right: a's next line removed
+			}
+			y := x - int32(k)
+			for int(x) < n && int(y) < m && x0[x] == y0[y] {
+				x, y = x+1, y+1
+				df.steps--
+			}
+			v[i] = x
+			df.steps--
+			if int(x) >= n && int(y) >= m {
+				end = d
+				break
+			}
+		}
+		if df.steps -= 2*d + 1; df.steps < 0 { // the record kept below
+			return nil, false
+		}
+		trace = append(trace, slices.Clone(v[limit+1-d:limit+2+d]))
+	}
+	if end < 0 {
+		return nil, false
+	}
+	// Back from (n, m) to (0, 0), one edit and the diagonal before it at a
+	// time.
+	var out []diffLine
+	x, y := n, m
+	for d := end; d > 0; d-- {
+		prev := trace[d-1] // diagonals -(d-1) to d-1
+		at := func(k int) int { return int(prev[k+d-1]) }
+		k := x - y
+		down := k == -d || (k != d && at(k-1) < at(k+1))
+		pk := k - 1
+		if down {
+			pk = k + 1
+		}
+		px := at(pk)
+		py := px - pk
+		sx := px + 1 // where the edit leads, the diagonal from there to (x, y)
+		if down {
+			sx = px
+		}
+		for ; x > sx; x, y = x-1, y-1 {
+			out = append(out, diffLine{Kind: "keep", Text: a[x-1]})
+		}
+		if down {
+			out = append(out, diffLine{Kind: "add", Text: b[py]})
+		} else {
+			out = append(out, diffLine{Kind: "del", Text: a[px]})
+		}
+		x, y = px, py
+	}
+	for ; x > 0; x-- {
+		out = append(out, diffLine{Kind: "keep", Text: a[x-1]})
+	}
+	slices.Reverse(out)
+	return removalsFirst(out), true
+}
+
+// removalsFirst orders each run of changed lines (no kept line between
+// them) removals first, as diffs show them; the run means the same.
+func removalsFirst(lines []diffLine) []diffLine {
+	for i := 0; i < len(lines); {
+		if lines[i].Kind == "keep" {
+			i++
+			continue
+		}
+		j := i
+		for j < len(lines) && lines[j].Kind != "keep" {
+			j++
+		}
+		slices.SortStableFunc(lines[i:j], func(p, q diffLine) int {
+			return strings.Compare(q.Kind, p.Kind) // "del" before "add"
+		})
+		i = j
+	}
+	return lines
 }
 
 // markChanges sets each changed line's Changed: within a run of removed
@@ -105,67 +244,27 @@ func markChanges(all []diffLine) {
 	}
 }
 
-// within marks where a and b differ, between their common start and end
-// (cut at the start of a UTF-8 character).
+// within marks where a and b differ, between their common start and end,
+// cut where both have a character start (a line that is not valid UTF-8
+// is never cut inside a character of the other).
 func within(a, b *diffLine) {
 	x, y := a.Text, b.Text
+	starts := func(s string, i int) bool { return i >= len(s) || utf8.RuneStart(s[i]) }
 	p := 0
 	for p < len(x) && p < len(y) && x[p] == y[p] {
 		p++
 	}
-	for p > 0 && p < len(x) && !utf8.RuneStart(x[p]) {
+	for p > 0 && !(starts(x, p) && starts(y, p)) {
 		p--
 	}
 	s := 0
 	for s < len(x)-p && s < len(y)-p && x[len(x)-1-s] == y[len(y)-1-s] {
 		s++
 	}
-	for s > 0 && !utf8.RuneStart(x[len(x)-s]) {
+	for s > 0 && !(starts(x, len(x)-s) && starts(y, len(y)-s)) {
 		s--
 	}
 	a.Changed, b.Changed = [2]int{p, len(x) - s}, [2]int{p, len(y) - s}
-}
-
-// middleDiff compares a and b by their longest common subsequence of
-// lines, when there are at most maxDiffCells pairs of them.
-func middleDiff(a, b []string) []diffLine {
-	var out []diffLine
-	if len(a)*len(b) > maxDiffCells {
-		for _, l := range a {
-			out = append(out, diffLine{Kind: "del", Text: l})
-		}
-		for _, l := range b {
-			out = append(out, diffLine{Kind: "add", Text: l})
-		}
-		return out
-	}
-	// common[i*w+j]: the longest common subsequence of a[i:] and b[j:].
-	w := len(b) + 1
-	common := make([]int32, (len(a)+1)*w)
-	for i := len(a) - 1; i >= 0; i-- {
-		for j := len(b) - 1; j >= 0; j-- {
-			if a[i] == b[j] {
-				common[i*w+j] = common[(i+1)*w+j+1] + 1
-			} else {
-				common[i*w+j] = max(common[(i+1)*w+j], common[i*w+j+1])
-			}
-		}
-	}
-	i, j := 0, 0
-	for i < len(a) || j < len(b) {
-		switch {
-		case i < len(a) && j < len(b) && a[i] == b[j]:
-			out = append(out, diffLine{Kind: "keep", Text: a[i]})
-			i, j = i+1, j+1
-		case i < len(a) && (j == len(b) || common[(i+1)*w+j] >= common[i*w+j+1]):
-			out = append(out, diffLine{Kind: "del", Text: a[i]}) // removals first, as diff shows them
-			i++
-		default:
-			out = append(out, diffLine{Kind: "add", Text: b[j]})
-			j++
-		}
-	}
-	return out
 }
 
 // withContext leaves out the kept lines more than diffContext lines away

@@ -2,10 +2,19 @@ package console
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 )
+
+// lineDiff is the comparison of one tool on a page of its own; nil when
+// it was not compared.
+func lineDiff(before, after string) []diffLine {
+	d, _ := newDiffer().lineDiff(before, after)
+	return d
+}
 
 func render(d []diffLine) string {
 	var sb strings.Builder
@@ -42,34 +51,44 @@ func TestLineDiff(t *testing.T) {
 	}
 }
 
-// TestLineDiffBounded: definitions whose changed middle is too large to
-// compare line by line are shown as all removed and all added, at once.
+// TestLineDiffBounded: definitions that differ in more lines than a
+// comparison may find are not compared, and the page's comparisons stop
+// once they spent its budget, however many tools changed.
 func TestLineDiffBounded(t *testing.T) {
-	n := 2000 // 4,000,000 pairs: over maxDiffCells
+	n := 2000
 	a, b := make([]string, n), make([]string, n)
 	for i := range n {
 		a[i], b[i] = fmt.Sprintf("a%d", i), fmt.Sprintf("b%d", i)
 	}
-	a[n/2], b[n/2] = "shared", "shared"
-	d := lineDiff(strings.Join(a, "\n"), strings.Join(b, "\n"))
-	dels, adds := 0, 0
-	for _, l := range d {
-		switch l.Kind {
-		case "del":
-			dels++
-		case "add":
-			adds++
-		case "keep":
-			t.Fatalf("a kept line in a middle too large to compare: %q", l.Text)
+	if d, ok := newDiffer().lineDiff(strings.Join(a, "\n"), strings.Join(b, "\n")); ok || d != nil {
+		t.Fatalf("4,000 edits compared (%d lines), want them not compared", len(d))
+	}
+	// A few edits in a large definition are found exactly.
+	c := slices.Clone(a)
+	c[700], c[1400] = "changed", "changed too"
+	c = slices.Insert(c, 1000, "inserted")
+	d, ok := newDiffer().lineDiff(strings.Join(a, "\n"), strings.Join(c, "\n"))
+	if got := render(d); !ok || strings.Count(got, "\n-") != 2 || strings.Count(got, "\n+") != 3 {
+		t.Fatalf("three edits in 2,000 lines:\n%s", got)
+	}
+	// One page: tools that differ wholly spend the budget, and what is
+	// left is not compared, at a bounded cost.
+	df := newDiffer()
+	compared := 0
+	for range 1000 {
+		if _, ok := df.lineDiff(strings.Join(a[:300], "\n"), strings.Join(b[:300], "\n")+"\nx"); ok {
+			compared++
 		}
 	}
-	if dels != n || adds != n {
-		t.Fatalf("%d removed and %d added, want all %d of each", dels, adds, n)
+	if compared != 0 || df.steps > 0 {
+		t.Fatalf("%d of 1,000 tools compared, %d steps left", compared, df.steps)
 	}
-	// Under the bound, the shared line is found.
-	small := lineDiff(strings.Join(a[:500], "\n"), strings.Join(b[:500], "\n")+"\nshared")
-	if !strings.Contains(render(small), "-a0\n") || strings.Count(render(small), "+") != 501 {
-		t.Fatalf("under the bound: %.200s", render(small))
+	// The same page with small changes compares them all.
+	df = newDiffer()
+	for i := range 1000 {
+		if _, ok := df.lineDiff(strings.Join(a[:300], "\n"), strings.Join(a[:300], "\n")+"\n"+strconv.Itoa(i)); !ok {
+			t.Fatalf("tool %d of 1,000 with one line added not compared (%d steps left)", i, df.steps)
+		}
 	}
 }
 
@@ -99,6 +118,62 @@ func TestLineDiffMarksWhereALineChanged(t *testing.T) {
 	for _, l := range d {
 		if l.Mid() != "é" && l.Mid() != "è" {
 			t.Fatalf("%s: marked %q, want the whole character", l.Kind, l.Mid())
+		}
+	}
+}
+
+// TestMyersIsAShortestEditScript checks the comparison on random texts
+// against its definition: the kept and removed lines are the old text, the
+// kept and added ones the new, in order, and there are as few edits as
+// the longest common subsequence allows.
+func TestMyersIsAShortestEditScript(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	random := func() []string {
+		out := make([]string, rng.IntN(13))
+		for i := range out {
+			out[i] = string(rune('a' + rng.IntN(3)))
+		}
+		return out
+	}
+	lcs := func(a, b []string) int {
+		l := make([][]int, len(a)+1)
+		for i := range l {
+			l[i] = make([]int, len(b)+1)
+		}
+		for i := len(a) - 1; i >= 0; i-- {
+			for j := len(b) - 1; j >= 0; j-- {
+				if a[i] == b[j] {
+					l[i][j] = l[i+1][j+1] + 1
+				} else {
+					l[i][j] = max(l[i+1][j], l[i][j+1])
+				}
+			}
+		}
+		return l[0][0]
+	}
+	for range 3000 {
+		a, b := random(), random()
+		d, ok := newDiffer().myers(a, b)
+		if !ok {
+			t.Fatalf("%q → %q not compared", a, b)
+		}
+		var old, new []string
+		edits := 0
+		for _, l := range d {
+			switch l.Kind {
+			case "keep":
+				old, new = append(old, l.Text), append(new, l.Text)
+			case "del":
+				old, edits = append(old, l.Text), edits+1
+			case "add":
+				new, edits = append(new, l.Text), edits+1
+			}
+		}
+		if !slices.Equal(old, a) || !slices.Equal(new, b) {
+			t.Fatalf("%q → %q: the script reads %q → %q", a, b, old, new)
+		}
+		if want := len(a) + len(b) - 2*lcs(a, b); edits != want {
+			t.Fatalf("%q → %q: %d edits, the shortest has %d", a, b, edits, want)
 		}
 	}
 }

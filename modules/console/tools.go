@@ -19,6 +19,7 @@ type toolChange struct {
 	Definition string     // the new definition, indented, invisible characters escaped
 	Before     string     // the pinned one, when known, the same way
 	Diff       []diffLine // Before to Definition, line by line, when Before is known
+	Uncompared bool       // Before is known, but the two were not compared (see differ)
 }
 
 // toolsPage lists, for members of tool_pins' admin_groups, the tools whose
@@ -41,6 +42,7 @@ func (h *Handler) showTools(w http.ResponseWriter, r *http.Request, s *websessio
 	}
 	var changes []toolChange
 	var pinned []*toolpin.Record
+	df := newDiffer()
 	for _, rec := range recs {
 		c := toolChange{Record: rec, Pinned: rec.Digest}
 		if svc := h.app.Registry().Lookup(rec.Service); svc != nil && svc.Pin(rec.Tool) != "" {
@@ -50,7 +52,9 @@ func (h *Handler) showTools(w http.ResponseWriter, r *http.Request, s *websessio
 			c.Definition = indent(rec.Changed.Definition)
 			if rec.Definition != nil {
 				c.Before = indent(rec.Definition)
-				c.Diff = lineDiff(c.Before, c.Definition)
+				var compared bool
+				c.Diff, compared = df.lineDiff(c.Before, c.Definition)
+				c.Uncompared = !compared
 			}
 			changes = append(changes, c)
 		}
