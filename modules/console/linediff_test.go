@@ -1,12 +1,17 @@
 package console
 
 import (
+	"bytes"
+	"encoding/json"
 	"fmt"
+	"html/template"
 	"math/rand/v2"
 	"slices"
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/toolgate/toolgate/internal/toolpin"
 )
 
 // lineDiff is the comparison of one tool on a page of its own; nil when
@@ -174,6 +179,35 @@ func TestMyersIsAShortestEditScript(t *testing.T) {
 		}
 		if want := len(a) + len(b) - 2*lcs(a, b); edits != want {
 			t.Fatalf("%q → %q: %d edits, the shortest has %d", a, b, edits, want)
+		}
+	}
+}
+
+// TestUncomparedDefinitionsSaySo: a tool whose definitions were not
+// compared shows no diff, and a line saying why, above both definitions.
+func TestUncomparedDefinitionsSaySo(t *testing.T) {
+	pages, err := template.New("").Funcs(funcs).ParseFS(templateFiles, "templates/*.html")
+	if err != nil {
+		t.Fatal(err)
+	}
+	before, after := json.RawMessage(`{"description":"a"}`), json.RawMessage(`{"description":"b"}`)
+	rec := &toolpin.Record{Service: "svc", Tool: "weather", Digest: "d1", Definition: before,
+		Changed: &toolpin.Change{Digest: "d2", Definition: after}}
+	for _, uncompared := range []bool{false, true} {
+		c := toolChange{Record: rec, Pinned: rec.Digest, Definition: indent(after), Before: indent(before), Uncompared: uncompared}
+		if !uncompared {
+			c.Diff = lineDiff(c.Before, c.Definition)
+		}
+		var buf bytes.Buffer
+		v := view{Title: "Tool changes", Nav: "tools", Data: map[string]any{"Changes": []toolChange{c}}}
+		if err := pages.ExecuteTemplate(&buf, "tools", v); err != nil {
+			t.Fatal(err)
+		}
+		out := buf.String()
+		said := strings.Contains(out, "What changed is not shown line by line")
+		if said != uncompared || strings.Contains(out, "<h3>What changed</h3>") == uncompared ||
+			!strings.Contains(out, "The new definition") || !strings.Contains(out, "The pinned definition") {
+			t.Fatalf("uncompared %v: the page:\n%s", uncompared, out)
 		}
 	}
 }
