@@ -24,6 +24,7 @@ package mcp2026
 import (
 	"bytes"
 	"encoding/base64"
+	"maps"
 	"net/http"
 	"slices"
 	"strconv"
@@ -344,6 +345,9 @@ var clientCapabilities = map[string][]string{
 	"experimental": nil, "tasks": nil, "extensions": nil,
 }
 
+// clientCapabilityNames are clientCapabilities' names.
+var clientCapabilityNames = slices.Sorted(maps.Keys(clientCapabilities))
+
 // CapabilityVariant says why a client's declared capabilities are refused
 // when one of their names, or of their members', is a known one spelled in
 // another case ("SAMPLING", "ſampling"): a rule reads the capabilities by
@@ -360,12 +364,8 @@ func CapabilityVariant(caps []byte) string {
 		}
 		return true
 	}
-	names := make([]string, 0, len(clientCapabilities))
-	for k := range clientCapabilities {
-		names = append(names, k)
-	}
 	mcpmsg.Members(caps, func(key, value []byte) {
-		if why != "" || !check(string(key), names) {
+		if why != "" || !check(string(key), clientCapabilityNames) {
 			return
 		}
 		if members := clientCapabilities[string(key)]; members != nil {

@@ -2,7 +2,6 @@ package mcp2026
 
 import (
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/tidwall/gjson"
@@ -105,7 +104,7 @@ func AnswerMethods(method string, answer []byte) []string {
 	out := []string{method}
 	mcpmsg.Members(answer, func(key, _ []byte) {
 		for _, sh := range shapes {
-			if strings.EqualFold(string(key), sh.member) && !slices.Contains(out, sh.method) {
+			if k := string(key); (k == sh.member || mcpmsg.SameFold(k, sh.member)) && !slices.Contains(out, sh.method) {
 				out = append(out, sh.method)
 			}
 		}

@@ -40,6 +40,10 @@ func TestAnswerMethods(t *testing.T) {
 		{"elicitation/create", `{"action":"accept","content":{}}`, []string{"elicitation/create"}},
 		{"roots/list", `{"action":"accept"}`, []string{"roots/list", "elicitation/create"}},
 		{"roots/list", `{"\u0061ction":"accept"}`, []string{"roots/list", "elicitation/create"}},
+		// A dotless ı: toolgate's fold of keys (mcpmsg.SameFold, on the fold
+		// the parser refuses duplicate keys by) takes it for i;
+		// strings.EqualFold does not.
+		{"roots/list", `{"actıon":"accept"}`, []string{"roots/list", "elicitation/create"}},
 		{"elicitation/create", `{"action":"decline","ROOTS":[]}`, []string{"elicitation/create", "roots/list"}},
 		{"elicitation/create", `{"Role":"user","content":{}}`, []string{"elicitation/create", "sampling/createMessage"}},
 		{"roots/list", `{"roots":[]}`, []string{"roots/list"}},
