@@ -127,7 +127,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 			return err
 		}
 	}
-	h.pages, err = template.New("").Funcs(funcs).ParseFS(templateFiles, "templates/*.html")
+	h.pages, err = parsePages()
 	if err != nil {
 		return fmt.Errorf("console templates: %v", err)
 	}

@@ -210,9 +210,13 @@ func removalsFirst(lines []diffLine) []diffLine {
 		for j < len(lines) && lines[j].Kind != "keep" {
 			j++
 		}
-		slices.SortStableFunc(lines[i:j], func(p, q diffLine) int {
-			return strings.Compare(q.Kind, p.Kind) // "del" before "add"
-		})
+		removal := func(l diffLine) int {
+			if l.Kind == "del" {
+				return 0
+			}
+			return 1
+		}
+		slices.SortStableFunc(lines[i:j], func(p, q diffLine) int { return removal(p) - removal(q) })
 		i = j
 	}
 	return lines

@@ -1,10 +1,8 @@
 package console
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
-	"html/template"
 	"runtime"
 	"strings"
 	"testing"
@@ -184,10 +182,6 @@ func TestAttackMarkSplitsCharacter(t *testing.T) {
 // Held: markup in a definition cannot close the <mark>/<ins> or inject
 // script: html/template escapes Head, Mid and Tail separately.
 func TestAttackDiffMarkupEscaped(t *testing.T) {
-	pages, err := template.New("").Funcs(funcs).ParseFS(templateFiles, "templates/*.html")
-	if err != nil {
-		t.Fatal(err)
-	}
 	evil := `</mark></ins><script>alert(1)</script><img src=x onerror=alert(2)>`
 	before := json.RawMessage(`{"description":"Reports the weather."}`)
 	after := json.RawMessage(`{"description":"Reports the weather.` + evil + `"}`)
@@ -195,12 +189,7 @@ func TestAttackDiffMarkupEscaped(t *testing.T) {
 		Changed: &toolpin.Change{Digest: "d2", Definition: after}}
 	c := toolChange{Record: rec, Pinned: rec.Digest, Definition: indent(after), Before: indent(before)}
 	c.Diff = lineDiff(c.Before, c.Definition)
-	var buf bytes.Buffer
-	v := view{Title: "Tool changes", Nav: "tools", Data: map[string]any{"Changes": []toolChange{c}, "Pinned": []*toolpin.Record{rec}}}
-	if err := pages.ExecuteTemplate(&buf, "tools", v); err != nil {
-		t.Fatal(err)
-	}
-	out := buf.String()
+	out := toolsPage(t, map[string]any{"Changes": []toolChange{c}, "Pinned": []*toolpin.Record{rec}})
 	for _, bad := range []string{"<script>alert", "<img src=x", "</mark></ins><script", "svc<b>"} {
 		if strings.Contains(out, bad) {
 			t.Errorf("rendered page contains %q", bad)

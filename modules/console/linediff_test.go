@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
-	"html/template"
 	"math/rand/v2"
 	"slices"
 	"strconv"
@@ -186,10 +185,6 @@ func TestMyersIsAShortestEditScript(t *testing.T) {
 // TestUncomparedDefinitionsSaySo: a tool whose definitions were not
 // compared shows no diff, and a line saying why, above both definitions.
 func TestUncomparedDefinitionsSaySo(t *testing.T) {
-	pages, err := template.New("").Funcs(funcs).ParseFS(templateFiles, "templates/*.html")
-	if err != nil {
-		t.Fatal(err)
-	}
 	before, after := json.RawMessage(`{"description":"a"}`), json.RawMessage(`{"description":"b"}`)
 	rec := &toolpin.Record{Service: "svc", Tool: "weather", Digest: "d1", Definition: before,
 		Changed: &toolpin.Change{Digest: "d2", Definition: after}}
@@ -198,16 +193,25 @@ func TestUncomparedDefinitionsSaySo(t *testing.T) {
 		if !uncompared {
 			c.Diff = lineDiff(c.Before, c.Definition)
 		}
-		var buf bytes.Buffer
-		v := view{Title: "Tool changes", Nav: "tools", Data: map[string]any{"Changes": []toolChange{c}}}
-		if err := pages.ExecuteTemplate(&buf, "tools", v); err != nil {
-			t.Fatal(err)
-		}
-		out := buf.String()
+		out := toolsPage(t, map[string]any{"Changes": []toolChange{c}})
 		said := strings.Contains(out, "What changed is not shown line by line")
 		if said != uncompared || strings.Contains(out, "<h3>What changed</h3>") == uncompared ||
 			!strings.Contains(out, "The new definition") || !strings.Contains(out, "The pinned definition") {
 			t.Fatalf("uncompared %v: the page:\n%s", uncompared, out)
 		}
 	}
+}
+
+// toolsPage renders the Tools page of data.
+func toolsPage(t *testing.T, data map[string]any) string {
+	t.Helper()
+	pages, err := parsePages()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var buf bytes.Buffer
+	if err := pages.ExecuteTemplate(&buf, "tools", view{Title: "Tool changes", Nav: "tools", Data: data}); err != nil {
+		t.Fatal(err)
+	}
+	return buf.String()
 }

@@ -49,6 +49,11 @@ type notice struct {
 func ok(text string) *notice              { return &notice{Kind: "ok", Text: text} }
 func problem(text, detail string) *notice { return &notice{Kind: "error", Text: text, Detail: detail} }
 
+// parsePages parses the console's templates, with their functions.
+func parsePages() (*template.Template, error) {
+	return template.New("").Funcs(funcs).ParseFS(templateFiles, "templates/*.html")
+}
+
 var funcs = template.FuncMap{
 	"when": func(t time.Time) string {
 		if t.IsZero() {
