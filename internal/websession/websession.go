@@ -45,9 +45,11 @@ type Session struct {
 	ID     string   `json:"-"`
 	User   string   `json:"user"`
 	Groups []string `json:"groups,omitempty"`
-	Method string   `json:"method"` // "oidc" or "api_key"
-	// Key is, for an API-key sign-in, the key's SHA-256 (hex): the sign-in
-	// lasts as long as the configuration has the key for that user.
+	Method string   `json:"method"` // MethodOIDC or MethodAPIKey
+	// Key is what vouched for the sign-in: for an API-key sign-in the
+	// key's SHA-256 (hex), for an OpenID Connect one the issuer. The
+	// sign-in lasts as long as the configuration has the key for that
+	// user, or the issuer (see Store.Limit).
 	Key       string        `json:"key,omitempty"`
 	CreatedAt time.Time     `json:"created_at"`
 	SeenAt    time.Time     `json:"seen_at"`
@@ -98,6 +100,41 @@ type Store struct {
 	perUser int
 	auth    *gateway.AuthConfig // the API keys API-key sign-ins are checked against; nil: none
 	keys    *seal.Keyring       // sign the records (see signed)
+	limits  *Limits             // the configuration's, when it set them (Limit)
+}
+
+// Limits are what the configuration in force says of sign-ins it did not
+// make itself (made before a reload, or on another replica): a shorter
+// idle time or lifetime ends them sooner (a longer one extends none), and
+// an OpenID Connect sign-in lasts only while its issuer is configured.
+type Limits struct {
+	Idle, Lifetime time.Duration // 0: the record's own
+	// Issuers are the OpenID Connect issuers people may sign in with; an
+	// OpenID Connect sign-in through another, or made by a version that
+	// did not record its issuer, has ended.
+	Issuers []string
+}
+
+// Limit applies l to every session the store reads from now on.
+func (st *Store) Limit(l Limits) { st.limits = &l }
+
+// alive reports whether s has not ended by itself: by its own idle time
+// and lifetime, and by the store's limits.
+func (st *Store) alive(s *Session) bool {
+	t := now()
+	idle, expires := s.Idle, s.ExpiresAt
+	if l := st.limits; l != nil {
+		if l.Idle > 0 && (idle <= 0 || l.Idle < idle) {
+			idle = l.Idle
+		}
+		if e := s.CreatedAt.Add(l.Lifetime); l.Lifetime > 0 && e.Before(expires) {
+			expires = e
+		}
+		if s.Method == MethodOIDC && !slices.Contains(l.Issuers, s.Key) {
+			return false
+		}
+	}
+	return t.Before(expires) && (idle <= 0 || t.Before(s.SeenAt.Add(idle)))
 }
 
 // Purpose names the keys that sign browser sessions (gateway.App.Keyring).
@@ -213,7 +250,7 @@ func (st *Store) makeRoom(ctx context.Context, user string) error {
 			return fmt.Errorf("reading browser sessions: %w", err)
 		}
 		var s Session
-		if err != nil || json.Unmarshal(data, &s) != nil || !s.alive() {
+		if err != nil || json.Unmarshal(data, &s) != nil || !st.alive(&s) {
 			st.remove(ctx, user, ref)
 			continue
 		}
@@ -225,11 +262,6 @@ func (st *Store) makeRoom(ctx context.Context, user string) error {
 		live = live[1:]
 	}
 	return nil
-}
-
-func (s *Session) alive() bool {
-	t := now()
-	return t.Before(s.ExpiresAt) && (s.Idle <= 0 || t.Before(s.SeenAt.Add(s.Idle)))
 }
 
 // Get returns the live session with id, recording its use.
@@ -254,7 +286,7 @@ func (st *Store) Get(ctx context.Context, id string) (*Session, error) {
 		// records were signed: its person signs in again).
 		return nil, ErrNotSignedIn
 	}
-	if !s.alive() {
+	if !st.alive(&s) {
 		st.remove(ctx, s.User, hashOf(id))
 		return nil, ErrNotSignedIn
 	}
@@ -328,7 +360,7 @@ func (st *Store) Sweep(ctx context.Context) (int, error) {
 			continue
 		}
 		var s Session
-		if json.Unmarshal(data, &s) == nil && !s.alive() {
+		if json.Unmarshal(data, &s) == nil && !st.alive(&s) {
 			if st.remove(ctx, s.User, path.Base(key)) == nil {
 				n++
 			}
@@ -394,8 +426,12 @@ func (st *Store) FromRequest(r *http.Request, secure bool) (*Session, error) {
 	return s, nil
 }
 
-// MethodAPIKey is the Method of a sign-in with an API key.
-const MethodAPIKey = "api_key"
+// The Methods of a sign-in: with an API key, or through an OpenID Connect
+// issuer.
+const (
+	MethodAPIKey = "api_key"
+	MethodOIDC   = "oidc"
+)
 
 // SetCookie gives the browser s's cookie. It lives as long as the session
 // may; the server decides when it ends.

@@ -57,6 +57,8 @@ type Handler struct {
 	AdminGroups []string `json:"admin_groups,omitempty"`
 
 	// SessionIdle ends a browser sign-in unused for this long. Default 1h.
+	// A reload that shortens it (or SessionLifetime) ends the sign-ins made
+	// before it by the new terms too.
 	SessionIdle caddy.Duration `json:"session_idle,omitempty"`
 
 	// SessionLifetime ends a browser sign-in this long after it began,
@@ -136,6 +138,14 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return err
 	}
 	h.browsers = websession.NewStore(h.app.Storage(), maxBrowserSessions, h.app.Auth, keys)
+	// Sign-ins made under an earlier configuration (or on another replica)
+	// end by this one's terms: a shortened idle time or lifetime, an
+	// issuer no longer configured.
+	issuers := make([]string, 0, len(h.OIDC))
+	for _, o := range h.OIDC {
+		issuers = append(issuers, o.Issuer)
+	}
+	h.browsers.Limit(websession.Limits{Idle: time.Duration(h.SessionIdle), Lifetime: time.Duration(h.SessionLifetime), Issuers: issuers})
 	if h.pins, err = toolpin.For(h.app); err != nil {
 		return err
 	}

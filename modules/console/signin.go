@@ -388,7 +388,7 @@ func (h *Handler) verifySignIn(r *http.Request, o *OIDCIssuer, st signInState, c
 	if user == "" {
 		return "", nil, fmt.Errorf("the identity provider did not say who you are (no %q claim)", o.UserClaim)
 	}
-	if o.UserClaim == "email" && !emailVerified(claims["email_verified"]) {
+	if o.UserClaim == "email" && !gateway.EmailVerified(claims["email_verified"]) {
 		// Anyone who can put an address on an account at the provider
 		// (sign-up, an editable profile) would sign in as its owner.
 		return "", nil, errors.New("the identity provider has not verified your email address, which names you here; verify it there, or ask the administrator to name users by another claim (such as sub)")
@@ -398,18 +398,6 @@ func (h *Handler) verifySignIn(r *http.Request, o *OIDCIssuer, st signInState, c
 		return "", nil, fmt.Errorf("the %q claim is not a list of group names", o.GroupsClaim)
 	}
 	return user, groups, nil
-}
-
-// emailVerified reads an email_verified claim: true, or "true" as some
-// providers write it.
-func emailVerified(v any) bool {
-	switch v := v.(type) {
-	case bool:
-		return v
-	case string:
-		return v == "true"
-	}
-	return false
 }
 
 // safeCode keeps an OAuth error code printable and short.

@@ -100,6 +100,9 @@ type JWTIssuer struct {
 	// KeyFiles are PEM files with static public keys (or a JWKS JSON file).
 	KeyFiles []string `json:"key_files,omitempty"`
 	// UserClaim names the claim that identifies the caller. Default "sub".
+	// With "email", a token must also carry email_verified: true (or
+	// "true"): an address anyone could put on an account at the issuer
+	// names no one.
 	UserClaim string `json:"user_claim,omitempty"`
 	// GroupsClaim names the claim listing the caller's groups. Default
 	// "groups". It must be an array of strings when present: a token whose
@@ -412,6 +415,11 @@ func (a *AuthConfig) verifyJWT(ctx context.Context, token, resource string) (*Ca
 		if user == "" {
 			return nil, time.Time{}, fmt.Errorf("%w: no %s claim", ErrBadCredentials, j.UserClaim)
 		}
+		if j.UserClaim == "email" && !EmailVerified(all["email_verified"]) {
+			// Anyone who can put an address on an account at the issuer
+			// (sign-up, an editable profile) would be its owner here.
+			return nil, time.Time{}, fmt.Errorf("%w: the email claim names the caller and the token does not say email_verified: true", ErrBadCredentials)
+		}
 		groups, err := GroupsClaim(all, j.GroupsClaim)
 		if err != nil {
 			return nil, time.Time{}, fmt.Errorf("%w: %v", ErrBadCredentials, err)
@@ -420,6 +428,20 @@ func (a *AuthConfig) verifyJWT(ctx context.Context, token, resource string) (*Ca
 		return &Caller{User: user, Groups: groups, Claims: all, Method: "jwt"}, until, nil
 	}
 	return nil, time.Time{}, ErrBadCredentials
+}
+
+// EmailVerified reads an email_verified claim: true, or "true" as some
+// providers write it. A person named by their email is named so only when
+// the issuer says it verified the address (the runners' JWTs and the
+// console's OpenID Connect sign-in alike).
+func EmailVerified(v any) bool {
+	switch v := v.(type) {
+	case bool:
+		return v
+	case string:
+		return v == "true"
+	}
+	return false
 }
 
 // GroupsClaim reads the caller's groups from the claim name: absent or

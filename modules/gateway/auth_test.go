@@ -479,7 +479,7 @@ func TestJWTUserAndGroupsClaims(t *testing.T) {
 		UserClaim: "email", GroupsClaim: "roles",
 	}}})
 	c, err := a.Authenticate(ctx, bearer(key.sign(t, map[string]any{
-		"iss": testIssuer, "aud": "gw", "sub": "0042", "email": "alice@example.com",
+		"iss": testIssuer, "aud": "gw", "sub": "0042", "email": "alice@example.com", "email_verified": true,
 		"roles": []any{"eng", "ops"}, "groups": []string{"ignored"}, "tenant": "acme",
 		"exp": clock.Add(time.Hour).Unix(),
 	})), false)
@@ -506,7 +506,7 @@ func TestJWTUserAndGroupsClaims(t *testing.T) {
 	// "deny unless in eng" must not be dodged by a string claim.
 	for _, roles := range []any{"admin", []any{"eng", 7}, map[string]any{"eng": true}} {
 		_, err = a.Authenticate(ctx, bearer(key.sign(t, map[string]any{
-			"iss": testIssuer, "aud": "gw", "email": "a@b", "roles": roles, "exp": clock.Add(time.Hour).Unix(),
+			"iss": testIssuer, "aud": "gw", "email": "a@b", "email_verified": true, "roles": roles, "exp": clock.Add(time.Hour).Unix(),
 		})), false)
 		if !errors.Is(err, ErrBadCredentials) || !strings.Contains(err.Error(), "roles claim must be an array of strings") {
 			t.Errorf("roles claim %v: %v, want the token refused", roles, err)
@@ -515,6 +515,7 @@ func TestJWTUserAndGroupsClaims(t *testing.T) {
 	// Without the claim (or null) the caller has no groups: an empty list.
 	for _, claims := range []map[string]any{{}, {"roles": nil}} {
 		claims["iss"], claims["aud"], claims["email"], claims["exp"] = testIssuer, "gw", "a@b", clock.Add(time.Hour).Unix()
+		claims["email_verified"] = true
 		c, err = a.Authenticate(ctx, bearer(key.sign(t, claims)), false)
 		if err != nil || c.Groups == nil || len(c.Groups) != 0 {
 			t.Errorf("no roles claim: %+v, %v; want an empty list of groups", c, err)
