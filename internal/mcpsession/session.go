@@ -249,19 +249,23 @@ func (s *Session) Tool(name string) *ToolDefinition {
 	return s.catalog.Tools[name]
 }
 
-// ToolListed records a tool's definition as the upstream just listed it to
-// the runner, when it differs from the one known: the runner's listing is
-// the latest, and a call is decided (and its tool's pin checked) with the
-// definition the runner was shown.
-func (s *Session) ToolListed(name string, raw []byte) {
+// ToolsListed records the tools' definitions (by name) as the upstream
+// just listed them to the runner, where they differ from those known: the
+// runner's listing is the latest, and a call is decided (and its tool's
+// pin checked) with the definition the runner was shown. A listing makes
+// one new catalog, whatever number of its tools changed.
+func (s *Session) ToolsListed(tools map[string][]byte) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.catalog != nil {
-		if old := s.catalog.Tools[name]; old != nil && bytes.Equal(old.Raw, raw) {
-			return
+	changed := make(map[string][]byte, len(tools))
+	for name, raw := range tools {
+		if s.catalog == nil || s.catalog.Tools[name] == nil || !bytes.Equal(s.catalog.Tools[name].Raw, raw) {
+			changed[name] = raw
 		}
 	}
-	s.catalog = s.catalog.With(name, raw)
+	if len(changed) > 0 {
+		s.catalog = s.catalog.With(changed)
+	}
 }
 
 // ListingTools marks the upstream's tool list as being fetched here: calls

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"path"
 	"slices"
 	"sync"
@@ -77,17 +78,17 @@ func NewCatalog(tools map[string][]byte) (*Catalog, []byte) {
 	return decodeCatalog(hex.EncodeToString(sum[:]), stored), data
 }
 
-// With returns the catalog with the tool name defined as raw (added or
-// replaced): a new catalog, since catalogs never change. c may be nil.
-func (c *Catalog) With(name string, raw []byte) *Catalog {
-	tools := map[string][]byte{name: raw}
+// With returns the catalog with the tools defined as they are in defined
+// (added or replaced, by name): a new catalog, since catalogs never
+// change. c may be nil.
+func (c *Catalog) With(defined map[string][]byte) *Catalog {
+	tools := make(map[string][]byte, len(defined))
 	if c != nil {
 		for n, t := range c.Tools {
-			if n != name {
-				tools[n] = t.Raw
-			}
+			tools[n] = t.Raw
 		}
 	}
+	maps.Copy(tools, defined)
 	next, _ := NewCatalog(tools)
 	return next
 }

@@ -57,13 +57,21 @@ func pinned(key string) bool {
 }
 
 // digests remembers the digests of definitions seen, by their text, so
-// that a call does not pay for re-encoding its tool's definition.
+// that a call does not pay for re-encoding its tool's definition. It holds
+// at most maxDigests definitions and maxDigestBytes of their text (an
+// upstream whose large tool differs a little on each listing, in a member
+// the pin ignores, would otherwise have it keep each version), and starts
+// over when either is reached.
 type digests struct {
-	mu sync.Mutex
-	m  map[string]string
+	mu    sync.Mutex
+	m     map[string]string
+	bytes int
 }
 
-const maxDigests = 10_000
+const (
+	maxDigests     = 10_000
+	maxDigestBytes = 16 << 20
+)
 
 func (d *digests) of(raw []byte) string {
 	d.mu.Lock()
@@ -73,10 +81,15 @@ func (d *digests) of(raw []byte) string {
 		return v
 	}
 	v = Digest(raw)
-	d.mu.Lock()
-	if d.m == nil || len(d.m) >= maxDigests {
-		d.m = make(map[string]string)
+	size := len(raw) + len(v)
+	if size > maxDigestBytes/16 {
+		return v // worth no room: its digest costs little beside its listing
 	}
+	d.mu.Lock()
+	if d.m == nil || len(d.m) >= maxDigests || d.bytes+size > maxDigestBytes {
+		d.m, d.bytes = make(map[string]string), 0
+	}
+	d.bytes += size
 	d.m[string(raw)] = v
 	d.mu.Unlock()
 	return v

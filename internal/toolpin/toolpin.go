@@ -567,17 +567,26 @@ func (p *Pins) FilterList(ctx context.Context, call *gateway.Call, result []byte
 // its pin. It answers the runner itself and returns false when the call
 // must not go on: a tool result with isError and the reason for a changed
 // definition, a retryable error when the pin cannot be read. A call whose
-// tool toolgate could not list is left to the policy (input.tool_known).
+// tool toolgate could not list (the upstream left it out of its listings)
+// is left to the policy (input.tool_known), unless a changed definition of
+// the tool waits for an administrator: an upstream that hides a tool it
+// changed still serves no call of it.
 func (p *Pins) AllowCall(w http.ResponseWriter, r *http.Request, call *gateway.Call) bool {
-	def := call.ToolDefinition()
-	if p.cfg.Off || def == nil {
+	if p.cfg.Off {
 		return true
 	}
-	var listed time.Time
-	if call.MCPSession != nil {
-		listed = call.MCPSession.Created
+	def := call.ToolDefinition()
+	var v Verdict
+	var err error
+	if def == nil {
+		v, err = p.checkUnlisted(r.Context(), call.Service, call.Message.Name)
+	} else {
+		var listed time.Time
+		if call.MCPSession != nil {
+			listed = call.MCPSession.Created
+		}
+		v, err = p.CheckCall(r.Context(), call.Service, call.Caller.User, call.Message.Name, def.Raw, listed)
 	}
-	v, err := p.CheckCall(r.Context(), call.Service, call.Caller.User, call.Message.Name, def.Raw, listed)
 	switch {
 	case err != nil:
 		p.logger.Warn("cannot check a tool's pin", zap.String("service", call.Service.ID), zap.Error(err))
@@ -591,6 +600,20 @@ func (p *Pins) AllowCall(w http.ResponseWriter, r *http.Request, call *gateway.C
 		return false
 	}
 	return true
+}
+
+// checkUnlisted is CheckCall for a tool the session's catalog does not
+// define: refused while a changed definition waits, else left to the
+// policy.
+func (p *Pins) checkUnlisted(ctx context.Context, svc *gateway.Service, name string) (Verdict, error) {
+	pinned, rec, err := p.pinned(ctx, svc, name)
+	if err != nil {
+		return Verdict{}, err
+	}
+	if rec != nil && rec.Changed != nil {
+		return Verdict{Digest: rec.Changed.Digest, Pinned: pinned, Registry: svc.Pin(name) != ""}, nil
+	}
+	return Verdict{OK: true}, nil
 }
 
 func (p *Pins) event(what, service, tool string, fields ...zap.Field) {

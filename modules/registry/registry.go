@@ -380,16 +380,19 @@ func (h *Handler) serviceID(r *http.Request) string {
 // result. Definitions of the tools kept pass through byte for byte, and
 // become the MCP session's known definitions.
 func allowlistTools(_ context.Context, call *gateway.Call, result []byte) (gateway.Result, error) {
-	return gateway.Whole(gateway.FilterTools(result, func(tool gjson.Result) bool {
+	listed := map[string][]byte{}
+	kept := gateway.FilterTools(result, func(tool gjson.Result) bool {
 		name := tool.Get("name").String()
 		if !call.Service.AllowsTool(name) {
 			return false
 		}
-		if call.MCPSession != nil {
-			call.MCPSession.ToolListed(name, []byte(tool.Raw))
-		}
+		listed[name] = []byte(tool.Raw)
 		return true
-	})), nil
+	})
+	if call.MCPSession != nil && len(listed) > 0 {
+		call.MCPSession.ToolsListed(listed)
+	}
+	return gateway.Whole(kept), nil
 }
 
 func quote(s string) string { return string(mcpmsg.Quote(s)) }
