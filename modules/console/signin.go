@@ -186,8 +186,8 @@ func (h *Handler) apiKeySignIn(w http.ResponseWriter, r *http.Request) {
 	h.startSession(w, r, caller.User, caller.Groups, websession.MethodAPIKey, gateway.KeyDigest(key), back)
 }
 
-// startSession signs user in in this browser (by method; with an API key,
-// key is its digest) and goes to back.
+// startSession signs user in in this browser (by method; key is an API
+// key's digest, or the OpenID Connect issuer) and goes to back.
 func (h *Handler) startSession(w http.ResponseWriter, r *http.Request, user string, groups []string, method, key, back string) {
 	s, err := h.browsers.Create(r.Context(), user, groups, method, key, time.Duration(h.SessionIdle), time.Duration(h.SessionLifetime))
 	if err != nil {
@@ -335,7 +335,7 @@ func (h *Handler) oidcCallback(w http.ResponseWriter, r *http.Request) {
 		h.refuse(w, r, http.StatusUnauthorized, "Not signed in", "toolgate could not verify your sign-in: "+err.Error()+". Start again from the sign-in page.")
 		return
 	}
-	h.startSession(w, r, user, groups, "oidc", "", st.Return)
+	h.startSession(w, r, user, groups, websession.MethodOIDC, o.Issuer, st.Return)
 }
 
 // verifySignIn exchanges the code and reads the person from the verified

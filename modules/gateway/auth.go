@@ -94,7 +94,9 @@ type JWTIssuer struct {
 	// JWKSURL is where the issuer publishes its signing keys: https, or
 	// plain http to a loopback address only (a local test server). Fetched
 	// when the gateway starts and again (at most once a minute) when a
-	// token names an unknown key id. A token verified once is remembered
+	// token names an unknown key id or the keys were fetched more than 15
+	// minutes ago: a key the issuer stopped publishing verifies no new
+	// token after that. A token verified once is remembered
 	// until it expires, so removing its key does not revoke it.
 	JWKSURL string `json:"jwks_url,omitempty"`
 	// KeyFiles are PEM files with static public keys (or a JWKS JSON file).
@@ -526,15 +528,22 @@ func (*keySet) Destruct() error { return nil }
 
 const (
 	jwksMinRefresh   = time.Minute
+	jwksMaxAge       = 15 * time.Minute
 	jwksFetchTimeout = 10 * time.Second
 )
 
 // lookup returns the keys that may have signed a token naming kid. A kid
-// no key has triggers a JWKS refetch, at most once per jwksMinRefresh; the
-// callers that need it wait for the same fetch.
+// no key has triggers a JWKS refetch, at most once per jwksMinRefresh; so
+// does a set last fetched more than jwksMaxAge ago, so that a key the
+// issuer stopped publishing verifies no new token for longer than that
+// (were the set refetched only for unknown key ids, traffic whose tokens
+// all name a current key would keep a retired one trusted for as long as
+// the process runs). The callers that need a fetch wait for the same one;
+// one that fails leaves the set as it was (the issuer being unreachable
+// signs no one out), and is tried again a minute later.
 func (ks *keySet) lookup(ctx context.Context, kid string) ([]any, error) {
 	keys, exact := ks.find(kid)
-	if !exact && (kid != "" || len(keys) == 0) && ks.shared != nil && ks.client != nil {
+	if (ks.shared.stale() || !exact && (kid != "" || len(keys) == 0)) && ks.shared != nil && ks.client != nil {
 		if done := ks.shared.startFetch(ks.client); done != nil {
 			select {
 			case <-done:
@@ -548,6 +557,17 @@ func (ks *keySet) lookup(ctx context.Context, kid string) ([]any, error) {
 		return nil, errors.New("unknown key id")
 	}
 	return keys, nil
+}
+
+// stale reports whether the shared key set ks was last fetched (or tried)
+// more than jwksMaxAge ago; false for nil (static keys only).
+func (ks *keySet) stale() bool {
+	if ks == nil {
+		return false
+	}
+	ks.mu.RLock()
+	defer ks.mu.RUnlock()
+	return now().Sub(ks.lastFetch) > jwksMaxAge
 }
 
 // startFetch, on a shared key set, starts a refetch of the JWKS unless one
