@@ -115,6 +115,10 @@ type Config struct {
 	// gateway.Service.Endpoint), and reports whether the service exists:
 	// see EndMoved.
 	Endpoint func(service string) (string, bool)
+	// Allows reports whether this configuration lets user use service
+	// (true for a service it does not define: Endpoint judges those); nil
+	// lets everyone. See EndMoved.
+	Allows func(service, user string) bool
 
 	previous *Config     // in force before this one was attached
 	detached atomic.Bool // Detach was called: never in force again
@@ -228,6 +232,7 @@ func (m *Sessions) Detach(c *Config) {
 func (m *Sessions) endMovedIfInForce(c *Config) {
 	if m.cfg() == c {
 		m.EndMoved(context.Background(), c.Endpoint)
+		m.EndBarred(context.Background(), c.Allows)
 	}
 }
 
@@ -1050,6 +1055,29 @@ func (m *Sessions) EndMoved(ctx context.Context, endpoint func(service string) (
 			continue
 		}
 		c.Logger.Info("ended an MCP session: its service's upstream changed or the service is gone", zap.String("service", s.Service))
+	}
+}
+
+// EndBarred ends the sessions held here whose caller allows (the
+// configuration in force) no longer lets use their service: a reload took
+// them off its allowed_users. Their streams and exchanges stop with them,
+// as each new request of theirs to the service is refused. Their upstream
+// sessions are not ended (no end hook): the upstream forgets them at its
+// own idle timeout. nil allows everyone.
+func (m *Sessions) EndBarred(ctx context.Context, allows func(service, user string) bool) {
+	c := m.cfg()
+	if c == nil || allows == nil {
+		return
+	}
+	for _, s := range m.snapshot() {
+		if s.Closed() || allows(s.Service, s.User) {
+			continue
+		}
+		if _, _, err := m.End(ctx, s); err != nil {
+			c.Logger.Warn("ending an MCP session whose caller the service no longer allows", zap.String("service", s.Service), zap.Error(err))
+			continue
+		}
+		c.Logger.Info("ended an MCP session: the service no longer allows its caller", zap.String("service", s.Service))
 	}
 }
 

@@ -17,6 +17,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -198,6 +199,10 @@ type App struct {
 	logger       *zap.Logger
 	stop         chan struct{}
 	stopOnce     *sync.Once
+	stopped      *atomic.Bool // Stop ran (see InForce)
+	stopCtx      context.Context
+	stopCancel   context.CancelFunc // at Stop, after stopped is set
+	follows      *App               // the App in force when this one started
 	releasePools []func()
 	startHooks   []func()
 	stopHooks    []func()
@@ -262,6 +267,8 @@ func (a *App) Provision(ctx caddy.Context) error {
 	repl := caddy.NewReplacer()
 	a.stop = make(chan struct{})
 	a.stopOnce = new(sync.Once)
+	a.stopped = new(atomic.Bool)
+	a.stopCtx, a.stopCancel = context.WithCancel(context.Background())
 	a.sharedMu = new(sync.Mutex)
 	a.pipeline = new(pipelineTrail)
 
@@ -418,6 +425,10 @@ func (a *App) Provision(ctx caddy.Context) error {
 				return svc.Endpoint(), true
 			}
 			return "", false
+		},
+		Allows: func(service, user string) bool {
+			svc := a.registry.Lookup(service)
+			return svc == nil || svc.AllowsUser(user)
 		},
 	}
 	if a.StateSecret != "" {
@@ -666,6 +677,7 @@ func (a *App) Start() error {
 		}
 	}
 	go a.housekeeping()
+	a.startedNow()
 	return nil
 }
 
@@ -762,6 +774,7 @@ func (a *App) housekeeping() {
 // Stop stops background work.
 func (a *App) Stop() error {
 	a.stopOnce.Do(func() { close(a.stop) })
+	a.stoppedNow()
 	for i := len(a.stopHooks) - 1; i >= 0; i-- {
 		a.stopHooks[i]()
 	}

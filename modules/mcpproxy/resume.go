@@ -367,6 +367,7 @@ func (h *Handler) resumeForRunner(w http.ResponseWriter, r *http.Request, call *
 	}
 	defer cancel()
 	defer context.AfterFunc(ms.Context(), cancel)()
+	defer h.app.WhileAuthorized(r, call, cancel)() // a reload may take away what let it open
 	out := newSSEWriter(w)
 	if err := st.takeOver(ctx, out, cancel); err != nil {
 		if errors.Is(err, errEvicted) {

@@ -26,6 +26,7 @@ func (h *Handler) stream(w http.ResponseWriter, r *http.Request, call *gateway.C
 	ctx, cancel := context.WithCancel(r.Context())
 	defer cancel()
 	defer context.AfterFunc(call.MCPSession.Context(), cancel)()
+	defer h.app.WhileAuthorized(r, call, cancel)() // a reload may take away what let it open
 	up, resp, err := h.openStream(ctx, call)
 	if err != nil {
 		var ue *upstreamError

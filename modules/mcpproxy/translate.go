@@ -446,6 +446,7 @@ func (h *Handler) streamTranslated(w http.ResponseWriter, r *http.Request, call 
 	ctx, cancel := context.WithCancel(r.Context())
 	defer cancel()
 	defer context.AfterFunc(call.MCPSession.Context(), cancel)()
+	defer h.app.WhileAuthorized(r, call, cancel)() // a reload may take away what let it open
 	up := call.MCPSession.Upstream()
 	d, known := h.stateless.Discovery(call)
 	if !known {

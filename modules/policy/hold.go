@@ -48,7 +48,9 @@ func acceptsSSE(r *http.Request) bool {
 // the pipeline on the same stream — decided again first, as its retry
 // would be, when the policy that asked (revision) is no longer the one in
 // force: the approver judged the call under a policy that may since have
-// learnt to deny or rewrite it.
+// learnt to deny or rewrite it; and refused when its session ended or the
+// configuration in force no longer lets its caller make it
+// (gateway.App.StillAuthorized).
 func (h *RequestHandler) hold(w http.ResponseWriter, r *http.Request, call *gateway.Call, d *gateway.Decision, a *approval.Approval, revision string, next caddyhttp.Handler) error {
 	// A held call counts as a call in progress (max_streams_per_caller,
 	// max_streams). Past the limit it is not held: the runner is told
@@ -94,7 +96,11 @@ func (h *RequestHandler) hold(w http.ResponseWriter, r *http.Request, call *gate
 			h.logger.Warn("a held call cannot read its approval", zap.String("approval_id", a.ID), zap.Error(err))
 		case res.Kind == approval.Allow:
 			elicited()
-			if why := h.sessionEnded(ctx, call); why != "" {
+			why := h.sessionEnded(ctx, call)
+			if why == "" {
+				why = h.app.StillAuthorized(r, call) // a reload may have taken away what let it in
+			}
+			if why != "" {
 				gateway.AuditRefused(call, gateway.StepPolicy, why) // after its approval's consumed entry
 				stream.final(refusal(call, d, why))
 				return nil
