@@ -1,6 +1,8 @@
 package console
 
 import (
+	"bytes"
+	"encoding/json"
 	"errors"
 	"net/http"
 
@@ -53,7 +55,7 @@ func (h *Handler) showTools(w http.ResponseWriter, r *http.Request, s *websessio
 			if rec.Definition != nil {
 				c.Before = indent(rec.Definition)
 				var compared bool
-				c.Diff, compared = df.lineDiff(c.Before, c.Definition)
+				c.Diff, compared = df.lineDiff(indent(keysInOrder(rec.Definition)), indent(keysInOrder(rec.Changed.Definition)))
 				c.Uncompared = !compared
 			}
 			changes = append(changes, c)
@@ -65,6 +67,28 @@ func (h *Handler) showTools(w http.ResponseWriter, r *http.Request, s *websessio
 	v := h.page(s, "Tool changes", "tools", map[string]any{"Changes": changes, "Pinned": pinned})
 	v.Notice = n
 	h.render(w, status, "tools", v)
+}
+
+// keysInOrder is a definition with every object's keys sorted, strings
+// written as the characters they stand for and numbers as written. The pin
+// digests a definition so, whatever order the upstream lists members in;
+// what changed is compared so too, or a changed sentence would be lost
+// among members that only moved (both definitions are still shown as the
+// upstream wrote them). Text that is not JSON is returned as it is.
+func keysInOrder(raw json.RawMessage) json.RawMessage {
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.UseNumber()
+	var v any
+	if dec.Decode(&v) != nil {
+		return raw
+	}
+	var out bytes.Buffer
+	enc := json.NewEncoder(&out)
+	enc.SetEscapeHTML(false)
+	if enc.Encode(v) != nil {
+		return raw
+	}
+	return bytes.TrimSuffix(out.Bytes(), []byte("\n"))
 }
 
 // acceptTool accepts the changed definition the form names by its digest.
