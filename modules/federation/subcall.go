@@ -34,7 +34,7 @@ func (h *Handler) subCall(ctx context.Context, r *http.Request, next caddyhttp.H
 	svc *gateway.Service, ms *gateway.MCPSession, method string, body []byte, accept string) *answer {
 	// The federated message's room covers the body of its call of a
 	// service (the registry reads it again).
-	sub := r.Clone(gateway.WithOuterRequest(ctx))
+	sub := r.Clone(gateway.WithOuterRequest(ctx, r))
 	sub.Method = method
 	// The caller was authenticated and the session resolved already (the
 	// call says who and which); nothing of the runner's headers is needed

@@ -844,11 +844,18 @@ func (a *App) Authenticate(r *http.Request) (*Caller, error) {
 // endpoint's protected-resource metadata). Without public_url no such
 // audience is accepted: the request's Host header would choose it.
 func (a *App) AuthenticateEndpoint(r *http.Request) (*Caller, error) {
+	return a.authenticateEndpoint(r, false)
+}
+
+// authenticateEndpoint is AuthenticateEndpoint; with underway, for a
+// request whose call or stream is under way since an earlier
+// configuration authenticated it (see AuthConfig.authenticate).
+func (a *App) authenticateEndpoint(r *http.Request, underway bool) (*Caller, error) {
 	resource := ""
 	if a.PublicURL != "" {
 		resource = a.PublicURL + strings.TrimSuffix(r.URL.EscapedPath(), "/")
 	}
-	return a.Auth.authenticate(r.Context(), r, isLoopback(r.RemoteAddr), resource)
+	return a.Auth.authenticate(r.Context(), r, isLoopback(r.RemoteAddr), resource, underway)
 }
 
 // AnonymousSession returns the implicit session of an anonymous caller: every

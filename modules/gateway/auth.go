@@ -94,9 +94,9 @@ type JWTIssuer struct {
 	// JWKSURL is where the issuer publishes its signing keys: https, or
 	// plain http to a loopback address only (a local test server). Fetched
 	// when the gateway starts and again (at most once a minute) when a
-	// token names an unknown key id or the keys were fetched more than 15
+	// token names an unknown key id or the keys were fetched more than 10
 	// minutes ago: a key the issuer stopped publishing verifies no new
-	// token after that. A token verified once is remembered
+	// token after 15 minutes (see keySet.lookup). A token verified once is remembered
 	// until it expires, so removing its key does not revoke it.
 	JWKSURL string `json:"jwks_url,omitempty"`
 	// KeyFiles are PEM files with static public keys (or a JWKS JSON file).
@@ -299,12 +299,15 @@ func (a *AuthConfig) start(ctx context.Context, client *http.Client, logger *zap
 // Authenticate checks the request's bearer token. remoteLoopback says
 // whether the request came from a loopback address (for Anonymous).
 func (a *AuthConfig) Authenticate(ctx context.Context, r *http.Request, remoteLoopback bool) (*Caller, error) {
-	return a.authenticate(ctx, r, remoteLoopback, "")
+	return a.authenticate(ctx, r, remoteLoopback, "", false)
 }
 
 // authenticate is Authenticate; a JWT whose audience is resource (when
-// not "") is accepted besides those of its issuer's audience list.
-func (a *AuthConfig) authenticate(ctx context.Context, r *http.Request, remoteLoopback bool, resource string) (*Caller, error) {
+// not "") is accepted besides those of its issuer's audience list. With
+// underway, r was authenticated before (by an earlier configuration) and
+// what it began goes on: a JWT that expired since still vouches for it,
+// as its expiry ends nothing under way when no reload comes.
+func (a *AuthConfig) authenticate(ctx context.Context, r *http.Request, remoteLoopback bool, resource string, underway bool) (*Caller, error) {
 	h := r.Header.Get("Authorization")
 	if h == "" {
 		if a.anonymous != nil && remoteLoopback {
@@ -323,8 +326,8 @@ func (a *AuthConfig) authenticate(ctx context.Context, r *http.Request, remoteLo
 		if c := a.verified.get(sum); c != nil {
 			return c, nil
 		}
-		c, until, err := a.verifyJWT(ctx, token, resource)
-		if err == nil {
+		c, until, err := a.verifyJWT(ctx, token, resource, underway)
+		if err == nil && !underway {
 			a.verified.put(sum, c, until)
 		}
 		return c, err
@@ -373,7 +376,7 @@ func (a *AuthConfig) CallerForAPIKeyDigest(digest string) (*Caller, bool) {
 // verifyJWT checks a JWT's signature and claims, and says until when the
 // verdict holds (its exp, plus the leeway). Its audience must be one of
 // its issuer's, or resource when that is not "".
-func (a *AuthConfig) verifyJWT(ctx context.Context, token, resource string) (*Caller, time.Time, error) {
+func (a *AuthConfig) verifyJWT(ctx context.Context, token, resource string, underway bool) (*Caller, time.Time, error) {
 	tok, err := jwt.ParseSigned(token, signingAlgorithms)
 	if err != nil || len(tok.Headers) != 1 {
 		return nil, time.Time{}, ErrBadCredentials
@@ -410,6 +413,9 @@ func (a *AuthConfig) verifyJWT(ctx context.Context, token, resource string) (*Ca
 			audience = append(audience[:len(audience):len(audience)], resource)
 		}
 		expected := jwt.Expected{Issuer: j.Issuer, AnyAudience: audience, Time: now()}
+		if underway && claims.Expiry.Time().Before(expected.Time) {
+			expected.Time = claims.Expiry.Time() // see authenticate
+		}
 		if err := claims.ValidateWithLeeway(expected, time.Duration(j.Leeway)); err != nil {
 			return nil, time.Time{}, fmt.Errorf("%w: %v", ErrBadCredentials, err)
 		}
@@ -529,45 +535,65 @@ func (*keySet) Destruct() error { return nil }
 const (
 	jwksMinRefresh   = time.Minute
 	jwksMaxAge       = 15 * time.Minute
+	jwksStaleWait    = time.Second
 	jwksFetchTimeout = 10 * time.Second
 )
 
 // lookup returns the keys that may have signed a token naming kid. A kid
-// no key has triggers a JWKS refetch, at most once per jwksMinRefresh; so
-// does a set last fetched more than jwksMaxAge ago, so that a key the
-// issuer stopped publishing verifies no new token for longer than that
-// (were the set refetched only for unknown key ids, traffic whose tokens
-// all name a current key would keep a retired one trusted for as long as
-// the process runs). The callers that need a fetch wait for the same one;
-// one that fails leaves the set as it was (the issuer being unreachable
-// signs no one out), and is tried again a minute later.
+// no key has triggers a JWKS refetch, at most once per jwksMinRefresh, and
+// the callers that need it wait for the same fetch. Keys are trusted for
+// jwksMaxAge after the set was fetched, so that a key the issuer stopped
+// publishing verifies no new token for longer than that (were the set
+// refetched only for unknown key ids, traffic whose tokens all name a
+// current key would keep a retired one trusted for as long as the process
+// runs): the set is fetched again in the background from two thirds of
+// that age, and a token verified past it waits for the fetch up to
+// jwksStaleWait — an issuer that does not answer in that time delays
+// callers no longer, and its set as it was still verifies. A fetch that
+// fails leaves the set as it was, and is tried again a minute later.
 func (ks *keySet) lookup(ctx context.Context, kid string) ([]any, error) {
 	keys, exact := ks.find(kid)
-	if (ks.shared.stale() || !exact && (kid != "" || len(keys) == 0)) && ks.shared != nil && ks.client != nil {
-		if done := ks.shared.startFetch(ks.client); done != nil {
-			select {
-			case <-done:
-			case <-ctx.Done():
-				return nil, ctx.Err()
-			}
-			keys, _ = ks.find(kid)
-		}
+	if ks.shared == nil || ks.client == nil {
+		return found(keys)
 	}
+	age := ks.shared.age()
+	var wait time.Duration
+	switch {
+	case !exact && (kid != "" || len(keys) == 0):
+		wait = jwksFetchTimeout
+	case age > jwksMaxAge:
+		wait = jwksStaleWait
+	case age <= jwksMaxAge*2/3:
+		return found(keys)
+	}
+	done := ks.shared.startFetch(ks.client)
+	if done == nil || wait == 0 {
+		return found(keys)
+	}
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case <-done:
+		keys, _ = ks.find(kid)
+	case <-t.C:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	return found(keys)
+}
+
+func found(keys []any) ([]any, error) {
 	if len(keys) == 0 {
 		return nil, errors.New("unknown key id")
 	}
 	return keys, nil
 }
 
-// stale reports whether the shared key set ks was last fetched (or tried)
-// more than jwksMaxAge ago; false for nil (static keys only).
-func (ks *keySet) stale() bool {
-	if ks == nil {
-		return false
-	}
+// age is how long ago the shared key set ks was last fetched (or tried).
+func (ks *keySet) age() time.Duration {
 	ks.mu.RLock()
 	defer ks.mu.RUnlock()
-	return now().Sub(ks.lastFetch) > jwksMaxAge
+	return now().Sub(ks.lastFetch)
 }
 
 // startFetch, on a shared key set, starts a refetch of the JWKS unless one

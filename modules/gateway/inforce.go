@@ -3,6 +3,7 @@ package gateway
 import (
 	"context"
 	"net/http"
+	"sync"
 	"sync/atomic"
 )
 
@@ -52,25 +53,67 @@ func (a *App) InForce() *App {
 
 // WhileAuthorized calls cancel when a reload stops the configuration
 // call began under (r is its request) and the one in force no longer lets
-// it go on (StillAuthorized): what a stream carries after such a reload
-// would reach a caller the gateway no longer serves. The returned
-// function stops watching.
+// it go on (StillAuthorized), at that reload or any after it: what a
+// stream carries after such a reload would reach a caller the gateway no
+// longer serves. The returned function stops watching.
 func (a *App) WhileAuthorized(r *http.Request, call *Call, cancel func()) (stop func() bool) {
-	if a.stopCtx == nil {
-		return func() bool { return false } // never provisioned (tests of a handler alone)
+	w := &authWatch{from: a, r: r, call: call, cancel: cancel}
+	w.arm(a)
+	return w.stop
+}
+
+// authWatch follows one call from reload to reload (WhileAuthorized).
+type authWatch struct {
+	from   *App
+	r      *http.Request
+	call   *Call
+	cancel func()
+
+	mu      sync.Mutex
+	done    bool        // stop was called
+	current func() bool // stops the wait on the App in force
+}
+
+// arm waits for app, the App in force, to stop: then the call is checked
+// against the one started since, and watched through it in turn.
+func (w *authWatch) arm(app *App) {
+	if app.stopCtx == nil {
+		return // never provisioned (tests of a handler alone)
 	}
-	return context.AfterFunc(a.stopCtx, func() {
-		if a.StillAuthorized(r, call) != "" {
-			cancel()
+	stop := context.AfterFunc(app.stopCtx, func() {
+		if w.from.StillAuthorized(w.r, w.call) != "" {
+			w.cancel()
+			return
 		}
+		if next := w.from.InForce(); next != app && !next.stopped.Load() {
+			w.arm(next)
+		} // else Caddy is exiting: no configuration comes after
 	})
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.done {
+		stop()
+		return
+	}
+	w.current = stop
+}
+
+func (w *authWatch) stop() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.done = true
+	if w.current == nil {
+		return false
+	}
+	return w.current()
 }
 
 // StillAuthorized says why the configuration in force no longer lets
 // call, begun with the request r, go on ("" while it does): its caller
 // authenticates as the same user with what r carries (an API key revoked
-// or given to someone else, a JWT expired or of an issuer removed, do
-// not), its service is still defined with the same upstream and allows
+// or given to someone else, a JWT of an issuer removed or whose key the
+// issuer retired, do not; a JWT that merely expired since does, as
+// without a reload), its service is still defined with the same upstream and allows
 // them, and a tools/call's tool is still on its allowlist. Under the
 // configuration the call began with, that is always so: a's handlers
 // checked it.
@@ -79,7 +122,10 @@ func (a *App) StillAuthorized(r *http.Request, call *Call) string {
 	if now == a || call.Caller == nil || call.Service == nil {
 		return ""
 	}
-	caller, err := now.AuthenticateEndpoint(r)
+	if outer := OuterRequest(r.Context()); outer != nil {
+		r = outer // a federated message's call of a service carries no credential of its own
+	}
+	caller, err := now.authenticateEndpoint(r, true)
 	if err != nil || caller.User != call.Caller.User {
 		return "the gateway's configuration changed while the call waited, and your credential no longer authenticates you; send the call again"
 	}

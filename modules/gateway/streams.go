@@ -3,6 +3,7 @@ package gateway
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"sync"
 )
 
@@ -161,21 +162,27 @@ func (b *RequestBytes) Handover() *RequestBytes {
 	return moved
 }
 
-// innerKey marks a request made inside another.
+// innerKey marks a request made inside another; its value is the outer
+// request.
 type innerKey struct{}
 
 // WithOuterRequest returns ctx for a request made inside another (a
 // federated message's call of a service). The outer request's body room
 // covers it: reading its body holds no room again. The runner sees the
 // outer request's answer, never the inner one's stream: nothing keeps
-// that stream for the runner to resume.
-func WithOuterRequest(ctx context.Context) context.Context {
-	return context.WithValue(ctx, innerKey{}, true)
+// that stream for the runner to resume. outer is the runner's request,
+// whose credentials the inner one does not carry (see OuterRequest).
+func WithOuterRequest(ctx context.Context, outer *http.Request) context.Context {
+	return context.WithValue(ctx, innerKey{}, outer)
 }
 
 // IsInnerRequest reports whether ctx is of a request made inside another
 // (WithOuterRequest).
-func IsInnerRequest(ctx context.Context) bool {
-	inner, _ := ctx.Value(innerKey{}).(bool)
-	return inner
+func IsInnerRequest(ctx context.Context) bool { return OuterRequest(ctx) != nil }
+
+// OuterRequest is the runner's request a request of ctx was made inside
+// (WithOuterRequest), or nil.
+func OuterRequest(ctx context.Context) *http.Request {
+	outer, _ := ctx.Value(innerKey{}).(*http.Request)
+	return outer
 }

@@ -41,6 +41,7 @@ func (h *Handler) serveStateless(w http.ResponseWriter, r *http.Request, call *g
 		// old connection's upstream session reaches them any more).
 		ctx, cancel = context.WithCancel(r.Context())
 		defer context.AfterFunc(call.MCPSession.Retiring(), cancel)()
+		defer h.app.WhileAuthorized(r, call, cancel)() // a reload may take away what let it open
 	} else {
 		ctx, cancel = exchangeContext(r, call)
 	}

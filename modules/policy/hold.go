@@ -17,6 +17,7 @@ import (
 
 	"github.com/toolgate/toolgate/internal/approval"
 	"github.com/toolgate/toolgate/internal/mcpmsg"
+	"github.com/toolgate/toolgate/internal/toolpin"
 	"github.com/toolgate/toolgate/modules/gateway"
 )
 
@@ -48,9 +49,9 @@ func acceptsSSE(r *http.Request) bool {
 // the pipeline on the same stream — decided again first, as its retry
 // would be, when the policy that asked (revision) is no longer the one in
 // force: the approver judged the call under a policy that may since have
-// learnt to deny or rewrite it; and refused when its session ended or the
-// configuration in force no longer lets its caller make it
-// (gateway.App.StillAuthorized).
+// learnt to deny or rewrite it; refused when its session ended, or its
+// tool's pin no longer holds; and ended with the pending answer when a
+// reload came while it waited (its retry is the new configuration's).
 func (h *RequestHandler) hold(w http.ResponseWriter, r *http.Request, call *gateway.Call, d *gateway.Decision, a *approval.Approval, revision string, next caddyhttp.Handler) error {
 	// A held call counts as a call in progress (max_streams_per_caller,
 	// max_streams). Past the limit it is not held: the runner is told
@@ -85,6 +86,16 @@ func (h *RequestHandler) hold(w http.ResponseWriter, r *http.Request, call *gate
 		if ctx.Err() != nil {
 			return nil // the runner went away; the approval stays pending
 		}
+		if h.app.InForce() != h.app {
+			// A reload came while the call waited: the policy, the
+			// registry and the steps after this one are another
+			// configuration's now, and this handler's are not. The call
+			// ends as without approval_wait; the approval stays, and the
+			// runner's retry, made under the configuration in force, is
+			// decided by it (and finds the approval once it is given).
+			stream.final(h.pendingFinal(call, d, a, h.app.BaseURL(r)))
+			return nil
+		}
 		select {
 		case <-keepAlive.C:
 			stream.comment()
@@ -98,11 +109,15 @@ func (h *RequestHandler) hold(w http.ResponseWriter, r *http.Request, call *gate
 			elicited()
 			why := h.sessionEnded(ctx, call)
 			if why == "" {
-				why = h.app.StillAuthorized(r, call) // a reload may have taken away what let it in
+				why = h.app.StillAuthorized(r, call) // a reload may have come since the check above
 			}
 			if why != "" {
 				gateway.AuditRefused(call, gateway.StepPolicy, why) // after its approval's consumed entry
 				stream.final(refusal(call, d, why))
+				return nil
+			}
+			if call.Method == "tools/call" && !h.pinStillHolds(stream, r, call) {
+				stream.Flush()
 				return nil
 			}
 			done() // the call goes on, counted by the proxy
@@ -125,6 +140,20 @@ func (h *RequestHandler) hold(w http.ResponseWriter, r *http.Request, call *gate
 			return nil
 		}
 	}
+}
+
+// pinStillHolds checks the called tool's pin again, as the registry did
+// before the call was held: the upstream may have changed the tool while
+// the call waited, and a call of a tool whose change waits is refused
+// (toolpin.Pins.AllowCall answers the runner then).
+func (h *RequestHandler) pinStillHolds(w http.ResponseWriter, r *http.Request, call *gateway.Call) bool {
+	pins, err := toolpin.For(h.app)
+	if err != nil {
+		gateway.AuditRefused(call, gateway.StepPolicy, "the tool's pin could not be read")
+		call.Unavailable(w, "toolgate could not read the tool's pin; try again")
+		return false
+	}
+	return pins.AllowCall(w, r, call)
 }
 
 // sessionEnded says why call's toolgate session no longer authorizes it,
