@@ -44,21 +44,7 @@ func TestFixAttackStreamSurvivesKeyRevokedBySecondReload(t *testing.T) {
 	port := freePort(t)
 	cfg := gatewayConfig{Upstream: up.URL, AuthExtra: "api_key " + hashKey(revocable) + " " + alice}
 	g := startGatewayOnPort(t, port, cfg)
-	updated := make(chan string, 8)
-	cs := g.connect(t, revocable, g.createSession(t, revocable, "svc"), "svc", &mcp.ClientOptions{
-		ResourceUpdatedHandler: func(_ context.Context, req *mcp.ResourceUpdatedNotificationRequest) {
-			updated <- req.Params.URI
-		},
-	})
-	if err := cs.Subscribe(context.Background(), &mcp.SubscribeParams{URI: "test://watched"}); err != nil {
-		t.Fatal(err)
-	}
-	fixattackTouch(t, g)
-	select { // the control: the stream carries the update
-	case <-updated:
-	case <-time.After(5 * time.Second):
-		t.Fatal("control: notifications/resources/updated never reached the stream")
-	}
+	updated := watchedUpdates(t, g, revocable)
 
 	// Reload 1: the same configuration (an unrelated edit elsewhere).
 	cfg.DataDir = g.DataDir
