@@ -413,8 +413,10 @@ func (a *AuthConfig) verifyJWT(ctx context.Context, token, resource string, unde
 			audience = append(audience[:len(audience):len(audience)], resource)
 		}
 		expected := jwt.Expected{Issuer: j.Issuer, AnyAudience: audience, Time: now()}
-		if underway && claims.Expiry.Time().Before(expected.Time) {
-			expected.Time = claims.Expiry.Time() // see authenticate
+		if last := claims.Expiry.Time().Add(time.Duration(j.Leeway) - time.Nanosecond); underway && last.Before(expected.Time) {
+			// The last instant this token was accepted at (see
+			// authenticate): its nbf and iat are judged at it too.
+			expected.Time = last
 		}
 		if err := claims.ValidateWithLeeway(expected, time.Duration(j.Leeway)); err != nil {
 			return nil, time.Time{}, fmt.Errorf("%w: %v", ErrBadCredentials, err)
@@ -524,7 +526,8 @@ type keySet struct {
 
 	mu        sync.RWMutex
 	fetched   jose.JSONWebKeySet
-	lastFetch time.Time
+	fetchedAt time.Time     // of the last fetch that succeeded (see age)
+	lastFetch time.Time     // of the last fetch started (at most one a minute)
 	fetching  chan struct{} // closed when the running refetch ends; nil when none runs
 	logger    *zap.Logger
 }
@@ -589,11 +592,12 @@ func found(keys []any) ([]any, error) {
 	return keys, nil
 }
 
-// age is how long ago the shared key set ks was last fetched (or tried).
+// age is how long ago the shared key set ks was last fetched
+// successfully: a fetch that failed makes the keys held no younger.
 func (ks *keySet) age() time.Duration {
 	ks.mu.RLock()
 	defer ks.mu.RUnlock()
-	return now().Sub(ks.lastFetch)
+	return now().Sub(ks.fetchedAt)
 }
 
 // startFetch, on a shared key set, starts a refetch of the JWKS unless one
@@ -682,7 +686,7 @@ func (ks *keySet) fetch(ctx context.Context, client *http.Client) error {
 		return fmt.Errorf("JWKS: %v", err)
 	}
 	ks.mu.Lock()
-	ks.fetched = set
+	ks.fetched, ks.fetchedAt = set, now()
 	ks.mu.Unlock()
 	return nil
 }

@@ -36,6 +36,7 @@ func (a *App) stoppedNow() {
 		prev = nil // Caddy is exiting: no configuration is in force after a
 	}
 	started.CompareAndSwap(a, prev)
+	a.follows = nil // or every configuration ever loaded stays reachable from the one in force
 	a.stopCancel()
 }
 
