@@ -84,6 +84,7 @@ func TestIDAttackJWKSRetiredKeyTrustedForever(t *testing.T) {
 	srv := newJWKSServer(t, k1, k2)
 	a := provisionAuth(t, &AuthConfig{JWT: []*JWTIssuer{{Issuer: testIssuer, Audience: []string{"gw"}, JWKSURL: srv.URL}}})
 	a.start(ctx, srv.Client(), zap.NewNop())
+	awaitFetches(t, a)
 	claims := func(sub string) map[string]any {
 		return map[string]any{"iss": testIssuer, "aud": "gw", "sub": sub, "exp": clock.Add(time.Hour).Unix()}
 	}

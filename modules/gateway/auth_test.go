@@ -630,6 +630,7 @@ func TestJWKSRotation(t *testing.T) {
 		t.Fatal("provision fetched the JWKS: Provision must do no network I/O")
 	}
 	a.start(ctx, srv.Client(), zap.NewNop())
+	awaitFetches(t, a)
 	if n := srv.fetches.Load(); n != 1 {
 		t.Fatalf("start fetched %d times, want 1", n)
 	}
@@ -706,6 +707,7 @@ func TestJWKSConcurrentUnknownKidsFetchOnce(t *testing.T) {
 	srv := newJWKSServer(t, k1)
 	a := provisionAuth(t, &AuthConfig{JWT: []*JWTIssuer{{Issuer: testIssuer, Audience: []string{"gw"}, JWKSURL: srv.URL}}})
 	a.start(ctx, srv.Client(), zap.NewNop())
+	awaitFetches(t, a)
 	*clock = clock.Add(2 * time.Minute)
 	tokens := make([]string, 32)
 	for i := range tokens {
@@ -802,6 +804,7 @@ func TestJWKSRefetchOutlivesAnAbandonedRequest(t *testing.T) {
 	srv := newJWKSServer(t, k1)
 	a := provisionAuth(t, &AuthConfig{JWT: []*JWTIssuer{{Issuer: testIssuer, Audience: []string{"gw"}, JWKSURL: srv.URL}}})
 	a.start(context.Background(), srv.Client(), zap.NewNop())
+	awaitFetches(t, a)
 
 	// The issuer rotates to k2; its JWKS endpoint is slow to answer.
 	srv.setKeys(k1, k2)

@@ -25,6 +25,7 @@ func TestFixAttack2FailedJWKSRefetchNotRetriedAMinuteLater(t *testing.T) {
 	srv := newJWKSServer(t, k1, k2)
 	a := provisionAuth(t, &AuthConfig{JWT: []*JWTIssuer{{Issuer: testIssuer, Audience: []string{"gw"}, JWKSURL: srv.URL}}})
 	a.start(ctx, srv.Client(), zap.NewNop())
+	awaitFetches(t, a)
 	sub := 0
 	auth := func(k signingKey) error {
 		sub++ // a new token each time: none remembered

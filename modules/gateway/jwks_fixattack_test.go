@@ -21,6 +21,7 @@ func TestStaleJWKSWhileTheIssuerHangsDelaysLittle(t *testing.T) {
 	srv := newJWKSServer(t, k1)
 	a := provisionAuth(t, &AuthConfig{JWT: []*JWTIssuer{{Issuer: testIssuer, Audience: []string{"gw"}, JWKSURL: srv.URL}}})
 	a.start(context.Background(), srv.Client(), zap.NewNop())
+	awaitFetches(t, a)
 
 	*clock = clock.Add(16 * time.Minute)
 	srv.mu.Lock() // the IdP hangs: the refetch waits until the test releases it
@@ -53,6 +54,7 @@ func TestFixAttackHoldsStaleJWKSRetiresKey(t *testing.T) {
 	srv := newJWKSServer(t, k1, k2)
 	a := provisionAuth(t, &AuthConfig{JWT: []*JWTIssuer{{Issuer: testIssuer, Audience: []string{"gw"}, JWKSURL: srv.URL}}})
 	a.start(ctx, srv.Client(), zap.NewNop())
+	awaitFetches(t, a)
 	sub := 0
 	auth := func(k signingKey) error {
 		sub++ // a new token each time: none remembered
@@ -87,4 +89,24 @@ func TestFixAttackHoldsStaleJWKSRetiresKey(t *testing.T) {
 	if err := auth(k2); err != nil {
 		t.Errorf("k2: %v", err)
 	}
+}
+
+// awaitFetches makes t wait, as it ends, for the key-set fetches a's
+// issuers still run in the background: they read the test's clock, which
+// the next test sets.
+func awaitFetches(t *testing.T, a *AuthConfig) {
+	t.Cleanup(func() {
+		for _, j := range a.JWT {
+			if j.keys == nil || j.keys.shared == nil {
+				continue
+			}
+			sh := j.keys.shared
+			sh.mu.RLock()
+			done := sh.fetching
+			sh.mu.RUnlock()
+			if done != nil {
+				<-done
+			}
+		}
+	})
 }

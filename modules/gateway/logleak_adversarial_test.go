@@ -202,6 +202,7 @@ func TestLogLeakAttackJWKSURLPasswordLogged(t *testing.T) {
 	a := provisionAuth(t, &AuthConfig{JWT: []*JWTIssuer{{Issuer: testIssuer, Audience: []string{"gw"}, JWKSURL: jwks}}})
 	logger, logs := leakLogger()
 	a.start(ctx, srv.Client(), logger)
+	awaitFetches(t, a)
 
 	// A runner's JWT naming a key id nobody published, a minute later.
 	*clock = clock.Add(61 * time.Second)

@@ -26,6 +26,7 @@ func TestFixAttack2UnderwayJWTWithLateNbfRefusedAtReload(t *testing.T) {
 	srv := newJWKSServer(t, k1)
 	a := provisionAuth(t, &AuthConfig{JWT: []*JWTIssuer{{Issuer: testIssuer, Audience: []string{"gw"}, JWKSURL: srv.URL}}}) // leeway 30s
 	a.start(ctx, srv.Client(), zap.NewNop())
+	awaitFetches(t, a)
 	exp := t0.Add(time.Minute)
 	odd := k1.sign(t, map[string]any{"iss": testIssuer, "aud": "gw", "sub": "alice", "exp": exp.Unix(),
 		"nbf": exp.Add(45 * time.Second).Unix(), "iat": exp.Add(45 * time.Second).Unix()})
