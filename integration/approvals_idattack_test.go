@@ -71,13 +71,7 @@ func TestIDAttackHeldCallRunsAfterReloadRemovedCallerFromService(t *testing.T) {
 	if status, _, msgs := m.post(`{"jsonrpc":"2.0","id":50,"method":"tools/call","params":{"name":"echo","arguments":{"text":"after"}}}`); status != http.StatusNotFound {
 		t.Fatalf("control: alice's call after the reload: %d %s; want 404", status, msgs)
 	}
-	if r := g2.decide(t, aliceKey, id, true, "once", ""); r.StatusCode != http.StatusOK {
-		t.Logf("alice approving her held call after the reload: %d %s", r.StatusCode, r.Body)
-	}
-	msgs := idattackDrain(t, stream)
-	if n := up.upstreamCalls("gated_tool"); n != 0 {
-		t.Errorf("the upstream ran gated_tool %d time(s) for alice after a reload took her off the service; last answer: %s", n, idattackLast(msgs))
-	}
+	approveHeldExpectNoRun(t, up, g2, id, stream, "for alice after a reload took her off the service")
 }
 
 // Attack: as above, but the reload revokes the API key the runner used
@@ -93,12 +87,20 @@ func TestIDAttackHeldCallRunsAfterReloadRevokedItsAPIKey(t *testing.T) {
 	if status, _, msgs := m.post(`{"jsonrpc":"2.0","id":50,"method":"tools/call","params":{"name":"echo","arguments":{"text":"after"}}}`); status != http.StatusUnauthorized {
 		t.Fatalf("control: the revoked key after the reload: %d %s; want 401", status, msgs)
 	}
-	if r := g2.decide(t, aliceKey, id, true, "once", ""); r.StatusCode != http.StatusOK {
-		t.Logf("approving after the reload: %d %s", r.StatusCode, r.Body)
+	approveHeldExpectNoRun(t, up, g2, id, stream, "for a runner whose API key a reload revoked")
+}
+
+// approveHeldExpectNoRun has alice approve the held call's approval id
+// once, drains the held call's stream, and fails the test when the
+// upstream ran gated_tool: why says for whom or after what.
+func approveHeldExpectNoRun(t *testing.T, up *upstream, g *gateway, id string, stream <-chan json.RawMessage, why string) {
+	t.Helper()
+	if r := g.decide(t, aliceKey, id, true, "once", ""); r.StatusCode != http.StatusOK {
+		t.Logf("alice approving the held call after the reload: %d %s", r.StatusCode, r.Body)
 	}
 	msgs := idattackDrain(t, stream)
 	if n := up.upstreamCalls("gated_tool"); n != 0 {
-		t.Errorf("the upstream ran gated_tool %d time(s) for a runner whose API key a reload revoked; last answer: %s", n, idattackLast(msgs))
+		t.Errorf("the upstream ran gated_tool %d time(s) %s; last answer: %s", n, why, idattackLast(msgs))
 	}
 }
 
@@ -123,13 +125,7 @@ func TestIDAttackHeldCallRunsAfterReloadRemovedToolFromAllowlist(t *testing.T) {
 	if _, _, msgs := m.post(`{"jsonrpc":"2.0","id":50,"method":"tools/call","params":{"name":"gated_tool","arguments":{"text":"after"}}}`); len(msgs) == 0 || !strings.Contains(string(msgs[0]), "Unknown tool") {
 		t.Fatalf("control: gated_tool after the reload: %s; want Unknown tool", msgs)
 	}
-	if r := g2.decide(t, aliceKey, id, true, "once", ""); r.StatusCode != http.StatusOK {
-		t.Logf("approving after the reload: %d %s", r.StatusCode, r.Body)
-	}
-	msgs := idattackDrain(t, stream)
-	if n := up.upstreamCalls("gated_tool"); n != 0 {
-		t.Errorf("the upstream ran gated_tool %d time(s) after a reload took it off the allowlist; last answer: %s", n, idattackLast(msgs))
-	}
+	approveHeldExpectNoRun(t, up, g2, id, stream, "after a reload took it off the allowlist")
 }
 
 // Attack: the same gap on a runner's open GET stream. alice subscribes to

@@ -79,35 +79,7 @@ func TestFixAttackLegacyListenSurvivesKeyRevokedByReload(t *testing.T) {
 	port := freePort(t)
 	cfg := gatewayConfig{Upstream: up.URL, AuthExtra: "api_key " + hashKey(revocable) + " " + alice}
 	g := startGatewayOnPort(t, port, cfg)
-	session := g.createSession(t, revocable, "svc")
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	resp := aaStatelessSend(t, ctx, g, revocable, session, "subscriptions/listen",
-		`{"jsonrpc":"2.0","id":1,"method":"subscriptions/listen","params":{"notifications":{"resourceSubscriptions":["test://watched"]},`+aaStatelessMeta(`{}`)+`}}`)
-	br := bufio.NewReader(resp.Body)
-	if resp.StatusCode != http.StatusOK || trReadUntil(br, "notifications/subscriptions/acknowledged") == "" {
-		t.Fatalf("control: the listen did not open: HTTP %d", resp.StatusCode)
-	}
-	updated := make(chan string, 8)
-	go func() {
-		defer close(updated)
-		for {
-			line := trReadUntil(br, "notifications/resources/updated")
-			if line == "" {
-				return
-			}
-			updated <- line
-		}
-	}()
-	fixattackTouch(t, g)
-	select { // the control: the listen carries the update
-	case line, ok := <-updated:
-		if !ok || !strings.Contains(line, "test://watched") {
-			t.Fatalf("control: the listen ended or carried %q", line)
-		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("control: notifications/resources/updated never reached the listen")
-	}
+	updated := listenUpdates(t, g, revocable)
 
 	cfg.AuthExtra, cfg.DataDir = "", g.DataDir
 	g2 := startGatewayOnPort(t, port, cfg)
@@ -131,10 +103,33 @@ func TestFixAttackHoldsLegacyListenEndsOnRemovalFromService(t *testing.T) {
 	port := freePort(t)
 	cfg := gatewayConfig{Upstream: up.URL, ServiceExtra: "allowed_users " + alice + " " + bob}
 	g := startGatewayOnPort(t, port, cfg)
-	session := g.createSession(t, aliceKey, "svc")
+	updated := listenUpdates(t, g, aliceKey)
+
+	cfg.ServiceExtra, cfg.DataDir = "allowed_users "+bob, g.DataDir
+	g2 := startGatewayOnPort(t, port, cfg)
+	if status, _, _ := g2.raw(t, aliceKey, "", "svc").post(`{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"raw","version":"1"}}}`); status != http.StatusNotFound {
+		t.Fatalf("control: alice at svc after the reload: %d, want 404", status)
+	}
+	time.Sleep(3 * time.Second) // past the gateway's periodic session check (2s)
+	fixattackTouch(t, g2)
+	select {
+	case line, ok := <-updated:
+		if ok {
+			t.Errorf("alice, whom a reload took off svc, still receives svc's notifications on her subscriptions/listen: %.200s", line)
+		}
+	case <-time.After(3 * time.Second):
+	}
+}
+
+// listenUpdates opens a stateless runner's subscriptions/listen of
+// test://watched at svc as the caller of key, checks that an update reaches
+// it, and returns the lines of the updates that follow; the channel closes
+// when the listen ends.
+func listenUpdates(t *testing.T, g *gateway, key string) <-chan string {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	resp := aaStatelessSend(t, ctx, g, aliceKey, session, "subscriptions/listen",
+	t.Cleanup(cancel)
+	resp := aaStatelessSend(t, ctx, g, key, g.createSession(t, key, "svc"), "subscriptions/listen",
 		`{"jsonrpc":"2.0","id":1,"method":"subscriptions/listen","params":{"notifications":{"resourceSubscriptions":["test://watched"]},`+aaStatelessMeta(`{}`)+`}}`)
 	br := bufio.NewReader(resp.Body)
 	if resp.StatusCode != http.StatusOK || trReadUntil(br, "notifications/subscriptions/acknowledged") == "" {
@@ -154,26 +149,11 @@ func TestFixAttackHoldsLegacyListenEndsOnRemovalFromService(t *testing.T) {
 	fixattackTouch(t, g)
 	select {
 	case line, ok := <-updated:
-		if !ok {
-			t.Fatalf("control: the listen ended")
+		if !ok || !strings.Contains(line, "test://watched") {
+			t.Fatalf("control: the listen ended or carried %q", line)
 		}
-		_ = line
 	case <-time.After(5 * time.Second):
 		t.Fatal("control: notifications/resources/updated never reached the listen")
 	}
-
-	cfg.ServiceExtra, cfg.DataDir = "allowed_users "+bob, g.DataDir
-	g2 := startGatewayOnPort(t, port, cfg)
-	if status, _, _ := g2.raw(t, aliceKey, "", "svc").post(`{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"raw","version":"1"}}}`); status != http.StatusNotFound {
-		t.Fatalf("control: alice at svc after the reload: %d, want 404", status)
-	}
-	time.Sleep(3 * time.Second) // past the gateway's periodic session check (2s)
-	fixattackTouch(t, g2)
-	select {
-	case line, ok := <-updated:
-		if ok {
-			t.Errorf("alice, whom a reload took off svc, still receives svc's notifications on her subscriptions/listen: %.200s", line)
-		}
-	case <-time.After(3 * time.Second):
-	}
+	return updated
 }

@@ -114,10 +114,10 @@ func (w *authWatch) stop() bool {
 // authenticates as the same user with what r carries (an API key revoked
 // or given to someone else, a JWT of an issuer removed or whose key the
 // issuer retired, do not; a JWT that merely expired since does, as
-// without a reload), its service is still defined with the same upstream and allows
-// them, and a tools/call's tool is still on its allowlist. Under the
-// configuration the call began with, that is always so: a's handlers
-// checked it.
+// without a reload), its service is still defined with the same upstream
+// and allows them, and a tools/call's tool is still on its allowlist.
+// Under the configuration the call began with, that is always so: a's
+// handlers checked it.
 func (a *App) StillAuthorized(r *http.Request, call *Call) string {
 	now := a.InForce()
 	if now == a || call.Caller == nil || call.Service == nil {
