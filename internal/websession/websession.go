@@ -27,6 +27,7 @@ import (
 	"net/http"
 	"path"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/caddyserver/certmagic"
@@ -100,7 +101,30 @@ type Store struct {
 	perUser int
 	auth    *gateway.AuthConfig // the API keys API-key sign-ins are checked against; nil: none
 	keys    *seal.Keyring       // sign the records (see signed)
-	limits  *Limits             // the configuration's, when it set them (Limit)
+	limits  *Limits             // this handler's, when it set them (Limit)
+	every   *limitSet           // every handler's of the configuration (For); nil: limits alone
+}
+
+// limitSet holds the limits of every handler of one configuration that
+// reads sign-ins: a sign-in one of them still accepts is not deleted by
+// another (several consoles with different terms), and a handler without
+// terms of its own (the API's OAuth callback) accepts what one of them
+// accepts.
+type limitSet struct {
+	mu  sync.Mutex
+	all []Limits
+}
+
+func (ls *limitSet) add(l Limits) {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	ls.all = append(ls.all, l)
+}
+
+func (ls *limitSet) list() []Limits {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	return ls.all
 }
 
 // Limits are what the configuration in force says of sign-ins it did not
@@ -115,15 +139,49 @@ type Limits struct {
 	Issuers []string
 }
 
-// Limit applies l to every session the store reads from now on.
-func (st *Store) Limit(l Limits) { st.limits = &l }
+// Limit applies l to every session the store reads from now on, and adds
+// it to the terms of the store's configuration (For).
+func (st *Store) Limit(l Limits) {
+	st.limits = &l
+	if st.every != nil {
+		st.every.add(l)
+	}
+}
 
-// alive reports whether s has not ended by itself: by its own idle time
-// and lifetime, and by the store's limits.
+// alive reports whether s has not ended for this store: by its own idle
+// time and lifetime, and by the store's limits, or, for a store without
+// limits of its own, by those of one handler of its configuration.
 func (st *Store) alive(s *Session) bool {
+	if st.limits != nil {
+		return aliveUnder(s, st.limits)
+	}
+	return !st.over(s)
+}
+
+// over reports whether s has ended for every handler of the store's
+// configuration, so that it may be deleted.
+func (st *Store) over(s *Session) bool {
+	var all []Limits
+	if st.every != nil {
+		all = st.every.list()
+	}
+	if len(all) == 0 {
+		return !aliveUnder(s, st.limits)
+	}
+	for i := range all {
+		if aliveUnder(s, &all[i]) {
+			return false
+		}
+	}
+	return true
+}
+
+// aliveUnder reports whether s has not ended by its own idle time and
+// lifetime, shortened by l (nil: none).
+func aliveUnder(s *Session, l *Limits) bool {
 	t := now()
 	idle, expires := s.Idle, s.ExpiresAt
-	if l := st.limits; l != nil {
+	if l != nil {
 		if l.Idle > 0 && (idle <= 0 || l.Idle < idle) {
 			idle = l.Idle
 		}
@@ -160,6 +218,26 @@ func NewStore(storage certmagic.Storage, perUser int, auth *gateway.AuthConfig, 
 		keys = processKeys
 	}
 	return &Store{storage: storage, perUser: perUser, auth: auth, keys: keys}
+}
+
+// For returns a store of app's browser sign-ins for one of its handlers,
+// keeping at most perUser sessions of one person (see NewStore), signed
+// with app's keys. The stores of one configuration share their terms:
+// each handler's Limit ends sign-ins for that handler, but a sign-in is
+// deleted only once every handler's terms end it, and a handler that sets
+// none accepts a sign-in while one handler's terms do.
+func For(app *gateway.App, perUser int) (*Store, error) {
+	keys, err := app.Keyring(Purpose)
+	if err != nil {
+		return nil, err
+	}
+	every, err := app.Shared(Purpose, func() (any, error) { return new(limitSet), nil })
+	if err != nil {
+		return nil, err
+	}
+	st := NewStore(app.Storage(), perUser, app.Auth, keys)
+	st.every = every.(*limitSet)
+	return st, nil
 }
 
 // signed is what a record's MAC covers: the hash of its id and everything
@@ -287,7 +365,9 @@ func (st *Store) Get(ctx context.Context, id string) (*Session, error) {
 		return nil, ErrNotSignedIn
 	}
 	if !st.alive(&s) {
-		st.remove(ctx, s.User, hashOf(id))
+		if st.over(&s) {
+			st.remove(ctx, s.User, hashOf(id))
+		}
 		return nil, ErrNotSignedIn
 	}
 	// A session lives only while its person's index lists it: a use
@@ -360,7 +440,7 @@ func (st *Store) Sweep(ctx context.Context) (int, error) {
 			continue
 		}
 		var s Session
-		if json.Unmarshal(data, &s) == nil && !st.alive(&s) {
+		if json.Unmarshal(data, &s) == nil && st.over(&s) {
 			if st.remove(ctx, s.User, path.Base(key)) == nil {
 				n++
 			}

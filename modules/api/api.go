@@ -60,11 +60,10 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return err
 	}
 	h.app = app
-	keys, err := h.app.Keyring(websession.Purpose)
-	if err != nil {
+	// the browser that started a connect, judged by the console's terms
+	if h.browsers, err = websession.For(h.app, 0); err != nil {
 		return err
 	}
-	h.browsers = websession.NewStore(h.app.Storage(), 0, h.app.Auth, keys)
 	if h.pins, err = toolpin.For(h.app); err != nil {
 		return err
 	}

@@ -133,14 +133,13 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if err != nil {
 		return fmt.Errorf("console templates: %v", err)
 	}
-	keys, err := h.app.Keyring(websession.Purpose)
-	if err != nil {
+	if h.browsers, err = websession.For(h.app, maxBrowserSessions); err != nil {
 		return err
 	}
-	h.browsers = websession.NewStore(h.app.Storage(), maxBrowserSessions, h.app.Auth, keys)
 	// Sign-ins made under an earlier configuration (or on another replica)
 	// end by this one's terms: a shortened idle time or lifetime, an
-	// issuer no longer configured.
+	// issuer no longer configured. (Another console of the configuration
+	// with longer terms keeps them: see websession.For.)
 	issuers := make([]string, 0, len(h.OIDC))
 	for _, o := range h.OIDC {
 		issuers = append(issuers, o.Issuer)
