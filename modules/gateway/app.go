@@ -199,7 +199,8 @@ type App struct {
 	logger       *zap.Logger
 	stop         chan struct{}
 	stopOnce     *sync.Once
-	stopped      *atomic.Bool // Stop ran (see InForce)
+	stopped      *atomic.Bool  // Stop ran (see InForce)
+	stopping     *sync.RWMutex // write-held while stopped is set (WhileInForce)
 	stopCtx      context.Context
 	stopCancel   context.CancelFunc // at Stop, after stopped is set
 	follows      *App               // the App in force when this one started
@@ -268,6 +269,7 @@ func (a *App) Provision(ctx caddy.Context) error {
 	a.stop = make(chan struct{})
 	a.stopOnce = new(sync.Once)
 	a.stopped = new(atomic.Bool)
+	a.stopping = new(sync.RWMutex)
 	a.stopCtx, a.stopCancel = context.WithCancel(context.Background())
 	a.sharedMu = new(sync.Mutex)
 	a.pipeline = new(pipelineTrail)

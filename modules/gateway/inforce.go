@@ -30,7 +30,13 @@ func (a *App) stoppedNow() {
 	if a.stopped == nil {
 		return // never provisioned
 	}
-	a.stopped.Store(true)
+	if a.stopping != nil {
+		a.stopping.Lock() // after what WhileInForce runs
+		a.stopped.Store(true)
+		a.stopping.Unlock()
+	} else {
+		a.stopped.Store(true)
+	}
 	prev := a.follows
 	if prev != nil && prev.stopped.Load() {
 		prev = nil // Caddy is exiting: no configuration is in force after a
@@ -50,6 +56,23 @@ func (a *App) InForce() *App {
 		}
 	}
 	return a
+}
+
+// WhileInForce runs f unless a reload stopped a, and keeps a reload from
+// stopping a until f returns; it reports whether f ran. A step that acts
+// on what a's configuration decided (a held call taking its approval)
+// does so in it, so that no reload lands between its check and its act.
+// f must be short: the reload waits for it.
+func (a *App) WhileInForce(f func()) bool {
+	if a.stopping != nil {
+		a.stopping.RLock()
+		defer a.stopping.RUnlock()
+	}
+	if a.InForce() != a {
+		return false
+	}
+	f()
+	return true
 }
 
 // WhileAuthorized calls cancel when a reload stops the configuration

@@ -86,22 +86,23 @@ func (h *RequestHandler) hold(w http.ResponseWriter, r *http.Request, call *gate
 		if ctx.Err() != nil {
 			return nil // the runner went away; the approval stays pending
 		}
-		if h.app.InForce() != h.app {
-			// A reload came while the call waited: the policy, the
-			// registry and the steps after this one are another
-			// configuration's now, and this handler's are not. The call
-			// ends as without approval_wait; the approval stays, and the
-			// runner's retry, made under the configuration in force, is
-			// decided by it (and finds the approval once it is given).
-			stream.final(h.pendingFinal(call, d, a, h.app.BaseURL(r)))
-			return nil
-		}
 		select {
 		case <-keepAlive.C:
 			stream.comment()
 		default:
 		}
-		res, err := h.approvals.Decided(ctx, a.ID, d.ID)
+		var res approval.Resolution
+		if !h.app.WhileInForce(func() { res, err = h.approvals.Decided(ctx, a.ID, d.ID) }) {
+			// A reload came while the call waited: the policy, the
+			// registry and the steps after this one are another
+			// configuration's now, and this handler's are not. The call
+			// ends as without approval_wait; the approval stays (it is
+			// taken only in force), and the runner's retry, made under the
+			// configuration in force, is decided by it (and finds the
+			// approval once it is given).
+			stream.final(h.pendingFinal(call, d, a, h.app.BaseURL(r)))
+			return nil
+		}
 		switch {
 		case err != nil:
 			h.logger.Warn("a held call cannot read its approval", zap.String("approval_id", a.ID), zap.Error(err))
