@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -34,6 +35,14 @@ type hostileIssuer struct {
 	signer    func(claims map[string]any) string       // nil: ES256 with key
 	nonces    map[string]string                        // code → nonce of the authorization request
 	verifiers map[string]string                        // code → PKCE challenge
+	received  []url.Values                             // every token request's form
+}
+
+// tokenRequests returns the forms of the token requests h was sent.
+func (h *hostileIssuer) tokenRequests() []url.Values {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return slices.Clone(h.received)
 }
 
 func startHostileIssuer(t *testing.T) *hostileIssuer {
@@ -71,6 +80,7 @@ func startHostileIssuer(t *testing.T) *hostileIssuer {
 		sum := sha256.Sum256([]byte(r.PostForm.Get("code_verifier")))
 		h.mu.Lock()
 		defer h.mu.Unlock()
+		h.received = append(h.received, r.PostForm)
 		nonce, ok := h.nonces[code]
 		if !ok || base64.RawURLEncoding.EncodeToString(sum[:]) != h.verifiers[code] {
 			w.WriteHeader(http.StatusBadRequest)

@@ -3,9 +3,7 @@ package integration
 import (
 	"bytes"
 	"context"
-	"crypto/hmac"
 	"crypto/rand"
-	"crypto/sha256"
 	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
@@ -24,6 +22,8 @@ import (
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/toolgate/toolgate/internal/seal"
 )
 
 // These tests run toolgate's OAuth client end to end against a real OAuth 2
@@ -407,8 +407,8 @@ func checkAuthorizeURL(t testing.TB, raw string, p *oauthProvider, g *gateway, u
 	if len(q.Get("code_challenge")) != 43 {
 		t.Errorf("code_challenge %q is not a base64url SHA-256", q.Get("code_challenge"))
 	}
-	if parts := strings.Split(q.Get("state"), "."); len(parts) != 2 {
-		t.Errorf("state %q is not payload.signature", q.Get("state"))
+	if raw, err := base64.RawURLEncoding.DecodeString(q.Get("state")); err != nil || bytes.Contains(raw, []byte(alice)) {
+		t.Errorf("state %q is not sealed base64url (%v)", q.Get("state"), err)
 	}
 	if q.Has("client_secret") {
 		t.Error("the authorize URL carries the client secret")
@@ -632,46 +632,47 @@ func TestOAuthStateIsVerifiedAndSingleUse(t *testing.T) {
 	if code == "" || state == "" {
 		t.Fatalf("the provider redirected to %s, want a code and the state", cb)
 	}
-	payloadB64, sig, _ := strings.Cut(state, ".")
-	payload, err := base64.RawURLEncoding.DecodeString(payloadB64)
+	// The state is sealed with a key of the state_secret (AES-256-GCM,
+	// bound to the service): the provider learns nothing of the person.
+	keys, err := seal.New("toolgate/v1/oauth-state", []byte(testStateSecret))
 	if err != nil {
 		t.Fatal(err)
 	}
-	sign := func(payload []byte) string {
-		mac := hmac.New(sha256.New, []byte(testStateSecret))
-		mac.Write(payload)
-		return base64.RawURLEncoding.EncodeToString(payload) + "." + base64.RawURLEncoding.EncodeToString(mac.Sum(nil))
+	raw, err := base64.RawURLEncoding.DecodeString(state)
+	if err != nil {
+		t.Fatalf("the state is not base64url: %v", err)
 	}
-	if sign(payload) != state {
-		t.Fatal("the state is not base64url(payload).base64url(HMAC-SHA256(state_secret, payload))")
+	if bytes.Contains(raw, []byte(alice)) {
+		t.Errorf("the state sent to the provider names the person: %q", raw)
+	}
+	payload, err := keys.Open(raw, []byte("svc"))
+	if err != nil {
+		t.Fatalf("the state does not open with the state_secret's key, bound to the service: %v", err)
 	}
 	var fields map[string]any
 	if err := json.Unmarshal(payload, &fields); err != nil {
 		t.Fatal(err)
 	}
-	expired := map[string]any{}
-	for k, v := range fields {
-		expired[k] = v
+	reseal := func(change func(map[string]any)) string {
+		f := map[string]any{}
+		for k, v := range fields {
+			f[k] = v
+		}
+		change(f)
+		p, _ := json.Marshal(f)
+		return base64.RawURLEncoding.EncodeToString(keys.Seal(p, []byte("svc")))
 	}
-	expired["e"] = time.Now().Add(-time.Minute).Unix()
-	expiredPayload, _ := json.Marshal(expired)
-	forged := map[string]any{}
-	for k, v := range fields {
-		forged[k] = v
-	}
-	forged["u"] = bob
-	forgedPayload, _ := json.Marshal(forged)
-
-	flipped := []byte(sig)
-	flipped[3] ^= 1
+	other, _ := seal.New("toolgate/v1/oauth-state", []byte(strings.ToUpper(testStateSecret)))
+	flipped := []byte(state)
+	flipped[len(flipped)/2] ^= 1
 	callback := func(service, state string) (int, string) {
 		q := url.Values{"code": {code}, "state": {state}}
 		return browser.get(g.URL + "/v1/connections/" + service + "/callback?" + q.Encode())
 	}
 	for _, c := range []struct{ name, service, state string }{
-		{"tampered signature", "svc", payloadB64 + "." + string(flipped)},
-		{"payload changed (another user)", "svc", base64.RawURLEncoding.EncodeToString(forgedPayload) + "." + sig},
-		{"expired", "svc", sign(expiredPayload)},
+		{"altered", "svc", string(flipped)},
+		{"sealed with another key", "svc", base64.RawURLEncoding.EncodeToString(other.Seal(payload, []byte("svc")))},
+		{"expired", "svc", reseal(func(f map[string]any) { f["e"] = time.Now().Add(-time.Minute).Unix() })},
 		{"another service", "other", state},
 		{"no state", "svc", ""},
 		{"garbage", "svc", "not-a-state"},

@@ -127,7 +127,7 @@ type announcedApp struct {
 func (n *notifier) announce(a *Approval, pageURL string, withArguments bool, masked []byte) {
 	body := announcement{Type: "approval.requested", Delivery: gateway.NewID(), Approval: announcedApp{
 		ID: a.ID, URL: pageURL, State: a.State, Stage: a.Stage, Requester: a.Requester, Service: a.Service,
-		Method: a.Method, Tool: a.Tool, Reason: Visible(cut(a.Reason, maxAnnounced)), DecisionID: a.DecisionID, Scopes: a.Scopes,
+		Method: a.Method, Tool: a.Tool, Reason: VisibleCut(a.Reason, maxAnnounced), DecisionID: a.DecisionID, Scopes: a.Scopes,
 		CreatedAt: a.CreatedAt, ExpiresAt: a.ExpiresAt, Approvers: nonNil(a.Approvers), ApproverGroups: nonNil(a.ApproverGroups),
 		RequesterMayApprove: a.RequesterMayApprove, InBand: a.InBand}}
 	switch {

@@ -38,6 +38,11 @@ func Visible(text string) string {
 	return b.String()
 }
 
+// VisibleCut is Visible of text cut to at most n bytes (marked "…" when
+// cut): outside text of any length shown to a person, such as a provider's
+// error description or a name taken from a link.
+func VisibleCut(text string, n int) string { return Visible(cut(text, n)) }
+
 // isInvisible reports whether Visible escapes r: a format character or
 // another default-ignorable code point (none of which is whitespace).
 func isInvisible(r rune) bool {

@@ -2,7 +2,7 @@
 // users: sessions, the service catalog, connections (stored credentials,
 // and the OAuth connect flow), approvals, tool pins (for administrators),
 // and the RFC 9728 protected-resource metadata. Every route but the metadata and the OAuth callback (which the
-// provider redirects a browser to; its signed state says who it is for)
+// provider redirects a browser to; its sealed state says who it is for)
 // authenticates the caller like toolgate_session and acts for that caller
 // only.
 package api
@@ -90,7 +90,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	mux.Handle("GET /v1/tool-pins", h.authenticated(h.listPins))
 	mux.Handle("POST /v1/tool-pins/accept", h.authenticated(h.acceptPin))
 	// The callback is opened by the user's browser, redirected by the
-	// provider: the signed state, not a bearer token, says who it is for.
+	// provider: the sealed state, not a bearer token, says who it is for.
 	mux.HandleFunc("GET /v1/connections/{service}/callback", h.callback)
 	h.mux = mux
 	return nil
@@ -174,6 +174,9 @@ func (h *Handler) resourceMetadata(w http.ResponseWriter, r *http.Request) {
 }
 
 const maxAPIBody = 64 << 10
+
+// maxShownName bounds the bytes of a name the API's pages show from a URL.
+const maxShownName = 256
 
 // readJSON decodes a small JSON body strictly into v.
 func readJSON(w http.ResponseWriter, r *http.Request, v any) bool {

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"strings"
 
+	"github.com/toolgate/toolgate/internal/approval"
 	"github.com/toolgate/toolgate/internal/websession"
 	"github.com/toolgate/toolgate/modules/gateway"
 )
@@ -35,7 +36,7 @@ func (h *Handler) callback(w http.ResponseWriter, r *http.Request) {
 	svc := h.app.Registry().Lookup(r.PathValue("service"))
 	if svc == nil || svc.Auth.Kind != gateway.AuthOAuth {
 		writePage(w, http.StatusNotFound, page{Title: "Unknown service",
-			Message: "There is no service " + r.PathValue("service") + " to connect here."})
+			Message: "There is no service " + approval.VisibleCut(r.PathValue("service"), maxShownName) + " to connect here."})
 		return
 	}
 	name := svc.Title
@@ -64,7 +65,7 @@ func (h *Handler) callback(w http.ResponseWriter, r *http.Request) {
 		}
 		p := page{Title: name + " was not connected", Message: providerErrorMessage(code)}
 		if d := q.Get("error_description"); d != "" && len(d) <= 300 {
-			p.Detail = "The provider said: " + d
+			p.Detail = "The provider said: " + approval.Visible(d) // its text, not toolgate's: nothing hidden or reordered
 		}
 		writePage(w, http.StatusBadRequest, p)
 		return

@@ -96,6 +96,7 @@ const (
 	maxBrowserSessions       = 20 // per person: signing in once more ends the oldest
 	activityObjectsPerUser   = 2000
 	minStateSecretBytes      = 32
+	maxShownName             = 256 // bytes of a person's name the console shows from a link
 )
 
 //go:embed templates/*.html

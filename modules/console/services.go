@@ -8,6 +8,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/toolgate/toolgate/internal/account"
+	"github.com/toolgate/toolgate/internal/approval"
 	"github.com/toolgate/toolgate/internal/websession"
 	"github.com/toolgate/toolgate/modules/gateway"
 )
@@ -36,7 +37,7 @@ func (h *Handler) showServices(w http.ResponseWriter, r *http.Request, s *webses
 func (h *Handler) service(w http.ResponseWriter, r *http.Request, s *websession.Session) *gateway.Service {
 	svc, err := account.Service(h.app, s.Caller(), r.PathValue("service"))
 	if err != nil {
-		h.refuse(w, r, http.StatusNotFound, "Unknown service", "There is no service "+r.PathValue("service")+" you may use here.")
+		h.refuse(w, r, http.StatusNotFound, "Unknown service", "There is no service "+approval.VisibleCut(r.PathValue("service"), maxShownName)+" you may use here.")
 		return nil
 	}
 	return svc
@@ -133,7 +134,7 @@ func (h *Handler) connectPage(w http.ResponseWriter, r *http.Request, s *websess
 	data := connectData{Service: &entry, Replace: entry.Connection != nil}
 	status := http.StatusOK
 	if want := r.URL.Query().Get("for"); want != "" && want != s.User {
-		data.Other, status = want, http.StatusForbidden
+		data.Other, status = approval.VisibleCut(want, maxShownName), http.StatusForbidden // from a link anyone can write
 	}
 	if !entry.Personal() {
 		h.refuse(w, r, http.StatusNotFound, "Nothing to connect", name(svc)+" uses a credential toolgate holds for everyone; there is nothing to connect.")

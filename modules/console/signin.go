@@ -230,8 +230,15 @@ const (
 	signInTTL          = 10 * time.Minute
 )
 
+// signInState is what the browser's sign-in cookie carries between the
+// start of an OpenID Connect sign-in and its callback. It names the
+// issuer and client the sign-in started at, not their place among the
+// oidc blocks: after a reload that reorders or removes them, a code
+// completes nothing at another issuer (it would learn the code and the
+// PKCE verifier).
 type signInState struct {
-	Issuer   int    `json:"i"`
+	Issuer   string `json:"iss"`
+	ClientID string `json:"cid"`
 	State    string `json:"s"`
 	Nonce    string `json:"n"`
 	Verifier string `json:"v"`
@@ -279,17 +286,28 @@ func (h *Handler) openSignIn(value string) (signInState, bool) {
 	return st, false
 }
 
-func (h *Handler) issuer(r *http.Request) (int, *OIDCIssuer) {
+// issuer returns the oidc block the request's path names by its place.
+func (h *Handler) issuer(r *http.Request) *OIDCIssuer {
 	i, err := strconv.Atoi(r.PathValue("issuer"))
 	if err != nil || i < 0 || i >= len(h.OIDC) {
-		return 0, nil
+		return nil
 	}
-	return i, h.OIDC[i]
+	return h.OIDC[i]
+}
+
+// oidcIssuer returns the oidc block of issuer and clientID, nil when none.
+func (h *Handler) oidcIssuer(issuer, clientID string) *OIDCIssuer {
+	for _, o := range h.OIDC {
+		if o.Issuer == issuer && o.ClientID == clientID {
+			return o
+		}
+	}
+	return nil
 }
 
 // oidcStart sends the browser to the issuer.
 func (h *Handler) oidcStart(w http.ResponseWriter, r *http.Request) {
-	i, o := h.issuer(r)
+	o := h.issuer(r)
 	if o == nil {
 		h.refuse(w, r, http.StatusNotFound, "Not found", "There is no such sign-in on this gateway.")
 		return
@@ -300,7 +318,7 @@ func (h *Handler) oidcStart(w http.ResponseWriter, r *http.Request) {
 		h.refuse(w, r, http.StatusServiceUnavailable, "Sign-in unavailable", "toolgate cannot reach the identity provider right now. Try again in a moment; if it persists, tell the gateway's administrator.")
 		return
 	}
-	st := signInState{Issuer: i, State: gateway.NewID(), Nonce: gateway.NewID(), Verifier: oauth2.GenerateVerifier(),
+	st := signInState{Issuer: o.Issuer, ClientID: o.ClientID, State: gateway.NewID(), Nonce: gateway.NewID(), Verifier: oauth2.GenerateVerifier(),
 		Return: safeReturn(r.URL.Query().Get("return")), Expiry: time.Now().Add(signInTTL).Unix()}
 	secure := h.secure(r)
 	http.SetCookie(w, &http.Cookie{Name: signInCookieName(secure), Value: h.sealSignIn(st), Path: "/", MaxAge: int(signInTTL.Seconds()),
@@ -320,15 +338,19 @@ func (h *Handler) oidcCallback(w http.ResponseWriter, r *http.Request) {
 	http.SetCookie(w, &http.Cookie{Name: signInCookieName(secure), Value: "", Path: "/", MaxAge: -1, HttpOnly: true, Secure: secure, SameSite: http.SameSiteLaxMode})
 	st, valid := h.openSignIn(c.Value)
 	q := r.URL.Query()
-	if !valid || st.Issuer >= len(h.OIDC) || q.Get("state") != st.State {
+	if !valid || q.Get("state") != st.State {
 		h.refuse(w, r, http.StatusBadRequest, "Not signed in", "This sign-in link is invalid, was already used, or took too long. Start again from the sign-in page.")
+		return
+	}
+	o := h.oidcIssuer(st.Issuer, st.ClientID)
+	if o == nil {
+		h.refuse(w, r, http.StatusBadRequest, "Not signed in", "The identity provider this sign-in started at is no longer configured here. Start again from the sign-in page.")
 		return
 	}
 	if e := q.Get("error"); e != "" {
 		h.refuse(w, r, http.StatusBadRequest, "Not signed in", "The identity provider did not sign you in ("+safeCode(e)+"). Start again from the sign-in page.")
 		return
 	}
-	o := h.OIDC[st.Issuer]
 	user, groups, err := h.verifySignIn(r, o, st, q.Get("code"))
 	if err != nil {
 		h.logger.Warn("console sign-in refused", zap.String("issuer", o.Issuer), zap.Error(err))

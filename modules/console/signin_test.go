@@ -14,7 +14,7 @@ import (
 func TestSignInCookieOpensUnderAPreviousSecret(t *testing.T) {
 	oldSecret := strings.Repeat("o", 32)
 	newSecret := strings.Repeat("n", 32)
-	st := signInState{Issuer: 1, State: "s", Nonce: "n", Verifier: "v", Return: "/console/", Expiry: time.Now().Add(time.Minute).Unix()}
+	st := signInState{Issuer: "https://id.example.test", ClientID: "toolgate", State: "s", Nonce: "n", Verifier: "v", Return: "/console/", Expiry: time.Now().Add(time.Minute).Unix()}
 	before := &Handler{app: &gateway.App{StateSecret: oldSecret}}
 	cookie := before.sealSignIn(st)
 

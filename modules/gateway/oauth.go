@@ -2,7 +2,6 @@ package gateway
 
 import (
 	"context"
-	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/hex"
@@ -183,7 +182,7 @@ func safeErrorCode(code string) string {
 	return code
 }
 
-// oauthState is what the signed state parameter carries: who started the
+// oauthState is what the state parameter carries, sealed: who started the
 // sign-in, from which toolgate browser sign-in, for which service, until
 // when, and the nonce naming its pending authorization.
 type oauthState struct {
@@ -203,37 +202,45 @@ type Browser struct {
 	Ref  string
 }
 
-// signState encodes st as base64url(payload) "." base64url(HMAC-SHA256).
-func (a *App) signState(st oauthState) string {
-	payload, _ := json.Marshal(st)
-	mac := hmac.New(sha256.New, []byte(a.StateSecret))
-	mac.Write(payload)
-	return base64.RawURLEncoding.EncodeToString(payload) + "." + base64.RawURLEncoding.EncodeToString(mac.Sum(nil))
+// statePurpose names the keys that seal the OAuth state (Keyring).
+const statePurpose = "toolgate/v1/oauth-state"
+
+// maxState bounds the state parameter read back.
+const maxState = 2048
+
+// sealState encodes st sealed (AES-256-GCM under a key of the
+// state_secret), bound to its service, as base64url: the provider, its
+// logs and the browser's history see the state but learn nothing from it
+// (who the person is goes to the provider only with login_hint).
+func (a *App) sealState(st oauthState) (string, error) {
+	keys, err := a.Keyring(statePurpose)
+	if err != nil {
+		return "", err
+	}
+	plain, _ := json.Marshal(st)
+	return base64.RawURLEncoding.EncodeToString(keys.Seal(plain, []byte(st.Service))), nil
 }
 
-// verifyState checks a state's signature (with state_secret, or a previous
-// one), expiry and service.
+// verifyState opens a state (sealed with state_secret, or a previous one)
+// and checks its expiry and service.
 func (a *App) verifyState(state, service string) (oauthState, error) {
 	var st oauthState
-	p, s, ok := strings.Cut(state, ".")
-	if !ok || len(state) > 2048 {
+	if len(state) > maxState {
 		return st, ErrInvalidState
 	}
-	payload, err1 := base64.RawURLEncoding.DecodeString(p)
-	sig, err2 := base64.RawURLEncoding.DecodeString(s)
-	if err1 != nil || err2 != nil {
+	sealed, err := base64.RawURLEncoding.DecodeString(state)
+	if err != nil {
 		return st, ErrInvalidState
 	}
-	signed := false
-	for _, secret := range append([]string{a.StateSecret}, a.PreviousStateSecrets...) {
-		mac := hmac.New(sha256.New, []byte(secret))
-		mac.Write(payload)
-		signed = signed || hmac.Equal(sig, mac.Sum(nil))
-	}
-	if !signed {
+	keys, err := a.Keyring(statePurpose)
+	if err != nil {
 		return st, ErrInvalidState
 	}
-	if err := json.Unmarshal(payload, &st); err != nil || st.Nonce == "" || st.User == "" || st.Browser == "" {
+	plain, err := keys.Open(sealed, []byte(service))
+	if err != nil {
+		return st, ErrInvalidState
+	}
+	if err := json.Unmarshal(plain, &st); err != nil || st.Nonce == "" || st.User == "" || st.Browser == "" {
 		return st, ErrInvalidState
 	}
 	if st.Service != service || !now().Before(time.Unix(st.Expiry, 0)) {
@@ -356,7 +363,7 @@ func (a *App) RedirectURI(svc *Service) string {
 // toolgate in browser: it stores a pending authorization (the PKCE
 // verifier, sealed by the cipher) and returns the provider's authorization
 // URL with the S256 challenge, the resource, the exact redirect URI and a
-// signed state valid for 10 minutes, bound to that browser sign-in. The
+// sealed state valid for 10 minutes, bound to that browser sign-in. The
 // console calls it once that person confirmed, in that browser.
 func (a *App) AuthorizeURL(ctx context.Context, svc *Service, browser Browser) (string, error) {
 	o, err := a.oauthConfig(svc)
@@ -378,11 +385,14 @@ func (a *App) AuthorizeURL(ctx context.Context, svc *Service, browser Browser) (
 	if err != nil {
 		return "", fmt.Errorf("encrypting the pending sign-in: %w", err)
 	}
+	state, err := a.sealState(oauthState{User: user, Browser: browser.Ref, Service: svc.ID, Expiry: expires.Unix(), Nonce: nonce})
+	if err != nil {
+		return "", err
+	}
 	rec, _ := json.Marshal(pendingAuthorization{StartedAt: now().UTC(), ExpiresAt: expires.UTC(), Sealed: sealed})
 	if err := a.storage.Store(ctx, pendingKey(user, nonce), rec); err != nil {
 		return "", fmt.Errorf("%w: storing the pending sign-in: %v", ErrStorageUnavailable, err)
 	}
-	state := a.signState(oauthState{User: user, Browser: browser.Ref, Service: svc.ID, Expiry: expires.Unix(), Nonce: nonce})
 	opts := []oauth2.AuthCodeOption{oauth2.S256ChallengeOption(verifier), oauth2.SetAuthURLParam("resource", o.Resource)}
 	if o.LoginHint {
 		opts = append(opts, oauth2.SetAuthURLParam("login_hint", user))

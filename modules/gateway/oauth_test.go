@@ -1,7 +1,9 @@
 package gateway
 
 import (
+	"bytes"
 	"context"
+	"encoding/base64"
 	"errors"
 	"net"
 	"net/http"
@@ -45,25 +47,29 @@ func oauthApp(t testing.TB, providerURL string) (*App, *Service) {
 	return a, svc
 }
 
-func TestStateIsSignedAndBound(t *testing.T) {
+func TestStateIsSealedAndBound(t *testing.T) {
 	clock := setClock(t, time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC))
 	a := &App{StateSecret: testSecret}
 	st := oauthState{User: "alice", Browser: "b1", Service: "svc", Expiry: clock.Add(authorizationTTL).Unix(), Nonce: "n1"}
-	state := a.signState(st)
+	state := mustSealState(t, a, st)
 	if got, err := a.verifyState(state, "svc"); err != nil || got != st {
 		t.Fatalf("verifyState = %+v, %v", got, err)
 	}
+	// The provider sees the state: it tells nothing of the person.
+	if raw, _ := base64.RawURLEncoding.DecodeString(state); bytes.Contains(raw, []byte("alice")) || bytes.Contains(raw, []byte("b1")) {
+		t.Errorf("the state reads %q: it names the person or their sign-in to the provider", raw)
+	}
 	other := &App{StateSecret: strings.ToUpper(testSecret)}
-	payload, sig, _ := strings.Cut(state, ".")
-	forged := other.signState(oauthState{User: "mallory", Browser: "b1", Service: "svc", Expiry: st.Expiry, Nonce: "n1"})
-	fp, _, _ := strings.Cut(forged, ".")
+	forged := mustSealState(t, other, oauthState{User: "mallory", Browser: "b1", Service: "svc", Expiry: st.Expiry, Nonce: "n1"})
+	flipped := []byte(state)
+	flipped[len(flipped)/2] ^= 1
 	for name, s := range map[string]string{
 		"another service":         "",
-		"signed with another key": forged,
-		"payload swapped":         fp + "." + sig,
-		"signature truncated":     payload + "." + sig[:len(sig)-2],
-		"no signature":            payload,
-		"not base64":              "!!." + sig,
+		"sealed with another key": forged,
+		"altered":                 string(flipped),
+		"truncated":               state[:len(state)-2],
+		"not base64":              "!!" + state,
+		"too long":                state + strings.Repeat("A", maxState),
 		"empty":                   "",
 	} {
 		service := "svc"
@@ -80,18 +86,27 @@ func TestStateIsSignedAndBound(t *testing.T) {
 	}
 }
 
-// A state signed before state_secret was rotated still verifies while the
+func mustSealState(t testing.TB, a *App, st oauthState) string {
+	t.Helper()
+	state, err := a.sealState(st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return state
+}
+
+// A state sealed before state_secret was rotated still opens while the
 // old secret is kept as a previous one, and no longer once it is removed.
-func TestStateSignedWithAPreviousSecret(t *testing.T) {
+func TestStateSealedWithAPreviousSecret(t *testing.T) {
 	clock := setClock(t, time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC))
 	old := &App{StateSecret: testSecret}
 	st := oauthState{User: "alice", Browser: "b1", Service: "svc", Expiry: clock.Add(authorizationTTL).Unix(), Nonce: "n1"}
-	state := old.signState(st)
+	state := mustSealState(t, old, st)
 	rotated := &App{StateSecret: strings.ToUpper(testSecret), PreviousStateSecrets: []string{testSecret}}
 	if got, err := rotated.verifyState(state, "svc"); err != nil || got != st {
 		t.Fatalf("after rotation: %+v, %v", got, err)
 	}
-	if _, err := (&App{StateSecret: testSecret}).verifyState(rotated.signState(st), "svc"); !errors.Is(err, ErrInvalidState) {
+	if _, err := (&App{StateSecret: testSecret}).verifyState(mustSealState(t, rotated, st), "svc"); !errors.Is(err, ErrInvalidState) {
 		t.Errorf("a state signed with the new secret verified under the old one alone: %v", err)
 	}
 	retired := &App{StateSecret: strings.ToUpper(testSecret)}
@@ -429,17 +444,20 @@ func TestPendingConnectsPerUserAreBounded(t *testing.T) {
 // signed with the secret passes.
 func FuzzVerifyState(f *testing.F) {
 	a := &App{StateSecret: testSecret}
-	good := a.signState(oauthState{User: "alice", Browser: "b", Service: "svc", Expiry: time.Now().Add(time.Hour).Unix(), Nonce: "n"})
+	good, err := a.sealState(oauthState{User: "alice", Browser: "b", Service: "svc", Expiry: time.Now().Add(time.Hour).Unix(), Nonce: "n"})
+	if err != nil {
+		f.Fatal(err)
+	}
 	for _, seed := range []string{good, "", ".", "a.b", good + "x", strings.Repeat("A", 3000), "eyJ1IjoiYSJ9.AAAA"} {
 		f.Add(seed)
 	}
 	f.Fuzz(func(t *testing.T, state string) {
 		st, err := a.verifyState(state, "svc")
 		if err == nil && state != good {
-			// Another spelling of the signed state (base64 padding bits)
+			// Another spelling of the sealed state (base64 padding bits)
 			// must carry the same content.
 			if st.User != "alice" || st.Nonce != "n" {
-				t.Fatalf("an unsigned state passed: %q → %+v", state, st)
+				t.Fatalf("a state toolgate did not seal passed: %q → %+v", state, st)
 			}
 		}
 	})
