@@ -48,6 +48,22 @@ func Service(app *gateway.App, caller *gateway.Caller, id string) (*gateway.Serv
 	return svc, nil
 }
 
+// ServiceToForget returns the service id names for caller to forget their
+// own credential for: as Service, and also a service a reload took them
+// off (allowed_users) while toolgate still holds a credential of theirs
+// for it, which stays theirs to forget and revoke.
+func ServiceToForget(ctx context.Context, app *gateway.App, caller *gateway.Caller, id string) (*gateway.Service, error) {
+	svc, err := Service(app, caller, id)
+	if err == nil {
+		return svc, nil
+	}
+	barred := app.Registry().Lookup(id)
+	if barred == nil || !app.Connections().Storage().Exists(ctx, gateway.ConnectionKey(id, caller.User)) {
+		return nil, err
+	}
+	return barred, nil
+}
+
 // Services returns the services caller may use, in registry order.
 func Services(app *gateway.App, caller *gateway.Caller) []*gateway.Service {
 	var out []*gateway.Service

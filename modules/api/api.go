@@ -294,8 +294,9 @@ func (h *Handler) putConnection(w http.ResponseWriter, r *http.Request, caller *
 // with a revocation endpoint): 204, or 200 with what to do when the
 // provider did not confirm the revocation.
 func (h *Handler) deleteConnection(w http.ResponseWriter, r *http.Request, caller *gateway.Caller) {
-	svc := h.service(w, r, caller)
-	if svc == nil {
+	svc, err := account.ServiceToForget(r.Context(), h.app, caller, r.PathValue("service"))
+	if err != nil {
+		fail(w, err)
 		return
 	}
 	notRevoked, err := account.Disconnect(r.Context(), h.app, caller, svc)

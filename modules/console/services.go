@@ -37,10 +37,14 @@ func (h *Handler) showServices(w http.ResponseWriter, r *http.Request, s *webses
 func (h *Handler) service(w http.ResponseWriter, r *http.Request, s *websession.Session) *gateway.Service {
 	svc, err := account.Service(h.app, s.Caller(), r.PathValue("service"))
 	if err != nil {
-		h.refuse(w, r, http.StatusNotFound, "Unknown service", "There is no service "+approval.VisibleCut(r.PathValue("service"), maxShownName)+" you may use here.")
+		h.unknownService(w, r)
 		return nil
 	}
 	return svc
+}
+
+func (h *Handler) unknownService(w http.ResponseWriter, r *http.Request) {
+	h.refuse(w, r, http.StatusNotFound, "Unknown service", "There is no service "+approval.VisibleCut(r.PathValue("service"), maxShownName)+" you may use here.")
 }
 
 func name(svc *gateway.Service) string {
@@ -83,8 +87,9 @@ func testAdvice(res account.TestResult) string {
 }
 
 func (h *Handler) disconnect(w http.ResponseWriter, r *http.Request, s *websession.Session) {
-	svc := h.service(w, r, s)
-	if svc == nil {
+	svc, err := account.ServiceToForget(r.Context(), h.app, s.Caller(), r.PathValue("service"))
+	if err != nil {
+		h.unknownService(w, r)
 		return
 	}
 	notRevoked, err := account.Disconnect(r.Context(), h.app, s.Caller(), svc)

@@ -360,7 +360,9 @@ func (r *response) next() (mcpmsg.Message, error) {
 	}
 	if errors.Is(err, errSecretsUnread) {
 		r.h.logger.Warn("an upstream message was not relayed", zap.String("service", r.call.Service.ID), zap.Error(err))
-		return msg, &upstreamError{kind: kindUnavailable, sent: true, msg: err.Error() + "; try again once storage and the cipher answer"}
+		// The runner gets toolgate's words only: the storage's and the
+		// cipher's name paths, hosts and keys (the log has them).
+		return msg, &upstreamError{kind: kindUnavailable, sent: true, msg: errSecretsUnread.Error() + "; try again once storage and the cipher answer"}
 	}
 	if err != nil {
 		// Neither the runner nor the log gets the upstream's own words (a

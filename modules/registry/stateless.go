@@ -38,7 +38,8 @@ func (h *Handler) readStateless(w http.ResponseWriter, r *http.Request, call *ga
 				map[string]any{"limit": limit.Option, "max": limit.Limit})
 			return false
 		}
-		call.Unavailable(w, err.Error())
+		h.logger.Warn("cannot find the MCP session of a 2026-07-28 request", zap.String("service", svc.ID), zap.Error(err))
+		call.Unavailable(w, gateway.RunnerText(err)) // not the storage's own words: its paths and hosts
 		return false
 	}
 	call.MCPSession = ms
