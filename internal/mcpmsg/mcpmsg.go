@@ -77,6 +77,35 @@ type Message struct {
 	// Result is the JSON text of "result" and Error of "error", for responses.
 	Result []byte
 	Error  []byte
+
+	// Extra: the message has members beside those JSON-RPC defines
+	// ("jsonrpc", "id", "method", "params", "result", "error"). Receivers
+	// ignore them, and no policy sees them: what toolgate relays goes
+	// without them (WithoutExtra).
+	Extra bool
+}
+
+// WithoutExtra returns m's text with the members JSON-RPC defines only,
+// each value as m holds it.
+func (m *Message) WithoutExtra() []byte {
+	b := make([]byte, 0, len(m.ID)+len(m.Method)+len(m.Params)+len(m.Result)+len(m.Error)+64)
+	b = append(b, `{"jsonrpc":"2.0"`...)
+	if m.ID != nil {
+		b = append(append(b, `,"id":`...), m.ID...)
+	}
+	if m.Kind == Request || m.Kind == Notification {
+		b = AppendQuote(append(b, `,"method":`...), m.Method)
+	}
+	if m.Params != nil {
+		b = append(append(b, `,"params":`...), m.Params...)
+	}
+	if m.Result != nil {
+		b = append(append(b, `,"result":`...), m.Result...)
+	}
+	if m.Error != nil {
+		b = append(append(b, `,"error":`...), m.Error...)
+	}
+	return append(b, '}')
 }
 
 // Limits bound what Parse accepts.
@@ -184,7 +213,10 @@ func Parse(body []byte, limits Limits) (Message, error) {
 		case "error":
 			msg.Error = raw
 		default:
-			return p.checkSpelling(key, start, messageMembers)
+			if err := p.checkSpelling(key, start, messageMembers); err != nil {
+				return err
+			}
+			msg.Extra = true
 		}
 		return nil
 	})

@@ -908,3 +908,26 @@ func TestMaxValues(t *testing.T) {
 		t.Error("Validate: 4 values past a bound of 3")
 	}
 }
+
+// A member beside JSON-RPC's is marked, and WithoutExtra leaves it out,
+// each other value as it was sent.
+func TestExtraMembers(t *testing.T) {
+	for in, want := range map[string]string{
+		`{"jsonrpc":"2.0","id":7,"result":{"a" : 1},"note":"secret"}`:                           `{"jsonrpc":"2.0","id":7,"result":{"a" : 1}}`,
+		`{"x":[1],"jsonrpc":"2.0","id":"s","error":{"code":1,"message":"m"}}`:                   `{"jsonrpc":"2.0","id":"s","error":{"code":1,"message":"m"}}`,
+		`{"jsonrpc":"2.0","method":"notifications/message","params":{"level":"info"},"y":null}`: `{"jsonrpc":"2.0","method":"notifications/message","params":{"level":"info"}}`,
+		`{"jsonrpc":"2.0","id":1,"method":"ping","z":{}}`:                                       `{"jsonrpc":"2.0","id":1,"method":"ping"}`,
+	} {
+		msg, err := mcpmsg.Parse([]byte(in), mcpmsg.Limits{})
+		if err != nil || !msg.Extra {
+			t.Fatalf("%s: Extra %v, %v", in, msg.Extra, err)
+		}
+		if got := string(msg.WithoutExtra()); got != want {
+			t.Errorf("%s: WithoutExtra = %s, want %s", in, got, want)
+		}
+	}
+	msg, err := mcpmsg.Parse([]byte(`{"jsonrpc":"2.0","id":1,"result":{}}`), mcpmsg.Limits{})
+	if err != nil || msg.Extra {
+		t.Errorf("a message with JSON-RPC's members only: Extra %v, %v", msg.Extra, err)
+	}
+}

@@ -52,6 +52,11 @@ type Call struct {
 	// this call's result, and so mark the result with its own decision
 	// (_meta["toolgate/decision"]) instead of the request policy.
 	ResultDecided bool
+	// TasksOwned is set by toolgate_result_policy, which relays a task's
+	// methods only for the tasks created in the call's MCP session and
+	// judges what a task yields as its call's result; without it
+	// toolgate_proxy relays no task (RelaysTasks).
+	TasksOwned bool
 	// Tool is the upstream's definition of the called tool, when known;
 	// see ToolDefinition.
 	Tool *ToolDefinition
@@ -283,6 +288,12 @@ func (c *Call) RunResultHooks(ctx context.Context, result []byte) (Result, error
 		}
 	}
 	return out, nil
+}
+
+// TaskMethod reports whether the call creates, reads or names a task: a
+// tasks/ request, or a request asking for a task (params.task).
+func (c *Call) TaskMethod() bool {
+	return c.IsRequest() && (strings.HasPrefix(c.Method, "tasks/") || c.Message.Task != nil)
 }
 
 // HasResultHooks reports whether any step wants to see the result.

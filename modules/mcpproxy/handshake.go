@@ -76,10 +76,15 @@ func (h *Handler) initialize(w http.ResponseWriter, r *http.Request, call *gatew
 		InitializeParams: replay,
 	})
 	if !gateway.SupportsProtocolVersion(up.ProtocolVersion) {
+		if v := up.ProtocolVersion; len(v) <= 32 {
+			h.logger.Warn("the upstream chose a protocol version toolgate does not speak", zap.String("service", call.Service.ID), zap.String("version", v))
+		} else {
+			h.logger.Warn("the upstream chose a protocol version toolgate does not speak", zap.String("service", call.Service.ID))
+		}
 		_, _, _ = sessions.End(ctx, ms)
 		h.endUpstream(ctx, call, up)
 		gateway.WriteRPCError(w, http.StatusOK, call.Message.ID, gateway.CodeInvalidRequest,
-			"the upstream chose protocol version "+version.String()+", which toolgate does not speak", nil)
+			"the upstream chose a protocol version toolgate does not speak", nil) // not quoted: the upstream's words, which no policy saw
 		return
 	}
 	if err := ms.SetUpstream(ctx, up); err != nil {

@@ -92,6 +92,13 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, _ caddyhttp.
 		return caddyhttp.Error(http.StatusInternalServerError,
 			errors.New("toolgate_proxy must come last in a route with toolgate_session and toolgate_registry"))
 	}
+	if !call.TasksOwned && call.TaskMethod() {
+		// Whose task it is, and what it yields, are checked by
+		// toolgate_result_policy: without it, a task of another MCP
+		// session would be anyone's to read.
+		call.Fail(w, http.StatusOK, gateway.CodeInvalidParams, "this gateway relays no tasks: tasks need toolgate_result_policy in the route (it checks that a task belongs to the MCP session); call the tool without a task", nil)
+		return nil
+	}
 	if r.Method != http.MethodDelete && call.Stateless != nil && call.Stateless.Held != "" {
 		// A retry that continues a held call takes that call's stream
 		// place (continueHeld): it needs no other, even at the limit.
@@ -408,6 +415,8 @@ func (h *Handler) deliver(ctx context.Context, call *gateway.Call, msg mcpmsg.Me
 		// token is nothing it asked about.
 		h.logger.Debug("dropped an upstream's progress on a token of no request in progress", zap.String("service", call.Service.ID))
 		return message{}
+	case msg.Kind == mcpmsg.Notification && msg.Method == "notifications/tasks/status" && !call.TasksOwned:
+		return message{} // a task of any MCP session's: see TasksOwned
 	case msg.Kind == mcpmsg.Notification:
 		h.noted(call, msg)
 		out, ok := h.inspect(ctx, call, msg, gateway.ChannelNotification)
@@ -434,6 +443,9 @@ func (h *Handler) noted(call *gateway.Call, msg mcpmsg.Message) {
 // call's message hooks: it returns the message to relay (rebuilt when a
 // hook replaced its params), or false when it must not reach the runner.
 func (h *Handler) inspect(ctx context.Context, call *gateway.Call, msg mcpmsg.Message, channel string) ([]byte, bool) {
+	if params, stripped := withoutOwnMarks(msg.Params); stripped {
+		msg.Params, msg.Raw = params, rebuild(msg, params) // see withoutOwnMarks: marks in a request's or notification's too
+	}
 	if !call.HasMessageHooks() {
 		return msg.Raw, true
 	}

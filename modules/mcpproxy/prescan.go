@@ -99,5 +99,10 @@ func (h *Handler) parseRedacted(call *gateway.Call, raw []byte) (mcpmsg.Message,
 	}
 	out, changed, err := h.redacted(call, msg, pre)
 	h.logRedacted(call, out, changed)
+	if err == nil && out.Extra {
+		// Members beside JSON-RPC's would reach the runner unseen by
+		// the result policy, which reads result, error or params.
+		out, err = mcpmsg.Parse(out.WithoutExtra(), h.limits)
+	}
 	return out, err
 }

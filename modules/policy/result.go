@@ -74,6 +74,7 @@ func (h *ResultHandler) ServeHTTP(w http.ResponseWriter, r *http.Request, next c
 	call.OnMessage(func(ctx context.Context, call *gateway.Call, msg gateway.UpstreamMessage) ([]byte, bool, error) {
 		return h.message(ctx, call, rq, msg)
 	})
+	call.TasksOwned = true // asked, ownTasks and message keep each task to its MCP session
 	return next.ServeHTTP(w, r)
 }
 

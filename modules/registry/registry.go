@@ -300,6 +300,11 @@ func readMessage(w http.ResponseWriter, r *http.Request, max int64, limits mcpms
 		return mcpmsg.Message{}, false
 	}
 	msg, err := mcpmsg.Parse(body, limits)
+	if err == nil && msg.Extra {
+		// Members beside JSON-RPC's would reach the upstream unseen by
+		// the request policy.
+		msg, err = mcpmsg.Parse(msg.WithoutExtra(), limits)
+	}
 	if err != nil {
 		code := gateway.CodeParseError
 		if errors.Is(err, mcpmsg.ErrBatch) || msg.Kind != 0 {
