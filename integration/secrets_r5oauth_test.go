@@ -5,7 +5,6 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"net/http"
-	"net/http/httptest"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -17,57 +16,25 @@ import (
 	"github.com/toolgate/toolgate/modules/ciphers/vaulttransit/vaulttest"
 )
 
-// r5SlowUpstream is a minimal stateless MCP server (JSON answers) whose
-// tools/call waits until the test releases it.
-type r5SlowUpstream struct {
-	URL     string
-	called  chan struct{}
-	release chan struct{}
-	once    sync.Once
-}
-
-func r5StartSlowUpstream(t *testing.T) *r5SlowUpstream {
+// r5HeldCalls makes up's tools/call requests wait until release is
+// called (or 20 s pass); called receives one value as each arrives.
+func r5HeldCalls(t *testing.T, up *upstream) (called <-chan struct{}, release func()) {
 	t.Helper()
-	u := &r5SlowUpstream{called: make(chan struct{}, 16), release: make(chan struct{})}
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Method != http.MethodPost {
-			w.WriteHeader(http.StatusMethodNotAllowed)
-			return
-		}
-		var msg struct {
-			ID     json.RawMessage `json:"id"`
-			Method string          `json:"method"`
-		}
-		if json.NewDecoder(r.Body).Decode(&msg) != nil {
-			w.WriteHeader(http.StatusBadRequest)
-			return
-		}
-		if len(msg.ID) == 0 {
-			w.WriteHeader(http.StatusAccepted)
-			return
-		}
-		var result string
-		switch msg.Method {
-		case "initialize":
-			result = `{"protocolVersion":"2025-11-25","capabilities":{"tools":{}},"serverInfo":{"name":"r5","version":"1"}}`
-		case "tools/list":
-			result = `{"tools":[{"name":"echo","description":"echo","inputSchema":{"type":"object"},"annotations":{"readOnlyHint":true}}]}`
-		case "tools/call":
-			u.called <- struct{}{}
+	arrived, released := make(chan struct{}, 16), make(chan struct{})
+	var once sync.Once
+	release = func() { once.Do(func() { close(released) }) }
+	t.Cleanup(release)
+	up.setIntercept(func(_ http.ResponseWriter, r *http.Request, body []byte) bool {
+		if r.Method == http.MethodPost && strings.Contains(string(body), `"tools/call"`) {
+			arrived <- struct{}{}
 			select {
-			case <-u.release:
+			case <-released:
 			case <-time.After(20 * time.Second):
 			}
-			result = `{"content":[{"type":"text","text":"done"}]}`
-		default:
-			result = `{}`
 		}
-		w.Header().Set("Content-Type", "application/json")
-		_, _ = w.Write([]byte(`{"jsonrpc":"2.0","id":` + string(msg.ID) + `,"result":` + result + `}`))
-	}))
-	t.Cleanup(func() { u.once.Do(func() { close(u.release) }); srv.Close() })
-	u.URL = srv.URL + "/mcp"
-	return u
+		return false
+	})
+	return arrived, release
 }
 
 // Attack (the storage's own words to runners): when the answer of a call
@@ -87,7 +54,8 @@ func r5StartSlowUpstream(t *testing.T) *r5SlowUpstream {
 // answer cannot be relayed right now (retryable), and the storage's or
 // cipher's message goes to the log only.
 func TestR5OAuthSecretSearchFailureQuotesStorageToRunner(t *testing.T) {
-	up := r5StartSlowUpstream(t)
+	up := startUpstream(t)
+	called, release := r5HeldCalls(t, up)
 	g := startGateway(t, gatewayConfig{Upstream: up.URL, Auth: "bearer", Tools: "echo", Extra: "cache_ttl 1s"})
 	if resp := g.api(t, http.MethodPut, "/v1/connections/svc", aliceKey, []byte(`{"token":"r5-personal-token-0123456789"}`)); resp.StatusCode != http.StatusNoContent {
 		t.Fatalf("control: storing alice's token: %d %s", resp.StatusCode, resp.Body)
@@ -104,11 +72,11 @@ func TestR5OAuthSecretSearchFailureQuotesStorageToRunner(t *testing.T) {
 	}
 	done := make(chan answer, 1)
 	go func() {
-		status, _, msgs := m.post(`{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"echo","arguments":{}}}`)
+		status, _, msgs := m.post(`{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"echo","arguments":{"text":"held"}}}`)
 		done <- answer{status, msgs}
 	}()
 	select {
-	case <-up.called:
+	case <-called:
 	case <-time.After(15 * time.Second):
 		t.Fatal("control: the call never reached the upstream")
 	}
@@ -124,7 +92,7 @@ func TestR5OAuthSecretSearchFailureQuotesStorageToRunner(t *testing.T) {
 		t.Fatal(err)
 	}
 	time.Sleep(1500 * time.Millisecond) // past cache_ttl (1s): not an assertion, the copy must age
-	up.once.Do(func() { close(up.release) })
+	release()
 	var a answer
 	select {
 	case a = <-done:
@@ -225,7 +193,8 @@ func TestR5OAuthRemovedUserCannotForgetTheirCredential(t *testing.T) {
 func TestR5OAuthSecretSearchFailureQuotesVaultToRunner(t *testing.T) {
 	v := vaulttest.Start(t)
 	key := v.NewKey(t)
-	up := r5StartSlowUpstream(t)
+	up := startUpstream(t)
+	called, release := r5HeldCalls(t, up)
 	g := startGateway(t, gatewayConfig{Upstream: up.URL, Auth: "bearer", Tools: "echo", Extra: "cache_ttl 1s",
 		Cipher: vaultCipher(v, key)})
 	if resp := g.api(t, http.MethodPut, "/v1/connections/svc", aliceKey, []byte(`{"token":"r5-personal-token-0123456789"}`)); resp.StatusCode != http.StatusNoContent {
@@ -238,17 +207,17 @@ func TestR5OAuthSecretSearchFailureQuotesVaultToRunner(t *testing.T) {
 	}
 	done := make(chan []json.RawMessage, 1)
 	go func() {
-		_, _, msgs := m.post(`{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"echo","arguments":{}}}`)
+		_, _, msgs := m.post(`{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"echo","arguments":{"text":"held"}}}`)
 		done <- msgs
 	}()
 	select {
-	case <-up.called:
+	case <-called:
 	case <-time.After(15 * time.Second):
 		t.Fatal("control: the call never reached the upstream")
 	}
 	v.Seal(t)
 	time.Sleep(1500 * time.Millisecond) // past cache_ttl (1s)
-	up.once.Do(func() { close(up.release) })
+	release()
 	var msgs []json.RawMessage
 	select {
 	case msgs = <-done:
