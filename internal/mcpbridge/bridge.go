@@ -9,11 +9,13 @@
 // one MCP session over its stdin and stdout, and toolgate shares it. The
 // bridge keeps the sessions apart. Each request gets an id and a progress
 // token of the link's own, and the runner's are restored on the way back,
-// so answers and progress reach the request they belong to; a server→client
-// request goes only to a runner that declared the capability it needs and
-// that can be told apart from other people's; and a request that may have
-// reached the server is never sent twice — when the connection ends under
-// it, its runner is told so with a retryable error.
+// so answers and progress reach the request they belong to; what the server
+// sends naming no request (a server→client request, a log message) goes to
+// a runner only while its person is the only one connected to the server,
+// and a request only to a runner that declared the capability it needs;
+// and a request that may have reached the server is never sent twice —
+// when the connection ends under it, its runner is told so with a
+// retryable error.
 package mcpbridge
 
 import (

@@ -218,6 +218,40 @@ func TestServerRequestAmbiguousBetweenUsersIsRefused(t *testing.T) {
 	}
 }
 
+// What the server sends naming no request — a log message, a server→client
+// request — may be about any person connected: bob's call answered and the
+// server works on for him, and alice's call is the one in progress when
+// the server logs that bob's work is done. While both are connected it
+// goes to nobody; once alice is alone on the link, to her call.
+func TestUnattributedMessageWhileAnotherUserIsConnectedGoesToNobody(t *testing.T) {
+	f := newFixture(t)
+	alice, bob := f.runner("alice", sampling), f.runner("bob", noCapabilities)
+	if msgs := bob.Call(`{"jsonrpc":"2.0","id":1,"method":"logging/setLevel","params":{"level":"info"}}`); len(msgs) != 1 || !gjson.Get(msgs[0], "result").Exists() {
+		t.Fatalf("bob's logging/setLevel: %q", msgs)
+	}
+	if msgs := bob.Call(`{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"background","arguments":{"text":"bob's payroll"}}}`); len(msgs) != 1 || toolText(msgs[0]) != "started" {
+		t.Fatalf("bob's background call: %q", msgs)
+	}
+	msgs := alice.Call(`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"finish","arguments":{}}}`)
+	if len(msgs) != 1 || toolText(msgs[0]) != "finished 1" {
+		t.Errorf("alice's call while bob is connected: want its answer only, got %q", msgs)
+	}
+	resp := alice.Send(http.MethodPost, `{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"sample","arguments":{"prompt":"whose?"}}}`)
+	defer resp.Body.Close()
+	if m := next(t, events(resp.Body)); !strings.Contains(toolText(m), "several users") {
+		t.Fatalf("alice's sampling while bob is connected: want it refused, got %s", m)
+	}
+
+	if resp := bob.Send(http.MethodDelete, ""); resp.StatusCode != http.StatusNoContent {
+		t.Fatalf("ending bob's session: %d", resp.StatusCode)
+	}
+	alice.Call(`{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"background","arguments":{"text":"alice's notes"}}}`)
+	msgs = alice.Call(`{"jsonrpc":"2.0","id":4,"method":"tools/call","params":{"name":"finish","arguments":{}}}`)
+	if len(msgs) != 2 || gjson.Get(msgs[0], "params.data").String() != "finished working on alice's notes" {
+		t.Errorf("alice alone on the link: want the log of her work, then the answer, got %q", msgs)
+	}
+}
+
 // A runner's cancellation names its own id; the server sees the link's id
 // for that request, and no other session's request is touched.
 func TestCancellationIsTranslated(t *testing.T) {
@@ -366,14 +400,17 @@ func receive(t *testing.T, ch <-chan string) string {
 
 // A runner cannot answer a server→client request sent to someone else's
 // runner: its answer is dropped, and the right runner's answer counts.
+// (bob connects once the request reached alice: while he is connected, it
+// would go to nobody.)
 func TestAnswerFromAnotherSessionIsIgnored(t *testing.T) {
 	f := newFixture(t)
-	alice, bob := f.runner("alice", sampling), f.runner("bob", sampling)
+	alice := f.runner("alice", sampling)
 	resp := alice.Send(http.MethodPost, `{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"sample","arguments":{"prompt":"mine"}}}`)
 	defer resp.Body.Close()
 	ch := events(resp.Body)
 	req := next(t, ch)
 	id := gjson.Get(req, "id").Raw
+	bob := f.runner("bob", sampling)
 	forged := `{"jsonrpc":"2.0","id":` + id + `,"result":{"role":"assistant","model":"m","content":{"type":"text","text":"bob's words"}}}`
 	if r := bob.Send(http.MethodPost, forged); r.StatusCode != http.StatusAccepted {
 		t.Fatalf("bob's forged answer: %d", r.StatusCode)

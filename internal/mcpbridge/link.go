@@ -532,8 +532,8 @@ func (l *Link) deliver(msg mcpmsg.Message, own bool) {
 // serverRequest relays a server→client request to the one runner it can be
 // for: a session whose runner declared what the request needs, with a
 // request in progress or a standalone stream open, and — on a connection
-// several people share — only when all such sessions are one person's, so
-// that nobody is asked about someone else's call.
+// several people share — only while its person is the only one connected
+// (routeLocked), so that nobody is asked about someone else's work.
 func (l *Link) serverRequest(msg mcpmsg.Message) {
 	if msg.Method == "ping" {
 		l.sendLater(gateway.RPCResult(msg.ID, []byte("{}")))
@@ -583,22 +583,29 @@ func serverMethodName(method string) string {
 	return "a method MCP does not define"
 }
 
-// routeLocked picks the session and stream for a server→client message.
-// A request in progress is the likely cause of it; without one, a
-// standalone stream. Every person with a request in progress, and
-// without one every person connected, counts, whether or not their runner
-// could take the message: their call may be the one that caused it, so it
-// must not go to someone else.
+// routeLocked picks the session and stream for a server→client message
+// that names no request of a runner (a server→client request, a log
+// message). It may be about any person connected to the server — their
+// call in progress, or one that answered and works on in the background —
+// so it goes to a session only when that session's person is the only one
+// connected: every person with a session on the link or a call in progress
+// counts, whether or not their runner could take the message. Of that
+// person's sessions, the latest request in progress is the likely cause of
+// it; without one, a standalone stream.
 func (l *Link) routeLocked(method string, params []byte) (*Session, *stream, string) {
-	var best *pending
 	users := map[string]bool{}
-	capable, incapableCaller := false, false
+	for s := range l.sessions {
+		users[s.User] = true
+	}
+	var best *pending
+	incapableCaller := false
 	for _, p := range l.pending {
 		if p.session == nil {
 			continue
 		}
-		// A call whose runner went away may still run in the server: its
-		// user counts, though nothing can be relayed to them.
+		// A call whose runner went away, or whose session ended, may still
+		// run in the server: its user counts, though nothing can be
+		// relayed to them.
 		users[p.session.User] = true
 		if !p.out.open() {
 			continue
@@ -611,19 +618,9 @@ func (l *Link) routeLocked(method string, params []byte) (*Session, *stream, str
 			best = p
 		}
 	}
-	if len(users) > 1 {
-		return nil, nil, "calls of several users are in progress on a server they share, and toolgate cannot tell whose call it belongs to"
-	}
-	if best != nil {
-		return best.session, best.out, ""
-	}
 	var target *Session
+	capable := false
 	for s := range l.sessions {
-		// Every connected person counts, whether or not their runner could
-		// take the message: it may be about their data (a tool that
-		// answered and works on in the background), so it must not go to
-		// someone else's stream.
-		users[s.User] = true
 		if !s.caps.allows(method, params) {
 			continue
 		}
@@ -636,12 +633,16 @@ func (l *Link) routeLocked(method string, params []byte) (*Session, *stream, str
 		}
 	}
 	switch {
-	case target != nil && len(users) == 1:
-		return target, target.get, ""
-	case incapableCaller:
+	case len(users) > 1 && best == nil && incapableCaller:
 		return nil, nil, "the client whose call is in progress did not declare the capability it needs"
 	case len(users) > 1:
 		return nil, nil, "several users are connected to a server they share, and toolgate cannot tell whom it is for"
+	case best != nil:
+		return best.session, best.out, ""
+	case target != nil:
+		return target, target.get, ""
+	case incapableCaller:
+		return nil, nil, "the client whose call is in progress did not declare the capability it needs"
 	case !capable:
 		return nil, nil, "no connected client declared the capability it needs"
 	}

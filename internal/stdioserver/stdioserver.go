@@ -2,7 +2,8 @@
 // tests run as a program speaking over stdio — the test binary itself, in
 // a mode its TestMain recognises (see Mode) — with tools that report what
 // the program sees (its environment, its process) and tools that make it
-// misbehave on demand (crash, flood its stdout, hang).
+// misbehave on demand (crash, flood its stdout, hang), or work on after they
+// answered (background, finish).
 package stdioserver
 
 import (
@@ -13,6 +14,7 @@ import (
 	"os/signal"
 	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -132,6 +134,34 @@ func Register(s *mcp.Server) {
 			case <-time.After(30 * time.Second):
 				return text("waited 30s"), nil, nil
 			}
+		})
+	// background holds what the tool "background" goes on working on
+	// after it answered: "finish" logs that each is done.
+	var background struct {
+		sync.Mutex
+		texts []string
+	}
+	mcp.AddTool(s, &mcp.Tool{Name: "background", Description: "Answers at once and goes on working on text, until a call of finish.", Annotations: readOnly},
+		func(_ context.Context, _ *mcp.CallToolRequest, in struct {
+			Text string `json:"text"`
+		}) (*mcp.CallToolResult, any, error) {
+			background.Lock()
+			background.texts = append(background.texts, in.Text)
+			background.Unlock()
+			return text("started"), nil, nil
+		})
+	mcp.AddTool(s, &mcp.Tool{Name: "finish", Description: "Finishes the background work: logs that it finished working on each text (at level info, naming no request; nothing before a client set a log level), then answers how many it finished.", Annotations: readOnly},
+		func(ctx context.Context, req *mcp.CallToolRequest, _ struct{}) (*mcp.CallToolResult, any, error) {
+			background.Lock()
+			texts := background.texts
+			background.texts = nil
+			background.Unlock()
+			for _, t := range texts {
+				if err := req.Session.Log(ctx, &mcp.LoggingMessageParams{Level: "info", Data: "finished working on " + t}); err != nil {
+					return nil, nil, err
+				}
+			}
+			return text(fmt.Sprintf("finished %d", len(texts))), nil, nil
 		})
 	mcp.AddTool(s, &mcp.Tool{Name: "crash", Description: "Exits the program with status 3.", Annotations: readOnly},
 		func(context.Context, *mcp.CallToolRequest, struct{}) (*mcp.CallToolResult, any, error) {
