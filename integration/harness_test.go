@@ -16,6 +16,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -71,6 +72,8 @@ type gatewayConfig struct {
 	AnyHost bool
 	DataDir string // the file_system storage's directory; default a new one
 	Sites   string // more site blocks, after the gateway's
+	// NoResultPolicy leaves toolgate_result_policy out of the pipeline.
+	NoResultPolicy bool
 }
 
 // gateway is a running toolgate.
@@ -334,8 +337,14 @@ func gatewayCaddyfile(t testing.TB, port int, cfg gatewayConfig) (caddyfile, dat
 		cfg.RequestPolicy, cfg.ResultPolicy, cfg.Extra, cfg.Services, hashKey(carolKey), carol, cfg.PolicyOptions, cfg.Cipher, cfg.Timeout,
 		cfg.ServiceExtra, cfg.Log, cfg.Console, cfg.AuthExtra, cfg.Global, bind, site, cfg.RouteFirst, federatedPath, federation, cfg.Sites,
 		cfg.PolicyTimeout)
+	if cfg.NoResultPolicy {
+		caddyfile = resultPolicyStep.ReplaceAllString(caddyfile, "")
+	}
 	return caddyfile, data
 }
+
+// resultPolicyStep is the toolgate_result_policy block of gatewayCaddyfile.
+var resultPolicyStep = regexp.MustCompile(`(?s)\n\t\ttoolgate_result_policy \{.*?\n\t\t\}`)
 
 var caddyMu sync.Mutex
 

@@ -140,6 +140,79 @@ test_text_blobs_lose_invisible_characters_and_are_bounded if {
 	decide("result", "resources/read", {"contents": images}) == {"action": "allow"}
 }
 
+# A mimeType of null is none (Go's, Python's and JavaScript's decoders read
+# it so): the blob is text when it is UTF-8, and loses its invisible
+# characters. Any other mimeType that is not a string withholds the blob:
+# a runner may read it as text or not.
+test_blob_with_null_mime_type_is_text if {
+	spoof := concat("", ["invoice.", "\u202e", "fdp.exe", hidden])
+	d := decide("result", "resources/read", {"contents": [{"uri": "file:///a", "mimeType": null, "blob": b64(spoof)}]})
+	base64.decode(d.result.contents[0].blob) == "invoice.fdp.exe"
+	d.result.contents[0].mimeType == null
+	e := decide("result", "tools/call", {"content": [{"type": "resource", "resource": {"uri": "file:///a", "mimeType": null, "blob": b64(spoof)}}]})
+	base64.decode(e.result.content[0].resource.blob) == "invoice.fdp.exe"
+}
+
+test_blob_with_mime_type_not_a_string_is_withheld if {
+	every mime in [0, ["text/plain"], {"type": "text/plain"}, true, false] {
+		d := decide("result", "resources/read", {"contents": [{"uri": "file:///a", "mimeType": mime, "blob": b64("plain")}]})
+		d.action == "deny"
+		contains(d.reason, "a blob at contents[0].blob whose mimeType is not a string")
+		e := decide("result", "tools/call", {"content": [{"type": "resource", "resource": {"uri": "file:///a", "mimeType": mime, "blob": b64("plain")}}]})
+		e.action == "deny"
+		contains(e.reason, "a blob at content[0].resource.blob whose mimeType is not a string")
+	}
+}
+
+# Text in another charset than UTF-8 decodes, in a runner that honours the
+# label, to text toolgate never saw (a secret in UTF-16 holds no marker in
+# its bytes); a blob labelled text whose bytes are not UTF-8 may be read in
+# some charset too. Both are withheld, with a reason that quotes nothing of
+# the upstream's.
+utf16_secret := "awBlAHkAIABBAEsASQBBAEkATwBTAEYATwBEAE4ATgA3AEUAWABBAE0AUABMAEUACgA="
+
+utf16_bom_secret := "//5rAGUAeQAgAEEASwBJAEEASQBPAFMARgBPAEQATgBOADcARQBYAEEATQBQAEwARQAKAA=="
+
+test_blob_of_text_in_another_charset_is_withheld if {
+	every mime in [
+		"text/plain; charset=utf-16le", `text/plain; Charset="UTF-16"`, "application/json;charset=latin1",
+		"text/plain; format=flowed; charset=utf-16", "text/csv; charset", "; charset=utf-16", "text/plain; charset=utf-8; charset=utf-16",
+	] {
+		d := decide("result", "resources/read", {"contents": [{"uri": "file:///a", "mimeType": mime, "blob": utf16_secret}]})
+		d.action == "deny"
+		contains(d.reason, "a blob of text at contents[0].blob whose mimeType names a charset other than UTF-8")
+		not contains(d.reason, "utf-16")
+	}
+}
+
+test_blob_of_text_in_utf8_or_ascii_is_text if {
+	every mime in ["text/plain; charset=UTF-8", `text/plain; charset="us-ascii"`, "application/json; charset=utf8", "text/plain;charset = ascii"] {
+		d := decide("result", "resources/read", {"contents": [{"uri": "file:///a", "mimeType": mime, "blob": b64(concat("", ["a", hidden]))}]})
+		base64.decode(d.result.contents[0].blob) == "a"
+	}
+}
+
+test_blob_of_binary_data_with_a_charset_is_binary if {
+	decide("result", "resources/read", {"contents": [{"uri": "file:///a", "mimeType": "image/png; charset=utf-16", "blob": utf16_secret}]}) == {"action": "allow"}
+}
+
+test_blob_labelled_text_that_is_not_utf8_is_withheld if {
+	every mime in ["text/plain", "application/json", "TEXT/markdown; charset=utf-8"] {
+		d := decide("result", "resources/read", {"contents": [{"uri": "file:///a", "mimeType": mime, "blob": utf16_bom_secret}]})
+		d.action == "deny"
+		contains(d.reason, "a blob at contents[0].blob whose mimeType is of text but whose bytes are not UTF-8")
+		e := decide("result", "tools/call", {"content": [{"type": "resource", "resource": {"uri": "file:///a", "mimeType": mime, "blob": utf16_bom_secret}}]})
+		e.action == "deny"
+	}
+}
+
+test_blob_without_mime_type_that_is_not_utf8_is_binary if {
+	every mime in [null, ""] {
+		decide("result", "resources/read", {"contents": [{"uri": "file:///a", "mimeType": mime, "blob": utf16_bom_secret}]}) == {"action": "allow"}
+		decide("result", "resources/read", {"contents": [{"uri": "file:///a", "blob": utf16_bom_secret}]}) == {"action": "allow"}
+	}
+}
+
 # A limit smaller than the blobs the gateway's scan calls clean
 # (long_blob) still holds for blobs of text.
 test_blobs_of_text_are_held_to_a_limit_below_long_blob if {

@@ -13,9 +13,10 @@
 #   two text items), and a payload whose text is over its limit
 #   (max_result_bytes, max_listing_bytes for listings) is cut to fit. A tool
 #   result with content items of unknown type or without content is
-#   withheld. A payload that needed no change is allowed as is, so the
-#   gateway passes the upstream's text on (adding only the decision id to a
-#   tool result).
+#   withheld, and so is a blob that toolgate cannot read as a runner may
+#   (text not in UTF-8, a mimeType that is not a string). A payload that
+#   needed no change is allowed as is, so the gateway passes the upstream's
+#   text on (adding only the decision id to a tool result).
 #
 #   Extend it from another file in this package by adding to the `deny` and
 #   `ask` sets or to the `redact_patterns` object; see policies/README.md.
@@ -187,7 +188,7 @@ cannot_inspect contains msg if {
 	some path, blob in blob_strings
 	not base64.is_valid(blob)
 	not tool_result # a tool result's content items are checked above
-	msg := sprintf("the upstream's %s holds a blob at %v that is not base64 toolgate can decode, so toolgate cannot inspect it; it was withheld", [channel, path])
+	msg := sprintf("the upstream's %s holds a blob at %s that is not base64 toolgate can decode, so toolgate cannot inspect it; it was withheld", [channel, place(path)])
 }
 
 cannot_inspect contains msg if {
@@ -196,18 +197,52 @@ cannot_inspect contains msg if {
 	msg := sprintf("the %s is over the limit of %d bytes even without its texts (its keys and structure alone are too large), so it was withheld; ask for less", [noun, max_bytes])
 }
 
+# Two keys of one object that cleaning gives the same name. The reason
+# names the object by its place (see place), never by the keys: they are
+# the upstream's text as received, which may hold a secret or invisible
+# characters, and the reason reaches the runner.
 cannot_inspect contains msg if {
 	some parent, names in renamed_keys
 	some name in names
 	count([1 | some n in names; n == name]) > 1
-	msg := sprintf("toolgate would have to give two keys of %v the same name %q after cleaning them, so the %s was withheld", [parent, name, noun])
+	msg := collision_reason(parent)
 }
 
 cannot_inspect contains msg if {
 	some parent, names in renamed_keys
 	some name in names
 	kept_key(parent, name)
-	msg := sprintf("toolgate would have to give two keys of %v the same name %q after cleaning them, so the %s was withheld", [parent, name, noun])
+	msg := collision_reason(parent)
+}
+
+collision_reason(parent) := sprintf("toolgate would have to give two keys of the object at %s the same name after cleaning them, so the %s was withheld", [place(parent), noun])
+
+# place(path): where path is in the payload, for a reason, written without
+# text the upstream chose: array indexes, and the member names of MCP's in
+# place_members, as they are; any other key as <key>. (A reason reaches the
+# runner as it is, and an upstream's key may hold a secret or invisible
+# characters.)
+place([]) := "the top level"
+
+place(path) := concat("", [place_step(i, step) | some i, step in path]) if count(path) > 0
+
+place_step(_, step) := sprintf("[%d]", [step]) if is_number(step)
+
+place_step(0, step) := member_name(step) if is_string(step)
+
+place_step(i, step) := concat("", [".", member_name(step)]) if {
+	i > 0
+	is_string(step)
+}
+
+member_name(step) := step if step in place_members
+
+else := "<key>"
+
+place_members := {
+	"content", "structuredContent", "contents", "messages", "resource", "blob", "data", "text", "type",
+	"uri", "mimeType", "inputRequests", "params", "_meta", "tools", "prompts", "resources",
+	"resourceTemplates", "inputSchema", "outputSchema", "properties", "annotations", "task",
 }
 
 # ask holds one reason per rule that withholds the result until a human
@@ -578,6 +613,7 @@ clean_of(entries, listed_seams) if {
 	}
 	count(listed_seams) == 0
 	count(marked_blobs) == 0
+	count(unreadable_blobs) == 0
 	blob_text_bytes <= long_blob
 }
 
@@ -1119,16 +1155,83 @@ cannot_inspect contains msg if {
 }
 
 # text_blob(path, b): the blob at path decodes to b, text a runner may show
-# as such: valid UTF-8, of a resource without a mimeType or with one of
-# text (text_mime). Its invisible characters are removed as in any text;
-# those of other blobs are bytes of binary data, left as they are even when
-# they happen to be valid UTF-8 (a protocol buffer's).
+# as such: valid UTF-8, of a resource without a mimeType (none, or null,
+# which decoders read as none) or with one of text (text_mime) in UTF-8.
+# Its invisible characters are removed as in any text; those of other blobs
+# are bytes of binary data, left as they are even when they happen to be
+# valid UTF-8 (a protocol buffer's).
 text_blob(path, b) if {
-	mime := object.get(input.result, array.concat(array.slice(path, 0, count(path) - 1), ["mimeType"]), "")
-	is_string(mime)
-	text_mime(trim_space(split(lower(mime), ";")[0]))
-	json.unmarshal(json.marshal(b)) == b # valid UTF-8: JSON writes other bytes as U+FFFD
+	mime := blob_types[path]
+	text_mime(mime_base(mime))
+	not foreign_charset(mime)
+	utf8(b)
 }
+
+# utf8(b): b is valid UTF-8 (JSON writes other bytes as U+FFFD).
+utf8(b) if json.unmarshal(json.marshal(b)) == b
+
+# blob_mime(path): the mimeType beside the blob at path, null without one.
+blob_mime(path) := object.get(input.result, array.concat(array.slice(path, 0, count(path) - 1), ["mimeType"]), null)
+
+# blob_types maps the path of every resource blob whose mimeType toolgate
+# can read to that mimeType in lower case: "" for none or null (Go's,
+# Python's and JavaScript's decoders read null as none). A blob whose
+# mimeType is another value is withheld (unreadable_blobs).
+blob_types[path] := lower(mime) if {
+	some path, _ in blob_strings
+	mime := blob_mime(path)
+	is_string(mime)
+}
+
+blob_types[path] := "" if {
+	some path, _ in blob_strings
+	blob_mime(path) == null
+}
+
+# mime_base(m): the type of mimeType m, without its parameters.
+mime_base(m) := trim_space(split(m, ";")[0])
+
+# foreign_charset(m): mimeType m (lower case) has a charset parameter that
+# names an encoding other than UTF-8 or US-ASCII. The gateway's scan reads
+# it the same way.
+foreign_charset(m) if {
+	params := split(m, ";")
+	some p in array.slice(params, 1, count(params))
+	kv := split(p, "=")
+	trim_space(kv[0]) == "charset"
+	not trim(trim_space(concat("=", array.slice(kv, 1, count(kv)))), `"`) in utf8_charsets
+}
+
+utf8_charsets := {"utf-8", "utf8", "us-ascii", "ascii"}
+
+# unreadable_blobs maps the path of every resource blob that toolgate cannot
+# read as a runner may to the reason it is withheld: a mimeType that is not
+# a string (a runner may take the blob for text or not); text in another
+# charset than UTF-8, which a runner that honours the label decodes to text
+# toolgate never saw (UTF-16, say); a blob labelled with a type of text
+# whose bytes are not UTF-8. A blob without a mimeType whose bytes are not
+# UTF-8 is binary data.
+unreadable_blobs[path] := sprintf("the upstream's %s holds a blob at %s whose mimeType is not a string, so toolgate cannot tell whether it is text; it was withheld", [channel, place(path)]) if {
+	some path, _ in blob_strings
+	not blob_types[path]
+}
+
+unreadable_blobs[path] := sprintf("the upstream's %s holds a blob of text at %s whose mimeType names a charset other than UTF-8, which toolgate cannot inspect; it was withheld", [channel, place(path)]) if {
+	some path, mime in blob_types
+	text_mime(mime_base(mime))
+	foreign_charset(mime)
+}
+
+unreadable_blobs[path] := sprintf("the upstream's %s holds a blob at %s whose mimeType is of text but whose bytes are not UTF-8, which toolgate cannot inspect; it was withheld", [channel, place(path)]) if {
+	some path, b in decoded_blobs
+	mime := blob_types[path]
+	mime_base(mime) != ""
+	text_mime(mime_base(mime))
+	not foreign_charset(mime)
+	not utf8(b)
+}
+
+cannot_inspect contains msg if some msg in unreadable_blobs
 
 # text_mime(m): m (lower case, without parameters) is empty, text/*, JSON,
 # XML, YAML (also as a +json, +xml or +yaml suffix) or another language

@@ -416,6 +416,31 @@ test_keys_cleaned_and_collisions_denied if {
 	c := decide({"content": [], "structuredContent": {"a\u200bb": 1, "ab": 2}})
 	c.action == "deny"
 	contains(c.reason, "the same name")
+	contains(c.reason, "the object at structuredContent")
+}
+
+# The reason reaches the runner: it names the object whose keys collide by
+# its place, never by the upstream's keys as received (a secret, invisible
+# characters).
+test_collision_reason_quotes_no_upstream_key if {
+	c := decide({"content": [], "structuredContent": {concat("", ["key ", aws_key]): [{"a\u200bb": 1, "ab": 2}]}})
+	c.action == "deny"
+	contains(c.reason, "the object at structuredContent.<key>[0] the same name")
+	not contains(c.reason, aws_key)
+	not contains(c.reason, "\u200b")
+	k := decide({"content": [], "structuredContent": {"x": {aws_key: 2, "[REDACTED:aws_access_key_id]": 3}}})
+	k.action == "deny"
+	contains(k.reason, "the object at structuredContent.<key> the same name")
+	not contains(k.reason, "IOSFODNN7EXAMPLE")
+	t := decide({"content": [], "a\u200bb": 1, "ab": 2})
+	contains(t.reason, "two keys of the object at the top level")
+}
+
+test_place_names_no_upstream_key if {
+	result.place(["inputRequests", aws_key, "params", "messages", 0, "content", 1, "resource", "blob"]) == "inputRequests.<key>.params.messages[0].content[1].resource.blob"
+	result.place(["content", 0, "resource", "blob"]) == "content[0].resource.blob"
+	result.place([aws_key]) == "<key>"
+	result.place([]) == "the top level"
 }
 
 test_invalid_blob_denied if {

@@ -81,6 +81,8 @@ func FuzzPlanMatchesTopdown(f *testing.F) {
 	f.Add(uint8(29), "read_ticket", `{"a":1.0,"b":[1e400,-0,12345678901234567890],"c":{"":null}}`, `{"content":[{"type":"text","text":"a\u0000b"},{"type":"text","text":"\ud800"}],"structuredContent":{"a":{"a":{"a":[[[["AKIAIOSFODNN7EXAMPLE"]]]]}}}}`)
 	f.Add(uint8(30), "x", `{}`, `{"content":[{"type":"text","text":"x","annotations":{"audience":["user"]}},{"type":"resource_link","uri":"file:///etc/passwd","name":"p"}],"isError":false,"_meta":{"k":"ghp_0123456789abcdefghijklmnopqrstuvwxyz01"}}`)
 	f.Add(uint8(31), "update_ticket", `{"status":"open","status ":"x"}`, `{"content":[{"type":"text","text":"-----BEGIN PRIVATE KEY-----"},{"type":"text","text":"abc\n-----END PRIVATE KEY-----"}]}`)
+	f.Add(uint8(0), "read_ticket", `{}`, `{"content":[{"type":"resource","resource":{"uri":"b","mimeType":null,"blob":"YeKAi2I="}},{"type":"resource","resource":{"uri":"c","mimeType":0,"blob":"eA=="}}],"structuredContent":{"key AKIAIOSFODNN7EXAMPLE":[{"a\u200bb":1,"ab":2}]}}`)
+	f.Add(uint8(0), "read_ticket", `{}`, `{"content":[{"type":"resource","resource":{"uri":"b","mimeType":"text/plain; charset=utf-16le","blob":"awBlAHkA"}},{"type":"resource","resource":{"uri":"c","mimeType":"text/csv","blob":"//5rAA=="}}]}`)
 	f.Fuzz(func(t *testing.T, flags uint8, tool, args, result string) {
 		annotations := map[uint8]string{0: `{"readOnlyHint":true}`, 1: `{}`, 2: `{"destructiveHint":false}`, 3: `{"readOnlyHint":true,"destructiveHint":true}`}[flags&3]
 		def := `{"name":` + string(mcpmsg.Quote(tool)) + `,"annotations":` + annotations + `,"inputSchema":{"type":"object"}}`

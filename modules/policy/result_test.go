@@ -2,6 +2,7 @@ package policy
 
 import (
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"strings"
 	"testing"
@@ -93,3 +94,62 @@ func TestResultHook(t *testing.T) {
 }
 
 func itoa(n int) string { b, _ := json.Marshal(n); return string(b) }
+
+// What the shipped policy cannot read is withheld, and the reason, which
+// the model reads, quotes nothing the upstream chose: not the keys of an
+// object whose keys collide once cleaned, nor those on the way to a
+// member spelled in another case, nor a blob's mimeType. A mimeType of
+// null is none: the blob is text, cleaned as one without a mimeType.
+func TestResultHookWithholdsWhatItCannotReadQuotingNothing(t *testing.T) {
+	h := &ResultHandler{Config{
+		Timeout: caddy.Duration(10 * time.Second),
+		engine:  benchEngine(t, "data.toolgate.result.decision", stageResult),
+		audit:   zap.NewNop(),
+		logger:  zap.NewNop(),
+	}}
+	ctx := context.Background()
+	const secret = "AKIAIOSFODNN7EXAMPLE"
+	b64 := func(s string) string { return base64.StdEncoding.EncodeToString([]byte(s)) }
+	hidden := "hello \U000E0049\U000E0047\U000E004E \u202Eevil\u202C"
+	check := func(result string) string {
+		t.Helper()
+		res, err := h.check(ctx, benchCall(t, benchTool, `{"ticket_id":"TEST-123"}`), []byte(result), "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(res.Bytes())
+	}
+	for _, tc := range []struct{ result, reason string }{
+		{`{"content":[{"type":"text","text":"fine"}],"structuredContent":{"key ` + secret + `":{"a\u200bb":1,"ab":2}}}`,
+			"two keys of the object at structuredContent.<key> the same name"},
+		{`{"content":[{"type":"text","text":"fine"}],"structuredContent":{"x":{"` + secret + `":1,"[REDACTED:aws_access_key_id]":2}}}`,
+			"two keys of the object at structuredContent.<key> the same name"},
+		{`{"resultType":"input_required","inputRequests":{"key ` + secret + `\u200b":{"method":"sampling/createMessage","params":` +
+			`{"messages":[{"role":"user","content":{"type":"image","Data":"` + b64("key "+secret) + `"}}]}}}}`,
+			"spelled in another case, or with an invisible character, at inputRequests.<key>.params.messages[0].content.<key>"},
+		{`{"content":[{"type":"resource","resource":{"uri":"b","mimeType":["` + secret + `"],"blob":"` + b64("plain") + `"}}]}`,
+			"a blob at content[0].resource.blob whose mimeType is not a string"},
+		{`{"content":[{"type":"resource","resource":{"uri":"b","mimeType":"text/plain; charset=utf-16le; x=` + secret + `","blob":"` + b64("k\x00e\x00y\x00") + `"}}]}`,
+			"a blob of text at content[0].resource.blob whose mimeType names a charset other than UTF-8"},
+		{`{"content":[{"type":"resource","resource":{"uri":"b","mimeType":"text/plain","blob":"` + b64("\xff\xfek\x00e\x00y\x00") + `"}}]}`,
+			"a blob at content[0].resource.blob whose mimeType is of text but whose bytes are not UTF-8"},
+	} {
+		out := check(tc.result)
+		var v struct {
+			Content []struct{ Text string }
+			IsError bool
+		}
+		if err := json.Unmarshal([]byte(out), &v); err != nil || len(v.Content) != 1 || !v.IsError || !strings.Contains(v.Content[0].Text, tc.reason) {
+			t.Errorf("%.120s: got %s, want withheld with %q", tc.result, out, tc.reason)
+		}
+		if strings.Contains(out, "IOSFODNN7EXAMPLE") || strings.Contains(out, "\u200b") || strings.Contains(out, `\u200b`) {
+			t.Errorf("%.120s: the reason quotes the upstream: %s", tc.result, out)
+		}
+	}
+	for _, mime := range []string{``, `"mimeType":null,`, `"mimeType":"text/plain; charset=UTF-8",`} {
+		out := check(`{"content":[{"type":"resource","resource":{"uri":"b",` + mime + `"blob":"` + b64(hidden) + `"}}]}`)
+		if !strings.Contains(out, `"blob":"`+b64("hello  evil")+`"`) {
+			t.Errorf("%s: the blob of text keeps its invisible characters: %s", mime, out)
+		}
+	}
+}

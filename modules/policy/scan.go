@@ -451,10 +451,46 @@ func withoutIgnorable(s string) string {
 // variantRefusal refuses a payload in which a member that makes a string
 // a block's binary data or blob is spelled in another case: the policy
 // would inspect the string as text, and a runner that ignores case in
-// member names would decode it.
-func variantRefusal(path string) *Refusal {
-	return &Refusal{Why: "the upstream's message holds a member of MCP's spelled in another case at " + path +
+// member names would decode it. The reason names the place without the
+// upstream's keys (see placeOf).
+func variantRefusal(path []pathStep) *Refusal {
+	return &Refusal{Why: "the upstream's message holds a member of MCP's spelled in another case, or with an invisible character, at " + placeOf(path) +
 		" (clients that ignore case read it as that member, so toolgate cannot inspect it as they would read it); it was withheld"}
+}
+
+// placeOf writes path for a reason without text the upstream chose (the
+// policy's place): array indexes, and the member names of MCP's in
+// placeMembers, as they are; any other key as <key>. A reason reaches the
+// runner as it is, and an upstream's key may hold a secret or invisible
+// characters.
+func placeOf(path []pathStep) string {
+	if len(path) == 0 {
+		return "the top level"
+	}
+	var b strings.Builder
+	for i, step := range path {
+		if step.key == nil {
+			b.WriteString("[" + strconv.Itoa(step.index) + "]")
+			continue
+		}
+		if i > 0 {
+			b.WriteByte('.')
+		}
+		if s, ok := step.key.Value.(ast.String); ok && slices.Contains(placeMembers, string(s)) {
+			b.WriteString(string(s))
+		} else {
+			b.WriteString("<key>")
+		}
+	}
+	return b.String()
+}
+
+// placeMembers are the member names a reason may quote (the policy's
+// place_members).
+var placeMembers = []string{
+	"content", "structuredContent", "contents", "messages", "resource", "blob", "data", "text", "type",
+	"uri", "mimeType", "inputRequests", "params", "_meta", "tools", "prompts", "resources",
+	"resourceTemplates", "inputSchema", "outputSchema", "properties", "annotations", "task",
 }
 
 // add counts s and lists it when the policy has to look at it.
@@ -579,7 +615,7 @@ func resultTerms(raw []byte, sh shape, sc *scanner, spans map[*ast.Term]string) 
 		l.add(ps.path, ps.s, false)
 	}
 	if l.variant != nil {
-		return nil, nil, variantRefusal(pathTerm(l.variant).String())
+		return nil, nil, variantRefusal(l.variant)
 	}
 	clean := !l.flagged && blobsPlain && blobText <= longBlob
 	var seams []*ast.Term
@@ -703,15 +739,20 @@ func eachTextItem(content *ast.Array, f func(i int, text string)) {
 
 // plainBlob reports whether blob is valid base64 whose decoded bytes hold
 // no marker and, when they are text (see textBlob), no invisible
-// character; mime is the resource's mimeType, if it has one. text is how
-// many bytes of text the blob holds (0 unless it is text).
+// character, and whose resource toolgate can read (see unreadableBlob);
+// mime is the resource's mimeType, if it has one. text is how many bytes
+// of text the blob holds (0 unless it is text).
 func (sc *scanner) plainBlob(blob string, mime *ast.Term) (plain bool, text int) {
 	b, err := base64.StdEncoding.DecodeString(blob)
 	if err != nil {
 		return false, 0
 	}
+	m, ok := blobMIME(mime)
+	if !ok || unreadableBlob(m, b) {
+		return false, 0
+	}
 	s := unsafe.String(unsafe.SliceData(b), len(b))
-	if textBlob(mime, b) {
+	if textBlob(m, b) {
 		text = len(b)
 	}
 	return !sc.hasMarker(s) && !(text > 0 && sc.hasInvisible(s)), text
@@ -722,27 +763,72 @@ func (sc *scanner) plainBlob(blob string, mime *ast.Term) (plain bool, text int)
 // then withholds; its long_blob).
 const longBlob = 4096
 
-// textBlob reports whether a blob decoded to b is text a runner may show
-// as such (the policy's text_blob): valid UTF-8, of a resource without a
-// mimeType or with one of text (see textMIME).
-func textBlob(mime *ast.Term, b []byte) bool {
-	if mime != nil {
-		s, ok := mime.Value.(ast.String)
-		if !ok || !textMIME(string(s)) {
-			return false
-		}
+// blobMIME is a blob's mimeType as the policy reads it (its blob_types):
+// in lower case, "" when there is none or it is null (decoders read null
+// as none); ok is false when it is another value, which the policy
+// withholds.
+func blobMIME(mime *ast.Term) (m string, ok bool) {
+	if mime == nil {
+		return "", true
 	}
-	return utf8.Valid(b)
+	switch v := mime.Value.(type) {
+	case ast.Null:
+		return "", true
+	case ast.String:
+		return strings.ToLower(string(v)), true
+	}
+	return "", false
 }
 
-// textMIME reports whether a mimeType is of text (the policy's
-// text_mime): empty, text/*, JSON, XML, YAML (also as a +json, +xml or
-// +yaml suffix) or another language written as text. Other types are
-// binary data, whose bytes are not touched even when they happen to be
+// textBlob reports whether a blob decoded to b is text a runner may show
+// as such (the policy's text_blob): valid UTF-8, of a resource whose
+// mimeType m (see blobMIME) is none or one of text (see textMIME) in UTF-8.
+func textBlob(m string, b []byte) bool {
+	return textMIME(m) && !foreignCharset(m) && utf8.Valid(b)
+}
+
+// unreadableBlob reports whether a blob decoded to b, whose resource has
+// the mimeType m (see blobMIME), is one the policy withholds (its
+// unreadable_blobs): text in a charset other than UTF-8, or labelled with
+// a type of text and not valid UTF-8.
+func unreadableBlob(m string, b []byte) bool {
+	if !textMIME(m) {
+		return false
+	}
+	return foreignCharset(m) || mimeBase(m) != "" && !utf8.Valid(b)
+}
+
+// mimeBase is the type of a mimeType, without its parameters.
+func mimeBase(m string) string {
+	base, _, _ := strings.Cut(m, ";")
+	return strings.TrimSpace(base)
+}
+
+// foreignCharset reports whether a mimeType (in lower case) has a charset
+// parameter naming an encoding other than UTF-8 or US-ASCII (the policy's
+// foreign_charset).
+func foreignCharset(m string) bool {
+	params := strings.Split(m, ";")
+	for _, p := range params[1:] {
+		name, value, _ := strings.Cut(p, "=")
+		if strings.TrimSpace(name) == "charset" && !slices.Contains(utf8Charsets, strings.Trim(strings.TrimSpace(value), `"`)) {
+			return true
+		}
+	}
+	return false
+}
+
+// utf8Charsets are the charsets whose text is UTF-8 (the policy's
+// utf8_charsets).
+var utf8Charsets = []string{"utf-8", "utf8", "us-ascii", "ascii"}
+
+// textMIME reports whether a mimeType (in lower case) is of text (the
+// policy's text_mime): empty, text/*, JSON, XML, YAML (also as a +json,
+// +xml or +yaml suffix) or another language written as text. Other types
+// are binary data, whose bytes are not touched even when they happen to be
 // valid UTF-8 (a protocol buffer's).
 func textMIME(m string) bool {
-	base, _, _ := strings.Cut(strings.ToLower(m), ";")
-	base = strings.TrimSpace(base)
+	base := mimeBase(m)
 	if base == "" || strings.HasPrefix(base, "text/") || slices.Contains(textApplications, base) {
 		return true
 	}

@@ -5,6 +5,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -231,7 +232,25 @@ func TestScanOfOtherChannelsAgreesWithThePolicy(t *testing.T) {
 		{"result", "resources/read", `{"contents":[{"uri":"b","mimeType":"TEXT/markdown","blob":"` + blob("a\u200bb") + `"}]}`, false, 0},
 		{"result", "resources/read", `{"contents":[{"uri":"b","mimeType":"image/png","blob":"` + blob("a\u200bb") + `"}]}`, true, 0},
 		{"result", "resources/read", `{"contents":[{"uri":"b","mimeType":"application/json","blob":"` + blob("a\u200bb") + `"}]}`, false, 0},
-		{"result", "resources/read", `{"contents":[{"uri":"b","mimeType":null,"blob":"` + blob("a\u200bb") + `"}]}`, true, 0},
+		// A mimeType of null is none (decoders read it so); one that is
+		// not a string, text in another charset than UTF-8, and a blob
+		// labelled text that is not UTF-8 are withheld.
+		{"result", "resources/read", `{"contents":[{"uri":"b","mimeType":null,"blob":"` + blob("a\u200bb") + `"}]}`, false, 0},
+		{"result", "resources/read", `{"contents":[{"uri":"b","mimeType":null,"blob":"` + blob("plain") + `"}]}`, true, 0},
+		{"result", "resources/read", `{"contents":[{"uri":"b","mimeType":0,"blob":"` + blob("plain") + `"}]}`, false, 0},
+		{"result", "resources/read", `{"contents":[{"uri":"b","mimeType":["text/plain"],"blob":"` + blob("plain") + `"}]}`, false, 0},
+		{"result", "tools/call", `{"content":[{"type":"resource","resource":{"uri":"b","mimeType":{},"blob":"` + blob("plain") + `"}}]}`, false, 0},
+		{"result", "tools/call", `{"content":[{"type":"resource","resource":{"uri":"b","mimeType":null,"blob":"` + blob("plain") + `"}}]}`, true, 0},
+		{"result", "resources/read", `{"contents":[{"uri":"b","mimeType":"text/plain; charset=utf-16le","blob":"` + blob("k\x00e\x00y\x00") + `"}]}`, false, 0},
+		{"result", "resources/read", `{"contents":[{"uri":"b","mimeType":"text/plain; Charset=\"UTF-8\"","blob":"` + blob("plain") + `"}]}`, true, 0},
+		{"result", "resources/read", `{"contents":[{"uri":"b","mimeType":"text/plain;charset = us-ascii","blob":"` + blob("plain") + `"}]}`, true, 0},
+		{"result", "resources/read", `{"contents":[{"uri":"b","mimeType":"text/plain; charset","blob":"` + blob("plain") + `"}]}`, false, 0},
+		{"result", "resources/read", `{"contents":[{"uri":"b","mimeType":"; charset=latin1","blob":"` + blob("plain") + `"}]}`, false, 0},
+		{"result", "resources/read", `{"contents":[{"uri":"b","mimeType":"image/png; charset=utf-16","blob":"` + blob("k\x00e\x00y\x00") + `"}]}`, true, 0},
+		{"result", "resources/read", `{"contents":[{"uri":"b","mimeType":"text/plain","blob":"` + blob("\xff\xfek\x00") + `"}]}`, false, 0},
+		{"result", "tools/call", `{"content":[{"type":"resource","resource":{"uri":"b","mimeType":"application/json","blob":"` + blob("\xff\xfek\x00") + `"}}]}`, false, 0},
+		{"result", "resources/read", `{"contents":[{"uri":"b","mimeType":"","blob":"` + blob("\xff\xfek\x00") + `"}]}`, true, 0},
+		{"result", "resources/read", `{"contents":[{"uri":"b","mimeType":null,"blob":"` + blob("\xff\xfek\x00") + `"}]}`, true, 0},
 		{"result", "resources/read", `{"contents":[{"uri":"b","blob":"` + blob("\xff a\u200bb") + `"}]}`, true, 0},
 		{"result", "tools/call", `{"content":[{"type":"resource","resource":{"uri":"b","mimeType":"text/plain","blob":"` + blob("a\u200bb") + `"}}]}`, false, 0},
 		{"result", "resources/read", `{"contents":[{"uri":"b","mimeType":"text/plain","blob":"` + blob(strings.Repeat("x", 4097)) + `"}]}`, false, 0},
@@ -366,6 +385,9 @@ func FuzzScanDecidesAsThePolicy(f *testing.F) {
 	f.Add(uint8(0), `{"content":[{"type":"text","text":"access_to\u212aen=ya29.a0AfH6SMBxExampleTokenValue and acce\u017fs_token=ya29.a0AfH6SMBx"}]}`)
 	f.Add(uint8(3), `{"contents":[{"uri":"b","blob":"`+blob("token: ghp_16C7e42F292c6912E7710c838347Ae178B4a")+`"},{"uri":"a","text":"x"}]}`)
 	f.Add(uint8(3), `{"contents":[{"uri":"b","mimeType":"text/plain","blob":"`+blob("invoice.\u202efdp.exe")+`"},{"uri":"c","blob":"`+blob("\xff\u200b")+`"}]}`)
+	f.Add(uint8(3), `{"contents":[{"uri":"b","mimeType":null,"blob":"`+blob("a\u200bb")+`"},{"uri":"c","mimeType":0,"blob":"`+blob("x")+`"}]}`)
+	f.Add(uint8(3), `{"contents":[{"uri":"b","mimeType":"text/plain; charset=utf-16le","blob":"`+blob("k\x00e\x00y\x00")+`"},{"uri":"c","mimeType":"text/csv","blob":"`+blob("\xff")+`"}]}`)
+	f.Add(uint8(0), `{"content":[{"type":"resource","resource":{"uri":"b","mimeType":"text/plain;Charset=\"UTF-8\"","blob":"`+blob("a\u202eb")+`"}}],"structuredContent":{"a\u200bb":1,"ab":2}}`)
 	f.Add(uint8(4), `{"tools":[{"name":"t","description":"Reads.\u2062","inputSchema":{"type":"object","properties":{"id":{"description":"bearer x"}}}}]}`)
 	f.Add(uint8(7), `{"code":-32000,"message":"failed","data":{"ghp_":1}}`)
 	f.Add(uint8(8), `{"messages":[{"role":"user","content":[{"type":"image","data":"AKIA"},{"type":"text","text":"ok\u200b"}]}],"maxTokens":9}`)
@@ -434,6 +456,60 @@ func TestScanRefusesCaseVariantsOfBlockMembers(t *testing.T) {
 		var refused *Refusal
 		if got := errors.As(err, &refused); got != tc.refused {
 			t.Errorf("%s %s %.120s: refused %v (%v), want %v", tc.channel, tc.method, tc.payload, got, err, tc.refused)
+		}
+	}
+}
+
+// The gateway's scan reads a blob's mimeType as the policy does: null as
+// none, another value that is not a string withheld, a charset other than
+// UTF-8 withheld for text, a blob labelled text that is not UTF-8
+// withheld. Every mimeType of the table with every blob, decided with the
+// scan and by the policy's long way, gives one decision.
+func TestScanReadsMimeTypesAsThePolicy(t *testing.T) {
+	e, err := newEngine(newSource(shippedPolicies(t, nil)), "data.toolgate.result.decision", stageResult, evaluatorPlan, 0, zap.NewNop(), policyMetrics)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = e.Destruct() })
+	c := e.current.Load()
+	call, err := callOf(`{"name":"read_ticket"}`, `{"id":1}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := &ResultHandler{Config{engine: e}}
+	mimes := []string{``, `"mimeType":null,`, `"mimeType":0,`, `"mimeType":true,`, `"mimeType":[],`, `"mimeType":{},`,
+		`"mimeType":"",`, `"mimeType":" ",`, `"mimeType":"text/plain",`, `"mimeType":"TEXT/PLAIN",`, `"mimeType":"text/plain; charset=utf-16",`,
+		`"mimeType":"text/plain;charset=\"utf-8\"",`, `"mimeType":"text/plain; charset= UTF8 ",`, `"mimeType":"text/plain; charset",`,
+		`"mimeType":"text/plain; charset=utf-8; charset=latin1",`, `"mimeType":"; charset=utf-16",`, `"mimeType":"image/png; charset=utf-16",`,
+		`"mimeType":"application/json;charset=ascii",`, `"mimeType":"text/plain; CHARSET=US-ASCII",`, `"mimeType":"text/plain; char\u017fet=utf-16",`,
+		`"mimeType":"text/plain; charset=\u212aoi8-r",`, `"mimeType":"text/plain; charset==utf-8",`, `"mimeType":"application/vnd.a+json; charset='utf-8'",`}
+	blob := func(s string) string { return base64.StdEncoding.EncodeToString([]byte(s)) }
+	blobs := []string{blob("plain"), blob("a\u200bb"), blob("key AKIAIOSFODNN7EXAMPLE"), blob("\xff\xfek\x00"), blob("k\x00e\x00y\x00"), "not base64!"}
+	kinds := []struct{ channel, method, payload string }{
+		{channelResult, "resources/read", `{"contents":[{"uri":"b",%s"blob":"%s"}]}`},
+		{channelResult, "tools/call", `{"content":[{"type":"resource","resource":{"uri":"b",%s"blob":"%s"}}]}`},
+		{channelResult, "prompts/get", `{"messages":[{"role":"user","content":{"type":"resource","resource":{"uri":"b",%s"blob":"%s"}}}]}`},
+	}
+	ctx := context.Background()
+	for _, k := range kinds {
+		for _, m := range mimes {
+			for _, b := range blobs {
+				payload := fmt.Sprintf(k.payload, m, b)
+				scanned, err := h.input(c, call, subject{channel: k.channel, method: k.method, view: call}, []byte(payload), map[*ast.Term]string{})
+				if err != nil {
+					t.Fatalf("%s: %v", payload, err)
+				}
+				long := ast.NewObject()
+				scanned.Foreach(func(key, v *ast.Term) {
+					if !key.Equal(keyScan) {
+						long.Insert(key, v)
+					}
+				})
+				fast, slow := decisionText(e.decideWith(ctx, c, scanned, time.Minute, "result")), decisionText(e.decideWith(ctx, c, long, time.Minute, "result"))
+				if fast != slow {
+					t.Errorf("%s %s:\nwith the gateway's scan %.400s\nthe policy's long way   %.400s", k.method, payload, fast, slow)
+				}
+			}
 		}
 	}
 }
