@@ -14,14 +14,20 @@ import (
 	"github.com/toolgate/toolgate/internal/mcpmsg"
 )
 
-// The result hook with the shipped default policies.
-func TestResultHook(t *testing.T) {
-	h := &ResultHandler{Config{
+// shippedResultHandler is the result hook with the shipped default
+// policies.
+func shippedResultHandler(t *testing.T) *ResultHandler {
+	return &ResultHandler{Config{
 		Timeout: caddy.Duration(10 * time.Second),
 		engine:  benchEngine(t, "data.toolgate.result.decision", stageResult),
 		audit:   zap.NewNop(),
 		logger:  zap.NewNop(),
 	}}
+}
+
+// The result hook with the shipped default policies.
+func TestResultHook(t *testing.T) {
+	h := shippedResultHandler(t)
 	ctx := context.Background()
 	call := benchCall(t, benchTool, `{"ticket_id":"TEST-123"}`)
 	check := func(result string) (string, map[string]any) {
@@ -101,12 +107,7 @@ func itoa(n int) string { b, _ := json.Marshal(n); return string(b) }
 // member spelled in another case, nor a blob's mimeType. A mimeType of
 // null is none: the blob is text, cleaned as one without a mimeType.
 func TestResultHookWithholdsWhatItCannotReadQuotingNothing(t *testing.T) {
-	h := &ResultHandler{Config{
-		Timeout: caddy.Duration(10 * time.Second),
-		engine:  benchEngine(t, "data.toolgate.result.decision", stageResult),
-		audit:   zap.NewNop(),
-		logger:  zap.NewNop(),
-	}}
+	h := shippedResultHandler(t)
 	ctx := context.Background()
 	const secret = "AKIAIOSFODNN7EXAMPLE"
 	b64 := func(s string) string { return base64.StdEncoding.EncodeToString([]byte(s)) }
