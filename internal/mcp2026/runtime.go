@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"time"
@@ -238,7 +239,7 @@ func (rt *Runtime) Redeem(ctx context.Context, text string, want State) (State, 
 		if errors.Is(err, ErrStateReplayed) {
 			return st, err
 		}
-		return st, errors.Join(errors.New("the requestState could not be checked: storage is unavailable"), err)
+		return st, fmt.Errorf("%w: checking a requestState: %v", gateway.ErrStorageUnavailable, err)
 	}
 	return st, nil
 }

@@ -27,7 +27,7 @@ func TestLimitsOfTheConfigurationInForce(t *testing.T) {
 	viaIdP, viaOther, legacy, byKey := create(MethodOIDC, idp), create(MethodOIDC, other), create(MethodOIDC, ""), create(MethodAPIKey, "")
 
 	after := NewStore(storage, 0, nil, nil)
-	after.Limit(Limits{Idle: 10 * time.Minute, Lifetime: 30 * time.Minute, Issuers: []string{idp}})
+	after.Limit(Limits{Idle: 10 * time.Minute, Lifetime: 30 * time.Minute, Issuers: []string{idp}, APIKeys: true})
 	if _, err := after.Get(ctx, viaIdP.ID); err != nil {
 		t.Fatalf("a sign-in through a configured issuer: %v", err)
 	}
@@ -56,7 +56,7 @@ func TestLimitsOfTheConfigurationInForce(t *testing.T) {
 	// Longer terms extend nothing: the record's own hour of idle time holds.
 	s := create(MethodAPIKey, "")
 	longer := NewStore(storage, 0, nil, nil)
-	longer.Limit(Limits{Idle: 48 * time.Hour, Lifetime: 96 * time.Hour})
+	longer.Limit(Limits{Idle: 48 * time.Hour, Lifetime: 96 * time.Hour, APIKeys: true})
 	*clock = clock.Add(61 * time.Minute)
 	if _, err := longer.Get(ctx, s.ID); !errors.Is(err, ErrNotSignedIn) {
 		t.Errorf("unused 61 minutes with its own idle time of an hour: %v, want it ended", err)
@@ -137,9 +137,35 @@ func TestAPIStoreAppliesTheConsolesLimits(t *testing.T) {
 	}
 	console, api := NewStore(storage, 0, nil, nil), NewStore(storage, 0, nil, nil)
 	console.every, api.every = every, every
-	console.Limit(Limits{Idle: 10 * time.Minute})
+	console.Limit(Limits{Idle: 10 * time.Minute, APIKeys: true})
 	*clock = clock.Add(11 * time.Minute)
 	if _, err := api.Get(ctx, s.ID); !errors.Is(err, ErrNotSignedIn) {
 		t.Errorf("unused 11 minutes, the console's idle time 10: the API accepted the sign-in (%v)", err)
+	}
+}
+
+// A configuration whose console no longer signs people in with API keys
+// ends the API-key sign-ins made before it, and keeps the others.
+func TestLimitsEndAPIKeySignInsWhenAPIKeysSignNoOneIn(t *testing.T) {
+	ctx := context.Background()
+	setClock(t, time.Date(2026, 12, 6, 9, 0, 0, 0, time.UTC))
+	storage, _ := fileStorage(t)
+	before := NewStore(storage, 0, nil, nil)
+	byKey, err := before.Create(ctx, "carol", []string{"admins"}, MethodAPIKey, "", time.Hour, 12*time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	idp := "https://idp.example.test"
+	viaIdP, err := before.Create(ctx, "carol", []string{"admins"}, MethodOIDC, idp, time.Hour, 12*time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	after := NewStore(storage, 0, nil, nil)
+	after.Limit(Limits{Issuers: []string{idp}})
+	if _, err := after.Get(ctx, byKey.ID); !errors.Is(err, ErrNotSignedIn) {
+		t.Errorf("an API-key sign-in under a console that no longer takes API keys: %v, want it ended", err)
+	}
+	if _, err := after.Get(ctx, viaIdP.ID); err != nil {
+		t.Errorf("a sign-in through the configured issuer: %v", err)
 	}
 }

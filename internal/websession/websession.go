@@ -129,14 +129,19 @@ func (ls *limitSet) list() []Limits {
 
 // Limits are what the configuration in force says of sign-ins it did not
 // make itself (made before a reload, or on another replica): a shorter
-// idle time or lifetime ends them sooner (a longer one extends none), and
-// an OpenID Connect sign-in lasts only while its issuer is configured.
+// idle time or lifetime ends them sooner (a longer one extends none), an
+// OpenID Connect sign-in lasts only while its issuer is configured, and an
+// API-key sign-in only while API keys sign people in.
 type Limits struct {
 	Idle, Lifetime time.Duration // 0: the record's own
 	// Issuers are the OpenID Connect issuers people may sign in with; an
 	// OpenID Connect sign-in through another, or made by a version that
 	// did not record its issuer, has ended.
 	Issuers []string
+	// APIKeys: people may sign in with an API key; without it, an API-key
+	// sign-in has ended (an administrator who moved to an identity
+	// provider's sign-in leaves none of them behind).
+	APIKeys bool
 }
 
 // Limit applies l to every session the store reads from now on, and adds
@@ -188,7 +193,7 @@ func aliveUnder(s *Session, l *Limits) bool {
 		if e := s.CreatedAt.Add(l.Lifetime); l.Lifetime > 0 && e.Before(expires) {
 			expires = e
 		}
-		if s.Method == MethodOIDC && !slices.Contains(l.Issuers, s.Key) {
+		if s.Method == MethodOIDC && !slices.Contains(l.Issuers, s.Key) || s.Method == MethodAPIKey && !l.APIKeys {
 			return false
 		}
 	}
@@ -328,8 +333,8 @@ func (st *Store) makeRoom(ctx context.Context, user string) error {
 			return fmt.Errorf("reading browser sessions: %w", err)
 		}
 		var s Session
-		if err != nil || json.Unmarshal(data, &s) != nil || !st.alive(&s) {
-			st.remove(ctx, user, ref)
+		if err != nil || json.Unmarshal(data, &s) != nil || st.over(&s) {
+			st.remove(ctx, user, ref) // ended for every handler (one another console keeps counts)
 			continue
 		}
 		live = append(live, entry{ref, s.CreatedAt})

@@ -145,7 +145,8 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	for _, o := range h.OIDC {
 		issuers = append(issuers, o.Issuer)
 	}
-	h.browsers.Limit(websession.Limits{Idle: time.Duration(h.SessionIdle), Lifetime: time.Duration(h.SessionLifetime), Issuers: issuers})
+	h.browsers.Limit(websession.Limits{Idle: time.Duration(h.SessionIdle), Lifetime: time.Duration(h.SessionLifetime),
+		Issuers: issuers, APIKeys: h.APIKeyLogin})
 	if h.pins, err = toolpin.For(h.app); err != nil {
 		return err
 	}

@@ -7,6 +7,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/toolgate/toolgate/internal/account"
+	"github.com/toolgate/toolgate/internal/approval"
 	"github.com/toolgate/toolgate/internal/websession"
 	"github.com/toolgate/toolgate/modules/gateway"
 )
@@ -89,7 +90,10 @@ type activityData struct {
 	Decisions []gateway.DecisionRecord
 	Everyone  bool   // an admin's view of every person's decisions
 	User      string // an admin's filter
-	Limit     int
+	// Shown is User as the page shows it: from a link anyone can write,
+	// with nothing hidden or reordered, and bounded.
+	Shown string
+	Limit int
 }
 
 const activityLimit = 200
@@ -100,7 +104,7 @@ func (h *Handler) activityPage(w http.ResponseWriter, r *http.Request, s *webses
 	admin := h.isAdmin(s)
 	switch filter := r.URL.Query().Get("user"); {
 	case admin && filter != "":
-		data.User = filter
+		data.User, data.Shown = filter, approval.VisibleCut(filter, maxShownName)
 		data.Decisions, err = h.activity.Recent(r.Context(), filter, activityLimit)
 	case admin && r.URL.Query().Get("everyone") != "":
 		data.Everyone = true

@@ -185,13 +185,29 @@ func (h *Handler) statelessNotification(w http.ResponseWriter, r *http.Request, 
 func (h *Handler) answerOwn(ctx context.Context, w http.ResponseWriter, call *gateway.Call, raw []byte) {
 	answer, err := h.ownAnswer(ctx, call, raw)
 	if err != nil {
-		call.Unavailable(w, "toolgate could not build the answer: "+err.Error())
+		call.Unavailable(w, h.ownAnswerFailed(call, err))
 		return
 	}
 	gateway.WriteRPC(w, http.StatusOK, answer.parts()...)
 }
 
 // ownAnswer is what answerOwn writes.
+// ownAnswerFailed logs why ownAnswer failed and says it to the runner in
+// toolgate's words: the error may carry the storage's or the cipher's (the
+// credential search could not read the caller's connection) or the
+// upstream's own text.
+func (h *Handler) ownAnswerFailed(call *gateway.Call, err error) string {
+	why := err.Error()
+	if se, ok := errors.AsType[*mcpmsg.SyntaxError](err); ok {
+		why = se.Redacted() // not the key it quotes: the upstream's, unseen by any policy
+	}
+	h.logger.Warn("toolgate could not build the answer", zap.String("service", call.Service.ID), zap.String("error", why))
+	if errors.Is(err, errSecretsUnread) {
+		return errSecretsUnread.Error() + "; try again once storage and the cipher answer"
+	}
+	return "toolgate could not build the answer from what the upstream sent"
+}
+
 func (h *Handler) ownAnswer(ctx context.Context, call *gateway.Call, raw []byte) (message, error) {
 	msg, err := mcpmsg.Parse(raw, h.limits)
 	if err == nil {

@@ -155,7 +155,7 @@ func (h *Handler) initializeTranslated(ctx context.Context, w http.ResponseWrite
 	result = append(result, '}')
 	answer, err := h.ownAnswer(ctx, call, gateway.RPCResult(call.Message.ID, result))
 	if err != nil {
-		call.Unavailable(w, "toolgate could not build the answer: "+err.Error())
+		call.Unavailable(w, h.ownAnswerFailed(call, err))
 		_, _, _ = h.app.MCPSessions().End(ctx, ms)
 		return
 	}

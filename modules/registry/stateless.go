@@ -46,6 +46,11 @@ func (h *Handler) readStateless(w http.ResponseWriter, r *http.Request, call *ga
 	if text, ok := mcpmsg.String(msg.RequestState); ok && mcp2026.IsOwnState(text) {
 		want := mcp2026.StateOf(call.Caller.User, gateway.SessionRef(call.Session.ID), svc.ID, msg)
 		redeemed, err := h.stateless.Redeem(r.Context(), text, want)
+		if errors.Is(err, gateway.ErrStorageUnavailable) {
+			h.logger.Warn("cannot check a requestState", zap.String("service", svc.ID), zap.Error(err))
+			call.Unavailable(w, gateway.RunnerText(err)) // retryable; the storage's own words stay in the log
+			return false
+		}
 		if err != nil {
 			h.logger.Info("refused a requestState", zap.String("service", svc.ID), zap.Error(err))
 			gateway.WriteRPCError(w, http.StatusBadRequest, msg.ID, gateway.CodeInvalidParams,
