@@ -33,12 +33,13 @@ func backgroundProgram(t *testing.T, id string) string {
 // command) logs without naming the request the message is about: bob's
 // call answered at once and the program works on for him, and logs that
 // it is done while alice's call is in progress. The message may be about
-// any connected user's data, so it goes to nobody while two users are
-// connected to the program ("Programs and legacy SSE servers"); once alice
-// is the only one, her program's log reaches her.
+// any user's data the program served, so it goes to nobody once two users
+// have used the program since it started ("Programs and legacy SSE
+// servers"), even after one left; a program alice alone has used logs to
+// her.
 func TestR5ResultSharedProgramLogsBobsWorkToAlice(t *testing.T) {
 	g := startGateway(t, gatewayConfig{Upstream: "http://127.0.0.1:9/unused", RequestPolicy: r5Policies(t),
-		Services: backgroundProgram(t, "prog")})
+		Services: backgroundProgram(t, "prog") + "\n" + backgroundProgram(t, "alone")})
 	bob := g.raw(t, bobKey, g.createSession(t, bobKey, "prog"), "prog")
 	bob.initialize()
 	alice := g.raw(t, aliceKey, g.createSession(t, aliceKey, "prog"), "prog")
@@ -60,14 +61,27 @@ func TestR5ResultSharedProgramLogsBobsWorkToAlice(t *testing.T) {
 		t.Fatalf("a log of bob's work reached alice's stream: %s", answer)
 	}
 
-	// Bob leaves: alice is the only user connected, and the program's log
-	// of her own work reaches her (the program logs, and toolgate relays
-	// it when it cannot be someone else's).
+	// Bob leaves, but the program served him since it started: what it
+	// logs may still be about his work, and reaches nobody.
 	endMCPSession(t, bob)
-	if _, answer := r5Raw(t, alice, `{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"background","arguments":{"text":"ALICE-NOTES"}}}`); !strings.Contains(answer, "started") {
-		t.Fatalf("alice's background call: %s", answer)
+	if _, answer := r5Raw(t, alice, `{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"finish","arguments":{}}}`); strings.Contains(answer, "BOB-PAYROLL-2026") {
+		t.Fatalf("after bob left, a log of his work reached alice's stream: %s", answer)
 	}
-	_, answer = r5Raw(t, alice, `{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"finish","arguments":{}}}`)
+
+	// A program only alice has used: its log of her own work reaches her
+	// (the program logs, and toolgate relays it when it cannot be
+	// someone else's).
+	only := g.raw(t, aliceKey, g.createSession(t, aliceKey, "alone"), "alone")
+	only.initialize()
+	for i, call := range []string{
+		`{"jsonrpc":"2.0","id":1,"method":"logging/setLevel","params":{"level":"info"}}`,
+		`{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"background","arguments":{"text":"ALICE-NOTES"}}}`,
+	} {
+		if _, answer := r5Raw(t, only, call); !strings.Contains(answer, `"result"`) {
+			t.Fatalf("alice's call %d at the program she alone uses: %s", i, answer)
+		}
+	}
+	_, answer = r5Raw(t, only, `{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"finish","arguments":{}}}`)
 	if !strings.Contains(answer, "finished working on ALICE-NOTES") {
 		t.Errorf("alone on the program, alice's stream did not carry the log of her own work: %s", answer)
 	}

@@ -245,10 +245,27 @@ func TestUnattributedMessageWhileAnotherUserIsConnectedGoesToNobody(t *testing.T
 	if resp := bob.Send(http.MethodDelete, ""); resp.StatusCode != http.StatusNoContent {
 		t.Fatalf("ending bob's session: %d", resp.StatusCode)
 	}
+	// Bob's session ended, but his work may run on in the program, which
+	// served him since it started: what it logs still reaches nobody.
 	alice.Call(`{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"background","arguments":{"text":"alice's notes"}}}`)
 	msgs = alice.Call(`{"jsonrpc":"2.0","id":4,"method":"tools/call","params":{"name":"finish","arguments":{}}}`)
+	if len(msgs) != 1 || toolText(msgs[0]) != "finished 1" {
+		t.Errorf("alice after bob left: want the answer only, got %q", msgs)
+	}
+}
+
+// On a program only one person has used since it started, what it logs
+// naming no request reaches them: the log of their own background work.
+func TestUnattributedMessageReachesTheOnlyUserOfTheProgram(t *testing.T) {
+	f := newFixture(t)
+	alice := f.runner("alice", noCapabilities)
+	if msgs := alice.Call(`{"jsonrpc":"2.0","id":1,"method":"logging/setLevel","params":{"level":"info"}}`); len(msgs) != 1 || !gjson.Get(msgs[0], "result").Exists() {
+		t.Fatalf("alice's logging/setLevel: %q", msgs)
+	}
+	alice.Call(`{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"background","arguments":{"text":"alice's notes"}}}`)
+	msgs := alice.Call(`{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"finish","arguments":{}}}`)
 	if len(msgs) != 2 || gjson.Get(msgs[0], "params.data").String() != "finished working on alice's notes" {
-		t.Errorf("alice alone on the link: want the log of her work, then the answer, got %q", msgs)
+		t.Errorf("alice alone on the program: want the log of her work, then the answer, got %q", msgs)
 	}
 }
 

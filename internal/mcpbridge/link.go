@@ -66,6 +66,7 @@ type Link struct {
 	tokens         map[string]*pending // by the link's progress token
 	serverRequests map[string]*serverRequest
 	sessions       map[*Session]struct{}
+	served         map[string]struct{} // every user who had a session on the link (routeLocked)
 	ownSends       chan struct{}  // bounds sendLater
 	droppedOwn     atomic.Int64   // what sendLater dropped
 	subscriptions  map[string]int // resource URI → sessions subscribed
@@ -160,7 +161,7 @@ func (c capabilities) allows(method string, params []byte) bool {
 func (b *Bridge) NewLink(cfg LinkConfig) *Link {
 	return &Link{bridge: b, cfg: cfg, done: make(chan struct{}), ownSends: make(chan struct{}, maxOwnSends),
 		pending: map[string]*pending{}, tokens: map[string]*pending{}, serverRequests: map[string]*serverRequest{},
-		sessions: map[*Session]struct{}{}, subscriptions: map[string]int{}, lastUsed: now()}
+		sessions: map[*Session]struct{}{}, served: map[string]struct{}{}, subscriptions: map[string]int{}, lastUsed: now()}
 }
 
 // Done is closed when the link ended.
@@ -585,17 +586,22 @@ func serverMethodName(method string) string {
 
 // routeLocked picks the session and stream for a server→client message
 // that names no request of a runner (a server→client request, a log
-// message). It may be about any person connected to the server — their
-// call in progress, or one that answered and works on in the background —
-// so it goes to a session only when that session's person is the only one
-// connected: every person with a session on the link or a call in progress
-// counts, whether or not their runner could take the message. Of that
-// person's sessions, the latest request in progress is the likely cause of
-// it; without one, a standalone stream.
+// message). It may be about any person the server has served — their
+// call in progress, or one that answered and works on in the background,
+// even after their session ended — so it goes to a session only when that
+// session's person is the only one who had a session on the link since
+// the server started (or has a call in progress), whether or not their
+// runner could take the message. Of that person's sessions, the latest
+// request in progress is the likely cause of it; without one, a
+// standalone stream.
 func (l *Link) routeLocked(method string, params []byte) (*Session, *stream, string) {
 	users := map[string]bool{}
-	for s := range l.sessions {
-		users[s.User] = true
+	for user := range l.served {
+		// A person whose session ended may have left work running in
+		// the program (a call that answered and works on, one whose
+		// session ended under it): what the program says of it must not
+		// reach someone else. The program's next start forgets them.
+		users[user] = true
 	}
 	var best *pending
 	incapableCaller := false
@@ -636,7 +642,7 @@ func (l *Link) routeLocked(method string, params []byte) (*Session, *stream, str
 	case len(users) > 1 && best == nil && incapableCaller:
 		return nil, nil, "the client whose call is in progress did not declare the capability it needs"
 	case len(users) > 1:
-		return nil, nil, "several users are connected to a server they share, and toolgate cannot tell whom it is for"
+		return nil, nil, "several users have used a server they share since it started, and toolgate cannot tell whom it is for"
 	case best != nil:
 		return best.session, best.out, ""
 	case target != nil:
@@ -662,10 +668,17 @@ func (l *Link) notification(msg mcpmsg.Message) {
 			sr.session.get.push(msg.Raw)
 		}
 		l.mu.Unlock()
+	// What goes to every session carries nothing but what says what
+	// changed: the program may have put anyone's data in the rest.
 	case "notifications/tools/list_changed", "notifications/prompts/list_changed", "notifications/resources/list_changed":
-		l.broadcast(msg.Raw, "")
+		l.broadcast(append(mcpmsg.AppendQuote([]byte(`{"jsonrpc":"2.0","method":`), msg.Method), '}'), "")
 	case "notifications/resources/updated":
-		l.broadcast(msg.Raw, gjson.GetBytes(msg.Params, "uri").String())
+		uri := gjson.GetBytes(msg.Params, "uri")
+		if uri.Type != gjson.String || uri.Str == "" {
+			return // about no resource: no subscription says whose it is
+		}
+		raw := mcpmsg.AppendQuote([]byte(`{"jsonrpc":"2.0","method":"notifications/resources/updated","params":{"uri":`), uri.Str)
+		l.broadcast(append(raw, "}}"...), uri.Str)
 	default:
 		l.mu.Lock()
 		if s, out, _ := l.routeLocked(msg.Method, msg.Params); s != nil {

@@ -31,6 +31,7 @@ func (l *Link) NewSession(ctx context.Context, user string, init mcpmsg.Message)
 		return nil
 	}
 	l.sessions[s] = struct{}{}
+	l.served[user] = struct{}{}
 	l.lastUsed = now()
 	return s
 }
