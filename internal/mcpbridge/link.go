@@ -67,9 +67,9 @@ type Link struct {
 	serverRequests map[string]*serverRequest
 	sessions       map[*Session]struct{}
 	served         map[string]struct{} // every user who had a session on the link (routeLocked)
-	ownSends       chan struct{}  // bounds sendLater
-	droppedOwn     atomic.Int64   // what sendLater dropped
-	subscriptions  map[string]int // resource URI → sessions subscribed
+	ownSends       chan struct{}       // bounds sendLater
+	droppedOwn     atomic.Int64        // what sendLater dropped
+	subscriptions  map[string]int      // resource URI → sessions subscribed
 	initResult     []byte
 	lastUsed       time.Time
 }
