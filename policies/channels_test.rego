@@ -97,6 +97,54 @@ test_image_data_is_binary_only_in_blocks if {
 	d.result.metadata.data == "[REDACTED:aws_access_key_id]"
 }
 
+# A tool_result block of a sampling message holds blocks of its own: their
+# blobs are decoded and inspected, their images are binary, in a
+# sampling/createMessage request and in those of an input_required result.
+tool_result_block(blocks) := {"type": "tool_result", "toolUseId": "t1", "content": blocks}
+
+test_blocks_of_a_sampling_tool_result_are_blocks if {
+	blocks := [
+		{"type": "resource", "resource": {"uri": "file:///a", "mimeType": "text/plain", "blob": b64(concat(" ", ["key", aws_key]))}},
+		{"type": "image", "data": b64(aws_key), "mimeType": "image/png"},
+		{"type": "text", "text": concat("", ["ok", hidden])},
+	]
+	d := decide("server_request", "sampling/createMessage", {"messages": [{"role": "user", "content": tool_result_block(blocks)}], "maxTokens": 5})
+	d.action == "allow"
+	base64.decode(d.result.messages[0].content.content[0].resource.blob) == "key [REDACTED:aws_access_key_id]"
+	d.result.messages[0].content.content[1].data == b64(aws_key)
+	d.result.messages[0].content.content[2].text == "ok"
+	a := decide("server_request", "sampling/createMessage", {"messages": [{"role": "user", "content": [{"type": "text", "text": "x"}, tool_result_block(blocks)]}]})
+	base64.decode(a.result.messages[0].content[1].content[0].resource.blob) == "key [REDACTED:aws_access_key_id]"
+	a.result.messages[0].content[1].content[1].data == b64(aws_key)
+	e := decide("result", "tools/call", {"content": [{"type": "text", "text": "x"}], "resultType": "input_required", "inputRequests": {"s": {
+		"method": "sampling/createMessage",
+		"params": {"messages": [{"role": "user", "content": [tool_result_block(blocks)]}], "maxTokens": 5},
+	}}})
+	base64.decode(e.result.inputRequests.s.params.messages[0].content[0].content[0].resource.blob) == "key [REDACTED:aws_access_key_id]"
+	e.result.inputRequests.s.params.messages[0].content[0].content[1].data == b64(aws_key)
+}
+
+test_blobs_of_a_sampling_tool_result_are_read_as_any_blob if {
+	d := decide("server_request", "sampling/createMessage", {"messages": [{"role": "user", "content": [tool_result_block([
+		{"type": "resource", "resource": {"uri": "file:///a", "mimeType": "text/plain; charset=utf-16le", "blob": utf16_secret}},
+	])]}]})
+	d.action == "deny"
+	contains(d.reason, "a blob of text at messages[0].content[0].content[0].resource.blob whose mimeType names a charset other than UTF-8")
+	e := decide("server_request", "sampling/createMessage", {"messages": [{"role": "user", "content": tool_result_block([
+		{"type": "resource", "resource": {"uri": "file:///a", "blob": "not base64!"}},
+	])}]})
+	e.action == "deny"
+	contains(e.reason, "a blob at messages[0].content.content[0].resource.blob that is not base64")
+}
+
+# Only a tool_result block's content is blocks: another block's is text.
+test_content_of_other_sampling_blocks_is_text if {
+	d := decide("server_request", "sampling/createMessage", {"messages": [{"role": "user", "content": [
+		{"type": "tool_use", "id": "t1", "name": "read", "input": {}, "content": [{"type": "image", "data": aws_key}]},
+	]}]})
+	d.result.messages[0].content[0].content[0].data == "[REDACTED:aws_access_key_id]"
+}
+
 # --- results of other methods
 
 test_resource_contents_text_and_blob_are_inspected if {
@@ -206,11 +254,57 @@ test_blob_labelled_text_that_is_not_utf8_is_withheld if {
 	}
 }
 
+# FF 6B 00 65 00 79 00: not UTF-8, and no byte-order mark.
+not_utf8 := "/2sAZQB5AA=="
+
 test_blob_without_mime_type_that_is_not_utf8_is_binary if {
-	every mime in [null, ""] {
-		decide("result", "resources/read", {"contents": [{"uri": "file:///a", "mimeType": mime, "blob": utf16_bom_secret}]}) == {"action": "allow"}
-		decide("result", "resources/read", {"contents": [{"uri": "file:///a", "blob": utf16_bom_secret}]}) == {"action": "allow"}
+	every mime in [null, "", " "] {
+		decide("result", "resources/read", {"contents": [{"uri": "file:///a", "mimeType": mime, "blob": not_utf8}]}) == {"action": "allow"}
+		decide("result", "resources/read", {"contents": [{"uri": "file:///a", "blob": not_utf8}]}) == {"action": "allow"}
 	}
+}
+
+# A blob without a mimeType whose bytes open with a byte-order mark of
+# UTF-16 or UTF-32 is text to a runner that sniffs the mark (WHATWG
+# decoding, Python's codecs): withheld, with a reason that quotes nothing
+# of the upstream's. With a mimeType of binary data it is binary.
+bom_secrets := [
+	utf16_bom_secret, # FF FE, UTF-16LE
+	"/v8AawBlAHkAIABBAEsASQBBAEkATwBTAEYATwBEAE4ATgA3AEUAWABBAE0AUABMAEUACg==", # FE FF, UTF-16BE
+	"//4AAGsAAABlAAAAeQAAACAAAABBAAAASwAAAEkAAABBAAAASQAAAE8AAABTAAAARgAAAE8AAABEAAAATgAAAE4AAAA3AAAARQAAAFgAAABBAAAATQAAAFAAAABMAAAARQAAAAoAAAA=", # FF FE 00 00, UTF-32LE
+	"AAD+/wAAAGsAAABlAAAAeQAAACAAAABBAAAASwAAAEkAAABBAAAASQAAAE8AAABTAAAARgAAAE8AAABEAAAATgAAAE4AAAA3AAAARQAAAFgAAABBAAAATQAAAFAAAABMAAAARQAAAAo=", # 00 00 FE FF, UTF-32BE
+]
+
+test_blob_without_mime_type_with_a_byte_order_mark_is_withheld if {
+	every blob in bom_secrets {
+		every mime in [null, "", " ", "; x=y"] {
+			d := decide("result", "resources/read", {"contents": [{"uri": "file:///a", "mimeType": mime, "blob": blob}]})
+			d.action == "deny"
+			contains(d.reason, "a blob at contents[0].blob without a mimeType whose bytes open with a UTF-16 or UTF-32 byte-order mark")
+			not contains(d.reason, "AKIA")
+		}
+		e := decide("result", "tools/call", {"content": [{"type": "resource", "resource": {"uri": "file:///a", "blob": blob}}]})
+		e.action == "deny"
+		contains(e.reason, "a blob at content[0].resource.blob without a mimeType")
+		decide("result", "resources/read", {"contents": [{"uri": "file:///a", "mimeType": "image/png", "blob": blob}]}) == {"action": "allow"}
+	}
+}
+
+# A member beside a blob that is mimeType in another case is read by
+# runners whose decoders ignore case (Go's encoding/json), not by toolgate:
+# withheld, with a reason that quotes neither the member nor its value.
+test_blob_beside_mime_type_in_another_case_is_withheld if {
+	every key in ["MimeType", "mimetype", "MIMETYPE", "mime\u200bType"] {
+		d := decide("result", "resources/read", {"contents": [{"uri": "file:///a", key: "text/plain; charset=utf-16le", "blob": utf16_secret}]})
+		d.action == "deny"
+		contains(d.reason, "a blob at contents[0].blob beside a member that is mimeType spelled in another case")
+		not contains(d.reason, key)
+		not contains(d.reason, "utf-16")
+		e := decide("result", "tools/call", {"content": [{"type": "resource", "resource": {"uri": "file:///a", "mimeType": "text/plain", key: "text/plain; charset=utf-16le", "blob": b64("plain")}}]})
+		e.action == "deny"
+		contains(e.reason, "a blob at content[0].resource.blob beside a member that is mimeType spelled in another case")
+	}
+	decide("result", "resources/read", {"contents": [{"uri": "file:///a", "mimeType": "text/plain", "blob": b64("plain"), "Note": "x"}]}) == {"action": "allow"}
 }
 
 # A limit smaller than the blobs the gateway's scan calls clean

@@ -14,7 +14,8 @@
 #   (max_result_bytes, max_listing_bytes for listings) is cut to fit. A tool
 #   result with content items of unknown type or without content is
 #   withheld, and so is a blob that toolgate cannot read as a runner may
-#   (text not in UTF-8, a mimeType that is not a string). A payload that
+#   (text not in UTF-8 or behind a UTF-16 byte-order mark, a mimeType that
+#   is not a string or is spelled in another case). A payload that
 #   needed no change is allowed as is, so the gateway passes the upstream's
 #   text on (adding only the decision id to a tool result).
 #
@@ -315,21 +316,44 @@ opaque(path) if blob_strings[path]
 
 # block_paths maps the path of every MCP content block of the payload to
 # the block: the content items of a tool result, the content of prompt
-# messages (prompts/get) and of sampling messages (sampling/createMessage,
-# one block or an array of them). The gateway's scan has the same table.
+# messages (prompts/get) and of sampling messages (sampling_blocks), and
+# the content of the tool_result blocks of sampling messages (whose
+# content is an array of blocks, embedded resources among them). The
+# gateway's scan has the same table.
 block_paths[["content", i]] := b if {
 	tool_result
 	some i, b in input.result.content
 }
 
 block_paths[["messages", i, "content"]] := b if {
-	message_blocks
+	channel == "result"
+	input.method == "prompts/get"
 	some i, m in input.result.messages
 	b := m.content
 	is_object(b)
 }
 
-block_paths[["messages", i, "content", j]] := b if {
+block_paths[p] := b if some p, b in sampling_blocks
+
+block_paths[array.concat(p, ["content", k])] := c if {
+	some p, b in sampling_blocks
+	b.type == "tool_result"
+	is_array(b.content)
+	some k, c in b.content
+}
+
+# sampling_blocks maps the path of every block of a sampling message to
+# the block: of sampling/createMessage (one block or an array of them),
+# and of the sampling requests of an input_required result.
+sampling_blocks[["messages", i, "content"]] := b if {
+	channel == "server_request"
+	input.method == "sampling/createMessage"
+	some i, m in input.result.messages
+	b := m.content
+	is_object(b)
+}
+
+sampling_blocks[["messages", i, "content", j]] := b if {
 	channel == "server_request"
 	input.method == "sampling/createMessage"
 	some i, m in input.result.messages
@@ -337,15 +361,14 @@ block_paths[["messages", i, "content", j]] := b if {
 	some j, b in m.content
 }
 
-# The blocks of the sampling requests of an input_required result.
-block_paths[["inputRequests", k, "params", "messages", i, "content"]] := b if {
+sampling_blocks[["inputRequests", k, "params", "messages", i, "content"]] := b if {
 	some k, ms in sampling_inputs
 	some i, m in ms
 	b := m.content
 	is_object(b)
 }
 
-block_paths[["inputRequests", k, "params", "messages", i, "content", j]] := b if {
+sampling_blocks[["inputRequests", k, "params", "messages", i, "content", j]] := b if {
 	some k, ms in sampling_inputs
 	some i, m in ms
 	is_array(m.content)
@@ -359,16 +382,6 @@ sampling_inputs[k] := r.params.messages if {
 	some k, r in input.result.inputRequests
 	r.method == "sampling/createMessage"
 	is_array(r.params.messages)
-}
-
-message_blocks if {
-	channel == "result"
-	input.method == "prompts/get"
-}
-
-message_blocks if {
-	channel == "server_request"
-	input.method == "sampling/createMessage"
 }
 
 # opaque_paths: the base64 data of image and audio blocks, which is binary.
@@ -1209,8 +1222,12 @@ utf8_charsets := {"utf-8", "utf8", "us-ascii", "ascii"}
 # a string (a runner may take the blob for text or not); text in another
 # charset than UTF-8, which a runner that honours the label decodes to text
 # toolgate never saw (UTF-16, say); a blob labelled with a type of text
-# whose bytes are not UTF-8. A blob without a mimeType whose bytes are not
-# UTF-8 is binary data.
+# whose bytes are not UTF-8; a blob without a mimeType that opens with a
+# byte-order mark of UTF-16 or UTF-32 (foreign_bom); a blob beside a member
+# that is mimeType spelled in another case. Another blob without a
+# mimeType whose bytes are not UTF-8 is binary data. The gateway's scan
+# withholds the same (its unreadableBlob, and variantRefusal for the
+# spelling).
 unreadable_blobs[path] := sprintf("the upstream's %s holds a blob at %s whose mimeType is not a string, so toolgate cannot tell whether it is text; it was withheld", [channel, place(path)]) if {
 	some path, _ in blob_strings
 	not blob_types[path]
@@ -1229,6 +1246,40 @@ unreadable_blobs[path] := sprintf("the upstream's %s holds a blob at %s whose mi
 	text_mime(mime_base(mime))
 	not foreign_charset(mime)
 	not utf8(b)
+}
+
+# A blob without a mimeType (none, null, or only blanks or parameters)
+# whose bytes open with a byte-order mark of UTF-16 or UTF-32: a runner
+# that reads such a blob as text sniffs the mark and decodes text toolgate
+# never saw (its bytes are not UTF-8, so toolgate would take it for binary
+# data).
+unreadable_blobs[path] := sprintf("the upstream's %s holds a blob at %s without a mimeType whose bytes open with a UTF-16 or UTF-32 byte-order mark, text in another charset than UTF-8, which toolgate cannot inspect; it was withheld", [channel, place(path)]) if {
+	some path, b in decoded_blobs
+	mime_base(blob_types[path]) == ""
+	foreign_bom(b)
+}
+
+# foreign_bom(b): b opens with a byte-order mark of UTF-16 (FF FE, FE FF)
+# or UTF-32 (FF FE 00 00, 00 00 FE FF). sprintf's precision keeps the
+# first four characters of b as they are (a byte that is not UTF-8 counts
+# as one), where substring would read all of b and write such bytes as
+# U+FFFD.
+foreign_bom(b) if {
+	head := hex.encode(sprintf("%.4s", [b]))
+	some mark in ["fffe", "feff", "0000feff"]
+	startswith(head, mark)
+}
+
+# A member beside a blob that is mimeType spelled in another case (or with
+# an invisible character): toolgate reads no mimeType, and a runner whose
+# decoder ignores case in member names (Go's encoding/json) reads that one,
+# a charset perhaps. The reason quotes neither the member nor its value.
+unreadable_blobs[path] := sprintf("the upstream's %s holds a blob at %s beside a member that is mimeType spelled in another case, which runners may read as its mimeType, so toolgate cannot tell how they read the blob; it was withheld", [channel, place(path)]) if {
+	some path, _ in blob_strings
+	res := object.get(input.result, array.slice(path, 0, count(path) - 1), {})
+	some k, _ in res
+	k != "mimeType"
+	lower(text.clean(k)) == "mimetype"
 }
 
 cannot_inspect contains msg if some msg in unreadable_blobs

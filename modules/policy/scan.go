@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"bytes"
 	"context"
 	"encoding/base64"
 	"encoding/binary"
@@ -289,27 +290,30 @@ type pendingString struct {
 	path  []pathStep
 	s     string
 	leaf  leafKind
-	block int  // the length of the block's path
+	block int // the length of the block's path
+	// outer is the length of the path of the tool_result block whose
+	// content holds the block, 0 when it is not in one (see leafBy).
+	outer int
 	input bool // a leaf of an input request's blocks (see shapeInputRequests)
 }
 
 // look takes note of the string or key s at path.
 func (l *scanEntries) look(path []pathStep, s string, key bool) {
 	if !key {
-		if leaf, block := l.shape.leaf(path); leaf != notLeaf {
-			l.pending = append(l.pending, pendingString{path: slices.Clone(path), s: s, leaf: leaf, block: block})
+		if leaf, block, outer := l.shape.leaf(path); leaf != notLeaf {
+			l.pending = append(l.pending, pendingString{path: slices.Clone(path), s: s, leaf: leaf, block: block, outer: outer})
 			return
 		}
 		if l.shape.result() {
-			if leaf, block := shapeInputRequests.leaf(path); leaf != notLeaf {
-				l.pending = append(l.pending, pendingString{path: slices.Clone(path), s: s, leaf: leaf, block: block, input: true})
+			if leaf, block, outer := shapeInputRequests.leaf(path); leaf != notLeaf {
+				l.pending = append(l.pending, pendingString{path: slices.Clone(path), s: s, leaf: leaf, block: block, outer: outer, input: true})
 				return
 			}
 		}
 		if l.variant == nil {
-			if leaf, _ := l.shape.leafBy(path, isKeyFold); leaf != notLeaf {
+			if leaf, _, _ := l.shape.leafBy(path, isKeyFold); leaf != notLeaf {
 				l.variant = slices.Clone(path)
-			} else if leaf, _ := shapeInputRequests.leafBy(path, isKeyFold); leaf != notLeaf && l.shape.result() {
+			} else if leaf, _, _ := shapeInputRequests.leafBy(path, isKeyFold); leaf != notLeaf && l.shape.result() {
 				l.variant = slices.Clone(path)
 			}
 		}
@@ -329,7 +333,7 @@ const (
 	shapeOtherResult                   // a result of another method: no content blocks, unless input_required
 	shapeToolResult                    // CallToolResult: content[i]
 	shapePromptMessages                // GetPromptResult: messages[i].content
-	shapeSamplingMessages              // sampling/createMessage params: messages[i].content, or its items
+	shapeSamplingMessages              // sampling/createMessage params: messages[i].content, or its items (see leafBy)
 	shapeResourceContents              // ReadResourceResult: contents[i], whose blob is base64
 	// shapeInputRequests: a result of the stateless revision (2026-07-28)
 	// whose resultType is input_required, of any method. It asks the
@@ -376,12 +380,15 @@ const (
 	leafContents          // contents[i].blob: base64 in resource contents
 )
 
-// leaf says whether path may be a block's binary data or blob, and the
-// length of the block's path.
-func (sh shape) leaf(path []pathStep) (leafKind, int) { return sh.leafBy(path, isKey) }
+// leaf says whether path may be a block's binary data or blob, the length
+// of the block's path and, for a block of a sampling message's tool_result
+// block (whose content is an array of blocks), the length of that
+// tool_result block's path (else 0). Whether the blocks have the types
+// that make it so is read once the payload is (see resultTerms).
+func (sh shape) leaf(path []pathStep) (leafKind, int, int) { return sh.leafBy(path, isKey) }
 
 // leafBy is leaf with the members of path compared to MCP's by isKey.
-func (sh shape) leafBy(path []pathStep, isKey func(pathStep, *ast.Term) bool) (leafKind, int) {
+func (sh shape) leafBy(path []pathStep, isKey func(pathStep, *ast.Term) bool) (leafKind, int, int) {
 	var blocks []int // the lengths a block's path may have
 	switch sh {
 	case shapeToolResult:
@@ -397,7 +404,7 @@ func (sh shape) leafBy(path []pathStep, isKey func(pathStep, *ast.Term) bool) (l
 		}
 	case shapeResourceContents:
 		if len(path) == 3 && isKey(path[0], keyContents) && path[1].key == nil && isKey(path[2], keyBlob) {
-			return leafContents, 2
+			return leafContents, 2, 0
 		}
 	case shapeInputRequests:
 		if len(path) >= 6 && isKey(path[0], keyInputRequests) && path[1].key != nil && isKey(path[2], keyParams) &&
@@ -408,15 +415,23 @@ func (sh shape) leafBy(path []pathStep, isKey func(pathStep, *ast.Term) bool) (l
 			}
 		}
 	}
+	outer := 0
+	if len(blocks) == 1 && (sh == shapeSamplingMessages || sh == shapeInputRequests) {
+		// A sampling message's tool_result block holds blocks of its own
+		// (the policy's block_paths of its sampling_blocks).
+		if n := blocks[0]; len(path) >= n+2 && isKey(path[n], keyContent) && path[n+1].key == nil {
+			blocks, outer = []int{n + 2}, n
+		}
+	}
 	for _, n := range blocks {
 		switch {
 		case len(path) == n+1 && isKey(path[n], keyData):
-			return leafData, n
+			return leafData, n, outer
 		case len(path) == n+2 && isKey(path[n], keyResource) && isKey(path[n+1], keyBlob):
-			return leafBlob, n
+			return leafBlob, n, outer
 		}
 	}
-	return notLeaf, 0
+	return notLeaf, 0, 0
 }
 
 func isKey(step pathStep, key *ast.Term) bool {
@@ -591,6 +606,17 @@ func resultTerms(raw []byte, sh shape, sc *scanner, spans map[*ast.Term]string) 
 			l.add(ps.path, ps.s, false) // not a block of this payload
 			continue
 		}
+		if ps.outer > 0 {
+			// A block of a block's content: only a tool_result's holds blocks.
+			outer := stringOf(termAt(result, append(ps.path[:ps.outer:ps.outer], pathStep{key: keyType})))
+			if outer == "" && l.variant == nil && hasKeyFold(termAt(result, ps.path[:ps.outer]), keyType) {
+				l.variant = append(ps.path[:ps.outer:ps.outer], pathStep{key: keyType})
+			}
+			if outer != "tool_result" {
+				l.add(ps.path, ps.s, false)
+				continue
+			}
+		}
 		typ := stringOf(termAt(result, append(ps.path[:ps.block:ps.block], pathStep{key: keyType})))
 		if typ == "" && l.variant == nil && hasKeyFold(termAt(result, ps.path[:ps.block]), keyType) {
 			l.variant = append(ps.path[:ps.block:ps.block], pathStep{key: keyType})
@@ -602,12 +628,14 @@ func resultTerms(raw []byte, sh shape, sc *scanner, spans map[*ast.Term]string) 
 			}
 		case "resource":
 			if ps.leaf == leafBlob {
+				l.mimeVariant(result, ps.path)
 				plain, n := sc.plainBlob(ps.s, mimeAt(result, ps.path))
 				blobsPlain, blobText = blobsPlain && plain, blobText+n
 				continue
 			}
 		}
 		if ps.leaf == leafContents {
+			l.mimeVariant(result, ps.path)
 			plain, n := sc.plainBlob(ps.s, mimeAt(result, ps.path))
 			blobsPlain, blobText = blobsPlain && plain, blobText+n
 			continue
@@ -639,6 +667,16 @@ func resultTerms(raw []byte, sh shape, sc *scanner, spans map[*ast.Term]string) 
 		ast.Item(keySeams, ast.ArrayTerm(seams...)),
 	)
 	return result, scan, nil
+}
+
+// mimeVariant takes note of a member beside the blob at path that is
+// mimeType spelled in another case (variantRefusal): the policy reads no
+// mimeType, and a runner that ignores case reads that one (a charset,
+// say). The policy withholds such a blob too (its unreadable_blobs).
+func (l *scanEntries) mimeVariant(result *ast.Term, path []pathStep) {
+	if parent := path[: len(path)-1 : len(path)-1]; l.variant == nil && hasKeyFold(termAt(result, parent), keyMimeType) {
+		l.variant = append(parent, pathStep{key: keyMimeType})
+	}
 }
 
 // hasKeyFold reports whether t is an object with a member named key in
@@ -789,13 +827,24 @@ func textBlob(m string, b []byte) bool {
 
 // unreadableBlob reports whether a blob decoded to b, whose resource has
 // the mimeType m (see blobMIME), is one the policy withholds (its
-// unreadable_blobs): text in a charset other than UTF-8, or labelled with
-// a type of text and not valid UTF-8.
+// unreadable_blobs): text in a charset other than UTF-8, labelled with a
+// type of text and not valid UTF-8, or without a type and opening with a
+// byte-order mark of UTF-16 or UTF-32 (see foreignBOM).
 func unreadableBlob(m string, b []byte) bool {
 	if !textMIME(m) {
 		return false
 	}
-	return foreignCharset(m) || mimeBase(m) != "" && !utf8.Valid(b)
+	base := mimeBase(m)
+	return foreignCharset(m) || base != "" && !utf8.Valid(b) || base == "" && foreignBOM(b)
+}
+
+// foreignBOM reports whether b opens with a byte-order mark of UTF-16
+// (FF FE, FE FF) or UTF-32 (FF FE 00 00, 00 00 FE FF), which a runner
+// reading a blob without a mimeType as text sniffs and decodes by (the
+// policy's foreign_bom).
+func foreignBOM(b []byte) bool {
+	return bytes.HasPrefix(b, []byte{0xFF, 0xFE}) || bytes.HasPrefix(b, []byte{0xFE, 0xFF}) ||
+		bytes.HasPrefix(b, []byte{0, 0, 0xFE, 0xFF})
 }
 
 // mimeBase is the type of a mimeType, without its parameters.

@@ -249,8 +249,16 @@ func TestScanOfOtherChannelsAgreesWithThePolicy(t *testing.T) {
 		{"result", "resources/read", `{"contents":[{"uri":"b","mimeType":"image/png; charset=utf-16","blob":"` + blob("k\x00e\x00y\x00") + `"}]}`, true, 0},
 		{"result", "resources/read", `{"contents":[{"uri":"b","mimeType":"text/plain","blob":"` + blob("\xff\xfek\x00") + `"}]}`, false, 0},
 		{"result", "tools/call", `{"content":[{"type":"resource","resource":{"uri":"b","mimeType":"application/json","blob":"` + blob("\xff\xfek\x00") + `"}}]}`, false, 0},
-		{"result", "resources/read", `{"contents":[{"uri":"b","mimeType":"","blob":"` + blob("\xff\xfek\x00") + `"}]}`, true, 0},
-		{"result", "resources/read", `{"contents":[{"uri":"b","mimeType":null,"blob":"` + blob("\xff\xfek\x00") + `"}]}`, true, 0},
+		// Without a mimeType, bytes that are not UTF-8 are binary data,
+		// unless they open with a byte-order mark of UTF-16 or UTF-32,
+		// which a runner reading them as text decodes by: withheld.
+		{"result", "resources/read", `{"contents":[{"uri":"b","mimeType":"","blob":"` + blob("\xffk\x00") + `"}]}`, true, 0},
+		{"result", "resources/read", `{"contents":[{"uri":"b","mimeType":null,"blob":"` + blob("k\xfe\xff") + `"}]}`, true, 0},
+		{"result", "resources/read", `{"contents":[{"uri":"b","mimeType":"","blob":"` + blob("\xff\xfek\x00") + `"}]}`, false, 0},
+		{"result", "resources/read", `{"contents":[{"uri":"b","mimeType":null,"blob":"` + blob("\xff\xfek\x00") + `"}]}`, false, 0},
+		{"result", "resources/read", `{"contents":[{"uri":"b","mimeType":" ; x=y","blob":"` + blob("\xfe\xff\x00k") + `"}]}`, false, 0},
+		{"result", "resources/read", `{"contents":[{"uri":"b","blob":"` + blob("\x00\x00\xfe\xff\x00\x00\x00k") + `"}]}`, false, 0},
+		{"result", "resources/read", `{"contents":[{"uri":"b","mimeType":"image/png","blob":"` + blob("\xff\xfek\x00") + `"}]}`, true, 0},
 		{"result", "resources/read", `{"contents":[{"uri":"b","blob":"` + blob("\xff a\u200bb") + `"}]}`, true, 0},
 		{"result", "tools/call", `{"content":[{"type":"resource","resource":{"uri":"b","mimeType":"text/plain","blob":"` + blob("a\u200bb") + `"}}]}`, false, 0},
 		{"result", "resources/read", `{"contents":[{"uri":"b","mimeType":"text/plain","blob":"` + blob(strings.Repeat("x", 4097)) + `"}]}`, false, 0},
@@ -281,6 +289,21 @@ func TestScanOfOtherChannelsAgreesWithThePolicy(t *testing.T) {
 		{"result", "tools/call", `{"resultType":"input_required","content":[{"type":"resource","resource":{"uri":"a","blob":"` + blob("key AKIA") + `"}}]}`, false, 0},
 		{"result", "tools/call", `{"resultType":"input_required","content":[{"type":"text","text":"split AK"},{"type":"text","text":"IA"}]}`, false, 0},
 		{"result", "prompts/get", `{"resultType":"input_required","messages":[{"role":"user","content":{"type":"image","data":"AKIA"}}]}`, true, 0},
+		// A sampling message's tool_result block holds blocks: their
+		// images are binary, their blobs inspected decoded. Another
+		// block's content is text.
+		{"server_request", "sampling/createMessage", `{"messages":[{"role":"user","content":{"type":"tool_result","toolUseId":"t","content":[{"type":"image","data":"AKIA"},` +
+			`{"type":"resource","resource":{"uri":"b","mimeType":"text/plain","blob":"` + blob("plain") + `"}}]}}]}`, true, 0},
+		{"server_request", "sampling/createMessage", `{"messages":[{"role":"user","content":[{"type":"text","text":"x"},{"type":"tool_result","toolUseId":"t","content":[` +
+			`{"type":"resource","resource":{"uri":"b","blob":"` + blob("key AKIA") + `"}}]}]}]}`, false, 0},
+		{"server_request", "sampling/createMessage", `{"messages":[{"role":"user","content":[{"type":"tool_result","toolUseId":"t","content":[` +
+			`{"type":"resource","resource":{"uri":"b","mimeType":"text/plain; charset=utf-16le","blob":"` + blob("k\x00e\x00y\x00") + `"}}]}]}]}`, false, 0},
+		{"server_request", "sampling/createMessage", `{"messages":[{"role":"user","content":[{"type":"tool_use","content":[{"type":"image","data":"AKIA"}]}]}]}`, false, 1},
+		{"result", "prompts/get", `{"messages":[{"role":"user","content":{"type":"tool_result","content":[{"type":"image","data":"AKIA"}]}}]}`, false, 1},
+		{"result", "tools/call", `{"resultType":"input_required","inputRequests":{"s":{"method":"sampling/createMessage","params":{"messages":[{"role":"user","content":` +
+			`[{"type":"tool_result","content":[{"type":"audio","data":"eyJ"},{"type":"resource","resource":{"uri":"b","blob":"` + blob("\xff\xfek\x00") + `"}}]}]}]}}}}`, false, 0},
+		{"result", "tools/call", `{"resultType":"input_required","inputRequests":{"s":{"method":"sampling/createMessage","params":{"messages":[{"role":"user","content":` +
+			`{"type":"tool_result","content":[{"type":"audio","data":"eyJ"}]}}]}}}}`, true, 0},
 	} {
 		res, scan, err := resultTerms([]byte(tc.payload), shapeOf(tc.channel, tc.method), c.scanner, nil)
 		if err != nil {
@@ -392,6 +415,10 @@ func FuzzScanDecidesAsThePolicy(f *testing.F) {
 	f.Add(uint8(7), `{"code":-32000,"message":"failed","data":{"ghp_":1}}`)
 	f.Add(uint8(8), `{"messages":[{"role":"user","content":[{"type":"image","data":"AKIA"},{"type":"text","text":"ok\u200b"}]}],"maxTokens":9}`)
 	f.Add(uint8(11), `{"content":[{"type":"text","text":"`+strings.Repeat("plain text, ", 40)+`"}]}`)
+	f.Add(uint8(8), `{"messages":[{"role":"user","content":[{"type":"tool_result","toolUseId":"t","content":[{"type":"image","data":"AKIA"},{"type":"resource","resource":{"uri":"b","blob":"`+blob("a\u200bb")+`"}}]}]}],"maxTokens":9}`)
+	f.Add(uint8(8), `{"messages":[{"role":"user","content":{"type":"tool_use","content":[{"type":"resource","resource":{"uri":"b","mimeType":"text/plain","blob":"`+blob("plain")+`"}}]}}]}`)
+	f.Add(uint8(3), `{"contents":[{"uri":"b","blob":"`+blob("\xff\xfek\x00")+`"},{"uri":"c","mimeType":" ","blob":"`+blob("\x00\x00\xfe\xff")+`"},{"uri":"d","blob":"`+blob("\xfek")+`"}]}`)
+	f.Add(uint8(0), `{"content":[{"type":"text","text":"x"}],"resultType":"input_required","inputRequests":{"s":{"method":"sampling/createMessage","params":{"messages":[{"role":"user","content":[{"type":"tool_result","content":[{"type":"resource","resource":{"uri":"b","mimeType":"text/plain","blob":"`+blob("key AKIA")+`"}}]}]}]}}}}`)
 	call, err := callOf(`{"name":"read_ticket"}`, `{"id":1}`)
 	if err != nil {
 		f.Fatal(err)
@@ -451,6 +478,17 @@ func TestScanRefusesCaseVariantsOfBlockMembers(t *testing.T) {
 		{"result", "tools/call", `{"content":[{"type":"text","text":"ok"}],"structuredContent":{"Type":"resource","Blob":"x","Contents":[{"Blob":"y"}]}}`, false},
 		{"result", "resources/read", `{"contents":[{"uri":"b","blob":"` + blob + `","Note":"x"}]}`, false},
 		{"notification", "notifications/message", `{"data":{"Contents":[{"blob":"x"}]}}`, false},
+		// mimeType beside a blob, spelled in another case: the policy
+		// reads none, a runner that ignores case reads that one.
+		{"result", "resources/read", `{"contents":[{"uri":"b","MimeType":"text/plain; charset=utf-16le","blob":"` + blob + `"}]}`, true},
+		{"result", "tools/call", `{"content":[{"type":"resource","resource":{"uri":"b","mimeType":"text/plain","mime\u200btype":"x","blob":"` + blob + `"}}]}`, true},
+		{"result", "tools/call", `{"content":[{"type":"resource","resource":{"uri":"b","MimeType":"x","text":"y"}}]}`, false},
+		{"result", "tools/call", `{"content":[{"type":"text","text":"x","MimeType":"y"}],"structuredContent":{"MimeType":"x","blob":"y"}}`, false},
+		// The blocks of a sampling message's tool_result block.
+		{"server_request", "sampling/createMessage", `{"messages":[{"role":"user","content":{"type":"tool_result","Content":[{"type":"image","data":"x"}]}}]}`, true},
+		{"server_request", "sampling/createMessage", `{"messages":[{"role":"user","content":[{"Type":"tool_result","content":[{"type":"image","data":"x"}]}]}]}`, true},
+		{"server_request", "sampling/createMessage", `{"messages":[{"role":"user","content":[{"type":"tool_result","content":[{"type":"resource","resource":{"uri":"b","mimetype":"x","blob":"` + blob + `"}}]}]}]}`, true},
+		{"result", "tools/call", `{"resultType":"input_required","inputRequests":{"s":{"method":"sampling/createMessage","params":{"messages":[{"role":"user","content":[{"type":"tool_result","content":[{"Type":"image","data":"x"}]}]}]}}}}`, true},
 	} {
 		_, _, err := resultTerms([]byte(tc.payload), shapeOf(tc.channel, tc.method), c.scanner, nil)
 		var refused *Refusal
