@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/open-policy-agent/opa/v1/ast"
-	"go.uber.org/zap"
 
 	"github.com/toolgate/toolgate/modules/gateway"
 )
@@ -17,17 +16,7 @@ import (
 // in every place a blob can be, with the mimeTypes of the fifth look
 // (TestScanReadsMimeTypesAsThePolicy covers three places).
 func TestR5Review2ScanReadsBlobsAsThePolicyEverywhere(t *testing.T) {
-	e, err := newEngine(newSource(shippedPolicies(t, nil)), "data.toolgate.result.decision", stageResult, evaluatorPlan, 0, zap.NewNop(), policyMetrics)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = e.Destruct() })
-	c := e.current.Load()
-	call, err := callOf(`{"name":"read_ticket"}`, `{"id":1}`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	h := &ResultHandler{Config{engine: e}}
+	c, call, h := shippedScanFixture(t)
 	mimes := []string{``, `"mimeType":null,`, `"mimeType":0,`, `"mimeType":"text/plain; charset=utf-16",`, `"mimeType":"text/plain",`, `"mimeType":"image/png",`}
 	blob := func(s string) string { return base64.StdEncoding.EncodeToString([]byte(s)) }
 	blobs := []string{blob("plain"), blob("a\u200bb"), blob("\xff\xfek\x00"), blob("k\x00e\x00y\x00")}
@@ -60,7 +49,7 @@ func TestR5Review2ScanReadsBlobsAsThePolicyEverywhere(t *testing.T) {
 						long.Insert(key, v)
 					}
 				})
-				fast, slow := decisionText(e.decideWith(ctx, c, scanned, time.Minute, "result")), decisionText(e.decideWith(ctx, c, long, time.Minute, "result"))
+				fast, slow := decisionText(h.engine.decideWith(ctx, c, scanned, time.Minute, "result")), decisionText(h.engine.decideWith(ctx, c, long, time.Minute, "result"))
 				if fast != slow {
 					t.Errorf("%s %s %s:\nwith the gateway's scan %.300s\nthe policy's long way   %.300s", k.channel, k.method, payload, fast, slow)
 				}

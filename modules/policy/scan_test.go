@@ -498,23 +498,30 @@ func TestScanRefusesCaseVariantsOfBlockMembers(t *testing.T) {
 	}
 }
 
+// shippedScanFixture is the shipped result policy compiled, a call of
+// read_ticket and a result hook over it: what a test needs to decide a
+// payload with the gateway's scan and by the policy's long way.
+func shippedScanFixture(t *testing.T) (*compiled, *gateway.Call, *ResultHandler) {
+	t.Helper()
+	e, err := newEngine(newSource(shippedPolicies(t, nil)), "data.toolgate.result.decision", stageResult, evaluatorPlan, 0, zap.NewNop(), policyMetrics)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = e.Destruct() })
+	call, err := callOf(`{"name":"read_ticket"}`, `{"id":1}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e.current.Load(), call, &ResultHandler{Config{engine: e}}
+}
+
 // The gateway's scan reads a blob's mimeType as the policy does: null as
 // none, another value that is not a string withheld, a charset other than
 // UTF-8 withheld for text, a blob labelled text that is not UTF-8
 // withheld. Every mimeType of the table with every blob, decided with the
 // scan and by the policy's long way, gives one decision.
 func TestScanReadsMimeTypesAsThePolicy(t *testing.T) {
-	e, err := newEngine(newSource(shippedPolicies(t, nil)), "data.toolgate.result.decision", stageResult, evaluatorPlan, 0, zap.NewNop(), policyMetrics)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = e.Destruct() })
-	c := e.current.Load()
-	call, err := callOf(`{"name":"read_ticket"}`, `{"id":1}`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	h := &ResultHandler{Config{engine: e}}
+	c, call, h := shippedScanFixture(t)
 	mimes := []string{``, `"mimeType":null,`, `"mimeType":0,`, `"mimeType":true,`, `"mimeType":[],`, `"mimeType":{},`,
 		`"mimeType":"",`, `"mimeType":" ",`, `"mimeType":"text/plain",`, `"mimeType":"TEXT/PLAIN",`, `"mimeType":"text/plain; charset=utf-16",`,
 		`"mimeType":"text/plain;charset=\"utf-8\"",`, `"mimeType":"text/plain; charset= UTF8 ",`, `"mimeType":"text/plain; charset",`,
@@ -543,7 +550,7 @@ func TestScanReadsMimeTypesAsThePolicy(t *testing.T) {
 						long.Insert(key, v)
 					}
 				})
-				fast, slow := decisionText(e.decideWith(ctx, c, scanned, time.Minute, "result")), decisionText(e.decideWith(ctx, c, long, time.Minute, "result"))
+				fast, slow := decisionText(h.engine.decideWith(ctx, c, scanned, time.Minute, "result")), decisionText(h.engine.decideWith(ctx, c, long, time.Minute, "result"))
 				if fast != slow {
 					t.Errorf("%s %s:\nwith the gateway's scan %.400s\nthe policy's long way   %.400s", k.method, payload, fast, slow)
 				}
