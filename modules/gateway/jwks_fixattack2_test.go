@@ -1,11 +1,8 @@
 package gateway
 
 import (
-	"context"
 	"testing"
 	"time"
-
-	"go.uber.org/zap"
 )
 
 // Attack: the issuer retires key k1 (its set now holds k2 only). The
@@ -19,19 +16,7 @@ import (
 // was fetched, not 15). Two minutes after the failed attempt, the IdP
 // answering again, a token of k1 should be refused.
 func TestFixAttack2FailedJWKSRefetchNotRetriedAMinuteLater(t *testing.T) {
-	ctx := context.Background()
-	clock := setClock(t, time.Date(2026, 12, 6, 3, 0, 0, 0, time.UTC))
-	k1, k2 := newSigningKey(t, "k1"), newSigningKey(t, "k2")
-	srv := newJWKSServer(t, k1, k2)
-	a := provisionAuth(t, &AuthConfig{JWT: []*JWTIssuer{{Issuer: testIssuer, Audience: []string{"gw"}, JWKSURL: srv.URL}}})
-	a.start(ctx, srv.Client(), zap.NewNop())
-	awaitFetches(t, a)
-	sub := 0
-	auth := func(k signingKey) error {
-		sub++ // a new token each time: none remembered
-		_, err := a.Authenticate(ctx, bearer(k.sign(t, map[string]any{"iss": testIssuer, "aud": "gw", "sub": "u" + time.Duration(sub).String(), "exp": clock.Add(time.Hour).Unix()})), false)
-		return err
-	}
+	clock, srv, k1, k2, auth := jwksOfTwoKeys(t)
 	if err := auth(k1); err != nil {
 		t.Fatal(err)
 	}

@@ -48,19 +48,7 @@ func TestStaleJWKSWhileTheIssuerHangsDelaysLittle(t *testing.T) {
 // that point leaves the set as it was (a current key still verifies), and
 // a flood of such tokens fetches at most once.
 func TestFixAttackHoldsStaleJWKSRetiresKey(t *testing.T) {
-	ctx := context.Background()
-	clock := setClock(t, time.Date(2026, 12, 6, 3, 0, 0, 0, time.UTC))
-	k1, k2 := newSigningKey(t, "k1"), newSigningKey(t, "k2")
-	srv := newJWKSServer(t, k1, k2)
-	a := provisionAuth(t, &AuthConfig{JWT: []*JWTIssuer{{Issuer: testIssuer, Audience: []string{"gw"}, JWKSURL: srv.URL}}})
-	a.start(ctx, srv.Client(), zap.NewNop())
-	awaitFetches(t, a)
-	sub := 0
-	auth := func(k signingKey) error {
-		sub++ // a new token each time: none remembered
-		_, err := a.Authenticate(ctx, bearer(k.sign(t, map[string]any{"iss": testIssuer, "aud": "gw", "sub": "u" + string(rune('a'+sub%26)) + time.Duration(sub).String(), "exp": clock.Add(time.Hour).Unix()})), false)
-		return err
-	}
+	clock, srv, k1, k2, auth := jwksOfTwoKeys(t)
 	if err := auth(k1); err != nil {
 		t.Fatal(err)
 	}
@@ -109,4 +97,25 @@ func awaitFetches(t *testing.T, a *AuthConfig) {
 			}
 		}
 	})
+}
+
+// jwksOfTwoKeys is an issuer publishing the keys k1 and k2 (srv), an auth
+// block trusting it with its key set fetched at 03:00 on clock, and auth,
+// which authenticates a new token (none remembered) signed with a key.
+func jwksOfTwoKeys(t *testing.T) (clock *time.Time, srv *jwksServer, k1, k2 signingKey, auth func(signingKey) error) {
+	t.Helper()
+	ctx := context.Background()
+	clock = setClock(t, time.Date(2026, 12, 6, 3, 0, 0, 0, time.UTC))
+	k1, k2 = newSigningKey(t, "k1"), newSigningKey(t, "k2")
+	srv = newJWKSServer(t, k1, k2)
+	a := provisionAuth(t, &AuthConfig{JWT: []*JWTIssuer{{Issuer: testIssuer, Audience: []string{"gw"}, JWKSURL: srv.URL}}})
+	a.start(ctx, srv.Client(), zap.NewNop())
+	awaitFetches(t, a)
+	sub := 0
+	auth = func(k signingKey) error {
+		sub++
+		_, err := a.Authenticate(ctx, bearer(k.sign(t, map[string]any{"iss": testIssuer, "aud": "gw", "sub": "u" + time.Duration(sub).String(), "exp": clock.Add(time.Hour).Unix()})), false)
+		return err
+	}
+	return clock, srv, k1, k2, auth
 }

@@ -5,7 +5,6 @@ import (
 	"encoding/base64"
 	"fmt"
 	"testing"
-	"time"
 
 	"github.com/open-policy-agent/opa/v1/ast"
 
@@ -43,13 +42,7 @@ func TestR5Review2ScanReadsBlobsAsThePolicyEverywhere(t *testing.T) {
 					t.Logf("%s %s: refused by the scan: %v", k.method, payload, err)
 					continue
 				}
-				long := ast.NewObject()
-				scanned.Foreach(func(key, v *ast.Term) {
-					if !key.Equal(keyScan) {
-						long.Insert(key, v)
-					}
-				})
-				fast, slow := decisionText(h.engine.decideWith(ctx, c, scanned, time.Minute, "result")), decisionText(h.engine.decideWith(ctx, c, long, time.Minute, "result"))
+				fast, slow := bothWays(ctx, h, c, scanned)
 				if fast != slow {
 					t.Errorf("%s %s %s:\nwith the gateway's scan %.300s\nthe policy's long way   %.300s", k.channel, k.method, payload, fast, slow)
 				}

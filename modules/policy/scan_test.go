@@ -515,6 +515,19 @@ func shippedScanFixture(t *testing.T) (*compiled, *gateway.Call, *ResultHandler)
 	return e.current.Load(), call, &ResultHandler{Config{engine: e}}
 }
 
+// bothWays decides scanned, a result policy input the gateway's scan
+// built, with the scan's findings and without them (the policy's long
+// way), and returns both decisions as text.
+func bothWays(ctx context.Context, h *ResultHandler, c *compiled, scanned ast.Object) (fast, slow string) {
+	long := ast.NewObject()
+	scanned.Foreach(func(key, v *ast.Term) {
+		if !key.Equal(keyScan) {
+			long.Insert(key, v)
+		}
+	})
+	return decisionText(h.engine.decideWith(ctx, c, scanned, time.Minute, "result")), decisionText(h.engine.decideWith(ctx, c, long, time.Minute, "result"))
+}
+
 // The gateway's scan reads a blob's mimeType as the policy does: null as
 // none, another value that is not a string withheld, a charset other than
 // UTF-8 withheld for text, a blob labelled text that is not UTF-8
@@ -544,13 +557,7 @@ func TestScanReadsMimeTypesAsThePolicy(t *testing.T) {
 				if err != nil {
 					t.Fatalf("%s: %v", payload, err)
 				}
-				long := ast.NewObject()
-				scanned.Foreach(func(key, v *ast.Term) {
-					if !key.Equal(keyScan) {
-						long.Insert(key, v)
-					}
-				})
-				fast, slow := decisionText(h.engine.decideWith(ctx, c, scanned, time.Minute, "result")), decisionText(h.engine.decideWith(ctx, c, long, time.Minute, "result"))
+				fast, slow := bothWays(ctx, h, c, scanned)
 				if fast != slow {
 					t.Errorf("%s %s:\nwith the gateway's scan %.400s\nthe policy's long way   %.400s", k.method, payload, fast, slow)
 				}
