@@ -55,7 +55,7 @@ type Call struct {
 	// TasksOwned is set by toolgate_result_policy, which relays a task's
 	// methods only for the tasks created in the call's MCP session and
 	// judges what a task yields as its call's result; without it
-	// toolgate_proxy relays no task (RelaysTasks).
+	// toolgate_proxy relays no task (TaskMethod).
 	TasksOwned bool
 	// Tool is the upstream's definition of the called tool, when known;
 	// see ToolDefinition.
