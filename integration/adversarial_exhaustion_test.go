@@ -303,7 +303,7 @@ func TestExhaustionHoldsMCPSessionChurnFreesSlotsGoroutinesAndFDs(t *testing.T) 
 // standalone stream faster than a runner answers (this one never answers)
 // makes the gateway record at most MaxPendingServerRequests (256) of them
 // per MCP session, in memory and as storage rows
-// (toolgate/mcp/sessions/<ref>/requests/…); the rest are refused, not
+// (toolgate/mcp/sessions/<ref>/pending/…); the rest are refused, not
 // queued.
 func TestExhaustionHoldsServerRequestFloodIsBoundedPerSession(t *testing.T) {
 	up := startUpstream(t)

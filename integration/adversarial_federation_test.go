@@ -752,7 +752,7 @@ func TestFederationAttackUpstreamCannotClaimAnotherService(t *testing.T) {
 	stream := faStream(t, m, `{"jsonrpc":"2.0","id":4,"method":"tools/call","params":{"name":"svc__spoof","arguments":{}}}`)
 	req := faNext(t, stream)
 	id := gjson.GetBytes(req, "id")
-	if id.String() != `toolgate:svc:"toolgate:beta:1"` {
+	if !strings.HasPrefix(id.String(), `toolgate:svc:"toolgate-request:`) || strings.Contains(id.String(), "beta") {
 		t.Fatalf("svc's server request reached the runner as %s", req)
 	}
 	for range stream {

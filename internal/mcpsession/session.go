@@ -12,6 +12,9 @@ package mcpsession
 import (
 	"bytes"
 	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"sync"
@@ -79,11 +82,12 @@ type Session struct {
 	reserved       *mcpstate.Store // where its initialize holds a slot of its caller's until stored (see initializingPrefix)
 	upstream       Upstream
 	catalog        *mcpstate.Catalog
-	catalogPending chan struct{} // closed when the listing awaited ends; nil when none is
-	listingHere    bool          // the listing awaited runs on this replica
-	catalogGivenUp bool          // a wait for a listing ran out: later calls do not wait
-	serverRequests map[string]string
-	streams        map[string]any // resumable runner streams, by token
+	catalogPending chan struct{}                      // closed when the listing awaited ends; nil when none is
+	listingHere    bool                               // the listing awaited runs on this replica
+	catalogGivenUp bool                               // a wait for a listing ran out: later calls do not wait
+	serverRequests map[string]mcpstate.PendingRequest // by the key of the id the runner knows
+	pendingCounted time.Time                          // when forgetAnsweredElsewhere last asked the storage
+	streams        map[string]any                     // resumable runner streams, by token
 	streamOrder    []string
 	links          map[string]mcpstate.Link // see Link
 	tasks          map[string]Task          // tasks created through toolgate, by task id
@@ -539,18 +543,36 @@ func (s *Session) apply(rec *mcpstate.Record, catalog *mcpstate.Catalog, changes
 	}
 }
 
+// ServerRequestPrefix starts the id the runner knows an upstream's
+// server→client request by (see ServerRequestID).
+const ServerRequestPrefix = "toolgate-request:"
+
+// ServerRequestID is the id under which the runner gets an upstream's
+// server→client request whose own id is upstreamID: ServerRequestPrefix
+// and 128 bits of an HMAC of the id's value under the session's ref. The
+// upstream's id is text no policy reads, so it never reaches the runner;
+// this one says nothing of it. The ref is sealed in the Mcp-Session-Id,
+// so the runner cannot compute it either. It is the same on every replica
+// and for every spelling of the id: a request replayed on a resumed stream,
+// and the upstream's cancellation of it, name it alike.
+func (s *Session) ServerRequestID(upstreamID []byte) []byte {
+	mac := hmac.New(sha256.New, []byte(s.Ref))
+	mac.Write([]byte(mcpmsg.IDKey(upstreamID)))
+	return mcpmsg.Quote(ServerRequestPrefix + hex.EncodeToString(mac.Sum(nil)[:16]))
+}
+
 // pendingRequest records a server→client request relayed to the runner
 // here; false when the session has too many pending already.
-func (s *Session) pendingRequest(key, method string) bool {
+func (s *Session) pendingRequest(key string, req mcpstate.PendingRequest) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.serverRequests == nil {
-		s.serverRequests = make(map[string]string)
+		s.serverRequests = make(map[string]mcpstate.PendingRequest)
 	}
 	if _, dup := s.serverRequests[key]; !dup && len(s.serverRequests) >= MaxPendingServerRequests {
 		return false
 	}
-	s.serverRequests[key] = method
+	s.serverRequests[key] = req
 	return true
 }
 
@@ -560,20 +582,59 @@ func (s *Session) answeredRequest(key string) {
 	s.mu.Unlock()
 }
 
-// ServerRequestSent records a server→client request relayed to the runner,
-// in the shared storage, so that the runner's answer is attributed to its
-// method on whichever replica it arrives. It reports false, recording
+// forgetAnsweredElsewhere forgets the requests relayed here whose answer
+// another replica took, which only that replica knows: they would hold
+// places of MaxPendingServerRequests for as long as the session lives. It
+// asks the storage at most once per pendingRecount, and reports whether it
+// did.
+func (s *Session) forgetAnsweredElsewhere(ctx context.Context) bool {
+	s.mu.Lock()
+	if t := now(); t.Sub(s.pendingCounted) >= pendingRecount {
+		s.pendingCounted = t
+	} else {
+		s.mu.Unlock()
+		return false
+	}
+	keys := make([]string, 0, len(s.serverRequests))
+	for key := range s.serverRequests {
+		keys = append(keys, key)
+	}
+	s.mu.Unlock()
+	pending, err := s.m.state().ServerRequestsPending(ctx, s.Ref, keys)
+	if err != nil {
+		s.m.logger().Warn("cannot read the pending server requests in storage", zap.String("service", s.Service), zap.Error(err))
+		return false
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, key := range keys {
+		if !pending[key] {
+			delete(s.serverRequests, key)
+		}
+	}
+	return true
+}
+
+// pendingRecount is how often a session whose pending server requests
+// reached their bound asks the storage which of them are still pending.
+const pendingRecount = time.Second
+
+// ServerRequestSent records a server→client request relayed to the runner
+// under the id id (see ServerRequestID), in the shared storage, so that
+// the runner's answer is attributed to its method, and goes upstream under
+// upstreamID, on whichever replica it arrives. It reports false, recording
 // nothing, when the session has too many pending already or the storage
 // is unavailable; the request must then be refused rather than relayed.
-func (s *Session) ServerRequestSent(ctx context.Context, id []byte, method string) bool {
+func (s *Session) ServerRequestSent(ctx context.Context, id, upstreamID []byte, method string) bool {
 	key := mcpmsg.IDKey(id)
-	if !s.pendingRequest(key, method) {
+	req := mcpstate.PendingRequest{Method: method, ID: bytes.Clone(upstreamID)}
+	if !s.pendingRequest(key, req) && (s.local || !s.forgetAnsweredElsewhere(ctx) || !s.pendingRequest(key, req)) {
 		return false
 	}
 	if s.local {
 		return true
 	}
-	if err := s.m.state().ServerRequestSent(ctx, s.Ref, key, method); err != nil {
+	if err := s.m.state().ServerRequestSent(ctx, s.Ref, key, req); err != nil {
 		s.answeredRequest(key)
 		s.m.logger().Warn("cannot record a server request in storage", zap.String("service", s.Service), zap.Error(err))
 		return false
@@ -581,23 +642,27 @@ func (s *Session) ServerRequestSent(ctx context.Context, id []byte, method strin
 	return true
 }
 
-// ServerRequestAnswered returns the method of the pending server→client
-// request that id (however the runner spelled it) answers, and forgets it,
-// whichever replica relayed the request. ok is false when no such request
-// is pending; err, when the storage cannot tell.
-func (s *Session) ServerRequestAnswered(ctx context.Context, id []byte) (method string, ok bool, err error) {
+// ServerRequestAnswered returns the pending server→client request that id
+// (however the runner spelled it) answers, and forgets it, whichever
+// replica relayed the request: its method, and the id its answer carries
+// upstream. ok is false when no such request is pending; err, when the
+// storage cannot tell.
+func (s *Session) ServerRequestAnswered(ctx context.Context, id []byte) (req mcpstate.PendingRequest, ok bool, err error) {
 	key := mcpmsg.IDKey(id)
 	if s.local {
 		s.mu.Lock()
 		defer s.mu.Unlock()
-		method, ok = s.serverRequests[key]
+		req, ok = s.serverRequests[key]
 		delete(s.serverRequests, key)
-		return method, ok, nil
+		return req, ok, nil
 	}
-	method, ok, err = s.m.state().ServerRequestAnswered(ctx, s.Ref, key)
+	req, ok, err = s.m.state().ServerRequestAnswered(ctx, s.Ref, key)
 	if err != nil {
-		return "", false, fmt.Errorf("%w: %v", ErrStorageUnavailable, err)
+		return mcpstate.PendingRequest{}, false, fmt.Errorf("%w: %v", ErrStorageUnavailable, err)
+	}
+	if ok && req.ID == nil {
+		req.ID = bytes.Clone(id) // recorded by an earlier version, under the upstream's id
 	}
 	s.answeredRequest(key)
-	return method, ok, nil
+	return req, ok, nil
 }

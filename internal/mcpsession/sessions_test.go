@@ -1,10 +1,12 @@
 package mcpsession
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"path"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -249,8 +251,9 @@ func TestPerCallerSlotOfAnInitializeThatNeverStores(t *testing.T) {
 }
 
 // A runner's answer matches the pending server→client request whatever the
-// spelling of its id, on whichever replica it arrives; an answer to
-// nothing pending matches nothing.
+// spelling of its id, on whichever replica it arrives, and gives back the
+// id the upstream sent the request with; an answer to nothing pending
+// matches nothing.
 func TestServerRequestsMatchOnTheIDsValue(t *testing.T) {
 	storage := &certmagic.FileStorage{Path: t.TempDir()}
 	m, _ := replicaOf(t, storage, time.Hour, 100, 100)
@@ -261,26 +264,112 @@ func TestServerRequestsMatchOnTheIDsValue(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !s.ServerRequestSent(ctx, []byte(`"e1"`), "elicitation/create") || !s.ServerRequestSent(ctx, []byte(`7`), "sampling/createMessage") {
+	e1, seven := s.ServerRequestID([]byte(`"e1"`)), s.ServerRequestID([]byte(`7`))
+	if !s.ServerRequestSent(ctx, e1, []byte(`"e1"`), "elicitation/create") || !s.ServerRequestSent(ctx, seven, []byte(`7`), "sampling/createMessage") {
 		t.Fatal("not recorded")
 	}
-	if method, ok, err := elsewhere.ServerRequestAnswered(ctx, []byte(`"e\u0031"`)); !ok || err != nil || method != "elicitation/create" {
-		t.Errorf(`"e\u0031" answers %q, %v, %v`, method, ok, err)
+	spelled := bytes.Replace(e1, []byte("toolgate"), []byte(`\u0074oolgate`), 1)
+	if req, ok, err := elsewhere.ServerRequestAnswered(ctx, spelled); !ok || err != nil || req.Method != "elicitation/create" || string(req.ID) != `"e1"` {
+		t.Errorf("%s answers %+v, %v, %v", spelled, req, ok, err)
 	}
-	if _, ok, _ := s.ServerRequestAnswered(ctx, []byte(`"e1"`)); ok {
+	if _, ok, _ := s.ServerRequestAnswered(ctx, e1); ok {
 		t.Error("an answered request is still pending")
 	}
-	if _, ok, _ := s.ServerRequestAnswered(ctx, []byte(`"7"`)); ok {
-		t.Error(`the string "7" answered the integer 7`)
+	if _, ok, _ := s.ServerRequestAnswered(ctx, []byte(`7`)); ok {
+		t.Error("the upstream's own id answered the request the runner knows by another")
 	}
-	if method, ok, _ := s.ServerRequestAnswered(ctx, []byte(`7`)); !ok || method != "sampling/createMessage" {
-		t.Errorf("7 answers %q, %v", method, ok)
+	if req, ok, _ := s.ServerRequestAnswered(ctx, seven); !ok || req.Method != "sampling/createMessage" || string(req.ID) != `7` {
+		t.Errorf("%s answers %+v, %v", seven, req, ok)
 	}
 	for i := range MaxPendingServerRequests {
-		s.ServerRequestSent(ctx, []byte{'1', byte('0' + i%10), byte('0' + i/10%10), byte('0' + i/100)}, "roots/list")
+		id := []byte{'1', byte('0' + i%10), byte('0' + i/10%10), byte('0' + i/100)}
+		s.ServerRequestSent(ctx, s.ServerRequestID(id), id, "roots/list")
 	}
-	if s.ServerRequestSent(ctx, []byte(`"one-too-many"`), "roots/list") {
+	if s.ServerRequestSent(ctx, s.ServerRequestID([]byte(`"one-too-many"`)), []byte(`"one-too-many"`), "roots/list") {
 		t.Error("more pending server requests than the bound")
+	}
+}
+
+// A request relayed here whose answer another replica took frees its
+// place of MaxPendingServerRequests here too, once the bound is reached.
+func TestServerRequestsAnsweredElsewhereFreeTheirPlaces(t *testing.T) {
+	storage := &certmagic.FileStorage{Path: t.TempDir()}
+	m, _ := replicaOf(t, storage, time.Hour, 100, 100)
+	other, _ := replicaOf(t, storage, time.Hour, 100, 100)
+	ctx := context.Background()
+	s := started(t, m, aliceSession, "up")
+	elsewhere, err := other.Open(ctx, s.ID, "alice", "s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ask := func(i int) ([]byte, bool) {
+		up := []byte(strconv.Itoa(i))
+		id := s.ServerRequestID(up)
+		return id, s.ServerRequestSent(ctx, id, up, "roots/list")
+	}
+	var ids [][]byte
+	for i := range MaxPendingServerRequests {
+		id, ok := ask(i)
+		if !ok {
+			t.Fatalf("request %d refused", i)
+		}
+		ids = append(ids, id)
+	}
+	if _, ok := ask(MaxPendingServerRequests); ok {
+		t.Fatal("more pending server requests than the bound")
+	}
+	for _, id := range ids[:10] {
+		if _, ok, err := elsewhere.ServerRequestAnswered(ctx, id); !ok || err != nil {
+			t.Fatalf("answering %s on another replica: %v, %v", id, ok, err)
+		}
+	}
+	clock := time.Now().Add(2 * pendingRecount)
+	now = func() time.Time { return clock }
+	t.Cleanup(func() { now = time.Now })
+	for i := range 10 {
+		if _, ok := ask(1000 + i); !ok {
+			t.Fatalf("request %d refused with ten places freed on another replica", i)
+		}
+	}
+	if _, ok := ask(2000); ok {
+		t.Error("more pending server requests than the bound")
+	}
+}
+
+// The id the runner knows a server request by says nothing of the
+// upstream's: the same on every replica and for every spelling of the
+// upstream's id, another for another id or another MCP session.
+func TestServerRequestIDIsToolgatesOwn(t *testing.T) {
+	storage := &certmagic.FileStorage{Path: t.TempDir()}
+	m, _ := replicaOf(t, storage, time.Hour, 100, 100)
+	other, _ := replicaOf(t, storage, time.Hour, 100, 100)
+	ctx := context.Background()
+	s := started(t, m, aliceSession, "up")
+	second := started(t, m, aliceSession, "up")
+	elsewhere, err := other.Open(ctx, s.ID, "alice", "s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := s.ServerRequestID([]byte(`"secret-zq"`))
+	if !bytes.HasPrefix(id, []byte(`"`+ServerRequestPrefix)) || bytes.Contains(id, []byte("secret")) || bytes.Contains(id, []byte("zq")) {
+		t.Errorf("the runner's id %s", id)
+	}
+	for what, same := range map[string][]byte{
+		"another replica":  elsewhere.ServerRequestID([]byte(`"secret-zq"`)),
+		"another spelling": s.ServerRequestID([]byte(`"secret-\u007aq"`)),
+	} {
+		if !bytes.Equal(same, id) {
+			t.Errorf("%s names the request %s, not %s", what, same, id)
+		}
+	}
+	for what, differs := range map[string][]byte{
+		"another id":          s.ServerRequestID([]byte(`"secret-zy"`)),
+		"another case":        s.ServerRequestID([]byte(`"Secret-zq"`)),
+		"another MCP session": second.ServerRequestID([]byte(`"secret-zq"`)),
+	} {
+		if bytes.Equal(differs, id) {
+			t.Errorf("%s is named %s too", what, id)
+		}
 	}
 }
 

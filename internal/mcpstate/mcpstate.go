@@ -37,7 +37,8 @@
 // # Storage layout
 //
 //	toolgate/mcp/sessions/<ref>/state           the session's Record (JSON)
-//	toolgate/mcp/sessions/<ref>/requests/<id>   a pending server→client request: its method
+//	toolgate/mcp/sessions/<ref>/pending/<id>    a pending server→client request (PendingRequest, JSON)
+//	toolgate/mcp/sessions/<ref>/requests/<id>   one recorded by an earlier version: its method
 //	toolgate/mcp/sessions/<ref>/tasks/<id>      the call a task was created by (TaskCall, JSON, sealed)
 //	toolgate/mcp/catalogs/<sha256>              a tool catalog
 //	toolgate/mcp/active/<window>/<ref>          the session was used in that window
@@ -491,62 +492,124 @@ func (s *Store) CountUser(ctx context.Context, user string, limit int) (int, err
 	return n, nil
 }
 
-// requestKey is where a pending server→client request with the id key
-// idKey (see mcpmsg.IDKey) waits for the runner's answer.
+// pendingKey is where a pending server→client request the runner knows
+// by the id whose key is idKey (see mcpmsg.IDKey) waits for its answer.
+func pendingKey(ref, idKey string) string {
+	return path.Join(sessionsPrefix, ref, "pending", hashText(idKey)[:32])
+}
+
+// requestKey is where versions before PendingRequest recorded a pending
+// request: its method's text, under the upstream's id (which the runner
+// then knew the request by). Such records are still answered, read as
+// methods whatever their text; this version writes none there, so that a
+// replica of an earlier version, during a rolling upgrade, finds no
+// record of this one to misread (it refuses the answer). Reading them can
+// go once no replica of those versions is left.
 func requestKey(ref, idKey string) string {
 	return path.Join(sessionsPrefix, ref, "requests", hashText(idKey)[:32])
 }
 
-// ServerRequestSent records a server→client request relayed to the runner,
-// so that its answer is recognised on any replica. It is stored before the
-// request is relayed; a session that ended is ErrNotFound.
-func (s *Store) ServerRequestSent(ctx context.Context, ref, idKey, method string) error {
-	if err := s.storeBelow(ctx, ref, requestKey(ref, idKey), []byte(method)); err != nil {
+// PendingRequest is a server→client request relayed to the runner and
+// waiting for its answer: the method it asks, and the id the upstream gave
+// it, which its answer carries upstream (the runner knows the request by
+// an id of toolgate's own).
+type PendingRequest struct {
+	Method string          `json:"method"`
+	ID     json.RawMessage `json:"id"`
+}
+
+// ServerRequestSent records a server→client request relayed to the runner
+// under the id whose key is idKey, so that its answer is recognised on any
+// replica. It is stored before the request is relayed; a session that
+// ended is ErrNotFound.
+func (s *Store) ServerRequestSent(ctx context.Context, ref, idKey string, req PendingRequest) error {
+	data, err := json.Marshal(req)
+	if err != nil {
+		return fmt.Errorf("recording the server request: %w", err)
+	}
+	if err := s.storeBelow(ctx, ref, pendingKey(ref, idKey), data); err != nil {
 		return fmt.Errorf("recording the server request: %w", err)
 	}
 	return nil
 }
 
-// ServerRequestAnswered returns the method of the pending request the
-// runner's answer with id key idKey answers, and forgets the request. ok
-// is false when none is pending, or when the session has ended: its
-// requests may outlive its record for a while (see ended), and an answer
-// taken would be relayed upstream. An answer sent to several replicas at
-// once is taken by one: the request is read and deleted under its own
-// storage lock (a Delete of a key gone already succeeds, so without it
-// each would relay the answer upstream).
-func (s *Store) ServerRequestAnswered(ctx context.Context, ref, idKey string) (method string, ok bool, err error) {
-	key := requestKey(ref, idKey)
-	err = s.LockedAs(ctx, "toolgate_mcp_"+ref+"_request_"+path.Base(key), func() error {
-		data, err := s.storage.Load(ctx, key)
+// ServerRequestsPending reports which of the requests the runner knows by
+// the ids whose keys are idKeys still wait for their answer, with one
+// listing: those whose answer a replica took are not in pending.
+func (s *Store) ServerRequestsPending(ctx context.Context, ref string, idKeys []string) (pending map[string]bool, err error) {
+	dir := path.Dir(pendingKey(ref, ""))
+	names, err := s.storage.List(ctx, dir, false)
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("listing the pending server requests: %w", err)
+	}
+	stored := make(map[string]bool, len(names))
+	for _, name := range names {
+		stored[path.Base(name)] = true
+	}
+	pending = make(map[string]bool, len(idKeys))
+	for _, k := range idKeys {
+		if stored[path.Base(pendingKey(ref, k))] {
+			pending[k] = true
+		}
+	}
+	return pending, nil
+}
+
+// ServerRequestAnswered returns the pending request the runner's answer
+// with id key idKey answers, and forgets the request. ok is false when
+// none is pending, or when the session has ended: its requests may
+// outlive its record for a while (see ended), and an answer taken would be
+// relayed upstream. An answer sent to several replicas at once is taken by
+// one: the request is read and deleted under its own storage lock (a
+// Delete of a key gone already succeeds, so without it each would relay
+// the answer upstream). A request an earlier version recorded (see
+// requestKey) has no ID: its answer goes upstream as the runner sent it.
+func (s *Store) ServerRequestAnswered(ctx context.Context, ref, idKey string) (req PendingRequest, ok bool, err error) {
+	key := pendingKey(ref, idKey)
+	data, ok, err := s.takeBelow(ctx, ref, key, "toolgate_mcp_"+ref+"_pending_"+path.Base(key))
+	switch {
+	case err != nil:
+		return PendingRequest{}, false, fmt.Errorf("reading the server request: %w", err)
+	case ok:
+		if err := json.Unmarshal(data, &req); err != nil {
+			return PendingRequest{}, false, fmt.Errorf("reading the server request: %w", err)
+		}
+		return req, true, nil
+	}
+	key = requestKey(ref, idKey)
+	data, ok, err = s.takeBelow(ctx, ref, key, "toolgate_mcp_"+ref+"_request_"+path.Base(key)) // the earlier versions' lock
+	if err != nil {
+		return PendingRequest{}, false, fmt.Errorf("reading the server request: %w", err)
+	}
+	return PendingRequest{Method: string(data)}, ok, nil
+}
+
+// takeBelow reads and deletes key, below the session ref, under the key's
+// own storage lock (named lock); ok is false when there is nothing to take
+// there, or the session has ended.
+func (s *Store) takeBelow(ctx context.Context, ref, key, lock string) (data []byte, ok bool, err error) {
+	err = s.LockedAs(ctx, lock, func() error {
+		found, err := s.storage.Load(ctx, key)
 		if errors.Is(err, fs.ErrNotExist) {
 			return nil
 		}
 		if err != nil {
-			return fmt.Errorf("reading the server request: %w", err)
+			return err
 		}
 		switch ended, err := s.ended(ctx, ref); {
 		case err != nil:
-			return fmt.Errorf("reading the server request: %w", err)
+			return err
 		case ended:
 			_ = s.storage.Delete(ctx, key) // should ended's removal have failed
 			return nil
 		}
 		if err := s.storage.Delete(ctx, key); err != nil {
-			return fmt.Errorf("reading the server request: %w", err)
+			return err
 		}
-		method, ok = string(data), true
+		data, ok = found, true
 		return nil
 	})
-	if err != nil {
-		return "", false, err
-	}
-	return method, ok, nil
-}
-
-// ServerRequestForgotten forgets a pending request without an answer.
-func (s *Store) ServerRequestForgotten(ctx context.Context, ref, idKey string) {
-	_ = s.storage.Delete(ctx, requestKey(ref, idKey))
+	return data, ok, err
 }
 
 // taskKey is where the call that created the task id is kept.

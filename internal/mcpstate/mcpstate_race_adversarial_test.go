@@ -102,7 +102,7 @@ func TestRaceEndRacesWritesIntoTheSessionDirectory(t *testing.T) {
 						return
 					default:
 					}
-					_ = b.ServerRequestSent(ctx, rec.Ref, fmt.Sprintf("%d-%d", w, i), "elicitation/create")
+					_ = b.ServerRequestSent(ctx, rec.Ref, fmt.Sprintf("%d-%d", w, i), mcpstate.PendingRequest{Method: "elicitation/create"})
 				}
 			}()
 		}
@@ -153,7 +153,7 @@ func TestRaceServerRequestAnsweredTwice(t *testing.T) {
 	for time.Now().Before(deadline) && twice == 0 {
 		tries++
 		id := fmt.Sprint(tries)
-		if err := a.ServerRequestSent(ctx, rec.Ref, id, "elicitation/create"); err != nil {
+		if err := a.ServerRequestSent(ctx, rec.Ref, id, mcpstate.PendingRequest{Method: "elicitation/create"}); err != nil {
 			t.Fatal(err)
 		}
 		var wg sync.WaitGroup

@@ -70,7 +70,7 @@ func TestReviewAnswerOfAnEndedSessionIsTaken(t *testing.T) {
 	if _, err := s.Create(ctx, rec); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.ServerRequestSent(ctx, rec.Ref, "7", "sampling/createMessage"); err != nil {
+	if err := s.ServerRequestSent(ctx, rec.Ref, "7", mcpstate.PendingRequest{Method: "sampling/createMessage"}); err != nil {
 		t.Fatal(err)
 	}
 	keys, err := seal.New(mcpstate.Purpose, []byte("review-state-secret-0123456789-0123456789"))
@@ -90,12 +90,12 @@ func TestReviewAnswerOfAnEndedSessionIsTaken(t *testing.T) {
 	if _, err := s.Load(ctx, rec.Ref); !errors.Is(err, mcpstate.ErrNotFound) {
 		t.Fatalf("the session has not ended yet: %v", err)
 	}
-	method, ok, err := s.ServerRequestAnswered(ctx, rec.Ref, "7")
+	req, ok, err := s.ServerRequestAnswered(ctx, rec.Ref, "7")
 	if err != nil {
 		t.Fatal(err)
 	}
 	if ok {
-		t.Errorf("the answer to %q of an ended session was taken (it is relayed upstream)", method)
+		t.Errorf("the answer to %q of an ended session was taken (it is relayed upstream)", req.Method)
 	}
 	if task, ok, err := s.Task(ctx, keys, rec.Ref, "task-1"); err == nil && ok {
 		t.Errorf("the task of an ended session is still found (%s): its requests are decided as that call's", task.Tool)
@@ -112,7 +112,7 @@ func TestReviewAnswerOfAnEndedSessionIsTaken(t *testing.T) {
 func TestReviewHoldsRequestRecordedAcrossEndLeavesNothing(t *testing.T) {
 	ctx := context.Background()
 	base := gateway.SafeListing(&certmagic.FileStorage{Path: t.TempDir()})
-	gate := storetest.NewGate(base, func(key string) bool { return strings.Contains(key, "/requests/") })
+	gate := storetest.NewGate(base, func(key string) bool { return strings.Contains(key, "/pending/") })
 	a := mcpstate.New(base, time.Hour, 12*time.Hour, time.Now)
 	slow := mcpstate.New(gate, time.Hour, 12*time.Hour, time.Now)
 	rec := raceRecord("alice")
@@ -120,7 +120,9 @@ func TestReviewHoldsRequestRecordedAcrossEndLeavesNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	done := make(chan error, 1)
-	go func() { done <- slow.ServerRequestSent(ctx, rec.Ref, "1", "elicitation/create") }()
+	go func() {
+		done <- slow.ServerRequestSent(ctx, rec.Ref, "1", mcpstate.PendingRequest{Method: "elicitation/create"})
+	}()
 	gate.Wait(t)
 	if _, err := a.End(ctx, rec.Ref, false); err != nil {
 		t.Fatal(err)

@@ -3,6 +3,7 @@ package mcpstate
 import (
 	"context"
 	"encoding/base64"
+	"encoding/json"
 	"errors"
 	"io/fs"
 	"os"
@@ -441,13 +442,13 @@ func TestNothingIsWrittenBelowAnEndedSession(t *testing.T) {
 	if _, err := s.Create(ctx, rec); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.ServerRequestSent(ctx, rec.Ref, "1", "elicitation/create"); err != nil {
+	if err := s.ServerRequestSent(ctx, rec.Ref, "1", PendingRequest{Method: "elicitation/create", ID: json.RawMessage(`1`)}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := s.End(ctx, rec.Ref, false); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.ServerRequestSent(ctx, rec.Ref, "2", "elicitation/create"); !errors.Is(err, ErrNotFound) {
+	if err := s.ServerRequestSent(ctx, rec.Ref, "2", PendingRequest{Method: "elicitation/create", ID: json.RawMessage(`2`)}); !errors.Is(err, ErrNotFound) {
 		t.Errorf("ServerRequestSent after End: %v", err)
 	}
 	if err := s.TaskCreated(ctx, keys, rec.Ref, "t1", TaskCall{Tool: "x"}); !errors.Is(err, ErrNotFound) {
@@ -455,5 +456,35 @@ func TestNothingIsWrittenBelowAnEndedSession(t *testing.T) {
 	}
 	if _, err := storage.Stat(ctx, sessionDir(rec.Ref)); !errors.Is(err, fs.ErrNotExist) {
 		t.Errorf("the ended session's directory is there: %v", err)
+	}
+}
+
+// A pending server request keeps the id its upstream gave it, where an
+// earlier version does not look (it would read the record as a method's
+// text); one an earlier version recorded (its method alone, under the
+// upstream's id) is still answered, with no id of its own to restore.
+func TestPendingRequestKeepsTheUpstreamsID(t *testing.T) {
+	ctx := context.Background()
+	storage := &certmagic.FileStorage{Path: t.TempDir()}
+	clock := time.Now()
+	s := testStore(t, storage, &clock)
+	rec := record("alice")
+	if _, err := s.Create(ctx, rec); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.ServerRequestSent(ctx, rec.Ref, `"toolgate-request:1"`, PendingRequest{Method: "roots/list", ID: json.RawMessage(`"up-1"`)}); err != nil {
+		t.Fatal(err)
+	}
+	if err := storage.Store(ctx, requestKey(rec.Ref, "9"), []byte("sampling/createMessage")); err != nil {
+		t.Fatal(err)
+	}
+	if storage.Exists(ctx, requestKey(rec.Ref, `"toolgate-request:1"`)) {
+		t.Error("a request recorded where an earlier version reads its method")
+	}
+	if req, ok, err := s.ServerRequestAnswered(ctx, rec.Ref, `"toolgate-request:1"`); !ok || err != nil || req.Method != "roots/list" || string(req.ID) != `"up-1"` {
+		t.Errorf("answered %+v, %v, %v", req, ok, err)
+	}
+	if req, ok, err := s.ServerRequestAnswered(ctx, rec.Ref, "9"); !ok || err != nil || req.Method != "sampling/createMessage" || req.ID != nil {
+		t.Errorf("an earlier version's request answered %+v, %v, %v", req, ok, err)
 	}
 }

@@ -451,6 +451,18 @@ func (c *Call) Fail(w http.ResponseWriter, status, code int, message string, dat
 	WriteRPCError(w, status, nil, code, message, data)
 }
 
+// ReplyID is the id of an error toolgate writes the runner about the call:
+// its request's, none for anything else. A runner's answer to a
+// server→client request carries, once read, the id the upstream gave the
+// request (toolgate_registry), which no policy reads and the runner never
+// had.
+func (c *Call) ReplyID() []byte {
+	if c.IsRequest() {
+		return c.Message.ID
+	}
+	return nil
+}
+
 // Unavailable answers the call with a retryable error.
 func (c *Call) Unavailable(w http.ResponseWriter, message string) {
 	c.Fail(w, http.StatusServiceUnavailable, CodeUnavailable, message, Retryable)

@@ -145,13 +145,6 @@ func (a *App) ClientAnswer(ctx context.Context, call *Call, answer mcpmsg.Messag
 	return true, fn(ctx, call, answer)
 }
 
-// OwnRequestID reports whether id (JSON text) is shaped like the id of a
-// request toolgate itself sends runners: an upstream's request with such
-// an id is refused, so that the runner's answer to it can never be taken
-// for an answer to toolgate (an upstream asking "continue?" under the id
-// of a pending in-band approval would approve another call).
-func (a *App) OwnRequestID(id []byte) bool { return a.answerFor(id) != nil }
-
 // answerFor is the function taking answers to the request id names, nil
 // when none of toolgate's own requests has such an id.
 func (a *App) answerFor(id []byte) ClientAnswerFunc {

@@ -394,16 +394,17 @@ func (h *Handler) deliver(ctx context.Context, call *gateway.Call, msg mcpmsg.Me
 			h.refuseServerRequest(call, msg, "the client's request does not accept an SSE stream, so toolgate cannot relay "+msg.Method+" to it")
 			return message{}
 		}
-		if h.app.OwnRequestID(msg.ID) {
-			h.refuseServerRequest(call, msg, "the request's id is of the form toolgate gives its own requests to the client; use another id")
-			return message{}
-		}
-		out, ok := h.inspect(ctx, call, msg, gateway.ChannelServerRequest)
+		// The runner knows the request by an id of toolgate's own: the
+		// upstream's is text no policy reads (and may be shaped like the
+		// id of an in-band approval). The runner's answer goes upstream
+		// under the upstream's id (registry.takeMessage).
+		relayed := withID(msg, call.MCPSession.ServerRequestID(msg.ID))
+		out, ok := h.inspect(ctx, call, relayed, gateway.ChannelServerRequest)
 		if !ok {
 			h.refuseServerRequest(call, msg, "toolgate's policy withheld "+msg.Method+" from the client")
 			return message{}
 		}
-		if !call.MCPSession.ServerRequestSent(ctx, msg.ID, msg.Method) {
+		if !call.MCPSession.ServerRequestSent(ctx, relayed.ID, msg.ID, msg.Method) {
 			h.refuseServerRequest(call, msg, "too many server requests are waiting for the client's answer, or toolgate's storage is unavailable")
 			return message{}
 		}
@@ -419,6 +420,9 @@ func (h *Handler) deliver(ctx context.Context, call *gateway.Call, msg mcpmsg.Me
 		return message{} // a task of any MCP session's: see TasksOwned
 	case msg.Kind == mcpmsg.Notification:
 		h.noted(call, msg)
+		if msg.Method == "notifications/cancelled" && call.MCPSession != nil {
+			msg = cancelledAsRelayed(call, msg)
+		}
 		out, ok := h.inspect(ctx, call, msg, gateway.ChannelNotification)
 		if !ok {
 			return message{}
@@ -429,6 +433,26 @@ func (h *Handler) deliver(ctx context.Context, call *gateway.Call, msg mcpmsg.Me
 	// only after the result hooks.
 	h.logger.Warn("dropped an unexpected upstream response", zap.String("service", call.Service.ID))
 	return message{}
+}
+
+// withID is msg under the id id.
+func withID(msg mcpmsg.Message, id []byte) mcpmsg.Message {
+	msg.Raw, msg.ID = mcpmsg.ReplaceMember(msg.Raw, "id", id), id
+	return msg
+}
+
+// cancelledAsRelayed is an upstream's cancellation of its server→client
+// request as the runner gets it: naming the request by the id the runner
+// knows it by (see mcpsession.Session.ServerRequestID). An upstream
+// cancels only requests of its own.
+func cancelledAsRelayed(call *gateway.Call, msg mcpmsg.Message) mcpmsg.Message {
+	name, id := mcpmsg.MemberFold(msg.Params, "requestId")
+	if id == nil {
+		return msg
+	}
+	params := mcpmsg.ReplaceMember(msg.Params, name, call.MCPSession.ServerRequestID(id))
+	msg.Params, msg.Raw = params, rebuild(msg, params)
+	return msg
 }
 
 // noted does what toolgate itself does on an upstream's notification: a
@@ -788,7 +812,7 @@ func (h *Handler) answerError(w http.ResponseWriter, r *http.Request, call *gate
 	switch ue.kind {
 	case kindClosed:
 		// 404 whatever the message: it tells an MCP client to initialize anew.
-		gateway.WriteRPCError(w, http.StatusNotFound, call.Message.ID, gateway.CodeSessionNotFound,
+		gateway.WriteRPCError(w, http.StatusNotFound, call.ReplyID(), gateway.CodeSessionNotFound,
 			"the MCP session was ended: initialize a new one", nil)
 	case kindUnauthorized:
 		if k := call.Service.Auth.Kind; k == gateway.AuthBearer || k == gateway.AuthOAuth {

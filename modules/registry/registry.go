@@ -139,6 +139,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	if !h.checkProtocolVersion(w, r, call) {
 		return nil
 	}
+	if call.Message.Kind == mcpmsg.Response {
+		return h.relayAnswer(w, r, call, next)
+	}
 	if call.Method == "tools/call" {
 		if !svc.AllowsTool(call.Message.Name) {
 			// As if the tool did not exist: runners never learn what is hidden.
@@ -212,26 +215,50 @@ func (h *Handler) takeMessage(w http.ResponseWriter, r *http.Request, call *gate
 			}
 			return false
 		}
-		// The answer to a server→client request: policy sees the method
-		// of the request it answers, matched on the id's value however the
-		// runner spells it. An answer to nothing pending is refused: it
-		// would reach the upstream with no method for the policy to judge.
-		method, pending, err := call.MCPSession.ServerRequestAnswered(r.Context(), msg.ID)
-		switch {
-		case err != nil:
-			h.logger.Warn("cannot read the pending server request", zap.Error(err))
-			gateway.WriteRPCError(w, http.StatusServiceUnavailable, nil, gateway.CodeUnavailable,
-				"toolgate's storage is unavailable; send the response again later", gateway.Retryable)
-			return false
-		case !pending:
-			gateway.WriteRPCError(w, http.StatusBadRequest, nil, gateway.CodeInvalidRequest,
-				"this response answers no pending server request of this MCP session", nil)
-			return false
-		}
-		call.Method = method
 	}
 	return true
 }
+
+// relayAnswer passes the runner's answer to a server→client request on.
+// The policy sees the method of the request it answers, matched on the
+// id's value however the runner spells it, and the answer goes upstream
+// under the id the upstream gave the request (the runner knows it by
+// toolgate's: mcpsession.Session.ServerRequestID). An answer to nothing
+// pending is refused: it would reach the upstream with no method for the
+// policy to judge. The request is taken from those pending first (so that
+// an answer sent to several replicas goes upstream once), and waits again
+// when the runner is told to send the answer again (503).
+func (h *Handler) relayAnswer(w http.ResponseWriter, r *http.Request, call *gateway.Call, next caddyhttp.Handler) error {
+	ms, id := call.MCPSession, call.Message.ID
+	pending, ok, err := ms.ServerRequestAnswered(r.Context(), id)
+	switch {
+	case err != nil:
+		h.logger.Warn("cannot read the pending server request", zap.Error(err))
+		gateway.WriteRPCError(w, http.StatusServiceUnavailable, nil, gateway.CodeUnavailable,
+			"toolgate's storage is unavailable; send the response again later", gateway.Retryable)
+		return nil
+	case !ok:
+		gateway.WriteRPCError(w, http.StatusBadRequest, nil, gateway.CodeInvalidRequest,
+			"this response answers no pending server request of this MCP session", nil)
+		return nil
+	}
+	call.Message.Raw, call.Message.ID = mcpmsg.ReplaceMember(call.Message.Raw, "id", pending.ID), pending.ID
+	call.Method = pending.Method
+	rec := caddyhttp.NewResponseRecorder(w, nil, nil)
+	err = next.ServeHTTP(rec, r)
+	if rec.Status() == http.StatusServiceUnavailable && !ms.Closed() {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), putBackTimeout)
+		defer cancel()
+		if !ms.ServerRequestSent(ctx, id, pending.ID, pending.Method) {
+			h.logger.Warn("a server request the client was told to answer again no longer waits for its answer",
+				zap.String("service", call.Service.ID), zap.String("method", pending.Method))
+		}
+	}
+	return err
+}
+
+// putBackTimeout bounds recording again a request whose answer failed.
+const putBackTimeout = 5 * time.Second
 
 // mediaType is the media type of a Content-Type value, lower case; "" when
 // the value cannot be parsed.
@@ -347,7 +374,7 @@ func (h *Handler) checkProtocolVersion(w http.ResponseWriter, r *http.Request, c
 	case v == "":
 		call.ProtocolVersion = negotiated
 	case !gateway.SupportsProtocolVersion(v):
-		gateway.WriteRPCError(w, http.StatusBadRequest, call.Message.ID, gateway.CodeInvalidRequest,
+		gateway.WriteRPCError(w, http.StatusBadRequest, call.ReplyID(), gateway.CodeInvalidRequest,
 			"unsupported MCP-Protocol-Version "+quote(v)+"; supported: "+strings.Join(gateway.ProtocolVersions, ", "), nil)
 		return false
 	default:
