@@ -554,14 +554,7 @@ func TestServerRequestIDHoldsIDsAlikeOnEveryReplica(t *testing.T) {
 		flush(w)
 		return true
 	})
-	data := t.TempDir()
-	block := replicaBlock("storage file_system "+filepath.Join(data, "storage"), data, up.URL, "echo", "")
-	a := startReplica(t, bin, block, data)
-	b := startReplica(t, bin, block, data)
-	m := aaRunner(t, a.gateway, aliceKey, a.createSession(t, aliceKey, "svc"), `{"roots":{}}`)
-	onB := *m
-	onB.url = b.URL + "/v1/mcp/svc"
-	onB.transport = nil
+	m, onB := srOnTwoReplicas(t, bin, up, "")
 	ctx, stop := context.WithCancel(context.Background())
 	defer stop()
 	get, err := onB.send(ctx, http.MethodGet, "text/event-stream", "", "")
@@ -596,7 +589,7 @@ func TestServerRequestIDHoldsIDsAlikeOnEveryReplica(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Errorf("no cancellation on the other replica's standalone stream")
 	}
-	if status, _, err := faPost(&onB, `{"jsonrpc":"2.0","id":`+id+`,"result":{"roots":[]}}`); status != http.StatusAccepted || err != nil {
+	if status, _, err := faPost(onB, `{"jsonrpc":"2.0","id":`+id+`,"result":{"roots":[]}}`); status != http.StatusAccepted || err != nil {
 		t.Errorf("the answer on the other replica: HTTP %d %v", status, err)
 	}
 	select {
@@ -665,19 +658,12 @@ func TestServerRequestIDAttackAnsweredElsewhereStillCountsAsPending(t *testing.T
 		flush(w)
 		return true
 	})
-	data := t.TempDir()
-	block := replicaBlock("storage file_system "+filepath.Join(data, "storage"), data, up.URL, "echo", "timeout 120s")
-	a := startReplica(t, bin, block, data)
-	b := startReplica(t, bin, block, data)
-	m := aaRunner(t, a.gateway, aliceKey, a.createSession(t, aliceKey, "svc"), `{"roots":{}}`)
-	onB := *m
-	onB.url = b.URL + "/v1/mcp/svc"
-	onB.transport = nil
+	m, onB := srOnTwoReplicas(t, bin, up, "timeout 120s")
 	result := ""
 	for msg := range faStream(t, m, `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"echo","arguments":{"text":"x"}}}`) {
 		switch {
 		case gjson.GetBytes(msg, "method").String() == "roots/list":
-			if status, _, err := faPost(&onB, `{"jsonrpc":"2.0","id":`+gjson.GetBytes(msg, "id").Raw+`,"result":{"roots":[]}}`); status != http.StatusAccepted || err != nil {
+			if status, _, err := faPost(onB, `{"jsonrpc":"2.0","id":`+gjson.GetBytes(msg, "id").Raw+`,"result":{"roots":[]}}`); status != http.StatusAccepted || err != nil {
 				t.Fatalf("an answer on the other replica: HTTP %d %v", status, err)
 			}
 		case gjson.GetBytes(msg, "result").Exists():
@@ -687,4 +673,21 @@ func TestServerRequestIDAttackAnsweredElsewhereStillCountsAsPending(t *testing.T
 	if result != fmt.Sprintf("all %d answered", asks) {
 		t.Errorf("each request was answered at once on the other replica, yet: %s", result)
 	}
+}
+
+// srOnTwoReplicas starts two replicas of bin sharing a storage, in front
+// of up (with the service options given), and returns a runner's MCP
+// session initialized through the first and the same session through the
+// second.
+func srOnTwoReplicas(t *testing.T, bin string, up *upstream, options string) (m, onB *rawMCP) {
+	t.Helper()
+	data := t.TempDir()
+	block := replicaBlock("storage file_system "+filepath.Join(data, "storage"), data, up.URL, "echo", options)
+	a := startReplica(t, bin, block, data)
+	b := startReplica(t, bin, block, data)
+	m = aaRunner(t, a.gateway, aliceKey, a.createSession(t, aliceKey, "svc"), `{"roots":{}}`)
+	other := *m
+	other.url = b.URL + "/v1/mcp/svc"
+	other.transport = nil
+	return m, &other
 }

@@ -250,20 +250,28 @@ func TestPerCallerSlotOfAnInitializeThatNeverStores(t *testing.T) {
 	}
 }
 
+// onTwoReplicas starts a session of alice's on one replica (m) and opens
+// it on another sharing its storage.
+func onTwoReplicas(t *testing.T) (m *Sessions, s, elsewhere *Session) {
+	t.Helper()
+	storage := &certmagic.FileStorage{Path: t.TempDir()}
+	m, _ = replicaOf(t, storage, time.Hour, 100, 100)
+	other, _ := replicaOf(t, storage, time.Hour, 100, 100)
+	s = started(t, m, aliceSession, "up")
+	elsewhere, err := other.Open(context.Background(), s.ID, "alice", "s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m, s, elsewhere
+}
+
 // A runner's answer matches the pending server→client request whatever the
 // spelling of its id, on whichever replica it arrives, and gives back the
 // id the upstream sent the request with; an answer to nothing pending
 // matches nothing.
 func TestServerRequestsMatchOnTheIDsValue(t *testing.T) {
-	storage := &certmagic.FileStorage{Path: t.TempDir()}
-	m, _ := replicaOf(t, storage, time.Hour, 100, 100)
-	other, _ := replicaOf(t, storage, time.Hour, 100, 100)
+	_, s, elsewhere := onTwoReplicas(t)
 	ctx := context.Background()
-	s := started(t, m, aliceSession, "up")
-	elsewhere, err := other.Open(ctx, s.ID, "alice", "s")
-	if err != nil {
-		t.Fatal(err)
-	}
 	e1, seven := s.ServerRequestID([]byte(`"e1"`)), s.ServerRequestID([]byte(`7`))
 	if !s.ServerRequestSent(ctx, e1, []byte(`"e1"`), "elicitation/create") || !s.ServerRequestSent(ctx, seven, []byte(`7`), "sampling/createMessage") {
 		t.Fatal("not recorded")
@@ -293,15 +301,8 @@ func TestServerRequestsMatchOnTheIDsValue(t *testing.T) {
 // A request relayed here whose answer another replica took frees its
 // place of MaxPendingServerRequests here too, once the bound is reached.
 func TestServerRequestsAnsweredElsewhereFreeTheirPlaces(t *testing.T) {
-	storage := &certmagic.FileStorage{Path: t.TempDir()}
-	m, _ := replicaOf(t, storage, time.Hour, 100, 100)
-	other, _ := replicaOf(t, storage, time.Hour, 100, 100)
+	_, s, elsewhere := onTwoReplicas(t)
 	ctx := context.Background()
-	s := started(t, m, aliceSession, "up")
-	elsewhere, err := other.Open(ctx, s.ID, "alice", "s")
-	if err != nil {
-		t.Fatal(err)
-	}
 	ask := func(i int) ([]byte, bool) {
 		up := []byte(strconv.Itoa(i))
 		id := s.ServerRequestID(up)
@@ -340,16 +341,8 @@ func TestServerRequestsAnsweredElsewhereFreeTheirPlaces(t *testing.T) {
 // upstream's: the same on every replica and for every spelling of the
 // upstream's id, another for another id or another MCP session.
 func TestServerRequestIDIsToolgatesOwn(t *testing.T) {
-	storage := &certmagic.FileStorage{Path: t.TempDir()}
-	m, _ := replicaOf(t, storage, time.Hour, 100, 100)
-	other, _ := replicaOf(t, storage, time.Hour, 100, 100)
-	ctx := context.Background()
-	s := started(t, m, aliceSession, "up")
+	m, s, elsewhere := onTwoReplicas(t)
 	second := started(t, m, aliceSession, "up")
-	elsewhere, err := other.Open(ctx, s.ID, "alice", "s")
-	if err != nil {
-		t.Fatal(err)
-	}
 	id := s.ServerRequestID([]byte(`"secret-zq"`))
 	if !bytes.HasPrefix(id, []byte(`"`+ServerRequestPrefix)) || bytes.Contains(id, []byte("secret")) || bytes.Contains(id, []byte("zq")) {
 		t.Errorf("the runner's id %s", id)
