@@ -82,12 +82,12 @@ type Session struct {
 	reserved       *mcpstate.Store // where its initialize holds a slot of its caller's until stored (see initializingPrefix)
 	upstream       Upstream
 	catalog        *mcpstate.Catalog
-	catalogPending chan struct{}                      // closed when the listing awaited ends; nil when none is
-	listingHere    bool                               // the listing awaited runs on this replica
-	catalogGivenUp bool                               // a wait for a listing ran out: later calls do not wait
-	serverRequests map[string]mcpstate.PendingRequest // by the key of the id the runner knows
-	pendingCounted time.Time                          // when forgetAnsweredElsewhere last asked the storage
-	streams        map[string]any                     // resumable runner streams, by token
+	catalogPending chan struct{}             // closed when the listing awaited ends; nil when none is
+	listingHere    bool                      // the listing awaited runs on this replica
+	catalogGivenUp bool                      // a wait for a listing ran out: later calls do not wait
+	serverRequests map[string]relayedRequest // by the key of the id the runner knows
+	pendingCounted time.Time                 // when forgetAnsweredElsewhere last asked the storage
+	streams        map[string]any            // resumable runner streams, by token
 	streamOrder    []string
 	links          map[string]mcpstate.Link // see Link
 	tasks          map[string]Task          // tasks created through toolgate, by task id
@@ -561,19 +561,44 @@ func (s *Session) ServerRequestID(upstreamID []byte) []byte {
 	return mcpmsg.Quote(ServerRequestPrefix + hex.EncodeToString(mac.Sum(nil)[:16]))
 }
 
+// relayedRequest is a server→client request relayed here, waiting for the
+// runner's answer.
+type relayedRequest struct {
+	mcpstate.PendingRequest
+	// stored is when its record was written (zero while it is being
+	// written): forgetAnsweredElsewhere forgets only what was stored before
+	// it listed the storage.
+	stored time.Time
+}
+
 // pendingRequest records a server→client request relayed to the runner
-// here; false when the session has too many pending already.
-func (s *Session) pendingRequest(key string, req mcpstate.PendingRequest) bool {
+// here; false when the session has too many pending already (unless
+// force).
+func (s *Session) pendingRequest(key string, req mcpstate.PendingRequest, force bool) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.serverRequests == nil {
-		s.serverRequests = make(map[string]mcpstate.PendingRequest)
+		s.serverRequests = make(map[string]relayedRequest)
 	}
-	if _, dup := s.serverRequests[key]; !dup && len(s.serverRequests) >= MaxPendingServerRequests {
+	if _, dup := s.serverRequests[key]; !dup && !force && len(s.serverRequests) >= MaxPendingServerRequests {
 		return false
 	}
-	s.serverRequests[key] = req
+	r := relayedRequest{PendingRequest: req}
+	if s.local {
+		r.stored = now()
+	}
+	s.serverRequests[key] = r
 	return true
+}
+
+// storedRequest marks the request as stored in the storage.
+func (s *Session) storedRequest(key string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if r, ok := s.serverRequests[key]; ok {
+		r.stored = now()
+		s.serverRequests[key] = r
+	}
 }
 
 func (s *Session) answeredRequest(key string) {
@@ -584,17 +609,18 @@ func (s *Session) answeredRequest(key string) {
 
 // forgetAnsweredElsewhere forgets the requests relayed here whose answer
 // another replica took, which only that replica knows: they would hold
-// places of MaxPendingServerRequests for as long as the session lives. It
-// asks the storage at most once per pendingRecount, and reports whether it
-// did.
+// places of MaxPendingServerRequests for as long as the session lives. A
+// request whose record was not written before the storage was listed is
+// kept. It asks the storage at most once per pendingRecount, and reports
+// whether it did.
 func (s *Session) forgetAnsweredElsewhere(ctx context.Context) bool {
 	s.mu.Lock()
-	if t := now(); t.Sub(s.pendingCounted) >= pendingRecount {
-		s.pendingCounted = t
-	} else {
+	listed := now()
+	if listed.Sub(s.pendingCounted) < pendingRecount {
 		s.mu.Unlock()
 		return false
 	}
+	s.pendingCounted = listed
 	keys := make([]string, 0, len(s.serverRequests))
 	for key := range s.serverRequests {
 		keys = append(keys, key)
@@ -608,7 +634,7 @@ func (s *Session) forgetAnsweredElsewhere(ctx context.Context) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, key := range keys {
-		if !pending[key] {
+		if r, ok := s.serverRequests[key]; ok && !pending[key] && !r.stored.IsZero() && r.stored.Before(listed) {
 			delete(s.serverRequests, key)
 		}
 	}
@@ -626,9 +652,21 @@ const pendingRecount = time.Second
 // nothing, when the session has too many pending already or the storage
 // is unavailable; the request must then be refused rather than relayed.
 func (s *Session) ServerRequestSent(ctx context.Context, id, upstreamID []byte, method string) bool {
+	return s.serverRequestSent(ctx, id, mcpstate.PendingRequest{Method: method, ID: bytes.Clone(upstreamID)}, false)
+}
+
+// ServerRequestWaitsAgain records again a request whose answer the runner
+// sent (ServerRequestAnswered) and is told to send again, as the answer
+// never reached the upstream: the request had its place, which it keeps
+// whatever came meanwhile. It reports false when the storage is
+// unavailable.
+func (s *Session) ServerRequestWaitsAgain(ctx context.Context, id []byte, req mcpstate.PendingRequest) bool {
+	return s.serverRequestSent(ctx, id, req, true)
+}
+
+func (s *Session) serverRequestSent(ctx context.Context, id []byte, req mcpstate.PendingRequest, force bool) bool {
 	key := mcpmsg.IDKey(id)
-	req := mcpstate.PendingRequest{Method: method, ID: bytes.Clone(upstreamID)}
-	if !s.pendingRequest(key, req) && (s.local || !s.forgetAnsweredElsewhere(ctx) || !s.pendingRequest(key, req)) {
+	if !s.pendingRequest(key, req, force) && (s.local || !s.forgetAnsweredElsewhere(ctx) || !s.pendingRequest(key, req, force)) {
 		return false
 	}
 	if s.local {
@@ -639,6 +677,7 @@ func (s *Session) ServerRequestSent(ctx context.Context, id, upstreamID []byte, 
 		s.m.logger().Warn("cannot record a server request in storage", zap.String("service", s.Service), zap.Error(err))
 		return false
 	}
+	s.storedRequest(key)
 	return true
 }
 
@@ -652,9 +691,9 @@ func (s *Session) ServerRequestAnswered(ctx context.Context, id []byte) (req mcp
 	if s.local {
 		s.mu.Lock()
 		defer s.mu.Unlock()
-		req, ok = s.serverRequests[key]
+		r, ok := s.serverRequests[key]
 		delete(s.serverRequests, key)
-		return req, ok, nil
+		return r.PendingRequest, ok, nil
 	}
 	req, ok, err = s.m.state().ServerRequestAnswered(ctx, s.Ref, key)
 	if err != nil {

@@ -421,7 +421,10 @@ func (h *Handler) deliver(ctx context.Context, call *gateway.Call, msg mcpmsg.Me
 	case msg.Kind == mcpmsg.Notification:
 		h.noted(call, msg)
 		if msg.Method == "notifications/cancelled" && call.MCPSession != nil {
-			msg = cancelledAsRelayed(call, msg)
+			var ok bool
+			if msg, ok = cancelledAsRelayed(call, msg); !ok {
+				return message{}
+			}
 		}
 		out, ok := h.inspect(ctx, call, msg, gateway.ChannelNotification)
 		if !ok {
@@ -444,15 +447,19 @@ func withID(msg mcpmsg.Message, id []byte) mcpmsg.Message {
 // cancelledAsRelayed is an upstream's cancellation of its server→client
 // request as the runner gets it: naming the request by the id the runner
 // knows it by (see mcpsession.Session.ServerRequestID). An upstream
-// cancels only requests of its own.
-func cancelledAsRelayed(call *gateway.Call, msg mcpmsg.Message) mcpmsg.Message {
+// cancels only requests of its own. ok is false for one naming no request
+// by a JSON-RPC id, which names nothing the runner knows.
+func cancelledAsRelayed(call *gateway.Call, msg mcpmsg.Message) (_ mcpmsg.Message, ok bool) {
 	name, id := mcpmsg.MemberFold(msg.Params, "requestId")
-	if id == nil {
-		return msg
+	switch {
+	case id == nil:
+		return msg, true
+	case mcpmsg.IDKey(id) == "":
+		return msg, false
 	}
 	params := mcpmsg.ReplaceMember(msg.Params, name, call.MCPSession.ServerRequestID(id))
 	msg.Params, msg.Raw = params, rebuild(msg, params)
-	return msg
+	return msg, true
 }
 
 // noted does what toolgate itself does on an upstream's notification: a
@@ -708,6 +715,15 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, call *gateway.
 	if err != nil {
 		if initialized {
 			ms.CatalogFailed()
+		}
+		if call.Message.Kind == mcpmsg.Response && isKind(err, kindUnavailable) && mayHaveRun(err) && !ms.Closed() {
+			// Told to send it again, the runner could answer the upstream's
+			// request twice (a 503 here makes it wait for the answer
+			// again: registry.relayAnswer).
+			h.logger.Warn("an upstream did not acknowledge a client's answer", zap.String("service", call.Service.ID), zap.Error(err))
+			call.Fail(w, http.StatusBadGateway, gateway.CodeInternalError,
+				"the upstream did not acknowledge the answer, and may have received it: it must not be sent again", nil)
+			return
 		}
 		h.answerError(w, r, call, err)
 		return

@@ -5,6 +5,7 @@
 package registry
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -226,8 +227,10 @@ func (h *Handler) takeMessage(w http.ResponseWriter, r *http.Request, call *gate
 // toolgate's: mcpsession.Session.ServerRequestID). An answer to nothing
 // pending is refused: it would reach the upstream with no method for the
 // policy to judge. The request is taken from those pending first (so that
-// an answer sent to several replicas goes upstream once), and waits again
-// when the runner is told to send the answer again (503).
+// an answer sent to several replicas goes upstream once). When the runner
+// is told to send the answer again (503: toolgate_proxy says so only when
+// the answer cannot have reached the upstream), the request waits for it
+// again; should that fail, the runner is told the answer is lost instead.
 func (h *Handler) relayAnswer(w http.ResponseWriter, r *http.Request, call *gateway.Call, next caddyhttp.Handler) error {
 	ms, id := call.MCPSession, call.Message.ID
 	pending, ok, err := ms.ServerRequestAnswered(r.Context(), id)
@@ -244,17 +247,21 @@ func (h *Handler) relayAnswer(w http.ResponseWriter, r *http.Request, call *gate
 	}
 	call.Message.Raw, call.Message.ID = mcpmsg.ReplaceMember(call.Message.Raw, "id", pending.ID), pending.ID
 	call.Method = pending.Method
-	rec := caddyhttp.NewResponseRecorder(w, nil, nil)
-	err = next.ServeHTTP(rec, r)
-	if rec.Status() == http.StatusServiceUnavailable && !ms.Closed() {
-		ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), putBackTimeout)
-		defer cancel()
-		if !ms.ServerRequestSent(ctx, id, pending.ID, pending.Method) {
-			h.logger.Warn("a server request the client was told to answer again no longer waits for its answer",
-				zap.String("service", call.Service.ID), zap.String("method", pending.Method))
-		}
+	var retry bytes.Buffer
+	rec := caddyhttp.NewResponseRecorder(w, &retry, func(status int, _ http.Header) bool { return status == http.StatusServiceUnavailable })
+	if err := next.ServeHTTP(rec, r); err != nil || !rec.Buffered() {
+		return err
 	}
-	return err
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), putBackTimeout)
+	defer cancel()
+	if !ms.Closed() && ms.ServerRequestWaitsAgain(ctx, id, pending) {
+		return rec.WriteResponse()
+	}
+	h.logger.Warn("a server request whose answer failed cannot wait for it again", zap.String("service", call.Service.ID), zap.String("method", pending.Method))
+	w.Header().Del("Retry-After")
+	gateway.WriteRPCError(w, http.StatusBadGateway, nil, gateway.CodeInternalError,
+		"the answer could not be relayed, and toolgate could not keep the request for it to be sent again: the upstream's request stays unanswered", nil)
+	return nil
 }
 
 // putBackTimeout bounds recording again a request whose answer failed.
