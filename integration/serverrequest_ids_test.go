@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -124,5 +125,72 @@ func TestServerRequestCancellationNamesTheRunnersID(t *testing.T) {
 	}
 	if asked == "" || cancelled != asked {
 		t.Fatalf("the runner was asked under %s and told of the cancellation of %s", asked, cancelled)
+	}
+}
+
+// An answer whose upstream session expired on its way is not sent into
+// the session that replaced it: the new session never asked it, and its
+// ids start again (its request 1 is another). The runner is told why.
+func TestServerRequestAnswerNeverReachesTheSessionThatReplacedItsOwn(t *testing.T) {
+	up := startUpstream(t)
+	g := startGateway(t, gatewayConfig{Upstream: up.URL})
+	m := aaRunner(t, g, aliceKey, g.createSession(t, aliceKey, "svc"), `{"roots":{}}`)
+	var mu sync.Mutex
+	answers := 0
+	srAsk(up, func(w http.ResponseWriter, _ []byte) {
+		mu.Lock()
+		answers++
+		mu.Unlock()
+		w.WriteHeader(http.StatusNotFound) // the upstream session expired
+	})
+	id := srRunnerID(t, m)
+	status, body := srPost(t, m, `{"jsonrpc":"2.0","id":`+id+`,"result":{"roots":[]}}`, nil)
+	if status != http.StatusBadRequest || !strings.Contains(body, "replaced") {
+		t.Errorf("the answer: HTTP %d %s", status, body)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if answers != 1 {
+		t.Errorf("the upstream got the answer %d times: the session that replaced the one that asked got it too", answers)
+	}
+}
+
+// An answer to a request of an upstream session that another call's
+// exchange found expired, and replaced, is refused: the new session never
+// asked it.
+func TestServerRequestAnswerToAReplacedUpstreamSessionIsRefused(t *testing.T) {
+	up := startUpstream(t)
+	g := startGateway(t, gatewayConfig{Upstream: up.URL})
+	m := aaRunner(t, g, aliceKey, g.createSession(t, aliceKey, "svc"), `{"roots":{}}`)
+	srAsk(up, func(w http.ResponseWriter, _ []byte) { w.WriteHeader(http.StatusAccepted) })
+	id := srRunnerID(t, m)
+	var mu sync.Mutex
+	expired, answers := false, 0
+	up.setIntercept(func(w http.ResponseWriter, r *http.Request, b []byte) bool {
+		mu.Lock()
+		defer mu.Unlock()
+		switch {
+		case r.Method == http.MethodPost && gjson.GetBytes(b, "method").String() == "ping" && !expired:
+			expired = true
+			w.WriteHeader(http.StatusNotFound) // the upstream session expired: toolgate replaces it
+			return true
+		case gjson.GetBytes(b, "result").Exists() || gjson.GetBytes(b, "error").Exists():
+			answers++
+			w.WriteHeader(http.StatusAccepted)
+			return true
+		}
+		return false
+	})
+	if status, _, err := faPost(m, `{"jsonrpc":"2.0","id":2,"method":"ping"}`); status != http.StatusOK || err != nil {
+		t.Fatalf("ping: HTTP %d %v", status, err)
+	}
+	status, body := srPost(t, m, `{"jsonrpc":"2.0","id":`+id+`,"result":{"roots":[]}}`, nil)
+	if status != http.StatusBadRequest || !strings.Contains(body, "replaced") {
+		t.Errorf("an answer to the replaced session's request: HTTP %d %s", status, body)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if !expired || answers != 0 {
+		t.Errorf("expired %v; the upstream got %d answers", expired, answers)
 	}
 }

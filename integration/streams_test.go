@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"github.com/tidwall/gjson"
 
 	"github.com/toolgate/toolgate/internal/sseref"
 )
@@ -371,9 +372,15 @@ func TestRespelledServerRequestIDIsAttributed(t *testing.T) {
 	lines := bufio.NewScanner(resp.Body)
 	for lines.Scan() && !strings.Contains(lines.Text(), "elicitation/create") {
 	}
+	asked := gjson.Get(strings.TrimPrefix(lines.Text(), "data: "), "id").String()
+	if !strings.HasPrefix(asked, "toolgate-request:") {
+		t.Fatalf("the runner was asked under %q", asked)
+	}
 	// The policy denies answers to elicitation/create: the upstream gets
-	// toolgate's error in the answer's place, never the answer.
-	status, _, msgs := m.post(`{"jsonrpc":"2.0","id":"e\u0031","result":{"action":"accept","content":{}}}`)
+	// toolgate's error in the answer's place, under its own id, never the
+	// answer.
+	respelled := `"\u0074` + asked[1:] + `"`
+	status, _, msgs := m.post(`{"jsonrpc":"2.0","id":` + respelled + `,"result":{"action":"accept","content":{}}}`)
 	if status != http.StatusAccepted {
 		t.Errorf("a re-spelled answer to elicitation/create: %d %s, want 202 (stood in for by an error)", status, msgs)
 	}
@@ -382,7 +389,7 @@ func TestRespelledServerRequestIDIsAttributed(t *testing.T) {
 		if strings.Contains(r.Body, `"action":"accept"`) {
 			t.Errorf("the denied answer reached the upstream: %s", r.Body)
 		}
-		stoodIn = stoodIn || (strings.Contains(r.Body, `"id":"e\u0031"`) && strings.Contains(r.Body, "withheld by toolgate's policy"))
+		stoodIn = stoodIn || (strings.Contains(r.Body, `"id":"e1"`) && strings.Contains(r.Body, "withheld by toolgate's policy"))
 	}
 	if !stoodIn {
 		t.Error("the upstream did not get toolgate's error in place of the denied answer (the re-spelled id was not attributed to elicitation/create)")

@@ -14,6 +14,7 @@ import (
 	"context"
 	"crypto/hmac"
 	"crypto/sha256"
+	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -549,14 +550,18 @@ const ServerRequestPrefix = "toolgate-request:"
 
 // ServerRequestID is the id under which the runner gets an upstream's
 // server→client request whose own id is upstreamID: ServerRequestPrefix
-// and 128 bits of an HMAC of the id's value under the session's ref. The
-// upstream's id is text no policy reads, so it never reaches the runner;
-// this one says nothing of it. The ref is sealed in the Mcp-Session-Id,
-// so the runner cannot compute it either. It is the same on every replica
-// and for every spelling of the id: a request replayed on a resumed stream,
-// and the upstream's cancellation of it, name it alike.
+// and 128 bits of an HMAC of the id's value and the upstream session's
+// generation under the session's ref. The upstream's id is text no policy
+// reads, so it never reaches the runner; this one says nothing of it. The
+// ref is sealed in the Mcp-Session-Id, so the runner cannot compute it
+// either. It is the same on every replica and for every spelling of the
+// id: a request replayed on a resumed stream, and the upstream's
+// cancellation of it, name it alike. A re-initialized upstream, whose ids
+// start again, names another request by an id of the one it replaced: the
+// runner knows the two apart.
 func (s *Session) ServerRequestID(upstreamID []byte) []byte {
 	mac := hmac.New(sha256.New, []byte(s.Ref))
+	mac.Write(binary.BigEndian.AppendUint64(nil, s.Upstream().Generation))
 	mac.Write([]byte(mcpmsg.IDKey(upstreamID)))
 	return mcpmsg.Quote(ServerRequestPrefix + hex.EncodeToString(mac.Sum(nil)[:16]))
 }
@@ -652,7 +657,8 @@ const pendingRecount = time.Second
 // nothing, when the session has too many pending already or the storage
 // is unavailable; the request must then be refused rather than relayed.
 func (s *Session) ServerRequestSent(ctx context.Context, id, upstreamID []byte, method string) bool {
-	return s.serverRequestSent(ctx, id, mcpstate.PendingRequest{Method: method, ID: bytes.Clone(upstreamID)}, false)
+	req := mcpstate.PendingRequest{Method: method, ID: bytes.Clone(upstreamID), Generation: s.Upstream().Generation}
+	return s.serverRequestSent(ctx, id, req, false)
 }
 
 // ServerRequestWaitsAgain records again a request whose answer the runner

@@ -337,6 +337,36 @@ func TestServerRequestsAnsweredElsewhereFreeTheirPlaces(t *testing.T) {
 	}
 }
 
+// A re-initialized upstream starts its ids again: its request 1 is another
+// than the one its predecessor asked under 1, and the runner knows the two
+// apart; the pending request says which upstream session asked it.
+func TestServerRequestIDsOfAReplacedUpstreamSessionDiffer(t *testing.T) {
+	_, s, _ := onTwoReplicas(t)
+	ctx := context.Background()
+	before := s.ServerRequestID([]byte(`1`))
+	if !s.ServerRequestSent(ctx, before, []byte(`1`), "elicitation/create") {
+		t.Fatal("not recorded")
+	}
+	gen := s.Upstream().Generation
+	if _, err := s.Reinitialize(ctx, gen, func(cur Upstream) (Upstream, error) {
+		return Upstream{SessionID: "up-2", ProtocolVersion: cur.ProtocolVersion}, nil
+	}, func(Upstream) {}); err != nil {
+		t.Fatal(err)
+	}
+	after := s.ServerRequestID([]byte(`1`))
+	if bytes.Equal(before, after) {
+		t.Fatalf("request 1 of two upstream sessions is named %s alike", after)
+	}
+	if !s.ServerRequestSent(ctx, after, []byte(`1`), "roots/list") {
+		t.Fatal("not recorded")
+	}
+	for id, want := range map[string]uint64{string(before): gen, string(after): gen + 1} {
+		if req, ok, err := s.ServerRequestAnswered(ctx, []byte(id)); !ok || err != nil || req.Generation != want {
+			t.Errorf("%s answers %+v, %v, %v; want generation %d", id, req, ok, err, want)
+		}
+	}
+}
+
 // The id the runner knows a server request by says nothing of the
 // upstream's: the same on every replica and for every spelling of the
 // upstream's id, another for another id or another MCP session.

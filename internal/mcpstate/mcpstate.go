@@ -516,6 +516,9 @@ func requestKey(ref, idKey string) string {
 type PendingRequest struct {
 	Method string          `json:"method"`
 	ID     json.RawMessage `json:"id"`
+	// Generation is the upstream session's (Upstream.Generation) the
+	// request came from: an answer goes to no other.
+	Generation uint64 `json:"generation,omitempty"`
 }
 
 // ServerRequestSent records a server→client request relayed to the runner

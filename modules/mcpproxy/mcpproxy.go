@@ -267,6 +267,12 @@ func (h *Handler) post(ctx context.Context, call *gateway.Call, body []byte) (ga
 		if up, err = h.reinitialize(ctx, call, up); err != nil {
 			return up, nil, err
 		}
+		if call.Message.Kind == mcpmsg.Response {
+			// The request it answers was the expired session's: the new
+			// one never asked it, and its ids start again.
+			return up, nil, &upstreamError{kind: kindRejected, status: http.StatusBadRequest,
+				msg: "the upstream session that asked this was replaced: the answer is not relayed"}
+		}
 		resp, err = h.exchange(ctx, call, up, http.MethodPost, body, "")
 	}
 	return up, resp, err

@@ -244,6 +244,12 @@ func (h *Handler) relayAnswer(w http.ResponseWriter, r *http.Request, call *gate
 		gateway.WriteRPCError(w, http.StatusBadRequest, nil, gateway.CodeInvalidRequest,
 			"this response answers no pending server request of this MCP session", nil)
 		return nil
+	case pending.Generation != 0 && pending.Generation < ms.Upstream().Generation:
+		// The upstream session that asked was replaced: its ids start again,
+		// and the answer would reach another request under the same id.
+		gateway.WriteRPCError(w, http.StatusBadRequest, nil, gateway.CodeInvalidRequest,
+			"this response answers a request of an upstream session that has been replaced since; it is not relayed", nil)
+		return nil
 	}
 	call.Message.Raw, call.Message.ID = mcpmsg.ReplaceMember(call.Message.Raw, "id", pending.ID), pending.ID
 	call.Method = pending.Method
