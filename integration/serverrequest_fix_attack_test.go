@@ -161,17 +161,7 @@ func TestServerRequestFixAttackPutBackRefusedAtTheBoundLosesTheAnswer(t *testing
 		for range c {
 		}
 	}()
-	answer := `{"jsonrpc":"2.0","id":` + id + `,"result":{"roots":[]}}`
-	status, body := srPost(t, m, answer, nil)
-	t.Logf("the answer: HTTP %d %s", status, body)
-	if status != http.StatusServiceUnavailable || !strings.Contains(body, `"retryable":true`) {
-		t.Fatalf("toolgate did not ask for the answer again: HTTP %d %s", status, body)
-	}
-	status, body = srPost(t, m, answer, nil)
-	t.Logf("the retry toolgate asked for: HTTP %d %s", status, body)
-	if status != http.StatusAccepted {
-		t.Errorf("the retry toolgate asked for was refused (HTTP %d %s): the upstream's request 0 is never answered", status, body)
-	}
+	srAnswerAskedAgain(t, m, id)
 }
 
 // Attack (fixed): the same through the federated endpoint (federation's

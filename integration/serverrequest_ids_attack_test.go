@@ -75,6 +75,21 @@ func srRunnerID(t *testing.T, m *rawMCP) string {
 	}
 }
 
+// srAnswerAskedAgain sends the runner's answer to the request it knows by
+// id, which toolgate must ask for again (503, retryable), and sends it
+// again: the retry must be taken (202).
+func srAnswerAskedAgain(t *testing.T, m *rawMCP, id string) {
+	t.Helper()
+	answer := `{"jsonrpc":"2.0","id":` + id + `,"result":{"roots":[]}}`
+	status, body := srPost(t, m, answer, nil)
+	if status != http.StatusServiceUnavailable || !strings.Contains(body, `"retryable":true`) {
+		t.Fatalf("toolgate did not ask for the answer again: HTTP %d %s", status, body)
+	}
+	if status, body = srPost(t, m, answer, nil); status != http.StatusAccepted {
+		t.Errorf("the retry toolgate asked for was refused (HTTP %d %s): the upstream's request is never answered", status, body)
+	}
+}
+
 // srPost posts body in m's session with the headers given (over m's
 // own) and returns the status and the body.
 func srPost(t *testing.T, m *rawMCP, body string, header map[string]string) (int, string) {
@@ -357,18 +372,7 @@ func TestServerRequestIDAttackRetryableFailureOfAnAnswerLosesIt(t *testing.T) {
 		answered <- gjson.GetBytes(b, "id").Raw
 		w.WriteHeader(http.StatusAccepted)
 	})
-	id := srRunnerID(t, m)
-	answer := `{"jsonrpc":"2.0","id":` + id + `,"result":{"roots":[]}}`
-	status, body := srPost(t, m, answer, nil)
-	t.Logf("the answer: HTTP %d %s", status, body)
-	if status != http.StatusServiceUnavailable || !strings.Contains(body, `"retryable":true`) {
-		t.Fatalf("the answer meeting an unavailable upstream: HTTP %d %s", status, body)
-	}
-	status, body = srPost(t, m, answer, nil)
-	t.Logf("its retry: HTTP %d %s", status, body)
-	if status != http.StatusAccepted {
-		t.Errorf("the retry toolgate asked for is refused: HTTP %d %s", status, body)
-	}
+	srAnswerAskedAgain(t, m, srRunnerID(t, m))
 	select {
 	case got := <-answered:
 		if got != srSecretID {
