@@ -382,6 +382,11 @@ func (m *Sessions) reload(ctx context.Context, s *Session) error {
 	return nil
 }
 
+// Refresh reads s's record again: another replica changed it (its
+// upstream session was re-initialized there) and this copy has not heard
+// yet. ErrClosed when the session has ended.
+func (s *Session) Refresh(ctx context.Context) error { return s.m.reload(ctx, s) }
+
 // endedElsewhere closes this replica's copy of s, which another replica
 // ended (its record is gone), handing s to the end hook when a transport
 // module here holds an upstream session of it.

@@ -57,6 +57,11 @@ type Call struct {
 	// judges what a task yields as its call's result; without it
 	// toolgate_proxy relays no task (TaskMethod).
 	TasksOwned bool
+	// AnswerGeneration is, for a runner's answer to a server→client
+	// request, the generation of the upstream session that asked it
+	// (MCPSession.Upstream().Generation then; 0 when not known), set by
+	// toolgate_registry: toolgate_proxy sends the answer to no other.
+	AnswerGeneration uint64
 	// Tool is the upstream's definition of the called tool, when known;
 	// see ToolDefinition.
 	Tool *ToolDefinition

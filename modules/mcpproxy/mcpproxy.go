@@ -262,21 +262,38 @@ func (h *Handler) request(w http.ResponseWriter, r *http.Request, call *gateway.
 // processed when the upstream answered 404, so sending it again is safe.
 func (h *Handler) post(ctx context.Context, call *gateway.Call, body []byte) (gateway.Upstream, *http.Response, error) {
 	up := call.MCPSession.Upstream()
+	answer := call.Message.Kind == mcpmsg.Response && call.AnswerGeneration != 0
+	if answer && up.Generation < call.AnswerGeneration {
+		// Asked by an upstream session another replica made, which this
+		// copy has not heard of yet.
+		if err := call.MCPSession.Refresh(ctx); err != nil && !errors.Is(err, gateway.ErrMCPSessionClosed) {
+			return up, nil, unavailable("%s", gateway.StorageUnavailableText)
+		}
+		if up = call.MCPSession.Upstream(); up.Generation < call.AnswerGeneration {
+			return up, nil, unavailable("toolgate has not yet heard of the upstream session that asked this")
+		}
+	}
+	if answer && up.Generation > call.AnswerGeneration {
+		return up, nil, errAnswerReplaced
+	}
 	resp, err := h.exchange(ctx, call, up, http.MethodPost, body, "")
 	if isKind(err, kindSessionGone) {
 		if up, err = h.reinitialize(ctx, call, up); err != nil {
 			return up, nil, err
 		}
-		if call.Message.Kind == mcpmsg.Response {
-			// The request it answers was the expired session's: the new
-			// one never asked it, and its ids start again.
-			return up, nil, &upstreamError{kind: kindRejected, status: http.StatusBadRequest,
-				msg: "the upstream session that asked this was replaced: the answer is not relayed"}
+		if call.Message.Kind == mcpmsg.Response && up.Generation != call.AnswerGeneration {
+			return up, nil, errAnswerReplaced
 		}
 		resp, err = h.exchange(ctx, call, up, http.MethodPost, body, "")
 	}
 	return up, resp, err
 }
+
+// errAnswerReplaced refuses a runner's answer to a request of an upstream
+// session that was replaced since: the new one never asked it, and its ids
+// start again (its request of the same id is another).
+var errAnswerReplaced error = &upstreamError{kind: kindRejected, status: http.StatusBadRequest,
+	msg: "the upstream session that asked this was replaced: the answer is not relayed"}
 
 // relay copies the upstream's messages to the runner until the response to
 // the runner's request, which passes the result hooks first. The runner gets

@@ -252,7 +252,7 @@ func (h *Handler) relayAnswer(w http.ResponseWriter, r *http.Request, call *gate
 		return nil
 	}
 	call.Message.Raw, call.Message.ID = mcpmsg.ReplaceMember(call.Message.Raw, "id", pending.ID), pending.ID
-	call.Method = pending.Method
+	call.Method, call.AnswerGeneration = pending.Method, pending.Generation
 	var retry bytes.Buffer
 	rec := caddyhttp.NewResponseRecorder(w, &retry, func(status int, _ http.Header) bool { return status == http.StatusServiceUnavailable })
 	if err := next.ServeHTTP(rec, r); err != nil || !rec.Buffered() {
