@@ -420,7 +420,7 @@ func (h *Handler) deliver(ctx context.Context, call *gateway.Call, msg mcpmsg.Me
 		// The runner knows the request by an id of toolgate's own: the
 		// upstream's is text no policy reads (and may be shaped like the
 		// id of an in-band approval). The runner's answer goes upstream
-		// under the upstream's id (registry.takeMessage).
+		// under the upstream's id (registry.relayAnswer).
 		relayed := withID(msg, call.MCPSession.ServerRequestID(msg.ID))
 		out, ok := h.inspect(ctx, call, relayed, gateway.ChannelServerRequest)
 		if !ok {
