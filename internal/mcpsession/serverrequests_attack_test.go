@@ -39,8 +39,8 @@ func TestServerRequestFixAttackPruneForgetsARequestBeingRecorded(t *testing.T) {
 	}
 	ask := func(i int) ([]byte, bool) {
 		up := []byte(strconv.Itoa(i))
-		id := s.ServerRequestID(up)
-		return id, s.ServerRequestSent(ctx, id, up, "roots/list")
+		id := s.ServerRequestID(firstGeneration, up)
+		return id, s.ServerRequestSent(ctx, firstGeneration, id, up, "roots/list")
 	}
 	var first []byte
 	for i := range MaxPendingServerRequests - 1 {

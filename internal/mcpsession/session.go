@@ -548,10 +548,11 @@ func (s *Session) apply(rec *mcpstate.Record, catalog *mcpstate.Catalog, changes
 // server→client request by (see ServerRequestID).
 const ServerRequestPrefix = "toolgate-request:"
 
-// ServerRequestID is the id under which the runner gets an upstream's
-// server→client request whose own id is upstreamID: ServerRequestPrefix
-// and 128 bits of an HMAC of the id's value and the upstream session's
-// generation under the session's ref. The upstream's id is text no policy
+// ServerRequestID is the id under which the runner gets a server→client
+// request whose own id is upstreamID, asked by the upstream session of the
+// generation gen (the one whose exchange carried it, which another call
+// may have replaced since): ServerRequestPrefix and 128 bits of an HMAC of
+// the generation and the id's value under the session's ref. The upstream's id is text no policy
 // reads, so it never reaches the runner; this one says nothing of it. The
 // ref is sealed in the Mcp-Session-Id, so the runner cannot compute it
 // either. It is the same on every replica and for every spelling of the
@@ -559,9 +560,9 @@ const ServerRequestPrefix = "toolgate-request:"
 // cancellation of it, name it alike. A re-initialized upstream, whose ids
 // start again, names another request by an id of the one it replaced: the
 // runner knows the two apart.
-func (s *Session) ServerRequestID(upstreamID []byte) []byte {
+func (s *Session) ServerRequestID(gen uint64, upstreamID []byte) []byte {
 	mac := hmac.New(sha256.New, []byte(s.Ref))
-	mac.Write(binary.BigEndian.AppendUint64(nil, s.Upstream().Generation))
+	mac.Write(binary.BigEndian.AppendUint64(nil, gen))
 	mac.Write([]byte(mcpmsg.IDKey(upstreamID)))
 	return mcpmsg.Quote(ServerRequestPrefix + hex.EncodeToString(mac.Sum(nil)[:16]))
 }
@@ -650,14 +651,15 @@ func (s *Session) forgetAnsweredElsewhere(ctx context.Context) bool {
 // reached their bound asks the storage which of them are still pending.
 const pendingRecount = time.Second
 
-// ServerRequestSent records a server→client request relayed to the runner
-// under the id id (see ServerRequestID), in the shared storage, so that
-// the runner's answer is attributed to its method, and goes upstream under
-// upstreamID, on whichever replica it arrives. It reports false, recording
+// ServerRequestSent records a server→client request of the upstream
+// session of the generation gen relayed to the runner under the id id (see
+// ServerRequestID), in the shared storage, so that the runner's answer is
+// attributed to its method, and goes upstream under upstreamID into the
+// session that asked, on whichever replica it arrives. It reports false, recording
 // nothing, when the session has too many pending already or the storage
 // is unavailable; the request must then be refused rather than relayed.
-func (s *Session) ServerRequestSent(ctx context.Context, id, upstreamID []byte, method string) bool {
-	req := mcpstate.PendingRequest{Method: method, ID: bytes.Clone(upstreamID), Generation: s.Upstream().Generation}
+func (s *Session) ServerRequestSent(ctx context.Context, gen uint64, id, upstreamID []byte, method string) bool {
+	req := mcpstate.PendingRequest{Method: method, ID: bytes.Clone(upstreamID), Generation: gen}
 	return s.serverRequestSent(ctx, id, req, false)
 }
 

@@ -265,6 +265,9 @@ func onTwoReplicas(t *testing.T) (m *Sessions, s, elsewhere *Session) {
 	return m, s, elsewhere
 }
 
+// firstGeneration is the generation of a started session's upstream.
+const firstGeneration = 1
+
 // A runner's answer matches the pending server→client request whatever the
 // spelling of its id, on whichever replica it arrives, and gives back the
 // id the upstream sent the request with; an answer to nothing pending
@@ -272,8 +275,8 @@ func onTwoReplicas(t *testing.T) (m *Sessions, s, elsewhere *Session) {
 func TestServerRequestsMatchOnTheIDsValue(t *testing.T) {
 	_, s, elsewhere := onTwoReplicas(t)
 	ctx := context.Background()
-	e1, seven := s.ServerRequestID([]byte(`"e1"`)), s.ServerRequestID([]byte(`7`))
-	if !s.ServerRequestSent(ctx, e1, []byte(`"e1"`), "elicitation/create") || !s.ServerRequestSent(ctx, seven, []byte(`7`), "sampling/createMessage") {
+	e1, seven := s.ServerRequestID(firstGeneration, []byte(`"e1"`)), s.ServerRequestID(firstGeneration, []byte(`7`))
+	if !s.ServerRequestSent(ctx, firstGeneration, e1, []byte(`"e1"`), "elicitation/create") || !s.ServerRequestSent(ctx, firstGeneration, seven, []byte(`7`), "sampling/createMessage") {
 		t.Fatal("not recorded")
 	}
 	spelled := bytes.Replace(e1, []byte("toolgate"), []byte(`\u0074oolgate`), 1)
@@ -291,9 +294,9 @@ func TestServerRequestsMatchOnTheIDsValue(t *testing.T) {
 	}
 	for i := range MaxPendingServerRequests {
 		id := []byte{'1', byte('0' + i%10), byte('0' + i/10%10), byte('0' + i/100)}
-		s.ServerRequestSent(ctx, s.ServerRequestID(id), id, "roots/list")
+		s.ServerRequestSent(ctx, firstGeneration, s.ServerRequestID(firstGeneration, id), id, "roots/list")
 	}
-	if s.ServerRequestSent(ctx, s.ServerRequestID([]byte(`"one-too-many"`)), []byte(`"one-too-many"`), "roots/list") {
+	if s.ServerRequestSent(ctx, firstGeneration, s.ServerRequestID(firstGeneration, []byte(`"one-too-many"`)), []byte(`"one-too-many"`), "roots/list") {
 		t.Error("more pending server requests than the bound")
 	}
 }
@@ -305,8 +308,8 @@ func TestServerRequestsAnsweredElsewhereFreeTheirPlaces(t *testing.T) {
 	ctx := context.Background()
 	ask := func(i int) ([]byte, bool) {
 		up := []byte(strconv.Itoa(i))
-		id := s.ServerRequestID(up)
-		return id, s.ServerRequestSent(ctx, id, up, "roots/list")
+		id := s.ServerRequestID(firstGeneration, up)
+		return id, s.ServerRequestSent(ctx, firstGeneration, id, up, "roots/list")
 	}
 	var ids [][]byte
 	for i := range MaxPendingServerRequests {
@@ -343,21 +346,26 @@ func TestServerRequestsAnsweredElsewhereFreeTheirPlaces(t *testing.T) {
 func TestServerRequestIDsOfAReplacedUpstreamSessionDiffer(t *testing.T) {
 	_, s, _ := onTwoReplicas(t)
 	ctx := context.Background()
-	before := s.ServerRequestID([]byte(`1`))
-	if !s.ServerRequestSent(ctx, before, []byte(`1`), "elicitation/create") {
+	gen := s.Upstream().Generation
+	before := s.ServerRequestID(gen, []byte(`1`))
+	if !s.ServerRequestSent(ctx, gen, before, []byte(`1`), "elicitation/create") {
 		t.Fatal("not recorded")
 	}
-	gen := s.Upstream().Generation
 	if _, err := s.Reinitialize(ctx, gen, func(cur Upstream) (Upstream, error) {
 		return Upstream{SessionID: "up-2", ProtocolVersion: cur.ProtocolVersion}, nil
 	}, func(Upstream) {}); err != nil {
 		t.Fatal(err)
 	}
-	after := s.ServerRequestID([]byte(`1`))
+	after := s.ServerRequestID(gen+1, []byte(`1`))
 	if bytes.Equal(before, after) {
 		t.Fatalf("request 1 of two upstream sessions is named %s alike", after)
 	}
-	if !s.ServerRequestSent(ctx, after, []byte(`1`), "roots/list") {
+	// A request the replaced session asked on a stream still open is named
+	// as that session's, not as the one now current.
+	if late := s.ServerRequestID(gen, []byte(`1`)); !bytes.Equal(late, before) {
+		t.Errorf("request 1 of the replaced session is named %s after the re-initialization, %s before", late, before)
+	}
+	if !s.ServerRequestSent(ctx, gen+1, after, []byte(`1`), "roots/list") {
 		t.Fatal("not recorded")
 	}
 	for id, want := range map[string]uint64{string(before): gen, string(after): gen + 1} {
@@ -373,22 +381,22 @@ func TestServerRequestIDsOfAReplacedUpstreamSessionDiffer(t *testing.T) {
 func TestServerRequestIDIsToolgatesOwn(t *testing.T) {
 	m, s, elsewhere := onTwoReplicas(t)
 	second := started(t, m, aliceSession, "up")
-	id := s.ServerRequestID([]byte(`"secret-zq"`))
+	id := s.ServerRequestID(firstGeneration, []byte(`"secret-zq"`))
 	if !bytes.HasPrefix(id, []byte(`"`+ServerRequestPrefix)) || bytes.Contains(id, []byte("secret")) || bytes.Contains(id, []byte("zq")) {
 		t.Errorf("the runner's id %s", id)
 	}
 	for what, same := range map[string][]byte{
-		"another replica":  elsewhere.ServerRequestID([]byte(`"secret-zq"`)),
-		"another spelling": s.ServerRequestID([]byte(`"secret-\u007aq"`)),
+		"another replica":  elsewhere.ServerRequestID(firstGeneration, []byte(`"secret-zq"`)),
+		"another spelling": s.ServerRequestID(firstGeneration, []byte(`"secret-\u007aq"`)),
 	} {
 		if !bytes.Equal(same, id) {
 			t.Errorf("%s names the request %s, not %s", what, same, id)
 		}
 	}
 	for what, differs := range map[string][]byte{
-		"another id":          s.ServerRequestID([]byte(`"secret-zy"`)),
-		"another case":        s.ServerRequestID([]byte(`"Secret-zq"`)),
-		"another MCP session": second.ServerRequestID([]byte(`"secret-zq"`)),
+		"another id":          s.ServerRequestID(firstGeneration, []byte(`"secret-zy"`)),
+		"another case":        s.ServerRequestID(firstGeneration, []byte(`"Secret-zq"`)),
+		"another MCP session": second.ServerRequestID(firstGeneration, []byte(`"secret-zq"`)),
 	} {
 		if bytes.Equal(differs, id) {
 			t.Errorf("%s is named %s too", what, id)

@@ -66,7 +66,7 @@ func (h *Handler) initialize(w http.ResponseWriter, r *http.Request, call *gatew
 	version := gjson.GetBytes(msg.Result, "protocolVersion")
 	if !version.Exists() {
 		_, _, _ = sessions.End(ctx, ms)
-		answer := h.deliver(ctx, call, msg, false) // the upstream's error
+		answer := h.deliver(ctx, call, gateway.Upstream{}, msg, false) // the upstream's error, no session made
 		gateway.WriteRPC(w, http.StatusOK, answer.parts()...)
 		return
 	}
@@ -96,7 +96,7 @@ func (h *Handler) initialize(w http.ResponseWriter, r *http.Request, call *gatew
 		h.endUpstream(ctx, call, up)
 		return
 	}
-	h.answerInitialize(ctx, w, call, ms, up, h.deliver(ctx, call, msg, false))
+	h.answerInitialize(ctx, w, call, ms, up, h.deliver(ctx, call, up, msg, false))
 }
 
 // answerInitialize writes answer, the upstream's initialize result as the

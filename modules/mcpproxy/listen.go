@@ -38,8 +38,8 @@ func (h *Handler) listenLegacy(ctx context.Context, w http.ResponseWriter, r *ht
 		refusal.Write(w, call.Message.ID)
 		return
 	}
+	up := call.MCPSession.Upstream()
 	if caps.Get("resources.subscribe").Bool() {
-		up := call.MCPSession.Upstream()
 		for _, u := range uris {
 			if filter.uris[u] {
 				continue
@@ -70,7 +70,7 @@ func (h *Handler) listenLegacy(ctx context.Context, w http.ResponseWriter, r *ht
 	wants := func(msg mcpmsg.Message) bool {
 		return msg.Kind == mcpmsg.Notification && (filter.passes(msg) || msg.Method == "notifications/tools/list_changed")
 	}
-	msgs, leave, err := h.stateless.Listen(ctx, upstreamKey(call.MCPSession, call.MCPSession.Upstream()), wants, func(sctx context.Context) (func() (mcpmsg.Message, error), func(), error) {
+	msgs, leave, err := h.stateless.Listen(ctx, upstreamKey(call.MCPSession, up), wants, func(sctx context.Context) (func() (mcpmsg.Message, error), func(), error) {
 		return h.openShared(sctx, call)
 	})
 	if err != nil {
@@ -97,7 +97,7 @@ func (h *Handler) listenLegacy(ctx context.Context, w http.ResponseWriter, r *ht
 		if err != nil {
 			continue
 		}
-		data := h.deliver(ctx, call, msg, true)
+		data := h.deliver(ctx, call, up, msg, true)
 		if data.none() || msg.Kind != mcpmsg.Notification || !filter.passes(msg) {
 			continue
 		}

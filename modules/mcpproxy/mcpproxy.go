@@ -252,7 +252,7 @@ func (h *Handler) request(w http.ResponseWriter, r *http.Request, call *gateway.
 		// (A federated message's call of a service: the runner has the
 		// federated message's stream, and nothing resumes this one.)
 		deadline, _ := ctx.Deadline()
-		st = newRunnerStream(call, deadline, out, cancel, func(why string) { h.cancelUpstream(call, up, why) })
+		st = newRunnerStream(call, up, deadline, out, cancel, func(why string) { h.cancelUpstream(call, up, why) })
 	}
 	h.relay(r.Context(), w, call, rs, out, st)
 }
@@ -345,7 +345,7 @@ func (h *Handler) relay(runner context.Context, w http.ResponseWriter, call *gat
 			return
 		}
 		if isResponseTo(msg, call.Message.ID) {
-			data := h.deliver(rs.ctx, call, msg, out != nil)
+			data := h.deliver(rs.ctx, call, rs.up, msg, out != nil)
 			if call.Stateless != nil {
 				// A stateless runner reads the HTTP status of an error too.
 				h.finalStateless(w, out, data, rs.status)
@@ -371,7 +371,7 @@ func (h *Handler) relay(runner context.Context, w http.ResponseWriter, call *gat
 			h.noted(call, msg)
 			continue
 		}
-		data := h.deliver(rs.ctx, call, msg, out != nil)
+		data := h.deliver(rs.ctx, call, rs.up, msg, out != nil)
 		if data.none() || out == nil {
 			continue
 		}
@@ -398,10 +398,13 @@ func progressFor(call *gateway.Call, token []byte) bool {
 // deliver is the one place every upstream message passes on its way to the
 // runner: the answer to the runner's request, and the notifications and
 // server→client requests on a stream (canRequest reports whether the
-// runner's stream can carry a request). It returns the message to send,
-// or none for a message the runner must not get. Any inspection of what
-// upstreams send belongs here. msg has been through redactCredential.
-func (h *Handler) deliver(ctx context.Context, call *gateway.Call, msg mcpmsg.Message, canRequest bool) message {
+// runner's stream can carry a request). from is the upstream session whose
+// exchange carried msg: the one that asks a server→client request, or
+// cancels one, though another call may have replaced it since. It returns
+// the message to send, or none for a message the runner must not get. Any
+// inspection of what upstreams send belongs here. msg has been through
+// redactCredential.
+func (h *Handler) deliver(ctx context.Context, call *gateway.Call, from gateway.Upstream, msg mcpmsg.Message, canRequest bool) message {
 	switch {
 	case call.IsRequest() && isResponseTo(msg, call.Message.ID):
 		if call.Stateless != nil && msg.Result != nil {
@@ -421,13 +424,13 @@ func (h *Handler) deliver(ctx context.Context, call *gateway.Call, msg mcpmsg.Me
 		// upstream's is text no policy reads (and may be shaped like the
 		// id of an in-band approval). The runner's answer goes upstream
 		// under the upstream's id (registry.relayAnswer).
-		relayed := withID(msg, call.MCPSession.ServerRequestID(msg.ID))
+		relayed := withID(msg, call.MCPSession.ServerRequestID(from.Generation, msg.ID))
 		out, ok := h.inspect(ctx, call, relayed, gateway.ChannelServerRequest)
 		if !ok {
 			h.refuseServerRequest(call, msg, "toolgate's policy withheld "+msg.Method+" from the client")
 			return message{}
 		}
-		if !call.MCPSession.ServerRequestSent(ctx, relayed.ID, msg.ID, msg.Method) {
+		if !call.MCPSession.ServerRequestSent(ctx, from.Generation, relayed.ID, msg.ID, msg.Method) {
 			h.refuseServerRequest(call, msg, "too many server requests are waiting for the client's answer, or toolgate's storage is unavailable")
 			return message{}
 		}
@@ -445,7 +448,7 @@ func (h *Handler) deliver(ctx context.Context, call *gateway.Call, msg mcpmsg.Me
 		h.noted(call, msg)
 		if msg.Method == "notifications/cancelled" && call.MCPSession != nil {
 			var ok bool
-			if msg, ok = cancelledAsRelayed(call, msg); !ok {
+			if msg, ok = cancelledAsRelayed(call, from, msg); !ok {
 				return message{}
 			}
 		}
@@ -470,9 +473,10 @@ func withID(msg mcpmsg.Message, id []byte) mcpmsg.Message {
 // cancelledAsRelayed is an upstream's cancellation of its server→client
 // request as the runner gets it: naming the request by the id the runner
 // knows it by (see mcpsession.Session.ServerRequestID). An upstream
-// cancels only requests of its own. ok is false for one naming no request
+// session cancels only requests of its own: from, which carried the
+// cancellation. ok is false for one naming no request
 // by a JSON-RPC id, which names nothing the runner knows.
-func cancelledAsRelayed(call *gateway.Call, msg mcpmsg.Message) (_ mcpmsg.Message, ok bool) {
+func cancelledAsRelayed(call *gateway.Call, from gateway.Upstream, msg mcpmsg.Message) (_ mcpmsg.Message, ok bool) {
 	name, id := mcpmsg.MemberFold(msg.Params, "requestId")
 	switch {
 	case id == nil:
@@ -480,7 +484,7 @@ func cancelledAsRelayed(call *gateway.Call, msg mcpmsg.Message) (_ mcpmsg.Messag
 	case mcpmsg.IDKey(id) == "":
 		return msg, false
 	}
-	params := mcpmsg.ReplaceMember(msg.Params, name, call.MCPSession.ServerRequestID(id))
+	params := mcpmsg.ReplaceMember(msg.Params, name, call.MCPSession.ServerRequestID(from.Generation, id))
 	msg.Params, msg.Raw = params, rebuild(msg, params)
 	return msg, true
 }

@@ -334,7 +334,7 @@ func TestParityHoldsStatelessErrorPassesFinishError(t *testing.T) {
 			return nil, false, nil
 		})
 		msg := parUpstream(t, h, call, `{"jsonrpc":"2.0","id":1,"error":{"code":-32013,"message":"denied by policy: pretend"}}`)
-		out := h.deliver(context.Background(), call, msg, false)
+		out := h.deliver(context.Background(), call, gateway.Upstream{}, msg, false)
 		got := string(bytes.Join(out.parts(), nil))
 		if len(channels) != 1 || channels[0] != gateway.ChannelError {
 			t.Errorf("stateless %v: the message hooks saw %v, want the error channel", stateless, channels)

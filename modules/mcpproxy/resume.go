@@ -36,6 +36,10 @@ type runnerStream struct {
 	token    string
 	call     *gateway.Call // the runner's request, or its GET for the standalone stream
 	deadline time.Time     // zero for the standalone stream
+	// up is the upstream session whose stream it relays: its event ids are
+	// that session's, and a session toolgate replaced since (the upstream
+	// forgot it) has nothing left to resume.
+	up gateway.Upstream
 	// cancelCall tells the upstream to stop the call (nil for the
 	// standalone stream).
 	cancelCall func(why string)
@@ -48,8 +52,9 @@ type runnerStream struct {
 	owner  context.CancelFunc // stops the relay writing the stream now
 	active chan struct{}      // closed when that relay ends
 	// settled: the answer was written, nothing to resume; evicted: newer
-	// streams pushed it out of its session; forgotten: see forget.
-	settled, evicted, forgotten bool
+	// streams pushed it out of its session; replaced: its upstream session
+	// was replaced; forgotten: see forget.
+	settled, evicted, replaced, forgotten bool
 	// takeovers counts the resumes that stopped the relay writing the
 	// stream (takeOver); ownerSince is what it was when that relay took
 	// the stream over: a relay stopped for a resume ends quietly
@@ -68,13 +73,14 @@ type runnerStream struct {
 
 // newRunnerStream starts numbering the events of out, the SSE stream of the
 // runner's call (nil when the runner gets a JSON answer: nothing to
-// number). stop stops the relay that writes it; cancelCall (nil for the
-// standalone stream) tells the upstream to stop the call.
-func newRunnerStream(call *gateway.Call, deadline time.Time, out *sseWriter, stop context.CancelFunc, cancelCall func(why string)) *runnerStream {
+// number), relayed from a stream of the upstream session up. stop stops
+// the relay that writes it; cancelCall (nil for the standalone stream)
+// tells the upstream to stop the call.
+func newRunnerStream(call *gateway.Call, up gateway.Upstream, deadline time.Time, out *sseWriter, stop context.CancelFunc, cancelCall func(why string)) *runnerStream {
 	if out == nil {
 		return nil
 	}
-	return &runnerStream{session: call.MCPSession, token: gateway.NewID()[:16], call: call, deadline: deadline,
+	return &runnerStream{session: call.MCPSession, token: gateway.NewID()[:16], call: call, up: up, deadline: deadline,
 		cancelCall: cancelCall, out: out, owner: stop, active: make(chan struct{})}
 }
 
@@ -159,7 +165,7 @@ func (s *runnerStream) resumable() bool {
 
 // resumableLocked is resumable with s.mu held.
 func (s *runnerStream) resumableLocked() bool {
-	return s.seq > 0 && !s.settled && !s.evicted && !s.forgotten && s.beforeDeadline()
+	return s.seq > 0 && !s.settled && !s.evicted && !s.replaced && !s.forgotten && s.beforeDeadline()
 }
 
 // beforeDeadline reports whether the call's deadline is still ahead (always
@@ -186,6 +192,16 @@ func (s *runnerStream) relaying() bool {
 	default:
 		return true
 	}
+}
+
+// upstreamReplaced ends the resume that took the stream over (takeOver) and
+// forgets the stream: its upstream session was replaced, so there is
+// nothing to resume, and its call, that session's, is cancelled there.
+func (s *runnerStream) upstreamReplaced() {
+	s.mu.Lock()
+	s.replaced = true
+	s.mu.Unlock()
+	s.release("its upstream session was replaced")
 }
 
 // release ends the relay writing the stream. A stream that cannot be
@@ -381,9 +397,17 @@ func (h *Handler) resumeForRunner(w http.ResponseWriter, r *http.Request, call *
 		h.answerError(w, r, call, unavailable("the stream is still in use; retry"))
 		return
 	}
+	up := ms.Upstream()
+	if up.Generation != st.up.Generation {
+		// The upstream forgot the session the stream belongs to, and
+		// toolgate replaced it: the stream's events, and its request, were
+		// that session's.
+		st.upstreamReplaced()
+		refuseResume(w, "the upstream session this stream belonged to was replaced (the upstream forgot it): the request's answer is lost; send it again")
+		return
+	}
 	orig := *st.call
 	orig.Credential = call.Credential // the current one: an OAuth token may have been refreshed
-	up := ms.Upstream()
 	resp, err := h.getStream(ctx, &orig, up, upstreamID)
 	if err == nil && !isSSE(resp.Header) {
 		resp.Body.Close()

@@ -45,7 +45,7 @@ func TestResumedStreamIsNeverCountedDropped(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	stream := func() *runnerStream {
-		st := newRunnerStream(call, time.Now().Add(time.Minute), &sseWriter{}, func() {}, func(string) {})
+		st := newRunnerStream(call, gateway.Upstream{}, time.Now().Add(time.Minute), &sseWriter{}, func() {}, func(string) {})
 		st.id("1") // kept in the session at its first event id
 		return st
 	}

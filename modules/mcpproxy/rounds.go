@@ -206,7 +206,7 @@ func (h *Handler) rounds(w http.ResponseWriter, r *http.Request, cur *gateway.Ca
 					return
 				}
 			}
-			h.finalStateless(w, out, h.deliver(hc.rs.ctx, cur, msg, false), hc.rs.status)
+			h.finalStateless(w, out, h.deliver(hc.rs.ctx, cur, hc.rs.up, msg, false), hc.rs.status)
 			hc.rs.awaitEnd()
 			return
 		case msg.Kind == mcpmsg.Request:
@@ -217,7 +217,7 @@ func (h *Handler) rounds(w http.ResponseWriter, r *http.Request, cur *gateway.Ca
 		case msg.Kind == mcpmsg.Notification && out == nil:
 			h.noted(cur, msg)
 		default:
-			data := h.deliver(hc.rs.ctx, cur, msg, false)
+			data := h.deliver(hc.rs.ctx, cur, hc.rs.up, msg, false)
 			if !data.none() && out != nil && out.send("", data.parts()...) != nil {
 				h.cancelUpstream(hc.call, hc.up, "the runner went away")
 				return

@@ -218,7 +218,7 @@ func (h *Handler) ownAnswer(ctx context.Context, call *gateway.Call, raw []byte)
 	if err != nil {
 		return message{}, err
 	}
-	return h.deliver(ctx, call, msg, false), nil
+	return h.deliver(ctx, call, gateway.Upstream{}, msg, false), nil // an answer: no upstream session asks or cancels in it
 }
 
 // finishStateless is finish for a stateless request: the result hooks,

@@ -54,7 +54,7 @@ func (h *Handler) stream(w http.ResponseWriter, r *http.Request, call *gateway.C
 	defer h.notices.Attach(call.MCPSession.ID, func(msg []byte) error { return out.send("", msg) })()
 	var st *runnerStream
 	if !gateway.IsInnerRequest(r.Context()) { // nothing resumes a federated message's call of a service
-		st = newRunnerStream(call, time.Time{}, out, cancel, nil)
+		st = newRunnerStream(call, up, time.Time{}, out, cancel, nil)
 	}
 	h.relay(r.Context(), w, call, rs, out, st)
 }

@@ -225,7 +225,7 @@ func (h *Handler) requestTranslated(w http.ResponseWriter, r *http.Request, call
 					return
 				}
 			}
-			data := h.deliver(ctx, call, msg, false)
+			data := h.deliver(ctx, call, rs.up, msg, false)
 			if out != nil && out.hasStarted() {
 				_ = out.send("", data.parts()...)
 			} else {
@@ -294,7 +294,7 @@ func (h *Handler) readAnswer(ctx context.Context, w http.ResponseWriter, call *g
 			h.noted(call, msg)
 			continue
 		}
-		if data := h.deliver(ctx, call, msg, true); !data.none() && out.send("", data.parts()...) != nil {
+		if data := h.deliver(ctx, call, rs.up, msg, true); !data.none() && out.send("", data.parts()...) != nil {
 			return msg, false
 		}
 	}
@@ -357,7 +357,7 @@ func (h *Handler) askTranslated(ctx context.Context, w http.ResponseWriter, call
 			fail = "toolgate's policy withheld " + mcp2026.InputMethodName(method) + " from the client"
 			return false
 		}
-		if !ms.ServerRequestSent(ctx, id, id, method) { // toolgate's own request: its id is the runner's
+		if !ms.ServerRequestSent(ctx, ms.Upstream().Generation, id, id, method) { // toolgate's own request: its id is the runner's
 			fail = "too many server requests are waiting for the client's answer"
 			return false
 		}
@@ -509,7 +509,7 @@ func (h *Handler) streamTranslated(w http.ResponseWriter, r *http.Request, call 
 		if msg.Kind != mcpmsg.Notification || msg.Method == "notifications/subscriptions/acknowledged" {
 			continue
 		}
-		if data := h.deliver(ctx, call, msg, false); !data.none() && out.send("", data.parts()...) != nil {
+		if data := h.deliver(ctx, call, rs.up, msg, false); !data.none() && out.send("", data.parts()...) != nil {
 			return
 		}
 	}
