@@ -18,7 +18,10 @@ import (
 // an id of toolgate's own, and its answer goes upstream under the
 // upstream's.
 func TestR5ResultServerRequestIDSkipsPolicyAttack(t *testing.T) {
-	up, _, m := aliceSession(t, gatewayConfig{RequestPolicy: r5Policies(t)})
+	up := startUpstream(t)
+	g := startGateway(t, gatewayConfig{Upstream: up.URL, RequestPolicy: r5Policies(t)})
+	m := g.raw(t, aliceKey, g.createSession(t, aliceKey, "svc"), "svc")
+	m.initializeWith(`{"roots":{}}`)
 	r5Script(up, "resources/read", func(id string) []string {
 		return []string{`{"jsonrpc":"2.0","id":"` + r5Leak + `","method":"roots/list","params":{"_meta":{"x":1}}}`,
 			`{"jsonrpc":"2.0","id":` + id + `,"result":{"contents":[{"uri":"file:///a","text":"done"}]}}`}

@@ -350,7 +350,10 @@ func TestUpstreamErrorBodiesPassTheSameFilters(t *testing.T) {
 // the id's value however it is spelled, so the policy judges it as the
 // answer to that request; an answer to nothing pending is refused.
 func TestRespelledServerRequestIDIsAttributed(t *testing.T) {
-	up, _, m := aliceSession(t, gatewayConfig{})
+	up := startUpstream(t)
+	g := startGateway(t, gatewayConfig{Upstream: up.URL})
+	m := g.raw(t, aliceKey, g.createSession(t, aliceKey, "svc"), "svc")
+	m.initializeWith(`{"elicitation":{}}`)
 	up.setIntercept(func(w http.ResponseWriter, r *http.Request, body []byte) bool {
 		if !strings.Contains(string(body), "ASK-E1") {
 			return false

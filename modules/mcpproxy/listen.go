@@ -130,7 +130,7 @@ func (h *Handler) openShared(ctx context.Context, call *gateway.Call) (func() (m
 			if err != nil || msg.Kind != mcpmsg.Request {
 				return msg, err
 			}
-			h.refuseServerRequest(call, msg, "the client speaks protocol "+mcp2026.Version+", which has no server requests on a stream")
+			h.refuseServerRequest(call, up, msg, "the client speaks protocol "+mcp2026.Version+", which has no server requests on a stream")
 		}
 	}
 	return next, rs.close, nil

@@ -413,11 +413,15 @@ func (h *Handler) deliver(ctx context.Context, call *gateway.Call, from gateway.
 		return h.finish(ctx, call, msg)
 	case msg.Kind == mcpmsg.Request:
 		if call.Stateless != nil {
-			h.refuseServerRequest(call, msg, "the client speaks protocol "+mcp2026.Version+", which has no server requests on a stream")
+			h.refuseServerRequest(call, from, msg, "the client speaks protocol "+mcp2026.Version+", which has no server requests on a stream")
 			return message{}
 		}
 		if !canRequest {
-			h.refuseServerRequest(call, msg, "the client's request does not accept an SSE stream, so toolgate cannot relay "+msg.Method+" to it")
+			h.refuseServerRequest(call, from, msg, "the client's request does not accept an SSE stream, so toolgate cannot relay "+msg.Method+" to it")
+			return message{}
+		}
+		if !declared(from, msg) {
+			h.refuseServerRequest(call, from, msg, "the client did not declare the capability "+msg.Method+" needs")
 			return message{}
 		}
 		// The runner knows the request by an id of toolgate's own: the
@@ -427,11 +431,11 @@ func (h *Handler) deliver(ctx context.Context, call *gateway.Call, from gateway.
 		relayed := withID(msg, call.MCPSession.ServerRequestID(from.Generation, msg.ID))
 		out, ok := h.inspect(ctx, call, relayed, gateway.ChannelServerRequest)
 		if !ok {
-			h.refuseServerRequest(call, msg, "toolgate's policy withheld "+msg.Method+" from the client")
+			h.refuseServerRequest(call, from, msg, "toolgate's policy withheld "+msg.Method+" from the client")
 			return message{}
 		}
 		if !call.MCPSession.ServerRequestSent(ctx, from.Generation, relayed.ID, msg.ID, msg.Method) {
-			h.refuseServerRequest(call, msg, "too many server requests are waiting for the client's answer, or toolgate's storage is unavailable")
+			h.refuseServerRequest(call, from, msg, "too many server requests are waiting for the client's answer, or toolgate's storage is unavailable")
 			return message{}
 		}
 		return message{out}
@@ -462,6 +466,22 @@ func (h *Handler) deliver(ctx context.Context, call *gateway.Call, from gateway.
 	// only after the result hooks.
 	h.logger.Warn("dropped an unexpected upstream response", zap.String("service", call.Service.ID))
 	return message{}
+}
+
+// declared reports whether the runner declared, in the initialize the
+// upstream session from was made with, the capability the server→client
+// request msg needs. A server may ask only what the client declared
+// (sampling, and with tools, sampling.tools; elicitation, form or url;
+// roots); a runner that did not may not expect the request at all. Other
+// requests (ping, a service's own) need none.
+func declared(from gateway.Upstream, msg mcpmsg.Message) bool {
+	switch msg.Method {
+	case "sampling/createMessage", "elicitation/create", "roots/list":
+		caps := mcpmsg.MemberOf(from.InitializeParams, "capabilities")
+		_, ok := mcp2026.RequiredCapability(caps, msg.Method, gjson.ParseBytes(msg.Params))
+		return ok
+	}
+	return true
 }
 
 // withID is msg under the id id.
@@ -722,10 +742,11 @@ func (h *Handler) writeFinal(w http.ResponseWriter, out *sseWriter, id string, m
 
 // refuseServerRequest answers a server→client request the runner cannot
 // get with a JSON-RPC error at once, so the upstream does not wait for it
-// until its timeout.
-func (h *Handler) refuseServerRequest(call *gateway.Call, msg mcpmsg.Message, why string) {
+// until its timeout: in the upstream session from, which asked it (never
+// in one that replaced it, whose request of the same id is another).
+func (h *Handler) refuseServerRequest(call *gateway.Call, from gateway.Upstream, msg mcpmsg.Message, why string) {
 	h.logger.Warn("refused a server request", zap.String("service", call.Service.ID), zap.String("method", msg.Method), zap.String("reason", why))
-	h.background(call, call.MCPSession.Upstream(), gateway.RPCError(msg.ID, gateway.CodeMethodNotFound, why, nil))
+	h.background(call, from, gateway.RPCError(msg.ID, gateway.CodeMethodNotFound, why, nil))
 }
 
 // forward relays a notification, or the runner's answer to a server→client

@@ -235,12 +235,12 @@ func (h *Handler) rounds(w http.ResponseWriter, r *http.Request, cur *gateway.Ca
 // (done).
 func (h *Handler) askRunner(w http.ResponseWriter, r *http.Request, cur *gateway.Call, hc *heldCall, msg mcpmsg.Message, out *sseWriter) (held, done bool) {
 	if !slices.Contains(mcp2026.InputMethods, msg.Method) {
-		h.refuseServerRequest(hc.call, msg, "toolgate has no input request of protocol "+mcp2026.Version+" for "+msg.Method)
+		h.refuseServerRequest(hc.call, hc.up, msg, "toolgate has no input request of protocol "+mcp2026.Version+" for "+msg.Method)
 		return false, false
 	}
 	raw, ok := h.inspect(hc.rs.ctx, cur, msg, gateway.ChannelServerRequest)
 	if !ok {
-		h.refuseServerRequest(hc.call, msg, "toolgate's policy withheld "+msg.Method+" from the client")
+		h.refuseServerRequest(hc.call, hc.up, msg, "toolgate's policy withheld "+msg.Method+" from the client")
 		return false, false
 	}
 	params := mcpmsg.MemberOf(raw, "params")
@@ -248,7 +248,7 @@ func (h *Handler) askRunner(w http.ResponseWriter, r *http.Request, cur *gateway
 		params = []byte("{}") // clients decode an input request's params (a roots/list may have none)
 	}
 	if need, declared := mcp2026.RequiredCapability(cur.Stateless.Capabilities, msg.Method, gjson.ParseBytes(params)); !declared {
-		h.refuseServerRequest(hc.call, msg, "the client did not declare the capability "+msg.Method+" needs")
+		h.refuseServerRequest(hc.call, hc.up, msg, "the client did not declare the capability "+msg.Method+" needs")
 		h.cancelUpstream(hc.call, hc.up, "the client cannot answer "+msg.Method)
 		h.finalStateless(w, out, message{gateway.RPCError(cur.Message.ID, mcp2026.CodeMissingRequiredClientCapability,
 			"the server needs client capabilities this request did not declare", mcp2026.MissingCapability(need))}, 0)
@@ -258,7 +258,7 @@ func (h *Handler) askRunner(w http.ResponseWriter, r *http.Request, cur *gateway
 	hc.asked = append(hc.asked, asked{id: msg.ID,
 		input: mcp2026.InputRequest{Key: "upstream-" + strconv.Itoa(hc.seq), Method: msg.Method, Params: params}})
 	if !hc.letGo() {
-		h.refuseServerRequest(hc.call, msg, "the client went away")
+		h.refuseServerRequest(hc.call, hc.up, msg, "the client went away")
 		h.cancelUpstream(hc.call, hc.up, "the client went away")
 		return false, true
 	}
@@ -273,7 +273,7 @@ func (h *Handler) hold(w http.ResponseWriter, r *http.Request, cur *gateway.Call
 	fail := func(why string) bool {
 		h.logger.Warn("cannot hold a call for its client's input", zap.String("service", cur.Service.ID), zap.String("reason", why))
 		for _, a := range hc.asked {
-			h.refuseServerRequest(hc.call, mcpmsg.Message{ID: a.id, Method: a.input.Method}, why)
+			h.refuseServerRequest(hc.call, hc.up, mcpmsg.Message{ID: a.id, Method: a.input.Method}, why)
 		}
 		h.cancelUpstream(hc.call, hc.up, why)
 		h.finalStateless(w, out, message{gateway.RPCError(cur.Message.ID, gateway.CodeUnavailable, why, gateway.Retryable)}, 0)
