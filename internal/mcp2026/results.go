@@ -201,17 +201,28 @@ func RequiredCapability(caps []byte, method string, params gjson.Result) (map[st
 		form := e.IsObject() && (e.Get("form").IsObject() || !e.Get("url").Exists())
 		return map[string]any{"elicitation": map[string]any{"form": map[string]any{}}}, form
 	case "sampling/createMessage":
-		if tools := memberFold(params, "tools"); tools.Exists() && tools.Type != gjson.Null {
-			// (A null tools is none, as runners decode it.)
+		need, ok := map[string]any{}, c.Get("sampling").IsObject()
+		if given(memberFold(params, "tools")) || given(memberFold(params, "toolChoice")) {
 			// Tool use in sampling is a capability of its own.
-			return map[string]any{"sampling": map[string]any{"tools": map[string]any{}}}, c.Get("sampling.tools").IsObject()
+			need["tools"] = map[string]any{}
+			ok = ok && c.Get("sampling.tools").IsObject()
 		}
-		return map[string]any{"sampling": map[string]any{}}, c.Get("sampling").IsObject()
+		if ic := memberFold(params, "includeContext"); given(ic) && ic.String() != "none" {
+			// So is context from the client's servers ("thisServer",
+			// "allServers": another server's, even).
+			need["context"] = map[string]any{}
+			ok = ok && c.Get("sampling.context").IsObject()
+		}
+		return map[string]any{"sampling": need}, ok
 	case "roots/list":
 		return map[string]any{"roots": map[string]any{}}, c.Get("roots").IsObject()
 	}
 	return map[string]any{}, false
 }
+
+// given reports whether a member is there and not null (a null member is
+// none, as runners decode it).
+func given(v gjson.Result) bool { return v.Exists() && v.Type != gjson.Null }
 
 // memberFold is obj's member whose key is name in any case: clients decoding
 // with encoding/json read it so (a case-variant duplicate is refused when

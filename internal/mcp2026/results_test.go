@@ -31,7 +31,8 @@ func TestInputRequestsProblem(t *testing.T) {
 // TestRequiredCapabilityReadsParamsAsRunnersDo: the members of an input
 // request's params that decide the capability it needs are read in any
 // case, as clients decoding with encoding/json read them; sampling with
-// tools needs sampling.tools.
+// tools or a toolChoice needs sampling.tools, and with context from the
+// client's servers (an includeContext other than "none"), sampling.context.
 func TestRequiredCapabilityReadsParamsAsRunnersDo(t *testing.T) {
 	for _, c := range []struct {
 		caps, method, params string
@@ -45,6 +46,13 @@ func TestRequiredCapabilityReadsParamsAsRunnersDo(t *testing.T) {
 		{`{"sampling":{}}`, "sampling/createMessage", `{"messages":[],"maxTokens":1,"tools":[]}`, false},
 		{`{"sampling":{}}`, "sampling/createMessage", `{"messages":[],"maxTokens":1,"Tools":[]}`, false},
 		{`{"sampling":{"tools":{}}}`, "sampling/createMessage", `{"messages":[],"maxTokens":1,"tools":[]}`, true},
+		{`{"sampling":{}}`, "sampling/createMessage", `{"messages":[],"maxTokens":1,"toolChoice":{"mode":"auto"}}`, false},
+		{`{"sampling":{"tools":{}}}`, "sampling/createMessage", `{"messages":[],"maxTokens":1,"toolChoice":{"mode":"auto"}}`, true},
+		{`{"sampling":{}}`, "sampling/createMessage", `{"messages":[],"maxTokens":1,"includeContext":"none"}`, true},
+		{`{"sampling":{}}`, "sampling/createMessage", `{"messages":[],"maxTokens":1,"includeContext":"allServers"}`, false},
+		{`{"sampling":{}}`, "sampling/createMessage", `{"messages":[],"maxTokens":1,"IncludeContext":"thisServer"}`, false},
+		{`{"sampling":{"context":{}}}`, "sampling/createMessage", `{"messages":[],"maxTokens":1,"includeContext":"thisServer"}`, true},
+		{`{"sampling":{"context":{}}}`, "sampling/createMessage", `{"messages":[],"maxTokens":1,"includeContext":"thisServer","tools":[]}`, false},
 	} {
 		if _, ok := RequiredCapability([]byte(c.caps), c.method, gjson.Parse(c.params)); ok != c.ok {
 			t.Errorf("%s %s with %s: declared %v, want %v", c.method, c.params, c.caps, ok, c.ok)

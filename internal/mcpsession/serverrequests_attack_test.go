@@ -40,7 +40,7 @@ func TestServerRequestFixAttackPruneForgetsARequestBeingRecorded(t *testing.T) {
 	ask := func(i int) ([]byte, bool) {
 		up := []byte(strconv.Itoa(i))
 		id := s.ServerRequestID(firstGeneration, up)
-		return id, s.ServerRequestSent(ctx, firstGeneration, id, up, "roots/list")
+		return id, s.ServerRequestSent(ctx, s.Upstream(), id, up, "roots/list")
 	}
 	var first []byte
 	for i := range MaxPendingServerRequests - 1 {

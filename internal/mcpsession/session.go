@@ -76,8 +76,9 @@ type Session struct {
 	reinit    chan struct{} // held while re-initializing
 
 	mu             sync.Mutex
-	progress       map[string]int // progress tokens of the runner's requests in progress here, by mcpmsg.IDKey
-	changes        uint64         // announcements received for this session
+	progress       map[string]int    // progress tokens of the runner's requests in progress here, by mcpmsg.IDKey
+	sentIn         map[string]sentIn // the upstream sessions the runner's requests in progress here went to, by mcpmsg.IDKey of their ids
+	changes        uint64            // announcements received for this session
 	closed         bool
 	stored         bool            // the record exists in storage
 	reserved       *mcpstate.Store // where its initialize holds a slot of its caller's until stored (see initializingPrefix)
@@ -133,6 +134,21 @@ type Upstream struct {
 	// everything else the upstream said through it are the old
 	// connection's. "" for a service without per-user credentials.
 	Grant string
+}
+
+// Ref names the upstream session in a record kept beside it (a pending
+// server→client request's), without its id, which is a credential of
+// sorts at the upstream: the hex SHA-256 of SessionID, shortened; "" for
+// a server without sessions. A stdio program's bridge keeps its session id
+// through re-initializations (the process the last one replaced winds
+// down, taking what its calls wait for), so two generations may share a
+// Ref.
+func (u Upstream) Ref() string {
+	if u.SessionID == "" {
+		return ""
+	}
+	sum := sha256.Sum256([]byte("toolgate upstream session\x00" + u.SessionID))
+	return hex.EncodeToString(sum[:16])
 }
 
 // From reports whether the session's upstream is the one endpoint names
@@ -228,6 +244,52 @@ func (s *Session) Requesting(token []byte) (end func()) {
 			s.mu.Unlock()
 		})
 	}
+}
+
+// sentIn is the upstream session a runner's request in progress went to,
+// and how many requests of that id are in progress.
+type sentIn struct {
+	up Upstream
+	n  int
+}
+
+// SentIn records that the runner's request id, in progress here until end
+// is called, went to the upstream session up: the runner's cancellation of
+// it goes there (RequestSentIn), whatever replaced that session since.
+func (s *Session) SentIn(id []byte, up Upstream) (end func()) {
+	key := mcpmsg.IDKey(id)
+	if key == "" {
+		return func() {}
+	}
+	s.mu.Lock()
+	if s.sentIn == nil {
+		s.sentIn = make(map[string]sentIn)
+	}
+	e := s.sentIn[key]
+	s.sentIn[key] = sentIn{up: up, n: e.n + 1}
+	s.mu.Unlock()
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			s.mu.Lock()
+			if e := s.sentIn[key]; e.n <= 1 {
+				delete(s.sentIn, key)
+			} else {
+				s.sentIn[key] = sentIn{up: e.up, n: e.n - 1}
+			}
+			s.mu.Unlock()
+		})
+	}
+}
+
+// RequestSentIn returns the upstream session the runner's request id, in
+// progress here, went to; false when none is in progress here.
+func (s *Session) RequestSentIn(id []byte) (Upstream, bool) {
+	key := mcpmsg.IDKey(id)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e, ok := s.sentIn[key]
+	return e.up, ok && key != ""
 }
 
 // Progressing reports whether token is the progressToken of a runner's
@@ -652,14 +714,14 @@ func (s *Session) forgetAnsweredElsewhere(ctx context.Context) bool {
 const pendingRecount = time.Second
 
 // ServerRequestSent records a server→client request of the upstream
-// session of the generation gen relayed to the runner under the id id (see
+// session from relayed to the runner under the id id (see
 // ServerRequestID), in the shared storage, so that the runner's answer is
 // attributed to its method, and goes upstream under upstreamID into the
 // session that asked, on whichever replica it arrives. It reports false, recording
 // nothing, when the session has too many pending already or the storage
 // is unavailable; the request must then be refused rather than relayed.
-func (s *Session) ServerRequestSent(ctx context.Context, gen uint64, id, upstreamID []byte, method string) bool {
-	req := mcpstate.PendingRequest{Method: method, ID: bytes.Clone(upstreamID), Generation: gen}
+func (s *Session) ServerRequestSent(ctx context.Context, from Upstream, id, upstreamID []byte, method string) bool {
+	req := mcpstate.PendingRequest{Method: method, ID: bytes.Clone(upstreamID), Generation: from.Generation, Upstream: from.Ref()}
 	return s.serverRequestSent(ctx, id, req, false)
 }
 

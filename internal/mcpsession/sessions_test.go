@@ -276,7 +276,7 @@ func TestServerRequestsMatchOnTheIDsValue(t *testing.T) {
 	_, s, elsewhere := onTwoReplicas(t)
 	ctx := context.Background()
 	e1, seven := s.ServerRequestID(firstGeneration, []byte(`"e1"`)), s.ServerRequestID(firstGeneration, []byte(`7`))
-	if !s.ServerRequestSent(ctx, firstGeneration, e1, []byte(`"e1"`), "elicitation/create") || !s.ServerRequestSent(ctx, firstGeneration, seven, []byte(`7`), "sampling/createMessage") {
+	if !s.ServerRequestSent(ctx, s.Upstream(), e1, []byte(`"e1"`), "elicitation/create") || !s.ServerRequestSent(ctx, s.Upstream(), seven, []byte(`7`), "sampling/createMessage") {
 		t.Fatal("not recorded")
 	}
 	spelled := bytes.Replace(e1, []byte("toolgate"), []byte(`\u0074oolgate`), 1)
@@ -294,9 +294,9 @@ func TestServerRequestsMatchOnTheIDsValue(t *testing.T) {
 	}
 	for i := range MaxPendingServerRequests {
 		id := []byte{'1', byte('0' + i%10), byte('0' + i/10%10), byte('0' + i/100)}
-		s.ServerRequestSent(ctx, firstGeneration, s.ServerRequestID(firstGeneration, id), id, "roots/list")
+		s.ServerRequestSent(ctx, s.Upstream(), s.ServerRequestID(firstGeneration, id), id, "roots/list")
 	}
-	if s.ServerRequestSent(ctx, firstGeneration, s.ServerRequestID(firstGeneration, []byte(`"one-too-many"`)), []byte(`"one-too-many"`), "roots/list") {
+	if s.ServerRequestSent(ctx, s.Upstream(), s.ServerRequestID(firstGeneration, []byte(`"one-too-many"`)), []byte(`"one-too-many"`), "roots/list") {
 		t.Error("more pending server requests than the bound")
 	}
 }
@@ -309,7 +309,7 @@ func TestServerRequestsAnsweredElsewhereFreeTheirPlaces(t *testing.T) {
 	ask := func(i int) ([]byte, bool) {
 		up := []byte(strconv.Itoa(i))
 		id := s.ServerRequestID(firstGeneration, up)
-		return id, s.ServerRequestSent(ctx, firstGeneration, id, up, "roots/list")
+		return id, s.ServerRequestSent(ctx, s.Upstream(), id, up, "roots/list")
 	}
 	var ids [][]byte
 	for i := range MaxPendingServerRequests {
@@ -346,9 +346,9 @@ func TestServerRequestsAnsweredElsewhereFreeTheirPlaces(t *testing.T) {
 func TestServerRequestIDsOfAReplacedUpstreamSessionDiffer(t *testing.T) {
 	_, s, _ := onTwoReplicas(t)
 	ctx := context.Background()
-	gen := s.Upstream().Generation
+	gen, first := s.Upstream().Generation, s.Upstream().Ref()
 	before := s.ServerRequestID(gen, []byte(`1`))
-	if !s.ServerRequestSent(ctx, gen, before, []byte(`1`), "elicitation/create") {
+	if !s.ServerRequestSent(ctx, s.Upstream(), before, []byte(`1`), "elicitation/create") {
 		t.Fatal("not recorded")
 	}
 	if _, err := s.Reinitialize(ctx, gen, func(cur Upstream) (Upstream, error) {
@@ -365,12 +365,19 @@ func TestServerRequestIDsOfAReplacedUpstreamSessionDiffer(t *testing.T) {
 	if late := s.ServerRequestID(gen, []byte(`1`)); !bytes.Equal(late, before) {
 		t.Errorf("request 1 of the replaced session is named %s after the re-initialization, %s before", late, before)
 	}
-	if !s.ServerRequestSent(ctx, gen+1, after, []byte(`1`), "roots/list") {
+	if !s.ServerRequestSent(ctx, s.Upstream(), after, []byte(`1`), "roots/list") {
 		t.Fatal("not recorded")
 	}
-	for id, want := range map[string]uint64{string(before): gen, string(after): gen + 1} {
-		if req, ok, err := s.ServerRequestAnswered(ctx, []byte(id)); !ok || err != nil || req.Generation != want {
-			t.Errorf("%s answers %+v, %v, %v; want generation %d", id, req, ok, err, want)
+	second := s.Upstream().Ref()
+	if first == "" || first == second {
+		t.Fatalf("the upstream sessions are named %q and %q", first, second)
+	}
+	for id, want := range map[string]struct {
+		gen uint64
+		ref string
+	}{string(before): {gen, first}, string(after): {gen + 1, second}} {
+		if req, ok, err := s.ServerRequestAnswered(ctx, []byte(id)); !ok || err != nil || req.Generation != want.gen || req.Upstream != want.ref {
+			t.Errorf("%s answers %+v, %v, %v; want generation %d of upstream session %s", id, req, ok, err, want.gen, want.ref)
 		}
 	}
 }

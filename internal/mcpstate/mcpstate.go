@@ -519,6 +519,11 @@ type PendingRequest struct {
 	// Generation is the upstream session's (Upstream.Generation) the
 	// request came from: an answer goes to no other.
 	Generation uint64 `json:"generation,omitempty"`
+	// Upstream names that upstream session (Upstream.Ref; "" when it has
+	// no id, or recorded by an earlier version): a later generation of the
+	// same upstream session (a stdio program's bridge keeps its id) still
+	// takes the answer.
+	Upstream string `json:"upstream,omitempty"`
 }
 
 // ServerRequestSent records a server→client request relayed to the runner

@@ -62,6 +62,11 @@ type Call struct {
 	// (MCPSession.Upstream().Generation then; 0 when not known), set by
 	// toolgate_registry: toolgate_proxy sends the answer to no other.
 	AnswerGeneration uint64
+	// AnswerUpstream names that upstream session (MCPSession.Upstream().Ref()
+	// then; "" when not known): a later generation of it (a stdio program's
+	// bridge keeps its session id through re-initializations, letting the
+	// process replaced finish its calls) takes the answer too.
+	AnswerUpstream string
 	// Tool is the upstream's definition of the called tool, when known;
 	// see ToolDefinition.
 	Tool *ToolDefinition

@@ -243,6 +243,7 @@ func (h *Handler) request(w http.ResponseWriter, r *http.Request, call *gateway.
 		return
 	}
 	defer rs.close()
+	defer call.MCPSession.SentIn(call.Message.ID, up)() // the runner's cancellation goes there (forward)
 	var out *sseWriter
 	if rs.sse != nil && acceptsSSE(r) {
 		out = newSSEWriter(w)
@@ -273,7 +274,7 @@ func (h *Handler) post(ctx context.Context, call *gateway.Call, body []byte) (ga
 			return up, nil, unavailable("toolgate has not yet heard of the upstream session that asked this")
 		}
 	}
-	if answer && up.Generation > call.AnswerGeneration {
+	if answer && up.Generation > call.AnswerGeneration && !askedIn(call, up) {
 		return up, nil, errAnswerReplaced
 	}
 	resp, err := h.exchange(ctx, call, up, http.MethodPost, body, "")
@@ -281,12 +282,20 @@ func (h *Handler) post(ctx context.Context, call *gateway.Call, body []byte) (ga
 		if up, err = h.reinitialize(ctx, call, up); err != nil {
 			return up, nil, err
 		}
-		if call.Message.Kind == mcpmsg.Response && up.Generation != call.AnswerGeneration {
+		if call.Message.Kind == mcpmsg.Response && up.Generation != call.AnswerGeneration && !askedIn(call, up) {
 			return up, nil, errAnswerReplaced
 		}
 		resp, err = h.exchange(ctx, call, up, http.MethodPost, body, "")
 	}
 	return up, resp, err
+}
+
+// askedIn reports whether the runner's answer call answers a request of
+// the upstream session up, of an earlier generation: one re-initialized
+// under the same session id (a stdio program's bridge, whose replaced
+// process winds down and takes its calls' answers).
+func askedIn(call *gateway.Call, up gateway.Upstream) bool {
+	return call.AnswerUpstream != "" && call.AnswerUpstream == up.Ref()
 }
 
 // errAnswerReplaced refuses a runner's answer to a request of an upstream
@@ -434,7 +443,7 @@ func (h *Handler) deliver(ctx context.Context, call *gateway.Call, from gateway.
 			h.refuseServerRequest(call, from, msg, "toolgate's policy withheld "+msg.Method+" from the client")
 			return message{}
 		}
-		if !call.MCPSession.ServerRequestSent(ctx, from.Generation, relayed.ID, msg.ID, msg.Method) {
+		if !call.MCPSession.ServerRequestSent(ctx, from, relayed.ID, msg.ID, msg.Method) {
 			h.refuseServerRequest(call, from, msg, "too many server requests are waiting for the client's answer, or toolgate's storage is unavailable")
 			return message{}
 		}
@@ -740,15 +749,6 @@ func (h *Handler) writeFinal(w http.ResponseWriter, out *sseWriter, id string, m
 	return true
 }
 
-// refuseServerRequest answers a server→client request the runner cannot
-// get with a JSON-RPC error at once, so the upstream does not wait for it
-// until its timeout: in the upstream session from, which asked it (never
-// in one that replaced it, whose request of the same id is another).
-func (h *Handler) refuseServerRequest(call *gateway.Call, from gateway.Upstream, msg mcpmsg.Message, why string) {
-	h.logger.Warn("refused a server request", zap.String("service", call.Service.ID), zap.String("method", msg.Method), zap.String("reason", why))
-	h.background(call, from, gateway.RPCError(msg.ID, gateway.CodeMethodNotFound, why, nil))
-}
-
 // forward relays a notification, or the runner's answer to a server→client
 // request. The upstream acknowledges with 202.
 func (h *Handler) forward(w http.ResponseWriter, r *http.Request, call *gateway.Call) {
@@ -758,6 +758,16 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, call *gateway.
 	initialized := call.Method == "notifications/initialized"
 	if initialized {
 		ms.ListingTools()
+	}
+	if sent, ok := h.cancelsInReplaced(call); ok {
+		// The runner cancels a request of its in progress in an upstream
+		// session replaced since: the cancellation goes there, which
+		// still runs it, or nowhere (a session gone runs nothing).
+		if resp, err := h.exchange(ctx, call, sent, http.MethodPost, call.Message.Raw, ""); err == nil {
+			drain(resp)
+		}
+		w.WriteHeader(http.StatusAccepted)
+		return
 	}
 	up, resp, err := h.post(ctx, call, call.Message.Raw)
 	if err != nil {
@@ -786,6 +796,19 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, call *gateway.
 		}
 	}
 	w.WriteHeader(http.StatusAccepted)
+}
+
+// cancelsInReplaced returns the upstream session a runner's
+// notifications/cancelled must go to when it is not the MCP session's
+// current one: the one the request it names went to (see
+// mcpsession.Session.SentIn), replaced since.
+func (h *Handler) cancelsInReplaced(call *gateway.Call) (gateway.Upstream, bool) {
+	if call.Method != "notifications/cancelled" {
+		return gateway.Upstream{}, false
+	}
+	_, id := mcpmsg.MemberFold(call.Message.Params, "requestId")
+	sent, ok := call.MCPSession.RequestSentIn(id)
+	return sent, ok && sent.Generation != call.MCPSession.Upstream().Generation
 }
 
 // end terminates the runner's MCP session on every replica and at the
@@ -827,15 +850,18 @@ func (h *Handler) cancelUpstream(call *gateway.Call, up gateway.Upstream, why st
 	body = append(body, `,"reason":`...)
 	body = mcpmsg.AppendQuote(body, "toolgate gave up on the request: "+why)
 	body = append(body, `}}`...)
-	h.background(call, up, body)
+	h.background(call, up, body, nil)
 }
 
 // background posts a message of toolgate's own upstream, within the
-// service timeout, without waiting for it.
-func (h *Handler) background(call *gateway.Call, up gateway.Upstream, body []byte) {
+// service timeout, without waiting for it; then calls done, if not nil.
+func (h *Handler) background(call *gateway.Call, up gateway.Upstream, body []byte, done func()) {
 	c := *call // exchange may replace the credential
 	call = &c
 	go func() {
+		if done != nil {
+			defer done()
+		}
 		ctx, cancel := context.WithTimeout(context.Background(), time.Duration(call.Service.Timeout))
 		defer cancel()
 		if resp, err := h.exchange(ctx, call, up, http.MethodPost, body, ""); err == nil {

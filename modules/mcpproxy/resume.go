@@ -36,9 +36,9 @@ type runnerStream struct {
 	token    string
 	call     *gateway.Call // the runner's request, or its GET for the standalone stream
 	deadline time.Time     // zero for the standalone stream
-	// up is the upstream session whose stream it relays: its event ids are
-	// that session's, and a session toolgate replaced since (the upstream
-	// forgot it) has nothing left to resume.
+	// up is the upstream session whose stream it relays (under mu): its
+	// event ids are that session's, and a session toolgate replaced since
+	// (the upstream forgot it) has nothing left to resume.
 	up gateway.Upstream
 	// cancelCall tells the upstream to stop the call (nil for the
 	// standalone stream).
@@ -192,6 +192,22 @@ func (s *runnerStream) relaying() bool {
 	default:
 		return true
 	}
+}
+
+// upstreamIs reports whether the stream relays a stream of the upstream
+// session up (of its generation).
+func (s *runnerStream) upstreamIs(up gateway.Upstream) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.up.Generation == up.Generation
+}
+
+// continuesIn makes the standalone stream one of the upstream session up,
+// which replaced the one it relayed.
+func (s *runnerStream) continuesIn(up gateway.Upstream) {
+	s.mu.Lock()
+	s.up = up
+	s.mu.Unlock()
 }
 
 // upstreamReplaced ends the resume that took the stream over (takeOver) and
@@ -398,13 +414,19 @@ func (h *Handler) resumeForRunner(w http.ResponseWriter, r *http.Request, call *
 		return
 	}
 	up := ms.Upstream()
-	if up.Generation != st.up.Generation {
+	if !st.upstreamIs(up) {
 		// The upstream forgot the session the stream belongs to, and
-		// toolgate replaced it: the stream's events, and its request, were
-		// that session's.
-		st.upstreamReplaced()
-		refuseResume(w, "the upstream session this stream belonged to was replaced (the upstream forgot it): the request's answer is lost; send it again")
-		return
+		// toolgate replaced it: the stream's events were that session's.
+		if st.call.IsRequest() {
+			// And so was its request.
+			st.upstreamReplaced()
+			refuseResume(w, "the upstream session this stream belonged to was replaced (the upstream forgot it): the request's answer is lost; send it again")
+			return
+		}
+		// The standalone stream goes on as the new session's: what the
+		// old one sent since is gone with it.
+		st.continuesIn(up)
+		upstreamID = ""
 	}
 	orig := *st.call
 	orig.Credential = call.Credential // the current one: an OAuth token may have been refreshed

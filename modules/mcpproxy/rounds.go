@@ -238,6 +238,22 @@ func (h *Handler) askRunner(w http.ResponseWriter, r *http.Request, cur *gateway
 		h.refuseServerRequest(hc.call, hc.up, msg, "toolgate has no input request of protocol "+mcp2026.Version+" for "+msg.Method)
 		return false, false
 	}
+	undeclared := func(params []byte) bool {
+		need, declared := mcp2026.RequiredCapability(cur.Stateless.Capabilities, msg.Method, gjson.ParseBytes(params))
+		if declared {
+			return false
+		}
+		h.refuseServerRequest(hc.call, hc.up, msg, "the client did not declare the capability "+msg.Method+" needs")
+		h.cancelUpstream(hc.call, hc.up, "the client cannot answer "+msg.Method)
+		h.finalStateless(w, out, message{gateway.RPCError(cur.Message.ID, mcp2026.CodeMissingRequiredClientCapability,
+			"the server needs client capabilities this request did not declare", mcp2026.MissingCapability(need))}, 0)
+		return true
+	}
+	// Checked before the policy sees the request, and again on what the
+	// policy made of it.
+	if undeclared(msg.Params) {
+		return false, true
+	}
 	raw, ok := h.inspect(hc.rs.ctx, cur, msg, gateway.ChannelServerRequest)
 	if !ok {
 		h.refuseServerRequest(hc.call, hc.up, msg, "toolgate's policy withheld "+msg.Method+" from the client")
@@ -247,11 +263,7 @@ func (h *Handler) askRunner(w http.ResponseWriter, r *http.Request, cur *gateway
 	if params == nil {
 		params = []byte("{}") // clients decode an input request's params (a roots/list may have none)
 	}
-	if need, declared := mcp2026.RequiredCapability(cur.Stateless.Capabilities, msg.Method, gjson.ParseBytes(params)); !declared {
-		h.refuseServerRequest(hc.call, hc.up, msg, "the client did not declare the capability "+msg.Method+" needs")
-		h.cancelUpstream(hc.call, hc.up, "the client cannot answer "+msg.Method)
-		h.finalStateless(w, out, message{gateway.RPCError(cur.Message.ID, mcp2026.CodeMissingRequiredClientCapability,
-			"the server needs client capabilities this request did not declare", mcp2026.MissingCapability(need))}, 0)
+	if undeclared(params) {
 		return false, true
 	}
 	hc.seq++

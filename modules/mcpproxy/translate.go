@@ -357,7 +357,7 @@ func (h *Handler) askTranslated(ctx context.Context, w http.ResponseWriter, call
 			fail = "toolgate's policy withheld " + mcp2026.InputMethodName(method) + " from the client"
 			return false
 		}
-		if !ms.ServerRequestSent(ctx, ms.Upstream().Generation, id, id, method) { // toolgate's own request: its id is the runner's
+		if !ms.ServerRequestSent(ctx, ms.Upstream(), id, id, method) { // toolgate's own request: its id is the runner's
 			fail = "too many server requests are waiting for the client's answer"
 			return false
 		}

@@ -244,15 +244,18 @@ func (h *Handler) relayAnswer(w http.ResponseWriter, r *http.Request, call *gate
 		gateway.WriteRPCError(w, http.StatusBadRequest, nil, gateway.CodeInvalidRequest,
 			"this response answers no pending server request of this MCP session", nil)
 		return nil
-	case pending.Generation != 0 && pending.Generation < ms.Upstream().Generation:
+	case pending.Generation != 0 && pending.Generation < ms.Upstream().Generation && (pending.Upstream == "" || pending.Upstream != ms.Upstream().Ref()):
 		// The upstream session that asked was replaced: its ids start again,
-		// and the answer would reach another request under the same id.
+		// and the answer would reach another request under the same id. (A
+		// session re-initialized under the same id is the same one: a stdio
+		// program's bridge, whose replaced process takes its calls'
+		// answers.)
 		gateway.WriteRPCError(w, http.StatusBadRequest, nil, gateway.CodeInvalidRequest,
 			"this response answers a request of an upstream session that has been replaced since; it is not relayed", nil)
 		return nil
 	}
 	call.Message.Raw, call.Message.ID = mcpmsg.ReplaceMember(call.Message.Raw, "id", pending.ID), pending.ID
-	call.Method, call.AnswerGeneration = pending.Method, pending.Generation
+	call.Method, call.AnswerGeneration, call.AnswerUpstream = pending.Method, pending.Generation, pending.Upstream
 	var retry bytes.Buffer
 	rec := caddyhttp.NewResponseRecorder(w, &retry, func(status int, _ http.Header) bool { return status == http.StatusServiceUnavailable })
 	if err := next.ServeHTTP(rec, r); err != nil || !rec.Buffered() {
