@@ -253,13 +253,14 @@ type sentIn struct {
 	n  int
 }
 
-// SentIn records that the runner's request id, in progress here until end
-// is called, went to the upstream session up: the runner's cancellation of
-// it goes there (RequestSentIn), whatever replaced that session since.
-func (s *Session) SentIn(id []byte, up Upstream) (end func()) {
-	key := mcpmsg.IDKey(id)
+// SentIn records that the runner's request id, in progress here until
+// RequestDone is called with the key it returns, went to the upstream
+// session up: the runner's cancellation of it goes there (RequestSentIn),
+// whatever replaced that session since.
+func (s *Session) SentIn(id []byte, up Upstream) (key string) {
+	key = mcpmsg.IDKey(id)
 	if key == "" {
-		return func() {}
+		return ""
 	}
 	s.mu.Lock()
 	if s.sentIn == nil {
@@ -268,18 +269,21 @@ func (s *Session) SentIn(id []byte, up Upstream) (end func()) {
 	e := s.sentIn[key]
 	s.sentIn[key] = sentIn{up: up, n: e.n + 1}
 	s.mu.Unlock()
-	var once sync.Once
-	return func() {
-		once.Do(func() {
-			s.mu.Lock()
-			if e := s.sentIn[key]; e.n <= 1 {
-				delete(s.sentIn, key)
-			} else {
-				s.sentIn[key] = sentIn{up: e.up, n: e.n - 1}
-			}
-			s.mu.Unlock()
-		})
+	return key
+}
+
+// RequestDone ends a request SentIn recorded (key is what it returned).
+func (s *Session) RequestDone(key string) {
+	if key == "" {
+		return
 	}
+	s.mu.Lock()
+	if e := s.sentIn[key]; e.n <= 1 {
+		delete(s.sentIn, key)
+	} else {
+		s.sentIn[key] = sentIn{up: e.up, n: e.n - 1}
+	}
+	s.mu.Unlock()
 }
 
 // RequestSentIn returns the upstream session the runner's request id, in

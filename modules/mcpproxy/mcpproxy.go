@@ -243,7 +243,7 @@ func (h *Handler) request(w http.ResponseWriter, r *http.Request, call *gateway.
 		return
 	}
 	defer rs.close()
-	defer call.MCPSession.SentIn(call.Message.ID, up)() // the runner's cancellation goes there (forward)
+	defer call.MCPSession.RequestDone(call.MCPSession.SentIn(call.Message.ID, up)) // the runner's cancellation goes there (forward)
 	var out *sseWriter
 	if rs.sse != nil && acceptsSSE(r) {
 		out = newSSEWriter(w)
