@@ -80,6 +80,7 @@ type Bridge struct {
 	maxBody  int64
 	maxQueue int64
 	logger   atomic.Pointer[zap.Logger]
+	links    atomic.Uint64 // links made, which name their server requests (Link.relayedID)
 
 	mu       sync.Mutex
 	sessions map[string]*Session

@@ -558,3 +558,34 @@ func TestServerErrorWithToolgatesCodeIsRecoded(t *testing.T) {
 		t.Errorf("the runner got %s, want the server's -32012 recoded to -32603 without its data", msgs)
 	}
 }
+
+// Two programs of one MCP session (one winding down after its runner's
+// credential changed, beside the one that replaced it: two links) number
+// their server requests alike; a runner gets each under an id of its
+// link's, so that its answer reaches the program that asked (ownerOf
+// looks the id up link by link) under the program's own id again.
+func TestServerRequestsOfTwoLinksAreNamedApart(t *testing.T) {
+	f := newFixture(t)
+	other := f.bridge.NewLink(LinkConfig{})
+	if a, b := f.link.relayedID([]byte(`1`)), other.relayedID([]byte(`1`)); string(a) == string(b) {
+		t.Fatalf("request 1 of two links is relayed as %s by both", a)
+	}
+	if a, b := f.link.relayedID([]byte(`1`)), f.link.relayedID([]byte(`"1"`)); string(a) == string(b) {
+		t.Fatalf("the ids 1 and \"1\" of one link are relayed as %s both", a)
+	}
+	alice := f.runner("alice", sampling)
+	resp := alice.Send(http.MethodPost, `{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"sample","arguments":{"prompt":"hello"}}}`)
+	defer resp.Body.Close()
+	ch := events(resp.Body)
+	req := next(t, ch)
+	if id := gjson.Get(req, "id").String(); !strings.HasPrefix(id, f.link.tag+":") {
+		t.Fatalf("the server's request reached the runner under %q, not an id of its link's", id)
+	}
+	answer := `{"jsonrpc":"2.0","id":` + gjson.Get(req, "id").Raw + `,"result":{"role":"assistant","model":"m","content":{"type":"text","text":"hi"}}}`
+	if r := alice.Send(http.MethodPost, answer); r.StatusCode != http.StatusAccepted {
+		t.Fatalf("answering the sampling request: %d", r.StatusCode)
+	}
+	if final := next(t, ch); toolText(final) != "sampled: hi" {
+		t.Fatalf("the server did not get the answer under its own id: %s", final)
+	}
+}

@@ -1,6 +1,7 @@
 package mcpbridge
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -56,6 +57,8 @@ type Link struct {
 	bridge *Bridge
 	cfg    LinkConfig
 	done   chan struct{}
+	// tag names the link's server requests to runners (relayedID).
+	tag string
 
 	mu             sync.Mutex
 	err            error // why the link ended; nil while it is up
@@ -88,10 +91,12 @@ type pending struct {
 	started  time.Time
 }
 
-// serverRequest is a server→client request relayed to a runner.
+// serverRequest is a server→client request relayed to a runner, kept by
+// the key of the id it was relayed under (relayedID).
 type serverRequest struct {
 	session *Session
 	out     *stream
+	id      []byte // the server's own id
 }
 
 // Session is one runner's MCP session on a link.
@@ -159,7 +164,7 @@ func (c capabilities) allows(method string, params []byte) bool {
 
 // NewLink starts a link over a connection.
 func (b *Bridge) NewLink(cfg LinkConfig) *Link {
-	return &Link{bridge: b, cfg: cfg, done: make(chan struct{}), ownSends: make(chan struct{}, maxOwnSends),
+	return &Link{bridge: b, cfg: cfg, done: make(chan struct{}), tag: strconv.FormatUint(b.links.Add(1), 36), ownSends: make(chan struct{}, maxOwnSends),
 		pending: map[string]*pending{}, tokens: map[string]*pending{}, serverRequests: map[string]*serverRequest{},
 		sessions: map[*Session]struct{}{}, served: map[string]struct{}{}, subscriptions: map[string]int{}, lastUsed: now()}
 }
@@ -552,9 +557,11 @@ func (l *Link) serverRequest(msg mcpmsg.Message) {
 		s, why = nil, "too many of its requests are waiting for their clients' answers"
 	}
 	if s != nil {
-		l.serverRequests[mcpmsg.IDKey(msg.ID)] = &serverRequest{session: s, out: out}
-		if !out.push(msg.Raw) {
-			delete(l.serverRequests, mcpmsg.IDKey(msg.ID))
+		relayed := l.relayedID(msg.ID)
+		key := mcpmsg.IDKey(relayed)
+		l.serverRequests[key] = &serverRequest{session: s, out: out, id: bytes.Clone(msg.ID)}
+		if !out.push(mcpmsg.ReplaceMember(msg.Raw, "id", relayed)) {
+			delete(l.serverRequests, key)
 			s, why = nil, "the client's stream closed"
 		}
 	}
@@ -566,6 +573,16 @@ func (l *Link) serverRequest(msg mcpmsg.Message) {
 		}
 		l.sendLater(gateway.RPCError(msg.ID, gateway.CodeMethodNotFound, "toolgate cannot relay "+msg.Method+": "+why, nil))
 	}
+}
+
+// relayedID is the id a server request of the link's, whose own id is id,
+// is relayed to a runner under: the link's tag and the id. Two programs
+// of one MCP session (one winding down after its runner's credential
+// changed, beside the one that replaced it) number their requests alike;
+// the runner's answer to each reaches the program that asked it (see
+// Bridge.ownerOf), under its own id again (Session.answer).
+func (l *Link) relayedID(id []byte) []byte {
+	return mcpmsg.Quote(l.tag + ":" + mcpmsg.IDKey(id))
 }
 
 // mayLog reports whether one more thing the server sent may be logged
@@ -660,12 +677,20 @@ func (l *Link) notification(msg mcpmsg.Message) {
 	case "notifications/progress":
 		l.progress(msg)
 	case "notifications/cancelled":
-		key := mcpmsg.IDKey([]byte(gjson.GetBytes(msg.Params, "requestId").Raw))
+		id := []byte(gjson.GetBytes(msg.Params, "requestId").Raw)
+		if mcpmsg.IDKey(id) == "" {
+			return // names no request
+		}
+		relayed := l.relayedID(id)
+		key := mcpmsg.IDKey(relayed)
 		l.mu.Lock()
 		sr := l.serverRequests[key]
 		delete(l.serverRequests, key)
-		if sr != nil && !sr.out.push(msg.Raw) && sr.session.get != nil {
-			sr.session.get.push(msg.Raw)
+		if sr != nil {
+			raw := mcpmsg.ReplaceMember(msg.Raw, "params", mcpmsg.ReplaceMember(msg.Params, "requestId", relayed))
+			if !sr.out.push(raw) && sr.session.get != nil {
+				sr.session.get.push(raw)
+			}
 		}
 		l.mu.Unlock()
 	// What goes to every session carries nothing but what says what

@@ -241,7 +241,7 @@ func (s *Session) answer(r *http.Request, msg mcpmsg.Message) (*http.Response, e
 		// Answered already, cancelled by the server, or never this session's.
 		return statusResponse(r, http.StatusAccepted), nil
 	}
-	if err := l.cfg.Send(r.Context(), msg.Raw); err != nil {
+	if err := l.cfg.Send(r.Context(), mcpmsg.ReplaceMember(msg.Raw, "id", sr.id)); err != nil {
 		return nil, err
 	}
 	return statusResponse(r, http.StatusAccepted), nil
@@ -292,10 +292,10 @@ func (s *Session) end(reason string) {
 		p.out.finish()
 		l.dropLocked(p)
 	}
-	for id, sr := range l.serverRequests {
+	for key, sr := range l.serverRequests {
 		if sr.session == s {
-			delete(l.serverRequests, id)
-			sends = append(sends, gateway.RPCError(idText(id), gateway.CodeInternalError, "the client ended its session", nil))
+			delete(l.serverRequests, key)
+			sends = append(sends, gateway.RPCError(sr.id, gateway.CodeInternalError, "the client ended its session", nil))
 		}
 	}
 	var unsubscribe []string
@@ -338,15 +338,4 @@ func cancelled(id []byte, reason string) []byte {
 	b = append(b, `,"reason":`...)
 	b = mcpmsg.AppendQuote(b, reason)
 	return append(b, "}}"...)
-}
-
-// idText turns an IDKey back into the id's JSON text.
-func idText(key string) []byte {
-	if key != "" && key[0] == 's' {
-		return mcpmsg.Quote(key[1:])
-	}
-	if len(key) > 1 && key[0] == 'n' {
-		return []byte(key[1:])
-	}
-	return []byte("null")
 }
