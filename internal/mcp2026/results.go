@@ -190,6 +190,18 @@ func DiscoverResult(d Discovery) []byte {
 // (method and params) needs, as a ClientCapabilities object, and whether
 // caps (the client's declared capabilities, JSON text) has it.
 func RequiredCapability(caps []byte, method string, params gjson.Result) (map[string]any, bool) {
+	return RequiredCapabilityIn(Version, caps, method, params)
+}
+
+// contextCapabilitySince is the revision that put sampling's
+// includeContext ("thisServer", "allServers") behind the client's
+// sampling.context capability: before it, the member needs sampling only.
+const contextCapabilitySince = "2025-11-25"
+
+// RequiredCapabilityIn is RequiredCapability for a client of the protocol
+// revision version (a server→client request on a stream of an earlier
+// revision's session).
+func RequiredCapabilityIn(version string, caps []byte, method string, params gjson.Result) (map[string]any, bool) {
 	c := gjson.ParseBytes(caps)
 	switch method {
 	case "elicitation/create":
@@ -207,7 +219,7 @@ func RequiredCapability(caps []byte, method string, params gjson.Result) (map[st
 			need["tools"] = map[string]any{}
 			ok = ok && c.Get("sampling.tools").IsObject()
 		}
-		if ic := memberFold(params, "includeContext"); given(ic) && ic.String() != "none" {
+		if ic := memberFold(params, "includeContext"); given(ic) && ic.String() != "none" && version >= contextCapabilitySince {
 			// So is context from the client's servers ("thisServer",
 			// "allServers": another server's, even).
 			need["context"] = map[string]any{}

@@ -58,6 +58,13 @@ func TestRequiredCapabilityReadsParamsAsRunnersDo(t *testing.T) {
 			t.Errorf("%s %s with %s: declared %v, want %v", c.method, c.params, c.caps, ok, c.ok)
 		}
 	}
+	// Before 2025-11-25 includeContext was a member like any other.
+	if _, ok := RequiredCapabilityIn("2025-06-18", []byte(`{"sampling":{}}`), "sampling/createMessage", gjson.Parse(`{"includeContext":"thisServer"}`)); !ok {
+		t.Error("a 2025-06-18 client that declared sampling is refused a request with includeContext")
+	}
+	if _, ok := RequiredCapabilityIn("2025-06-18", []byte(`{"sampling":{}}`), "sampling/createMessage", gjson.Parse(`{"tools":[]}`)); ok {
+		t.Error("a 2025-06-18 client is asked sampling with tools")
+	}
 }
 
 func TestAsksInput(t *testing.T) {

@@ -272,6 +272,19 @@ func (s *Session) SentIn(id []byte, up Upstream) (key string) {
 	return key
 }
 
+// MovedTo records that the request SentIn recorded under key went to up
+// after all (toolgate re-initialized the upstream session on its way).
+func (s *Session) MovedTo(key string, up Upstream) {
+	if key == "" {
+		return
+	}
+	s.mu.Lock()
+	if e, ok := s.sentIn[key]; ok {
+		s.sentIn[key] = sentIn{up: up, n: e.n}
+	}
+	s.mu.Unlock()
+}
+
 // RequestDone ends a request SentIn recorded (key is what it returned).
 func (s *Session) RequestDone(key string) {
 	if key == "" {

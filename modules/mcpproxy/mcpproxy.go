@@ -237,23 +237,35 @@ func (h *Handler) request(w http.ResponseWriter, r *http.Request, call *gateway.
 			}
 		}
 	}
+	// The runner's cancellation of the request goes to the upstream
+	// session it went to (forward), for as long as the call may run there:
+	// until the answer, or while its dropped stream is kept (the stream's
+	// then: see runnerStream.sent).
+	ms := call.MCPSession
+	sent := ms.SentIn(call.Message.ID, ms.Upstream())
+	var st *runnerStream
+	defer func() {
+		if st == nil {
+			ms.RequestDone(sent)
+		}
+	}()
 	up, resp, err := h.post(ctx, call, body)
+	ms.MovedTo(sent, up)
 	rs, ok := h.responseTo(ctx, w, r, call, up, resp, err)
 	if !ok {
 		return
 	}
 	defer rs.close()
-	defer call.MCPSession.RequestDone(call.MCPSession.SentIn(call.Message.ID, up)) // the runner's cancellation goes there (forward)
 	var out *sseWriter
 	if rs.sse != nil && acceptsSSE(r) {
 		out = newSSEWriter(w)
 	}
-	var st *runnerStream
 	if !gateway.IsInnerRequest(r.Context()) {
 		// (A federated message's call of a service: the runner has the
 		// federated message's stream, and nothing resumes this one.)
 		deadline, _ := ctx.Deadline()
 		st = newRunnerStream(call, up, deadline, out, cancel, func(why string) { h.cancelUpstream(call, up, why) })
+		st.ownsSent(sent)
 	}
 	h.relay(r.Context(), w, call, rs, out, st)
 }
@@ -291,11 +303,13 @@ func (h *Handler) post(ctx context.Context, call *gateway.Call, body []byte) (ga
 }
 
 // askedIn reports whether the runner's answer call answers a request of
-// the upstream session up, of an earlier generation: one re-initialized
-// under the same session id (a stdio program's bridge, whose replaced
-// process winds down and takes its calls' answers).
+// the upstream session up, of an earlier generation: a bridged program's
+// (a stdio program, a legacy SSE server) re-initialized under the same
+// session id, whose replaced process winds down and takes its calls'
+// answers; the bridge names each process's requests apart. An HTTP
+// upstream that gives a new session the old id starts its ids again.
 func askedIn(call *gateway.Call, up gateway.Upstream) bool {
-	return call.AnswerUpstream != "" && call.AnswerUpstream == up.Ref()
+	return call.Service.Transport() != "" && call.AnswerUpstream != "" && call.AnswerUpstream == up.Ref()
 }
 
 // errAnswerReplaced refuses a runner's answer to a request of an upstream
@@ -487,7 +501,7 @@ func declared(from gateway.Upstream, msg mcpmsg.Message) bool {
 	switch msg.Method {
 	case "sampling/createMessage", "elicitation/create", "roots/list":
 		caps := mcpmsg.MemberOf(from.InitializeParams, "capabilities")
-		_, ok := mcp2026.RequiredCapability(caps, msg.Method, gjson.ParseBytes(msg.Params))
+		_, ok := mcp2026.RequiredCapabilityIn(from.ProtocolVersion, caps, msg.Method, gjson.ParseBytes(msg.Params))
 		return ok
 	}
 	return true

@@ -43,11 +43,16 @@ type runnerStream struct {
 	// cancelCall tells the upstream to stop the call (nil for the
 	// standalone stream).
 	cancelCall func(why string)
+	// sent is the key of the call's record of the upstream session it went
+	// to (mcpsession.Session.SentIn), which the stream keeps until it is
+	// forgotten: the runner may cancel the call of a stream it dropped.
+	sent string
 
 	mu     sync.Mutex
 	out    *sseWriter
 	primed bool
 	seq    uint64
+	floor  uint64             // the last event of an upstream session replaced since (continuesIn)
 	ids    []string           // upstream event ids, by seq % resumeWindow; made at the first
 	owner  context.CancelFunc // stops the relay writing the stream now
 	active chan struct{}      // closed when that relay ends
@@ -150,6 +155,9 @@ func (s *runnerStream) upstreamID(seq uint64) (string, bool) {
 	if seq == 0 || seq > s.seq || s.seq-seq >= resumeWindow {
 		return "", false
 	}
+	if seq <= s.floor {
+		return "", true // an event of an upstream session replaced since (continuesIn)
+	}
 	return s.ids[seq%resumeWindow], true
 }
 
@@ -194,6 +202,13 @@ func (s *runnerStream) relaying() bool {
 	}
 }
 
+// ownsSent makes the stream keep the call's record key (see sent).
+func (s *runnerStream) ownsSent(key string) {
+	if s != nil {
+		s.sent = key
+	}
+}
+
 // upstreamIs reports whether the stream relays a stream of the upstream
 // session up (of its generation).
 func (s *runnerStream) upstreamIs(up gateway.Upstream) bool {
@@ -203,10 +218,11 @@ func (s *runnerStream) upstreamIs(up gateway.Upstream) bool {
 }
 
 // continuesIn makes the standalone stream one of the upstream session up,
-// which replaced the one it relayed.
+// which replaced the one it relayed: the event ids it relayed so far are
+// the old session's, and a resume from one of them opens the stream anew.
 func (s *runnerStream) continuesIn(up gateway.Upstream) {
 	s.mu.Lock()
-	s.up = up
+	s.up, s.floor = up, s.seq
 	s.mu.Unlock()
 }
 
@@ -299,6 +315,7 @@ func (s *runnerStream) forget(why string) {
 	room, settled, expiry, unwatch := s.room, s.settled, s.expiry, s.unwatch
 	s.mu.Unlock()
 	s.session.ForgetStream(s.token)
+	s.session.RequestDone(s.sent)
 	room.Release()
 	if expiry != nil {
 		expiry.Stop()
@@ -420,7 +437,7 @@ func (h *Handler) resumeForRunner(w http.ResponseWriter, r *http.Request, call *
 		if st.call.IsRequest() {
 			// And so was its request.
 			st.upstreamReplaced()
-			refuseResume(w, "the upstream session this stream belonged to was replaced (the upstream forgot it): the request's answer is lost; send it again")
+			refuseResume(w, lostWithItsSession)
 			return
 		}
 		// The standalone stream goes on as the new session's: what the
@@ -431,6 +448,20 @@ func (h *Handler) resumeForRunner(w http.ResponseWriter, r *http.Request, call *
 	orig := *st.call
 	orig.Credential = call.Credential // the current one: an OAuth token may have been refreshed
 	resp, err := h.getStream(ctx, &orig, up, upstreamID)
+	if isKind(err, kindSessionGone) {
+		// The upstream forgot the session the stream belongs to (it
+		// restarted, say, which is why the stream dropped).
+		if orig.IsRequest() {
+			st.upstreamReplaced()
+			refuseResume(w, lostWithItsSession)
+			return
+		}
+		if up, err = h.reinitialize(ctx, &orig, up); err == nil {
+			st.continuesIn(up)
+			upstreamID = ""
+			resp, err = h.getStream(ctx, &orig, up, "")
+		}
+	}
 	if err == nil && !isSSE(resp.Header) {
 		resp.Body.Close()
 		err = unavailable("the upstream did not resume its stream")
@@ -459,6 +490,10 @@ func (h *Handler) resumeForRunner(w http.ResponseWriter, r *http.Request, call *
 	}
 	h.relay(r.Context(), w, &orig, rs, out, st)
 }
+
+// lostWithItsSession refuses the resume of a request's stream whose
+// upstream session is gone.
+const lostWithItsSession = "the upstream session this stream belonged to was replaced (the upstream forgot it): the request's answer is lost; send it again"
 
 // getStream opens an upstream stream with a GET: the standalone stream,
 // or with lastEventID the one it resumes. While the upstream answers 409

@@ -244,12 +244,14 @@ func (h *Handler) relayAnswer(w http.ResponseWriter, r *http.Request, call *gate
 		gateway.WriteRPCError(w, http.StatusBadRequest, nil, gateway.CodeInvalidRequest,
 			"this response answers no pending server request of this MCP session", nil)
 		return nil
-	case pending.Generation != 0 && pending.Generation < ms.Upstream().Generation && (pending.Upstream == "" || pending.Upstream != ms.Upstream().Ref()):
+	case pending.Generation != 0 && pending.Generation < ms.Upstream().Generation &&
+		(call.Service.Transport() == "" || pending.Upstream == "" || pending.Upstream != ms.Upstream().Ref()):
 		// The upstream session that asked was replaced: its ids start again,
 		// and the answer would reach another request under the same id. (A
-		// session re-initialized under the same id is the same one: a stdio
-		// program's bridge, whose replaced process takes its calls'
-		// answers.)
+		// bridged program's session re-initialized under the same id is the
+		// same one: its replaced process winds down, taking its calls'
+		// answers, and the bridge names each process's requests apart. An
+		// HTTP upstream giving a new session the old id is not.)
 		gateway.WriteRPCError(w, http.StatusBadRequest, nil, gateway.CodeInvalidRequest,
 			"this response answers a request of an upstream session that has been replaced since; it is not relayed", nil)
 		return nil
