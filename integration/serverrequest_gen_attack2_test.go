@@ -249,7 +249,21 @@ func TestServerRequestGenAttack2WindingProgramAnswerRefused(t *testing.T) {
 // Fixed: the MCP session records the upstream session each runner request
 // in progress here went to (Session.SentIn), and the runner's cancellation
 // of one goes there, never re-initializing (mcpproxy cancelsInReplaced).
+//
+// The same for a call whose upstream answers with JSON (from
+// serverrequest_fix3_attack_test.go: the record was made only once the
+// answer's headers came, that is with the answer; it is made before the
+// request is sent now).
 func TestServerRequestGenAttack2RunnerCancellationGoesToTheNewSession(t *testing.T) {
+	for _, answer := range []string{"sse", "json"} {
+		t.Run(answer, func(t *testing.T) { runnerCancelsAcrossReinit(t, answer == "json") })
+	}
+}
+
+// runnerCancelsAcrossReinit runs call 5 in upstream session S1 (answered
+// over SSE, or with JSON), has a ping find S1 expired (S2), cancels the
+// call, and checks that the cancellation reached S1 only.
+func runnerCancelsAcrossReinit(t *testing.T, json bool) {
 	up := startUpstream(t)
 	g := startGateway(t, gatewayConfig{Upstream: up.URL})
 	m := aaRunner(t, g, aliceKey, g.createSession(t, aliceKey, "svc"), `{}`)
@@ -257,6 +271,9 @@ func TestServerRequestGenAttack2RunnerCancellationGoesToTheNewSession(t *testing
 	callSess, expired := "", false
 	var cancels []string
 	release := make(chan struct{})
+	var once sync.Once
+	letGo := func() { once.Do(func() { close(release) }) }
+	defer letGo()
 	up.setIntercept(func(w http.ResponseWriter, r *http.Request, b []byte) bool {
 		if r.Method != http.MethodPost {
 			return false
@@ -274,7 +291,7 @@ func TestServerRequestGenAttack2RunnerCancellationGoesToTheNewSession(t *testing
 		case "ping":
 			mu.Lock()
 			defer mu.Unlock()
-			if !expired {
+			if !expired && callSess != "" {
 				expired = true
 				w.WriteHeader(http.StatusNotFound)
 				return true
@@ -284,21 +301,33 @@ func TestServerRequestGenAttack2RunnerCancellationGoesToTheNewSession(t *testing
 			mu.Lock()
 			callSess = sess
 			mu.Unlock()
-			sseStart(w)
-			fmt.Fprint(w, ": started\n\n")
-			flush(w)
+			if !json {
+				sseStart(w)
+				fmt.Fprint(w, ": started\n\n")
+				flush(w)
+			}
 			select {
 			case <-release:
 			case <-r.Context().Done():
 			case <-time.After(10 * time.Second):
 			}
-			fmt.Fprintf(w, "data: {\"jsonrpc\":\"2.0\",\"id\":%s,\"result\":{\"content\":[{\"type\":\"text\",\"text\":\"end\"}]}}\n\n", gjson.GetBytes(b, "id").Raw)
-			flush(w)
+			answer := fmt.Sprintf(`{"jsonrpc":"2.0","id":%s,"result":{"content":[{"type":"text","text":"end"}]}}`, gjson.GetBytes(b, "id").Raw)
+			if json {
+				w.Header().Set("Content-Type", "application/json")
+				fmt.Fprint(w, answer)
+			} else {
+				fmt.Fprintf(w, "data: %s\n\n", answer)
+				flush(w)
+			}
 			return true
 		}
 		return false
 	})
-	c := faStream(t, m, `{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{"name":"echo","arguments":{"text":"x"}}}`)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_, _, _ = faPost(m, `{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{"name":"echo","arguments":{"text":"x"}}}`)
+	}()
 	ga2Until(func() bool { mu.Lock(); defer mu.Unlock(); return callSess != "" }, 5*time.Second)
 	if status, _, err := faPost(m, `{"jsonrpc":"2.0","id":2,"method":"ping"}`); status != http.StatusOK || err != nil {
 		t.Fatalf("ping: HTTP %d %v", status, err)
@@ -308,8 +337,11 @@ func TestServerRequestGenAttack2RunnerCancellationGoesToTheNewSession(t *testing
 		t.Fatalf("the runner's cancellation: HTTP %d %v", status, err)
 	}
 	ga2Until(func() bool { mu.Lock(); defer mu.Unlock(); return len(cancels) > 0 }, 3*time.Second)
-	close(release)
-	for range c {
+	letGo()
+	select {
+	case <-done:
+	case <-time.After(15 * time.Second):
+		t.Error("the call never ended")
 	}
 	mu.Lock()
 	defer mu.Unlock()
