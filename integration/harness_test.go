@@ -548,7 +548,9 @@ func (m *rawMCP) send(ctx context.Context, method, accept, body, lastEventID str
 	}
 	if m.sessionID != "" {
 		req.Header.Set("Mcp-Session-Id", m.sessionID)
-		req.Header.Set("Mcp-Protocol-Version", "2025-11-25")
+		if _, set := m.headers["Mcp-Protocol-Version"]; !set {
+			req.Header.Set("Mcp-Protocol-Version", "2025-11-25")
+		}
 	}
 	if lastEventID != "" {
 		req.Header.Set("Last-Event-ID", lastEventID)

@@ -80,7 +80,12 @@ type Bridge struct {
 	maxBody  int64
 	maxQueue int64
 	logger   atomic.Pointer[zap.Logger]
-	links    atomic.Uint64 // links made, which name their server requests (Link.relayedID)
+	// nonce and links name each link's server requests apart (Link.tag):
+	// nonce is random, so that no two bridges — of two replicas, which
+	// share the MCP sessions whose answers come back, or one a reload made
+	// anew — name theirs alike; links counts the links made.
+	nonce string
+	links atomic.Uint64
 
 	mu       sync.Mutex
 	sessions map[string]*Session
@@ -106,7 +111,7 @@ type Config struct {
 
 // New returns a bridge whose sessions opener makes.
 func New(cfg Config, opener Opener) *Bridge {
-	b := &Bridge{opener: opener, service: cfg.Service, limits: cfg.Limits, maxBody: cfg.MaxMessage,
+	b := &Bridge{opener: opener, service: cfg.Service, nonce: gateway.NewID()[:12], limits: cfg.Limits, maxBody: cfg.MaxMessage,
 		maxQueue: max(2*cfg.MaxMessage, 4<<20), sessions: map[string]*Session{}, winding: map[string][]*Session{}, stopSweep: make(chan struct{})}
 	b.SetLogger(cfg.Logger)
 	return b

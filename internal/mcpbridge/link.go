@@ -164,7 +164,7 @@ func (c capabilities) allows(method string, params []byte) bool {
 
 // NewLink starts a link over a connection.
 func (b *Bridge) NewLink(cfg LinkConfig) *Link {
-	return &Link{bridge: b, cfg: cfg, done: make(chan struct{}), tag: strconv.FormatUint(b.links.Add(1), 36), ownSends: make(chan struct{}, maxOwnSends),
+	return &Link{bridge: b, cfg: cfg, done: make(chan struct{}), tag: b.nonce + "." + strconv.FormatUint(b.links.Add(1), 36), ownSends: make(chan struct{}, maxOwnSends),
 		pending: map[string]*pending{}, tokens: map[string]*pending{}, serverRequests: map[string]*serverRequest{},
 		sessions: map[*Session]struct{}{}, served: map[string]struct{}{}, subscriptions: map[string]int{}, lastUsed: now()}
 }
@@ -578,9 +578,10 @@ func (l *Link) serverRequest(msg mcpmsg.Message) {
 // relayedID is the id a server request of the link's, whose own id is id,
 // is relayed to a runner under: the link's tag and the id. Two programs
 // of one MCP session (one winding down after its runner's credential
-// changed, beside the one that replaced it) number their requests alike;
-// the runner's answer to each reaches the program that asked it (see
-// Bridge.ownerOf), under its own id again (Session.answer).
+// changed, beside the one that replaced it; or one on each replica, which
+// the runner's answers may reach alike) number their requests alike; the
+// runner's answer to each reaches the program that asked it (see
+// Bridge.ownerOf), under its own id again (Session.answer), and no other.
 func (l *Link) relayedID(id []byte) []byte {
 	return mcpmsg.Quote(l.tag + ":" + mcpmsg.IDKey(id))
 }

@@ -329,7 +329,7 @@ func (h *Handler) askTranslated(ctx context.Context, w http.ResponseWriter, call
 	fail := ""
 	gjson.GetBytes(result, "inputRequests").ForEach(func(key, req gjson.Result) bool {
 		method := req.Get("method").String()
-		if need, declared := mcp2026.RequiredCapability(caps, method, req.Get("params")); !declared {
+		if need, declared := mcp2026.RequiredCapabilityIn(call.ProtocolVersion, caps, method, req.Get("params")); !declared {
 			fail = "the upstream needs " + mcp2026.InputMethodName(method) + ", which this client did not declare (capabilities: " + capabilityNames(need) + ")"
 			return false
 		}

@@ -1,0 +1,66 @@
+//go:build open_findings
+
+package mcpsession
+
+import "testing"
+
+// Attack: the record of where a runner's request went (SentIn) is one
+// entry per id with a count, and the last SentIn/MovedTo of any request of
+// that id overwrites the upstream session of every other. A request A
+// (id 7) whose SSE stream the runner dropped is kept (runnerStream owns
+// its record, upstream generation 1); the upstream session is replaced
+// (generation 2); a second request B under id 7 (the runner, which never
+// got A's answer, re-sends under the same id) records generation 2 and
+// finishes. A's record now says generation 2, the current session: the
+// runner's notifications/cancelled for A, which still runs in generation
+// 1 (the winding stdio process of a bridged program), goes to the current
+// session, where nothing of that id runs, and A runs on unstopped. The
+// same happens without a second finish: B's MovedTo (a re-initialization
+// on B's way) moves A's record too.
+// Severity: low (the runner reused an id while one of it was in
+// progress; only its own cancellation is misrouted, and only a bridged
+// program's winding process keeps running a replaced session's call).
+// Fix: keep one record per request (SentIn returns a handle for that
+// request, a list of upstreams per id), and route a cancellation to every
+// upstream session a request of that id is in progress in; MovedTo and
+// RequestDone act on that request's entry only.
+func TestFix4AttackSentInRecordOverwrittenBySameIDRequest(t *testing.T) {
+	s := &Session{}
+	gen1 := Upstream{SessionID: "up", Generation: 1}
+	gen2 := Upstream{SessionID: "up", Generation: 2}
+	id := []byte(`7`)
+
+	a := s.SentIn(id, gen1) // A: its dropped stream is kept, owning this key
+	b := s.SentIn(id, gen2) // B: same id, in the session that replaced gen1
+	s.RequestDone(b)        // B answered
+
+	up, ok := s.RequestSentIn(id)
+	if !ok {
+		t.Fatal("A is still in progress (its kept stream owns its record), yet no record of it")
+	}
+	if up.Generation != gen1.Generation {
+		t.Errorf("A (still running in generation 1) is recorded as sent to generation %d: the runner's cancellation of it goes to the current session instead", up.Generation)
+	}
+	s.RequestDone(a)
+}
+
+// Attack: same root cause through MovedTo: request B of id 7 re-initializes
+// on its way (post) and MovedTo rewrites the record request A of id 7,
+// still running in generation 1, shares with it.
+// Severity: low. Fix: as above (per-request records).
+func TestFix4AttackMovedToMovesAnotherRequestsRecord(t *testing.T) {
+	s := &Session{}
+	gen1 := Upstream{SessionID: "up", Generation: 1}
+	gen2 := Upstream{SessionID: "up", Generation: 2}
+	id := []byte(`"x"`)
+
+	a := s.SentIn(id, gen1) // A runs in generation 1
+	b := s.SentIn(id, gen1) // B recorded before its post...
+	s.MovedTo(b, gen2)      // ...which re-initialized: B went to generation 2
+	s.RequestDone(b)        // B answered
+
+	if up, _ := s.RequestSentIn(id); up.Generation != gen1.Generation {
+		t.Errorf("A (in generation 1) is recorded as sent to generation %d after B's MovedTo and answer", up.Generation)
+	}
+	s.RequestDone(a)
+}
