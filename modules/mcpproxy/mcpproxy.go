@@ -494,7 +494,8 @@ func (h *Handler) deliver(ctx context.Context, call *gateway.Call, from gateway.
 // declared reports whether the runner declared, in the initialize the
 // upstream session from was made with, the capability the server→client
 // request msg needs. A server may ask only what the client declared
-// (sampling, and with tools, sampling.tools; elicitation, form or url;
+// (sampling, and its tools and context as mcp2026.RequiredCapabilityIn
+// reads them for the session's revision; elicitation, form or url;
 // roots); a runner that did not may not expect the request at all. Other
 // requests (ping, a service's own) need none.
 func declared(from gateway.Upstream, msg mcpmsg.Message) bool {
