@@ -5,7 +5,7 @@ package mcpsession
 import "testing"
 
 // Attack: the record of where a runner's request went (SentIn) is one
-// entry per id with a count, and the last SentIn/MovedTo of any request of
+// entry per id with a count, and the last SentIn/SendingIn of any request of
 // that id overwrites the upstream session of every other. A request A
 // (id 7) whose SSE stream the runner dropped is kept (runnerStream owns
 // its record, upstream generation 1); the upstream session is replaced
@@ -15,14 +15,14 @@ import "testing"
 // runner's notifications/cancelled for A, which still runs in generation
 // 1 (the winding stdio process of a bridged program), goes to the current
 // session, where nothing of that id runs, and A runs on unstopped. The
-// same happens without a second finish: B's MovedTo (a re-initialization
+// same happens without a second finish: B's SendingIn (a re-initialization
 // on B's way) moves A's record too.
 // Severity: low (the runner reused an id while one of it was in
 // progress; only its own cancellation is misrouted, and only a bridged
 // program's winding process keeps running a replaced session's call).
 // Fix: keep one record per request (SentIn returns a handle for that
 // request, a list of upstreams per id), and route a cancellation to every
-// upstream session a request of that id is in progress in; MovedTo and
+// upstream session a request of that id is in progress in; SendingIn and
 // RequestDone act on that request's entry only.
 func TestFix4AttackSentInRecordOverwrittenBySameIDRequest(t *testing.T) {
 	s := &Session{}
@@ -44,11 +44,11 @@ func TestFix4AttackSentInRecordOverwrittenBySameIDRequest(t *testing.T) {
 	s.RequestDone(a)
 }
 
-// Attack: same root cause through MovedTo: request B of id 7 re-initializes
-// on its way (post) and MovedTo rewrites the record request A of id 7,
+// Attack: same root cause through SendingIn: request B of id 7 re-initializes
+// on its way (post) and SendingIn rewrites the record request A of id 7,
 // still running in generation 1, shares with it.
 // Severity: low. Fix: as above (per-request records).
-func TestFix4AttackMovedToMovesAnotherRequestsRecord(t *testing.T) {
+func TestFix4AttackSendingInMovesAnotherRequestsRecord(t *testing.T) {
 	s := &Session{}
 	gen1 := Upstream{SessionID: "up", Generation: 1}
 	gen2 := Upstream{SessionID: "up", Generation: 2}
@@ -56,11 +56,11 @@ func TestFix4AttackMovedToMovesAnotherRequestsRecord(t *testing.T) {
 
 	a := s.SentIn(id, gen1) // A runs in generation 1
 	b := s.SentIn(id, gen1) // B recorded before its post...
-	s.MovedTo(b, gen2)      // ...which re-initialized: B went to generation 2
+	s.SendingIn(id, gen2)   // ...which re-initialized: B went to generation 2
 	s.RequestDone(b)        // B answered
 
 	if up, _ := s.RequestSentIn(id); up.Generation != gen1.Generation {
-		t.Errorf("A (in generation 1) is recorded as sent to generation %d after B's MovedTo and answer", up.Generation)
+		t.Errorf("A (in generation 1) is recorded as sent to generation %d after B's SendingIn and answer", up.Generation)
 	}
 	s.RequestDone(a)
 }

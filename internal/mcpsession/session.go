@@ -247,10 +247,13 @@ func (s *Session) Requesting(token []byte) (end func()) {
 }
 
 // sentIn is the upstream session a runner's request in progress went to,
-// and how many requests of that id are in progress.
+// and how many requests of that id are in progress. cancelled: the runner
+// cancelled it while it was on its way to the upstream session that
+// replaced up (CancelUnsent); it is not sent there (SendingIn).
 type sentIn struct {
-	up Upstream
-	n  int
+	up        Upstream
+	n         int
+	cancelled bool
 }
 
 // SentIn records that the runner's request id, in progress here until
@@ -272,17 +275,44 @@ func (s *Session) SentIn(id []byte, up Upstream) (key string) {
 	return key
 }
 
-// MovedTo records that the request SentIn recorded under key went to up
-// after all (toolgate re-initialized the upstream session on its way).
-func (s *Session) MovedTo(key string, up Upstream) {
-	if key == "" {
-		return
-	}
+// SendingIn records, just before it is sent, that the runner's request id
+// in progress here goes to up (the upstream session it was recorded with,
+// or the one toolgate re-created after that one forgot it unprocessed). It
+// reports false when the runner cancelled the request meanwhile
+// (CancelUnsent): it must not be sent. A request not recorded (SentIn) is
+// sent.
+func (s *Session) SendingIn(id []byte, up Upstream) bool {
+	key := mcpmsg.IDKey(id)
 	s.mu.Lock()
-	if e, ok := s.sentIn[key]; ok {
-		s.sentIn[key] = sentIn{up: up, n: e.n}
+	defer s.mu.Unlock()
+	e, ok := s.sentIn[key]
+	if !ok || key == "" {
+		return true
 	}
-	s.mu.Unlock()
+	if e.cancelled {
+		return false
+	}
+	s.sentIn[key] = sentIn{up: up, n: e.n}
+	return true
+}
+
+// CancelUnsent is the runner's cancellation of its request id, about to
+// go to up: it reports true, marking the request cancelled, when the
+// request is in progress here and up replaced the upstream session it went
+// to before it was sent there (SendingIn). The request is then on its way
+// to up, and the cancellation sent first would name a request up never
+// heard of and overtake it: the request is not sent at all instead.
+func (s *Session) CancelUnsent(id []byte, up Upstream) bool {
+	key := mcpmsg.IDKey(id)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e, ok := s.sentIn[key]
+	if !ok || key == "" || e.up.Generation >= up.Generation {
+		return false
+	}
+	e.cancelled = true
+	s.sentIn[key] = e
+	return true
 }
 
 // RequestDone ends a request SentIn recorded (key is what it returned).
@@ -294,7 +324,8 @@ func (s *Session) RequestDone(key string) {
 	if e := s.sentIn[key]; e.n <= 1 {
 		delete(s.sentIn, key)
 	} else {
-		s.sentIn[key] = sentIn{up: e.up, n: e.n - 1}
+		e.n--
+		s.sentIn[key] = e
 	}
 	s.mu.Unlock()
 }

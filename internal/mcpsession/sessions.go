@@ -901,14 +901,18 @@ func (s *Session) Reinitialize(ctx context.Context, gen uint64, init func(Upstre
 		return cur, fmt.Errorf("%w: %v", ErrStorageUnavailable, err)
 	}
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	if s.closed {
+		s.mu.Unlock()
+		// Closed here meanwhile (retired on this replica, its record kept):
+		// whoever closed it ended the upstream session it knew of, not next.
+		discard(next)
 		return cur, ErrClosed
 	}
 	next.InitializeParams = cur.InitializeParams
 	next.Generation = gen + 1
 	next.Endpoint, next.Grant = rec.Upstream.Endpoint, rec.Upstream.Grant
 	s.upstream = next
+	s.mu.Unlock()
 	return next, nil
 }
 

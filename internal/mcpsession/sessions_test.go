@@ -145,6 +145,20 @@ func TestClosedMCPSessionNeverReinitializes(t *testing.T) {
 	if _, ok, _ := m.End(context.Background(), s); ok {
 		t.Error("a session was ended twice")
 	}
+
+	// Closed here only while a re-initialization runs (retired on this
+	// replica, its record kept): the record takes the new upstream session,
+	// the copy here is closed, and the new upstream session is discarded
+	// all the same, not left running with no one to end it.
+	other := started(t, m, aliceSession, "up-3")
+	discarded = nil
+	_, err = other.Reinitialize(context.Background(), other.Upstream().Generation, func(cur Upstream) (Upstream, error) {
+		m.closeLocal(other)
+		return Upstream{SessionID: "up-4"}, nil
+	}, func(up Upstream) { discarded = append(discarded, up.SessionID) })
+	if !errors.Is(err, ErrClosed) || len(discarded) != 1 || discarded[0] != "up-4" {
+		t.Errorf("Reinitialize of a session closed here meanwhile: err %v, discarded %v (want ErrClosed, up-4 discarded)", err, discarded)
+	}
 }
 
 func TestReinitializeWaitHonoursTheContext(t *testing.T) {

@@ -250,7 +250,6 @@ func (h *Handler) request(w http.ResponseWriter, r *http.Request, call *gateway.
 		}
 	}()
 	up, resp, err := h.post(ctx, call, body)
-	ms.MovedTo(sent, up)
 	rs, ok := h.responseTo(ctx, w, r, call, up, resp, err)
 	if !ok {
 		return
@@ -289,7 +288,7 @@ func (h *Handler) post(ctx context.Context, call *gateway.Call, body []byte) (ga
 	if answer && up.Generation > call.AnswerGeneration && !askedIn(call, up) {
 		return up, nil, errAnswerReplaced
 	}
-	resp, err := h.exchange(ctx, call, up, http.MethodPost, body, "")
+	resp, err := h.send(ctx, call, up, body)
 	if isKind(err, kindSessionGone) {
 		if up, err = h.reinitialize(ctx, call, up); err != nil {
 			return up, nil, err
@@ -297,9 +296,30 @@ func (h *Handler) post(ctx context.Context, call *gateway.Call, body []byte) (ga
 		if call.Message.Kind == mcpmsg.Response && up.Generation != call.AnswerGeneration && !askedIn(call, up) {
 			return up, nil, errAnswerReplaced
 		}
-		resp, err = h.exchange(ctx, call, up, http.MethodPost, body, "")
+		resp, err = h.send(ctx, call, up, body)
 	}
 	return up, resp, err
+}
+
+// send posts body to up. A runner's request is recorded as sent there
+// first, for its cancellation (mcpsession's SendingIn). A request and its
+// cancellation can both be on their way to the session that replaced the
+// one the request went to: the cancellation must not overtake it (it would
+// name a request the new session never heard of, which then runs), so the
+// request is not sent at all (CancelUnsent), and both end with
+// errCancelledUnsent.
+func (h *Handler) send(ctx context.Context, call *gateway.Call, up gateway.Upstream, body []byte) (*http.Response, error) {
+	switch {
+	case call.Message.Kind == mcpmsg.Request:
+		if !call.MCPSession.SendingIn(call.Message.ID, up) {
+			return nil, errCancelledUnsent
+		}
+	case call.Method == "notifications/cancelled":
+		if _, id := mcpmsg.MemberFold(call.Message.Params, "requestId"); call.MCPSession.CancelUnsent(id, up) {
+			return nil, errCancelledUnsent
+		}
+	}
+	return h.exchange(ctx, call, up, http.MethodPost, body, "")
 }
 
 // askedIn reports whether the runner's answer call answers a request of
@@ -317,6 +337,13 @@ func askedIn(call *gateway.Call, up gateway.Upstream) bool {
 // start again (its request of the same id is another).
 var errAnswerReplaced error = &upstreamError{kind: kindRejected, status: http.StatusBadRequest,
 	msg: "the upstream session that asked this was replaced: the answer is not relayed"}
+
+// errCancelledUnsent ends a runner's request it cancelled while toolgate
+// re-created the upstream session that had forgotten it unprocessed: it is
+// not sent to the new one, and so never ran. It also ends that
+// cancellation, which has nothing left to tell an upstream.
+var errCancelledUnsent error = &upstreamError{kind: kindRejected, status: http.StatusConflict,
+	msg: "the request was cancelled by its sender before toolgate could send it again to the upstream's new session: it did not run"}
 
 // relay copies the upstream's messages to the runner until the response to
 // the runner's request, which passes the result hooks first. The runner gets
@@ -785,6 +812,10 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, call *gateway.
 		return
 	}
 	up, resp, err := h.post(ctx, call, call.Message.Raw)
+	if errors.Is(err, errCancelledUnsent) {
+		w.WriteHeader(http.StatusAccepted) // the request it cancels is not sent
+		return
+	}
 	if err != nil {
 		if initialized {
 			ms.CatalogFailed()
