@@ -256,6 +256,9 @@ func TestRev2026Fix3AttackSecondPolicyOfRouteDecidesOpening(t *testing.T) {
 			timeout 5s
 		}
 		toolgate_credentials
+		toolgate_result_policy {
+			source ` + lax + `
+		}
 		toolgate_proxy
 	}
 }

@@ -72,8 +72,9 @@ type gatewayConfig struct {
 	AnyHost bool
 	DataDir string // the file_system storage's directory; default a new one
 	Sites   string // more site blocks, after the gateway's
-	// NoResultPolicy leaves toolgate_result_policy out of the pipeline.
-	NoResultPolicy bool
+	// ResultPolicyElsewhere gives toolgate_result_policy a matcher that
+	// misses every service (a route without it fails validation).
+	ResultPolicyElsewhere bool
 }
 
 // gateway is a running toolgate.
@@ -337,8 +338,10 @@ func gatewayCaddyfile(t testing.TB, port int, cfg gatewayConfig) (caddyfile, dat
 		cfg.RequestPolicy, cfg.ResultPolicy, cfg.Extra, cfg.Services, hashKey(carolKey), carol, cfg.PolicyOptions, cfg.Cipher, cfg.Timeout,
 		cfg.ServiceExtra, cfg.Log, cfg.Console, cfg.AuthExtra, cfg.Global, bind, site, cfg.RouteFirst, federatedPath, federation, cfg.Sites,
 		cfg.PolicyTimeout)
-	if cfg.NoResultPolicy {
-		caddyfile = resultPolicyStep.ReplaceAllString(caddyfile, "")
+	if cfg.ResultPolicyElsewhere {
+		caddyfile = resultPolicyStep.ReplaceAllStringFunc(caddyfile, func(step string) string {
+			return strings.Replace(step, "toolgate_result_policy {", "toolgate_result_policy /v1/mcp/no-such-service {", 1)
+		})
 	}
 	return caddyfile, data
 }

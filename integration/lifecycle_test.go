@@ -272,6 +272,8 @@ func TestPipelineOrderIsValidated(t *testing.T) {
 		"no registry":                   "toolgate_session\ntoolgate_proxy",
 		"policy before the registry":    "toolgate_session\ntoolgate_policy testdata/policy\ntoolgate_registry\ntoolgate_proxy",
 		"no session":                    "toolgate_registry\ntoolgate_proxy",
+		"no policies":                   "toolgate_session\ntoolgate_registry\ntoolgate_proxy",
+		"no result policy":              "toolgate_session\ntoolgate_registry\ntoolgate_policy testdata/policy\ntoolgate_credentials\ntoolgate_proxy",
 	} {
 		err := validateCaddyfile(t, `{
 	admin off

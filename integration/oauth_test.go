@@ -294,6 +294,10 @@ func TestOAuthConnectCallAndRefresh(t *testing.T) {
 		!first.Error.Data.NeedsSignIn || first.Error.Data.ConnectURL != wantConnect {
 		t.Fatalf("initialize before connecting = %s, want -32010 needs_sign_in with connect_url %s", msgs, wantConnect)
 	}
+	// Many clients show the message only: it says where to connect too.
+	if !strings.Contains(first.Error.Message, "connect it at "+wantConnect) {
+		t.Errorf("the needs_sign_in message %q does not say where to connect (%s)", first.Error.Message, wantConnect)
+	}
 	if pending := countFiles(t, filepath.Join(g.DataDir, "toolgate", "oauth-pending")); pending != 0 {
 		t.Fatalf("a needs_sign_in answer stored %d pending sign-ins; it must store nothing", pending)
 	}
@@ -581,6 +585,9 @@ func TestOAuthRejectedRefreshNeedsSignIn(t *testing.T) {
 	}
 	if a.Error == nil || a.Error.Code != -32010 || !a.Error.Data.NeedsSignIn || !strings.HasPrefix(a.Error.Data.ConnectURL, g.URL+"/console/connect/svc?") {
 		t.Fatalf("a call after the provider rejected the refresh: result %s, error %+v; want -32010 needs_sign_in with a connect_url", a.Result, a.Error)
+	}
+	if !strings.Contains(a.Error.Message, "again at "+a.Error.Data.ConnectURL) {
+		t.Errorf("the needs_sign_in message %q does not say where to connect again (%s)", a.Error.Message, a.Error.Data.ConnectURL)
 	}
 	refreshes := p.refreshes()
 	if len(refreshes) == 0 || refreshes[len(refreshes)-1].Status != http.StatusUnauthorized {

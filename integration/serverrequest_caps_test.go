@@ -31,11 +31,18 @@ func capsUpstream(up *upstream) (answers func() map[string]string) {
 	var mu sync.Mutex
 	got := map[string]string{}
 	all := make(chan struct{})
-	up.setIntercept(func(w http.ResponseWriter, r *http.Request, b []byte) bool {
-		if r.Method != http.MethodPost {
-			return false
+	asks := make([]string, len(capsAsks))
+	for i, a := range capsAsks {
+		asks[i] = fmt.Sprintf(`{"jsonrpc":"2.0","id":%s,"method":%q,"params":%s}`, a.id, a.method, a.params)
+	}
+	call := capsAttackStream(func() []string { return asks }, func() {
+		select {
+		case <-all:
+		case <-time.After(10 * time.Second):
 		}
-		if gjson.GetBytes(b, "result").Exists() || gjson.GetBytes(b, "error").Exists() {
+	})
+	up.setIntercept(func(w http.ResponseWriter, r *http.Request, b []byte) bool {
+		if r.Method == http.MethodPost && (gjson.GetBytes(b, "result").Exists() || gjson.GetBytes(b, "error").Exists()) {
 			mu.Lock()
 			got[gjson.GetBytes(b, "id").String()] = string(b)
 			if len(got) == len(capsAsks) {
@@ -45,21 +52,7 @@ func capsUpstream(up *upstream) (answers func() map[string]string) {
 			w.WriteHeader(http.StatusAccepted)
 			return true
 		}
-		if gjson.GetBytes(b, "method").String() != "tools/call" {
-			return false
-		}
-		sseStart(w)
-		for _, a := range capsAsks {
-			fmt.Fprintf(w, "data: {\"jsonrpc\":\"2.0\",\"id\":%s,\"method\":%q,\"params\":%s}\n\n", a.id, a.method, a.params)
-		}
-		flush(w)
-		select {
-		case <-all:
-		case <-time.After(10 * time.Second):
-		}
-		fmt.Fprintf(w, "data: {\"jsonrpc\":\"2.0\",\"id\":%s,\"result\":{\"content\":[{\"type\":\"text\",\"text\":\"end\"}]}}\n\n", gjson.GetBytes(b, "id").Raw)
-		flush(w)
-		return true
+		return call(w, r, b)
 	})
 	return func() map[string]string {
 		mu.Lock()
@@ -120,48 +113,25 @@ func TestServerRequestRefusalGoesToTheSessionThatAsked(t *testing.T) {
 	up := startUpstream(t)
 	g := startGateway(t, gatewayConfig{Upstream: up.URL})
 	m := aaRunner(t, g, aliceKey, g.createSession(t, aliceKey, "svc"), `{}`) // no roots: roots/list is refused
-	gu := genUpstream(up, false)
+	gu := srAskUpstream(up, srAskOptions{})
 	c := faStream(t, m, `{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{"name":"echo","arguments":{"text":"x"}}}`)
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		gu.mu.Lock()
-		s := gu.callSess
-		gu.mu.Unlock()
-		if s != "" || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	if status, _, err := faPost(m, `{"jsonrpc":"2.0","id":2,"method":"ping"}`); status != http.StatusOK || err != nil {
-		t.Fatalf("ping: HTTP %d %v", status, err)
-	}
+	gu.waitCall()
+	srPing(t, m, 2, "ping")
 	close(gu.ask)
 	for msg := range c {
 		if gjson.GetBytes(msg, "method").String() == "roots/list" {
 			t.Errorf("the runner was asked roots/list, which it did not declare: %s", msg)
 		}
 	}
-	deadline = time.Now().Add(3 * time.Second)
-	for time.Now().Before(deadline) {
-		gu.mu.Lock()
-		n := len(gu.answers)
-		gu.mu.Unlock()
-		if n > 0 {
-			break
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	gu.mu.Lock()
-	defer gu.mu.Unlock()
-	if !gu.expired {
+	gu.waitAnswer(3 * time.Second)
+	st := gu.state()
+	if !st.expired {
 		t.Fatal("no re-initialization")
 	}
-	for _, s := range gu.answers {
-		if s != gu.callSess {
-			t.Errorf("the refusal of a request upstream session %s asked reached upstream session %s", gu.callSess, s)
-		}
+	for _, s := range st.strays() {
+		t.Errorf("the refusal of a request upstream session %s asked reached upstream session %s", st.callSess, s)
 	}
-	if len(gu.answers) == 0 {
+	if len(st.answers) == 0 {
 		t.Error("the upstream was never told its request was refused")
 	}
 }

@@ -169,30 +169,20 @@ func TestServerRequestFix3AttackSameSessionIDAnswerReachesNewGeneration(t *testi
 	up := startF3SameID(t)
 	g := startGateway(t, gatewayConfig{Upstream: up.URL})
 	m := aaRunner(t, g, aliceKey, g.createSession(t, aliceKey, "svc"), `{"roots":{}}`)
-	askedIn := func(c <-chan []byte) string {
-		for {
-			msg := f3Next(t, c)
-			if gjson.GetBytes(msg, "method").String() == "roots/list" {
-				return gjson.GetBytes(msg, "id").Raw
-			}
-		}
-	}
-	c1 := f3Stream(t, m, `{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{"name":"echo","arguments":{"text":"first"}}}`)
-	id1 := askedIn(c1)
+	c1 := faStream(t, m, `{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{"name":"echo","arguments":{"text":"first"}}}`)
+	id1 := srAskedID(t, c1, "roots/list")
 	up.mu.Lock()
 	up.forget = true
 	up.mu.Unlock()
-	if status, _, err := faPost(m, `{"jsonrpc":"2.0","id":2,"method":"ping"}`); status != http.StatusOK || err != nil {
-		t.Fatalf("ping: HTTP %d %v", status, err)
-	}
+	srPing(t, m, 2, "ping")
 	up.mu.Lock()
 	gen := up.gen
 	up.mu.Unlock()
 	if gen < 2 {
 		t.Fatalf("premise: no re-initialization (generation %d)", gen)
 	}
-	c2 := f3Stream(t, m, `{"jsonrpc":"2.0","id":6,"method":"tools/call","params":{"name":"echo","arguments":{"text":"second"}}}`)
-	id2 := askedIn(c2)
+	c2 := faStream(t, m, `{"jsonrpc":"2.0","id":6,"method":"tools/call","params":{"name":"echo","arguments":{"text":"second"}}}`)
+	id2 := srAskedID(t, c2, "roots/list")
 	if id1 == id2 {
 		t.Fatalf("premise: both requests relayed under the id %s", id1)
 	}
@@ -215,34 +205,6 @@ func TestServerRequestFix3AttackSameSessionIDAnswerReachesNewGeneration(t *testi
 	}
 }
 
-// f3Stream is faStream with []byte messages.
-func f3Stream(t *testing.T, m *rawMCP, body string) <-chan []byte {
-	t.Helper()
-	in := faStream(t, m, body)
-	out := make(chan []byte, 16)
-	go func() {
-		defer close(out)
-		for msg := range in {
-			out <- []byte(msg)
-		}
-	}()
-	return out
-}
-
-func f3Next(t *testing.T, c <-chan []byte) []byte {
-	t.Helper()
-	select {
-	case msg, ok := <-c:
-		if !ok {
-			t.Fatal("the stream ended early")
-		}
-		return msg
-	case <-time.After(10 * time.Second):
-		t.Fatal("no message on the stream in 10s")
-	}
-	return nil
-}
-
 // Attack (fixed): the runner's cancellation of a call whose stream it dropped (and
 // may resume) goes to the session that replaced the one running it. When
 // the runner's stream drops, relay returns quietly ("the runner may resume
@@ -250,7 +212,7 @@ func f3Next(t *testing.T, c <-chan []byte) []byte {
 // the call went — though the call goes on upstream, kept for a resume
 // until its deadline. The upstream session is then replaced (a ping finds
 // it expired), and the runner, instead of resuming, cancels the call:
-// cancelsInReplaced finds nothing, and the cancellation goes into S2.
+// cancelInProgress (then cancelsInReplaced) found nothing, and the cancellation went into S2.
 // S1 runs the call until the deadline's own cancellation. (Nor does a
 // resumed relay, resumeForRunner → relay, record SentIn.) Severity: low
 // (a dropped call cannot be stopped across a re-initialization before its
@@ -262,63 +224,22 @@ func TestServerRequestFix3AttackCancellationOfDroppedStreamGoesToNewSession(t *t
 	up := startUpstream(t)
 	g := startGateway(t, gatewayConfig{Upstream: up.URL, Timeout: "12s"})
 	m := aaRunner(t, g, aliceKey, g.createSession(t, aliceKey, "svc"), `{}`)
-	var mu sync.Mutex
-	callSess, expired := "", false
-	var cancels []string
-	up.setIntercept(func(w http.ResponseWriter, r *http.Request, b []byte) bool {
-		if r.Method != http.MethodPost {
-			return false
-		}
-		sess := r.Header.Get("Mcp-Session-Id")
-		switch gjson.GetBytes(b, "method").String() {
-		case "notifications/cancelled":
-			if strings.Contains(string(b), "f3-runner-stops-7") {
-				mu.Lock()
-				cancels = append(cancels, sess)
-				mu.Unlock()
-			}
-		case "tools/call":
-			mu.Lock()
-			callSess = sess
-			mu.Unlock()
-		case "ping":
-			mu.Lock()
-			defer mu.Unlock()
-			if !expired && callSess != "" {
-				expired = true
-				w.WriteHeader(http.StatusNotFound)
-				return true
-			}
-		}
-		return false
-	})
+	// The upstream's own wait tool runs the call (and gets its
+	// cancellations); a ping during the call finds its session expired.
+	cu := srCancelUpstream(t, up, func(b []byte) bool { return strings.Contains(string(b), "f3-runner-stops-7") }, "")
 	lastID, _ := acctOpenUntil(t, m, raWaitCall(7, ""), "") // to its priming event, then dropped
 	if lastID == "" {
 		t.Fatal("premise: the call's stream carried no event id")
 	}
 	time.Sleep(500 * time.Millisecond) // the relay notices the drop
-	if status, _, err := faPost(m, `{"jsonrpc":"2.0","id":8,"method":"ping"}`); status != http.StatusOK || err != nil {
-		t.Fatalf("ping: HTTP %d %v", status, err)
-	}
-	status, _, err := faPost(m, `{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":7,"reason":"f3-runner-stops-7"}}`)
-	if status != http.StatusAccepted || err != nil {
-		t.Fatalf("the runner's cancellation: HTTP %d %v", status, err)
-	}
-	ga2Until(func() bool { mu.Lock(); defer mu.Unlock(); return len(cancels) > 0 }, 3*time.Second)
-	mu.Lock()
-	defer mu.Unlock()
-	if !expired {
+	srPing(t, m, 8, "ping")
+	srCancel(t, m, 7, "f3-runner-stops-7", "the runner's cancellation")
+	cu.waitCancel()
+	st := cu.state()
+	if !st.expired {
 		t.Fatal("premise: no re-initialization")
 	}
-	t.Logf("call in %s; the runner's cancellation of it reached %v", callSess, cancels)
-	if len(cancels) == 0 {
-		t.Fatal("the runner's cancellation reached no upstream session")
-	}
-	for _, s := range cancels {
-		if s != callSess {
-			t.Errorf("the runner's cancellation of its call 7 (stream dropped, kept for a resume), running in upstream session %s, reached upstream session %s, and not the one running it", callSess, s)
-		}
-	}
+	st.onlyInTheCallsSession(t, "the runner's cancellation of its call 7 (stream dropped, kept for a resume), running in upstream session %s, reached upstream session %s, and not the one running it")
 }
 
 // Attack (fixed): the standalone stream continued in the new upstream session is
@@ -344,12 +265,12 @@ func TestServerRequestFix3AttackContinuedStandaloneStreamResumedWithOldSessionsE
 	up := startUpstream(t)
 	type getReq struct{ sess, last string }
 	var mu sync.Mutex
-	first, expired := "", false
+	first := ""
 	var gets []getReq
+	var ping srPingExpiry
 	up.setIntercept(func(w http.ResponseWriter, r *http.Request, b []byte) bool {
 		sess := r.Header.Get("Mcp-Session-Id")
-		switch {
-		case r.Method == http.MethodGet:
+		if r.Method == http.MethodGet {
 			last := r.Header.Get("Last-Event-Id")
 			mu.Lock()
 			gets = append(gets, getReq{sess, last})
@@ -370,41 +291,21 @@ func TestServerRequestFix3AttackContinuedStandaloneStreamResumedWithOldSessionsE
 			case <-time.After(20 * time.Second):
 			}
 			return true
-		case r.Method == http.MethodPost && gjson.GetBytes(b, "method").String() == "ping":
-			mu.Lock()
-			defer mu.Unlock()
-			if !expired {
-				expired = true
-				w.WriteHeader(http.StatusNotFound)
-				return true
-			}
 		}
-		return false
+		return ping.serve(w, r, b)
 	})
 	g := startGateway(t, gatewayConfig{Upstream: up.URL})
 	m := aaRunner(t, g, aliceKey, g.createSession(t, aliceKey, "svc"), `{}`)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	sctx, scancel := context.WithCancel(ctx)
-	resp, err := m.send(sctx, http.MethodGet, "text/event-stream", "", "")
-	if err != nil || resp.StatusCode != http.StatusOK {
-		t.Fatalf("the standalone stream: %v %v", err, resp)
-	}
-	lastID := raLastID(raRead(t, resp.Body, "its first event", func(s string) bool { return strings.Contains(s, "standalone") && raHasID(s) }))
-	scancel()
-	resp.Body.Close()
-	if status, _, err := faPost(m, `{"jsonrpc":"2.0","id":2,"method":"ping"}`); status != http.StatusOK || err != nil {
-		t.Fatalf("ping: HTTP %d %v", status, err)
-	}
+	lastID, drop := srStandalone(ctx, t, m)
+	drop()
+	srPing(t, m, 2, "ping")
 	// The first resume: continued as a new standalone stream of S2.
 	rctx, rcancel := context.WithCancel(ctx)
-	rresp, err := m.send(rctx, http.MethodGet, "text/event-stream", "", lastID)
-	if err != nil {
-		t.Fatal(err)
-	}
+	rresp, refused := srResume(rctx, t, m, lastID)
 	if rresp.StatusCode != http.StatusOK {
-		b, _ := io.ReadAll(rresp.Body)
-		t.Fatalf("premise: the first resume after the re-initialization: HTTP %d %.300s", rresp.StatusCode, b)
+		t.Fatalf("premise: the first resume after the re-initialization: HTTP %d %.300s", rresp.StatusCode, refused)
 	}
 	ga2Until(func() bool {
 		mu.Lock()
@@ -434,7 +335,7 @@ func TestServerRequestFix3AttackContinuedStandaloneStreamResumedWithOldSessionsE
 	mu.Lock()
 	defer mu.Unlock()
 	t.Logf("first session %s; GETs upstream: %+v", first, gets)
-	if !expired {
+	if !ping.expired() {
 		t.Fatal("premise: no re-initialization")
 	}
 	for _, gr := range gets {
@@ -505,28 +406,18 @@ func TestServerRequestFix3AttackStandaloneResumeThatFindsTheSessionGoneIsLost(t 
 	m := aaRunner(t, g, aliceKey, g.createSession(t, aliceKey, "svc"), `{}`)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	sctx, scancel := context.WithCancel(ctx)
-	resp, err := m.send(sctx, http.MethodGet, "text/event-stream", "", "")
-	if err != nil || resp.StatusCode != http.StatusOK {
-		t.Fatalf("the standalone stream: %v %v", err, resp)
-	}
-	lastID := raLastID(raRead(t, resp.Body, "its first event", func(s string) bool { return strings.Contains(s, "standalone") && raHasID(s) }))
+	lastID, drop := srStandalone(ctx, t, m)
 	mu.Lock()
 	forgotten = true // the upstream restarts; the runner's stream drops
 	mu.Unlock()
-	scancel()
-	resp.Body.Close()
+	drop()
 	time.Sleep(200 * time.Millisecond)
 	rctx, rcancel := context.WithTimeout(ctx, 5*time.Second)
 	defer rcancel()
-	rresp, err := m.send(rctx, http.MethodGet, "text/event-stream", "", lastID)
-	if err != nil {
-		t.Fatal(err)
-	}
+	rresp, refused := srResume(rctx, t, m, lastID)
 	defer rresp.Body.Close()
 	if rresp.StatusCode != http.StatusOK {
-		b, _ := io.ReadAll(rresp.Body)
-		t.Errorf("resuming the standalone stream of an upstream session the upstream forgot: HTTP %d %.300s; the runner has no standalone stream any more", rresp.StatusCode, b)
+		t.Errorf("resuming the standalone stream of an upstream session the upstream forgot: HTTP %d %.300s; the runner has no standalone stream any more", rresp.StatusCode, refused)
 		// Retried, it fails the same way: nothing re-initializes.
 		if status, body, err := raGet(rctx, m, lastID); err == nil {
 			t.Logf("resuming again: HTTP %d %.200s", status, body)
@@ -558,19 +449,7 @@ func TestServerRequestFix3AttackStandaloneResumeThatFindsTheSessionGoneIsLost(t 
 func TestServerRequestFix3AttackIncludeContextRefusedToOlderRevisionRunner(t *testing.T) {
 	up := startUpstream(t)
 	g := startGateway(t, gatewayConfig{Upstream: up.URL})
-	m := g.raw(t, aliceKey, g.createSession(t, aliceKey, "svc"), "svc")
-	status, hdr, msgs := m.post(`{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{"sampling":{}},"clientInfo":{"name":"runner","version":"1"}}}`)
-	if status != http.StatusOK || hdr.Get("Mcp-Session-Id") == "" || len(msgs) == 0 {
-		t.Fatalf("initialize: %d %s", status, msgs)
-	}
-	if v := gjson.GetBytes(msgs[len(msgs)-1], "result.protocolVersion").String(); v != "2025-06-18" {
-		t.Fatalf("premise: negotiated %q, want 2025-06-18", v)
-	}
-	m.sessionID = hdr.Get("Mcp-Session-Id")
-	m.headers["Mcp-Protocol-Version"] = "2025-06-18"
-	if status, _, _ := m.post(`{"jsonrpc":"2.0","method":"notifications/initialized"}`); status != http.StatusAccepted {
-		t.Fatalf("notifications/initialized: %d", status)
-	}
+	m := srRunnerAt(t, g, "2025-06-18", `{"sampling":{}}`)
 	got := capsAttackCall(t, up, m, "echo",
 		`{"jsonrpc":"2.0","id":21,"method":"sampling/createMessage","params":{"_meta":{"k":"none"},"messages":[],"maxTokens":5}}`,
 		`{"jsonrpc":"2.0","id":22,"method":"sampling/createMessage","params":{"_meta":{"k":"thisServer"},"messages":[],"maxTokens":5,"includeContext":"thisServer"}}`)
@@ -600,6 +479,21 @@ func TestServerRequestFix3HoldsRefusalPlacesComeBack(t *testing.T) {
 	var mu sync.Mutex
 	refused := map[string]bool{}
 	round := 0
+	// The first call floods 30 undeclared roots/list; the next asks one.
+	call := capsAttackStream(func() []string {
+		mu.Lock()
+		round++
+		n := round
+		mu.Unlock()
+		if n > 1 {
+			return []string{`{"jsonrpc":"2.0","id":"rp-after","method":"roots/list"}`}
+		}
+		flood := make([]string, 30)
+		for i := range flood {
+			flood[i] = fmt.Sprintf(`{"jsonrpc":"2.0","id":"rp-flood-%d","method":"roots/list"}`, i)
+		}
+		return flood
+	}, func() { time.Sleep(300 * time.Millisecond) })
 	up.setIntercept(func(w http.ResponseWriter, r *http.Request, b []byte) bool {
 		if r.Method != http.MethodPost {
 			return false
@@ -618,26 +512,7 @@ func TestServerRequestFix3HoldsRefusalPlacesComeBack(t *testing.T) {
 			w.WriteHeader(http.StatusAccepted)
 			return true
 		}
-		if gjson.GetBytes(b, "method").String() != "tools/call" {
-			return false
-		}
-		mu.Lock()
-		round++
-		n := round
-		mu.Unlock()
-		sseStart(w)
-		if n == 1 {
-			for i := range 30 {
-				fmt.Fprintf(w, "data: {\"jsonrpc\":\"2.0\",\"id\":\"rp-flood-%d\",\"method\":\"roots/list\"}\n\n", i)
-			}
-		} else {
-			fmt.Fprint(w, "data: {\"jsonrpc\":\"2.0\",\"id\":\"rp-after\",\"method\":\"roots/list\"}\n\n")
-		}
-		flush(w)
-		time.Sleep(300 * time.Millisecond)
-		fmt.Fprintf(w, "data: {\"jsonrpc\":\"2.0\",\"id\":%s,\"result\":{\"content\":[{\"type\":\"text\",\"text\":\"end\"}]}}\n\n", gjson.GetBytes(b, "id").Raw)
-		flush(w)
-		return true
+		return call(w, r, b)
 	})
 	for range faStream(t, m, `{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{"name":"echo","arguments":{"text":"x"}}}`) {
 	}

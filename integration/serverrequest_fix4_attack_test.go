@@ -52,19 +52,7 @@ func TestServerRequestFix4AttackTranslatedIncludeContextRefusedToOlderRunner(t *
 				`"params":{"maxTokens":50,` + context + `"messages":[{"role":"user","content":{"type":"text","text":"F4-CONTEXT"}}]}}},"requestState":"s1"}`
 		})
 	g := startGateway(t, gatewayConfig{Upstream: up.URL, Tools: "echo plain"})
-	m := g.raw(t, aliceKey, g.createSession(t, aliceKey, "svc"), "svc")
-	status, hdr, msgs := m.post(`{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{"sampling":{}},"clientInfo":{"name":"runner","version":"1"}}}`)
-	if status != http.StatusOK || hdr.Get("Mcp-Session-Id") == "" || len(msgs) == 0 {
-		t.Fatalf("initialize: %d %s", status, msgs)
-	}
-	if v := gjson.GetBytes(msgs[len(msgs)-1], "result.protocolVersion").String(); v != "2025-06-18" {
-		t.Fatalf("premise: negotiated %q, want 2025-06-18", v)
-	}
-	m.sessionID = hdr.Get("Mcp-Session-Id")
-	m.headers["Mcp-Protocol-Version"] = "2025-06-18"
-	if status, _, _ := m.post(`{"jsonrpc":"2.0","method":"notifications/initialized"}`); status != http.StatusAccepted {
-		t.Fatalf("notifications/initialized: %d", status)
-	}
+	m := srRunnerAt(t, g, "2025-06-18", `{"sampling":{}}`)
 	asked := func(id int, tool string) []byte {
 		c := faStream(t, m, fmt.Sprintf(`{"jsonrpc":"2.0","id":%d,"method":"tools/call","params":{"name":%q,"arguments":{}}}`, id, tool))
 		var first []byte
@@ -189,9 +177,9 @@ func TestServerRequestFix4AttackBridgedAnswerCrossesReplicas(t *testing.T) {
 	onB := *m
 	onB.url = b.URL + "/v1/mcp/svc"
 	onB.transport = nil
-	question := func(c <-chan []byte) []byte {
+	question := func(c <-chan json.RawMessage) []byte {
 		for {
-			msg := f3Next(t, c)
+			msg := faNext(t, c)
 			if gjson.GetBytes(msg, "method").String() == "elicitation/create" {
 				return msg
 			}
@@ -200,9 +188,9 @@ func TestServerRequestFix4AttackBridgedAnswerCrossesReplicas(t *testing.T) {
 			}
 		}
 	}
-	c1 := f3Stream(t, m, `{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{"name":"ask","arguments":{}}}`)
+	c1 := faStream(t, m, `{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{"name":"ask","arguments":{}}}`)
 	q1 := question(c1)
-	c2 := f3Stream(t, &onB, `{"jsonrpc":"2.0","id":6,"method":"tools/call","params":{"name":"ask","arguments":{}}}`)
+	c2 := faStream(t, &onB, `{"jsonrpc":"2.0","id":6,"method":"tools/call","params":{"name":"ask","arguments":{}}}`)
 	q2 := question(c2)
 	t.Logf("asked on A: %s; on B: %s", q1, q2)
 	status, body := srPost(t, &onB, `{"jsonrpc":"2.0","id":`+gjson.GetBytes(q1, "id").Raw+`,"result":{"action":"accept","content":{"who":"answer-for-A"}}}`, nil)

@@ -248,7 +248,7 @@ func TestServerRequestGenAttack2WindingProgramAnswerRefused(t *testing.T) {
 // runner→upstream side of what 2e38faa fixed for upstream→runner.)
 // Fixed: the MCP session records the upstream session each runner request
 // in progress here went to (Session.SentIn), and the runner's cancellation
-// of one goes there, never re-initializing (mcpproxy cancelsInReplaced).
+// of one goes there (mcpproxy cancelInProgress).
 //
 // The same for a call whose upstream answers with JSON (from
 // serverrequest_fix3_attack_test.go: the record was made only once the
@@ -256,107 +256,39 @@ func TestServerRequestGenAttack2WindingProgramAnswerRefused(t *testing.T) {
 // request is sent now).
 func TestServerRequestGenAttack2RunnerCancellationGoesToTheNewSession(t *testing.T) {
 	for _, answer := range []string{"sse", "json"} {
-		t.Run(answer, func(t *testing.T) { runnerCancelsAcrossReinit(t, answer == "json") })
+		t.Run(answer, func(t *testing.T) { runnerCancelsAcrossReinit(t, answer) })
 	}
 }
 
 // runnerCancelsAcrossReinit runs call 5 in upstream session S1 (answered
-// over SSE, or with JSON), has a ping find S1 expired (S2), cancels the
-// call, and checks that the cancellation reached S1 only.
-func runnerCancelsAcrossReinit(t *testing.T, json bool) {
+// as answer says, "sse" or "json": see srCancelUpstream), has a ping find
+// S1 expired (S2), cancels the call, and checks that the cancellation
+// reached S1 only.
+func runnerCancelsAcrossReinit(t *testing.T, answer string) {
 	up := startUpstream(t)
 	g := startGateway(t, gatewayConfig{Upstream: up.URL})
 	m := aaRunner(t, g, aliceKey, g.createSession(t, aliceKey, "svc"), `{}`)
-	var mu sync.Mutex
-	callSess, expired := "", false
-	var cancels []string
-	release := make(chan struct{})
-	var once sync.Once
-	letGo := func() { once.Do(func() { close(release) }) }
-	defer letGo()
-	up.setIntercept(func(w http.ResponseWriter, r *http.Request, b []byte) bool {
-		if r.Method != http.MethodPost {
-			return false
-		}
-		sess := r.Header.Get("Mcp-Session-Id")
-		switch gjson.GetBytes(b, "method").String() {
-		case "notifications/cancelled":
-			if gjson.GetBytes(b, "params.requestId").Raw == "5" {
-				mu.Lock()
-				cancels = append(cancels, sess)
-				mu.Unlock()
-			}
-			w.WriteHeader(http.StatusAccepted)
-			return true
-		case "ping":
-			mu.Lock()
-			defer mu.Unlock()
-			if !expired && callSess != "" {
-				expired = true
-				w.WriteHeader(http.StatusNotFound)
-				return true
-			}
-			return false
-		case "tools/call":
-			mu.Lock()
-			callSess = sess
-			mu.Unlock()
-			if !json {
-				sseStart(w)
-				fmt.Fprint(w, ": started\n\n")
-				flush(w)
-			}
-			select {
-			case <-release:
-			case <-r.Context().Done():
-			case <-time.After(10 * time.Second):
-			}
-			answer := fmt.Sprintf(`{"jsonrpc":"2.0","id":%s,"result":{"content":[{"type":"text","text":"end"}]}}`, gjson.GetBytes(b, "id").Raw)
-			if json {
-				w.Header().Set("Content-Type", "application/json")
-				fmt.Fprint(w, answer)
-			} else {
-				fmt.Fprintf(w, "data: %s\n\n", answer)
-				flush(w)
-			}
-			return true
-		}
-		return false
-	})
+	cu := srCancelUpstream(t, up, func(b []byte) bool { return gjson.GetBytes(b, "params.requestId").Raw == "5" }, answer)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
 		_, _, _ = faPost(m, `{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{"name":"echo","arguments":{"text":"x"}}}`)
 	}()
-	ga2Until(func() bool { mu.Lock(); defer mu.Unlock(); return callSess != "" }, 5*time.Second)
-	if status, _, err := faPost(m, `{"jsonrpc":"2.0","id":2,"method":"ping"}`); status != http.StatusOK || err != nil {
-		t.Fatalf("ping: HTTP %d %v", status, err)
-	}
-	status, _, err := faPost(m, `{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":5,"reason":"the user stopped it"}}`)
-	if status != http.StatusAccepted || err != nil {
-		t.Fatalf("the runner's cancellation: HTTP %d %v", status, err)
-	}
-	ga2Until(func() bool { mu.Lock(); defer mu.Unlock(); return len(cancels) > 0 }, 3*time.Second)
-	letGo()
+	cu.waitCall()
+	srPing(t, m, 2, "ping")
+	srCancel(t, m, 5, "the user stopped it", "the runner's cancellation")
+	cu.waitCancel()
+	cu.letGo()
 	select {
 	case <-done:
 	case <-time.After(15 * time.Second):
 		t.Error("the call never ended")
 	}
-	mu.Lock()
-	defer mu.Unlock()
-	if !expired {
+	st := cu.state()
+	if !st.expired {
 		t.Fatal("premise: no re-initialization")
 	}
-	t.Logf("call in %s; the runner's cancellation of it reached %v", callSess, cancels)
-	if len(cancels) == 0 {
-		t.Fatal("the runner's cancellation reached no upstream session")
-	}
-	for _, s := range cancels {
-		if s != callSess {
-			t.Errorf("the runner's cancellation of its call 5, running in upstream session %s, reached upstream session %s, and not the one running it", callSess, s)
-		}
-	}
+	st.onlyInTheCallsSession(t, "the runner's cancellation of its call 5, running in upstream session %s, reached upstream session %s, and not the one running it")
 }
 
 // ga2Until polls cond every 20ms until it holds or d passes.
@@ -385,23 +317,11 @@ func TestServerRequestGenAttack2HoldsRefusedResumeFreesAndCancelsInTheOldSession
 	g := startGateway(t, gatewayConfig{Upstream: up.URL, Timeout: "8s", AuthExtra: auth})
 	m := acctRunner(t, g, key)
 	before := readBoundGauges(t, g)
-	lastID, _ := acctOpenUntil(t, m, raWaitCall(7, strings.Repeat("x", 20000)), "") // to its priming event, then dropped
-	if lastID == "" {
-		t.Fatal("the call's stream carried no event id")
-	}
+	lastID, first := srDroppedWaitCall(t, up, m, strings.Repeat("x", 20000))
 	if now := readBoundGauges(t, g); now.bytes <= before.bytes {
 		t.Logf("premise: the kept stream holds no request bytes (%v, before %v)", now, before)
 	}
-	first := ""
-	for _, r := range up.requestLog() {
-		if strings.Contains(r.Body, `"name":"wait"`) {
-			first = r.Header.Get("Mcp-Session-Id")
-		}
-	}
-	up.reset() // the upstream forgets its sessions
-	if status, body := acctStatus(t, m, acctPing(8, 0)); status != http.StatusOK {
-		t.Fatalf("a ping after the upstream forgot the session: %d %.300s", status, body)
-	}
+	srForgetSessions(t, up, m)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	status, body, err := raGet(ctx, m, lastID)
@@ -445,7 +365,7 @@ func TestServerRequestGenAttack2HoldsRefusalGoesToTheAskingSession(t *testing.T)
 	up := startUpstream(t)
 	g := startGateway(t, gatewayConfig{Upstream: up.URL})
 	m := aaRunner(t, g, aliceKey, g.createSession(t, aliceKey, "svc"), `{"roots":{}}`)
-	gu := genUpstream(up, false)
+	gu := srAskUpstream(up, srAskOptions{})
 	done := make(chan int, 1)
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
@@ -459,30 +379,25 @@ func TestServerRequestGenAttack2HoldsRefusalGoesToTheAskingSession(t *testing.T)
 		resp.Body.Close()
 		done <- resp.StatusCode
 	}()
-	ga2Until(func() bool { gu.mu.Lock(); defer gu.mu.Unlock(); return gu.callSess != "" }, 5*time.Second)
-	if status, _, err := faPost(m, `{"jsonrpc":"2.0","id":2,"method":"ping"}`); status != http.StatusOK || err != nil {
-		t.Fatalf("ping: HTTP %d %v", status, err)
-	}
+	gu.waitCall()
+	srPing(t, m, 2, "ping")
 	close(gu.ask)
-	ga2Until(func() bool { gu.mu.Lock(); defer gu.mu.Unlock(); return len(gu.answers) > 0 }, 5*time.Second)
+	gu.waitAnswer(5 * time.Second)
 	select {
 	case <-done:
 	case <-time.After(20 * time.Second):
 		t.Error("the call never ended")
 	}
-	gu.mu.Lock()
-	defer gu.mu.Unlock()
-	if !gu.expired {
+	st := gu.state()
+	if !st.expired {
 		t.Fatal("premise: no re-initialization")
 	}
-	t.Logf("call in %s; refusals in %v", gu.callSess, gu.answers)
-	if len(gu.answers) == 0 {
+	t.Logf("call in %s; refusals in %v", st.callSess, st.answers)
+	if len(st.answers) == 0 {
 		t.Fatal("premise: the request was not refused upstream")
 	}
-	for _, s := range gu.answers {
-		if s != gu.callSess {
-			t.Errorf("toolgate's refusal of request 1 of upstream session %s reached upstream session %s", gu.callSess, s)
-		}
+	for _, s := range st.strays() {
+		t.Errorf("toolgate's refusal of request 1 of upstream session %s reached upstream session %s", st.callSess, s)
 	}
 }
 
@@ -513,58 +428,33 @@ func TestServerRequestGenAttack2HoldsRefusalGoesToTheAskingSession(t *testing.T)
 // goes on as a new standalone stream of the current one.
 func TestServerRequestGenAttack2StandaloneStreamNotResumedAfterReinit(t *testing.T) {
 	up := startUpstream(t)
-	var mu sync.Mutex
-	expired := false
+	var ping srPingExpiry
 	up.setIntercept(func(w http.ResponseWriter, r *http.Request, b []byte) bool {
-		switch {
-		case r.Method == http.MethodGet:
+		if r.Method == http.MethodGet {
 			rrSSE(w)
 			if r.Header.Get("Last-Event-Id") == "" {
 				rrEvent(w, "sn-1", rrNote("standalone"))
 			}
 			<-r.Context().Done()
 			return true
-		case r.Method == http.MethodPost && gjson.GetBytes(b, "method").String() == "ping":
-			mu.Lock()
-			defer mu.Unlock()
-			if !expired {
-				expired = true
-				w.WriteHeader(http.StatusNotFound) // toolgate replaces the upstream session
-				return true
-			}
 		}
-		return false
+		return ping.serve(w, r, b)
 	})
 	g := startGateway(t, gatewayConfig{Upstream: up.URL, RequestPolicy: testdataPath(t, "approvals")})
 	m := g.raw(t, aliceKey, g.createSession(t, aliceKey, "svc"), "svc")
 	m.initializeWith(`{"elicitation":{"url":{}}}`)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	sctx, scancel := context.WithCancel(ctx)
-	resp, err := m.send(sctx, http.MethodGet, "text/event-stream", "", "")
-	if err != nil || resp.StatusCode != http.StatusOK {
-		t.Fatalf("the standalone stream: %v %v", err, resp)
-	}
-	lastID := raLastID(raRead(t, resp.Body, "its first event", func(s string) bool { return strings.Contains(s, "standalone") && raHasID(s) }))
-	scancel()
-	resp.Body.Close()
-	if status, _, err := faPost(m, `{"jsonrpc":"2.0","id":2,"method":"ping"}`); status != http.StatusOK || err != nil {
-		t.Fatalf("ping: HTTP %d %v", status, err)
-	}
-	mu.Lock()
-	reinit := expired
-	mu.Unlock()
-	if !reinit {
+	lastID, drop := srStandalone(ctx, t, m)
+	drop()
+	srPing(t, m, 2, "ping")
+	if !ping.expired() {
 		t.Fatal("premise: no re-initialization")
 	}
-	rresp, err := m.send(ctx, http.MethodGet, "text/event-stream", "", lastID)
-	if err != nil {
-		t.Fatal(err)
-	}
+	rresp, refused := srResume(ctx, t, m, lastID)
 	defer rresp.Body.Close()
 	if rresp.StatusCode != http.StatusOK {
-		b, _ := io.ReadAll(rresp.Body)
-		t.Fatalf("resuming the standalone stream after the upstream session was re-initialized: HTTP %d %.300s; the runner has no standalone stream any more (toolgate's notices, S2's requests)", rresp.StatusCode, b)
+		t.Fatalf("resuming the standalone stream after the upstream session was re-initialized: HTTP %d %.300s; the runner has no standalone stream any more (toolgate's notices, S2's requests)", rresp.StatusCode, refused)
 	}
 	got := make(chan string, 1)
 	go func() {
@@ -616,73 +506,19 @@ func TestServerRequestGenAttack2HoldsReinitOnOtherReplica(t *testing.T) {
 		for _, oldGone := range []bool{false, true} {
 			t.Run(fmt.Sprintf("answer on B %v, S1 gone %v", answerOnB, oldGone), func(t *testing.T) {
 				up := startUpstream(t)
-				var mu sync.Mutex
-				callSess, expiredSess := "", ""
-				var answers []string
-				ask := make(chan struct{})
-				up.setIntercept(func(w http.ResponseWriter, r *http.Request, b []byte) bool {
-					if r.Method != http.MethodPost {
-						return false
-					}
-					sess := r.Header.Get("Mcp-Session-Id")
-					mu.Lock()
-					gone := oldGone && sess != "" && sess == expiredSess
-					mu.Unlock()
-					switch {
-					case gone:
-						w.WriteHeader(http.StatusNotFound)
-						return true
-					case gjson.GetBytes(b, "result").Exists() || gjson.GetBytes(b, "error").Exists():
-						mu.Lock()
-						answers = append(answers, sess)
-						mu.Unlock()
-						w.WriteHeader(http.StatusAccepted)
-						return true
-					case gjson.GetBytes(b, "method").String() == "ping":
-						mu.Lock()
-						defer mu.Unlock()
-						if expiredSess == "" && callSess != "" {
-							expiredSess = sess
-							w.WriteHeader(http.StatusNotFound)
-							return true
-						}
-						return false
-					case gjson.GetBytes(b, "method").String() != "tools/call":
-						return false
-					}
-					mu.Lock()
-					callSess = sess
-					mu.Unlock()
-					sseStart(w)
-					fmt.Fprint(w, ": started\n\n")
-					flush(w)
-					select {
-					case <-ask:
-					case <-time.After(10 * time.Second):
-					}
-					fmt.Fprint(w, "data: {\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"roots/list\"}\n\n")
-					flush(w)
-					select {
-					case <-r.Context().Done():
-					case <-time.After(3 * time.Second):
-					}
-					fmt.Fprintf(w, "data: {\"jsonrpc\":\"2.0\",\"id\":%s,\"result\":{\"content\":[{\"type\":\"text\",\"text\":\"end\"}]}}\n\n", gjson.GetBytes(b, "id").Raw)
-					flush(w)
-					return true
+				// A ping made while the call runs finds S1 expired; when
+				// oldGone, every later request in S1 gets 404.
+				gu := srAskUpstream(up, srAskOptions{
+					expires: func(b []byte, calling bool) bool { return calling && gjson.GetBytes(b, "method").String() == "ping" },
+					gone:    oldGone,
+					linger:  3 * time.Second,
 				})
 				m, onB := srOnTwoReplicas(t, bin, up, "")
 				c := faStream(t, m, `{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{"name":"echo","arguments":{"text":"x"}}}`)
-				ga2Until(func() bool { mu.Lock(); defer mu.Unlock(); return callSess != "" }, 5*time.Second)
-				if status, _, err := faPost(onB, `{"jsonrpc":"2.0","id":2,"method":"ping"}`); status != http.StatusOK || err != nil {
-					t.Fatalf("ping on B: HTTP %d %v", status, err)
-				}
-				close(ask)
-				id := ""
-				for id == "" {
-					if msg := faNext(t, c); gjson.GetBytes(msg, "method").String() == "roots/list" {
-						id = gjson.GetBytes(msg, "id").Raw
-					}
-				}
+				gu.waitCall()
+				srPing(t, onB, 2, "ping on B")
+				close(gu.ask)
+				id := srAskedID(t, c, "roots/list")
 				on := m
 				if answerOnB {
 					on = onB
@@ -690,18 +526,15 @@ func TestServerRequestGenAttack2HoldsReinitOnOtherReplica(t *testing.T) {
 				status, body := srPost(t, on, `{"jsonrpc":"2.0","id":`+id+`,"result":{"roots":[]}}`, nil)
 				for range c {
 				}
-				mu.Lock()
-				defer mu.Unlock()
-				t.Logf("answer: HTTP %d %.200s; call in %s, expired %s; answers in %v", status, body, callSess, expiredSess, answers)
-				if expiredSess == "" || expiredSess != callSess {
+				st := gu.state()
+				t.Logf("answer: HTTP %d %.200s; call in %s, expired %s; answers in %v", status, body, st.callSess, st.expiredSess, st.answers)
+				if st.expiredSess == "" || st.expiredSess != st.callSess {
 					t.Fatal("premise: S1 was not re-initialized on B")
 				}
-				for _, s := range answers {
-					if s != callSess {
-						t.Errorf("the answer to request 1 of upstream session %s reached upstream session %s (HTTP %d)", callSess, s, status)
-					}
+				for _, s := range st.strays() {
+					t.Errorf("the answer to request 1 of upstream session %s reached upstream session %s (HTTP %d)", st.callSess, s, status)
 				}
-				if status == http.StatusAccepted && len(answers) == 0 {
+				if status == http.StatusAccepted && len(st.answers) == 0 {
 					t.Errorf("the answer was accepted (202) and reached no upstream session")
 				}
 			})

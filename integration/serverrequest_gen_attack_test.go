@@ -2,85 +2,14 @@ package integration
 
 import (
 	"context"
-	"fmt"
+	"encoding/json"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/tidwall/gjson"
 )
-
-// genUp is an upstream (see genUpstream) that answers a tools/call by
-// waiting until ask is closed, then asking the runner roots/list under the
-// id 1 (and, when cancel is set, cancelling it once cancelNow is closed).
-// Answers are recorded with the upstream session they were sent in. The
-// first ping gets 404: toolgate re-initializes the upstream session.
-type genUp struct {
-	mu        sync.Mutex
-	callSess  string
-	answers   []string // Mcp-Session-Id of each answer
-	expired   bool
-	ask       chan struct{}
-	cancelNow chan struct{}
-	asked     chan struct{}
-}
-
-func genUpstream(up *upstream, cancel bool) *genUp {
-	g := &genUp{ask: make(chan struct{}), cancelNow: make(chan struct{}), asked: make(chan struct{})}
-	up.setIntercept(func(w http.ResponseWriter, r *http.Request, b []byte) bool {
-		if r.Method != http.MethodPost {
-			return false
-		}
-		sess := r.Header.Get("Mcp-Session-Id")
-		switch {
-		case gjson.GetBytes(b, "result").Exists() || gjson.GetBytes(b, "error").Exists():
-			g.mu.Lock()
-			g.answers = append(g.answers, sess)
-			g.mu.Unlock()
-			w.WriteHeader(http.StatusAccepted)
-			return true
-		case gjson.GetBytes(b, "method").String() == "ping":
-			g.mu.Lock()
-			defer g.mu.Unlock()
-			if !g.expired {
-				g.expired = true
-				w.WriteHeader(http.StatusNotFound) // toolgate replaces the upstream session
-				return true
-			}
-			return false
-		case gjson.GetBytes(b, "method").String() != "tools/call":
-			return false
-		}
-		g.mu.Lock()
-		g.callSess = sess
-		g.mu.Unlock()
-		sseStart(w)
-		fmt.Fprint(w, ": started\n\n")
-		flush(w)
-		select {
-		case <-g.ask:
-		case <-time.After(10 * time.Second):
-		}
-		fmt.Fprint(w, "data: {\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"roots/list\"}\n\n")
-		flush(w)
-		close(g.asked)
-		if cancel {
-			select {
-			case <-g.cancelNow:
-			case <-time.After(10 * time.Second):
-			}
-			fmt.Fprint(w, "data: {\"jsonrpc\":\"2.0\",\"method\":\"notifications/cancelled\",\"params\":{\"requestId\":1,\"reason\":\"enough\"}}\n\n")
-			flush(w)
-		}
-		time.Sleep(1500 * time.Millisecond)
-		fmt.Fprintf(w, "data: {\"jsonrpc\":\"2.0\",\"id\":%s,\"result\":{\"content\":[{\"type\":\"text\",\"text\":\"end\"}]}}\n\n", gjson.GetBytes(b, "id").Raw)
-		flush(w)
-		return true
-	})
-	return g
-}
 
 // Attack (fixed): a call's stream opened in upstream session S1; another
 // call of the runner's (a ping) finds S1 expired and toolgate
@@ -98,41 +27,29 @@ func TestServerRequestGenAttackStreamOfReplacedSessionAnswerReachesNewSession(t 
 	up := startUpstream(t)
 	g := startGateway(t, gatewayConfig{Upstream: up.URL})
 	m := aaRunner(t, g, aliceKey, g.createSession(t, aliceKey, "svc"), `{"roots":{}}`)
-	gu := genUpstream(up, false)
+	gu := srAskUpstream(up, srAskOptions{})
 	c := faStream(t, m, `{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{"name":"echo","arguments":{"text":"x"}}}`)
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		gu.mu.Lock()
-		s := gu.callSess
-		gu.mu.Unlock()
-		if s != "" || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	if status, _, err := faPost(m, `{"jsonrpc":"2.0","id":2,"method":"ping"}`); status != http.StatusOK || err != nil {
-		t.Fatalf("ping: HTTP %d %v", status, err)
-	}
+	gu.waitCall()
+	srPing(t, m, 2, "ping")
 	close(gu.ask)
-	id := ""
-	for id == "" {
-		if msg := faNext(t, c); gjson.GetBytes(msg, "method").String() == "roots/list" {
-			id = gjson.GetBytes(msg, "id").Raw
-		}
-	}
+	id := srAskedID(t, c, "roots/list")
 	status, body := srPost(t, m, `{"jsonrpc":"2.0","id":`+id+`,"result":{"roots":[]}}`, nil)
 	for range c {
 	}
-	gu.mu.Lock()
-	defer gu.mu.Unlock()
-	t.Logf("answer: HTTP %d %s; call in %s; answers in %v", status, body, gu.callSess, gu.answers)
-	if !gu.expired {
+	srCheckAnswered(t, gu.state(), status, body)
+}
+
+// srCheckAnswered fails t unless the runner's answer (HTTP status, body)
+// to the request of the call's upstream session, replaced meanwhile,
+// reached that session or none.
+func srCheckAnswered(t *testing.T, st srAskState, status int, body string) {
+	t.Helper()
+	t.Logf("answer: HTTP %d %s; call in %s; answers in %v", status, body, st.callSess, st.answers)
+	if !st.expired {
 		t.Fatal("no re-initialization")
 	}
-	for _, s := range gu.answers {
-		if s != gu.callSess {
-			t.Errorf("the answer to a request upstream session %s asked reached upstream session %s (HTTP %d): a session that never asked it", gu.callSess, s, status)
-		}
+	for _, s := range st.strays() {
+		t.Errorf("the answer to a request upstream session %s asked reached upstream session %s (HTTP %d): a session that never asked it", st.callSess, s, status)
 	}
 }
 
@@ -148,18 +65,11 @@ func TestServerRequestGenAttackCancellationAfterReinitNamesAnotherRequest(t *tes
 	up := startUpstream(t)
 	g := startGateway(t, gatewayConfig{Upstream: up.URL})
 	m := aaRunner(t, g, aliceKey, g.createSession(t, aliceKey, "svc"), `{"roots":{}}`)
-	gu := genUpstream(up, true)
+	gu := srAskUpstream(up, srAskOptions{cancel: true})
 	close(gu.ask)
 	c := faStream(t, m, `{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{"name":"echo","arguments":{"text":"x"}}}`)
-	asked := ""
-	for asked == "" {
-		if msg := faNext(t, c); gjson.GetBytes(msg, "method").String() == "roots/list" {
-			asked = gjson.GetBytes(msg, "id").Raw
-		}
-	}
-	if status, _, err := faPost(m, `{"jsonrpc":"2.0","id":2,"method":"ping"}`); status != http.StatusOK || err != nil {
-		t.Fatalf("ping: HTTP %d %v", status, err)
-	}
+	asked := srAskedID(t, c, "roots/list")
+	srPing(t, m, 2, "ping")
 	close(gu.cancelNow)
 	cancelled := ""
 	for msg := range c {
@@ -183,71 +93,22 @@ func TestServerRequestGenAttackFederatedStreamOfReplacedSessionAnswerReachesNewS
 	beta := startUpstream(t)
 	g := startGateway(t, faConfig(t, up, beta, gatewayConfig{Tools: "echo"}))
 	m := faRunner(t, g, aliceKey, `{"roots":{}}`)
-	var mu sync.Mutex
-	callSess, expired := "", false
-	var answers []string
-	ask := make(chan struct{})
-	up.setIntercept(func(w http.ResponseWriter, r *http.Request, b []byte) bool {
-		if r.Method != http.MethodPost {
-			return false
-		}
-		sess := r.Header.Get("Mcp-Session-Id")
-		switch {
-		case gjson.GetBytes(b, "result").Exists() || gjson.GetBytes(b, "error").Exists():
-			mu.Lock()
-			answers = append(answers, sess)
-			mu.Unlock()
-			w.WriteHeader(http.StatusAccepted)
-			return true
-		case gjson.GetBytes(b, "method").String() != "tools/call":
-			return false
-		case gjson.GetBytes(b, "params.arguments.text").String() == "expire":
-			mu.Lock()
-			defer mu.Unlock()
-			if !expired {
-				expired = true
-				w.WriteHeader(http.StatusNotFound)
-				return true
-			}
-			return false
-		}
-		mu.Lock()
-		callSess = sess
-		mu.Unlock()
-		sseStart(w)
-		fmt.Fprint(w, ": started\n\n")
-		flush(w)
-		select {
-		case <-ask:
-		case <-time.After(10 * time.Second):
-		}
-		fmt.Fprint(w, "data: {\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"roots/list\"}\n\n")
-		flush(w)
-		time.Sleep(1500 * time.Millisecond)
-		fmt.Fprintf(w, "data: {\"jsonrpc\":\"2.0\",\"id\":%s,\"result\":{\"content\":[{\"type\":\"text\",\"text\":\"end\"}]}}\n\n", gjson.GetBytes(b, "id").Raw)
-		flush(w)
-		return true
-	})
+	// The second federated call of svc, with the text "expire", finds
+	// the call's upstream session expired.
+	gu := srAskUpstream(up, srAskOptions{expires: func(b []byte, _ bool) bool {
+		return gjson.GetBytes(b, "method").String() == "tools/call" && gjson.GetBytes(b, "params.arguments.text").String() == "expire"
+	}})
 	start := time.Now()
-	cc := make(chan (<-chan []byte), 1)
+	cc := make(chan (<-chan json.RawMessage), 1)
 	go func() {
-		cc <- faStreamBytes(t, m, `{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"svc__echo","arguments":{"text":"x"}}}`)
+		cc <- faStream(t, m, `{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"svc__echo","arguments":{"text":"x"}}}`)
 	}()
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		mu.Lock()
-		s := callSess
-		mu.Unlock()
-		if s != "" || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	t.Logf("%v call in %s", time.Since(start), callSess)
+	gu.waitCall()
+	t.Logf("%v call in %s", time.Since(start), gu.state().callSess)
 	for msg := range faStream(t, m, `{"jsonrpc":"2.0","id":4,"method":"tools/call","params":{"name":"svc__echo","arguments":{"text":"expire"}}}`) {
 		t.Logf("%v second call: %s", time.Since(start), msg)
 	}
-	close(ask)
+	close(gu.ask)
 	c := <-cc
 	id := ""
 	for id == "" {
@@ -263,29 +124,7 @@ func TestServerRequestGenAttackFederatedStreamOfReplacedSessionAnswerReachesNewS
 	status, body := srPost(t, m, `{"jsonrpc":"2.0","id":`+id+`,"result":{"roots":[]}}`, nil)
 	for range c {
 	}
-	mu.Lock()
-	defer mu.Unlock()
-	t.Logf("answer: HTTP %d %s; call in %s; answers in %v", status, body, callSess, answers)
-	if !expired {
-		t.Fatal("no re-initialization")
-	}
-	for _, s := range answers {
-		if s != callSess {
-			t.Errorf("the answer to a request upstream session %s asked reached upstream session %s (HTTP %d): a session that never asked it", callSess, s, status)
-		}
-	}
-}
-
-func faStreamBytes(t *testing.T, m *rawMCP, body string) <-chan []byte {
-	out := make(chan []byte, 16)
-	in := faStream(t, m, body)
-	go func() {
-		defer close(out)
-		for msg := range in {
-			out <- []byte(msg)
-		}
-	}()
-	return out
+	srCheckAnswered(t, gu.state(), status, body)
 }
 
 // Attack (fixed): a runner drops the stream of a call sent in upstream
@@ -302,20 +141,8 @@ func TestResumeOfAStreamOfAReplacedUpstreamSessionIsRefused(t *testing.T) {
 	up := startUpstream(t)
 	g := startGateway(t, gatewayConfig{Upstream: up.URL, Timeout: "5s", AuthExtra: auth})
 	m := acctRunner(t, g, key)
-	lastID, _ := acctOpenUntil(t, m, raWaitCall(7, ""), "") // to its priming event, then dropped
-	if lastID == "" {
-		t.Fatal("the call's stream carried no event id")
-	}
-	first := ""
-	for _, r := range up.requestLog() {
-		if strings.Contains(r.Body, `"name":"wait"`) {
-			first = r.Header.Get("Mcp-Session-Id")
-		}
-	}
-	up.reset() // the upstream forgets its sessions
-	if status, body := acctStatus(t, m, acctPing(8, 0)); status != http.StatusOK {
-		t.Fatalf("a ping after the upstream forgot the session: %d %.300s", status, body)
-	}
+	lastID, first := srDroppedWaitCall(t, up, m, "")
+	srForgetSessions(t, up, m)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	status, body, err := raGet(ctx, m, lastID)

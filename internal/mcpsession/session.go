@@ -249,7 +249,7 @@ func (s *Session) Requesting(token []byte) (end func()) {
 // sentIn is the upstream session a runner's request in progress went to,
 // and how many requests of that id are in progress. cancelled: the runner
 // cancelled it while it was on its way to the upstream session that
-// replaced up (CancelUnsent); it is not sent there (SendingIn).
+// replaced up (CancelGone); it is not sent there (SendingIn).
 type sentIn struct {
 	up        Upstream
 	n         int
@@ -270,7 +270,9 @@ func (s *Session) SentIn(id []byte, up Upstream) (key string) {
 		s.sentIn = make(map[string]sentIn)
 	}
 	e := s.sentIn[key]
-	s.sentIn[key] = sentIn{up: up, n: e.n + 1}
+	// (A runner reusing the id of a request in progress, which JSON-RPC
+	// forbids, shares its record, and keeps its cancellation.)
+	s.sentIn[key] = sentIn{up: up, n: e.n + 1, cancelled: e.cancelled}
 	s.mu.Unlock()
 	return key
 }
@@ -279,7 +281,7 @@ func (s *Session) SentIn(id []byte, up Upstream) (key string) {
 // in progress here goes to up (the upstream session it was recorded with,
 // or the one toolgate re-created after that one forgot it unprocessed). It
 // reports false when the runner cancelled the request meanwhile
-// (CancelUnsent): it must not be sent. A request not recorded (SentIn) is
+// (CancelGone): it must not be sent. A request not recorded (SentIn) is
 // sent.
 func (s *Session) SendingIn(id []byte, up Upstream) bool {
 	key := mcpmsg.IDKey(id)
@@ -296,23 +298,30 @@ func (s *Session) SendingIn(id []byte, up Upstream) bool {
 	return true
 }
 
-// CancelUnsent is the runner's cancellation of its request id, about to
-// go to up: it reports true, marking the request cancelled, when the
-// request is in progress here and up replaced the upstream session it went
-// to before it was sent there (SendingIn). The request is then on its way
-// to up, and the cancellation sent first would name a request up never
-// heard of and overtake it: the request is not sent at all instead.
-func (s *Session) CancelUnsent(id []byte, up Upstream) bool {
+// CancelGone is the runner's cancellation of its request id, which found
+// gone the upstream session gone the request was recorded in: gone runs
+// nothing, and the request, unprocessed there, is re-sent into next, the
+// session that replaced it (or is on its way there). If the request is
+// still recorded in gone, it is marked cancelled and not sent (SendingIn)
+// — the cancellation, sent first, would name a request next never heard
+// of, and be overtaken — and CancelGone reports false. If it went to
+// another session since, CancelGone returns that session, where the
+// cancellation goes. False too when the request is no longer in progress.
+func (s *Session) CancelGone(id []byte, gone, next Upstream) (Upstream, bool) {
 	key := mcpmsg.IDKey(id)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	e, ok := s.sentIn[key]
-	if !ok || key == "" || e.up.Generation >= up.Generation {
-		return false
+	switch {
+	case !ok || key == "":
+		return Upstream{}, false
+	case e.up.Generation != gone.Generation:
+		return e.up, true
+	case gone.Generation < next.Generation:
+		e.cancelled = true
+		s.sentIn[key] = e
 	}
-	e.cancelled = true
-	s.sentIn[key] = e
-	return true
+	return Upstream{}, false
 }
 
 // RequestDone ends a request SentIn recorded (key is what it returned).

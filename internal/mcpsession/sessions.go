@@ -879,6 +879,13 @@ func (s *Session) Reinitialize(ctx context.Context, gen uint64, init func(Upstre
 	if err != nil {
 		return cur, err
 	}
+	if s.Closed() {
+		// Closed here meanwhile (ended, or retired on this replica with its
+		// record kept for the others): next is stored nowhere, and ended.
+		// Once stored, next is the record's, and kept.
+		discard(next)
+		return cur, ErrClosed
+	}
 	s.own.Add(1)
 	rec, err := s.m.state().Update(ctx, s.Ref, func(r *mcpstate.Record) error {
 		if r.Upstream.Generation != gen {
@@ -903,10 +910,7 @@ func (s *Session) Reinitialize(ctx context.Context, gen uint64, init func(Upstre
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
-		// Closed here meanwhile (retired on this replica, its record kept):
-		// whoever closed it ended the upstream session it knew of, not next.
-		discard(next)
-		return cur, ErrClosed
+		return cur, ErrClosed // the record names next: the other replicas use it
 	}
 	next.InitializeParams = cur.InitializeParams
 	next.Generation = gen + 1

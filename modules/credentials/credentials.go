@@ -82,15 +82,16 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 func (h *Handler) fail(w http.ResponseWriter, r *http.Request, call *gateway.Call, err error) {
 	svc := call.Service
 	if gateway.IsSignInError(err) {
-		msg := "you have not connected " + svc.ID + " yet: connect it, then retry"
+		data := h.app.NeedsSignIn(r, svc)
+		msg := "you have not connected " + svc.ID + " yet: connect it " + gateway.ConnectHint(data) + ", then retry"
 		switch {
 		case errors.Is(err, gateway.ErrGrantRejected):
-			msg = "the provider no longer accepts your " + svc.ID + " sign-in: connect it again, then retry"
+			msg = "the provider no longer accepts your " + svc.ID + " sign-in: connect it again " + gateway.ConnectHint(data) + ", then retry"
 		case errors.Is(err, gateway.ErrGrantExpired):
-			msg = "your " + svc.ID + " sign-in expired: connect it again, then retry"
+			msg = "your " + svc.ID + " sign-in expired: connect it again " + gateway.ConnectHint(data) + ", then retry"
 		}
 		gateway.AuditRefused(call, gateway.StepCredentials, msg)
-		call.Fail(w, http.StatusForbidden, gateway.CodeNeedsSignIn, msg, h.app.NeedsSignIn(r, svc))
+		call.Fail(w, http.StatusForbidden, gateway.CodeNeedsSignIn, msg, data)
 		return
 	}
 	h.logger.Error("cannot attach the upstream credential", zap.String("service", svc.ID), zap.Error(err))

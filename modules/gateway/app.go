@@ -879,12 +879,13 @@ func (a *App) SessionHeaderName() string { return a.SessionHeader }
 
 // CheckOrigin is the gateway's DNS-rebinding protection. It reports
 // whether a request's Origin header, when present, is allowed (public_url's
-// origin or allowed_origins), and whether a request that arrived on a
-// loopback address names a loopback host or public_url's host — a browser
-// tricked into sending a request to a local gateway names another host.
+// origin, or without public_url the request's own, as BaseURL; or
+// allowed_origins), and whether a request that arrived on a loopback
+// address names a loopback host or public_url's host — a browser tricked
+// into sending a request to a local gateway names another host.
 func (a *App) CheckOrigin(r *http.Request) bool {
 	if origin := r.Header.Get("Origin"); origin != "" {
-		if _, ok := a.origins[origin]; !ok {
+		if _, ok := a.origins[origin]; !ok && (a.PublicURL != "" || !strings.EqualFold(origin, a.BaseURL(r))) {
 			return false
 		}
 	}
@@ -962,6 +963,17 @@ func (a *App) NeedsSignInFor(r *http.Request, svc *Service, user string) map[str
 		data["connect_method"] = "PUT"
 	}
 	return data
+}
+
+// ConnectHint is where and how to connect, as the message of a
+// needs_sign_in error says it (data is NeedsSignInFor's): many clients show
+// a JSON-RPC error's message only, not its data.
+func ConnectHint(data map[string]any) string {
+	u, _ := data["connect_url"].(string)
+	if data["connect_method"] == "PUT" {
+		return "(PUT your token to " + u + ")"
+	}
+	return "at " + u
 }
 
 // ConnectURL is where user connects svc: the console's connect page, which

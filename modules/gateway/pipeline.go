@@ -107,8 +107,12 @@ func (a *App) ProvisioningRoute() *Route {
 // after toolgate_session; toolgate_federation comes before
 // toolgate_registry; toolgate_policy, toolgate_credentials,
 // toolgate_result_policy and toolgate_proxy come after toolgate_registry;
-// and nothing but another toolgate_proxy (in another branch of the route)
-// comes after toolgate_proxy, which never hands the request on.
+// nothing but another toolgate_proxy (in another branch of the route)
+// comes after toolgate_proxy, which never hands the request on; and
+// toolgate_proxy comes after toolgate_policy, toolgate_credentials and
+// toolgate_result_policy, so that no route relays calls no policy judges
+// (the proxy also refuses, at request time, a message no toolgate_policy
+// decided: one whose matcher let it by).
 func (a *App) ProvisionStep(step Step) error {
 	t := a.pipeline
 	if t == nil {
@@ -121,9 +125,11 @@ func (a *App) ProvisionStep(step Step) error {
 		return nil
 	}
 	var registry, proxy bool
+	have := map[Step]bool{}
 	for _, s := range t.steps {
 		registry = registry || s == StepRegistry
 		proxy = proxy || s == StepProxy
+		have[s] = true
 	}
 	switch {
 	case len(t.steps) == 0:
@@ -134,6 +140,8 @@ func (a *App) ProvisionStep(step Step) error {
 		return fmt.Errorf("%s must come before toolgate_registry in the same route", step)
 	case !registry && step != StepRegistry && step != StepFederation:
 		return fmt.Errorf("%s must come after toolgate_registry in the same route", step)
+	case step == StepProxy && !(have[StepPolicy] && have[StepCredentials] && have[StepResultPolicy]):
+		return fmt.Errorf("%s must come after toolgate_policy, toolgate_credentials and toolgate_result_policy in the same route: without them calls would reach the upstream unjudged, or without their credential", step)
 	}
 	t.steps = append(t.steps, step)
 	return nil

@@ -92,6 +92,16 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, _ caddyhttp.
 		return caddyhttp.Error(http.StatusInternalServerError,
 			errors.New("toolgate_proxy must come last in a route with toolgate_session and toolgate_registry"))
 	}
+	if call.Message.Kind != 0 && call.Decision == nil || call.IsRequest() && !call.HasResultHooks() {
+		// Fail closed: no toolgate_policy decided this message, or no
+		// toolgate_result_policy will see its answer (their matchers let
+		// it by; a route without them is refused at provisioning).
+		h.logger.Error("refused a message no policy judged: every message must pass toolgate_policy and toolgate_result_policy before toolgate_proxy; check their matchers",
+			zap.String("service", call.Service.ID), zap.String("method", call.Method))
+		call.Fail(w, http.StatusInternalServerError, gateway.CodeInternalError,
+			"toolgate's configuration let this message reach the upstream without a policy's judgement, so it was not relayed: an administrator must route it through toolgate_policy and toolgate_result_policy", nil)
+		return nil
+	}
 	if !call.TasksOwned && call.TaskMethod() {
 		// Whose task it is, and what it yields, are checked by
 		// toolgate_result_policy: without it, a task of another MCP
@@ -302,22 +312,12 @@ func (h *Handler) post(ctx context.Context, call *gateway.Call, body []byte) (ga
 }
 
 // send posts body to up. A runner's request is recorded as sent there
-// first, for its cancellation (mcpsession's SendingIn). A request and its
-// cancellation can both be on their way to the session that replaced the
-// one the request went to: the cancellation must not overtake it (it would
-// name a request the new session never heard of, which then runs), so the
-// request is not sent at all (CancelUnsent), and both end with
-// errCancelledUnsent.
+// first, for its cancellation (mcpsession's SendingIn), unless the runner
+// cancelled it while toolgate re-created the upstream session that had
+// forgotten it (cancelInProgress): it is not sent then, and never ran.
 func (h *Handler) send(ctx context.Context, call *gateway.Call, up gateway.Upstream, body []byte) (*http.Response, error) {
-	switch {
-	case call.Message.Kind == mcpmsg.Request:
-		if !call.MCPSession.SendingIn(call.Message.ID, up) {
-			return nil, errCancelledUnsent
-		}
-	case call.Method == "notifications/cancelled":
-		if _, id := mcpmsg.MemberFold(call.Message.Params, "requestId"); call.MCPSession.CancelUnsent(id, up) {
-			return nil, errCancelledUnsent
-		}
+	if call.Message.Kind == mcpmsg.Request && !call.MCPSession.SendingIn(call.Message.ID, up) {
+		return nil, errCancelledUnsent
 	}
 	return h.exchange(ctx, call, up, http.MethodPost, body, "")
 }
@@ -340,8 +340,7 @@ var errAnswerReplaced error = &upstreamError{kind: kindRejected, status: http.St
 
 // errCancelledUnsent ends a runner's request it cancelled while toolgate
 // re-created the upstream session that had forgotten it unprocessed: it is
-// not sent to the new one, and so never ran. It also ends that
-// cancellation, which has nothing left to tell an upstream.
+// not sent to the new one, and so never ran.
 var errCancelledUnsent error = &upstreamError{kind: kindRejected, status: http.StatusConflict,
 	msg: "the request was cancelled by its sender before toolgate could send it again to the upstream's new session: it did not run"}
 
@@ -801,21 +800,11 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, call *gateway.
 	if initialized {
 		ms.ListingTools()
 	}
-	if sent, ok := h.cancelsInReplaced(call); ok {
-		// The runner cancels a request of its in progress in an upstream
-		// session replaced since: the cancellation goes there, which
-		// still runs it, or nowhere (a session gone runs nothing).
-		if resp, err := h.exchange(ctx, call, sent, http.MethodPost, call.Message.Raw, ""); err == nil {
-			drain(resp)
-		}
+	if h.cancelInProgress(ctx, call) {
 		w.WriteHeader(http.StatusAccepted)
 		return
 	}
 	up, resp, err := h.post(ctx, call, call.Message.Raw)
-	if errors.Is(err, errCancelledUnsent) {
-		w.WriteHeader(http.StatusAccepted) // the request it cancels is not sent
-		return
-	}
 	if err != nil {
 		if initialized {
 			ms.CatalogFailed()
@@ -844,17 +833,43 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, call *gateway.
 	w.WriteHeader(http.StatusAccepted)
 }
 
-// cancelsInReplaced returns the upstream session a runner's
-// notifications/cancelled must go to when it is not the MCP session's
-// current one: the one the request it names went to (see
-// mcpsession.Session.SentIn), replaced since.
-func (h *Handler) cancelsInReplaced(call *gateway.Call) (gateway.Upstream, bool) {
+// cancelInProgress sends the runner's notifications/cancelled of a
+// request of its in progress here to the upstream session the request
+// went to (mcpsession.Session.SentIn), whatever replaced it since, and
+// reports whether it did: a cancellation of anything else takes the
+// ordinary way. A session gone (404) runs nothing: the request, which it
+// never processed, is re-sent into the session replacing it, or is on its
+// way there. It is then kept from it, or, if it went there already, the
+// cancellation follows it (CancelGone). Best effort, as the protocol
+// has it: an upstream that cannot be reached is not told.
+func (h *Handler) cancelInProgress(ctx context.Context, call *gateway.Call) bool {
 	if call.Method != "notifications/cancelled" {
-		return gateway.Upstream{}, false
+		return false
 	}
 	_, id := mcpmsg.MemberFold(call.Message.Params, "requestId")
-	sent, ok := call.MCPSession.RequestSentIn(id)
-	return sent, ok && sent.Generation != call.MCPSession.Upstream().Generation
+	ms := call.MCPSession
+	sent, ok := ms.RequestSentIn(id)
+	if !ok {
+		return false
+	}
+	for range 2 { // the session the request went to, then the one it went to after
+		resp, err := h.exchange(ctx, call, sent, http.MethodPost, call.Message.Raw, "")
+		if err == nil {
+			drain(resp)
+			return true
+		}
+		if !isKind(err, kindSessionGone) {
+			return true
+		}
+		next, err := h.reinitialize(ctx, call, sent)
+		if err != nil {
+			return true
+		}
+		if sent, ok = ms.CancelGone(id, sent, next); !ok {
+			return true
+		}
+	}
+	return true
 }
 
 // end terminates the runner's MCP session on every replica and at the
@@ -952,8 +967,16 @@ func (h *Handler) answerError(w http.ResponseWriter, r *http.Request, call *gate
 			"the MCP session was ended: initialize a new one", nil)
 	case kindUnauthorized:
 		if k := call.Service.Auth.Kind; k == gateway.AuthBearer || k == gateway.AuthOAuth {
+			data := h.app.NeedsSignIn(r, call.Service)
 			call.Fail(w, http.StatusForbidden, gateway.CodeNeedsSignIn,
-				"the upstream refused your stored credential for "+call.Service.ID+": connect again", h.app.NeedsSignIn(r, call.Service))
+				"the upstream refused your stored credential for "+call.Service.ID+": connect again "+gateway.ConnectHint(data), data)
+			return
+		}
+		if call.Service.Auth.Kind == gateway.AuthNone {
+			// Nothing was sent to refuse: trying again changes nothing.
+			h.logger.Error("the upstream asks for a credential, and the service has auth none", zap.String("service", call.Service.ID), zap.Int("status", ue.status))
+			call.Fail(w, http.StatusBadGateway, gateway.CodeUnavailable,
+				"the upstream asks for a credential, and toolgate's service "+call.Service.ID+" sends none (auth none): an administrator must configure the service's auth", nil)
 			return
 		}
 		h.logger.Error("upstream refused the service credential", zap.String("service", call.Service.ID), zap.Int("status", ue.status))

@@ -34,6 +34,7 @@ type engine struct {
 	evaluator string // evaluatorPlan or evaluatorTopdown
 	interval  time.Duration
 	log       atomic.Pointer[zap.Logger]
+	services  atomic.Pointer[serviceIDs] // the registry's, of the config that started the engine last
 	metrics   *metrics
 	stage     string
 
@@ -57,6 +58,9 @@ type compiled struct {
 	program  *regoplan.Program
 	data     *ast.Term
 	planNote string // why there is no program
+	// services are the service ids the settings name
+	// (data.toolgate.settings.services), checked against the registry.
+	services []string
 	scanNote string // why the policy gets no result scan though it has the settings
 	// mask is data.toolgate.log.mask, when the policy defines it (it
 	// keeps the compiler too).
@@ -96,6 +100,52 @@ func (e *engine) setLogger(logger *zap.Logger) (restore func()) {
 			e.log.CompareAndSwap(logger, prev)
 		}
 	}
+}
+
+// serviceIDs reports whether the registry has a service of an id.
+type serviceIDs func(id string) bool
+
+// setServices makes the engine check the services its settings name
+// against has from now on (checkServices), as setLogger.
+func (e *engine) setServices(has serviceIDs) (restore func()) {
+	p := &has
+	prev := e.services.Swap(p)
+	return func() {
+		if prev != nil {
+			e.services.CompareAndSwap(p, prev)
+		}
+	}
+}
+
+// checkServices warns of settings for a service the registry does not
+// have (a misspelled id): they apply to nothing, and a protection meant
+// for the service, read_only say, is not in force. Not an error: the
+// registry and the policies change apart (a reload may remove a service
+// its settings outlive).
+func (e *engine) checkServices() {
+	c, has := e.current.Load(), e.services.Load()
+	if c == nil || has == nil {
+		return
+	}
+	for _, id := range c.services {
+		if !(*has)(id) {
+			e.logger().Warn("the policy's settings name a service the registry does not have: they apply to nothing", zap.String("stage", e.stage),
+				zap.Stringer("source", e.source), zap.String("revision", c.revision), zap.String("setting", "settings.services."+id))
+		}
+	}
+}
+
+// settingsServices are the keys of data.toolgate.settings.services.
+func settingsServices(data map[string]any) []string {
+	tg, _ := data["toolgate"].(map[string]any)
+	settings, _ := tg["settings"].(map[string]any)
+	services, _ := settings["services"].(map[string]any)
+	ids := make([]string, 0, len(services))
+	for id := range services {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	return ids
 }
 
 // start begins watching the source (and fetches a remote bundle). It runs
@@ -188,6 +238,7 @@ func (e *engine) reload(ctx context.Context) error {
 		e.logger().Info("policy reloaded", zap.String("stage", e.stage), zap.Stringer("source", e.source),
 			zap.String("old_revision", old.revision), zap.String("revision", c.revision))
 	}
+	e.checkServices()
 	if c.planNote != "" && (old == nil || old.planNote != c.planNote) {
 		e.logger().Warn("the policy runs on OPA's evaluator (slower): its plan cannot be run", zap.String("stage", e.stage),
 			zap.Stringer("source", e.source), zap.String("revision", c.revision), zap.String("why", c.planNote))
@@ -237,7 +288,7 @@ func (e *engine) compile(v *version) (*compiled, error) {
 	if err := checkSettings(ctx, compiler, store); err != nil {
 		return nil, fmt.Errorf("policy %s (revision %s): %w", e.source, v.revision, err)
 	}
-	c := &compiled{revision: v.revision}
+	c := &compiled{revision: v.revision, services: settingsServices(v.data)}
 	if e.evaluator != evaluatorTopdown {
 		c.program, c.data, c.planNote = planned(ctx, compiler, e.query, v.data)
 	}

@@ -227,6 +227,9 @@ func (c *Config) provision(ctx caddy.Context, stage, defaultQuery string) error 
 	logger := c.logger
 	c.app.OnStart(func() {
 		c.app.OnStop(c.engine.setLogger(logger))
+		registry := c.app.Registry()
+		c.app.OnStop(c.engine.setServices(func(id string) bool { return registry.Lookup(id) != nil }))
+		c.engine.checkServices()
 		c.engine.start()
 	})
 	return nil
