@@ -123,6 +123,7 @@ func startDemo(t *testing.T) *gateway {
 	demo := strings.NewReplacer(
 		"127.0.0.1:8080", "127.0.0.1:"+strconv.Itoa(gwPort),
 		"127.0.0.1:8081", "127.0.0.1:"+strconv.Itoa(upPort),
+		"localhost:8080", "localhost:"+strconv.Itoa(gwPort),
 		".toolgate-demo", t.TempDir(),
 		"toolgate_policy policies", "toolgate_policy ../policies",
 		"toolgate_result_policy policies", "toolgate_result_policy ../policies",

@@ -3,6 +3,7 @@ package integration
 import (
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -27,6 +28,7 @@ func TestDemoWalkthrough(t *testing.T) {
 	demo := strings.NewReplacer(
 		"127.0.0.1:8080", "127.0.0.1:"+strconv.Itoa(gwPort),
 		"127.0.0.1:8081", "127.0.0.1:"+strconv.Itoa(upPort),
+		"localhost:8080", "localhost:"+strconv.Itoa(gwPort),
 		".toolgate-demo", t.TempDir(),
 		// A generous deadline: the test runs under -race beside others.
 		"toolgate_policy policies", "toolgate_policy ../policies {\n\t\t\ttimeout 30s\n\t\t}",
@@ -37,6 +39,23 @@ func TestDemoWalkthrough(t *testing.T) {
 	g := &gateway{URL: fmt.Sprintf("http://127.0.0.1:%d", gwPort)}
 	waitListening(t, g.URL)
 	waitListening(t, fmt.Sprintf("http://127.0.0.1:%d", upPort))
+
+	// What the demo does not serve is said so: a path it does not know,
+	// and the gateway's address spelled localhost (not its public_url).
+	for _, c := range []struct {
+		url  string
+		want int
+	}{{g.URL + "/nothing", http.StatusNotFound}, {fmt.Sprintf("http://localhost:%d/v1/mcp/tracker", gwPort), http.StatusMisdirectedRequest}} {
+		resp, err := http.Get(c.url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != c.want || len(body) == 0 {
+			t.Errorf("GET %s: HTTP %d %q, want %d with a word of why", c.url, resp.StatusCode, body, c.want)
+		}
+	}
 
 	sess := g.createSession(t, "demo-alice", "tracker")
 	if status, page := g.signedIn(t, "demo-alice").connect("tracker"); status != http.StatusOK || !strings.Contains(page, "is connected") {

@@ -66,8 +66,12 @@ func TestPinAttackHoldsStaleOrForgedAcceptance(t *testing.T) {
 	}
 	for what, d := range map[string]string{"the change read before another": read, "the pinned digest": pinned,
 		"a digest of nothing": "sha256:" + string(bytes.Repeat([]byte("ab"), 32)), "an empty digest": ""} {
-		if got := accept(d); got != http.StatusConflict {
-			t.Errorf("accepting %s: %d, want 409", what, got)
+		want := http.StatusConflict
+		if d == "" {
+			want = http.StatusBadRequest // a digest is required
+		}
+		if got := accept(d); got != want {
+			t.Errorf("accepting %s: %d, want %d", what, got, want)
 		}
 	}
 	if c, p := paWaitingChange(t, g); c != waiting || p != pinned {

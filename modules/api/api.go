@@ -10,8 +10,10 @@ package api
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
+	"reflect"
 	"strings"
 	"time"
 
@@ -103,6 +105,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		return nil
 	}
 	if _, pattern := h.mux.Handler(r); pattern == "" {
+		if allowed := h.methods(r); len(allowed) > 0 {
+			w.Header().Set("Allow", strings.Join(allowed, ", "))
+			gateway.WriteAPIError(w, http.StatusMethodNotAllowed, "method_not_allowed", r.URL.Path+" takes "+strings.Join(allowed, ", ")+", not "+r.Method)
+			return nil
+		}
 		if strings.HasPrefix(r.URL.Path, "/v1/") {
 			gateway.WriteAPIError(w, http.StatusNotFound, "not_found", "no API route "+r.Method+" "+r.URL.Path)
 			return nil
@@ -120,6 +127,19 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	cors.Allow(w, r)
 	h.mux.ServeHTTP(w, r)
 	return nil
+}
+
+// methods are the methods the API serves r's path with (none when it
+// serves the path with none).
+func (h *Handler) methods(r *http.Request) []string {
+	var allowed []string
+	for _, m := range []string{http.MethodGet, http.MethodPost, http.MethodPut, http.MethodDelete} {
+		probe := &http.Request{Method: m, URL: r.URL, Host: r.Host, Header: http.Header{}}
+		if _, pattern := h.mux.Handler(probe); pattern != "" {
+			allowed = append(allowed, m)
+		}
+	}
+	return allowed
 }
 
 // preflight answers a browser's CORS preflight for an API route from an
@@ -183,7 +203,7 @@ func readJSON(w http.ResponseWriter, r *http.Request, v any) bool {
 	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxAPIBody))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
-		gateway.WriteAPIError(w, http.StatusBadRequest, "invalid_body", "the body must be a JSON object: "+err.Error())
+		gateway.WriteAPIError(w, http.StatusBadRequest, "invalid_body", bodyError(err))
 		return false
 	}
 	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
@@ -191,6 +211,61 @@ func readJSON(w http.ResponseWriter, r *http.Request, v any) bool {
 		return false
 	}
 	return true
+}
+
+// bodyError says what is wrong with a body readJSON refused, in the API's
+// words rather than Go's.
+func bodyError(err error) string {
+	var syntax *json.SyntaxError
+	var kind *json.UnmarshalTypeError
+	var tooLarge *http.MaxBytesError
+	switch {
+	case errors.Is(err, io.EOF):
+		return "the body is empty: send a JSON object"
+	case errors.As(err, &tooLarge):
+		return fmt.Sprintf("the body is over %d bytes", tooLarge.Limit)
+	case errors.As(err, &syntax), errors.Is(err, io.ErrUnexpectedEOF):
+		return "the body is not JSON: send a JSON object"
+	case errors.As(err, &kind) && kind.Field == "":
+		return "the body must be a JSON object, not " + jsonKind(kind.Value)
+	case errors.As(err, &kind):
+		return fmt.Sprintf("%s must be %s, not %s", kind.Field, goKind(kind.Type), jsonKind(kind.Value))
+	}
+	if field, ok := strings.CutPrefix(err.Error(), "json: unknown field "); ok {
+		return "unknown field " + field
+	}
+	return "the body must be a JSON object: " + err.Error()
+}
+
+// jsonKind names a JSON value's kind as encoding/json reports it.
+func jsonKind(v string) string {
+	switch v {
+	case "array", "object":
+		return "an " + v
+	case "null":
+		return "null"
+	}
+	return "a " + v
+}
+
+// goKind names what a field of type t takes, in JSON's words.
+func goKind(t reflect.Type) string {
+	switch t.Kind() {
+	case reflect.String:
+		return "a string"
+	case reflect.Bool:
+		return "true or false"
+	case reflect.Slice, reflect.Array:
+		return "an array of " + strings.TrimPrefix(strings.TrimPrefix(goKind(t.Elem()), "a "), "an ") + "s"
+	case reflect.Map, reflect.Struct:
+		return "an object"
+	case reflect.Pointer:
+		return goKind(t.Elem())
+	}
+	if t.Kind() >= reflect.Int && t.Kind() <= reflect.Float64 {
+		return "a number"
+	}
+	return "a JSON " + t.Kind().String()
 }
 
 // sessionView is a session as the API shows it.

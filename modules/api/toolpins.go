@@ -50,6 +50,11 @@ func (h *Handler) acceptPin(w http.ResponseWriter, r *http.Request, caller *gate
 	if !readJSON(w, r, &body) {
 		return
 	}
+	if body.Service == "" || body.Tool == "" || body.Digest == "" {
+		gateway.WriteAPIError(w, http.StatusBadRequest, "invalid_body",
+			"service, tool and digest are required (the digest of the changed definition, as GET /v1/tool-pins?changed=true shows it)")
+		return
+	}
 	rec, err := h.pins.Accept(r.Context(), caller, h.app.Registry().Lookup(body.Service), body.Tool, body.Digest)
 	if err != nil {
 		h.pinFailure(w, err)

@@ -359,17 +359,9 @@ const maxFormBytes = 64 << 10
 // browser says the request is same-origin. Anything else is refused.
 func (h *Handler) sameOrigin(r *http.Request) bool {
 	if origin := r.Header.Get("Origin"); origin != "" {
-		return origin == originOf(h.app.BaseURL(r))
+		return h.app.OwnOrigin(r, origin)
 	}
 	return r.Header.Get("Sec-Fetch-Site") == "same-origin"
-}
-
-func originOf(base string) string {
-	u, err := url.Parse(base)
-	if err != nil {
-		return ""
-	}
-	return u.Scheme + "://" + u.Host
 }
 
 // home sends people to their services, or to sign in.

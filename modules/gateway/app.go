@@ -196,6 +196,7 @@ type App struct {
 	httpClient   *http.Client
 	origins      map[string]struct{}
 	publicHost   string
+	publicOrigin string // public_url's scheme://host[:port]
 	logger       *zap.Logger
 	stop         chan struct{}
 	stopOnce     *sync.Once
@@ -388,7 +389,8 @@ func (a *App) Provision(ctx caddy.Context) error {
 		a.origins[strings.TrimSuffix(o, "/")] = struct{}{}
 	}
 	if u, err := url.Parse(a.PublicURL); err == nil && u.Host != "" {
-		a.origins[u.Scheme+"://"+u.Host] = struct{}{}
+		a.publicOrigin = u.Scheme + "://" + u.Host
+		a.origins[a.publicOrigin] = struct{}{}
 		a.publicHost = u.Hostname()
 	}
 	a.sessions = newSessionStore(a.storage, time.Duration(a.SessionTTL), time.Duration(a.CacheTTL), a.MaxSessionsPerUser)
@@ -496,7 +498,7 @@ func (a *App) Validate() error {
 		}
 	}
 	if needsCipher != "" && a.cipher == nil {
-		return fmt.Errorf("service %q stores user credentials: configure a cipher (local or vault_transit); there is no plaintext storage", needsCipher)
+		return fmt.Errorf("service %q stores user credentials: configure a cipher (local, vault_transit or kms); there is no plaintext storage", needsCipher)
 	}
 	if needsOAuth != "" {
 		if a.PublicURL == "" {
@@ -879,13 +881,13 @@ func (a *App) SessionHeaderName() string { return a.SessionHeader }
 
 // CheckOrigin is the gateway's DNS-rebinding protection. It reports
 // whether a request's Origin header, when present, is allowed (public_url's
-// origin, or without public_url the request's own, as BaseURL; or
+// origin, or without public_url the request's own: OwnOrigin; or
 // allowed_origins), and whether a request that arrived on a loopback
 // address names a loopback host or public_url's host — a browser tricked
 // into sending a request to a local gateway names another host.
 func (a *App) CheckOrigin(r *http.Request) bool {
 	if origin := r.Header.Get("Origin"); origin != "" {
-		if _, ok := a.origins[origin]; !ok && (a.PublicURL != "" || !strings.EqualFold(origin, a.BaseURL(r))) {
+		if _, ok := a.origins[origin]; !ok && !a.OwnOrigin(r, origin) {
 			return false
 		}
 	}
@@ -903,6 +905,38 @@ func (a *App) CheckOrigin(r *http.Request) bool {
 	}
 	ip := net.ParseIP(host)
 	return ip != nil && ip.IsLoopback()
+}
+
+// OwnOrigin reports whether origin is the gateway's own for r: public_url's
+// origin, or without public_url the request's Host under https — a name
+// TLS vouches for, which a page rebinding another name to the gateway
+// cannot present, even where a proxy in front terminates it — or, on a
+// plain connection, under http when Host is an IP address or localhost,
+// which no DNS answer rebinds. A plain-http gateway reached by a name needs public_url (or
+// allowed_origins) for browsers to post to it.
+func (a *App) OwnOrigin(r *http.Request, origin string) bool {
+	if a.PublicURL != "" {
+		return origin == a.publicOrigin // as browsers send it: lower case
+	}
+	scheme, host, ok := strings.Cut(origin, "://")
+	if !ok || host == "" || !strings.EqualFold(host, r.Host) {
+		return false
+	}
+	switch scheme {
+	case "https":
+		return true
+	case "http":
+		if r.TLS != nil {
+			return false
+		}
+		name := host
+		if h, _, err := net.SplitHostPort(host); err == nil {
+			name = h
+		}
+		name = strings.Trim(name, "[]")
+		return strings.EqualFold(name, "localhost") || net.ParseIP(name) != nil
+	}
+	return false
 }
 
 // Keyring returns the keys that seal or sign what toolgate keeps or hands

@@ -45,6 +45,12 @@ type Call struct {
 	// room covers it (WithOuterRequest).
 	Room *RequestBytes
 
+	// RequestJudged and ResultJudged are set by toolgate_policy and
+	// toolgate_result_policy when the request reaches them: toolgate_proxy
+	// relays nothing (no message, no stream) that did not pass both, as a
+	// matcher on either may let a request by them.
+	RequestJudged, ResultJudged bool
+
 	// Set by toolgate_policy, then by toolgate_result_policy once it has
 	// decided the result.
 	Decision *Decision

@@ -147,7 +147,7 @@ func (s *SessionStore) Create(ctx context.Context, user string, services []strin
 		return nil, err
 	}
 	if s.perUser > 0 && len(live) >= s.perUser {
-		return nil, fmt.Errorf("%w: %s has %d (max_sessions_per_user); end some first", ErrTooManySessions, user, len(live))
+		return nil, fmt.Errorf("%w: %s has %d (max_sessions_per_user): end one first (DELETE /v1/sessions/{id}, or End on the console's Sessions page), or wait until one expires", ErrTooManySessions, user, len(live))
 	}
 	t := now().UTC().Truncate(time.Second)
 	sess := &Session{ID: NewID(), User: user, Services: services, CreatedAt: t, ExpiresAt: t.Add(s.ttl)}

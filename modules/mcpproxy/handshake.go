@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/tidwall/gjson"
@@ -223,6 +224,7 @@ func (h *Handler) fetchCatalog(ctx context.Context, call *gateway.Call, up gatew
 	}()
 	tools := make(map[string][]byte)
 	var cursor []byte
+	whole := false
 	for range maxCatalogPages {
 		id := gatewayRequestID()
 		body := make([]byte, 0, 128)
@@ -251,15 +253,39 @@ func (h *Handler) fetchCatalog(ctx context.Context, call *gateway.Call, up gatew
 		})
 		next := res.Get("nextCursor")
 		if next.Type != gjson.String || next.Str == "" {
+			whole = true
 			break
 		}
 		cursor = []byte(next.Raw)
+	}
+	if whole {
+		h.warnUnlisted(call.Service, tools)
 	}
 	if err := ms.CatalogListed(ctx, tools); err != nil {
 		h.logger.Warn("cannot store the upstream's tools for the other replicas; they judge calls without definitions until they list them",
 			zap.String("service", call.Service.ID), zap.Error(err))
 	}
 	return nil
+}
+
+// warnUnlisted warns of allowlisted tools svc's upstream did not list
+// (a misspelled name in the registry, or a tool the upstream dropped):
+// runners never see them. Once per service and set of names.
+func (h *Handler) warnUnlisted(svc *gateway.Service, listed map[string][]byte) {
+	var missing []string
+	for _, name := range svc.Tools {
+		if _, ok := listed[name]; !ok {
+			missing = append(missing, name)
+		}
+	}
+	text := strings.Join(missing, ", ")
+	if prev, ok := h.unlisted.Swap(svc.ID, text); (ok && prev == text) || (!ok && text == "") {
+		return
+	}
+	if text != "" {
+		h.logger.Warn("the upstream does not list tools the service's allowlist names: runners cannot see or call them (check the names in the registry's tools line)",
+			zap.String("service", svc.ID), zap.Strings("tools", missing))
+	}
 }
 
 // refreshCatalog lists the upstream's tools again in the background, after

@@ -23,6 +23,7 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -48,6 +49,9 @@ type Handler struct {
 	stateless  *mcp2026.Runtime
 	notices    *notice.Board // toolgate's own notifications to runners' standalone streams
 	logger     *zap.Logger
+	// unlisted is, by service id, the allowlisted tools its upstream's
+	// last whole listing lacked, as last warned of (see fetchCatalog).
+	unlisted *sync.Map
 }
 
 // CaddyModule returns the Caddy module information.
@@ -67,6 +71,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return err
 	}
 	h.app = app
+	h.unlisted = new(sync.Map)
 	if err := h.app.ProvisionStep(gateway.StepProxy); err != nil {
 		return err
 	}
@@ -92,14 +97,14 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, _ caddyhttp.
 		return caddyhttp.Error(http.StatusInternalServerError,
 			errors.New("toolgate_proxy must come last in a route with toolgate_session and toolgate_registry"))
 	}
-	if call.Message.Kind != 0 && call.Decision == nil || call.IsRequest() && !call.HasResultHooks() {
-		// Fail closed: no toolgate_policy decided this message, or no
-		// toolgate_result_policy will see its answer (their matchers let
-		// it by; a route without them is refused at provisioning).
-		h.logger.Error("refused a message no policy judged: every message must pass toolgate_policy and toolgate_result_policy before toolgate_proxy; check their matchers",
-			zap.String("service", call.Service.ID), zap.String("method", call.Method))
+	if !call.RequestJudged || !call.ResultJudged {
+		// Fail closed: this request (a message, or a stream) passed no
+		// toolgate_policy or no toolgate_result_policy (their matchers
+		// let it by; a route without them is refused at provisioning).
+		h.logger.Error("refused a request no policy judged: every request must pass toolgate_policy and toolgate_result_policy before toolgate_proxy; check their matchers",
+			zap.String("service", call.Service.ID), zap.String("http_method", r.Method), zap.String("method", call.Method))
 		call.Fail(w, http.StatusInternalServerError, gateway.CodeInternalError,
-			"toolgate's configuration let this message reach the upstream without a policy's judgement, so it was not relayed: an administrator must route it through toolgate_policy and toolgate_result_policy", nil)
+			"toolgate's configuration let this request reach the upstream without a policy's judgement, so it was not relayed: an administrator must route it through toolgate_policy and toolgate_result_policy", nil)
 		return nil
 	}
 	if !call.TasksOwned && call.TaskMethod() {

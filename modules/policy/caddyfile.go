@@ -76,12 +76,17 @@ func (c *Config) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			}
 			continue
 		}
+		switch opt {
+		case "source", "query", "timeout", "approval_wait", "evaluator", "reload_interval":
+		default:
+			return d.Errf("%s: unknown option %q (known: source, query, timeout, approval_wait, evaluator, reload_interval, verification_key, log_input, log_payloads)", directive, opt)
+		}
 		if !d.NextArg() {
-			return d.ArgErr()
+			return d.Errf("%s: %s takes one value", directive, opt)
 		}
 		val := d.Val()
 		if d.NextArg() {
-			return d.ArgErr()
+			return d.Errf("%s: %s takes one value", directive, opt)
 		}
 		switch opt {
 		case "source":

@@ -15,7 +15,10 @@ func TestUnmarshalCaddyfileEvaluator(t *testing.T) {
 		{"toolgate_policy policies {\n evaluator topdown\n}", evaluatorTopdown, ""},
 		{"toolgate_result_policy policies {\n evaluator plan\n}", evaluatorPlan, ""},
 		{"toolgate_policy policies {\n evaluator fast\n}", "", `invalid evaluator "fast" (plan or topdown)`},
-		{"toolgate_policy policies {\n evaluator\n}", "", "wrong argument count"},
+		{"toolgate_policy policies {\n evaluator\n}", "", "evaluator takes one value"},
+		// An unknown option is named as such, whatever follows it.
+		{"toolgate_policy policies {\n lg_input\n}", "", `unknown option "lg_input" (known: source,`},
+		{"toolgate_policy policies {\n evaluatr plan\n}", "", `unknown option "evaluatr"`},
 	} {
 		var c Config
 		err := c.UnmarshalCaddyfile(caddyfile.NewTestDispenser(tc.input))

@@ -62,6 +62,7 @@ func (h *RequestHandler) ServeHTTP(w http.ResponseWriter, r *http.Request, next 
 		return caddyhttp.Error(http.StatusInternalServerError,
 			errors.New("toolgate_policy must come after toolgate_session and toolgate_registry in the route"))
 	}
+	call.RequestJudged = true
 	if call.Message.Kind == 0 {
 		if r.Method == http.MethodGet {
 			call.OnStream(h.decideStream) // toward an upstream of 2026-07-28, a stream is a listen

@@ -56,6 +56,7 @@ func (h *ResultHandler) ServeHTTP(w http.ResponseWriter, r *http.Request, next c
 		return caddyhttp.Error(http.StatusInternalServerError,
 			errors.New("toolgate_result_policy must come after toolgate_session and toolgate_registry in the route"))
 	}
+	call.ResultJudged = true
 	var rq *asked
 	if call.IsRequest() {
 		var ok bool
