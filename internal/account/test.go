@@ -46,7 +46,13 @@ func Test(r *http.Request, app *gateway.App, caller *gateway.Caller, svc *gatewa
 	ctx, cancel := context.WithTimeout(r.Context(), timeout)
 	defer cancel()
 	if err := mcpproxy.Probe(ctx, app, svc, caller.User, cred); err != nil {
-		return TestResult{Error: err.Error(), Retryable: mcpproxy.IsRetryable(err)}
+		res := TestResult{Error: err.Error(), Retryable: mcpproxy.IsRetryable(err)}
+		if k := svc.Auth.Kind; mcpproxy.IsCredentialRefused(err) && (k == gateway.AuthBearer || k == gateway.AuthOAuth) {
+			// The caller's own credential: connecting again mends it, as
+			// a call refused so is told (needs_sign_in).
+			res.NeedsSignIn, res.ConnectURL = true, app.ConnectURL(r, svc, caller.User)
+		}
+		return res
 	}
 	return TestResult{OK: true}
 }

@@ -41,3 +41,10 @@ func IsRetryable(err error) bool {
 	var ue *upstreamError
 	return errors.As(err, &ue) && ue.kind == kindUnavailable
 }
+
+// IsCredentialRefused reports whether a Probe error is the upstream
+// refusing the credential it was sent (401 or 403).
+func IsCredentialRefused(err error) bool {
+	var ue *upstreamError
+	return errors.As(err, &ue) && ue.kind == kindUnauthorized
+}
