@@ -419,7 +419,7 @@ func (a *AuthConfig) verifyJWT(ctx context.Context, token, resource string, unde
 			expected.Time = last
 		}
 		if err := claims.ValidateWithLeeway(expected, time.Duration(j.Leeway)); err != nil {
-			return nil, time.Time{}, fmt.Errorf("%w: %v", ErrBadCredentials, err)
+			return nil, time.Time{}, fmt.Errorf("%w: %s", ErrBadCredentials, claimsProblem(err))
 		}
 		user, _ := all[j.UserClaim].(string)
 		if user == "" {
@@ -732,4 +732,22 @@ func loadKeyFile(path string) ([]jose.JSONWebKey, error) {
 		return nil, errors.New("no public key found")
 	}
 	return keys, nil
+}
+
+// claimsProblem says which of a token's registered claims is refused, in
+// a runner's words rather than the JWT library's.
+func claimsProblem(err error) string {
+	switch {
+	case errors.Is(err, jwt.ErrInvalidAudience):
+		return "the token is not for this gateway or endpoint (aud)"
+	case errors.Is(err, jwt.ErrInvalidIssuer):
+		return "the token's issuer is not the one configured (iss)"
+	case errors.Is(err, jwt.ErrExpired):
+		return "the token expired (exp)"
+	case errors.Is(err, jwt.ErrNotValidYet):
+		return "the token is not valid yet (nbf)"
+	case errors.Is(err, jwt.ErrIssuedInTheFuture):
+		return "the token was issued in the future (iat): check the issuer's clock"
+	}
+	return "its claims are refused"
 }
