@@ -389,9 +389,9 @@ func (a *App) Provision(ctx caddy.Context) error {
 		a.origins[strings.TrimSuffix(o, "/")] = struct{}{}
 	}
 	if u, err := url.Parse(a.PublicURL); err == nil && u.Host != "" {
-		a.publicOrigin = u.Scheme + "://" + u.Host
+		a.publicOrigin = browserOrigin(u)
 		a.origins[a.publicOrigin] = struct{}{}
-		a.publicHost = u.Hostname()
+		a.publicHost = strings.ToLower(u.Hostname())
 	}
 	a.sessions = newSessionStore(a.storage, time.Duration(a.SessionTTL), time.Duration(a.CacheTTL), a.MaxSessionsPerUser)
 	if a.cipher != nil {
@@ -908,11 +908,11 @@ func (a *App) CheckOrigin(r *http.Request) bool {
 }
 
 // OwnOrigin reports whether origin is the gateway's own for r: public_url's
-// origin, or without public_url the request's Host under https — a name
-// TLS vouches for, which a page rebinding another name to the gateway
-// cannot present, even where a proxy in front terminates it — or, on a
-// plain connection, under http when Host is an IP address or localhost,
-// which no DNS answer rebinds. A plain-http gateway reached by a name needs public_url (or
+// origin (as browsers spell it), or without public_url the request's Host
+// under https when it is a name — one TLS vouches for, which a page
+// rebinding another name to the gateway cannot present, even where a proxy
+// in front terminates it — and when it is an IP address or localhost,
+// which no DNS answer rebinds, under the connection's own scheme. A plain-http gateway reached by a name needs public_url (or
 // allowed_origins) for browsers to post to it.
 func (a *App) OwnOrigin(r *http.Request, origin string) bool {
 	if a.PublicURL != "" {
@@ -922,21 +922,38 @@ func (a *App) OwnOrigin(r *http.Request, origin string) bool {
 	if !ok || host == "" || !strings.EqualFold(host, r.Host) {
 		return false
 	}
+	name := host
+	if h, _, err := net.SplitHostPort(host); err == nil {
+		name = h
+	}
+	name = strings.Trim(name, "[]")
+	// An address or localhost: no certificate vouches for it, and a page
+	// of it on another port (https's 443 against http's 80, both
+	// unwritten) is another origin: the scheme must be the connection's.
+	address := strings.EqualFold(name, "localhost") || net.ParseIP(name) != nil
 	switch scheme {
 	case "https":
-		return true
+		return !address || r.TLS != nil
 	case "http":
-		if r.TLS != nil {
-			return false
-		}
-		name := host
-		if h, _, err := net.SplitHostPort(host); err == nil {
-			name = h
-		}
-		name = strings.Trim(name, "[]")
-		return strings.EqualFold(name, "localhost") || net.ParseIP(name) != nil
+		return address && r.TLS == nil
 	}
 	return false
+}
+
+// browserOrigin is u's origin as browsers send it in Origin: lower-case
+// scheme and host, without the scheme's default port.
+func browserOrigin(u *url.URL) string {
+	scheme, host, port := strings.ToLower(u.Scheme), strings.ToLower(u.Hostname()), u.Port()
+	if scheme == "https" && port == "443" || scheme == "http" && port == "80" {
+		port = ""
+	}
+	if strings.Contains(host, ":") {
+		host = "[" + host + "]"
+	}
+	if port != "" {
+		host += ":" + port
+	}
+	return scheme + "://" + host
 }
 
 // Keyring returns the keys that seal or sign what toolgate keeps or hands

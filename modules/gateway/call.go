@@ -9,6 +9,8 @@ import (
 	"strings"
 	"time"
 
+	"go.uber.org/zap"
+
 	"github.com/toolgate/toolgate/internal/mcpmsg"
 )
 
@@ -465,6 +467,17 @@ func (c *Call) Fail(w http.ResponseWriter, status, code int, message string, dat
 		return
 	}
 	WriteRPCError(w, status, nil, code, message, data)
+}
+
+// RefuseUnjudged refuses a request that reached a step answering in the
+// upstream's place without passing both policy steps (RequestJudged,
+// ResultJudged): a matcher on either let it by. It fails closed, and says
+// so in the log, which names the request.
+func (c *Call) RefuseUnjudged(w http.ResponseWriter, logger *zap.Logger) {
+	logger.Error("refused a request no policy judged: every request must pass toolgate_policy and toolgate_result_policy before toolgate_proxy; check their matchers",
+		zap.String("service", c.Service.ID), zap.String("method", c.Method))
+	c.Fail(w, http.StatusInternalServerError, CodeInternalError,
+		"toolgate's configuration let this request reach the upstream without a policy's judgement, so it was not relayed: an administrator must route it through toolgate_policy and toolgate_result_policy", nil)
 }
 
 // ReplyID is the id of an error toolgate writes the runner about the call:

@@ -113,7 +113,7 @@ func TestD1AttackOwnOriginSchemeBehindTLSTerminatingProxy(t *testing.T) {
 // localhost, a Host with userinfo, a subdomain of localhost, and the
 // unspecified address are refused; the gateway's own loopback origins
 // (127.0.0.1, localhost, [::1], another 127/8 address) are accepted, and
-// only with the same port, and http only on a plain connection.
+// only with the same port and the connection's scheme.
 func TestD1AttackLoopbackRebindingHeld(t *testing.T) {
 	bare, err := loadCaddyfile(t, "toolgate {\n}")
 	if err != nil {
@@ -141,10 +141,9 @@ func TestD1AttackLoopbackRebindingHeld(t *testing.T) {
 		{"127.0.0.2:8080", "http://127.0.0.2:8080", lo4, false, true},
 		{"127.0.0.1:8080", "http://127.0.0.1:8081", lo4, false, false},
 		{"127.0.0.1:8080", "http://127.0.0.1", lo4, false, false},
-		// A plain connection from an https page of the same host and port:
-		// a proxy in front of the gateway terminates TLS there (only it
-		// serves that origin), as OwnOrigin allows.
-		{"127.0.0.1:8080", "https://127.0.0.1:8080", lo4, false, true},
+		// An address's page under another scheme than the connection's is
+		// another origin (TestD2AttackHTTPSOriginOfPort443TakenForPlainPort80).
+		{"127.0.0.1:8080", "https://127.0.0.1:8080", lo4, false, false},
 		{"127.0.0.1:8443", "http://127.0.0.1:8443", lo4, true, false},
 		{"127.0.0.1:8443", "https://127.0.0.1:8443", lo4, true, true},
 		{"127.0.0.1:8080", "null", lo4, false, false},

@@ -6,7 +6,8 @@ import (
 	"testing"
 )
 
-// Attack: without public_url, OwnOrigin takes "https://" + Host as the
+// Attack (fixed: an address's or localhost's origin takes the connection's
+// scheme): without public_url, OwnOrigin took "https://" + Host as the
 // gateway's own on any connection, plain ones included ("also behind a
 // proxy that terminates TLS"), comparing the origin's host text with the
 // Host header. When neither carries a port, the two name different
@@ -55,7 +56,7 @@ func TestD2AttackHTTPSOriginOfPort443TakenForPlainPort80(t *testing.T) {
 	}
 }
 
-// Attack (legitimate configuration refused): with public_url, OwnOrigin
+// Attack (legitimate configuration refused; fixed: browserOrigin): with public_url, OwnOrigin
 // compares the Origin with public_url's scheme://host[:port] as written
 // ("as browsers send it: lower case"), but nothing makes it so: Validate
 // accepts public_url https://Gateway.Example.com and

@@ -98,13 +98,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, _ caddyhttp.
 			errors.New("toolgate_proxy must come last in a route with toolgate_session and toolgate_registry"))
 	}
 	if !call.RequestJudged || !call.ResultJudged {
-		// Fail closed: this request (a message, or a stream) passed no
-		// toolgate_policy or no toolgate_result_policy (their matchers
-		// let it by; a route without them is refused at provisioning).
-		h.logger.Error("refused a request no policy judged: every request must pass toolgate_policy and toolgate_result_policy before toolgate_proxy; check their matchers",
-			zap.String("service", call.Service.ID), zap.String("http_method", r.Method), zap.String("method", call.Method))
-		call.Fail(w, http.StatusInternalServerError, gateway.CodeInternalError,
-			"toolgate's configuration let this request reach the upstream without a policy's judgement, so it was not relayed: an administrator must route it through toolgate_policy and toolgate_result_policy", nil)
+		// Fail closed: this request (a message, a stream, a session's
+		// end) passed no toolgate_policy or no toolgate_result_policy
+		// (their matchers let it by; a route without them is refused at
+		// provisioning).
+		call.RefuseUnjudged(w, h.logger)
 		return nil
 	}
 	if !call.TasksOwned && call.TaskMethod() {

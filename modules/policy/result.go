@@ -57,6 +57,12 @@ func (h *ResultHandler) ServeHTTP(w http.ResponseWriter, r *http.Request, next c
 			errors.New("toolgate_result_policy must come after toolgate_session and toolgate_registry in the route"))
 	}
 	call.ResultJudged = true
+	if !call.RequestJudged {
+		// It may answer in the upstream's place (a released result):
+		// only what the request policy saw too, as toolgate_proxy relays.
+		call.RefuseUnjudged(w, h.logger)
+		return nil
+	}
 	var rq *asked
 	if call.IsRequest() {
 		var ok bool
