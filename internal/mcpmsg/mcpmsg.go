@@ -573,7 +573,7 @@ func (p *parser) value(depth int) (int, error) {
 	switch c := p.data[p.pos]; {
 	case c == '{':
 		if depth > p.maxDepth {
-			return 0, p.fail("nesting too deep")
+			return 0, p.fail("nesting too deep (deeper than the gateway's max_json_depth)")
 		}
 		spelled := p.spelled
 		p.spelled = nil
@@ -588,7 +588,7 @@ func (p *parser) value(depth int) (int, error) {
 		})
 	case c == '[':
 		if depth > p.maxDepth {
-			return 0, p.fail("nesting too deep")
+			return 0, p.fail("nesting too deep (deeper than the gateway's max_json_depth)")
 		}
 		err = p.array(depth)
 	case c == '"':
