@@ -139,10 +139,11 @@ func cancelAttackJudge(t *testing.T, out cancelAttackOutcome) {
 // again (send → SendingIn). Reinitialize has already made S2 the MCP
 // session's current upstream, while the request's SentIn record still
 // names S1. A runner's notifications/cancelled of the request arriving
-// during that listing takes forward's cancelsInReplaced path (the record's
+// during that listing took forward's cancelsInReplaced path (since replaced
+// by cancelInProgress; the record's
 // generation differs from the current one), is sent to S1, which forgot
 // the session and answers 404 (the error is ignored, the runner gets
-// 202), and never reaches CancelUnsent. The request is then sent to S2 and
+// 202), and never reached CancelUnsent (since replaced by CancelGone). The request is then sent to S2 and
 // runs to its end: the runner cancelled it and was told nothing; it is
 // the very overtaking the commit set out to close, shifted by one round
 // trip (or 50, with a paginated catalog, or a slow upstream tools/list).
