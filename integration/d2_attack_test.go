@@ -315,3 +315,48 @@ func TestD2AttackLoginCSRFFromHTTPSLocalhostPage(t *testing.T) {
 		t.Errorf("a page of https://localhost (port 443) signed the browser in to the plain gateway at http://localhost (port 80) as the attacker's key: HTTP %d, Set-Cookie %q (want 403: another origin)", status, cookie)
 	}
 }
+
+// statelessThroughPrefix sends a stateless tools/call through one of
+// d1Routes' prefixes, checks that toolgate_proxy refuses it as unjudged,
+// and returns the methods the upstream received meanwhile.
+func statelessThroughPrefix(t *testing.T, g *gateway, up *upstream, port int, prefix string) []string {
+	t.Helper()
+	session := g.createSession(t, aliceKey, "svc")
+	g2 := *g
+	g2.URL = "http://127.0.0.1:" + aaItoa(port) + "/" + prefix
+	_, msg := statelessPost(t, &g2, aliceKey, session,
+		`{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"echo","arguments":{"text":"d2-stateless"},`+aaStatelessMeta(`{}`)+`}}`, nil)
+	if text := aaJSON(msg); !strings.Contains(text, "without a policy's judgement") {
+		t.Fatalf("premise: a stateless call through /%s is not refused: %s", prefix, text)
+	}
+	var methods []string
+	for _, r := range up.requestLog() {
+		if m := gjson.Get(r.Body, "method").String(); m != "" {
+			methods = append(methods, m)
+		}
+	}
+	return methods
+}
+
+// A stateless tools/call's implied MCP session is opened upstream only once
+// toolgate_policy has the request (gateway.Call.Prepare): through a route
+// whose request policy matcher misses, the proxy refuses the call and the
+// upstream hears nothing. (It was opened by toolgate_registry, before any
+// policy step.)
+func TestStatelessOpeningWaitsForTheRequestPolicy(t *testing.T) {
+	up := startUpstream(t)
+	port := freePort(t)
+	g := startGateway(t, gatewayConfig{Upstream: up.URL, Tools: "echo", Sites: d1Routes(port, aaPolicies(t, "", ""))})
+	if methods := statelessThroughPrefix(t, g, up, port, "unjudged"); len(methods) != 0 {
+		t.Errorf("a stateless request through /unjudged, refused as unjudged, still made toolgate contact the upstream: %v", methods)
+	}
+	// The same request through the judged route opens the session and runs.
+	session := g.createSession(t, aliceKey, "svc")
+	g2 := *g
+	g2.URL = "http://127.0.0.1:" + aaItoa(port) + "/judged"
+	_, msg := statelessPost(t, &g2, aliceKey, session,
+		`{"jsonrpc":"2.0","id":4,"method":"tools/call","params":{"name":"echo","arguments":{"text":"d2-judged"},`+aaStatelessMeta(`{}`)+`}}`, nil)
+	if text := aaJSON(msg); !strings.Contains(text, "d2-judged") || strings.Contains(text, `"error"`) {
+		t.Fatalf("premise: the stateless call through /judged did not run: %s", text)
+	}
+}

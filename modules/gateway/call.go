@@ -52,6 +52,14 @@ type Call struct {
 	// relays nothing (no message, no stream) that did not pass both, as a
 	// matcher on either may let a request by them.
 	RequestJudged, ResultJudged bool
+	// Prepare is what toolgate_registry leaves for toolgate_policy to do
+	// before it decides a stateless tools/call: open the implied MCP
+	// session, so that the decision sees the tool's definition. That
+	// contacts the upstream, so it waits until a policy step has the
+	// request: a request a policy's matcher lets by is refused by
+	// toolgate_proxy before anything reaches the upstream. Prepare answers
+	// the runner and returns false when the call is refused.
+	Prepare func(w http.ResponseWriter, r *http.Request) bool
 
 	// Set by toolgate_policy, then by toolgate_result_policy once it has
 	// decided the result.

@@ -347,7 +347,7 @@ func (h *Handler) openImplied(ctx context.Context, call *gateway.Call) (gateway.
 		return up, nil
 	}
 	if call.Credential == nil && call.Service.Auth != nil && call.Service.Auth.Kind != gateway.AuthNone {
-		// Before toolgate_credentials ran (the registry opens the session
+		// Before toolgate_credentials ran (toolgate_policy opens the session
 		// for the policy): the caller's credential, as that step finds it.
 		cred, err := h.app.CredentialFor(ctx, call.Service, call.Caller.User)
 		if err != nil {

@@ -151,17 +151,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 				"Unknown tool: "+call.Message.Name, nil)
 			return nil
 		}
-		if call.Stateless != nil && !h.openStateless(w, r, call) {
-			return nil
-		}
-		// A call racing the tool listing (the first one, after
-		// notifications/initialized, or a refresh after list_changed) is
-		// decided with the definition it brings.
-		call.MCPSession.WaitCatalog(r.Context(), min(catalogWait, time.Duration(svc.Timeout)))
-		if call.Stateless != nil && !h.checkParamHeaders(w, r, call) {
-			return nil
-		}
-		if !h.pins.AllowCall(w, r, call) {
+		if call.Stateless != nil {
+			// Opening the implied MCP session contacts the upstream: that
+			// waits until a toolgate_policy has the request.
+			call.Prepare = func(w http.ResponseWriter, r *http.Request) bool { return h.readyCall(w, r, call) }
+		} else if !h.readyCall(w, r, call) {
 			return nil
 		}
 	}
@@ -170,6 +164,24 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		call.OnResult(h.pins.FilterList)
 	}
 	return next.ServeHTTP(w, r)
+}
+
+// readyCall readies a tools/call for its decision: a stateless call's
+// implied MCP session is opened, so that the policy sees the tool's
+// definition; a call racing the tool listing (the first one, after
+// notifications/initialized, or a refresh after list_changed) waits for
+// the definition it brings; and the call is checked against its
+// Mcp-Param-* headers and the tool's pin. It answers the runner and returns
+// false when the call is refused.
+func (h *Handler) readyCall(w http.ResponseWriter, r *http.Request, call *gateway.Call) bool {
+	if call.Stateless != nil && !h.openStateless(w, r, call) {
+		return false
+	}
+	call.MCPSession.WaitCatalog(r.Context(), min(catalogWait, time.Duration(call.Service.Timeout)))
+	if call.Stateless != nil && !h.checkParamHeaders(w, r, call) {
+		return false
+	}
+	return h.pins.AllowCall(w, r, call)
 }
 
 // readMessage reads and parses the POST body into call.Message, and
