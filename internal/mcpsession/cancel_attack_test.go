@@ -87,7 +87,7 @@ func TestCancelAttackSameIDRequestClearsCancelledMark(t *testing.T) {
 		t.Fatal("premise: the cancellation of A on its way to generation 2 was not taken")
 	}
 	b := s.SentIn(id, gen2) // B reuses id 7
-	if s.SendingIn(id, gen2) {
+	if s.SendingIn(b, gen2) {
 		t.Errorf("request A, whose cancellation was swallowed (CancelGone), is sent to generation 2 after a request of the same id was recorded")
 	}
 	s.RequestDone(a)
@@ -115,7 +115,7 @@ func TestCancelAttackSentInRecordsDoNotLeak(t *testing.T) {
 				if i%3 == 0 {
 					s.CancelGone(id, gen1, gen2)
 				}
-				s.SendingIn(id, gen2)
+				s.SendingIn(key, gen2)
 				s.RequestSentIn(id)
 				s.RequestDone(key)
 			}
@@ -153,7 +153,7 @@ func TestCancelAttackCancelUnsentSwallowsCancellationOfDeliveredRequest(t *testi
 	gen2 := Upstream{SessionID: "up", Generation: 2} // a bridged program re-initialized under the same id
 	gen3 := Upstream{SessionID: "up", Generation: 3}
 	key := s.SentIn(id, gen1)
-	if !s.SendingIn(id, gen1) { // delivered to generation 1, which runs it (no 404 followed)
+	if !s.SendingIn(key, gen1) { // delivered to generation 1, which runs it (no 404 followed)
 		t.Fatal("premise: the request was not sent")
 	}
 	// Another request re-initialized meanwhile (generation 2 is current):
@@ -163,7 +163,7 @@ func TestCancelAttackCancelUnsentSwallowsCancellationOfDeliveredRequest(t *testi
 	}
 	// Had generation 1 answered the cancellation 404 while the request was
 	// re-sent to generation 2, the cancellation follows it there.
-	if !s.SendingIn(id, gen2) {
+	if !s.SendingIn(key, gen2) {
 		t.Fatal("premise: the request was not sent again")
 	}
 	if up, follow := s.CancelGone(id, gen1, gen2); !follow || up.Generation != gen2.Generation {
@@ -174,7 +174,7 @@ func TestCancelAttackCancelUnsentSwallowsCancellationOfDeliveredRequest(t *testi
 	if _, follow := s.CancelGone(id, gen2, gen3); follow {
 		t.Error("the cancellation of a request still recorded in the session found gone follows it elsewhere")
 	}
-	if s.SendingIn(id, gen3) {
+	if s.SendingIn(key, gen3) {
 		t.Error("a request cancelled on its way to generation 3 is sent there")
 	}
 	s.RequestDone(key)

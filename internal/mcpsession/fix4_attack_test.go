@@ -56,7 +56,7 @@ func TestFix4AttackSendingInMovesAnotherRequestsRecord(t *testing.T) {
 
 	a := s.SentIn(id, gen1) // A runs in generation 1
 	b := s.SentIn(id, gen1) // B recorded before its post...
-	s.SendingIn(id, gen2)   // ...which re-initialized: B went to generation 2
+	s.SendingIn(b, gen2)    // ...which re-initialized: B went to generation 2
 	s.RequestDone(b)        // B answered
 
 	if up, _ := s.RequestSentIn(id); up.Generation != gen1.Generation {

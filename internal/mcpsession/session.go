@@ -277,14 +277,13 @@ func (s *Session) SentIn(id []byte, up Upstream) (key string) {
 	return key
 }
 
-// SendingIn records, just before it is sent, that the runner's request id
-// in progress here goes to up (the upstream session it was recorded with,
-// or the one toolgate re-created after that one forgot it unprocessed). It
-// reports false when the runner cancelled the request meanwhile
-// (CancelGone): it must not be sent. A request not recorded (SentIn) is
-// sent.
-func (s *Session) SendingIn(id []byte, up Upstream) bool {
-	key := mcpmsg.IDKey(id)
+// SendingIn records, just before it is sent, that the runner's request in
+// progress here under key (what SentIn returned) goes to up (the upstream
+// session it was recorded with, or the one toolgate re-created after that
+// one forgot it unprocessed). It reports false when the runner cancelled
+// the request meanwhile (CancelGone): it must not be sent. A request not
+// recorded (SentIn) is sent.
+func (s *Session) SendingIn(key string, up Upstream) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	e, ok := s.sentIn[key]

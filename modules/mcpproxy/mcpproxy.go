@@ -262,7 +262,7 @@ func (h *Handler) request(w http.ResponseWriter, r *http.Request, call *gateway.
 			ms.RequestDone(sent)
 		}
 	}()
-	up, resp, err := h.post(ctx, call, body)
+	up, resp, err := h.post(ctx, call, body, sent)
 	rs, ok := h.responseTo(ctx, w, r, call, up, resp, err)
 	if !ok {
 		return
@@ -285,7 +285,9 @@ func (h *Handler) request(w http.ResponseWriter, r *http.Request, call *gateway.
 // post sends body upstream in the call's MCP session, re-initializing the
 // upstream session once if the upstream forgot it. The message was not
 // processed when the upstream answered 404, so sending it again is safe.
-func (h *Handler) post(ctx context.Context, call *gateway.Call, body []byte) (gateway.Upstream, *http.Response, error) {
+// sent is the key SentIn recorded a runner's request under ("" for
+// anything else).
+func (h *Handler) post(ctx context.Context, call *gateway.Call, body []byte, sent string) (gateway.Upstream, *http.Response, error) {
 	up := call.MCPSession.Upstream()
 	answer := call.Message.Kind == mcpmsg.Response && call.AnswerGeneration != 0
 	if answer && up.Generation < call.AnswerGeneration {
@@ -301,7 +303,7 @@ func (h *Handler) post(ctx context.Context, call *gateway.Call, body []byte) (ga
 	if answer && up.Generation > call.AnswerGeneration && !askedIn(call, up) {
 		return up, nil, errAnswerReplaced
 	}
-	resp, err := h.send(ctx, call, up, body)
+	resp, err := h.send(ctx, call, up, body, sent)
 	if isKind(err, kindSessionGone) {
 		if up, err = h.reinitialize(ctx, call, up); err != nil {
 			return up, nil, err
@@ -309,7 +311,7 @@ func (h *Handler) post(ctx context.Context, call *gateway.Call, body []byte) (ga
 		if call.Message.Kind == mcpmsg.Response && up.Generation != call.AnswerGeneration && !askedIn(call, up) {
 			return up, nil, errAnswerReplaced
 		}
-		resp, err = h.send(ctx, call, up, body)
+		resp, err = h.send(ctx, call, up, body, sent)
 	}
 	return up, resp, err
 }
@@ -318,8 +320,8 @@ func (h *Handler) post(ctx context.Context, call *gateway.Call, body []byte) (ga
 // first, for its cancellation (mcpsession's SendingIn), unless the runner
 // cancelled it while toolgate re-created the upstream session that had
 // forgotten it (cancelInProgress): it is not sent then, and never ran.
-func (h *Handler) send(ctx context.Context, call *gateway.Call, up gateway.Upstream, body []byte) (*http.Response, error) {
-	if call.Message.Kind == mcpmsg.Request && !call.MCPSession.SendingIn(call.Message.ID, up) {
+func (h *Handler) send(ctx context.Context, call *gateway.Call, up gateway.Upstream, body []byte, sent string) (*http.Response, error) {
+	if sent != "" && !call.MCPSession.SendingIn(sent, up) {
 		return nil, errCancelledUnsent
 	}
 	return h.exchange(ctx, call, up, http.MethodPost, body, "")
@@ -807,7 +809,7 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, call *gateway.
 		w.WriteHeader(http.StatusAccepted)
 		return
 	}
-	up, resp, err := h.post(ctx, call, call.Message.Raw)
+	up, resp, err := h.post(ctx, call, call.Message.Raw, "")
 	if err != nil {
 		if initialized {
 			ms.CatalogFailed()
