@@ -19,7 +19,7 @@ GO ?= go
 .PHONY: build run test vet unit conformance fuzz fuzz-short bench bench-compare reloads soak xcaddy clean
 
 build:
-	$(GO) build -o bin/toolgate ./cmd/toolgate
+	$(GO) build -ldflags "-X main.version=$$(git describe --always --dirty 2>/dev/null)" -o bin/toolgate ./cmd/toolgate
 
 run:
 	$(GO) run ./cmd/toolgate run --config caddyfile/demo.Caddyfile

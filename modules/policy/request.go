@@ -63,12 +63,6 @@ func (h *RequestHandler) ServeHTTP(w http.ResponseWriter, r *http.Request, next 
 			errors.New("toolgate_policy must come after toolgate_session and toolgate_registry in the route"))
 	}
 	call.RequestJudged = true
-	if prepare := call.Prepare; prepare != nil {
-		call.Prepare = nil // once, also on a route with several policies
-		if !prepare(w, r) {
-			return nil
-		}
-	}
 	if call.Message.Kind == 0 {
 		if r.Method == http.MethodGet {
 			call.OnStream(h.decideStream) // toward an upstream of 2026-07-28, a stream is a listen
@@ -89,6 +83,12 @@ func (h *RequestHandler) ServeHTTP(w http.ResponseWriter, r *http.Request, next 
 				releaseHeld(call, h.app, "toolgate's policy did not let the client's retry through")
 			}
 		}()
+	}
+	if prepare := call.Prepare; prepare != nil {
+		call.Prepare = nil // once, also on a route with several policies
+		if !prepare(w, r) {
+			return nil
+		}
 	}
 	return h.judge(w, r, call, next, nil)
 }
