@@ -17,7 +17,8 @@ import (
 // command — and follows the README's walk-through: a session for alice,
 // connecting the tracker through its OAuth provider, then MCP initialize,
 // tools/list (whoami and read_ticket, not delete_ticket) and a call of
-// read_ticket; bob cannot use alice's session. Only the ports and the data
+// read_ticket; bob cannot use alice's session; demo-admin administers tool
+// pins. Only the ports and the data
 // directory differ from the file, so that the test runs beside a demo.
 func TestDemoWalkthrough(t *testing.T) {
 	text, err := os.ReadFile(filepath.Join("..", "caddyfile", "demo.Caddyfile"))
@@ -123,5 +124,20 @@ func TestDemoWalkthrough(t *testing.T) {
 	bobRaw.sessionID = m.sessionID
 	if status, _, _ := bobRaw.post(`{"jsonrpc":"2.0","id":6,"method":"tools/list"}`); status != http.StatusForbidden {
 		t.Errorf("bob with alice's session: %d, want 403", status)
+	}
+
+	// demo-admin administers tool pins; alice does not.
+	for key, want := range map[string]int{"demo-admin": http.StatusOK, "demo-alice": http.StatusForbidden} {
+		req, _ := http.NewRequest(http.MethodGet, g.URL+"/v1/tool-pins", nil)
+		req.Header.Set("Authorization", "Bearer "+key)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != want {
+			t.Errorf("GET /v1/tool-pins as %s: HTTP %d %s, want %d", key, resp.StatusCode, body, want)
+		}
 	}
 }
