@@ -285,3 +285,66 @@ func TestFederatedStreamEndsWithItsSession(t *testing.T) {
 		t.Fatal("the federated stream of the ended session stays open")
 	}
 }
+
+// The federated initialize tells the model (its instructions) which
+// services of the session are not connected, and where the person connects
+// each: many clients show nothing else of why a service's tools are
+// missing. Once connected, the next tools/list lists them.
+func TestFederatedInitializeNamesServicesNotConnected(t *testing.T) {
+	readOnly := &mcp.ToolAnnotations{ReadOnlyHint: true}
+	shared := startSmallUpstream(t, "shared", &mcp.Tool{Name: "lookup", Description: "Looks up.", Annotations: readOnly})
+	mine := startSmallUpstream(t, "mine", &mcp.Tool{Name: "mine", Description: "Mine.", Annotations: readOnly})
+	policies := t.TempDir()
+	for name, text := range map[string]string{"request.rego": federationPolicy, "result.rego": allowResults} {
+		if err := os.WriteFile(filepath.Join(policies, name), []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	g := startGateway(t, gatewayConfig{Upstream: shared.URL, RequestPolicy: policies, Federation: " ",
+		Tools: "lookup", Auth: `header Authorization "Bearer shared-secret"`,
+		Services: `service personal {
+			title "Personal tracker"
+			url ` + mine.URL + `
+			allow_http
+			tools mine
+			auth bearer
+		}`})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	listed := func(cs *mcp.ClientSession) []string {
+		tools, err := cs.ListTools(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var names []string
+		for _, tool := range tools.Tools {
+			names = append(names, tool.Name)
+		}
+		return names
+	}
+
+	cs := g.connectWithToken(t, aliceKey, "/v1/mcp", nil)
+	text := cs.InitializeResult().Instructions
+	for _, want := range []string{"SERVICE__NAME", "personal (Personal tracker)", g.URL + "/console/connect/personal?for="} {
+		if !strings.Contains(text, want) {
+			t.Errorf("the federated initialize's instructions lack %q:\n%s", want, text)
+		}
+	}
+	if strings.Contains(text, "svc (") {
+		t.Errorf("the instructions name the connected service svc as missing:\n%s", text)
+	}
+	if names := listed(cs); !slices.Equal(names, []string{"svc__lookup"}) {
+		t.Fatalf("premise: before the connection the federated tools are %v", names)
+	}
+
+	if r := g.api(t, http.MethodPut, "/v1/connections/personal", aliceKey, []byte(`{"token":"alice-personal-token"}`)); r.StatusCode != http.StatusNoContent {
+		t.Fatalf("storing the personal token: %d %s", r.StatusCode, r.Body)
+	}
+	if names := listed(cs); !slices.Equal(names, []string{"svc__lookup", "personal__mine"}) {
+		t.Errorf("after the connection the same session lists %v", names)
+	}
+	again := g.connectWithToken(t, aliceKey, "/v1/mcp", nil)
+	if text := again.InitializeResult().Instructions; strings.Contains(text, "personal") {
+		t.Errorf("after the connection the instructions still name the service:\n%s", text)
+	}
+}

@@ -6,11 +6,13 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/tidwall/gjson"
 	"go.uber.org/zap"
 
+	"github.com/toolgate/toolgate/internal/account"
 	"github.com/toolgate/toolgate/internal/mcpmsg"
 	"github.com/toolgate/toolgate/internal/mcpstate"
 	"github.com/toolgate/toolgate/modules/gateway"
@@ -74,9 +76,32 @@ func (x *exchange) initialize() {
 
 	result := []byte(`{"protocolVersion":`)
 	result = mcpmsg.AppendQuote(result, version)
-	result = append(result, `,"capabilities":`+capabilities+`,"serverInfo":{"name":"toolgate","title":"toolgate (every service of your session)","version":"1"}}`...)
+	result = append(result, `,"capabilities":`+capabilities+`,"serverInfo":{"name":"toolgate","title":"toolgate (every service of your session)","version":"1"},"instructions":`...)
+	result = mcpmsg.AppendQuote(result, x.instructions())
+	result = append(result, '}')
 	x.w.Header().Set("Mcp-Session-Id", ms.ID)
 	gateway.WriteRPC(x.w, http.StatusOK, gateway.RPCResult(x.msg.ID, result))
+}
+
+// instructions are the federated initialize's: what the endpoint serves,
+// and each service of the session the caller cannot use now, with what the
+// person does about it. Many clients give the model an initialize's
+// instructions and show it nothing of a merged list's _meta, where such a
+// service is named too.
+func (x *exchange) instructions() string {
+	var b strings.Builder
+	b.WriteString("Every service of your toolgate session, at once: the tool or prompt NAME of service SERVICE is SERVICE" + x.h.Separator + "NAME.")
+	for _, svc := range x.services() {
+		e := account.CatalogEntry(x.r.Context(), x.h.app, x.call.Caller, svc)
+		switch e.Status {
+		case account.StatusNeedsSignIn, account.StatusExpired:
+			hint := gateway.ConnectHint(x.h.app.NeedsSignInFor(x.r, svc, x.call.Caller.User))
+			fmt.Fprintf(&b, "\nNot connected, so not listed: %s (%s). The person connects it %s; its tools are listed from the next tools/list.", svc.ID, e.Name(), hint)
+		case account.StatusUnavailable:
+			fmt.Fprintf(&b, "\nNot listed now: %s (%s). toolgate cannot read the connection to it; try again later.", svc.ID, e.Name())
+		}
+	}
+	return b.String()
 }
 
 // gap is a service the federated session could not reach: why, as the
