@@ -1,7 +1,10 @@
 package integration
 
 import (
+	"encoding/json"
 	"net/http"
+	"slices"
+	"strings"
 	"testing"
 )
 
@@ -34,5 +37,61 @@ func TestAPIAnswersAWrongMethodWith405(t *testing.T) {
 		if resp.StatusCode != c.status || resp.Header.Get("Allow") != c.allow {
 			t.Errorf("%s %s: HTTP %d, Allow %q; want %d, Allow %q", c.method, c.path, resp.StatusCode, resp.Header.Get("Allow"), c.status, c.allow)
 		}
+	}
+}
+
+// GET /v1/sessions lists the caller's live sessions by ref (never an id,
+// which only its creator saw), and DELETE /v1/sessions/{ref} ends one: a
+// caller who lost a session's id can still end it (the session limit's
+// 429 says so). Another caller's ref, and a ref of no session, are 404
+// and end nothing.
+func TestAPIListsSessionsAndEndsOneByRef(t *testing.T) {
+	up := startUpstream(t)
+	g := startGateway(t, gatewayConfig{Upstream: up.URL})
+	first := g.createSession(t, aliceKey, "svc")
+	second := g.createSession(t, aliceKey, "svc")
+	bobs := g.createSession(t, bobKey, "svc")
+
+	list := func(key string) []map[string]any {
+		r := g.api(t, http.MethodGet, "/v1/sessions", key, nil)
+		var body struct{ Sessions []map[string]any }
+		if r.StatusCode != http.StatusOK || json.Unmarshal(r.Body, &body) != nil {
+			t.Fatalf("GET /v1/sessions: %d %s", r.StatusCode, r.Body)
+		}
+		for _, s := range body.Sessions {
+			if text, _ := json.Marshal(s); strings.Contains(string(text), first) || strings.Contains(string(text), second) || strings.Contains(string(text), bobs) {
+				t.Fatalf("GET /v1/sessions shows a session id: %s", text)
+			}
+		}
+		return body.Sessions
+	}
+	alices := list(aliceKey)
+	if len(alices) != 2 {
+		t.Fatalf("alice's sessions: %v, want 2", alices)
+	}
+	bobRef, _ := list(bobKey)[0]["ref"].(string)
+	if r := g.api(t, http.MethodDelete, "/v1/sessions/"+bobRef, aliceKey, nil); r.StatusCode != http.StatusNotFound {
+		t.Errorf("alice ending bob's session by its ref: %d %s, want 404", r.StatusCode, r.Body)
+	}
+	if r := g.api(t, http.MethodDelete, "/v1/sessions/"+strings.Repeat("0", 64), aliceKey, nil); r.StatusCode != http.StatusNotFound {
+		t.Errorf("ending a ref of no session: %d %s, want 404", r.StatusCode, r.Body)
+	}
+	if n := len(list(bobKey)); n != 1 {
+		t.Fatalf("bob's session was ended by alice's request (%d left)", n)
+	}
+
+	ref, _ := alices[0]["ref"].(string)
+	if r := g.api(t, http.MethodDelete, "/v1/sessions/"+ref, aliceKey, nil); r.StatusCode != http.StatusNoContent {
+		t.Fatalf("ending alice's session by its ref: %d %s", r.StatusCode, r.Body)
+	}
+	var statuses []int
+	for _, id := range []string{first, second} {
+		statuses = append(statuses, g.api(t, http.MethodGet, "/v1/sessions/"+id, aliceKey, nil).StatusCode)
+	}
+	if !slices.Contains(statuses, http.StatusNotFound) || !slices.Contains(statuses, http.StatusOK) {
+		t.Errorf("after ending one of alice's two sessions by its ref, GET of each answers %v: want one 404, one 200", statuses)
+	}
+	if n := len(list(aliceKey)); n != 1 {
+		t.Errorf("alice has %d sessions listed after ending one of two", n)
 	}
 }

@@ -128,6 +128,21 @@ func Sessions(ctx context.Context, app *gateway.App, caller *gateway.Caller) ([]
 	return list, nil
 }
 
+// OwnSessionRef checks that ref (gateway.SessionSummary.Ref) names one of
+// caller's live sessions.
+func OwnSessionRef(ctx context.Context, app *gateway.App, caller *gateway.Caller, ref string) error {
+	list, err := Sessions(ctx, app, caller)
+	if err != nil {
+		return err
+	}
+	for _, s := range list {
+		if s.Ref == ref {
+			return nil
+		}
+	}
+	return refuse(http.StatusNotFound, "session_not_found", "none of your live sessions has this ref")
+}
+
 // EndSession ends caller's session named by ref (gateway.SessionSummary.Ref).
 func EndSession(ctx context.Context, app *gateway.App, caller *gateway.Caller, ref string) error {
 	if err := app.Sessions().DeleteRef(ctx, caller.User, ref); err != nil {

@@ -78,6 +78,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	mux.HandleFunc("GET /.well-known/oauth-protected-resource", h.resourceMetadata)
 	mux.HandleFunc("GET /.well-known/oauth-protected-resource/{rest...}", h.resourceMetadata)
 	mux.Handle("POST /v1/sessions", h.authenticated(h.createSession))
+	mux.Handle("GET /v1/sessions", h.authenticated(h.listSessions))
 	mux.Handle("GET /v1/sessions/{id}", h.authenticated(h.getSession))
 	mux.Handle("DELETE /v1/sessions/{id}", h.authenticated(h.deleteSession))
 	mux.Handle("GET /v1/catalog", h.authenticated(h.catalog))
@@ -316,10 +317,40 @@ func (h *Handler) getSession(w http.ResponseWriter, r *http.Request, caller *gat
 	gateway.WriteJSON(w, http.StatusOK, viewSession(sess))
 }
 
+// listSessions: GET /v1/sessions — the caller's live sessions, newest
+// first: never their ids, which only their creator saw, but the ref that
+// ends each (DELETE /v1/sessions/{ref}).
+func (h *Handler) listSessions(w http.ResponseWriter, r *http.Request, caller *gateway.Caller) {
+	list, err := account.Sessions(r.Context(), h.app, caller)
+	if err != nil {
+		fail(w, err)
+		return
+	}
+	type summary struct {
+		Ref string `json:"ref"`
+		gateway.SessionSummary
+	}
+	out := make([]summary, 0, len(list))
+	for _, s := range list {
+		out = append(out, summary{Ref: s.Ref, SessionSummary: s})
+	}
+	gateway.WriteJSON(w, http.StatusOK, map[string]any{"sessions": out})
+}
+
+// deleteSession: DELETE /v1/sessions/{id}, or a ref GET /v1/sessions
+// listed.
 func (h *Handler) deleteSession(w http.ResponseWriter, r *http.Request, caller *gateway.Caller) {
-	sess, err := account.OwnSession(r.Context(), h.app, caller, r.PathValue("id"))
+	ref, err := r.PathValue("id"), error(nil)
+	if gateway.IsSessionRef(ref) {
+		err = account.OwnSessionRef(r.Context(), h.app, caller, ref)
+	} else {
+		var sess *gateway.Session
+		if sess, err = account.OwnSession(r.Context(), h.app, caller, ref); err == nil {
+			ref = gateway.SessionRef(sess.ID)
+		}
+	}
 	if err == nil {
-		err = account.EndSession(r.Context(), h.app, caller, gateway.SessionRef(sess.ID))
+		err = account.EndSession(r.Context(), h.app, caller, ref)
 	}
 	if err != nil {
 		fail(w, err)

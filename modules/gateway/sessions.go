@@ -116,6 +116,10 @@ func sessionKey(id string) string { return path.Join(sessionPrefix, hashKey(id))
 // of the id, as storage and SessionSummary know it.
 func SessionRef(id string) string { return hashKey(id) }
 
+// IsSessionRef reports whether s has the shape of a SessionRef (no session
+// id has it).
+func IsSessionRef(s string) bool { return isHashKey(s) }
+
 func sessionIndexKey(user, ref string) string {
 	return path.Join(sessionByUserPrefix, hashKey(user), ref)
 }
@@ -147,7 +151,7 @@ func (s *SessionStore) Create(ctx context.Context, user string, services []strin
 		return nil, err
 	}
 	if s.perUser > 0 && len(live) >= s.perUser {
-		return nil, fmt.Errorf("%w: %s has %d (max_sessions_per_user): end one first (DELETE /v1/sessions/{id}, or End on the console's Sessions page), or wait until one expires", ErrTooManySessions, user, len(live))
+		return nil, fmt.Errorf("%w: %s has %d (max_sessions_per_user): end one first (DELETE /v1/sessions/{id}, or the ref GET /v1/sessions lists; or End on the console's Sessions page), or wait until one expires", ErrTooManySessions, user, len(live))
 	}
 	t := now().UTC().Truncate(time.Second)
 	sess := &Session{ID: NewID(), User: user, Services: services, CreatedAt: t, ExpiresAt: t.Add(s.ttl)}
