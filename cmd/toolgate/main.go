@@ -4,6 +4,7 @@
 package main
 
 import (
+	"os"
 	"runtime/debug"
 
 	"github.com/caddyserver/caddy/v2"
@@ -37,6 +38,14 @@ Every other command is Caddy's, and works as Caddy's documentation says
 (https://caddyserver.com/docs/command-line).`
 	// Printed by "toolgate version" before Caddy's own version.
 	caddy.CustomVersion = "toolgate " + buildVersion() + ", Caddy"
+	if len(os.Args) > 1 && os.Args[1] == "reload" {
+		// A reload applies the files the configuration names (api_keys,
+		// key files, {file.*} secrets) also when the Caddyfile itself is
+		// unchanged: Caddy alone skips a reload whose adapted
+		// configuration is the same, so a revoked API key would go on
+		// working.
+		os.Args = append(os.Args, "--force")
+	}
 	caddycmd.Main()
 }
 
