@@ -202,11 +202,17 @@ func DurationText(d time.Duration) string {
 // Secret is raw, a secret given in the configuration, with its
 // placeholders replaced. A placeholder Caddy does not know (a misspelt
 // {env.NAME}) is an error: left as text, it would be the secret — one that
-// everyone who reads the configuration knows. The error never quotes raw.
+// everyone who reads the configuration knows. So is a secret given that
+// is empty once replaced (an environment variable not set): going on
+// without it would quietly make, say, a confidential OAuth client a public
+// one, or an approvals webhook unsigned. The error never quotes raw.
 func Secret(repl *caddy.Replacer, raw string) (string, error) {
 	v, err := repl.ReplaceOrErr(raw, false, true)
 	if err != nil {
 		return "", errors.New("holds a placeholder Caddy does not know (left as text, it would be the secret): check its spelling, as in {env.NAME}")
+	}
+	if raw != "" && strings.TrimSpace(v) == "" {
+		return "", errors.New("is empty once placeholders are replaced: is its environment variable (or file) set? Leave the option out where no secret is meant")
 	}
 	return v, nil
 }

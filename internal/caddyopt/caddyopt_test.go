@@ -154,11 +154,19 @@ func TestSecret(t *testing.T) {
 	for raw, want := range map[string]string{
 		"{env.TOOLGATE_TEST_SECRET}":        "from-the-environment",
 		"literal-secret":                    "literal-secret",
-		"{env.TOOLGATE_TEST_UNSET_SECRET}":  "",
 		"prefix-{env.TOOLGATE_TEST_SECRET}": "prefix-from-the-environment",
+		"":                                  "", // not given: none meant
 	} {
 		if got, err := Secret(repl, raw); err != nil || got != want {
 			t.Errorf("%s: %q, %v; want %q", raw, got, err, want)
+		}
+	}
+	// Given, but empty once replaced: going on would mean no secret (a
+	// public OAuth client, an unsigned webhook).
+	t.Setenv("TOOLGATE_TEST_BLANK_SECRET", "  ")
+	for _, raw := range []string{"{env.TOOLGATE_TEST_UNSET_SECRET}", "{env.TOOLGATE_TEST_BLANK_SECRET}"} {
+		if got, err := Secret(repl, raw); err == nil || !strings.Contains(err.Error(), "empty once placeholders are replaced") {
+			t.Errorf("%s: %q, %v; want the error that it is empty", raw, got, err)
 		}
 	}
 	for _, raw := range []string{"{environment.TOOLGATE_TEST_SECRET}", "{envTOOLGATE_TEST_SECRET}", "s3cret-{nope}"} {

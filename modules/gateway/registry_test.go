@@ -130,9 +130,6 @@ func TestServiceValidate(t *testing.T) {
 		{"timeout negative", func(s *Service) { s.Timeout = caddy.Duration(-time.Second) }, "timeout", "out of range"},
 		{"header without name", func(s *Service) { s.Auth = &UpstreamAuth{Kind: AuthHeader, Value: "v"} }, "auth", "header name"},
 		{"header without value", func(s *Service) { s.Auth = &UpstreamAuth{Kind: AuthHeader, Header: "X-Key"} }, "auth", "environment variable"},
-		{"header with an unset variable", func(s *Service) {
-			s.Auth = &UpstreamAuth{Kind: AuthHeader, Header: "X-Key", Value: "{env.TG_TEST_SURELY_UNSET}"}
-		}, "auth", "empty value"},
 		{"unknown auth kind", func(s *Service) { s.Auth = &UpstreamAuth{Kind: "basic"} }, "auth", `unknown kind "basic"`},
 		{"oauth without block", func(s *Service) { s.Auth = &UpstreamAuth{Kind: AuthOAuth} }, "auth", "authorization_url, token_url and client_id"},
 		{"oauth authorization_url missing", oauthSvc(func(o *OAuthClient) { o.AuthorizationURL = "" }), "auth oauth authorization_url", "absolute URL"},
@@ -318,4 +315,22 @@ func TestEndpointOfRespelledURL(t *testing.T) {
 	}
 	// (Urls written as they are digested keep the Endpoint earlier versions
 	// stored: TestEndpointAdvCanonicalDigestsUnchanged.)
+}
+
+// A secret given through a placeholder that is empty once replaced (an
+// environment variable not set) is refused when the service is
+// provisioned: a header without its value, or an OAuth client quietly made
+// public.
+func TestServiceSecretEmptyOncePlaceholdersAreReplaced(t *testing.T) {
+	for name, auth := range map[string]*UpstreamAuth{
+		"auth header value": {Kind: AuthHeader, Header: "X-Key", Value: "{env.TG_TEST_SURELY_UNSET}"},
+		"oauth client_secret": {Kind: AuthOAuth, OAuth: &OAuthClient{AuthorizationURL: "https://a.example.com/auth",
+			TokenURL: "https://a.example.com/token", ClientID: "c", ClientSecret: "{env.TG_TEST_SURELY_UNSET}"}},
+	} {
+		s := &Service{ID: "svc", URL: "https://svc.example.com/mcp", Tools: []string{"t"}, Auth: auth}
+		err := s.provision(caddy.NewReplacer())
+		if err == nil || !strings.Contains(err.Error(), name+" is empty once placeholders are replaced") {
+			t.Errorf("%s from an unset variable: %v; want it refused as empty", name, err)
+		}
+	}
 }

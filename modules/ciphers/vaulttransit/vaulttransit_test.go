@@ -580,7 +580,7 @@ func TestProvisionAndValidate(t *testing.T) {
 		{"no key", Cipher{Address: "https://v", Token: "t"}, "key is required"},
 		{"no auth", Cipher{Address: "https://v", Key: "k"}, "one of token or approle"},
 		{"both auths", Cipher{Address: "https://v", Key: "k", Token: "t", AppRole: &AppRole{RoleID: "r"}}, "not both"},
-		{"token placeholder empty", Cipher{Address: "https://v", Key: "k", Token: "{env.TOOLGATE_TEST_EMPTY}"}, `token "{env.TOOLGATE_TEST_EMPTY}" is empty`},
+		{"token placeholder empty", Cipher{Address: "https://v", Key: "k", Token: "{env.TOOLGATE_TEST_EMPTY}"}, "token is empty once placeholders are replaced"},
 		{"approle without role_id", Cipher{Address: "https://v", Key: "k", AppRole: &AppRole{SecretID: "s"}}, "role_id is required"},
 		{"key with slash", Cipher{Address: "https://v", Token: "t", Key: "a/b"}, "must not contain"},
 	} {
