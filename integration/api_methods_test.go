@@ -95,3 +95,38 @@ func TestAPIListsSessionsAndEndsOneByRef(t *testing.T) {
 		t.Errorf("alice has %d sessions listed after ending one of two", n)
 	}
 }
+
+// GET /v1/tool-pins?changed= takes true or false: anything else is 400, not
+// read as false (a monitor asking ?changed=1 took every pin for a changed
+// one).
+func TestAPIToolPinsChangedTakesTrueOrFalse(t *testing.T) {
+	up := startUpstream(t)
+	g := startGateway(t, gatewayConfig{Upstream: up.URL})
+	for query, want := range map[string]int{"true": http.StatusOK, "false": http.StatusOK, "1": http.StatusBadRequest, "yes": http.StatusBadRequest, "TRUE": http.StatusBadRequest} {
+		if r := g.api(t, http.MethodGet, "/v1/tool-pins?changed="+query, carolKey, nil); r.StatusCode != want {
+			t.Errorf("GET /v1/tool-pins?changed=%s: %d %s, want %d", query, r.StatusCode, r.Body, want)
+		}
+	}
+}
+
+// A personal token that could never be sent as a bearer token is refused
+// when stored, saying why: a control character (which failed every call as
+// "the upstream is unreachable"), a space, a character outside ASCII, or
+// the token given with its "Bearer " prefix. Nothing is stored then.
+func TestAPIRefusesAPersonalTokenThatCannotBeSent(t *testing.T) {
+	up := startUpstream(t)
+	g := startGateway(t, gatewayConfig{Upstream: up.URL, Auth: "bearer"})
+	for _, token := range []string{"abc\x01def", "abc def", "abc\u00e9", "Bearer abcdef", " abc", "abc\t"} {
+		body, _ := json.Marshal(map[string]string{"token": token})
+		r := g.api(t, http.MethodPut, "/v1/connections/svc", aliceKey, body)
+		if r.StatusCode != http.StatusBadRequest || !strings.Contains(string(r.Body), "invalid_token") {
+			t.Errorf("storing the token %q: %d %s, want 400 invalid_token", token, r.StatusCode, r.Body)
+		}
+	}
+	if r := g.api(t, http.MethodGet, "/v1/catalog", aliceKey, nil); !strings.Contains(string(r.Body), `"needs_sign_in"`) {
+		t.Errorf("a refused token was stored: %s", r.Body)
+	}
+	if r := g.api(t, http.MethodPut, "/v1/connections/svc", aliceKey, []byte(`{"token":"ghp_AbC.123-_~+/=="}`)); r.StatusCode != http.StatusNoContent {
+		t.Errorf("storing a well-formed token: %d %s", r.StatusCode, r.Body)
+	}
+}

@@ -12,6 +12,7 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"strconv"
 	"strings"
 	"time"
 
@@ -251,8 +252,8 @@ func StoreToken(ctx context.Context, app *gateway.App, caller *gateway.Caller, s
 		}
 		return refuse(http.StatusBadRequest, "wrong_auth_kind", msg)
 	}
-	if token == "" || len(token) > MaxTokenBytes || strings.ContainsAny(token, "\r\n") {
-		return refuse(http.StatusBadRequest, "invalid_token", "give the token: non-empty, one line, at most 8 KiB")
+	if msg := tokenProblem(token); msg != "" {
+		return refuse(http.StatusBadRequest, "invalid_token", msg)
 	}
 	conn := &gateway.Connection{Kind: gateway.AuthBearer, AccessToken: token, TokenType: "Bearer", ConnectedAt: time.Now().UTC()}
 	if err := app.Connect(ctx, svc.ID, caller.User, conn); err != nil {
@@ -260,6 +261,27 @@ func StoreToken(ctx context.Context, app *gateway.App, caller *gateway.Caller, s
 		return Unavailable("the credential could not be stored")
 	}
 	return nil
+}
+
+// tokenProblem says what keeps token from being sent as a bearer token,
+// "" when nothing does. toolgate sends it as "Authorization: Bearer
+// <token>", where it is a run of visible ASCII characters: anything else
+// could never work (a control character fails every request, unsent), so
+// it is refused when stored rather than at each call.
+func tokenProblem(token string) string {
+	switch {
+	case token == "" || len(token) > MaxTokenBytes:
+		return "give the token: non-empty, at most 8 KiB"
+	case len(token) > 7 && strings.EqualFold(token[:7], "bearer "):
+		return "give the token alone, without \"Bearer \": toolgate sends it as Authorization: Bearer <token>"
+	}
+	for i := 0; i < len(token); i++ {
+		if c := token[i]; c <= ' ' || c >= 0x7f {
+			return "the token holds a space, a control character or a character outside ASCII at byte " + strconv.Itoa(i) +
+				": a bearer token is visible ASCII characters only (check what was copied)"
+		}
+	}
+	return ""
 }
 
 // Disconnect forgets caller's credential for svc and, when svc's OAuth

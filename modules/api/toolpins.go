@@ -3,6 +3,7 @@ package api
 import (
 	"errors"
 	"net/http"
+	"strconv"
 
 	"go.uber.org/zap"
 
@@ -20,6 +21,17 @@ type pinView struct {
 // listPins: GET /v1/tool-pins — every pinned tool, and the changed
 // definitions waiting for an administrator (?changed=true: only those).
 func (h *Handler) listPins(w http.ResponseWriter, r *http.Request, caller *gateway.Caller) {
+	var onlyChanged bool
+	switch changed := r.URL.Query().Get("changed"); changed {
+	case "", "false":
+	case "true":
+		onlyChanged = true
+	default:
+		// Read as "false", a monitor asking ?changed=1 would take every
+		// pinned tool for a changed one.
+		gateway.WriteAPIError(w, http.StatusBadRequest, "invalid_changed", "changed is true or false, not "+strconv.Quote(changed))
+		return
+	}
 	recs, err := h.pins.List(r.Context(), caller)
 	if err != nil {
 		h.pinFailure(w, err)
@@ -27,7 +39,7 @@ func (h *Handler) listPins(w http.ResponseWriter, r *http.Request, caller *gatew
 	}
 	views := []pinView{}
 	for _, rec := range recs {
-		if r.URL.Query().Get("changed") == "true" && rec.Changed == nil {
+		if onlyChanged && rec.Changed == nil {
 			continue
 		}
 		v := pinView{Record: rec}

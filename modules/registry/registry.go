@@ -118,6 +118,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		if !ok {
 			return nil
 		}
+		if call.Stateless != nil && call.Stateless.Held != "" {
+			defer h.releaseUntaken(call)
+		}
 	case http.MethodGet, http.MethodDelete:
 		if r.Method == http.MethodGet && !gateway.Bodyless(w, r) {
 			return nil

@@ -63,6 +63,17 @@ func (h *Handler) readStateless(w http.ResponseWriter, r *http.Request, call *ga
 	return true
 }
 
+// releaseUntaken releases the held call a retry's requestState named
+// (redeemed, so used up) when nothing took it on: a later step refused the
+// retry (toolgate_proxy, as no policy judged it, say). Kept, the call
+// would hold its upstream request and the caller's place until its
+// deadline, with nothing left to continue it.
+func (h *Handler) releaseUntaken(call *gateway.Call) {
+	if x := h.stateless.Take(call.Stateless.Held, mcp2026.Owner(call)); x != nil {
+		x.Release("toolgate did not let the client's retry through")
+	}
+}
+
 // openStateless prepares the implied MCP session of a stateless tools/call
 // so that the policy sees the tool's definition: toolgate_proxy learns the
 // upstream's revision and lists its tools. The initialize it may send is
