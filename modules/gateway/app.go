@@ -656,6 +656,9 @@ func (a *App) Start() error {
 			return fmt.Errorf("starting cipher: %w", err)
 		}
 	}
+	if err := a.checkCipherKey(ctx); err != nil {
+		return err
+	}
 	if err := a.sessions.start(a.logger); err != nil {
 		return fmt.Errorf("following session changes in storage: %w", err)
 	}

@@ -1,0 +1,59 @@
+package integration
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// A local cipher key file lost (or replaced by another) while the storage
+// keeps records sealed with the old one: toolgate used to make a new key
+// silently, and every stored credential and approval then failed to
+// decrypt, call after call, "retryable". It now refuses to start (or
+// reload), saying to restore the key; with the key back it starts, and
+// with the canary deleted it goes on with the new key.
+func TestCipherKeyThatDoesNotOpenTheStorageIsRefused(t *testing.T) {
+	up := startUpstream(t)
+	data := gatewayDataDir(t)
+	port := freePort(t)
+	cfg := gatewayConfig{Upstream: up.URL, DataDir: data}
+	startGatewayOnPort(t, port, cfg)
+	keyFile := filepath.Join(data, "cipher.key")
+	key, err := os.ReadFile(keyFile)
+	if err != nil {
+		t.Fatalf("premise: the gateway's key file: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(data, "toolgate", "cipher-canary")); err != nil {
+		t.Fatalf("premise: the canary was not sealed at start: %v", err)
+	}
+	if err := tryLoadGateway(t, port, cfg); err != nil {
+		t.Fatalf("premise: a reload with the same key is refused: %v", err)
+	}
+
+	if err := os.Remove(keyFile); err != nil {
+		t.Fatal(err)
+	}
+	err = tryLoadGateway(t, port, cfg)
+	if err == nil || !strings.Contains(err.Error(), "does not open the records in storage") {
+		t.Fatalf("a reload whose key file was lost (and made anew): %v; want it refused", err)
+	}
+
+	if err := os.WriteFile(keyFile, key, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := tryLoadGateway(t, port, cfg); err != nil {
+		t.Errorf("with the key file restored, the reload is refused: %v", err)
+	}
+
+	// Going on with a new key, as the refusal says: the canary deleted.
+	if err := os.Remove(keyFile); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(filepath.Join(data, "toolgate", "cipher-canary")); err != nil {
+		t.Fatal(err)
+	}
+	if err := tryLoadGateway(t, port, cfg); err != nil {
+		t.Errorf("with a new key and the canary deleted, the reload is refused: %v", err)
+	}
+}
