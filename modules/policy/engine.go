@@ -223,6 +223,22 @@ func (e *engine) reloadAndReport() {
 	}
 }
 
+// checkFiles loads and compiles the engine's policy files as they are now,
+// apart from the engine, which goes on with what it has. A bundle (fetched
+// over the network, which provisioning does not do) is not checked.
+func (e *engine) checkFiles() error {
+	f, ok := e.source.(*fileSource)
+	if !ok {
+		return nil
+	}
+	v, err := (&fileSource{path: f.path}).load(context.Background())
+	if err != nil {
+		return err
+	}
+	_, err = e.compile(v)
+	return err
+}
+
 // reload loads the source and swaps in the new version if it changed.
 func (e *engine) reload(ctx context.Context) error {
 	v, err := e.source.load(ctx)

@@ -201,7 +201,7 @@ func (c *Config) provision(ctx caddy.Context, stage, defaultQuery string) error 
 		return fmt.Errorf("%s: %w", stage, err)
 	}
 	c.poolKey = fmt.Sprintf("%s\x00%s\x00%s\x00%d\x00%s\x00%s", stage, location, c.Query, interval, c.Evaluator, keyDigest)
-	v, _, err := enginePool.LoadOrNew(c.poolKey, func() (caddy.Destructor, error) {
+	v, running, err := enginePool.LoadOrNew(c.poolKey, func() (caddy.Destructor, error) {
 		src := newSource(location)
 		if b, ok := src.(*bundleSource); ok {
 			b.verify = verify
@@ -212,6 +212,17 @@ func (c *Config) provision(ctx caddy.Context, stage, defaultQuery string) error 
 		return fmt.Errorf("%s: %w", stage, err)
 	}
 	c.engine = v.(*engine)
+	if running {
+		// A reload keeps the running engine, which follows its files on
+		// its own and keeps the last good policy when a change does not
+		// load. The reload is refused when the files as they are now do
+		// not load, as `toolgate validate` and a restart would refuse
+		// them: told nothing, an operator would learn it at the next
+		// restart, which fails.
+		if err := c.engine.checkFiles(); err != nil {
+			return fmt.Errorf("%s: the policy files as they are now do not load (the running policy stays the last one that did): %w", stage, err)
+		}
+	}
 	// Watching (and fetching a bundle) starts with the toolgate app, so
 	// that `caddy validate` does no network I/O and starts nothing. A
 	// shared engine logs through the logger of the config that runs now:

@@ -1,5 +1,8 @@
 package integration
 
+// Checks a start or a reload makes before it goes on: the cipher opens the
+// storage's records, and the policy files load.
+
 import (
 	"os"
 	"path/filepath"
@@ -55,5 +58,32 @@ func TestCipherKeyThatDoesNotOpenTheStorageIsRefused(t *testing.T) {
 	}
 	if err := tryLoadGateway(t, port, cfg); err != nil {
 		t.Errorf("with a new key and the canary deleted, the reload is refused: %v", err)
+	}
+}
+
+// A configuration reload while the policy files do not load is refused,
+// naming the error, as toolgate validate and a restart refuse them (the
+// running engine keeps its last good policy either way: told nothing, the
+// operator learned it at the next restart, which failed). With the files
+// mended, the reload goes through.
+func TestReloadWithPolicyFilesThatDoNotLoadIsRefused(t *testing.T) {
+	up := startUpstream(t)
+	policies := copyPolicies(t, "testdata/policy")
+	port := freePort(t)
+	cfg := gatewayConfig{Upstream: up.URL, RequestPolicy: policies}
+	startGatewayOnPort(t, port, cfg)
+	broken := filepath.Join(policies, "broken.rego")
+	if err := os.WriteFile(broken, []byte("package toolgate.request\n\nthis is not rego\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	err := tryLoadGateway(t, port, cfg)
+	if err == nil || !strings.Contains(err.Error(), "do not load") || !strings.Contains(err.Error(), "broken.rego") {
+		t.Fatalf("a reload with a policy file that does not parse: %v; want it refused, naming the file", err)
+	}
+	if err := os.Remove(broken); err != nil {
+		t.Fatal(err)
+	}
+	if err := tryLoadGateway(t, port, cfg); err != nil {
+		t.Errorf("a reload with the policy files mended: %v", err)
 	}
 }
