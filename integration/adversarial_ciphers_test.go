@@ -479,7 +479,7 @@ func TestCipherAttackLocalKeyReplacedHolds(t *testing.T) {
 	m.mustEcho(t, "old key")
 	// A new key file, and the gateway restarted on the same storage, once
 	// the operator deleted the cipher's canary to go on with the new key
-	// (without that, it refuses to start: cipher_canary_test.go).
+	// (without that, it refuses to start: reload_checks_test.go).
 	keyFile := filepath.Join(g.DataDir, "cipher.key")
 	if err := os.Remove(keyFile); err != nil {
 		t.Fatal(err)
