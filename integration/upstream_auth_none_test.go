@@ -1,9 +1,13 @@
 package integration
 
 import (
+	"fmt"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/tidwall/gjson"
 )
@@ -46,5 +50,34 @@ func TestConnectionTestOfARefusedPersonalTokenSaysConnectAgain(t *testing.T) {
 	r := g.api(t, http.MethodPost, "/v1/connections/svc/test", aliceKey, nil)
 	if gjson.GetBytes(r.Body, "ok").Bool() || !gjson.GetBytes(r.Body, "needs_sign_in").Bool() || gjson.GetBytes(r.Body, "connect_url").String() == "" {
 		t.Errorf("the connection test of a token the upstream refuses: %d %s, want ok false, needs_sign_in and a connect_url", r.StatusCode, r.Body)
+	}
+}
+
+// An upstream that cannot be reached is logged with what failed (here a
+// refused connection), for the operator: the runner is told only that it
+// is unreachable, and the log never holds the service URL's query, which
+// may carry a secret.
+func TestUnreachableUpstreamIsLoggedWithItsCause(t *testing.T) {
+	logFile := filepath.Join(t.TempDir(), "gateway.log")
+	closed := fmt.Sprintf("http://127.0.0.1:%d/mcp?api_key=query-secret-4711", freePort(t))
+	g := startGateway(t, gatewayConfig{Upstream: closed, Log: "output file " + logFile + "\n\t\tlevel WARN"})
+	m := g.raw(t, aliceKey, g.createSession(t, aliceKey, "svc"), "svc")
+	_, _, msgs := m.post(`{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"raw","version":"1"}}}`)
+	if len(msgs) != 1 || !strings.Contains(string(msgs[0]), "unreachable") || strings.Contains(string(msgs[0]), "refused") {
+		t.Fatalf("premise: the runner's answer: %s", msgs)
+	}
+	var log []byte
+	for range 50 { // the entry is written as the answer goes out
+		log, _ = os.ReadFile(logFile)
+		if strings.Contains(string(log), "upstream unavailable") {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if !strings.Contains(string(log), `"cause":"dial tcp 127.0.0.1:`) || !strings.Contains(string(log), "connection refused") {
+		t.Errorf("the log does not say what failed:\n%s", log)
+	}
+	if strings.Contains(string(log), "query-secret-4711") {
+		t.Errorf("the log holds the service URL's query:\n%s", log)
 	}
 }

@@ -989,11 +989,16 @@ func (h *Handler) answerError(w http.ResponseWriter, r *http.Request, call *gate
 	case kindRejected:
 		// The upstream's body is not relayed: what reaches the runner is
 		// read strictly and passes deliver, and this did not.
+		h.logger.Info("the upstream rejected a request", zap.String("service", call.Service.ID), zap.String("method", call.Method), zap.Int("status", ue.status))
 		call.Fail(w, ue.status, gateway.CodeInvalidRequest, ue.msg, nil)
 	case kindOverLimit:
 		call.Fail(w, http.StatusBadGateway, gateway.CodeInternalError, ue.msg, nil)
 	default:
-		h.logger.Warn("upstream unavailable", zap.String("service", call.Service.ID), zap.String("error", ue.msg))
+		fields := []zap.Field{zap.String("service", call.Service.ID), zap.String("error", ue.msg)}
+		if ue.cause != nil {
+			fields = append(fields, zap.String("cause", ue.cause.Error()))
+		}
+		h.logger.Warn("upstream unavailable", fields...)
 		call.Unavailable(w, ue.msg)
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptrace"
+	"net/url"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -39,6 +40,10 @@ type upstreamError struct {
 	// reached the upstream (its headers were written) and was not answered.
 	// An abandoned request in that state is cancelled.
 	sent bool
+	// cause is what failed (a refused dial, a TLS handshake, a name not
+	// found), for the operator's log only: never the runner's, and never
+	// with the request's URL, whose query may hold a secret.
+	cause error
 }
 
 type errorKind uint8
@@ -57,6 +62,15 @@ const (
 var errSessionEnded error = &upstreamError{kind: kindClosed, sent: true, msg: "the MCP session was ended while the request was in progress"}
 
 func (e *upstreamError) Error() string { return e.msg }
+
+// withoutURL is err without the URL a transport error names (url.Error).
+func withoutURL(err error) error {
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		return ue.Err
+	}
+	return err
+}
 
 func unavailable(format string, args ...any) *upstreamError {
 	return &upstreamError{kind: kindUnavailable, msg: fmt.Sprintf(format, args...)}
@@ -198,7 +212,7 @@ func (h *Handler) attempt(ctx context.Context, call *gateway.Call, up gateway.Up
 	if err != nil {
 		timedOut := ctx.Err() != nil // before cancel, which sets it
 		cancel()
-		e := &upstreamError{kind: kindUnavailable, sent: sent.Load(), msg: "the upstream is unreachable"}
+		e := &upstreamError{kind: kindUnavailable, sent: sent.Load(), msg: "the upstream is unreachable", cause: withoutURL(err)}
 		switch {
 		case timedOut && e.sent:
 			e.msg = "the upstream did not answer in time"
