@@ -7,10 +7,14 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig"
 )
 
 // TestDemoWalkthrough runs caddyfile/demo.Caddyfile — the README's first
@@ -139,5 +143,55 @@ func TestDemoWalkthrough(t *testing.T) {
 		if resp.StatusCode != want {
 			t.Errorf("GET /v1/tool-pins as %s: HTTP %d %s, want %d", key, resp.StatusCode, body, want)
 		}
+	}
+}
+
+// An oauth service needs the console (where people connect) and the API
+// (whose callback the provider sends them back to): the demo without
+// either is refused at start, naming what to add. Without the API, the
+// provider's redirect met the site's 404 and the code was lost.
+func TestDemoWithoutAPIOrConsoleIsRefused(t *testing.T) {
+	text, err := os.ReadFile(filepath.Join("..", "caddyfile", "demo.Caddyfile"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	console := regexp.MustCompile(`(?s)\n\ttoolgate_console \{.*?\n\t\}`)
+	for _, c := range []struct {
+		name, want string
+		cut        func(string) string
+	}{
+		{"toolgate_api", "add toolgate_api to the site", func(s string) string { return strings.Replace(s, "\n\ttoolgate_api\n", "\n", 1) }},
+		{"toolgate_console", "add toolgate_console to the site", func(s string) string { return console.ReplaceAllString(s, "") }},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			gwPort, upPort := freePort(t), freePort(t)
+			demo := strings.NewReplacer(
+				"127.0.0.1:8080", "127.0.0.1:"+strconv.Itoa(gwPort),
+				"127.0.0.1:8081", "127.0.0.1:"+strconv.Itoa(upPort),
+				".toolgate-demo", t.TempDir(),
+				"toolgate_policy policies", "toolgate_policy ../policies",
+				"toolgate_result_policy policies", "toolgate_result_policy ../policies",
+				"auto_https off", "auto_https off\n\tadmin off\n\tlog {\n\t\toutput discard\n\t}",
+			).Replace(string(text))
+			cut := c.cut(demo)
+			if cut == demo {
+				t.Fatalf("premise: the demo has no %s to leave out", c.name)
+			}
+			cfgJSON, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(cut), map[string]any{"filename": "Caddyfile"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			caddyMu.Lock()
+			err = caddy.Load(cfgJSON, true)
+			caddyMu.Unlock()
+			t.Cleanup(func() {
+				caddyMu.Lock()
+				defer caddyMu.Unlock()
+				_ = caddy.Stop()
+			})
+			if err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Errorf("the demo without %s: %v; want it refused: %q", c.name, err, c.want)
+			}
+		})
 	}
 }

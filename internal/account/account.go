@@ -277,8 +277,8 @@ func tokenProblem(token string) string {
 	}
 	for i := 0; i < len(token); i++ {
 		if c := token[i]; c <= ' ' || c >= 0x7f {
-			return "the token holds a space, a control character or a character outside ASCII at byte " + strconv.Itoa(i) +
-				": a bearer token is visible ASCII characters only (check what was copied)"
+			return "the token holds a space, a line break or another control character, or a character outside ASCII, at byte " + strconv.Itoa(i) +
+				": a bearer token is one line of visible ASCII characters (check what was copied)"
 		}
 	}
 	return ""

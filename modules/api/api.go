@@ -62,6 +62,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return err
 	}
 	h.app = app
+	h.app.RegisterAPI()
 	// the browser that started a connect, judged by the console's terms
 	if h.browsers, err = websession.For(h.app, 0); err != nil {
 		return err

@@ -211,6 +211,7 @@ type App struct {
 	// Set while handlers are provisioned, read once serving: a
 	// toolgate_console serves this config, and who records decisions.
 	console  bool
+	api      bool
 	recorder DecisionRecorder
 	sharedMu *sync.Mutex
 	shared   map[string]any
@@ -645,6 +646,9 @@ func (a *App) Start() error {
 			// services in a browser signed in to the console.
 			return fmt.Errorf("service %q uses oauth: its users connect their accounts in the console; add toolgate_console to the site that serves public_url", s.ID)
 		}
+		if s.Auth.Kind == AuthOAuth && !a.api {
+			return fmt.Errorf("service %q uses oauth: its provider sends people back to %s/v1/connections/%s/callback, which toolgate_api serves; add toolgate_api to the site that serves public_url", s.ID, a.PublicURL, s.ID)
+		}
 	}
 	for _, s := range a.Services {
 		if s.Auth.Kind == AuthHeader {
@@ -1052,6 +1056,11 @@ const ConsolePath = "/console/"
 // RegisterConsole records that toolgate_console serves this gateway's
 // pages, so that connect URLs point at it. Handlers call it in Provision.
 func (a *App) RegisterConsole() { a.console = true }
+
+// RegisterAPI records that toolgate_api serves this gateway's API, with the
+// OAuth callback providers send people back to. Handlers call it in
+// Provision.
+func (a *App) RegisterAPI() { a.api = true }
 
 // Logger returns the app's logger.
 func (a *App) Logger() *zap.Logger { return a.logger }
