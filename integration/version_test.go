@@ -34,6 +34,13 @@ func TestBinaryNamesItselfToolgate(t *testing.T) {
 			t.Errorf("toolgate help lacks %q:\n%s", want, out)
 		}
 	}
+	// Caddy's upgrade would download a plain Caddy in its place (and, in
+	// a binary not built by Caddy's tools, panicked).
+	cmd := exec.Command(bin, "upgrade")
+	out, err = cmd.CombinedOutput()
+	if cmd.ProcessState.ExitCode() != 2 || !strings.Contains(string(out), "build a new binary") || strings.Contains(string(out), "panic") {
+		t.Errorf("toolgate upgrade: %v\n%s", err, out)
+	}
 }
 
 // toolgate reload applies a changed file the configuration names even when

@@ -4,6 +4,7 @@
 package main
 
 import (
+	"fmt"
 	"os"
 	"runtime/debug"
 
@@ -35,9 +36,16 @@ credential, relays the exchange and runs the result policy.
 	toolgate version                      toolgate's version, and Caddy's
 
 Every other command is Caddy's, and works as Caddy's documentation says
-(https://caddyserver.com/docs/command-line).`
+(https://caddyserver.com/docs/command-line), but upgrade, add-package and
+remove-package, which would put a plain Caddy in this binary's place.`
 	// Printed by "toolgate version" before Caddy's own version.
 	caddy.CustomVersion = "toolgate " + buildVersion() + ", Caddy"
+	if len(os.Args) > 1 && (os.Args[1] == "upgrade" || os.Args[1] == "add-package" || os.Args[1] == "remove-package") {
+		// Caddy's: they download a Caddy build from caddyserver.com in
+		// place of this binary, which would drop toolgate's modules.
+		fmt.Fprintf(os.Stderr, "toolgate %s: toolgate is built from its own source with the modules it needs; build a new binary instead (make build, or go build ./cmd/toolgate)\n", os.Args[1])
+		os.Exit(2)
+	}
 	if len(os.Args) > 1 && os.Args[1] == "reload" {
 		// A reload applies the files the configuration names (api_keys,
 		// key files, {file.*} secrets) also when the Caddyfile itself is
