@@ -81,3 +81,29 @@ func TestUnreachableUpstreamIsLoggedWithItsCause(t *testing.T) {
 		t.Errorf("the log holds the service URL's query:\n%s", log)
 	}
 }
+
+// A service reached over plain http across the network (allow_http on a
+// host that is not this machine) is warned about at start; one on a
+// loopback address is not.
+func TestPlainHTTPAcrossTheNetworkIsWarnedAbout(t *testing.T) {
+	up := startUpstream(t)
+	logFile := filepath.Join(t.TempDir(), "gateway.log")
+	startGateway(t, gatewayConfig{Upstream: up.URL, Log: "output file " + logFile + "\n\t\tlevel WARN", Services: `service remote {
+			url http://tracker.example.com/mcp
+			allow_http
+			tools anything
+		}`})
+	log, err := os.ReadFile(logFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var warned []string
+	for _, line := range strings.Split(string(log), "\n") {
+		if strings.Contains(line, "plain http across the network") {
+			warned = append(warned, gjson.Get(line, "service").String())
+		}
+	}
+	if len(warned) != 1 || warned[0] != "remote" {
+		t.Errorf("services warned about plain http: %v, want [remote] (svc is on 127.0.0.1)\n%s", warned, log)
+	}
+}

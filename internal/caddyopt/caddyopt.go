@@ -118,8 +118,9 @@ func RedactURL(s string) string {
 	return s
 }
 
-// URLError is what a url.Parse error says without the URL it quotes (which
-// may hold a password): "invalid URL escape "%zz"", say.
+// URLError is what a url.Parse error, or an HTTP client's, says without
+// the URL it quotes (which may hold a password, or a secret in its query):
+// "invalid URL escape "%zz"", or "dial tcp …: connection refused", say.
 func URLError(err error) error {
 	var ue *url.Error
 	if errors.As(err, &ue) {

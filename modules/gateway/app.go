@@ -654,6 +654,10 @@ func (a *App) Start() error {
 		if s.Auth.Kind == AuthHeader {
 			serviceHeaders.serve(s.ID, &Credential{Header: s.Auth.Header, Value: s.Auth.Value})
 		}
+		if u, err := url.Parse(s.URL); err == nil && u.Scheme == "http" && !caddyopt.LoopbackHost(u.Hostname()) {
+			a.logger.Warn("a service is reached over plain http across the network (allow_http): whoever is on the path reads and changes its calls and results, and its credential; use https, and keep allow_http for an upstream on this machine",
+				zap.String("service", s.ID), zap.String("host", u.Hostname()), zap.String("auth", s.Auth.Kind))
+		}
 	}
 	if s, ok := a.cipher.(CipherStarter); ok {
 		if err := s.Start(ctx); err != nil {

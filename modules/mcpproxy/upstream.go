@@ -8,7 +8,6 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptrace"
-	"net/url"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -17,6 +16,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.uber.org/zap"
 
+	"github.com/toolgate/toolgate/internal/caddyopt"
 	"github.com/toolgate/toolgate/internal/mcpmsg"
 	"github.com/toolgate/toolgate/modules/gateway"
 )
@@ -62,15 +62,6 @@ const (
 var errSessionEnded error = &upstreamError{kind: kindClosed, sent: true, msg: "the MCP session was ended while the request was in progress"}
 
 func (e *upstreamError) Error() string { return e.msg }
-
-// withoutURL is err without the URL a transport error names (url.Error).
-func withoutURL(err error) error {
-	var ue *url.Error
-	if errors.As(err, &ue) {
-		return ue.Err
-	}
-	return err
-}
 
 func unavailable(format string, args ...any) *upstreamError {
 	return &upstreamError{kind: kindUnavailable, msg: fmt.Sprintf(format, args...)}
@@ -212,7 +203,7 @@ func (h *Handler) attempt(ctx context.Context, call *gateway.Call, up gateway.Up
 	if err != nil {
 		timedOut := ctx.Err() != nil // before cancel, which sets it
 		cancel()
-		e := &upstreamError{kind: kindUnavailable, sent: sent.Load(), msg: "the upstream is unreachable", cause: withoutURL(err)}
+		e := &upstreamError{kind: kindUnavailable, sent: sent.Load(), msg: "the upstream is unreachable", cause: caddyopt.URLError(err)}
 		switch {
 		case timedOut && e.sent:
 			e.msg = "the upstream did not answer in time"
