@@ -37,7 +37,7 @@ decision that is undefined, malformed or over the deadline is a deny).
 				Short: "Prints the decision the gateway would make for a policy input",
 				Long: `
 Evaluates a policy input and prints the decision as the gateway reads it:
-{"action", "reason", "arguments" or "result", "failure", "revision"}.
+{"action", "reason", "arguments" or "result", "failure", "error", "revision"}.
 
 --input is a JSON file (- for stdin): the input as log_input logs it, or one
 you wrote. --config (with --adapter, as for toolgate run) names the
@@ -83,6 +83,8 @@ type evalOutput struct {
 	Result    any            `json:"result,omitempty"`
 	// Failure says why the decision is a deny the policy did not make.
 	Failure string `json:"failure,omitempty"`
+	// Error is the evaluation's error, when it failed (failure "error").
+	Error string `json:"error,omitempty"`
 }
 
 // cmdPolicyEval runs toolgate policy eval, writing the decision to w; it
@@ -173,6 +175,17 @@ func policyEval(inputFile, configFile, adapter string, policy Config, stage stri
 	}
 	o := e.decide(context.Background(), input.Value, time.Minute, replaceKey)
 	out := &evalOutput{Stage: stage, Source: e.source.String(), Revision: o.Revision, Action: o.Action, Reason: o.Reason, Arguments: o.Arguments, Failure: o.Failure}
+	if o.evalErr != nil {
+		out.Error = o.evalErr.Error()
+		if !e.source.remote() {
+			// The plan's errors name no rule; OPA's evaluator says where.
+			if te, err := newEngine(newSource(policy.Source), query, stage, evaluatorTopdown, 0, zap.NewNop(), policyMetrics); err == nil {
+				if o := te.decide(context.Background(), input.Value, time.Minute, replaceKey); o.evalErr != nil {
+					out.Error = o.evalErr.Error()
+				}
+			}
+		}
+	}
 	if o.Result != nil {
 		if out.Result, err = ast.JSON(o.Result.Value); err != nil {
 			return nil, err

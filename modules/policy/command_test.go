@@ -50,6 +50,17 @@ func TestPolicyEvalCommand(t *testing.T) {
 		"annotations": {"readOnlyHint": false, "destructiveHint": true, "idempotentHint": false, "openWorldHint": true}}}`)
 	leak := write("leak.json", `{`+call+`, "tool": {"name": "read_ticket"}, "result": {"content": [{"type": "text", "text": "key AKIAIOSFODNN7EXAMPLE"}]}}`)
 
+	conflicting := filepath.Join(dir, "conflicting")
+	if err := os.Mkdir(conflicting, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	write(filepath.Join("conflicting", "request.rego"), `package toolgate.request
+
+decision := {"action": "allow"} if input.method == "tools/call"
+
+decision := {"action": "deny", "reason": "no"} if input.method == "tools/call"
+`)
+
 	for _, tc := range []struct {
 		name, input, config, source, stage string
 		want                               []string // in the output
@@ -59,6 +70,7 @@ func TestPolicyEvalCommand(t *testing.T) {
 		{"request denied", unmarked, caddyfile, "", "", []string{`"action":"deny"`, `by MCP's default`}, ""},
 		{"result redacted", leak, caddyfile, "", "", []string{`"stage":"result"`, `"action":"allow"`, `[REDACTED:aws_access_key_id]`}, ""},
 		{"a policy named directly", readOnly, "", policies, "request", []string{`"action":"allow"`}, ""},
+		{"an evaluation error, said", readOnly, "", conflicting, "request", []string{`"action":"deny"`, `"failure":"error"`, `request.rego:5`}, ""},
 		{"the result stage on a request input", readOnly, caddyfile, "", "result", []string{`"action":"deny"`, `no content array`}, ""},
 		{"no input", "", caddyfile, "", "", nil, "--input is required"},
 		{"no policy", readOnly, "", "", "", nil, "name the policy"},

@@ -403,6 +403,8 @@ type outcome struct {
 	Revision string
 	Duration time.Duration
 	recalled bool // the plan recalled the value of an earlier evaluation
+	// evalErr is the evaluation's error, when Failure is failError.
+	evalErr error
 	// upstream is the rewritten arguments' JSON text, which go upstream in
 	// place of the runner's, for the audit entry; nil without a rewrite.
 	upstream []byte
@@ -430,7 +432,9 @@ func (e *engine) decideWith(ctx context.Context, c *compiled, input ast.Value, t
 	case err != nil && (ev.timedOut || errors.Is(err, context.DeadlineExceeded)):
 		return o.deny(failTimeout, "the policy took longer than its deadline")
 	case err != nil:
-		e.logger().Warn("policy evaluation failed", zap.String("stage", e.stage), zap.String("revision", c.revision), zap.Error(err))
+		e.logger().Warn("policy evaluation failed (toolgate policy eval, given the input log_input logs, names the rule and its line)",
+			zap.String("stage", e.stage), zap.String("revision", c.revision), zap.Error(err))
+		o.evalErr = err
 		return o.deny(failError, "the policy failed to evaluate")
 	case n == 0:
 		return o.deny(failUndefined, "the policy made no decision")
