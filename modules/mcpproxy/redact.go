@@ -623,7 +623,12 @@ func isBase64Char(c byte) bool {
 func (h *Handler) logRedacted(call *gateway.Call, out mcpmsg.Message, changed bool) {
 	if changed {
 		// The method as redacted: the upstream's own may hold the secret.
+		// An answer has none: the call's is what it answers.
+		method := out.Method
+		if method == "" {
+			method = call.Method
+		}
 		h.logger.Warn("an upstream sent back the credential toolgate attached to the call; it is redacted",
-			zap.String("service", call.Service.ID), zap.String("user", call.Caller.User), zap.String("method", out.Method))
+			zap.String("service", call.Service.ID), zap.String("user", call.Caller.User), zap.String("method", method))
 	}
 }
