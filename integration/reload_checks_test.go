@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/caddyserver/caddy/v2"
 )
 
 // A local cipher key file lost (or replaced by another) while the storage
@@ -85,5 +87,26 @@ func TestReloadWithPolicyFilesThatDoNotLoadIsRefused(t *testing.T) {
 	}
 	if err := tryLoadGateway(t, port, cfg); err != nil {
 		t.Errorf("a reload with the policy files mended: %v", err)
+	}
+}
+
+// A file_system storage toolgate cannot write (its path a file) refuses
+// the start, saying why: every request that stored something answered
+// "try again in a moment".
+func TestStorageThatCannotBeWrittenIsRefusedAtStart(t *testing.T) {
+	up := startUpstream(t)
+	notADir := filepath.Join(t.TempDir(), "storage")
+	if err := os.WriteFile(notADir, []byte("a file"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg := gatewayConfig{Upstream: up.URL, DataDir: notADir, Cipher: "local " + filepath.Join(t.TempDir(), "cipher.key")}
+	t.Cleanup(func() { // should the start not be refused
+		caddyMu.Lock()
+		defer caddyMu.Unlock()
+		_ = caddy.Stop()
+	})
+	err := tryLoadGateway(t, freePort(t), cfg)
+	if err == nil || !strings.Contains(err.Error(), "storage file_system "+notADir) || !strings.Contains(err.Error(), "give a directory toolgate may write") {
+		t.Errorf("a storage path that is a file: %v; want the start refused, saying why", err)
 	}
 }

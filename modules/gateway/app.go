@@ -664,6 +664,11 @@ func (a *App) Start() error {
 			return fmt.Errorf("starting cipher: %w", err)
 		}
 	}
+	if fsys, ok := a.storage.(*fileSystemStorage); ok {
+		if err := fsys.checkWritable(); err != nil {
+			return err
+		}
+	}
 	if err := a.checkCipherKey(ctx); err != nil {
 		return err
 	}

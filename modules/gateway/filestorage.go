@@ -3,6 +3,7 @@ package gateway
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io/fs"
 	"os"
 	"path"
@@ -104,4 +105,20 @@ func SafeListing(storage certmagic.Storage) certmagic.Storage {
 		return &fileSystemStorage{FileStorage: fsys, locks: fileLocks{held: map[string]*heldLock{}}}
 	}
 	return storage
+}
+
+// checkWritable makes the storage's directory if it is missing, and checks
+// that a file can be written in it: a path that is a file, or a directory
+// toolgate may not write, fails every request that stores anything, each
+// answered "try again", so the start is refused instead, saying why.
+func (s *fileSystemStorage) checkWritable() error {
+	if err := os.MkdirAll(s.Path, 0o700); err != nil {
+		return fmt.Errorf("storage file_system %s: %w: give a directory toolgate may write", s.Path, err)
+	}
+	f, err := os.CreateTemp(s.Path, ".toolgate-probe-*")
+	if err != nil {
+		return fmt.Errorf("storage file_system %s: %w: give a directory toolgate may write", s.Path, err)
+	}
+	f.Close()
+	return os.Remove(f.Name())
 }
