@@ -9,7 +9,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -115,21 +114,8 @@ func textOf(t *testing.T, ctx context.Context, sel string) string {
 // README's walk-through.
 func startDemo(t *testing.T) *gateway {
 	t.Helper()
-	text, err := os.ReadFile(filepath.Join("..", "caddyfile", "demo.Caddyfile"))
-	if err != nil {
-		t.Fatal(err)
-	}
 	gwPort, upPort := freePort(t), freePort(t)
-	demo := strings.NewReplacer(
-		"127.0.0.1:8080", "127.0.0.1:"+strconv.Itoa(gwPort),
-		"127.0.0.1:8081", "127.0.0.1:"+strconv.Itoa(upPort),
-		"localhost:8080", "localhost:"+strconv.Itoa(gwPort),
-		".toolgate-demo", t.TempDir(),
-		"toolgate_policy policies", "toolgate_policy ../policies",
-		"toolgate_result_policy policies", "toolgate_result_policy ../policies",
-		"auto_https off", "auto_https off\n\tadmin off\n\tlog {\n\t\toutput discard\n\t}",
-	).Replace(string(text))
-	loadCaddyfile(t, demo)
+	loadCaddyfile(t, demoCaddyfile(t, gwPort, upPort, ""))
 	g := &gateway{URL: fmt.Sprintf("http://127.0.0.1:%d", gwPort)}
 	waitListening(t, g.URL)
 	waitListening(t, fmt.Sprintf("http://127.0.0.1:%d", upPort))

@@ -17,6 +17,33 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 )
 
+// demoCaddyfile is caddyfile/demo.Caddyfile on the ports given, with its
+// data in a temporary directory, the repository's policies (with the
+// deadline policyTimeout, unless ""), no admin endpoint and no log: only
+// what lets tests run beside a demo differs from the file.
+func demoCaddyfile(t testing.TB, gwPort, upPort int, policyTimeout string) string {
+	t.Helper()
+	text, err := os.ReadFile(filepath.Join("..", "caddyfile", "demo.Caddyfile"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	policy := func(step string) string {
+		if policyTimeout == "" {
+			return step + " ../policies"
+		}
+		return step + " ../policies {\n\t\t\ttimeout " + policyTimeout + "\n\t\t}"
+	}
+	return strings.NewReplacer(
+		"127.0.0.1:8080", "127.0.0.1:"+strconv.Itoa(gwPort),
+		"127.0.0.1:8081", "127.0.0.1:"+strconv.Itoa(upPort),
+		"localhost:8080", "localhost:"+strconv.Itoa(gwPort),
+		".toolgate-demo", t.TempDir(),
+		"toolgate_policy policies", policy("toolgate_policy"),
+		"toolgate_result_policy policies", policy("toolgate_result_policy"),
+		"auto_https off", "auto_https off\n\tadmin off\n\tlog {\n\t\toutput discard\n\t}",
+	).Replace(string(text))
+}
+
 // TestDemoWalkthrough runs caddyfile/demo.Caddyfile — the README's first
 // command — and follows the README's walk-through: a session for alice,
 // connecting the tracker through its OAuth provider, then MCP initialize,
@@ -25,22 +52,9 @@ import (
 // pins. Only the ports and the data
 // directory differ from the file, so that the test runs beside a demo.
 func TestDemoWalkthrough(t *testing.T) {
-	text, err := os.ReadFile(filepath.Join("..", "caddyfile", "demo.Caddyfile"))
-	if err != nil {
-		t.Fatal(err)
-	}
 	gwPort, upPort := freePort(t), freePort(t)
-	demo := strings.NewReplacer(
-		"127.0.0.1:8080", "127.0.0.1:"+strconv.Itoa(gwPort),
-		"127.0.0.1:8081", "127.0.0.1:"+strconv.Itoa(upPort),
-		"localhost:8080", "localhost:"+strconv.Itoa(gwPort),
-		".toolgate-demo", t.TempDir(),
-		// A generous deadline: the test runs under -race beside others.
-		"toolgate_policy policies", "toolgate_policy ../policies {\n\t\t\ttimeout 30s\n\t\t}",
-		"toolgate_result_policy policies", "toolgate_result_policy ../policies {\n\t\t\ttimeout 30s\n\t\t}",
-		"auto_https off", "auto_https off\n\tadmin off\n\tlog {\n\t\toutput discard\n\t}",
-	).Replace(string(text))
-	loadCaddyfile(t, demo)
+	// A generous deadline: the test runs under -race beside others.
+	loadCaddyfile(t, demoCaddyfile(t, gwPort, upPort, "30s"))
 	g := &gateway{URL: fmt.Sprintf("http://127.0.0.1:%d", gwPort)}
 	waitListening(t, g.URL)
 	waitListening(t, fmt.Sprintf("http://127.0.0.1:%d", upPort))
@@ -151,10 +165,6 @@ func TestDemoWalkthrough(t *testing.T) {
 // either is refused at start, naming what to add. Without the API, the
 // provider's redirect met the site's 404 and the code was lost.
 func TestDemoWithoutAPIOrConsoleIsRefused(t *testing.T) {
-	text, err := os.ReadFile(filepath.Join("..", "caddyfile", "demo.Caddyfile"))
-	if err != nil {
-		t.Fatal(err)
-	}
 	console := regexp.MustCompile(`(?s)\n\ttoolgate_console \{.*?\n\t\}`)
 	for _, c := range []struct {
 		name, want string
@@ -164,15 +174,7 @@ func TestDemoWithoutAPIOrConsoleIsRefused(t *testing.T) {
 		{"toolgate_console", "add toolgate_console to the site", func(s string) string { return console.ReplaceAllString(s, "") }},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			gwPort, upPort := freePort(t), freePort(t)
-			demo := strings.NewReplacer(
-				"127.0.0.1:8080", "127.0.0.1:"+strconv.Itoa(gwPort),
-				"127.0.0.1:8081", "127.0.0.1:"+strconv.Itoa(upPort),
-				".toolgate-demo", t.TempDir(),
-				"toolgate_policy policies", "toolgate_policy ../policies",
-				"toolgate_result_policy policies", "toolgate_result_policy ../policies",
-				"auto_https off", "auto_https off\n\tadmin off\n\tlog {\n\t\toutput discard\n\t}",
-			).Replace(string(text))
+			demo := demoCaddyfile(t, freePort(t), freePort(t), "")
 			cut := c.cut(demo)
 			if cut == demo {
 				t.Fatalf("premise: the demo has no %s to leave out", c.name)
