@@ -309,20 +309,6 @@ func TestFederatedInitializeNamesServicesNotConnected(t *testing.T) {
 			tools mine
 			auth bearer
 		}`})
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	listed := func(cs *mcp.ClientSession) []string {
-		tools, err := cs.ListTools(ctx, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var names []string
-		for _, tool := range tools.Tools {
-			names = append(names, tool.Name)
-		}
-		return names
-	}
-
 	cs := g.connectWithToken(t, aliceKey, "/v1/mcp", nil)
 	text := cs.InitializeResult().Instructions
 	for _, want := range []string{"SERVICE__NAME", "personal (Personal tracker)", g.URL + "/console/connect/personal?for="} {
@@ -333,14 +319,14 @@ func TestFederatedInitializeNamesServicesNotConnected(t *testing.T) {
 	if strings.Contains(text, "svc (") {
 		t.Errorf("the instructions name the connected service svc as missing:\n%s", text)
 	}
-	if names := listed(cs); !slices.Equal(names, []string{"svc__lookup"}) {
+	if names := toolNames(t, cs); !slices.Equal(names, []string{"svc__lookup"}) {
 		t.Fatalf("premise: before the connection the federated tools are %v", names)
 	}
 
 	if r := g.api(t, http.MethodPut, "/v1/connections/personal", aliceKey, []byte(`{"token":"alice-personal-token"}`)); r.StatusCode != http.StatusNoContent {
 		t.Fatalf("storing the personal token: %d %s", r.StatusCode, r.Body)
 	}
-	if names := listed(cs); !slices.Equal(names, []string{"svc__lookup", "personal__mine"}) {
+	if names := toolNames(t, cs); !slices.Equal(names, []string{"svc__lookup", "personal__mine"}) {
 		t.Errorf("after the connection the same session lists %v", names)
 	}
 	again := g.connectWithToken(t, aliceKey, "/v1/mcp", nil)
