@@ -185,6 +185,9 @@ func newManager(ctx caddy.Context, app *gateway.App) (*Manager, error) {
 	if app.Cipher() == nil {
 		return nil, errors.New("approvals keep the arguments of the calls they are about, encrypted: configure a cipher (local, vault_transit or kms)")
 	}
+	// The approvals' key, sealed by the cipher, tells on a storage sealed
+	// before it had a canary whether the cipher's key opens its records.
+	app.AddSealedWitness(macKeyName, macKeyContext)
 	m.Store = NewStore(app)
 	if storage := app.Storage(); storage != nil {
 		m.decisions = storecache.NewWatch(storage, prefix+"/")

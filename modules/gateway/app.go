@@ -210,12 +210,15 @@ type App struct {
 	stopHooks    []func()
 	// Set while handlers are provisioned, read once serving: a
 	// toolgate_console serves this config, and who records decisions.
-	console  bool
-	api      bool
-	recorder DecisionRecorder
-	sharedMu *sync.Mutex
-	shared   map[string]any
-	answers  map[string]ClientAnswerFunc // by id prefix
+	console bool
+	api     bool
+	// witnesses are the records checkCipherKey may open on a storage
+	// without a canary (AddSealedWitness).
+	witnesses []sealedWitness
+	recorder  DecisionRecorder
+	sharedMu  *sync.Mutex
+	shared    map[string]any
+	answers   map[string]ClientAnswerFunc // by id prefix
 	// answerSearch is SearchAnswer's (SetAnswerSearch), set while
 	// handlers are provisioned.
 	answerSearch AnswerSearch

@@ -26,9 +26,26 @@ var cipherCanary, cipherCanaryContext = []byte("toolgate's cipher canary"), []by
 // serves what it can without them.
 const canaryTimeout = 10 * time.Second
 
+// sealedWitness is a record another step seals under a fixed context (the
+// approvals' key): on a storage sealed before it had a canary, it tells
+// whether the cipher opens the records already there.
+type sealedWitness struct {
+	name    string
+	context []byte
+}
+
+// AddSealedWitness registers name, a record sealed under context by the
+// cipher and kept in storage, as a witness of the key the storage's
+// records are sealed with (see checkCipherKey). Register it while
+// provisioning.
+func (a *App) AddSealedWitness(name string, context []byte) {
+	a.witnesses = append(a.witnesses, sealedWitness{name: name, context: context})
+}
+
 // checkCipherKey checks at start that the cipher opens the canary in
-// storage, and seals one when there is none. It refuses to start with a
-// key that does not open it; a storage or cipher that cannot be reached
+// storage, and seals one when there is none (after a witness, if there is
+// one, opened). It refuses to start with a key that does not open them,
+// or a cipher that refuses to; a storage or cipher that cannot be reached
 // now leaves the check undone, logged.
 func (a *App) checkCipherKey(ctx context.Context) error {
 	if a.cipher == nil {
@@ -37,28 +54,79 @@ func (a *App) checkCipherKey(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, canaryTimeout)
 	defer cancel()
 	sealed, err := a.storage.Load(ctx, cipherCanaryKey)
-	if errors.Is(err, fs.ErrNotExist) {
-		if sealed, err = a.cipher.Encrypt(ctx, cipherCanary, cipherCanaryContext); err == nil {
-			err = a.storage.Store(ctx, cipherCanaryKey, sealed)
-		}
-		if err != nil {
-			a.logger.Warn("cannot seal the cipher's canary now: a key that does not open the stored records is not caught at start until it is", zap.Error(err))
-		}
-		return nil
-	}
-	if err != nil {
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return a.sealCanary(ctx)
+	case err != nil:
 		a.logger.Warn("cannot read the cipher's canary now: whether the cipher's key opens the stored records was not checked", zap.Error(err))
 		return nil
 	}
-	plain, err := a.cipher.Decrypt(ctx, sealed, cipherCanaryContext)
+	return a.openSealed(ctx, cipherCanaryKey, sealed, cipherCanaryContext)
+}
+
+// sealCanary seals the canary, under a lock: replicas starting at once on
+// a new storage agree on one, and one whose key does not open it is
+// refused. A witness already stored (sealed before there was a canary)
+// must open first.
+func (a *App) sealCanary(ctx context.Context) error {
+	const lock = "toolgate_cipher_canary"
+	if err := a.storage.Lock(ctx, lock); err != nil {
+		a.logger.Warn("cannot lock the storage to seal the cipher's canary now: whether the cipher's key opens the stored records was not checked", zap.Error(err))
+		return nil
+	}
+	defer func() {
+		if err := a.storage.Unlock(context.WithoutCancel(ctx), lock); err != nil {
+			a.logger.Warn("unlocking the cipher's canary", zap.Error(err))
+		}
+	}()
+	sealed, err := a.storage.Load(ctx, cipherCanaryKey)
+	switch {
+	case err == nil: // another replica sealed it meanwhile
+		return a.openSealed(ctx, cipherCanaryKey, sealed, cipherCanaryContext)
+	case !errors.Is(err, fs.ErrNotExist):
+		a.logger.Warn("cannot read the cipher's canary now: whether the cipher's key opens the stored records was not checked", zap.Error(err))
+		return nil
+	}
+	for _, w := range a.witnesses {
+		sealed, err := a.storage.Load(ctx, w.name)
+		if errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
+		if err == nil {
+			err = a.openSealed(ctx, w.name, sealed, w.context)
+		} else {
+			a.logger.Warn("cannot read a sealed record now: whether the cipher's key opens the stored records was not checked", zap.String("record", w.name), zap.Error(err))
+		}
+		if err != nil {
+			return err
+		}
+		break // one opened (or could not be read): no canary yet
+	}
+	if sealed, err = a.cipher.Encrypt(ctx, cipherCanary, cipherCanaryContext); err == nil {
+		err = a.storage.Store(ctx, cipherCanaryKey, sealed)
+	}
+	if err != nil {
+		a.logger.Warn("cannot seal the cipher's canary now: a key that does not open the stored records is not caught at start until it is", zap.Error(err))
+	}
+	return nil
+}
+
+// openSealed checks that the cipher opens name, a record it sealed under
+// context. A key that does not open it refuses the start, as does a cipher
+// that refuses to open it (a permission, a token: its error says what);
+// a cipher that cannot be reached now leaves it unchecked, logged.
+func (a *App) openSealed(ctx context.Context, name string, sealed, context []byte) error {
+	plain, err := a.cipher.Decrypt(ctx, sealed, context)
 	switch {
 	case errors.Is(err, ErrCipherUnavailable):
-		a.logger.Warn("cannot open the cipher's canary now: whether the cipher's key opens the stored records was not checked", zap.Error(err))
+		a.logger.Warn("cannot open a sealed record now: whether the cipher's key opens the stored records was not checked", zap.String("record", name), zap.Error(err))
 		return nil
-	case err != nil || string(plain) != string(cipherCanary):
-		return fmt.Errorf("the cipher's key does not open the records in storage, which were sealed with another key (%s does not decrypt): "+
+	case errors.Is(err, ErrCipherMismatch) || err == nil && name == cipherCanaryKey && string(plain) != string(cipherCanary):
+		return fmt.Errorf("the cipher's key does not open the records in storage, which were sealed with another key (%s does not open: %v): "+
 			"restore the key they were sealed with (for cipher local, the key file from a backup, in place of the one now there; for vault_transit or kms, the key the configuration named), "+
-			"or, to go on with this key, delete %s from the storage: every credential and approval sealed with the old key then stays unreadable, and people connect again", cipherCanaryKey, cipherCanaryKey)
+			"or, to go on with this key, delete %s from the storage: every credential and approval sealed with the old key then stays unreadable, and people connect again", name, err, cipherCanaryKey)
+	case err != nil:
+		return fmt.Errorf("the cipher cannot open %s, a record it sealed in storage: %w: fix what it says (its key is not in question), then start again", name, err)
 	}
 	return nil
 }

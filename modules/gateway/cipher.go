@@ -47,6 +47,13 @@ var ErrCipherUnavailable = errors.New("cipher backend unavailable")
 // administrator must act; the cipher's error (logged) says what to do.
 var ErrCipherRefused = errors.New("the cipher refused the operation")
 
+// ErrCipherMismatch reports that a record does not open with the cipher's
+// key and the record's context: it was sealed with another key, or for
+// another record, or was changed. Ciphers wrap it, so that a key that
+// changed is told apart from a backend that refused the operation (a
+// permission, a token), where the key may be the right one.
+var ErrCipherMismatch = errors.New("the record does not open with this key")
+
 // cipherError wraps an Encrypt or Decrypt error of a credential record so
 // that it tells ErrCipherUnavailable from ErrCipherRefused.
 func cipherError(what string, err error) error {

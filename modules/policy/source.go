@@ -222,7 +222,10 @@ func (f *fileSource) files() (paths []string, err error) {
 		}
 		for _, ent := range entries {
 			name := ent.Name()
-			if ent.IsDir() {
+			if ent.IsDir() || strings.HasPrefix(name, ".") {
+				// Hidden names are no policy's: an editor's lock file
+				// (.#request.rego, a dangling link while the file is
+				// edited), macOS's ._request.rego.
 				continue
 			}
 			isData := name == "data.json" || name == "data.yaml" || name == "data.yml"

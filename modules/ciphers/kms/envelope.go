@@ -6,7 +6,10 @@ import (
 	"crypto/rand"
 	"encoding/base64"
 	"errors"
+	"fmt"
 	"strings"
+
+	"github.com/toolgate/toolgate/modules/gateway"
 )
 
 // The stored form of a value, all on one line of ASCII:
@@ -146,7 +149,7 @@ func seal(aead cipher.AEAD, header string, plaintext, record []byte) ([]byte, er
 
 // errWrongContext is the error for a value that does not open: it belongs to
 // another record, or was changed.
-var errWrongContext = errors.New("kms cipher: the record does not decrypt: it was encrypted for another (service, user) or was changed")
+var errWrongContext = fmt.Errorf("kms cipher: %w: it was encrypted for another (service, user) or was changed", gateway.ErrCipherMismatch)
 
 // open decrypts an envelope's value with its unwrapped data key.
 func (e *envelope) open(aead cipher.AEAD, record []byte) ([]byte, error) {

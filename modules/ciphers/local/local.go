@@ -198,7 +198,7 @@ func (c *Cipher) Decrypt(_ context.Context, ciphertext, context []byte) ([]byte,
 	}
 	plain, err := aead.Open(nil, sealed[:aead.NonceSize()], sealed[aead.NonceSize():], context)
 	if err != nil {
-		return nil, errors.New("local cipher: the record does not decrypt with this key and context")
+		return nil, fmt.Errorf("local cipher: %w and context", gateway.ErrCipherMismatch)
 	}
 	return plain, nil
 }

@@ -757,7 +757,7 @@ func (c *Cipher) classify(o op, err error, secrets ...string) error {
 			c.address, o.name, c.key, hint, path, o.capability)
 	case http.StatusBadRequest:
 		if o == opDecrypt {
-			return fmt.Errorf("vault transit could not decrypt with key %q: the record was encrypted for another context or key, or is damaged (%s)", c.key, vaultMsg)
+			return fmt.Errorf("vault transit could not decrypt with key %q: %w: it was encrypted for another context or key, or is damaged (%s)", c.key, gateway.ErrCipherMismatch, vaultMsg)
 		}
 		return fmt.Errorf("vault transit at %s refused %s on key %q: %s", c.address, o.name, c.key, vaultMsg)
 	case http.StatusNotFound:
