@@ -121,7 +121,10 @@ func (a *App) openSealed(ctx context.Context, name string, sealed, context []byt
 	case errors.Is(err, ErrCipherUnavailable):
 		a.logger.Warn("cannot open a sealed record now: whether the cipher's key opens the stored records was not checked", zap.String("record", name), zap.Error(err))
 		return nil
-	case errors.Is(err, ErrCipherMismatch) || err == nil && name == cipherCanaryKey && string(plain) != string(cipherCanary):
+	case err == nil && name == cipherCanaryKey && string(plain) != string(cipherCanary):
+		err = fmt.Errorf("%w: it holds another value", ErrCipherMismatch)
+		fallthrough
+	case errors.Is(err, ErrCipherMismatch):
 		return fmt.Errorf("the cipher's key does not open the records in storage, which were sealed with another key (%s does not open: %v): "+
 			"restore the key they were sealed with (for cipher local, the key file from a backup, in place of the one now there; for vault_transit or kms, the key the configuration named), "+
 			"or, to go on with this key, delete %s from the storage: every credential and approval sealed with the old key then stays unreadable, and people connect again", name, err, cipherCanaryKey)

@@ -49,3 +49,22 @@ func TestCanaryWitnessOfAStorageWithoutACanary(t *testing.T) {
 		t.Errorf("another key, once the canary is sealed: %v; want the start refused, naming the canary", err)
 	}
 }
+
+// A canary that opens but holds another value is no canary of this
+// cipher's: the start is refused, saying so.
+func TestCanaryHoldingAnotherValueIsRefused(t *testing.T) {
+	ctx := context.Background()
+	storage := SafeListing(&certmagic.FileStorage{Path: t.TempDir()})
+	c := newS3KeyCipher(t)
+	sealed, err := c.Encrypt(ctx, []byte("another value"), cipherCanaryContext)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := storage.Store(ctx, cipherCanaryKey, sealed); err != nil {
+		t.Fatal(err)
+	}
+	err = (&App{storage: storage, cipher: c, logger: zap.NewNop()}).checkCipherKey(ctx)
+	if err == nil || !strings.Contains(err.Error(), "it holds another value") || strings.Contains(err.Error(), "<nil>") {
+		t.Errorf("a canary holding another value: %v; want the start refused, saying why", err)
+	}
+}
