@@ -18,7 +18,7 @@ func TestCanaryWitnessOfAStorageWithoutACanary(t *testing.T) {
 	const witness = "toolgate/approvals-key"
 	witnessContext := []byte("toolgate/v1/approvals-key")
 	storage := SafeListing(&certmagic.FileStorage{Path: t.TempDir()})
-	old, fresh := newS3KeyCipher(t), newS3KeyCipher(t)
+	old, fresh := testCipher(t), testCipher(t)
 	sealed, err := old.Encrypt(ctx, []byte("the approvals' key"), witnessContext)
 	if err != nil {
 		t.Fatal(err)
@@ -55,7 +55,7 @@ func TestCanaryWitnessOfAStorageWithoutACanary(t *testing.T) {
 func TestCanaryHoldingAnotherValueIsRefused(t *testing.T) {
 	ctx := context.Background()
 	storage := SafeListing(&certmagic.FileStorage{Path: t.TempDir()})
-	c := newS3KeyCipher(t)
+	c := testCipher(t)
 	sealed, err := c.Encrypt(ctx, []byte("another value"), cipherCanaryContext)
 	if err != nil {
 		t.Fatal(err)

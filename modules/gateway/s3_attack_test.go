@@ -2,11 +2,6 @@ package gateway
 
 import (
 	"context"
-	"crypto/aes"
-	"crypto/cipher"
-	"crypto/rand"
-	"errors"
-	"fmt"
 	"testing"
 
 	"github.com/caddyserver/certmagic"
@@ -14,44 +9,6 @@ import (
 
 	"github.com/toolgate/toolgate/internal/storetest"
 )
-
-// s3KeyCipher is a Cipher with its own AES-GCM key: two of them with
-// different keys are two replicas' ciphers configured with different keys
-// (a key file generated on each, another Vault or KMS key).
-type s3KeyCipher struct{ aead cipher.AEAD }
-
-func newS3KeyCipher(t *testing.T) *s3KeyCipher {
-	t.Helper()
-	key := make([]byte, 32)
-	_, _ = rand.Read(key)
-	block, err := aes.NewCipher(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	aead, err := cipher.NewGCM(block)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &s3KeyCipher{aead: aead}
-}
-
-func (c *s3KeyCipher) Encrypt(_ context.Context, plaintext, ad []byte) ([]byte, error) {
-	nonce := make([]byte, c.aead.NonceSize())
-	_, _ = rand.Read(nonce)
-	return c.aead.Seal(nonce, nonce, plaintext, ad), nil
-}
-
-func (c *s3KeyCipher) Decrypt(_ context.Context, sealed, ad []byte) ([]byte, error) {
-	n := c.aead.NonceSize()
-	if len(sealed) < n {
-		return nil, errors.New("short")
-	}
-	plain, err := c.aead.Open(nil, sealed[:n], sealed[n:], ad)
-	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrCipherMismatch, err)
-	}
-	return plain, nil
-}
 
 // Attack (3ae5760, the cipher canary): two replicas sharing a storage start
 // at once for the first time with different keys (each generated its own
@@ -79,15 +36,15 @@ func TestS3CanaryRaceTwoReplicasDifferentKeysBothStart(t *testing.T) {
 	ctx := context.Background()
 	base := SafeListing(&certmagic.FileStorage{Path: t.TempDir()})
 	gate := storetest.NewGate(base, func(key string) bool { return key == cipherCanaryKey })
-	ka, kb := newS3KeyCipher(t), newS3KeyCipher(t)
+	ka, kb := testCipher(t), testCipher(t)
 	a := &App{storage: gate, cipher: ka, logger: zap.NewNop()}
 	b := &App{storage: base, cipher: kb, logger: zap.NewNop()}
 
 	// Premise: the canary does refuse a second key once one is sealed.
 	{
 		dir := SafeListing(&certmagic.FileStorage{Path: t.TempDir()})
-		x := &App{storage: dir, cipher: newS3KeyCipher(t), logger: zap.NewNop()}
-		y := &App{storage: dir, cipher: newS3KeyCipher(t), logger: zap.NewNop()}
+		x := &App{storage: dir, cipher: testCipher(t), logger: zap.NewNop()}
+		y := &App{storage: dir, cipher: testCipher(t), logger: zap.NewNop()}
 		if err := x.checkCipherKey(ctx); err != nil {
 			t.Fatalf("premise: first start refused: %v", err)
 		}

@@ -58,7 +58,7 @@ func (c *gcmCipher) Decrypt(_ context.Context, ciphertext, context []byte) ([]by
 	}
 	plain, err := c.aead.Open(nil, ciphertext[:n], ciphertext[n:], context)
 	if err != nil {
-		return nil, errors.New("test cipher: does not decrypt with this context")
+		return nil, fmt.Errorf("test cipher: %w and context", ErrCipherMismatch)
 	}
 	return plain, nil
 }
