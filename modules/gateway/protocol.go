@@ -53,6 +53,10 @@ type Stateless struct {
 	// server→client request (an upstream of an earlier revision asked the
 	// client something during the call); empty otherwise.
 	Held string
+	// Refused is why a step refused the retry of a Held exchange (the
+	// request policy's reason), for toolgate_registry, which releases the
+	// exchange when nothing took it on; empty when no step said why.
+	Refused string
 	// Inputs are, for a retry of a held exchange or of an upstream's
 	// input_required result (Relayed), the methods of the upstream's
 	// requests its input responses answer, by key (from the sealed

@@ -69,21 +69,6 @@ func (h *RequestHandler) ServeHTTP(w http.ResponseWriter, r *http.Request, next 
 		}
 		return next.ServeHTTP(w, r) // GET (open a stream) and DELETE carry no message
 	}
-	if call.Stateless != nil && call.Stateless.Held != "" {
-		// A retry that would continue a held call: unless it goes on
-		// through the pipeline, the call ends here (its requestState is
-		// used up, so nothing else would continue it).
-		inner, passed := next, false
-		next = caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
-			passed = true
-			return inner.ServeHTTP(w, r)
-		})
-		defer func() {
-			if !passed {
-				releaseHeld(call, h.app, "toolgate's policy did not let the client's retry through")
-			}
-		}()
-	}
 	if prepare := call.Prepare; prepare != nil {
 		call.Prepare = nil // once, also on a route with several policies
 		if !prepare(w, r) {
@@ -188,7 +173,7 @@ func (h *RequestHandler) judge(w http.ResponseWriter, r *http.Request, call *gat
 			return h.allow(w, r, call, next)
 		}
 	default:
-		releaseHeld(call, h.app, o.Reason)
+		refuseHeld(call, o.Reason)
 		if call.Method == "tools/call" {
 			// A tool result, so the agent reads the reason and can adapt.
 			gateway.WriteRPC(w, http.StatusOK, gateway.RPCResult(call.Message.ID, gateway.ToolError(o.Reason, d)))

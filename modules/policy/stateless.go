@@ -94,19 +94,12 @@ func roundItems(items [][2]*ast.Term, call *gateway.Call) ([][2]*ast.Term, error
 	return items, nil
 }
 
-// releaseHeld ends the upstream call a denied retry would have continued
-// (its requestState named a call toolgate holds between rounds): the
-// state is used up, so nothing else would continue it, and it would keep
-// its place among the held calls and its upstream stream until it expired.
-func releaseHeld(call *gateway.Call, app *gateway.App, reason string) {
-	if call.Stateless == nil || call.Stateless.Held == "" {
-		return
-	}
-	rt, err := mcp2026.For(app)
-	if err != nil {
-		return
-	}
-	if x := rt.Take(call.Stateless.Held, mcp2026.Owner(call)); x != nil {
-		x.Release("toolgate's policy denied the client's retry: " + reason)
+// refuseHeld records why the policy refused a retry that would have
+// continued a held call: toolgate_registry releases the call, which
+// nothing else would continue (its requestState is used up), with this
+// reason.
+func refuseHeld(call *gateway.Call, reason string) {
+	if call.Stateless != nil && call.Stateless.Held != "" {
+		call.Stateless.Refused = "toolgate's policy denied the client's retry: " + reason
 	}
 }

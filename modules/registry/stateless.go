@@ -65,13 +65,20 @@ func (h *Handler) readStateless(w http.ResponseWriter, r *http.Request, call *ga
 
 // releaseUntaken releases the held call a retry's requestState named
 // (redeemed, so used up) when nothing took it on: a later step refused the
-// retry (toolgate_proxy, as no policy judged it, say). Kept, the call
-// would hold its upstream request and the caller's place until its
-// deadline, with nothing left to continue it.
+// retry (the request policy, with its reason in Stateless.Refused, or
+// toolgate_proxy, as no policy judged it). Kept, the call would hold its
+// upstream request and the caller's place until its deadline, with nothing
+// left to continue it.
 func (h *Handler) releaseUntaken(call *gateway.Call) {
-	if x := h.stateless.Take(call.Stateless.Held, mcp2026.Owner(call)); x != nil {
-		x.Release("toolgate did not let the client's retry through")
+	x := h.stateless.Take(call.Stateless.Held, mcp2026.Owner(call))
+	if x == nil {
+		return
 	}
+	reason := call.Stateless.Refused
+	if reason == "" {
+		reason = "toolgate did not let the client's retry through"
+	}
+	x.Release(reason)
 }
 
 // openStateless prepares the implied MCP session of a stateless tools/call
