@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"net"
 	"net/url"
+	"regexp"
 	"strings"
 	"time"
 
@@ -212,8 +213,28 @@ func Secret(repl *caddy.Replacer, raw string) (string, error) {
 	if err != nil {
 		return "", errors.New("holds a placeholder Caddy does not know (left as text, it would be the secret): check its spelling, as in {env.NAME}")
 	}
+	if ph := EmptyPlaceholder(repl, raw); ph != "" {
+		return "", errors.New("is empty once placeholders are replaced (" + ph + " is): is its environment variable (or file) set?")
+	}
 	if raw != "" && strings.TrimSpace(v) == "" {
 		return "", errors.New("is empty once placeholders are replaced: is its environment variable (or file) set? Leave the option out where no secret is meant")
 	}
 	return v, nil
+}
+
+// placeholder matches a Caddy placeholder, as {env.NAME} or {file.path}.
+var placeholder = regexp.MustCompile(`\{[A-Za-z0-9_.\-/]+\}`)
+
+// EmptyPlaceholder is the first placeholder in raw that Caddy knows and
+// that is empty ({env.NAME} of a variable not set), "" when there is
+// none. A value put together from parts (a secret's prefix, a DSN's
+// password) would otherwise quietly lose that part. The placeholder
+// names where the value comes from, never the value.
+func EmptyPlaceholder(repl *caddy.Replacer, raw string) string {
+	for _, ph := range placeholder.FindAllString(raw, -1) {
+		if v, ok := repl.Get(ph[1 : len(ph)-1]); ok && strings.TrimSpace(fmt.Sprint(v)) == "" {
+			return ph
+		}
+	}
+	return ""
 }

@@ -164,7 +164,7 @@ func TestSecret(t *testing.T) {
 	// Given, but empty once replaced: going on would mean no secret (a
 	// public OAuth client, an unsigned webhook).
 	t.Setenv("TOOLGATE_TEST_BLANK_SECRET", "  ")
-	for _, raw := range []string{"{env.TOOLGATE_TEST_UNSET_SECRET}", "{env.TOOLGATE_TEST_BLANK_SECRET}"} {
+	for _, raw := range []string{"{env.TOOLGATE_TEST_UNSET_SECRET}", "{env.TOOLGATE_TEST_BLANK_SECRET}", "prefix-{env.TOOLGATE_TEST_UNSET_SECRET}"} {
 		if got, err := Secret(repl, raw); err == nil || !strings.Contains(err.Error(), "empty once placeholders are replaced") {
 			t.Errorf("%s: %q, %v; want the error that it is empty", raw, got, err)
 		}
@@ -175,6 +175,22 @@ func TestSecret(t *testing.T) {
 			t.Errorf("%s: taken as the secret %q", raw, got)
 		} else if strings.Contains(err.Error(), "TOOLGATE_TEST") || strings.Contains(err.Error(), "s3cret") {
 			t.Errorf("%s: the error quotes it: %v", raw, err)
+		}
+	}
+}
+
+func TestEmptyPlaceholder(t *testing.T) {
+	t.Setenv("TOOLGATE_TEST_SET", "value")
+	repl := caddy.NewReplacer()
+	for raw, want := range map[string]string{
+		"postgres://u:{env.TOOLGATE_TEST_SET}@db/toolgate":        "",
+		"postgres://u:{env.TOOLGATE_TEST_UNSET_PW}@db/toolgate":   "{env.TOOLGATE_TEST_UNSET_PW}",
+		"{env.TOOLGATE_TEST_SET}-{env.TOOLGATE_TEST_UNSET_OTHER}": "{env.TOOLGATE_TEST_UNSET_OTHER}",
+		"host=db password=p{a}ss":                                 "", // not a placeholder Caddy knows: text
+		"no placeholders":                                         "",
+	} {
+		if got := EmptyPlaceholder(repl, raw); got != want {
+			t.Errorf("EmptyPlaceholder(%q) = %q, want %q", raw, got, want)
 		}
 	}
 }

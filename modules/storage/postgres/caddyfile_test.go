@@ -73,4 +73,11 @@ func TestValidate(t *testing.T) {
 	if err := s.Provision(ctx); err == nil || !strings.Contains(err.Error(), "environment variable") {
 		t.Fatalf("Provision with an empty expansion: %v", err)
 	}
+	// A password from a variable not set: the DSN would go on without
+	// one, and a server that trusts the host would take it.
+	s = &Storage{DSN: "postgres://toolgate:{env.TOOLGATE_TEST_UNSET_DSN}@db.internal/toolgate"}
+	if err := s.Provision(ctx); err == nil || !strings.Contains(err.Error(), "{env.TOOLGATE_TEST_UNSET_DSN} is empty") ||
+		strings.Contains(err.Error(), "db.internal") {
+		t.Fatalf("Provision with an empty password: %v; want the placeholder named, not the DSN", err)
+	}
 }

@@ -56,6 +56,8 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/certmagic"
 	"go.uber.org/zap"
+
+	"github.com/toolgate/toolgate/internal/caddyopt"
 )
 
 func init() {
@@ -140,7 +142,12 @@ func (s *Storage) Provision(ctx caddy.Context) error {
 		return err
 	}
 	s.maxPoll = time.Second
-	s.dsn = caddy.NewReplacer().ReplaceAll(s.DSN, "")
+	repl := caddy.NewReplacer()
+	if ph := caddyopt.EmptyPlaceholder(repl, s.DSN); ph != "" {
+		// Replaced by nothing, a password would quietly be none.
+		return fmt.Errorf("postgres storage: dsn: %s is empty: set its environment variable (or file)", ph)
+	}
+	s.dsn = repl.ReplaceAll(s.DSN, "")
 	if s.dsn == "" {
 		return fmt.Errorf("postgres storage: dsn %s", emptyDSN(s.DSN))
 	}

@@ -31,6 +31,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap"
 
+	"github.com/toolgate/toolgate/internal/caddyopt"
 	"github.com/toolgate/toolgate/modules/gateway"
 )
 
@@ -167,14 +168,7 @@ func (t *Transport) Provision(ctx caddy.Context) error {
 	if err := registerMetrics(ctx.GetMetricsRegistry()); err != nil {
 		return fmt.Errorf("registering metrics: %v", err)
 	}
-	repl := caddy.NewReplacer()
-	for i, a := range t.Command {
-		t.Command[i] = repl.ReplaceKnown(a, "")
-	}
-	for k, v := range t.Env {
-		t.Env[k] = repl.ReplaceKnown(v, "")
-	}
-	t.WorkingDir = repl.ReplaceKnown(t.WorkingDir, "")
+	t.expand(caddy.NewReplacer())
 	if t.IdleTimeout == 0 {
 		t.IdleTimeout = caddy.Duration(defaultIdleTimeout)
 	}
@@ -185,6 +179,24 @@ func (t *Transport) Provision(ctx caddy.Context) error {
 		t.MaxProcesses = defaultMaxProcesses
 	}
 	return nil
+}
+
+// expand replaces the placeholders of the command, its environment and
+// its working directory.
+func (t *Transport) expand(repl *caddy.Replacer) {
+	for i, a := range t.Command {
+		t.Command[i] = repl.ReplaceKnown(a, "")
+	}
+	for k, v := range t.Env {
+		if ph := caddyopt.EmptyPlaceholder(repl, v); ph != "" {
+			// Often a token the program needs: it would start without one
+			// and fail in its own words, or quietly act as nobody.
+			t.logger.Warn("a variable of the program's environment is empty once placeholders are replaced: is the gateway's own variable set?",
+				zap.String("env", k), zap.String("placeholder", ph))
+		}
+		t.Env[k] = repl.ReplaceKnown(v, "")
+	}
+	t.WorkingDir = repl.ReplaceKnown(t.WorkingDir, "")
 }
 
 // UpstreamName names the program (gateway.UpstreamNamer): its command,

@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/caddyserver/caddy/v2"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/tidwall/gjson"
 	"go.uber.org/zap"
@@ -716,5 +717,32 @@ func TestConnectionGoneSparesAProcessOfANewConnection(t *testing.T) {
 	rt.stopGone(rt.holding(everyone), func(string) (string, error) { return "", errors.New("storage unreachable") })
 	if who(t, bob).PID != bobPID {
 		t.Fatal("bob's process changed on a failed read")
+	}
+}
+
+// A variable of the program's environment whose placeholder is empty (the
+// gateway's own variable not set) is warned about, naming both and never a
+// value: the program would otherwise start without its token.
+func TestEmptyEnvironmentPlaceholderIsWarned(t *testing.T) {
+	t.Setenv("TOOLGATE_TEST_STDIO_SET", "s3cret-value")
+	core, logs := observer.New(zap.InfoLevel)
+	tr := &Transport{
+		Command: []string{"server"},
+		Env: map[string]string{
+			"GITHUB_TOKEN": "{env.TOOLGATE_TEST_STDIO_UNSET}",
+			"API_KEY":      "{env.TOOLGATE_TEST_STDIO_SET}",
+		},
+		logger: zap.New(core),
+	}
+	tr.expand(caddy.NewReplacer())
+	warned := logs.FilterMessageSnippet("environment is empty").All()
+	if len(warned) != 1 {
+		t.Fatalf("%d warnings, want 1: %v", len(warned), logs.All())
+	}
+	if f := warned[0].ContextMap(); f["env"] != "GITHUB_TOKEN" || f["placeholder"] != "{env.TOOLGATE_TEST_STDIO_UNSET}" {
+		t.Fatalf("the warning names %v", f)
+	}
+	if tr.Env["API_KEY"] != "s3cret-value" || tr.Env["GITHUB_TOKEN"] != "" {
+		t.Fatalf("expanded to %v", tr.Env)
 	}
 }
