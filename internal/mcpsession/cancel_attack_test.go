@@ -76,7 +76,8 @@ func TestCancelAttackReinitializeDiscardsTheUpstreamItsKeptRecordNames(t *testin
 // in progress, which MCP forbids; only its own call is affected). Fix: keep
 // the mark per request (SentIn returning a handle; the fix4 open finding's
 // per-request records), or keep cancelled when SentIn adds to an entry.
-// Fixed: SentIn keeps the mark when it adds to an entry.
+// Fixed: each request keeps its own record and mark (SentIn returns a
+// handle), so B neither clears A's mark nor inherits it.
 func TestCancelAttackSameIDRequestClearsCancelledMark(t *testing.T) {
 	s := &Session{}
 	id := []byte("7")
@@ -87,8 +88,11 @@ func TestCancelAttackSameIDRequestClearsCancelledMark(t *testing.T) {
 		t.Fatal("premise: the cancellation of A on its way to generation 2 was not taken")
 	}
 	b := s.SentIn(id, gen2) // B reuses id 7
-	if s.SendingIn(b, gen2) {
+	if s.SendingIn(a, gen2) {
 		t.Errorf("request A, whose cancellation was swallowed (CancelGone), is sent to generation 2 after a request of the same id was recorded")
+	}
+	if !s.SendingIn(b, gen2) {
+		t.Errorf("request B, sent after the cancellation of A, is kept from generation 2 by A's mark")
 	}
 	s.RequestDone(a)
 	s.RequestDone(b)
@@ -116,7 +120,7 @@ func TestCancelAttackSentInRecordsDoNotLeak(t *testing.T) {
 					s.CancelGone(id, gen1, gen2)
 				}
 				s.SendingIn(key, gen2)
-				s.RequestSentIn(id)
+				s.RequestsSentIn(id)
 				s.RequestDone(key)
 			}
 		}()
@@ -158,8 +162,8 @@ func TestCancelAttackCancelUnsentSwallowsCancellationOfDeliveredRequest(t *testi
 	}
 	// Another request re-initialized meanwhile (generation 2 is current):
 	// the cancellation goes where the record says.
-	if up, ok := s.RequestSentIn(id); !ok || up.Generation != gen1.Generation {
-		t.Fatalf("the request delivered to generation 1 is recorded in %+v (ok %v)", up, ok)
+	if ups := s.RequestsSentIn(id); len(ups) != 1 || ups[0].Generation != gen1.Generation {
+		t.Fatalf("the request delivered to generation 1 is recorded in %+v", ups)
 	}
 	// Had generation 1 answered the cancellation 404 while the request was
 	// re-sent to generation 2, the cancellation follows it there.

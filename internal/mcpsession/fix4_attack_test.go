@@ -1,5 +1,3 @@
-//go:build open_findings
-
 package mcpsession
 
 import "testing"
@@ -20,10 +18,10 @@ import "testing"
 // Severity: low (the runner reused an id while one of it was in
 // progress; only its own cancellation is misrouted, and only a bridged
 // program's winding process keeps running a replaced session's call).
-// Fix: keep one record per request (SentIn returns a handle for that
-// request, a list of upstreams per id), and route a cancellation to every
-// upstream session a request of that id is in progress in; SendingIn and
-// RequestDone act on that request's entry only.
+// Fixed: one record per request (SentIn returns a handle for it); a
+// cancellation goes to every upstream session a request of that id is in
+// progress in (RequestsSentIn), and SendingIn and RequestDone act on that
+// request's record only.
 func TestFix4AttackSentInRecordOverwrittenBySameIDRequest(t *testing.T) {
 	s := &Session{}
 	gen1 := Upstream{SessionID: "up", Generation: 1}
@@ -34,12 +32,12 @@ func TestFix4AttackSentInRecordOverwrittenBySameIDRequest(t *testing.T) {
 	b := s.SentIn(id, gen2) // B: same id, in the session that replaced gen1
 	s.RequestDone(b)        // B answered
 
-	up, ok := s.RequestSentIn(id)
-	if !ok {
-		t.Fatal("A is still in progress (its kept stream owns its record), yet no record of it")
+	ups := s.RequestsSentIn(id)
+	if len(ups) != 1 {
+		t.Fatalf("A alone is in progress (its kept stream owns its record), yet the records say %+v", ups)
 	}
-	if up.Generation != gen1.Generation {
-		t.Errorf("A (still running in generation 1) is recorded as sent to generation %d: the runner's cancellation of it goes to the current session instead", up.Generation)
+	if ups[0].Generation != gen1.Generation {
+		t.Errorf("A (still running in generation 1) is recorded as sent to generation %d: the runner's cancellation of it goes to the current session instead", ups[0].Generation)
 	}
 	s.RequestDone(a)
 }
@@ -47,7 +45,7 @@ func TestFix4AttackSentInRecordOverwrittenBySameIDRequest(t *testing.T) {
 // Attack: same root cause through SendingIn: request B of id 7 re-initializes
 // on its way (post) and SendingIn rewrites the record request A of id 7,
 // still running in generation 1, shares with it.
-// Severity: low. Fix: as above (per-request records).
+// Severity: low. Fixed: as above (per-request records).
 func TestFix4AttackSendingInMovesAnotherRequestsRecord(t *testing.T) {
 	s := &Session{}
 	gen1 := Upstream{SessionID: "up", Generation: 1}
@@ -59,8 +57,42 @@ func TestFix4AttackSendingInMovesAnotherRequestsRecord(t *testing.T) {
 	s.SendingIn(b, gen2)    // ...which re-initialized: B went to generation 2
 	s.RequestDone(b)        // B answered
 
-	if up, _ := s.RequestSentIn(id); up.Generation != gen1.Generation {
-		t.Errorf("A (in generation 1) is recorded as sent to generation %d after B's SendingIn and answer", up.Generation)
+	if ups := s.RequestsSentIn(id); len(ups) != 1 || ups[0].Generation != gen1.Generation {
+		t.Errorf("A (in generation 1) is recorded as sent to %+v after B's SendingIn and answer", ups)
 	}
 	s.RequestDone(a)
+	if ups := s.RequestsSentIn(id); len(ups) != 0 {
+		t.Errorf("no request of the id is in progress, yet the records say %+v", ups)
+	}
+}
+
+// While two requests of one id run in different upstream sessions, the
+// runner's cancellation of the id reaches both; each one's answer ends
+// only its own record.
+func TestFix4RequestsOfOneIDInTwoSessionsAreBothCancelled(t *testing.T) {
+	s := &Session{}
+	gen1 := Upstream{SessionID: "up", Generation: 1}
+	gen2 := Upstream{SessionID: "up", Generation: 2}
+	id := []byte(`7`)
+
+	a := s.SentIn(id, gen1)
+	b := s.SentIn(id, gen2)
+	c := s.SentIn(id, gen2)
+	ups := s.RequestsSentIn(id)
+	if len(ups) != 2 || ups[0].Generation != 1 || ups[1].Generation != 2 {
+		t.Fatalf("the cancellation of id 7 goes to %+v, want generations 1 and 2 once each", ups)
+	}
+	s.RequestDone(a) // the first of the id ends: the others' records stay
+	if ups := s.RequestsSentIn(id); len(ups) != 1 || ups[0].Generation != 2 {
+		t.Fatalf("after A's answer the records say %+v, want generation 2", ups)
+	}
+	s.RequestDone(c)
+	s.RequestDone(c) // twice: nothing more
+	if ups := s.RequestsSentIn(id); len(ups) != 1 {
+		t.Fatalf("B is in progress, yet the records say %+v", ups)
+	}
+	s.RequestDone(b)
+	if len(s.sentIn) != 0 {
+		t.Fatalf("records left: %+v", s.sentIn)
+	}
 }

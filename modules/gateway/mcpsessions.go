@@ -15,6 +15,9 @@ type (
 	MCPSessions = mcpsession.Sessions
 	// Upstream is the state of the upstream session behind an MCPSession.
 	Upstream = mcpsession.Upstream
+	// SentRequest records where a runner's request in progress went
+	// (MCPSession.SentIn).
+	SentRequest = mcpsession.Sent
 	// ToolDefinition is a tool as the upstream published it in tools/list.
 	ToolDefinition = mcpstate.Tool
 	// MCPSessionLimitError reports an initialize refused by a bound.

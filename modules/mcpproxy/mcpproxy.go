@@ -285,9 +285,9 @@ func (h *Handler) request(w http.ResponseWriter, r *http.Request, call *gateway.
 // post sends body upstream in the call's MCP session, re-initializing the
 // upstream session once if the upstream forgot it. The message was not
 // processed when the upstream answered 404, so sending it again is safe.
-// sent is the key SentIn recorded a runner's request under ("" for
+// sent is SentIn's record of a runner's request (the zero value for
 // anything else).
-func (h *Handler) post(ctx context.Context, call *gateway.Call, body []byte, sent string) (gateway.Upstream, *http.Response, error) {
+func (h *Handler) post(ctx context.Context, call *gateway.Call, body []byte, sent gateway.SentRequest) (gateway.Upstream, *http.Response, error) {
 	up := call.MCPSession.Upstream()
 	answer := call.Message.Kind == mcpmsg.Response && call.AnswerGeneration != 0
 	if answer && up.Generation < call.AnswerGeneration {
@@ -320,8 +320,8 @@ func (h *Handler) post(ctx context.Context, call *gateway.Call, body []byte, sen
 // first, for its cancellation (mcpsession's SendingIn), unless the runner
 // cancelled it while toolgate re-created the upstream session that had
 // forgotten it (cancelInProgress): it is not sent then, and never ran.
-func (h *Handler) send(ctx context.Context, call *gateway.Call, up gateway.Upstream, body []byte, sent string) (*http.Response, error) {
-	if sent != "" && !call.MCPSession.SendingIn(sent, up) {
+func (h *Handler) send(ctx context.Context, call *gateway.Call, up gateway.Upstream, body []byte, sent gateway.SentRequest) (*http.Response, error) {
+	if !call.MCPSession.SendingIn(sent, up) {
 		return nil, errCancelledUnsent
 	}
 	return h.exchange(ctx, call, up, http.MethodPost, body, "")
@@ -809,7 +809,7 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, call *gateway.
 		w.WriteHeader(http.StatusAccepted)
 		return
 	}
-	up, resp, err := h.post(ctx, call, call.Message.Raw, "")
+	up, resp, err := h.post(ctx, call, call.Message.Raw, gateway.SentRequest{})
 	if err != nil {
 		if initialized {
 			ms.CatalogFailed()
@@ -842,39 +842,46 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, call *gateway.
 // request of its in progress here to the upstream session the request
 // went to (mcpsession.Session.SentIn), whatever replaced it since, and
 // reports whether it did: a cancellation of anything else takes the
-// ordinary way. A session gone (404) runs nothing: the request, which it
-// never processed, is re-sent into the session replacing it, or is on its
-// way there. It is then kept from it, or, if it went there already, the
-// cancellation follows it (CancelGone). Best effort, as the protocol
-// has it: an upstream that cannot be reached is not told.
+// ordinary way. A runner that reused the id of a request in progress
+// (JSON-RPC forbids it) has it sent to each session one of them went to.
 func (h *Handler) cancelInProgress(ctx context.Context, call *gateway.Call) bool {
 	if call.Method != "notifications/cancelled" {
 		return false
 	}
 	_, id := mcpmsg.MemberFold(call.Message.Params, "requestId")
-	ms := call.MCPSession
-	sent, ok := ms.RequestSentIn(id)
-	if !ok {
-		return false
+	sentIn := call.MCPSession.RequestsSentIn(id)
+	for _, sent := range sentIn {
+		h.cancelIn(ctx, call, id, sent)
 	}
+	return len(sentIn) > 0
+}
+
+// cancelIn sends the runner's cancellation of its request id to sent, the
+// upstream session the request went to. A session gone (404) runs
+// nothing: the request, which it never processed, is re-sent into the
+// session replacing it, or is on its way there. It is then kept from it,
+// or, if it went there already, the cancellation follows it (CancelGone).
+// Best effort, as the protocol has it: an upstream that cannot be reached
+// is not told.
+func (h *Handler) cancelIn(ctx context.Context, call *gateway.Call, id []byte, sent gateway.Upstream) {
 	for range 2 { // the session the request went to, then the one it went to after
 		resp, err := h.exchange(ctx, call, sent, http.MethodPost, call.Message.Raw, "")
 		if err == nil {
 			drain(resp)
-			return true
+			return
 		}
 		if !isKind(err, kindSessionGone) {
-			return true
+			return
 		}
 		next, err := h.reinitialize(ctx, call, sent)
 		if err != nil {
-			return true
+			return
 		}
-		if sent, ok = ms.CancelGone(id, sent, next); !ok {
-			return true
+		var ok bool
+		if sent, ok = call.MCPSession.CancelGone(id, sent, next); !ok {
+			return
 		}
 	}
-	return true
 }
 
 // end terminates the runner's MCP session on every replica and at the

@@ -43,10 +43,10 @@ type runnerStream struct {
 	// cancelCall tells the upstream to stop the call (nil for the
 	// standalone stream).
 	cancelCall func(why string)
-	// sent is the key of the call's record of the upstream session it went
-	// to (mcpsession.Session.SentIn), which the stream keeps until it is
+	// sent is the call's record of the upstream session it went to
+	// (mcpsession.Session.SentIn), which the stream keeps until it is
 	// forgotten: the runner may cancel the call of a stream it dropped.
-	sent string
+	sent gateway.SentRequest
 
 	mu     sync.Mutex
 	out    *sseWriter
@@ -202,10 +202,10 @@ func (s *runnerStream) relaying() bool {
 	}
 }
 
-// ownsSent makes the stream keep the call's record key (see sent).
-func (s *runnerStream) ownsSent(key string) {
+// ownsSent makes the stream keep the call's record (see sent).
+func (s *runnerStream) ownsSent(sent gateway.SentRequest) {
 	if s != nil {
-		s.sent = key
+		s.sent = sent
 	}
 }
 
