@@ -122,6 +122,24 @@ const (
 	maxLeeway     = 5 * time.Minute
 )
 
+// users are the callers the configuration names (its API keys' and the
+// anonymous one), each once.
+func (a *AuthConfig) users() []string {
+	var users []string
+	seen := make(map[string]bool, len(a.keys)+1)
+	add := func(u string) {
+		if u != "" && !seen[u] {
+			seen[u] = true
+			users = append(users, u)
+		}
+	}
+	for _, k := range a.keys {
+		add(k.User)
+	}
+	add(a.Anonymous)
+	return users
+}
+
 // HashAPIKey returns the stored form of an API key.
 func HashAPIKey(key string) string {
 	sum := sha256.Sum256([]byte(key))

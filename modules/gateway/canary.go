@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"strings"
 	"time"
 
 	"go.uber.org/zap"
@@ -87,20 +88,8 @@ func (a *App) sealCanary(ctx context.Context) error {
 		a.logger.Warn("cannot read the cipher's canary now: whether the cipher's key opens the stored records was not checked", zap.Error(err))
 		return nil
 	}
-	for _, w := range a.witnesses {
-		sealed, err := a.storage.Load(ctx, w.name)
-		if errors.Is(err, fs.ErrNotExist) {
-			continue
-		}
-		if err == nil {
-			err = a.openSealed(ctx, w.name, sealed, w.context)
-		} else {
-			a.logger.Warn("cannot read a sealed record now: whether the cipher's key opens the stored records was not checked", zap.String("record", w.name), zap.Error(err))
-		}
-		if err != nil {
-			return err
-		}
-		break // one opened (or could not be read): no canary yet
+	if err := a.checkWitness(ctx); err != nil {
+		return err
 	}
 	if sealed, err = a.cipher.Encrypt(ctx, cipherCanary, cipherCanaryContext); err == nil {
 		err = a.storage.Store(ctx, cipherCanaryKey, sealed)
@@ -108,6 +97,62 @@ func (a *App) sealCanary(ctx context.Context) error {
 	if err != nil {
 		a.logger.Warn("cannot seal the cipher's canary now: a key that does not open the stored records is not caught at start until it is", zap.Error(err))
 	}
+	return nil
+}
+
+// checkWitness checks that the cipher opens a record sealed before the
+// storage had a canary: a registered witness (the approvals' key), else a
+// stored connection of a user the configuration names.
+func (a *App) checkWitness(ctx context.Context) error {
+	for _, w := range a.witnesses {
+		sealed, err := a.storage.Load(ctx, w.name)
+		if errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			a.logger.Warn("cannot read a sealed record now: whether the cipher's key opens the stored records was not checked", zap.String("record", w.name), zap.Error(err))
+			return nil
+		}
+		return a.openSealed(ctx, w.name, sealed, w.context)
+	}
+	return a.checkConnection(ctx)
+}
+
+// checkConnection checks that the cipher opens a stored connection. Its
+// context names its user, whom the storage keeps only as a hash: only a
+// connection of a user the configuration names (an API key's) can be
+// opened here. Without one, the start goes on, and says what it could not
+// check.
+func (a *App) checkConnection(ctx context.Context) error {
+	keys, err := a.storage.List(ctx, connectionPrefix, true)
+	switch {
+	case errors.Is(err, fs.ErrNotExist) || err == nil && len(keys) == 0:
+		return nil
+	case err != nil:
+		a.logger.Warn("cannot list the stored connections now: whether the cipher's key opens the stored records was not checked", zap.Error(err))
+		return nil
+	}
+	byUser := make(map[string]string, len(keys)) // the key of a connection, by its user's hash
+	for _, k := range keys {
+		if service, user, ok := strings.Cut(strings.TrimPrefix(k, connectionPrefix+"/"), "/"); ok && isHashKey(user) {
+			byUser[user] = service
+		}
+	}
+	for _, user := range a.Auth.users() {
+		service, ok := byUser[hashKey(user)]
+		if !ok {
+			continue
+		}
+		key := ConnectionKey(service, user)
+		sealed, err := a.storage.Load(ctx, key)
+		if err != nil {
+			a.logger.Warn("cannot read a stored connection now: whether the cipher's key opens the stored records was not checked", zap.Error(err))
+			return nil
+		}
+		return a.openSealed(ctx, key, sealed, CipherContext(service, user))
+	}
+	a.logger.Warn("the storage holds connections sealed before it had a cipher canary, none of a user this configuration names: whether the cipher's key opens them was not checked; if people's connections fail as unreadable, restore the key they were sealed with",
+		zap.Int("connections", len(keys)))
 	return nil
 }
 
