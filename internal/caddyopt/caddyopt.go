@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"net"
 	"net/url"
-	"regexp"
 	"strings"
 	"time"
 
@@ -222,19 +221,40 @@ func Secret(repl *caddy.Replacer, raw string) (string, error) {
 	return v, nil
 }
 
-// placeholder matches a Caddy placeholder, as {env.NAME} or {file.path}.
-var placeholder = regexp.MustCompile(`\{[A-Za-z0-9_.\-/]+\}`)
-
 // EmptyPlaceholder is the first placeholder in raw that Caddy knows and
-// that is empty ({env.NAME} of a variable not set), "" when there is
-// none. A value put together from parts (a secret's prefix, a DSN's
-// password) would otherwise quietly lose that part. The placeholder
-// names where the value comes from, never the value.
+// that is empty ({env.NAME} of a variable not set, {file.path} of a file
+// missing or empty), "" when there is none. A value put together from
+// parts (a secret's prefix, a DSN's password) would otherwise quietly lose
+// that part. The placeholder names where the value comes from, never the
+// value.
 func EmptyPlaceholder(repl *caddy.Replacer, raw string) string {
-	for _, ph := range placeholder.FindAllString(raw, -1) {
-		if v, ok := repl.Get(ph[1 : len(ph)-1]); ok && strings.TrimSpace(fmt.Sprint(v)) == "" {
-			return ph
+	empty, _ := placeholders(repl, raw)
+	return empty
+}
+
+// MisspeltPlaceholder is the first placeholder in raw that Caddy does not
+// know yet is spelt as its own are, a prefix and a name ({evn.NAME}), ""
+// when there is none. Where unknown placeholders are kept as text (a DSN,
+// a program's environment), one misspelt would be the value. Braces
+// without a dot ("p{a}ss") are taken for text.
+func MisspeltPlaceholder(repl *caddy.Replacer, raw string) string {
+	_, unknown := placeholders(repl, raw)
+	return unknown
+}
+
+// placeholders finds, as Caddy's replacer does (escaped braces are text),
+// the first placeholder of raw Caddy knows that is empty, and the first it
+// does not know spelt as one of its own.
+func placeholders(repl *caddy.Replacer, raw string) (empty, unknown string) {
+	_, _ = repl.ReplaceFunc(raw, func(key string, val any) (any, error) {
+		_, known := repl.Get(key)
+		switch {
+		case !known && unknown == "" && strings.Contains(key, "."):
+			unknown = "{" + key + "}"
+		case known && empty == "" && strings.TrimSpace(caddy.ToString(val)) == "":
+			empty = "{" + key + "}"
 		}
-	}
-	return ""
+		return val, nil
+	})
+	return empty, unknown
 }

@@ -49,7 +49,9 @@
 package postgres
 
 import (
+	"errors"
 	"fmt"
+	"net/url"
 	"regexp"
 	"time"
 
@@ -147,7 +149,13 @@ func (s *Storage) Provision(ctx caddy.Context) error {
 		// Replaced by nothing, a password would quietly be none.
 		return fmt.Errorf("postgres storage: dsn: %s is empty: set its environment variable (or file)", ph)
 	}
-	s.dsn = repl.ReplaceAll(s.DSN, "")
+	if ph := caddyopt.MisspeltPlaceholder(repl, s.DSN); ph != "" {
+		return fmt.Errorf("postgres storage: dsn: %s is a placeholder Caddy does not know: check its spelling, as in {env.NAME} (write a brace meant as text as \\{)", ph)
+	}
+	s.dsn = repl.ReplaceKnown(s.DSN, "") // braces of another kind are text (a password's)
+	if err := emptyPassword(s.dsn); err != nil {
+		return fmt.Errorf("postgres storage: dsn: %v", err)
+	}
 	if s.dsn == "" {
 		return fmt.Errorf("postgres storage: dsn %s", emptyDSN(s.DSN))
 	}
@@ -159,6 +167,26 @@ func (s *Storage) Provision(ctx caddy.Context) error {
 	s.t = db.table(s.Schema, s.Table)
 	return nil
 }
+
+// emptyPassword refuses a DSN that spells out an empty password
+// ("user:@host", or "password=" followed by nothing or by two quotes): what a variable not set leaves when the
+// Caddyfile's {$NAME} was replaced as the file was read. A DSN meant
+// without a password leaves it out.
+func emptyPassword(dsn string) error {
+	if u, err := url.Parse(dsn); err == nil && (u.Scheme == "postgres" || u.Scheme == "postgresql") {
+		if p, set := u.User.Password(); set && p == "" {
+			return errors.New("its password is empty (user:@): is the variable that gives it set? Leave out the colon where no password is meant")
+		}
+		return nil
+	}
+	if emptyKeywordPassword.MatchString(dsn) {
+		return errors.New("its password is empty (password=): is the variable that gives it set? Leave password out where none is meant")
+	}
+	return nil
+}
+
+// emptyKeywordPassword matches an empty password in a keyword/value DSN.
+var emptyKeywordPassword = regexp.MustCompile(`(?:^|\s)password\s*=\s*(?:''(?:\s|$)|$|\s+\w+\s*=)`)
 
 // emptyDSN explains an empty DSN without repeating it (it may hold a
 // password).

@@ -188,10 +188,15 @@ func (t *Transport) expand(repl *caddy.Replacer) {
 		t.Command[i] = repl.ReplaceKnown(a, "")
 	}
 	for k, v := range t.Env {
+		// Often a token the program needs: it would start without one, or
+		// with the placeholder's text, and fail in its own words, or
+		// quietly act as nobody.
 		if ph := caddyopt.EmptyPlaceholder(repl, v); ph != "" {
-			// Often a token the program needs: it would start without one
-			// and fail in its own words, or quietly act as nobody.
 			t.logger.Warn("a variable of the program's environment is empty once placeholders are replaced: is the gateway's own variable set?",
+				zap.String("env", k), zap.String("placeholder", ph))
+		}
+		if ph := caddyopt.MisspeltPlaceholder(repl, v); ph != "" {
+			t.logger.Warn("a variable of the program's environment holds a placeholder Caddy does not know, which the program gets as text: check its spelling, as in {env.NAME}",
 				zap.String("env", k), zap.String("placeholder", ph))
 		}
 		t.Env[k] = repl.ReplaceKnown(v, "")
