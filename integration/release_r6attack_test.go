@@ -171,8 +171,9 @@ func TestR6HeldRetryDeniedTellsUpstreamOnlyThePolicyReason(t *testing.T) {
 
 // Held: a retry the request policy asks an approval for (its answer needs
 // one) is not taken on — the runner is told to get the approval — and the
-// held call is released at once (the caller's one place is free), with
-// toolgate's own words, not an approval's.
+// held call is released at once (the caller's one place is free), telling
+// the upstream that the retry needs an approval, with the policy's reason
+// (toolgate's generic words before).
 func TestR6HeldRetryAskedReleasesTheCall(t *testing.T) {
 	up := startUpstream(t)
 	policies := aaPolicies(t, `decision := {"action": "ask", "reason": "r6: accepting needs an approval"} if {
@@ -194,7 +195,7 @@ func TestR6HeldRetryAskedReleasesTheCall(t *testing.T) {
 	if a := r4Send(g, aliceKey, session, "echo", saCall(3, "echo", `{"text":"r6"}`, `{}`, "")); a.status != http.StatusOK {
 		t.Errorf("the asked retry did not free the caller's place: %d %s", a.status, aaJSON(a.msg))
 	}
-	if reasons := r6Cancels(up, 1, 5*time.Second); len(reasons) != 1 {
-		t.Errorf("the upstream was told %q, want one cancellation", reasons)
+	if reasons := r6Cancels(up, 1, 5*time.Second); len(reasons) != 1 || !strings.Contains(reasons[0], "needs an approval: r6: accepting needs an approval") {
+		t.Errorf("the upstream was told %q, want one cancellation saying the retry needs an approval, with the policy's reason", reasons)
 	}
 }

@@ -78,6 +78,7 @@ func (h *RequestHandler) ask(w http.ResponseWriter, r *http.Request, call *gatew
 	if mayHold && h.ApprovalWait > 0 && acceptsSSE(r) && call.Stateless == nil {
 		return false, res.Approval
 	}
+	refuseHeld(call, "it needs an approval: "+o.Reason)
 	status, msg := h.pending(call, d, res.Approval, h.app.BaseURL(r))
 	gateway.WriteRPC(w, status, msg)
 	h.completeWhenDecided(call, res.Approval)
@@ -124,6 +125,7 @@ func (h *RequestHandler) masked(ctx context.Context, input ast.Value, payload []
 
 // refuse answers a denial.
 func (h *RequestHandler) refuse(w http.ResponseWriter, call *gateway.Call, d *gateway.Decision, reason string) {
+	refuseHeld(call, reason)
 	writeAnswer(w, call, refusal(call, d, reason))
 }
 
