@@ -478,13 +478,13 @@ func TestCipherAttackLocalKeyReplacedHolds(t *testing.T) {
 	m.initialize()
 	m.mustEcho(t, "old key")
 	// A new key file, and the gateway restarted on the same storage, once
-	// the operator deleted the cipher's canary to go on with the new key
+	// the operator reset the cipher's canary to go on with the new key
 	// (without that, it refuses to start: reload_checks_test.go).
 	keyFile := filepath.Join(g.DataDir, "cipher.key")
 	if err := os.Remove(keyFile); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.Remove(filepath.Join(g.DataDir, "toolgate", "cipher-canary")); err != nil {
+	if err := os.WriteFile(filepath.Join(g.DataDir, "toolgate", "cipher-canary"), []byte("reset\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	g2 := startGateway(t, gatewayConfig{Upstream: up.URL, Services: caPersonalServices(up.URL), Extra: "cache_ttl 50ms", DataDir: g.DataDir})

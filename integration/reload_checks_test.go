@@ -17,7 +17,7 @@ import (
 // silently, and every stored credential and approval then failed to
 // decrypt, call after call, "retryable". It now refuses to start (or
 // reload), saying to restore the key; with the key back it starts, and
-// with the canary deleted it goes on with the new key.
+// with the canary reset it goes on with the new key.
 func TestCipherKeyThatDoesNotOpenTheStorageIsRefused(t *testing.T) {
 	up := startUpstream(t)
 	data := gatewayDataDir(t)
@@ -51,15 +51,15 @@ func TestCipherKeyThatDoesNotOpenTheStorageIsRefused(t *testing.T) {
 		t.Errorf("with the key file restored, the reload is refused: %v", err)
 	}
 
-	// Going on with a new key, as the refusal says: the canary deleted.
+	// Going on with a new key, as the refusal says: the canary reset.
 	if err := os.Remove(keyFile); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.Remove(filepath.Join(data, "toolgate", "cipher-canary")); err != nil {
+	if err := os.WriteFile(filepath.Join(data, "toolgate", "cipher-canary"), []byte("reset"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	if err := tryLoadGateway(t, port, cfg); err != nil {
-		t.Errorf("with a new key and the canary deleted, the reload is refused: %v", err)
+		t.Errorf("with a new key and the canary reset, the reload is refused: %v", err)
 	}
 }
 

@@ -156,8 +156,8 @@ func TestS3CanaryBlamesKeyForVaultPermissionDenied(t *testing.T) {
 	narrowed := cfg
 	narrowed.Cipher = fmt.Sprintf("vault_transit {\n\t\t\taddress %s\n\t\t\ttoken %s\n\t\t\tkey %s\n\t\t}", v.Addr, token, key)
 	err = tryLoadGateway(t, port, narrowed)
-	if err != nil && (strings.Contains(err.Error(), "sealed with another key") || strings.Contains(err.Error(), "delete toolgate/cipher-canary")) {
-		t.Errorf("a reload whose Vault token may not decrypt (same key) is refused as a wrong key, advising to delete the canary: %v", err)
+	if err != nil && (strings.Contains(err.Error(), "sealed with another key") || strings.Contains(err.Error(), "toolgate/cipher-canary in the storage")) {
+		t.Errorf("a reload whose Vault token may not decrypt (same key) is refused as a wrong key, advising to reset the canary: %v", err)
 	}
 }
 

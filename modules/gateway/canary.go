@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -22,10 +23,20 @@ const cipherCanaryKey = "toolgate/cipher-canary"
 // cipherCanary is the canary's plaintext and context.
 var cipherCanary, cipherCanaryContext = []byte("toolgate's cipher canary"), []byte("toolgate/v1/cipher-canary")
 
+// canaryReset is what an operator stores in place of the canary to go on
+// with a cipher whose key does not open the records (see canaryAdvice):
+// the next start seals a new canary with its key, and looks at no record
+// sealed before.
+const canaryReset = "reset"
+
 // canaryTimeout bounds the check at start: a storage or cipher backend
 // that does not answer leaves it undone (and says so), as the gateway
 // serves what it can without them.
 const canaryTimeout = 10 * time.Second
+
+// maxConnectionWitnesses bounds the stored connections tried at start on a
+// storage without a canary: any one that opens will do.
+const maxConnectionWitnesses = 16
 
 // sealedWitness is a record another step seals under a fixed context (the
 // approvals' key): on a storage sealed before it had a canary, it tells
@@ -44,10 +55,11 @@ func (a *App) AddSealedWitness(name string, context []byte) {
 }
 
 // checkCipherKey checks at start that the cipher opens the canary in
-// storage, and seals one when there is none (after a witness, if there is
-// one, opened). It refuses to start with a key that does not open them,
-// or a cipher that refuses to; a storage or cipher that cannot be reached
-// now leaves the check undone, logged.
+// storage, and seals one when there is none (after a record sealed before
+// it, if there is one, opened) or when the operator reset it. It refuses
+// to start with a key that does not open them, or a cipher that refuses
+// to; a storage or cipher that cannot be reached now leaves the check
+// undone, logged.
 func (a *App) checkCipherKey(ctx context.Context) error {
 	if a.cipher == nil {
 		return nil
@@ -56,19 +68,26 @@ func (a *App) checkCipherKey(ctx context.Context) error {
 	defer cancel()
 	sealed, err := a.storage.Load(ctx, cipherCanaryKey)
 	switch {
-	case errors.Is(err, fs.ErrNotExist):
+	case errors.Is(err, fs.ErrNotExist) || err == nil && isCanaryReset(sealed):
 		return a.sealCanary(ctx)
 	case err != nil:
 		a.logger.Warn("cannot read the cipher's canary now: whether the cipher's key opens the stored records was not checked", zap.Error(err))
 		return nil
 	}
-	return a.openSealed(ctx, cipherCanaryKey, sealed, cipherCanaryContext)
+	_, err = a.open(ctx, cipherCanaryKey, sealed, cipherCanaryContext)
+	return err
+}
+
+// isCanaryReset reports whether stored is the operator's reset.
+func isCanaryReset(stored []byte) bool {
+	return strings.TrimSpace(string(stored)) == canaryReset
 }
 
 // sealCanary seals the canary, under a lock: replicas starting at once on
 // a new storage agree on one, and one whose key does not open it is
-// refused. A witness already stored (sealed before there was a canary)
-// must open first.
+// refused. On a storage sealed before it had a canary, a record already
+// there must open first; when none could be read, no canary is sealed
+// now. A canary the operator reset is sealed again without looking.
 func (a *App) sealCanary(ctx context.Context) error {
 	const lock = "toolgate_cipher_canary"
 	if err := a.storage.Lock(ctx, lock); err != nil {
@@ -82,14 +101,19 @@ func (a *App) sealCanary(ctx context.Context) error {
 	}()
 	sealed, err := a.storage.Load(ctx, cipherCanaryKey)
 	switch {
+	case err == nil && isCanaryReset(sealed):
+		a.logger.Warn("the cipher's canary was reset: a new one is sealed with this key, and records sealed with another key stay unreadable (people connect again)")
 	case err == nil: // another replica sealed it meanwhile
-		return a.openSealed(ctx, cipherCanaryKey, sealed, cipherCanaryContext)
+		_, err = a.open(ctx, cipherCanaryKey, sealed, cipherCanaryContext)
+		return err
 	case !errors.Is(err, fs.ErrNotExist):
 		a.logger.Warn("cannot read the cipher's canary now: whether the cipher's key opens the stored records was not checked", zap.Error(err))
 		return nil
-	}
-	if err := a.checkWitness(ctx); err != nil {
-		return err
+	default:
+		checked, err := a.checkWitness(ctx)
+		if err != nil || !checked {
+			return err
+		}
 	}
 	if sealed, err = a.cipher.Encrypt(ctx, cipherCanary, cipherCanaryContext); err == nil {
 		err = a.storage.Store(ctx, cipherCanaryKey, sealed)
@@ -102,8 +126,9 @@ func (a *App) sealCanary(ctx context.Context) error {
 
 // checkWitness checks that the cipher opens a record sealed before the
 // storage had a canary: a registered witness (the approvals' key), else a
-// stored connection of a user the configuration names.
-func (a *App) checkWitness(ctx context.Context) error {
+// stored connection of a user the configuration names. checked is false
+// when records exist that could not be read or opened now (logged).
+func (a *App) checkWitness(ctx context.Context) (checked bool, err error) {
 	for _, w := range a.witnesses {
 		sealed, err := a.storage.Load(ctx, w.name)
 		if errors.Is(err, fs.ErrNotExist) {
@@ -111,70 +136,102 @@ func (a *App) checkWitness(ctx context.Context) error {
 		}
 		if err != nil {
 			a.logger.Warn("cannot read a sealed record now: whether the cipher's key opens the stored records was not checked", zap.String("record", w.name), zap.Error(err))
-			return nil
+			return false, nil
 		}
-		return a.openSealed(ctx, w.name, sealed, w.context)
+		return a.open(ctx, w.name, sealed, w.context)
 	}
-	return a.checkConnection(ctx)
+	return a.checkConnections(ctx)
 }
 
-// checkConnection checks that the cipher opens a stored connection. Its
-// context names its user, whom the storage keeps only as a hash: only a
-// connection of a user the configuration names (an API key's) can be
-// opened here. Without one, the start goes on, and says what it could not
-// check.
-func (a *App) checkConnection(ctx context.Context) error {
+// checkConnections checks that the cipher opens a stored connection. Its
+// context names its user, whom the storage keeps only as a hash: only the
+// connections of users the configuration names (API keys') can be opened
+// here. Any one that opens will do (a record damaged, or gone meanwhile,
+// is passed over); the start is refused when those tried all were sealed
+// with another key. With none to try, it goes on, and says what it could
+// not check.
+func (a *App) checkConnections(ctx context.Context) (checked bool, err error) {
 	keys, err := a.storage.List(ctx, connectionPrefix, true)
 	switch {
 	case errors.Is(err, fs.ErrNotExist) || err == nil && len(keys) == 0:
-		return nil
+		return true, nil
 	case err != nil:
 		a.logger.Warn("cannot list the stored connections now: whether the cipher's key opens the stored records was not checked", zap.Error(err))
-		return nil
+		return false, nil
 	}
-	byUser := make(map[string]string, len(keys)) // the key of a connection, by its user's hash
+	byUser := make(map[string][]string) // the services of connections, by their user's hash
+	stored := 0
 	for _, k := range keys {
 		if service, user, ok := strings.Cut(strings.TrimPrefix(k, connectionPrefix+"/"), "/"); ok && isHashKey(user) {
-			byUser[user] = service
+			byUser[user] = append(byUser[user], service)
+			stored++
 		}
 	}
+	var mismatch error
+	tried, unread := 0, 0
 	for _, user := range a.Auth.users() {
-		service, ok := byUser[hashKey(user)]
-		if !ok {
-			continue
+		for _, service := range byUser[hashKey(user)] {
+			if tried == maxConnectionWitnesses {
+				break
+			}
+			tried++
+			key := ConnectionKey(service, user)
+			sealed, err := a.storage.Load(ctx, key)
+			if errors.Is(err, fs.ErrNotExist) {
+				continue // disconnected meanwhile
+			}
+			if err != nil {
+				unread++
+				continue
+			}
+			opened, err := a.open(ctx, key, sealed, CipherContext(service, user))
+			switch {
+			case opened:
+				return true, nil
+			case errors.Is(err, ErrCipherMismatch):
+				mismatch = cmp.Or(mismatch, err)
+			case err != nil:
+				return false, err // the cipher refuses: its words
+			default:
+				unread++
+			}
 		}
-		key := ConnectionKey(service, user)
-		sealed, err := a.storage.Load(ctx, key)
-		if err != nil {
-			a.logger.Warn("cannot read a stored connection now: whether the cipher's key opens the stored records was not checked", zap.Error(err))
-			return nil
-		}
-		return a.openSealed(ctx, key, sealed, CipherContext(service, user))
 	}
-	a.logger.Warn("the storage holds connections sealed before it had a cipher canary, none of a user this configuration names: whether the cipher's key opens them was not checked; if people's connections fail as unreadable, restore the key they were sealed with",
-		zap.Int("connections", len(keys)))
-	return nil
+	switch {
+	case unread > 0:
+		a.logger.Warn("cannot read or open the stored connections now: whether the cipher's key opens the stored records was not checked, and no canary is sealed until it is")
+		return false, nil
+	case mismatch != nil:
+		return false, mismatch
+	case tried == 0 && stored > 0:
+		a.logger.Warn("the storage holds connections sealed before it had a cipher canary, none of a user this configuration names: whether the cipher's key opens them was not checked; if people's connections fail as unreadable, restore the key they were sealed with",
+			zap.Int("connections", stored))
+	}
+	return true, nil
 }
 
-// openSealed checks that the cipher opens name, a record it sealed under
-// context. A key that does not open it refuses the start, as does a cipher
-// that refuses to open it (a permission, a token: its error says what);
-// a cipher that cannot be reached now leaves it unchecked, logged.
-func (a *App) openSealed(ctx context.Context, name string, sealed, context []byte) error {
+// open reports whether the cipher opens name, a record it sealed under
+// context. A key that does not open it is an error wrapping
+// ErrCipherMismatch, which refuses the start, as does a cipher that
+// refuses to open it (a permission, a token: its error says what); a
+// cipher that cannot be reached now leaves it unchecked, logged.
+func (a *App) open(ctx context.Context, name string, sealed, context []byte) (bool, error) {
 	plain, err := a.cipher.Decrypt(ctx, sealed, context)
 	switch {
 	case errors.Is(err, ErrCipherUnavailable):
 		a.logger.Warn("cannot open a sealed record now: whether the cipher's key opens the stored records was not checked", zap.String("record", name), zap.Error(err))
-		return nil
+		return false, nil
 	case err == nil && name == cipherCanaryKey && string(plain) != string(cipherCanary):
 		err = fmt.Errorf("%w: it holds another value", ErrCipherMismatch)
 		fallthrough
 	case errors.Is(err, ErrCipherMismatch):
-		return fmt.Errorf("the cipher's key does not open the records in storage, which were sealed with another key (%s does not open: %v): "+
+		return false, fmt.Errorf("the cipher's key does not open the records in storage, which were sealed with another key (%s does not open: %w): "+
 			"restore the key they were sealed with (for cipher local, the key file from a backup, in place of the one now there; for vault_transit or kms, the key the configuration named), "+
-			"or, to go on with this key, delete %s from the storage: every credential and approval sealed with the old key then stays unreadable, and people connect again", name, err, cipherCanaryKey)
+			"or, to go on with this key, store the word %q as %s in the storage (for file_system storage: printf %s > <its root>/%s; see the README for postgres): "+
+			"every credential and approval sealed with the old key then stays unreadable, and people connect again",
+			name, err, canaryReset, cipherCanaryKey, canaryReset, cipherCanaryKey)
 	case err != nil:
-		return fmt.Errorf("the cipher cannot open %s, a record it sealed in storage: %w: fix what it says (its key is not in question), then start again", name, err)
+		return false, fmt.Errorf("the cipher cannot open %s, a record it sealed in storage: %w: fix what it says (its key is not in question), then start again", name, err)
 	}
-	return nil
+	return true, nil
 }
