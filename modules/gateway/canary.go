@@ -24,7 +24,7 @@ const cipherCanaryKey = "toolgate/cipher-canary"
 var cipherCanary, cipherCanaryContext = []byte("toolgate's cipher canary"), []byte("toolgate/v1/cipher-canary")
 
 // canaryReset is what an operator stores in place of the canary to go on
-// with a cipher whose key does not open the records (see canaryAdvice):
+// with a cipher whose key does not open the records (see App.open):
 // the next start seals a new canary with its key, and looks at no record
 // sealed before.
 const canaryReset = "reset"
