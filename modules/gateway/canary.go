@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -204,10 +205,41 @@ func (a *App) checkConnections(ctx context.Context) (checked bool, err error) {
 	case mismatch != nil:
 		return false, mismatch
 	case tried == 0 && stored > 0:
-		a.logger.Warn("the storage holds connections sealed before it had a cipher canary, none of a user this configuration names: whether the cipher's key opens them was not checked; if people's connections fail as unreadable, restore the key they were sealed with",
+		// Sealed now, a canary would vouch for a key nothing checked, and
+		// turn away the right one were it restored.
+		a.logger.Warn("the storage holds connections but no cipher canary (it was stored before there were canaries, or the canary was deleted), none of a user this configuration names: whether the cipher's key opens them was not checked, and no canary is sealed; once people's connections work, seal one: "+a.resetAdvice(),
 			zap.Int("connections", stored))
+		return false, nil
 	}
 	return true, nil
+}
+
+// StoreCommand is implemented by a storage that can say how an operator
+// stores a value in it by hand (the SQL of a database storage): toolgate's
+// messages then give the command instead of naming the storage's tools.
+type StoreCommand interface {
+	StoreCommand(key, value string) string
+}
+
+// resetAdvice says how the operator stores canaryReset as the canary, in
+// the storage this gateway uses.
+func (a *App) resetAdvice() string {
+	what := fmt.Sprintf("store the word %q as %s in the storage", canaryReset, cipherCanaryKey)
+	switch s := a.storage.(type) {
+	case *fileSystemStorage:
+		return what + ": printf " + canaryReset + " > " + shellQuote(filepath.Join(s.Path, filepath.FromSlash(cipherCanaryKey)))
+	case StoreCommand:
+		return what + ": " + s.StoreCommand(cipherCanaryKey, canaryReset)
+	}
+	return what + ", with the storage's own tools"
+}
+
+// shellQuote quotes s for a POSIX shell when it needs it.
+func shellQuote(s string) string {
+	if strings.Trim(s, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789/._-+") == "" {
+		return s
+	}
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }
 
 // open reports whether the cipher opens name, a record it sealed under
@@ -227,9 +259,8 @@ func (a *App) open(ctx context.Context, name string, sealed, context []byte) (bo
 	case errors.Is(err, ErrCipherMismatch):
 		return false, fmt.Errorf("the cipher's key does not open the records in storage, which were sealed with another key (%s does not open: %w): "+
 			"restore the key they were sealed with (for cipher local, the key file from a backup, in place of the one now there; for vault_transit or kms, the key the configuration named), "+
-			"or, to go on with this key, store the word %q as %s in the storage (for file_system storage: printf %s > <its root>/%s; see the README for postgres): "+
-			"every credential and approval sealed with the old key then stays unreadable, and people connect again",
-			name, err, canaryReset, cipherCanaryKey, canaryReset, cipherCanaryKey)
+			"or, to go on with this key, %s. Every credential and approval sealed with the old key then stays unreadable, and people connect again",
+			name, err, a.resetAdvice())
 	case err != nil:
 		return false, fmt.Errorf("the cipher cannot open %s, a record it sealed in storage: %w: fix what it says (its key is not in question), then start again", name, err)
 	}

@@ -1,6 +1,7 @@
 package postgres
 
 import (
+	"context"
 	"strings"
 	"testing"
 	"time"
@@ -79,5 +80,29 @@ func TestValidate(t *testing.T) {
 	if err := s.Provision(ctx); err == nil || !strings.Contains(err.Error(), "{env.TOOLGATE_TEST_UNSET_DSN} is empty") ||
 		strings.Contains(err.Error(), "db.internal") {
 		t.Fatalf("Provision with an empty password: %v; want the placeholder named, not the DSN", err)
+	}
+}
+
+// The SQL toolgate gives an operator to store a value by hand (the cipher
+// canary's reset) runs as given, in the storage's schema and table, and
+// the storage then loads what it stored, over an older value too.
+func TestStoreCommandRunsAsGiven(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	dsn := sharedDSN(t, "storecommand")
+	query(t, dsn, "CREATE SCHEMA IF NOT EXISTS storecmd", nil)
+	s := provisioned(t, &Storage{DSN: dsn, Schema: "storecmd", Table: newTableName(), LockLease: caddy.Duration(DefaultLockLease)})
+	if err := s.Store(ctx, "toolgate/cipher-canary", []byte("sealed bytes")); err != nil {
+		t.Fatal(err)
+	}
+	for _, value := range []string{"reset", "it's"} {
+		sql := s.StoreCommand("toolgate/cipher-canary", value)
+		if !strings.Contains(sql, "storecmd."+s.Table) {
+			t.Fatalf("the command does not name the schema's table: %s", sql)
+		}
+		query(t, dsn, sql, nil)
+		if got, err := s.Load(ctx, "toolgate/cipher-canary"); err != nil || string(got) != value {
+			t.Fatalf("after %s: loaded %q, %v; want %q", sql, got, err, value)
+		}
 	}
 }

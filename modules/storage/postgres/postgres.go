@@ -53,6 +53,7 @@ import (
 	"fmt"
 	"net/url"
 	"regexp"
+	"strings"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -240,6 +241,18 @@ func (s *Storage) String() string {
 		schema += "."
 	}
 	return fmt.Sprintf("postgres storage %s:%d/%s %s%s", cfg.Host, cfg.Port, cfg.Database, schema, s.Table)
+}
+
+// StoreCommand is the SQL that stores value under key in this storage's
+// table, for an operator to run by hand (gateway.StoreCommand).
+func (s *Storage) StoreCommand(key, value string) string {
+	table := s.Table
+	if s.Schema != "" {
+		table = s.Schema + "." + table
+	}
+	q := func(v string) string { return "'" + strings.ReplaceAll(v, "'", "''") + "'" }
+	return fmt.Sprintf("INSERT INTO %s (key, value, modified) VALUES (%s, %s, now()) ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value, modified = now()",
+		table, q(key), q(value))
 }
 
 func (s *Storage) lease() time.Duration { return time.Duration(s.LockLease) }
