@@ -232,6 +232,20 @@ func EmptyPlaceholder(repl *caddy.Replacer, raw string) string {
 	return empty
 }
 
+// Unset says why ph, a placeholder EmptyPlaceholder found, is empty, in
+// the words of its kind: an environment variable not set, a file missing
+// or empty.
+func Unset(ph string) string {
+	key := strings.TrimSuffix(strings.TrimPrefix(ph, "{"), "}")
+	if name, ok := strings.CutPrefix(key, "env."); ok {
+		return "the environment variable " + name + " (" + ph + ") is not set, or empty"
+	}
+	if path, ok := strings.CutPrefix(key, "file."); ok {
+		return "the file " + path + " (" + ph + ") is missing, or empty"
+	}
+	return ph + " is empty"
+}
+
 // MisspeltPlaceholder is the first placeholder in raw that Caddy does not
 // know yet is spelt as its own are, a prefix and a name ({evn.NAME}), ""
 // when there is none. Where unknown placeholders are kept as text (a DSN,

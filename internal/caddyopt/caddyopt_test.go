@@ -194,3 +194,15 @@ func TestEmptyPlaceholder(t *testing.T) {
 		}
 	}
 }
+
+func TestUnset(t *testing.T) {
+	for ph, want := range map[string]string{
+		"{env.PGPASSWORD}":      "the environment variable PGPASSWORD ({env.PGPASSWORD}) is not set, or empty",
+		"{file./run/secrets/x}": "the file /run/secrets/x ({file./run/secrets/x}) is missing, or empty",
+		"{system.hostname}":     "{system.hostname} is empty",
+	} {
+		if got := Unset(ph); got != want {
+			t.Errorf("Unset(%q) = %q, want %q", ph, got, want)
+		}
+	}
+}

@@ -77,7 +77,7 @@ func TestValidate(t *testing.T) {
 	// A password from a variable not set: the DSN would go on without
 	// one, and a server that trusts the host would take it.
 	s = &Storage{DSN: "postgres://toolgate:{env.TOOLGATE_TEST_UNSET_DSN}@db.internal/toolgate"}
-	if err := s.Provision(ctx); err == nil || !strings.Contains(err.Error(), "{env.TOOLGATE_TEST_UNSET_DSN} is empty") ||
+	if err := s.Provision(ctx); err == nil || !strings.Contains(err.Error(), "the environment variable TOOLGATE_TEST_UNSET_DSN ({env.TOOLGATE_TEST_UNSET_DSN}) is not set, or empty") ||
 		strings.Contains(err.Error(), "db.internal") {
 		t.Fatalf("Provision with an empty password: %v; want the placeholder named, not the DSN", err)
 	}
@@ -103,6 +103,57 @@ func TestStoreCommandRunsAsGiven(t *testing.T) {
 		query(t, dsn, sql, nil)
 		if got, err := s.Load(ctx, "toolgate/cipher-canary"); err != nil || string(got) != value {
 			t.Fatalf("after %s: loaded %q, %v; want %q", sql, got, err, value)
+		}
+	}
+}
+
+// A password given by a placeholder in a URL dsn whose value holds '@',
+// '/', '?' or '#' is refused before anything parses it: those end a URL's
+// password for pgx, and the rest of it would be taken for the host and
+// database, and show in pgx's errors and logs. ':' is taken as it is, and
+// a keyword=value dsn is not a URL.
+func TestURLDSNPasswordThatEndsTheAuthorityIsRefused(t *testing.T) {
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: t.Context()})
+	defer cancel()
+	for _, pw := range []string{"Sup3r@Secret.example:5/x", "Secret@host", "a?b", "a#b"} {
+		t.Setenv("TOOLGATE_TEST_URL_PW", pw)
+		s := &Storage{DSN: "postgres://toolgate:{env.TOOLGATE_TEST_URL_PW}@db.internal:5432/toolgate"}
+		err := s.Provision(ctx)
+		if err == nil || !strings.Contains(err.Error(), "{env.TOOLGATE_TEST_URL_PW} holds '@', '/', '?' or '#'") {
+			t.Errorf("password %q: %v; want it refused, naming the placeholder", pw, err)
+		}
+		if err != nil && strings.Contains(err.Error(), "Secret") {
+			t.Errorf("the refusal shows the password: %v", err)
+		}
+	}
+	for _, dsn := range []string{
+		"postgres://toolgate:{env.TOOLGATE_TEST_URL_PW}@db.internal:5432/toolgate",
+		"host=db.internal user=toolgate password='{env.TOOLGATE_TEST_URL_PW}' dbname=toolgate",
+		"postgres://toolgate@db.internal/{env.TOOLGATE_TEST_URL_DB}?sslmode=disable",
+	} {
+		t.Setenv("TOOLGATE_TEST_URL_PW", "pass:w%40rd")
+		t.Setenv("TOOLGATE_TEST_URL_DB", "toolgate")
+		s := &Storage{DSN: dsn}
+		if err := s.Provision(ctx); err != nil {
+			t.Errorf("%s: %v; want it taken", dsn, err)
+			continue
+		}
+		_ = s.Cleanup()
+	}
+}
+
+func TestUserinfoEnd(t *testing.T) {
+	for rest, want := range map[string]int{
+		"u:p@host/db":                 3,
+		"u:p@ss@host/db":              6,
+		"u:{file./run/pw}@host/db":    16,
+		"u:{env.P}@host?x=@":          9,
+		"host/db":                     -1,
+		"u:p\\{x@host/db":             6,
+		"u:{file./a@b/pw}@h/{env.D@}": 16,
+	} {
+		if got := userinfoEnd(rest); got != want {
+			t.Errorf("userinfoEnd(%q) = %d, want %d", rest, got, want)
 		}
 	}
 }
