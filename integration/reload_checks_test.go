@@ -43,6 +43,9 @@ func TestCipherKeyThatDoesNotOpenTheStorageIsRefused(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "does not open the records in storage") {
 		t.Fatalf("a reload whose key file was lost (and made anew): %v; want it refused", err)
 	}
+	if !strings.Contains(err.Error(), "was made new when this gateway started") {
+		t.Errorf("the refusal does not say the key file now there was just made: %v", err)
+	}
 
 	if err := os.WriteFile(keyFile, key, 0o600); err != nil {
 		t.Fatal(err)

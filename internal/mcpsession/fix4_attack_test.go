@@ -1,6 +1,10 @@
 package mcpsession
 
-import "testing"
+import (
+	"testing"
+
+	"github.com/toolgate/toolgate/internal/mcpmsg"
+)
 
 // Attack: the record of where a runner's request went (SentIn) is one
 // entry per id with a count, and the last SentIn/SendingIn of any request of
@@ -94,5 +98,19 @@ func TestFix4RequestsOfOneIDInTwoSessionsAreBothCancelled(t *testing.T) {
 	s.RequestDone(b)
 	if len(s.sentIn) != 0 {
 		t.Fatalf("records left: %+v", s.sentIn)
+	}
+}
+
+// The record of a request in progress costs no allocation of its own on
+// every call: it stays within the map's slot (a value over 128 bytes is
+// kept apart, one allocation per request).
+func TestSentInRecordAllocatesNothingPerRequest(t *testing.T) {
+	s := &Session{}
+	up := Upstream{SessionID: "up", Generation: 1}
+	id := []byte(`7`)
+	s.RequestDone(s.SentIn(id, up)) // the map itself
+	base := testing.AllocsPerRun(100, func() { _ = mcpmsg.IDKey(id) })
+	if n := testing.AllocsPerRun(100, func() { s.RequestDone(s.SentIn(id, up)) }); n > base {
+		t.Errorf("%.0f allocations per request recorded and done, beyond the %.0f of its key", n, base)
 	}
 }

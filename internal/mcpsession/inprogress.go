@@ -64,7 +64,24 @@ type sentReq struct {
 // cancellation goes.
 type sentIn struct {
 	first sentReq
-	more  []sentReq
+	more  *[]sentReq // a pointer: the whole stays inside the map's slot (at most 128 bytes), with no allocation per request
+}
+
+// others are the requests of the id besides first.
+func (e *sentIn) others() []sentReq {
+	if e.more == nil {
+		return nil
+	}
+	return *e.more
+}
+
+// setOthers makes o the requests of the id besides first.
+func (e *sentIn) setOthers(o []sentReq) {
+	if len(o) == 0 {
+		e.more = nil
+		return
+	}
+	e.more = &o
 }
 
 // find returns the request seq of e, nil when it is no longer there.
@@ -72,9 +89,10 @@ func (e *sentIn) find(seq uint64) *sentReq {
 	if e.first.seq == seq {
 		return &e.first
 	}
-	for i := range e.more {
-		if e.more[i].seq == seq {
-			return &e.more[i]
+	o := e.others()
+	for i := range o {
+		if o[i].seq == seq {
+			return &o[i]
 		}
 	}
 	return nil
@@ -97,7 +115,7 @@ func (s *Session) SentIn(id []byte, up Upstream) Sent {
 	s.sentSeq++
 	r := sentReq{seq: s.sentSeq, up: up}
 	if e, ok := s.sentIn[key]; ok {
-		e.more = append(e.more, r)
+		e.setOthers(append(e.others(), r))
 		s.sentIn[key] = e
 	} else {
 		s.sentIn[key] = sentIn{first: r}
@@ -166,8 +184,9 @@ func (s *Session) CancelGone(id []byte, gone, next Upstream) (Upstream, bool) {
 		}
 	}
 	cancel(&e.first)
-	for i := range e.more {
-		cancel(&e.more[i])
+	o := e.others()
+	for i := range o {
+		cancel(&o[i])
 	}
 	s.sentIn[key] = e
 	return elsewhere, found
@@ -183,14 +202,15 @@ func (s *Session) RequestDone(sent Sent) {
 	e, ok := s.sentIn[sent.key]
 	switch {
 	case !ok:
-	case e.first.seq == sent.seq && len(e.more) == 0:
+	case e.first.seq == sent.seq && len(e.others()) == 0:
 		delete(s.sentIn, sent.key)
 	case e.first.seq == sent.seq:
-		e.first = e.more[0]
-		e.more = slices.Delete(e.more, 0, 1)
+		o := e.others()
+		e.first = o[0]
+		e.setOthers(slices.Delete(o, 0, 1))
 		s.sentIn[sent.key] = e
 	default:
-		e.more = slices.DeleteFunc(e.more, func(r sentReq) bool { return r.seq == sent.seq })
+		e.setOthers(slices.DeleteFunc(e.others(), func(r sentReq) bool { return r.seq == sent.seq }))
 		s.sentIn[sent.key] = e
 	}
 }
@@ -210,7 +230,7 @@ func (s *Session) RequestsSentIn(id []byte) []Upstream {
 		return nil
 	}
 	ups := []Upstream{e.first.up}
-	for _, r := range e.more {
+	for _, r := range e.others() {
 		if !slices.ContainsFunc(ups, func(u Upstream) bool { return u.Generation == r.up.Generation }) {
 			ups = append(ups, r.up)
 		}

@@ -50,6 +50,7 @@ type Cipher struct {
 type loadedKey struct {
 	mu   sync.RWMutex
 	aead cipher.AEAD
+	made bool // Start made the key file: a record sealed before was sealed with another key
 }
 
 // CaddyModule returns the Caddy module information.
@@ -119,7 +120,13 @@ func (c *Cipher) Start(context.Context) error {
 		return fmt.Errorf("creating key file %s: %v", c.KeyFile, err)
 	}
 	c.logger.Info("created a new local cipher key; back it up, or stored credentials are lost with it", zap.String("key_file", c.KeyFile))
-	return c.load()
+	if err := c.load(); err != nil {
+		return err
+	}
+	c.key.mu.Lock()
+	c.key.made = true
+	c.key.mu.Unlock()
+	return nil
 }
 
 func (c *Cipher) load() error {
@@ -198,6 +205,15 @@ func (c *Cipher) Decrypt(_ context.Context, ciphertext, context []byte) ([]byte,
 	}
 	plain, err := aead.Open(nil, sealed[:aead.NonceSize()], sealed[aead.NonceSize():], context)
 	if err != nil {
+		c.key.mu.RLock()
+		made := c.key.made
+		c.key.mu.RUnlock()
+		if made {
+			// Said so, an operator does not take the key file for the one
+			// that was lost.
+			return nil, fmt.Errorf("local cipher: %w and context (the key file %s was made new when this gateway started, as none was there: the key the record was sealed with is not in it)",
+				gateway.ErrCipherMismatch, c.KeyFile)
+		}
 		return nil, fmt.Errorf("local cipher: %w and context", gateway.ErrCipherMismatch)
 	}
 	return plain, nil
