@@ -672,11 +672,6 @@ func (a *App) Start() error {
 			return err
 		}
 	}
-	if sc, ok := a.storage.(StorageChecker); ok {
-		if err := sc.CheckAtStart(ctx); err != nil {
-			return err
-		}
-	}
 	if err := a.checkCipherKey(ctx); err != nil {
 		return err
 	}
