@@ -25,6 +25,10 @@ var ErrNotFound = errors.New("MCP session not found")
 // toolgate session.
 var ErrForeign = errors.New("this MCP session belongs to another caller or toolgate session")
 
+// errNotAttached is Open's and Create's error before any configuration
+// is attached (the gateway has not finished starting, or has stopped).
+var errNotAttached = fmt.Errorf("%w: no configuration is attached to the MCP sessions yet (toolgate is starting)", ErrStorageUnavailable)
+
 // LimitError reports an initialize refused because the caller,
 // or the gateway, has as many MCP sessions as allowed.
 type LimitError struct {
@@ -258,6 +262,9 @@ func (m *Sessions) fresh(c *Config, s *Session) bool {
 // read its record; other uses read nothing.
 func (m *Sessions) Open(ctx context.Context, id, user, toolgateSession string) (*Session, error) {
 	c := m.cfg()
+	if c == nil {
+		return nil, errNotAttached
+	}
 	claims, err := mcpstate.Open(c.Keys, id)
 	if err != nil || claims.Expired(now()) {
 		return nil, ErrNotFound
@@ -520,6 +527,9 @@ func (m *Sessions) CreateLocal(ctx context.Context, user, toolgateSession string
 
 func (m *Sessions) create(ctx context.Context, user, toolgateSession string, expires time.Time, service string, local bool) (*Session, error) {
 	c := m.cfg()
+	if c == nil {
+		return nil, errNotAttached
+	}
 	m.mu.Lock()
 	if m.started >= c.Max {
 		m.mu.Unlock()

@@ -122,6 +122,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		gateway.WriteAPIError(w, http.StatusTooEarly, "too_early", gateway.TooEarlyText)
 		return nil
 	}
+	if !h.app.Started(r.Context()) {
+		w.Header().Set("Retry-After", "1")
+		gateway.WriteAPIError(w, http.StatusServiceUnavailable, "unavailable", gateway.StartingText)
+		return nil
+	}
 	if !h.app.CheckOrigin(r) {
 		gateway.WriteAPIError(w, http.StatusForbidden, "origin_not_allowed", "origin or host not allowed (DNS-rebinding protection): add the origin to allowed_origins")
 		return nil

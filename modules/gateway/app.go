@@ -204,6 +204,7 @@ type App struct {
 	stopping     *sync.RWMutex // write-held while stopped is set (WhileInForce)
 	stopCtx      context.Context
 	stopCancel   context.CancelFunc // at Stop, after stopped is set
+	starting     *startGate         // Start finished (Started)
 	follows      *App               // the App in force when this one started
 	releasePools []func()
 	startHooks   []func()
@@ -276,6 +277,7 @@ func (a *App) Provision(ctx caddy.Context) error {
 	a.stopped = new(atomic.Bool)
 	a.stopping = new(sync.RWMutex)
 	a.stopCtx, a.stopCancel = context.WithCancel(context.Background())
+	a.starting = newStartGate()
 	a.sharedMu = new(sync.Mutex)
 	a.pipeline = new(pipelineTrail)
 
@@ -640,8 +642,17 @@ func checkSessionHeader(h string) error {
 	return nil
 }
 
-// Start starts the app's background work and the I/O Provision must not do.
+// Start starts the app's background work and the I/O Provision must not
+// do. Requests taken meanwhile wait for it (Started).
 func (a *App) Start() error {
+	err := a.start()
+	if a.starting != nil {
+		a.starting.end(err == nil)
+	}
+	return err
+}
+
+func (a *App) start() error {
 	ctx := context.Background()
 	for _, s := range a.Services {
 		if s.Auth.Kind == AuthOAuth && !a.console {
@@ -816,6 +827,9 @@ func (a *App) Stop() error {
 
 // Cleanup releases state shared across config reloads.
 func (a *App) Cleanup() error {
+	if a.starting != nil {
+		a.starting.end(false) // unloaded before Start: requests waiting for it are refused
+	}
 	for _, release := range a.releasePools {
 		release()
 	}

@@ -70,6 +70,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 }
 
 func (h *Handler) serve(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+	if !h.app.Started(r.Context()) {
+		gateway.WriteStarting(w)
+		return nil
+	}
 	if gateway.InEarlyData(r) {
 		gateway.WriteRPCError(w, http.StatusTooEarly, nil, gateway.CodeInvalidRequest, gateway.TooEarlyText, nil)
 		return nil

@@ -1,0 +1,155 @@
+package integration
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig"
+)
+
+// Regression: Caddy starts a configuration's apps one after another in
+// map order, so its HTTP server may take requests while the toolgate
+// app's Start still runs (the cipher, the canary's storage round trip,
+// an issuer's JWKS, and only then the MCP sessions' configuration). An
+// initialize taken in that window dereferenced the missing configuration
+// (a panic; the runner got EOF). Requests taken then now wait for Start.
+//
+// Start is held here at its JWKS fetch, whose server answers only when the
+// test lets it. Whether the HTTP server listens meanwhile depends on the
+// order Caddy picked, so the test starts the gateway until it does.
+func TestStartingGatewayAnswersRequestsTakenBeforeStart(t *testing.T) {
+	up := startUpstream(t)
+	for range 12 {
+		if startInWindow(t, up) {
+			return
+		}
+	}
+	t.Fatal("in 12 starts, Caddy never started its HTTP server before the toolgate app: the window was not tested")
+}
+
+// startInWindow starts a gateway whose Start waits on its JWKS and, if its
+// HTTP server listens meanwhile, sends an initialize and creates a session
+// there, checking both get their answers once Start is let go on. It
+// reports whether the window was tested.
+func startInWindow(t *testing.T, up *upstream) bool {
+	t.Helper()
+	asked, release := make(chan struct{}), make(chan struct{})
+	var once, releaseOnce sync.Once
+	jwks := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		once.Do(func() { close(asked) })
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprint(w, `{"keys":[]}`)
+	}))
+	let := func() { releaseOnce.Do(func() { close(release) }) }
+	defer jwks.Close()
+	defer let()
+
+	port := freePort(t)
+	caddyfile, _ := gatewayCaddyfile(t, port, gatewayConfig{Upstream: up.URL, AuthExtra: `jwt {
+				issuer   ` + jwks.URL + `
+				audience toolgate-test
+				jwks_url ` + jwks.URL + `/keys
+			}`})
+	cfgJSON, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(caddyfile), map[string]any{"filename": "Caddyfile"})
+	if err != nil {
+		t.Fatalf("adapting Caddyfile: %v", err)
+	}
+	loaded := make(chan error, 1)
+	caddyMu.Lock()
+	go func() {
+		defer caddyMu.Unlock()
+		loaded <- caddy.Load(cfgJSON, true)
+	}()
+	stop := func() {
+		if err := <-loaded; err != nil {
+			t.Fatalf("loading the config: %v", err)
+		}
+		caddyMu.Lock()
+		_ = caddy.Stop()
+		caddyMu.Unlock()
+	}
+
+	select {
+	case <-asked:
+	case err := <-loaded:
+		t.Fatalf("the gateway started without fetching its JWKS (%v)", err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("the gateway never fetched its JWKS")
+	}
+	// Start is held now. The HTTP server listens already, or only after it.
+	addr := fmt.Sprintf("127.0.0.1:%d", port)
+	listening := false
+	for range 20 {
+		if c, err := net.DialTimeout("tcp", addr, 100*time.Millisecond); err == nil {
+			c.Close()
+			listening = true
+			break
+		}
+		time.Sleep(25 * time.Millisecond)
+	}
+	if !listening {
+		let()
+		stop()
+		return false
+	}
+
+	g := &gateway{URL: "http://" + addr, pool: http.DefaultTransport.(*http.Transport).Clone()}
+	defer g.pool.CloseIdleConnections()
+	type answer struct {
+		status int
+		body   string
+		id     string
+		err    error
+	}
+	initialized, created := make(chan answer, 1), make(chan answer, 1)
+	go func() {
+		m := g.raw(t, aliceKey, "", "svc")
+		delete(m.headers, "X-Toolgate-Session")
+		resp, err := m.send(context.Background(), http.MethodPost, "application/json, text/event-stream",
+			`{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"raw","version":"1"}}}`, "")
+		if err != nil {
+			initialized <- answer{err: err}
+			return
+		}
+		defer resp.Body.Close()
+		initialized <- answer{status: resp.StatusCode, id: resp.Header.Get("Mcp-Session-Id")}
+	}()
+	go func() {
+		req, _ := http.NewRequest(http.MethodPost, g.URL+"/v1/sessions", strings.NewReader(`{"services":["svc"]}`))
+		req.Header.Set("Authorization", "Bearer "+aliceKey)
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := (&http.Client{Transport: g.pool}).Do(req)
+		if err != nil {
+			created <- answer{err: err}
+			return
+		}
+		defer resp.Body.Close()
+		var s struct{ ID string }
+		_ = json.NewDecoder(resp.Body).Decode(&s)
+		created <- answer{status: resp.StatusCode, id: s.ID}
+	}()
+	// Pacing only: let both requests reach the gateway while Start is held.
+	time.Sleep(300 * time.Millisecond)
+	let()
+	defer stop()
+	if a := <-initialized; a.err != nil || a.status != http.StatusOK || a.id == "" {
+		t.Fatalf("an initialize taken while the gateway started: %d (Mcp-Session-Id %q) %v, want 200 with a session", a.status, a.id, a.err)
+	}
+	if a := <-created; a.err != nil || a.status != http.StatusCreated || a.id == "" {
+		t.Fatalf("POST /v1/sessions taken while the gateway started: %d %v, want 201 with an id", a.status, a.err)
+	}
+	return true
+}
