@@ -683,6 +683,11 @@ func (a *App) start() error {
 			return err
 		}
 	}
+	if sc, ok := a.storage.(StorageChecker); ok {
+		if err := sc.CheckAtStart(ctx); err != nil {
+			return err
+		}
+	}
 	if err := a.checkCipherKey(ctx); err != nil {
 		return err
 	}

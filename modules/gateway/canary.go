@@ -214,6 +214,15 @@ func (a *App) checkConnections(ctx context.Context) (checked bool, err error) {
 	return true, nil
 }
 
+// StorageChecker is implemented by a storage that can tell, at start, a
+// configuration that will never work (a database refusing the role or
+// password it was given) from one that cannot be reached now: the start is
+// refused for the former, saying why, and goes on for the latter, whose
+// storage connects once it is back.
+type StorageChecker interface {
+	CheckAtStart(ctx context.Context) error
+}
+
 // StoreCommand is implemented by a storage that can say how an operator
 // stores a value in it by hand (the SQL of a database storage): toolgate's
 // messages then give the command instead of naming the storage's tools.

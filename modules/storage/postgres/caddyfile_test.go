@@ -157,3 +157,31 @@ func TestUserinfoEnd(t *testing.T) {
 		}
 	}
 }
+
+// At start, a database that refuses the role, or has no such database,
+// refuses the start in its own words, without the dsn's password; one
+// that cannot be reached does not (the storage connects once it is back),
+// and one that takes the connection passes.
+func TestCheckAtStart(t *testing.T) {
+	ctx := t.Context()
+	dsn := sharedDSN(t, "checkatstart")
+	if err := provisioned(t, &Storage{DSN: dsn}).CheckAtStart(ctx); err != nil {
+		t.Fatalf("a database that takes the connection: %v", err)
+	}
+	for _, c := range []struct{ dsn, want string }{
+		{strings.Replace(dsn, "://toolgate@", "://nobody:s3cret-pw@", 1), "SQLSTATE 28"},
+		{strings.Replace(dsn, "/postgres?", "/no_such_database?", 1), "SQLSTATE 3D000"},
+	} {
+		err := provisioned(t, &Storage{DSN: c.dsn}).CheckAtStart(ctx)
+		if err == nil || !strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), "fix the dsn") {
+			t.Errorf("%s: %v; want the start refused (%s)", strings.ReplaceAll(c.dsn, "s3cret-pw", "…"), err, c.want)
+		}
+		if err != nil && strings.Contains(err.Error(), "s3cret-pw") {
+			t.Errorf("the refusal shows the password: %v", err)
+		}
+	}
+	unreachable := provisioned(t, &Storage{DSN: "postgres://toolgate@127.0.0.1:1/toolgate?sslmode=disable&connect_timeout=2"})
+	if err := unreachable.CheckAtStart(ctx); err != nil {
+		t.Errorf("a database that cannot be reached now: %v; want the start to go on", err)
+	}
+}

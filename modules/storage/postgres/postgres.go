@@ -49,6 +49,7 @@
 package postgres
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/url"
@@ -58,6 +59,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/certmagic"
+	"github.com/jackc/pgx/v5/pgconn"
 	"go.uber.org/zap"
 
 	"github.com/toolgate/toolgate/internal/caddyopt"
@@ -291,6 +293,42 @@ func (s *Storage) String() string {
 		schema += "."
 	}
 	return fmt.Sprintf("postgres storage %s:%d/%s %s%s", cfg.Host, cfg.Port, cfg.Database, schema, s.Table)
+}
+
+// startCheckTimeout bounds CheckAtStart's connection.
+const startCheckTimeout = 10 * time.Second
+
+// CheckAtStart connects once (gateway.StorageChecker): a database that
+// refuses the role or password, has no such database, or denies the
+// connection refuses the start, in its own words (never the dsn's
+// password); one that cannot be reached now does not, as the storage
+// connects once it is back.
+func (s *Storage) CheckAtStart(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, startCheckTimeout)
+	defer cancel()
+	conn, err := s.db.pool.Acquire(ctx)
+	if err == nil {
+		conn.Release()
+		return nil
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && refusedForGood(pgErr.Code) {
+		return fmt.Errorf("%s: the database refuses toolgate: %s (SQLSTATE %s): fix the dsn, or the database's roles and grants, then start again",
+			s, pgErr.Message, pgErr.Code)
+	}
+	return nil
+}
+
+// refusedForGood reports whether code, a PostgreSQL error refusing a
+// connection, will not pass by itself.
+func refusedForGood(code string) bool {
+	switch {
+	case strings.HasPrefix(code, "28"): // invalid_authorization_specification, invalid_password
+		return true
+	case code == "3D000", code == "42501": // invalid_catalog_name, insufficient_privilege
+		return true
+	}
+	return false
 }
 
 // StoreCommand is the SQL that stores value under key in this storage's
