@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"strings"
 	"sync"
 	"time"
 
@@ -81,27 +80,6 @@ func openDatabase(dsn string) (*database, error) {
 		return nil, err
 	}
 	return val.(*database), nil
-}
-
-// parseError is pgx's refusal of a DSN without the DSN, nor what pgx
-// quotes of it: it masks the password only where it parsed one, and a
-// DSN that does not parse (a password with a space, unquoted) has it in
-// the words it quotes. What is left names the failing option.
-func parseError(err error) error {
-	var pe *pgconn.ParseConfigError
-	if !errors.As(err, &pe) {
-		return errors.New("it does not parse")
-	}
-	bare := *pe
-	bare.ConnString = "" // (its own words, without the DSN)
-	what, ok := strings.CutPrefix(bare.Error(), "cannot parse ``: ")
-	if inner := bare.Unwrap(); inner != nil {
-		what = strings.TrimSuffix(what, " ("+inner.Error()+")")
-	}
-	if !ok || strings.ContainsAny(what, "`\"=") {
-		what = "it does not parse"
-	}
-	return fmt.Errorf("%s; check its syntax (quote a value with spaces as 'a b' in keyword=value form, percent-encode it in a URL); it is not repeated here, as it may hold a password", what)
 }
 
 // Destruct stops the listener, releases the locks this process holds, and

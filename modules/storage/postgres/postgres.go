@@ -52,7 +52,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/url"
 	"regexp"
 	"strings"
 	"time"
@@ -61,8 +60,6 @@ import (
 	"github.com/caddyserver/certmagic"
 	"github.com/jackc/pgx/v5/pgconn"
 	"go.uber.org/zap"
-
-	"github.com/toolgate/toolgate/internal/caddyopt"
 )
 
 func init() {
@@ -147,24 +144,11 @@ func (s *Storage) Provision(ctx caddy.Context) error {
 		return err
 	}
 	s.maxPoll = time.Second
-	repl := caddy.NewReplacer()
-	if ph := caddyopt.EmptyPlaceholder(repl, s.DSN); ph != "" {
-		// Replaced by nothing, a password would quietly be none.
-		return fmt.Errorf("postgres storage: dsn: %s", caddyopt.Unset(ph))
+	dsn, err := expandDSN(s.DSN)
+	if err != nil {
+		return fmt.Errorf("postgres storage: %v", err)
 	}
-	if ph := caddyopt.MisspeltPlaceholder(repl, s.DSN); ph != "" {
-		return fmt.Errorf("postgres storage: dsn: %s is a placeholder Caddy does not know: check its spelling, as in {env.NAME} (write a brace meant as text as \\{)", ph)
-	}
-	if ph := urlBreakingPlaceholder(repl, s.DSN); ph != "" {
-		return fmt.Errorf("postgres storage: dsn: the value of %s holds '@', '/', '?' or '#', which end a URL's user and password (the rest would be taken for the host and database): percent-encode them (%%40, %%2F, %%3F, %%23) in its value, or give the dsn as keyword=value pairs", ph)
-	}
-	s.dsn = repl.ReplaceKnown(s.DSN, "") // braces of another kind are text (a password's)
-	if err := emptyPassword(s.dsn); err != nil {
-		return fmt.Errorf("postgres storage: dsn: %v", err)
-	}
-	if s.dsn == "" {
-		return fmt.Errorf("postgres storage: dsn %s", emptyDSN(s.DSN))
-	}
+	s.dsn = dsn
 	db, err := openDatabase(s.dsn)
 	if err != nil {
 		return fmt.Errorf("postgres storage: dsn: %v", err)
@@ -172,82 +156,6 @@ func (s *Storage) Provision(ctx caddy.Context) error {
 	s.db = db
 	s.t = db.table(s.Schema, s.Table)
 	return nil
-}
-
-// emptyPassword refuses a DSN that spells out an empty password
-// ("user:@host", or "password=" followed by nothing or by two quotes): what a variable not set leaves when the
-// Caddyfile's {$NAME} was replaced as the file was read. A DSN meant
-// without a password leaves it out.
-func emptyPassword(dsn string) error {
-	if u, err := url.Parse(dsn); err == nil && (u.Scheme == "postgres" || u.Scheme == "postgresql") {
-		if p, set := u.User.Password(); set && p == "" {
-			return errors.New("its password is empty (user:@): is the variable that gives it set? Leave out the colon where no password is meant")
-		}
-		return nil
-	}
-	if emptyKeywordPassword.MatchString(dsn) {
-		return errors.New("its password is empty (password=): is the variable that gives it set? Leave password out where none is meant")
-	}
-	return nil
-}
-
-// urlBreakingPlaceholder is the first placeholder in the user and password
-// of a URL dsn whose value holds a character that ends them ('@', '/',
-// '?', '#'), "" when there is none: pasted as it is, part of a password
-// would be taken for the host and database, and show in errors and logs.
-func urlBreakingPlaceholder(repl *caddy.Replacer, dsn string) string {
-	scheme, rest, ok := strings.Cut(dsn, "://")
-	if !ok || (scheme != "postgres" && scheme != "postgresql") {
-		return ""
-	}
-	at := userinfoEnd(rest)
-	if at < 0 {
-		return ""
-	}
-	var found string
-	_, _ = repl.ReplaceFunc(rest[:at], func(key string, val any) (any, error) {
-		if found == "" && strings.ContainsAny(caddy.ToString(val), "@/?#") {
-			found = "{" + key + "}"
-		}
-		return val, nil
-	})
-	return found
-}
-
-// userinfoEnd is the index of the '@' that ends the user and password of
-// rest, a URL after its "://" whose placeholders are not replaced yet, -1
-// when it has none: the last '@' of the authority, which the first '/',
-// '?' or '#' outside a placeholder ends.
-func userinfoEnd(rest string) int {
-	depth, at := 0, -1
-	for i := 0; i < len(rest); i++ {
-		switch c := rest[i]; {
-		case c == '\\':
-			i++ // an escaped brace is text
-		case c == '{':
-			depth++
-		case c == '}' && depth > 0:
-			depth--
-		case depth > 0:
-		case c == '@':
-			at = i
-		case c == '/' || c == '?' || c == '#':
-			return at
-		}
-	}
-	return at
-}
-
-// emptyKeywordPassword matches an empty password in a keyword/value DSN.
-var emptyKeywordPassword = regexp.MustCompile(`(?:^|\s)password\s*=\s*(?:''(?:\s|$)|$|\s+\w+\s*=)`)
-
-// emptyDSN explains an empty DSN without repeating it (it may hold a
-// password).
-func emptyDSN(raw string) string {
-	if raw == "" {
-		return "is required"
-	}
-	return "is empty once its placeholders are expanded: is the environment variable it names set?"
 }
 
 // Validate checks the options.
