@@ -214,7 +214,8 @@ func CatalogEntry(ctx context.Context, app *gateway.App, caller *gateway.Caller,
 }
 
 // connectionStatus tells whether caller can use svc now: connected,
-// needs_sign_in (never connected, or disconnected), expired (the access
+// needs_sign_in (never connected, disconnected, or sealed with a cipher key
+// replaced since: gateway.ErrSealedWithOtherKey), expired (the access
 // token expired with no refresh token, or the provider rejected the
 // refresh), or unavailable (the store cannot be read).
 func connectionStatus(ctx context.Context, app *gateway.App, svc *gateway.Service, caller *gateway.Caller) (string, *gateway.Connection) {
@@ -228,6 +229,8 @@ func connectionStatus(ctx context.Context, app *gateway.App, svc *gateway.Servic
 		if svc.Auth.Kind == gateway.AuthOAuth && store.WasRejected(ctx, svc.ID, caller.User) {
 			return StatusExpired, nil
 		}
+		return StatusNeedsSignIn, nil
+	case errors.Is(err, gateway.ErrSealedWithOtherKey):
 		return StatusNeedsSignIn, nil
 	case err != nil:
 		return StatusUnavailable, nil

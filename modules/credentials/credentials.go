@@ -89,6 +89,11 @@ func (h *Handler) fail(w http.ResponseWriter, r *http.Request, call *gateway.Cal
 			msg = "the provider no longer accepts your " + svc.ID + " sign-in: connect it again " + gateway.ConnectHint(data) + ", then retry"
 		case errors.Is(err, gateway.ErrGrantExpired):
 			msg = "your " + svc.ID + " sign-in expired: connect it again " + gateway.ConnectHint(data) + ", then retry"
+		case errors.Is(err, gateway.ErrSealedWithOtherKey):
+			// The canary says the key is right: this record never opens.
+			h.logger.Warn("a stored connection older than the cipher's canary does not open with the cipher's key, which the canary vouched for at start: it was sealed with a key replaced since; its person is asked to connect again",
+				zap.String("service", svc.ID), zap.Error(err))
+			msg = "your " + svc.ID + " connection was stored with a key toolgate no longer uses (an administrator replaced it): connect it again " + gateway.ConnectHint(data) + ", then retry"
 		}
 		gateway.AuditRefused(call, gateway.StepCredentials, msg)
 		call.Fail(w, http.StatusForbidden, gateway.CodeNeedsSignIn, msg, data)

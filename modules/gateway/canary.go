@@ -75,8 +75,31 @@ func (a *App) checkCipherKey(ctx context.Context) error {
 		a.logger.Warn("cannot read the cipher's canary now: whether the cipher's key opens the stored records was not checked", zap.Error(err))
 		return nil
 	}
-	_, err = a.open(ctx, cipherCanaryKey, sealed, cipherCanaryContext)
+	return a.openCanary(ctx, sealed)
+}
+
+// openCanary opens the canary (see open), and records that the cipher's
+// key is the storage's when it does.
+func (a *App) openCanary(ctx context.Context, sealed []byte) error {
+	opened, err := a.open(ctx, cipherCanaryKey, sealed, cipherCanaryContext)
+	if opened {
+		a.keyVerified(ctx)
+	}
 	return err
+}
+
+// keyVerified records that the canary vouches for the cipher's key, and
+// since when: a stored connection older than the canary that does not
+// open with the key never will (see ErrSealedWithOtherKey).
+func (a *App) keyVerified(ctx context.Context) {
+	if a.connections == nil {
+		return
+	}
+	info, err := a.storage.Stat(ctx, cipherCanaryKey)
+	if err != nil {
+		return // such connections then stay the cipher's error
+	}
+	a.connections.vouchedSince.Store(&info.Modified)
 }
 
 // isCanaryReset reports whether stored is the operator's reset.
@@ -105,8 +128,7 @@ func (a *App) sealCanary(ctx context.Context) error {
 	case err == nil && isCanaryReset(sealed):
 		a.logger.Warn("the cipher's canary was reset: a new one is sealed with this key, and records sealed with another key stay unreadable (people connect again)")
 	case err == nil: // another replica sealed it meanwhile
-		_, err = a.open(ctx, cipherCanaryKey, sealed, cipherCanaryContext)
-		return err
+		return a.openCanary(ctx, sealed)
 	case !errors.Is(err, fs.ErrNotExist):
 		a.logger.Warn("cannot read the cipher's canary now: whether the cipher's key opens the stored records was not checked", zap.Error(err))
 		return nil
@@ -121,7 +143,9 @@ func (a *App) sealCanary(ctx context.Context) error {
 	}
 	if err != nil {
 		a.logger.Warn("cannot seal the cipher's canary now: a key that does not open the stored records is not caught at start until it is", zap.Error(err))
+		return nil
 	}
+	a.keyVerified(ctx)
 	return nil
 }
 

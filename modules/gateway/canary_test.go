@@ -2,9 +2,12 @@ package gateway
 
 import (
 	"context"
+	"errors"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/caddyserver/certmagic"
 	"go.uber.org/zap"
@@ -107,5 +110,72 @@ func TestCanaryNotSealedWhenNoConnectionCanBeChecked(t *testing.T) {
 	}
 	if err := r7App(t, storage, testCipher(t), "alice").checkCipherKey(ctx); err == nil {
 		t.Fatal("another key, once the canary is sealed, was not refused")
+	}
+}
+
+// A stored connection that does not open with the cipher's key asks its
+// person to connect again (a sign-in error) only once the canary vouched
+// for the key at start, and only when it is older than the canary: then it
+// was sealed with a key the operator replaced since, and never opens.
+// Before that (nothing could be checked), the key may be the wrong one,
+// and people must not be sent to overwrite records the right key opens;
+// one stored after the canary was changed (damaged, or moved from another
+// record), for an administrator to see: both stay the cipher's error.
+func TestConnectionOfAnotherKeyNeedsSignInOnlyOnceTheCanaryVouched(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	storage := SafeListing(&certmagic.FileStorage{Path: dir})
+	old, current := testCipher(t), testCipher(t)
+	const user = "jwt-user@example.com"
+	storeOld := func(age time.Duration) {
+		r7StoreConnection(t, storage, old, "personal", user)
+		at := time.Now().Add(-age)
+		if err := os.Chtimes(filepath.Join(dir, filepath.FromSlash(ConnectionKey("personal", user))), at, at); err != nil {
+			t.Fatal(err)
+		}
+	}
+	storeOld(time.Hour)
+	a := r7App(t, storage, current, "alice")
+	a.connections = newConnectionStore(storage, current, 0)
+	load := func(a *App) error {
+		_, err := a.connections.LoadFresh(ctx, "personal", user)
+		return err
+	}
+
+	if err := a.checkCipherKey(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := load(a); err == nil || IsSignInError(err) || !errors.Is(err, ErrCipherRefused) {
+		t.Fatalf("a record of another key, no canary vouching for this one: %v; want the cipher's error, not a sign-in", err)
+	}
+
+	if err := storage.Store(ctx, cipherCanaryKey, []byte("reset\n")); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.checkCipherKey(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := load(a); !IsSignInError(err) || !errors.Is(err, ErrSealedWithOtherKey) {
+		t.Fatalf("a record of another key, older than the canary sealed with this one: %v; want ErrSealedWithOtherKey, a sign-in error", err)
+	}
+	r7StoreConnection(t, storage, current, "personal", user)
+	if err := load(a); err != nil {
+		t.Fatalf("the person connected again: %v", err)
+	}
+
+	// A restart whose key the canary opens vouches for it too; a record
+	// that does not open stored since the canary was changed.
+	b := r7App(t, storage, current, "alice")
+	b.connections = newConnectionStore(storage, current, 0)
+	storeOld(time.Hour)
+	if err := b.checkCipherKey(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := load(b); !errors.Is(err, ErrSealedWithOtherKey) {
+		t.Fatalf("after a start whose key the canary opened: %v; want ErrSealedWithOtherKey", err)
+	}
+	storeOld(-time.Minute)
+	if err := load(b); err == nil || IsSignInError(err) || !errors.Is(err, ErrCipherRefused) {
+		t.Fatalf("a record that does not open, stored after the canary: %v; want the cipher's error, not a sign-in", err)
 	}
 }

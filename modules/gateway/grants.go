@@ -388,5 +388,6 @@ const refusedRefreshInterval = time.Minute
 // IsSignInError reports whether err (from CredentialFor) means the user
 // must connect the service (again), as opposed to a failure worth retrying.
 func IsSignInError(err error) bool {
-	return errors.Is(err, ErrNotConnected) || errors.Is(err, ErrGrantExpired) || errors.Is(err, ErrGrantRejected)
+	return errors.Is(err, ErrNotConnected) || errors.Is(err, ErrGrantExpired) || errors.Is(err, ErrGrantRejected) ||
+		errors.Is(err, ErrSealedWithOtherKey)
 }
