@@ -138,5 +138,28 @@ func parseError(err error) error {
 	if !ok || strings.ContainsAny(what, "`\"=") {
 		what = "it does not parse"
 	}
-	return fmt.Errorf("%s; check its syntax (quote a value with spaces as 'a b' in keyword=value form, percent-encode it in a URL); it is not repeated here, as it may hold a password", what)
+	return fmt.Errorf("%s: %s; the dsn is not repeated here, as it may hold a password", what, dsnHint(what))
+}
+
+// dsnHint says what pgx's refusal what asks for.
+func dsnHint(what string) string {
+	switch option, _ := strings.CutPrefix(what, "cannot parse "); {
+	case what == "pool_max_conns too small":
+		return "it takes a whole number of connections, at least 1"
+	case strings.HasPrefix(option, "pool_") && strings.HasSuffix(option, "_conns"):
+		return "it takes a whole number of connections"
+	case strings.HasPrefix(option, "pool_"):
+		return "it takes a duration, such as 30s, 5m or 1h"
+	case what == "invalid port":
+		return "a port is a number from 1 to 65535"
+	case what == "invalid connect_timeout":
+		return "it takes a whole number of seconds"
+	case what == "failed to parse as keyword/value":
+		return "quote a value with spaces as 'a b' (and a quote in it as \\'), or give the dsn as a URL"
+	case what == "failed to parse as URL":
+		return "percent-encode '@', '/', '?', '#', '%' and spaces in the user and password"
+	case what == "failed to configure TLS":
+		return "sslmode takes disable, allow, prefer, require, verify-ca or verify-full, and sslrootcert, sslcert and sslkey name files toolgate can read"
+	}
+	return "check its syntax (quote a value with spaces as 'a b' in keyword=value form, percent-encode it in a URL)"
 }
