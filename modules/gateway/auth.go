@@ -296,16 +296,22 @@ func (j *JWTIssuer) cleanup() {
 // jwksPool holds fetched JWKS by URL so a config reload keeps them.
 var jwksPool = caddy.NewUsagePool()
 
-// start fetches the JWKS. A failure is logged, not fatal: tokens are
-// rejected until the keys can be fetched.
+// start fetches the JWKS not fetched yet. A failure is logged, not fatal:
+// tokens are rejected until the keys can be fetched.
 func (a *AuthConfig) start(ctx context.Context, client *http.Client, logger *zap.Logger) {
 	for _, j := range a.JWT {
 		if j.JWKSURL == "" {
 			continue
 		}
-		if err := j.keys.refresh(ctx, client); err != nil {
-			logger.Warn("cannot fetch JWKS; JWTs from this issuer are rejected until it succeeds",
-				zap.String("issuer", j.Issuer), zap.String("jwks_url", caddyopt.RedactURL(j.JWKSURL)), zap.Error(err))
+		// On a reload the set is shared with the configuration in force,
+		// which fetched it: lookups refetch it when due. Fetching it here
+		// would hold the requests taken meanwhile (App.Started) on an
+		// issuer that is slow to answer.
+		if !j.keys.shared.fetchedOnce() {
+			if err := j.keys.refresh(ctx, client); err != nil {
+				logger.Warn("cannot fetch JWKS; JWTs from this issuer are rejected until it succeeds",
+					zap.String("issuer", j.Issuer), zap.String("jwks_url", caddyopt.RedactURL(j.JWKSURL)), zap.Error(err))
+			}
 		}
 		j.keys.client = client
 		j.keys.shared.mu.Lock()
@@ -616,6 +622,13 @@ func (ks *keySet) age() time.Duration {
 	ks.mu.RLock()
 	defer ks.mu.RUnlock()
 	return now().Sub(ks.fetchedAt)
+}
+
+// fetchedOnce reports whether a fetch of the shared key set ks succeeded.
+func (ks *keySet) fetchedOnce() bool {
+	ks.mu.RLock()
+	defer ks.mu.RUnlock()
+	return !ks.fetchedAt.IsZero()
 }
 
 // startFetch, on a shared key set, starts a refetch of the JWKS unless one

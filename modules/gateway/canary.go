@@ -21,8 +21,18 @@ import (
 // and seal new records with a key the old ones do not share.
 const cipherCanaryKey = "toolgate/cipher-canary"
 
-// cipherCanary is the canary's plaintext and context.
-var cipherCanary, cipherCanaryContext = []byte("toolgate's cipher canary"), []byte("toolgate/v1/cipher-canary")
+// cipherCanary is the canary's plaintext and context;
+// cipherCanaryAfterReset the plaintext of one sealed after the operator's
+// reset (see ErrSealedWithOtherKey).
+var (
+	cipherCanary, cipherCanaryContext = []byte("toolgate's cipher canary"), []byte("toolgate/v1/cipher-canary")
+	cipherCanaryAfterReset            = []byte("toolgate's cipher canary, sealed after a reset")
+)
+
+// isCanary reports whether plain is a canary's plaintext.
+func isCanary(plain []byte) bool {
+	return string(plain) == string(cipherCanary) || string(plain) == string(cipherCanaryAfterReset)
+}
 
 // canaryReset is what an operator stores in place of the canary to go on
 // with a cipher whose key does not open the records (see App.open):
@@ -81,25 +91,11 @@ func (a *App) checkCipherKey(ctx context.Context) error {
 // openCanary opens the canary (see open), and records that the cipher's
 // key is the storage's when it does.
 func (a *App) openCanary(ctx context.Context, sealed []byte) error {
-	opened, err := a.open(ctx, cipherCanaryKey, sealed, cipherCanaryContext)
-	if opened {
-		a.keyVerified(ctx)
+	plain, err := a.openPlain(ctx, cipherCanaryKey, sealed, cipherCanaryContext)
+	if plain != nil {
+		a.keyVerified(ctx, string(plain) == string(cipherCanaryAfterReset))
 	}
 	return err
-}
-
-// keyVerified records that the canary vouches for the cipher's key, and
-// since when: a stored connection older than the canary that does not
-// open with the key never will (see ErrSealedWithOtherKey).
-func (a *App) keyVerified(ctx context.Context) {
-	if a.connections == nil {
-		return
-	}
-	info, err := a.storage.Stat(ctx, cipherCanaryKey)
-	if err != nil {
-		return // such connections then stay the cipher's error
-	}
-	a.connections.vouchedSince.Store(&info.Modified)
 }
 
 // isCanaryReset reports whether stored is the operator's reset.
@@ -124,8 +120,9 @@ func (a *App) sealCanary(ctx context.Context) error {
 		}
 	}()
 	sealed, err := a.storage.Load(ctx, cipherCanaryKey)
+	afterReset := err == nil && isCanaryReset(sealed)
 	switch {
-	case err == nil && isCanaryReset(sealed):
+	case afterReset:
 		a.logger.Warn("the cipher's canary was reset: a new one is sealed with this key, and records sealed with another key stay unreadable (people connect again)")
 	case err == nil: // another replica sealed it meanwhile
 		return a.openCanary(ctx, sealed)
@@ -138,14 +135,18 @@ func (a *App) sealCanary(ctx context.Context) error {
 			return err
 		}
 	}
-	if sealed, err = a.cipher.Encrypt(ctx, cipherCanary, cipherCanaryContext); err == nil {
+	plain := cipherCanary
+	if afterReset {
+		plain = cipherCanaryAfterReset
+	}
+	if sealed, err = a.cipher.Encrypt(ctx, plain, cipherCanaryContext); err == nil {
 		err = a.storage.Store(ctx, cipherCanaryKey, sealed)
 	}
 	if err != nil {
 		a.logger.Warn("cannot seal the cipher's canary now: a key that does not open the stored records is not caught at start until it is", zap.Error(err))
 		return nil
 	}
-	a.keyVerified(ctx)
+	a.keyVerified(ctx, afterReset)
 	return nil
 }
 
@@ -281,21 +282,31 @@ func shellQuote(s string) string {
 // refuses to open it (a permission, a token: its error says what); a
 // cipher that cannot be reached now leaves it unchecked, logged.
 func (a *App) open(ctx context.Context, name string, sealed, context []byte) (bool, error) {
+	plain, err := a.openPlain(ctx, name, sealed, context)
+	clear(plain)
+	return plain != nil, err
+}
+
+// openPlain is open, returning the plaintext when it opens (nil when not).
+func (a *App) openPlain(ctx context.Context, name string, sealed, context []byte) ([]byte, error) {
 	plain, err := a.cipher.Decrypt(ctx, sealed, context)
+	if plain == nil && err == nil {
+		plain = []byte{}
+	}
 	switch {
 	case errors.Is(err, ErrCipherUnavailable):
 		a.logger.Warn("cannot open a sealed record now: whether the cipher's key opens the stored records was not checked", zap.String("record", name), zap.Error(err))
-		return false, nil
-	case err == nil && name == cipherCanaryKey && string(plain) != string(cipherCanary):
+		return nil, nil
+	case err == nil && name == cipherCanaryKey && !isCanary(plain):
 		err = fmt.Errorf("%w: it holds another value", ErrCipherMismatch)
 		fallthrough
 	case errors.Is(err, ErrCipherMismatch):
-		return false, fmt.Errorf("the cipher's key does not open the records in storage, which were sealed with another key (%s does not open: %w): "+
+		return nil, fmt.Errorf("the cipher's key does not open the records in storage, which were sealed with another key (%s does not open: %w): "+
 			"restore the key they were sealed with (for cipher local, the key file from a backup, in place of the one now there; for vault_transit or kms, the key the configuration named), "+
 			"or, to go on with this key, %s. Every credential and approval sealed with the old key then stays unreadable, and people connect again",
 			name, err, a.resetAdvice())
 	case err != nil:
-		return false, fmt.Errorf("the cipher cannot open %s, a record it sealed in storage: %w: fix what it says (its key is not in question), then start again", name, err)
+		return nil, fmt.Errorf("the cipher cannot open %s, a record it sealed in storage: %w: fix what it says (its key is not in question), then start again", name, err)
 	}
-	return true, nil
+	return plain, nil
 }

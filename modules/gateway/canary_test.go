@@ -179,3 +179,42 @@ func TestConnectionOfAnotherKeyNeedsSignInOnlyOnceTheCanaryVouched(t *testing.T)
 		t.Fatalf("a record that does not open, stored after the canary: %v; want the cipher's error, not a sign-in", err)
 	}
 }
+
+// After a reset, a cipher whose backend lost the key for a while refuses
+// every record alike, the canary too: a record of the old key's age then
+// stays the cipher's error (the right key, once back, opens the canary
+// again, and the records with it), and nothing is sealed meanwhile.
+func TestOldKeyRecordsNeedSignInOnlyWhileTheCanaryOpens(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	storage := SafeListing(&certmagic.FileStorage{Path: dir})
+	transit := &r8Transit{key: testCipher(t), upserted: testCipher(t)}
+	r7StoreConnection(t, storage, testCipher(t), "personal", "alice") // of the key the reset replaced
+	r8Age(t, dir, ConnectionKey("personal", "alice"), time.Hour)
+	if err := storage.Store(ctx, cipherCanaryKey, []byte("reset")); err != nil {
+		t.Fatal(err)
+	}
+	a := r7App(t, storage, transit, "alice")
+	a.connections = newConnectionStore(storage, transit, 0)
+	if err := a.checkCipherKey(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := r8Load(a, "personal", "alice"); !errors.Is(err, ErrSealedWithOtherKey) {
+		t.Fatalf("a record of the replaced key, the canary opening: %v; want ErrSealedWithOtherKey", err)
+	}
+
+	transit.gone.Store(true)
+	if err := r8Load(a, "personal", "alice"); err == nil || IsSignInError(err) {
+		t.Fatalf("the same record while the backend had lost the key (the canary did not open either): %v; want the cipher's error", err)
+	}
+	if err := a.connections.Save(ctx, "personal", "alice", &Connection{AccessToken: "new"}); !errors.Is(err, ErrCipherRefused) {
+		t.Fatalf("sealing a connection while the canary does not open: %v; want it refused", err)
+	}
+	transit.gone.Store(false)
+	if err := a.connections.Save(ctx, "personal", "alice", &Connection{AccessToken: "new"}); err != nil {
+		t.Fatalf("sealing a connection once the key was back: %v", err)
+	}
+	if err := r8Load(a, "personal", "alice"); err != nil {
+		t.Fatalf("the connection sealed again: %v", err)
+	}
+}

@@ -111,12 +111,11 @@ func (c *Connection) Expired(skew time.Duration) bool {
 // ErrNotConnected reports that a user has no credential for a service.
 var ErrNotConnected = errors.New("not connected")
 
-// ErrSealedWithOtherKey reports a stored connection that does not open
-// with the cipher's key although the cipher's canary did at start, and
-// that was stored before the canary was sealed: it was sealed with a key
-// the operator replaced since (see the canary's reset). It never opens
-// with this key: its person connects again, which replaces it.
-var ErrSealedWithOtherKey = errors.New("the stored connection does not open with the cipher's key, which the cipher's canary, sealed after it, vouched for at start")
+// ErrSealedWithOtherKey reports a stored connection sealed with the key
+// the operator's reset of the cipher's canary replaced (see
+// sealedwith.go). It never opens with this key: its person connects
+// again, which replaces it.
+var ErrSealedWithOtherKey = errors.New("the stored connection was sealed with the cipher key a reset replaced")
 
 // ConnectionStore keeps users' connections, encrypted by the cipher, in Caddy
 // storage under toolgate/connections/<service>/<sha256 of user>. Decrypted
@@ -135,10 +134,13 @@ type ConnectionStore struct {
 	// changed on another replica (see App.OnConnectionGone).
 	goneMu sync.Mutex
 	gone   []func(key string)
-	// vouchedSince is when the cipher's canary was sealed, set at start
-	// once it opened with the cipher's key or was sealed with it (see
-	// ErrSealedWithOtherKey).
-	vouchedSince atomic.Pointer[time.Time]
+	// Set at start, from the cipher's canary (see sealedwith.go):
+	// verified once it opened with the cipher's key or was sealed with
+	// it; resetAt when it was sealed, for one sealed after a reset.
+	verified atomic.Bool
+	resetAt  atomic.Pointer[time.Time]
+	canary   func(context.Context) canaryState // App.canaryNow; with logger, set before verified
+	logger   *zap.Logger
 }
 
 const connectionPrefix = "toolgate/connections"
@@ -219,7 +221,7 @@ func (s *ConnectionStore) loader(service, user string) func(context.Context) (*C
 			return nil, false, fmt.Errorf("%w: reading storage: %v", ErrStorageUnavailable, err)
 		}
 		plain, err := s.cipher.Decrypt(ctx, sealed, CipherContext(service, user))
-		if errors.Is(err, ErrCipherMismatch) && s.storedBeforeCanary(ctx, ConnectionKey(service, user)) {
+		if errors.Is(err, ErrCipherMismatch) && s.sealedWithOldKey(ctx, ConnectionKey(service, user)) {
 			return nil, false, fmt.Errorf("%w (the %s connection): %w", ErrSealedWithOtherKey, service, err)
 		}
 		if err != nil {
@@ -235,21 +237,11 @@ func (s *ConnectionStore) loader(service, user string) func(context.Context) (*C
 	}
 }
 
-// storedBeforeCanary reports whether the record under key was stored
-// before the cipher's canary that vouched for the key at start. One stored
-// since that does not open was changed (damaged, or moved from another
-// record): that stays the cipher's error, for an administrator to see.
-func (s *ConnectionStore) storedBeforeCanary(ctx context.Context, key string) bool {
-	since := s.vouchedSince.Load()
-	if since == nil {
-		return false
-	}
-	info, err := s.storage.Stat(ctx, key)
-	return err == nil && info.Modified.Before(*since)
-}
-
 // Save encrypts and stores user's connection to service.
 func (s *ConnectionStore) Save(ctx context.Context, service, user string, conn *Connection) error {
+	if err := s.checkKeyBeforeSealing(ctx); err != nil {
+		return err
+	}
 	plain, err := json.Marshal(conn)
 	if err != nil {
 		return err

@@ -212,11 +212,18 @@ const startCheckTimeout = 10 * time.Second
 // password); one that cannot be reached now does not, as the storage
 // connects once it is back.
 func (s *Storage) CheckAtStart(ctx context.Context) error {
+	if s.db.checked.Load() {
+		// A reload: the configuration in force uses this pool. Asking
+		// again would hold the requests taken meanwhile (the gateway's
+		// Start) on a database slow to answer.
+		return nil
+	}
 	ctx, cancel := context.WithTimeout(ctx, startCheckTimeout)
 	defer cancel()
 	conn, err := s.db.pool.Acquire(ctx)
 	if err == nil {
 		conn.Release()
+		s.db.checked.Store(true)
 		return nil
 	}
 	var pgErr *pgconn.PgError
