@@ -296,18 +296,21 @@ func (j *JWTIssuer) cleanup() {
 // jwksPool holds fetched JWKS by URL so a config reload keeps them.
 var jwksPool = caddy.NewUsagePool()
 
-// start fetches the JWKS not fetched yet. A failure is logged, not fatal:
-// tokens are rejected until the keys can be fetched.
+// start fetches the JWKS, waiting for it only at the first start. A
+// failure is logged, not fatal: tokens are rejected until the keys can be
+// fetched.
 func (a *AuthConfig) start(ctx context.Context, client *http.Client, logger *zap.Logger) {
 	for _, j := range a.JWT {
 		if j.JWKSURL == "" {
 			continue
 		}
 		// On a reload the set is shared with the configuration in force,
-		// which fetched it: lookups refetch it when due. Fetching it here
-		// would hold the requests taken meanwhile (App.Started) on an
-		// issuer that is slow to answer.
-		if !j.keys.shared.fetchedOnce() {
+		// which fetched it (or tried): it is fetched again in the
+		// background, as lookups do (at most once a minute). Waiting for
+		// it here would hold the requests taken meanwhile (App.Started)
+		// on an issuer that is slow to answer.
+		reload := j.keys.shared.fetchTried()
+		if !reload {
 			if err := j.keys.refresh(ctx, client); err != nil {
 				logger.Warn("cannot fetch JWKS; JWTs from this issuer are rejected until it succeeds",
 					zap.String("issuer", j.Issuer), zap.String("jwks_url", caddyopt.RedactURL(j.JWKSURL)), zap.Error(err))
@@ -317,6 +320,9 @@ func (a *AuthConfig) start(ctx context.Context, client *http.Client, logger *zap
 		j.keys.shared.mu.Lock()
 		j.keys.shared.logger = logger
 		j.keys.shared.mu.Unlock()
+		if reload {
+			j.keys.shared.startFetch(client)
+		}
 	}
 }
 
@@ -624,11 +630,11 @@ func (ks *keySet) age() time.Duration {
 	return now().Sub(ks.fetchedAt)
 }
 
-// fetchedOnce reports whether a fetch of the shared key set ks succeeded.
-func (ks *keySet) fetchedOnce() bool {
+// fetchTried reports whether a fetch of the shared key set ks was started.
+func (ks *keySet) fetchTried() bool {
 	ks.mu.RLock()
 	defer ks.mu.RUnlock()
-	return !ks.fetchedAt.IsZero()
+	return !ks.lastFetch.IsZero()
 }
 
 // startFetch, on a shared key set, starts a refetch of the JWKS unless one

@@ -21,18 +21,11 @@ import (
 // and seal new records with a key the old ones do not share.
 const cipherCanaryKey = "toolgate/cipher-canary"
 
-// cipherCanary is the canary's plaintext and context;
-// cipherCanaryAfterReset the plaintext of one sealed after the operator's
-// reset (see ErrSealedWithOtherKey).
-var (
-	cipherCanary, cipherCanaryContext = []byte("toolgate's cipher canary"), []byte("toolgate/v1/cipher-canary")
-	cipherCanaryAfterReset            = []byte("toolgate's cipher canary, sealed after a reset")
-)
+// cipherCanary is the canary's plaintext and context.
+var cipherCanary, cipherCanaryContext = []byte("toolgate's cipher canary"), []byte("toolgate/v1/cipher-canary")
 
-// isCanary reports whether plain is a canary's plaintext.
-func isCanary(plain []byte) bool {
-	return string(plain) == string(cipherCanary) || string(plain) == string(cipherCanaryAfterReset)
-}
+// isCanary reports whether plain is the canary's plaintext.
+func isCanary(plain []byte) bool { return string(plain) == string(cipherCanary) }
 
 // canaryReset is what an operator stores in place of the canary to go on
 // with a cipher whose key does not open the records (see App.open):
@@ -85,16 +78,7 @@ func (a *App) checkCipherKey(ctx context.Context) error {
 		a.logger.Warn("cannot read the cipher's canary now: whether the cipher's key opens the stored records was not checked", zap.Error(err))
 		return nil
 	}
-	return a.openCanary(ctx, sealed)
-}
-
-// openCanary opens the canary (see open), and records that the cipher's
-// key is the storage's when it does.
-func (a *App) openCanary(ctx context.Context, sealed []byte) error {
-	plain, err := a.openPlain(ctx, cipherCanaryKey, sealed, cipherCanaryContext)
-	if plain != nil {
-		a.keyVerified(ctx, string(plain) == string(cipherCanaryAfterReset))
-	}
+	_, err = a.open(ctx, cipherCanaryKey, sealed, cipherCanaryContext)
 	return err
 }
 
@@ -125,7 +109,8 @@ func (a *App) sealCanary(ctx context.Context) error {
 	case afterReset:
 		a.logger.Warn("the cipher's canary was reset: a new one is sealed with this key, and records sealed with another key stay unreadable (people connect again)")
 	case err == nil: // another replica sealed it meanwhile
-		return a.openCanary(ctx, sealed)
+		_, err = a.open(ctx, cipherCanaryKey, sealed, cipherCanaryContext)
+		return err
 	case !errors.Is(err, fs.ErrNotExist):
 		a.logger.Warn("cannot read the cipher's canary now: whether the cipher's key opens the stored records was not checked", zap.Error(err))
 		return nil
@@ -135,18 +120,19 @@ func (a *App) sealCanary(ctx context.Context) error {
 			return err
 		}
 	}
-	plain := cipherCanary
 	if afterReset {
-		plain = cipherCanaryAfterReset
+		a.dropWitnessesOfOldKey(ctx)
 	}
-	if sealed, err = a.cipher.Encrypt(ctx, plain, cipherCanaryContext); err == nil {
+	if sealed, err = a.cipher.Encrypt(ctx, cipherCanary, cipherCanaryContext); err == nil {
 		err = a.storage.Store(ctx, cipherCanaryKey, sealed)
 	}
 	if err != nil {
 		a.logger.Warn("cannot seal the cipher's canary now: a key that does not open the stored records is not caught at start until it is", zap.Error(err))
 		return nil
 	}
-	a.keyVerified(ctx, afterReset)
+	if afterReset {
+		a.markReset(ctx)
+	}
 	return nil
 }
 
@@ -282,31 +268,21 @@ func shellQuote(s string) string {
 // refuses to open it (a permission, a token: its error says what); a
 // cipher that cannot be reached now leaves it unchecked, logged.
 func (a *App) open(ctx context.Context, name string, sealed, context []byte) (bool, error) {
-	plain, err := a.openPlain(ctx, name, sealed, context)
-	clear(plain)
-	return plain != nil, err
-}
-
-// openPlain is open, returning the plaintext when it opens (nil when not).
-func (a *App) openPlain(ctx context.Context, name string, sealed, context []byte) ([]byte, error) {
 	plain, err := a.cipher.Decrypt(ctx, sealed, context)
-	if plain == nil && err == nil {
-		plain = []byte{}
-	}
 	switch {
 	case errors.Is(err, ErrCipherUnavailable):
 		a.logger.Warn("cannot open a sealed record now: whether the cipher's key opens the stored records was not checked", zap.String("record", name), zap.Error(err))
-		return nil, nil
+		return false, nil
 	case err == nil && name == cipherCanaryKey && !isCanary(plain):
 		err = fmt.Errorf("%w: it holds another value", ErrCipherMismatch)
 		fallthrough
 	case errors.Is(err, ErrCipherMismatch):
-		return nil, fmt.Errorf("the cipher's key does not open the records in storage, which were sealed with another key (%s does not open: %w): "+
+		return false, fmt.Errorf("the cipher's key does not open the records in storage, which were sealed with another key (%s does not open: %w): "+
 			"restore the key they were sealed with (for cipher local, the key file from a backup, in place of the one now there; for vault_transit or kms, the key the configuration named), "+
 			"or, to go on with this key, %s. Every credential and approval sealed with the old key then stays unreadable, and people connect again",
 			name, err, a.resetAdvice())
 	case err != nil:
-		return nil, fmt.Errorf("the cipher cannot open %s, a record it sealed in storage: %w: fix what it says (its key is not in question), then start again", name, err)
+		return false, fmt.Errorf("the cipher cannot open %s, a record it sealed in storage: %w: fix what it says (its key is not in question), then start again", name, err)
 	}
-	return plain, nil
+	return true, nil
 }

@@ -218,3 +218,40 @@ func TestOldKeyRecordsNeedSignInOnlyWhileTheCanaryOpens(t *testing.T) {
 		t.Fatalf("the connection sealed again: %v", err)
 	}
 }
+
+// At a reset, a sealed witness (the approvals' key) the new key does not
+// open is deleted, so that its owner makes a new one (approvals would
+// otherwise fail for good); one the key opens is kept.
+func TestResetDropsWitnessesOfTheOldKey(t *testing.T) {
+	ctx := context.Background()
+	for _, sameKey := range []bool{false, true} {
+		storage := SafeListing(&certmagic.FileStorage{Path: t.TempDir()})
+		old, current := testCipher(t), testCipher(t)
+		sealer := old
+		if sameKey {
+			sealer = current
+		}
+		witnessContext := []byte("toolgate/v1/approvals-key")
+		sealed, err := sealer.Encrypt(ctx, []byte("the approvals' key"), witnessContext)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := storage.Store(ctx, "toolgate/approvals-key", sealed); err != nil {
+			t.Fatal(err)
+		}
+		if err := storage.Store(ctx, cipherCanaryKey, []byte("reset")); err != nil {
+			t.Fatal(err)
+		}
+		a := r7App(t, storage, current)
+		a.AddSealedWitness("toolgate/approvals-key", witnessContext)
+		if err := a.checkCipherKey(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if kept := storage.Exists(ctx, "toolgate/approvals-key"); kept != sameKey {
+			t.Errorf("a reset, the witness sealed with the same key %v: kept %v", sameKey, kept)
+		}
+		if !storage.Exists(ctx, cipherResetKey) {
+			t.Error("the reset was not recorded")
+		}
+	}
+}

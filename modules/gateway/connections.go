@@ -9,7 +9,6 @@ import (
 	"path"
 	"slices"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/certmagic"
@@ -134,13 +133,7 @@ type ConnectionStore struct {
 	// changed on another replica (see App.OnConnectionGone).
 	goneMu sync.Mutex
 	gone   []func(key string)
-	// Set at start, from the cipher's canary (see sealedwith.go):
-	// verified once it opened with the cipher's key or was sealed with
-	// it; resetAt when it was sealed, for one sealed after a reset.
-	verified atomic.Bool
-	resetAt  atomic.Pointer[time.Time]
-	canary   func(context.Context) canaryState // App.canaryNow; with logger, set before verified
-	logger   *zap.Logger
+	logger *zap.Logger // set at start
 }
 
 const connectionPrefix = "toolgate/connections"
@@ -177,8 +170,12 @@ func (s *ConnectionStore) maybeGone(key string) {
 }
 
 // start follows changes made by other replicas; stop ends that.
-func (s *ConnectionStore) start(logger *zap.Logger) error { return s.watch.Start(logger) }
-func (s *ConnectionStore) stop()                          { s.watch.Stop() }
+func (s *ConnectionStore) start(logger *zap.Logger) error {
+	s.logger = logger
+	return s.watch.Start(logger)
+}
+
+func (s *ConnectionStore) stop() { s.watch.Stop() }
 
 // ConnectionKey is the storage key of user's connection to service; it is
 // also the name of the storage lock that serializes its refreshes.
@@ -254,6 +251,9 @@ func (s *ConnectionStore) Save(ctx context.Context, service, user string, conn *
 	key := ConnectionKey(service, user)
 	if err := s.storage.Store(ctx, key, sealed); err != nil {
 		return fmt.Errorf("%w: writing storage: %v", ErrStorageUnavailable, err)
+	}
+	if err := s.checkKeyAfterSealing(ctx, key); err != nil {
+		return err
 	}
 	stored := *conn
 	s.cache.Wrote(ctx, key, &stored)

@@ -9,7 +9,6 @@ import (
 	"io"
 	"net"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -41,9 +40,6 @@ type database struct {
 	logger *zap.Logger
 	// origin identifies this process's pool in notifications.
 	origin string
-	// checked is set once the database took a connection at a start
-	// (Storage.CheckAtStart): a reload does not ask again.
-	checked atomic.Bool
 
 	mu       sync.Mutex
 	tables   map[string]*table

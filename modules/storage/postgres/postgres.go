@@ -212,18 +212,16 @@ const startCheckTimeout = 10 * time.Second
 // password); one that cannot be reached now does not, as the storage
 // connects once it is back.
 func (s *Storage) CheckAtStart(ctx context.Context) error {
-	if s.db.checked.Load() {
-		// A reload: the configuration in force uses this pool. Asking
-		// again would hold the requests taken meanwhile (the gateway's
-		// Start) on a database slow to answer.
-		return nil
-	}
 	ctx, cancel := context.WithTimeout(ctx, startCheckTimeout)
 	defer cancel()
-	conn, err := s.db.pool.Acquire(ctx)
+	err := s.db.pool.Ping(ctx)
+	if err != nil && ctx.Err() == nil {
+		// On a reload the pool is the configuration in force's: an idle
+		// connection the database ended since (its database dropped, say)
+		// fails the first ping, and is closed; a new one tells.
+		err = s.db.pool.Ping(ctx)
+	}
 	if err == nil {
-		conn.Release()
-		s.db.checked.Store(true)
 		return nil
 	}
 	var pgErr *pgconn.PgError
