@@ -5,7 +5,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -35,28 +34,7 @@ import (
 // and every request is served.
 func TestR8ReloadWithSlowIdPServesEveryRequest(t *testing.T) {
 	up := startUpstream(t)
-	var holding atomic.Bool
-	var relMu sync.Mutex
-	release := make(chan struct{})
-	asked := make(chan struct{}, 64)
-	jwks := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if holding.Load() {
-			select {
-			case asked <- struct{}{}:
-			default:
-			}
-			relMu.Lock()
-			rel := release
-			relMu.Unlock()
-			select {
-			case <-rel:
-			case <-r.Context().Done():
-			}
-		}
-		w.Header().Set("Content-Type", "application/json")
-		fmt.Fprint(w, `{"keys":[]}`)
-	}))
-	defer jwks.Close()
+	jwks := startSlowJWKS(t)
 
 	port := freePort(t)
 	caddyfile, _ := gatewayCaddyfile(t, port, gatewayConfig{Upstream: up.URL, AuthExtra: `jwt {
@@ -99,13 +77,8 @@ func TestR8ReloadWithSlowIdPServesEveryRequest(t *testing.T) {
 		t.Fatalf("setup: the catalog before the reload: %d %s %v", a.status, a.body, a.err)
 	}
 
-	holding.Store(true)
-	defer func() {
-		holding.Store(false)
-		relMu.Lock()
-		close(release)
-		relMu.Unlock()
-	}()
+	jwks.hold()
+	defer jwks.letGo()
 	loaded := make(chan error, 1)
 	caddyMu.Lock()
 	go func() {
@@ -124,7 +97,7 @@ func TestR8ReloadWithSlowIdPServesEveryRequest(t *testing.T) {
 		if err != nil {
 			t.Fatalf("the reload: %v", err)
 		}
-	case <-asked:
+	case <-jwks.asked:
 		t.Fatal("the reload fetched the JWKS the configuration in force holds: its Start waits on a slow issuer")
 	case <-time.After(60 * time.Second):
 		t.Fatal("the reload did not finish while the issuer was slow")

@@ -3,12 +3,9 @@ package integration
 import (
 	"fmt"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -43,29 +40,8 @@ import (
 // the fetch in the background (keySet.startFetch) and do not wait.
 func TestR9ReloadDuringAnIdPOutageDoesNotWait(t *testing.T) {
 	up := startUpstream(t)
-	var status atomic.Int32
-	status.Store(http.StatusInternalServerError) // the IdP's outage
-	var holding atomic.Bool
-	var relMu sync.Mutex
-	release := make(chan struct{})
-	jwks := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if holding.Load() {
-			relMu.Lock()
-			rel := release
-			relMu.Unlock()
-			select {
-			case <-rel:
-			case <-r.Context().Done():
-			}
-		}
-		if s := int(status.Load()); s != http.StatusOK {
-			w.WriteHeader(s)
-			return
-		}
-		w.Header().Set("Content-Type", "application/json")
-		fmt.Fprint(w, `{"keys":[]}`)
-	}))
-	defer jwks.Close()
+	jwks := startSlowJWKS(t)
+	jwks.status.Store(http.StatusInternalServerError) // the IdP's outage
 
 	logFile := filepath.Join(t.TempDir(), "r9.log")
 	port := freePort(t)
@@ -94,13 +70,8 @@ func TestR9ReloadDuringAnIdPOutageDoesNotWait(t *testing.T) {
 
 	// The outage goes on (the IdP now hangs) and the operator reloads;
 	// the IdP is let go only once the reload is done.
-	holding.Store(true)
-	defer func() {
-		holding.Store(false)
-		relMu.Lock()
-		close(release)
-		relMu.Unlock()
-	}()
+	jwks.hold()
+	defer jwks.letGo()
 	loaded := make(chan error, 1)
 	caddyMu.Lock()
 	go func() {

@@ -9,6 +9,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -42,19 +43,9 @@ func TestStartingGatewayAnswersRequestsTakenBeforeStart(t *testing.T) {
 // reports whether the window was tested.
 func startInWindow(t *testing.T, up *upstream) bool {
 	t.Helper()
-	asked, release := make(chan struct{}), make(chan struct{})
-	var once, releaseOnce sync.Once
-	jwks := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		once.Do(func() { close(asked) })
-		select {
-		case <-release:
-		case <-r.Context().Done():
-		}
-		w.Header().Set("Content-Type", "application/json")
-		fmt.Fprint(w, `{"keys":[]}`)
-	}))
-	let := func() { releaseOnce.Do(func() { close(release) }) }
-	defer jwks.Close()
+	jwks := startSlowJWKS(t)
+	jwks.hold()
+	let := jwks.letGo
 	defer let()
 
 	port := freePort(t)
@@ -83,7 +74,7 @@ func startInWindow(t *testing.T, up *upstream) bool {
 	}
 
 	select {
-	case <-asked:
+	case <-jwks.asked:
 	case err := <-loaded:
 		t.Fatalf("the gateway started without fetching its JWKS (%v)", err)
 	case <-time.After(30 * time.Second):
@@ -152,4 +143,66 @@ func startInWindow(t *testing.T, up *upstream) bool {
 		t.Fatalf("POST /v1/sessions taken while the gateway started: %d %v, want 201 with an id", a.status, a.err)
 	}
 	return true
+}
+
+// slowJWKS is an issuer's JWKS endpoint: it answers an empty key set (or
+// the status set, when not 0) and, while held, keeps each request waiting
+// until it is let go: an identity provider slow to answer.
+type slowJWKS struct {
+	*httptest.Server
+	asked  chan struct{} // a request came while held
+	status atomic.Int32
+
+	mu   sync.Mutex
+	held chan struct{} // closed to let go; nil when not held
+}
+
+func startSlowJWKS(t testing.TB) *slowJWKS {
+	t.Helper()
+	j := &slowJWKS{asked: make(chan struct{}, 64)}
+	j.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		j.mu.Lock()
+		held := j.held
+		j.mu.Unlock()
+		if held != nil {
+			select {
+			case j.asked <- struct{}{}:
+			default:
+			}
+			select {
+			case <-held:
+			case <-r.Context().Done():
+			}
+		}
+		if s := int(j.status.Load()); s != 0 {
+			w.WriteHeader(s)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprint(w, `{"keys":[]}`)
+	}))
+	t.Cleanup(func() {
+		j.letGo()
+		j.Close()
+	})
+	return j
+}
+
+// hold makes the requests that come from now on wait for letGo.
+func (j *slowJWKS) hold() {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if j.held == nil {
+		j.held = make(chan struct{})
+	}
+}
+
+// letGo answers the requests held, and holds no more.
+func (j *slowJWKS) letGo() {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if j.held != nil {
+		close(j.held)
+		j.held = nil
+	}
 }
