@@ -232,16 +232,7 @@ func r8FailInWindow(t *testing.T, up *upstream, pg *r8HoldingProxy) bool {
 		t.Fatal("the gateway never asked the database")
 	}
 	addr := fmt.Sprintf("127.0.0.1:%d", port)
-	listening := false
-	for range 20 {
-		if c, err := net.DialTimeout("tcp", addr, 100*time.Millisecond); err == nil {
-			c.Close()
-			listening = true
-			break
-		}
-		time.Sleep(25 * time.Millisecond)
-	}
-	if !listening {
+	if !listensSoon(addr) {
 		let()
 		if err := <-loaded; err == nil {
 			t.Fatal("a gateway whose database refuses its password started")

@@ -82,16 +82,7 @@ func startInWindow(t *testing.T, up *upstream) bool {
 	}
 	// Start is held now. The HTTP server listens already, or only after it.
 	addr := fmt.Sprintf("127.0.0.1:%d", port)
-	listening := false
-	for range 20 {
-		if c, err := net.DialTimeout("tcp", addr, 100*time.Millisecond); err == nil {
-			c.Close()
-			listening = true
-			break
-		}
-		time.Sleep(25 * time.Millisecond)
-	}
-	if !listening {
+	if !listensSoon(addr) {
 		let()
 		stop()
 		return false
@@ -205,4 +196,18 @@ func (j *slowJWKS) letGo() {
 		close(j.held)
 		j.held = nil
 	}
+}
+
+// listensSoon reports whether addr takes a connection within half a
+// second: while the toolgate app's Start is held, whether Caddy started
+// its HTTP server first.
+func listensSoon(addr string) bool {
+	for range 20 {
+		if c, err := net.DialTimeout("tcp", addr, 100*time.Millisecond); err == nil {
+			c.Close()
+			return true
+		}
+		time.Sleep(25 * time.Millisecond)
+	}
+	return false
 }
