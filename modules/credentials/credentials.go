@@ -90,8 +90,9 @@ func (h *Handler) fail(w http.ResponseWriter, r *http.Request, call *gateway.Cal
 		case errors.Is(err, gateway.ErrGrantExpired):
 			msg = "your " + svc.ID + " sign-in expired: connect it again " + gateway.ConnectHint(data) + ", then retry"
 		case errors.Is(err, gateway.ErrSealedWithOtherKey):
-			// The canary says the key is right: this record never opens.
-			h.logger.Warn("a stored connection older than the cipher's canary does not open with the cipher's key, which the canary vouched for at start: it was sealed with a key replaced since; its person is asked to connect again",
+			// Stored before the reset, and the cipher opens the canary:
+			// this record never opens again.
+			h.logger.Warn("a stored connection from before the cipher's reset does not open with the cipher's key, which opens the canary: it was sealed with the key the reset replaced; its person is asked to connect again",
 				zap.String("service", svc.ID), zap.Error(err))
 			msg = "your " + svc.ID + " connection was stored with a key toolgate no longer uses (an administrator replaced it): connect it again " + gateway.ConnectHint(data) + ", then retry"
 		}
