@@ -268,11 +268,17 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		h.refuse(w, r, http.StatusForbidden, "Refused", "This request came from a page toolgate does not trust (its Origin or Host is not allowed), so nothing was changed.")
 		return nil
 	}
+	if strings.HasPrefix(r.URL.Path, gateway.ConsolePath+"assets/") {
+		// Embedded files, which need nothing Start sets up: the page
+		// below is laid out with them too.
+		h.mux.ServeHTTP(w, r)
+		return nil
+	}
 	if !h.app.Started(r.Context()) {
 		w.Header().Set("Retry-After", "1")
 		// Not refuse: who is signed in is not known before Start.
 		h.render(w, http.StatusServiceUnavailable, "message", view{Title: "Starting",
-			Notice: &notice{Kind: "error", Text: "toolgate is starting. Reload this page in a moment."}})
+			Notice: &notice{Kind: "warn", Text: "toolgate is starting. Reload this page in a moment."}})
 		return nil
 	}
 	if _, pattern := h.mux.Handler(r); pattern == "" {
