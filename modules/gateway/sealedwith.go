@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -115,16 +116,26 @@ func (s *ConnectionStore) checkKeyBeforeSealing(ctx context.Context) error {
 	return s.sealingRefused()
 }
 
-// checkKeyAfterSealing deletes the connection just stored under key when
-// the canary no longer opens with the key that sealed it: a new one was
-// sealed after a reset while this one was on its way (it would be newer
-// than the reset, and never taken for the old key's). Its person
-// connects again.
-func (s *ConnectionStore) checkKeyAfterSealing(ctx context.Context, key string) error {
+// checkKeyAfterSealing deletes the connection just stored under key
+// (sealed) when the canary no longer opens with the key that sealed it: a
+// new one was sealed after a reset while this one was on its way (it
+// would be newer than the reset, and never taken for the old key's). Its
+// person connects again. A record another replica stored there since is
+// left alone: it is newer, its person's connecting again there. (Storage
+// has no compare-and-delete: a write landing between the read and the
+// delete still goes, a moment's window where it was the whole check.)
+func (s *ConnectionStore) checkKeyAfterSealing(ctx context.Context, key string, sealed []byte) error {
 	if canaryNow(ctx, s.storage, s.cipher) != canaryRefuses {
 		return nil
 	}
 	s.cache.Forget(key)
+	now, err := s.storage.Load(ctx, key)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return s.sealingRefused()
+	case err == nil && !bytes.Equal(now, sealed):
+		return s.sealingRefused()
+	}
 	if err := s.storage.Delete(ctx, key); err != nil && !errors.Is(err, fs.ErrNotExist) && s.logger != nil {
 		s.logger.Error("cannot delete a connection just sealed with a key that no longer opens the cipher's canary; its person connects again once it is deleted",
 			zap.String("key", key), zap.Error(err))
