@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
-	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"github.com/chromedp/cdproto/network"
 	"github.com/chromedp/chromedp"
 
@@ -48,22 +47,7 @@ func startingPageInWindow(t *testing.T, ctx context.Context, up *upstream, pg *r
 	jwks := startSlowJWKS(t)
 	jwks.hold()
 	defer jwks.letGo()
-	rel := make(chan struct{})
-	pg.mu.Lock()
-	pg.release = rel
-	pg.mu.Unlock()
-	for len(pg.asked) > 0 {
-		<-pg.asked
-	}
-	pg.hold.Store(true)
-	letDatabase := func() {
-		pg.hold.Store(false)
-		select {
-		case <-rel:
-		default:
-			close(rel)
-		}
-	}
+	letDatabase := pg.holdAgain()
 	defer letDatabase()
 
 	port := freePort(t)
@@ -73,16 +57,7 @@ func startingPageInWindow(t *testing.T, ctx context.Context, up *upstream, pg *r
 				jwks_url ` + jwks.URL + `/keys
 			}`})
 	caddyfile = strings.Replace(caddyfile, "storage file_system "+data, "storage postgres "+dsn, 1)
-	cfgJSON, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(caddyfile), map[string]any{"filename": "Caddyfile"})
-	if err != nil {
-		t.Fatalf("adapting Caddyfile: %v", err)
-	}
-	loaded := make(chan error, 1)
-	caddyMu.Lock()
-	go func() {
-		defer caddyMu.Unlock()
-		loaded <- caddy.Load(cfgJSON, true)
-	}()
+	loaded := loadInBackground(t, caddyfile)
 	defer func() {
 		letDatabase()
 		jwks.letGo()

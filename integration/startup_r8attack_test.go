@@ -144,6 +144,27 @@ func r8StartHoldingProxy(t *testing.T, target string) *r8HoldingProxy {
 	return p
 }
 
+// holdAgain makes the connections opened from now on wait, and returns
+// what lets them, and those waiting already, through.
+func (p *r8HoldingProxy) holdAgain() (let func()) {
+	rel := make(chan struct{})
+	p.mu.Lock()
+	p.release = rel
+	p.mu.Unlock()
+	for len(p.asked) > 0 {
+		<-p.asked
+	}
+	p.hold.Store(true)
+	return func() {
+		p.hold.Store(false)
+		select {
+		case <-rel:
+		default:
+			close(rel)
+		}
+	}
+}
+
 func (p *r8HoldingProxy) relay(c net.Conn, target string) {
 	defer c.Close()
 	if p.hold.Load() {
@@ -190,22 +211,7 @@ func TestR8StartFailingAfterHTTPStartedAnswersWaiters503(t *testing.T) {
 
 func r8FailInWindow(t *testing.T, up *upstream, pg *r8HoldingProxy) bool {
 	t.Helper()
-	rel := make(chan struct{})
-	pg.mu.Lock()
-	pg.release = rel
-	pg.mu.Unlock()
-	for len(pg.asked) > 0 {
-		<-pg.asked
-	}
-	pg.hold.Store(true)
-	let := func() {
-		pg.hold.Store(false)
-		select {
-		case <-rel:
-		default:
-			close(rel)
-		}
-	}
+	let := pg.holdAgain()
 	defer let()
 
 	port := freePort(t)

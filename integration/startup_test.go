@@ -54,16 +54,7 @@ func startInWindow(t *testing.T, up *upstream) bool {
 				audience toolgate-test
 				jwks_url ` + jwks.URL + `/keys
 			}`})
-	cfgJSON, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(caddyfile), map[string]any{"filename": "Caddyfile"})
-	if err != nil {
-		t.Fatalf("adapting Caddyfile: %v", err)
-	}
-	loaded := make(chan error, 1)
-	caddyMu.Lock()
-	go func() {
-		defer caddyMu.Unlock()
-		loaded <- caddy.Load(cfgJSON, true)
-	}()
+	loaded := loadInBackground(t, caddyfile)
 	stop := func() {
 		if err := <-loaded; err != nil {
 			t.Fatalf("loading the config: %v", err)
@@ -134,6 +125,24 @@ func startInWindow(t *testing.T, up *upstream) bool {
 		t.Fatalf("POST /v1/sessions taken while the gateway started: %d %v, want 201 with an id", a.status, a.err)
 	}
 	return true
+}
+
+// loadInBackground adapts caddyfile and has Caddy load it on a goroutine
+// of its own, which holds caddyMu meanwhile: the test goes on while the
+// apps start. The load's error comes on the channel.
+func loadInBackground(t *testing.T, caddyfile string) chan error {
+	t.Helper()
+	cfgJSON, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(caddyfile), map[string]any{"filename": "Caddyfile"})
+	if err != nil {
+		t.Fatalf("adapting Caddyfile: %v", err)
+	}
+	loaded := make(chan error, 1)
+	caddyMu.Lock()
+	go func() {
+		defer caddyMu.Unlock()
+		loaded <- caddy.Load(cfgJSON, true)
+	}()
+	return loaded
 }
 
 // slowJWKS is an issuer's JWKS endpoint: it answers an empty key set (or
