@@ -268,7 +268,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		h.refuse(w, r, http.StatusForbidden, "Refused", "This request came from a page toolgate does not trust (its Origin or Host is not allowed), so nothing was changed.")
 		return nil
 	}
-	if strings.HasPrefix(r.URL.Path, gateway.ConsolePath+"assets/") {
+	if h.isAsset(r) {
 		// Embedded files, which need nothing Start sets up: the page
 		// below is laid out with them too.
 		h.mux.ServeHTTP(w, r)
@@ -304,10 +304,26 @@ func securityHeaders(hd http.Header) {
 	hd.Set("Permissions-Policy", "camera=(), microphone=(), geolocation=()")
 }
 
+// isAsset reports whether r reads one of the embedded files: a GET or
+// HEAD the assets route takes, not of the directory. Anything else under
+// the prefix goes the way of every page.
+func (h *Handler) isAsset(r *http.Request) bool {
+	if r.Method != http.MethodGet && r.Method != http.MethodHead ||
+		!strings.HasPrefix(r.URL.Path, gateway.ConsolePath+"assets/") || strings.HasSuffix(r.URL.Path, "/") {
+		return false
+	}
+	_, pattern := h.mux.Handler(r)
+	return pattern == "GET "+gateway.ConsolePath+"assets/"
+}
+
 // assetServer serves the embedded stylesheet and script, cacheable.
 func assetServer(files fs.FS) http.Handler {
 	fileServer := http.FileServerFS(files)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "" || strings.HasSuffix(r.URL.Path, "/") {
+			http.NotFound(w, r) // a directory: the files are named in the pages
+			return
+		}
 		w.Header().Set("Cache-Control", "public, max-age=3600")
 		fileServer.ServeHTTP(w, r)
 	})

@@ -252,7 +252,7 @@ func (s *ConnectionStore) Save(ctx context.Context, service, user string, conn *
 	if err := s.storage.Store(ctx, key, sealed); err != nil {
 		return fmt.Errorf("%w: writing storage: %v", ErrStorageUnavailable, err)
 	}
-	if err := s.checkKeyAfterSealing(ctx, key, sealed); err != nil {
+	if err := s.checkKeyAfterSealing(ctx, service, user); err != nil {
 		return err
 	}
 	stored := *conn

@@ -1,7 +1,6 @@
 package gateway
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -116,25 +115,33 @@ func (s *ConnectionStore) checkKeyBeforeSealing(ctx context.Context) error {
 	return s.sealingRefused()
 }
 
-// checkKeyAfterSealing deletes the connection just stored under key
-// (sealed) when the canary no longer opens with the key that sealed it: a
-// new one was sealed after a reset while this one was on its way (it
-// would be newer than the reset, and never taken for the old key's). Its
-// person connects again. A record another replica stored there since is
-// left alone: it is newer, its person's connecting again there. (Storage
-// has no compare-and-delete: a write landing between the read and the
-// delete still goes, a moment's window where it was the whole check.)
-func (s *ConnectionStore) checkKeyAfterSealing(ctx context.Context, key string, sealed []byte) error {
+// checkKeyAfterSealing deletes user's connection to service just stored
+// when the canary no longer opens with the key that sealed it: a new one
+// was sealed after a reset while this one was on its way (it would be
+// newer than the reset, and never taken for the old key's). Its person
+// connects again. What is deleted is whatever record there opens with
+// this key, the replaced one, whoever stored it (another replica still on
+// it too); one that does not open with it was stored since by a replica
+// with the new key, its person connecting again there, and stays.
+// (Storage has no compare-and-delete: a write landing between the read
+// and the delete still goes, a moment's window where it was the whole
+// check.)
+func (s *ConnectionStore) checkKeyAfterSealing(ctx context.Context, service, user string) error {
 	if canaryNow(ctx, s.storage, s.cipher) != canaryRefuses {
 		return nil
 	}
+	key := ConnectionKey(service, user)
 	s.cache.Forget(key)
 	now, err := s.storage.Load(ctx, key)
-	switch {
-	case errors.Is(err, fs.ErrNotExist):
+	if errors.Is(err, fs.ErrNotExist) {
 		return s.sealingRefused()
-	case err == nil && !bytes.Equal(now, sealed):
-		return s.sealingRefused()
+	}
+	if err == nil {
+		plain, err := s.cipher.Decrypt(ctx, now, CipherContext(service, user))
+		clear(plain)
+		if errors.Is(err, ErrCipherMismatch) {
+			return s.sealingRefused()
+		}
 	}
 	if err := s.storage.Delete(ctx, key); err != nil && !errors.Is(err, fs.ErrNotExist) && s.logger != nil {
 		s.logger.Error("cannot delete a connection just sealed with a key that no longer opens the cipher's canary; its person connects again once it is deleted",
