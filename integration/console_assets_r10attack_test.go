@@ -2,7 +2,6 @@ package integration
 
 import (
 	"bufio"
-	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -12,8 +11,6 @@ import (
 	"sync"
 	"testing"
 	"time"
-
-	"github.com/caddyserver/caddy/v2"
 )
 
 // r10Raw sends raw (a request line and headers, as written on the wire)
@@ -78,40 +75,15 @@ func TestR10ConsoleAssetsBeforeStart(t *testing.T) {
 
 func r10AssetsInWindow(t *testing.T, up *upstream) bool {
 	t.Helper()
-	jwks := startSlowJWKS(t)
-	jwks.hold()
-	let := jwks.letGo
+	held := startHeldAtJWKS(t, up, nil)
+	let, loaded, addr := held.jwks.letGo, held.loaded, held.addr
 	defer let()
-
-	port := freePort(t)
-	caddyfile, _ := gatewayCaddyfile(t, port, gatewayConfig{Upstream: up.URL, AuthExtra: `jwt {
-				issuer   ` + jwks.URL + `
-				audience toolgate-test
-				jwks_url ` + jwks.URL + `/keys
-			}`})
-	loaded := loadInBackground(t, caddyfile)
-	stop := func() {
-		if err := <-loaded; err != nil {
-			t.Fatalf("loading the config: %v", err)
-		}
-		caddyMu.Lock()
-		_ = caddy.Stop()
-		caddyMu.Unlock()
-	}
-	select {
-	case <-jwks.asked:
-	case err := <-loaded:
-		t.Fatalf("the gateway started without fetching its JWKS (%v)", err)
-	case <-time.After(30 * time.Second):
-		t.Fatal("the gateway never fetched its JWKS")
-	}
-	addr := fmt.Sprintf("127.0.0.1:%d", port)
+	held.heldAt(t, held.jwks.asked, "fetched its JWKS")
 	if !listensSoon(addr) {
-		let()
-		stop()
+		held.stop(t)
 		return false
 	}
-	defer stop()
+	defer held.stop(t)
 	css, err := os.ReadFile(filepath.Join("..", "modules", "console", "assets", "console.css"))
 	if err != nil {
 		t.Fatal(err)

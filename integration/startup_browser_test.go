@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/caddyserver/caddy/v2"
 	"github.com/chromedp/cdproto/network"
 	"github.com/chromedp/chromedp"
 
@@ -39,43 +38,23 @@ func TestBrowserStartingPage(t *testing.T) {
 	t.Fatal("in 12 starts, Caddy never started its HTTP server before the toolgate app: the page was not seen")
 }
 
-// startingPageInWindow starts a gateway whose Start waits on its JWKS and,
-// if its HTTP server listens meanwhile, opens the console in the browser
-// there. It reports whether the page was seen.
+// startingPageInWindow starts a gateway whose Start waits on its database
+// (pg, held), then on its JWKS and, if its HTTP server listens meanwhile,
+// opens the console in the browser there. It reports whether the page was
+// seen.
 func startingPageInWindow(t *testing.T, ctx context.Context, up *upstream, pg *r8HoldingProxy, dsn string) bool {
 	t.Helper()
-	jwks := startSlowJWKS(t)
-	jwks.hold()
-	defer jwks.letGo()
 	letDatabase := pg.holdAgain()
 	defer letDatabase()
-
-	port := freePort(t)
-	caddyfile, data := gatewayCaddyfile(t, port, gatewayConfig{Upstream: up.URL, AuthExtra: `jwt {
-				issuer   ` + jwks.URL + `
-				audience toolgate-test
-				jwks_url ` + jwks.URL + `/keys
-			}`})
-	caddyfile = strings.Replace(caddyfile, "storage file_system "+data, "storage postgres "+dsn, 1)
-	loaded := loadInBackground(t, caddyfile)
+	held := startHeldAtJWKS(t, up, func(caddyfile, data string) string {
+		return strings.Replace(caddyfile, "storage file_system "+data, "storage postgres "+dsn, 1)
+	})
+	jwks, loaded, addr := held.jwks, held.loaded, held.addr
 	defer func() {
 		letDatabase()
-		jwks.letGo()
-		if err := <-loaded; err != nil {
-			t.Fatalf("loading the config: %v", err)
-		}
-		caddyMu.Lock()
-		_ = caddy.Stop()
-		caddyMu.Unlock()
+		held.stop(t)
 	}()
-	select {
-	case <-pg.asked:
-	case err := <-loaded:
-		t.Fatalf("the gateway started without checking its database (%v)", err)
-	case <-time.After(30 * time.Second):
-		t.Fatal("the gateway never checked its database")
-	}
-	addr := fmt.Sprintf("127.0.0.1:%d", port)
+	held.heldAt(t, pg.asked, "checked its database")
 	if !listensSoon(addr) {
 		return false
 	}

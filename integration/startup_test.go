@@ -43,39 +43,14 @@ func TestStartingGatewayAnswersRequestsTakenBeforeStart(t *testing.T) {
 // reports whether the window was tested.
 func startInWindow(t *testing.T, up *upstream) bool {
 	t.Helper()
-	jwks := startSlowJWKS(t)
-	jwks.hold()
-	let := jwks.letGo
+	held := startHeldAtJWKS(t, up, nil)
+	let := held.jwks.letGo
 	defer let()
-
-	port := freePort(t)
-	caddyfile, _ := gatewayCaddyfile(t, port, gatewayConfig{Upstream: up.URL, AuthExtra: `jwt {
-				issuer   ` + jwks.URL + `
-				audience toolgate-test
-				jwks_url ` + jwks.URL + `/keys
-			}`})
-	loaded := loadInBackground(t, caddyfile)
-	stop := func() {
-		if err := <-loaded; err != nil {
-			t.Fatalf("loading the config: %v", err)
-		}
-		caddyMu.Lock()
-		_ = caddy.Stop()
-		caddyMu.Unlock()
-	}
-
-	select {
-	case <-jwks.asked:
-	case err := <-loaded:
-		t.Fatalf("the gateway started without fetching its JWKS (%v)", err)
-	case <-time.After(30 * time.Second):
-		t.Fatal("the gateway never fetched its JWKS")
-	}
+	held.heldAt(t, held.jwks.asked, "fetched its JWKS")
 	// Start is held now. The HTTP server listens already, or only after it.
-	addr := fmt.Sprintf("127.0.0.1:%d", port)
+	addr := held.addr
 	if !listensSoon(addr) {
-		let()
-		stop()
+		held.stop(t)
 		return false
 	}
 
@@ -117,7 +92,7 @@ func startInWindow(t *testing.T, up *upstream) bool {
 	// Pacing only: let both requests reach the gateway while Start is held.
 	time.Sleep(300 * time.Millisecond)
 	let()
-	defer stop()
+	defer held.stop(t)
 	if a := <-initialized; a.err != nil || a.status != http.StatusOK || a.id == "" {
 		t.Fatalf("an initialize taken while the gateway started: %d (Mcp-Session-Id %q) %v, want 200 with a session", a.status, a.id, a.err)
 	}
@@ -125,6 +100,61 @@ func startInWindow(t *testing.T, up *upstream) bool {
 		t.Fatalf("POST /v1/sessions taken while the gateway started: %d %v, want 201 with an id", a.status, a.err)
 	}
 	return true
+}
+
+// heldStart is a gateway loading while the test goes on, its Start held
+// at its identity provider's JWKS fetch until jwks lets it go (or the
+// fetch's own 10 s pass).
+type heldStart struct {
+	addr   string
+	jwks   *slowJWKS
+	loaded chan error
+}
+
+// startHeldAtJWKS loads a gateway for up whose Start will wait on its JWKS;
+// edit, when not nil, changes its Caddyfile first (data is its storage
+// directory).
+func startHeldAtJWKS(t *testing.T, up *upstream, edit func(caddyfile, data string) string) *heldStart {
+	t.Helper()
+	jwks := startSlowJWKS(t)
+	jwks.hold()
+	port := freePort(t)
+	caddyfile, data := gatewayCaddyfile(t, port, gatewayConfig{Upstream: up.URL, AuthExtra: `jwt {
+				issuer   ` + jwks.URL + `
+				audience toolgate-test
+				jwks_url ` + jwks.URL + `/keys
+			}`})
+	if edit != nil {
+		caddyfile = edit(caddyfile, data)
+	}
+	return &heldStart{addr: fmt.Sprintf("127.0.0.1:%d", port), jwks: jwks, loaded: loadInBackground(t, caddyfile)}
+}
+
+// heldAt waits until a held peer was asked (asked: Start is held there
+// now), failing the test if the load ended first or it never was.
+func (h *heldStart) heldAt(t *testing.T, asked <-chan struct{}, what string) {
+	t.Helper()
+	select {
+	case <-asked:
+	case err := <-h.loaded:
+		h.loaded <- err // for stop
+		t.Fatalf("the gateway's start ended before it %s (%v)", what, err)
+	case <-time.After(30 * time.Second):
+		t.Fatalf("the gateway never %s", what)
+	}
+}
+
+// stop lets Start go on, waits for the load, failing the test on its
+// error, and stops Caddy.
+func (h *heldStart) stop(t *testing.T) {
+	t.Helper()
+	h.jwks.letGo()
+	if err := <-h.loaded; err != nil {
+		t.Fatalf("loading the config: %v", err)
+	}
+	caddyMu.Lock()
+	_ = caddy.Stop()
+	caddyMu.Unlock()
 }
 
 // loadInBackground adapts caddyfile and has Caddy load it on a goroutine
