@@ -92,7 +92,7 @@ func startingPageInWindow(t *testing.T, ctx context.Context, up *upstream, pg *r
 	if len(loaded) > 0 {
 		t.Fatal("the console's page loaded only once toolgate had started: its stylesheet waited for the start")
 	}
-	shoot(t, ctx, "starting")
+	shoot(t, ctx, "22-starting")
 	title, _ := chromedp.Run(ctx, chromedp.Title())
 	if body := textOf(t, ctx, "body"); !strings.Contains(body, "Reload this page in a moment") || !strings.Contains(title, "Starting") {
 		t.Fatalf("the page while the gateway started (title %q) does not say to reload:\n%.1000s", title, body)
