@@ -58,12 +58,13 @@ func r10SaveHeld(a *App, g *r9Gated, user string, conn *Connection) chan error {
 // Attack: replica A (old key K1) stores alice's refreshed grant after
 // replica B sealed the new canary (K2) following the operator's reset;
 // A's Load of that record, in its check after sealing, fails (a storage
-// fault), hoping the new compare then keeps a record sealed with the
+// fault), hoping the check then keeps a record sealed with the
 // replaced key, stored after the reset: one no replica opens and none
 // takes for the old key's (a retryable error for ever).
 //
-// Held: the switch falls through to Delete on any Load error but
-// fs.ErrNotExist; the record is gone, the save fails, and on B alice is
+// Held: on any Load error but fs.ErrNotExist the check reads nothing to
+// keep and deletes (only a record read back that does not open with this
+// key is kept); the record is gone, the save fails, and on B alice is
 // not connected (she connects again). Severity: none.
 func TestR10SaveUndoneDeletesWhenTheReadBackFails(t *testing.T) {
 	ctx := context.Background()
