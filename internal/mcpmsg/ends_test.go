@@ -80,6 +80,21 @@ func TestElementsAndMembers(t *testing.T) {
 	Members([]byte(`[1]`), func(k, v []byte) { t.Error("a member of an array") })
 }
 
+// MemberSpan finds a member by its decoded key, past values that hold
+// quotes, braces and the key itself, and only at the object's own level.
+func TestMemberSpan(t *testing.T) {
+	obj := `{"content":[{"text":"\"_meta\":{}"},{"_meta":1}], "\u005fme\u0074a" : {"a":"}"} ,"z":2}`
+	start, end, ok := MemberSpan([]byte(obj), "_meta")
+	if !ok || obj[start:end] != `{"a":"}"}` {
+		t.Errorf("MemberSpan = %d %d %v (%q), want the escaped key's object", start, end, ok, obj[start:end])
+	}
+	for _, absent := range []string{`{"content":[{"_meta":1}],"x":"\"_meta\":1"}`, `[{"_meta":1}]`, `{}`, ``} {
+		if _, _, ok := MemberSpan([]byte(absent), "_meta"); ok {
+			t.Errorf("MemberSpan found _meta in %s", absent)
+		}
+	}
+}
+
 // Elements and Members read what encoding/json reads, in random values
 // with random blanks, strings with escaped quotes and backslashes, and
 // nesting.
