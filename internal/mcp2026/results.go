@@ -23,8 +23,8 @@ const (
 // ResultType returns a result's resultType, "complete" when absent (as
 // from an upstream of an earlier revision).
 func ResultType(result []byte) string {
-	if t := gjson.GetBytes(result, "resultType"); t.Type == gjson.String {
-		return t.Str
+	if t, ok := mcpmsg.String(mcpmsg.MemberOf(result, "resultType")); ok {
+		return t
 	}
 	return ResultComplete
 }
@@ -129,10 +129,11 @@ func Complete(method string, result []byte, private bool) []byte {
 	if !slices.Contains(CacheableMethods, method) {
 		return result
 	}
-	if !gjson.GetBytes(result, "ttlMs").Exists() {
+	if mcpmsg.MemberOf(result, "ttlMs") == nil {
 		result = mcpmsg.ReplaceMember(result, "ttlMs", []byte("0"))
 	}
-	if scope := gjson.GetBytes(result, "cacheScope"); private && scope.Str != "private" || !scope.Exists() {
+	raw := mcpmsg.MemberOf(result, "cacheScope")
+	if scope, _ := mcpmsg.String(raw); raw == nil || private && scope != "private" {
 		result = mcpmsg.ReplaceMember(result, "cacheScope", []byte(`"private"`))
 	}
 	return result

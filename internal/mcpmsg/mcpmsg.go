@@ -486,20 +486,19 @@ func (p *parser) checkSpelling(key []byte, off int, members *spelling) error {
 
 // MemberOf returns the JSON text of key in the valid JSON object obj, or
 // nil when obj has no such member.
+//
+// This and the other helpers on members of a valid object (MemberFold,
+// ReplaceMember, RemoveMember…) read keys decoded and skip values quote to
+// quote (see Members), without validating again: a result of a megabyte
+// was otherwise parsed through once more by each of them.
 func MemberOf(obj []byte, key string) []byte { return memberOf(obj, key) }
 
 // memberOf returns the JSON text of key in the valid JSON object obj.
 func memberOf(obj []byte, key string) []byte {
-	var found []byte
-	p := parser{data: obj, maxDepth: 1 << 30}
-	_ = p.object(1, func(k []byte, start int) error {
-		end, err := p.value(2)
-		if err == nil && string(k) == key {
-			found = p.data[start:end]
-		}
-		return err
-	})
-	return found
+	if start, end, ok := MemberSpan(obj, key); ok {
+		return obj[start:end]
+	}
+	return nil
 }
 
 // MemberFold is MemberOf for the member whose key is key in any case, as
@@ -510,16 +509,12 @@ func memberOf(obj []byte, key string) []byte {
 func MemberFold(obj []byte, key string) (string, []byte) {
 	var name string
 	var found []byte
-	p := parser{data: obj, maxDepth: 1 << 30}
-	if p.skipSpace(); p.pos >= len(obj) || obj[p.pos] != '{' {
-		return "", nil
-	}
-	_ = p.object(1, func(k []byte, start int) error {
-		end, err := p.value(2)
-		if err == nil && found == nil && bytes.EqualFold(k, []byte(key)) {
-			name, found = string(k), p.data[start:end]
+	members(obj, func(k []byte, start, end int) bool {
+		if !bytes.EqualFold(k, []byte(key)) {
+			return true
 		}
-		return err
+		name, found = string(k), obj[start:end]
+		return false
 	})
 	return name, found
 }
@@ -973,18 +968,9 @@ func AppendQuote(dst []byte, s string) []byte {
 // ReplaceMember returns a copy of the valid JSON object obj with the value
 // of key replaced by value (JSON text), or with key added when absent.
 func ReplaceMember(obj []byte, key string, value []byte) []byte {
-	start, end := -1, -1
-	p := parser{data: obj, maxDepth: 1 << 30}
-	p.skipSpace()
-	_ = p.object(1, func(k []byte, s int) error {
-		e, err := p.value(2)
-		if err == nil && string(k) == key {
-			start, end = s, e
-		}
-		return err
-	})
+	start, end, found := MemberSpan(obj, key)
 	out := make([]byte, 0, len(obj)+len(value)+len(key)+4)
-	if start >= 0 {
+	if found {
 		out = append(out, obj[:start]...)
 		out = append(out, value...)
 		return append(out, obj[end:]...)
@@ -1031,15 +1017,13 @@ func RemoveMembersWithPrefix(obj []byte, prefix string) []byte {
 func removeMember(obj []byte, match func(key []byte) bool) []byte {
 	start, end, prev := -1, -1, -1
 	last := -1 // where the previous member's value ended
-	p := parser{data: obj, maxDepth: 1 << 30}
-	p.skipSpace()
-	_ = p.object(1, func(k []byte, s int) error {
-		e, err := p.value(2)
-		if err == nil && match(k) && start < 0 {
+	members(obj, func(k []byte, s, e int) bool {
+		if match(k) {
 			start, end, prev = s, e, last
+			return false
 		}
 		last = e
-		return err
+		return true
 	})
 	if start < 0 {
 		return obj
