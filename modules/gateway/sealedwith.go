@@ -72,27 +72,35 @@ func (a *App) dropWitnessesOfOldKey(ctx context.Context) {
 type canaryState uint8
 
 const (
-	canaryUnknown canaryState = iota // none, reset, or not opened now
+	canaryUnknown canaryState = iota // none, or the operator's reset
 	canaryOpens
-	canaryRefuses // sealed with another key: the cipher's key is not the storage's
+	canaryRefuses    // sealed with another key: the cipher's key is not the storage's
+	canaryUnreadable // the storage or the cipher failed now: the error says which
 )
 
-// canaryNow opens the canary in storage with cipher.
-func canaryNow(ctx context.Context, storage certmagic.Storage, cipher Cipher) canaryState {
+// canaryNow opens the canary in storage with cipher. The error, for
+// canaryUnreadable only, is ErrStorageUnavailable's or the cipher's (see
+// cipherError): what the person whose connection waits is told.
+func canaryNow(ctx context.Context, storage certmagic.Storage, cipher Cipher) (canaryState, error) {
 	sealed, err := storage.Load(ctx, cipherCanaryKey)
-	if err != nil || isCanaryReset(sealed) {
-		return canaryUnknown
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return canaryUnknown, nil
+	case err != nil:
+		return canaryUnreadable, fmt.Errorf("%w: reading the cipher's canary: %v", ErrStorageUnavailable, err)
+	case isCanaryReset(sealed):
+		return canaryUnknown, nil
 	}
 	plain, err := cipher.Decrypt(ctx, sealed, cipherCanaryContext)
 	opens := err == nil && isCanary(plain)
 	clear(plain)
 	switch {
 	case opens:
-		return canaryOpens
+		return canaryOpens, nil
 	case err == nil || errors.Is(err, ErrCipherMismatch):
-		return canaryRefuses
+		return canaryRefuses, nil
 	}
-	return canaryUnknown
+	return canaryUnreadable, cipherError("opening the cipher's canary", err)
 }
 
 // sealedWithOldKey reports whether the record under key, which does not
@@ -103,16 +111,27 @@ func (s *ConnectionStore) sealedWithOldKey(ctx context.Context, key string) bool
 		return false
 	}
 	info, err := s.storage.Stat(ctx, key)
-	return err == nil && info.Modified.Before(reset.Modified) && canaryNow(ctx, s.storage, s.cipher) == canaryOpens
+	if err != nil || !info.Modified.Before(reset.Modified) {
+		return false
+	}
+	state, _ := canaryNow(ctx, s.storage, s.cipher)
+	return state == canaryOpens
 }
 
 // checkKeyBeforeSealing refuses to seal a connection with a key that does
-// not open the canary.
+// not open the canary, or while the canary cannot be read (a fault of the
+// storage or the cipher: the error says which, and is retryable when the
+// fault is): a replica still on a key a reset replaced would otherwise
+// seal, unseen, a record stored after the reset, which no replica opens
+// nor takes for the old key's.
 func (s *ConnectionStore) checkKeyBeforeSealing(ctx context.Context) error {
-	if canaryNow(ctx, s.storage, s.cipher) != canaryRefuses {
-		return nil
+	switch state, err := canaryNow(ctx, s.storage, s.cipher); state {
+	case canaryRefuses:
+		return s.sealingRefused()
+	case canaryUnreadable:
+		return err
 	}
-	return s.sealingRefused()
+	return nil
 }
 
 // checkKeyAfterSealing deletes user's connection to service just stored
@@ -125,29 +144,50 @@ func (s *ConnectionStore) checkKeyBeforeSealing(ctx context.Context) error {
 // with the new key, its person connecting again there, and stays.
 // (Storage has no compare-and-delete: a write landing between the read
 // and the delete still goes, a moment's window where it was the whole
-// check.)
+// check.) A canary that cannot be read, twice, is not taken for one that
+// still opens: what was stored is undone alike, and the person is told to
+// try again (the fault's retryable error).
 func (s *ConnectionStore) checkKeyAfterSealing(ctx context.Context, service, user string) error {
-	if canaryNow(ctx, s.storage, s.cipher) != canaryRefuses {
-		return nil
+	state, err := canaryNow(ctx, s.storage, s.cipher)
+	if state == canaryUnreadable { // a passing fault: once more
+		state, err = canaryNow(ctx, s.storage, s.cipher)
 	}
+	switch state {
+	case canaryRefuses:
+		s.undoSealed(ctx, service, user)
+		return s.sealingRefused()
+	case canaryUnreadable:
+		s.undoSealed(ctx, service, user)
+		if s.logger != nil {
+			s.logger.Warn("the cipher's canary could not be read after a connection was sealed: the connection was not kept (its person tries again)",
+				zap.String("service", service), zap.Error(err))
+		}
+		return err
+	}
+	return nil
+}
+
+// undoSealed deletes user's connection to service, just stored, when what
+// is stored there now opens with this gateway's key (see
+// checkKeyAfterSealing).
+func (s *ConnectionStore) undoSealed(ctx context.Context, service, user string) {
 	key := ConnectionKey(service, user)
 	s.cache.Forget(key)
 	now, err := s.storage.Load(ctx, key)
 	if errors.Is(err, fs.ErrNotExist) {
-		return s.sealingRefused()
+		return
 	}
 	if err == nil {
 		plain, err := s.cipher.Decrypt(ctx, now, CipherContext(service, user))
 		clear(plain)
 		if errors.Is(err, ErrCipherMismatch) {
-			return s.sealingRefused()
+			return
 		}
 	}
 	if err := s.storage.Delete(ctx, key); err != nil && !errors.Is(err, fs.ErrNotExist) && s.logger != nil {
-		s.logger.Error("cannot delete a connection just sealed with a key that no longer opens the cipher's canary; its person connects again once it is deleted",
+		s.logger.Error("cannot delete a connection just sealed with a key that no longer opens the cipher's canary, or while the canary could not be read; its person connects again once it is deleted",
 			zap.String("key", key), zap.Error(err))
 	}
-	return s.sealingRefused()
 }
 
 func (s *ConnectionStore) sealingRefused() error {

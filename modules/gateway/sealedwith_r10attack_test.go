@@ -137,7 +137,9 @@ func TestR10SaveUndoneDeletesWhenTheReadBackFails(t *testing.T) {
 // was sealed with the replaced key, whoever stored it) and keep it only
 // when it does not (ErrCipherMismatch: another key's, newer); and in
 // checkKeyAfterSealing treat a canary that cannot be read as not
-// confirmed (undo, or retry the read) rather than as fine.
+// confirmed (undo, or retry the read) rather than as fine. (Both done: C
+// now reads the canary once more, then undoes its store and answers
+// ErrStorageUnavailable; see TestSaveUndoneWhenTheCanaryCannotBeReadAfterSealing.)
 func TestR10SaveUndoneKeepsAnotherOldKeyReplicasRecord(t *testing.T) {
 	ctx := context.Background()
 	dir := t.TempDir()

@@ -2,6 +2,9 @@ package gateway
 
 import (
 	"context"
+	"errors"
+	"io/fs"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -86,5 +89,139 @@ func TestSaveUndoneLeavesANewerRecordOfAnotherReplica(t *testing.T) {
 	conn, err := replicaB.connections.LoadFresh(ctx, "personal", user)
 	if err != nil || conn.AccessToken != "tok-B" {
 		t.Fatalf("alice's connection made again on replica B, after replica A's save of the replaced key was undone: %+v, %v; want tok-B", conn, err)
+	}
+}
+
+// failingLoads is storage whose next n Loads of key fail, as a storage
+// backend's passing fault does.
+type failingLoads struct {
+	certmagic.Storage
+	key string
+	n   atomic.Int32
+}
+
+func (s *failingLoads) Load(ctx context.Context, key string) ([]byte, error) {
+	if key == s.key && s.n.Add(-1) >= 0 {
+		return nil, errors.New("storage backend: connection reset by peer")
+	}
+	return s.Storage.Load(ctx, key)
+}
+
+// resetAndNewCanary is the operator's reset followed by a replica with a
+// new key sealing the new canary: the replica, whose connections go
+// straight to storage.
+func resetAndNewCanary(t *testing.T, storage certmagic.Storage, user string) *App {
+	t.Helper()
+	if err := storage.Store(context.Background(), cipherCanaryKey, []byte("reset\n")); err != nil {
+		t.Fatal(err)
+	}
+	b := r10Replica(t, storage, storage, testCipher(t), user)
+	if err := b.checkCipherKey(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// Regression: a replica still on the key a reset replaced, whose reads of
+// the canary fail (a storage fault), took the canary it could not read
+// for none and sealed alice's grant with the replaced key, stored after
+// the reset: a record no replica opens nor takes for the old key's, so
+// alice got a retryable error that never cleared. It seals nothing now,
+// and tells her to try again; her record of before the reset is still
+// the old key's, and she connects again.
+func TestSaveRefusedWhileTheCanaryCannotBeRead(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	storage := SafeListing(&certmagic.FileStorage{Path: dir})
+	const user = "alice"
+	key := ConnectionKey("personal", user)
+	faulty := &failingLoads{Storage: storage, key: cipherCanaryKey}
+	replicaA := r10Replica(t, storage, faulty, testCipher(t), user)
+	if err := replicaA.checkCipherKey(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := replicaA.connections.Save(ctx, "personal", user, &Connection{AccessToken: "tok-1"}); err != nil {
+		t.Fatal(err)
+	}
+	r8Age(t, dir, cipherCanaryKey, 48*time.Hour)
+	r8Age(t, dir, key, 24*time.Hour)
+	before := mustLoad(t, storage, key)
+	replicaB := resetAndNewCanary(t, storage, user)
+
+	faulty.n.Store(1 << 20)
+	err := replicaA.connections.Save(ctx, "personal", user, &Connection{AccessToken: "tok-2", RefreshToken: "r"})
+	faulty.n.Store(0)
+	if !errors.Is(err, ErrStorageUnavailable) {
+		t.Fatalf("a save while the canary could not be read: %v, want ErrStorageUnavailable (try again)", err)
+	}
+	if after := mustLoad(t, storage, key); string(after) != string(before) {
+		t.Fatal("a save refused before sealing changed the stored connection")
+	}
+	if _, err := replicaB.connections.LoadFresh(ctx, "personal", user); !errors.Is(err, ErrSealedWithOtherKey) {
+		t.Fatalf("alice on replica B: %v, want ErrSealedWithOtherKey (she connects again)", err)
+	}
+}
+
+// Regression: a save on a replica still on the replaced key, whose check
+// before sealing saw the operator's reset, then could not read the canary
+// after storing (two reads failing: the new canary was sealed meanwhile,
+// unseen), kept what it stored. It is undone now, and the person is told
+// to try again.
+func TestSaveUndoneWhenTheCanaryCannotBeReadAfterSealing(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	storage := SafeListing(&certmagic.FileStorage{Path: dir})
+	const user = "alice"
+	key := ConnectionKey("personal", user)
+	k1 := r10Gate(testCipher(t))
+	faulty := &failingLoads{Storage: storage, key: cipherCanaryKey}
+	hooked := &storedThen{Storage: faulty, key: key}
+	replicaA := r10Replica(t, storage, hooked, k1, user)
+	if err := replicaA.checkCipherKey(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := storage.Store(ctx, cipherCanaryKey, []byte("reset\n")); err != nil {
+		t.Fatal(err)
+	}
+	saved := r10SaveHeld(replicaA, k1, user, &Connection{AccessToken: "tok-2", RefreshToken: "r"})
+	replicaB := r10Replica(t, storage, storage, testCipher(t), user)
+	if err := replicaB.checkCipherKey(ctx); err != nil {
+		t.Fatal(err)
+	}
+	hooked.then = func() { faulty.n.Store(2) }
+	close(k1.release)
+	if err := <-saved; !errors.Is(err, ErrStorageUnavailable) {
+		t.Fatalf("a save whose canary could not be read after sealing: %v, want ErrStorageUnavailable (try again)", err)
+	}
+	if _, err := storage.Load(ctx, key); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("the record sealed with the replaced key after the new canary is still stored (%v)", err)
+	}
+	if _, err := replicaB.connections.LoadFresh(ctx, "personal", user); !errors.Is(err, ErrNotConnected) {
+		t.Fatalf("alice on replica B: %v, want ErrNotConnected (she connects again)", err)
+	}
+}
+
+// A canary read failing once after sealing, then opening, keeps what was
+// stored: a passing fault loses no connection.
+func TestSaveKeptAfterOneFailedCanaryRead(t *testing.T) {
+	ctx := context.Background()
+	storage := SafeListing(&certmagic.FileStorage{Path: t.TempDir()})
+	const user = "alice"
+	key := ConnectionKey("personal", user)
+	faulty := &failingLoads{Storage: storage, key: cipherCanaryKey}
+	hooked := &storedThen{Storage: faulty, key: key, then: func() { faulty.n.Store(1) }}
+	replica := r10Replica(t, storage, hooked, testCipher(t), user)
+	if err := replica.checkCipherKey(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := replica.connections.Save(ctx, "personal", user, &Connection{AccessToken: "tok-1"}); err != nil {
+		t.Fatalf("a save whose canary read failed once after sealing: %v", err)
+	}
+	if faulty.n.Load() > 0 {
+		t.Fatal("premise: the canary was not read after sealing")
+	}
+	conn, err := replica.connections.LoadFresh(ctx, "personal", user)
+	if err != nil || conn.AccessToken != "tok-1" {
+		t.Fatalf("the connection after a passing fault: %v %v", conn, err)
 	}
 }
