@@ -69,14 +69,7 @@ func TestR8RollingResetOldReplicaSealsNothing(t *testing.T) {
 	// canary; alice connects.
 	replicaA := r7App(t, storage, k1, user)
 	replicaA.connections = newConnectionStore(storage, k1, 0)
-	if err := replicaA.checkCipherKey(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := replicaA.connections.Save(ctx, "personal", user, &Connection{AccessToken: "tok-1"}); err != nil {
-		t.Fatal(err)
-	}
-	r8Age(t, dir, cipherCanaryKey, 48*time.Hour)
-	r8Age(t, dir, ConnectionKey("personal", user), 24*time.Hour)
+	connectedBeforeReset(t, dir, replicaA, user)
 
 	// The reset: replica B restarts with K2 and seals the new canary (a
 	// minute ago).

@@ -90,14 +90,7 @@ func TestR9SaveInFlightWhileTheNewCanaryIsSealedIsUndone(t *testing.T) {
 	// Long ago: replica A starts with K1 and alice connects.
 	replicaA := r7App(t, storage, k1, user)
 	replicaA.connections = newConnectionStore(storage, k1, 0)
-	if err := replicaA.checkCipherKey(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := replicaA.connections.Save(ctx, "personal", user, &Connection{AccessToken: "tok-1"}); err != nil {
-		t.Fatal(err)
-	}
-	r8Age(t, dir, cipherCanaryKey, 48*time.Hour)
-	r8Age(t, dir, ConnectionKey("personal", user), 24*time.Hour)
+	connectedBeforeReset(t, dir, replicaA, user)
 
 	// The operator's reset; A refreshes alice's grant, its Encrypt in flight.
 	if err := storage.Store(ctx, cipherCanaryKey, []byte("reset\n")); err != nil {

@@ -76,14 +76,7 @@ func TestR10SaveUndoneDeletesWhenTheReadBackFails(t *testing.T) {
 	blip := &r10Blip{Storage: storage, key: key}
 	hooked := &storedThen{Storage: blip, key: key}
 	replicaA := r10Replica(t, storage, hooked, k1, user)
-	if err := replicaA.checkCipherKey(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := replicaA.connections.Save(ctx, "personal", user, &Connection{AccessToken: "tok-1"}); err != nil {
-		t.Fatal(err)
-	}
-	r8Age(t, dir, cipherCanaryKey, 48*time.Hour)
-	r8Age(t, dir, key, 24*time.Hour)
+	connectedBeforeReset(t, dir, replicaA, user)
 
 	if err := storage.Store(ctx, cipherCanaryKey, []byte("reset\n")); err != nil {
 		t.Fatal(err)

@@ -48,14 +48,7 @@ func TestSaveUndoneLeavesANewerRecordOfAnotherReplica(t *testing.T) {
 	hooked := &storedThen{Storage: storage, key: key}
 	replicaA := r7App(t, storage, k1, user)
 	replicaA.connections = newConnectionStore(hooked, k1, 0)
-	if err := replicaA.checkCipherKey(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := replicaA.connections.Save(ctx, "personal", user, &Connection{AccessToken: "tok-1"}); err != nil {
-		t.Fatal(err)
-	}
-	r8Age(t, dir, cipherCanaryKey, 48*time.Hour)
-	r8Age(t, dir, key, 24*time.Hour)
+	connectedBeforeReset(t, dir, replicaA, user)
 
 	// The operator's reset; A refreshes alice's grant, its Encrypt in flight.
 	if err := storage.Store(ctx, cipherCanaryKey, []byte("reset\n")); err != nil {
@@ -137,14 +130,7 @@ func TestSaveRefusedWhileTheCanaryCannotBeRead(t *testing.T) {
 	key := ConnectionKey("personal", user)
 	faulty := &failingLoads{Storage: storage, key: cipherCanaryKey}
 	replicaA := r10Replica(t, storage, faulty, testCipher(t), user)
-	if err := replicaA.checkCipherKey(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := replicaA.connections.Save(ctx, "personal", user, &Connection{AccessToken: "tok-1"}); err != nil {
-		t.Fatal(err)
-	}
-	r8Age(t, dir, cipherCanaryKey, 48*time.Hour)
-	r8Age(t, dir, key, 24*time.Hour)
+	connectedBeforeReset(t, dir, replicaA, user)
 	before := mustLoad(t, storage, key)
 	replicaB := resetAndNewCanary(t, storage, user)
 
@@ -224,4 +210,20 @@ func TestSaveKeptAfterOneFailedCanaryRead(t *testing.T) {
 	if err != nil || conn.AccessToken != "tok-1" {
 		t.Fatalf("the connection after a passing fault: %v %v", conn, err)
 	}
+}
+
+// connectedBeforeReset starts a (its canary checked, sealed when there is
+// none) and stores user's first connection to "personal" through it, both
+// dated back as long before an operator's reset.
+func connectedBeforeReset(t *testing.T, dir string, a *App, user string) {
+	t.Helper()
+	ctx := context.Background()
+	if err := a.checkCipherKey(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.connections.Save(ctx, "personal", user, &Connection{AccessToken: "tok-1"}); err != nil {
+		t.Fatal(err)
+	}
+	r8Age(t, dir, cipherCanaryKey, 48*time.Hour)
+	r8Age(t, dir, ConnectionKey("personal", user), 24*time.Hour)
 }
