@@ -1003,15 +1003,44 @@ func RemoveMemberFold(obj []byte, key string) []byte {
 // RemoveMembersWithPrefix returns obj without every member whose key
 // starts with prefix, in any case (as a decoder that ignores case reads
 // it).
+//
+// It is one pass over obj, whatever the number of members removed (an
+// upstream's _meta may hold tens of thousands of forged ones), and writes
+// what removing them one by one with RemoveMember would.
 func RemoveMembersWithPrefix(obj []byte, prefix string) []byte {
 	match := func(k []byte) bool { return len(k) >= len(prefix) && bytes.EqualFold(k[:len(prefix)], []byte(prefix)) }
-	for {
-		out := removeMember(obj, match)
-		if len(out) == len(obj) {
-			return out
+	open := bytes.IndexByte(obj, '{')
+	var out []byte
+	pos, lastKept := open+1, -1 // what is copied next; where the last kept member's value ended
+	members(obj, func(k []byte, _, end int) bool {
+		if !match(k) {
+			lastKept = end
+			return true
 		}
-		obj = out
+		if out == nil {
+			out = append(make([]byte, 0, len(obj)), obj[:open+1]...)
+		}
+		if lastKept >= 0 {
+			// Cut from the end of the last member kept (a comma and the
+			// member), as removeMember does after the first member.
+			if pos < lastKept {
+				out = append(out, obj[pos:lastKept]...)
+			}
+			pos = end
+			return true
+		}
+		// No member kept before it: it is the first, cut up to the comma
+		// after it (see removeMember).
+		pos = end
+		if i := bytes.IndexByte(obj[end:], ','); i >= 0 && len(bytes.TrimSpace(obj[end:end+i])) == 0 {
+			pos = end + i + 1
+		}
+		return true
+	})
+	if out == nil {
+		return obj
 	}
+	return append(out, obj[pos:]...)
 }
 
 func removeMember(obj []byte, match func(key []byte) bool) []byte {

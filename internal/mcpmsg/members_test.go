@@ -1,6 +1,9 @@
 package mcpmsg
 
-import "testing"
+import (
+	"bytes"
+	"testing"
+)
 
 func TestRemoveMember(t *testing.T) {
 	for _, c := range [][3]string{
@@ -141,6 +144,29 @@ func TestMembersSpelledBeyondResults(t *testing.T) {
 	} {
 		if _, err := Parse([]byte(good), Limits{}); err != nil {
 			t.Errorf("refused %s: %v", good, err)
+		}
+	}
+}
+
+// RemoveMembersWithPrefix writes, in one pass, what removing the members
+// one by one writes (removeMember until none is left), blanks and commas
+// included.
+func TestRemoveMembersWithPrefixAsOneByOne(t *testing.T) {
+	match := func(k []byte) bool { return len(k) >= 2 && bytes.EqualFold(k[:2], []byte("p/")) }
+	for _, obj := range []string{
+		`{"a":1,"p/x":2,"p/y":3}`, `{ "p/x" : 1 , "p/y":2, "b":3 }`, `{"p/x":1}`, `{"p/x":1,"p/y":2}`, `{}`, `{ }`,
+		`{"b":1 , "p/x":2 ,"c":3, "P/z":4}`, `{"p/x":{"p/y":1},"b":[1,{"p/z":2}] ,"\u0070/w":"x"}`, "{\n\t\"p/a\": 1,\n\t\"b\": 2,\n\t\"p/c\": 3\n}",
+	} {
+		want := []byte(obj)
+		for {
+			out := removeMember(want, match)
+			if len(out) == len(want) {
+				break
+			}
+			want = out
+		}
+		if got := RemoveMembersWithPrefix([]byte(obj), "p/"); string(got) != string(want) {
+			t.Errorf("RemoveMembersWithPrefix(%s) = %s, one by one %s", obj, got, want)
 		}
 	}
 }
