@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -72,35 +73,52 @@ func (a *App) dropWitnessesOfOldKey(ctx context.Context) {
 type canaryState uint8
 
 const (
-	canaryUnknown canaryState = iota // none, or the operator's reset
+	canaryNone      canaryState = iota
+	canaryResetting             // the operator's reset: a new canary is sealed at the next start
 	canaryOpens
 	canaryRefuses    // sealed with another key: the cipher's key is not the storage's
 	canaryUnreadable // the storage or the cipher failed now: the error says which
 )
 
-// canaryNow opens the canary in storage with cipher. The error, for
-// canaryUnreadable only, is ErrStorageUnavailable's or the cipher's (see
-// cipherError): what the person whose connection waits is told.
-func canaryNow(ctx context.Context, storage certmagic.Storage, cipher Cipher) (canaryState, error) {
+// canaryRead is what readCanary found.
+type canaryRead struct {
+	state canaryState
+	// sealed is the canary as stored, when it could be read (not for
+	// canaryNone, nor when the storage failed).
+	sealed []byte
+	// err is, for canaryUnreadable only, ErrStorageUnavailable's or the
+	// cipher's (see cipherError): what the person whose connection waits
+	// is told.
+	err error
+}
+
+// readCanary opens the canary in storage with cipher.
+func readCanary(ctx context.Context, storage certmagic.Storage, cipher Cipher) canaryRead {
 	sealed, err := storage.Load(ctx, cipherCanaryKey)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
-		return canaryUnknown, nil
+		return canaryRead{state: canaryNone}
 	case err != nil:
-		return canaryUnreadable, fmt.Errorf("%w: reading the cipher's canary: %v", ErrStorageUnavailable, err)
+		return canaryRead{state: canaryUnreadable, err: fmt.Errorf("%w: reading the cipher's canary: %v", ErrStorageUnavailable, err)}
 	case isCanaryReset(sealed):
-		return canaryUnknown, nil
+		return canaryRead{state: canaryResetting, sealed: sealed}
 	}
 	plain, err := cipher.Decrypt(ctx, sealed, cipherCanaryContext)
 	opens := err == nil && isCanary(plain)
 	clear(plain)
 	switch {
 	case opens:
-		return canaryOpens, nil
+		return canaryRead{state: canaryOpens, sealed: sealed}
 	case err == nil || errors.Is(err, ErrCipherMismatch):
-		return canaryRefuses, nil
+		return canaryRead{state: canaryRefuses, sealed: sealed}
 	}
-	return canaryUnreadable, cipherError("opening the cipher's canary", err)
+	return canaryRead{state: canaryUnreadable, sealed: sealed, err: cipherError("opening the cipher's canary", err)}
+}
+
+// canaryNow is readCanary's state and error.
+func canaryNow(ctx context.Context, storage certmagic.Storage, cipher Cipher) (canaryState, error) {
+	c := readCanary(ctx, storage, cipher)
+	return c.state, c.err
 }
 
 // sealedWithOldKey reports whether the record under key, which does not
@@ -118,73 +136,135 @@ func (s *ConnectionStore) sealedWithOldKey(ctx context.Context, key string) bool
 	return state == canaryOpens
 }
 
+// sealingCheck is what checkKeyBeforeSealing found, for
+// checkKeyAfterSealing: the canary, and the record of the last reset
+// (cipherResetKey's modified time; zero when there is none, unknown when
+// it could not be read).
+type sealingCheck struct {
+	canary     canaryRead
+	reset      time.Time
+	resetKnown bool
+}
+
+// lastReset is cipherResetKey's modified time (zero when there is none),
+// and whether it could be read.
+func (s *ConnectionStore) lastReset(ctx context.Context) (time.Time, bool) {
+	info, err := s.storage.Stat(ctx, cipherResetKey)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return time.Time{}, true
+	case err != nil:
+		return time.Time{}, false
+	}
+	return info.Modified, true
+}
+
 // checkKeyBeforeSealing refuses to seal a connection with a key that does
 // not open the canary, or while the canary cannot be read (a fault of the
 // storage or the cipher: the error says which, and is retryable when the
 // fault is): a replica still on a key a reset replaced would otherwise
 // seal, unseen, a record stored after the reset, which no replica opens
 // nor takes for the old key's.
-func (s *ConnectionStore) checkKeyBeforeSealing(ctx context.Context) error {
-	switch state, err := canaryNow(ctx, s.storage, s.cipher); state {
+func (s *ConnectionStore) checkKeyBeforeSealing(ctx context.Context) (sealingCheck, error) {
+	c := readCanary(ctx, s.storage, s.cipher)
+	switch c.state {
 	case canaryRefuses:
-		return s.sealingRefused()
+		return sealingCheck{}, s.sealingRefused()
 	case canaryUnreadable:
-		return err
+		return sealingCheck{}, c.err
 	}
-	return nil
+	check := sealingCheck{canary: c}
+	check.reset, check.resetKnown = s.lastReset(ctx)
+	return check, nil
 }
 
-// checkKeyAfterSealing deletes user's connection to service just stored
-// when the canary no longer opens with the key that sealed it: a new one
-// was sealed after a reset while this one was on its way (it would be
-// newer than the reset, and never taken for the old key's). Its person
-// connects again. What is deleted is whatever record there opens with
-// this key, the replaced one, whoever stored it (another replica still on
-// it too); one that does not open with it was stored since by a replica
-// with the new key, its person connecting again there, and stays.
-// (Storage has no compare-and-delete: a write landing between the read
-// and the delete still goes, a moment's window where it was the whole
-// check.) A canary that cannot be read, twice, is not taken for one that
-// still opens: what was stored is undone alike, and the person is told to
-// try again (the fault's retryable error).
-func (s *ConnectionStore) checkKeyAfterSealing(ctx context.Context, service, user string) error {
-	state, err := canaryNow(ctx, s.storage, s.cipher)
-	if state == canaryUnreadable { // a passing fault: once more
-		state, err = canaryNow(ctx, s.storage, s.cipher)
+// checkKeyAfterSealing undoes the store of sealed, user's connection to
+// service, when the canary no longer opens with the key that sealed it: a
+// new one was sealed after a reset while this one was on its way (it
+// would be newer than the reset, and never taken for the old key's). Its
+// person connects again (see undoSealed for what is deleted).
+//
+// A canary that cannot be read now (twice: a passing fault is read
+// again) is taken for a new one when what can be told says so (see
+// replacedSince): what was stored is undone then, and the person is told
+// to try again (the fault's retryable error). Otherwise it is the canary
+// found before sealing, and a fault loses no connection.
+func (s *ConnectionStore) checkKeyAfterSealing(ctx context.Context, service, user string, sealed []byte, before sealingCheck) error {
+	after := readCanary(ctx, s.storage, s.cipher)
+	if after.state == canaryUnreadable { // a passing fault: once more
+		after = readCanary(ctx, s.storage, s.cipher)
 	}
-	switch state {
-	case canaryRefuses:
-		s.undoSealed(ctx, service, user)
+	switch {
+	case after.state == canaryRefuses:
+		s.undoSealed(ctx, service, user, sealed)
 		return s.sealingRefused()
-	case canaryUnreadable:
-		s.undoSealed(ctx, service, user)
+	case after.state == canaryUnreadable && s.replacedSince(ctx, before, after):
+		s.undoSealed(ctx, service, user, sealed)
 		if s.logger != nil {
-			s.logger.Warn("the cipher's canary could not be read after a connection was sealed: the connection was not kept (its person tries again)",
-				zap.String("service", service), zap.Error(err))
+			s.logger.Warn("the cipher's canary could not be read after a connection was sealed, and may have been sealed anew since: the connection was not kept (its person tries again)",
+				zap.String("service", service), zap.Error(after.err))
 		}
-		return err
+		return after.err
 	}
 	return nil
 }
 
-// undoSealed deletes user's connection to service, just stored, when what
-// is stored there now opens with this gateway's key (see
-// checkKeyAfterSealing).
-func (s *ConnectionStore) undoSealed(ctx context.Context, service, user string) {
+// replacedSince reports whether the canary, which the cipher or the
+// storage could not read after sealing, may be another than the one the
+// check before sealing found: that one was the operator's reset (a new
+// canary may have been sealed since); the stored canary, read but not
+// opened, is not the one found then; or, the storage failing, the record
+// of the last reset changed since. A record of the reset that cannot be
+// read tells nothing: the canary is taken for the same (two faults in a
+// row, and a reset completed in that very moment, would keep a record of
+// the replaced key).
+func (s *ConnectionStore) replacedSince(ctx context.Context, before sealingCheck, after canaryRead) bool {
+	switch {
+	case before.canary.state == canaryResetting:
+		return true
+	case after.sealed != nil:
+		return !bytes.Equal(after.sealed, before.canary.sealed)
+	}
+	reset, known := s.lastReset(ctx)
+	return known && before.resetKnown && !reset.Equal(before.reset)
+}
+
+// undoSealed deletes user's connection to service, which this gateway
+// has just stored as sealed (see checkKeyAfterSealing), when what is
+// stored there now is what it stored, or any other record that opens
+// with its key, the replaced one, whoever stored it (another replica
+// still on it too). A record that does not open with it, or that the
+// cipher cannot tell now, was stored since by another replica (one with
+// the new key, its person connecting again there, perhaps with another
+// cipher) and stays. One that cannot be read now is deleted: nothing
+// tells it from the one just stored.
+//
+// On a storage that deletes a key only while it holds a value
+// (valueDeleter: the postgres storage), a record another replica stores
+// between the read and the delete is kept too; on another, that moment's
+// window remains.
+func (s *ConnectionStore) undoSealed(ctx context.Context, service, user string, sealed []byte) {
 	key := ConnectionKey(service, user)
 	s.cache.Forget(key)
 	now, err := s.storage.Load(ctx, key)
 	if errors.Is(err, fs.ErrNotExist) {
 		return
 	}
-	if err == nil {
+	if err == nil && !bytes.Equal(now, sealed) {
 		plain, err := s.cipher.Decrypt(ctx, now, CipherContext(service, user))
 		clear(plain)
-		if errors.Is(err, ErrCipherMismatch) {
+		if err != nil {
 			return
 		}
 	}
-	if err := s.storage.Delete(ctx, key); err != nil && !errors.Is(err, fs.ErrNotExist) && s.logger != nil {
+	deleteIt := s.storage.Delete
+	if vd, ok := s.storage.(valueDeleter); ok && err == nil {
+		deleteIt = func(ctx context.Context, key string) error {
+			_, err := vd.DeleteIfValue(ctx, key, now)
+			return err
+		}
+	}
+	if err := deleteIt(ctx, key); err != nil && !errors.Is(err, fs.ErrNotExist) && s.logger != nil {
 		s.logger.Error("cannot delete a connection just sealed with a key that no longer opens the cipher's canary, or while the canary could not be read; its person connects again once it is deleted",
 			zap.String("key", key), zap.Error(err))
 	}
@@ -195,4 +275,10 @@ func (s *ConnectionStore) sealingRefused() error {
 		s.logger.Error("the cipher's canary in storage does not open with this gateway's key: another replica started with a new key after a reset, or the cipher's backend lost the key; no connection is sealed with it. Restart this gateway with the key the canary was sealed with (or restore the key in the backend)")
 	}
 	return fmt.Errorf("%w: the cipher's canary does not open with this gateway's key (see the log)", ErrCipherRefused)
+}
+
+// valueDeleter is storage that deletes a key only while it holds value,
+// in one step, and reports whether it did (the postgres storage).
+type valueDeleter interface {
+	DeleteIfValue(ctx context.Context, key string, value []byte) (bool, error)
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io/fs"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -226,4 +227,84 @@ func connectedBeforeReset(t *testing.T, dir string, a *App, user string) {
 	}
 	r8Age(t, dir, cipherCanaryKey, 48*time.Hour)
 	r8Age(t, dir, ConnectionKey("personal", user), 24*time.Hour)
+}
+
+// valueDeleting is storage with DeleteIfValue (valueDeleter), as the
+// postgres storage has it (its TestDeleteIfValue shows the one step
+// there): a compare and delete under a lock its Stores take too. Its
+// onLoad runs once, right after the next Load of key read its value.
+type valueDeleting struct {
+	certmagic.Storage
+	mu     sync.Mutex
+	key    string
+	onLoad func()
+}
+
+func (s *valueDeleting) Store(ctx context.Context, key string, value []byte) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.Storage.Store(ctx, key, value)
+}
+
+func (s *valueDeleting) Load(ctx context.Context, key string) ([]byte, error) {
+	v, err := s.Storage.Load(ctx, key)
+	if then := s.onLoad; key == s.key && then != nil {
+		s.onLoad = nil
+		then()
+	}
+	return v, err
+}
+
+func (s *valueDeleting) DeleteIfValue(ctx context.Context, key string, value []byte) (bool, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now, err := s.Storage.Load(ctx, key)
+	if errors.Is(err, fs.ErrNotExist) || err == nil && string(now) != string(value) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	return true, s.Storage.Delete(ctx, key)
+}
+
+// Regression: a save undone on a replica still on the replaced key read
+// back its own record, then deleted whatever was there: a record another
+// replica with the new key stored in between (the person connecting again
+// there) went with it. On a storage that deletes a key only while it
+// holds a value, that record is kept.
+func TestSaveUndoneKeepsARecordStoredBetweenItsReadAndItsDelete(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	storage := SafeListing(&certmagic.FileStorage{Path: dir})
+	const user = "alice"
+	key := ConnectionKey("personal", user)
+	k1 := r10Gate(testCipher(t))
+	cas := &valueDeleting{Storage: storage, key: key}
+	replicaA := r10Replica(t, storage, cas, k1, user)
+	connectedBeforeReset(t, dir, replicaA, user)
+	if err := storage.Store(ctx, cipherCanaryKey, []byte("reset\n")); err != nil {
+		t.Fatal(err)
+	}
+	saved := r10SaveHeld(replicaA, k1, user, &Connection{AccessToken: "tok-2", RefreshToken: "r"})
+	replicaB := r10Replica(t, storage, storage, testCipher(t), user)
+	if err := replicaB.checkCipherKey(ctx); err != nil {
+		t.Fatal(err)
+	}
+	cas.onLoad = func() { // the undo has read A's record back
+		if err := replicaB.connections.Save(ctx, "personal", user, &Connection{AccessToken: "tok-B"}); err != nil {
+			t.Errorf("alice connecting again on replica B: %v", err)
+		}
+	}
+	close(k1.release)
+	if err := <-saved; !errors.Is(err, ErrCipherRefused) {
+		t.Fatalf("A's save sealed with the replaced key after the new canary: %v, want ErrCipherRefused", err)
+	}
+	if cas.onLoad != nil {
+		t.Fatal("premise: the undo did not read the record back")
+	}
+	conn, err := replicaB.connections.LoadFresh(ctx, "personal", user)
+	if err != nil || conn.AccessToken != "tok-B" {
+		t.Fatalf("alice's connection made again on replica B while A's undo ran: %+v, %v; want tok-B", conn, err)
+	}
 }

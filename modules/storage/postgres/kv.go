@@ -178,6 +178,29 @@ func (s *Storage) Delete(ctx context.Context, key string) error {
 	return wrapErr(fmt.Sprintf("deleting %q", k), err)
 }
 
+// DeleteIfValue deletes key only while it holds value, and reports whether
+// it did: one statement, so that a write another replica makes meanwhile
+// is never deleted with it (PostgreSQL evaluates the condition again on a
+// row updated since the statement began). toolgate undoes a connection it
+// has just stored this way (see modules/gateway's checkKeyAfterSealing).
+func (s *Storage) DeleteIfValue(ctx context.Context, key string, value []byte) (bool, error) {
+	k, err := s.key("deleting", key, false)
+	if err != nil {
+		return false, err
+	}
+	q, err := s.t.ready(ctx)
+	if err != nil {
+		return false, err
+	}
+	var deleted int64
+	err = s.db.do(ctx, func(ctx context.Context) error {
+		tag, err := s.db.pool.Exec(ctx, q.deleteIfValue, k, value)
+		deleted = tag.RowsAffected()
+		return err
+	})
+	return deleted > 0, wrapErr(fmt.Sprintf("deleting %q", k), err)
+}
+
 // Exists reports whether key is a value or a directory (a prefix of
 // stored keys); the root exists when anything is stored. An error counts
 // as not existing, and is logged.
