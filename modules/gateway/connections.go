@@ -236,7 +236,7 @@ func (s *ConnectionStore) loader(service, user string) func(context.Context) (*C
 
 // Save encrypts and stores user's connection to service.
 func (s *ConnectionStore) Save(ctx context.Context, service, user string, conn *Connection) error {
-	canary, err := s.checkKeyBeforeSealing(ctx)
+	resetBefore, err := s.checkKeyBeforeSealing(ctx)
 	if err != nil {
 		return err
 	}
@@ -253,7 +253,7 @@ func (s *ConnectionStore) Save(ctx context.Context, service, user string, conn *
 	if err := s.storage.Store(ctx, key, sealed); err != nil {
 		return fmt.Errorf("%w: writing storage: %v", ErrStorageUnavailable, err)
 	}
-	if err := s.checkKeyAfterSealing(ctx, service, user, sealed, canary); err != nil {
+	if err := s.checkKeyAfterSealing(ctx, service, user, sealed, resetBefore); err != nil {
 		return err
 	}
 	stored := *conn

@@ -80,16 +80,12 @@ const (
 	canaryUnreadable // the storage or the cipher failed now: the error says which
 )
 
-// canaryRead is what readCanary found.
+// canaryRead is what readCanary found: the state, and for
+// canaryUnreadable only, ErrStorageUnavailable's or the cipher's error
+// (see cipherError): what the person whose connection waits is told.
 type canaryRead struct {
 	state canaryState
-	// sealed is the canary as stored, when it could be read (not for
-	// canaryNone, nor when the storage failed).
-	sealed []byte
-	// err is, for canaryUnreadable only, ErrStorageUnavailable's or the
-	// cipher's (see cipherError): what the person whose connection waits
-	// is told.
-	err error
+	err   error
 }
 
 // readCanary opens the canary in storage with cipher.
@@ -101,18 +97,18 @@ func readCanary(ctx context.Context, storage certmagic.Storage, cipher Cipher) c
 	case err != nil:
 		return canaryRead{state: canaryUnreadable, err: fmt.Errorf("%w: reading the cipher's canary: %v", ErrStorageUnavailable, err)}
 	case isCanaryReset(sealed):
-		return canaryRead{state: canaryResetting, sealed: sealed}
+		return canaryRead{state: canaryResetting}
 	}
 	plain, err := cipher.Decrypt(ctx, sealed, cipherCanaryContext)
 	opens := err == nil && isCanary(plain)
 	clear(plain)
 	switch {
 	case opens:
-		return canaryRead{state: canaryOpens, sealed: sealed}
+		return canaryRead{state: canaryOpens}
 	case err == nil || errors.Is(err, ErrCipherMismatch):
-		return canaryRead{state: canaryRefuses, sealed: sealed}
+		return canaryRead{state: canaryRefuses}
 	}
-	return canaryRead{state: canaryUnreadable, sealed: sealed, err: cipherError("opening the cipher's canary", err)}
+	return canaryRead{state: canaryUnreadable, err: cipherError("opening the cipher's canary", err)}
 }
 
 // canaryNow is readCanary's state and error.
@@ -122,28 +118,21 @@ func canaryNow(ctx context.Context, storage certmagic.Storage, cipher Cipher) (c
 }
 
 // sealedWithOldKey reports whether the record under key, which does not
-// open with the cipher's key, was sealed with the key a reset replaced.
+// open with the cipher's key, was sealed with the key a reset replaced:
+// it was stored before the reset was recorded, or in the same tick of the
+// storage's clock (the record of the reset follows the new canary, which
+// follows any record of the replaced key the reset left).
 func (s *ConnectionStore) sealedWithOldKey(ctx context.Context, key string) bool {
 	reset, err := s.storage.Stat(ctx, cipherResetKey)
 	if err != nil {
 		return false
 	}
 	info, err := s.storage.Stat(ctx, key)
-	if err != nil || !info.Modified.Before(reset.Modified) {
+	if err != nil || info.Modified.After(reset.Modified) {
 		return false
 	}
 	state, _ := canaryNow(ctx, s.storage, s.cipher)
 	return state == canaryOpens
-}
-
-// sealingCheck is what checkKeyBeforeSealing found, for
-// checkKeyAfterSealing: the canary, and the record of the last reset
-// (cipherResetKey's modified time; zero when there is none, unknown when
-// it could not be read).
-type sealingCheck struct {
-	canary     canaryRead
-	reset      time.Time
-	resetKnown bool
 }
 
 // lastReset is cipherResetKey's modified time (zero when there is none),
@@ -160,22 +149,25 @@ func (s *ConnectionStore) lastReset(ctx context.Context) (time.Time, bool) {
 }
 
 // checkKeyBeforeSealing refuses to seal a connection with a key that does
-// not open the canary, or while the canary cannot be read (a fault of the
-// storage or the cipher: the error says which, and is retryable when the
-// fault is): a replica still on a key a reset replaced would otherwise
-// seal, unseen, a record stored after the reset, which no replica opens
-// nor takes for the old key's.
-func (s *ConnectionStore) checkKeyBeforeSealing(ctx context.Context) (sealingCheck, error) {
-	c := readCanary(ctx, s.storage, s.cipher)
-	switch c.state {
+// not open the canary, or while the canary or the record of the last
+// reset cannot be read (a fault of the storage or the cipher: the error
+// says which, and is retryable when the fault is): a replica still on a
+// key a reset replaced would otherwise seal, unseen, a record stored
+// after the reset, which no replica opens nor takes for the old key's. It
+// returns the time of the last reset (zero: none), for
+// checkKeyAfterSealing.
+func (s *ConnectionStore) checkKeyBeforeSealing(ctx context.Context) (time.Time, error) {
+	switch c := readCanary(ctx, s.storage, s.cipher); c.state {
 	case canaryRefuses:
-		return sealingCheck{}, s.sealingRefused()
+		return time.Time{}, s.sealingRefused()
 	case canaryUnreadable:
-		return sealingCheck{}, c.err
+		return time.Time{}, c.err
 	}
-	check := sealingCheck{canary: c}
-	check.reset, check.resetKnown = s.lastReset(ctx)
-	return check, nil
+	reset, known := s.lastReset(ctx)
+	if !known {
+		return time.Time{}, fmt.Errorf("%w: reading the record of the cipher's last reset", ErrStorageUnavailable)
+	}
+	return reset, nil
 }
 
 // checkKeyAfterSealing undoes the store of sealed, user's connection to
@@ -185,11 +177,18 @@ func (s *ConnectionStore) checkKeyBeforeSealing(ctx context.Context) (sealingChe
 // person connects again (see undoSealed for what is deleted).
 //
 // A canary that cannot be read now (twice: a passing fault is read
-// again) is taken for a new one when what can be told says so (see
-// replacedSince): what was stored is undone then, and the person is told
-// to try again (the fault's retryable error). Otherwise it is the canary
-// found before sealing, and a fault loses no connection.
-func (s *ConnectionStore) checkKeyAfterSealing(ctx context.Context, service, user string, sealed []byte, before sealingCheck) error {
+// again) cannot say whose key it is. The record of the last reset then
+// decides: one made since the check before sealing (resetBefore), earlier
+// than the record just stored, means a new canary was sealed before the
+// store, perhaps with another key — what was stored is undone, and the
+// person is told to try again (the fault's retryable error). Otherwise
+// the record is kept: it opens, or it was stored before a reset recorded
+// later and is taken for the old key's (sealedWithOldKey), and a fault
+// loses no connection. (A record of the reset that cannot be read now
+// tells nothing, and the record is kept: that, a reset completed during
+// the save and the canary unreadable twice would keep one of the
+// replaced key.)
+func (s *ConnectionStore) checkKeyAfterSealing(ctx context.Context, service, user string, sealed []byte, resetBefore time.Time) error {
 	after := readCanary(ctx, s.storage, s.cipher)
 	if after.state == canaryUnreadable { // a passing fault: once more
 		after = readCanary(ctx, s.storage, s.cipher)
@@ -198,10 +197,10 @@ func (s *ConnectionStore) checkKeyAfterSealing(ctx context.Context, service, use
 	case after.state == canaryRefuses:
 		s.undoSealed(ctx, service, user, sealed)
 		return s.sealingRefused()
-	case after.state == canaryUnreadable && s.replacedSince(ctx, before, after):
+	case after.state == canaryUnreadable && s.resetBeforeStore(ctx, ConnectionKey(service, user), resetBefore):
 		s.undoSealed(ctx, service, user, sealed)
 		if s.logger != nil {
-			s.logger.Warn("the cipher's canary could not be read after a connection was sealed, and may have been sealed anew since: the connection was not kept (its person tries again)",
+			s.logger.Warn("the cipher's canary could not be read after a connection was sealed, and a reset was recorded since the save began: the connection was not kept (its person tries again)",
 				zap.String("service", service), zap.Error(after.err))
 		}
 		return after.err
@@ -209,24 +208,16 @@ func (s *ConnectionStore) checkKeyAfterSealing(ctx context.Context, service, use
 	return nil
 }
 
-// replacedSince reports whether the canary, which the cipher or the
-// storage could not read after sealing, may be another than the one the
-// check before sealing found: that one was the operator's reset (a new
-// canary may have been sealed since); the stored canary, read but not
-// opened, is not the one found then; or, the storage failing, the record
-// of the last reset changed since. A record of the reset that cannot be
-// read tells nothing: the canary is taken for the same (two faults in a
-// row, and a reset completed in that very moment, would keep a record of
-// the replaced key).
-func (s *ConnectionStore) replacedSince(ctx context.Context, before sealingCheck, after canaryRead) bool {
-	switch {
-	case before.canary.state == canaryResetting:
-		return true
-	case after.sealed != nil:
-		return !bytes.Equal(after.sealed, before.canary.sealed)
-	}
+// resetBeforeStore reports whether a reset was recorded since
+// resetBefore, before the record under key was stored (or when the
+// record's time cannot be read).
+func (s *ConnectionStore) resetBeforeStore(ctx context.Context, key string, resetBefore time.Time) bool {
 	reset, known := s.lastReset(ctx)
-	return known && before.resetKnown && !reset.Equal(before.reset)
+	if !known || reset.Equal(resetBefore) {
+		return false
+	}
+	info, err := s.storage.Stat(ctx, key)
+	return err != nil || info.Modified.After(reset)
 }
 
 // undoSealed deletes user's connection to service, which this gateway
@@ -237,7 +228,8 @@ func (s *ConnectionStore) replacedSince(ctx context.Context, before sealingCheck
 // cipher cannot tell now, was stored since by another replica (one with
 // the new key, its person connecting again there, perhaps with another
 // cipher) and stays. One that cannot be read now is deleted: nothing
-// tells it from the one just stored.
+// tells it from the one just stored (on a valueDeleter, only if it is the
+// one just stored).
 //
 // On a storage that deletes a key only while it holds a value
 // (valueDeleter: the postgres storage), a record another replica stores
@@ -258,7 +250,10 @@ func (s *ConnectionStore) undoSealed(ctx context.Context, service, user string, 
 		}
 	}
 	deleteIt := s.storage.Delete
-	if vd, ok := s.storage.(valueDeleter); ok && err == nil {
+	if vd, ok := s.storage.(valueDeleter); ok {
+		if err != nil {
+			now = sealed // not read: what this gateway stored, and only that
+		}
 		deleteIt = func(ctx context.Context, key string) error {
 			_, err := vd.DeleteIfValue(ctx, key, now)
 			return err

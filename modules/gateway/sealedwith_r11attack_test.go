@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/caddyserver/certmagic"
 	"go.uber.org/zap"
@@ -328,7 +329,8 @@ func TestR11NoCanaryOrResetMarkerKeepsSaves(t *testing.T) {
 // Severity: none.
 func TestR11CanaryFaultsLeakNoSecrets(t *testing.T) {
 	ctx := context.Background()
-	storage := SafeListing(&certmagic.FileStorage{Path: t.TempDir()})
+	dir := t.TempDir()
+	storage := SafeListing(&certmagic.FileStorage{Path: dir})
 	const user = "alice"
 	key := ConnectionKey("personal", user)
 	faulty := &failingLoads{Storage: storage, key: cipherCanaryKey}
@@ -353,7 +355,15 @@ func TestR11CanaryFaultsLeakNoSecrets(t *testing.T) {
 	if err := storage.Store(ctx, cipherCanaryKey, []byte("reset\n")); err != nil {
 		t.Fatal(err)
 	}
-	hooked.then = func() { faulty.n.Store(2) }
+	hooked.then = func() {
+		// A reset recorded during the save, before the store (dated an
+		// hour back, so the record stored is newer).
+		if err := storage.Store(ctx, cipherResetKey, []byte("then")); err != nil {
+			t.Error(err)
+		}
+		r8Age(t, dir, cipherResetKey, time.Hour)
+		faulty.n.Store(2)
+	}
 	errs = append(errs, gw.connections.Save(ctx, "personal", user, &Connection{AccessToken: secrets[3], RefreshToken: secrets[4]}))
 	var text strings.Builder
 	for _, err := range errs {

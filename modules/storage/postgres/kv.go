@@ -192,6 +192,9 @@ func (s *Storage) DeleteIfValue(ctx context.Context, key string, value []byte) (
 	if err != nil {
 		return false, err
 	}
+	if value == nil {
+		value = []byte{} // as Store keeps it: nil would be NULL, equal to nothing
+	}
 	var deleted int64
 	err = s.db.do(ctx, func(ctx context.Context) error {
 		tag, err := s.db.pool.Exec(ctx, q.deleteIfValue, k, value)

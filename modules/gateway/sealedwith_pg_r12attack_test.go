@@ -1,0 +1,163 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+	"os"
+	"sync"
+	"testing"
+
+	"github.com/caddyserver/caddy/v2"
+
+	"github.com/toolgate/toolgate/internal/pgtest"
+	"github.com/toolgate/toolgate/modules/storage/postgres"
+)
+
+// r12PG is the postgres storage (its DeleteIfValue promoted: the
+// gateway's valueDeleter) whose next Load of key runs then right after it
+// read, or fails, once.
+type r12PG struct {
+	*postgres.Storage
+	mu   sync.Mutex
+	key  string
+	then func()
+	fail bool
+}
+
+func (s *r12PG) Load(ctx context.Context, key string) ([]byte, error) {
+	s.mu.Lock()
+	var then func()
+	fail := false
+	if key == s.key {
+		then, s.then = s.then, nil
+		fail, s.fail = s.fail, false
+	}
+	s.mu.Unlock()
+	if fail {
+		return nil, errors.New("r12: postgres: connection reset by peer")
+	}
+	v, err := s.Storage.Load(ctx, key)
+	if then != nil {
+		then()
+	}
+	return v, err
+}
+
+// r12Postgres is a postgres storage on a cluster of t's own.
+func r12Postgres(t *testing.T) *postgres.Storage {
+	t.Helper()
+	if os.Getenv("TOOLGATE_REQUIRE_PEERS") == "" {
+		t.Skip("PostgreSQL tests run with TOOLGATE_REQUIRE_PEERS=1")
+	}
+	srv := pgtest.Start(t)
+	s := &postgres.Storage{DSN: srv.DSN("postgres"), Table: "r12"}
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	t.Cleanup(cancel)
+	if err := s.Provision(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Cleanup() })
+	return s
+}
+
+// Attack: the rolling reset on real PostgreSQL. Replica A (K1) saw the
+// reset marker before sealing alice's grant; B (K2) seals the new canary;
+// A's check after sealing finds it refusing and undoes its store. (held)
+// Right after the undo read A's record back, alice connects again on B
+// (tok-B, K2); (reproduced) or the undo's read back fails once, and
+// alice had connected again on B right after A's store.
+//
+// Expected: B's newer record is kept in both (the DeleteIfValue the
+// change added for PostgreSQL).
+//
+// Held ("stored between the read and the delete"): DeleteIfValue finds
+// another value and deletes nothing; tok-B stays. Reproduced ("read back
+// fails"): undoSealed falls back to the plain Delete without the value
+// read, and tok-B is deleted on real PostgreSQL too (see
+// TestR12UndoWhoseReadBackFailsDeletesANewerRecordDespiteDeleteIfValue for
+// the fix: DeleteIfValue(key, sealed)). Severity: low.
+func TestR12RealPostgresUndoAndANewerRecord(t *testing.T) {
+	pg := r12Postgres(t)
+	for _, how := range []string{"stored between the read and the delete", "read back fails"} {
+		t.Run(how, func(t *testing.T) {
+			ctx := context.Background()
+			const user = "alice"
+			key := ConnectionKey("personal", user)
+			for _, k := range []string{cipherCanaryKey, cipherResetKey, key} {
+				if err := pg.Delete(ctx, k); err != nil {
+					t.Fatal(err)
+				}
+			}
+			k1 := r10Gate(testCipher(t))
+			st := &r12PG{Storage: pg, key: key}
+			hook := &r12PGStoreHook{r12PG: st, key: key}
+			replicaA := r10Replica(t, pg, hook, k1, user)
+			if _, ok := replicaA.connections.storage.(valueDeleter); !ok {
+				t.Fatal("premise: A's storage deletes by value")
+			}
+			if err := replicaA.checkCipherKey(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if err := replicaA.connections.Save(ctx, "personal", user, &Connection{AccessToken: "tok-1"}); err != nil {
+				t.Fatal(err)
+			}
+			if err := pg.Store(ctx, cipherCanaryKey, []byte("reset\n")); err != nil {
+				t.Fatal(err)
+			}
+			saved := r10SaveHeld(replicaA, k1, user, &Connection{AccessToken: "tok-2", RefreshToken: "r"})
+			replicaB := r10Replica(t, pg, pg, testCipher(t), user)
+			if err := replicaB.checkCipherKey(ctx); err != nil {
+				t.Fatal(err)
+			}
+			connectOnB := func() {
+				if err := replicaB.connections.Save(ctx, "personal", user, &Connection{AccessToken: "tok-B"}); err != nil {
+					t.Errorf("alice connecting again on replica B: %v", err)
+				}
+			}
+			st.mu.Lock()
+			if how == "read back fails" {
+				hook.then = func() { // right after A's store
+					connectOnB()
+					st.mu.Lock()
+					st.fail = true
+					st.mu.Unlock()
+				}
+			} else {
+				st.then = connectOnB // right after the undo's read back
+			}
+			st.mu.Unlock()
+			close(k1.release)
+			if err := <-saved; !errors.Is(err, ErrCipherRefused) {
+				t.Fatalf("A's save sealed with the replaced key after the new canary: %v, want ErrCipherRefused", err)
+			}
+			st.mu.Lock()
+			pending := st.then != nil || st.fail
+			st.mu.Unlock()
+			if pending {
+				t.Fatal("premise: the undo did not read the record back")
+			}
+			r12Has(t, replicaB, user, "tok-B")
+		})
+	}
+}
+
+// r12PGStoreHook is r12PG whose next Store of key runs then right after
+// it (DeleteIfValue still promoted from the postgres storage).
+type r12PGStoreHook struct {
+	*r12PG
+	key  string
+	then func()
+}
+
+func (s *r12PGStoreHook) Store(ctx context.Context, key string, value []byte) error {
+	err := s.r12PG.Store(ctx, key, value)
+	if key == s.key && s.then != nil {
+		then := s.then
+		s.then = nil
+		then()
+	}
+	return err
+}
