@@ -17,7 +17,8 @@ import (
 // connect again (ErrSealedWithOtherKey) rather than told to retry for
 // ever. The start that seals the new canary also stores cipherResetKey,
 // whose modified time says when. A connection that does not open is
-// taken for one of the old key only when it was stored before that, and
+// taken for one of the old key only when it was stored before that (or
+// in the same tick of the storage's clock), and
 // the cipher opens the canary now (a backend that lost the key for a
 // while refuses every record alike, and the right key would open them
 // again); otherwise it stays the cipher's error, for an administrator to
@@ -29,7 +30,10 @@ import (
 // A gateway whose key does not open the canary (another replica started
 // with a new key after a reset, or the backend lost the key) seals no
 // connection: it would be unreadable to the others, and stored after the
-// reset, never taken for the old key's.
+// reset, never taken for the old key's. Nor does one that cannot read the
+// canary or the reset's record now, and a save the canary could not vouch
+// for after its store is undone when a reset was recorded meanwhile (see
+// checkKeyAfterSealing).
 //
 // The reset's record is kept apart from the canary, whose plaintext
 // stays what every release seals and opens.
@@ -80,41 +84,29 @@ const (
 	canaryUnreadable // the storage or the cipher failed now: the error says which
 )
 
-// canaryRead is what readCanary found: the state, and for
-// canaryUnreadable only, ErrStorageUnavailable's or the cipher's error
-// (see cipherError): what the person whose connection waits is told.
-type canaryRead struct {
-	state canaryState
-	err   error
-}
-
-// readCanary opens the canary in storage with cipher.
-func readCanary(ctx context.Context, storage certmagic.Storage, cipher Cipher) canaryRead {
+// canaryNow opens the canary in storage with cipher. The error, for
+// canaryUnreadable only, is ErrStorageUnavailable's or the cipher's (see
+// cipherError): what the person whose connection waits is told.
+func canaryNow(ctx context.Context, storage certmagic.Storage, cipher Cipher) (canaryState, error) {
 	sealed, err := storage.Load(ctx, cipherCanaryKey)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
-		return canaryRead{state: canaryNone}
+		return canaryNone, nil
 	case err != nil:
-		return canaryRead{state: canaryUnreadable, err: fmt.Errorf("%w: reading the cipher's canary: %v", ErrStorageUnavailable, err)}
+		return canaryUnreadable, fmt.Errorf("%w: reading the cipher's canary: %v", ErrStorageUnavailable, err)
 	case isCanaryReset(sealed):
-		return canaryRead{state: canaryResetting}
+		return canaryResetting, nil
 	}
 	plain, err := cipher.Decrypt(ctx, sealed, cipherCanaryContext)
 	opens := err == nil && isCanary(plain)
 	clear(plain)
 	switch {
 	case opens:
-		return canaryRead{state: canaryOpens}
+		return canaryOpens, nil
 	case err == nil || errors.Is(err, ErrCipherMismatch):
-		return canaryRead{state: canaryRefuses}
+		return canaryRefuses, nil
 	}
-	return canaryRead{state: canaryUnreadable, err: cipherError("opening the cipher's canary", err)}
-}
-
-// canaryNow is readCanary's state and error.
-func canaryNow(ctx context.Context, storage certmagic.Storage, cipher Cipher) (canaryState, error) {
-	c := readCanary(ctx, storage, cipher)
-	return c.state, c.err
+	return canaryUnreadable, cipherError("opening the cipher's canary", err)
 }
 
 // sealedWithOldKey reports whether the record under key, which does not
@@ -157,11 +149,11 @@ func (s *ConnectionStore) lastReset(ctx context.Context) (time.Time, bool) {
 // returns the time of the last reset (zero: none), for
 // checkKeyAfterSealing.
 func (s *ConnectionStore) checkKeyBeforeSealing(ctx context.Context) (time.Time, error) {
-	switch c := readCanary(ctx, s.storage, s.cipher); c.state {
+	switch state, err := canaryNow(ctx, s.storage, s.cipher); state {
 	case canaryRefuses:
 		return time.Time{}, s.sealingRefused()
 	case canaryUnreadable:
-		return time.Time{}, c.err
+		return time.Time{}, err
 	}
 	reset, known := s.lastReset(ctx)
 	if !known {
@@ -189,21 +181,21 @@ func (s *ConnectionStore) checkKeyBeforeSealing(ctx context.Context) (time.Time,
 // the save and the canary unreadable twice would keep one of the
 // replaced key.)
 func (s *ConnectionStore) checkKeyAfterSealing(ctx context.Context, service, user string, sealed []byte, resetBefore time.Time) error {
-	after := readCanary(ctx, s.storage, s.cipher)
-	if after.state == canaryUnreadable { // a passing fault: once more
-		after = readCanary(ctx, s.storage, s.cipher)
+	after, err := canaryNow(ctx, s.storage, s.cipher)
+	if after == canaryUnreadable { // a passing fault: once more
+		after, err = canaryNow(ctx, s.storage, s.cipher)
 	}
 	switch {
-	case after.state == canaryRefuses:
+	case after == canaryRefuses:
 		s.undoSealed(ctx, service, user, sealed)
 		return s.sealingRefused()
-	case after.state == canaryUnreadable && s.resetBeforeStore(ctx, ConnectionKey(service, user), resetBefore):
+	case after == canaryUnreadable && s.resetBeforeStore(ctx, ConnectionKey(service, user), resetBefore):
 		s.undoSealed(ctx, service, user, sealed)
 		if s.logger != nil {
 			s.logger.Warn("the cipher's canary could not be read after a connection was sealed, and a reset was recorded since the save began: the connection was not kept (its person tries again)",
-				zap.String("service", service), zap.Error(after.err))
+				zap.String("service", service), zap.Error(err))
 		}
-		return after.err
+		return err
 	}
 	return nil
 }
