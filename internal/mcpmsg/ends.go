@@ -147,7 +147,8 @@ func Members(obj []byte, f func(key, value []byte)) {
 // in obj, a JSON object of a message Parse accepted: obj[start:end] is its
 // JSON text; ok is false when obj has no such member. Like Members, it
 // skips strings quote to quote, so that finding a member after a megabyte
-// of text costs little (MemberOf validates as it goes).
+// of text costs little; it does not validate (Parse already did). MemberOf
+// and the other member helpers are built on it.
 func MemberSpan(obj []byte, key string) (start, end int, ok bool) {
 	members(obj, func(k []byte, s, e int) bool {
 		if string(k) != key {

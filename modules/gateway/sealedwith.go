@@ -180,17 +180,17 @@ func (s *ConnectionStore) checkKeyBeforeSealing(ctx context.Context) (time.Time,
 // tells nothing, and the record is kept: that, a reset completed during
 // the save and the canary unreadable twice would keep one of the
 // replaced key.)
-func (s *ConnectionStore) checkKeyAfterSealing(ctx context.Context, service, user string, sealed []byte, resetBefore time.Time) error {
+func (s *ConnectionStore) checkKeyAfterSealing(ctx context.Context, service, user string, sealed []byte, prev *priorRecord, resetBefore time.Time) error {
 	after, err := canaryNow(ctx, s.storage, s.cipher)
 	if after == canaryUnreadable { // a passing fault: once more
 		after, err = canaryNow(ctx, s.storage, s.cipher)
 	}
 	switch {
 	case after == canaryRefuses:
-		s.undoSealed(ctx, service, user, sealed)
+		s.undoSealed(ctx, service, user, sealed, prev)
 		return s.sealingRefused()
 	case after == canaryUnreadable && s.resetBeforeStore(ctx, ConnectionKey(service, user), resetBefore):
-		s.undoSealed(ctx, service, user, sealed)
+		s.undoSealed(ctx, service, user, sealed, prev)
 		if s.logger != nil {
 			s.logger.Warn("the cipher's canary could not be read after a connection was sealed, and a reset was recorded since the save began: the connection was not kept (its person tries again)",
 				zap.String("service", service), zap.Error(err))
@@ -223,11 +223,20 @@ func (s *ConnectionStore) resetBeforeStore(ctx context.Context, key string, rese
 // tells it from the one just stored (on a valueDeleter, only if it is the
 // one just stored).
 //
-// On a storage that deletes a key only while it holds a value
-// (valueDeleter: the postgres storage), a record another replica stores
-// between the read and the delete is kept too; on another, that moment's
-// window remains.
-func (s *ConnectionStore) undoSealed(ctx context.Context, service, user string, sealed []byte) {
+// What the save stored over (prev) is put back instead when it is such a
+// record of another replica, stored since the last reset (see
+// restorable): the person connected again there while this save was on
+// its way, and deleting would lose that connection.
+//
+// On a storage that writes a key only while it holds a value
+// (valueDeleter, valueReplacer: the postgres storage), a record another
+// replica stores between the read and the delete or the putting back is
+// kept too; on another, that moment's window remains, as does, on every
+// storage, the one between the save's read of prev and its store.
+//
+// Other replicas are told of the change (the cache's announcement), so
+// that none goes on serving a copy of what was undone.
+func (s *ConnectionStore) undoSealed(ctx context.Context, service, user string, sealed []byte, prev *priorRecord) {
 	key := ConnectionKey(service, user)
 	s.cache.Forget(key)
 	now, err := s.storage.Load(ctx, key)
@@ -241,6 +250,18 @@ func (s *ConnectionStore) undoSealed(ctx context.Context, service, user string, 
 			return
 		}
 	}
+	ours := err != nil || bytes.Equal(now, sealed) // unreadable: taken for what this gateway stored
+	if ours && s.restorable(ctx, service, user, prev) {
+		if err := s.putBack(ctx, key, sealed, prev.value); err != nil {
+			if s.logger != nil {
+				s.logger.Error("cannot put back a connection another replica stored, which a connection just sealed with a key that no longer opens the cipher's canary replaced; its person connects again",
+					zap.String("key", key), zap.Error(err))
+			}
+			return
+		}
+		s.cache.Deleted(ctx, key)
+		return
+	}
 	deleteIt := s.storage.Delete
 	if vd, ok := s.storage.(valueDeleter); ok {
 		if err != nil {
@@ -251,10 +272,67 @@ func (s *ConnectionStore) undoSealed(ctx context.Context, service, user string, 
 			return err
 		}
 	}
-	if err := deleteIt(ctx, key); err != nil && !errors.Is(err, fs.ErrNotExist) && s.logger != nil {
-		s.logger.Error("cannot delete a connection just sealed with a key that no longer opens the cipher's canary, or while the canary could not be read; its person connects again once it is deleted",
-			zap.String("key", key), zap.Error(err))
+	if err := deleteIt(ctx, key); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		if s.logger != nil {
+			s.logger.Error("cannot delete a connection just sealed with a key that no longer opens the cipher's canary, or while the canary could not be read; its person connects again once it is deleted",
+				zap.String("key", key), zap.Error(err))
+		}
+		return
 	}
+	s.cache.Deleted(ctx, key)
+}
+
+// priorRecord is what a connection's key held before a save stored over
+// it, and when it was stored.
+type priorRecord struct {
+	value    []byte
+	modified time.Time
+}
+
+// recordBefore reads what key holds before a save stores over it (nil:
+// nothing, or nothing that could be read). Its time is read first: a
+// record stored between the two reads is taken for an older one, and is
+// not put back (see restorable).
+func (s *ConnectionStore) recordBefore(ctx context.Context, key string) *priorRecord {
+	info, err := s.storage.Stat(ctx, key)
+	if err != nil {
+		return nil
+	}
+	value, err := s.storage.Load(ctx, key)
+	if err != nil {
+		return nil
+	}
+	return &priorRecord{value: value, modified: info.Modified}
+}
+
+// restorable reports whether prev, what an undone save stored over, is to
+// be put back: a record stored since the last reset that this gateway's
+// key does not open (or that its cipher cannot tell now), stored by a
+// replica with the new key. One stored before the reset is the replaced
+// key's (see sealedWithOldKey), and put back now it would no longer be
+// taken for one; one that opens with this gateway's key, stored since,
+// no replica opens.
+func (s *ConnectionStore) restorable(ctx context.Context, service, user string, prev *priorRecord) bool {
+	if prev == nil {
+		return false
+	}
+	reset, known := s.lastReset(ctx)
+	if !known || !prev.modified.After(reset) {
+		return false
+	}
+	plain, err := s.cipher.Decrypt(ctx, prev.value, CipherContext(service, user))
+	clear(plain)
+	return err != nil
+}
+
+// putBack stores prev at key in place of sealed: on a valueReplacer only
+// while key still holds sealed.
+func (s *ConnectionStore) putBack(ctx context.Context, key string, sealed, prev []byte) error {
+	if vr, ok := s.storage.(valueReplacer); ok {
+		_, err := vr.ReplaceIfValue(ctx, key, sealed, prev)
+		return err
+	}
+	return s.storage.Store(ctx, key, prev)
 }
 
 func (s *ConnectionStore) sealingRefused() error {
@@ -268,4 +346,10 @@ func (s *ConnectionStore) sealingRefused() error {
 // in one step, and reports whether it did (the postgres storage).
 type valueDeleter interface {
 	DeleteIfValue(ctx context.Context, key string, value []byte) (bool, error)
+}
+
+// valueReplacer is storage that stores value at key only while key holds
+// old, in one step, and reports whether it did (the postgres storage).
+type valueReplacer interface {
+	ReplaceIfValue(ctx context.Context, key string, old, value []byte) (bool, error)
 }

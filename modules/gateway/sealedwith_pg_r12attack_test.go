@@ -14,12 +14,13 @@ import (
 )
 
 // r12PG is the postgres storage (its DeleteIfValue promoted: the
-// gateway's valueDeleter) whose next Load of key runs then right after it
-// read, or fails, once.
+// gateway's valueDeleter) whose next Load of key, the first after skip
+// others, runs then right after it read, or fails, once.
 type r12PG struct {
 	*postgres.Storage
 	mu   sync.Mutex
 	key  string
+	skip int
 	then func()
 	fail bool
 }
@@ -28,7 +29,10 @@ func (s *r12PG) Load(ctx context.Context, key string) ([]byte, error) {
 	s.mu.Lock()
 	var then func()
 	fail := false
-	if key == s.key {
+	switch {
+	case key == s.key && s.skip > 0 && (s.then != nil || s.fail):
+		s.skip--
+	case key == s.key:
 		then, s.then = s.then, nil
 		fail, s.fail = s.fail, false
 	}
@@ -126,6 +130,7 @@ func TestR12RealPostgresUndoAndANewerRecord(t *testing.T) {
 					st.mu.Unlock()
 				}
 			} else {
+				st.skip = 1          // the save's read of what it stores over
 				st.then = connectOnB // right after the undo's read back
 			}
 			st.mu.Unlock()
@@ -160,4 +165,40 @@ func (s *r12PGStoreHook) Store(ctx context.Context, key string, value []byte) er
 		then()
 	}
 	return err
+}
+
+// The rolling reset of TestSaveUndoneAcrossTheResetPutsBackTheRecordItsStoreReplaced
+// on real PostgreSQL: the record A's store replaced (alice's connection
+// made on B during A's save) is put back with ReplaceIfValue.
+func TestSaveUndoneOnPostgresPutsBackTheRecordItsStoreReplaced(t *testing.T) {
+	pg := r12Postgres(t)
+	ctx := context.Background()
+	const user = "alice"
+	k1 := r10Gate(testCipher(t))
+	replicaA := r10Replica(t, pg, pg, k1, user)
+	if _, ok := replicaA.connections.storage.(valueReplacer); !ok {
+		t.Fatal("premise: the postgres storage writes by value")
+	}
+	if err := replicaA.checkCipherKey(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := replicaA.connections.Save(ctx, "personal", user, &Connection{AccessToken: "tok-1"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := pg.Store(ctx, cipherCanaryKey, []byte("reset\n")); err != nil {
+		t.Fatal(err)
+	}
+	saved := r10SaveHeld(replicaA, k1, user, &Connection{AccessToken: "tok-2", RefreshToken: "r"})
+	replicaB := r10Replica(t, pg, pg, testCipher(t), user)
+	if err := replicaB.checkCipherKey(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := replicaB.connections.Save(ctx, "personal", user, &Connection{AccessToken: "tok-B"}); err != nil {
+		t.Fatalf("alice connecting again on replica B: %v", err)
+	}
+	close(k1.release)
+	if err := <-saved; !errors.Is(err, ErrCipherRefused) {
+		t.Fatalf("A's save sealed with the replaced key after the new canary: %v, want ErrCipherRefused", err)
+	}
+	r12Has(t, replicaB, user, "tok-B")
 }

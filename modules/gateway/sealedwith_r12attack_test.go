@@ -92,8 +92,9 @@ func (s *r12Store) Store(ctx context.Context, key string, value []byte) error {
 	return err
 }
 
-// r12CAS is r12Store with DeleteIfValue (the postgres storage's
-// valueDeleter), a compare and delete under a lock.
+// r12CAS is r12Store with DeleteIfValue and ReplaceIfValue (the postgres
+// storage's valueDeleter and valueReplacer), a compare and write under a
+// lock.
 type r12CAS struct {
 	r12Store
 	cas sync.Mutex
@@ -110,6 +111,19 @@ func (s *r12CAS) DeleteIfValue(ctx context.Context, key string, value []byte) (b
 		return false, err
 	}
 	return true, s.Storage.Delete(ctx, key)
+}
+
+func (s *r12CAS) ReplaceIfValue(ctx context.Context, key string, old, value []byte) (bool, error) {
+	s.cas.Lock()
+	defer s.cas.Unlock()
+	now, err := s.Storage.Load(ctx, key)
+	if errors.Is(err, fs.ErrNotExist) || err == nil && string(now) != string(old) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	return true, s.Storage.Store(ctx, key, value)
 }
 
 // r12Replica is r10Replica for several users.

@@ -4,12 +4,15 @@ import (
 	"context"
 	"errors"
 	"io/fs"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/caddyserver/certmagic"
+
+	"github.com/toolgate/toolgate/modules/storage/postgres"
 )
 
 // storedThen is storage that runs then once, right after the first Store
@@ -232,11 +235,13 @@ func connectedBeforeReset(t *testing.T, dir string, a *App, user string) {
 // valueDeleting is storage with DeleteIfValue (valueDeleter), as the
 // postgres storage has it (its TestDeleteIfValue shows the one step
 // there): a compare and delete under a lock its Stores take too. Its
-// onLoad runs once, right after the next Load of key read its value.
+// onLoad runs once, right after a Load of key read its value, the first
+// after skip others.
 type valueDeleting struct {
 	certmagic.Storage
 	mu     sync.Mutex
 	key    string
+	skip   int
 	onLoad func()
 }
 
@@ -249,6 +254,10 @@ func (s *valueDeleting) Store(ctx context.Context, key string, value []byte) err
 func (s *valueDeleting) Load(ctx context.Context, key string) ([]byte, error) {
 	v, err := s.Storage.Load(ctx, key)
 	if then := s.onLoad; key == s.key && then != nil {
+		if s.skip > 0 {
+			s.skip--
+			return v, err
+		}
 		s.onLoad = nil
 		then()
 	}
@@ -291,6 +300,7 @@ func TestSaveUndoneKeepsARecordStoredBetweenItsReadAndItsDelete(t *testing.T) {
 	if err := replicaB.checkCipherKey(ctx); err != nil {
 		t.Fatal(err)
 	}
+	cas.skip = 1          // the save's read of what it stores over
 	cas.onLoad = func() { // the undo has read A's record back
 		if err := replicaB.connections.Save(ctx, "personal", user, &Connection{AccessToken: "tok-B"}); err != nil {
 			t.Errorf("alice connecting again on replica B: %v", err)
@@ -307,4 +317,132 @@ func TestSaveUndoneKeepsARecordStoredBetweenItsReadAndItsDelete(t *testing.T) {
 	if err != nil || conn.AccessToken != "tok-B" {
 		t.Fatalf("alice's connection made again on replica B while A's undo ran: %+v, %v; want tok-B", conn, err)
 	}
+}
+
+// Regression (found by an attack round, r12): the rolling reset. Replica
+// A (K1) saw no new canary before sealing alice's refreshed grant; while
+// its Encrypt is on its way (a Vault round trip), replica B (K2) starts,
+// seals the new canary, and alice connects again on B. A's store lands
+// over B's record, and A's check after sealing undoes it: it deleted what
+// it stored, and with it alice's connection made on B. The undo puts back
+// what its store replaced, a record stored since the reset that A's key
+// does not open; on a storage that writes by value, only while its own
+// record is still there. Other replicas are told of the change.
+func TestSaveUndoneAcrossTheResetPutsBackTheRecordItsStoreReplaced(t *testing.T) {
+	for _, storageKind := range []string{"writes by value", "plain"} {
+		t.Run(storageKind, func(t *testing.T) {
+			ctx := context.Background()
+			dir := t.TempDir()
+			storage := SafeListing(&certmagic.FileStorage{Path: dir})
+			const user = "alice"
+			key := ConnectionKey("personal", user)
+			k1 := r10Gate(testCipher(t))
+			published := &announcements{}
+			var connStorage certmagic.Storage = &struct {
+				certmagic.Storage
+				*announcements
+			}{storage, published}
+			if storageKind == "writes by value" {
+				connStorage = &struct {
+					*r12CAS
+					*announcements
+				}{&r12CAS{r12Store: r12Store{Storage: storage}}, published}
+				if _, ok := connStorage.(valueReplacer); !ok {
+					t.Fatal("premise: A's storage writes by value")
+				}
+			}
+			replicaA := r10Replica(t, storage, connStorage, k1, user)
+			connectedBeforeReset(t, dir, replicaA, user)
+			if err := storage.Store(ctx, cipherCanaryKey, []byte("reset\n")); err != nil {
+				t.Fatal(err)
+			}
+			saved := r10SaveHeld(replicaA, k1, user, &Connection{AccessToken: "tok-2", RefreshToken: "r"})
+			replicaB := r10Replica(t, storage, storage, testCipher(t), user)
+			if err := replicaB.checkCipherKey(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if err := replicaB.connections.Save(ctx, "personal", user, &Connection{AccessToken: "tok-B"}); err != nil {
+				t.Fatalf("alice connecting again on replica B: %v", err)
+			}
+			published.reset()
+			close(k1.release)
+			if err := <-saved; !errors.Is(err, ErrCipherRefused) {
+				t.Fatalf("A's save sealed with the replaced key after the new canary: %v, want ErrCipherRefused", err)
+			}
+			r12Has(t, replicaB, user, "tok-B")
+			if got := published.keys(); !slices.Contains(got, key) {
+				t.Errorf("the undo announced %q, want %q among them (other replicas drop their copies)", got, key)
+			}
+		})
+	}
+}
+
+// What a save stored over is not put back when it was stored before the
+// reset: a record of the replaced key (or an older one), which put back
+// now would no longer be taken for one, and would answer its person a
+// retryable error for good instead of asking them to connect again.
+func TestSaveUndoneDoesNotPutBackARecordOfBeforeTheReset(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	storage := SafeListing(&certmagic.FileStorage{Path: dir})
+	const user = "alice"
+	key := ConnectionKey("personal", user)
+	k1 := r10Gate(testCipher(t))
+	replicaA := r10Replica(t, storage, storage, k1, user)
+	connectedBeforeReset(t, dir, replicaA, user)
+	// alice's record is of a key older still: neither A's nor B's opens it.
+	k0 := testCipher(t)
+	old, err := k0.Encrypt(ctx, []byte(`{"access_token":"tok-0"}`), CipherContext("personal", user))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := storage.Store(ctx, key, old); err != nil {
+		t.Fatal(err)
+	}
+	r8Age(t, dir, key, 24*time.Hour)
+	if err := storage.Store(ctx, cipherCanaryKey, []byte("reset\n")); err != nil {
+		t.Fatal(err)
+	}
+	saved := r10SaveHeld(replicaA, k1, user, &Connection{AccessToken: "tok-2", RefreshToken: "r"})
+	replicaB := r10Replica(t, storage, storage, testCipher(t), user)
+	if err := replicaB.checkCipherKey(ctx); err != nil {
+		t.Fatal(err)
+	}
+	close(k1.release)
+	if err := <-saved; !errors.Is(err, ErrCipherRefused) {
+		t.Fatalf("A's save sealed with the replaced key after the new canary: %v, want ErrCipherRefused", err)
+	}
+	if _, err := replicaB.connections.LoadFresh(ctx, "personal", user); !errors.Is(err, ErrNotConnected) {
+		t.Fatalf("alice's connection after the undo: %v; want ErrNotConnected (she connects again)", err)
+	}
+}
+
+// announcements is what storage that announces changes (storecache's
+// Notifier) keeps of the keys it was asked to announce.
+type announcements struct {
+	mu        sync.Mutex
+	announced []string
+}
+
+func (a *announcements) Publish(_ context.Context, key string) error {
+	a.mu.Lock()
+	a.announced = append(a.announced, key)
+	a.mu.Unlock()
+	return nil
+}
+
+func (a *announcements) Subscribe(string, func(postgres.Change)) (func(), error) {
+	return func() {}, nil
+}
+
+func (a *announcements) keys() []string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return slices.Clone(a.announced)
+}
+
+func (a *announcements) reset() {
+	a.mu.Lock()
+	a.announced = nil
+	a.mu.Unlock()
 }

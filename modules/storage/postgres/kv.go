@@ -204,6 +204,34 @@ func (s *Storage) DeleteIfValue(ctx context.Context, key string, value []byte) (
 	return deleted > 0, wrapErr(fmt.Sprintf("deleting %q", k), err)
 }
 
+// ReplaceIfValue stores value at key only while key holds old, and
+// reports whether it did: one statement, like DeleteIfValue. toolgate puts
+// back another replica's connection this way, which one it has just
+// stored replaced (see modules/gateway's undoSealed).
+func (s *Storage) ReplaceIfValue(ctx context.Context, key string, old, value []byte) (bool, error) {
+	k, err := s.key("storing", key, false)
+	if err != nil {
+		return false, err
+	}
+	q, err := s.t.ready(ctx)
+	if err != nil {
+		return false, err
+	}
+	if old == nil {
+		old = []byte{} // as Store keeps it: nil would be NULL, equal to nothing
+	}
+	if value == nil {
+		value = []byte{}
+	}
+	var replaced int64
+	err = s.db.do(ctx, func(ctx context.Context) error {
+		tag, err := s.db.pool.Exec(ctx, q.replaceIfValue, k, old, value)
+		replaced = tag.RowsAffected()
+		return err
+	})
+	return replaced > 0, wrapErr(fmt.Sprintf("storing %q", k), err)
+}
+
 // Exists reports whether key is a value or a directory (a prefix of
 // stored keys); the root exists when anything is stored. An error counts
 // as not existing, and is logged.

@@ -63,7 +63,7 @@ type queries struct {
 
 	store, storeConflict, lockShared, lockExclusive string
 	load, exists, existsAny, isFile, delete         string
-	deleteIfValue                                   string
+	deleteIfValue, replaceIfValue                   string
 	listChildren, listChildrenRoot                  string
 	listAll, listAllRoot, stat, statRoot            string
 
@@ -226,6 +226,8 @@ func buildQueries(qualified, data, locks, fence string) *queries {
 		delete:    sql(`delete from {T} where key = $1 or (` + under("$2", "$3") + `)`),
 		// $1 key, $2 the value it must still hold
 		deleteIfValue: sql(`delete from {T} where key = $1 and value = $2`),
+		// $1 key, $2 the value it must still hold, $3 the new one
+		replaceIfValue: sql(`update {T} set value = $3, modified = now() where key = $1 and value = $2`),
 		stat: sql(`select f.modified, f.size, d.modified
 			from (select 1) as x
 			left join lateral (select modified, octet_length(value)::bigint as size from {T} where key = $1) as f on true
