@@ -17,6 +17,8 @@ import (
 	"time"
 
 	"github.com/caddyserver/certmagic"
+
+	"github.com/toolgate/toolgate/internal/mcpmsg"
 )
 
 // The file_system storage's locks, as certmagic's FileStorage makes them
@@ -64,6 +66,31 @@ type lockMeta struct {
 	Updated time.Time `json:"updated,omitempty"`
 	// Holder tells this lock apart from every other of its name.
 	Holder string `json:"holder,omitempty"`
+}
+
+// lockTimeLayout writes a lock file's times at one width: UTC, with all
+// nine digits of the fraction (RFC 3339, as FileStorage reads them).
+const lockTimeLayout = "2006-01-02T15:04:05.000000000Z07:00"
+
+// encode returns the lock file's text, a line of JSON as long as every
+// other of its holder's: a refresh rewrites the file in place (see
+// refreshOnce), and another replica reads it without a lock. Times
+// written as encoding/json writes them (trailing zeros of the fraction
+// dropped) made one refresh longer or shorter than the last, and a read
+// during the rewrite then found a text cut short or torn, which
+// FileStorage cannot parse.
+func (m lockMeta) encode() []byte {
+	b := make([]byte, 0, 128)
+	b = append(b, `{"created":"`...)
+	b = m.Created.UTC().AppendFormat(b, lockTimeLayout)
+	b = append(b, `","updated":"`...)
+	b = m.Updated.UTC().AppendFormat(b, lockTimeLayout)
+	b = append(b, '"')
+	if m.Holder != "" {
+		b = append(b, `,"holder":`...)
+		b = mcpmsg.AppendQuote(b, m.Holder)
+	}
+	return append(b, "}\n"...)
 }
 
 // fileLocks are the locks one fileSystemStorage holds, by name. Each name
@@ -268,7 +295,7 @@ func createLock(file string) (*heldLock, error) {
 	}
 	t := time.Now()
 	h := &heldLock{holder: rand.Text(), created: t, file: f, stop: make(chan struct{}), done: make(chan struct{})}
-	if err := json.NewEncoder(f).Encode(lockMeta{Created: t, Updated: t, Holder: h.holder}); err != nil {
+	if _, err := f.Write(lockMeta{Created: t, Updated: t, Holder: h.holder}.encode()); err != nil {
 		_ = f.Close()
 		_ = os.Remove(file)
 		return nil, err
@@ -345,8 +372,7 @@ func (h *heldLock) refreshOnce(file string) bool {
 	if !h.owns(meta) {
 		return false
 	}
-	data, _ = json.Marshal(lockMeta{Created: h.created, Updated: time.Now(), Holder: h.holder})
-	data = append(data, '\n')
+	data = lockMeta{Created: h.created, Updated: time.Now(), Holder: h.holder}.encode()
 	if _, err := f.WriteAt(data, 0); err != nil {
 		return true
 	}

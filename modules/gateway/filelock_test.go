@@ -131,3 +131,39 @@ func TestFileSystemLocksAreFileStorages(t *testing.T) {
 		t.Errorf("the lock taken over: %v", err)
 	}
 }
+
+// Regression: a refresh rewrites the lock file in place while other
+// replicas read it without a lock. Its times were written by
+// encoding/json, which drops the fraction's trailing zeros: one refresh
+// came out a byte or more shorter or longer than the last, and a read
+// during the rewrite found a text cut short or torn (FileStorage could not
+// parse it; TestAdv2FileLockTornRefreshNeverStale saw it under load). Every
+// text of one holder is now as long as every other, and reads back as
+// written, by this storage and as FileStorage reads it.
+func TestLockFileTextHasOneLength(t *testing.T) {
+	created := time.Date(2026, 12, 7, 10, 15, 59, 123456789, time.FixedZone("CET", 3600))
+	const holder = "H7ZK2QW3XJ5NRB4MDV6TLYPCEA"
+	var length int
+	for i, updated := range []time.Time{
+		created,
+		time.Date(2026, 12, 7, 10, 16, 0, 0, time.UTC),
+		time.Date(2026, 12, 7, 10, 16, 0, 100000000, time.UTC),
+		time.Date(2026, 12, 7, 10, 16, 0, 120000000, time.Local),
+		time.Date(2027, 1, 1, 0, 0, 0, 1, time.UTC),
+	} {
+		text := lockMeta{Created: created, Updated: updated, Holder: holder}.encode()
+		if i == 0 {
+			length = len(text)
+		} else if len(text) != length {
+			t.Errorf("the lock file's text at %v is %d bytes, at %v %d: %s", created, length, updated, len(text), text)
+		}
+		var mine lockMeta
+		if err := json.Unmarshal(text, &mine); err != nil || !mine.Created.Equal(created) || !mine.Updated.Equal(updated) || mine.Holder != holder {
+			t.Errorf("%s read back as %+v, %v", text, mine, err)
+		}
+		var theirs struct{ Created, Updated time.Time } // as FileStorage reads it
+		if err := json.Unmarshal(text, &theirs); err != nil || !theirs.Updated.Equal(updated) {
+			t.Errorf("%s read by FileStorage as %+v, %v", text, theirs, err)
+		}
+	}
+}
