@@ -250,8 +250,8 @@ func (s *ConnectionStore) Save(ctx context.Context, service, user string, conn *
 		return cipherError("encrypting the "+service+" connection", err)
 	}
 	key := ConnectionKey(service, user)
-	prev := s.recordBefore(ctx, key)
-	if err := s.storage.Store(ctx, key, sealed); err != nil {
+	prev, err := s.storeSealed(ctx, key, sealed)
+	if err != nil {
 		return fmt.Errorf("%w: writing storage: %v", ErrStorageUnavailable, err)
 	}
 	if err := s.checkKeyAfterSealing(ctx, service, user, sealed, prev, resetBefore); err != nil {

@@ -223,19 +223,23 @@ func (s *ConnectionStore) resetBeforeStore(ctx context.Context, key string, rese
 // tells it from the one just stored (on a valueDeleter, only if it is the
 // one just stored).
 //
-// What the save stored over (prev) is put back instead when it is such a
-// record of another replica, stored since the last reset (see
-// restorable): the person connected again there while this save was on
-// its way, and deleting would lose that connection.
+// What the save's store replaced (prev, see storeSealed) is put back
+// instead when it is such a record of another replica, stored since the
+// last reset (see restorable): the person connected again there while
+// this save was on its way, and deleting would lose that connection.
+// That is done only on a storage that writes by value (valueReplacer:
+// the postgres storage), where the save's store replaced prev itself and
+// the putting back replaces only what the save stored: elsewhere a
+// connection deleted meanwhile (its person disconnecting) could come
+// back.
 //
-// On a storage that writes a key only while it holds a value
-// (valueDeleter, valueReplacer: the postgres storage), a record another
-// replica stores between the read and the delete or the putting back is
-// kept too; on another, that moment's window remains, as does, on every
-// storage, the one between the save's read of prev and its store.
+// On a storage that deletes a key only while it holds a value
+// (valueDeleter), a record another replica stores between the read and
+// the delete is kept too; on another, that moment's window remains.
 //
-// Other replicas are told of the change (the cache's announcement), so
-// that none goes on serving a copy of what was undone.
+// Other replicas are told of the change (the cache's announcement), and
+// so is what holds the credential on this one (maybeGone), so that none
+// goes on using what was undone.
 func (s *ConnectionStore) undoSealed(ctx context.Context, service, user string, sealed []byte, prev *priorRecord) {
 	key := ConnectionKey(service, user)
 	s.cache.Forget(key)
@@ -250,17 +254,18 @@ func (s *ConnectionStore) undoSealed(ctx context.Context, service, user string, 
 			return
 		}
 	}
+	vr, replaces := s.storage.(valueReplacer)
 	ours := err != nil || bytes.Equal(now, sealed) // unreadable: taken for what this gateway stored
-	if ours && s.restorable(ctx, service, user, prev) {
-		if err := s.putBack(ctx, key, sealed, prev.value); err != nil {
-			if s.logger != nil {
-				s.logger.Error("cannot put back a connection another replica stored, which a connection just sealed with a key that no longer opens the cipher's canary replaced; its person connects again",
-					zap.String("key", key), zap.Error(err))
-			}
+	if replaces && ours && s.restorable(ctx, service, user, prev) {
+		_, perr := vr.ReplaceIfValue(ctx, key, sealed, prev.value)
+		if perr == nil {
+			s.changedByUndo(ctx, key)
 			return
 		}
-		s.cache.Deleted(ctx, key)
-		return
+		if s.logger != nil {
+			s.logger.Error("cannot put back a connection another replica stored, which a connection just sealed with a key that no longer opens the cipher's canary replaced; deleting what was sealed instead (its person connects again)",
+				zap.String("key", key), zap.Error(perr))
+		}
 	}
 	deleteIt := s.storage.Delete
 	if vd, ok := s.storage.(valueDeleter); ok {
@@ -279,7 +284,14 @@ func (s *ConnectionStore) undoSealed(ctx context.Context, service, user string, 
 		}
 		return
 	}
+	s.changedByUndo(ctx, key)
+}
+
+// changedByUndo tells the other replicas and this one's holders of the
+// credential that an undo changed key.
+func (s *ConnectionStore) changedByUndo(ctx context.Context, key string) {
 	s.cache.Deleted(ctx, key)
+	s.maybeGone(key)
 }
 
 // priorRecord is what a connection's key held before a save stored over
@@ -289,29 +301,40 @@ type priorRecord struct {
 	modified time.Time
 }
 
-// recordBefore reads what key holds before a save stores over it (nil:
-// nothing, or nothing that could be read). Its time is read first: a
-// record stored between the two reads is taken for an older one, and is
-// not put back (see restorable).
-func (s *ConnectionStore) recordBefore(ctx context.Context, key string) *priorRecord {
-	info, err := s.storage.Stat(ctx, key)
-	if err != nil {
-		return nil
+// storeSealed stores sealed at key, and returns what it replaced when an
+// undo may put that back (see undoSealed): on a storage that writes by
+// value, the record read just before, replaced only if it was still there
+// (nil: there was none, or another write came in between, or the storage
+// does not write by value — the store is then unconditional, as ever).
+// The record's time is read before it: one stored between the two reads
+// is taken for an older one, and is not put back (see restorable).
+func (s *ConnectionStore) storeSealed(ctx context.Context, key string, sealed []byte) (*priorRecord, error) {
+	vr, ok := s.storage.(valueReplacer)
+	if !ok {
+		return nil, s.storage.Store(ctx, key, sealed)
 	}
-	value, err := s.storage.Load(ctx, key)
-	if err != nil {
-		return nil
+	if info, err := s.storage.Stat(ctx, key); err == nil {
+		if value, err := s.storage.Load(ctx, key); err == nil {
+			replaced, err := vr.ReplaceIfValue(ctx, key, value, sealed)
+			if err != nil {
+				return nil, err
+			}
+			if replaced {
+				return &priorRecord{value: value, modified: info.Modified}, nil
+			}
+		}
 	}
-	return &priorRecord{value: value, modified: info.Modified}
+	return nil, s.storage.Store(ctx, key, sealed)
 }
 
 // restorable reports whether prev, what an undone save stored over, is to
 // be put back: a record stored since the last reset that this gateway's
-// key does not open (or that its cipher cannot tell now), stored by a
+// key does not open (the cipher says so: ErrCipherMismatch), stored by a
 // replica with the new key. One stored before the reset is the replaced
 // key's (see sealedWithOldKey), and put back now it would no longer be
 // taken for one; one that opens with this gateway's key, stored since,
-// no replica opens.
+// no replica opens; one the cipher cannot tell now (a fault) may be
+// either, and is not put back.
 func (s *ConnectionStore) restorable(ctx context.Context, service, user string, prev *priorRecord) bool {
 	if prev == nil {
 		return false
@@ -322,17 +345,7 @@ func (s *ConnectionStore) restorable(ctx context.Context, service, user string, 
 	}
 	plain, err := s.cipher.Decrypt(ctx, prev.value, CipherContext(service, user))
 	clear(plain)
-	return err != nil
-}
-
-// putBack stores prev at key in place of sealed: on a valueReplacer only
-// while key still holds sealed.
-func (s *ConnectionStore) putBack(ctx context.Context, key string, sealed, prev []byte) error {
-	if vr, ok := s.storage.(valueReplacer); ok {
-		_, err := vr.ReplaceIfValue(ctx, key, sealed, prev)
-		return err
-	}
-	return s.storage.Store(ctx, key, prev)
+	return errors.Is(err, ErrCipherMismatch)
 }
 
 func (s *ConnectionStore) sealingRefused() error {
@@ -349,7 +362,9 @@ type valueDeleter interface {
 }
 
 // valueReplacer is storage that stores value at key only while key holds
-// old, in one step, and reports whether it did (the postgres storage).
+// old, in one step, and reports whether it did (the postgres storage):
+// a save stores over what it read with it, and its undo puts that back
+// with it (see undoSealed).
 type valueReplacer interface {
 	ReplaceIfValue(ctx context.Context, key string, old, value []byte) (bool, error)
 }

@@ -149,8 +149,9 @@ func TestR12RealPostgresUndoAndANewerRecord(t *testing.T) {
 	}
 }
 
-// r12PGStoreHook is r12PG whose next Store of key runs then right after
-// it (DeleteIfValue still promoted from the postgres storage).
+// r12PGStoreHook is r12PG whose next Store of key, or ReplaceIfValue that
+// replaced it (a save's store over a record it read), runs then right
+// after it (DeleteIfValue still promoted from the postgres storage).
 type r12PGStoreHook struct {
 	*r12PG
 	key  string
@@ -201,4 +202,14 @@ func TestSaveUndoneOnPostgresPutsBackTheRecordItsStoreReplaced(t *testing.T) {
 		t.Fatalf("A's save sealed with the replaced key after the new canary: %v, want ErrCipherRefused", err)
 	}
 	r12Has(t, replicaB, user, "tok-B")
+}
+
+func (s *r12PGStoreHook) ReplaceIfValue(ctx context.Context, key string, old, value []byte) (bool, error) {
+	replaced, err := s.r12PG.ReplaceIfValue(ctx, key, old, value)
+	if key == s.key && replaced && s.then != nil {
+		then := s.then
+		s.then = nil
+		then()
+	}
+	return replaced, err
 }

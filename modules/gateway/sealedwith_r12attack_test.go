@@ -123,7 +123,7 @@ func (s *r12CAS) ReplaceIfValue(ctx context.Context, key string, old, value []by
 	if err != nil {
 		return false, err
 	}
-	return true, s.Storage.Store(ctx, key, value)
+	return true, s.r12Store.Store(ctx, key, value) // a store: its hook runs after it
 }
 
 // r12Replica is r10Replica for several users.

@@ -1,0 +1,603 @@
+package gateway
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io/fs"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/certmagic"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
+)
+
+// r13Hook is storage with hooks on one key: onLoad runs once, right after
+// a Load of key read its value (the first after skip others, once armed);
+// onStore runs once, right after a Store of key; failStores makes the next
+// n Stores of key fail (nothing stored), as a storage backend's passing
+// fault does.
+type r13Hook struct {
+	certmagic.Storage
+	key        string
+	mu         sync.Mutex
+	skip       int
+	onLoad     func()
+	onStore    func()
+	failStores int
+}
+
+func (s *r13Hook) armLoad(skip int, then func()) {
+	s.mu.Lock()
+	s.skip, s.onLoad = skip, then
+	s.mu.Unlock()
+}
+
+func (s *r13Hook) loadPending() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.onLoad != nil
+}
+
+func (s *r13Hook) Load(ctx context.Context, key string) ([]byte, error) {
+	v, err := s.Storage.Load(ctx, key)
+	s.mu.Lock()
+	var then func()
+	if key == s.key && s.onLoad != nil {
+		if s.skip > 0 {
+			s.skip--
+		} else {
+			then, s.onLoad = s.onLoad, nil
+		}
+	}
+	s.mu.Unlock()
+	if then != nil {
+		then()
+	}
+	return v, err
+}
+
+func (s *r13Hook) Store(ctx context.Context, key string, value []byte) error {
+	s.mu.Lock()
+	fail := key == s.key && s.failStores > 0
+	if fail {
+		s.failStores--
+	}
+	s.mu.Unlock()
+	if fail {
+		return errors.New("r13: storage backend: writing " + key + ": i/o timeout")
+	}
+	err := s.Storage.Store(ctx, key, value)
+	s.mu.Lock()
+	var then func()
+	if key == s.key && s.onStore != nil {
+		then, s.onStore = s.onStore, nil
+	}
+	s.mu.Unlock()
+	if then != nil {
+		then()
+	}
+	return err
+}
+
+// r13HookCAS is r13Hook over a storage that writes by value (the
+// postgres storage's valueReplacer and valueDeleter): a compare and write
+// under a lock, whose write is the hook's Store (its fault and its hook
+// apply).
+type r13HookCAS struct {
+	*r13Hook
+	cas sync.Mutex
+}
+
+func (s *r13HookCAS) ReplaceIfValue(ctx context.Context, key string, old, value []byte) (bool, error) {
+	s.cas.Lock()
+	defer s.cas.Unlock()
+	now, err := s.Storage.Load(ctx, key)
+	if errors.Is(err, fs.ErrNotExist) || err == nil && !bytes.Equal(now, old) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	if err := s.r13Hook.Store(ctx, key, value); err != nil {
+		return false, err
+	}
+	return true, nil
+}
+
+func (s *r13HookCAS) DeleteIfValue(ctx context.Context, key string, value []byte) (bool, error) {
+	s.cas.Lock()
+	defer s.cas.Unlock()
+	now, err := s.Storage.Load(ctx, key)
+	if errors.Is(err, fs.ErrNotExist) || err == nil && !bytes.Equal(now, value) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	return true, s.Storage.Delete(ctx, key)
+}
+
+// r13DecryptBlip is a cipher whose next n Decrypts under context fail as
+// a backend's passing fault does (Vault's or KMS's 429): the cipher cannot
+// tell now.
+type r13DecryptBlip struct {
+	Cipher
+	context []byte
+	n       atomic.Int32
+}
+
+func (c *r13DecryptBlip) Decrypt(ctx context.Context, ciphertext, context []byte) ([]byte, error) {
+	if bytes.Equal(context, c.context) && c.n.Add(-1) >= 0 {
+		return nil, fmt.Errorf("vault transit at https://vault.example: %w: 429 too many requests", ErrCipherUnavailable)
+	}
+	return c.Cipher.Decrypt(ctx, ciphertext, context)
+}
+
+// r13RollingReset is the rolling reset of the change's own scenario on a
+// file storage: replica A (K1, its connection store going through
+// connStorage) connected alice long ago; the operator stores "reset"; A's
+// save of sealed (tok-2) is held in its Encrypt; replica B (K2) starts,
+// seals the new canary and records the reset (dated an hour back: B has
+// been serving for a while); alice connects again on B (tok-B). It returns
+// A, B, the channel A's save answers on, and the gate to release it.
+func r13RollingReset(t *testing.T, dir string, storage, connStorage certmagic.Storage, wrap func(Cipher) Cipher, conn *Connection) (*App, *App, chan error, *r9Gated) {
+	t.Helper()
+	ctx := context.Background()
+	const user = "alice"
+	k1 := r10Gate(testCipher(t))
+	var c Cipher = k1
+	if wrap != nil {
+		c = wrap(k1)
+	}
+	replicaA := r10Replica(t, storage, connStorage, c, user)
+	connectedBeforeReset(t, dir, replicaA, user)
+	if err := storage.Store(ctx, cipherCanaryKey, []byte("reset\n")); err != nil {
+		t.Fatal(err)
+	}
+	saved := r10SaveHeld(replicaA, k1, user, conn)
+	replicaB := r10Replica(t, storage, storage, testCipher(t), user)
+	if err := replicaB.checkCipherKey(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r8Age(t, dir, cipherResetKey, time.Hour)
+	if err := replicaB.connections.Save(ctx, "personal", user, &Connection{AccessToken: "tok-B", RefreshToken: "refresh-B"}); err != nil {
+		t.Fatalf("alice connecting again on replica B: %v", err)
+	}
+	return replicaA, replicaB, saved, k1
+}
+
+// Attack (fixed): the rolling reset (A on the replaced key K1 saving
+// alice's refreshed grant, B on K2 where alice connected again meanwhile,
+// the grant lock lost as in the change's own scenario). While A's save is
+// on its way, alice disconnects on B (Disconnect: ConnectionStore.Delete,
+// maybe after revoking the grant at the provider), or the provider
+// rejects B's grant (Reject deletes it the same way):
+//   - "between the save's read of prev and its store": the delete lands
+//     right after A's save read B's record;
+//   - "between the undo's read and its put-back": the delete lands right
+//     after A's undo read back its own record.
+//
+// Expected: a connection its person deliberately forgot stays forgotten:
+// alice is not connected on B (ErrNotConnected).
+//
+// Reproduced (0a065bb): A's store landed over nothing (or the delete took
+// A's record), the canary refused, and undoSealed put back what the save
+// had read — B's record, which alice had just disconnected — with a plain
+// Store, or on PostgreSQL with ReplaceIfValue, which only checked that A's
+// own record was still there (see
+// TestR13RealPostgresPutBackResurrectsADisconnectedConnection). alice was
+// connected again with tok-B, a token she asked the gateway to forget.
+// Severity: low-medium (the lost grant lock and a disconnect in a window
+// of one or two storage round trips; the outcome resurrects a credential).
+//
+// Fixed: the save's store replaces what it read only while it is still
+// there (ReplaceIfValue), else it stores as ever and has nothing to put
+// back; and a storage that cannot write by value never puts back.
+func TestR13DisconnectDuringTheSaveIsUndoneByThePutBack(t *testing.T) {
+	for _, kind := range []string{"plain", "writes by value"} {
+		for _, when := range []string{"between the save's read of prev and its store", "between the undo's read and its put-back"} {
+			if kind == "plain" && when == "between the save's read of prev and its store" {
+				continue // a plain storage's save reads nothing before its store
+			}
+			t.Run(kind+"/"+when, func(t *testing.T) {
+				ctx := context.Background()
+				dir := t.TempDir()
+				storage := SafeListing(&certmagic.FileStorage{Path: dir})
+				const user = "alice"
+				key := ConnectionKey("personal", user)
+				hook := &r13Hook{Storage: storage, key: key}
+				var connStorage certmagic.Storage = hook
+				skip := 0 // the first Load of the key in the save
+				if kind == "writes by value" {
+					connStorage = &r13HookCAS{r13Hook: hook}
+					if when == "between the undo's read and its put-back" {
+						skip = 1 // after the save's read of what it stores over
+					}
+				}
+				_, replicaB, saved, k1 := r13RollingReset(t, dir, storage, connStorage, nil, &Connection{AccessToken: "tok-2", RefreshToken: "r"})
+				hook.armLoad(skip, func() {
+					if err := replicaB.connections.Delete(ctx, "personal", user); err != nil {
+						t.Errorf("alice disconnecting on replica B: %v", err)
+					}
+				})
+				close(k1.release)
+				if err := <-saved; !errors.Is(err, ErrCipherRefused) {
+					t.Fatalf("A's save sealed with the replaced key after the new canary: %v, want ErrCipherRefused", err)
+				}
+				if hook.loadPending() {
+					t.Fatal("premise: the disconnect did not run during A's save")
+				}
+				conn, err := replicaB.connections.LoadFresh(ctx, "personal", user)
+				if !errors.Is(err, ErrNotConnected) {
+					t.Fatalf("alice on replica B after she disconnected there: %v %v; want ErrNotConnected (the connection she forgot came back)", r13Tok(conn), err)
+				}
+			})
+		}
+	}
+}
+
+// r13Tok names c's access token ("<none>" for nil).
+func r13Tok(c *Connection) string {
+	if c == nil {
+		return "<none>"
+	}
+	return "connection with " + c.AccessToken
+}
+
+// Attack (fixed): two replicas still on the replaced key K1, A and C,
+// each with a save of alice's grant on its way across the rolling reset
+// (the grant lock lost, as in TestR10SaveUndoneKeepsAnotherOldKeyReplicasRecord).
+// C's store lands after the new canary; A's save reads C's record; C's
+// check after sealing undoes C's store (deletes it: it opens with K1); A
+// stores, finds the canary refusing, and undoes — and a Decrypt of C's
+// record there would meet a passing cipher fault (Vault or KMS 429).
+//
+// Expected: no record of the replaced key stored after the reset is left:
+// on B (K2) alice connects again (ErrNotConnected or
+// ErrSealedWithOtherKey), never a cipher error that never clears.
+//
+// Reproduced (0a065bb): A's store landed over nothing, and restorable took
+// the Decrypt error for "does not open": C's record, sealed with K1 after
+// the reset and already deleted by C, was put back. On B alice got
+// ErrCipherRefused for good: the very record the undo exists to remove.
+// Severity: low (two old-key replicas racing one grant with the lock
+// lost, the delete inside A's read-to-store window, and one cipher fault).
+//
+// Fixed: A's store replaces what it read only while it is still there
+// (here it is gone: nothing to put back); and only a definite "not this
+// key" (ErrCipherMismatch) puts back (TestRestorableOnlyWhenTheKeyDoesNotOpenIt).
+func TestR13CipherBlipPutsBackAReplacedKeyRecordItsOwnReplicaDeleted(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	storage := SafeListing(&certmagic.FileStorage{Path: dir})
+	const user = "alice"
+	key := ConnectionKey("personal", user)
+	k1 := testCipher(t)
+	gA, gC := r10Gate(k1), r10Gate(k1)
+	blipA := &r13DecryptBlip{Cipher: gA, context: CipherContext("personal", user)}
+	hookA := &r13Hook{Storage: storage, key: key}
+	replicaA := r10Replica(t, storage, &r13HookCAS{r13Hook: hookA}, blipA, user)
+	hookC := &r13Hook{Storage: storage, key: key}
+	replicaC := r10Replica(t, storage, hookC, gC, user)
+	connectedBeforeReset(t, dir, replicaA, user)
+	if err := storage.Store(ctx, cipherCanaryKey, []byte("reset\n")); err != nil {
+		t.Fatal(err)
+	}
+	savedA := r10SaveHeld(replicaA, gA, user, &Connection{AccessToken: "tok-A", RefreshToken: "r"})
+	savedC := r10SaveHeld(replicaC, gC, user, &Connection{AccessToken: "tok-C", RefreshToken: "r"})
+	replicaB := r10Replica(t, storage, storage, testCipher(t), user)
+	if err := replicaB.checkCipherKey(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r8Age(t, dir, cipherResetKey, time.Hour)
+
+	aRead, cDone := make(chan struct{}), make(chan struct{})
+	hookA.armLoad(0, func() { close(aRead); <-cDone }) // A's save read C's record
+	hookC.mu.Lock()
+	hookC.onStore = func() { close(gA.release); <-aRead } // right after C's store
+	hookC.mu.Unlock()
+	close(gC.release)
+	if err := <-savedC; !errors.Is(err, ErrCipherRefused) {
+		t.Fatalf("premise: C's save, after the new canary, is undone: %v", err)
+	}
+	if _, err := storage.Load(ctx, key); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("premise: C's undo deleted its record: %v", err)
+	}
+	blipA.n.Store(1) // a Decrypt of C's record in A's undo
+	close(cDone)
+	if err := <-savedA; !errors.Is(err, ErrCipherRefused) {
+		t.Fatalf("A's save sealed with the replaced key after the new canary: %v, want ErrCipherRefused", err)
+	}
+	if sealed, err := storage.Load(ctx, key); err == nil {
+		if plain, derr := k1.Decrypt(ctx, sealed, CipherContext("personal", user)); derr == nil {
+			t.Errorf("a record sealed with the replaced key K1 after the reset is in storage: %s", plain)
+		}
+	}
+	if _, err := replicaB.connections.LoadFresh(ctx, "personal", user); !errors.Is(err, ErrNotConnected) && !errors.Is(err, ErrSealedWithOtherKey) {
+		t.Errorf("alice on replica B (K2): %v; want ErrNotConnected or ErrSealedWithOtherKey (connect again), not an error that never clears", err)
+	}
+}
+
+// Attack (fixed): the undo's announcement. Delete and Reject tell this replica's
+// own listeners (OnConnectionGone: a stdio program per user holding the
+// credential in its environment) with maybeGone, because the watch drops
+// local announcements ("a local delete told them already"). 0a065bb makes
+// the undo announce its delete or put-back with cache.Deleted only.
+//
+// Expected: when the undo deletes alice's connection on A (what A's store
+// replaced was her record of before the reset: not put back), A's
+// listeners are told, as on every other replica.
+//
+// Reproduced (0a065bb): A's OnConnectionGone listeners heard nothing (the
+// local echo is filtered, and undoSealed called no maybeGone): a program A
+// runs for alice kept the credential of a connection that is gone until
+// its idle timeout, while other replicas stopped theirs at once. Severity:
+// low (a replica on the replaced key, about to be restarted; the
+// credential is alice's own). Fixed: the undo calls maybeGone after its
+// delete or put-back, as Delete and Reject do.
+func TestR13UndoDoesNotTellThisReplicasGoneListeners(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	storage := SafeListing(&certmagic.FileStorage{Path: dir})
+	const user = "alice"
+	key := ConnectionKey("personal", user)
+	k1 := r10Gate(testCipher(t))
+	published := &announcements{}
+	connStorage := &struct {
+		certmagic.Storage
+		*announcements
+	}{storage, published}
+	replicaA := r10Replica(t, storage, connStorage, k1, user)
+	var mu sync.Mutex
+	var gone []string
+	replicaA.connections.onGone(func(k string) {
+		mu.Lock()
+		gone = append(gone, k)
+		mu.Unlock()
+	})
+	connectedBeforeReset(t, dir, replicaA, user)
+	if err := storage.Store(ctx, cipherCanaryKey, []byte("reset\n")); err != nil {
+		t.Fatal(err)
+	}
+	saved := r10SaveHeld(replicaA, k1, user, &Connection{AccessToken: "tok-2", RefreshToken: "r"})
+	replicaB := r10Replica(t, storage, storage, testCipher(t), user)
+	if err := replicaB.checkCipherKey(ctx); err != nil {
+		t.Fatal(err)
+	}
+	published.reset()
+	close(k1.release)
+	if err := <-saved; !errors.Is(err, ErrCipherRefused) {
+		t.Fatalf("A's save sealed with the replaced key after the new canary: %v, want ErrCipherRefused", err)
+	}
+	if _, err := storage.Load(ctx, key); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("premise: the undo deleted alice's record: %v", err)
+	}
+	if !slices.Contains(published.keys(), key) {
+		t.Fatalf("premise: the undo announced its delete to other replicas: %q", published.keys())
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if !slices.Contains(gone, key) {
+		t.Errorf("A's OnConnectionGone listeners were told %q after the undo deleted alice's connection; want %q (as Delete tells them)", gone, key)
+	}
+}
+
+// Attack: a healthy gateway (no reset anywhere, its key opens the canary):
+// the reads a save makes on a storage that writes by value (storeSealed:
+// Stat, then Load of the record about to be replaced) meet a passing
+// storage fault.
+//
+// Expected and Held: a fault there is taken for "nothing to put back";
+// the save is stored and kept, and answers no error. Severity: none.
+func TestR13RecordBeforeFaultsDoNotFailAHealthySave(t *testing.T) {
+	for _, fault := range []string{"stat", "load"} {
+		for _, kind := range []string{"writes by value"} {
+			t.Run(fault+"/"+kind, func(t *testing.T) {
+				ctx := context.Background()
+				storage := SafeListing(&certmagic.FileStorage{Path: t.TempDir()})
+				const user = "alice"
+				key := ConnectionKey("personal", user)
+				st := &r12Store{Storage: storage}
+				var connStorage certmagic.Storage = st
+				if kind == "writes by value" {
+					cas := &r12CAS{r12Store: r12Store{Storage: storage}}
+					st, connStorage = &cas.r12Store, cas
+				}
+				gw := r10Replica(t, storage, connStorage, testCipher(t), user)
+				if err := gw.checkCipherKey(ctx); err != nil {
+					t.Fatal(err)
+				}
+				if err := gw.connections.Save(ctx, "personal", user, &Connection{AccessToken: "tok-1"}); err != nil {
+					t.Fatal(err)
+				}
+				m := &st.loadFails
+				if fault == "stat" {
+					st.failStats(key, 1)
+					m = &st.statFails
+				} else {
+					st.failLoads(key, 1)
+				}
+				if err := gw.connections.Save(ctx, "personal", user, &Connection{AccessToken: "tok-2"}); err != nil {
+					t.Fatalf("a healthy save whose read of the record before failed: %v", err)
+				}
+				if st.fails(*m, key) {
+					t.Fatal("premise: the save did not read the record before")
+				}
+				r12Has(t, gw, user, "tok-2")
+			})
+		}
+	}
+}
+
+// Attack: the put-back's failure (a storage fault on the write that puts
+// B's record back): its error log,
+// the save's error; none may carry a token or the sealed bytes of either
+// record (A's or the one put back), raw, base64 or hex.
+//
+// Expected and Held: the log names the key (the user's hash) and the
+// storage's error; the save answers ErrCipherRefused; no token and no
+// sealed bytes appear. Severity: none. (Reproduced, fixed: A's record,
+// sealed with the replaced key after the reset, was left: on B a cipher
+// error until alice connected again, although the log said "its person
+// connects again". The undo now deletes what it sealed when the put-back
+// fails, and alice is asked to connect again.)
+func TestR13PutBackFailureLeaksNoSecrets(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	storage := SafeListing(&certmagic.FileStorage{Path: dir})
+	const user = "alice"
+	key := ConnectionKey("personal", user)
+	hook := &r13Hook{Storage: storage, key: key}
+	secrets := []string{"tok-SECRET-A", "refresh-SECRET-A", "tok-B", "refresh-B"}
+	replicaA, _, saved, k1 := r13RollingReset(t, dir, storage, &r13HookCAS{r13Hook: hook}, nil, &Connection{AccessToken: secrets[0], RefreshToken: secrets[1]})
+	core, logs := observer.New(zapcore.DebugLevel)
+	replicaA.connections.logger = zap.New(core)
+	prevSealed, err := storage.Load(ctx, key) // B's record, which A's store replaces
+	if err != nil {
+		t.Fatal(err)
+	}
+	var aSealed []byte
+	hook.mu.Lock()
+	hook.onStore = func() { // A's store; the put-back's Store fails
+		aSealed, _ = storage.Load(ctx, key)
+		hook.mu.Lock()
+		hook.failStores = 1
+		hook.mu.Unlock()
+	}
+	hook.mu.Unlock()
+	close(k1.release)
+	serr := <-saved
+	if !errors.Is(serr, ErrCipherRefused) {
+		t.Fatalf("A's save sealed with the replaced key after the new canary: %v, want ErrCipherRefused", serr)
+	}
+	var text strings.Builder
+	text.WriteString(serr.Error() + "\n")
+	for _, e := range logs.All() {
+		text.WriteString(e.Message + " ")
+		for k, v := range e.ContextMap() {
+			fmt.Fprintf(&text, "%s=%v ", k, v)
+		}
+		text.WriteString("\n")
+	}
+	if len(logs.FilterMessageSnippet("cannot put back").All()) != 1 {
+		t.Fatalf("premise: the put-back failed and was logged:\n%s", text.String())
+	}
+	if _, err := storage.Load(ctx, key); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("A's record, sealed with the replaced key after the reset, after its put-back failed: %v; want it deleted", err)
+	}
+	forbidden := slices.Clone(secrets)
+	for _, sealed := range [][]byte{prevSealed, aSealed} {
+		if len(sealed) == 0 {
+			t.Fatal("premise: both records were read")
+		}
+		forbidden = append(forbidden, string(sealed), base64.StdEncoding.EncodeToString(sealed),
+			base64.RawURLEncoding.EncodeToString(sealed), hex.EncodeToString(sealed), fmt.Sprintf("%v", sealed)[1:20])
+	}
+	for _, s := range forbidden {
+		if strings.Contains(text.String(), s) {
+			t.Errorf("secret or sealed bytes %q in errors or logs:\n%s", s, text.String())
+		}
+	}
+}
+
+// Attack: "a newer record its own store replaced" on a storage that
+// writes by value, when the undo cannot read back what is stored (one
+// passing fault): ours is taken, and prev put back with ReplaceIfValue;
+// meanwhile alice refreshed again on B (tok-B2, newer than what A's
+// recordBefore read).
+//
+// Expected and Held: ReplaceIfValue finds not A's record but tok-B2 and
+// writes nothing: the newer record stays (not the stale tok-B). Severity:
+// none.
+func TestR13PutBackByValueKeepsANewerRecordWhenTheReadBackFails(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	storage := SafeListing(&certmagic.FileStorage{Path: dir})
+	const user = "alice"
+	key := ConnectionKey("personal", user)
+	cas := &r12CAS{r12Store: r12Store{Storage: storage}}
+	_, replicaB, saved, k1 := r13RollingReset(t, dir, storage, cas, nil, &Connection{AccessToken: "tok-2", RefreshToken: "r"})
+	cas.afterStore(key, func() {
+		if err := replicaB.connections.Save(ctx, "personal", user, &Connection{AccessToken: "tok-B2"}); err != nil {
+			t.Errorf("alice refreshing again on replica B: %v", err)
+		}
+		cas.failLoads(key, 1) // A's read back in its undo
+	})
+	close(k1.release)
+	if err := <-saved; !errors.Is(err, ErrCipherRefused) {
+		t.Fatalf("A's save sealed with the replaced key after the new canary: %v, want ErrCipherRefused", err)
+	}
+	if cas.fails(cas.loadFails, key) {
+		t.Fatal("premise: the undo did not read the record back")
+	}
+	r12Has(t, replicaB, user, "tok-B2")
+}
+
+// r13Down is a cipher whose Decrypts all fail while down is set (Vault
+// sealed, KMS throttling): the cipher cannot tell.
+type r13Down struct {
+	Cipher
+	down atomic.Bool
+}
+
+func (c *r13Down) Decrypt(ctx context.Context, ciphertext, context []byte) ([]byte, error) {
+	if c.down.Load() {
+		return nil, fmt.Errorf("vault transit at https://vault.example: %w: Vault is sealed", ErrCipherUnavailable)
+	}
+	return c.Cipher.Decrypt(ctx, ciphertext, context)
+}
+
+// Attack: the other undo, the canary unreadable twice after A's store (a
+// storage fault, or the cipher down for every Decrypt), the reset recorded
+// since A's save began: what A's store replaced is alice's connection made
+// again on B (K2) meanwhile.
+//
+// Expected and Held: the save answers the fault's retryable error, and on
+// a storage that writes by value B's record is put back (restorable:
+// stored since the reset, and A's key does not open it) and alice stays
+// connected on B with tok-B; with the cipher down, A cannot tell whose
+// record it replaced, and deletes (alice connects again, as before the
+// put-back: see TestR13CipherBlipPutsBackAReplacedKeyRecordItsOwnReplicaDeleted).
+// Severity: none.
+func TestR13UnreadableCanaryUndoPutsBackTheNewKeysRecord(t *testing.T) {
+	for _, fault := range []string{"storage", "cipher down"} {
+		t.Run(fault, func(t *testing.T) {
+			dir := t.TempDir()
+			storage := SafeListing(&certmagic.FileStorage{Path: dir})
+			const user = "alice"
+			key := ConnectionKey("personal", user)
+			cas := &r12CAS{r12Store: r12Store{Storage: storage}}
+			st := &cas.r12Store
+			down := &r13Down{}
+			_, replicaB, saved, k1 := r13RollingReset(t, dir, storage, cas, func(c Cipher) Cipher { down.Cipher = c; return down }, &Connection{AccessToken: "tok-2", RefreshToken: "r"})
+			st.afterStore(key, func() {
+				if fault == "storage" {
+					st.failLoads(cipherCanaryKey, 2)
+				} else {
+					down.down.Store(true)
+				}
+			})
+			close(k1.release)
+			err := <-saved
+			if fault == "storage" && !errors.Is(err, ErrStorageUnavailable) || fault != "storage" && !errors.Is(err, ErrCipherUnavailable) {
+				t.Fatalf("A's save, the canary unreadable after its store and a reset recorded meanwhile: %v; want the fault's retryable error", err)
+			}
+			down.down.Store(false)
+			if fault == "storage" {
+				r12Has(t, replicaB, user, "tok-B")
+			} else if _, err := replicaB.connections.LoadFresh(context.Background(), "personal", user); !errors.Is(err, ErrNotConnected) {
+				t.Fatalf("alice on B after an undo that could not tell whose record it replaced: %v; want ErrNotConnected", err)
+			}
+		})
+	}
+}
