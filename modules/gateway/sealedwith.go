@@ -190,7 +190,9 @@ func (s *ConnectionStore) checkKeyAfterSealing(ctx context.Context, service, use
 		s.undoSealed(ctx, service, user, sealed, prev)
 		return s.sealingRefused()
 	case after == canaryUnreadable && s.resetBeforeStore(ctx, ConnectionKey(service, user), resetBefore):
-		s.undoSealed(ctx, service, user, sealed, prev)
+		// Whose key this gateway's is cannot be told now: nothing is put
+		// back (see undoSealed).
+		s.undoSealed(ctx, service, user, sealed, nil)
 		if s.logger != nil {
 			s.logger.Warn("the cipher's canary could not be read after a connection was sealed, and a reset was recorded since the save began: the connection was not kept (its person tries again)",
 				zap.String("service", service), zap.Error(err))
@@ -227,11 +229,15 @@ func (s *ConnectionStore) resetBeforeStore(ctx context.Context, key string, rese
 // instead when it is such a record of another replica, stored since the
 // last reset (see restorable): the person connected again there while
 // this save was on its way, and deleting would lose that connection.
-// That is done only on a storage that writes by value (valueReplacer:
-// the postgres storage), where the save's store replaced prev itself and
-// the putting back replaces only what the save stored: elsewhere a
-// connection deleted meanwhile (its person disconnecting) could come
-// back.
+// That is done only when the canary refused this gateway's key (prev is
+// nil otherwise: one that could not be read does not tell whether this
+// key is the replaced one or the new one), and only on a storage that
+// writes by value (valueReplacer: the postgres storage), where the save's
+// store replaced prev itself and the putting back replaces only what the
+// save stored: elsewhere a connection deleted meanwhile (its person
+// disconnecting) could come back. Two replicas on the replaced key saving
+// at once can still lose it (the second's undo deletes what the first
+// stored over it, and the first then finds nothing to put back over).
 //
 // On a storage that deletes a key only while it holds a value
 // (valueDeleter), a record another replica stores between the read and
@@ -303,9 +309,11 @@ type priorRecord struct {
 
 // storeSealed stores sealed at key, and returns what it replaced when an
 // undo may put that back (see undoSealed): on a storage that writes by
-// value, the record read just before, replaced only if it was still there
-// (nil: there was none, or another write came in between, or the storage
-// does not write by value — the store is then unconditional, as ever).
+// value, the record read just before, replaced only while it is still
+// there (read again when another write came in between, a few times).
+// Otherwise it returns nil, and the store is unconditional, as ever: on
+// another storage, when there was no record (one stored between that
+// read and the store is replaced unseen), or when it could not be read.
 // The record's time is read before it: one stored between the two reads
 // is taken for an older one, and is not put back (see restorable).
 func (s *ConnectionStore) storeSealed(ctx context.Context, key string, sealed []byte) (*priorRecord, error) {
@@ -313,19 +321,29 @@ func (s *ConnectionStore) storeSealed(ctx context.Context, key string, sealed []
 	if !ok {
 		return nil, s.storage.Store(ctx, key, sealed)
 	}
-	if info, err := s.storage.Stat(ctx, key); err == nil {
-		if value, err := s.storage.Load(ctx, key); err == nil {
-			replaced, err := vr.ReplaceIfValue(ctx, key, value, sealed)
-			if err != nil {
-				return nil, err
-			}
-			if replaced {
-				return &priorRecord{value: value, modified: info.Modified}, nil
-			}
+	for range storeSealedTries {
+		info, err := s.storage.Stat(ctx, key)
+		if err != nil {
+			break
+		}
+		value, err := s.storage.Load(ctx, key)
+		if err != nil {
+			break
+		}
+		replaced, err := vr.ReplaceIfValue(ctx, key, value, sealed)
+		if err != nil {
+			return nil, err
+		}
+		if replaced {
+			return &priorRecord{value: value, modified: info.Modified}, nil
 		}
 	}
 	return nil, s.storage.Store(ctx, key, sealed)
 }
+
+// storeSealedTries bounds storeSealed's reads of a record other writes
+// keep replacing.
+const storeSealedTries = 3
 
 // restorable reports whether prev, what an undone save stored over, is to
 // be put back: a record stored since the last reset that this gateway's

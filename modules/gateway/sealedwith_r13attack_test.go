@@ -562,14 +562,13 @@ func (c *r13Down) Decrypt(ctx context.Context, ciphertext, context []byte) ([]by
 // since A's save began: what A's store replaced is alice's connection made
 // again on B (K2) meanwhile.
 //
-// Expected and Held: the save answers the fault's retryable error, and on
-// a storage that writes by value B's record is put back (restorable:
-// stored since the reset, and A's key does not open it) and alice stays
-// connected on B with tok-B; with the cipher down, A cannot tell whose
-// record it replaced, and deletes (alice connects again, as before the
-// put-back: see TestR13CipherBlipPutsBackAReplacedKeyRecordItsOwnReplicaDeleted).
-// Severity: none.
-func TestR13UnreadableCanaryUndoPutsBackTheNewKeysRecord(t *testing.T) {
+// Expected and Held: the save answers the fault's retryable error. B's
+// record was put back then (0a065bb); since r14, an undo after a canary
+// that could not be read puts nothing back (whose key A's is cannot be
+// told: TestR14UnreadableCanaryUndoOnTheNewKeyPutsBackTheReplacedKeysRecord),
+// and deletes, as before the put-back: alice connects again. Severity:
+// none.
+func TestR13UnreadableCanaryUndoDeletes(t *testing.T) {
 	for _, fault := range []string{"storage", "cipher down"} {
 		t.Run(fault, func(t *testing.T) {
 			dir := t.TempDir()
@@ -593,9 +592,7 @@ func TestR13UnreadableCanaryUndoPutsBackTheNewKeysRecord(t *testing.T) {
 				t.Fatalf("A's save, the canary unreadable after its store and a reset recorded meanwhile: %v; want the fault's retryable error", err)
 			}
 			down.down.Store(false)
-			if fault == "storage" {
-				r12Has(t, replicaB, user, "tok-B")
-			} else if _, err := replicaB.connections.LoadFresh(context.Background(), "personal", user); !errors.Is(err, ErrNotConnected) {
+			if _, err := replicaB.connections.LoadFresh(context.Background(), "personal", user); !errors.Is(err, ErrNotConnected) {
 				t.Fatalf("alice on B after an undo that could not tell whose record it replaced: %v; want ErrNotConnected", err)
 			}
 		})
