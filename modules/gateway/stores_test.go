@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -19,10 +20,11 @@ import (
 )
 
 // gcmCipher is a test-only Cipher: AES-256-GCM with the context as
-// additional data, like toolgate.ciphers.local, without its key file.
+// additional data, like toolgate.ciphers.local, without its key file. It
+// may be used concurrently, as a Cipher is.
 type gcmCipher struct {
 	aead     cipher.AEAD
-	decrypts int
+	decrypts atomic.Int64
 }
 
 func testCipher(t testing.TB) *gcmCipher {
@@ -51,7 +53,7 @@ func (c *gcmCipher) Encrypt(_ context.Context, plaintext, context []byte) ([]byt
 }
 
 func (c *gcmCipher) Decrypt(_ context.Context, ciphertext, context []byte) ([]byte, error) {
-	c.decrypts++
+	c.decrypts.Add(1)
 	n := c.aead.NonceSize()
 	if len(ciphertext) < n {
 		return nil, errors.New("test cipher: short ciphertext")
@@ -412,14 +414,14 @@ func TestConnectionStoreCache(t *testing.T) {
 	}
 
 	// Steady state: no cipher round trip within the cache TTL.
-	before := c.decrypts
+	before := c.decrypts.Load()
 	for range 5 {
 		if _, err := b.Load(ctx, "svc", "u"); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if c.decrypts != before {
-		t.Errorf("cached loads decrypted %d times", c.decrypts-before)
+	if n := c.decrypts.Load() - before; n != 0 {
+		t.Errorf("cached loads decrypted %d times", n)
 	}
 
 	// A change through a is seen by b only after the TTL…
