@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/certmagic"
 
 	"github.com/toolgate/toolgate/internal/pgtest"
 	"github.com/toolgate/toolgate/modules/storage/postgres"
@@ -65,6 +66,46 @@ func r12Postgres(t *testing.T) *postgres.Storage {
 	}
 	t.Cleanup(func() { _ = s.Cleanup() })
 	return s
+}
+
+// pgRollingReset is the rolling reset on real PostgreSQL: replica A (K1,
+// its connection store going through connA) connected alice (tok-1); the
+// operator stores "reset"; A's save of tok-2 is held in its Encrypt;
+// replica B (K2, on pgB) starts, seals the new canary and records the
+// reset; alice connects again on B (tok-B). It returns A, B, the channel
+// A's save answers on, and the gate to release it.
+func pgRollingReset(t *testing.T, pg *postgres.Storage, connA certmagic.Storage, pgB *postgres.Storage) (*App, *App, chan error, *r9Gated) {
+	t.Helper()
+	ctx := context.Background()
+	const user = "alice"
+	for _, k := range []string{cipherCanaryKey, cipherResetKey, ConnectionKey("personal", user)} {
+		if err := pg.Delete(ctx, k); err != nil {
+			t.Fatal(err)
+		}
+	}
+	k1 := r10Gate(testCipher(t))
+	replicaA := r10Replica(t, pg, connA, k1, user)
+	if _, ok := replicaA.connections.storage.(valueReplacer); !ok {
+		t.Fatal("premise: A's storage writes by value")
+	}
+	if err := replicaA.checkCipherKey(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := replicaA.connections.Save(ctx, "personal", user, &Connection{AccessToken: "tok-1"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := pg.Store(ctx, cipherCanaryKey, []byte("reset\n")); err != nil {
+		t.Fatal(err)
+	}
+	saved := r10SaveHeld(replicaA, k1, user, &Connection{AccessToken: "tok-2", RefreshToken: "r"})
+	replicaB := r10Replica(t, pgB, pgB, testCipher(t), user)
+	if err := replicaB.checkCipherKey(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := replicaB.connections.Save(ctx, "personal", user, &Connection{AccessToken: "tok-B", RefreshToken: "refresh-B"}); err != nil {
+		t.Fatalf("alice connecting again on replica B: %v", err)
+	}
+	return replicaA, replicaB, saved, k1
 }
 
 // Attack: the rolling reset on real PostgreSQL. Replica A (K1) saw the
@@ -173,30 +214,8 @@ func (s *r12PGStoreHook) Store(ctx context.Context, key string, value []byte) er
 // made on B during A's save) is put back with ReplaceIfValue.
 func TestSaveUndoneOnPostgresPutsBackTheRecordItsStoreReplaced(t *testing.T) {
 	pg := r12Postgres(t)
-	ctx := context.Background()
 	const user = "alice"
-	k1 := r10Gate(testCipher(t))
-	replicaA := r10Replica(t, pg, pg, k1, user)
-	if _, ok := replicaA.connections.storage.(valueReplacer); !ok {
-		t.Fatal("premise: the postgres storage writes by value")
-	}
-	if err := replicaA.checkCipherKey(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := replicaA.connections.Save(ctx, "personal", user, &Connection{AccessToken: "tok-1"}); err != nil {
-		t.Fatal(err)
-	}
-	if err := pg.Store(ctx, cipherCanaryKey, []byte("reset\n")); err != nil {
-		t.Fatal(err)
-	}
-	saved := r10SaveHeld(replicaA, k1, user, &Connection{AccessToken: "tok-2", RefreshToken: "r"})
-	replicaB := r10Replica(t, pg, pg, testCipher(t), user)
-	if err := replicaB.checkCipherKey(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := replicaB.connections.Save(ctx, "personal", user, &Connection{AccessToken: "tok-B"}); err != nil {
-		t.Fatalf("alice connecting again on replica B: %v", err)
-	}
+	_, replicaB, saved, k1 := pgRollingReset(t, pg, pg, pg)
 	close(k1.release)
 	if err := <-saved; !errors.Is(err, ErrCipherRefused) {
 		t.Fatalf("A's save sealed with the replaced key after the new canary: %v, want ErrCipherRefused", err)

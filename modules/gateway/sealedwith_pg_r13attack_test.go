@@ -9,56 +9,29 @@ import (
 	"go.uber.org/zap"
 )
 
-// Attack: TestR13DisconnectDuringTheSaveIsUndoneByThePutBack on real
-// PostgreSQL, whose put-back is ReplaceIfValue: alice, connected again on
-// B (tok-B) during A's save across the rolling reset, disconnects on B
-// right after A's recordBefore read B's record, before A's store.
+// Attack (fixed): TestR13DisconnectDuringTheSaveIsUndoneByThePutBack on
+// real PostgreSQL, whose put-back is ReplaceIfValue: alice, connected
+// again on B (tok-B) during A's save across the rolling reset, disconnects
+// on B right after A's save read B's record, before A's store.
 //
 // Expected: the connection she forgot stays forgotten (ErrNotConnected on
 // B).
 //
-// Reproduced: A's store lands over nothing; the canary refuses; the undo
-// reads back A's own record and ReplaceIfValue(key, A's record, B's
-// record) finds A's record there and writes B's back: alice is connected
-// with tok-B again. ReplaceIfValue guards the put-back's own moment only,
-// not the read of prev that came before the store. Severity: low-medium
-// (see the file-storage test for the fix: a store conditional on what
-// recordBefore read).
+// Reproduced (0a065bb): A's store landed over nothing; the canary
+// refused; the undo read back A's own record and ReplaceIfValue(key, A's
+// record, B's record) found A's record there and wrote B's back: alice was
+// connected with tok-B again. ReplaceIfValue guarded the put-back's own
+// moment only, not the read of prev before the store. Severity:
+// low-medium. Fixed: the save's store replaces what it read only while it
+// is still there (storeSealed); here it is gone, and nothing is put back.
 func TestR13RealPostgresPutBackResurrectsADisconnectedConnection(t *testing.T) {
 	pg := r12Postgres(t)
 	ctx := context.Background()
 	const user = "alice"
-	key := ConnectionKey("personal", user)
-	for _, k := range []string{cipherCanaryKey, cipherResetKey, key} {
-		if err := pg.Delete(ctx, k); err != nil {
-			t.Fatal(err)
-		}
-	}
-	k1 := r10Gate(testCipher(t))
-	st := &r12PG{Storage: pg, key: key}
-	replicaA := r10Replica(t, pg, st, k1, user)
-	if _, ok := replicaA.connections.storage.(valueReplacer); !ok {
-		t.Fatal("premise: A's storage writes by value")
-	}
-	if err := replicaA.checkCipherKey(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := replicaA.connections.Save(ctx, "personal", user, &Connection{AccessToken: "tok-1"}); err != nil {
-		t.Fatal(err)
-	}
-	if err := pg.Store(ctx, cipherCanaryKey, []byte("reset\n")); err != nil {
-		t.Fatal(err)
-	}
-	saved := r10SaveHeld(replicaA, k1, user, &Connection{AccessToken: "tok-2", RefreshToken: "r"})
-	replicaB := r10Replica(t, pg, pg, testCipher(t), user)
-	if err := replicaB.checkCipherKey(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := replicaB.connections.Save(ctx, "personal", user, &Connection{AccessToken: "tok-B", RefreshToken: "refresh-B"}); err != nil {
-		t.Fatalf("alice connecting again on replica B: %v", err)
-	}
+	st := &r12PG{Storage: pg, key: ConnectionKey("personal", user)}
+	_, replicaB, saved, k1 := pgRollingReset(t, pg, st, pg)
 	st.mu.Lock()
-	st.then = func() { // right after A's recordBefore read B's record
+	st.then = func() { // right after A's save read B's record
 		if err := replicaB.connections.Delete(ctx, "personal", user); err != nil {
 			t.Errorf("alice disconnecting on replica B: %v", err)
 		}
@@ -183,32 +156,8 @@ func TestR13RealPostgresPutBackByValueAgainstAChangeAfterTheUndosRead(t *testing
 		t.Run(change, func(t *testing.T) {
 			ctx := context.Background()
 			const user = "alice"
-			key := ConnectionKey("personal", user)
-			for _, k := range []string{cipherCanaryKey, cipherResetKey, key} {
-				if err := pg.Delete(ctx, k); err != nil {
-					t.Fatal(err)
-				}
-			}
-			k1 := r10Gate(testCipher(t))
-			st := &r12PG{Storage: pg, key: key}
-			replicaA := r10Replica(t, pg, st, k1, user)
-			if err := replicaA.checkCipherKey(ctx); err != nil {
-				t.Fatal(err)
-			}
-			if err := replicaA.connections.Save(ctx, "personal", user, &Connection{AccessToken: "tok-1"}); err != nil {
-				t.Fatal(err)
-			}
-			if err := pg.Store(ctx, cipherCanaryKey, []byte("reset\n")); err != nil {
-				t.Fatal(err)
-			}
-			saved := r10SaveHeld(replicaA, k1, user, &Connection{AccessToken: "tok-2", RefreshToken: "r"})
-			replicaB := r10Replica(t, pg, pg, testCipher(t), user)
-			if err := replicaB.checkCipherKey(ctx); err != nil {
-				t.Fatal(err)
-			}
-			if err := replicaB.connections.Save(ctx, "personal", user, &Connection{AccessToken: "tok-B"}); err != nil {
-				t.Fatalf("alice connecting again on replica B: %v", err)
-			}
+			st := &r12PG{Storage: pg, key: ConnectionKey("personal", user)}
+			_, replicaB, saved, k1 := pgRollingReset(t, pg, st, pg)
 			st.mu.Lock()
 			st.skip = 1 // the save's read of what it stores over
 			st.then = func() {

@@ -48,28 +48,8 @@ func TestR14RealPostgresFallbackStoreLosesANewerRecord(t *testing.T) {
 	pg := r12Postgres(t)
 	ctx := context.Background()
 	const user = "alice"
-	key := ConnectionKey("personal", user)
-	k1 := r10Gate(testCipher(t))
-	st := &r12PG{Storage: pg, key: key}
-	replicaA := r10Replica(t, pg, st, k1, user)
-	if err := replicaA.checkCipherKey(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := replicaA.connections.Save(ctx, "personal", user, &Connection{AccessToken: "tok-1"}); err != nil {
-		t.Fatal(err)
-	}
-	if err := pg.Store(ctx, cipherCanaryKey, []byte("reset\n")); err != nil {
-		t.Fatal(err)
-	}
-	saved := r10SaveHeld(replicaA, k1, user, &Connection{AccessToken: "tok-2", RefreshToken: "r"})
-	pgB := r14SecondStorage(t, pg)
-	replicaB := r10Replica(t, pgB, pgB, testCipher(t), user)
-	if err := replicaB.checkCipherKey(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := replicaB.connections.Save(ctx, "personal", user, &Connection{AccessToken: "tok-B"}); err != nil {
-		t.Fatalf("alice connecting again on replica B: %v", err)
-	}
+	st := &r12PG{Storage: pg, key: ConnectionKey("personal", user)}
+	_, replicaB, saved, k1 := pgRollingReset(t, pg, st, r14SecondStorage(t, pg))
 	st.mu.Lock()
 	st.then = func() { // right after storeSealed's Load of tok-B's record
 		if err := replicaB.connections.Save(ctx, "personal", user, &Connection{AccessToken: "tok-B2"}); err != nil {

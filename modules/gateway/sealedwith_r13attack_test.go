@@ -514,7 +514,7 @@ func TestR13PutBackFailureLeaksNoSecrets(t *testing.T) {
 // writes by value, when the undo cannot read back what is stored (one
 // passing fault): ours is taken, and prev put back with ReplaceIfValue;
 // meanwhile alice refreshed again on B (tok-B2, newer than what A's
-// recordBefore read).
+// save read before its store).
 //
 // Expected and Held: ReplaceIfValue finds not A's record but tok-B2 and
 // writes nothing: the newer record stays (not the stale tok-B). Severity:
