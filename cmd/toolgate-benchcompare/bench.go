@@ -26,15 +26,50 @@ const (
 	baseline = "baseline"
 )
 
-// parties are the routes every round runs, in this order rotated by the
-// round's number, so that no party always runs right after another one.
-// -baseline adds baseline.
+// parties are the routes every round runs, in an order that changes from
+// round to round (see inRound). -baseline adds baseline.
 var parties = []string{direct, caddy, toolgate}
 
-// inRound returns the parties in the order round runs them.
+// inRound returns the parties in the order round runs them: the rows of a
+// Williams design, balanced for what one run leaves behind on the machine
+// for the next (the upstream's state, a collection, the CPU's caches).
+// Over n rounds of an even number n of parties, or 2n of an odd number,
+// every party runs right after every other one equally often, and each
+// runs first in turn. A rotation alone (what three parties get in their
+// first three rounds) makes every party follow the same other one in
+// every round: with a baseline, toolgate always ran right after plain
+// Caddy and the baseline right after toolgate, in every run of fewer than
+// three rounds.
 func inRound(round int) []string {
-	k := (round - 1) % len(parties)
-	return append(slices.Clone(parties[k:]), parties[:k]...)
+	n := len(parties)
+	first := make([]int, n) // 0, 1, n-1, 2, n-2, …
+	for j := 1; j < n; j++ {
+		if j%2 == 1 {
+			first[j] = (j + 1) / 2
+		} else {
+			first[j] = n - j/2
+		}
+	}
+	row := func(i int) []string {
+		order := make([]string, n)
+		for j, k := range first {
+			order[j] = parties[(k+i)%n]
+		}
+		return order
+	}
+	r := round - 1
+	if n%2 == 0 {
+		return row(r % n)
+	}
+	r %= 2 * n
+	if r < n {
+		return row(r)
+	}
+	// An odd number of parties needs the mirrored rows too; each is taken
+	// from the row after, so that no two rounds in a row start alike.
+	order := row((r - n + 1) % n)
+	slices.Reverse(order)
+	return order
 }
 
 // inTurns returns the parties in the order the 1 MiB calls of round take

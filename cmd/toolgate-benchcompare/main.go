@@ -11,8 +11,9 @@
 // process sends small tools/call messages on a fixed schedule at each rate
 // (latency counts from each call's scheduled start, so a stall is never
 // hidden), the three routes — direct to the upstream, through Caddy,
-// through toolgate — one after another in every round (in an order rotated
-// from round to round), the rounds repeated. For every run it records p50/p90/p99/max latency, errors, the
+// through toolgate — one after another in every round (in an order that
+// changes from round to round so that every route follows every other one
+// equally often: see inRound), the rounds repeated. For every run it records p50/p90/p99/max latency, errors, the
 // CPU seconds per call of each process (utime+stime from /proc/<pid>/stat)
 // and the allocations per call of the proxy in the path (the Go runtime's
 // memory statistics, from Caddy's admin endpoint).

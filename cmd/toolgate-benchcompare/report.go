@@ -39,7 +39,7 @@ func report(w io.Writer, res *results) {
 	fmt.Fprintf(w, "\n## toolgate-benchcompare, %s\n\n", res.Date.Format("2006-01-02 15:04 MST"))
 	fmt.Fprintf(w, "Machine: %s, %s; load average %s at the start, %s at the end, 1-minute load %s over the runs. Revision %s.\n",
 		res.Machine, res.GoVersion, res.LoadBefore, res.LoadAfter, loadRange(res.Runs), res.Revision)
-	fmt.Fprintf(w, "%d rounds of %s runs, interleaved (each load of small calls runs direct, plain Caddy and toolgate in each round, in an order rotated from round to round; the 1 MiB result's calls take turns across them in one run), open loop; "+
+	fmt.Fprintf(w, "%d rounds of %s runs, interleaved (each load of small calls runs direct, plain Caddy and toolgate in each round, in an order that changes from round to round, so that every route runs right after every other one equally often over a full cycle of rounds; the 1 MiB result's calls take turns across them in one run), open loop; "+
 		"%d MCP session(s) per route; toolgate audit log %s, console %s. Cells: median of the rounds [min–max]; "+
 		"latency in ms from each call's scheduled start; CPU in ms per call (utime+stime); allocations are the proxy's own, per call; "+
 		"late start is the most the generator started a call after its schedule (ms, worst round).\n",
@@ -443,7 +443,7 @@ func turnsTable(w io.Writer, runs []run, perRoute time.Duration) {
 	}
 	rate := runs[0].Rate
 	fmt.Fprintf(w, "\nThe routes' calls took turns in one run per round: call i went to route i mod %d (%s in the first round; "+
-		"the order rotated from round to round and reversed every other round), %d calls/s in all, %.3g per route, for %d × %s, "+
+		"the order of the round's small-call runs, reversed every other round), %d calls/s in all, %.3g per route, for %d × %s, "+
 		"so that every route met the upstream, whose own time for such a call varies by several ms, in the same conditions. "+
 		"The differences are of all rounds' calls pooled; the interval is a 95 %% bootstrap one (%d resamples of each route's "+
 		"latencies, drawn with replacement within each round, with a fixed seed, so the same results.json gives the same interval). "+

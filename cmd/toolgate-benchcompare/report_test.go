@@ -104,28 +104,55 @@ func TestParseOptions(t *testing.T) {
 	}
 }
 
-// Every round runs each party once, and no party runs first in two rounds
-// in a row.
-func TestInRoundRotates(t *testing.T) {
-	seen := map[string]bool{}
-	for round := 1; round <= 4; round++ {
-		order := inRound(round)
-		if len(order) != len(parties) {
-			t.Fatalf("round %d runs %q", round, order)
+// Every round runs each party once, no party runs first in two rounds in
+// a row, each runs first in turn, and over a full cycle of rounds (n for
+// an even number of parties, 2n for an odd one) every party runs right
+// after every other one equally often — with and without a baseline.
+func TestInRoundBalances(t *testing.T) {
+	defer func(p []string) { parties = p }(parties)
+	for _, ps := range [][]string{{direct, caddy, toolgate}, {direct, caddy, toolgate, baseline}} {
+		parties = ps
+		n := len(ps)
+		cycle := n
+		if n%2 == 1 {
+			cycle = 2 * n
 		}
-		for _, p := range parties {
-			if !slices.Contains(order, p) {
-				t.Fatalf("round %d runs %q, without %s", round, order, p)
+		seen := map[string]bool{}
+		follows := map[[2]string]int{}
+		for round := 1; round <= cycle+1; round++ {
+			order := inRound(round)
+			if len(order) != n {
+				t.Fatalf("%d parties, round %d runs %q", n, round, order)
+			}
+			for _, p := range ps {
+				if !slices.Contains(order, p) {
+					t.Fatalf("%d parties, round %d runs %q, without %s", n, round, order, p)
+				}
+			}
+			if round > 1 && order[0] == inRound(round - 1)[0] {
+				t.Errorf("%d parties: rounds %d and %d both start with %s", n, round-1, round, order[0])
+			}
+			if round > cycle {
+				if !slices.Equal(order, inRound(1)) {
+					t.Errorf("%d parties: round %d runs %q, not round 1's %q: the cycle is not %d rounds", n, round, order, inRound(1), cycle)
+				}
+				continue
+			}
+			seen[order[0]] = true
+			for i := 1; i < n; i++ {
+				follows[[2]string{order[i-1], order[i]}]++
 			}
 		}
-		first := order[0]
-		if round > 1 && first == inRound(round - 1)[0] {
-			t.Errorf("rounds %d and %d both start with %s", round-1, round, first)
+		if len(seen) != n {
+			t.Errorf("%d parties: only %v start a round", n, seen)
 		}
-		seen[first] = true
-	}
-	if len(seen) != len(parties) {
-		t.Errorf("only %v start a round", seen)
+		for _, a := range ps {
+			for _, b := range ps {
+				if a != b && follows[[2]string{a, b}] != cycle/n {
+					t.Errorf("%d parties: %s runs right after %s %d times in %d rounds, want %d: %v", n, b, a, follows[[2]string{a, b}], cycle, cycle/n, follows)
+				}
+			}
+		}
 	}
 }
 
