@@ -205,9 +205,11 @@ func (s *Storage) DeleteIfValue(ctx context.Context, key string, value []byte) (
 }
 
 // ReplaceIfValue stores value at key only while key holds old, and
-// reports whether it did: one statement, like DeleteIfValue. toolgate puts
-// back another replica's connection this way, which one it has just
-// stored replaced (see modules/gateway's undoSealed).
+// reports whether it did: one statement, like DeleteIfValue. toolgate
+// stores a connection this way over the record it read just before, and
+// puts that record back the same way when it undoes the store (see
+// modules/gateway's storeSealed and undoSealed). A key it does not hold,
+// or holds as a directory, is not written.
 func (s *Storage) ReplaceIfValue(ctx context.Context, key string, old, value []byte) (bool, error) {
 	k, err := s.key("storing", key, false)
 	if err != nil {
