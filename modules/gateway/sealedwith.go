@@ -165,7 +165,9 @@ func (s *ConnectionStore) checkKeyBeforeSealing(ctx context.Context) (time.Time,
 // service, when the canary no longer opens with the key that sealed it: a
 // new one was sealed after a reset while this one was on its way (it
 // would be newer than the reset, and never taken for the old key's). Its
-// person connects again (see undoSealed for what is deleted).
+// person connects again: undoSealed deletes what was stored, or puts back
+// prev, what the store replaced (see storeSealed), when that is another
+// replica's newer connection.
 //
 // A canary that cannot be read now (twice: a passing fault is read
 // again) cannot say whose key it is. The record of the last reset then
