@@ -1,9 +1,7 @@
 package policy
 
 import (
-	"bytes"
 	"context"
-	"encoding/base64"
 	"encoding/binary"
 	"fmt"
 	"regexp"
@@ -16,8 +14,6 @@ import (
 
 	"github.com/open-policy-agent/opa/v1/ast"
 	"github.com/open-policy-agent/opa/v1/storage"
-
-	"github.com/toolgate/toolgate/modules/gateway"
 )
 
 // The result scan (input.scan, see policies/README.md) is the gateway's
@@ -319,133 +315,6 @@ func (l *scanEntries) look(path []pathStep, s string, key bool) {
 		}
 	}
 	l.add(path, s, key)
-}
-
-// A shape says where a payload holds MCP content blocks: the base64 data
-// of their images and audio is binary, not text, so it is not inspected,
-// and the blob of an embedded resource is inspected decoded (by the
-// policy; the scan checks that it can be). The policy has the same table
-// (result.rego's block_paths and blob_strings).
-type shape uint8
-
-const (
-	shapePlain            shape = iota // no content blocks: every string is text
-	shapeOtherResult                   // a result of another method: no content blocks, unless input_required
-	shapeToolResult                    // CallToolResult: content[i]
-	shapePromptMessages                // GetPromptResult: messages[i].content
-	shapeSamplingMessages              // sampling/createMessage params: messages[i].content, or its items (see leafBy)
-	shapeResourceContents              // ReadResourceResult: contents[i], whose blob is base64
-	// shapeInputRequests: a result of the stateless revision (2026-07-28)
-	// whose resultType is input_required, of any method. It asks the
-	// runner things, as server→client requests do in earlier revisions:
-	// its sampling/createMessage input requests have messages with blocks
-	// (inputRequests.<key>.params.messages[i].content, or its items).
-	shapeInputRequests
-)
-
-// shapeOf is the shape of what the channel carries for method, unless it
-// is input_required (see shapeInputRequests).
-func shapeOf(channel, method string) shape {
-	switch {
-	case channel == channelResult && method == "tools/call":
-		return shapeToolResult
-	case channel == channelResult && method == "prompts/get":
-		return shapePromptMessages
-	case channel == channelResult && method == "resources/read":
-		return shapeResourceContents
-	case channel == channelResult:
-		return shapeOtherResult
-	case channel == gateway.ChannelServerRequest && method == "sampling/createMessage":
-		return shapeSamplingMessages
-	}
-	return shapePlain
-}
-
-// result reports whether the shape is of a result, which may be
-// input_required.
-func (sh shape) result() bool {
-	switch sh {
-	case shapeOtherResult, shapeToolResult, shapePromptMessages, shapeResourceContents:
-		return true
-	}
-	return false
-}
-
-type leafKind uint8
-
-const (
-	notLeaf      leafKind = iota
-	leafData              // <block>.data: binary in an image or audio block
-	leafBlob              // <block>.resource.blob: base64 in a resource block
-	leafContents          // contents[i].blob: base64 in resource contents
-)
-
-// leaf says whether path may be a block's binary data or blob, the length
-// of the block's path and, for a block of a sampling message's tool_result
-// block (whose content is an array of blocks), the length of that
-// tool_result block's path (else 0). Whether the blocks have the types
-// that make it so is read once the payload is (see resultTerms).
-func (sh shape) leaf(path []pathStep) (leafKind, int, int) { return sh.leafBy(path, isKey) }
-
-// leafBy is leaf with the members of path compared to MCP's by isKey.
-func (sh shape) leafBy(path []pathStep, isKey func(pathStep, *ast.Term) bool) (leafKind, int, int) {
-	var blocks []int // the lengths a block's path may have
-	switch sh {
-	case shapeToolResult:
-		if len(path) >= 2 && isKey(path[0], keyContent) && path[1].key == nil {
-			blocks = []int{2}
-		}
-	case shapePromptMessages, shapeSamplingMessages:
-		if len(path) >= 3 && isKey(path[0], keyMessages) && path[1].key == nil && isKey(path[2], keyContent) {
-			blocks = []int{3}
-			if sh == shapeSamplingMessages && len(path) >= 4 && path[3].key == nil {
-				blocks = []int{4}
-			}
-		}
-	case shapeResourceContents:
-		if len(path) == 3 && isKey(path[0], keyContents) && path[1].key == nil && isKey(path[2], keyBlob) {
-			return leafContents, 2, 0
-		}
-	case shapeInputRequests:
-		if len(path) >= 6 && isKey(path[0], keyInputRequests) && path[1].key != nil && isKey(path[2], keyParams) &&
-			isKey(path[3], keyMessages) && path[4].key == nil && isKey(path[5], keyContent) {
-			blocks = []int{6}
-			if len(path) >= 7 && path[6].key == nil {
-				blocks = []int{7}
-			}
-		}
-	}
-	outer := 0
-	if len(blocks) == 1 && (sh == shapeSamplingMessages || sh == shapeInputRequests) {
-		// A sampling message's tool_result block holds blocks of its own
-		// (the policy's block_paths of its sampling_blocks).
-		if n := blocks[0]; len(path) >= n+2 && isKey(path[n], keyContent) && path[n+1].key == nil {
-			blocks, outer = []int{n + 2}, n
-		}
-	}
-	for _, n := range blocks {
-		switch {
-		case len(path) == n+1 && isKey(path[n], keyData):
-			return leafData, n, outer
-		case len(path) == n+2 && isKey(path[n], keyResource) && isKey(path[n+1], keyBlob):
-			return leafBlob, n, outer
-		}
-	}
-	return notLeaf, 0, 0
-}
-
-func isKey(step pathStep, key *ast.Term) bool {
-	return step.key != nil && step.key.Value.Compare(key.Value) == 0
-}
-
-// isKeyFold is isKey ignoring case, as decoders that match members
-// without regard to case (Go's encoding/json) read them.
-func isKeyFold(step pathStep, key *ast.Term) bool {
-	if step.key == nil {
-		return false
-	}
-	a, ok := step.key.Value.(ast.String)
-	return ok && strings.EqualFold(withoutIgnorable(string(a)), string(key.Value.(ast.String)))
 }
 
 // withoutIgnorable is s without the characters that render as nothing
@@ -773,126 +642,6 @@ func eachTextItem(content *ast.Array, f func(i int, text string)) {
 			f(i, text)
 		}
 	}
-}
-
-// plainBlob reports whether blob is valid base64 whose decoded bytes hold
-// no marker and, when they are text (see textBlob), no invisible
-// character, and whose resource toolgate can read (see unreadableBlob);
-// mime is the resource's mimeType, if it has one. text is how many bytes
-// of text the blob holds (0 unless it is text).
-func (sc *scanner) plainBlob(blob string, mime *ast.Term) (plain bool, text int) {
-	b, err := base64.StdEncoding.DecodeString(blob)
-	if err != nil {
-		return false, 0
-	}
-	m, ok := blobMIME(mime)
-	if !ok || unreadableBlob(m, b) {
-		return false, 0
-	}
-	s := unsafe.String(unsafe.SliceData(b), len(b))
-	if textBlob(m, b) {
-		text = len(b)
-	}
-	return !sc.hasMarker(s) && !(text > 0 && sc.hasInvisible(s)), text
-}
-
-// longBlob is how many bytes of text a payload's blobs may hold together
-// before the policy looks at them (they may be over its limit, which it
-// then withholds; its long_blob).
-const longBlob = 4096
-
-// blobMIME is a blob's mimeType as the policy reads it (its blob_types):
-// in lower case, "" when there is none or it is null (decoders read null
-// as none); ok is false when it is another value, which the policy
-// withholds.
-func blobMIME(mime *ast.Term) (m string, ok bool) {
-	if mime == nil {
-		return "", true
-	}
-	switch v := mime.Value.(type) {
-	case ast.Null:
-		return "", true
-	case ast.String:
-		return strings.ToLower(string(v)), true
-	}
-	return "", false
-}
-
-// textBlob reports whether a blob decoded to b is text a runner may show
-// as such (the policy's text_blob): valid UTF-8, of a resource whose
-// mimeType m (see blobMIME) is none or one of text (see textMIME) in UTF-8.
-func textBlob(m string, b []byte) bool {
-	return textMIME(m) && !foreignCharset(m) && utf8.Valid(b)
-}
-
-// unreadableBlob reports whether a blob decoded to b, whose resource has
-// the mimeType m (see blobMIME), is one the policy withholds (its
-// unreadable_blobs): text in a charset other than UTF-8, labelled with a
-// type of text and not valid UTF-8, or without a type and opening with a
-// byte-order mark of UTF-16 or UTF-32 (see foreignBOM).
-func unreadableBlob(m string, b []byte) bool {
-	if !textMIME(m) {
-		return false
-	}
-	base := mimeBase(m)
-	return foreignCharset(m) || base != "" && !utf8.Valid(b) || base == "" && foreignBOM(b)
-}
-
-// foreignBOM reports whether b opens with a byte-order mark of UTF-16
-// (FF FE, FE FF) or UTF-32 (FF FE 00 00, 00 00 FE FF), which a runner
-// reading a blob without a mimeType as text sniffs and decodes by (the
-// policy's foreign_bom).
-func foreignBOM(b []byte) bool {
-	return bytes.HasPrefix(b, []byte{0xFF, 0xFE}) || bytes.HasPrefix(b, []byte{0xFE, 0xFF}) ||
-		bytes.HasPrefix(b, []byte{0, 0, 0xFE, 0xFF})
-}
-
-// mimeBase is the type of a mimeType, without its parameters.
-func mimeBase(m string) string {
-	base, _, _ := strings.Cut(m, ";")
-	return strings.TrimSpace(base)
-}
-
-// foreignCharset reports whether a mimeType (in lower case) has a charset
-// parameter naming an encoding other than UTF-8 or US-ASCII (the policy's
-// foreign_charset).
-func foreignCharset(m string) bool {
-	params := strings.Split(m, ";")
-	for _, p := range params[1:] {
-		name, value, _ := strings.Cut(p, "=")
-		if strings.TrimSpace(name) == "charset" && !slices.Contains(utf8Charsets, strings.Trim(strings.TrimSpace(value), `"`)) {
-			return true
-		}
-	}
-	return false
-}
-
-// utf8Charsets are the charsets whose text is UTF-8 (the policy's
-// utf8_charsets).
-var utf8Charsets = []string{"utf-8", "utf8", "us-ascii", "ascii"}
-
-// textMIME reports whether a mimeType (in lower case) is of text (the
-// policy's text_mime): empty, text/*, JSON, XML, YAML (also as a +json,
-// +xml or +yaml suffix) or another language written as text. Other types
-// are binary data, whose bytes are not touched even when they happen to be
-// valid UTF-8 (a protocol buffer's).
-func textMIME(m string) bool {
-	base := mimeBase(m)
-	if base == "" || strings.HasPrefix(base, "text/") || slices.Contains(textApplications, base) {
-		return true
-	}
-	return strings.HasSuffix(base, "+json") || strings.HasSuffix(base, "+xml") || strings.HasSuffix(base, "+yaml")
-}
-
-// textApplications are the application/ types of text (the policy's
-// text_applications).
-var textApplications = []string{"application/json", "application/xml", "application/yaml", "application/x-yaml",
-	"application/javascript", "application/ecmascript", "application/x-ndjson", "application/toml", "application/sql",
-	"application/graphql", "application/x-sh"}
-
-// mimeAt is the mimeType beside the blob at path, nil when there is none.
-func mimeAt(result *ast.Term, path []pathStep) *ast.Term {
-	return termAt(result, append(path[:len(path)-1:len(path)-1], pathStep{key: keyMimeType}))
 }
 
 // plainItem reports whether a content item is of a type of MCP's with the
