@@ -47,8 +47,8 @@ func TestR14ChainedOldKeyUndosLoseTheNewKeysRecord(t *testing.T) {
 	key := ConnectionKey("personal", user)
 	k1 := testCipher(t)
 	gA, gC := r10Gate(k1), r10Gate(k1)
-	casA := &r12CAS{r12Store: r12Store{Storage: storage}}
-	casC := &r12CAS{r12Store: r12Store{Storage: storage}}
+	casA := newCAS(&hookStore{Storage: storage})
+	casC := newCAS(&hookStore{Storage: storage})
 	replicaA := r10Replica(t, storage, casA, gA, user)
 	replicaC := r10Replica(t, storage, casC, gC, user)
 	connectedBeforeReset(t, dir, replicaA, user)
@@ -126,7 +126,7 @@ func TestR14UnreadableCanaryUndoOnTheNewKeyLosesTheNewKeysRecord(t *testing.T) {
 		t.Fatal(err)
 	}
 	gA := r10Gate(k2)
-	casA := &r12CAS{r12Store: r12Store{Storage: storage}}
+	casA := newCAS(&hookStore{Storage: storage})
 	replicaA := r10Replica(t, storage, casA, gA, user)
 	savedA := r10SaveHeld(replicaA, gA, user, &Connection{AccessToken: "tok-A", RefreshToken: "r"})
 	replicaB := r10Replica(t, storage, storage, k2, user)

@@ -48,6 +48,28 @@ func (s *r12PG) Load(ctx context.Context, key string) ([]byte, error) {
 	return v, err
 }
 
+// afterLoad sets then to run right after the next Load of key, the first
+// after skip others.
+func (s *r12PG) afterLoad(skip int, then func()) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.skip, s.then = skip, then
+}
+
+// failLoad makes the next Load of key fail.
+func (s *r12PG) failLoad() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.fail = true
+}
+
+// pending reports whether the hook or the fault set is still to come.
+func (s *r12PG) pending() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.then != nil || s.fail
+}
+
 // r12Postgres is a postgres storage on a cluster of t's own.
 func r12Postgres(t *testing.T) *postgres.Storage {
 	t.Helper()
@@ -55,7 +77,12 @@ func r12Postgres(t *testing.T) *postgres.Storage {
 		t.Skip("PostgreSQL tests run with TOOLGATE_REQUIRE_PEERS=1")
 	}
 	srv := pgtest.Start(t)
-	s := &postgres.Storage{DSN: srv.DSN("postgres"), Table: "r12"}
+	return pgProvisioned(t, &postgres.Storage{DSN: srv.DSN("postgres"), Table: "r12"})
+}
+
+// pgProvisioned is s provisioned and validated, cleaned up with t.
+func pgProvisioned(t *testing.T, s *postgres.Storage) *postgres.Storage {
+	t.Helper()
 	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
 	t.Cleanup(cancel)
 	if err := s.Provision(ctx); err != nil {
@@ -68,13 +95,13 @@ func r12Postgres(t *testing.T) *postgres.Storage {
 	return s
 }
 
-// pgRollingReset is the rolling reset on real PostgreSQL: replica A (K1,
-// its connection store going through connA) connected alice (tok-1); the
-// operator stores "reset"; A's save of tok-2 is held in its Encrypt;
-// replica B (K2, on pgB) starts, seals the new canary and records the
-// reset; alice connects again on B (tok-B). It returns A, B, the channel
-// A's save answers on, and the gate to release it.
-func pgRollingReset(t *testing.T, pg *postgres.Storage, connA certmagic.Storage, pgB *postgres.Storage) (*App, *App, chan error, *r9Gated) {
+// pgResetDuringSave is the rolling reset on real PostgreSQL up to the new
+// canary: replica A (K1, its connection store going through connA, which
+// writes by value) connected alice (tok-1); the operator stores "reset";
+// A's save of tok-2 is held in its Encrypt; replica B (K2, on pgB) starts,
+// seals the new canary and records the reset. It returns A, B, the
+// channel A's save answers on, and the gate to release it.
+func pgResetDuringSave(t *testing.T, pg *postgres.Storage, connA certmagic.Storage, pgB *postgres.Storage) (*App, *App, chan error, *r9Gated) {
 	t.Helper()
 	ctx := context.Background()
 	const user = "alice"
@@ -102,7 +129,15 @@ func pgRollingReset(t *testing.T, pg *postgres.Storage, connA certmagic.Storage,
 	if err := replicaB.checkCipherKey(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if err := replicaB.connections.Save(ctx, "personal", user, &Connection{AccessToken: "tok-B", RefreshToken: "refresh-B"}); err != nil {
+	return replicaA, replicaB, saved, k1
+}
+
+// pgRollingReset is pgResetDuringSave, then alice connects again on B
+// (tok-B).
+func pgRollingReset(t *testing.T, pg *postgres.Storage, connA certmagic.Storage, pgB *postgres.Storage) (*App, *App, chan error, *r9Gated) {
+	t.Helper()
+	replicaA, replicaB, saved, k1 := pgResetDuringSave(t, pg, connA, pgB)
+	if err := replicaB.connections.Save(context.Background(), "personal", "alice", &Connection{AccessToken: "tok-B", RefreshToken: "refresh-B"}); err != nil {
 		t.Fatalf("alice connecting again on replica B: %v", err)
 	}
 	return replicaA, replicaB, saved, k1
@@ -131,58 +166,30 @@ func TestR12RealPostgresUndoAndANewerRecord(t *testing.T) {
 			ctx := context.Background()
 			const user = "alice"
 			key := ConnectionKey("personal", user)
-			for _, k := range []string{cipherCanaryKey, cipherResetKey, key} {
-				if err := pg.Delete(ctx, k); err != nil {
-					t.Fatal(err)
-				}
-			}
-			k1 := r10Gate(testCipher(t))
 			st := &r12PG{Storage: pg, key: key}
 			hook := &r12PGStoreHook{r12PG: st, key: key}
-			replicaA := r10Replica(t, pg, hook, k1, user)
+			replicaA, replicaB, saved, k1 := pgResetDuringSave(t, pg, hook, pg)
 			if _, ok := replicaA.connections.storage.(valueDeleter); !ok {
 				t.Fatal("premise: A's storage deletes by value")
-			}
-			if err := replicaA.checkCipherKey(ctx); err != nil {
-				t.Fatal(err)
-			}
-			if err := replicaA.connections.Save(ctx, "personal", user, &Connection{AccessToken: "tok-1"}); err != nil {
-				t.Fatal(err)
-			}
-			if err := pg.Store(ctx, cipherCanaryKey, []byte("reset\n")); err != nil {
-				t.Fatal(err)
-			}
-			saved := r10SaveHeld(replicaA, k1, user, &Connection{AccessToken: "tok-2", RefreshToken: "r"})
-			replicaB := r10Replica(t, pg, pg, testCipher(t), user)
-			if err := replicaB.checkCipherKey(ctx); err != nil {
-				t.Fatal(err)
 			}
 			connectOnB := func() {
 				if err := replicaB.connections.Save(ctx, "personal", user, &Connection{AccessToken: "tok-B"}); err != nil {
 					t.Errorf("alice connecting again on replica B: %v", err)
 				}
 			}
-			st.mu.Lock()
 			if how == "read back fails" {
 				hook.then = func() { // right after A's store
 					connectOnB()
-					st.mu.Lock()
-					st.fail = true
-					st.mu.Unlock()
+					st.failLoad()
 				}
 			} else {
-				st.skip = 1          // the save's read of what it stores over
-				st.then = connectOnB // right after the undo's read back
+				st.afterLoad(1, connectOnB) // skipping the save's read of what it stores over: right after the undo's read back
 			}
-			st.mu.Unlock()
 			close(k1.release)
 			if err := <-saved; !errors.Is(err, ErrCipherRefused) {
 				t.Fatalf("A's save sealed with the replaced key after the new canary: %v, want ErrCipherRefused", err)
 			}
-			st.mu.Lock()
-			pending := st.then != nil || st.fail
-			st.mu.Unlock()
-			if pending {
+			if st.pending() {
 				t.Fatal("premise: the undo did not read the record back")
 			}
 			r12Has(t, replicaB, user, "tok-B")

@@ -30,21 +30,16 @@ func TestR13RealPostgresPutBackResurrectsADisconnectedConnection(t *testing.T) {
 	const user = "alice"
 	st := &r12PG{Storage: pg, key: ConnectionKey("personal", user)}
 	_, replicaB, saved, k1 := pgRollingReset(t, pg, st, pg)
-	st.mu.Lock()
-	st.then = func() { // right after A's save read B's record
+	st.afterLoad(0, func() { // right after A's save read B's record
 		if err := replicaB.connections.Delete(ctx, "personal", user); err != nil {
 			t.Errorf("alice disconnecting on replica B: %v", err)
 		}
-	}
-	st.mu.Unlock()
+	})
 	close(k1.release)
 	if err := <-saved; !errors.Is(err, ErrCipherRefused) {
 		t.Fatalf("A's save sealed with the replaced key after the new canary: %v, want ErrCipherRefused", err)
 	}
-	st.mu.Lock()
-	pending := st.then != nil
-	st.mu.Unlock()
-	if pending {
+	if st.pending() {
 		t.Fatal("premise: the disconnect did not run during A's save")
 	}
 	conn, err := replicaB.connections.LoadFresh(ctx, "personal", user)
@@ -158,9 +153,7 @@ func TestR13RealPostgresPutBackByValueAgainstAChangeAfterTheUndosRead(t *testing
 			const user = "alice"
 			st := &r12PG{Storage: pg, key: ConnectionKey("personal", user)}
 			_, replicaB, saved, k1 := pgRollingReset(t, pg, st, pg)
-			st.mu.Lock()
-			st.skip = 1 // the save's read of what it stores over
-			st.then = func() {
+			st.afterLoad(1, func() { // skipping the save's read of what it stores over
 				var err error
 				if change == "refreshed on B" {
 					err = replicaB.connections.Save(ctx, "personal", user, &Connection{AccessToken: "tok-B2"})
@@ -170,16 +163,12 @@ func TestR13RealPostgresPutBackByValueAgainstAChangeAfterTheUndosRead(t *testing
 				if err != nil {
 					t.Errorf("alice's change on B: %v", err)
 				}
-			}
-			st.mu.Unlock()
+			})
 			close(k1.release)
 			if err := <-saved; !errors.Is(err, ErrCipherRefused) {
 				t.Fatalf("A's save sealed with the replaced key after the new canary: %v, want ErrCipherRefused", err)
 			}
-			st.mu.Lock()
-			pending := st.then != nil
-			st.mu.Unlock()
-			if pending {
+			if st.pending() {
 				t.Fatal("premise: the undo did not read the record back")
 			}
 			if change == "refreshed on B" {

@@ -7,8 +7,6 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/caddyserver/caddy/v2"
-
 	"github.com/toolgate/toolgate/modules/storage/postgres"
 )
 
@@ -17,17 +15,7 @@ import (
 // DSN), as another replica's.
 func r14SecondStorage(t *testing.T, pg *postgres.Storage) *postgres.Storage {
 	t.Helper()
-	s := &postgres.Storage{DSN: pg.DSN + "&application_name=r14-replica-b", Table: pg.Table}
-	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
-	t.Cleanup(cancel)
-	if err := s.Provision(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Validate(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = s.Cleanup() })
-	return s
+	return pgProvisioned(t, &postgres.Storage{DSN: pg.DSN + "&application_name=r14-replica-b", Table: pg.Table})
 }
 
 // Attack: TestR14FallbackStoreOverwritesARecordItNeverReadAndTheUndoLosesIt
@@ -50,21 +38,16 @@ func TestR14RealPostgresFallbackStoreLosesANewerRecord(t *testing.T) {
 	const user = "alice"
 	st := &r12PG{Storage: pg, key: ConnectionKey("personal", user)}
 	_, replicaB, saved, k1 := pgRollingReset(t, pg, st, r14SecondStorage(t, pg))
-	st.mu.Lock()
-	st.then = func() { // right after storeSealed's Load of tok-B's record
+	st.afterLoad(0, func() { // right after storeSealed's Load of tok-B's record
 		if err := replicaB.connections.Save(ctx, "personal", user, &Connection{AccessToken: "tok-B2"}); err != nil {
 			t.Errorf("alice connecting once more on replica B: %v", err)
 		}
-	}
-	st.mu.Unlock()
+	})
 	close(k1.release)
 	if err := <-saved; !errors.Is(err, ErrCipherRefused) {
 		t.Fatalf("A's save sealed with the replaced key after the new canary: %v, want ErrCipherRefused", err)
 	}
-	st.mu.Lock()
-	pending := st.then != nil
-	st.mu.Unlock()
-	if pending {
+	if st.pending() {
 		t.Fatal("premise: alice's second connection on B did not run during A's save")
 	}
 	conn, err := replicaB.connections.LoadFresh(ctx, "personal", user)

@@ -4,27 +4,11 @@ import (
 	"context"
 	"errors"
 	"io/fs"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/caddyserver/certmagic"
 )
-
-// r10Blip is storage whose Loads of key fail, as a storage backend's
-// passing fault does (a dropped connection, a timeout), while on.
-type r10Blip struct {
-	certmagic.Storage
-	key string
-	on  atomic.Bool
-}
-
-func (s *r10Blip) Load(ctx context.Context, key string) ([]byte, error) {
-	if key == s.key && s.on.Load() {
-		return nil, errors.New("r10: storage backend: connection reset by peer")
-	}
-	return s.Storage.Load(ctx, key)
-}
 
 // r10Replica is a replica on cipher c whose connection store goes through
 // storage.
@@ -73,25 +57,15 @@ func TestR10SaveUndoneDeletesWhenTheReadBackFails(t *testing.T) {
 	const user = "alice"
 	key := ConnectionKey("personal", user)
 	k1 := r10Gate(testCipher(t))
-	blip := &r10Blip{Storage: storage, key: key}
-	hooked := &storedThen{Storage: blip, key: key}
-	replicaA := r10Replica(t, storage, hooked, k1, user)
-	connectedBeforeReset(t, dir, replicaA, user)
-
-	if err := storage.Store(ctx, cipherCanaryKey, []byte("reset\n")); err != nil {
-		t.Fatal(err)
-	}
-	saved := r10SaveHeld(replicaA, k1, user, &Connection{AccessToken: "tok-2", RefreshToken: "r"})
-	replicaB := r10Replica(t, storage, storage, testCipher(t), user)
-	if err := replicaB.checkCipherKey(ctx); err != nil {
-		t.Fatal(err)
-	}
-	hooked.then = func() { blip.on.Store(true) } // A's read-back fails
+	st := &hookStore{Storage: storage}
+	replicaA := r10Replica(t, storage, st, k1, user)
+	replicaB, saved := resetDuringSave(t, dir, storage, replicaA, k1, &Connection{AccessToken: "tok-2", RefreshToken: "r"})
+	st.afterStore(key, func() { st.failLoads(key, 1<<20) }) // A's read-back fails
 	close(k1.release)
 	if err := <-saved; !errors.Is(err, ErrCipherRefused) {
 		t.Fatalf("A's save sealed with the replaced key after the new canary: %v, want ErrCipherRefused", err)
 	}
-	blip.on.Store(false)
+	st.failLoads(key, 0)
 	if _, err := storage.Load(ctx, key); !errors.Is(err, fs.ErrNotExist) {
 		t.Fatalf("the record A sealed with the replaced key is still stored (%v)", err)
 	}
@@ -141,10 +115,9 @@ func TestR10SaveUndoneKeepsAnotherOldKeyReplicasRecord(t *testing.T) {
 	key := ConnectionKey("personal", user)
 	k1 := testCipher(t)
 	gA, gC := r10Gate(k1), r10Gate(k1)
-	hookedA := &storedThen{Storage: storage, key: key}
+	hookedA := &hookStore{Storage: storage}
 	replicaA := r10Replica(t, storage, hookedA, gA, user)
-	blipC := &r10Blip{Storage: storage, key: cipherCanaryKey}
-	hookedC := &storedThen{Storage: blipC, key: key}
+	hookedC := &hookStore{Storage: storage}
 	replicaC := r10Replica(t, storage, hookedC, gC, user)
 	if err := replicaA.checkCipherKey(ctx); err != nil {
 		t.Fatal(err)
@@ -162,7 +135,7 @@ func TestR10SaveUndoneKeepsAnotherOldKeyReplicasRecord(t *testing.T) {
 	if err := storage.Store(ctx, cipherCanaryKey, []byte("reset\n")); err != nil {
 		t.Fatal(err)
 	}
-	hookedC.then = func() { blipC.on.Store(true) } // C's canary read after its store fails
+	hookedC.afterStore(key, func() { hookedC.failLoads(cipherCanaryKey, 1<<20) }) // C's canary read after its store fails
 	savedA := r10SaveHeld(replicaA, gA, user, &Connection{AccessToken: "tok-A", RefreshToken: "r"})
 	savedC := r10SaveHeld(replicaC, gC, user, &Connection{AccessToken: "tok-C", RefreshToken: "r"})
 
@@ -174,13 +147,13 @@ func TestR10SaveUndoneKeepsAnotherOldKeyReplicasRecord(t *testing.T) {
 	// A stores; C's store lands right after, and its save ends, before A
 	// checks the canary.
 	var errC error
-	hookedA.then = func() {
+	hookedA.afterStore(key, func() {
 		close(gC.release)
 		errC = <-savedC
-	}
+	})
 	close(gA.release)
 	errA := <-savedA
-	blipC.on.Store(false)
+	hookedC.failLoads(cipherCanaryKey, 0)
 	if !errors.Is(errA, ErrCipherRefused) {
 		t.Fatalf("A's save sealed with the replaced key after the new canary: %v, want ErrCipherRefused", errA)
 	}

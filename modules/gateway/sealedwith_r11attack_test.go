@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io/fs"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -16,21 +15,6 @@ import (
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
 )
-
-// r11Down is cipher c whose backend cannot be reached for Decrypt while
-// down is set (Vault sealed or restarting): it answers
-// ErrCipherUnavailable, as the real ciphers do.
-type r11Down struct {
-	Cipher
-	down atomic.Bool
-}
-
-func (c *r11Down) Decrypt(ctx context.Context, ciphertext, context []byte) ([]byte, error) {
-	if c.down.Load() {
-		return nil, fmt.Errorf("vault transit at https://vault.example: %w: Vault is sealed", ErrCipherUnavailable)
-	}
-	return c.Cipher.Decrypt(ctx, ciphertext, context)
-}
 
 // r11Format is cipher c with its own ciphertext format (a prefix), whose
 // Decrypt of another cipher's ciphertext answers a plain error, neither
@@ -87,9 +71,8 @@ func TestR11HealthyGatewayLosesAGoodConnectionToTwoCanaryBlips(t *testing.T) {
 	storage := SafeListing(&certmagic.FileStorage{Path: t.TempDir()})
 	const user = "alice"
 	key := ConnectionKey("personal", user)
-	faulty := &failingLoads{Storage: storage, key: cipherCanaryKey}
-	hooked := &storedThen{Storage: faulty, key: key}
-	gw := r10Replica(t, storage, hooked, testCipher(t), user)
+	st := &hookStore{Storage: storage}
+	gw := r10Replica(t, storage, st, testCipher(t), user)
 	if err := gw.checkCipherKey(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -100,7 +83,7 @@ func TestR11HealthyGatewayLosesAGoodConnectionToTwoCanaryBlips(t *testing.T) {
 		t.Fatalf("premise: a healthy gateway whose key opens the canary (%v %v)", state, err)
 	}
 
-	hooked.then = func() { faulty.n.Store(2) } // the canary's next two reads fail
+	st.afterStore(key, func() { st.failLoads(cipherCanaryKey, 2) }) // the canary's next two reads fail
 	err := gw.connections.Save(ctx, "personal", user, &Connection{AccessToken: "tok-2", RefreshToken: "r-2"})
 	t.Logf("the refresh's save answered: %v", err)
 
@@ -111,21 +94,6 @@ func TestR11HealthyGatewayLosesAGoodConnectionToTwoCanaryBlips(t *testing.T) {
 	if conn.AccessToken != "tok-1" && conn.AccessToken != "tok-2" {
 		t.Fatalf("alice's connection: %+v", conn)
 	}
-}
-
-// r11CanaryBlips is cipher c whose next n Decrypts of the canary (its
-// context only) answer ErrCipherUnavailable: Vault's or KMS's passing
-// fault (a 429, a timeout) landing on the canary's round trips.
-type r11CanaryBlips struct {
-	Cipher
-	n atomic.Int32
-}
-
-func (c *r11CanaryBlips) Decrypt(ctx context.Context, ciphertext, context []byte) ([]byte, error) {
-	if bytes.Equal(context, cipherCanaryContext) && c.n.Add(-1) >= 0 {
-		return nil, fmt.Errorf("vault transit at https://vault.example: %w: 429 Too Many Requests", ErrCipherUnavailable)
-	}
-	return c.Cipher.Decrypt(ctx, ciphertext, context)
 }
 
 // Attack: as TestR11HealthyGatewayLosesAGoodConnectionToTwoCanaryBlips,
@@ -148,8 +116,8 @@ func TestR11HealthyGatewayLosesAGoodConnectionToTwoCanaryCipherBlips(t *testing.
 	storage := SafeListing(&certmagic.FileStorage{Path: t.TempDir()})
 	const user = "alice"
 	key := ConnectionKey("personal", user)
-	c := &r11CanaryBlips{Cipher: testCipher(t)}
-	hooked := &storedThen{Storage: storage, key: key}
+	c := &decryptBlips{Cipher: testCipher(t), context: cipherCanaryContext}
+	hooked := &hookStore{Storage: storage}
 	gw := r10Replica(t, storage, hooked, c, user)
 	if err := gw.checkCipherKey(ctx); err != nil {
 		t.Fatal(err)
@@ -157,7 +125,7 @@ func TestR11HealthyGatewayLosesAGoodConnectionToTwoCanaryCipherBlips(t *testing.
 	if err := gw.connections.Save(ctx, "personal", user, &Connection{AccessToken: "tok-1", RefreshToken: "r-1"}); err != nil {
 		t.Fatal(err)
 	}
-	hooked.then = func() { c.n.Store(2) }
+	hooked.afterStore(key, func() { c.n.Store(2) })
 	err := gw.connections.Save(ctx, "personal", user, &Connection{AccessToken: "tok-2", RefreshToken: "r-2"})
 	t.Logf("the refresh's save answered: %v", err)
 	if c.n.Load() > 0 {
@@ -202,8 +170,8 @@ func TestR11UndoDeletesAnotherKeysNewerRecordWhileTheCipherIsDown(t *testing.T) 
 	const user = "alice"
 	key := ConnectionKey("personal", user)
 	k1 := r10Gate(testCipher(t))
-	a := &r11Down{Cipher: k1}
-	hooked := &storedThen{Storage: storage, key: key}
+	a := &cipherDown{Cipher: k1}
+	hooked := &hookStore{Storage: storage}
 	replicaA := r10Replica(t, storage, hooked, a, user)
 	if err := replicaA.checkCipherKey(ctx); err != nil {
 		t.Fatal(err)
@@ -216,12 +184,12 @@ func TestR11UndoDeletesAnotherKeysNewerRecordWhileTheCipherIsDown(t *testing.T) 
 	if err := replicaB.checkCipherKey(ctx); err != nil {
 		t.Fatal(err)
 	}
-	hooked.then = func() {
+	hooked.afterStore(key, func() {
 		if err := replicaB.connections.Save(ctx, "personal", user, &Connection{AccessToken: "tok-B"}); err != nil {
 			t.Errorf("alice connecting again on replica B: %v", err)
 		}
 		a.down.Store(true)
-	}
+	})
 	close(k1.release)
 	err := <-saved
 	t.Logf("replica A's save answered: %v", err)
@@ -261,7 +229,7 @@ func TestR11UndoDeletesANewerRecordOfAnotherCipherType(t *testing.T) {
 	key := ConnectionKey("personal", user)
 	k1 := r10Gate(testCipher(t))
 	local := &r11Format{Cipher: k1, prefix: "local:v1:"}
-	hooked := &storedThen{Storage: storage, key: key}
+	hooked := &hookStore{Storage: storage}
 	replicaA := r10Replica(t, storage, hooked, local, user)
 	if err := replicaA.checkCipherKey(ctx); err != nil {
 		t.Fatal(err)
@@ -275,11 +243,11 @@ func TestR11UndoDeletesANewerRecordOfAnotherCipherType(t *testing.T) {
 	if err := replicaB.checkCipherKey(ctx); err != nil {
 		t.Fatal(err)
 	}
-	hooked.then = func() {
+	hooked.afterStore(key, func() {
 		if err := replicaB.connections.Save(ctx, "personal", user, &Connection{AccessToken: "tok-B"}); err != nil {
 			t.Errorf("alice connecting again on replica B: %v", err)
 		}
-	}
+	})
 	close(k1.release)
 	err := <-saved
 	t.Logf("replica A's save answered: %v", err)
@@ -333,10 +301,9 @@ func TestR11CanaryFaultsLeakNoSecrets(t *testing.T) {
 	storage := SafeListing(&certmagic.FileStorage{Path: dir})
 	const user = "alice"
 	key := ConnectionKey("personal", user)
-	faulty := &failingLoads{Storage: storage, key: cipherCanaryKey}
-	hooked := &storedThen{Storage: faulty, key: key}
-	c := &r11Down{Cipher: testCipher(t)}
-	gw := r10Replica(t, storage, hooked, c, user)
+	st := &hookStore{Storage: storage}
+	c := &cipherDown{Cipher: testCipher(t)}
+	gw := r10Replica(t, storage, st, c, user)
 	core, logs := observer.New(zapcore.DebugLevel)
 	gw.connections.logger = zap.New(core)
 	if err := gw.checkCipherKey(ctx); err != nil {
@@ -345,7 +312,7 @@ func TestR11CanaryFaultsLeakNoSecrets(t *testing.T) {
 	secrets := []string{"tok-SECRET-1", "refresh-SECRET-1", "tok-SECRET-2", "tok-SECRET-3", "refresh-SECRET-3"}
 	var errs []error
 	// The canary cannot be read before sealing: storage, then cipher.
-	faulty.n.Store(1)
+	st.failLoads(cipherCanaryKey, 1)
 	errs = append(errs, gw.connections.Save(ctx, "personal", user, &Connection{AccessToken: secrets[0], RefreshToken: secrets[1]}))
 	c.down.Store(true)
 	errs = append(errs, gw.connections.Save(ctx, "personal", user, &Connection{AccessToken: secrets[2]}))
@@ -355,15 +322,15 @@ func TestR11CanaryFaultsLeakNoSecrets(t *testing.T) {
 	if err := storage.Store(ctx, cipherCanaryKey, []byte("reset\n")); err != nil {
 		t.Fatal(err)
 	}
-	hooked.then = func() {
+	st.afterStore(key, func() {
 		// A reset recorded during the save, before the store (dated an
 		// hour back, so the record stored is newer).
 		if err := storage.Store(ctx, cipherResetKey, []byte("then")); err != nil {
 			t.Error(err)
 		}
 		r8Age(t, dir, cipherResetKey, time.Hour)
-		faulty.n.Store(2)
-	}
+		st.failLoads(cipherCanaryKey, 2)
+	})
 	errs = append(errs, gw.connections.Save(ctx, "personal", user, &Connection{AccessToken: secrets[3], RefreshToken: secrets[4]}))
 	var text strings.Builder
 	for _, err := range errs {
@@ -418,16 +385,15 @@ func TestR11NoCanaryStorageLosesAGoodConnectionToTwoBlips(t *testing.T) {
 	storage := SafeListing(&certmagic.FileStorage{Path: t.TempDir()})
 	const user = "alice"
 	key := ConnectionKey("personal", user)
-	faulty := &failingLoads{Storage: storage, key: cipherCanaryKey}
-	hooked := &storedThen{Storage: faulty, key: key}
-	gw := r10Replica(t, storage, hooked, testCipher(t), user)
+	st := &hookStore{Storage: storage}
+	gw := r10Replica(t, storage, st, testCipher(t), user)
 	if err := gw.connections.Save(ctx, "personal", user, &Connection{AccessToken: "tok-1", RefreshToken: "r-1"}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := storage.Load(ctx, cipherCanaryKey); !errors.Is(err, fs.ErrNotExist) {
 		t.Fatalf("premise: no canary (%v)", err)
 	}
-	hooked.then = func() { faulty.n.Store(2) }
+	st.afterStore(key, func() { st.failLoads(cipherCanaryKey, 2) })
 	err := gw.connections.Save(ctx, "personal", user, &Connection{AccessToken: "tok-2", RefreshToken: "r-2"})
 	t.Logf("the refresh's save answered: %v", err)
 	conn, lerr := gw.connections.LoadFresh(ctx, "personal", user)
@@ -461,9 +427,8 @@ func TestR11ResetDuringTheSaveAndTwoBlipsKeepNoReplacedKeyRecord(t *testing.T) {
 	const user = "alice"
 	key := ConnectionKey("personal", user)
 	k1 := r10Gate(testCipher(t))
-	faulty := &failingLoads{Storage: storage, key: cipherCanaryKey}
-	hooked := &storedThen{Storage: faulty, key: key}
-	replicaA := r10Replica(t, storage, hooked, k1, user)
+	st := &hookStore{Storage: storage}
+	replicaA := r10Replica(t, storage, st, k1, user)
 	if err := replicaA.checkCipherKey(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -478,7 +443,7 @@ func TestR11ResetDuringTheSaveAndTwoBlipsKeepNoReplacedKeyRecord(t *testing.T) {
 	if err := replicaB.checkCipherKey(ctx); err != nil {
 		t.Fatal(err)
 	}
-	hooked.then = func() { faulty.n.Store(2) }
+	st.afterStore(key, func() { st.failLoads(cipherCanaryKey, 2) })
 	close(k1.release)
 	err := <-saved
 	t.Logf("replica A's save answered: %v", err)

@@ -4,11 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -17,114 +15,6 @@ import (
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
 )
-
-// r12Store is storage with faults and a hook: the next n Loads of a key,
-// or Stats of a key, fail as a storage backend's passing fault does, and
-// then runs once, right after the next Store of the key it was set for.
-type r12Store struct {
-	certmagic.Storage
-	mu        sync.Mutex
-	loadFails map[string]int
-	statFails map[string]int
-	hookKey   string
-	then      func()
-}
-
-func (s *r12Store) failLoads(key string, n int) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.loadFails == nil {
-		s.loadFails = map[string]int{}
-	}
-	s.loadFails[key] = n
-}
-
-func (s *r12Store) failStats(key string, n int) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.statFails == nil {
-		s.statFails = map[string]int{}
-	}
-	s.statFails[key] = n
-}
-
-func (s *r12Store) afterStore(key string, then func()) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.hookKey, s.then = key, then
-}
-
-func (s *r12Store) fails(m map[string]int, key string) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if m[key] > 0 {
-		m[key]--
-		return true
-	}
-	return false
-}
-
-func (s *r12Store) Load(ctx context.Context, key string) ([]byte, error) {
-	if s.fails(s.loadFails, key) {
-		return nil, errors.New("r12: storage backend: connection reset by peer")
-	}
-	return s.Storage.Load(ctx, key)
-}
-
-func (s *r12Store) Stat(ctx context.Context, key string) (certmagic.KeyInfo, error) {
-	if s.fails(s.statFails, key) {
-		return certmagic.KeyInfo{}, errors.New("r12: storage backend: i/o timeout")
-	}
-	return s.Storage.Stat(ctx, key)
-}
-
-func (s *r12Store) Store(ctx context.Context, key string, value []byte) error {
-	err := s.Storage.Store(ctx, key, value)
-	s.mu.Lock()
-	var then func()
-	if key == s.hookKey && s.then != nil {
-		then, s.then = s.then, nil
-	}
-	s.mu.Unlock()
-	if then != nil {
-		then()
-	}
-	return err
-}
-
-// r12CAS is r12Store with DeleteIfValue and ReplaceIfValue (the postgres
-// storage's valueDeleter and valueReplacer), a compare and write under a
-// lock.
-type r12CAS struct {
-	r12Store
-	cas sync.Mutex
-}
-
-func (s *r12CAS) DeleteIfValue(ctx context.Context, key string, value []byte) (bool, error) {
-	s.cas.Lock()
-	defer s.cas.Unlock()
-	now, err := s.Storage.Load(ctx, key)
-	if errors.Is(err, fs.ErrNotExist) || err == nil && string(now) != string(value) {
-		return false, nil
-	}
-	if err != nil {
-		return false, err
-	}
-	return true, s.Storage.Delete(ctx, key)
-}
-
-func (s *r12CAS) ReplaceIfValue(ctx context.Context, key string, old, value []byte) (bool, error) {
-	s.cas.Lock()
-	defer s.cas.Unlock()
-	now, err := s.Storage.Load(ctx, key)
-	if errors.Is(err, fs.ErrNotExist) || err == nil && string(now) != string(old) {
-		return false, nil
-	}
-	if err != nil {
-		return false, err
-	}
-	return true, s.r12Store.Store(ctx, key, value) // a store: its hook runs after it
-}
 
 // r12Replica is r10Replica for several users.
 func r12Replica(t *testing.T, storage, connStorage certmagic.Storage, c Cipher, users ...string) *App {
@@ -193,7 +83,7 @@ func TestR12NewKeyGatewayOnAResetCanaryLosesAGoodConnectionToTwoBlips(t *testing
 	}
 	k2 := &r9Flaky{key: testCipher(t)}
 	k2.down.Store(true) // Vault unreachable while the gateway starts with K2
-	st := &r12Store{Storage: storage}
+	st := &hookStore{Storage: storage}
 	gw := r10Replica(t, storage, st, k2, user)
 	if err := gw.checkCipherKey(ctx); err != nil {
 		t.Fatal(err)
@@ -245,8 +135,8 @@ func TestR12SameKeyCanaryResealedWithACipherBlipLosesAGoodConnection(t *testing.
 			const user = "alice"
 			key := ConnectionKey("personal", user)
 			k := testCipher(t)
-			c := &r11CanaryBlips{Cipher: k}
-			st := &r12Store{Storage: storage}
+			c := &decryptBlips{Cipher: k, context: cipherCanaryContext}
+			st := &hookStore{Storage: storage}
 			gw := r10Replica(t, storage, st, c, user)
 			if err := gw.checkCipherKey(ctx); err != nil {
 				t.Fatal(err)
@@ -315,17 +205,9 @@ func TestR12UndoWhoseReadBackFailsDeletesANewerRecordDespiteDeleteIfValue(t *tes
 	const user = "alice"
 	key := ConnectionKey("personal", user)
 	k1 := r10Gate(testCipher(t))
-	cas := &r12CAS{r12Store: r12Store{Storage: storage}}
+	cas := newCAS(&hookStore{Storage: storage})
 	replicaA := r10Replica(t, storage, cas, k1, user)
-	connectedBeforeReset(t, dir, replicaA, user)
-	if err := storage.Store(ctx, cipherCanaryKey, []byte("reset\n")); err != nil {
-		t.Fatal(err)
-	}
-	saved := r10SaveHeld(replicaA, k1, user, &Connection{AccessToken: "tok-2", RefreshToken: "r"})
-	replicaB := r10Replica(t, storage, storage, testCipher(t), user)
-	if err := replicaB.checkCipherKey(ctx); err != nil {
-		t.Fatal(err)
-	}
+	replicaB, saved := resetDuringSave(t, dir, storage, replicaA, k1, &Connection{AccessToken: "tok-2", RefreshToken: "r"})
 	cas.afterStore(key, func() {
 		if err := replicaB.connections.Save(ctx, "personal", user, &Connection{AccessToken: "tok-B"}); err != nil {
 			t.Errorf("alice connecting again on replica B: %v", err)
@@ -336,7 +218,7 @@ func TestR12UndoWhoseReadBackFailsDeletesANewerRecordDespiteDeleteIfValue(t *tes
 	if err := <-saved; !errors.Is(err, ErrCipherRefused) {
 		t.Fatalf("A's save sealed with the replaced key after the new canary: %v, want ErrCipherRefused", err)
 	}
-	if cas.fails(cas.loadFails, key) {
+	if cas.loadFaultsLeft(key) > 0 {
 		t.Fatal("premise: the undo did not read the record back")
 	}
 	r12Has(t, replicaB, user, "tok-B")
@@ -369,12 +251,12 @@ func TestR12ResetRecordUnreadBeforeSealingKeepsAReplacedKeyRecord(t *testing.T) 
 	storage := SafeListing(&certmagic.FileStorage{Path: dir})
 	const user = "alice"
 	k1 := r10Gate(testCipher(t))
-	st := &r12Store{Storage: storage}
+	st := &hookStore{Storage: storage}
 	replicaA := r10Replica(t, storage, st, k1, user)
 	connectedBeforeReset(t, dir, replicaA, user)
 	st.failStats(cipherResetKey, 1) // read in A's check before sealing
 	err := replicaA.connections.Save(ctx, "personal", user, &Connection{AccessToken: "tok-A", RefreshToken: "r"})
-	if st.fails(st.statFails, cipherResetKey) {
+	if st.statFaultsLeft(cipherResetKey) > 0 {
 		t.Fatal("premise: the check before sealing did not read the reset record")
 	}
 	if !errors.Is(err, ErrStorageUnavailable) {
@@ -388,7 +270,7 @@ func TestR12ResetRecordUnreadBeforeSealingKeepsAReplacedKeyRecord(t *testing.T) 
 // bob's record was sealed with the first key K1 before the reset. Then
 // the reset is run again (a runbook or a configuration tool applied
 // twice) while B serves. It returns B, its storage, and K2.
-func r12ResetTwice(t *testing.T) (*App, *r12Store, *gcmCipher, certmagic.Storage) {
+func r12ResetTwice(t *testing.T) (*App, *hookStore, *gcmCipher, certmagic.Storage) {
 	t.Helper()
 	ctx := context.Background()
 	dir := t.TempDir()
@@ -399,7 +281,7 @@ func r12ResetTwice(t *testing.T) (*App, *r12Store, *gcmCipher, certmagic.Storage
 		t.Fatal(err)
 	}
 	k2 := testCipher(t)
-	st := &r12Store{Storage: storage}
+	st := &hookStore{Storage: storage}
 	b := r12Replica(t, storage, st, k2, "alice", "bob")
 	if err := b.checkCipherKey(ctx); err != nil {
 		t.Fatal(err)
@@ -537,20 +419,6 @@ func TestR12RecordOfTheResetsTickIsNotTakenForTheOldKeys(t *testing.T) {
 	}
 }
 
-// r12FailingDelete is storage whose Deletes of key fail with an error
-// that names the key, as storage errors do.
-type r12FailingDelete struct {
-	r12Store
-	key string
-}
-
-func (s *r12FailingDelete) Delete(ctx context.Context, key string) error {
-	if key == s.key {
-		return errors.New("r12: storage backend: deleting " + key + ": permission denied")
-	}
-	return s.Storage.Delete(ctx, key)
-}
-
 // Attack: the undo's paths that log: a delete that fails (the error log
 // of undoSealed), a canary refusing after the store (sealingRefused), and
 // a canary that cannot be read twice after a reset marker (the warning);
@@ -567,7 +435,8 @@ func TestR12UndoLogsAndErrorsLeakNoSecrets(t *testing.T) {
 	const user = "alice"
 	key := ConnectionKey("personal", user)
 	k1 := r10Gate(testCipher(t))
-	st := &r12FailingDelete{r12Store: r12Store{Storage: storage}, key: key}
+	st := &hookStore{Storage: storage}
+	st.failDeletes(key, 1<<20) // every Delete of alice's record
 	replicaA := r10Replica(t, storage, st, k1, user)
 	core, logs := observer.New(zapcore.DebugLevel)
 	replicaA.connections.logger = zap.New(core)

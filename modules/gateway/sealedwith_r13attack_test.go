@@ -1,7 +1,6 @@
 package gateway
 
 import (
-	"bytes"
 	"context"
 	"encoding/base64"
 	"encoding/hex"
@@ -11,7 +10,6 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -20,161 +18,6 @@ import (
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
 )
-
-// r13Hook is storage with hooks on one key: onLoad runs once, right after
-// a Load of key read its value (the first after skip others, once armed);
-// onStore runs once, right after a Store of key; failStores makes the next
-// n Stores of key fail (nothing stored), as a storage backend's passing
-// fault does.
-type r13Hook struct {
-	certmagic.Storage
-	key        string
-	mu         sync.Mutex
-	skip       int
-	onLoad     func()
-	onStore    func()
-	failStores int
-}
-
-func (s *r13Hook) armLoad(skip int, then func()) {
-	s.mu.Lock()
-	s.skip, s.onLoad = skip, then
-	s.mu.Unlock()
-}
-
-func (s *r13Hook) loadPending() bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.onLoad != nil
-}
-
-func (s *r13Hook) Load(ctx context.Context, key string) ([]byte, error) {
-	v, err := s.Storage.Load(ctx, key)
-	s.mu.Lock()
-	var then func()
-	if key == s.key && s.onLoad != nil {
-		if s.skip > 0 {
-			s.skip--
-		} else {
-			then, s.onLoad = s.onLoad, nil
-		}
-	}
-	s.mu.Unlock()
-	if then != nil {
-		then()
-	}
-	return v, err
-}
-
-func (s *r13Hook) Store(ctx context.Context, key string, value []byte) error {
-	s.mu.Lock()
-	fail := key == s.key && s.failStores > 0
-	if fail {
-		s.failStores--
-	}
-	s.mu.Unlock()
-	if fail {
-		return errors.New("r13: storage backend: writing " + key + ": i/o timeout")
-	}
-	err := s.Storage.Store(ctx, key, value)
-	s.mu.Lock()
-	var then func()
-	if key == s.key && s.onStore != nil {
-		then, s.onStore = s.onStore, nil
-	}
-	s.mu.Unlock()
-	if then != nil {
-		then()
-	}
-	return err
-}
-
-// r13HookCAS is r13Hook over a storage that writes by value (the
-// postgres storage's valueReplacer and valueDeleter): a compare and write
-// under a lock, whose write is the hook's Store (its fault and its hook
-// apply).
-type r13HookCAS struct {
-	*r13Hook
-	cas sync.Mutex
-}
-
-func (s *r13HookCAS) ReplaceIfValue(ctx context.Context, key string, old, value []byte) (bool, error) {
-	s.cas.Lock()
-	defer s.cas.Unlock()
-	now, err := s.Storage.Load(ctx, key)
-	if errors.Is(err, fs.ErrNotExist) || err == nil && !bytes.Equal(now, old) {
-		return false, nil
-	}
-	if err != nil {
-		return false, err
-	}
-	if err := s.r13Hook.Store(ctx, key, value); err != nil {
-		return false, err
-	}
-	return true, nil
-}
-
-func (s *r13HookCAS) DeleteIfValue(ctx context.Context, key string, value []byte) (bool, error) {
-	s.cas.Lock()
-	defer s.cas.Unlock()
-	now, err := s.Storage.Load(ctx, key)
-	if errors.Is(err, fs.ErrNotExist) || err == nil && !bytes.Equal(now, value) {
-		return false, nil
-	}
-	if err != nil {
-		return false, err
-	}
-	return true, s.Storage.Delete(ctx, key)
-}
-
-// r13DecryptBlip is a cipher whose next n Decrypts under context fail as
-// a backend's passing fault does (Vault's or KMS's 429): the cipher cannot
-// tell now.
-type r13DecryptBlip struct {
-	Cipher
-	context []byte
-	n       atomic.Int32
-}
-
-func (c *r13DecryptBlip) Decrypt(ctx context.Context, ciphertext, context []byte) ([]byte, error) {
-	if bytes.Equal(context, c.context) && c.n.Add(-1) >= 0 {
-		return nil, fmt.Errorf("vault transit at https://vault.example: %w: 429 too many requests", ErrCipherUnavailable)
-	}
-	return c.Cipher.Decrypt(ctx, ciphertext, context)
-}
-
-// r13RollingReset is the rolling reset of the change's own scenario on a
-// file storage: replica A (K1, its connection store going through
-// connStorage) connected alice long ago; the operator stores "reset"; A's
-// save of sealed (tok-2) is held in its Encrypt; replica B (K2) starts,
-// seals the new canary and records the reset (dated an hour back: B has
-// been serving for a while); alice connects again on B (tok-B). It returns
-// A, B, the channel A's save answers on, and the gate to release it.
-func r13RollingReset(t *testing.T, dir string, storage, connStorage certmagic.Storage, wrap func(Cipher) Cipher, conn *Connection) (*App, *App, chan error, *r9Gated) {
-	t.Helper()
-	ctx := context.Background()
-	const user = "alice"
-	k1 := r10Gate(testCipher(t))
-	var c Cipher = k1
-	if wrap != nil {
-		c = wrap(k1)
-	}
-	replicaA := r10Replica(t, storage, connStorage, c, user)
-	connectedBeforeReset(t, dir, replicaA, user)
-	if err := storage.Store(ctx, cipherCanaryKey, []byte("reset\n")); err != nil {
-		t.Fatal(err)
-	}
-	saved := r10SaveHeld(replicaA, k1, user, conn)
-	replicaB := r10Replica(t, storage, storage, testCipher(t), user)
-	if err := replicaB.checkCipherKey(ctx); err != nil {
-		t.Fatal(err)
-	}
-	r8Age(t, dir, cipherResetKey, time.Hour)
-	if err := replicaB.connections.Save(ctx, "personal", user, &Connection{AccessToken: "tok-B", RefreshToken: "refresh-B"}); err != nil {
-		t.Fatalf("alice connecting again on replica B: %v", err)
-	}
-	return replicaA, replicaB, saved, k1
-}
 
 // Attack (fixed): the rolling reset (A on the replaced key K1 saving
 // alice's refreshed grant, B on K2 where alice connected again meanwhile,
@@ -215,17 +58,17 @@ func TestR13DisconnectDuringTheSaveIsUndoneByThePutBack(t *testing.T) {
 				storage := SafeListing(&certmagic.FileStorage{Path: dir})
 				const user = "alice"
 				key := ConnectionKey("personal", user)
-				hook := &r13Hook{Storage: storage, key: key}
+				hook := &hookStore{Storage: storage}
 				var connStorage certmagic.Storage = hook
 				skip := 0 // the first Load of the key in the save
 				if kind == "writes by value" {
-					connStorage = &r13HookCAS{r13Hook: hook}
+					connStorage = newCAS(hook)
 					if when == "between the undo's read and its put-back" {
 						skip = 1 // after the save's read of what it stores over
 					}
 				}
 				_, replicaB, saved, k1 := r13RollingReset(t, dir, storage, connStorage, nil, &Connection{AccessToken: "tok-2", RefreshToken: "r"})
-				hook.armLoad(skip, func() {
+				hook.afterLoad(key, skip, func() {
 					if err := replicaB.connections.Delete(ctx, "personal", user); err != nil {
 						t.Errorf("alice disconnecting on replica B: %v", err)
 					}
@@ -284,10 +127,10 @@ func TestR13CipherBlipPutsBackAReplacedKeyRecordItsOwnReplicaDeleted(t *testing.
 	key := ConnectionKey("personal", user)
 	k1 := testCipher(t)
 	gA, gC := r10Gate(k1), r10Gate(k1)
-	blipA := &r13DecryptBlip{Cipher: gA, context: CipherContext("personal", user)}
-	hookA := &r13Hook{Storage: storage, key: key}
-	replicaA := r10Replica(t, storage, &r13HookCAS{r13Hook: hookA}, blipA, user)
-	hookC := &r13Hook{Storage: storage, key: key}
+	blipA := &decryptBlips{Cipher: gA, context: CipherContext("personal", user)}
+	hookA := &hookStore{Storage: storage}
+	replicaA := r10Replica(t, storage, newCAS(hookA), blipA, user)
+	hookC := &hookStore{Storage: storage}
 	replicaC := r10Replica(t, storage, hookC, gC, user)
 	connectedBeforeReset(t, dir, replicaA, user)
 	if err := storage.Store(ctx, cipherCanaryKey, []byte("reset\n")); err != nil {
@@ -302,10 +145,8 @@ func TestR13CipherBlipPutsBackAReplacedKeyRecordItsOwnReplicaDeleted(t *testing.
 	r8Age(t, dir, cipherResetKey, time.Hour)
 
 	aRead, cDone := make(chan struct{}), make(chan struct{})
-	hookA.armLoad(0, func() { close(aRead); <-cDone }) // A's save read C's record
-	hookC.mu.Lock()
-	hookC.onStore = func() { close(gA.release); <-aRead } // right after C's store
-	hookC.mu.Unlock()
+	hookA.afterLoad(key, 0, func() { close(aRead); <-cDone })    // A's save read C's record
+	hookC.afterStore(key, func() { close(gA.release); <-aRead }) // right after C's store
 	close(gC.release)
 	if err := <-savedC; !errors.Is(err, ErrCipherRefused) {
 		t.Fatalf("premise: C's save, after the new canary, is undone: %v", err)
@@ -365,15 +206,7 @@ func TestR13UndoDoesNotTellThisReplicasGoneListeners(t *testing.T) {
 		gone = append(gone, k)
 		mu.Unlock()
 	})
-	connectedBeforeReset(t, dir, replicaA, user)
-	if err := storage.Store(ctx, cipherCanaryKey, []byte("reset\n")); err != nil {
-		t.Fatal(err)
-	}
-	saved := r10SaveHeld(replicaA, k1, user, &Connection{AccessToken: "tok-2", RefreshToken: "r"})
-	replicaB := r10Replica(t, storage, storage, testCipher(t), user)
-	if err := replicaB.checkCipherKey(ctx); err != nil {
-		t.Fatal(err)
-	}
+	_, saved := resetDuringSave(t, dir, storage, replicaA, k1, &Connection{AccessToken: "tok-2", RefreshToken: "r"})
 	published.reset()
 	close(k1.release)
 	if err := <-saved; !errors.Is(err, ErrCipherRefused) {
@@ -407,11 +240,10 @@ func TestR13RecordBeforeFaultsDoNotFailAHealthySave(t *testing.T) {
 				storage := SafeListing(&certmagic.FileStorage{Path: t.TempDir()})
 				const user = "alice"
 				key := ConnectionKey("personal", user)
-				st := &r12Store{Storage: storage}
+				st := &hookStore{Storage: storage}
 				var connStorage certmagic.Storage = st
 				if kind == "writes by value" {
-					cas := &r12CAS{r12Store: r12Store{Storage: storage}}
-					st, connStorage = &cas.r12Store, cas
+					connStorage = newCAS(st)
 				}
 				gw := r10Replica(t, storage, connStorage, testCipher(t), user)
 				if err := gw.checkCipherKey(ctx); err != nil {
@@ -420,17 +252,17 @@ func TestR13RecordBeforeFaultsDoNotFailAHealthySave(t *testing.T) {
 				if err := gw.connections.Save(ctx, "personal", user, &Connection{AccessToken: "tok-1"}); err != nil {
 					t.Fatal(err)
 				}
-				m := &st.loadFails
+				faultsLeft := st.loadFaultsLeft
 				if fault == "stat" {
 					st.failStats(key, 1)
-					m = &st.statFails
+					faultsLeft = st.statFaultsLeft
 				} else {
 					st.failLoads(key, 1)
 				}
 				if err := gw.connections.Save(ctx, "personal", user, &Connection{AccessToken: "tok-2"}); err != nil {
 					t.Fatalf("a healthy save whose read of the record before failed: %v", err)
 				}
-				if st.fails(*m, key) {
+				if faultsLeft(key) > 0 {
 					t.Fatal("premise: the save did not read the record before")
 				}
 				r12Has(t, gw, user, "tok-2")
@@ -457,9 +289,9 @@ func TestR13PutBackFailureLeaksNoSecrets(t *testing.T) {
 	storage := SafeListing(&certmagic.FileStorage{Path: dir})
 	const user = "alice"
 	key := ConnectionKey("personal", user)
-	hook := &r13Hook{Storage: storage, key: key}
+	hook := &hookStore{Storage: storage}
 	secrets := []string{"tok-SECRET-A", "refresh-SECRET-A", "tok-B", "refresh-B"}
-	replicaA, _, saved, k1 := r13RollingReset(t, dir, storage, &r13HookCAS{r13Hook: hook}, nil, &Connection{AccessToken: secrets[0], RefreshToken: secrets[1]})
+	replicaA, _, saved, k1 := r13RollingReset(t, dir, storage, newCAS(hook), nil, &Connection{AccessToken: secrets[0], RefreshToken: secrets[1]})
 	core, logs := observer.New(zapcore.DebugLevel)
 	replicaA.connections.logger = zap.New(core)
 	prevSealed, err := storage.Load(ctx, key) // B's record, which A's store replaces
@@ -467,14 +299,10 @@ func TestR13PutBackFailureLeaksNoSecrets(t *testing.T) {
 		t.Fatal(err)
 	}
 	var aSealed []byte
-	hook.mu.Lock()
-	hook.onStore = func() { // A's store; the put-back's Store fails
+	hook.afterStore(key, func() { // A's store; the put-back's Store fails
 		aSealed, _ = storage.Load(ctx, key)
-		hook.mu.Lock()
-		hook.failStores = 1
-		hook.mu.Unlock()
-	}
-	hook.mu.Unlock()
+		hook.failStores(key, 1)
+	})
 	close(k1.release)
 	serr := <-saved
 	if !errors.Is(serr, ErrCipherRefused) {
@@ -525,7 +353,7 @@ func TestR13PutBackByValueKeepsANewerRecordWhenTheReadBackFails(t *testing.T) {
 	storage := SafeListing(&certmagic.FileStorage{Path: dir})
 	const user = "alice"
 	key := ConnectionKey("personal", user)
-	cas := &r12CAS{r12Store: r12Store{Storage: storage}}
+	cas := newCAS(&hookStore{Storage: storage})
 	_, replicaB, saved, k1 := r13RollingReset(t, dir, storage, cas, nil, &Connection{AccessToken: "tok-2", RefreshToken: "r"})
 	cas.afterStore(key, func() {
 		if err := replicaB.connections.Save(ctx, "personal", user, &Connection{AccessToken: "tok-B2"}); err != nil {
@@ -537,24 +365,10 @@ func TestR13PutBackByValueKeepsANewerRecordWhenTheReadBackFails(t *testing.T) {
 	if err := <-saved; !errors.Is(err, ErrCipherRefused) {
 		t.Fatalf("A's save sealed with the replaced key after the new canary: %v, want ErrCipherRefused", err)
 	}
-	if cas.fails(cas.loadFails, key) {
+	if cas.loadFaultsLeft(key) > 0 {
 		t.Fatal("premise: the undo did not read the record back")
 	}
 	r12Has(t, replicaB, user, "tok-B2")
-}
-
-// r13Down is a cipher whose Decrypts all fail while down is set (Vault
-// sealed, KMS throttling): the cipher cannot tell.
-type r13Down struct {
-	Cipher
-	down atomic.Bool
-}
-
-func (c *r13Down) Decrypt(ctx context.Context, ciphertext, context []byte) ([]byte, error) {
-	if c.down.Load() {
-		return nil, fmt.Errorf("vault transit at https://vault.example: %w: Vault is sealed", ErrCipherUnavailable)
-	}
-	return c.Cipher.Decrypt(ctx, ciphertext, context)
 }
 
 // Attack: the other undo, the canary unreadable twice after A's store (a
@@ -575,10 +389,9 @@ func TestR13UnreadableCanaryUndoDeletes(t *testing.T) {
 			storage := SafeListing(&certmagic.FileStorage{Path: dir})
 			const user = "alice"
 			key := ConnectionKey("personal", user)
-			cas := &r12CAS{r12Store: r12Store{Storage: storage}}
-			st := &cas.r12Store
-			down := &r13Down{}
-			_, replicaB, saved, k1 := r13RollingReset(t, dir, storage, cas, func(c Cipher) Cipher { down.Cipher = c; return down }, &Connection{AccessToken: "tok-2", RefreshToken: "r"})
+			st := &hookStore{Storage: storage}
+			down := &cipherDown{}
+			_, replicaB, saved, k1 := r13RollingReset(t, dir, storage, newCAS(st), func(c Cipher) Cipher { down.Cipher = c; return down }, &Connection{AccessToken: "tok-2", RefreshToken: "r"})
 			st.afterStore(key, func() {
 				if fault == "storage" {
 					st.failLoads(cipherCanaryKey, 2)

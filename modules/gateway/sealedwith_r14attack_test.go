@@ -36,9 +36,9 @@ func TestR14FallbackStoreOverwritesARecordItNeverReadAndTheUndoLosesIt(t *testin
 	storage := SafeListing(&certmagic.FileStorage{Path: dir})
 	const user = "alice"
 	key := ConnectionKey("personal", user)
-	hook := &r13Hook{Storage: storage, key: key}
-	_, replicaB, saved, k1 := r13RollingReset(t, dir, storage, &r13HookCAS{r13Hook: hook}, nil, &Connection{AccessToken: "tok-2", RefreshToken: "r"})
-	hook.armLoad(0, func() { // right after storeSealed's Load of tok-B's record
+	hook := &hookStore{Storage: storage}
+	_, replicaB, saved, k1 := r13RollingReset(t, dir, storage, newCAS(hook), nil, &Connection{AccessToken: "tok-2", RefreshToken: "r"})
+	hook.afterLoad(key, 0, func() { // right after storeSealed's Load of tok-B's record
 		if err := replicaB.connections.Save(ctx, "personal", user, &Connection{AccessToken: "tok-B2", RefreshToken: "refresh-B2"}); err != nil {
 			t.Errorf("alice connecting once more on replica B: %v", err)
 		}
@@ -105,9 +105,9 @@ func TestR14UnreadableCanaryUndoOnTheNewKeyPutsBackTheReplacedKeysRecord(t *test
 		t.Fatal(err)
 	}
 	gA, gC := r10Gate(k2), r10Gate(k1)
-	casA := &r12CAS{r12Store: r12Store{Storage: storage}}
+	casA := newCAS(&hookStore{Storage: storage})
 	replicaA := r10Replica(t, storage, casA, gA, user)
-	hookC := &r13Hook{Storage: storage, key: key}
+	hookC := &hookStore{Storage: storage}
 	replicaC := r10Replica(t, storage, hookC, gC, user)
 	savedA := r10SaveHeld(replicaA, gA, user, &Connection{AccessToken: "tok-A", RefreshToken: "r"})
 	savedC := r10SaveHeld(replicaC, gC, user, &Connection{AccessToken: "tok-C", RefreshToken: "r"})
@@ -123,9 +123,7 @@ func TestR14UnreadableCanaryUndoOnTheNewKeyPutsBackTheReplacedKeysRecord(t *test
 		close(aStored)
 		<-cDone
 	})
-	hookC.mu.Lock()
-	hookC.onStore = func() { close(gA.release); <-aStored } // right after C's store
-	hookC.mu.Unlock()
+	hookC.afterStore(key, func() { close(gA.release); <-aStored }) // right after C's store
 	close(gC.release)
 	if err := <-savedC; !errors.Is(err, ErrCipherRefused) {
 		t.Fatalf("premise: C's save (K1) after the new canary is refused: %v", err)
@@ -173,8 +171,8 @@ func TestR14HealthySaveAcrossADisconnectInItsReadToReplaceWindow(t *testing.T) {
 			storage := SafeListing(&certmagic.FileStorage{Path: t.TempDir()})
 			const user = "alice"
 			key := ConnectionKey("personal", user)
-			cas := &r12CAS{r12Store: r12Store{Storage: storage}}
-			gw := r10Replica(t, storage, &r14StatHook{r12CAS: cas, key: key}, testCipher(t), user)
+			cas := newCAS(&hookStore{Storage: storage})
+			gw := r10Replica(t, storage, cas, testCipher(t), user)
 			other := r10Replica(t, storage, storage, gw.cipher, user)
 			if err := gw.checkCipherKey(ctx); err != nil {
 				t.Fatal(err)
@@ -187,16 +185,15 @@ func TestR14HealthySaveAcrossADisconnectInItsReadToReplaceWindow(t *testing.T) {
 					t.Errorf("disconnect: %v", err)
 				}
 			}
-			h := gw.connections.storage.(*r14StatHook)
 			if when == "after the load" {
-				h.afterLoad = disconnect
+				cas.afterLoad(key, 0, disconnect)
 			} else {
-				h.afterStat = disconnect
+				cas.afterStat(key, disconnect)
 			}
 			if err := gw.connections.Save(ctx, "personal", user, &Connection{AccessToken: "tok-2"}); err != nil {
 				t.Fatalf("a healthy save across a disconnect: %v", err)
 			}
-			if h.afterLoad != nil || h.afterStat != nil {
+			if cas.loadPending() || cas.statPending() {
 				t.Fatal("premise: the disconnect did not run during the save")
 			}
 			r12Has(t, gw, user, "tok-2")
@@ -205,33 +202,4 @@ func TestR14HealthySaveAcrossADisconnectInItsReadToReplaceWindow(t *testing.T) {
 			}
 		})
 	}
-}
-
-// r14StatHook is r12CAS whose next Stat or Load of key runs a hook right
-// after it (once each).
-type r14StatHook struct {
-	*r12CAS
-	key       string
-	afterStat func()
-	afterLoad func()
-}
-
-func (s *r14StatHook) Stat(ctx context.Context, key string) (certmagic.KeyInfo, error) {
-	info, err := s.r12CAS.Stat(ctx, key)
-	if key == s.key && s.afterStat != nil {
-		then := s.afterStat
-		s.afterStat = nil
-		then()
-	}
-	return info, err
-}
-
-func (s *r14StatHook) Load(ctx context.Context, key string) ([]byte, error) {
-	v, err := s.r12CAS.Load(ctx, key)
-	if key == s.key && s.afterLoad != nil {
-		then := s.afterLoad
-		s.afterLoad = nil
-		then()
-	}
-	return v, err
 }

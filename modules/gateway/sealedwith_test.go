@@ -6,7 +6,6 @@ import (
 	"io/fs"
 	"slices"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -14,25 +13,6 @@ import (
 
 	"github.com/toolgate/toolgate/modules/storage/postgres"
 )
-
-// storedThen is storage that runs then once, right after the first Store
-// of key: another replica's write landing between this one's Store and
-// what it does next.
-type storedThen struct {
-	certmagic.Storage
-	key  string
-	then func()
-}
-
-func (s *storedThen) Store(ctx context.Context, key string, value []byte) error {
-	err := s.Storage.Store(ctx, key, value)
-	if key == s.key && s.then != nil {
-		then := s.then
-		s.then = nil
-		then()
-	}
-	return err
-}
 
 // Regression: a save on a replica still on the replaced key undoes what it
 // stored once it finds the new canary sealed meanwhile (see
@@ -43,41 +23,23 @@ func TestSaveUndoneLeavesANewerRecordOfAnotherReplica(t *testing.T) {
 	ctx := context.Background()
 	dir := t.TempDir()
 	storage := SafeListing(&certmagic.FileStorage{Path: dir})
-	k1 := &r9Gated{key: testCipher(t), entered: make(chan struct{}), release: make(chan struct{})}
-	k2 := testCipher(t)
+	k1 := r10Gate(testCipher(t))
 	const user = "alice"
 	key := ConnectionKey("personal", user)
 
-	// Replica A starts with K1 and alice connects.
-	hooked := &storedThen{Storage: storage, key: key}
-	replicaA := r7App(t, storage, k1, user)
-	replicaA.connections = newConnectionStore(hooked, k1, 0)
-	connectedBeforeReset(t, dir, replicaA, user)
+	// Replica A starts with K1 and alice connects. The operator's reset;
+	// A refreshes alice's grant, its Encrypt in flight. Meanwhile replica
+	// B restarts with K2 and seals the new canary.
+	hooked := &hookStore{Storage: storage}
+	replicaA := r10Replica(t, storage, hooked, k1, user)
+	replicaB, saved := resetDuringSave(t, dir, storage, replicaA, k1, &Connection{AccessToken: "tok-2", RefreshToken: "r"})
 
-	// The operator's reset; A refreshes alice's grant, its Encrypt in flight.
-	if err := storage.Store(ctx, cipherCanaryKey, []byte("reset\n")); err != nil {
-		t.Fatal(err)
-	}
-	k1.gate.Store(true)
-	saved := make(chan error, 1)
-	go func() {
-		saved <- replicaA.connections.Save(ctx, "personal", user, &Connection{AccessToken: "tok-2", RefreshToken: "r"})
-	}()
-	<-k1.entered
-	k1.gate.Store(false)
-
-	// Meanwhile replica B restarts with K2 and seals the new canary; and
-	// right after A stored its record, alice connects again on B.
-	replicaB := r7App(t, storage, k2, user)
-	replicaB.connections = newConnectionStore(storage, k2, 0)
-	if err := replicaB.checkCipherKey(ctx); err != nil {
-		t.Fatal(err)
-	}
-	hooked.then = func() {
+	// Right after A stored its record, alice connects again on B.
+	hooked.afterStore(key, func() {
 		if err := replicaB.connections.Save(ctx, "personal", user, &Connection{AccessToken: "tok-B"}); err != nil {
 			t.Errorf("alice connecting again on replica B: %v", err)
 		}
-	}
+	})
 	close(k1.release)
 	if err := <-saved; err == nil {
 		t.Fatal("a save sealed with the replaced key, after the new canary, succeeded")
@@ -87,21 +49,6 @@ func TestSaveUndoneLeavesANewerRecordOfAnotherReplica(t *testing.T) {
 	if err != nil || conn.AccessToken != "tok-B" {
 		t.Fatalf("alice's connection made again on replica B, after replica A's save of the replaced key was undone: %+v, %v; want tok-B", conn, err)
 	}
-}
-
-// failingLoads is storage whose next n Loads of key fail, as a storage
-// backend's passing fault does.
-type failingLoads struct {
-	certmagic.Storage
-	key string
-	n   atomic.Int32
-}
-
-func (s *failingLoads) Load(ctx context.Context, key string) ([]byte, error) {
-	if key == s.key && s.n.Add(-1) >= 0 {
-		return nil, errors.New("storage backend: connection reset by peer")
-	}
-	return s.Storage.Load(ctx, key)
 }
 
 // resetAndNewCanary is the operator's reset followed by a replica with a
@@ -132,15 +79,15 @@ func TestSaveRefusedWhileTheCanaryCannotBeRead(t *testing.T) {
 	storage := SafeListing(&certmagic.FileStorage{Path: dir})
 	const user = "alice"
 	key := ConnectionKey("personal", user)
-	faulty := &failingLoads{Storage: storage, key: cipherCanaryKey}
+	faulty := &hookStore{Storage: storage}
 	replicaA := r10Replica(t, storage, faulty, testCipher(t), user)
 	connectedBeforeReset(t, dir, replicaA, user)
 	before := mustLoad(t, storage, key)
 	replicaB := resetAndNewCanary(t, storage, user)
 
-	faulty.n.Store(1 << 20)
+	faulty.failLoads(cipherCanaryKey, 1<<20)
 	err := replicaA.connections.Save(ctx, "personal", user, &Connection{AccessToken: "tok-2", RefreshToken: "r"})
-	faulty.n.Store(0)
+	faulty.failLoads(cipherCanaryKey, 0)
 	if !errors.Is(err, ErrStorageUnavailable) {
 		t.Fatalf("a save while the canary could not be read: %v, want ErrStorageUnavailable (try again)", err)
 	}
@@ -164,9 +111,8 @@ func TestSaveUndoneWhenTheCanaryCannotBeReadAfterSealing(t *testing.T) {
 	const user = "alice"
 	key := ConnectionKey("personal", user)
 	k1 := r10Gate(testCipher(t))
-	faulty := &failingLoads{Storage: storage, key: cipherCanaryKey}
-	hooked := &storedThen{Storage: faulty, key: key}
-	replicaA := r10Replica(t, storage, hooked, k1, user)
+	st := &hookStore{Storage: storage}
+	replicaA := r10Replica(t, storage, st, k1, user)
 	if err := replicaA.checkCipherKey(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -178,7 +124,7 @@ func TestSaveUndoneWhenTheCanaryCannotBeReadAfterSealing(t *testing.T) {
 	if err := replicaB.checkCipherKey(ctx); err != nil {
 		t.Fatal(err)
 	}
-	hooked.then = func() { faulty.n.Store(2) }
+	st.afterStore(key, func() { st.failLoads(cipherCanaryKey, 2) })
 	close(k1.release)
 	if err := <-saved; !errors.Is(err, ErrStorageUnavailable) {
 		t.Fatalf("a save whose canary could not be read after sealing: %v, want ErrStorageUnavailable (try again)", err)
@@ -198,16 +144,16 @@ func TestSaveKeptAfterOneFailedCanaryRead(t *testing.T) {
 	storage := SafeListing(&certmagic.FileStorage{Path: t.TempDir()})
 	const user = "alice"
 	key := ConnectionKey("personal", user)
-	faulty := &failingLoads{Storage: storage, key: cipherCanaryKey}
-	hooked := &storedThen{Storage: faulty, key: key, then: func() { faulty.n.Store(1) }}
-	replica := r10Replica(t, storage, hooked, testCipher(t), user)
+	st := &hookStore{Storage: storage}
+	st.afterStore(key, func() { st.failLoads(cipherCanaryKey, 1) })
+	replica := r10Replica(t, storage, st, testCipher(t), user)
 	if err := replica.checkCipherKey(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if err := replica.connections.Save(ctx, "personal", user, &Connection{AccessToken: "tok-1"}); err != nil {
 		t.Fatalf("a save whose canary read failed once after sealing: %v", err)
 	}
-	if faulty.n.Load() > 0 {
+	if st.loadFaultsLeft(cipherCanaryKey) > 0 {
 		t.Fatal("premise: the canary was not read after sealing")
 	}
 	conn, err := replica.connections.LoadFresh(ctx, "personal", user)
@@ -232,45 +178,6 @@ func connectedBeforeReset(t *testing.T, dir string, a *App, user string) {
 	r8Age(t, dir, ConnectionKey("personal", user), 24*time.Hour)
 }
 
-// valueDeleting is storage with DeleteIfValue (valueDeleter), as the
-// postgres storage has it (its TestDeleteIfValue shows the one step
-// there): a compare and delete under a lock its Stores take too. Its
-// onLoad runs once, right after the next Load of key read its value.
-type valueDeleting struct {
-	certmagic.Storage
-	mu     sync.Mutex
-	key    string
-	onLoad func()
-}
-
-func (s *valueDeleting) Store(ctx context.Context, key string, value []byte) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.Storage.Store(ctx, key, value)
-}
-
-func (s *valueDeleting) Load(ctx context.Context, key string) ([]byte, error) {
-	v, err := s.Storage.Load(ctx, key)
-	if then := s.onLoad; key == s.key && then != nil {
-		s.onLoad = nil
-		then()
-	}
-	return v, err
-}
-
-func (s *valueDeleting) DeleteIfValue(ctx context.Context, key string, value []byte) (bool, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	now, err := s.Storage.Load(ctx, key)
-	if errors.Is(err, fs.ErrNotExist) || err == nil && string(now) != string(value) {
-		return false, nil
-	}
-	if err != nil {
-		return false, err
-	}
-	return true, s.Storage.Delete(ctx, key)
-}
-
 // Regression: a save undone on a replica still on the replaced key read
 // back its own record, then deleted whatever was there: a record another
 // replica with the new key stored in between (the person connecting again
@@ -283,27 +190,19 @@ func TestSaveUndoneKeepsARecordStoredBetweenItsReadAndItsDelete(t *testing.T) {
 	const user = "alice"
 	key := ConnectionKey("personal", user)
 	k1 := r10Gate(testCipher(t))
-	cas := &valueDeleting{Storage: storage, key: key}
+	cas := &valueDeleting{hookStore: &hookStore{Storage: storage}}
 	replicaA := r10Replica(t, storage, cas, k1, user)
-	connectedBeforeReset(t, dir, replicaA, user)
-	if err := storage.Store(ctx, cipherCanaryKey, []byte("reset\n")); err != nil {
-		t.Fatal(err)
-	}
-	saved := r10SaveHeld(replicaA, k1, user, &Connection{AccessToken: "tok-2", RefreshToken: "r"})
-	replicaB := r10Replica(t, storage, storage, testCipher(t), user)
-	if err := replicaB.checkCipherKey(ctx); err != nil {
-		t.Fatal(err)
-	}
-	cas.onLoad = func() { // the undo has read A's record back
+	replicaB, saved := resetDuringSave(t, dir, storage, replicaA, k1, &Connection{AccessToken: "tok-2", RefreshToken: "r"})
+	cas.afterLoad(key, 0, func() { // the undo has read A's record back
 		if err := replicaB.connections.Save(ctx, "personal", user, &Connection{AccessToken: "tok-B"}); err != nil {
 			t.Errorf("alice connecting again on replica B: %v", err)
 		}
-	}
+	})
 	close(k1.release)
 	if err := <-saved; !errors.Is(err, ErrCipherRefused) {
 		t.Fatalf("A's save sealed with the replaced key after the new canary: %v, want ErrCipherRefused", err)
 	}
-	if cas.onLoad != nil {
+	if cas.loadPending() {
 		t.Fatal("premise: the undo did not read the record back")
 	}
 	conn, err := replicaB.connections.LoadFresh(ctx, "personal", user)
@@ -340,23 +239,15 @@ func TestSaveUndoneAcrossTheResetPutsBackTheRecordItsStoreReplaced(t *testing.T)
 			}{storage, published}
 			if storageKind == "writes by value" {
 				connStorage = &struct {
-					*r12CAS
+					*casStore
 					*announcements
-				}{&r12CAS{r12Store: r12Store{Storage: storage}}, published}
+				}{newCAS(&hookStore{Storage: storage}), published}
 				if _, ok := connStorage.(valueReplacer); !ok {
 					t.Fatal("premise: A's storage writes by value")
 				}
 			}
 			replicaA := r10Replica(t, storage, connStorage, k1, user)
-			connectedBeforeReset(t, dir, replicaA, user)
-			if err := storage.Store(ctx, cipherCanaryKey, []byte("reset\n")); err != nil {
-				t.Fatal(err)
-			}
-			saved := r10SaveHeld(replicaA, k1, user, &Connection{AccessToken: "tok-2", RefreshToken: "r"})
-			replicaB := r10Replica(t, storage, storage, testCipher(t), user)
-			if err := replicaB.checkCipherKey(ctx); err != nil {
-				t.Fatal(err)
-			}
+			replicaB, saved := resetDuringSave(t, dir, storage, replicaA, k1, &Connection{AccessToken: "tok-2", RefreshToken: "r"})
 			if err := replicaB.connections.Save(ctx, "personal", user, &Connection{AccessToken: "tok-B"}); err != nil {
 				t.Fatalf("alice connecting again on replica B: %v", err)
 			}
@@ -459,7 +350,7 @@ func TestRestorableOnlyWhenTheKeyDoesNotOpenIt(t *testing.T) {
 	dir := t.TempDir()
 	storage := SafeListing(&certmagic.FileStorage{Path: dir})
 	const user = "alice"
-	down := &r13Down{Cipher: testCipher(t)}
+	down := &cipherDown{Cipher: testCipher(t)}
 	s := newConnectionStore(storage, down, 0)
 	other, err := testCipher(t).Encrypt(ctx, []byte(`{"access_token":"tok-B"}`), CipherContext("personal", user))
 	if err != nil {
