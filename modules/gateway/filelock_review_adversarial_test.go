@@ -196,6 +196,7 @@ func TestAdvFileLockOldRefresherWritesNewHoldersFile(t *testing.T) {
 	infoA, _ := os.Stat(file)
 	time.Sleep(700 * time.Millisecond) // so that the two refreshers tick apart
 	advMakeStale(t, file)
+	beforeB := time.Now()
 	if ok, err := b.TryLock(ctx, "x"); !ok || err != nil {
 		t.Fatalf("the stale lock not taken over: %v %v", ok, err)
 	}
@@ -206,9 +207,16 @@ func TestAdvFileLockOldRefresherWritesNewHoldersFile(t *testing.T) {
 	// a's refresher ticks at lockedA+5s, b's at about lockedA+5.7s.
 	time.Sleep(time.Until(lockedA.Add(lockFresh + 300*time.Millisecond)))
 	data, _ = os.ReadFile(file)
+	readAt := time.Now()
 	var now lockMeta
 	_ = json.Unmarshal(data, &now)
-	if now.Updated.After(metaB.Updated) {
+	if now.Holder != metaB.Holder {
+		t.Errorf("the taken-over holder's refresher wrote its own lock over the new holder's (same inode reused: %v): holder %q -> %q",
+			os.SameFile(infoA, infoB), metaB.Holder, now.Holder)
+	}
+	// A newer time is a's write only while b's own refresher cannot have
+	// ticked yet: a sleep that overshot (a loaded machine) tells nothing.
+	if readAt.Before(beforeB.Add(lockFresh)) && now.Updated.After(metaB.Updated) {
 		t.Errorf("the taken-over holder's refresher rewrote the new holder's lock file (same inode reused: %v): created %v -> %v",
 			os.SameFile(infoA, infoB), metaB.Created, now.Created)
 	}
