@@ -41,6 +41,18 @@ func CipherContext(service, user string) []byte {
 // file) cannot be used right now. The operation may succeed if retried later.
 var ErrCipherUnavailable = errors.New("cipher backend unavailable")
 
+// CipherUnavailable is a cipher module's error for a backend that cannot
+// be used right now, in its own words: it wraps ErrCipherUnavailable, which
+// callers report as retryable.
+func CipherUnavailable(format string, args ...any) error {
+	return &cipherUnavailableError{msg: fmt.Sprintf(format, args...)}
+}
+
+type cipherUnavailableError struct{ msg string }
+
+func (e *cipherUnavailableError) Error() string { return e.msg }
+func (e *cipherUnavailableError) Unwrap() error { return ErrCipherUnavailable }
+
 // ErrCipherRefused reports that a cipher refused to encrypt or decrypt a
 // credential for another reason than being unavailable: a revoked token, a
 // missing permission or key, a record that does not decrypt. An

@@ -13,15 +13,10 @@ import (
 	"github.com/toolgate/toolgate/modules/gateway"
 )
 
-// unavailableError reports that KMS cannot be used right now; it wraps
-// gateway.ErrCipherUnavailable, which callers report as retryable.
-type unavailableError struct{ msg string }
-
-func (e *unavailableError) Error() string { return e.msg }
-func (e *unavailableError) Unwrap() error { return gateway.ErrCipherUnavailable }
-
+// unavailable reports that KMS cannot be used right now (see
+// gateway.CipherUnavailable).
 func unavailable(format string, args ...any) error {
-	return &unavailableError{msg: fmt.Sprintf(format, args...)}
+	return gateway.CipherUnavailable(format, args...)
 }
 
 // op names a KMS operation and the IAM permission it needs.

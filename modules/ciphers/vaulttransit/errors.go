@@ -16,15 +16,10 @@ import (
 // unavailable, refused or misconfigured), in words an operator can act
 // on, with no secret in them.
 
-// unavailableError reports that Vault cannot be used right now; it wraps
-// gateway.ErrCipherUnavailable.
-type unavailableError struct{ msg string }
-
-func (e *unavailableError) Error() string { return e.msg }
-func (e *unavailableError) Unwrap() error { return gateway.ErrCipherUnavailable }
-
+// unavailable reports that Vault cannot be used right now (see
+// gateway.CipherUnavailable).
 func unavailable(format string, args ...any) error {
-	return &unavailableError{msg: fmt.Sprintf(format, args...)}
+	return gateway.CipherUnavailable(format, args...)
 }
 
 func statusOf(err error) int {
