@@ -1,6 +1,7 @@
 package mcpsession
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"time"
@@ -95,3 +96,84 @@ func (s *Session) WaitCatalog(ctx context.Context, max time.Duration) bool {
 		return s.HasCatalog()
 	}
 }
+
+// Tool returns the upstream's definition of the tool name, or nil when it
+// has not been seen.
+func (s *Session) Tool(name string) *ToolDefinition {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.catalog == nil {
+		return nil
+	}
+	return s.catalog.Tools[name]
+}
+
+// ToolsListed records the tools' definitions (by name) as the upstream
+// just listed them to the runner, where they differ from those known: the
+// runner's listing is the latest, and a call is decided (and its tool's
+// pin checked) with the definition the runner was shown. A listing makes
+// one new catalog, whatever number of its tools changed.
+func (s *Session) ToolsListed(tools map[string][]byte) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	changed := make(map[string][]byte, len(tools))
+	for name, raw := range tools {
+		if s.catalog == nil || s.catalog.Tools[name] == nil || !bytes.Equal(s.catalog.Tools[name].Raw, raw) {
+			changed[name] = raw
+		}
+	}
+	if len(changed) > 0 {
+		s.catalog = s.catalog.With(changed)
+	}
+}
+
+// ListingTools marks the upstream's tool list as being fetched here: calls
+// waiting for a catalog (WaitCatalog) wait until CatalogListed or
+// CatalogFailed, and what another replica stored meanwhile does not end the
+// wait. It reports false when a listing was under way here already.
+func (s *Session) ListingTools() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.listingHere || s.closed {
+		return false
+	}
+	if s.catalogPending == nil {
+		s.catalogPending = make(chan struct{})
+	}
+	s.listingHere = true
+	return true
+}
+
+// CatalogFailed ends a listing that did not succeed; the definitions known
+// before (if any) stay.
+func (s *Session) CatalogFailed() {
+	s.mu.Lock()
+	s.endListingLocked()
+	s.mu.Unlock()
+}
+
+func (s *Session) endListingLocked() {
+	if s.catalogPending != nil {
+		close(s.catalogPending)
+		s.catalogPending = nil
+	}
+	s.listingHere = false
+}
+
+// setCatalogLocked replaces the known tool definitions and ends the
+// listing awaited.
+func (s *Session) setCatalogLocked(c *mcpstate.Catalog) {
+	s.catalog = c
+	s.endListingLocked()
+}
+
+// HasCatalog reports whether the upstream's tools were listed.
+func (s *Session) HasCatalog() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.catalog != nil
+}
+
+// catalogPoll is how often a call waiting for another replica's tool
+// listing reads the session again, with a storage that announces nothing.
+const catalogPoll = 50 * time.Millisecond
