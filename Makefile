@@ -24,8 +24,12 @@ build:
 run:
 	$(GO) run ./cmd/toolgate run --config caddyfile/demo.Caddyfile
 
+# staticcheck, pinned, run from the module proxy (its checks: staticcheck.conf)
+STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
+
 vet:
 	$(GO) vet ./...
+	$(GO) run $(STATICCHECK) ./...
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	if [ -n "$$unformatted" ]; then echo "gofmt would change: $$unformatted"; exit 1; fi
 

@@ -58,7 +58,6 @@ func startInWindow(t *testing.T, up *upstream) bool {
 	defer g.pool.CloseIdleConnections()
 	type answer struct {
 		status int
-		body   string
 		id     string
 		err    error
 	}

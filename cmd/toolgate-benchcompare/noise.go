@@ -142,6 +142,9 @@ func spinRate() float64 {
 	return float64(1<<20) / (float64(best.Nanoseconds()) / 1e3)
 }
 
+// spinSink keeps spin's loop from being optimized away.
+//
+//lint:ignore U1000 written only, on purpose
 var spinSink uint64
 
 // spin is n steps of a linear congruential generator: arithmetic only.

@@ -186,7 +186,8 @@ func TestListensCountSubscriptions(t *testing.T) {
 	var subs, unsubs int
 	subscribe := func() bool { subs++; return true }
 	unsubscribe := func() { unsubs++ }
-	if !rt.Subscribe("k", subscribe, unsubscribe) || !rt.Subscribe("k", subscribe, unsubscribe) {
+	first, second := rt.Subscribe("k", subscribe, unsubscribe), rt.Subscribe("k", subscribe, unsubscribe)
+	if !first || !second {
 		t.Fatal("subscribing failed")
 	}
 	rt.Unsubscribe("k")

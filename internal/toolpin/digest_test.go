@@ -37,7 +37,7 @@ func TestDigestCoversWhatTheModelReads(t *testing.T) {
 		seen[d] = raw
 	}
 	var c digests
-	if c.of([]byte(same[0])) != base || c.of([]byte(same[0])) != base {
+	if first, again := c.of([]byte(same[0])), c.of([]byte(same[0])); first != base || again != base {
 		t.Error("the remembered digest differs")
 	}
 }

@@ -145,10 +145,11 @@ func TestPolicyWaitingOnTheNetworkTimesOut(t *testing.T) {
 // A deadline is cancelled on the first call after its time has come (a
 // plan asks only every few hundred steps), or at once by Cancel.
 func TestDeadline(t *testing.T) {
-	if d := (&deadline{at: time.Now().Add(time.Hour)}); d.Cancelled() || d.Cancelled() {
+	d := &deadline{at: time.Now().Add(time.Hour)}
+	if first, again := d.Cancelled(), d.Cancelled(); first || again {
 		t.Fatal("a deadline an hour away is cancelled")
 	}
-	d := &deadline{at: time.Now().Add(-time.Millisecond)}
+	d = &deadline{at: time.Now().Add(-time.Millisecond)}
 	if !d.Cancelled() || !d.expired.Load() || !d.Cancelled() {
 		t.Fatal("a deadline that passed is not cancelled when first asked")
 	}

@@ -23,10 +23,9 @@ const recallAttackSettings = `{"toolgate": {"settings": {
 }}}`
 
 type recallStep struct {
-	flags          uint8
-	tool, args     string
-	result, method string
-	channel        string
+	flags      uint8
+	tool, args string
+	result     string
 }
 
 func TestRecallAttackHeldShippedSequences(t *testing.T) {

@@ -45,7 +45,6 @@ type place struct {
 	first    [4]ast.Object       // room for the schemas of most places
 	seen     map[ast.Object]bool // while gathering, past len(first) schemas
 	tooMany  bool                // more than maxSchemas lead here
-	names    map[string]string   // declared names by folded form, built on first need
 	members  map[string]*place   // declared members'
 	rest     *place              // any other member's
 	restDone bool
