@@ -30,7 +30,9 @@ r := "allow" if {
 	chain_valid
 } else := "deny"
 `})
-	expiry := time.Now().Add(2 * time.Second)
+	// A certificate's times are whole seconds: the chain expires at the
+	// second before now+3s, two to three seconds from now.
+	expiry := time.Now().Add(3 * time.Second).Truncate(time.Second)
 	d := map[string]any{"chain": testpki.Chain(t, "upstream.example", expiry)}
 	dv, err := ast.InterfaceToValue(d)
 	if err != nil {

@@ -39,7 +39,9 @@ func TestRecallAttackShippedRequestAllowsAfterPinnedChainExpired(t *testing.T) {
 // with a chain valid for lifetime; it reports whether the chain expired
 // before the first decision (try again, longer).
 func recallAfterChainExpired(t *testing.T, lifetime time.Duration) (expiredTooSoon bool) {
-	expiry := time.Now().Add(lifetime)
+	// A certificate's times are whole seconds: the chain expires at the
+	// second before now+lifetime, and what is checked against is that.
+	expiry := time.Now().Add(lifetime).Truncate(time.Second)
 	pins, err := json.Marshal(map[string]any{"upstream_pins": map[string]any{"chain": testpki.Chain(t, "upstream.example", expiry)}})
 	if err != nil {
 		t.Fatal(err)
