@@ -5,123 +5,12 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
-	"strconv"
 	"time"
-	"unicode/utf8"
 
 	"github.com/open-policy-agent/opa/v1/ast"
 	"github.com/open-policy-agent/opa/v1/metrics"
 	"github.com/open-policy-agent/opa/v1/topdown"
 	"github.com/open-policy-agent/opa/v1/topdown/builtins"
-)
-
-// The program's statements: ir's, with locals, constants and callees
-// resolved. Each runs in the frame of its function (a slice of locals; nil
-// is an undefined local).
-type (
-	block []instr
-	instr any
-
-	// operand is a local or, with local -1, a constant.
-	operand struct {
-		local int
-		konst *ast.Term
-	}
-
-	// resultAdd adds the object in src to the result set; with a key,
-	// the object {key: src} (the binding of a query of one variable,
-	// which is not built unless Eval asks for it).
-	resultAdd struct {
-		src int
-		key *ast.Term
-	}
-	returnLocal struct{ src int }
-	blockStmt   struct{ blocks []block }
-	breakStmt   struct{ index int }
-	callFunc    struct {
-		fn     *function
-		args   []operand
-		result int
-	}
-	callBuiltin struct {
-		name     string
-		f        topdown.BuiltinFunc
-		relation bool // every output, in an array (walk)
-		void     bool // no result: defined when it succeeds
-		args     []operand
-		result   int
-	}
-	assign struct {
-		src operand
-		dst int
-	}
-	assignOnce struct {
-		src operand
-		dst int
-	}
-	makeConst struct {
-		v   *ast.Term // immutable: shared by every evaluation
-		dst int
-	}
-	scan struct {
-		src, key, value int
-		body            block
-	}
-	// relationScan is a relation's call and the scan of its outputs.
-	relationScan struct {
-		call *callBuiltin
-		scan *scan
-	}
-	not struct{ body block }
-	dot struct {
-		src, key operand
-		dst      int
-	}
-	length struct {
-		src operand
-		dst int
-	}
-	equal struct {
-		a, b operand
-		not  bool
-	}
-	makeArray  struct{ capacity, dst int }
-	makeObject struct{ dst int }
-	makeSet    struct{ dst int }
-	isKind     struct {
-		src  operand
-		kind int
-	}
-	isDefined struct {
-		src int
-		not bool
-	}
-	reset       struct{ dst int }
-	arrayAppend struct {
-		v   operand
-		arr int
-	}
-	objectInsert struct {
-		k, v operand
-		obj  int
-		once bool
-	}
-	setAdd struct {
-		v   operand
-		set int
-	}
-	with struct {
-		local int
-		path  []*ast.Term
-		v     operand
-		body  block
-	}
-)
-
-const (
-	kindArray = iota
-	kindObject
-	kindSet
 )
 
 // What running a block ends with, besides a break out of it and n more
@@ -367,8 +256,6 @@ var (
 	noMetrics    = metrics.NoOp()
 	capabilities = ast.CapabilitiesForThisVersion()
 )
-
-func jsonInt(n int64) ast.Number { return ast.Number(strconv.FormatInt(n, 10)) }
 
 func (m *vm) val(frame []*ast.Term, o operand) *ast.Term {
 	if o.local < 0 {
@@ -828,79 +715,4 @@ func (m *vm) with(frame []*ast.Term, ft []int32, in *with) int {
 		return 0 // the body was undefined
 	}
 	return r - 1
-}
-
-// upsert returns doc with v at path, copying the objects on the way (doc
-// is not changed); a missing or non-object node on the way becomes an
-// object.
-func upsert(doc *ast.Term, path []*ast.Term, v *ast.Term) *ast.Term {
-	var obj ast.Object
-	if doc != nil {
-		if o, ok := doc.Value.(ast.Object); ok {
-			obj = o.Copy()
-		}
-	}
-	if obj == nil {
-		obj = ast.NewObject()
-	}
-	if len(path) == 1 {
-		obj.Insert(path[0], v)
-	} else {
-		obj.Insert(path[0], upsert(obj.Get(path[0]), path[1:], v))
-	}
-	return ast.NewTerm(obj)
-}
-
-// get is a DotStmt's lookup: an object's value, an array's element, a
-// set's member; nil when there is none.
-func get(s, k *ast.Term) *ast.Term {
-	switch c := s.Value.(type) {
-	case ast.Object:
-		return c.Get(k)
-	case *ast.Array:
-		n, ok := k.Value.(ast.Number)
-		if !ok {
-			return nil
-		}
-		i, ok := n.Int()
-		if !ok || i < 0 || i >= c.Len() {
-			return nil
-		}
-		return c.Elem(i)
-	case ast.Set:
-		if c.Contains(k) {
-			return k
-		}
-	}
-	return nil
-}
-
-// ofKind reports whether v is a collection of kind (kindArray, …).
-func ofKind(v ast.Value, kind int) bool {
-	var ok bool
-	switch kind {
-	case kindArray:
-		_, ok = v.(*ast.Array)
-	case kindObject:
-		_, ok = v.(ast.Object)
-	case kindSet:
-		_, ok = v.(ast.Set)
-	}
-	return ok
-}
-
-// size is a LenStmt's length: of a collection, or of a string in
-// characters (as count).
-func size(v ast.Value) int {
-	switch c := v.(type) {
-	case *ast.Array:
-		return c.Len()
-	case ast.Object:
-		return c.Len()
-	case ast.Set:
-		return c.Len()
-	case ast.String:
-		return utf8.RuneCountInString(string(c))
-	}
-	return 0
 }
