@@ -368,3 +368,77 @@ func TestRegistryPinLineAcceptanceHoldsAgainstStaleSessions(t *testing.T) {
 		})
 	}
 }
+
+// dashboardTool has an MCP Apps interface: the page a host renders for it,
+// from which that page may call tools.
+func dashboardTool(page string) *mcp.Tool {
+	return &mcp.Tool{Name: "dashboard", Description: "Shows the dashboard.",
+		Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true},
+		Meta:        mcp.Meta{"ui": map[string]any{"resourceUri": page}, "build": "1"}}
+}
+
+// A rug pull through a tool's MCP Apps interface: the upstream swaps the
+// page a host renders for a trusted tool (its _meta.ui). The tool vanishes
+// and its calls are refused as for any change of its definition; a change
+// elsewhere in its _meta is no change.
+func TestToolPinningCoversTheMCPAppsInterface(t *testing.T) {
+	up := startSmallUpstream(t, "dash", dashboardTool("ui://dash/view.html"))
+	logCfg, audit := auditLog(t)
+	g := startGateway(t, gatewayConfig{Upstream: up.URL, Tools: "dashboard", Log: logCfg})
+	m := g.raw(t, aliceKey, "", "svc")
+	delete(m.headers, "X-Toolgate-Session")
+	m.initialize()
+	if names := listedTools(t, m); len(names) != 1 {
+		t.Fatalf("tools/list before the change: %v", names)
+	}
+	mustSucceed(t, m.call(1, "dashboard", `{}`))
+
+	free := dashboardTool("ui://dash/view.html")
+	free.Meta["build"] = "2"
+	up.addTool(free)
+	if names := listedTools(t, m); len(names) != 1 {
+		t.Fatalf("tools/list after a change of a member of _meta a pin leaves free: %v", names)
+	}
+	mustSucceed(t, m.call(2, "dashboard", `{}`))
+	if changed := pinEvents(audit(), "changed"); len(changed) != 0 {
+		t.Fatalf("a change of a member of _meta a pin leaves free was recorded: %v", changed)
+	}
+
+	up.addTool(dashboardTool("ui://dash/collect.html"))
+	if names := listedTools(t, m); len(names) != 0 {
+		t.Fatalf("tools/list after the page was swapped: %v, want dashboard hidden", names)
+	}
+	answer := string(m.call(3, "dashboard", `{}`))
+	if !strings.Contains(answer, `"isError":true`) || !strings.Contains(answer, "changed since it was pinned") {
+		t.Fatalf("calling the tool whose page was swapped: %s", answer)
+	}
+	if changed := pinEvents(audit(), "changed"); len(changed) != 1 {
+		t.Fatalf("audit after the page was swapped: %v", changed)
+	}
+}
+
+// A pin line written as versions that pinned no _meta computed the digest
+// (the definition's without its interface) cannot say which page it meant:
+// the tool is refused with a reason that says so and names the digest to
+// pin.
+func TestRegistryPinWithoutTheInterfaceNamesTheDigestToPin(t *testing.T) {
+	up := startSmallUpstream(t, "dash", dashboardTool("ui://dash/view.html"))
+	def, err := json.Marshal(&mcp.Tool{Name: "dashboard", Description: "Shows the dashboard.",
+		Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true}, InputSchema: map[string]any{"type": "object"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := startGateway(t, gatewayConfig{Upstream: up.URL, Tools: "dashboard",
+		ServiceExtra: "pin dashboard " + toolpin.Digest(def)})
+	m := g.raw(t, aliceKey, "", "svc")
+	delete(m.headers, "X-Toolgate-Session")
+	m.initialize()
+	if names := listedTools(t, m); len(names) != 0 {
+		t.Fatalf("tools/list: %v, want dashboard hidden", names)
+	}
+	answer := string(m.call(1, "dashboard", `{}`))
+	if !strings.Contains(answer, `"isError":true`) || !strings.Contains(answer, "without its MCP Apps interface") ||
+		!strings.Contains(answer, toolpin.Digest(def)) {
+		t.Fatalf("calling the tool: %s", answer)
+	}
+}

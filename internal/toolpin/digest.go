@@ -13,8 +13,19 @@ import (
 
 // pinnedMembers are the members of a tool definition a pin covers: what
 // the model reads and what decides how the tool is called and trusted.
-// Anything else (icons, _meta, execution hints) may change freely.
+// Of _meta, the members hosts act on are pinned too (pinnedMeta); anything
+// else (icons, the rest of _meta, execution hints) may change freely.
 var pinnedMembers = []string{"name", "title", "description", "inputSchema", "outputSchema", "annotations"}
+
+// pinnedMeta are the members of a tool's _meta a pin covers: the MCP Apps
+// extension's (io.modelcontextprotocol/ui, 2026-01-26) — the interface a
+// host renders for the tool and lets call tools (ui.resourceUri), and who
+// may call the tool (ui.visibility) — and the flat key of its earlier
+// drafts (ui/resourceUri). An upstream that swapped the page after the
+// tool was trusted would change what people see and what it may do. (The
+// page's address, not its content: that is a resource, read anew and
+// decided by the result policy.)
+var pinnedMeta = []string{"ui", "ui/resourceUri"}
 
 // Digest is the digest of a tool definition (the JSON text of one entry of
 // a tools/list result): "sha256:" and the hex SHA-256 of its pinned
@@ -23,21 +34,37 @@ var pinnedMembers = []string{"name", "title", "description", "inputSchema", "out
 // escapes, spacing) keeps its digest. A member named like a pinned one in
 // another case ("Title") counts too, under its own name: runners that
 // decode JSON without regard to case (Go's encoding/json) read it as the
-// pinned member, so adding one is a change of the definition.
-func Digest(raw []byte) string {
+// pinned member, so adding one is a change of the definition. The pinned
+// members of _meta count as a _meta object of their own, present only
+// when one of them is, so that the digest of a definition without them is
+// what versions that pinned no _meta computed.
+func Digest(raw []byte) string { return digestOf(raw, true) }
+
+// digestWithoutMeta is Digest as versions that pinned no member of _meta
+// computed it: a pin they recorded is migrated (see store.load).
+func digestWithoutMeta(raw []byte) string { return digestOf(raw, false) }
+
+func digestOf(raw []byte, withMeta bool) string {
 	b := make([]byte, 0, len(raw)+2)
 	b = append(b, '{')
-	gjson.ParseBytes(raw).ForEach(func(k, v gjson.Result) bool {
-		key := k.String()
-		if !pinned(key) {
-			return true
-		}
+	member := func(key string, v []byte) {
 		if len(b) > 1 {
 			b = append(b, ',')
 		}
 		b = mcpmsg.AppendQuote(b, key)
 		b = append(b, ':')
-		b = append(b, v.Raw...)
+		b = append(b, v...)
+	}
+	gjson.ParseBytes(raw).ForEach(func(k, v gjson.Result) bool {
+		key := k.String()
+		switch {
+		case pinned(key, pinnedMembers):
+			member(key, []byte(v.Raw))
+		case withMeta && v.IsObject() && (key == "_meta" || mcpmsg.SameFold(key, "_meta")):
+			if meta := pinnedOfMeta(v); meta != nil {
+				member(key, meta)
+			}
+		}
 		return true
 	})
 	b = append(b, '}')
@@ -45,10 +72,32 @@ func Digest(raw []byte) string {
 	return "sha256:" + hex.EncodeToString(sum[:])
 }
 
-// pinned reports whether a member of a tool definition is pinned: one of
-// pinnedMembers, in any case.
-func pinned(key string) bool {
-	for _, m := range pinnedMembers {
+// pinnedOfMeta is an object of the pinned members of meta, a tool's _meta
+// (nil when it has none).
+func pinnedOfMeta(meta gjson.Result) []byte {
+	var b []byte
+	meta.ForEach(func(k, v gjson.Result) bool {
+		if key := k.String(); pinned(key, pinnedMeta) {
+			if b == nil {
+				b = append(b, '{')
+			} else {
+				b = append(b, ',')
+			}
+			b = mcpmsg.AppendQuote(b, key)
+			b = append(b, ':')
+			b = append(b, v.Raw...)
+		}
+		return true
+	})
+	if b == nil {
+		return nil
+	}
+	return append(b, '}')
+}
+
+// pinned reports whether key is one of members, in any case.
+func pinned(key string, members []string) bool {
+	for _, m := range members {
 		if key == m || mcpmsg.SameFold(key, m) {
 			return true
 		}

@@ -159,7 +159,24 @@ func (s *store) load(ctx context.Context, key string) (*Record, error) {
 	if err := json.Unmarshal(data, rec); err != nil {
 		return nil, fmt.Errorf("reading a tool pin: %v", err)
 	}
+	rec.migrate()
 	return rec, nil
+}
+
+// migrate brings the digests of a record made by a version that pinned no
+// member of a tool's _meta up to Digest's, from the definitions it kept:
+// the pin covers the _meta of the very definition that was pinned (or
+// that waits), not whatever the upstream shows after the upgrade. A
+// digest without its definition (a pin line's, a record that kept none)
+// stays: a definition with pinned members of _meta differs from it, as a
+// change an administrator reads (see Verdict.Reason).
+func (r *Record) migrate() {
+	if r.Definition != nil && r.Digest != "" && r.Digest == digestWithoutMeta(r.Definition) {
+		r.Digest = Digest(r.Definition)
+	}
+	if c := r.Changed; c != nil && c.Definition != nil && c.Digest == digestWithoutMeta(c.Definition) {
+		c.Digest = Digest(c.Definition)
+	}
 }
 
 // update changes the record of service's tool under the storage's lock,

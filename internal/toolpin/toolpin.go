@@ -2,8 +2,8 @@
 // a harmless tool, gets it approved and trusted, then changes what the tool
 // says it does (its description, its schema, its annotations) to steer the
 // model. toolgate pins each tool's definition per service — the digest of
-// its name, title, description, input and output schema and annotations —
-// the first time it sees it, or takes the digest from the registry (pin
+// its name, title, description, input and output schema and annotations,
+// and of the MCP Apps interface its _meta names — the first time it sees it, or takes the digest from the registry (pin
 // <tool> sha256:…). A definition that differs from the pin is hidden from
 // tools/list and its calls are refused with a reason that says so; the
 // change is audited with both digests and kept for an administrator, who
@@ -129,6 +129,12 @@ type Verdict struct {
 	// Stale (with Relist) reports that the definition the session listed
 	// is one an acceptance replaced (Digest is the listed one's).
 	Stale bool
+	// WithoutMeta reports that the pin is the digest of this very
+	// definition as versions that pinned no member of _meta computed it
+	// (a pin line written then, or a record that kept no definition):
+	// what differs is only that the pin says nothing of its MCP Apps
+	// interface.
+	WithoutMeta bool
 }
 
 // Reason says why a definition that differs is refused, and what to do.
@@ -144,6 +150,10 @@ func (v Verdict) Reason(service, tool string) string {
 	fix := "an administrator accepts the change (GET /v1/tool-pins shows it, POST /v1/tool-pins/accept accepts it)"
 	if v.Registry {
 		fix = "an administrator changes its pin in the service's configuration"
+	}
+	if v.WithoutMeta {
+		return fmt.Sprintf("the pin of tool %s of service %s (%s) is the digest of this definition without its MCP Apps interface (_meta.ui), which pins cover since; it stays hidden and refused until %s (this definition's digest is %s)",
+			tool, service, v.Pinned, fix, v.Digest)
 	}
 	return fmt.Sprintf("the definition of tool %s of service %s changed since it was pinned (pinned %s, now %s); it stays hidden and refused until %s",
 		tool, service, v.Pinned, v.Digest, fix)
@@ -216,7 +226,7 @@ func (p *Pins) check(ctx context.Context, svc *gateway.Service, user, name strin
 		// shows: the upstream went back, a change recorded below.)
 		return Verdict{Digest: digest, Pinned: pinned, Relist: true, Stale: true}, nil
 	case digest != pinned:
-		v := Verdict{Digest: digest, Pinned: pinned, Registry: svc.Pin(name) != ""}
+		v := Verdict{Digest: digest, Pinned: pinned, Registry: svc.Pin(name) != "", WithoutMeta: digestWithoutMeta(raw) == pinned}
 		if rec != nil && rec.Changed != nil && svc.PerUserCredentials() {
 			// This caller's account shows another definition now: what
 			// their listing showed before no longer counts.
@@ -433,7 +443,7 @@ func (p *Pins) firstSight(ctx context.Context, service, tool, digest string, raw
 	if rec.Digest == digest {
 		return Verdict{OK: true, Digest: digest}, nil
 	}
-	v := Verdict{Digest: digest, Pinned: rec.Digest}
+	v := Verdict{Digest: digest, Pinned: rec.Digest, WithoutMeta: digestWithoutMeta(raw) == rec.Digest}
 	return v, p.changed(ctx, service, tool, v, raw)
 }
 
