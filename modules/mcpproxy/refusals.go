@@ -1,6 +1,7 @@
 package mcpproxy
 
 import (
+	"strings"
 	"sync"
 
 	"go.uber.org/zap"
@@ -56,10 +57,26 @@ func (r *refusals) done(ms *gateway.MCPSession) {
 // is dropped.
 func (h *Handler) refuseServerRequest(call *gateway.Call, from gateway.Upstream, msg mcpmsg.Message, why string) {
 	ms := call.MCPSession
+	method := loggedMethod(msg.Method)
 	if !inFlight.start(ms) {
-		h.logger.Debug("dropped a server request: too many refusals in flight", zap.String("service", call.Service.ID), zap.String("method", msg.Method))
+		h.logger.Debug("dropped a server request: too many refusals in flight", zap.String("service", call.Service.ID), zap.String("method", method))
 		return
 	}
-	h.logger.Warn("refused a server request", zap.String("service", call.Service.ID), zap.String("method", msg.Method), zap.String("reason", why))
+	h.logger.Warn("refused a server request", zap.String("service", call.Service.ID), zap.String("method", method),
+		zap.String("reason", strings.ReplaceAll(why, msg.Method, method)))
 	h.background(call, from, gateway.RPCError(msg.ID, gateway.CodeMethodNotFound, why, nil), func() { inFlight.done(ms) })
+}
+
+// loggedMethod is a server request's method as the log names it: the
+// method when MCP defines it, else none of the upstream's text. An
+// upstream holds secrets toolgate cannot redact (a program the values of
+// its environment, a legacy SSE server what its requests carried), and
+// may write one as a method name.
+func loggedMethod(method string) string {
+	switch method {
+	case "ping", "sampling/createMessage", "elicitation/create", "roots/list",
+		"tasks/get", "tasks/result", "tasks/list", "tasks/cancel":
+		return method
+	}
+	return "a method MCP does not define"
 }
