@@ -52,14 +52,26 @@ func (l *Link) malformedAnswer(data []byte, why string) {
 	if id.Type != gjson.Number && id.Type != gjson.String {
 		return
 	}
-	l.mu.Lock()
-	p := l.pending[mcpmsg.IDKey([]byte(id.Raw))]
-	l.mu.Unlock()
-	if p == nil || mcpmsg.IDKey([]byte(id.Raw)) == "" {
+	l.Fail([]byte(id.Raw), "the upstream sent a malformed answer ("+why+")")
+}
+
+// Fail answers the request in progress whose id on the link is id (JSON
+// text), if there is one, with toolgate's own retryable error saying why:
+// the transport read the beginning of the server's answer to it and cannot
+// relay it (a line too long). Toolgate's, not the server's: not recoded as
+// a server's use of toolgate's codes.
+func (l *Link) Fail(id []byte, why string) {
+	key := mcpmsg.IDKey(id)
+	if key == "" {
 		return
 	}
-	answer, err := mcpmsg.Parse(gateway.RPCError(p.linkID, gateway.CodeUnavailable,
-		"the upstream sent a malformed answer ("+why+")", gateway.Retryable), l.bridge.limits)
+	l.mu.Lock()
+	p := l.pending[key]
+	l.mu.Unlock()
+	if p == nil {
+		return
+	}
+	answer, err := mcpmsg.Parse(gateway.RPCError(p.linkID, gateway.CodeUnavailable, why, gateway.Retryable), l.bridge.limits)
 	if err == nil {
 		l.deliver(answer, true)
 	}

@@ -24,7 +24,6 @@ import (
 
 	"github.com/toolgate/toolgate/internal/limitexec"
 	"github.com/toolgate/toolgate/internal/mcpbridge"
-	"github.com/toolgate/toolgate/modules/gateway"
 )
 
 // process is one running program: its stdin takes toolgate's messages, its
@@ -283,7 +282,7 @@ func (p *process) tooLong(link *mcpbridge.Link, begin []byte) {
 	if id.Type != gjson.Number && id.Type != gjson.String || gjson.GetBytes(begin, "method").Exists() {
 		return // not the answer to a request that can be named
 	}
-	link.Receive(gateway.RPCError([]byte(id.Raw), gateway.CodeUnavailable, why, gateway.Retryable))
+	link.Fail([]byte(id.Raw), why)
 }
 
 // maxLogLine bounds one line of a program's output in the log.
