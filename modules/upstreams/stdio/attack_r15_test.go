@@ -1,13 +1,63 @@
 package stdio
 
 import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/tidwall/gjson"
 
+	"github.com/toolgate/toolgate/internal/mcpbridge/bridgetest"
 	"github.com/toolgate/toolgate/internal/stdioserver"
 )
+
+// envR15 puts this test binary in a program mode of this file's (checked
+// in init, before TestMain).
+const envR15 = "TOOLGATE_R15_PROGRAM"
+
+func init() {
+	if mode := os.Getenv(envR15); mode != "" {
+		r15Program(mode)
+		os.Exit(0)
+	}
+}
+
+// r15Program is a JSON-RPC server on stdin/stdout, written by hand.
+// mute: a tools/call makes it close its stdout — it can answer nothing
+// more — while it goes on running, reading its stdin until that closes.
+func r15Program(mode string) {
+	out := bufio.NewWriter(os.Stdout)
+	in := bufio.NewScanner(os.Stdin)
+	in.Buffer(make([]byte, 1<<20), 1<<20)
+	for in.Scan() {
+		var m struct {
+			ID     json.RawMessage `json:"id"`
+			Method string          `json:"method"`
+		}
+		if json.Unmarshal(in.Bytes(), &m) != nil || m.ID == nil {
+			continue
+		}
+		switch {
+		case m.Method == "initialize":
+			fmt.Fprintf(out, `{"jsonrpc":"2.0","id":%s,"result":{"protocolVersion":"2025-06-18","capabilities":{"tools":{}},"serverInfo":{"name":"stdio-test-server","version":"1"}}}`+"\n", m.ID)
+		case m.Method == "tools/call" && mode == "mute":
+			out.Flush()
+			os.Stdout.Close()
+			_, _ = io.Copy(io.Discard, os.Stdin)
+			return
+		default:
+			fmt.Fprintf(out, `{"jsonrpc":"2.0","id":%s,"result":{}}`+"\n", m.ID)
+		}
+		out.Flush()
+	}
+}
 
 // Attack (a broken program, or a runner that makes one answer too much —
 // 300 KiB of "<", which the SDK writes as 1.8 MiB of \u003c):
@@ -29,5 +79,44 @@ func TestR15OverlongAnswerIsToolgatesOwnError(t *testing.T) {
 	}
 	if msg := callTool(alice, 2, "echo", `{"text":"after"}`); !strings.Contains(msg, "after") {
 		t.Fatalf("the next call: %.300s", msg)
+	}
+}
+
+// Attack (a broken program, or one a runner's call breaks): the program
+// closes its stdout and goes on running. Nothing it does can reach
+// toolgate any more, yet toolgate waited for the process to exit before
+// it took the program for ended: the call in progress waited out its
+// whole deadline, every later call too, and the program was never
+// restarted — while calls kept coming it never even went idle, so the
+// service stayed dead for everyone who shares it. Expected: a program
+// whose stdout ended is ended (within a grace for one that is exiting),
+// its call in progress gets a retryable error, and it is restarted.
+func TestR15ProgramThatClosesStdoutIsEnded(t *testing.T) {
+	s := testSpec(t, "")
+	s.Env = []string{"PATH=" + defaultPath, envR15 + "=mute"}
+	rt := start(t, s, nil)
+	alice := &bridgetest.Runner{T: t, RT: rt.bridge, User: "alice"}
+	if res := alice.Initialize(bridgetest.Sampling); !gjson.Get(res, "result.protocolVersion").Exists() {
+		t.Fatalf("initialize: %s", res)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 25*time.Second)
+	defer cancel()
+	answer := make(chan []string, 1)
+	go func() {
+		resp := alice.SendCtx(ctx, http.MethodPost, `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"echo","arguments":{}}}`)
+		defer resp.Body.Close()
+		data, _ := io.ReadAll(resp.Body)
+		answer <- bridgetest.Messages(resp, data)
+	}()
+	msgs := <-answer
+	if ctx.Err() != nil {
+		t.Fatalf("the call waited out its deadline: the program that closed its stdout was never taken for ended")
+	}
+	if len(msgs) == 0 || !gjson.Get(msgs[len(msgs)-1], "error.data.retryable").Bool() {
+		t.Fatalf("the call: %q, want a retryable error", msgs)
+	}
+	waitFor(t, "a restart is scheduled", func() bool { return len(rt.schedule()) == 1 })
+	if got := rt.schedule()[0].Reason; got != "stdout_closed" {
+		t.Errorf("restart reason %q, want stdout_closed", got)
 	}
 }

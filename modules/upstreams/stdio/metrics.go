@@ -18,7 +18,7 @@ var stdioMetrics = struct {
 	}, []string{"service"}),
 	restarts: prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: "toolgate", Subsystem: "stdio", Name: "restarts_total",
-		Help: "Restarts scheduled after a stdio service's program ended, by service and reason: exited (by itself), start_failed, init_failed (no initialize answer in time), line_too_long, stopped_reading (its stdin).",
+		Help: "Restarts scheduled after a stdio service's program ended, by service and reason: exited (by itself), start_failed, init_failed (no initialize answer in time), line_too_long, stopped_reading (its stdin), stdout_closed (it ran on after closing its stdout).",
 	}, []string{"service", "reason"}),
 }
 

@@ -142,7 +142,10 @@ func (p *process) serve(link *mcpbridge.Link, ended func(why, reason string)) {
 	running := stdioMetrics.processes.WithLabelValues(p.spec.Service)
 	running.Inc()
 	var readers sync.WaitGroup
-	readers.Go(func() { p.readMessages(link) })
+	readers.Go(func() {
+		p.readMessages(link)
+		go p.stdoutEnded()
+	})
 	readers.Go(p.readStderr)
 	err := p.cmd.Wait()
 	// Whatever the program left in its group (a node under npx) goes
@@ -161,6 +164,24 @@ func (p *process) serve(link *mcpbridge.Link, ended func(why, reason string)) {
 	close(p.done)
 	p.logger.Info("program ended", zap.String("how", p.exitStatus))
 	ended(why, reason)
+}
+
+// stdoutGrace is how long a program whose stdout ended may take to exit
+// before it is ended.
+const stdoutGrace = 2 * time.Second
+
+// stdoutEnded ends the program if it is still running stdoutGrace after
+// its stdout ended: a program that closed its stdout can answer nothing
+// more, and running on it would leave its calls waiting out their
+// deadlines and keep it from being restarted.
+func (p *process) stdoutEnded() {
+	t := time.NewTimer(stdoutGrace)
+	defer t.Stop()
+	select {
+	case <-p.done:
+	case <-t.C:
+		p.kill("stdout_closed", "closed its stdout while it was still running")
+	}
 }
 
 // drainTimeout is how long the program's outputs are read after it and
