@@ -13,9 +13,12 @@ import (
 	"time"
 
 	"github.com/tidwall/gjson"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/toolgate/toolgate/internal/mcpbridge/bridgetest"
 	"github.com/toolgate/toolgate/internal/stdioserver"
+	"github.com/toolgate/toolgate/modules/gateway"
 )
 
 // envR15 puts this test binary in a program mode of this file's (checked
@@ -118,5 +121,48 @@ func TestR15ProgramThatClosesStdoutIsEnded(t *testing.T) {
 	waitFor(t, "a restart is scheduled", func() bool { return len(rt.schedule()) == 1 })
 	if got := rt.schedule()[0].Reason; got != "stdout_closed" {
 		t.Errorf("restart reason %q, want stdout_closed", got)
+	}
+}
+
+// Attack (a program that prints its configuration, as many do when they
+// fail): an env value of several lines — a PEM private key, a service
+// account's JSON — is a secret redacted where it occurs whole, but the
+// program's output is logged line by line, and no line holds the whole
+// value: each line of the key reached the log in clear. Expected: every
+// line of such a value that is a secret's length (8 bytes or more) is
+// redacted like one.
+func TestR15MultiLineEnvValueIsRedactedLineByLine(t *testing.T) {
+	const body = "MIIEvQIBADANBgkqhkiG9w0BAQEFAASCBKcwggSjAgEAAoIBAQC7VJTUt9Us8cKj"
+	const key = "-----BEGIN PRIVATE KEY-----\n" + body + "\r\nMzEfYyjiWA4R4/M2bS1GB4t7NXp98C3SC6dVMvDuictGeurT8jNbvJZHtCSuYEvu\n-----END PRIVATE KEY-----\n"
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr := &Transport{Command: []string{exe, "-test.run=^$"}, Env: map[string]string{"SERVICE_KEY": key, stdioserver.EnvMode: stdioserver.ModeServe}}
+	s, err := tr.spec(&gateway.Service{ID: "svc"}, "Authorization")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Idle, s.Stop, s.MaxProcs, s.StartTimeout, s.MaxMessage, s.Depth = time.Minute, 5*time.Second, 10, 30*time.Second, 1<<20, 64
+	core, logs := observer.New(zap.InfoLevel)
+	rt := start(t, s, zap.New(core))
+	alice := runnerOf(t, rt, "alice")
+	for i, stream := range []string{"stderr", "stdout"} {
+		args := fmt.Sprintf(`{"text":%q,"count":1,"stdout":%v}`, "config: SERVICE_KEY="+key+"end of config", stream == "stdout")
+		if res := callTool(alice, i+1, "shout", args); bridgetest.ToolText(res) != "shouted" {
+			t.Fatalf("shout: %s", res)
+		}
+	}
+	waitFor(t, "the last line is logged from both outputs", func() bool {
+		return logs.Filter(func(e observer.LoggedEntry) bool {
+			line, _ := e.ContextMap()["line"].(string)
+			return strings.Contains(line, "end of config")
+		}).Len() == 2
+	})
+	for _, e := range logs.All() {
+		line, _ := e.ContextMap()["line"].(string)
+		if strings.Contains(line, body[:24]) || strings.Contains(line, "MzEfYyjiWA4R4") {
+			t.Errorf("%q: a line of the env value reached the log: %s", e.Message, line)
+		}
 	}
 }

@@ -62,6 +62,7 @@ func (t *Transport) spec(svc *gateway.Service, header string) (*spec, error) {
 		s.Env = append(s.Env, k+"="+env[k])
 		if v := env[k]; k != "PATH" && len(v) >= minSecretLen {
 			s.secrets = append(s.secrets, v)
+			s.secrets = append(s.secrets, secretLines(v)...)
 		}
 	}
 	if t.RunAs != "" {
@@ -72,6 +73,23 @@ func (t *Transport) spec(svc *gateway.Service, header string) (*spec, error) {
 		s.user = u
 	}
 	return s, nil
+}
+
+// secretLines are the lines of a value of several lines (a PEM key, a
+// JSON document) that are a secret's length: the program's output is
+// logged line by line, so the value printed as it is never appears whole
+// in one line, and each of its lines is redacted on its own.
+func secretLines(v string) []string {
+	if !strings.ContainsAny(v, "\r\n") {
+		return nil
+	}
+	var out []string
+	for line := range strings.FieldsFuncSeq(v, func(r rune) bool { return r == '\n' || r == '\r' }) {
+		if line = strings.TrimSpace(line); len(line) >= minSecretLen {
+			out = append(out, line)
+		}
+	}
+	return out
 }
 
 // minSecretLen is the shortest env value redacted from the program's
