@@ -67,15 +67,20 @@ func (h *Handler) refuseServerRequest(call *gateway.Call, from gateway.Upstream,
 	h.background(call, from, gateway.RPCError(msg.ID, gateway.CodeMethodNotFound, why, nil), func() { inFlight.done(ms) })
 }
 
-// loggedMethod is a server request's method as the log names it: the
-// method when MCP defines it, else none of the upstream's text. An
+// loggedMethod is an upstream's server request's or notification's method
+// as the log names it: the method when MCP defines it, else none of the
+// upstream's text. An
 // upstream holds secrets toolgate cannot redact (a program the values of
 // its environment, a legacy SSE server what its requests carried), and
 // may write one as a method name.
 func loggedMethod(method string) string {
 	switch method {
 	case "ping", "sampling/createMessage", "elicitation/create", "roots/list",
-		"tasks/get", "tasks/result", "tasks/list", "tasks/cancel":
+		"tasks/get", "tasks/result", "tasks/list", "tasks/cancel",
+		"notifications/message", "notifications/progress", "notifications/cancelled",
+		"notifications/resources/updated", "notifications/resources/list_changed",
+		"notifications/tools/list_changed", "notifications/prompts/list_changed",
+		"notifications/elicitation/complete", "notifications/tasks/status":
 		return method
 	}
 	return "a method MCP does not define"
