@@ -69,10 +69,9 @@ func (h *Handler) refuseServerRequest(call *gateway.Call, from gateway.Upstream,
 
 // loggedMethod is an upstream's server request's or notification's method
 // as the log names it: the method when MCP defines it, else none of the
-// upstream's text. An
-// upstream holds secrets toolgate cannot redact (a program the values of
-// its environment, a legacy SSE server what its requests carried), and
-// may write one as a method name.
+// upstream's text. An upstream holds secrets toolgate cannot redact (a
+// program the values of its environment, a legacy SSE server what its
+// requests carried), and may write one as a method name.
 func loggedMethod(method string) string {
 	switch method {
 	case "ping", "sampling/createMessage", "elicitation/create", "roots/list",
