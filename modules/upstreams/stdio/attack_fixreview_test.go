@@ -58,7 +58,9 @@ func startBounded(t *testing.T, s *spec) *runtime {
 // tools/call first sends 1000 sampling/createMessage requests (valid
 // JSON-RPC, the client declared no sampling), then answers. slow-sample:
 // a tools/call asks the client to sample and is answered with the result.
-// slow-answer: a tools/call is answered after a second.
+// slow-answer: a tools/call is answered after a second. mute: a
+// tools/call makes it close its stdout — it can answer nothing more —
+// while it goes on running, reading its stdin until that closes.
 func fixReviewProgram(mode string) {
 	in := bufio.NewScanner(os.Stdin)
 	in.Buffer(make([]byte, 1<<20), 1<<20)
@@ -78,6 +80,11 @@ func fixReviewProgram(mode string) {
 		case "initialize":
 			fmt.Printf(`{"jsonrpc":"2.0","id":%s,"result":{"protocolVersion":"2025-06-18","capabilities":{"tools":{}},"serverInfo":{"name":"flood","version":"1"}}}`+"\n", id)
 		case "tools/call":
+			if mode == "mute" {
+				os.Stdout.Close()
+				_, _ = io.Copy(io.Discard, os.Stdin)
+				return
+			}
 			if mode == "slow-answer" {
 				// Works a second, then answers (a single write: atomic on
 				// a pipe).

@@ -1,9 +1,7 @@
 package stdio
 
 import (
-	"bufio"
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -20,47 +18,6 @@ import (
 	"github.com/toolgate/toolgate/internal/stdioserver"
 	"github.com/toolgate/toolgate/modules/gateway"
 )
-
-// envR15 puts this test binary in a program mode of this file's (checked
-// in init, before TestMain).
-const envR15 = "TOOLGATE_R15_PROGRAM"
-
-func init() {
-	if mode := os.Getenv(envR15); mode != "" {
-		r15Program(mode)
-		os.Exit(0)
-	}
-}
-
-// r15Program is a JSON-RPC server on stdin/stdout, written by hand.
-// mute: a tools/call makes it close its stdout — it can answer nothing
-// more — while it goes on running, reading its stdin until that closes.
-func r15Program(mode string) {
-	out := bufio.NewWriter(os.Stdout)
-	in := bufio.NewScanner(os.Stdin)
-	in.Buffer(make([]byte, 1<<20), 1<<20)
-	for in.Scan() {
-		var m struct {
-			ID     json.RawMessage `json:"id"`
-			Method string          `json:"method"`
-		}
-		if json.Unmarshal(in.Bytes(), &m) != nil || m.ID == nil {
-			continue
-		}
-		switch {
-		case m.Method == "initialize":
-			fmt.Fprintf(out, `{"jsonrpc":"2.0","id":%s,"result":{"protocolVersion":"2025-06-18","capabilities":{"tools":{}},"serverInfo":{"name":"stdio-test-server","version":"1"}}}`+"\n", m.ID)
-		case m.Method == "tools/call" && mode == "mute":
-			out.Flush()
-			os.Stdout.Close()
-			_, _ = io.Copy(io.Discard, os.Stdin)
-			return
-		default:
-			fmt.Fprintf(out, `{"jsonrpc":"2.0","id":%s,"result":{}}`+"\n", m.ID)
-		}
-		out.Flush()
-	}
-}
 
 // Attack (a broken program, or a runner that makes one answer too much —
 // 300 KiB of "<", which the SDK writes as 1.8 MiB of \u003c):
@@ -96,7 +53,7 @@ func TestR15OverlongAnswerIsToolgatesOwnError(t *testing.T) {
 // its call in progress gets a retryable error, and it is restarted.
 func TestR15ProgramThatClosesStdoutIsEnded(t *testing.T) {
 	s := testSpec(t, "")
-	s.Env = []string{"PATH=" + defaultPath, envR15 + "=mute"}
+	s.Env = []string{"PATH=" + defaultPath, envFixReview + "=mute"}
 	rt := start(t, s, nil)
 	alice := &bridgetest.Runner{T: t, RT: rt.bridge, User: "alice"}
 	if res := alice.Initialize(bridgetest.Sampling); !gjson.Get(res, "result.protocolVersion").Exists() {
