@@ -45,54 +45,38 @@ func Digest(raw []byte) string { return digestOf(raw, true) }
 func digestWithoutMeta(raw []byte) string { return digestOf(raw, false) }
 
 func digestOf(raw []byte, withMeta bool) string {
-	b := make([]byte, 0, len(raw)+2)
-	b = append(b, '{')
-	member := func(key string, v []byte) {
-		if len(b) > 1 {
-			b = append(b, ',')
-		}
-		b = mcpmsg.AppendQuote(b, key)
-		b = append(b, ':')
-		b = append(b, v...)
-	}
+	b := []byte{'{'}
 	gjson.ParseBytes(raw).ForEach(func(k, v gjson.Result) bool {
 		key := k.String()
 		switch {
 		case pinned(key, pinnedMembers):
-			member(key, []byte(v.Raw))
+			b = appendMember(b, key, []byte(v.Raw))
 		case withMeta && v.IsObject() && (key == "_meta" || mcpmsg.SameFold(key, "_meta")):
-			if meta := pinnedOfMeta(v); meta != nil {
-				member(key, meta)
+			meta := []byte{'{'}
+			v.ForEach(func(k, v gjson.Result) bool {
+				if key := k.String(); pinned(key, pinnedMeta) {
+					meta = appendMember(meta, key, []byte(v.Raw))
+				}
+				return true
+			})
+			if len(meta) > 1 {
+				b = appendMember(b, key, append(meta, '}'))
 			}
 		}
 		return true
 	})
-	b = append(b, '}')
-	sum := sha256.Sum256(approval.Canonical(b))
+	sum := sha256.Sum256(approval.Canonical(append(b, '}')))
 	return "sha256:" + hex.EncodeToString(sum[:])
 }
 
-// pinnedOfMeta is an object of the pinned members of meta, a tool's _meta
-// (nil when it has none).
-func pinnedOfMeta(meta gjson.Result) []byte {
-	var b []byte
-	meta.ForEach(func(k, v gjson.Result) bool {
-		if key := k.String(); pinned(key, pinnedMeta) {
-			if b == nil {
-				b = append(b, '{')
-			} else {
-				b = append(b, ',')
-			}
-			b = mcpmsg.AppendQuote(b, key)
-			b = append(b, ':')
-			b = append(b, v.Raw...)
-		}
-		return true
-	})
-	if b == nil {
-		return nil
+// appendMember appends "key":v to the members of the object b opens.
+func appendMember(b []byte, key string, v []byte) []byte {
+	if len(b) > 1 {
+		b = append(b, ',')
 	}
-	return append(b, '}')
+	b = mcpmsg.AppendQuote(b, key)
+	b = append(b, ':')
+	return append(b, v...)
 }
 
 // pinned reports whether key is one of members, in any case.
