@@ -161,7 +161,7 @@ func TestUpstreamTextAttackInitializeVersionLogged(t *testing.T) {
 
 // Attack: a program sends a server→client request whose method is a
 // secret it was given. The bridge names such a method to the log as "a
-// method MCP does not define" (mcpbridge.serverMethodName: the server has
+// method MCP does not define" (mcpmsg.LoggedMethod: the server has
 // secrets toolgate cannot redact) and relays it; toolgate_proxy, which
 // refuses it to a runner whose call takes no SSE stream, logs the method
 // as it is. Expected: neither secret in the gateway log.

@@ -164,7 +164,7 @@ func (l *Link) serverRequest(msg mcpmsg.Message) {
 	if s == nil {
 		if l.mayLog() {
 			l.bridge.log().Info("refused a server request", zap.String("service", l.bridge.service),
-				zap.String("method", serverMethodName(msg.Method)), zap.String("reason", why))
+				zap.String("method", mcpmsg.LoggedMethod(msg.Method)), zap.String("reason", why))
 		}
 		l.sendLater(gateway.RPCError(msg.ID, gateway.CodeMethodNotFound, "toolgate cannot relay "+msg.Method+": "+why, nil))
 	}
@@ -184,18 +184,6 @@ func (l *Link) relayedID(id []byte) []byte {
 // mayLog reports whether one more thing the server sent may be logged
 // (LinkConfig.MayLog).
 func (l *Link) mayLog() bool { return l.cfg.MayLog == nil || l.cfg.MayLog() }
-
-// serverMethodName is a server request's method for the log: the method
-// when MCP defines it, else none of the server's text. The server has the
-// caller's credential (a program in its environment, a legacy SSE server
-// in its requests' headers), which the bridge never sees to redact.
-func serverMethodName(method string) string {
-	switch method {
-	case "sampling/createMessage", "elicitation/create", "roots/list", "ping":
-		return method
-	}
-	return "a method MCP does not define"
-}
 
 // routeLocked picks the session and stream for a server→client message
 // that names no request of a runner (a server→client request, a log

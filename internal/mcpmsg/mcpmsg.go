@@ -515,3 +515,37 @@ func MemberFold(obj []byte, key string) (string, []byte) {
 	})
 	return name, found
 }
+
+// LoggedMethod is an upstream's request's or notification's method as a
+// log names it: the method when MCP defines it for a server to send, else
+// none of the upstream's text. An upstream holds secrets toolgate cannot
+// redact (a program the values of its environment, a legacy SSE server
+// what its requests carried), and may write one as a method name.
+func LoggedMethod(method string) string {
+	switch method {
+	case "ping", "sampling/createMessage", "elicitation/create", "roots/list",
+		"tasks/get", "tasks/result", "tasks/list", "tasks/cancel",
+		"notifications/message", "notifications/progress", "notifications/cancelled",
+		"notifications/resources/updated", "notifications/resources/list_changed",
+		"notifications/tools/list_changed", "notifications/prompts/list_changed",
+		"notifications/elicitation/complete", "notifications/tasks/status":
+		return method
+	}
+	return "a method MCP does not define"
+}
+
+// LoggedRevision reports whether v, a protocol version an upstream named,
+// is written as MCP names its revisions (YYYY-MM-DD), and so may be
+// logged: any other text of the upstream's could be a secret it holds (a
+// program's API key), which toolgate cannot redact.
+func LoggedRevision(v string) bool {
+	if len(v) != len("2025-11-25") {
+		return false
+	}
+	for i, c := range []byte(v) {
+		if (i == 4 || i == 7) != (c == '-') || c != '-' && (c < '0' || c > '9') {
+			return false
+		}
+	}
+	return true
+}

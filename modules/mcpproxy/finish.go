@@ -32,7 +32,7 @@ func (h *Handler) inspect(ctx context.Context, call *gateway.Call, msg mcpmsg.Me
 	switch {
 	case err != nil:
 		h.logger.Error("message hook failed; the message was not relayed", zap.String("service", call.Service.ID),
-			zap.String("method", loggedMethod(msg.Method)), zap.Error(err))
+			zap.String("method", mcpmsg.LoggedMethod(msg.Method)), zap.Error(err))
 		return nil, false
 	case drop:
 		return nil, false

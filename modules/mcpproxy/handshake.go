@@ -77,7 +77,7 @@ func (h *Handler) initialize(w http.ResponseWriter, r *http.Request, call *gatew
 		InitializeParams: replay,
 	})
 	if !gateway.SupportsProtocolVersion(up.ProtocolVersion) {
-		if v := up.ProtocolVersion; looksLikeRevision(v) {
+		if v := up.ProtocolVersion; mcpmsg.LoggedRevision(v) {
 			h.logger.Warn("the upstream chose a protocol version toolgate does not speak", zap.String("service", call.Service.ID), zap.String("version", v))
 		} else {
 			h.logger.Warn("the upstream chose a protocol version toolgate does not speak", zap.String("service", call.Service.ID))
@@ -400,20 +400,4 @@ func initializeRequest(id, params []byte) []byte {
 	b = append(b, `,"method":"initialize","params":`...)
 	b = append(b, params...)
 	return append(b, '}')
-}
-
-// looksLikeRevision reports whether v is written as MCP names its
-// revisions (YYYY-MM-DD), and so may be logged: any other text of the
-// upstream's could be a secret it holds (a program's API key), which
-// toolgate cannot redact.
-func looksLikeRevision(v string) bool {
-	if len(v) != len("2025-11-25") {
-		return false
-	}
-	for i, c := range []byte(v) {
-		if (i == 4 || i == 7) != (c == '-') || c != '-' && (c < '0' || c > '9') {
-			return false
-		}
-	}
-	return true
 }

@@ -57,7 +57,7 @@ func (r *refusals) done(ms *gateway.MCPSession) {
 // is dropped.
 func (h *Handler) refuseServerRequest(call *gateway.Call, from gateway.Upstream, msg mcpmsg.Message, why string) {
 	ms := call.MCPSession
-	method := loggedMethod(msg.Method)
+	method := mcpmsg.LoggedMethod(msg.Method)
 	if !inFlight.start(ms) {
 		h.logger.Debug("dropped a server request: too many refusals in flight", zap.String("service", call.Service.ID), zap.String("method", method))
 		return
@@ -65,22 +65,4 @@ func (h *Handler) refuseServerRequest(call *gateway.Call, from gateway.Upstream,
 	h.logger.Warn("refused a server request", zap.String("service", call.Service.ID), zap.String("method", method),
 		zap.String("reason", strings.ReplaceAll(why, msg.Method, method)))
 	h.background(call, from, gateway.RPCError(msg.ID, gateway.CodeMethodNotFound, why, nil), func() { inFlight.done(ms) })
-}
-
-// loggedMethod is an upstream's server request's or notification's method
-// as the log names it: the method when MCP defines it, else none of the
-// upstream's text. An upstream holds secrets toolgate cannot redact (a
-// program the values of its environment, a legacy SSE server what its
-// requests carried), and may write one as a method name.
-func loggedMethod(method string) string {
-	switch method {
-	case "ping", "sampling/createMessage", "elicitation/create", "roots/list",
-		"tasks/get", "tasks/result", "tasks/list", "tasks/cancel",
-		"notifications/message", "notifications/progress", "notifications/cancelled",
-		"notifications/resources/updated", "notifications/resources/list_changed",
-		"notifications/tools/list_changed", "notifications/prompts/list_changed",
-		"notifications/elicitation/complete", "notifications/tasks/status":
-		return method
-	}
-	return "a method MCP does not define"
 }

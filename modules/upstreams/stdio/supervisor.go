@@ -517,10 +517,10 @@ func (w *worker) run(cred string, also []string, started chan struct{}) {
 		close(started)
 	}
 	w.mu.Unlock()
-	if !gateway.SupportsProtocolVersion(version) {
+	if !mcpmsg.LoggedRevision(version) {
 		// The program's own text, which may be a secret it was given:
 		// not logged. Runners are refused this version (toolgate_proxy).
-		version = "one toolgate does not speak"
+		version = "not written as MCP names its revisions"
 	}
 	w.rt.log().Info("program started", zap.String("service", s.Service), zap.Int("pid", p.pid),
 		zap.String("protocol_version", version))
