@@ -57,7 +57,7 @@ conformance:
 
 # every fuzzer (package:Fuzzer); inputs that fail are kept by Go under the
 # package's testdata/fuzz as regression seeds, which every `go test` runs
-FUZZERS := internal/mcpmsg:FuzzParse internal/mcpmsg:FuzzEndsAdversarial modules/mcpproxy:FuzzSSEReader modules/mcpproxy:FuzzSSEWriter \
+FUZZERS := internal/mcpmsg:FuzzParse internal/mcpmsg:FuzzEndsAdversarial internal/eventstream:FuzzReader modules/mcpproxy:FuzzSSEWriter \
 	modules/mcpproxy:FuzzPrescanAdvDifferential \
 	modules/policy:FuzzJSONTerm modules/policy:FuzzPlanMatchesTopdown modules/policy:FuzzScanDecidesAsThePolicy internal/regoplan:FuzzRecall \
 	modules/ciphers/kms:FuzzParseEnvelope \

@@ -397,6 +397,36 @@ func TestLegacyAttackReflectedTokenInMalformedAnswer(t *testing.T) {
 	}
 }
 
+// Attack (fixed): a legacy server answers a call with an event that is
+// not JSON (its answer cut off), naming the call's id. The MCP Go SDK's SSE
+// client decoded each event itself, and one it could not decode reached
+// the bridge as an error without its text, so nothing named the call: it
+// waited out the service's whole timeout (up to 300 s, holding the runner
+// and a slot of the caller's) and got "did not answer in time". toolgate
+// reads the stream itself now and hands each event's data to the bridge,
+// which fails the call it names at once, as for a program over stdio.
+func TestLegacyAttackUndecodableAnswerFailsItsCallAtOnce(t *testing.T) {
+	l := startLegacy(t, legacyHooks{post: func(s *legacyStream, m legacyMsg, w http.ResponseWriter) bool {
+		if m.Method != "tools/call" {
+			return false
+		}
+		s.send(fmt.Sprintf(`{"jsonrpc":"2.0","id":%s,"result":{"content":[{"type":"text","text":"x"`, m.ID))
+		w.WriteHeader(http.StatusAccepted)
+		return true
+	}})
+	g := legacyGateway(t, l, gatewayConfig{}, "")
+	m := g.raw(t, aliceKey, g.createSession(t, aliceKey, "legacy"), "legacy")
+	m.initialize()
+	_, _, msgs := m.post(fmt.Sprintf(legacyEcho, 1, "hi"))
+	if !retryableError(msgs) || !bytesContain(msgs, "malformed answer") {
+		t.Errorf("the call's answer to an undecodable answer: %s, want a retryable error saying so (not its timeout)", msgs)
+	}
+	_, _, msgs = m.post(fmt.Sprintf(legacyEcho, 2, "next"))
+	if len(msgs) != 1 || !bytesContain(msgs, "malformed answer") {
+		t.Errorf("the next call on the stream: %s, want the same retryable error (the stream goes on)", msgs)
+	}
+}
+
 func bytesContain(msgs []json.RawMessage, s string) bool {
 	for _, m := range msgs {
 		if strings.Contains(string(m), s) {

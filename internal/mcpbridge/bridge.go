@@ -127,6 +127,9 @@ func (b *Bridge) SetLogger(l *zap.Logger) {
 
 func (b *Bridge) log() *zap.Logger { return b.logger.Load() }
 
+// Logger is the logger the bridge logs with now (its config's, see Use).
+func (b *Bridge) Logger() *zap.Logger { return b.log() }
+
 // Use makes l and idle (see SetIdle) the bridge's, for a config that
 // starts, and returns what gives the bridge back the ones it had — unless
 // a newer config's were set since — for when Caddy abandons that config's

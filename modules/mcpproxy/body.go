@@ -5,6 +5,7 @@ import (
 	"io"
 
 	"github.com/toolgate/toolgate/internal/bigbuf"
+	"github.com/toolgate/toolgate/internal/eventstream"
 )
 
 // Errors of readBody.
@@ -54,21 +55,21 @@ func readBody(r io.Reader, size, max int64) ([]byte, error) {
 		return b, atEnd(r)
 	}
 	var (
-		chunks []*[sseBufferSize]byte // full buffers, in order
-		cur    = sseBuffers.Get().(*[sseBufferSize]byte)
+		chunks []*[eventstream.BufferSize]byte // full buffers, in order
+		cur    = eventstream.GetBuffer()
 		n      int   // bytes in cur
 		total  int64 // bytes in chunks
 	)
 	defer func() {
 		for _, c := range chunks {
-			sseBuffers.Put(c)
+			eventstream.PutBuffer(c)
 		}
-		sseBuffers.Put(cur)
+		eventstream.PutBuffer(cur)
 	}()
 	for {
 		if n == len(cur) {
 			chunks = append(chunks, cur)
-			cur, n, total = sseBuffers.Get().(*[sseBufferSize]byte), 0, total+sseBufferSize
+			cur, n, total = eventstream.GetBuffer(), 0, total+eventstream.BufferSize
 		}
 		m, err := r.Read(cur[n:])
 		n += m
@@ -94,7 +95,7 @@ func readBody(r io.Reader, size, max int64) ([]byte, error) {
 
 // exactBodyMax is the largest announced length read straight into a slice
 // of that length.
-const exactBodyMax = sseBufferSize
+const exactBodyMax = eventstream.BufferSize
 
 // atEnd checks that r has nothing more to read.
 func atEnd(r io.Reader) error {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/tidwall/gjson"
 
+	"github.com/toolgate/toolgate/internal/eventstream"
 	"github.com/toolgate/toolgate/internal/mcp2026"
 	"github.com/toolgate/toolgate/internal/mcpmsg"
 	"github.com/toolgate/toolgate/modules/gateway"
@@ -123,7 +124,7 @@ func (h *Handler) openShared(ctx context.Context, call *gateway.Call) (func() (m
 		resp.Body.Close()
 		return nil, nil, errNoEventStream
 	}
-	rs := &response{h: h, ctx: ctx, call: call, up: up, resp: resp, sse: newSSEReader(resp.Body, h.maxMessage)}
+	rs := &response{h: h, ctx: ctx, call: call, up: up, resp: resp, sse: eventstream.NewReader(resp.Body, h.maxMessage)}
 	next := func() (mcpmsg.Message, error) {
 		for {
 			msg, err := rs.next()

@@ -100,6 +100,7 @@ import (
 	"github.com/tidwall/gjson"
 	"go.uber.org/zap"
 
+	"github.com/toolgate/toolgate/internal/eventstream"
 	"github.com/toolgate/toolgate/internal/mcpmsg"
 	"github.com/toolgate/toolgate/modules/gateway"
 )
@@ -395,7 +396,7 @@ func TestParityHoldsRoundsNotificationsPassDeliver(t *testing.T) {
 		"data: {\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{\"content\":[]}}\n\n"
 	resp := &http.Response{StatusCode: 200, Header: http.Header{"Content-Type": {"text/event-stream"}}, Body: nopCloser{strings.NewReader(stream)}}
 	hc := &heldCall{call: first, cancel: func() {},
-		rs: &response{h: h, ctx: context.Background(), call: first, resp: resp, sse: newSSEReader(resp.Body, h.maxMessage)}}
+		rs: &response{h: h, ctx: context.Background(), call: first, resp: resp, sse: eventstream.NewReader(resp.Body, h.maxMessage)}}
 	w := httptest.NewRecorder()
 	r := httptest.NewRequest(http.MethodPost, "/v1/mcp/svc", nil)
 	r.Header.Set("Accept", "application/json, text/event-stream")

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/toolgate/toolgate/internal/eventstream"
 	"github.com/toolgate/toolgate/modules/gateway"
 )
 
@@ -478,8 +479,8 @@ func (h *Handler) resumeForRunner(w http.ResponseWriter, r *http.Request, call *
 		h.answerError(w, r, call, err)
 		return
 	}
-	sse := newSSEReader(resp.Body, h.maxMessage)
-	sse.lastID, sse.idBuffer = upstreamID, upstreamID
+	sse := eventstream.NewReader(resp.Body, h.maxMessage)
+	sse.StartAfter(upstreamID)
 	rs := &response{h: h, ctx: ctx, call: &orig, up: up, resp: resp, sse: sse, sent: []*gateway.Credential{st.call.Credential}}
 	defer rs.close()
 	out.start(nil)

@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/toolgate/toolgate/internal/eventstream"
 	"github.com/toolgate/toolgate/modules/gateway"
 )
 
@@ -44,7 +45,7 @@ func (h *Handler) stream(w http.ResponseWriter, r *http.Request, call *gateway.C
 		h.answerError(w, r, call, unavailable("the upstream answered GET without an SSE stream"))
 		return
 	}
-	rs := &response{h: h, ctx: ctx, call: call, up: up, resp: resp, sse: newSSEReader(resp.Body, h.maxMessage)}
+	rs := &response{h: h, ctx: ctx, call: call, up: up, resp: resp, sse: eventstream.NewReader(resp.Body, h.maxMessage)}
 	defer rs.close()
 	out := newSSEWriter(w)
 	out.start(nil)

@@ -17,6 +17,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/toolgate/toolgate/internal/caddyopt"
+	"github.com/toolgate/toolgate/internal/eventstream"
 	"github.com/toolgate/toolgate/internal/mcpmsg"
 	"github.com/toolgate/toolgate/modules/gateway"
 )
@@ -269,7 +270,7 @@ type response struct {
 	call *gateway.Call
 	up   gateway.Upstream
 	resp *http.Response
-	sse  *sseReader
+	sse  *eventstream.Reader
 	body []byte // a JSON body read already (an upstream's 4xx answer)
 	// status is the HTTP status of that 4xx answer, 0 for a 2xx one.
 	status int
@@ -302,7 +303,7 @@ func (h *Handler) newResponse(ctx context.Context, call *gateway.Call, up gatewa
 		resp.Body.Close()
 		r.done = true
 	case isSSE(resp.Header):
-		r.sse = newSSEReader(resp.Body, h.maxMessage)
+		r.sse = eventstream.NewReader(resp.Body, h.maxMessage)
 	case isJSON(resp.Header):
 	default:
 		resp.Body.Close()
@@ -428,7 +429,7 @@ func (r *response) lastEventID() string {
 	if r.sse == nil {
 		return ""
 	}
-	return r.sse.lastID
+	return r.sse.LastID()
 }
 
 // nextData returns the text of the next message.
@@ -456,17 +457,17 @@ func (r *response) nextData() ([]byte, error) {
 		return data, nil
 	}
 	for {
-		before := r.sse.lastID
-		ev, err := r.sse.next()
-		if r.sse.lastID != before {
+		before := r.sse.LastID()
+		ev, err := r.sse.Next()
+		if r.sse.LastID() != before {
 			r.progress = true
 		}
 		if err == nil {
 			r.progress = true
 			switch {
 			case len(ev.Data) == 0: // a priming event (SEP-1699), or one that only sets retry
-				if r.onPrime != nil && r.sse.lastID != "" {
-					r.onPrime(r.sse.lastID)
+				if r.onPrime != nil && r.sse.LastID() != "" {
+					r.onPrime(r.sse.LastID())
 				}
 				continue
 			case ev.Type != "" && ev.Type != "message":
@@ -476,7 +477,7 @@ func (r *response) nextData() ([]byte, error) {
 		}
 		r.resp.Body.Close()
 		switch {
-		case errors.Is(err, errEventTooLarge):
+		case errors.Is(err, eventstream.ErrEventTooLarge):
 			return nil, &upstreamError{kind: kindUnavailable, sent: true, msg: "an upstream event exceeds max_response_size"}
 		case r.ctx.Err() != nil:
 			return nil, &upstreamError{kind: kindUnavailable, sent: true, msg: "the upstream did not answer in time"}
@@ -489,7 +490,7 @@ func (r *response) nextData() ([]byte, error) {
 		} else {
 			r.stalls++
 		}
-		if r.sse.lastID == "" || r.stalls >= r.call.Service.ResumeAttempts {
+		if r.sse.LastID() == "" || r.stalls >= r.call.Service.ResumeAttempts {
 			if err == io.EOF {
 				return nil, io.EOF
 			}
@@ -508,7 +509,7 @@ const defaultResumeDelay = 100 * time.Millisecond
 // resume reconnects with GET and Last-Event-ID after the upstream's retry
 // delay (at most the service's max_resume_delay).
 func (r *response) resume() error {
-	delay := r.sse.retryDelay()
+	delay := r.sse.RetryDelay()
 	if delay <= 0 {
 		delay = defaultResumeDelay
 	}
@@ -524,7 +525,7 @@ func (r *response) resume() error {
 		return &upstreamError{kind: kindUnavailable, sent: true, msg: "the upstream did not answer in time"}
 	case <-t.C:
 	}
-	resp, err := r.h.exchange(r.ctx, r.call, r.up, http.MethodGet, nil, r.sse.lastID)
+	resp, err := r.h.exchange(r.ctx, r.call, r.up, http.MethodGet, nil, r.sse.LastID())
 	if err != nil {
 		var ue *upstreamError
 		if errors.As(err, &ue) {
@@ -537,7 +538,7 @@ func (r *response) resume() error {
 		return &upstreamError{kind: kindUnavailable, sent: true, msg: "the upstream did not resume its stream"}
 	}
 	r.resp = resp
-	r.sse = r.sse.resumed(resp.Body)
+	r.sse = r.sse.Resumed(resp.Body)
 	r.progress = false
 	return nil
 }
@@ -557,7 +558,7 @@ func (r *response) awaitEnd() {
 	if r.sse == nil || r.resp == nil {
 		return
 	}
-	if r.sse.err != nil { // the reader saw the end already
+	if r.sse.Ended() { // the reader saw the end already
 		return
 	}
 	body, ok := r.resp.Body.(*cancelOnClose)
@@ -574,7 +575,7 @@ func (r *response) close() {
 		r.resp.Body.Close()
 	}
 	if r.sse != nil {
-		r.sse.release()
+		r.sse.Release()
 	}
 }
 

@@ -6,7 +6,10 @@
 //
 // Each runner's MCP session gets a stream of its own, opened when the runner
 // initializes and closed when its session ends, so the server sees one
-// client per runner, as with Streamable HTTP. Messages are POSTed only to
+// client per runner, as with Streamable HTTP. toolgate reads the stream
+// itself (package eventstream), as the stdio transport reads a program's
+// lines: each message event's data goes to the bridge as the server wrote
+// it, and one the bridge cannot relay still fails the call it names. Messages are POSTed only to
 // the host the service's url names: an endpoint event that points anywhere
 // else gets nothing, and certainly not the caller's credential.
 package sse
@@ -23,7 +26,6 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
-	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"go.uber.org/zap"
 
 	"github.com/toolgate/toolgate/internal/caddyopt"
@@ -143,6 +145,10 @@ func (*runtime) Down(*http.Request) error { return nil }
 
 // Open opens a stream for a runner's session and relays its initialize.
 func (rt *runtime) Open(r *http.Request, init mcpmsg.Message) (*mcpbridge.Session, []byte, error) {
+	sseURL, err := url.Parse(rt.cfg.URL) // Attach checked it
+	if err != nil {
+		return nil, nil, &mcpbridge.Unavailable{Reason: "the service's url does not parse"}
+	}
 	g := &guard{base: rt.base, origin: rt.origin, header: rt.cfg.Header, dial: rt.cfg.DialTimeout}
 	g.setCredential(r)
 	client := &http.Client{Transport: g, CheckRedirect: func(*http.Request, []*http.Request) error {
@@ -152,20 +158,29 @@ func (rt *runtime) Open(r *http.Request, init mcpmsg.Message) (*mcpbridge.Sessio
 	// runner's initialize may take.
 	streamCtx, endStream := context.WithCancel(context.Background())
 	stopWaiting := context.AfterFunc(r.Context(), endStream)
-	conn, err := (&mcp.SSEClientTransport{Endpoint: rt.cfg.URL, HTTPClient: client,
-		MaxEventSize: int(min(rt.cfg.MaxMessage, 1<<40))}).Connect(streamCtx)
+	st, err := openStream(streamCtx, client, sseURL, rt.cfg.MaxMessage)
 	if !stopWaiting() || err != nil {
 		endStream()
-		if conn != nil {
-			conn.Close()
+		if st != nil {
+			st.close()
+			st.events.Release()
+		}
+		if down, ok := errors.AsType[*mcpbridge.Unavailable](err); ok {
+			return nil, nil, down
 		}
 		return nil, nil, g.failure("opening the server's SSE stream", err)
 	}
+	st.service, st.logger = rt.cfg.Service, rt.bridge.Logger
 	var once sync.Once
-	closeStream := func() { once.Do(func() { conn.Close(); endStream() }) }
-	link := rt.bridge.ConnLink(streamCtx, conn, mcpbridge.LinkConfig{OnRequest: g.setCredential, Release: closeStream},
-		func(err error) error { return g.failure("posting a message to the server", err) },
-		&mcpbridge.Unavailable{Reason: "the SSE stream of service " + rt.cfg.Service + " ended"})
+	closeStream := func() { once.Do(func() { st.close(); endStream() }) }
+	link := rt.bridge.NewLink(mcpbridge.LinkConfig{OnRequest: g.setCredential, Release: closeStream, MayLog: st.mayLog,
+		Send: func(ctx context.Context, msg []byte) error {
+			if err := st.send(ctx, msg); err != nil {
+				return g.failure("posting a message to the server", err)
+			}
+			return nil
+		}})
+	go st.read(link, &mcpbridge.Unavailable{Reason: "the SSE stream of service " + rt.cfg.Service + " ended"})
 	s, answer, err := link.Open(r.Context(), gateway.UpstreamUser(r.Context()), init)
 	if err != nil || s == nil {
 		closeStream()

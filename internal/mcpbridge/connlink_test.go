@@ -11,9 +11,10 @@ import (
 )
 
 // ConnLink starts a link over conn, a connection of the MCP Go SDK (whose
-// transports speak in decoded messages): messages are decoded for
-// conn.Write and encoded again from conn.Read. sendErr, when set, says what
-// a failed Write means. When reading ends, the link closes with endErr and
+// transports speak in decoded messages), for the tests, which run the
+// bridge against the SDK's servers over its in-memory transport: messages
+// are decoded for conn.Write and encoded again from conn.Read. sendErr,
+// when set, says what a failed Write means. When reading ends, the link closes with endErr and
 // conn is closed; ctx bounds the reading.
 func (b *Bridge) ConnLink(ctx context.Context, conn mcp.Connection, cfg LinkConfig, sendErr func(error) error, endErr error) *Link {
 	cfg.Send = func(ctx context.Context, msg []byte) error {
