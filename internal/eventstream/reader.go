@@ -11,8 +11,9 @@
 // lines differently from the runner's would let an upstream show the policy
 // one message and the runner another.
 //
-// toolgate_proxy reads Streamable HTTP upstreams' streams with it, and the
-// 2024-11-05 transport (toolgate.upstreams.sse) its servers' streams. Its
+// toolgate_proxy reads Streamable HTTP upstreams' streams with it, the
+// 2024-11-05 transport (toolgate.upstreams.sse) its servers' streams, and
+// the federated endpoint what its sub-calls through the route answered. Its
 // read buffers come from a pool shared with toolgate_proxy's reading of
 // JSON bodies (GetBuffer, PutBuffer).
 package eventstream
@@ -43,6 +44,10 @@ const maxRetryMillis = 1 << 40
 // Besides the events it keeps the stream's state: the last event id and the
 // reconnection time the upstream asked for.
 type Reader struct {
+	// OnComment, when set, is called for each comment line (a keep-alive
+	// of a stream that is otherwise silent).
+	OnComment func()
+
 	src io.Reader
 	buf []byte
 	r   int   // buf[r:w] is read but not yet consumed
@@ -147,7 +152,10 @@ func (s *Reader) Next() (Event, error) {
 			continue
 		}
 		if line[0] == ':' {
-			continue // a comment
+			if s.OnComment != nil {
+				s.OnComment()
+			}
+			continue
 		}
 		field, value := line, []byte(nil)
 		if i := bytes.IndexByte(line, ':'); i >= 0 {

@@ -402,3 +402,19 @@ func TestReaderLongEventsStayIntact(t *testing.T) {
 		t.Fatal("the first event's data changed as the next ones were read")
 	}
 }
+
+// Each comment line is reported to OnComment (a keep-alive), and is no
+// event.
+func TestReaderReportsComments(t *testing.T) {
+	r := NewReader(strings.NewReader(": keep-alive\n\n:\ndata: a\n: inside\n\n"), 1<<20)
+	defer r.Release()
+	comments := 0
+	r.OnComment = func() { comments++ }
+	ev, err := r.Next()
+	if err != nil || string(ev.Data) != "a" || comments != 3 {
+		t.Fatalf("read %q %v after %d comments, want \"a\" after 3", ev.Data, err, comments)
+	}
+	if _, err := r.Next(); err != io.EOF || comments != 3 {
+		t.Fatalf("then %v after %d comments, want EOF", err, comments)
+	}
+}

@@ -1,7 +1,6 @@
 package federation
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"errors"
@@ -14,6 +13,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
+	"github.com/toolgate/toolgate/internal/eventstream"
 	"github.com/toolgate/toolgate/internal/mcpmsg"
 	"github.com/toolgate/toolgate/modules/gateway"
 	"github.com/toolgate/toolgate/modules/registry"
@@ -122,7 +122,7 @@ type answer struct {
 	sse    bool
 	err    error // the route failed without answering
 	body   *io.PipeReader
-	lines  *bufio.Reader
+	events *eventstream.Reader
 	limit  int64
 	limits mcpmsg.Limits
 	done   bool
@@ -144,9 +144,9 @@ func (a *answer) next() (mcpmsg.Message, error) {
 	return mcpmsg.Parse(data, a.limits)
 }
 
-// nextData returns the text of the next message. The SSE read here is
-// what toolgate_proxy writes: each message one data line, events ending
-// with an empty line, comments for keep-alive.
+// nextData returns the text of the next message: a JSON body's, or the
+// next SSE event's that holds data (toolgate_proxy's priming events hold
+// none; its comments are keep-alives).
 func (a *answer) nextData() ([]byte, error) {
 	if !a.sse {
 		if a.done {
@@ -158,61 +158,40 @@ func (a *answer) nextData() ([]byte, error) {
 		case err != nil:
 			return nil, err
 		case int64(len(data)) > a.limit:
-			return nil, errors.New("a message exceeds max_response_size")
+			return nil, errTooLarge
 		case len(bytes.TrimSpace(data)) == 0:
 			return nil, io.EOF
 		}
 		return data, nil
 	}
-	if a.lines == nil {
-		a.lines = bufio.NewReader(a.body)
-	}
-	var data []byte
-	for {
-		line, err := a.readLine()
-		if err != nil {
-			return nil, err
-		}
-		switch {
-		case len(line) == 0:
-			if data != nil {
-				return data, nil
-			}
-		case line[0] == ':':
+	if a.events == nil {
+		// The size of an event's field names and id on top of its data.
+		const fieldsSize = 4 << 10
+		a.events = eventstream.NewReaderSize(a.body, a.limit+fieldsSize, 4<<10)
+		a.events.OnComment = func() {
 			if a.keepAlive != nil {
 				a.keepAlive()
 			}
-		case bytes.HasPrefix(line, []byte("data:")):
-			v := bytes.TrimPrefix(bytes.TrimPrefix(line, []byte("data:")), []byte(" "))
-			if data != nil {
-				data = append(data, '\n')
-			}
-			data = append(data, v...)
-			if int64(len(data)) > a.limit {
-				return nil, errors.New("a message exceeds max_response_size")
-			}
+		}
+	}
+	for {
+		ev, err := a.events.Next()
+		switch {
+		case errors.Is(err, io.ErrUnexpectedEOF):
+			return nil, io.EOF // the stream ended mid-event, which is dropped
+		case errors.Is(err, eventstream.ErrEventTooLarge):
+			return nil, errTooLarge
+		case err != nil:
+			return nil, err
+		case int64(len(ev.Data)) > a.limit:
+			return nil, errTooLarge
+		case len(ev.Data) > 0: // not a priming event
+			return ev.Data, nil
 		}
 	}
 }
 
-// readLine reads one line without its line end, at most limit bytes.
-func (a *answer) readLine() ([]byte, error) {
-	var line []byte
-	for {
-		chunk, err := a.lines.ReadSlice('\n')
-		line = append(line, chunk...)
-		if int64(len(line)) > a.limit+64 {
-			return nil, errors.New("a message exceeds max_response_size")
-		}
-		if err == bufio.ErrBufferFull {
-			continue
-		}
-		if err != nil && (err != io.EOF || len(line) == 0) {
-			return nil, err
-		}
-		return bytes.TrimRight(line, "\r\n"), nil
-	}
-}
+var errTooLarge = errors.New("a message exceeds max_response_size")
 
 // drain reads what is left of the answer and closes it.
 func (a *answer) drain() {
