@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/url"
 	"sync/atomic"
+	"time"
 
 	"go.uber.org/zap"
 
@@ -36,6 +37,9 @@ type stream struct {
 // events that are not messages, requests toolgate refused): a server that
 // sends nothing else cannot fill it.
 const maxLogged = 100
+
+// postBodyWait bounds reading the body of a POST's answer.
+const postBodyWait = 100 * time.Millisecond
 
 // openStream opens the event stream at sseURL and reads its first event,
 // which names the message endpoint. max bounds one event.
@@ -94,9 +98,13 @@ func (s *stream) send(ctx context.Context, msg []byte) error {
 		return err
 	}
 	defer resp.Body.Close()
-	// The answer's body says nothing (the answer comes on the stream); it
-	// is read so that the connection serves the next POST.
+	// The answer's body says nothing (the answer comes on the stream); what
+	// of it comes at once is read so that the connection serves the next
+	// POST, but a body the server keeps open does not hold the message up
+	// (the SDK's client closed it unread).
+	stop := time.AfterFunc(postBodyWait, func() { resp.Body.Close() })
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 4<<10))
+	stop.Stop()
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
 		return fmt.Errorf("HTTP %d", resp.StatusCode)
 	}
