@@ -1,11 +1,16 @@
 package sse
 
 import (
+	"context"
 	"fmt"
+	"io"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/toolgate/toolgate/modules/gateway"
 )
 
 // Attack (fixed): a legacy server answers a call on its stream at once,
@@ -45,5 +50,63 @@ func TestR16PostBodyKeptOpenHoldsTheAnswer(t *testing.T) {
 	}
 	if took > time.Second {
 		t.Errorf("the call took %v: it waited for the POST's body, not for its answer", took)
+	}
+}
+
+// Attack (fixed): a runner's initialize is in progress (the legacy server
+// takes its time to answer it) when a config reload changes the service:
+// Caddy stops the old config without waiting for its requests during a
+// reload, and cleans it up, so the service's runtime is destructed
+// (bridge.Close ends the sessions it holds) while Open still waits. The
+// initialize then succeeded on the destructed runtime: its session was
+// held by a bridge nobody reaches any more (its idle sweep stopped, the
+// runner's next request goes to the new config's runtime), so its GET
+// stream, goroutine and read buffer stayed until the server hung up — a
+// leak per reload and initialize in flight, and a session the server
+// keeps for a client that is gone. Expected: the initialize fails
+// retryably and its stream is closed, as Destruct promises ("ends every
+// session's stream"). Reproduced: initialize answered with a session id,
+// the GET stayed open. Severity: low (resource leak needing reloads).
+func TestR16DestructDuringOpenLeavesItsStream(t *testing.T) {
+	got, release := make(chan struct{}, 1), make(chan struct{})
+	l := startR16Server(t, func(s *r16Stream, m r16Msg, w http.ResponseWriter, r *http.Request) bool {
+		if m.Method != "initialize" {
+			return false
+		}
+		got <- struct{}{}
+		<-release
+		s.send(r16Answer(m))
+		w.WriteHeader(http.StatusAccepted)
+		return true
+	})
+	rt := reviewRuntime(t, l.port)
+	done := make(chan string, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(gateway.WithUpstreamUser(context.Background(), "alice"), 3*time.Second)
+		defer cancel()
+		req := httptest.NewRequestWithContext(ctx, http.MethodPost, "http://toolgate/mcp/legacy",
+			strings.NewReader(`{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2024-11-05","capabilities":{},"clientInfo":{"name":"runner","version":"1"}}}`))
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := rt.bridge.RoundTrip(req)
+		if err != nil {
+			done <- err.Error()
+			return
+		}
+		body, _ := io.ReadAll(resp.Body)
+		done <- fmt.Sprintf("HTTP %d session %q: %s", resp.StatusCode, resp.Header.Get("Mcp-Session-Id"), body)
+	}()
+	select {
+	case <-got:
+	case <-time.After(3 * time.Second):
+		t.Fatal("the initialize never reached the server")
+	}
+	_ = rt.Destruct()
+	close(release)
+	answer := <-done
+	if !strings.Contains(answer, `session ""`) || !strings.Contains(answer, `"retryable":true`) {
+		t.Errorf("an initialize in progress while the runtime was destructed got %s; want a retryable error and no session", answer)
+	}
+	if !waitFor(2*time.Second, func() bool { return l.openGET.Load() == 0 }) {
+		t.Errorf("2 s after the runtime was destructed, %d GET streams to the server are still open", l.openGET.Load())
 	}
 }

@@ -132,12 +132,47 @@ type runtime struct {
 	origin string // scheme://host of url: the only place messages go
 	base   http.RoundTripper
 	bridge *mcpbridge.Bridge
+
+	// Every stream open, how to close it: Destruct closes those of
+	// sessions still opening too, which the bridge does not hold yet (a
+	// reload does not wait for the old config's requests).
+	mu      sync.Mutex
+	closed  bool
+	streams map[*stream]func()
 }
 
 // Destruct ends every session's stream (caddy.Destructor).
 func (rt *runtime) Destruct() error {
+	rt.mu.Lock()
+	rt.closed = true
+	streams := rt.streams
+	rt.streams = nil
+	rt.mu.Unlock()
 	rt.bridge.Close()
+	for _, closeStream := range streams {
+		closeStream()
+	}
 	return nil
+}
+
+// track keeps st until untrack; false: the runtime was destructed.
+func (rt *runtime) track(st *stream, closeStream func()) bool {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	if rt.closed {
+		return false
+	}
+	if rt.streams == nil {
+		rt.streams = map[*stream]func(){}
+	}
+	rt.streams[st] = closeStream
+	return true
+}
+
+func (rt *runtime) untrack(st *stream) {
+	rt.mu.Lock()
+	delete(rt.streams, st)
+	rt.mu.Unlock()
 }
 
 // Down reports nil: a new stream can always be tried.
@@ -173,6 +208,11 @@ func (rt *runtime) Open(r *http.Request, init mcpmsg.Message) (*mcpbridge.Sessio
 	st.service, st.logger = rt.cfg.Service, rt.bridge.Logger
 	var once sync.Once
 	closeStream := func() { once.Do(func() { st.close(); endStream() }) }
+	if !rt.track(st, closeStream) {
+		closeStream()
+		st.events.Release()
+		return nil, nil, &mcpbridge.Unavailable{Reason: "toolgate stopped the service " + rt.cfg.Service}
+	}
 	link := rt.bridge.NewLink(mcpbridge.LinkConfig{OnRequest: g.setCredential, Release: closeStream, MayLog: st.mayLog,
 		Send: func(ctx context.Context, msg []byte) error {
 			if err := st.send(ctx, msg); err != nil {
@@ -180,7 +220,10 @@ func (rt *runtime) Open(r *http.Request, init mcpmsg.Message) (*mcpbridge.Sessio
 			}
 			return nil
 		}})
-	go st.read(link, &mcpbridge.Unavailable{Reason: "the SSE stream of service " + rt.cfg.Service + " ended"})
+	go func() {
+		defer rt.untrack(st)
+		st.read(link, &mcpbridge.Unavailable{Reason: "the SSE stream of service " + rt.cfg.Service + " ended"})
+	}()
 	s, answer, err := link.Open(r.Context(), gateway.UpstreamUser(r.Context()), init)
 	if err != nil || s == nil {
 		closeStream()
