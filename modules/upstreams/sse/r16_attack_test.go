@@ -4,11 +4,16 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/toolgate/toolgate/modules/gateway"
 )
@@ -108,5 +113,41 @@ func TestR16DestructDuringOpenLeavesItsStream(t *testing.T) {
 	}
 	if !waitFor(2*time.Second, func() bool { return l.openGET.Load() == 0 }) {
 		t.Errorf("2 s after the runtime was destructed, %d GET streams to the server are still open", l.openGET.Load())
+	}
+}
+
+// Attack (fixed): a legacy server sends malformed messages without end
+// on a stream a runner keeps open (one that holds its standalone GET
+// stream is never swept as idle). stream.mayLog bounds what the stream
+// puts in the log at maxLogged entries, but counted every message it was
+// asked about in an int32: after 2^31 of them (7-byte "data:\n\n"
+// events, some 15 GB, within the hour on a fast link) the count wrapped
+// negative and every message was logged again, 2^31 more times. Expected:
+// past the bound, nothing more is ever logged. Reproduced with the
+// counter where 2^31 messages leave it (one short of wrapping): the next
+// messages were logged, the "logged no more" notice again later.
+// Severity: low (log flooding, after a long flood).
+func TestR16LogBudgetWrapsAround(t *testing.T) {
+	core, logs := observer.New(zapcore.DebugLevel)
+	st := &stream{service: "legacy", logger: func() *zap.Logger { return zap.New(core) }}
+	first := 0
+	for range maxLogged + 2 {
+		if st.mayLog() {
+			first++
+		}
+	}
+	if first != maxLogged || logs.Len() != 1 {
+		t.Fatalf("of the first %d messages, %d may be logged, and %d notices; want %d and 1", maxLogged+2, first, logs.Len(), maxLogged)
+	}
+	logs.TakeAll()
+	st.logged.Store(math.MaxInt32) // where 2^31 - 1 messages leave it
+	allowed := 0
+	for range 3 {
+		if st.mayLog() {
+			allowed++
+		}
+	}
+	if allowed > 0 || logs.Len() > 0 {
+		t.Errorf("past the bound, %d more messages may be logged and %d entries were: the count wrapped around", allowed, logs.Len())
 	}
 }

@@ -142,12 +142,21 @@ func (s *stream) read(link *mcpbridge.Link, endErr error) {
 // mayLog reports whether the stream may put one more entry in the log,
 // and says so once when it may not.
 func (s *stream) mayLog() bool {
-	switch n := s.logged.Add(1); {
-	case n <= maxLogged:
-		return true
-	case n == maxLogged+1:
+	// The count stops past the bound: counting every message a server
+	// sends would wrap around.
+	for {
+		n := s.logged.Load()
+		if n > maxLogged {
+			return false
+		}
+		if !s.logged.CompareAndSwap(n, n+1) {
+			continue
+		}
+		if n < maxLogged {
+			return true
+		}
 		s.logger().Warn("the server's SSE stream sent more than is logged; what more of it toolgate drops is not logged",
 			zap.String("service", s.service))
+		return false
 	}
-	return false
 }
