@@ -6,6 +6,7 @@ import (
 
 	"github.com/tidwall/gjson"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 
 	"github.com/toolgate/toolgate/internal/mcpmsg"
 	"github.com/toolgate/toolgate/modules/gateway"
@@ -106,7 +107,10 @@ func (l *Link) deliver(msg mcpmsg.Message, own bool) {
 	p := l.pending[mcpmsg.IDKey(msg.ID)]
 	if p == nil {
 		l.mu.Unlock()
-		l.bridge.log().Debug("dropped a response to no pending request", zap.String("service", l.bridge.service))
+		// Within the transport's budget: a server may send any number.
+		if ce := l.bridge.log().Check(zapcore.DebugLevel, "dropped a response to no pending request"); ce != nil && l.mayLog() {
+			ce.Write(zap.String("service", l.bridge.service))
+		}
 		return
 	}
 	l.dropLocked(p)

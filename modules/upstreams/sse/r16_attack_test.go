@@ -151,3 +151,37 @@ func TestR16LogBudgetWrapsAround(t *testing.T) {
 		t.Errorf("past the bound, %d more messages may be logged and %d entries were: the count wrapped around", allowed, logs.Len())
 	}
 }
+
+// Attack (fixed): a legacy server floods its stream with answers to
+// requests nobody sent (ids toolgate never used). Each was logged at
+// debug level ("dropped a response to no pending request"), outside the
+// stream's log budget (stream.mayLog) that bounds every other entry the
+// server's text causes, so a gateway logging at debug (as one does to
+// look into a misbehaving upstream) wrote one entry per event the server
+// sent, without end. Expected: at most the budget. Reproduced: 2000
+// stray answers, 2000 entries. Severity: low (log flooding at debug
+// level only).
+func TestR16StrayAnswersFloodTheDebugLog(t *testing.T) {
+	const stray = 2000
+	l := startR16Server(t, func(s *r16Stream, m r16Msg, w http.ResponseWriter, r *http.Request) bool {
+		if m.Method != "tools/call" {
+			return false
+		}
+		for i := range stray {
+			s.send(fmt.Sprintf(`{"jsonrpc":"2.0","id":%d,"result":{}}`, 100000+i))
+		}
+		s.send(r16Answer(m))
+		w.WriteHeader(http.StatusAccepted)
+		return true
+	})
+	core, logs := observer.New(zapcore.DebugLevel)
+	rt := reviewRuntime(t, l.port)
+	rt.bridge.SetLogger(zap.New(core))
+	sid := r16Open(t, rt, "alice")
+	if msgs, err := r16Call(t, rt, sid, `{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"echo","arguments":{}}}`, 5*time.Second); err != nil || len(msgs) != 1 {
+		t.Fatalf("the call got %q, %v", msgs, err)
+	}
+	if n := logs.Len(); n > maxLogged+1 {
+		t.Errorf("%d stray answers put %d entries in the log, past the stream's budget of %d", stray, n, maxLogged)
+	}
+}
