@@ -88,6 +88,7 @@ type pending struct {
 	seq      uint64              // the order requests were sent in
 	onResult func(ok bool)       // called with the outcome, under the link's lock
 	started  time.Time
+	answered bool // its answer (or the link's end) went to out, under the link's lock
 }
 
 // serverRequest is a server→client request relayed to a runner, kept by
@@ -400,6 +401,9 @@ func (l *Link) Close(err error) {
 	close(l.done)
 	pendings := l.pending
 	l.pending, l.tokens, l.serverRequests = map[string]*pending{}, map[string]*pending{}, map[string]*serverRequest{}
+	for _, p := range pendings {
+		p.answered = true
+	}
 	sessions := l.sessions
 	l.sessions = map[*Session]struct{}{}
 	idle := l.onIdle

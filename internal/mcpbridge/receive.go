@@ -114,6 +114,7 @@ func (l *Link) deliver(msg mcpmsg.Message, own bool) {
 		return
 	}
 	l.dropLocked(p)
+	p.answered = true
 	if p.onResult != nil {
 		p.onResult(msg.Result != nil)
 	}

@@ -153,8 +153,17 @@ func (s *Session) request(r *http.Request, msg mcpmsg.Message) (*http.Response, 
 	l.mu.Unlock()
 
 	if err := l.cfg.Send(r.Context(), body); err != nil {
-		l.forget(p)
-		return nil, err
+		l.mu.Lock()
+		answered := p.answered
+		l.mu.Unlock()
+		if !answered {
+			l.forget(p)
+			return nil, err
+		}
+		// The server answered it (or the link ended under it) before
+		// sending failed (an HTTP+SSE server that answered on its stream,
+		// then failed the POST): that answer is the call's, not "it may
+		// not have reached the server", which a runner may retry.
 	}
 	if trace := httptrace.ContextClientTrace(r.Context()); trace != nil && trace.WroteHeaders != nil {
 		trace.WroteHeaders() // the request reached the server: toolgate_proxy cancels it if it gives up

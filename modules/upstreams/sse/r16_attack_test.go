@@ -50,7 +50,7 @@ func TestR16PostBodyKeptOpenHoldsTheAnswer(t *testing.T) {
 	start := time.Now()
 	msgs, err := r16Call(t, rt, sid, `{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"echo","arguments":{}}}`, 3*time.Second)
 	took := time.Since(start)
-	if err != nil || len(msgs) != 1 || !strings.Contains(msgs[0], "answered") {
+	if err != nil || len(msgs) != 1 || !strings.Contains(msgs[0], `"text":"answered"`) {
 		t.Errorf("the call got %q, %v; want its answer", msgs, err)
 	}
 	if took > time.Second {
@@ -183,5 +183,40 @@ func TestR16StrayAnswersFloodTheDebugLog(t *testing.T) {
 	}
 	if n := logs.Len(); n > maxLogged+1 {
 		t.Errorf("%d stray answers put %d entries in the log, past the stream's budget of %d", stray, n, maxLogged)
+	}
+}
+
+// Attack (fixed): a broken legacy server handles a call within its POST
+// (the tool runs, its answer goes out on the stream) and then fails the
+// POST itself (HTTP 500: its handler crashed after answering; or 401, a
+// token that expired while the tool ran). toolgate dropped the answer it
+// had received and told the runner the call "may not have reached the
+// server", with a retryable error — so a runner that retries what it is
+// told is retryable ran a tool with side effects twice (a payment, a
+// deploy), though the server's own answer said it had run. Expected: the
+// runner gets the answer that arrived. Reproduced: a retryable error
+// saying the call may not have reached the server. Severity: low-medium
+// (a duplicate side effect on a broken server; the same with the SDK's
+// client before).
+func TestR16AnsweredCallWhosePostFailedIsCalledUnsent(t *testing.T) {
+	for _, status := range []int{http.StatusInternalServerError, http.StatusUnauthorized} {
+		t.Run(http.StatusText(status), func(t *testing.T) {
+			l := startR16Server(t, func(s *r16Stream, m r16Msg, w http.ResponseWriter, r *http.Request) bool {
+				if m.Method != "tools/call" {
+					return false
+				}
+				s.send(r16Answer(m))
+				// The answer is on its way before the POST fails.
+				time.Sleep(50 * time.Millisecond)
+				w.WriteHeader(status)
+				return true
+			})
+			rt := reviewRuntime(t, l.port)
+			sid := r16Open(t, rt, "alice")
+			msgs, err := r16Call(t, rt, sid, `{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"pay","arguments":{}}}`, 3*time.Second)
+			if err != nil || len(msgs) != 1 || !strings.Contains(msgs[0], `"text":"answered"`) {
+				t.Errorf("a call the server answered before failing its POST got %q, %v; want the answer", msgs, err)
+			}
+		})
 	}
 }
