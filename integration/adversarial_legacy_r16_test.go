@@ -2,8 +2,10 @@ package integration
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 )
@@ -67,4 +69,52 @@ func TestR16LegacyReloadDuringInitializeLeavesItsStream(t *testing.T) {
 	close(release)
 	t.Logf("the initialize caught by the reload got %s", <-done)
 	waitWithin(t, 3*time.Second, "the old server's stream to close", func() bool { return l1.openGET.Load() == 0 })
+}
+
+// Attack (fixed): alice disconnects a legacy service she had connected with a
+// personal token (auth bearer; or her OAuth grant is refused). Her MCP
+// session's stream, opened with that token, stays open until the
+// session's idle timeout, and toolgate goes on using the token she took
+// back: each ping the server sends is answered with a POST carrying it.
+// toolgate lets go of a disconnected caller's credential at once where
+// something of its own holds it (a per_user program is stopped:
+// App.OnConnectionGone); the legacy transport's guard holds it for the
+// session's whole life. Expected: after the disconnect, nothing toolgate
+// sends carries the token, and her stream closes. Reproduced: the pings'
+// answers carried it, the stream stayed open. Severity: low-medium (a
+// credential used after its owner withdrew it; it goes to the server it
+// was given for).
+func TestR16LegacyDisconnectedTokenStillUsed(t *testing.T) {
+	const token = "alice-legacy-token-r16-0123456789"
+	l := startLegacy(t, legacyHooks{})
+	g := legacyGateway(t, l, gatewayConfig{}, "auth bearer")
+	if r := g.api(t, http.MethodPut, "/v1/connections/legacy", aliceKey, []byte(`{"token":"`+token+`"}`)); r.StatusCode != http.StatusNoContent {
+		t.Fatalf("PUT /v1/connections/legacy: %d %s", r.StatusCode, r.Body)
+	}
+	m := g.raw(t, aliceKey, g.createSession(t, aliceKey, "legacy"), "legacy")
+	m.initialize()
+	if r := g.api(t, http.MethodDelete, "/v1/connections/legacy", aliceKey, nil); r.StatusCode != http.StatusNoContent {
+		t.Fatalf("DELETE /v1/connections/legacy: %d %s", r.StatusCode, r.Body)
+	}
+	time.Sleep(300 * time.Millisecond) // the disconnect reaches what holds the token
+	if s := l.stream(-1); s != nil {
+		for i := range 3 {
+			s.send(fmt.Sprintf(`{"jsonrpc":"2.0","id":"r16-ping-%d","method":"ping"}`, i))
+		}
+	}
+	time.Sleep(500 * time.Millisecond)
+	l.mu.Lock()
+	var used []string
+	for _, p := range l.posts {
+		if strings.Contains(p.Header.Get("Authorization"), token) && strings.Contains(string(p.Raw), "r16-ping") {
+			used = append(used, string(p.Raw))
+		}
+	}
+	l.mu.Unlock()
+	if len(used) > 0 {
+		t.Errorf("after alice disconnected, toolgate sent her token with %d messages: %q", len(used), used)
+	}
+	if n := l.openGET.Load(); n != 0 {
+		t.Errorf("after alice disconnected, %d streams opened with her token are still open", n)
+	}
 }

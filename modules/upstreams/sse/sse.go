@@ -99,6 +99,13 @@ func (t *Transport) Attach(app *gateway.App, svc *gateway.Service) error {
 	// time when it starts (not when it is provisioned, perhaps to be
 	// refused), and takes them back if its load is abandoned.
 	app.OnStart(func() { app.OnStop(t.rt.bridge.Use(t.logger, time.Duration(app.MCPSessionIdleTimeout))) })
+	if svc.PerUserCredentials() {
+		// A session's stream and POSTs carry its caller's credential: when
+		// they disconnect, it is let go of then, not at the session's idle
+		// timeout.
+		rt := t.rt
+		app.OnConnectionGone(func(key string) { rt.connectionGone(app, svc, key) })
+	}
 	return nil
 }
 
@@ -133,12 +140,19 @@ type runtime struct {
 	base   http.RoundTripper
 	bridge *mcpbridge.Bridge
 
-	// Every stream open, how to close it: Destruct closes those of
-	// sessions still opening too, which the bridge does not hold yet (a
-	// reload does not wait for the old config's requests).
+	// Every stream open: Destruct closes those of sessions still opening
+	// too, which the bridge does not hold yet (a reload does not wait for
+	// the old config's requests).
 	mu      sync.Mutex
 	closed  bool
-	streams map[*stream]func()
+	streams map[*stream]tracked
+}
+
+// tracked is an open stream's caller, guard, and how to close it.
+type tracked struct {
+	user  string
+	guard *guard
+	close func()
 }
 
 // Destruct ends every session's stream (caddy.Destructor).
@@ -149,24 +163,65 @@ func (rt *runtime) Destruct() error {
 	rt.streams = nil
 	rt.mu.Unlock()
 	rt.bridge.Close()
-	for _, closeStream := range streams {
-		closeStream()
+	for _, tr := range streams {
+		tr.close()
 	}
 	return nil
 }
 
 // track keeps st until untrack; false: the runtime was destructed.
-func (rt *runtime) track(st *stream, closeStream func()) bool {
+func (rt *runtime) track(st *stream, tr tracked) bool {
 	rt.mu.Lock()
 	defer rt.mu.Unlock()
 	if rt.closed {
 		return false
 	}
 	if rt.streams == nil {
-		rt.streams = map[*stream]func(){}
+		rt.streams = map[*stream]tracked{}
 	}
-	rt.streams[st] = closeStream
+	rt.streams[st] = tr
 	return true
+}
+
+// connectionGone closes the streams of the caller whose connection to svc
+// key names (gateway.ConnectionKey; "" names every caller's), once storage
+// confirms that it is gone, and forgets the credential they carried, so
+// that nothing toolgate sends carries it any more. A stream that took
+// another credential since (its caller connected again, and a request of
+// theirs came in meanwhile) goes on; one whose caller's connection cannot
+// be read goes on until their next request or the idle timeout.
+func (rt *runtime) connectionGone(app *gateway.App, svc *gateway.Service, key string) {
+	type held struct {
+		tracked
+		cred *string
+	}
+	var gone []held
+	rt.mu.Lock()
+	for _, tr := range rt.streams {
+		if key == "" || gateway.ConnectionKey(svc.ID, tr.user) == key {
+			gone = append(gone, held{tr, tr.guard.cred.Load()})
+		}
+	}
+	rt.mu.Unlock()
+	if len(gone) == 0 {
+		return
+	}
+	go func() {
+		connected := map[string]bool{}
+		for _, h := range gone {
+			still, known := connected[h.user]
+			if !known {
+				ctx, cancel := context.WithTimeout(context.Background(), time.Duration(svc.Timeout))
+				grant, err := app.GrantFor(ctx, svc, h.user, true)
+				cancel()
+				still = err != nil || grant != ""
+				connected[h.user] = still
+			}
+			if !still && h.cred != nil && h.guard.cred.CompareAndSwap(h.cred, new(string)) {
+				h.close()
+			}
+		}
+	}()
 }
 
 func (rt *runtime) untrack(st *stream) {
@@ -208,7 +263,7 @@ func (rt *runtime) Open(r *http.Request, init mcpmsg.Message) (*mcpbridge.Sessio
 	st.service, st.logger = rt.cfg.Service, rt.bridge.Logger
 	var once sync.Once
 	closeStream := func() { once.Do(func() { st.close(); endStream() }) }
-	if !rt.track(st, closeStream) {
+	if !rt.track(st, tracked{user: gateway.UpstreamUser(r.Context()), guard: g, close: closeStream}) {
 		closeStream()
 		st.events.Release()
 		return nil, nil, &mcpbridge.Unavailable{Reason: "toolgate stopped the service " + rt.cfg.Service}
