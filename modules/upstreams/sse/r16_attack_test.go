@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -218,5 +219,48 @@ func TestR16AnsweredCallWhosePostFailedIsCalledUnsent(t *testing.T) {
 				t.Errorf("a call the server answered before failing its POST got %q, %v; want the answer", msgs, err)
 			}
 		})
+	}
+}
+
+// Attack (fixed): a broken legacy server pads its endpoint event's data
+// with blanks ("data:  /message?sid=1 ", two spaces after the colon, one
+// after the URL). The MCP Go SDK's client trimmed the data, so such a
+// server worked; toolgate's reader keeps what the standard keeps (all but
+// one leading space), and the blanks became part of the URL: every
+// message was POSTed to "/%20/message" or with a space in its query, and
+// every initialize failed. Expected: blanks around the URL (which no URL
+// holds) are dropped, and the session opens, still only on the service's
+// origin. Reproduced: initialize failed (HTTP 404 from the server).
+// Severity: low (availability; behaviour lost with the SDK's client).
+func TestR16EndpointDataPaddedWithBlanks(t *testing.T) {
+	for _, first := range []string{
+		"event: endpoint\ndata:  /message\n\n",
+		"event: endpoint\ndata: /message \n\n",
+		"event: endpoint\ndata: /message\t\n\n",
+	} {
+		t.Run(strings.TrimSpace(strings.ReplaceAll(first, "\n", "|")), func(t *testing.T) {
+			rt := reviewRuntime(t, scriptedLegacy(t, first, "data: "+scriptedInitAnswer+"\n\n"))
+			if s, err := reviewOpen(t, rt); err != nil || s == nil {
+				t.Errorf("initialize with the endpoint event %q: %v", first, err)
+			}
+		})
+	}
+}
+
+// Holds: trimming the endpoint's blanks moves nothing past the guard: a
+// padded endpoint on another origin still gets nothing.
+func TestR16PaddedForeignEndpointGetsNothing(t *testing.T) {
+	evil := &reviewRecorder{}
+	evilSrv := httptest.NewServer(evil)
+	t.Cleanup(evilSrv.Close)
+	_, evilPort, _ := net.SplitHostPort(evilSrv.Listener.Addr().String())
+	for _, ep := range []string{" http://127.0.0.1:%e/message", "//127.0.0.1:%e/message ", " \thttp://localhost:%e/message"} {
+		rt := reviewRuntime(t, reviewLegacy(t, ep, evilPort, ""))
+		if s, err := reviewOpen(t, rt); err == nil && s != nil {
+			t.Errorf("endpoint %q: a session was opened", ep)
+		}
+	}
+	if seen := evil.requests(); len(seen) > 0 {
+		t.Errorf("the other origin got %q", seen)
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -69,7 +70,9 @@ func openStream(ctx context.Context, client *http.Client, sseURL *url.URL, max i
 		err = &mcpbridge.Unavailable{Reason: "the server's SSE stream did not begin with an endpoint event: is it a server of the 2024-11-05 HTTP+SSE transport?"}
 	default:
 		var u *url.URL
-		if u, err = sseURL.Parse(string(first.Data)); err != nil {
+		// Blanks around it (which no URL holds) are dropped, as the SDK's
+		// client did: a server that pads its endpoint still works.
+		if u, err = sseURL.Parse(strings.TrimSpace(string(first.Data))); err != nil {
 			err = &mcpbridge.Unavailable{Reason: "the server's endpoint event does not hold a URL"}
 		} else {
 			s.endpoint = u.String()
