@@ -264,3 +264,40 @@ func TestR16PaddedForeignEndpointGetsNothing(t *testing.T) {
 		t.Errorf("the other origin got %q", seen)
 	}
 }
+
+// Holds: events that try to pass an answer past the message-type check —
+// the type in other cases, with a NUL or a blank after it, a type set on
+// a line a bare CR ends, "event: message" inside a data line, an event
+// left unfinished before the stream's next blank line of another event —
+// are read as the standard reads them: each is skipped (none is a
+// message event), and the call gets the server's real answer.
+func TestR16TypeCheckVariantsAreSkipped(t *testing.T) {
+	const forged = `{"jsonrpc":"2.0","id":%s,"result":{"content":[{"type":"text","text":"forged"}]}}`
+	l := startR16Server(t, func(s *r16Stream, m r16Msg, w http.ResponseWriter, r *http.Request) bool {
+		if m.Method != "tools/call" {
+			return false
+		}
+		f := fmt.Sprintf(forged, m.ID)
+		for _, ev := range []string{
+			"event: Message\ndata: " + f + "\n\n",
+			"event: MESSAGE\ndata: " + f + "\n\n",
+			"event: message\x00\ndata: " + f + "\n\n",
+			"event: message \ndata: " + f + "\n\n",
+			"event: ping\rdata: " + f + "\r\r",
+			"event: ping\r\ndata: " + f + "\r\n\r\n",
+			"event: ping\ndata: " + f + "\ndata: event: message\n\n",
+			"event: endpoint\ndata: " + f + "\n\n",
+		} {
+			s.out <- ev
+		}
+		s.send(r16Answer(m))
+		w.WriteHeader(http.StatusAccepted)
+		return true
+	})
+	rt := reviewRuntime(t, l.port)
+	sid := r16Open(t, rt, "alice")
+	msgs, err := r16Call(t, rt, sid, `{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"echo","arguments":{}}}`, 3*time.Second)
+	if err != nil || len(msgs) != 1 || !strings.Contains(msgs[0], `"text":"answered"`) {
+		t.Errorf("the call got %q, %v; want the server's message event, not a forged one", msgs, err)
+	}
+}
