@@ -126,30 +126,6 @@ func r16Answer(m r16Msg) string {
 	return fmt.Sprintf(`{"jsonrpc":"2.0","id":%s,"result":{}}`, m.ID)
 }
 
-func (l *r16Server) stream(i int) *r16Stream {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if i < 0 {
-		i += len(l.streams)
-	}
-	if i < 0 || i >= len(l.streams) {
-		return nil
-	}
-	return l.streams[i]
-}
-
-func (l *r16Server) postsOf(method string) []r16Msg {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	var out []r16Msg
-	for _, m := range l.posts {
-		if m.Method == method {
-			out = append(out, m)
-		}
-	}
-	return out
-}
-
 // r16Call sends one request of the runner's on session s and returns the
 // messages of its answer, waiting at most within.
 func r16Call(t *testing.T, rt *runtime, sid string, body string, within time.Duration) ([]string, error) {
