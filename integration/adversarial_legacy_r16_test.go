@@ -118,3 +118,38 @@ func TestR16LegacyDisconnectedTokenStillUsed(t *testing.T) {
 		t.Errorf("after alice disconnected, %d streams opened with her token are still open", n)
 	}
 }
+
+// Attack (fixed): a legacy server answers a call on its stream at once,
+// then answers the POST that carried it with 202 and a body it never
+// ends. toolgate read that body (to reuse the connection) with no bound
+// in time, so the call was held for the service's whole timeout though
+// its answer had arrived at once; the MCP Go SDK's client closed the body
+// unread. Expected: the answer, at once. Reproduced (before the fix): the
+// answer came only when the service's timeout (5 s) ended the POST.
+// Severity: low (availability: every call on such a server takes the
+// whole timeout, holding its runner and a slot of its caller's).
+func TestR16LegacyPostBodyKeptOpenHoldsTheAnswer(t *testing.T) {
+	var l *legacyServer
+	l = startLegacy(t, legacyHooks{post: func(s *legacyStream, m legacyMsg, w http.ResponseWriter) bool {
+		if m.Method != "tools/call" {
+			return false
+		}
+		s.send(legacyAnswer(m))
+		w.WriteHeader(http.StatusAccepted)
+		io.WriteString(w, "A")
+		w.(http.Flusher).Flush()
+		select {
+		case <-l.quit:
+		case <-time.After(8 * time.Second):
+		}
+		return true
+	}})
+	g := legacyGateway(t, l, gatewayConfig{}, "")
+	m := g.raw(t, aliceKey, g.createSession(t, aliceKey, "legacy"), "legacy")
+	m.initialize()
+	start := time.Now()
+	_, _, msgs := m.post(fmt.Sprintf(legacyEcho, 1, "hi"))
+	if took := time.Since(start); took > 2*time.Second || len(msgs) != 1 || !strings.Contains(string(msgs[0]), `"hi"`) {
+		t.Errorf("the call took %v and got %s; want its answer at once", took, msgs)
+	}
+}

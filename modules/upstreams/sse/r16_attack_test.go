@@ -27,10 +27,10 @@ import (
 // reuse the connection, with no bound in time, so the call waited for the
 // body — the whole of the caller's time — though its answer was there.
 // Expected: the answer reaches the runner at once. Reproduced: the call
-// came back only when its context ended (3 s here; the service's timeout
-// in toolgate, after which toolgate_proxy reports a timeout instead of
-// the answer). Severity: low (availability; a server can stall its own
-// calls, but here even a server that answered them).
+// came back only when its context ended (3 s here; the service's whole
+// timeout in toolgate, see TestR16LegacyPostBodyKeptOpenHoldsTheAnswer).
+// Severity: low (availability; a server can stall its own calls, but here
+// even a server that answered them).
 func TestR16PostBodyKeptOpenHoldsTheAnswer(t *testing.T) {
 	l := startR16Server(t, func(s *r16Stream, m r16Msg, w http.ResponseWriter, r *http.Request) bool {
 		if m.Method != "tools/call" {
