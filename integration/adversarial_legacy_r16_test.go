@@ -153,3 +153,28 @@ func TestR16LegacyPostBodyKeptOpenHoldsTheAnswer(t *testing.T) {
 		t.Errorf("the call took %v and got %s; want its answer at once", took, msgs)
 	}
 }
+
+// Attack (fixed): a broken legacy server runs a call within its POST,
+// sends the answer on its stream, then fails the POST (HTTP 500). The
+// runner was told the call "may not have reached the server", retryable,
+// though the server's answer had arrived: a runner retrying it ran the
+// tool twice. Expected: the runner gets the answer. Reproduced (before
+// the fix, and with the SDK's client): the retryable error. Severity:
+// low-medium (a duplicate side effect).
+func TestR16LegacyAnsweredThenFailedPostGivesTheAnswer(t *testing.T) {
+	l := startLegacy(t, legacyHooks{post: func(s *legacyStream, m legacyMsg, w http.ResponseWriter) bool {
+		if m.Method != "tools/call" {
+			return false
+		}
+		s.send(legacyAnswer(m))
+		time.Sleep(50 * time.Millisecond)
+		w.WriteHeader(http.StatusInternalServerError)
+		return true
+	}})
+	g := legacyGateway(t, l, gatewayConfig{}, "")
+	m := g.raw(t, aliceKey, g.createSession(t, aliceKey, "legacy"), "legacy")
+	m.initialize()
+	if _, _, msgs := m.post(fmt.Sprintf(legacyEcho, 1, "paid once")); len(msgs) != 1 || !strings.Contains(string(msgs[0]), `"paid once"`) || retryableError(msgs) {
+		t.Errorf("a call the server answered, then failed its POST: %s; want the answer", msgs)
+	}
+}
