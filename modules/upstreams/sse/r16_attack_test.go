@@ -267,28 +267,32 @@ func TestR16PaddedForeignEndpointGetsNothing(t *testing.T) {
 
 // Holds: events that try to pass an answer past the message-type check —
 // the type in other cases, with a NUL or a blank after it, a type set on
-// a line a bare CR ends, "event: message" inside a data line, an event
-// left unfinished before the stream's next blank line of another event —
-// are read as the standard reads them: each is skipped (none is a
-// message event), and the call gets the server's real answer.
-func TestR16TypeCheckVariantsAreSkipped(t *testing.T) {
+// a line a bare CR ends, "event: message" inside a data line, a second
+// endpoint event — are read as the standard reads them: none is a message
+// event, so none is relayed; each names the call, which fails at once with
+// toolgate's retryable error saying why (not its timeout), and the
+// server's real answer after it finds the call ended.
+func TestR16TypeCheckVariantsAreNeverRelayed(t *testing.T) {
 	const forged = `{"jsonrpc":"2.0","id":%s,"result":{"content":[{"type":"text","text":"forged"}]}}`
+	variants := []string{
+		"event: Message\ndata: %s\n\n",
+		"event: MESSAGE\ndata: %s\n\n",
+		"event: message\x00\ndata: %s\n\n",
+		"event: message \ndata: %s\n\n",
+		"event: response\ndata: %s\n\n",
+		"event: ping\rdata: %s\r\r",
+		"event: ping\r\ndata: %s\r\n\r\n",
+		"event: ping\ndata: %s\ndata: event: message\n\n",
+		"event: endpoint\ndata: %s\n\n",
+	}
 	l := startR16Server(t, func(s *r16Stream, m r16Msg, w http.ResponseWriter, r *http.Request) bool {
 		if m.Method != "tools/call" {
 			return false
 		}
-		f := fmt.Sprintf(forged, m.ID)
-		for _, ev := range []string{
-			"event: Message\ndata: " + f + "\n\n",
-			"event: MESSAGE\ndata: " + f + "\n\n",
-			"event: message\x00\ndata: " + f + "\n\n",
-			"event: message \ndata: " + f + "\n\n",
-			"event: ping\rdata: " + f + "\r\r",
-			"event: ping\r\ndata: " + f + "\r\n\r\n",
-			"event: ping\ndata: " + f + "\ndata: event: message\n\n",
-			"event: endpoint\ndata: " + f + "\n\n",
-		} {
-			s.out <- ev
+		for i, v := range variants {
+			if strings.Contains(m.Raw, fmt.Sprintf(`"variant":%d}`, i)) {
+				s.out <- fmt.Sprintf(v, fmt.Sprintf(forged, m.ID))
+			}
 		}
 		s.send(r16Answer(m))
 		w.WriteHeader(http.StatusAccepted)
@@ -296,8 +300,48 @@ func TestR16TypeCheckVariantsAreSkipped(t *testing.T) {
 	})
 	rt := reviewRuntime(t, l.port)
 	sid := r16Open(t, rt, "alice")
-	msgs, err := r16Call(t, rt, sid, `{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"echo","arguments":{}}}`, 3*time.Second)
-	if err != nil || len(msgs) != 1 || !strings.Contains(msgs[0], `"text":"answered"`) {
-		t.Errorf("the call got %q, %v; want the server's message event, not a forged one", msgs, err)
+	for i, v := range variants {
+		msgs, err := r16Call(t, rt, sid, fmt.Sprintf(`{"jsonrpc":"2.0","id":%d,"method":"tools/call","params":{"name":"echo","arguments":{"variant":%d}}}`, 10+i, i), 3*time.Second)
+		if err != nil || len(msgs) != 1 || strings.Contains(msgs[0], "forged") || !strings.Contains(msgs[0], "another type than message") {
+			t.Errorf("%q: the call got %q, %v; want toolgate's error saying the answer came under another event type, never the forged answer", v, msgs, err)
+		}
+	}
+}
+
+// Attack (fixed): a broken legacy server labels its answers with an event
+// type padded with a blank ("event: message "), or another type of its
+// own ("event: response"). The MCP Go SDK's client trimmed event names
+// and relayed every event's data, so such a server worked; toolgate
+// relays only events typed exactly "message" (or untyped), as the
+// standard reads them, and skips the rest after one log entry — so the
+// answer, which names its call's id, is dropped and the call waits out
+// the service's whole timeout (up to 300 s, holding the runner and a slot
+// of the caller's), the very outcome the switch to toolgate's reader was
+// to end for answers it cannot relay. Expected: the call ends at once —
+// with its answer, or with a retryable error saying the server answered
+// under another event type (link.Fail, as for a malformed answer).
+// Reproduced: the call returned only when its context ended. Severity:
+// low (availability with a nonconforming server; behaviour lost with the
+// SDK's client). Fixed: such an event is still not relayed (a standard
+// reader, the TypeScript SDK's, skips it too), but one naming a call in
+// progress fails it at once, saying why.
+func TestR16AnswerUnderAnotherEventTypeFailsItsCallAtOnce(t *testing.T) {
+	for _, typ := range []string{"message ", "response"} {
+		t.Run(typ, func(t *testing.T) {
+			l := startR16Server(t, func(s *r16Stream, m r16Msg, w http.ResponseWriter, r *http.Request) bool {
+				if m.Method != "tools/call" {
+					return false
+				}
+				s.out <- fmt.Sprintf("event: %s\ndata: %s\n\n", typ, r16Answer(m))
+				w.WriteHeader(http.StatusAccepted)
+				return true
+			})
+			rt := reviewRuntime(t, l.port)
+			sid := r16Open(t, rt, "alice")
+			msgs, err := r16Call(t, rt, sid, `{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"echo","arguments":{}}}`, 3*time.Second)
+			if err != nil || len(msgs) != 1 || !strings.Contains(msgs[0], "another type than message") || !strings.Contains(msgs[0], `"retryable":true`) {
+				t.Errorf("the call answered under event type %q got %q, %v; want at once a retryable error saying so (not its timeout)", typ, msgs, err)
+			}
+		})
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/tidwall/gjson"
 	"go.uber.org/zap"
 
 	"github.com/toolgate/toolgate/internal/eventstream"
@@ -133,11 +134,21 @@ func (s *stream) read(link *mcpbridge.Link, endErr error) {
 			return
 		case ev.Type == "" || ev.Type == "message":
 			link.Receive(ev.Data)
-		case !skipped && s.mayLog():
-			skipped = true
-			// Its text is not logged: it is the server's.
-			s.logger().Warn("skipped an event of the server's stream that is not a message (logged once per stream)",
-				zap.String("service", s.service))
+		default:
+			// Not the server's message, as a reader following the standard
+			// (the TypeScript SDK's, a browser's) has it; but one that names
+			// a call in progress (an answer under "message " or a type of
+			// the server's own) fails that call at once, rather than leave
+			// it waiting out its timeout.
+			if id := gjson.GetBytes(ev.Data, "id"); id.Type == gjson.Number || id.Type == gjson.String {
+				link.Fail([]byte(id.Raw), "the upstream sent an answer as an SSE event of another type than message")
+			}
+			if !skipped && s.mayLog() {
+				skipped = true
+				// Its text is not logged: it is the server's.
+				s.logger().Warn("skipped an event of the server's stream that is not a message (logged once per stream)",
+					zap.String("service", s.service))
+			}
 		}
 	}
 }
