@@ -234,12 +234,12 @@ func TestR16AnsweredCallWhosePostFailedIsCalledUnsent(t *testing.T) {
 // Severity: low (availability; behaviour lost with the SDK's client).
 func TestR16EndpointDataPaddedWithBlanks(t *testing.T) {
 	for _, first := range []string{
-		"event: endpoint\ndata:  /message\n\n",
-		"event: endpoint\ndata: /message \n\n",
-		"event: endpoint\ndata: /message\t\n\n",
+		"event: endpoint\ndata:  /message?sid=0\n\n",
+		"event: endpoint\ndata: /message?sid=0 \n\n",
+		"event: endpoint\ndata: /message?sid=0\t\n\n",
 	} {
 		t.Run(strings.TrimSpace(strings.ReplaceAll(first, "\n", "|")), func(t *testing.T) {
-			rt := reviewRuntime(t, scriptedLegacy(t, first, "data: "+scriptedInitAnswer+"\n\n"))
+			rt := reviewRuntime(t, startR16ServerBeginning(t, first, nil).port)
 			if s, err := reviewOpen(t, rt); err != nil || s == nil {
 				t.Errorf("initialize with the endpoint event %q: %v", first, err)
 			}

@@ -50,6 +50,14 @@ type r16Msg struct {
 
 func startR16Server(t *testing.T, post func(s *r16Stream, m r16Msg, w http.ResponseWriter, r *http.Request) bool) *r16Server {
 	t.Helper()
+	return startR16ServerBeginning(t, "", post)
+}
+
+// startR16ServerBeginning starts a server whose streams begin with first
+// (raw SSE text; "" for the endpoint event) instead; first "-" ends each
+// stream at once.
+func startR16ServerBeginning(t *testing.T, first string, post func(s *r16Stream, m r16Msg, w http.ResponseWriter, r *http.Request) bool) *r16Server {
+	t.Helper()
 	l := &r16Server{quit: make(chan struct{}), post: post}
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /sse", func(w http.ResponseWriter, r *http.Request) {
@@ -60,7 +68,14 @@ func startR16Server(t *testing.T, post func(s *r16Stream, m r16Msg, w http.Respo
 		l.streams = append(l.streams, s)
 		l.mu.Unlock()
 		w.Header().Set("Content-Type", "text/event-stream")
-		fmt.Fprintf(w, "event: endpoint\ndata: /message?sid=%s\n\n", s.id)
+		switch first {
+		case "":
+			fmt.Fprintf(w, "event: endpoint\ndata: /message?sid=%s\n\n", s.id)
+		case "-":
+			return
+		default:
+			io.WriteString(w, first)
+		}
 		w.(http.Flusher).Flush()
 		for {
 			select {
