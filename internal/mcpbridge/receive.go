@@ -49,20 +49,22 @@ func (l *Link) Receive(data []byte) {
 // once that the server answered what toolgate cannot relay, rather than
 // waiting out its timeout.
 func (l *Link) malformedAnswer(data []byte, why string) {
-	id := gjson.GetBytes(data, "id")
-	if id.Type != gjson.Number && id.Type != gjson.String {
-		return
-	}
-	l.Fail([]byte(id.Raw), "the upstream sent a malformed answer ("+why+")")
+	l.FailAnswer(data, "the upstream sent a malformed answer ("+why+")")
 }
 
-// Fail answers the request in progress whose id on the link is id (JSON
-// text), if there is one, with toolgate's own retryable error saying why:
-// the transport read the beginning of the server's answer to it and cannot
-// relay it (a line too long). Toolgate's, not the server's: not recoded as
-// a server's use of toolgate's codes.
-func (l *Link) Fail(id []byte, why string) {
-	key := mcpmsg.IDKey(id)
+// FailAnswer answers the request in progress that data names by its id —
+// the text, or the beginning, of an answer of the server's that the
+// transport cannot relay (malformed, too long, under another SSE event
+// type) — if it names one, with toolgate's own retryable error saying why.
+// Toolgate's, not the server's: not recoded as a server's use of
+// toolgate's codes. A message naming a method is a request of the
+// server's, whose id is its own, not the link's: it fails nothing.
+func (l *Link) FailAnswer(data []byte, why string) {
+	id := gjson.GetBytes(data, "id")
+	if id.Type != gjson.Number && id.Type != gjson.String || gjson.GetBytes(data, "method").Exists() {
+		return
+	}
+	key := mcpmsg.IDKey([]byte(id.Raw))
 	if key == "" {
 		return
 	}

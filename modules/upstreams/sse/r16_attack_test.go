@@ -345,3 +345,24 @@ func TestR16AnswerUnderAnotherEventTypeFailsItsCallAtOnce(t *testing.T) {
 		})
 	}
 }
+
+// Holds: a request of the server's under another event type whose id
+// happens to be that of a call in progress (the server's ids are its own)
+// fails nothing: only an answer names a call; the call gets its answer.
+func TestR16ServerRequestUnderAnotherTypeFailsNoCall(t *testing.T) {
+	l := startR16Server(t, func(s *r16Stream, m r16Msg, w http.ResponseWriter, r *http.Request) bool {
+		if m.Method != "tools/call" {
+			return false
+		}
+		s.out <- fmt.Sprintf("event: ping\ndata: {\"jsonrpc\":\"2.0\",\"id\":%s,\"method\":\"ping\"}\n\n", m.ID)
+		s.send(r16Answer(m))
+		w.WriteHeader(http.StatusAccepted)
+		return true
+	})
+	rt := reviewRuntime(t, l.port)
+	sid := r16Open(t, rt, "alice")
+	msgs, err := r16Call(t, rt, sid, `{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"echo","arguments":{}}}`, 3*time.Second)
+	if err != nil || len(msgs) != 1 || !strings.Contains(msgs[0], `"text":"answered"`) {
+		t.Errorf("the call got %q, %v; want the server's answer", msgs, err)
+	}
+}

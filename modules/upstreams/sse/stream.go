@@ -12,7 +12,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/tidwall/gjson"
 	"go.uber.org/zap"
 
 	"github.com/toolgate/toolgate/internal/eventstream"
@@ -140,9 +139,7 @@ func (s *stream) read(link *mcpbridge.Link, endErr error) {
 			// a call in progress (an answer under "message " or a type of
 			// the server's own) fails that call at once, rather than leave
 			// it waiting out its timeout.
-			if id := gjson.GetBytes(ev.Data, "id"); id.Type == gjson.Number || id.Type == gjson.String {
-				link.Fail([]byte(id.Raw), "the upstream sent an answer as an SSE event of another type than message")
-			}
+			link.FailAnswer(ev.Data, "the upstream sent an answer as an SSE event of another type than message")
 			if !skipped && s.mayLog() {
 				skipped = true
 				// Its text is not logged: it is the server's.

@@ -18,7 +18,6 @@ import (
 	"time"
 
 	"github.com/dustin/go-humanize"
-	"github.com/tidwall/gjson"
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 
@@ -299,11 +298,7 @@ func (p *process) tooLong(link *mcpbridge.Link, begin []byte) {
 	why := "the program of service " + p.spec.Service + " wrote an answer longer than max_response_size (" +
 		humanize.IBytes(uint64(p.spec.MaxMessage)) + "); it was not relayed"
 	p.logger.Warn("program wrote a line longer than max_response_size to its stdout; it is skipped")
-	id := gjson.GetBytes(begin, "id")
-	if id.Type != gjson.Number && id.Type != gjson.String || gjson.GetBytes(begin, "method").Exists() {
-		return // not the answer to a request that can be named
-	}
-	link.Fail([]byte(id.Raw), why)
+	link.FailAnswer(begin, why)
 }
 
 // maxLogLine bounds one line of a program's output in the log.
