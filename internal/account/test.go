@@ -29,7 +29,16 @@ type TestResult struct {
 // initialize sent with it (an OAuth token refreshed first if needed), then
 // the upstream session it opened is ended. r gives the gateway's base URL
 // for a connect_url.
+//
+// A test holds what a call in progress holds (a goroutine, buffers, an
+// upstream connection), so it counts against max_streams and
+// max_streams_per_caller like one: over them, it is refused, retryable.
 func Test(r *http.Request, app *gateway.App, caller *gateway.Caller, svc *gateway.Service) TestResult {
+	done, err := app.OpenStream(caller.User)
+	if err != nil {
+		return TestResult{Error: err.Error(), Retryable: true}
+	}
+	defer done()
 	cred, err := app.CredentialFor(r.Context(), svc, caller.User)
 	if err != nil {
 		res := TestResult{Error: "no usable credential: " + CredentialProblem(err)}
