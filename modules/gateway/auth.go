@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -346,16 +347,22 @@ func (a *AuthConfig) authenticate(ctx context.Context, r *http.Request, remoteLo
 	}
 	token = strings.TrimSpace(token)
 	if len(a.JWT) > 0 && strings.Count(token, ".") == 2 {
-		// The verdict depends on the resource it was given for.
-		sum := sha256.Sum256([]byte(resource + "\x00" + token))
-		if c := a.verified.get(sum); c != nil {
+		// One verdict per token, whichever endpoint it is sent to: it
+		// keeps the token's audience, which decides where it serves
+		// (remembered per endpoint, one token sent to many paths would
+		// be verified and remembered once per path).
+		sum := sha256.Sum256([]byte(token))
+		if c := a.verified.get(sum, resource); c != nil {
 			return c, nil
 		}
-		c, until, err := a.verifyJWT(ctx, token, resource, underway)
-		if err == nil && !underway {
-			a.verified.put(sum, c, until)
+		v, err := a.verifyJWT(ctx, token, resource, underway)
+		if err != nil {
+			return nil, err
 		}
-		return c, err
+		if !underway {
+			a.verified.put(sum, v)
+		}
+		return v.caller, nil
 	}
 	k := a.keys[sha256.Sum256([]byte(token))]
 	if k == nil {
@@ -398,17 +405,18 @@ func (a *AuthConfig) CallerForAPIKeyDigest(digest string) (*Caller, bool) {
 	return k.caller, true
 }
 
-// verifyJWT checks a JWT's signature and claims, and says until when the
-// verdict holds (its exp, plus the leeway). Its audience must be one of
-// its issuer's, or resource when that is not "".
-func (a *AuthConfig) verifyJWT(ctx context.Context, token, resource string, underway bool) (*Caller, time.Time, error) {
+// verifyJWT checks a JWT's signature and claims, and gives its verdict:
+// the caller, until when it holds (its exp, plus the leeway), and where
+// (its audience). Its audience must be one of its issuer's, or resource
+// when that is not "".
+func (a *AuthConfig) verifyJWT(ctx context.Context, token, resource string, underway bool) (verifiedToken, error) {
 	tok, err := jwt.ParseSigned(token, signingAlgorithms)
 	if err != nil || len(tok.Headers) != 1 {
-		return nil, time.Time{}, ErrBadCredentials
+		return verifiedToken{}, ErrBadCredentials
 	}
 	var unverified jwt.Claims
 	if err := tok.UnsafeClaimsWithoutVerification(&unverified); err != nil {
-		return nil, time.Time{}, ErrBadCredentials
+		return verifiedToken{}, ErrBadCredentials
 	}
 	for _, j := range a.JWT {
 		if unverified.Issuer != j.Issuer {
@@ -416,7 +424,7 @@ func (a *AuthConfig) verifyJWT(ctx context.Context, token, resource string, unde
 		}
 		keys, err := j.keys.lookup(ctx, tok.Headers[0].KeyID)
 		if err != nil {
-			return nil, time.Time{}, ErrBadCredentials
+			return verifiedToken{}, ErrBadCredentials
 		}
 		var claims jwt.Claims
 		var all map[string]any
@@ -428,10 +436,10 @@ func (a *AuthConfig) verifyJWT(ctx context.Context, token, resource string, unde
 			}
 		}
 		if !verified {
-			return nil, time.Time{}, ErrBadCredentials
+			return verifiedToken{}, ErrBadCredentials
 		}
 		if claims.Expiry == nil {
-			return nil, time.Time{}, fmt.Errorf("%w: no exp claim", ErrBadCredentials)
+			return verifiedToken{}, fmt.Errorf("%w: no exp claim", ErrBadCredentials)
 		}
 		audience := j.Audience
 		if resource != "" {
@@ -444,25 +452,29 @@ func (a *AuthConfig) verifyJWT(ctx context.Context, token, resource string, unde
 			expected.Time = last
 		}
 		if err := claims.ValidateWithLeeway(expected, time.Duration(j.Leeway)); err != nil {
-			return nil, time.Time{}, fmt.Errorf("%w: %s", ErrBadCredentials, claimsProblem(err))
+			return verifiedToken{}, fmt.Errorf("%w: %s", ErrBadCredentials, claimsProblem(err))
 		}
 		user, _ := all[j.UserClaim].(string)
 		if user == "" {
-			return nil, time.Time{}, fmt.Errorf("%w: no %s claim", ErrBadCredentials, j.UserClaim)
+			return verifiedToken{}, fmt.Errorf("%w: no %s claim", ErrBadCredentials, j.UserClaim)
 		}
 		if j.UserClaim == "email" && !EmailVerified(all["email_verified"]) {
 			// Anyone who can put an address on an account at the issuer
 			// (sign-up, an editable profile) would be its owner here.
-			return nil, time.Time{}, fmt.Errorf("%w: the email claim names the caller and the token does not say email_verified: true", ErrBadCredentials)
+			return verifiedToken{}, fmt.Errorf("%w: the email claim names the caller and the token does not say email_verified: true", ErrBadCredentials)
 		}
 		groups, err := GroupsClaim(all, j.GroupsClaim)
 		if err != nil {
-			return nil, time.Time{}, fmt.Errorf("%w: %v", ErrBadCredentials, err)
+			return verifiedToken{}, fmt.Errorf("%w: %v", ErrBadCredentials, err)
 		}
-		until := claims.Expiry.Time().Add(time.Duration(j.Leeway))
-		return &Caller{User: user, Groups: groups, Claims: all, Method: "jwt"}, until, nil
+		return verifiedToken{
+			caller:    &Caller{User: user, Groups: groups, Claims: all, Method: "jwt"},
+			until:     claims.Expiry.Time().Add(time.Duration(j.Leeway)),
+			audiences: claims.Audience,
+			anywhere:  slices.ContainsFunc(j.Audience, claims.Audience.Contains),
+		}, nil
 	}
-	return nil, time.Time{}, ErrBadCredentials
+	return verifiedToken{}, ErrBadCredentials
 }
 
 // EmailVerified reads an email_verified claim: true, or "true" as some
@@ -505,20 +517,35 @@ func GroupsClaim(claims map[string]any, name string) ([]string, error) {
 
 // verifiedTokens remembers the callers of JWTs already verified, until
 // each token expires, so that a runner's every call does not pay for a
-// signature check. Keyed by the token's SHA-256; bounded.
+// signature check. Keyed by the token's SHA-256 (one entry per token,
+// whichever endpoints it is sent to); bounded.
 type verifiedTokens struct {
 	mu     sync.Mutex
 	tokens map[[sha256.Size]byte]verifiedToken
 }
 
+// verifiedToken is the verdict on one JWT.
 type verifiedToken struct {
 	caller *Caller
 	until  time.Time
+	// audiences are the token's aud values; anywhere says one of them
+	// is its issuer's, which makes it good outside any endpoint and at
+	// every one. Otherwise it serves only at an endpoint it names.
+	audiences []string
+	anywhere  bool
+}
+
+// serves reports whether the token is for resource (see authenticate).
+func (t *verifiedToken) serves(resource string) bool {
+	return t.anywhere || resource != "" && slices.Contains(t.audiences, resource)
 }
 
 const maxVerifiedTokens = 10_000
 
-func (v *verifiedTokens) get(sum [sha256.Size]byte) *Caller {
+// get returns the caller of the token with SHA-256 sum when it was
+// verified, has not expired and serves resource; nil otherwise (a token
+// sent where its audience does not serve is verified again, and refused).
+func (v *verifiedTokens) get(sum [sha256.Size]byte, resource string) *Caller {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	t, ok := v.tokens[sum]
@@ -529,16 +556,19 @@ func (v *verifiedTokens) get(sum [sha256.Size]byte) *Caller {
 		delete(v.tokens, sum)
 		return nil
 	}
+	if !t.serves(resource) {
+		return nil
+	}
 	return t.caller
 }
 
-func (v *verifiedTokens) put(sum [sha256.Size]byte, c *Caller, until time.Time) {
+func (v *verifiedTokens) put(sum [sha256.Size]byte, t verifiedToken) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	if len(v.tokens) >= maxVerifiedTokens {
+	if _, known := v.tokens[sum]; !known && len(v.tokens) >= maxVerifiedTokens {
 		clear(v.tokens)
 	}
-	v.tokens[sum] = verifiedToken{caller: c, until: until}
+	v.tokens[sum] = t
 }
 
 // claimsProblem says which of a token's registered claims is refused, in
