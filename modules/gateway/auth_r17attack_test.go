@@ -127,3 +127,51 @@ func TestR17RememberedJWTKeepsItsAudience(t *testing.T) {
 		t.Errorf("remembered at the API, then at an endpoint: %v", err)
 	}
 }
+
+// Holds: claims of odd types never name a person or give a group. With
+// user_claim email, email_verified must be true or "true" (not 1, "True",
+// "yes", ["true"], {"value": true}); the user claim must be a non-empty
+// string (not an array, a number, an object, or the email of an array);
+// the groups claim an array of strings (not a string, an object, nested
+// arrays, or an array holding null).
+func TestR17OddClaimTypesHeld(t *testing.T) {
+	clock := setClock(t, time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC))
+	key := newSigningKey(t, "")
+	auth := provisionAuth(t, &AuthConfig{JWT: []*JWTIssuer{{
+		Issuer: testIssuer, Audience: []string{"toolgate"}, KeyFiles: []string{key.pemFile(t)}, UserClaim: "email",
+	}}})
+	base := func() map[string]any {
+		return map[string]any{"iss": testIssuer, "aud": "toolgate", "sub": "s-1", "email": "alice@example.com",
+			"email_verified": true, "exp": clock.Add(time.Hour).Unix()}
+	}
+	if c, err := auth.Authenticate(t.Context(), bearer(key.sign(t, base())), false); err != nil || c.User != "alice@example.com" {
+		t.Fatalf("control: %+v, %v", c, err)
+	}
+	odd := map[string]func(c map[string]any){
+		"email_verified 1":      func(c map[string]any) { c["email_verified"] = 1 },
+		"email_verified True":   func(c map[string]any) { c["email_verified"] = "True" },
+		"email_verified yes":    func(c map[string]any) { c["email_verified"] = "yes" },
+		"email_verified [true]": func(c map[string]any) { c["email_verified"] = []any{true} },
+		"email_verified object": func(c map[string]any) { c["email_verified"] = map[string]any{"value": true} },
+		"email_verified absent": func(c map[string]any) { delete(c, "email_verified") },
+		"email array":           func(c map[string]any) { c["email"] = []any{"alice@example.com"} },
+		"email number":          func(c map[string]any) { c["email"] = 42 },
+		"email object":          func(c map[string]any) { c["email"] = map[string]any{"value": "alice@example.com"} },
+		"email empty":           func(c map[string]any) { c["email"] = "" },
+		"groups string":         func(c map[string]any) { c["groups"] = "admins" },
+		"groups object":         func(c map[string]any) { c["groups"] = map[string]any{"admins": true} },
+		"groups nested":         func(c map[string]any) { c["groups"] = []any{[]any{"admins"}} },
+		"groups with null":      func(c map[string]any) { c["groups"] = []any{"eng", nil} },
+		"groups with number":    func(c map[string]any) { c["groups"] = []any{"eng", 7} },
+		"aud nested array":      func(c map[string]any) { c["aud"] = []any{[]any{"toolgate"}} },
+		"exp as string":         func(c map[string]any) { c["exp"] = fmt.Sprint(clock.Add(time.Hour).Unix()) },
+		"iss as array":          func(c map[string]any) { c["iss"] = []any{testIssuer} },
+	}
+	for name, mod := range odd {
+		claims := base()
+		mod(claims)
+		if c, err := auth.Authenticate(t.Context(), bearer(key.sign(t, claims)), false); err == nil {
+			t.Errorf("%s: accepted as %+v", name, c)
+		}
+	}
+}
