@@ -7,6 +7,7 @@ package integration
 
 import (
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"strings"
 	"sync"
@@ -114,4 +115,61 @@ func TestR17ConnectionTestsBypassStreamLimits(t *testing.T) {
 	if seen == 0 {
 		t.Fatal("no connection test reached the upstream: the check could not fail")
 	}
+}
+
+// Attack: an MCP session on a program (stdio) or a legacy SSE server is a
+// session of toolgate's bridge (internal/mcpbridge), which remembers each
+// resource URI the runner subscribed to (so that sessions sharing the
+// program's connection subscribe once, and an ended session's are
+// dropped). It remembered every one the server accepted: a runner that
+// subscribes to many distinct URIs, each as long as max_request_size
+// allows, makes toolgate keep all of them (twice: per session and per
+// connection) for as long as the session lives. The policy sees
+// resources/subscribe, but the default one allows every method but
+// tools/call.
+//
+// Expected: README, max_request_size and max_request_values bound what
+// one message costs; DESIGN, "Bodies, SSE lines and JSON nesting have
+// limits": a session's runner cannot make toolgate hold memory without
+// bound by sending messages (max_streams, max_mcp_sessions_per_caller, …
+// bound the rest).
+//
+// Reproduced: 64 subscriptions with distinct 256 KiB URIs left ~16 MiB
+// held in the gateway after the requests were answered.
+//
+// Severity: medium (an authenticated runner grows the gateway's memory
+// without bound: 4 MiB per message, as many messages as it likes).
+func TestR17BridgeSubscriptionsUnbounded(t *testing.T) {
+	g := startGateway(t, gatewayConfig{Upstream: "http://127.0.0.1:9/unused", Services: goSDKStdioService(t, "prog", "")})
+	m := g.raw(t, aliceKey, g.createSession(t, aliceKey, "prog"), "prog")
+	m.initialize()
+	const subs, uriBytes = 64, 256 << 10
+	subscribe := func(i int) string {
+		uri := exFiller(fmt.Sprintf("file:///r17/%d/", i), uriBytes)
+		status, _, msgs := m.post(fmt.Sprintf(`{"jsonrpc":"2.0","id":%d,"method":"resources/subscribe","params":{"uri":%q}}`, 10+i, uri))
+		if status != http.StatusOK || len(msgs) != 1 {
+			t.Fatalf("subscribe %d: %d %s", i, status, msgs)
+		}
+		return string(msgs[0])
+	}
+	// Control: the program accepts a subscription.
+	if answer := subscribe(-1); !strings.Contains(answer, `"result"`) {
+		t.Fatalf("control: the program refused a subscription: %.200s", answer)
+	}
+	base, _ := inUse()
+	accepted := 0
+	for i := range subs {
+		if answer := subscribe(i); strings.Contains(answer, `"result"`) {
+			accepted++
+		}
+	}
+	held, _ := inUse()
+	grown := int64(held) - int64(base)
+	t.Logf("heap: %d MiB before, %d MiB after %d subscriptions (%d accepted) with %d KiB URIs: %+d MiB",
+		base>>20, held>>20, subs, accepted, uriBytes>>10, grown>>20)
+	if grown > 4<<20 {
+		t.Errorf("%d subscriptions of one MCP session with %d KiB URIs hold %d MiB in the gateway after they were answered",
+			accepted, uriBytes>>10, grown>>20)
+	}
+	endMCPSession(t, m)
 }
