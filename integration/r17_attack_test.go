@@ -171,5 +171,13 @@ func TestR17BridgeSubscriptionsUnbounded(t *testing.T) {
 		t.Errorf("%d subscriptions of one MCP session with %d KiB URIs hold %d MiB in the gateway after they were answered",
 			accepted, uriBytes>>10, grown>>20)
 	}
+	// Unsubscribing makes room again.
+	unsub := exFiller("file:///r17/-1/", uriBytes)
+	if status, _, msgs := m.post(fmt.Sprintf(`{"jsonrpc":"2.0","id":1000,"method":"resources/unsubscribe","params":{"uri":%q}}`, unsub)); status != http.StatusOK || len(msgs) != 1 || !strings.Contains(string(msgs[0]), `"result"`) {
+		t.Fatalf("unsubscribe: %d %.200s", status, msgs)
+	}
+	if status, _, msgs := m.post(`{"jsonrpc":"2.0","id":1001,"method":"resources/subscribe","params":{"uri":"file:///r17/small"}}`); status != http.StatusOK || len(msgs) != 1 || !strings.Contains(string(msgs[0]), `"result"`) {
+		t.Errorf("a subscription after an unsubscribe: %d %.200s", status, msgs)
+	}
 	endMCPSession(t, m)
 }

@@ -87,6 +87,7 @@ type pending struct {
 	reply    chan mcpmsg.Message // toolgate's own requests: gets the response
 	seq      uint64              // the order requests were sent in
 	onResult func(ok bool)       // called with the outcome, under the link's lock
+	subURI   string              // the URI of a resources/subscribe, "" for other requests
 	started  time.Time
 	answered bool // its answer (or the link's end) went to out, under the link's lock
 }

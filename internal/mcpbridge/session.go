@@ -2,6 +2,7 @@ package mcpbridge
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"net/http/httptrace"
 
@@ -120,6 +121,10 @@ func (s *Session) request(r *http.Request, msg mcpmsg.Message) (*http.Response, 
 		return nil, errSessionGone
 	}
 	l.lastUsed = now()
+	if msg.Method == "resources/subscribe" && msg.URI != "" && !s.subscriptions[msg.URI] && !s.roomToSubscribeLocked(msg.URI) {
+		l.mu.Unlock()
+		return rpcResponse(r, http.StatusOK, gateway.RPCError(msg.ID, gateway.CodeInvalidRequest, tooManySubscriptions, nil), nil), nil
+	}
 	if local, ok := s.subscribeLocked(msg); ok {
 		l.mu.Unlock()
 		return rpcResponse(r, http.StatusOK, local, nil), nil
@@ -142,6 +147,7 @@ func (s *Session) request(r *http.Request, msg mcpmsg.Message) (*http.Response, 
 	}
 	if msg.Method == "resources/subscribe" && msg.URI != "" {
 		uri := msg.URI
+		p.subURI = uri
 		p.onResult = func(ok bool) {
 			if ok && !s.closed && !s.subscriptions[uri] {
 				s.subscriptions[uri] = true
@@ -169,6 +175,33 @@ func (s *Session) request(r *http.Request, msg mcpmsg.Message) (*http.Response, 
 		trace.WroteHeaders() // the request reached the server: toolgate_proxy cancels it if it gives up
 	}
 	return sseResponse(r, out), nil
+}
+
+// A session remembers the resources its runner subscribed to (to share
+// the server's subscriptions between sessions and drop them when it
+// ends), each by its URI, which the runner chooses: so many, and so many
+// bytes of them, at most, counting those asked and not answered yet.
+const (
+	maxSubscriptions     = 256
+	maxSubscriptionBytes = 256 << 10
+)
+
+var tooManySubscriptions = fmt.Sprintf("too many resource subscriptions in this MCP session (at most %d, with %d KiB of URIs): unsubscribe from some first",
+	maxSubscriptions, maxSubscriptionBytes>>10)
+
+// roomToSubscribeLocked reports whether s may subscribe to one more
+// resource, uri (see maxSubscriptions).
+func (s *Session) roomToSubscribeLocked(uri string) bool {
+	n, size := 1, len(uri)
+	for u := range s.subscriptions {
+		n, size = n+1, size+len(u)
+	}
+	for _, p := range s.link.pending {
+		if p.session == s && p.subURI != "" {
+			n, size = n+1, size+len(p.subURI)
+		}
+	}
+	return n <= maxSubscriptions && size <= maxSubscriptionBytes
 }
 
 // subscribeLocked answers resources/subscribe and resources/unsubscribe
