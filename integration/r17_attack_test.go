@@ -186,25 +186,25 @@ func TestR17BridgeSubscriptionsUnbounded(t *testing.T) {
 
 // Attack: an approval keeps the call's arguments (and a masked copy),
 // sealed, beside its record. max_pending_per_user bounds the approvals a
-// person's calls have waiting, but a decided one kept its contents until
+// person's calls have waiting, but a denied one kept its contents until
 // its record was swept, a day after the decision. A runner whose policy
 // lets its user decide their own asks (the default) asks with megabytes of
-// arguments, denies (or approves and uses) the approval at once through
-// the API with the same key, which frees its place, and asks again: the
-// storage fills with sealed arguments nobody will ever read, at the
-// runner's pace.
+// arguments, denies the approval at once through the API with the same
+// key, which frees its place, and asks again: the storage fills with
+// sealed arguments nobody will ever read, at the runner's pace. (An
+// approval approved and used keeps them for its page: see
+// TestR17UsedApprovalsKeepTheirContents, an open finding.)
 //
 // Expected: README, Approvals: "each keeps the call's arguments (and a
 // withheld result), encrypted, until it is decided or expires"; "records
 // are kept, without them, a day after they expired or were decided".
 //
-// Reproduced: 12 asks of 256 KiB arguments, each denied (or approved once
-// and used) by its own requester, left 8 MiB of sealed contents in
-// storage.
+// Reproduced: 12 asks of 256 KiB arguments, each denied by its own
+// requester, left 8 MiB of sealed contents in storage.
 //
 // Severity: medium (one authenticated runner grows the shared storage
 // without bound, up to twice max_request_size per cycle, for a day).
-func TestR17DecidedApprovalsKeepTheirContents(t *testing.T) {
+func TestR17DeniedApprovalsKeepTheirContents(t *testing.T) {
 	_, g := approvalsGateway(t, "")
 	m := g.raw(t, aliceKey, g.createSession(t, aliceKey, "svc"), "svc")
 	m.initialize()
@@ -212,17 +212,29 @@ func TestR17DecidedApprovalsKeepTheirContents(t *testing.T) {
 	for i := range cycles {
 		text := exFiller(fmt.Sprintf("r17-%d-", i), argBytes)
 		p := mustPend(t, m.call(100+i, "gated_tool", fmt.Sprintf(`{"text":%q}`, text)))
-		if i%2 == 0 {
-			if r := g.api(t, http.MethodPost, "/v1/approvals/"+p.ApprovalID+"/deny", aliceKey, []byte(`{"note":"no"}`)); r.StatusCode != http.StatusOK {
-				t.Fatalf("deny %d: %d %s", i, r.StatusCode, r.Body)
-			}
-			continue
+		if r := g.api(t, http.MethodPost, "/v1/approvals/"+p.ApprovalID+"/deny", aliceKey, []byte(`{"note":"no"}`)); r.StatusCode != http.StatusOK {
+			t.Fatalf("deny %d: %d %s", i, r.StatusCode, r.Body)
 		}
-		if r := g.api(t, http.MethodPost, "/v1/approvals/"+p.ApprovalID+"/approve", aliceKey, []byte(`{"scope":"once"}`)); r.StatusCode != http.StatusOK {
-			t.Fatalf("approve %d: %d %s", i, r.StatusCode, r.Body)
+		// The identical retry still gets the denial, from the record.
+		if answer := m.call(200+i, "gated_tool", fmt.Sprintf(`{"text":%q}`, text)); !strings.Contains(string(answer), "denied by alice@example.test: no") {
+			t.Fatalf("the retry of denied call %d: %.300s", i, answer)
 		}
-		mustSucceed(t, m.call(200+i, "gated_tool", fmt.Sprintf(`{"text":%q}`, text)))
 	}
+	size := approvalContentsBytes(g)
+	t.Logf("%d approvals denied: %d KiB of sealed contents in storage", cycles, size>>10)
+	if size > argBytes {
+		t.Errorf("%d denied approvals keep %d KiB of sealed contents", cycles, size>>10)
+	}
+	// The records stay, without them: their requester still sees them.
+	r := g.api(t, http.MethodGet, "/v1/approvals?role=requester", aliceKey, nil)
+	if r.StatusCode != http.StatusOK || strings.Count(string(r.Body), `"state":"denied"`) != cycles {
+		t.Errorf("the requester's approvals: %d %.300s", r.StatusCode, r.Body)
+	}
+}
+
+// approvalContentsBytes is the size of the approvals' sealed contents in
+// g's storage.
+func approvalContentsBytes(g *gateway) int64 {
 	size := int64(0)
 	root := filepath.Join(g.DataDir, "toolgate", "approvals-contents")
 	_ = filepath.WalkDir(root, func(_ string, d fs.DirEntry, err error) error {
@@ -233,13 +245,5 @@ func TestR17DecidedApprovalsKeepTheirContents(t *testing.T) {
 		}
 		return nil
 	})
-	t.Logf("%d approvals decided (half denied, half approved and used): %d KiB of sealed contents in storage", cycles, size>>10)
-	if size > argBytes {
-		t.Errorf("%d decided approvals (none pending, none usable) keep %d KiB of sealed contents", cycles, size>>10)
-	}
-	// The record stays, without them: its requester still sees it.
-	r := g.api(t, http.MethodGet, "/v1/approvals?role=requester", aliceKey, nil)
-	if r.StatusCode != http.StatusOK || strings.Count(string(r.Body), `"id"`) != cycles {
-		t.Errorf("the requester's approvals: %d %.300s", r.StatusCode, r.Body)
-	}
+	return size
 }
