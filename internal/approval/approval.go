@@ -590,7 +590,12 @@ func (s *Store) Decide(ctx context.Context, id string, caller *gateway.Caller, a
 			}
 			a.State, a.Scope = StateApproved, scope
 		} else {
+			// Nothing will open what it was about any more: the record
+			// is kept without it (its requester could otherwise ask and
+			// deny at once, again and again, each time leaving
+			// max_request_size of sealed arguments for a day).
 			a.State = StateDenied
+			a.Sealed, a.ContentsSHA256 = nil, ""
 		}
 		a.DecidedBy, a.DecidedGroups, a.DecidedAt, a.Note = caller.User, caller.Groups, now().UTC(), note
 		out = a
@@ -603,6 +608,9 @@ func (s *Store) Decide(ctx context.Context, id string, caller *gateway.Caller, a
 	// up now (an entry left behind is dropped when counted or swept).
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), writeTimeout)
 	defer cancel()
+	if out.State == StateDenied {
+		_ = s.storage.Delete(ctx, contentsKey(id)) // else removed with the record, a day later
+	}
 	_ = s.storage.Delete(ctx, path.Join(pendingPrefix, id))
 	_ = s.storage.Delete(ctx, path.Join(pendingOfPrefix, hashOf(out.Requester), id))
 	if out.State == StateApproved && out.Scope == ScopeTool {
