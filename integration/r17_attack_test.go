@@ -191,9 +191,10 @@ func TestR17BridgeSubscriptionsUnbounded(t *testing.T) {
 // lets its user decide their own asks (the default) asks with megabytes of
 // arguments, denies the approval at once through the API with the same
 // key, which frees its place, and asks again: the storage fills with
-// sealed arguments nobody will ever read, at the runner's pace. (An
-// approval approved and used keeps them for its page: see
-// TestR17UsedApprovalsKeepTheirContents, an open finding.)
+// sealed arguments nobody will ever read, at the runner's pace. (The same
+// with approvals approved and used, or approved and left unused:
+// TestR17UsedApprovalsKeepTheirContents,
+// TestR17ApprovedUnusedApprovalsHoldTheirPlace.)
 //
 // Expected: README, Approvals: "each keeps the call's arguments (and a
 // withheld result), encrypted, until it is decided or expires"; "records
@@ -230,6 +231,71 @@ func TestR17DeniedApprovalsKeepTheirContents(t *testing.T) {
 	if r.StatusCode != http.StatusOK || strings.Count(string(r.Body), `"state":"denied"`) != cycles {
 		t.Errorf("the requester's approvals: %d %.300s", r.StatusCode, r.Body)
 	}
+}
+
+// Attack (fixed): the loop of TestR17DeniedApprovalsKeepTheirContents
+// with approvals approved for once and used at once by their own requester
+// (the default lets them): a used approval kept its sealed arguments (and
+// a released result) for its page until its record was removed, a day
+// after the decision, so a runner grew the storage by up to twice
+// max_request_size per ask, for a day, at its pace (each cycle runs the
+// call upstream once).
+//
+// Expected: README, Approvals: an approval keeps what it is about only
+// while it may still be used.
+//
+// Reproduced: 12 asks of 256 KiB, each approved and used, left 8 MiB.
+// Fixed: a used-up approval drops its contents (Store.Consume); the record
+// stays, without them.
+//
+// Severity: medium.
+func TestR17UsedApprovalsKeepTheirContents(t *testing.T) {
+	_, g := approvalsGateway(t, "")
+	m := g.raw(t, aliceKey, g.createSession(t, aliceKey, "svc"), "svc")
+	m.initialize()
+	const cycles, argBytes = 12, 256 << 10
+	for i := range cycles {
+		text := exFiller(fmt.Sprintf("r17-used-%d-", i), argBytes)
+		p := mustPend(t, m.call(100+i, "gated_tool", fmt.Sprintf(`{"text":%q}`, text)))
+		if r := g.api(t, http.MethodPost, "/v1/approvals/"+p.ApprovalID+"/approve", aliceKey, []byte(`{"scope":"once"}`)); r.StatusCode != http.StatusOK {
+			t.Fatalf("approve %d: %d %s", i, r.StatusCode, r.Body)
+		}
+		mustSucceed(t, m.call(200+i, "gated_tool", fmt.Sprintf(`{"text":%q}`, text)))
+	}
+	if size := approvalContentsBytes(g); size > argBytes {
+		t.Errorf("%d approvals approved once and used keep %d KiB of sealed contents", cycles, size>>10)
+	}
+	r := g.api(t, http.MethodGet, "/v1/approvals?role=requester", aliceKey, nil)
+	if r.StatusCode != http.StatusOK || strings.Count(string(r.Body), `"state":"consumed"`) != cycles {
+		t.Errorf("the requester's approvals: %d %.300s", r.StatusCode, r.Body)
+	}
+}
+
+// Attack (fixed): approve each ask at once and never use it. An approved
+// approval keeps what it is about until it is used or expires (its retry
+// needs it), and approving freed its place under max_pending_per_user, so
+// a runner could keep max_request_size of sealed arguments per ask for the
+// approval's whole ttl (up to 24 hours, as its policy sets), at its pace.
+//
+// Fixed: an approved approval keeps its place until it is used up or
+// expires; past max_pending_per_user the next ask is refused (-32011,
+// retryable), and using one gives its place back.
+func TestR17ApprovedUnusedApprovalsHoldTheirPlace(t *testing.T) {
+	_, g := approvalsGateway(t, "approvals {\n\t\tmax_pending_per_user 3\n\t}")
+	m := g.raw(t, aliceKey, g.createSession(t, aliceKey, "svc"), "svc")
+	m.initialize()
+	args := func(i int) string { return fmt.Sprintf(`{"text":"r17-unused-%d"}`, i) }
+	for i := range 3 {
+		p := mustPend(t, m.call(100+i, "gated_tool", args(i)))
+		if r := g.api(t, http.MethodPost, "/v1/approvals/"+p.ApprovalID+"/approve", aliceKey, []byte(`{"scope":"once"}`)); r.StatusCode != http.StatusOK {
+			t.Fatalf("approve %d: %d %s", i, r.StatusCode, r.Body)
+		}
+	}
+	if answer := m.call(103, "gated_tool", args(3)); !strings.Contains(string(answer), "max_pending_per_user") || !strings.Contains(string(answer), `"retryable":true`) {
+		t.Fatalf("a fourth ask beside three approved and unused approvals (max_pending_per_user 3): %.300s", answer)
+	}
+	mustSucceed(t, m.call(200, "gated_tool", args(0))) // uses one up: its place is free again
+	mustPend(t, m.call(104, "gated_tool", args(3)))
 }
 
 // approvalContentsBytes is the size of the approvals' sealed contents in

@@ -219,8 +219,11 @@ const (
 	byToolPrefix      = "toolgate/approvals-by-tool"
 	pendingPrefix     = "toolgate/approvals-pending"
 	byRequesterPrefix = "toolgate/approvals-by-requester"
-	// pendingOfPrefix indexes each requester's pending approvals, which
-	// max_pending_per_user bounds.
+	// pendingOfPrefix indexes each requester's approvals that hold what
+	// they are about (the sealed arguments, and a withheld result) and may
+	// still be used: pending, or approved and neither used up nor expired.
+	// max_pending_per_user bounds them, and so what one person's calls
+	// keep in the storage.
 	pendingOfPrefix = "toolgate/approvals-pending-of"
 	contentsPrefix  = "toolgate/approvals-contents"
 	// keep is how long decided and expired approvals stay listed.
@@ -593,7 +596,8 @@ func (s *Store) Decide(ctx context.Context, id string, caller *gateway.Caller, a
 			// Nothing will open what it was about any more: the record
 			// is kept without it (its requester could otherwise ask and
 			// deny at once, again and again, each time leaving
-			// max_request_size of sealed arguments for a day).
+			// max_request_size of sealed arguments for a day; see
+			// Consume).
 			a.State = StateDenied
 			a.Sealed, a.ContentsSHA256 = nil, ""
 		}
@@ -609,10 +613,12 @@ func (s *Store) Decide(ctx context.Context, id string, caller *gateway.Caller, a
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), writeTimeout)
 	defer cancel()
 	if out.State == StateDenied {
-		_ = s.storage.Delete(ctx, contentsKey(id)) // else removed with the record, a day later
+		// Else removed with the record, a day later. An approved one
+		// keeps its contents, and its place among its requester's, until
+		// it is used up or expires.
+		s.dropContents(ctx, out)
 	}
 	_ = s.storage.Delete(ctx, path.Join(pendingPrefix, id))
-	_ = s.storage.Delete(ctx, path.Join(pendingOfPrefix, hashOf(out.Requester), id))
 	if out.State == StateApproved && out.Scope == ScopeTool {
 		if err := s.storage.Store(ctx, path.Join(byToolPrefix, out.ToolKey, id), stamp(out.ExpiresAt)); err != nil {
 			return nil, fmt.Errorf("%w: indexing the approval: %v", gateway.ErrStorageUnavailable, err)
@@ -623,7 +629,12 @@ func (s *Store) Decide(ctx context.Context, id string, caller *gateway.Caller, a
 
 // Consume uses up an approval of scope once (or a released result): it
 // reports whether this caller got it. Exactly one of any number of
-// concurrent callers, on any replica, does.
+// concurrent callers, on any replica, does. A used-up approval no longer
+// holds what it was about (a requester who may approve their own asks
+// could otherwise ask, approve and retry again and again, each time
+// leaving max_request_size of sealed arguments, and a result, for a day):
+// whoever releases a withheld result opens it before (see
+// Manager.release).
 func (s *Store) Consume(ctx context.Context, id string) (*Approval, bool, error) {
 	var got *Approval
 	err := s.locked(ctx, id, func(a *Approval) (bool, error) {
@@ -631,9 +642,15 @@ func (s *Store) Consume(ctx context.Context, id string) (*Approval, bool, error)
 			return false, nil
 		}
 		a.State, a.ConsumedAt = StateConsumed, now().UTC()
+		a.Sealed, a.ContentsSHA256 = nil, ""
 		got = a
 		return true, nil
 	})
+	if got != nil && err == nil {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), writeTimeout)
+		defer cancel()
+		s.dropContents(ctx, got)
+	}
 	return got, got != nil, err
 }
 
@@ -671,8 +688,10 @@ func (s *Store) lock(ctx context.Context, name string) (func(), error) {
 	}, nil
 }
 
-// CountPending counts user's pending approvals that have not expired,
-// dropping the index entries of those that have (or are gone).
+// CountPending counts user's approvals that hold their place under
+// max_pending_per_user (pending, or approved and not used up; see
+// pendingOfPrefix) and have not expired, dropping the index entries of
+// those that have (or are gone).
 func (s *Store) CountPending(ctx context.Context, user string) (int, error) {
 	dir := path.Join(pendingOfPrefix, hashOf(user))
 	keys, err := s.storage.List(ctx, dir, false)
@@ -695,10 +714,10 @@ func (s *Store) CountPending(ctx context.Context, user string) (int, error) {
 			_ = s.storage.Delete(ctx, key)
 			continue
 		}
-		// Only an approval still waiting counts: an entry left by a
-		// decision or a creation cut short names none.
+		// Only an approval that may still be used counts: an entry left
+		// by a denial, a use or a creation cut short names none.
 		switch a, err := s.Get(ctx, path.Base(key)); {
-		case errors.Is(err, ErrNotFound) || (err == nil && a.Status() != StatePending):
+		case errors.Is(err, ErrNotFound) || (err == nil && a.Status() != StatePending && a.Status() != StateApproved):
 			_ = s.storage.Delete(ctx, key)
 		case err != nil:
 			return 0, err

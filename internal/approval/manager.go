@@ -53,7 +53,7 @@ const DefaultMaxPendingPerUser = 100
 type ErrTooManyPending struct{ Max int }
 
 func (e *ErrTooManyPending) Error() string {
-	return fmt.Sprintf("you have %d approvals waiting for a decision (max_pending_per_user): retry once approvers have decided some, or they expired", e.Max)
+	return fmt.Sprintf("you have %d approvals waiting for a decision or approved and not used yet (max_pending_per_user): retry once some were denied, used or expired", e.Max)
 }
 
 // Webhook is where new pending approvals are announced: an HTTPS POST of a
@@ -480,12 +480,16 @@ func (m *Manager) Released(ctx context.Context, call Call) (Resolution, bool, er
 }
 
 func (m *Manager) release(ctx context.Context, a *Approval) (Resolution, bool, error) {
-	got, ok, err := m.Store.Consume(ctx, a.ID)
-	if err != nil || !ok {
+	// Opened before it is used up, which drops it (see Store.Consume).
+	c, err := m.Store.Open(ctx, a)
+	if err != nil {
+		if cur, gerr := m.Store.Get(ctx, a.ID); gerr == nil && cur.Status() != StateApproved {
+			return Resolution{}, false, nil // another retry released it meanwhile
+		}
 		return Resolution{}, false, err
 	}
-	c, err := m.Store.Open(ctx, got)
-	if err != nil {
+	got, ok, err := m.Store.Consume(ctx, a.ID)
+	if err != nil || !ok {
 		return Resolution{}, false, err
 	}
 	m.event(got, "released", nil)

@@ -232,3 +232,66 @@ func TestCountPendingUntilTheExactExpiry(t *testing.T) {
 		t.Fatalf("CountPending at the expiry = %d, %v; want 0", n, err)
 	}
 }
+
+// An approval holds what it is about, and its place under
+// max_pending_per_user, only while it may still be used: approved, it
+// keeps both; used up, it gives both back (its record stays); denied, the
+// same at once. A released result is opened before it is used up.
+func TestContentsAndPlaceLastWhileUsable(t *testing.T) {
+	ctx := context.Background()
+	storage := &certmagic.FileStorage{Path: t.TempDir()}
+	m := &Manager{Store: testStore(storage), audit: zap.NewNop(), logger: zap.NewNop()}
+	s := m.Store
+	alice := &gateway.Caller{User: "alice"}
+	ask := func(id string, c Contents) {
+		t.Helper()
+		a := &Approval{ID: id, State: StatePending, Requester: "alice", RequesterMayApprove: true, Stage: StageResult,
+			Scopes: []string{ScopeOnce}, CreatedAt: now().UTC(), ExpiresAt: now().Add(time.Hour).UTC()}
+		if err := s.Create(ctx, a, c); err != nil {
+			t.Fatal(err)
+		}
+	}
+	places := func(want int, when string) {
+		t.Helper()
+		if n, err := s.CountPending(ctx, "alice"); err != nil || n != want {
+			t.Errorf("%s: CountPending = %d, %v; want %d", when, n, err, want)
+		}
+	}
+	contents := func(id string, want bool, when string) {
+		t.Helper()
+		_, err := storage.Load(ctx, contentsKey(id))
+		if has := err == nil; has != want {
+			t.Errorf("%s: sealed contents of %s in storage: %v, want %v", when, id, has, want)
+		}
+		a, err := s.Get(ctx, id)
+		if err != nil || a.HasContents() != want {
+			t.Errorf("%s: the record of %s: %+v, %v; want HasContents %v", when, id, a, err, want)
+		}
+	}
+	ask("a1", Contents{Arguments: []byte(`{"n":1}`), Result: []byte(`{"content":[]}`)})
+	ask("a2", Contents{Arguments: []byte(`{"n":2}`)})
+	places(2, "two asks")
+	if _, err := s.Decide(ctx, "a1", alice, true, ScopeOnce, ""); err != nil {
+		t.Fatal(err)
+	}
+	places(2, "one approved, not used")
+	contents("a1", true, "approved, not used")
+	a1, _ := s.Get(ctx, "a1")
+	res, ok, err := m.release(ctx, a1)
+	if err != nil || !ok || string(res.Result) != `{"content":[]}` {
+		t.Fatalf("releasing the approved result: %+v, %v, %v", res, ok, err)
+	}
+	if _, ok, err := m.release(ctx, a1); ok || err != nil {
+		t.Errorf("released again from the copy read before: %v, %v; want nothing, no error", ok, err)
+	}
+	places(1, "one used up")
+	contents("a1", false, "used up")
+	if got, _ := s.Get(ctx, "a1"); got == nil || got.State != StateConsumed {
+		t.Errorf("the used-up record: %+v", got)
+	}
+	if _, err := s.Decide(ctx, "a2", alice, false, "", "no"); err != nil {
+		t.Fatal(err)
+	}
+	places(0, "one used up, one denied")
+	contents("a2", false, "denied")
+}

@@ -107,8 +107,8 @@ func (s *Store) sweepContents(ctx context.Context) {
 	s.orphans = seen
 }
 
-// dropContents deletes the sealed contents of a (expired) and its place
-// among its requester's pending approvals.
+// dropContents deletes the sealed contents of a (expired, denied or used
+// up) and its place among its requester's (see pendingOfPrefix).
 func (s *Store) dropContents(ctx context.Context, a *Approval) {
 	_ = s.storage.Delete(ctx, contentsKey(a.ID))
 	_ = s.storage.Delete(ctx, path.Join(pendingOfPrefix, hashOf(a.Requester), a.ID))
