@@ -254,9 +254,11 @@ func TestR17UsedApprovalsKeepTheirContents(t *testing.T) {
 	m := g.raw(t, aliceKey, g.createSession(t, aliceKey, "svc"), "svc")
 	m.initialize()
 	const cycles, argBytes = 12, 256 << 10
+	var last string
 	for i := range cycles {
 		text := exFiller(fmt.Sprintf("r17-used-%d-", i), argBytes)
 		p := mustPend(t, m.call(100+i, "gated_tool", fmt.Sprintf(`{"text":%q}`, text)))
+		last = p.ApprovalID
 		if r := g.api(t, http.MethodPost, "/v1/approvals/"+p.ApprovalID+"/approve", aliceKey, []byte(`{"scope":"once"}`)); r.StatusCode != http.StatusOK {
 			t.Fatalf("approve %d: %d %s", i, r.StatusCode, r.Body)
 		}
@@ -268,6 +270,11 @@ func TestR17UsedApprovalsKeepTheirContents(t *testing.T) {
 	r := g.api(t, http.MethodGet, "/v1/approvals?role=requester", aliceKey, nil)
 	if r.StatusCode != http.StatusOK || strings.Count(string(r.Body), `"state":"consumed"`) != cycles {
 		t.Errorf("the requester's approvals: %d %.300s", r.StatusCode, r.Body)
+	}
+	// Its page says what became of them.
+	if status, page := g.signedIn(t, aliceKey).get(g.URL + "/console/approvals/" + last); status != http.StatusOK ||
+		!strings.Contains(page, "are no longer kept") || strings.Contains(page, "r17-used-") {
+		t.Errorf("the console page of a used approval: %d %.2000s", status, page)
 	}
 }
 
