@@ -572,6 +572,13 @@ func (a *Approval) AsksLike(spec Spec) bool {
 // a note. It holds the approval's storage lock, so two deciders on two
 // replicas cannot both decide it.
 func (s *Store) Decide(ctx context.Context, id string, caller *gateway.Caller, approve bool, scope, note string) (*Approval, error) {
+	// Who may decide it is fixed when it is made: someone who may not is
+	// refused before the lock (a bulk decision names up to 100 ids).
+	if a, err := s.Get(ctx, id); err != nil {
+		return nil, err
+	} else if !a.MayDecide(caller) {
+		return nil, ErrForbidden
+	}
 	var out *Approval
 	err := s.locked(ctx, id, func(a *Approval) (bool, error) {
 		if !a.MayDecide(caller) {

@@ -295,3 +295,40 @@ func TestContentsAndPlaceLastWhileUsable(t *testing.T) {
 	places(0, "one used up, one denied")
 	contents("a2", false, "denied")
 }
+
+// lockCounter counts the storage locks taken.
+type lockCounter struct {
+	certmagic.Storage
+	locks int
+}
+
+func (l *lockCounter) Lock(ctx context.Context, name string) error {
+	l.locks++
+	return l.Storage.Lock(ctx, name)
+}
+
+// Someone who may not decide an approval is refused before its lock is
+// taken (a bulk decision in the console names up to 100 ids); its
+// approver still decides it.
+func TestDecideRefusesBeforeTheLock(t *testing.T) {
+	ctx := context.Background()
+	storage := &lockCounter{Storage: &certmagic.FileStorage{Path: t.TempDir()}}
+	s := testStore(storage)
+	a := &Approval{ID: "a1", State: StatePending, Requester: "alice", Approvers: []string{"carol"}, Scopes: []string{ScopeOnce},
+		CreatedAt: now().UTC(), ExpiresAt: now().Add(time.Hour).UTC()}
+	if err := s.Create(ctx, a, Contents{Arguments: []byte(`{}`)}); err != nil {
+		t.Fatal(err)
+	}
+	storage.locks = 0
+	for range 100 {
+		if _, err := s.Decide(ctx, "a1", &gateway.Caller{User: "mallory"}, true, "", ""); !errors.Is(err, ErrForbidden) {
+			t.Fatalf("mallory deciding: %v, want ErrForbidden", err)
+		}
+	}
+	if storage.locks != 0 {
+		t.Errorf("100 refused decisions took %d storage locks, want none", storage.locks)
+	}
+	if got, err := s.Decide(ctx, "a1", &gateway.Caller{User: "carol"}, true, "", ""); err != nil || got.State != StateApproved {
+		t.Errorf("carol deciding: %+v, %v", got, err)
+	}
+}
