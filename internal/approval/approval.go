@@ -553,6 +553,16 @@ func (a *Approval) Covers(spec Spec) bool {
 	return spec.TTL <= 0 || now().Before(a.CreatedAt.Add(spec.TTL))
 }
 
+// About reports whether a is an approval of call c: of the identical call
+// (the arguments as they would go upstream now), or, for scope tool, of
+// any call of its tool in its session. Covers says whether a still
+// stands under the policy; About, whether it is this call's at all: a call
+// whose arguments a newer revision of the policy rewrote is another call.
+func (a *Approval) About(c Call) bool {
+	callKey, toolKey, _ := c.Keys()
+	return a.CallKey == callKey || a.Scope == ScopeTool && a.ToolKey == toolKey
+}
+
 // AsksLike reports whether a pending a leaves its decision to exactly the
 // people spec does. Only then does an identical ask wait for a instead of
 // asking anew: a call the policy now leaves to admins must not run on an

@@ -161,7 +161,10 @@ func (h *RequestHandler) judge(w http.ResponseWriter, r *http.Request, call *gat
 			return nil
 		}
 		if approved != nil {
-			if spec, err := approval.ParseSpec(o.Approval); err == nil && approved.Covers(spec) {
+			// The approval of the call as the runner sent it, judged by
+			// the revision that asked: this revision may send other
+			// arguments upstream, which nobody approved.
+			if spec, err := approval.ParseSpec(o.Approval); err == nil && approved.Covers(spec) && approved.About(approvalCall(call)) {
 				return h.allow(w, r, call, next)
 			}
 		}
