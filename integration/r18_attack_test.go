@@ -9,7 +9,7 @@ import (
 	"time"
 )
 
-// Attack: a call held for its approval (approval_wait) is decided again
+// Attack (fixed): a call held for its approval (approval_wait) is decided again
 // when its approval comes under a newer revision of the policy (a policy
 // file changed while it waited, picked up by reload_interval): the
 // approval given for the call as the old revision would have sent it
@@ -29,6 +29,9 @@ import (
 //
 // Reproduced: the upstream got gated_tool {"text":"r18-rewritten"} on
 // the approval of {"text":"r18-original"}.
+//
+// Fixed: the approval stands only if it is about the call as the revision
+// in force sends it (Approval.About); else the call asks anew.
 //
 // Severity: medium (an approver's decision applied to arguments they
 // never saw; it takes a policy revision during the hold).
