@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"fmt"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -84,6 +85,60 @@ decision := {"action": "deny", "reason": "r18 revision two"} if input.tool.name 
 		if strings.Contains(r.Body, `"name":"gated_tool"`) && strings.Contains(r.Body, "r18-rewritten") {
 			t.Errorf("the upstream got gated_tool with arguments nobody approved (the approval was of r18-original): %s; the held call's answer: %s",
 				r.Body, idattackLast(msgs))
+		}
+	}
+}
+
+// Attack (fixed): since r17 an approved approval holds its place under
+// max_pending_per_user, and its sealed arguments, until it is used up or
+// expires, and an approval for session (or tool) is never used up. Its
+// toolgate session ends (its person ends it): nothing can use the approval
+// any more (it lets through calls of that session only), yet it kept its
+// place and its contents for the rest of its ttl (up to 24 hours, as the
+// policy sets): approvers who chose session locked the requester out of
+// every new ask in every new session until those approvals expired.
+//
+// Expected: README, Approvals: an approval keeps what it is about, and its
+// place, only while it may still be used.
+//
+// Reproduced: max_pending_per_user 2, two asks approved for session, the
+// session ended through the API: the first ask in a new session was
+// refused -32011 (max_pending_per_user).
+//
+// Fixed: an approval records whether its session is a stored one; counted
+// under max_pending_per_user after that session ended, it gives its place
+// and its contents back (an implied session's ends only at its expiry).
+//
+// Severity: low.
+func TestR18ApprovalsOfEndedSessionHoldTheirPlace(t *testing.T) {
+	_, g := approvalsGateway(t, "approvals {\n\t\tmax_pending_per_user 2\n\t}")
+	session := g.createSession(t, aliceKey, "svc")
+	m := g.raw(t, aliceKey, session, "svc")
+	m.initialize()
+	args := func(i int) string { return fmt.Sprintf(`{"text":"r18-session-%d"}`, i) }
+	var ids []string
+	for i := range 2 {
+		p := mustPend(t, m.call(100+i, "gated_tool", args(i)))
+		ids = append(ids, p.ApprovalID)
+		if r := g.api(t, http.MethodPost, "/v1/approvals/"+p.ApprovalID+"/approve", aliceKey, []byte(`{"scope":"session"}`)); r.StatusCode != http.StatusOK {
+			t.Fatalf("approve %d for the session: %d %s", i, r.StatusCode, r.Body)
+		}
+		mustSucceed(t, m.call(200+i, "gated_tool", args(i))) // used, not used up
+	}
+	// While the session lives, its approvals hold their places.
+	if answer := m.call(102, "gated_tool", args(2)); !strings.Contains(string(answer), "max_pending_per_user") {
+		t.Fatalf("a third ask beside two approvals for the live session (max_pending_per_user 2): %.300s", answer)
+	}
+	if r := g.api(t, http.MethodDelete, "/v1/sessions/"+session, aliceKey, nil); r.StatusCode != http.StatusNoContent {
+		t.Fatalf("ending the session: %d %s", r.StatusCode, r.Body)
+	}
+	m2 := g.raw(t, aliceKey, g.createSession(t, aliceKey, "svc"), "svc")
+	m2.initialize()
+	mustPend(t, m2.call(300, "gated_tool", args(2)))
+	for i, id := range ids {
+		r := g.api(t, http.MethodGet, "/v1/approvals/"+id, aliceKey, nil)
+		if r.StatusCode != http.StatusOK || strings.Contains(string(r.Body), fmt.Sprintf("r18-session-%d", i)) {
+			t.Errorf("approval %d of the ended session: %d %.300s; want it without its arguments", i, r.StatusCode, r.Body)
 		}
 	}
 }

@@ -63,11 +63,16 @@ const (
 // Approval is one approval record. It holds no secret in the clear: the
 // arguments (and a withheld result) are sealed by the cipher.
 type Approval struct {
-	ID              string   `json:"id"`
-	State           string   `json:"state"`
-	Stage           string   `json:"stage"`
-	Requester       string   `json:"requester"`
-	Session         string   `json:"session"` // the toolgate session's ref, never its id
+	ID        string `json:"id"`
+	State     string `json:"state"`
+	Stage     string `json:"stage"`
+	Requester string `json:"requester"`
+	Session   string `json:"session"` // the toolgate session's ref, never its id
+	// StoredSession says Session names a stored session, which its
+	// person can end before the approval expires: an approved approval
+	// of an ended one can no longer be used, and gives its place back
+	// (see CountPending). Implied sessions end only at their expiry.
+	StoredSession   bool     `json:"stored_session,omitempty"`
 	Service         string   `json:"service"`
 	Method          string   `json:"method"`
 	Tool            string   `json:"tool,omitempty"`
@@ -145,6 +150,9 @@ type Store struct {
 	storage certmagic.Storage
 	cipher  gateway.Cipher
 	logger  *zap.Logger
+	// sessionEnded reports whether a person's stored session (by ref) is
+	// known to have ended; nil: never.
+	sessionEnded func(ctx context.Context, user, ref string) bool
 
 	keyMu  sync.Mutex
 	macKey []byte // nil until read (or made) through the cipher
@@ -155,7 +163,8 @@ type Store struct {
 
 // NewStore returns the approvals of app's storage.
 func NewStore(app *gateway.App) *Store {
-	return &Store{storage: app.Storage(), cipher: app.Cipher(), logger: app.Logger().Named("approvals")}
+	return &Store{storage: app.Storage(), cipher: app.Cipher(), logger: app.Logger().Named("approvals"),
+		sessionEnded: app.Sessions().RefEnded}
 }
 
 // macKeyName is where the records' HMAC key is kept, sealed by the cipher.
@@ -273,10 +282,13 @@ func cipherContext(id string) []byte { return []byte("toolgate/v1/approval/" + i
 type Call struct {
 	Requester string
 	Session   string // the toolgate session's ref
-	Service   string
-	Method    string
-	Tool      string
-	Arguments []byte // as they would go upstream
+	// SessionStored says the session is a stored one (POST /v1/sessions),
+	// whose end the approvals can see (see Approval.StoredSession).
+	SessionStored bool
+	Service       string
+	Method        string
+	Tool          string
+	Arguments     []byte // as they would go upstream
 	// Within, when set, narrows the call to a context its arguments do
 	// not name: for a request naming a task, the MCP session the task was
 	// created in (a task id is the upstream's, and may be unique only in
@@ -738,11 +750,31 @@ func (s *Store) CountPending(ctx context.Context, user string) (int, error) {
 			_ = s.storage.Delete(ctx, key)
 		case err != nil:
 			return 0, err
+		case a.Status() == StateApproved && a.StoredSession && s.sessionEnded != nil && s.sessionEnded(ctx, a.Requester, a.Session):
+			// Approved for calls of a session that has ended: nothing
+			// can use it any more.
+			s.retire(ctx, a)
 		default:
 			n++
 		}
 	}
 	return n, nil
+}
+
+// retire drops what the approved approval a is about, and its place
+// among its requester's, once it can no longer be used (its session
+// ended); its record stays, as a used one's does.
+func (s *Store) retire(ctx context.Context, a *Approval) {
+	err := s.locked(ctx, a.ID, func(cur *Approval) (bool, error) {
+		if cur.Status() != StateApproved || !cur.HasContents() {
+			return false, nil
+		}
+		cur.Sealed, cur.ContentsSHA256 = nil, ""
+		return true, nil
+	})
+	if err == nil {
+		s.dropContents(ctx, a)
+	}
 }
 
 func bytesReader(b []byte) io.Reader { return bytes.NewReader(b) }

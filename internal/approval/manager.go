@@ -421,7 +421,7 @@ func (m *Manager) Resolve(ctx context.Context, ask Ask) (res Resolution, err err
 	}
 	a := &Approval{
 		ID: gateway.NewID(), State: StatePending, Stage: ask.Stage,
-		Requester: ask.Call.Requester, Session: ask.Call.Session, Service: ask.Call.Service,
+		Requester: ask.Call.Requester, Session: ask.Call.Session, StoredSession: ask.Call.SessionStored, Service: ask.Call.Service,
 		Method: ask.Call.Method, Tool: ask.Call.Tool, ArgumentsSHA256: digest,
 		DecisionID: ask.Decision.ID, Reason: ask.Decision.Reason, Revision: ask.Revision,
 		Approvers: ask.Spec.Approvers.Users, ApproverGroups: ask.Spec.Approvers.Groups,

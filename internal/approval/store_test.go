@@ -332,3 +332,47 @@ func TestDecideRefusesBeforeTheLock(t *testing.T) {
 		t.Errorf("carol deciding: %+v, %v", got, err)
 	}
 }
+
+// An approved approval of a stored session that has ended can no longer be
+// used: counted, it gives its place and its contents back (its record
+// stays). One of an implied session (which ends only at its expiry), and a
+// pending one, keep both.
+func TestApprovalsOfAnEndedSessionGiveTheirPlaceBack(t *testing.T) {
+	ctx := context.Background()
+	storage := &certmagic.FileStorage{Path: t.TempDir()}
+	s := testStore(storage)
+	s.sessionEnded = func(_ context.Context, user, ref string) bool { return user == "alice" && ref == "ended" }
+	alice := &gateway.Caller{User: "alice"}
+	ask := func(id, session string, stored, approve bool) {
+		t.Helper()
+		a := &Approval{ID: id, State: StatePending, Requester: "alice", Session: session, StoredSession: stored, RequesterMayApprove: true,
+			Scopes: []string{ScopeSession}, CreatedAt: now().UTC(), ExpiresAt: now().Add(time.Hour).UTC()}
+		if err := s.Create(ctx, a, Contents{Arguments: []byte(`{"id":"` + id + `"}`)}); err != nil {
+			t.Fatal(err)
+		}
+		if approve {
+			if _, err := s.Decide(ctx, id, alice, true, ScopeSession, ""); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	ask("ended-approved", "ended", true, true)
+	ask("ended-pending", "ended", true, false)
+	ask("implied-approved", "ended", false, true)
+	ask("live-approved", "live", true, true)
+	if n, err := s.CountPending(ctx, "alice"); err != nil || n != 3 {
+		t.Fatalf("CountPending = %d, %v; want 3 (all but the ended session's approved one)", n, err)
+	}
+	for id, want := range map[string]bool{"ended-approved": false, "ended-pending": true, "implied-approved": true, "live-approved": true} {
+		a, err := s.Get(ctx, id)
+		if err != nil || a.HasContents() != want {
+			t.Errorf("%s: %+v, %v; want HasContents %v", id, a, err, want)
+		}
+		if _, err := storage.Load(ctx, contentsKey(id)); (err == nil) != want {
+			t.Errorf("%s: sealed contents in storage: %v, want %v", id, err == nil, want)
+		}
+	}
+	if a, _ := s.Get(ctx, "ended-approved"); a == nil || a.State != StateApproved {
+		t.Errorf("the ended session's approval's record: %+v", a)
+	}
+}

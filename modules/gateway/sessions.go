@@ -61,6 +61,17 @@ func (s *SessionStore) Ended(ctx context.Context, id string) bool {
 	return errors.Is(err, ErrSessionNotFound)
 }
 
+// RefEnded reports whether user's stored session named by ref (see
+// SessionRef) is known to have ended: its person ended it, or it expired
+// and was swept. false when the storage cannot tell now.
+func (s *SessionStore) RefEnded(ctx context.Context, user, ref string) bool {
+	if !isHashKey(ref) {
+		return false
+	}
+	_, err := s.storage.Stat(ctx, sessionIndexKey(user, ref))
+	return errors.Is(err, fs.ErrNotExist)
+}
+
 // Selected reports whether the session selected service.
 func (s *Session) Selected(service string) bool {
 	for _, id := range s.Services {

@@ -33,7 +33,7 @@ func approvalCall(call *gateway.Call) approval.Call {
 			args = mcp2026.CallParams(call.Message.Params)
 		}
 	}
-	return approval.Call{Requester: call.Caller.User, Session: gateway.SessionRef(call.Session.ID),
+	return approval.Call{Requester: call.Caller.User, Session: gateway.SessionRef(call.Session.ID), SessionStored: call.Session.Stored(),
 		Service: call.Service.ID, Method: call.Method, Tool: call.Message.Name, Arguments: args}
 }
 
