@@ -753,7 +753,9 @@ func (s *Store) CountPending(ctx context.Context, user string) (int, error) {
 		case a.Status() == StateApproved && a.StoredSession && s.sessionEnded != nil && s.sessionEnded(ctx, a.Requester, a.Session):
 			// Approved for calls of a session that has ended: nothing
 			// can use it any more.
-			s.retire(ctx, a)
+			if _, err := s.clearContents(ctx, a.ID, StateApproved); err == nil {
+				_ = s.storage.Delete(ctx, key) // also when it held nothing any more
+			}
 		default:
 			n++
 		}
@@ -761,20 +763,29 @@ func (s *Store) CountPending(ctx context.Context, user string) (int, error) {
 	return n, nil
 }
 
-// retire drops what the approved approval a is about, and its place
-// among its requester's, once it can no longer be used (its session
-// ended); its record stays, as a used one's does.
-func (s *Store) retire(ctx context.Context, a *Approval) {
-	err := s.locked(ctx, a.ID, func(cur *Approval) (bool, error) {
-		if cur.Status() != StateApproved || !cur.HasContents() {
+// clearContents drops what the approval id is about (its sealed
+// arguments and a withheld result), and its place among its requester's,
+// when, read again under its lock, its status is still status and it holds
+// them — an approval whose time is up (expired), or that can no longer be
+// used (approved, its session ended); its record stays, without them. It
+// returns the record so cleared, or nil: a replica whose clock is behind
+// may have used the approval meanwhile, or another dropped them.
+func (s *Store) clearContents(ctx context.Context, id, status string) (*Approval, error) {
+	var cleared *Approval
+	err := s.locked(ctx, id, func(cur *Approval) (bool, error) {
+		if cur.Status() != status || !cur.HasContents() {
 			return false, nil
 		}
-		cur.Sealed, cur.ContentsSHA256 = nil, ""
+		cur.Sealed, cur.ContentsSHA256, cleared = nil, "", cur
 		return true, nil
 	})
-	if err == nil {
-		s.dropContents(ctx, a)
+	if err != nil {
+		return nil, err
 	}
+	if cleared != nil {
+		s.dropContents(ctx, cleared)
+	}
+	return cleared, nil
 }
 
 func bytesReader(b []byte) io.Reader { return bytes.NewReader(b) }

@@ -53,7 +53,7 @@ const DefaultMaxPendingPerUser = 100
 type ErrTooManyPending struct{ Max int }
 
 func (e *ErrTooManyPending) Error() string {
-	return fmt.Sprintf("you have %d approvals waiting for a decision or approved and not used yet (max_pending_per_user): retry once some were denied, used or expired", e.Max)
+	return fmt.Sprintf("you have %d approvals waiting for a decision or approved and not used yet (max_pending_per_user): retry once some were denied, used or expired, or their session ended", e.Max)
 }
 
 // Webhook is where new pending approvals are announced: an HTTPS POST of a
@@ -499,17 +499,7 @@ func (m *Manager) release(ctx context.Context, a *Approval) (Resolution, bool, e
 // expire drops the sealed contents of an expired approval: what it was
 // about (and a withheld result) is of no use any more.
 func (m *Manager) expire(ctx context.Context, a *Approval) {
-	cleared := false
-	err := m.Store.locked(ctx, a.ID, func(cur *Approval) (bool, error) {
-		if cur.Status() != StateExpired || !cur.HasContents() {
-			return false, nil
-		}
-		cur.Sealed, cur.ContentsSHA256, cleared = nil, "", true
-		return true, nil
-	})
-	if err == nil && cleared {
-		m.Store.dropContents(ctx, a)
-	}
+	_, _ = m.Store.clearContents(ctx, a.ID, StateExpired)
 	m.event(a, "expired", nil)
 }
 

@@ -43,19 +43,8 @@ func (s *Store) Sweep(ctx context.Context) ([]*Approval, error) {
 			last = a.DecidedAt
 		}
 		if a.Status() == StateExpired && a.HasContents() {
-			// What was withheld or asked about is of no use any more. Under
-			// the lock, read again: a replica whose clock is behind may have
-			// used the approval since.
-			var cleared *Approval
-			err := s.locked(ctx, a.ID, func(cur *Approval) (bool, error) {
-				if cur.Status() != StateExpired || !cur.HasContents() {
-					return false, nil
-				}
-				cur.Sealed, cur.ContentsSHA256, cleared = nil, "", cur
-				return true, nil
-			})
-			if err == nil && cleared != nil {
-				s.dropContents(ctx, cleared)
+			// What was withheld or asked about is of no use any more.
+			if cleared, err := s.clearContents(ctx, a.ID, StateExpired); err == nil && cleared != nil {
 				gone = append(gone, cleared)
 			}
 		}
